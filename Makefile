@@ -1,0 +1,42 @@
+# moetune: `make demo` runs the main job end to end, `make test` runs the suite.
+# Both start from nothing: they create .venv, install moetune, and build llama.cpp when missing
+# (cached in ~/.cache/moetune, outside the repository).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: all venv engine demo test test-fast lint bench clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+engine: $(STAMP)
+	$(BIN)/moetune engine install
+
+demo: engine
+	$(BIN)/python scripts/demo.py
+
+test: engine
+	$(BIN)/pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not server and not netns"
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests scripts bench
+	$(BIN)/mypy
+
+bench: engine
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache demo-out

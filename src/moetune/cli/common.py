@@ -1,0 +1,57 @@
+"""What every command shares: error printing, --json output, consoles."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.text import Text
+
+from moetune.errors import MoetuneError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+out = Console(highlight=False, soft_wrap=True)  # results: stdout
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # progress, warnings, errors: stderr
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")(f)
+
+
+def print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def warn(message: str, remedy: str | None = None) -> None:
+    err.print(Text.assemble(("warning: ", "yellow"), message))
+    if remedy:
+        err.print(Text("  → " + remedy, style="dim"))
+
+
+def run(group: click.Group) -> int:
+    """Run the click group; print moetune errors as one line (plus a hint), never a traceback."""
+    try:
+        group.main(standalone_mode=False)
+    except MoetuneError as e:
+        err.print(Text.assemble(("Error: ", "red"), str(e)))
+        if e.hint:
+            err.print(Text("  hint: " + e.hint, style="dim"))
+        return e.exit_code
+    except click.exceptions.Abort:
+        err.print("interrupted")
+        return 130
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    return 0

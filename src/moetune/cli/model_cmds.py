@@ -1,0 +1,96 @@
+"""`moetune inspect` and `moetune testmodel`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.progress import BarColumn, Progress, TextColumn
+
+from moetune.cli.common import err, json_option, out, print_json
+from moetune.model.archs import ARCHS, PRESETS, Dims, with_overrides
+from moetune.model.profile import load_profile
+from moetune.model.testmodel import generate
+from moetune.report.inspect_view import inspect_json, mib, print_inspect
+
+
+@click.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@json_option
+def inspect(path: Path, as_json: bool) -> None:
+    """Show a GGUF model's tensors, layers, sizes and KV cache cost (reads headers only).
+
+    PATH may be any shard of a split model; the other shards are found beside it.
+    """
+    p = load_profile(path)
+    if as_json:
+        print_json(inspect_json(p))
+    else:
+        print_inspect(p, out)
+
+
+@click.command()
+@click.argument("out_path", metavar="OUT.gguf", type=click.Path(path_type=Path))
+@click.option("--arch", type=click.Choice(sorted(ARCHS)), help="Architecture (default qwen3moe).")
+@click.option("--preset", type=click.Choice(sorted(PRESETS)), help="Published model's shape (sets --arch and sizes).")
+@click.option("--layers", "n_layer", type=click.IntRange(1, 512), help="Trunk layers (NextN blocks come on top).")
+@click.option("--experts", "n_expert", type=click.IntRange(1, 512))
+@click.option("--experts-used", "n_expert_used", type=click.IntRange(1, 512))
+@click.option("--embd", "n_embd", type=click.IntRange(32, 1 << 16))
+@click.option("--expert-ff", "n_ff_exp", type=click.IntRange(32, 1 << 16))
+@click.option("--ff", "n_ff", type=click.IntRange(32, 1 << 17), help="Dense FFN width (leading dense layers).")
+@click.option("--heads", "n_head", type=click.IntRange(1, 256))
+@click.option("--heads-kv", "n_head_kv", type=click.IntRange(1, 256))
+@click.option("--dense-lead", "n_dense_lead", type=click.IntRange(0, 512), help="Leading dense (non-MoE) layers.")
+@click.option("--nextn", "n_nextn", type=click.IntRange(0, 4), help="NextN/MTP blocks after the trunk.")
+@click.option("--vocab", "n_vocab", type=click.IntRange(259, 1 << 20), help="Vocabulary size (byte tokens + padding).")
+@click.option("--type", "type_spec", default="f16", show_default=True,
+              help="One type (q8_0) or a recipe: ffn_gate_exps=iq3_ks,ffn_down_exps=iq4_ks,other=q8_0")
+@click.option("--shards", type=click.IntRange(1, 999), default=1, show_default=True)
+@click.option("--sparse", is_flag=True, help="Exact header, data region left as a file hole (no disk used).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@json_option
+def testmodel(out_path: Path, arch: str | None, preset: str | None, type_spec: str, shards: int, sparse: bool,
+              seed: int, as_json: bool, **sizes: int | None) -> None:
+    """Write a random-weight MoE model that llama-server can load (or a sparse replica for planning)."""
+    if preset:
+        arch_p, dims = PRESETS[preset]
+        if arch and arch != arch_p:
+            raise click.UsageError(f"--preset {preset} is a {arch_p} model; drop --arch {arch}")
+        arch = arch_p
+    else:
+        dims = Dims()
+        arch = arch or "qwen3moe"
+        if arch in ("deepseek2", "glm-dsa"):
+            dims = with_overrides(dims, n_head=2, n_head_kv=1)
+    dims = with_overrides(dims, **sizes)
+    with Progress(TextColumn("writing {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  console=err, transient=True, disable=as_json) as bar:
+        task = bar.add_task(out_path.name, total=shards)
+        g = generate(out_path, arch, dims, type_spec, shards=shards, sparse=sparse, seed=seed,
+                     progress=lambda n: bar.update(task, completed=n))
+    doc = {
+        "arch": g.arch,
+        "files": [str(f) for f in g.files],
+        "n_tensors": g.n_tensors,
+        "tensor_bytes": g.tensor_bytes,
+        "bytes_by_type": g.types,
+        "sparse": sparse,
+        "servable": g.servable,
+        "disk_bytes": sum(f.stat().st_blocks * 512 for f in g.files),
+    }
+    if as_json:
+        print_json(doc)
+        return
+    out.print(f"wrote {len(g.files)} file(s), {g.n_tensors} tensors, {mib(g.tensor_bytes):,.2f} MiB of tensors "
+              f"({mib(doc['disk_bytes']):,.2f} MiB on disk)")
+    for f in g.files:
+        out.print(f"  {f}")
+    if not g.servable:
+        out.print("[yellow]note:[/] some tensor types have filler data (ik_llama.cpp or unquantizable types): "
+                  "the file is for inspect and plan, not for llama-server")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(inspect)
+    cli.add_command(testmodel)

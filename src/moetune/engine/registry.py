@@ -1,0 +1,127 @@
+"""Engines moetune knows: the llama.cpp it builds, and builds or container images users register."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from moetune.engine.install import DEFAULT_VERSION, build_for
+from moetune.errors import InputError
+from moetune.model.quants import IK, MAINLINE
+from moetune.paths import data_dir
+
+KINDS = (MAINLINE, IK)
+# binary names by role; the first that exists wins (older builds name the RPC server rpc-server)
+BINARIES = {
+    "server": ("llama-server",),
+    "rpc": ("ggml-rpc-server", "rpc-server"),
+    "bench": ("llama-bench",),
+    "fit": ("llama-fit-params",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    name: str
+    kind: str  # llama.cpp | ik_llama.cpp
+    bin_dir: str | None = None
+    image: str | None = None  # container image (its entrypoint is llama-server)
+    runtime: str | None = None  # podman | docker
+    builtin: bool = False
+
+    def binary(self, role: str) -> Path:
+        if self.bin_dir is None:
+            raise InputError(f"engine {self.name} is a container image; it has no local {role} binary")
+        for name in BINARIES[role]:
+            p = Path(self.bin_dir) / name
+            if p.exists():
+                return p
+        raise InputError(
+            f"engine {self.name}: no {' or '.join(BINARIES[role])} in {self.bin_dir}",
+            hint="build it, or register the directory that holds it with `moetune engine add`",
+        )
+
+    @property
+    def available(self) -> bool:
+        if self.image:
+            return True
+        return self.bin_dir is not None and any((Path(self.bin_dir) / n).exists() for n in BINARIES["server"])
+
+    def version(self) -> str:
+        """The engine's own version line (``version: 0.6.0-dev (build 11434, commit ...)``)."""
+        if self.image or not self.available:
+            return self.image or "not built"
+        try:
+            out = subprocess.run([str(self.binary("server")), "--version"], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return "unknown"
+        m = re.search(r"version: .*", out.stdout + out.stderr)
+        return m[0] if m else "unknown"
+
+
+def _user_file() -> Path:
+    return data_dir() / "engines.json"
+
+
+def builtin() -> Engine:
+    b = build_for(DEFAULT_VERSION)
+    return Engine(b.name, MAINLINE, str(b.bin_dir), builtin=True)
+
+
+def load_user() -> list[Engine]:
+    p = _user_file()
+    if not p.exists():
+        return []
+    try:
+        rows = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"{p}: not valid JSON ({e})", hint="fix or delete the file") from None
+    return [Engine(**r) for r in rows]
+
+
+def all_engines() -> list[Engine]:
+    return [builtin(), *load_user()]
+
+
+def get(name: str | None = None) -> Engine:
+    """An engine by name; the default is $MOETUNE_ENGINE, else the built-in build."""
+    name = name or os.environ.get("MOETUNE_ENGINE")
+    engines = all_engines()
+    if not name:
+        return engines[0]
+    for e in engines:
+        if e.name == name:
+            return e
+    raise InputError(f"no engine named {name!r} (known: {', '.join(e.name for e in engines)})",
+                     hint="see `moetune engine list`, or register one with `moetune engine add`")
+
+
+def add(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None) -> Engine:
+    if kind not in KINDS:
+        raise InputError(f"--kind {kind!r}: choose {' or '.join(KINDS)}")
+    if (bin_dir is None) == (image is None):
+        raise InputError("give exactly one of --bin-dir DIR or --image IMAGE")
+    if bin_dir is not None:
+        d = Path(bin_dir).expanduser().resolve()
+        if not (d / "llama-server").exists():
+            raise InputError(f"--bin-dir {d}: no llama-server there")
+        bin_dir = str(d)
+    if image is not None and runtime not in ("podman", "docker"):
+        raise InputError("--image needs --runtime podman or --runtime docker")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise InputError(f"engine name {name!r}: use letters, digits, '.', '_' and '-'")
+    if name == builtin().name:
+        raise InputError(f"{name!r} is the built-in engine's name; choose another")
+    users = [e for e in load_user() if e.name != name]
+    e = Engine(name, kind, bin_dir, image, runtime if image else None)
+    users.append(e)
+    p = _user_file()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps([asdict(u) for u in users], indent=2))
+    tmp.replace(p)
+    return e

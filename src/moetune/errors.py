@@ -1,0 +1,25 @@
+"""Errors a user can act on. The CLI prints them as one line and exits with their code."""
+
+from __future__ import annotations
+
+
+class MoetuneError(Exception):
+    """A failure with a message meant for the user (no traceback)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class InputError(MoetuneError):
+    """Bad input: a file, an option or a combination we cannot use. Exit code 2."""
+
+    exit_code = 2
+
+
+class RuntimeFailure(MoetuneError):
+    """Something failed while running: a build, a launch, a request. Exit code 1."""
+
+    exit_code = 1

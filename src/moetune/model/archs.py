@@ -1,0 +1,343 @@
+"""Architectures moetune can generate: their hyperparameter keys and tensor layouts.
+
+Each family is a function from :class:`Dims` to the GGUF metadata and the list of tensors that
+llama.cpp's loader expects for it (names, ggml shapes), as read from llama.cpp's
+``src/models/<arch>.cpp``. The generator writes them; the real llama-server loading the result is
+the test that they are right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+
+@dataclass(frozen=True, slots=True)
+class Dims:
+    """Shape of a generated model. ``n_layer`` counts trunk blocks; NextN blocks come after them."""
+
+    n_layer: int = 4
+    n_embd: int = 256
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_ff: int = 512  # dense FFN width (leading dense layers)
+    n_expert: int = 8
+    n_expert_used: int = 2
+    n_ff_exp: int = 128
+    n_expert_shared: int = 1
+    n_dense_lead: int = 0
+    n_nextn: int = 0
+    n_vocab: int = 259
+    n_ctx_train: int = 4096
+    # MLA (deepseek2, glm-dsa)
+    q_lora_rank: int = 256
+    kv_lora_rank: int = 512
+    rope_dim: int = 64
+    k_head_mla: int = 192  # qk_nope + rope
+    v_head_mla: int = 128
+    # DSA lightning indexer (glm-dsa)
+    indexer_n_head: int = 4
+    indexer_head_size: int = 128
+    indexer_top_k: int = 2048
+    # gated delta-net (qwen35moe)
+    ssm_d_conv: int = 4
+    ssm_d_state: int = 128
+    ssm_n_group: int = 2
+    ssm_dt_rank: int = 2
+    full_attention_interval: int = 2
+
+    @property
+    def n_blocks(self) -> int:
+        return self.n_layer + self.n_nextn
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]  # ggml order
+    kind: str  # name without block prefix and suffix: "ffn_gate_exps", "attn_q", "token_embd"
+    force_f32: bool = False  # norms, biases, convolutions: llama.cpp keeps them in F32
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    metadata: dict[str, Any]
+    tensors: list[TensorSpec]
+
+
+class _T:
+    """Collects tensors in file order."""
+
+    def __init__(self) -> None:
+        self.out: list[TensorSpec] = []
+
+    def add(self, name: str, *shape: int, f32: bool = False) -> None:
+        base = name.split(".", 2)[2] if name.startswith("blk.") else name
+        kind = base.rsplit(".", 1)[0] if base.endswith((".weight", ".bias")) else base
+        self.out.append(TensorSpec(name, tuple(shape), kind, f32 or len(shape) == 1))
+
+
+def _common_meta(arch: str, d: Dims) -> dict[str, Any]:
+    return {
+        "general.architecture": arch,
+        "general.name": f"moetune-{arch}",
+        f"{arch}.context_length": d.n_ctx_train,
+        f"{arch}.embedding_length": d.n_embd,
+        f"{arch}.block_count": d.n_blocks,
+        f"{arch}.feed_forward_length": d.n_ff,
+        f"{arch}.attention.head_count": d.n_head,
+        f"{arch}.attention.head_count_kv": d.n_head_kv,
+        f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
+        f"{arch}.rope.freq_base": 10000.0,
+        f"{arch}.expert_count": d.n_expert,
+        f"{arch}.expert_used_count": d.n_expert_used,
+        f"{arch}.expert_feed_forward_length": d.n_ff_exp,
+        f"{arch}.vocab_size": d.n_vocab,
+    }
+
+
+def _head(t: _T, d: Dims) -> None:
+    t.add("token_embd.weight", d.n_embd, d.n_vocab)
+    t.add("output_norm.weight", d.n_embd)
+    t.add("output.weight", d.n_embd, d.n_vocab)
+
+
+def _gqa_attn(t: _T, d: Dims, i: int, *, q_gate: bool = False, qk_norm: bool = True) -> None:
+    q = d.n_head * d.head_dim
+    kv = d.n_head_kv * d.head_dim
+    t.add(f"blk.{i}.attn_q.weight", d.n_embd, q * 2 if q_gate else q)
+    t.add(f"blk.{i}.attn_k.weight", d.n_embd, kv)
+    t.add(f"blk.{i}.attn_v.weight", d.n_embd, kv)
+    t.add(f"blk.{i}.attn_output.weight", q, d.n_embd)
+    if qk_norm:
+        t.add(f"blk.{i}.attn_q_norm.weight", d.head_dim)
+        t.add(f"blk.{i}.attn_k_norm.weight", d.head_dim)
+
+
+def _mla_attn(t: _T, d: Dims, i: int) -> None:
+    nope = d.k_head_mla - d.rope_dim
+    t.add(f"blk.{i}.attn_q_a_norm.weight", d.q_lora_rank)
+    t.add(f"blk.{i}.attn_kv_a_norm.weight", d.kv_lora_rank)
+    t.add(f"blk.{i}.attn_q_a.weight", d.n_embd, d.q_lora_rank)
+    t.add(f"blk.{i}.attn_q_b.weight", d.q_lora_rank, d.n_head * d.k_head_mla)
+    t.add(f"blk.{i}.attn_kv_a_mqa.weight", d.n_embd, d.kv_lora_rank + d.rope_dim)
+    t.add(f"blk.{i}.attn_k_b.weight", nope, d.kv_lora_rank, d.n_head)
+    t.add(f"blk.{i}.attn_v_b.weight", d.kv_lora_rank, d.v_head_mla, d.n_head)
+    t.add(f"blk.{i}.attn_output.weight", d.n_head * d.v_head_mla, d.n_embd)
+
+
+def _dense_ffn(t: _T, d: Dims, i: int) -> None:
+    t.add(f"blk.{i}.ffn_gate.weight", d.n_embd, d.n_ff)
+    t.add(f"blk.{i}.ffn_down.weight", d.n_ff, d.n_embd)
+    t.add(f"blk.{i}.ffn_up.weight", d.n_embd, d.n_ff)
+
+
+def _experts(t: _T, d: Dims, i: int, *, probs_bias: bool = False) -> None:
+    t.add(f"blk.{i}.ffn_gate_inp.weight", d.n_embd, d.n_expert, f32=True)
+    if probs_bias:
+        t.add(f"blk.{i}.exp_probs_b.bias", d.n_expert)
+    t.add(f"blk.{i}.ffn_gate_exps.weight", d.n_embd, d.n_ff_exp, d.n_expert)
+    t.add(f"blk.{i}.ffn_down_exps.weight", d.n_ff_exp, d.n_embd, d.n_expert)
+    t.add(f"blk.{i}.ffn_up_exps.weight", d.n_embd, d.n_ff_exp, d.n_expert)
+
+
+def _shared_expert(t: _T, d: Dims, i: int, width: int) -> None:
+    t.add(f"blk.{i}.ffn_gate_shexp.weight", d.n_embd, width)
+    t.add(f"blk.{i}.ffn_down_shexp.weight", width, d.n_embd)
+    t.add(f"blk.{i}.ffn_up_shexp.weight", d.n_embd, width)
+
+
+def _nextn(t: _T, d: Dims, i: int) -> None:
+    t.add(f"blk.{i}.nextn.eh_proj.weight", 2 * d.n_embd, d.n_embd)
+    t.add(f"blk.{i}.nextn.enorm.weight", d.n_embd)
+    t.add(f"blk.{i}.nextn.hnorm.weight", d.n_embd)
+    t.add(f"blk.{i}.nextn.shared_head_norm.weight", d.n_embd)
+
+
+def qwen3moe(d: Dims) -> Layout:
+    arch = "qwen3moe"
+    meta = _common_meta(arch, d)
+    meta[f"{arch}.attention.key_length"] = d.head_dim
+    meta[f"{arch}.attention.value_length"] = d.head_dim
+    meta[f"{arch}.rope.dimension_count"] = d.head_dim
+    t = _T()
+    _head(t, d)
+    for i in range(d.n_layer):
+        t.add(f"blk.{i}.attn_norm.weight", d.n_embd)
+        _gqa_attn(t, d, i)
+        t.add(f"blk.{i}.ffn_norm.weight", d.n_embd)
+        _experts(t, d, i)
+    return Layout(meta, t.out)
+
+
+def glm4moe(d: Dims) -> Layout:
+    arch = "glm4moe"
+    meta = _common_meta(arch, d)
+    meta.update({
+        f"{arch}.attention.key_length": d.head_dim,
+        f"{arch}.attention.value_length": d.head_dim,
+        f"{arch}.rope.dimension_count": d.head_dim // 2,
+        f"{arch}.expert_shared_count": d.n_expert_shared,
+        f"{arch}.leading_dense_block_count": d.n_dense_lead,
+        f"{arch}.nextn_predict_layers": d.n_nextn,
+        f"{arch}.expert_weights_scale": 1.0,
+        f"{arch}.expert_weights_norm": True,
+        f"{arch}.expert_gating_func": 2,
+    })
+    t = _T()
+    _head(t, d)
+    for i in range(d.n_blocks):
+        t.add(f"blk.{i}.attn_norm.weight", d.n_embd)
+        _gqa_attn(t, d, i)
+        t.add(f"blk.{i}.post_attention_norm.weight", d.n_embd)
+        if i < d.n_dense_lead:
+            _dense_ffn(t, d, i)
+        else:
+            _experts(t, d, i, probs_bias=True)
+            if d.n_expert_shared:
+                _shared_expert(t, d, i, d.n_ff_exp * d.n_expert_shared)
+        if i >= d.n_layer:
+            _nextn(t, d, i)
+    return Layout(meta, t.out)
+
+
+def _mla_meta(arch: str, d: Dims) -> dict[str, Any]:
+    meta = _common_meta(arch, d)
+    meta.update({
+        f"{arch}.attention.head_count_kv": 1,
+        f"{arch}.attention.key_length": d.kv_lora_rank + d.rope_dim,
+        f"{arch}.attention.value_length": d.kv_lora_rank,
+        f"{arch}.attention.key_length_mla": d.k_head_mla,
+        f"{arch}.attention.value_length_mla": d.v_head_mla,
+        f"{arch}.attention.q_lora_rank": d.q_lora_rank,
+        f"{arch}.attention.kv_lora_rank": d.kv_lora_rank,
+        f"{arch}.rope.dimension_count": d.rope_dim,
+        f"{arch}.expert_shared_count": d.n_expert_shared,
+        f"{arch}.leading_dense_block_count": d.n_dense_lead,
+        f"{arch}.expert_weights_scale": 1.0,
+        f"{arch}.expert_weights_norm": True,
+        f"{arch}.expert_gating_func": 2,
+    })
+    return meta
+
+
+def _mla_block(t: _T, d: Dims, i: int) -> None:
+    t.add(f"blk.{i}.attn_norm.weight", d.n_embd)
+    _mla_attn(t, d, i)
+    t.add(f"blk.{i}.ffn_norm.weight", d.n_embd)
+
+
+def _mla_ffn(t: _T, d: Dims, i: int) -> None:
+    if i < d.n_dense_lead:
+        _dense_ffn(t, d, i)
+    else:
+        _experts(t, d, i, probs_bias=True)
+        _shared_expert(t, d, i, d.n_ff_exp * d.n_expert_shared)
+
+
+def deepseek2(d: Dims) -> Layout:
+    arch = "deepseek2"
+    meta = _mla_meta(arch, d)
+    meta[f"{arch}.nextn_predict_layers"] = d.n_nextn
+    t = _T()
+    _head(t, d)
+    for i in range(d.n_blocks):
+        _mla_block(t, d, i)
+        _mla_ffn(t, d, i)
+        if i >= d.n_layer:
+            _nextn(t, d, i)
+    return Layout(meta, t.out)
+
+
+def glm_dsa(d: Dims) -> Layout:
+    arch = "glm-dsa"
+    meta = _mla_meta(arch, d)
+    meta.update({
+        f"{arch}.nextn_predict_layers": d.n_nextn,
+        f"{arch}.attention.indexer.head_count": d.indexer_n_head,
+        f"{arch}.attention.indexer.key_length": d.indexer_head_size,
+        f"{arch}.attention.indexer.top_k": d.indexer_top_k,
+        f"{arch}.rope.dimension_sections": [0, 0, 0, 0],
+    })
+    t = _T()
+    _head(t, d)
+    for i in range(d.n_blocks):
+        _mla_block(t, d, i)
+        t.add(f"blk.{i}.indexer.k_norm.weight", d.indexer_head_size)
+        t.add(f"blk.{i}.indexer.k_norm.bias", d.indexer_head_size)
+        t.add(f"blk.{i}.indexer.proj.weight", d.n_embd, d.indexer_n_head)
+        t.add(f"blk.{i}.indexer.attn_k.weight", d.n_embd, d.indexer_head_size)
+        t.add(f"blk.{i}.indexer.attn_q_b.weight", d.q_lora_rank, d.indexer_n_head * d.indexer_head_size)
+        _mla_ffn(t, d, i)
+        if i >= d.n_layer:
+            _nextn(t, d, i)
+    return Layout(meta, t.out)
+
+
+def qwen35moe(d: Dims) -> Layout:
+    arch = "qwen35moe"
+    meta = _common_meta(arch, d)
+    key_dim = d.ssm_d_state * d.ssm_n_group
+    value_dim = d.ssm_d_state * d.ssm_dt_rank
+    meta.update({
+        f"{arch}.attention.key_length": d.head_dim,
+        f"{arch}.attention.value_length": d.head_dim,
+        f"{arch}.rope.dimension_count": d.head_dim // 4,
+        f"{arch}.rope.dimension_sections": [d.head_dim // 16, d.head_dim // 16, d.head_dim // 16, 0],
+        f"{arch}.expert_shared_feed_forward_length": d.n_ff_exp,
+        f"{arch}.ssm.conv_kernel": d.ssm_d_conv,
+        f"{arch}.ssm.inner_size": value_dim,
+        f"{arch}.ssm.state_size": d.ssm_d_state,
+        f"{arch}.ssm.time_step_rank": d.ssm_dt_rank,
+        f"{arch}.ssm.group_count": d.ssm_n_group,
+        f"{arch}.full_attention_interval": d.full_attention_interval,
+        f"{arch}.nextn_predict_layers": d.n_nextn,
+    })
+    t = _T()
+    _head(t, d)
+    for i in range(d.n_layer):
+        t.add(f"blk.{i}.attn_norm.weight", d.n_embd)
+        t.add(f"blk.{i}.post_attention_norm.weight", d.n_embd)
+        if (i + 1) % d.full_attention_interval == 0:
+            _gqa_attn(t, d, i, q_gate=True)
+        else:
+            t.add(f"blk.{i}.attn_qkv.weight", d.n_embd, key_dim * 2 + value_dim)
+            t.add(f"blk.{i}.attn_gate.weight", d.n_embd, value_dim)
+            t.add(f"blk.{i}.ssm_conv1d.weight", d.ssm_d_conv, key_dim * 2 + value_dim, f32=True)
+            t.add(f"blk.{i}.ssm_dt.bias", d.ssm_dt_rank)
+            t.add(f"blk.{i}.ssm_a", d.ssm_dt_rank)
+            t.add(f"blk.{i}.ssm_beta.weight", d.n_embd, d.ssm_dt_rank)
+            t.add(f"blk.{i}.ssm_alpha.weight", d.n_embd, d.ssm_dt_rank)
+            t.add(f"blk.{i}.ssm_norm.weight", d.ssm_d_state)
+            t.add(f"blk.{i}.ssm_out.weight", value_dim, d.n_embd)
+        _experts(t, d, i)
+        t.add(f"blk.{i}.ffn_gate_inp_shexp.weight", d.n_embd)
+        _shared_expert(t, d, i, d.n_ff_exp)
+    return Layout(meta, t.out)
+
+
+ARCHS: dict[str, Callable[[Dims], Layout]] = {
+    "qwen3moe": qwen3moe,
+    "glm4moe": glm4moe,
+    "deepseek2": deepseek2,
+    "qwen35moe": qwen35moe,
+    "glm-dsa": glm_dsa,
+}
+
+# Sizes close to the published models, for sparse replicas (the GLM-5.1 one is the reference case).
+PRESETS: dict[str, tuple[str, Dims]] = {
+    "glm-5.1": ("glm-dsa", Dims(
+        n_layer=78, n_nextn=1, n_embd=6144, n_head=64, n_ff=12288, n_expert=256, n_expert_used=8,
+        n_ff_exp=2048, n_expert_shared=1, n_dense_lead=3, n_vocab=154880, n_ctx_train=202752,
+        q_lora_rank=2048, kv_lora_rank=512, rope_dim=64, k_head_mla=256, v_head_mla=256,
+        indexer_n_head=32, indexer_head_size=128, indexer_top_k=2048)),
+}
+
+
+def with_overrides(d: Dims, **kw: int | None) -> Dims:
+    return replace(d, **{k: v for k, v in kw.items() if v is not None})
+
+

@@ -1,0 +1,233 @@
+"""Read GGUF headers (metadata and tensor infos) without touching the data region.
+
+Our own reader rather than ``gguf.GGUFReader``: that one maps every tensor into numpy and rejects
+type ids it does not know (all of ik_llama.cpp's), and reads one file at a time. This one reads
+only the header, knows every type in :mod:`moetune.model.quants`, checks the file is long
+enough for the tensors it declares, and skips large arrays (the vocabulary) without building
+Python objects for them.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moetune.errors import InputError
+from moetune.model.quants import QuantType, UnknownQuantType, by_id
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+# Arrays longer than this are not materialised; their length is kept instead.
+MAX_ARRAY_KEEP = 4096
+
+# value type ids of the GGUF format
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+SHARD_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedArray:
+    """A metadata array too long to keep (e.g. the token list): its element type and length."""
+
+    item_type: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # ggml order: ne0 (row length) first
+    qtype: QuantType
+    offset: int  # absolute byte offset in its file
+    nbytes: int
+    file_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GGUFFile:
+    path: Path
+    version: int
+    metadata: dict[str, Any]
+    tensors: tuple[TensorInfo, ...]
+    alignment: int
+    data_offset: int
+    file_size: int
+    header_bytes: int = field(default=0)
+
+
+class _Cursor:
+    __slots__ = ("buf", "path", "pos", "size")
+
+    def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.size = len(buf)
+        self.path = path
+
+    def need(self, n: int, what: str) -> None:
+        if self.pos + n > self.size:
+            raise InputError(
+                f"{self.path}: file is truncated (header ends at byte {self.size} while reading {what})",
+                hint="re-download or re-copy the file; compare its size with the source",
+            )
+
+    def unpack(self, fmt: str, what: str) -> Any:
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return v
+
+    def string(self, what: str) -> str:
+        n = self.unpack("<Q", what)
+        if n > 1 << 24:
+            raise InputError(f"{self.path}: corrupt header (a string of {n} bytes while reading {what})")
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, what: str) -> Any:
+        if vtype in _SCALAR:
+            return self.unpack(_SCALAR[vtype], what)
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype == _ARRAY:
+            itype = self.unpack("<I", what)
+            n = self.unpack("<Q", what)
+            if itype not in _SCALAR and itype != _STRING:
+                raise InputError(f"{self.path}: corrupt header (array of unknown type {itype} in {what})")
+            if n > MAX_ARRAY_KEEP:
+                self.skip_array(itype, n, what)
+                return SkippedArray(itype, n)
+            return [self.value(itype, what) for _ in range(n)]
+        raise InputError(f"{self.path}: corrupt header (unknown value type {vtype} in {what})")
+
+    def skip_array(self, itype: int, n: int, what: str) -> None:
+        if itype == _STRING:
+            buf, pos, size = self.buf, self.pos, self.size
+            for _ in range(n):
+                if pos + 8 > size:
+                    self.pos = pos
+                    self.need(8, what)
+                (ln,) = struct.unpack_from("<Q", buf, pos)
+                pos += 8 + ln
+            self.pos = pos
+            self.need(0, what)
+        else:
+            nbytes = struct.calcsize(_SCALAR[itype]) * n
+            self.need(nbytes, what)
+            self.pos += nbytes
+
+
+def read_gguf(path: str | os.PathLike[str], file_index: int = 0) -> GGUFFile:
+    """Parse one GGUF file's header. Raises InputError naming the problem."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{p}: is a directory, not a GGUF file") from None
+    except PermissionError:
+        raise InputError(f"{p}: permission denied") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size < 24:
+            raise InputError(f"{p}: file is truncated ({size} bytes; a GGUF header needs at least 24)")
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+            return _parse(mm, p, size, file_index)
+    finally:
+        os.close(fd)
+
+
+def _parse(buf: mmap.mmap, path: Path, size: int, file_index: int) -> GGUFFile:
+    c = _Cursor(buf, path)
+    if bytes(buf[:4]) != GGUF_MAGIC:
+        raise InputError(f"{path}: not a GGUF file (bad magic {bytes(buf[:4])!r})")
+    c.pos = 4
+    version = c.unpack("<I", "version")
+    if version not in (2, 3):
+        raise InputError(f"{path}: unsupported GGUF version {version} (moetune reads versions 2 and 3)")
+    n_tensors = c.unpack("<Q", "tensor count")
+    n_kv = c.unpack("<Q", "metadata count")
+    if n_tensors > 1 << 20 or n_kv > 1 << 20:
+        raise InputError(f"{path}: corrupt header ({n_tensors} tensors, {n_kv} metadata keys)")
+    meta: dict[str, Any] = {}
+    for i in range(n_kv):
+        key = c.string(f"metadata key #{i}")
+        vtype = c.unpack("<I", f"type of {key}")
+        meta[key] = c.value(vtype, key)
+    raw: list[tuple[str, tuple[int, ...], int, int]] = []
+    for i in range(n_tensors):
+        name = c.string(f"tensor #{i} name")
+        n_dims = c.unpack("<I", f"dims of {name}")
+        if n_dims > 8:
+            raise InputError(f"{path}: corrupt header (tensor {name!r} has {n_dims} dimensions)")
+        shape = tuple(c.unpack("<Q", f"shape of {name}") for _ in range(n_dims))
+        type_id = c.unpack("<I", f"type of {name}")
+        offset = c.unpack("<Q", f"offset of {name}")
+        raw.append((name, shape, type_id, offset))
+    alignment = int(meta.get("general.alignment", DEFAULT_ALIGNMENT))
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise InputError(f"{path}: corrupt header (alignment {alignment} is not a power of two)")
+    header_end = c.pos
+    data_offset = (header_end + alignment - 1) // alignment * alignment
+    tensors = []
+    for name, shape, type_id, offset in raw:
+        try:
+            qt = by_id(type_id)
+        except UnknownQuantType:
+            raise InputError(
+                f"{path}: tensor {name!r} has unknown type id {type_id}",
+                hint="the file was written by a newer or different engine; update moetune",
+            ) from None
+        try:
+            nbytes = qt.tensor_bytes(shape)
+        except ValueError as e:
+            raise InputError(f"{path}: tensor {name!r}: {e}") from None
+        start = data_offset + offset
+        if start + nbytes > size:
+            raise InputError(
+                f"{path}: file is truncated (tensor {name!r} ends at byte {start + nbytes}, file has {size})",
+                hint="re-download or re-copy the file; compare its size with the source",
+            )
+        tensors.append(TensorInfo(name, shape, qt, start, nbytes, file_index))
+    return GGUFFile(path, version, meta, tuple(tensors), alignment, data_offset, size, header_end)
+
+
+def shard_paths(path: str | os.PathLike[str]) -> list[Path]:
+    """All shards of a split model, given any one of them (llama-gguf-split naming)."""
+    p = Path(path)
+    m = SHARD_RE.match(p.name)
+    if not m:
+        return [p]
+    count = int(m["count"])
+    paths = [p.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    missing = [q.name for q in paths if not q.exists()]
+    if missing:
+        raise InputError(
+            f"{p.parent}: missing shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} of {count}",
+            hint="all shards must sit in the same directory",
+        )
+    return paths
+
+
+def read_model_files(path: str | os.PathLike[str]) -> list[GGUFFile]:
+    """Read every shard's header, checking the split metadata agrees."""
+    paths = shard_paths(path)
+    files = [read_gguf(q, i) for i, q in enumerate(paths)]
+    if len(files) > 1:
+        for i, f in enumerate(files):
+            no = f.metadata.get("split.no")
+            count = f.metadata.get("split.count")
+            if no is not None and (no != i or count != len(files)):
+                raise InputError(f"{f.path}: split metadata says shard {no} of {count}, expected {i} of {len(files)}")
+    return files

@@ -1,0 +1,101 @@
+"""KV cache and recurrent state sizes: one formula per architecture family, per engine.
+
+- GQA: K and V rows of ``n_head_kv * head_dim`` per token per attention layer.
+- MLA (DeepSeek-2, GLM-5.x): one K row of ``kv_lora_rank + rope_dim`` (the compressed latent) per
+  token per layer and no V cache; mainline llama.cpp adds the DSA lightning indexer's key row
+  (``indexer.key_length``) on indexer layers, which ik_llama.cpp does not implement.
+- Hybrid recurrent (Qwen3-Next, Qwen3.5): KV only on the full-attention layers, plus a fixed F32
+  state per sequence on the recurrent layers (convolution rows and the delta-net state).
+
+NextN/MTP blocks carry no KV. Checked against llama-server's own ``llama_kv_cache: size =`` and
+``RS buffer size`` lines by the test suite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moetune.model.profile import ModelProfile
+from moetune.model.quants import MAINLINE, by_name
+
+CACHE_TYPES = ("f16", "q8_0", "q4_0")
+F32_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKV:
+    layer: int
+    k_rows: tuple[int, ...]  # elements per token of each K row (MLA latent, indexer key)
+    v_rows: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KVShape:
+    family: str  # gqa | mla | hybrid
+    layers: tuple[LayerKV, ...]
+    recurrent_layers: tuple[int, ...] = ()
+    rs_bytes_per_layer_seq: int = 0  # F32 recurrent state per recurrent layer and sequence
+
+    def bytes_per_token(self, ctk: str = "f16", ctv: str = "f16") -> int:
+        return sum(self.layer_bytes_per_token(lk, ctk, ctv) for lk in self.layers)
+
+    @staticmethod
+    def layer_bytes_per_token(lk: LayerKV, ctk: str = "f16", ctv: str = "f16") -> int:
+        tk, tv = by_name(ctk), by_name(ctv)
+        return sum(tk.row_bytes(n) for n in lk.k_rows) + sum(tv.row_bytes(n) for n in lk.v_rows)
+
+    def by_layer(self, ctk: str = "f16", ctv: str = "f16") -> dict[int, int]:
+        return {lk.layer: self.layer_bytes_per_token(lk, ctk, ctv) for lk in self.layers}
+
+    @property
+    def rs_bytes_per_seq(self) -> int:
+        return self.rs_bytes_per_layer_seq * len(self.recurrent_layers)
+
+
+def _per_layer(p: ModelProfile, key: str, default: int) -> list[int]:
+    v = p.hp(key, default)
+    if isinstance(v, list):
+        return [int(x) for x in v]
+    return [int(v)] * p.n_layer_all
+
+
+def kv_shape(p: ModelProfile, engine: str = MAINLINE) -> KVShape:
+    n = p.n_layer
+    if p.is_mla:
+        latent = int(p.hp("attention.kv_lora_rank", 0)) + int(p.hp("rope.dimension_count", 0))
+        idx = int(p.hp("attention.indexer.key_length", 0) or 0) if engine == MAINLINE else 0
+        idx_layers = set(range(n))
+        types = p.hp("attention.indexer.types")
+        if isinstance(types, list):
+            idx_layers = {i for i, t in enumerate(types) if t}
+        elif p.arch == "glm-dsa" and int(p.hp("context_length", 0)) >= 1048576:
+            # GLM-5.2 defaults: indexers on layers 0, 1, then every fourth from 2
+            idx_layers = {i for i in range(n) if i < 2 or (i - 2) % 4 == 0}
+        layers = tuple(
+            LayerKV(i, (latent, idx) if idx and i in idx_layers else (latent,), ()) for i in range(n)
+        )
+        return KVShape("mla", layers)
+    heads = _per_layer(p, "attention.head_count", 0)
+    heads_kv = _per_layer(p, "attention.head_count_kv", heads[0] if heads else 0)
+    if len(heads_kv) == 1:
+        heads_kv = heads_kv * p.n_layer_all
+    hk = int(p.hp("attention.key_length", p.n_embd // max(1, heads[0] if heads else 1)))
+    hv = int(p.hp("attention.value_length", hk))
+    if p.is_hybrid_recurrent:
+        recr = p.hp("attention.recurrent_layers")
+        if isinstance(recr, list):
+            rec = [bool(x) for x in recr[:n]]
+        else:
+            interval = int(p.hp("full_attention_interval", 4))
+            rec = [(i + 1) % interval != 0 for i in range(n)]
+        attn = [i for i in range(n) if not rec[i]]
+        d_conv = int(p.hp("ssm.conv_kernel", 0))
+        d_inner = int(p.hp("ssm.inner_size", 0))
+        d_state = int(p.hp("ssm.state_size", 0))
+        n_group = int(p.hp("ssm.group_count", 0))
+        r = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
+        s = d_state * d_inner
+        layers = tuple(LayerKV(i, (heads_kv[i] * hk,), (heads_kv[i] * hv,)) for i in attn)
+        return KVShape("hybrid", layers, tuple(i for i in range(n) if rec[i]), (r + s) * F32_BYTES)
+    layers = tuple(LayerKV(i, (heads_kv[i] * hk,), (heads_kv[i] * hv,)) for i in range(n) if heads_kv[i])
+    return KVShape("gqa", layers)

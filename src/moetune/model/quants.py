@@ -1,0 +1,158 @@
+"""The one table of tensor storage types: ids, names and byte sizes, mainline and ik_llama.cpp.
+
+Mainline types come from the `gguf` package's own table (``GGML_QUANT_SIZES``), so they cannot
+drift from what llama.cpp writes; types that package does not know yet, and ik_llama.cpp's own
+types, are added here with their block geometry read from the engines' ``ggml-common.h``.
+
+ik_llama.cpp types may carry a per-row header (``row_meta_size`` in its type traits: a float or
+fp16 scale per row), so the size of a tensor is computed per row, never per element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+MAINLINE = "llama.cpp"
+IK = "ik_llama.cpp"
+
+
+@dataclass(frozen=True, slots=True)
+class QuantType:
+    id: int
+    name: str  # upper case, as llama.cpp prints it (Q8_0, IQ3_KS)
+    block_size: int  # elements per block
+    type_size: int  # bytes per block
+    row_meta_bytes: int = 0  # bytes of per-row header (ik_llama.cpp only)
+    engines: frozenset[str] = frozenset({MAINLINE, IK})
+
+    def row_bytes(self, n_elements: int) -> int:
+        if n_elements % self.block_size:
+            raise ValueError(f"{self.name}: a row of {n_elements} elements is not a multiple of {self.block_size}")
+        return self.row_meta_bytes + n_elements // self.block_size * self.type_size
+
+    def tensor_bytes(self, shape: tuple[int, ...]) -> int:
+        """Bytes of a tensor with ggml shape (ne0 first: the row length)."""
+        rows = 1
+        for n in shape[1:]:
+            rows *= n
+        return rows * self.row_bytes(shape[0])
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.type_size / self.block_size
+
+
+# Mainline types the installed gguf package may not know yet: id -> (name, block, bytes).
+_MAINLINE_EXTRA: dict[int, tuple[str, int, int]] = {
+    40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
+    42: ("Q2_0", 64, 18),
+}
+
+# ik_llama.cpp-only types: id -> (name, block elements, block bytes, row meta bytes).
+# Block sizes from ik_llama.cpp ggml/src/ggml-common.h, row meta from ggml.c type_traits.
+_QK_K = 256
+_IK_ONLY: dict[int, tuple[str, int, int, int]] = {
+    31: ("Q4_0_4_4", 32, 18, 0),
+    32: ("Q4_0_4_8", 32, 18, 0),
+    33: ("Q4_0_8_8", 32, 18, 0),
+    36: ("I2_S", 1, 1, 0),
+    133: ("Q6_0", 32, 2 + 16 + 8, 0),
+    134: ("IQ1_BN", 64, 13, 2),
+    135: ("IQ2_BN", 64, 16, 4),
+    136: ("Q8_K64", 64, 4 + 64, 0),
+    137: ("IQ2_K", _QK_K, 2 + 2 + _QK_K // 32 + _QK_K // 4, 0),
+    138: ("IQ3_K", _QK_K, 2 + 4 + _QK_K // 32 + _QK_K // 4 + _QK_K // 8, 0),
+    139: ("IQ4_K", _QK_K, 2 + 2 + _QK_K // 2 + 3 * _QK_K // 64, 0),
+    140: ("IQ5_K", _QK_K, 2 + 2 + _QK_K // 2 + _QK_K // 8 + 3 * _QK_K // 64, 0),
+    141: ("IQ6_K", _QK_K, 2 + 2 + _QK_K // 2 + _QK_K // 4 + _QK_K // 16, 0),
+    144: ("IQ4_KS", _QK_K, _QK_K // 32 + _QK_K // 2, 4),
+    145: ("IQ2_KS", _QK_K, 2 + _QK_K // 64 + _QK_K // 4, 2),
+    146: ("IQ4_KSS", _QK_K, _QK_K // 8 * 4, 4),
+    152: ("IQ5_KS", _QK_K, _QK_K // 32 + _QK_K // 2 + _QK_K // 8, 4),
+    153: ("IQ2_KT", _QK_K, _QK_K // 4 + _QK_K // 64, 4),
+    154: ("IQ3_KT", _QK_K, _QK_K // 4 + _QK_K // 8 + _QK_K // 64, 4),
+    155: ("IQ4_KT", _QK_K, _QK_K // 2, 4),
+    156: ("IQ3_KS", _QK_K, 2 + _QK_K // 64 + _QK_K // 4 + _QK_K // 8, 2),
+    157: ("IQ2_KL", _QK_K, 2 + _QK_K // 64 + _QK_K // 4 + _QK_K // 16, 2),
+    158: ("IQ1_KT", _QK_K, _QK_K // 8 + _QK_K // 16 + _QK_K // 32, 4),
+}
+
+# Interleaved (row-repacked) forms: id -> (name, base id, row meta bytes). Same bytes per weight
+# as their base type; the interleaving changes the layout, not the size.
+_IK_REPACKED: dict[int, tuple[str, int, int]] = {
+    202: ("Q4_0_R8", 20, 0),
+    206: ("Q5_0_R4", 6, 0),
+    208: ("Q8_0_R8", 8, 0),
+    210: ("Q2_K_R4", 10, 0),
+    211: ("Q3_K_R4", 11, 0),
+    212: ("Q4_K_R4", 12, 0),
+    213: ("Q5_K_R4", 13, 0),
+    214: ("Q6_K_R4", 14, 0),
+    216: ("IQ2_XXS_R4", 16, 0),
+    217: ("IQ2_XS_R4", 17, 0),
+    218: ("IQ3_XXS_R4", 18, 0),
+    220: ("IQ4_NL_R4", 20, 0),
+    221: ("IQ3_S_R4", 21, 0),
+    222: ("IQ2_S_R4", 22, 0),
+    223: ("IQ4_XS_R8", 23, 0),
+    230: ("BF16_R16", 30, 0),
+    233: ("Q6_0_R4", 133, 0),
+    335: ("IQ2_BN_R4", 135, 4),
+    337: ("IQ2_K_R4", 137, 0),
+    338: ("IQ3_K_R4", 138, 0),
+    339: ("IQ4_K_R4", 139, 0),
+    340: ("IQ5_K_R4", 140, 0),
+    344: ("IQ4_KS_R4", 144, 4),
+    352: ("IQ5_KS_R4", 152, 4),
+    353: ("MXFP4_R8", 39, 0),
+}
+# R4 forms of the 1-bit types use their own 32-element blocks.
+_IK_OWN_BLOCKS: dict[int, tuple[str, int, int, int]] = {
+    219: ("IQ1_S_R4", 32, 6, 2),
+    229: ("IQ1_M_R4", 32, 7, 2),
+}
+
+
+def _build() -> dict[int, QuantType]:
+    table: dict[int, QuantType] = {}
+    for qt, (block, size) in GGML_QUANT_SIZES.items():
+        table[int(qt)] = QuantType(int(qt), GGMLQuantizationType(qt).name, block, size)
+    for tid, (name, block, size) in _MAINLINE_EXTRA.items():
+        table.setdefault(tid, QuantType(tid, name, block, size))
+    for tid, (name, block, size, meta) in {**_IK_ONLY, **_IK_OWN_BLOCKS}.items():
+        table[tid] = QuantType(tid, name, block, size, meta, frozenset({IK}))
+    for tid, (name, base, meta) in _IK_REPACKED.items():
+        b = table[base]
+        table[tid] = QuantType(tid, name, b.block_size, b.type_size, meta, frozenset({IK}))
+    # ik_llama.cpp reads mainline files but not the newest mainline-only types.
+    for tid in (34, 35, 40, 42):
+        if tid in table:
+            t = table[tid]
+            table[tid] = QuantType(t.id, t.name, t.block_size, t.type_size, t.row_meta_bytes, frozenset({MAINLINE}))
+    return table
+
+
+QUANT_TYPES: dict[int, QuantType] = _build()
+_BY_NAME: dict[str, QuantType] = {t.name.lower(): t for t in QUANT_TYPES.values()}
+
+
+class UnknownQuantType(ValueError):
+    pass
+
+
+def by_id(type_id: int) -> QuantType:
+    try:
+        return QUANT_TYPES[type_id]
+    except KeyError:
+        raise UnknownQuantType(f"unknown tensor type id {type_id}") from None
+
+
+def by_name(name: str) -> QuantType:
+    try:
+        return _BY_NAME[name.strip().lower()]
+    except KeyError:
+        known = ", ".join(sorted(t.name.lower() for t in QUANT_TYPES.values()))
+        raise UnknownQuantType(f"unknown tensor type {name!r} (known: {known})") from None
