@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import socket
-import sys
 import subprocess
+import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path

@@ -10,7 +10,16 @@ import sys
 import click
 
 from moetune import __version__
-from moetune.cli import bench_cmds, engine_cmds, model_cmds, plan_cmds, results_cmds, run_cmds
+from moetune.cli import (
+    bench_cmds,
+    doctor_cmds,
+    engine_cmds,
+    model_cmds,
+    plan_cmds,
+    results_cmds,
+    run_cmds,
+    serve_cmds,
+)
 from moetune.cli.common import run
 
 
@@ -20,7 +29,7 @@ def cli() -> None:
     """Plan, launch, benchmark and tune huge Mixture-of-Experts models on llama.cpp."""
 
 
-for module in (model_cmds, engine_cmds, plan_cmds, run_cmds, bench_cmds, results_cmds):
+for module in (model_cmds, engine_cmds, plan_cmds, run_cmds, doctor_cmds, bench_cmds, serve_cmds, results_cmds):
     module.register(cli)
 
 

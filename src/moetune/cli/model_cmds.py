@@ -69,6 +69,7 @@ def testmodel(out_path: Path, arch: str | None, preset: str | None, type_spec: s
         task = bar.add_task(out_path.name, total=shards)
         g = generate(out_path, arch, dims, type_spec, shards=shards, sparse=sparse, seed=seed,
                      progress=lambda n: bar.update(task, completed=n))
+    disk = sum(f.stat().st_blocks * 512 for f in g.files)
     doc = {
         "arch": g.arch,
         "files": [str(f) for f in g.files],
@@ -77,13 +78,13 @@ def testmodel(out_path: Path, arch: str | None, preset: str | None, type_spec: s
         "bytes_by_type": g.types,
         "sparse": sparse,
         "servable": g.servable,
-        "disk_bytes": sum(f.stat().st_blocks * 512 for f in g.files),
+        "disk_bytes": disk,
     }
     if as_json:
         print_json(doc)
         return
     out.print(f"wrote {len(g.files)} file(s), {g.n_tensors} tensors, {mib(g.tensor_bytes):,.2f} MiB of tensors "
-              f"({mib(doc['disk_bytes']):,.2f} MiB on disk)")
+              f"({mib(disk):,.2f} MiB on disk)")
     for f in g.files:
         out.print(f"  {f}")
     if not g.servable:

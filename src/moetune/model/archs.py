@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 
-
 @dataclass(frozen=True, slots=True)
 class Dims:
     """Shape of a generated model. ``n_layer`` counts trunk blocks; NextN blocks come after them."""

@@ -212,3 +212,13 @@ def profile_from_files(files: list[GGUFFile]) -> ModelProfile:
 def load_profile(path: str | Path) -> ModelProfile:
     """Read a model (any shard of it) into a profile. Raises InputError on bad files."""
     return profile_from_files(read_model_files(path))
+
+
+def fingerprint(p: ModelProfile) -> str:
+    """A short stable id of a model's structure: architecture, every tensor's name, type and shape."""
+    import hashlib
+
+    h = hashlib.sha256(p.arch.encode())
+    for t in p.tensors:
+        h.update(f"{t.name}|{t.type_name}|{t.shape}".encode())
+    return h.hexdigest()[:16]

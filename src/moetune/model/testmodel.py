@@ -113,7 +113,7 @@ def _values(spec: TensorSpec, seed: int) -> np.ndarray:
         return np.zeros(shape, dtype=np.float32)
     vals = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
     if spec.kind == "ssm_a":
-        return -np.abs(vals) - np.float32(0.5)
+        vals = -np.abs(vals) - np.float32(0.5)
     return vals
 
 

@@ -1,0 +1,43 @@
+"""`make bench`: run every bench/bench_*.py and collect their results under bench/results/.
+
+Each bench module has `main(results_dir: Path) -> None` and writes its own result files. Speed and
+memory goals live here, not in timed unit tests: these machines are noisy, so benches compare
+ratios measured in one run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    results = HERE / "results"
+    results.mkdir(exist_ok=True)
+    only = set(sys.argv[1:])
+    failed = []
+    for path in sorted(HERE.glob("bench_*.py")):
+        name = path.stem.removeprefix("bench_")
+        if only and name not in only:
+            continue
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        t0 = time.monotonic()
+        print(f"== bench {name}", flush=True)
+        try:
+            mod.main(results)
+        except Exception as e:  # keep going: one failing bench must not hide the others' numbers
+            print(f"!! bench {name} failed: {e!r}", flush=True)
+            failed.append(name)
+        print(f"== bench {name}: {time.monotonic() - t0:.1f} s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+from moetune.cli import main
+
+main()
