@@ -1,0 +1,82 @@
+"""What to start, in what order: the part of a plan that `moetune launch` executes.
+
+A plan (``moetune plan --json``) carries a ``launch`` object of this shape. It is pure data: the
+planner renders it, `run/` starts it. Servers list the RPC workers they need in ``after``; workers
+start first and stop last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from moetune.errors import InputError
+
+SERVER = "server"
+RPC = "rpc"
+LAUNCH_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSpec:
+    name: str  # unique within the launch: "main", "coder1", "rpc0"
+    role: str  # server | rpc
+    engine: str  # engine name (moetune engine list)
+    argv: tuple[str, ...]  # arguments after the binary; the binary comes from the engine and role
+    host: str  # address it listens on
+    port: int
+    node: str = "local"  # node name in the hardware file
+    ssh: str | None = None  # ssh target (user@host, or a Host from ~/.ssh/config) for remote nodes
+    bin_dir: str | None = None  # engine binaries on that node, when it is not the local engine's
+    env: dict[str, str] = field(default_factory=dict)
+    after: tuple[str, ...] = ()  # processes that must be up first (a server's RPC workers)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    processes: tuple[ProcessSpec, ...]
+
+    def servers(self) -> list[ProcessSpec]:
+        return [p for p in self.processes if p.role == SERVER]
+
+    def workers(self) -> list[ProcessSpec]:
+        return [p for p in self.processes if p.role == RPC]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": LAUNCH_SCHEMA_VERSION, "processes": [asdict(p) for p in self.processes]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> LaunchSpec:
+        try:
+            procs = []
+            for p in doc["processes"]:
+                procs.append(ProcessSpec(
+                    name=str(p["name"]), role=str(p["role"]), engine=str(p["engine"]),
+                    argv=tuple(str(a) for a in p["argv"]), host=str(p["host"]), port=int(p["port"]),
+                    node=str(p.get("node", "local")), ssh=p.get("ssh"), bin_dir=p.get("bin_dir"),
+                    env={str(k): str(v) for k, v in (p.get("env") or {}).items()},
+                    after=tuple(str(a) for a in p.get("after", ()))))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"plan: the launch section is malformed ({e!r})",
+                             hint="regenerate it with `moetune plan ... --json`") from None
+        spec = cls(tuple(procs))
+        spec.validate()
+        return spec
+
+    def validate(self) -> None:
+        names = [p.name for p in self.processes]
+        if len(set(names)) != len(names):
+            raise InputError(f"plan: duplicate process names in {names}")
+        for p in self.processes:
+            if p.role not in (SERVER, RPC):
+                raise InputError(f"plan: process {p.name} has unknown role {p.role!r}")
+            for a in p.after:
+                if a not in names:
+                    raise InputError(f"plan: process {p.name} waits for {a!r}, which the plan does not start")
+        endpoints = [(p.node, p.host, p.port) for p in self.processes]
+        if len(set(endpoints)) != len(endpoints):
+            raise InputError("plan: two processes listen on the same node, address and port")
