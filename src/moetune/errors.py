@@ -8,9 +8,10 @@ class MoetuneError(Exception):
 
     exit_code = 1
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
+    def __init__(self, message: str, hint: str | None = None, details: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.hint = hint
+        self.details = details  # supporting lines (log evidence), printed after the hint
 
 
 class InputError(MoetuneError):

@@ -42,6 +42,8 @@ def run(group: click.Group) -> int:
         err.print(Text.assemble(("Error: ", "red"), str(e)))
         if e.hint:
             err.print(Text("  hint: " + e.hint, style="dim"))
+        for line in e.details:
+            err.print(Text("  " + line, style="dim"))
         return e.exit_code
     except click.exceptions.Abort:
         err.print("interrupted")

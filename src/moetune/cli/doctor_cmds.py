@@ -1,9 +1,43 @@
-"""Commands of a later stage (registered as they land)."""
+"""`moetune doctor`: findings in server logs, worker logs, captured responses or a run."""
 
 from __future__ import annotations
 
 import click
+from rich.text import Text
+
+from moetune.cli.common import json_option, out, print_json
+from moetune.run.doctor import examine
+from moetune.run.sources import load_sources
+
+
+@click.command()
+@click.argument("inputs", nargs=-1, required=True, metavar="LOG|RESPONSES.json|RUN...")
+@click.option("--ram-gib", type=click.FloatRange(min=1), help="RAM of the machine the logs come from "
+              "(default: what the log or the run record says).")
+@json_option
+def doctor(inputs: tuple[str, ...], ram_gib: float | None, as_json: bool) -> None:
+    """List what went wrong or wastes time in llama.cpp / ik_llama.cpp logs, each with its evidence.
+
+    Looks for prefix-cache misses (and a <think> block as their cause), -sm graph falling back to
+    layer, requests queued behind too few --parallel slots, RDMA negotiated without being asked,
+    thinking tokens dominating the output (in captured responses), pinned host memory close to
+    the RAM, and failed loads. Exit 0 whether or not it finds anything.
+    """
+    findings = examine(load_sources(inputs), ram_mib=ram_gib * 1024 if ram_gib else None)
+    if as_json:
+        print_json([f.to_json() for f in findings])
+        return
+    if not findings:
+        out.print("no findings")
+        return
+    for f in findings:
+        out.print(Text.assemble((f"{f.code}", "bold yellow"), f"  {f.source}"))
+        out.print(Text(f"  {f.title}"))
+        out.print(Text(f"  → {f.remedy}", style="cyan"))
+        for e in f.evidence:
+            out.print(Text(f"  {e.line:>6} | {e.text[:160]}", style="dim"))
+        out.print()
 
 
 def register(cli: click.Group) -> None:
-    pass
+    cli.add_command(doctor)

@@ -1,9 +1,215 @@
-"""Commands of a later stage (registered as they land)."""
+"""`moetune launch`, `moetune ps`, `moetune stop`."""
 
 from __future__ import annotations
 
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
 import click
+from rich.status import Status
+from rich.table import Table
+from rich.text import Text
+
+from moetune.cli.common import err, json_option, out, print_json
+from moetune.errors import RuntimeFailure
+from moetune.run.launch import Event, Launched, launch, supervise
+from moetune.run.prepare import LaunchFailed, read_plan
+from moetune.run.record import FAILED, HEALTHY, STARTING, RunDir
+from moetune.run.stop import stop_run
+
+
+class Display:
+    """Progress on stderr: a line per phase change, a spinner with the elapsed time on a terminal."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.status: Status | None = None
+
+    def __call__(self, e: Event) -> None:
+        if self.quiet:
+            return
+        if e.kind == "tick":
+            if err.is_terminal:
+                text = Text(f"{e.process}: {e.detail}  {e.elapsed_s:5.1f} s")
+                if self.status is None:
+                    self.status = err.status(text)
+                    self.status.start()
+                else:
+                    self.status.update(text)
+            return
+        self.close()
+        if e.kind == "start":
+            err.print(Text.assemble((f"{e.process}: ", "bold"), ("start ", ""), (e.detail[:200], "dim")))
+        elif e.kind in ("phase", "ready"):
+            err.print(Text(f"  {e.elapsed_s:6.1f} s  {e.process}: {e.detail if e.kind == 'phase' else 'ready ' + e.detail}"))
+        else:
+            err.print(Text(f"  {e.process}: {e.kind}"))
+
+    def notify(self, name: str, what: str) -> None:
+        self(Event(name, what, 0.0))
+
+    def close(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop a foreground launch the way Ctrl-C does (servers first)."""
+    def raise_interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _show_failure(e: LaunchFailed, as_json: bool) -> None:
+    """The diagnosis goes out as the error (cause, hint, evidence); add the JSON and where the logs are."""
+    if as_json:
+        print_json({"run": e.run_id, "error": e.diagnosis.to_json()})
+    if e.run_id:
+        e.details = (*e.details, f"logs: {RunDir.open(e.run_id).path}")
+
+
+@click.command("launch")
+@click.argument("plan", metavar="PLAN.json", type=click.Path(path_type=Path))
+@click.option("--detach", is_flag=True, help="Return once every server is healthy (stop it with `moetune stop RUN`).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=1800.0, show_default=True,
+              help="Seconds to wait for each server's /health.")
+@json_option
+def launch_cmd(plan: Path, detach: bool, timeout_s: float, as_json: bool) -> None:
+    """Start a plan's RPC workers, then its servers; wait until every server is healthy.
+
+    Without --detach it stays in the foreground: Ctrl-C stops the servers, waits until their
+    processes are gone, then stops the workers. Logs, exact commands and times are kept in the
+    run directory (`moetune ps` shows it).
+    """
+    spec, doc = read_plan(plan)
+    display = Display(quiet=as_json)
+    with _signals_interrupt():
+        try:
+            launched = launch(spec, doc, plan_file=str(plan.resolve()), detached=detach, timeout_s=timeout_s,
+                              on_event=display)
+        except LaunchFailed as e:
+            display.close()
+            _show_failure(e, as_json)
+            raise
+        finally:
+            display.close()
+        _print_launched(launched, as_json)
+        if detach:
+            return
+        _foreground(launched, display)
+
+
+def _print_launched(launched: Launched, as_json: bool) -> None:
+    if as_json:
+        print_json(launched.to_json())
+        return
+    for name, url in launched.urls.items():
+        out.print(f"{name}: {url}")
+    out.print(f"run {launched.run.run_id}  (pids {', '.join(f'{n} {p}' for n, p in launched.pids.items())})")
+
+
+def _foreground(launched: Launched, display: Display) -> None:
+    err.print(Text("serving; Ctrl-C stops the servers, then the workers", style="dim"))
+    try:
+        why = supervise(launched.run, on_event=display)
+    except KeyboardInterrupt:
+        err.print(f"stopping run {launched.run.run_id}")
+        stop_run(launched.run, notify=display.notify)
+        raise
+    if why is None:
+        err.print(f"run {launched.run.run_id} was stopped")
+        return
+    stop_run(launched.run, final_state=FAILED, notify=display.notify)
+    launched.run.update(diagnosis=why.to_json())
+    raise RuntimeFailure(why.message, hint=why.hint)
+
+
+def _ps_rows(show_all: bool) -> list[dict[str, Any]]:
+    rows = []
+    for rd in RunDir.all():
+        info = rd.info()
+        procs = rd.procs()
+        alive = {r.name: r.alive() for r in procs}
+        if not show_all and not any(alive.values()):
+            continue
+        state = info.state
+        if state in (STARTING, HEALTHY) and not any(alive.values()):
+            state = "exited"
+        rows.append({
+            "run": info.run, "state": state, "created_at": info.created_at, "detached": info.detached,
+            "urls": {r.name: r.url for r in procs if r.role == "server"},
+            "pids": {r.name: r.pid for r in procs}, "alive": alive, "dir": str(rd.path),
+            "diagnosis": (info.diagnosis or {}).get("message"),
+        })
+    return rows
+
+
+@click.command("ps")
+@click.option("--all", "show_all", is_flag=True, help="Also list runs whose processes are gone.")
+@json_option
+def ps_cmd(show_all: bool, as_json: bool) -> None:
+    """Launches with live processes (their pids checked now)."""
+    rows = _ps_rows(show_all)
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        out.print("no live launches" + ("" if show_all else " (--all lists stopped ones)"))
+        return
+    t = Table()
+    for c in ("run", "state", "age", "servers", "processes"):
+        t.add_column(c, no_wrap=c == "run")
+    now = time.time()
+    for r in rows:
+        procs = " ".join(f"{n}:{p}" + ("" if r["alive"][n] else "(gone)") for n, p in r["pids"].items())
+        age = now - r["created_at"]
+        t.add_row(r["run"], r["state"], f"{age / 60:.0f} min" if age >= 60 else f"{age:.0f} s",
+                  " ".join(r["urls"].values()), procs)
+    out.print(t)
+
+
+@click.command("stop")
+@click.argument("runs", nargs=-1, metavar="RUN...")
+@click.option("--all", "stop_all", is_flag=True, help="Stop every live launch.")
+@click.option("--grace", "grace_s", type=click.FloatRange(0), default=30.0, show_default=True,
+              help="Seconds a process gets after SIGTERM before SIGKILL.")
+@json_option
+def stop_cmd(runs: tuple[str, ...], stop_all: bool, grace_s: float, as_json: bool) -> None:
+    """Stop launches in order: servers first (waiting until their pids are gone), then RPC workers."""
+    if not runs and not stop_all:
+        raise click.UsageError("give a RUN (see `moetune ps`) or --all")
+    dirs = [RunDir.open(r) for r in runs] if runs else [RunDir(Path(r["dir"])) for r in _ps_rows(False)]
+    docs = []
+    for rd in dirs:
+        recs = stop_run(rd, grace_s=grace_s, notify=None if as_json else Display(False).notify)
+        docs.append({"run": rd.run_id, "processes": [
+            {"name": r.name, "role": r.role, "pid": r.pid, "stop_sent_at": r.stop_sent_at,
+             "kill_sent_at": r.kill_sent_at, "exited_at": r.exited_at} for r in recs]})
+        if as_json:
+            continue
+        out.print(f"run {rd.run_id} stopped")
+        for r in sorted(recs, key=lambda r: r.exited_at or 0):
+            took = (f"gone {r.exited_at - r.stop_sent_at:.2f} s after SIGTERM" if r.exited_at and r.stop_sent_at
+                    else "already gone")
+            out.print(f"  {r.name} ({r.role}, pid {r.pid}): {took}" + (" (killed)" if r.kill_sent_at else ""))
+    if as_json:
+        print_json(docs)
 
 
 def register(cli: click.Group) -> None:
-    pass
+    cli.add_command(launch_cmd)
+    cli.add_command(ps_cmd)
+    cli.add_command(stop_cmd)

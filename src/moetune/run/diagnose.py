@@ -1,0 +1,272 @@
+"""Why a launch failed, in one line, and what to change. Pure functions: logs and facts in,
+a :class:`Diagnosis` out.
+
+The out-of-memory advice is the one users work out by hand: a compute buffer that does not fit
+shrinks about linearly with ``-ub``; or the experts of N layers leave the device, N from the
+shortfall and the bytes of each layer's experts on it (from the plan, else from the model).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from moetune.engine.logs import Evidence, ServerLog, WorkerLog, device_key
+from moetune.engine.logs.types import (
+    ABORTED,
+    BAD_ARGUMENT,
+    BIND_FAILED,
+    COMPUTE,
+    MODEL_LOAD_FAILED,
+    MODEL_OPEN_FAILED,
+    RPC_CONNECT_FAILED,
+    RPC_CRASHED,
+    AllocFailure,
+)
+
+OUT_OF_MEMORY = "out_of_memory"
+PORT_IN_USE = "port_in_use"
+BINARY_MISSING = "binary_missing"
+MODEL_MISSING = "model_missing"
+RPC_UNREACHABLE = "rpc_unreachable"
+RPC_LOST = "rpc_worker_lost"
+BAD_ARGS = "bad_argument"
+EXITED_DURING_LOAD = "exited_during_load"
+EXITED = "exited"
+NOT_HEALTHY = "not_healthy"
+
+HOST_DEVICES = ("CPU", "Host")  # memory moetune cannot move experts off (only to)
+MIN_UBATCH = 32  # below this the GPU no longer takes over CPU-resident expert matmuls for prefill
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    cause: str
+    process: str
+    message: str  # what failed, one line
+    hint: str  # what to change
+    evidence: tuple[Evidence, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["evidence"] = [{"line": e.line, "text": e.text} for e in self.evidence]
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class LayerExperts:
+    """The expert tensors of one layer on one device (from the plan, or the model when uniform)."""
+
+    layer: int
+    device: str
+    expert_mib: float
+
+
+# -- advice: pure arithmetic ----------------------------------------------------------------
+
+def layers_to_offload(shortfall_mib: float, layers: Sequence[LayerExperts], device: str) -> tuple[int, ...] | None:
+    """Fewest layers on ``device`` whose experts, moved off, free ``shortfall_mib`` (largest first;
+    among equals the last layers, as llama.cpp's --fit leaves the tail on the CPU)."""
+    mine = sorted((x for x in layers if device_key(x.device) == device_key(device) and x.expert_mib > 0),
+                  key=lambda x: (-x.expert_mib, -x.layer))
+    freed, chosen = 0.0, []
+    for x in mine:
+        if freed >= shortfall_mib:
+            break
+        freed += x.expert_mib
+        chosen.append(x.layer)
+    return tuple(sorted(chosen)) if chosen and freed >= shortfall_mib else None
+
+
+def uniform_layers_to_offload(shortfall_mib: float, per_layer_mib: float, n_layers: int) -> int | None:
+    """Layers to move when every layer's experts weigh the same and the placement is unknown;
+    None when even all ``n_layers`` MoE layers would not free enough."""
+    if per_layer_mib <= 0 or shortfall_mib <= 0:
+        return None
+    n = max(1, math.ceil(shortfall_mib / per_layer_mib))
+    return n if n <= n_layers else None
+
+
+def lower_ubatch(n_ubatch: int, compute_mib: float, room_mib: float | None) -> int | None:
+    """The largest power-of-two ``-ub`` below ``n_ubatch`` whose compute buffer, scaled linearly
+    from ``compute_mib``, fits in ``room_mib`` (unknown room: half the current one)."""
+    if n_ubatch <= MIN_UBATCH or compute_mib <= 0:
+        return None
+    target = n_ubatch / 2 if room_mib is None else n_ubatch * room_mib / compute_mib
+    ub = 1 << max(math.floor(math.log2(max(target, 1))), 0)
+    ub = min(ub, n_ubatch // 2)
+    return ub if ub >= MIN_UBATCH else None
+
+
+# -- diagnoses ------------------------------------------------------------------------------
+
+def _ev(log: ServerLog | WorkerLog, lines: Sequence[int]) -> tuple[Evidence, ...]:
+    return tuple(log.evidence(n) for n in sorted(set(lines)) if 0 < n <= len(log.lines))
+
+
+def out_of_memory(name: str, log: ServerLog, failure: AllocFailure, layers: Sequence[LayerExperts],
+                  uniform: tuple[float, int] | None, n_ubatch: int | None = None) -> Diagnosis:
+    """``layers``: the plan's expert placement; ``uniform``: (MiB per MoE layer, MoE layers) of the
+    model, for when there is no placement; ``n_ubatch``: the -ub the process was given, where the
+    log does not say."""
+    dev = device_key(failure.device)
+    kind = {COMPUTE: "compute buffer", "kv": "KV cache", "model": "model weights", "output": "output buffer"}.get(
+        failure.what, "buffer")
+    size = failure.size_mib
+    info = log.device(dev)
+    free = info.free_mib if info else None
+    held = log.device_buffers()
+    already = sum(b.total_mib for k, b in held.items() if device_key(k) == dev)
+    room = None if free is None else max(free - already, 0.0)
+    said = f"{size:.0f} MiB" if size is not None else "size not logged"
+    where = f"; {dev} has {free:.0f} MiB free" if free is not None else ""
+    message = f"{name}: out of memory allocating the {dev} {kind} ({said}{where})"
+    advice: list[str] = []
+    ub = log.context.n_ubatch or n_ubatch
+    if failure.what == COMPUTE and size is not None and ub:
+        new_ub = lower_ubatch(ub, size, room)
+        if new_ub:
+            advice.append(f"lower -ub from {ub} to {new_ub} (the compute buffer shrinks about linearly with it)")
+    if size is not None and dev not in HOST_DEVICES and not dev.endswith("_Host"):
+        shortfall = size - room if room is not None else size
+        chosen = layers_to_offload(shortfall, layers, dev) if layers else None
+        if chosen:
+            advice.append(f"move the experts of {len(chosen)} layer(s) off {dev} "
+                          f"(blk {', '.join(map(str, chosen))})")
+        elif uniform:
+            n = uniform_layers_to_offload(shortfall, *uniform)
+            if n:
+                advice.append(f"move the experts of {n} layer(s) off {dev} ({uniform[0]:.0f} MiB each)")
+    if not advice:
+        advice.append("lower -ub or -c" if dev in HOST_DEVICES else f"put less on {dev}")
+    hint = "; or ".join(advice) + "; `moetune plan` sizes the compute buffer before launching"
+    lines = [failure.line, *(e.line for e in log.errors if e.line >= failure.line)][:6]
+    return Diagnosis(OUT_OF_MEMORY, name, message, hint, _ev(log, lines))
+
+
+def server_exit(name: str, log: ServerLog, exit_code: int | None, *, loading: bool,
+                layers: Sequence[LayerExperts] = (), uniform: tuple[float, int] | None = None,
+                n_ubatch: int | None = None) -> Diagnosis:
+    """A server that exited: during load (``loading``) or while serving."""
+    code = "" if exit_code is None else f" (exit {exit_code})"
+    kinds = {f.kind: f for f in log.failures}
+    if log.alloc_failures:
+        return out_of_memory(name, log, log.alloc_failures[0], layers, uniform, n_ubatch)
+    if MODEL_OPEN_FAILED in kinds:
+        f = kinds[MODEL_OPEN_FAILED]
+        return Diagnosis(MODEL_MISSING, name, f"{name}: cannot open the model file {f.subject}",
+                         "check the -m path in the plan (and that every shard of a split model is there)",
+                         _ev(log, [f.line]))
+    if BIND_FAILED in kinds:
+        f = kinds[BIND_FAILED]
+        return Diagnosis(PORT_IN_USE, name, f"{name}: could not listen on {f.subject}: the port is in use",
+                         "stop what holds the port (`moetune ps`), or give the process another port",
+                         _ev(log, [f.line]))
+    if RPC_CONNECT_FAILED in kinds:
+        f = kinds[RPC_CONNECT_FAILED]
+        return rpc_unreachable(name, f.subject or "?", "the server could not connect", _ev(log, [f.line]))
+    if RPC_CRASHED in kinds:
+        f = kinds[RPC_CRASHED]
+        return Diagnosis(RPC_LOST, name, f"{name}: lost its RPC worker (it crashed or was stopped first)",
+                         "see the worker's log; stop servers before workers (moetune stop does)",
+                         _ev(log, [f.line]))
+    if BAD_ARGUMENT in kinds:
+        f = kinds[BAD_ARGUMENT]
+        hint = "check the flag against this engine's dialect and version (llama-server --help)"
+        if "unknown buffer type" in (f.subject or ""):
+            hint = ("name a buffer type the engine lists (its log shows them: CPU, CUDA0, RPC0[host:port]); "
+                    "an RPC device's exists only once --rpc comes before the -ot that names it")
+        return Diagnosis(BAD_ARGS, name, f"{name}: the engine rejected an argument: {f.subject}", hint,
+                         _ev(log, [f.line]))
+    last = [e.line for e in log.errors][-4:]
+    if ABORTED in kinds:
+        last = [kinds[ABORTED].line, *last]
+    if MODEL_LOAD_FAILED in kinds:
+        last = [kinds[MODEL_LOAD_FAILED].line, *last]
+    what = log.errors[-1].text if log.errors else "no error line in its log"
+    if loading:
+        return Diagnosis(EXITED_DURING_LOAD, name,
+                         f"{name}: exited during load{code}, while {log.phase}: {what}",
+                         "read the evidence lines; `moetune doctor` on the run shows the whole log's findings",
+                         _ev(log, last))
+    return Diagnosis(EXITED, name, f"{name}: exited while serving{code}: {what}",
+                     "read the evidence lines; `moetune doctor` on the run shows the whole log's findings",
+                     _ev(log, last))
+
+
+def worker_exit(name: str, log: WorkerLog, exit_code: int | None, endpoint: str, *, listening: bool = False) -> Diagnosis:
+    """A worker that exited: before it listened (a launch), or after (``listening``: while serving)."""
+    code = "" if exit_code is None else f" (exit {exit_code})"
+    if listening:
+        return Diagnosis(EXITED, name, f"{name}: RPC worker {endpoint} exited{code}",
+                         "its servers lost their device: read the worker's log, then launch again",
+                         _ev(log, [e.line for e in log.errors][-3:]))
+    for f in log.failures:
+        if f.kind == BIND_FAILED:
+            return Diagnosis(PORT_IN_USE, name, f"{name}: could not listen on {endpoint}: the port is in use",
+                             "stop what holds the port (`moetune ps`), or give the worker another port",
+                             _ev(log, [f.line]))
+    what = log.errors[-1].text if log.errors else "no error line in its log"
+    return Diagnosis(EXITED_DURING_LOAD, name, f"{name}: RPC worker exited before listening on {endpoint}{code}: "
+                     f"{what}", "run the worker's command by hand to see why", _ev(log, [e.line for e in log.errors]))
+
+
+def rpc_unreachable(name: str, endpoint: str, why: str, evidence: tuple[Evidence, ...] = ()) -> Diagnosis:
+    return Diagnosis(RPC_UNREACHABLE, name, f"{name}: RPC worker {endpoint} is unreachable ({why})",
+                     "start ggml-rpc-server there first (a plan's own workers are started by `moetune launch`), "
+                     "and check the address and the firewall", evidence)
+
+
+def port_in_use(name: str, endpoint: str, holder: tuple[int, str] | None) -> Diagnosis:
+    by = f" by pid {holder[0]} ({holder[1][:80]})" if holder else ""
+    return Diagnosis(PORT_IN_USE, name, f"{name}: {endpoint} is already in use{by}",
+                     "stop that process (`moetune ps` / `moetune stop RUN` if moetune started it), "
+                     "or give the process another port in the plan")
+
+
+def binary_missing(name: str, detail: str) -> Diagnosis:
+    return Diagnosis(BINARY_MISSING, name, f"{name}: {detail}",
+                     "build the engine (`moetune engine install`), or register the directory that holds it "
+                     "(`moetune engine add`)")
+
+
+def model_missing(name: str, path: str) -> Diagnosis:
+    return Diagnosis(MODEL_MISSING, name, f"{name}: model file {path} does not exist",
+                     "fix the -m path in the plan, or download the model there")
+
+
+def not_healthy(name: str, url: str, waited_s: float, log: ServerLog) -> Diagnosis:
+    return Diagnosis(NOT_HEALTHY, name, f"{name}: {url}/health not 200 after {waited_s:.0f} s (last phase: "
+                     f"{log.phase})", "give it longer with --timeout, or read its log",
+                     _ev(log, [e.line for e in log.errors][-3:]))
+
+
+def layer_experts_from_plan(plan: dict[str, Any], process: str | None = None) -> list[LayerExperts]:
+    """Where the plan put each layer's experts, and how much they weigh.
+
+    Reads ``moetune plan --json``: ``services[].layers[]`` entries ``{"index": 3, "experts":
+    {"ffn_up_exps": "CUDA0", ...}, "expert_mib": 4088.0}`` (the service whose name is the
+    process's, else all of them); a top-level ``layers`` list of the same entries is read too.
+    A layer whose expert tensors sit on several devices counts on each by its share of them.
+    """
+    entries: list[Any] = []
+    for svc in plan.get("services") or []:
+        if isinstance(svc, dict) and (process is None or svc.get("name") in (process, None)):
+            entries += svc.get("layers") or []
+    entries += plan.get("layers") or []
+    out: list[LayerExperts] = []
+    for x in entries:
+        if not isinstance(x, dict):
+            continue
+        idx, mib, experts = x.get("index", x.get("layer")), x.get("expert_mib"), x.get("experts")
+        if not isinstance(idx, int) or not isinstance(mib, int | float) or not mib:
+            continue
+        if isinstance(experts, dict) and experts:
+            for dev in sorted(set(map(str, experts.values()))):
+                share = sum(1 for d in experts.values() if d == dev) / len(experts)
+                out.append(LayerExperts(idx, dev, float(mib) * share))
+        elif x.get("device"):
+            out.append(LayerExperts(idx, str(x["device"]), float(mib)))
+    return out

@@ -1,0 +1,167 @@
+"""From a plan to the exact commands to run, and the checks that need no process: the binary and
+the model file exist, the ports are free, the RPC workers the plan does not start are reachable.
+
+A check that fails raises :class:`LaunchFailed` with the diagnosis, before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from moetune.engine import registry
+from moetune.engine.registry import BINARIES, Engine
+from moetune.errors import InputError, RuntimeFailure
+from moetune.model.quants import IK
+from moetune.plan.launchspec import RPC, SERVER, LaunchSpec, ProcessSpec
+from moetune.run import diagnose
+from moetune.run.diagnose import Diagnosis
+from moetune.run.health import listener_of, port_free, port_open
+
+MODEL_FLAGS = ("-m", "--model", "-md", "--model-draft", "-mm", "--mmproj")
+VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose")
+# mainline prints buffers, the device list, slot and cache details only at verbosity 4
+MAINLINE_VERBOSITY = ("-lv", "4")
+
+
+class LaunchFailed(RuntimeFailure):
+    """A launch that could not start or come up; carries the diagnosis."""
+
+    def __init__(self, diagnosis: Diagnosis, run_id: str | None = None) -> None:
+        super().__init__(diagnosis.message, hint=diagnosis.hint,
+                         details=tuple(f"{e.line:>5} | {e.text[:200]}" for e in diagnosis.evidence[:6]))
+        self.diagnosis = diagnosis
+        self.run_id = run_id
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    spec: ProcessSpec
+    engine: Engine
+    argv: tuple[str, ...]  # binary first: exactly what runs
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.spec.host}:{self.spec.port}"
+
+
+def read_plan(path: Path) -> tuple[LaunchSpec, dict[str, Any]]:
+    """A plan file (with a ``launch`` key) or a plain launch spec; returns the spec and the document."""
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: not JSON ({e})", hint="pass the output of `moetune plan --json`") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: a plan is a JSON object", hint="pass the output of `moetune plan --json`")
+    launch = doc.get("launch", doc)
+    if not isinstance(launch, dict) or "processes" not in launch:
+        raise InputError(f"{path}: no launch section (a 'launch' object with 'processes')",
+                         hint="pass the output of `moetune plan --json`")
+    spec = LaunchSpec.from_json(launch)
+    if not spec.servers():
+        raise InputError(f"{path}: the plan starts no server")
+    return spec, doc
+
+
+def _flag_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    out = []
+    for i, a in enumerate(argv):
+        if a in flags and i + 1 < len(argv):
+            out.append(argv[i + 1])
+        else:
+            out += [a.split("=", 1)[1] for f in flags if f.startswith("--") and a.startswith(f + "=")]
+    return out
+
+
+def rpc_endpoints(argv: Sequence[str]) -> list[str]:
+    return [ep.strip() for v in _flag_values(argv, ("--rpc",)) for ep in v.split(",") if ep.strip()]
+
+
+def model_paths(argv: Sequence[str]) -> list[str]:
+    return _flag_values(argv, MODEL_FLAGS)
+
+
+def ubatch(argv: Sequence[str]) -> int | None:
+    vals = _flag_values(argv, ("-ub", "--ubatch-size"))
+    return int(vals[-1]) if vals and vals[-1].isdigit() else None
+
+
+def final_argv(p: ProcessSpec, binary: Path, kind: str) -> tuple[str, ...]:
+    """The binary and the plan's arguments, plus the address when the plan left it out, plus
+    ``-lv 4`` for mainline servers (the log moetune reads needs it) unless a verbosity is set."""
+    args = list(p.argv)
+    port_flags = ("--port",) if p.role == SERVER else ("-p", "--port")
+    given = _flag_values(args, port_flags)
+    if given and given[-1] != str(p.port):
+        raise InputError(f"plan: process {p.name} says port {p.port} but its arguments say {given[-1]}",
+                         hint="regenerate the plan")
+    if not given:
+        args += ["--host", p.host, "--port", str(p.port)] if p.role == SERVER else ["-H", p.host, "-p", str(p.port)]
+    if p.role == SERVER and kind != IK and not any(a in VERBOSITY_FLAGS or a.startswith("--verbosity=") for a in args):
+        args += MAINLINE_VERBOSITY
+    return (str(binary), *args)
+
+
+def _engine(p: ProcessSpec) -> Engine:
+    e = registry.get(p.engine)
+    return replace(e, bin_dir=p.bin_dir) if p.bin_dir else e
+
+
+def _binary(p: ProcessSpec, e: Engine) -> Path:
+    try:
+        return e.binary(p.role)
+    except InputError:
+        names = " or ".join(BINARIES[p.role])
+        raise LaunchFailed(diagnose.binary_missing(p.name, f"no {names} in {e.bin_dir}")) from None
+
+
+def start_order(spec: LaunchSpec) -> list[ProcessSpec]:
+    """Workers first, in plan order; then servers, each after the servers it names in ``after``."""
+    done: list[ProcessSpec] = list(spec.workers())
+    todo = spec.servers()
+    while todo:
+        names = {d.name for d in done}
+        ready = [s for s in todo if all(a in names for a in s.after)]
+        if not ready:
+            raise InputError(f"plan: servers {', '.join(s.name for s in todo)} wait for each other")
+        done.append(ready[0])
+        todo.remove(ready[0])
+    return done
+
+
+def prepare(spec: LaunchSpec) -> list[Prepared]:
+    """The processes in start order with their exact argv; raises LaunchFailed when a check fails."""
+    out = []
+    for p in start_order(spec):
+        e = _engine(p)
+        out.append(Prepared(p, e, final_argv(p, _binary(p, e), e.kind)))
+    preflight(out)
+    return out
+
+
+def preflight(prepared: Sequence[Prepared]) -> None:
+    own = {x.endpoint for x in prepared if x.spec.role == RPC}
+    for x in prepared:
+        if x.spec.ssh:
+            raise InputError(f"process {x.name} runs on {x.spec.ssh} over ssh, which this version cannot start "
+                             "yet (issue #7)", hint="start that worker by hand and list it as an external --rpc endpoint")
+        for m in model_paths(x.argv):
+            if not Path(m).exists():
+                raise LaunchFailed(diagnose.model_missing(x.name, m))
+        if not port_free(x.spec.host, x.spec.port):
+            raise LaunchFailed(diagnose.port_in_use(x.name, x.endpoint, listener_of(x.spec.port)))
+        for ep in rpc_endpoints(x.argv):
+            if ep in own:
+                continue
+            host, _, port = ep.rpartition(":")
+            if not port.isdigit() or not port_open(host, int(port), timeout_s=2):
+                raise LaunchFailed(diagnose.rpc_unreachable(x.name, ep, "nothing accepts connections there"))

@@ -1,0 +1,195 @@
+"""The run directory: what a launch started, how, and when each process came and went.
+
+    <runs_dir>/<run id>/
+        run.json        the launch spec, plan, engine versions, machine fingerprint, state
+        plan.json       the plan as given to `moetune launch`
+        <name>.json     one process: exact argv, environment, pid, start/ready/stop/exit times
+        <name>.log      its stdout and stderr
+
+Times are wall-clock seconds (``time.time()``). Files are replaced atomically under a lock, so a
+launcher and a `moetune stop` in another process can both write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from moetune.errors import InputError
+from moetune.paths import runs_dir
+from moetune.run.process import LocalProcess, Process, pid_alive
+
+RUN_SCHEMA_VERSION = 1
+STARTING, HEALTHY, FAILED, STOPPING, STOPPED = "starting", "healthy", "failed", "stopping", "stopped"
+# environment variables worth recording besides the plan's own (others may hold secrets)
+RECORDED_ENV = re.compile(r"^(LLAMA_|GGML_|CUDA_|HIP_|ROCR_|HSA_|OMP_|MOETUNE_|PATH$|LD_LIBRARY_PATH$)")
+_ID = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcRecord:
+    name: str
+    role: str
+    node: str
+    host: str
+    port: int
+    argv: list[str]  # exactly what was executed, binary first
+    env: dict[str, str]  # the plan's variables plus those moetune sets
+    env_inherited: dict[str, str]  # engine-related variables the process inherited
+    log: str  # file name in the run directory
+    cwd: str = ""  # where it ran (relative paths in argv are relative to it)
+    pid: int | None = None
+    pgid: int | None = None
+    start_ticks: int | None = None
+    started_at: float | None = None
+    ready_at: float | None = None  # listening (worker) or /health 200 (server)
+    stop_sent_at: float | None = None  # SIGTERM sent
+    kill_sent_at: float | None = None  # SIGKILL sent after the grace period
+    exited_at: float | None = None  # first seen gone (pid and its process group)
+    exit_code: int | None = None  # where known (this process's children only)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def process(self) -> Process | None:
+        if self.pid is None:
+            return None
+        return LocalProcess.attach(self.name, self.pid, self.pgid or self.pid, self.start_ticks)
+
+    def alive(self) -> bool:
+        return self.pid is not None and pid_alive(self.pid, self.start_ticks)
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    run: str
+    created_at: float
+    state: str
+    launch: dict[str, Any]
+    engines: dict[str, str]  # engine name -> its version line
+    fingerprint: str
+    machine: dict[str, str]
+    launcher_pid: int
+    detached: bool
+    plan_file: str | None = None
+    diagnosis: dict[str, Any] | None = None
+    schema_version: int = RUN_SCHEMA_VERSION
+    order: list[str] = field(default_factory=list)  # process names in start order
+
+
+def new_run_id(now: float, suffix: str) -> str:
+    """``20260721-093015-3fa2``: sortable by start time; ``suffix`` makes it unique."""
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + "-" + suffix
+
+
+class RunDir:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    # -- creation and lookup ------------------------------------------------------------------
+    @classmethod
+    def create(cls, info: RunInfo, plan_doc: dict[str, Any]) -> RunDir:
+        path = runs_dir() / info.run
+        path.mkdir(parents=True, exist_ok=False)
+        rd = cls(path)
+        rd._write("plan.json", plan_doc)
+        rd._write("run.json", asdict(info))
+        return rd
+
+    @classmethod
+    def open(cls, run_id: str) -> RunDir:
+        if not _ID.match(run_id):
+            raise InputError(f"{run_id!r} is not a run id", hint="see `moetune ps --all` for the runs")
+        path = runs_dir() / run_id
+        if not (path / "run.json").exists():
+            raise InputError(f"no run {run_id!r} in {runs_dir()}", hint="see `moetune ps --all` for the runs")
+        return cls(path)
+
+    @staticmethod
+    def all() -> list[RunDir]:
+        root = runs_dir()
+        if not root.is_dir():
+            return []
+        return [RunDir(p) for p in sorted(root.iterdir()) if (p / "run.json").exists()]
+
+    # -- reading and writing ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        with open(self.path / ".lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _write(self, name: str, doc: Any) -> None:
+        tmp = self.path / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(doc, indent=2, default=str))
+        tmp.replace(self.path / name)
+
+    def _read(self, name: str) -> dict[str, Any]:
+        try:
+            doc: dict[str, Any] = json.loads((self.path / name).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise InputError(f"{self.path / name}: unreadable ({e})") from None
+        return doc
+
+    def info(self) -> RunInfo:
+        doc = self._read("run.json")
+        known = {f.name for f in fields(RunInfo)}
+        return RunInfo(**{k: v for k, v in doc.items() if k in known})
+
+    def update(self, **changes: Any) -> RunInfo:
+        with self.locked():
+            info = replace(self.info(), **changes)
+            self._write("run.json", asdict(info))
+            return info
+
+    def plan(self) -> dict[str, Any]:
+        return self._read("plan.json")
+
+    def log_path(self, name: str) -> Path:
+        return self.path / f"{name}.log"
+
+    def proc(self, name: str) -> ProcRecord:
+        doc = self._read(f"{name}.json")
+        known = {f.name for f in fields(ProcRecord)}
+        return ProcRecord(**{k: v for k, v in doc.items() if k in known})
+
+    def add_proc(self, rec: ProcRecord) -> None:
+        """Record a process about to start, last in the start order."""
+        with self.locked():
+            self._write(f"{rec.name}.json", asdict(rec))
+            info = self.info()
+            self._write("run.json", asdict(replace(info, order=[*info.order, rec.name])))
+
+    def update_proc(self, name: str, **changes: Any) -> ProcRecord:
+        with self.locked():
+            rec = replace(self.proc(name), **changes)
+            self._write(f"{name}.json", asdict(rec))
+            return rec
+
+    def procs(self) -> list[ProcRecord]:
+        """The processes in start order (those written so far)."""
+        order = self.info().order
+        return [self.proc(n) for n in order if (self.path / f"{n}.json").exists()]
+
+    def alive(self) -> list[ProcRecord]:
+        return [r for r in self.procs() if r.alive()]
+
+
+def recorded_env(environ: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(environ.items()) if RECORDED_ENV.match(k)}

@@ -1,0 +1,102 @@
+"""What `moetune doctor` reads: log files, captured responses, or a whole run directory.
+
+A file is a server log, a worker log (by its banner) or responses (JSON: one chat completion, a
+list of them, or one per line). A run id or directory gives every process's log with the
+environment it ran with and the machine's RAM from the run record.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from moetune.engine.logs import is_worker_log, parse_log, parse_worker_log, split_lines
+from moetune.errors import InputError
+from moetune.run.doctor import Response, Source
+from moetune.run.record import RunDir
+
+
+def load_sources(args: Sequence[str]) -> list[Source]:
+    out: list[Source] = []
+    for a in args:
+        p = Path(a)
+        if p.is_dir() and (p / "run.json").exists():
+            out += run_sources(RunDir(p))
+        elif p.is_file():
+            out.append(file_source(p))
+        elif "/" not in a and not p.suffix:
+            out += run_sources(RunDir.open(a))
+        else:
+            raise InputError(f"{a}: no such file, run directory or run id")
+    return out
+
+
+def run_sources(rd: RunDir) -> list[Source]:
+    ram_kib = rd.info().machine.get("ram_kib", "")
+    ram = int(ram_kib) / 1024 if ram_kib.isdigit() else None
+    out = []
+    for r in rd.procs():
+        path = rd.log_path(r.name)
+        if path.exists():
+            src = file_source(path, env={**r.env_inherited, **r.env}, ram_mib=ram)
+            out.append(replace(src, name=f"{rd.run_id}/{r.name}"))
+    return out
+
+
+def file_source(path: Path, env: Mapping[str, str] | None = None, ram_mib: float | None = None) -> Source:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror})") from None
+    stripped = text.lstrip()
+    if stripped.startswith(("{", "[")):
+        docs = _json_docs(text)
+        if docs is not None:
+            responses, lines = responses_from(docs)
+            return Source(str(path), responses=tuple(responses), response_lines=tuple(lines), env=env,
+                          ram_mib=ram_mib)
+    lines = split_lines(text)
+    if is_worker_log(lines):
+        return Source(str(path), worker=parse_worker_log(text), env=env, ram_mib=ram_mib)
+    return Source(str(path), server=parse_log(text), env=env, ram_mib=ram_mib)
+
+
+def _json_docs(text: str) -> list[Any] | None:
+    try:
+        doc = json.loads(text)
+        return doc if isinstance(doc, list) else [doc]
+    except json.JSONDecodeError:
+        pass
+    docs = []
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                docs.append(json.loads(line))
+            except json.JSONDecodeError:
+                return None
+    return docs
+
+
+def responses_from(docs: Sequence[Any]) -> tuple[list[Response], list[str]]:
+    """Chat completion responses (``choices[0].message``, ``usage``, ``timings``); one summary line each."""
+    out: list[Response] = []
+    lines: list[str] = []
+    for doc in docs:
+        if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list) or not doc["choices"]:
+            continue
+        msg = doc["choices"][0].get("message") or {}
+        reasoning = str(msg.get("reasoning_content") or "")
+        content = str(msg.get("content") or "")
+        usage = doc.get("usage") or {}
+        timings = doc.get("timings") or {}
+        n = usage.get("completion_tokens", timings.get("predicted_n"))
+        details = usage.get("completion_tokens_details") or {}
+        rt = details.get("reasoning_tokens")
+        out.append(Response(len(out) + 1, int(n) if isinstance(n, int) else None, len(reasoning), len(content),
+                            int(rt) if isinstance(rt, int) else None))
+        lines.append(f"response {len(out)}: completion_tokens={n}, reasoning_content {len(reasoning)} chars, "
+                     f"content {len(content)} chars")
+    return out, lines

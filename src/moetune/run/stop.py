@@ -1,0 +1,125 @@
+"""Ordered stop: servers first, each waited on until its pid (and process group) is gone, not until
+its port closes; then the RPC workers. A worker stopped while a client still frees its remote
+buffers can crash that client (the RDMA transport does, reference report 004), so the order holds
+even when a server must be killed after its grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from moetune.errors import RuntimeFailure
+from moetune.plan.launchspec import RPC, SERVER
+from moetune.run.process import KILL, RUN_ENV, TERM, LocalProcess, Process, group_members, with_env
+from moetune.run.record import STOPPED, STOPPING, ProcRecord, RunDir
+
+Notify = Callable[[str, str], None]  # (process name, what happened)
+KILL_WAIT_S = 10.0  # after SIGKILL, how long a process may take to disappear before we give up
+POLL_S = 0.02
+
+
+@contextlib.contextmanager
+def _no_interrupts() -> Iterator[None]:
+    """A second Ctrl-C must not abandon a stop half-way (and leave workers without servers' order)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def stop_run(rd: RunDir, *, grace_s: float = 30.0, final_state: str = STOPPED,
+             notify: Notify | None = None) -> list[ProcRecord]:
+    """Stop every process of a run in order and record when each went; returns the records."""
+    say = notify or (lambda name, what: None)
+    with _no_interrupts():
+        rd.update(state=STOPPING)
+        recs = rd.procs()
+        servers = [r for r in reversed(recs) if r.role == SERVER]
+        workers = [r for r in reversed(recs) if r.role == RPC]
+        for group in (servers, workers):
+            _stop_group(rd, group, grace_s, say)
+        _stop_strays(rd, grace_s, say)
+        rd.update(state=final_state)
+        return rd.procs()
+
+
+def _stop_group(rd: RunDir, recs: list[ProcRecord], grace_s: float, say: Notify) -> None:
+    procs: dict[str, Process] = {}
+    for r in recs:
+        p = r.process()
+        if p is None:
+            continue
+        if not p.group_alive():
+            if r.exited_at is None:
+                rd.update_proc(r.name, exited_at=time.time(), exit_code=p.returncode)
+            continue
+        procs[r.name] = p
+        rd.update_proc(r.name, stop_sent_at=time.time())
+        p.signal(TERM)
+        say(r.name, "stopping")
+    _wait_gone(rd, procs, grace_s, say)
+
+
+def _wait_gone(rd: RunDir, procs: dict[str, Process], grace_s: float, say: Notify) -> None:
+    deadline = time.monotonic() + grace_s
+    killed = False
+    pending = dict(procs)
+    while pending:
+        for name, p in list(pending.items()):
+            if not p.group_alive():
+                rd.update_proc(name, exited_at=time.time(), exit_code=p.returncode)
+                del pending[name]
+                say(name, "stopped")
+        if not pending:
+            return
+        now = time.monotonic()
+        if not killed and now > deadline:
+            for name, p in pending.items():
+                rd.update_proc(name, kill_sent_at=time.time())
+                p.signal(KILL)
+                say(name, f"killed after {grace_s:.0f} s")
+            killed = True
+        elif killed and now > deadline + KILL_WAIT_S:
+            left = ", ".join(f"{n} (pid {p.pid})" for n, p in pending.items())
+            raise RuntimeFailure(f"could not stop {left}", hint="check the processes with `ps` and stop them by hand")
+        time.sleep(POLL_S)
+
+
+def _stop_strays(rd: RunDir, grace_s: float, say: Notify) -> None:
+    """Processes that carry the run's id but no record (started as Ctrl-C arrived, or children)."""
+    known = {r.pid for r in rd.procs()}
+    strays = {f"pid {pid}": LocalProcess.attach(f"pid {pid}", pid, pid, None)
+              for pid in with_env(RUN_ENV, rd.run_id) if pid not in known}
+    if not strays:
+        return
+    for p in strays.values():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p.pid, TERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.alive() for p in strays.values()):
+        time.sleep(POLL_S)
+    for name, p in strays.items():
+        if p.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(p.pid, KILL)
+        say(name, "stopped (stray)")
+
+
+def survivors(rd: RunDir) -> list[int]:
+    """Pids of anything of this run still alive: recorded processes, their groups, and strays."""
+    out = set(with_env(RUN_ENV, rd.run_id))
+    for r in rd.procs():
+        if r.alive() and r.pid is not None:
+            out.add(r.pid)
+        if r.pgid is not None:
+            out.update(group_members(r.pgid))
+    return sorted(out)

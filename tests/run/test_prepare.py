@@ -1,0 +1,83 @@
+"""From a plan to exact commands: reading plans, the argv moetune runs, the start order."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moetune.errors import InputError
+from moetune.model.quants import IK, MAINLINE
+from moetune.plan.launchspec import LaunchSpec, ProcessSpec
+from moetune.run.prepare import final_argv, model_paths, read_plan, rpc_endpoints, start_order, ubatch
+
+BIN = Path("/opt/llama/bin/llama-server")
+
+
+def proc(name: str, role: str = "server", argv: tuple[str, ...] = (), port: int = 8080,
+         after: tuple[str, ...] = ()) -> ProcessSpec:
+    return ProcessSpec(name, role, "llama.cpp-b11434", argv, "127.0.0.1", port, after=after)
+
+
+@pytest.mark.parametrize(("p", "kind", "tail"), [
+    (proc("main", argv=("-m", "m.gguf")), MAINLINE, ["--host", "127.0.0.1", "--port", "8080", "-lv", "4"]),
+    (proc("main", argv=("-m", "m.gguf")), IK, ["--host", "127.0.0.1", "--port", "8080"]),  # ik logs load details anyway
+    (proc("main", argv=("-m", "m.gguf", "--port", "8080", "-lv", "3")), MAINLINE, ["--port", "8080", "-lv", "3"]),
+    (proc("main", argv=("-m", "m.gguf", "--verbose")), MAINLINE, ["--verbose", "--host", "127.0.0.1", "--port", "8080"]),
+    (proc("rpc0", role="rpc", port=50052), MAINLINE, ["-H", "127.0.0.1", "-p", "50052"]),
+    (proc("rpc0", role="rpc", argv=("-H", "10.0.0.2", "-p", "50052"), port=50052), MAINLINE, ["-p", "50052"]),
+])
+def test_final_argv(p: ProcessSpec, kind: str, tail: list[str]) -> None:
+    argv = final_argv(p, BIN, kind)
+    assert argv[0] == str(BIN) and list(argv[1:len(p.argv) + 1]) == list(p.argv)
+    assert list(argv[-len(tail):]) == tail
+
+
+def test_final_argv_port_disagreement() -> None:
+    with pytest.raises(InputError, match="says port 8080 but its arguments say 9090"):
+        final_argv(proc("main", argv=("--port", "9090")), BIN, MAINLINE)
+
+
+def test_start_order() -> None:
+    spec = LaunchSpec((proc("orch", after=("rpc0", "coder"), port=1), proc("coder", port=2),
+                       proc("rpc0", role="rpc", port=3), proc("rpc1", role="rpc", port=4)))
+    assert [p.name for p in start_order(spec)] == ["rpc0", "rpc1", "coder", "orch"]
+    cycle = LaunchSpec((proc("a", after=("b",), port=1), proc("b", after=("a",), port=2)))
+    with pytest.raises(InputError, match="wait for each other"):
+        start_order(cycle)
+
+
+def test_argument_readers() -> None:
+    argv = ("-m", "/m/a-00001-of-00002.gguf", "--rpc", "10.0.0.2:50052,10.0.0.3:50052", "--rpc=127.0.0.1:1",
+            "-md", "draft.gguf", "-ub", "4096")
+    assert rpc_endpoints(argv) == ["10.0.0.2:50052", "10.0.0.3:50052", "127.0.0.1:1"]
+    assert model_paths(argv) == ["/m/a-00001-of-00002.gguf", "draft.gguf"]
+    assert ubatch(argv) == 4096 and ubatch(()) is None
+
+
+def test_read_plan(tmp_path: Path) -> None:
+    spec = LaunchSpec((proc("rpc0", role="rpc", port=50052), proc("main", after=("rpc0",))))
+    full = tmp_path / "plan.json"
+    full.write_text(json.dumps({"schema_version": 1, "fits": True, "launch": spec.to_json()}))
+    got, doc = read_plan(full)
+    assert got == spec and doc["fits"] is True
+    plain = tmp_path / "launch.json"
+    plain.write_text(json.dumps(spec.to_json()))
+    assert read_plan(plain)[0] == spec
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("{", "not JSON"),
+    ("[]", "a plan is a JSON object"),
+    ('{"fits": true}', "no launch section"),
+    ('{"launch": {"processes": [{"name": "x"}]}}', "malformed"),
+    (json.dumps({"launch": LaunchSpec((proc("rpc0", role="rpc"),)).to_json()}), "starts no server"),
+])
+def test_bad_plans(tmp_path: Path, text: str, words: str) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    with pytest.raises(InputError, match=words):
+        read_plan(path)
+    with pytest.raises(InputError, match="cannot read"):
+        read_plan(tmp_path / "none.json")
