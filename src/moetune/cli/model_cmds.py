@@ -8,7 +8,7 @@ import click
 from rich.progress import BarColumn, Progress, TextColumn
 
 from moetune.cli.common import err, json_option, out, print_json
-from moetune.model.archs import ARCHS, PRESETS, Dims, with_overrides
+from moetune.model.archs import ARCHS, PRESET_RECIPES, PRESETS, Dims, with_overrides
 from moetune.model.profile import load_profile
 from moetune.model.testmodel import generate
 from moetune.report.inspect_view import inspect_json, mib, print_inspect
@@ -44,13 +44,14 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.option("--dense-lead", "n_dense_lead", type=click.IntRange(0, 512), help="Leading dense (non-MoE) layers.")
 @click.option("--nextn", "n_nextn", type=click.IntRange(0, 4), help="NextN/MTP blocks after the trunk.")
 @click.option("--vocab", "n_vocab", type=click.IntRange(259, 1 << 20), help="Vocabulary size (byte tokens + padding).")
-@click.option("--type", "type_spec", default="f16", show_default=True,
-              help="One type (q8_0) or a recipe: ffn_gate_exps=iq3_ks,ffn_down_exps=iq4_ks,other=q8_0")
+@click.option("--type", "type_spec",
+              help="One type (q8_0) or a recipe: ffn_gate_exps=iq3_ks,ffn_down_exps=iq4_ks,other=q8_0 "
+              "(default f16; a preset's published recipe with --preset)")
 @click.option("--shards", type=click.IntRange(1, 999), default=1, show_default=True)
 @click.option("--sparse", is_flag=True, help="Exact header, data region left as a file hole (no disk used).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @json_option
-def testmodel(out_path: Path, arch: str | None, preset: str | None, type_spec: str, shards: int, sparse: bool,
+def testmodel(out_path: Path, arch: str | None, preset: str | None, type_spec: str | None, shards: int, sparse: bool,
               seed: int, as_json: bool, **sizes: int | None) -> None:
     """Write a random-weight MoE model that llama-server can load (or a sparse replica for planning)."""
     if preset:
@@ -58,12 +59,14 @@ def testmodel(out_path: Path, arch: str | None, preset: str | None, type_spec: s
         if arch and arch != arch_p:
             raise click.UsageError(f"--preset {preset} is a {arch_p} model; drop --arch {arch}")
         arch = arch_p
+        type_spec = type_spec or PRESET_RECIPES.get(preset)
     else:
         dims = Dims()
         arch = arch or "qwen3moe"
         if arch in ("deepseek2", "glm-dsa"):
             dims = with_overrides(dims, n_head=2, n_head_kv=1)
     dims = with_overrides(dims, **sizes)
+    type_spec = type_spec or "f16"
     with Progress(TextColumn("writing {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   console=err, transient=True, disable=as_json) as bar:
         task = bar.add_task(out_path.name, total=shards)

@@ -1,9 +1,158 @@
-"""Commands of a later stage (registered as they land)."""
+"""`moetune plan` and `moetune hw probe|example|show`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import click
+import yaml
+
+from moetune.cli.common import json_option, out, print_json, warn
+from moetune.engine import registry
+from moetune.engine.render import container_argv, llama_swap_entry, shell_script
+from moetune.errors import InputError
+from moetune.hardware import inventory
+from moetune.hardware.probe import probe
+from moetune.model.profile import load_profile
+from moetune.model.quants import IK, MAINLINE
+from moetune.plan.layout import load_layout
+from moetune.plan.plan import ServiceSpec, make_plan, plan_json
+from moetune.plan.settings import Settings
+from moetune.plan.speed import SpeedConstants
+from moetune.report.plan_view import print_plan
+
+
+def _engine(name: str | None) -> tuple[str, str]:
+    """(engine name for launching, engine kind)."""
+    if name in (MAINLINE, IK):
+        return (registry.get().name if name == MAINLINE else name), name
+    e = registry.get(name)
+    return e.name, e.kind
+
+
+def _pairs(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for v in values:
+        k, sep, val = v.partition("=")
+        if not sep:
+            raise InputError(f"--speed {v!r}: expected NAME=VALUE")
+        out[k.strip()] = val.strip()
+    return out
+
+
+@click.command()
+@click.argument("model", required=False, type=click.Path(path_type=Path))
+@click.option("--hw", "hw_path", required=True, help="Hardware YAML, or a built-in example name (moetune hw example).")
+@click.option("--layout", type=click.Path(path_type=Path), help="Several services sharing the hardware (YAML).")
+@click.option("--strategy", default="auto", show_default=True,
+              help="auto | cpu-moe | all-gpu | n-cpu-moe:N | layers:CUDA0=3-14,CUDA1=68-77")
+@click.option("--ctx", type=int, default=4096, show_default=True, help="Total context (-c), shared by the slots.")
+@click.option("--parallel", type=int, default=1, show_default=True)
+@click.option("-b", "--batch", type=int, default=2048, show_default=True)
+@click.option("-ub", "--ubatch", type=int, default=512, show_default=True)
+@click.option("--ctk", default="f16", show_default=True)
+@click.option("--ctv", default="f16", show_default=True)
+@click.option("--no-flash-attn", is_flag=True)
+@click.option("--no-mmap", is_flag=True, help="Load weights into (pinned, with a GPU) memory instead of mapping the file.")
+@click.option("--engine", "engine_name", help="Engine name (moetune engine list) or kind: llama.cpp | ik_llama.cpp.")
+@click.option("--amb", type=int, default=0, help="ik_llama.cpp -amb MiB (attention max batch).")
+@click.option("--port", type=int, default=8080, show_default=True)
+@click.option("--speed", "speed", multiple=True, metavar="NAME=VALUE", help="Override a speed-model constant.")
+@click.option("--format", "fmt", type=click.Choice(["table", "argv", "shell", "podman", "docker", "llama-swap"]),
+              default="table", show_default=True, help="What to print besides the JSON.")
+@click.option("--image", default="ik_llama.cpp:latest", show_default=True, help="Container image for --format podman/docker.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the plan JSON to this file.")
+@json_option
+def plan(model: Path | None, hw_path: str, layout: Path | None, strategy: str, ctx: int, parallel: int, batch: int,
+         ubatch: int, ctk: str, ctv: str, no_flash_attn: bool, no_mmap: bool, engine_name: str | None, amb: int,
+         port: int, speed: tuple[str, ...], fmt: str, image: str, output: Path | None, as_json: bool) -> None:
+    """Place MODEL on the hardware: memory per device, layer map, predicted speed, exact command.
+
+    Exits 0 whether or not the plan fits (it says so); 2 for unusable input.
+    """
+    if (model is None) == (layout is None):
+        raise InputError("give a MODEL or a --layout file (not both)")
+    hw = inventory.load(hw_path)
+    engine, kind = _engine(engine_name)
+    base = Settings(ctx=ctx, slots=parallel, batch=batch, ubatch=ubatch, ctk=ctk, ctv=ctv,
+                    flash_attn=not no_flash_attn, engine=kind, mmap=not no_mmap, amb_mib=amb)
+    if layout is not None:
+        services = [replace(s, engine=s.engine or engine) for s in load_layout(layout, base, port)]
+    else:
+        assert model is not None
+        services = [ServiceSpec("main", load_profile(model), base, strategy, port, engine=engine)]
+    k = SpeedConstants().with_overrides(_pairs(speed))
+    p = make_plan(services, hw, k)
+    doc = plan_json(p, engine)
+    if output:
+        output.write_text(__import__("json").dumps(doc, indent=2))
+    if as_json:
+        print_json(doc)
+        return
+    if fmt == "table":
+        print_plan(p, doc, out)
+    elif fmt == "argv":
+        out.print(" ".join(doc["argv"]), markup=False)
+    elif fmt == "shell":
+        out.print(shell_script(doc["argv"][0], doc["argv"][1:]), markup=False, end="")
+    elif fmt in ("podman", "docker"):
+        argv = container_argv(fmt, image, p.main.argv, port=port, gpus=None, model_path=str(p.main.spec.model.files[0]))
+        out.print(shell_script(argv[0], argv[1:]), markup=False, end="")
+    else:
+        out.print(llama_swap_entry(p.main.spec.name, doc["argv"][0], doc["argv"][1:]), markup=False, end="")
+    for w in doc["warnings"]:
+        warn(w["message"], w["remedy"])
+
+
+@click.group()
+def hw() -> None:
+    """Describe the hardware: probe this machine, or start from an example."""
+
+
+@hw.command("probe")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the YAML here (default: stdout).")
+@click.option("--measure/--no-measure", default=True, show_default=True, help="Measure RAM bandwidth (about a second).")
+def hw_probe(output: Path | None, measure: bool) -> None:
+    """Write a hardware YAML for this machine (NVML via nvidia-smi, /proc/meminfo, lscpu)."""
+    text = yaml.safe_dump(inventory.to_dict(probe(measure=measure)), sort_keys=False)
+    if output:
+        output.write_text(text)
+        out.print(f"wrote {output}")
+    else:
+        out.print(text, markup=False, end="")
+
+
+@hw.command("example")
+@click.argument("name", required=False)
+def hw_example(name: str | None) -> None:
+    """List the built-in hardware examples, or print one."""
+    if not name:
+        for n in inventory.examples():
+            out.print(n)
+        return
+    path = Path(inventory.__file__).parent / "examples" / f"{name}.yaml"
+    if not path.exists():
+        raise InputError(f"no example {name!r} (examples: {', '.join(inventory.examples())})")
+    out.print(path.read_text(), markup=False, end="")
+
+
+@hw.command("show")
+@click.argument("path")
+@json_option
+def hw_show(path: str, as_json: bool) -> None:
+    """Validate a hardware file and list the devices llama-server will see, in its order."""
+    inv = inventory.load(path)
+    rows = [{"name": d.name, "kind": d.kind, "mem_mib": d.mem_mib, "bw_gbs": d.bw_gbs, "node": d.node}
+            for d in inv.devices()]
+    if as_json:
+        print_json(rows)
+        return
+    for r in rows:
+        out.print(f"{r['name']:<28} {r['kind']:<4} {r['mem_mib']:>10,.0f} MiB  {r['bw_gbs']:>7,.0f} GB/s  ({r['node']})",
+                  markup=False)
 
 
 def register(cli: click.Group) -> None:
-    pass
+    cli.add_command(plan)
+    cli.add_command(hw)

@@ -336,6 +336,17 @@ PRESETS: dict[str, tuple[str, Dims]] = {
 }
 
 
+# Quant recipes for the presets. GLM-5.1: the reference's IQ3_KS routed experts (gate/up iq3_ks,
+# down iq4_ks: 1225 + 1225 + 1638 MiB per layer, 307110 MiB of CUDA_Host with an iq4_k token
+# embedding, as in ../shared/reference/000) and ik types for the rest, giving 318.1 GiB in all
+# (the published file is 320.2 GiB) and about 13.5 GiB of non-expert weights on the GPU.
+PRESET_RECIPES: dict[str, str] = {
+    "glm-5.1": ("ffn_gate_exps=iq3_ks,ffn_up_exps=iq3_ks,ffn_down_exps=iq4_ks,attn_output=iq5_ks,attn_q_b=iq6_k,"
+                "ffn_gate_shexp=iq6_k,ffn_up_shexp=iq6_k,ffn_down_shexp=iq6_k,token_embd=iq4_k,output=iq6_k,"
+                "other=q8_0"),
+}
+
+
 def with_overrides(d: Dims, **kw: int | None) -> Dims:
     return replace(d, **{k: v for k, v in kw.items() if v is not None})
 

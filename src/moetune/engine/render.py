@@ -1,0 +1,192 @@
+"""Render a placement and settings into an engine's argv, a shell script, a container command and a
+llama-swap entry. Pure: the same plan always renders the same text (snapshot-testable).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from moetune.engine.dialect import Dialect
+from moetune.errors import InputError
+from moetune.model.profile import ModelProfile
+from moetune.plan.placement import CPU, Placement
+from moetune.plan.settings import Settings
+
+MAX_OVERRIDES = 4096  # llama.cpp's limit on tensor buffer overrides
+EXPERT_SUFFIX = {"ffn_gate_exps": "gate", "ffn_up_exps": "up", "ffn_down_exps": "down", "ffn_gate_up_exps": "gate_up"}
+
+
+def int_range_regex(a: int, b: int) -> str:
+    """A regex matching exactly the decimal integers a..b (no leading zeros)."""
+    if a > b:
+        raise ValueError("empty range")
+    sa, sb = str(a), str(b)
+    if len(sa) < len(sb):
+        parts = [int_range_regex(a, 10 ** len(sa) - 1)]
+        for n in range(len(sa) + 1, len(sb)):
+            parts.append(int_range_regex(10 ** (n - 1), 10**n - 1))
+        parts.append(int_range_regex(10 ** (len(sb) - 1), b))
+        return "|".join(parts)
+    if sa == sb:
+        return sa
+    # same length: split on the first differing digit
+    i = next(j for j in range(len(sa)) if sa[j] != sb[j])
+    prefix, rest = sa[:i], len(sa) - i - 1
+    lo, hi = int(sa[i]), int(sb[i])
+    if sa[i + 1:] == "0" * rest and sb[i + 1:] == "9" * rest:
+        digit = sa[i] if lo == hi else f"[{lo}-{hi}]"
+        return prefix + digit + ("[0-9]" * rest if rest < 2 else f"[0-9]{{{rest}}}")
+    parts = []
+    if sa[i + 1:] != "0" * rest:
+        parts.append(int_range_regex(int(sa), int(prefix + sa[i] + "9" * rest)))
+        lo += 1
+    tail = sb[i + 1:] != "9" * rest
+    if tail:
+        hi -= 1
+    if lo <= hi:
+        parts.append(int_range_regex(int(prefix + str(lo) + "0" * rest), int(prefix + str(hi) + "9" * rest)))
+    if tail:
+        parts.append(int_range_regex(int(prefix + sb[i] + "0" * rest), int(sb)))
+    return "|".join(parts)
+
+
+def layers_regex(layers: list[int]) -> str:
+    """Compact alternation for a set of layer numbers: [3,4,5,...,40,77] -> ([3-9]|[1-3][0-9]|40|77)."""
+    xs = sorted(set(layers))
+    runs: list[tuple[int, int]] = []
+    for x in xs:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], x)
+        else:
+            runs.append((x, x))
+    alts = "|".join(int_range_regex(a, b) for a, b in runs)
+    return alts if re.fullmatch(r"\d+", alts) else f"({alts})"
+
+
+@dataclass(frozen=True, slots=True)
+class OverrideRule:
+    pattern: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.pattern}={self.device}"
+
+
+def override_rules(p: ModelProfile, pl: Placement) -> list[OverrideRule]:
+    """One rule per device and set of expert kinds, for experts not on their layer's device.
+    The CPU rule comes last: llama.cpp applies the first pattern that matches."""
+    moved: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for t in p.tensors:
+        if not t.is_expert or t.layer is None or t.layer >= len(pl.layer_device):
+            continue
+        dev = pl.experts().get(t.name)
+        if dev is None or dev == pl.layer_device[t.layer]:
+            continue
+        moved[dev][t.layer].add(EXPERT_SUFFIX[t.kind])
+    all_moe = {t.layer for t in p.tensors if t.is_expert and t.layer is not None and t.layer < p.n_layer}
+    rules: list[OverrideRule] = []
+    for dev in sorted(moved, key=lambda d: (d == CPU, d)):
+        by_kinds: dict[frozenset[str], list[int]] = defaultdict(list)
+        for layer, kinds in moved[dev].items():
+            by_kinds[frozenset(kinds)].append(layer)
+        for kind_set, layers in sorted(by_kinds.items(), key=lambda kv: min(kv[1])):
+            k = sorted(kind_set)
+            kind_re = k[0] if len(k) == 1 else "(" + "|".join(k) + ")"
+            if dev == CPU and set(layers) == all_moe and len(k) >= 3:
+                rules.append(OverrideRule(r"\.ffn_(up|down|gate|gate_up)_exps", dev))
+            else:
+                rules.append(OverrideRule(rf"blk\.{layers_regex(layers)}\.ffn_{kind_re}_exps", dev))
+    return rules
+
+
+def check_rules(p: ModelProfile, pl: Placement, rules: list[OverrideRule]) -> None:
+    """The rules, applied first-match like llama.cpp, must send every expert tensor where the plan says."""
+    compiled = [(re.compile(r.pattern), r.device) for r in rules]
+    experts = pl.experts()
+    for t in p.tensors:
+        if not t.is_expert or t.layer is None or t.name not in experts:
+            continue
+        dev = next((d for rx, d in compiled if rx.search(t.name)), pl.layer_device[t.layer])
+        if dev != experts[t.name]:
+            raise AssertionError(f"override rules send {t.name} to {dev}, the plan says {experts[t.name]}")
+
+
+def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, host: str = "127.0.0.1",
+                port: int = 8080, rpc: list[str] | None = None, model_path: str | None = None,
+                extra: list[str] | None = None) -> list[str]:
+    """Arguments after the llama-server binary."""
+    argv = ["-m", model_path or str(p.files[0]), d.ctx, str(s.ctx), d.slots, str(s.slots), d.batch, str(s.batch),
+            d.ubatch, str(s.ubatch), d.ctk, s.ctk, d.ctv, s.ctv]
+    argv += list(d.flash_attn_on if s.flash_attn else d.flash_attn_off)
+    if s.kv_unified:
+        argv += list(d.kv_unified)
+    argv += [d.ngl, d.ngl_all]
+    if rpc:
+        argv += [d.rpc, ",".join(rpc)]
+    if pl.tensor_split:
+        argv += [d.tensor_split, ",".join(str(x) for x in pl.tensor_split)]
+    rules = override_rules(p, pl)
+    n_over = sum(1 for t in p.tensors if t.is_expert)
+    if n_over > MAX_OVERRIDES and len(rules) > MAX_OVERRIDES:
+        raise InputError(f"the placement needs {len(rules)} tensor overrides; llama.cpp accepts {MAX_OVERRIDES}")
+    if rules:
+        check_rules(p, pl, rules)
+        argv += [d.override, ",".join(str(r) for r in rules)]
+    if s.engine == d.kind and d.amb and s.amb_mib:
+        argv += [d.amb, str(s.amb_mib)]
+    argv += list(d.mla) if p.is_mla else []
+    argv += list(d.fit_off)
+    argv += list(d.repack if s.repack else d.no_repack)
+    if not s.mmap:
+        argv += list(d.no_mmap)
+    argv += list(d.jinja)
+    if s.threads:
+        argv += [d.threads, str(s.threads)]
+    argv += ["--host", host, "--port", str(port)]
+    return argv + list(extra or [])
+
+
+def shell_script(binary: str, argv: list[str], env: dict[str, str] | None = None) -> str:
+    """A POSIX shell script, one flag per line, quoted safely."""
+    lines = ["#!/bin/sh", "# generated by moetune plan"]
+    for k, v in sorted((env or {}).items()):
+        lines.append(f"export {k}={shlex.quote(v)}")
+    parts = [shlex.quote(binary)]
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            parts.append(f"{shlex.quote(a)} {shlex.quote(argv[i + 1])}")
+            i += 2
+        else:
+            parts.append(shlex.quote(a))
+            i += 1
+    lines.append("exec " + " \\\n  ".join(parts))
+    return "\n".join(lines) + "\n"
+
+
+def container_argv(runtime: str, image: str, argv: list[str], *, port: int, gpus: list[int] | None,
+                   model_path: str) -> list[str]:
+    """`podman run` / `docker run` with the model's directory mounted read-only at /models."""
+    model_dir = str(PurePosixPath(model_path).parent)
+    inside = [a.replace(model_dir, "/models") if a == model_path else a for a in argv]
+    cmd = [runtime, "run", "--rm", "-p", f"{port}:{port}", "-v", f"{model_dir}:/models:ro"]
+    if runtime == "podman":
+        cmd += ["--device", "nvidia.com/gpu=" + ("all" if gpus is None else ",".join(map(str, gpus)))]
+    else:
+        cmd += ["--gpus", "all" if gpus is None else '"device=' + ",".join(map(str, gpus)) + '"']
+    inside = [("0.0.0.0" if a == "127.0.0.1" and inside[i - 1] == "--host" else a) for i, a in enumerate(inside)]
+    return [*cmd, image, *inside]
+
+
+def llama_swap_entry(name: str, binary: str, argv: list[str]) -> str:
+    """A llama-swap `models:` entry; llama-swap substitutes ${PORT}."""
+    swapped = []
+    for i, a in enumerate(argv):
+        swapped.append("${PORT}" if i > 0 and argv[i - 1] == "--port" else a)
+    cmd = " ".join(shlex.quote(x) if x != "${PORT}" else x for x in [binary, *swapped])
+    return f"models:\n  {name}:\n    cmd: >\n      {cmd}\n    proxy: http://127.0.0.1:${{PORT}}\n"

@@ -1,0 +1,249 @@
+"""Hardware: nodes, their devices (GPUs, the CPU, RPC workers), memory and bandwidths.
+
+Read from YAML (validated with pydantic at the boundary) into frozen dataclasses the planner uses.
+The minimal accepted form::
+
+    nodes: [{name: local, cpu: {cores: 16, ram_mib: 786432, ram_bw_gbs: 460},
+             devices: [{name: CUDA0, kind: gpu, mem_mib: 97247, bw_gbs: 1790}]}]
+
+A remote node reached over llama.cpp RPC carries ``ssh`` (a target for the system ssh client),
+``link_addr``/``rpc_port`` (where its ggml-rpc-server listens) and ``bin_dir`` (engine binaries
+there); its devices become ``RPC<n>[addr:port]`` on the node that runs llama-server.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from moetune.errors import InputError
+
+GPU, CPU, RPC = "gpu", "cpu", "rpc"
+DEFAULT_PCIE_GBS = 25.0  # PCIe 4.0 x16 effective, when a GPU's link is not given
+DEFAULT_RPC_PORT = 50052
+
+
+# ---- validated input (boundary) -------------------------------------------------------------
+class _DeviceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    kind: Literal["gpu", "cpu", "rpc"] = "gpu"
+    mem_mib: float = Field(gt=0)
+    bw_gbs: float = Field(gt=0)
+    link_gbs: float | None = Field(default=None, gt=0)  # to the host (PCIe) or over the network (RPC)
+    reserved_mib: float = Field(default=0, ge=0)  # used by other processes (desktop, other services)
+    tflops: float | None = Field(default=None, gt=0)
+
+
+class _CpuIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cores: int = Field(gt=0)
+    ram_mib: float = Field(gt=0)
+    ram_bw_gbs: float = Field(gt=0)
+    reserved_mib: float = Field(default=0, ge=0)  # left for the OS and other programs
+    name: str | None = None
+
+
+class _NodeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    cpu: _CpuIn
+    devices: list[_DeviceIn] = []
+    ssh: str | None = None
+    link_addr: str | None = None
+    rpc_port: int = Field(default=DEFAULT_RPC_PORT, gt=0, lt=65536)
+    link_gbs: float | None = Field(default=None, gt=0)
+    bin_dir: str | None = None
+
+    @field_validator("link_addr")
+    @classmethod
+    def _addr(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                ipaddress.ip_address(v)
+            except ValueError:
+                raise ValueError(f"link_addr {v!r} is not an IP address") from None
+        return v
+
+
+class _HardwareIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    nodes: list[_NodeIn] = Field(min_length=1)
+    name: str | None = None
+
+
+# ---- core model ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Device:
+    name: str  # the buffer type name the engine uses: CUDA0, CPU, RPC0[10.0.0.2:50052]
+    kind: str  # gpu | cpu | rpc
+    mem_mib: float
+    bw_gbs: float
+    node: str
+    link_gbs: float = DEFAULT_PCIE_GBS
+    reserved_mib: float = 0.0
+    tflops: float | None = None
+
+    @property
+    def usable_mib(self) -> float:
+        return self.mem_mib - self.reserved_mib
+
+    @property
+    def is_accelerator(self) -> bool:
+        return self.kind != CPU
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    cores: int
+    ram_mib: float
+    ram_bw_gbs: float
+    devices: tuple[Device, ...] = ()
+    ssh: str | None = None
+    link_addr: str | None = None
+    rpc_port: int = DEFAULT_RPC_PORT
+    link_gbs: float | None = None
+    bin_dir: str | None = None
+    ram_reserved_mib: float = 0.0
+
+    @property
+    def remote(self) -> bool:
+        return self.ssh is not None or self.link_addr is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    nodes: tuple[Node, ...]
+    name: str | None = None
+    source: str | None = field(default=None, compare=False)
+
+    @property
+    def local(self) -> Node:
+        return self.nodes[0]
+
+    def accelerators(self) -> list[Device]:
+        """Devices in llama.cpp's order: RPC devices first (llama.cpp puts them at the front to
+        minimise network transfers), then the local GPUs."""
+        out: list[Device] = []
+        for n in self.nodes[1:]:
+            for i, d in enumerate(n.devices):
+                out.append(Device(rpc_name(i, n), RPC, d.mem_mib, d.bw_gbs, n.name,
+                                  n.link_gbs or d.link_gbs, d.reserved_mib, d.tflops))
+        return out + list(self.local.devices)
+
+    def devices(self) -> list[Device]:
+        """Every device the llama-server on the first node uses: accelerators, then the CPU."""
+        return [*self.accelerators(), self.cpu()]
+
+    def rpc_endpoints(self) -> list[str]:
+        return [f"{n.link_addr or '127.0.0.1'}:{n.rpc_port}" for n in self.nodes[1:] if n.devices]
+
+    def cpu(self) -> Device:
+        n = self.local
+        return Device("CPU", CPU, n.ram_mib, n.ram_bw_gbs, n.name, n.ram_bw_gbs, n.ram_reserved_mib)
+
+    def engine_names(self) -> dict[str, str]:
+        """Buffer-type name -> the device name llama.cpp logs: RPC devices are numbered across all
+        endpoints (RPC0, RPC1, ...) while their buffer types restart per endpoint (RPC0[a:p])."""
+        out = {}
+        k = 0
+        for d in self.accelerators():
+            if d.kind == RPC:
+                out[d.name] = f"RPC{k}"
+                k += 1
+            else:
+                out[d.name] = d.name
+        return out
+
+    def device(self, name: str) -> Device:
+        devs = self.devices()
+        for d in devs:
+            if d.name == name:
+                return d
+        by_engine = {v: k for k, v in self.engine_names().items()}
+        if name in by_engine:
+            return next(d for d in devs if d.name == by_engine[name])
+        raise InputError(f"no device {name!r} in the hardware file (devices: {', '.join(d.name for d in self.devices())})")
+
+
+def rpc_name(index: int, node: Node) -> str:
+    """llama.cpp names a worker's devices RPC0, RPC1, ... per endpoint: ``RPC0[10.0.0.2:50052]``."""
+    return f"RPC{index}[{node.link_addr or '127.0.0.1'}:{node.rpc_port}]"
+
+
+def _device_kind_checks(n: _NodeIn, first: bool) -> None:
+    # a remote worker may expose its CPU backend as its device (loopback test rigs do)
+    for d in n.devices:
+        if d.kind == CPU and first:
+            raise InputError(f"node {n.name}: describe the local CPU under `cpu:`, not as device {d.name}")
+
+
+def from_dict(doc: Any, source: str | None = None) -> Inventory:
+    try:
+        hw = _HardwareIn.model_validate(doc)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise InputError(f"{source or 'hardware'}: {loc}: {first['msg']}",
+                         hint="see `moetune hw example` for the accepted form") from None
+    nodes = []
+    names: set[str] = set()
+    for i, n in enumerate(hw.nodes):
+        _device_kind_checks(n, i == 0)
+        if n.name in names:
+            raise InputError(f"{source or 'hardware'}: two nodes are named {n.name!r}")
+        names.add(n.name)
+        devs = tuple(Device(d.name, d.kind, d.mem_mib, d.bw_gbs, n.name, d.link_gbs or DEFAULT_PCIE_GBS,
+                            d.reserved_mib, d.tflops) for d in n.devices)
+        nodes.append(Node(n.name, n.cpu.cores, n.cpu.ram_mib, n.cpu.ram_bw_gbs, devs, n.ssh, n.link_addr,
+                          n.rpc_port, n.link_gbs, n.bin_dir, n.cpu.reserved_mib))
+    return Inventory(tuple(nodes), hw.name, source)
+
+
+def load(path: str | Path) -> Inventory:
+    p = Path(path)
+    if not p.exists():
+        builtin = Path(__file__).parent / "examples" / f"{p.name}.yaml"
+        if builtin.exists():
+            p = builtin
+        else:
+            raise InputError(f"{path}: no such hardware file", hint="write one with `moetune hw probe`, "
+                             "or use a built-in example: " + ", ".join(examples()))
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise InputError(f"{p}: not valid YAML ({e})") from None
+    return from_dict(doc, str(p))
+
+
+def examples() -> list[str]:
+    return sorted(q.stem for q in (Path(__file__).parent / "examples").glob("*.yaml"))
+
+
+def to_dict(inv: Inventory) -> dict[str, Any]:
+    nodes = []
+    for n in inv.nodes:
+        node: dict[str, Any] = {"name": n.name, "cpu": {"cores": n.cores, "ram_mib": n.ram_mib,
+                                                        "ram_bw_gbs": n.ram_bw_gbs}}
+        if n.ram_reserved_mib:
+            node["cpu"]["reserved_mib"] = n.ram_reserved_mib
+        node["devices"] = [{k: v for k, v in (("name", d.name), ("kind", d.kind), ("mem_mib", d.mem_mib),
+                                               ("bw_gbs", d.bw_gbs), ("link_gbs", d.link_gbs),
+                                               ("reserved_mib", d.reserved_mib), ("tflops", d.tflops)) if v}
+                            for d in n.devices]
+        for k in ("ssh", "link_addr", "bin_dir", "link_gbs"):
+            if getattr(n, k) is not None:
+                node[k] = getattr(n, k)
+        if n.remote:
+            node["rpc_port"] = n.rpc_port
+        nodes.append(node)
+    out: dict[str, Any] = {"nodes": nodes}
+    if inv.name:
+        out["name"] = inv.name
+    return out

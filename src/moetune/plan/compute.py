@@ -1,0 +1,169 @@
+"""Compute-buffer model: how much scratch memory llama.cpp reserves per device for the worst-case graph.
+
+How it was derived (mainline llama.cpp build 11434, flash attention on, its default): llama-server
+was started with ``-lv 4`` on generated models of all five families at two widths, over
+ubatch 32–1024, context 512–16384, 1 and 4 slots, with layers on a loopback RPC device or on the
+CPU and experts on either (``bench/measure_buffers.py``, 1,400 points). The reserved sizes
+(``sched_reserve: <dev> compute buffer size``) decompose as
+
+- the attention mask, an input that lives through the whole graph: ``n_tok * n_kv * 2`` bytes
+  (F16 with flash attention; F32, 4 bytes, without), on the layers' device and again on the host
+  that builds it (``n_tok = min(ubatch, ctx)``; ``n_kv`` = cells per stream, ``ctx / slots``
+  padded to 256);
+- per token of the ubatch, the largest phase of one layer: ``8 * n_embd`` for the residual stream
+  plus the larger of the FFN phase (``16 *`` the widest FFN on that device: routed experts
+  ``n_ff_exp * n_expert_used``, shared expert, or dense FFN) and the attention phase (MLA:
+  ``4 * (2 * n_head * kv_lora + kv_lora + rope + n_head * (k_mla + v_mla))``; without flash
+  attention the ``n_kv * 4 * n_head`` score matrix joins the attention phase);
+- the DSA lightning indexer (GLM-5.x, mainline only) keeps scores for its heads: fitted as
+  ``n_tok * indexer_heads * (3.6 * min(n_kv, 2 top_k) + 1.6 * max(0, n_kv - 2 top_k))`` bytes;
+- a layer whose experts run elsewhere still gathers their outputs: ``6 * n_embd * n_expert_used``
+  per token (fitted);
+- recurrent (delta-net) layers add their convolution and state rows per token.
+- on the host, when the layers are on an accelerator: the mask plus ``16 * n_embd`` per token, or
+  the experts' FFN phase ``16 * n_ff_exp * n_expert_used`` per token when experts run on the host
+  and it is larger;
+
+ik_llama.cpp reserves the output logits for every ubatch token (``n_tok * n_vocab * 4``: 4.7 GiB
+of the 5.3 GiB compute buffer in the GLM-5.1 reference at ``-ub 8192``) and caps the attention
+phase at ``-amb`` MiB; its model is fitted to that one reference point and is coarser. Accuracy against llama-server is checked by the test suite and
+written by ``make bench`` (``bench/results/ledger.md``). Known gap: with two or more accelerators the
+per-token term moves between devices in ways this model does not follow (errors up to about 35%
+per device there; the sum over devices stays within about 30%); llama.cpp's pipeline
+parallelism (several accelerators, no tensor overrides) keeps 4 copies of the graph inputs, the
+mask included, on every device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moetune.model.profile import ModelProfile
+from moetune.model.quants import IK
+
+MIB = 1 << 20
+KV_PAD = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeInputs:
+    ubatch: int
+    ctx: int  # total context (-c)
+    slots: int  # --parallel
+    flash_attn: bool = True
+    kv_unified: bool = False
+    engine: str = "llama.cpp"
+    amb_mib: int = 0  # ik_llama.cpp -amb (attention max batch), 0 = off
+    copies: int = 1  # graph input copies: 4 under pipeline parallelism (2+ accelerators, no overrides)
+
+    @property
+    def n_tok(self) -> int:
+        return min(self.ubatch, self.ctx)
+
+    @property
+    def n_kv(self) -> int:
+        cells = self.ctx if self.kv_unified or self.slots <= 1 else self.ctx // self.slots
+        return max(KV_PAD, -(-cells // KV_PAD) * KV_PAD)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRole:
+    """What runs on a device, as far as its compute buffer is concerned."""
+
+    layers: bool  # holds repeating layers (attention + their FFN unless experts are elsewhere)
+    experts: bool  # computes routed experts for some layer
+    dense: bool  # holds a leading dense layer
+    output: bool  # holds the output layer
+    host: bool  # the CPU that builds inputs while layers are on accelerators
+
+
+def _ffn_width(p: ModelProfile, role: DeviceRole) -> int:
+    w = 0
+    if role.experts:
+        w = max(w, int(p.hp("expert_feed_forward_length", 0) or 0) * p.n_expert_used)
+    if role.layers:
+        shexp = int(p.hp("expert_shared_feed_forward_length", 0) or 0)
+        if not shexp and p.hp("expert_shared_count"):
+            shexp = int(p.hp("expert_feed_forward_length", 0) or 0) * int(p.hp("expert_shared_count") or 0)
+        w = max(w, shexp)
+    if role.dense and p.n_dense_lead:
+        w = max(w, int(p.hp("feed_forward_length", 0) or 0))
+    return w
+
+
+def _attn_phase_per_tok(p: ModelProfile, inp: ComputeInputs) -> int:
+    n_head = int(p.hp("attention.head_count", 0) or 0)
+    if p.is_mla:
+        lora = int(p.hp("attention.kv_lora_rank", 0))
+        rope = int(p.hp("rope.dimension_count", 0))
+        kmla = int(p.hp("attention.key_length_mla", 0))
+        vmla = int(p.hp("attention.value_length_mla", 0))
+        b = 4 * (2 * n_head * lora + lora + rope + n_head * (kmla + vmla))
+        if p.arch == "glm-dsa" and inp.engine != IK:
+            b += 4 * int(p.hp("attention.indexer.head_count", 0) or 0) * int(p.hp("attention.indexer.key_length", 0) or 0)
+    elif p.is_hybrid_recurrent:
+        d_inner = int(p.hp("ssm.inner_size", 0))
+        n_group = int(p.hp("ssm.group_count", 0))
+        d_state = int(p.hp("ssm.state_size", 0))
+        b = 4 * (2 * (d_inner + 2 * n_group * d_state) + 2 * d_inner)
+    else:
+        hk = int(p.hp("attention.key_length", p.n_embd // max(n_head, 1)))
+        b = 4 * n_head * hk * 3
+    if not inp.flash_attn:
+        b += inp.n_kv * 4 * n_head
+    return b
+
+
+def _recurrent_scratch(p: ModelProfile, inp: ComputeInputs) -> int:
+    """Delta-net layers copy their per-sequence states through the graph (fitted: slots + 4 copies)."""
+    d_conv = int(p.hp("ssm.conv_kernel", 0))
+    d_inner = int(p.hp("ssm.inner_size", 0))
+    d_state = int(p.hp("ssm.state_size", 0))
+    n_group = int(p.hp("ssm.group_count", 0))
+    per_seq = 4 * (max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state) + d_state * d_inner)
+    return per_seq * (inp.slots + 4)
+
+
+def _ik_compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
+    """ik_llama.cpp: the output logits of every ubatch token dominate on the output device; the
+    attention phase is capped by -amb. Fitted to the GLM-5.1 reference (5418 MiB at -ub 8192,
+    ctx 32768, -amb 512): ``n_tok * 12 * n_embd + max(logits, attention, FFN)``."""
+    n_tok = inp.n_tok
+    if role.host:
+        return n_tok * 16 * p.n_embd + (n_tok * 16 * _ffn_width(p, role) if role.experts else 0)
+    n_head = int(p.hp("attention.head_count", 0) or 0)
+    attn = n_tok * inp.n_kv * 4 * max(n_head, 1)
+    if inp.amb_mib:
+        attn = min(attn, inp.amb_mib * MIB)
+    logits = n_tok * p.n_vocab * 4 if role.output else 0
+    ffn = n_tok * 16 * _ffn_width(p, role)
+    return n_tok * 12 * p.n_embd + max(logits, attn, ffn)
+
+
+def compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
+    if inp.engine == IK:
+        return _ik_compute_bytes(p, inp, role)
+    n_tok, n_kv = inp.n_tok, inp.n_kv
+    mask = n_tok * n_kv * (2 if inp.flash_attn else 4)
+    total = 0
+    if role.host:
+        if p.arch == "glm-dsa" and inp.engine != IK:
+            mask = n_tok * n_kv * 4  # the indexer takes an F32 copy of the mask
+        per_tok = p.n_embd * (16 + 8 * (inp.copies - 1))
+        if role.experts:  # the experts' FFN phase
+            per_tok = max(per_tok, 16 * _ffn_width(p, DeviceRole(False, True, False, False, False)))
+        total = inp.copies * mask + n_tok * per_tok
+    if role.layers or (role.experts and not role.host):
+        ffn = 16 * _ffn_width(p, role)
+        if role.layers and not role.experts and p.n_expert:
+            ffn = max(ffn, 6 * p.n_embd * p.n_expert_used)  # gathering expert outputs computed elsewhere
+        attn = _attn_phase_per_tok(p, inp) if role.layers else 0
+        dev = inp.copies * mask + n_tok * (8 * p.n_embd + max(ffn, attn))
+        if role.layers and p.arch == "glm-dsa" and inp.engine != IK:
+            heads = int(p.hp("attention.indexer.head_count", 0) or 0)
+            knee = 2 * int(p.hp("attention.indexer.top_k", n_kv) or n_kv)
+            dev += int(n_tok * heads * (3.6 * min(n_kv, knee) + 1.6 * max(0, n_kv - knee)))
+        if role.layers and p.is_hybrid_recurrent:
+            dev += _recurrent_scratch(p, inp)
+        total = max(total, dev) if role.host else dev
+    return total

@@ -1,0 +1,167 @@
+"""The memory ledger: what each device must hold for one service, item by item, in the order the
+engine allocates it (weights, KV cache, compute buffer, output buffer), plus backend overhead and a
+margin. Pure: a profile, a placement and settings in, numbers out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from moetune.hardware.inventory import CPU as CPU_KIND
+from moetune.hardware.inventory import GPU, Inventory
+from moetune.model.kv import KVShape, kv_shape
+from moetune.model.profile import ModelProfile, Tensor
+from moetune.model.quants import IK
+from moetune.plan.compute import ComputeInputs, DeviceRole, compute_bytes
+from moetune.plan.placement import CPU, Placement, tensor_device
+from moetune.plan.settings import Settings
+
+MIB = 1 << 20
+KV_PAD = 256
+# Types llama.cpp's CPU backend repacks into interleaved layouts (the CPU_REPACK extra buffer).
+REPACKABLE = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "Q8_0", "MXFP4", "IQ4_XS", "Q2_K", "Q6_K"})
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    what: str  # weights | weights (pinned) | weights (mapped) | repack | kv | rs | compute | output | overhead | margin
+    mib: float
+    service: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLedger:
+    device: str
+    kind: str
+    capacity_mib: float
+    items: tuple[Item, ...]
+
+    @property
+    def used_mib(self) -> float:
+        return sum(i.mib for i in self.items)
+
+    @property
+    def free_mib(self) -> float:
+        return self.capacity_mib - self.used_mib
+
+    def first_shortfall(self) -> tuple[str, float] | None:
+        """(item that crosses the capacity, MiB missing) in allocation order, or None if it fits."""
+        acc = 0.0
+        for it in self.items:
+            acc += it.mib
+            if acc > self.capacity_mib + 1e-6:
+                return it.what, acc - self.capacity_mib
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceMemory:
+    """One service's items per device, before they are summed with other services'."""
+
+    service: str
+    items: dict[str, list[Item]] = field(default_factory=dict)
+    mapped_span_mib: dict[str, float] = field(default_factory=dict)  # CPU_Mapped buffer per file (log check)
+    kv_cells: int = 0
+    tensors_on: dict[str, list[str]] = field(default_factory=dict)
+
+
+def kv_cells(s: Settings) -> int:
+    """KV cells llama.cpp allocates: per stream ``ctx / slots`` padded to 256, times the streams."""
+    if s.kv_unified or s.slots <= 1:
+        return -(-s.ctx // KV_PAD) * KV_PAD
+    per = -(-(s.ctx // s.slots) // KV_PAD) * KV_PAD
+    return per * s.slots
+
+
+def loaded(p: ModelProfile, s: Settings) -> list[Tensor]:
+    """Tensors the engine loads: mainline skips NextN/MTP blocks unless MTP drafting is on;
+    ik_llama.cpp also skips the DSA indexer tensors it does not implement."""
+    ts = p.loaded_tensors(with_nextn=s.mtp)
+    if p.arch == "glm-dsa" and s.engine != IK and not s.mtp and p.n_nextn:
+        # mainline's glm-dsa loader creates the NextN blocks' expert-bias tensor without the MTP flag
+        ts += [t for t in p.tensors if t.kind == "exp_probs_b" and t.layer is not None and t.layer >= p.n_layer]
+    if s.engine == IK:
+        ts = [t for t in ts if not t.kind.startswith("indexer.")]
+    return ts
+
+
+def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, service: str = "main") -> ServiceMemory:
+    has_gpu = any(d.kind == GPU for d in hw.accelerators())
+    experts = pl.experts()
+    weights: dict[str, int] = defaultdict(int)
+    on: dict[str, list[str]] = defaultdict(list)
+    spans: dict[int, list[int]] = {}
+    repack = 0
+    for t in loaded(p, s):
+        d = tensor_device(t, pl, experts)
+        weights[d] += t.nbytes
+        on[d].append(t.name)
+        if d == CPU:
+            lo, hi = spans.get(t.file_index, [t.offset, t.offset + t.nbytes])
+            spans[t.file_index] = [min(lo, t.offset), max(hi, t.offset + t.nbytes)]
+            if s.repack and t.type_name in REPACKABLE and len(t.shape) >= 2:
+                repack += t.nbytes
+    items: dict[str, list[Item]] = defaultdict(list)
+    for acc in hw.accelerators():
+        if acc.kind == GPU:
+            items[acc.name].append(Item("overhead", s.gpu_overhead_mib, service))
+    for dev, nbytes in weights.items():
+        label = "weights"
+        if dev == CPU:
+            label = "weights (pinned)" if has_gpu and (s.engine == IK or not s.mmap) else "weights"
+        items[dev].append(Item(label, nbytes / MIB, service))
+    if repack:
+        items[CPU].append(Item("repack", repack / MIB, service))
+    # KV cache and recurrent state follow their layer
+    kv: KVShape = kv_shape(p, s.engine)
+    cells = kv_cells(s)
+    kv_by_dev: dict[str, float] = defaultdict(float)
+    for lk in kv.layers:
+        kv_by_dev[pl.layer_device[lk.layer]] += KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv) * cells
+    for layer in kv.recurrent_layers:
+        kv_by_dev[pl.layer_device[layer]] += kv.rs_bytes_per_layer_seq * s.slots
+    for dev, kv_bytes in kv_by_dev.items():
+        items[dev].append(Item("kv", kv_bytes / MIB, service))
+    # compute buffers by the role each device plays
+    pipeline = len(hw.accelerators()) > 1 and all(d == pl.layer_device[int(n.split(".")[1])] for n, d in experts.items())
+    inp = ComputeInputs(s.ubatch, s.ctx, s.slots, s.flash_attn, s.kv_unified, s.engine, s.amb_mib,
+                        copies=4 if pipeline and s.engine != IK else 1)
+    for d, role in device_roles(p, pl, experts).items():
+        items[d].append(Item("compute", compute_bytes(p, inp, role) / MIB, service))
+    items[CPU].append(Item("output", p.n_vocab * 4 * s.slots / MIB, service))
+    mapped = {} if not s.mmap else {str(p.files[i]): (hi - lo) / MIB for i, (lo, hi) in spans.items()}
+    return ServiceMemory(service, dict(items), mapped, cells, dict(on))
+
+
+def device_roles(p: ModelProfile, pl: Placement, experts: dict[str, str]) -> dict[str, DeviceRole]:
+    layer_devs = set(pl.layer_device[: p.n_layer])
+    expert_devs = set(experts.values())
+    dense_devs = {pl.layer_device[i] for i in range(min(p.n_dense_lead, p.n_layer))}
+    roles: dict[str, DeviceRole] = {}
+    for d in sorted(layer_devs | expert_devs | {pl.output_device, CPU}):
+        host = d == CPU and bool(layer_devs - {CPU})
+        roles[d] = DeviceRole(layers=d in layer_devs, experts=d in expert_devs, dense=d in dense_devs,
+                              output=d == pl.output_device, host=host)
+    return roles
+
+
+def capacity(hw: Inventory, name: str) -> tuple[str, float]:
+    if name == CPU:
+        c = hw.cpu()
+        return CPU_KIND, c.mem_mib - c.reserved_mib
+    d = hw.device(name)
+    return d.kind, d.usable_mib
+
+
+def combine(hw: Inventory, services: list[ServiceMemory], s_margin: dict[str, float]) -> list[DeviceLedger]:
+    """Sum the services' items per device, add each device's margin, in llama.cpp device order."""
+    out = []
+    for d in hw.devices():
+        items = [it for sm in services for it in sm.items.get(d.name, [])]
+        kind, cap = capacity(hw, d.name)
+        m = s_margin.get(d.name, 0.0)
+        if m:
+            items.append(Item("margin", m))
+        out.append(DeviceLedger(d.name, kind, cap, tuple(items)))
+    return out

@@ -1,0 +1,165 @@
+"""Placement: which device holds each layer (its attention, norms, router and KV cache) and each
+expert tensor. Pure functions over the model profile and the hardware.
+
+Layers follow llama.cpp's own split rule (``-ngl`` and ``-ts``: contiguous runs of layers, RPC
+devices first, the output layer with the last); expert tensors are then moved with ``-ot``.
+A layer's KV cache follows the layer, so weights are spilled to the CPU with ``-ot``, never by
+lowering ``-ngl``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+
+from moetune.errors import InputError
+from moetune.hardware.inventory import Device, Inventory
+from moetune.model.profile import ModelProfile, Tensor
+
+CPU = "CPU"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    strategy: str
+    layer_device: tuple[str, ...]  # device per block (trunk and NextN), index = layer
+    output_device: str
+    expert_device: tuple[tuple[str, str], ...]  # (tensor name, device) for every routed-expert tensor
+    tensor_split: tuple[int, ...] = ()  # -ts values, one per accelerator, when more than one
+
+    def experts(self) -> dict[str, str]:
+        return dict(self.expert_device)
+
+
+def tensor_device(t: Tensor, pl: Placement, experts: dict[str, str] | None = None) -> str:
+    """Where a tensor lives under a placement."""
+    if t.layer is None:
+        if t.kind == "token_embd":
+            return CPU  # llama.cpp keeps the input layer on the CPU
+        return pl.output_device if t.kind in ("output", "output_norm") else CPU
+    if t.is_expert:
+        ex = experts if experts is not None else pl.experts()
+        return ex.get(t.name, pl.layer_device[t.layer])
+    return pl.layer_device[t.layer]
+
+
+def layer_split(n_blocks: int, counts: list[int], names: list[str]) -> tuple[list[str], str]:
+    """llama.cpp's rule: with -ngl all and -ts counts, block ``il`` goes to the device whose
+    cumulative share first exceeds ``il / (n_blocks + 1)``; the output layer is index n_blocks."""
+    if not names:
+        return [CPU] * n_blocks, CPU
+    total = sum(counts)
+    cum: list[float] = []
+    acc = 0.0
+    for c in counts:
+        acc += c
+        cum.append(acc / total)
+    act = n_blocks + 1
+
+    def dev(il: int) -> str:
+        i = bisect.bisect_right(cum, il / act)
+        return names[min(i, len(names) - 1)]
+
+    return [dev(i) for i in range(n_blocks)], dev(n_blocks)
+
+
+def split_counts(n_blocks: int, weights: list[float]) -> list[int]:
+    """Integer -ts counts (summing to n_blocks + 1) proportional to the weights, each at least 1."""
+    n = n_blocks + 1
+    if len(weights) == 1:
+        return [n]
+    total = sum(weights)
+    raw = [w / total * n for w in weights]
+    counts = [max(1, int(r)) for r in raw]
+    while sum(counts) < n:
+        i = max(range(len(raw)), key=lambda j: raw[j] - counts[j])
+        counts[i] += 1
+    while sum(counts) > n:
+        i = max(range(len(raw)), key=lambda j: counts[j] - raw[j])
+        counts[i] -= 1
+    return counts
+
+
+def base_layers(p: ModelProfile, hw: Inventory, counts: list[int] | None = None) -> tuple[list[str], str, tuple[int, ...]]:
+    """Layer devices when every layer is offloaded (-ngl all), split over the accelerators."""
+    accs = hw.accelerators()
+    if not accs:
+        return [CPU] * p.n_layer_all, CPU, ()
+    if counts is None:
+        counts = split_counts(p.n_layer_all, [d.usable_mib for d in accs])
+    layers, out = layer_split(p.n_layer_all, counts, [d.name for d in accs])
+    return layers, out, tuple(counts) if len(accs) > 1 else ()
+
+
+def expert_tensors(p: ModelProfile) -> list[Tensor]:
+    return [t for t in p.tensors if t.is_expert and t.layer is not None and t.layer < p.n_layer]
+
+
+def _make(strategy: str, p: ModelProfile, hw: Inventory, on_cpu: set[int] | None,
+          explicit: dict[int, str] | None = None, counts: list[int] | None = None) -> Placement:
+    layers, out, ts = base_layers(p, hw, counts)
+    ex = []
+    for t in expert_tensors(p):
+        assert t.layer is not None
+        if explicit is not None:
+            ex.append((t.name, explicit.get(t.layer, CPU)))
+        elif on_cpu is not None and t.layer in on_cpu:
+            ex.append((t.name, CPU))
+        else:
+            ex.append((t.name, layers[t.layer]))
+    return Placement(strategy, tuple(layers), out, tuple(ex), ts)
+
+
+def cpu_moe(p: ModelProfile, hw: Inventory) -> Placement:
+    return _make("cpu-moe", p, hw, set(range(p.n_layer_all)))
+
+
+def n_cpu_moe(p: ModelProfile, hw: Inventory, n: int) -> Placement:
+    """Experts of the first N layers on the CPU (mainline's --n-cpu-moe N)."""
+    if n < 0:
+        raise InputError(f"n-cpu-moe:{n}: N must be >= 0")
+    return _make(f"n-cpu-moe:{n}", p, hw, set(range(n)))
+
+
+def gpu_layers(p: ModelProfile, hw: Inventory) -> Placement:
+    """Everything on the accelerators (no expert override)."""
+    return _make("all-gpu", p, hw, set())
+
+
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
+
+
+def parse_layer_sets(spec: str, p: ModelProfile, hw: Inventory) -> dict[int, str]:
+    """``CUDA0=3-14,CUDA1=68-77`` (ranges inclusive; ``+`` joins ranges: ``CUDA0=3-8+70-77``)."""
+    names = {d.name: d for d in hw.accelerators()}
+    aliases = {alias: names[full] for full, alias in hw.engine_names().items()}  # RPC0, RPC1, CUDA0
+    out: dict[int, str] = {}
+    for part in spec.split(","):
+        dev_s, sep, ranges = part.partition("=")
+        dev = names.get(dev_s.strip()) or aliases.get(dev_s.strip())
+        if not sep or dev is None:
+            raise InputError(f"layers:{spec}: {part!r} is not DEVICE=RANGE with a device of the hardware file "
+                             f"(devices: {', '.join(names) or 'none'})")
+        for r in ranges.split("+"):
+            m = _RANGE.match(r)
+            if not m:
+                raise InputError(f"layers:{spec}: {r!r} is not a layer or a range like 3-14")
+            a, b = int(m[1]), int(m[2] or m[1])
+            for i in range(min(a, b), max(a, b) + 1):
+                if i >= p.n_layer:
+                    raise InputError(f"layers:{spec}: layer {i} does not exist (trunk layers 0-{p.n_layer - 1})")
+                out[i] = dev.name
+    return out
+
+
+def layer_sets(p: ModelProfile, hw: Inventory, spec: str) -> Placement:
+    return _make(f"layers:{spec}", p, hw, None, parse_layer_sets(spec, p, hw))
+
+
+def with_experts(pl: Placement, experts: dict[str, str], strategy: str) -> Placement:
+    return Placement(strategy, pl.layer_device, pl.output_device, tuple(experts.items()), pl.tensor_split)
+
+
+def accelerator_names(hw: Inventory) -> list[Device]:
+    return hw.accelerators()

@@ -1,0 +1,78 @@
+"""`moetune plan` for people: device ledger, layer map, prediction, verdict, command."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from moetune.plan.plan import Plan
+
+
+def _runs(layers: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Compress the layer map into runs: ('3-63', 'experts CPU'), ('64-77', 'experts CUDA0')."""
+    rows: list[tuple[str, str]] = []
+    start = prev_sig = None
+    last = -1
+    for layer in layers:
+        ex = layer["experts"]
+        devs = sorted(set(ex.values()))
+        if not ex:
+            sig = f"{layer['kind']} on {layer['device']}"
+        elif len(devs) == 1:
+            sig = f"layer on {layer['device']}, experts on {devs[0]}"
+        else:
+            sig = f"layer on {layer['device']}, experts " + ", ".join(f"{k.removeprefix('ffn_').removesuffix('_exps')}:{v}"
+                                                                   for k, v in sorted(ex.items()))
+        if sig != prev_sig:
+            if prev_sig is not None:
+                rows.append((f"{start}" if start == last else f"{start}-{last}", prev_sig))
+            start, prev_sig = layer["index"], sig
+        last = layer["index"]
+    if prev_sig is not None:
+        rows.append((f"{start}" if start == last else f"{start}-{last}", prev_sig))
+    return rows
+
+
+def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
+    t = Table(title="memory per device (MiB)")
+    t.add_column("device")
+    t.add_column("what")
+    t.add_column("MiB", justify="right")
+    t.add_column("capacity", justify="right")
+    t.add_column("free", justify="right")
+    for d in doc["devices"]:
+        first = True
+        for it in d["items"]:
+            label = it["what"] + (f" [{it['service']}]" if len(plan.services) > 1 and it["service"] else "")
+            t.add_row(d["name"] if first else "", label, f"{it['mib']:,.1f}", "", "")
+            first = False
+        free = d["free_mib"]
+        t.add_row("", Text("total", style="bold"), f"{d['used_mib']:,.1f}", f"{d['capacity_mib']:,.0f}",
+                  Text(f"{free:,.0f}", style="red" if free < 0 else "green"), end_section=True)
+    out.print(t)
+    for sp, sj in zip(plan.services, doc["services"], strict=True):
+        lm = Table(title=f"layer map: {sj['name']} ({sj['strategy']})")
+        lm.add_column("layers")
+        lm.add_column("placement")
+        for rng, sig in _runs(sj["layers"]):
+            lm.add_row(rng, sig)
+        out.print(lm)
+        pr = sj["predicted"]
+        out.print(f"predicted {sj['name']}: TG {pr['tg_tok_s']:.1f} tok/s, PP {pr['pp_tok_s']:.0f} tok/s "
+                  f"({pr['graph_splits']} graph splits)", markup=False)
+        for n in sp.notes:
+            out.print(Text("note: " + n, style="dim"))
+    if doc["fits"]:
+        out.print(Text("verdict: fits", style="bold green"))
+    else:
+        for s in doc["shortfalls"]:
+            out.print(Text(f"verdict: does not fit: {s['device']} is short by {s['mib']:,.0f} MiB when allocating "
+                           f"its {s['what']} (needs {s['needed_mib']:,.0f} of {s['capacity_mib']:,.0f} MiB)",
+                           style="bold red"))
+    out.print(Text("command:", style="bold"))
+    out.print(doc["shell"], markup=False, end="")
+    c = doc["speed_constants"]
+    out.print(Text("speed constants: " + ", ".join(f"{k}={v}" for k, v in c.items()), style="dim"))
