@@ -1,8 +1,10 @@
-"""Test helpers: run the CLI in-process, start a real llama-server on a free loopback port."""
+"""Test helpers: run the CLI in-process, start a real llama-server on a free loopback port.
+
+`rpc_workers` and `loopback_hw` live in moetune.engine.measure (the benches use them too).
+"""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +19,9 @@ from click.testing import CliRunner
 from moetune.cli import cli
 from moetune.cli.common import run
 from moetune.engine.install import build_for
+from moetune.engine.measure import free_port, loopback_hw, rpc_workers
+
+__all__ = ["CliResult", "Server", "free_port", "llama_server", "loopback_hw", "rpc_workers", "run_cli"]
 
 
 def engine_bin_dir() -> Path | None:
@@ -40,12 +45,6 @@ def run_cli(*args: str) -> CliResult:
         sys.stdout.flush()
         sys.stderr.flush()
         return CliResult(code, out.getvalue().decode(), err.getvalue().decode())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -88,46 +87,3 @@ def llama_server(bin_dir: Path, model: Path, log: Path, *args: str, timeout: flo
             proc.kill()
             proc.wait()
 
-
-@contextmanager
-def rpc_workers(bin_dir: Path, n: int) -> Iterator[list[str]]:
-    """Start n ggml-rpc-server workers on loopback; yield their host:port endpoints."""
-    procs: list[subprocess.Popen[bytes]] = []
-    ends: list[str] = []
-    try:
-        for _ in range(n):
-            port = free_port()
-            procs.append(subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            ends.append(f"127.0.0.1:{port}")
-        for e in ends:
-            host, port_s = e.split(":")
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    with socket.create_connection((host, int(port_s)), timeout=0.2):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"rpc worker {e} did not listen") from None
-                    time.sleep(0.05)
-        yield ends
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-
-def loopback_hw(endpoints: list[str], mem_mib: float = 24000, cpu_ram_mib: float = 24000) -> dict[str, object]:
-    """Hardware for this machine with loopback RPC workers as extra devices."""
-    nodes: list[dict[str, object]] = [{"name": "local", "cpu": {"cores": 2, "ram_mib": cpu_ram_mib, "ram_bw_gbs": 20}}]
-    for i, e in enumerate(endpoints):
-        host, port = e.split(":")
-        nodes.append({"name": f"w{i}", "link_addr": host, "rpc_port": int(port),
-                      "cpu": {"cores": 2, "ram_mib": cpu_ram_mib, "ram_bw_gbs": 20},
-                      "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": mem_mib, "bw_gbs": 20}]})
-    return {"nodes": nodes}

@@ -8,8 +8,10 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 RESERVED = "sched_reserve: graph"
 
@@ -60,3 +62,47 @@ def strip_endpoint(argv: Sequence[str]) -> list[str]:
             continue
         out.append(a)
     return out
+
+
+@contextmanager
+def rpc_workers(bin_dir: Path, n: int) -> Iterator[list[str]]:
+    """Start n ggml-rpc-server workers on loopback; yield their host:port endpoints."""
+    procs: list[subprocess.Popen[bytes]] = []
+    ends: list[str] = []
+    try:
+        for _ in range(n):
+            port = free_port()
+            procs.append(subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            ends.append(f"127.0.0.1:{port}")
+        for e in ends:
+            host, port_s = e.split(":")
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    with socket.create_connection((host, int(port_s)), timeout=0.2):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"rpc worker {e} did not listen") from None
+                    time.sleep(0.05)
+        yield ends
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def loopback_hw(endpoints: list[str], mem_mib: float = 24000, cpu_ram_mib: float = 24000) -> dict[str, Any]:
+    """A hardware description of this machine with loopback RPC workers as extra devices."""
+    nodes: list[dict[str, Any]] = [{"name": "local", "cpu": {"cores": 2, "ram_mib": cpu_ram_mib, "ram_bw_gbs": 20}}]
+    for i, e in enumerate(endpoints):
+        host, port = e.split(":")
+        nodes.append({"name": f"w{i}", "link_addr": host, "rpc_port": int(port),
+                      "cpu": {"cores": 2, "ram_mib": cpu_ram_mib, "ram_bw_gbs": 20},
+                      "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": mem_mib, "bw_gbs": 20}]})
+    return {"nodes": nodes}

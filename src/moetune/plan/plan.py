@@ -77,6 +77,8 @@ class Plan:
     def warnings(self) -> list[dict[str, str]]:
         out = []
         for led in self.ledgers:
+            if any(i.what == "margin" for i in led.items):
+                continue  # the margin is the head-room; a plan that eats it is a shortfall, not a warning
             if led.first_shortfall() is None and led.used_mib > NEAR_LIMIT * led.capacity_mib:
                 out.append({"device": led.device, "message": f"{led.device} is {led.used_mib / led.capacity_mib:.0%} "
                             "full: a driver update or another process can tip it over",

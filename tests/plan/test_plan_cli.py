@@ -1,0 +1,106 @@
+"""`moetune plan` and `moetune hw` as a user runs them: the JSON contract, exit codes, formats."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moetune.model.archs import Dims
+from moetune.model.profile import ModelProfile
+from moetune.model.testmodel import generate
+from tests.helpers import run_cli
+
+HW = "nodes: [{name: local, cpu: {cores: 16, ram_mib: 786432, ram_bw_gbs: 460}, devices: [{name: CUDA0, kind: gpu, mem_mib: 97247, bw_gbs: 1790}]}]"
+
+
+@pytest.fixture
+def hw(tmp_path: Path) -> Path:
+    p = tmp_path / "hw.yaml"
+    p.write_text(HW + "\n")
+    return p
+
+
+def test_plan_json_contract(glm51: ModelProfile, hw: Path) -> None:
+    r = run_cli("plan", str(glm51.files[3]), "--hw", str(hw), "--strategy", "n-cpu-moe:64", "--ctx", "32768",
+                "--ctk", "q8_0", "--ctv", "q8_0", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert isinstance(doc["fits"], bool)
+    for d in doc["devices"]:
+        assert {"name", "capacity_mib", "used_mib", "items"} <= set(d)
+        assert {i["what"] for i in d["items"]} >= ({"weights", "kv", "compute"} if d["name"] == "CUDA0" else {"weights"})
+    assert doc["predicted"]["tg_tok_s"] > 0 and doc["predicted"]["pp_tok_s"] > 0
+    assert doc["argv"][0] == "llama-server" and "-ot" in doc["argv"]
+    assert doc["launch"]["processes"][0]["role"] == "server"
+    assert doc["shortfalls"] == [] if doc["fits"] else doc["shortfalls"]
+
+
+def test_plan_that_does_not_fit_exits_0_and_names_the_shortfall(glm51: ModelProfile, hw: Path) -> None:
+    r = run_cli("plan", str(glm51.files[0]), "--hw", str(hw), "--strategy", "n-cpu-moe:40", "--json")
+    assert r.exit_code == 0
+    doc = json.loads(r.stdout)
+    assert not doc["fits"]
+    (sf,) = doc["shortfalls"]
+    assert sf["device"] == "CUDA0" and sf["what"] == "weights" and sf["mib"] > 10000
+    r = run_cli("plan", str(glm51.files[0]), "--hw", str(hw), "--strategy", "n-cpu-moe:40")
+    assert r.exit_code == 0 and "does not fit: CUDA0 is short by" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--strategy", "bogus"], "--strategy 'bogus'"),
+        (["--strategy", "layers:CUDA7=3-4"], "CUDA7=3-4"),
+        (["--ctk", "q5_1"], "--ctk q5_1"),
+        (["-ub", "4096", "-b", "512"], "-ub 4096 is larger than -b 512"),
+        (["--speed", "warp=9"], "unknown constant"),
+    ],
+)
+def test_bad_input_exits_2(glm51: ModelProfile, hw: Path, args: list[str], message: str) -> None:
+    r = run_cli("plan", str(glm51.files[0]), "--hw", str(hw), *args)
+    assert r.exit_code == 2
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_hardware_file(glm51: ModelProfile, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes: [{name: x, cpu: {cores: 0, ram_mib: 1, ram_bw_gbs: 1}}]\n")
+    r = run_cli("plan", str(glm51.files[0]), "--hw", str(bad))
+    assert r.exit_code == 2 and "nodes.0.cpu.cores" in r.stderr
+    r = run_cli("plan", str(glm51.files[0]), "--hw", str(tmp_path / "missing.yaml"))
+    assert r.exit_code == 2 and "no such hardware file" in r.stderr
+
+
+def test_formats(tmp_path: Path, hw: Path) -> None:
+    g = generate(tmp_path / "my model's.gguf", "qwen3moe", Dims(n_layer=4), "f16")
+    base = ["plan", str(g.files[0]), "--hw", str(hw), "--strategy", "n-cpu-moe:2"]
+    sh = run_cli(*base, "--format", "shell").stdout
+    argv = json.loads(run_cli(*base, "--json").stdout)["argv"]
+    joined = sh.split("exec ", 1)[1].replace("\\\n", " ")
+    assert shlex.split(joined) == argv  # the script quotes the path with its quote safely
+    pod = run_cli(*base, "--format", "podman", "--image", "ik:latest").stdout
+    assert "nvidia.com/gpu=all" in pod and "/models:ro" in pod and "0.0.0.0" in pod
+    swap = yaml.safe_load(run_cli(*base, "--format", "llama-swap").stdout)
+    assert "${PORT}" in swap["models"]["main"]["cmd"]
+    ik = json.loads(run_cli(*base, "--engine", "ik_llama.cpp", "--json").stdout)
+    assert "-fa" in ik["argv"] and "--jinja" in ik["argv"] and "-nr" not in ik["argv"]
+    notes = " ".join(ik["services"][0]["notes"])
+    assert "layers 0-1 on the CPU" in notes and "layers 2-3 on the CPU" in notes  # mainline first N, ik last N
+
+
+def test_hw_commands(tmp_path: Path) -> None:
+    r = run_cli("hw", "example")
+    assert {"rtx-pro-6000x2", "dgx-spark-x2"} <= set(r.stdout.split())
+    r = run_cli("hw", "show", "dgx-spark-x2", "--json")
+    devs = json.loads(r.stdout)
+    assert [d["name"] for d in devs] == ["RPC0[192.168.100.2:50052]", "CUDA0", "CPU"]
+    out = tmp_path / "probed.yaml"
+    r = run_cli("hw", "probe", "--no-measure", "-o", str(out))
+    assert r.exit_code == 0
+    doc = yaml.safe_load(out.read_text())
+    assert doc["nodes"][0]["cpu"]["ram_mib"] > 1000 and doc["nodes"][0]["cpu"]["cores"] >= 1
+    assert run_cli("hw", "show", str(out)).exit_code == 0
