@@ -29,8 +29,15 @@ def install_cmd(version: str, jobs: int | None, force: bool, as_json: bool) -> N
                   disable=as_json) as bar:
         task = bar.add_task("llama.cpp", total=100, detail="")
 
+        last: list[object] = [None, -1]
+
         def progress(phase: str, frac: float | None, detail: str) -> None:
             bar.update(task, description=phase, completed=(frac or 0) * 100, detail=detail)
+            if not err.is_terminal and not as_json:  # logs (CI, make): a line per phase and per 10%
+                step = int((frac or 0) * 10)
+                if phase != last[0] or step != last[1]:
+                    err.print(f"{phase} {int((frac or 0) * 100):3d}% {detail}", markup=False, highlight=False)
+                    last[0], last[1] = phase, step
 
         b, cached = install(version, jobs=jobs, force=force, progress=progress)
     doc = {"name": b.name, "version": b.version, "bin_dir": str(b.bin_dir), "log": str(b.log), "cached": cached}
