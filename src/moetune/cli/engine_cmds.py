@@ -26,7 +26,7 @@ def install_cmd(version: str, jobs: int | None, force: bool, as_json: bool) -> N
     """Build llama.cpp (with RPC) from source, cached in the user cache directory."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn(), TextColumn("[dim]{task.fields[detail]}"), console=err,
-                  disable=as_json) as bar:
+                  disable=as_json or not err.is_terminal, transient=True) as bar:
         task = bar.add_task("llama.cpp", total=100, detail="")
 
         last: list[object] = [None, -1]
