@@ -1,9 +1,244 @@
-"""Commands of a later stage (registered as they land)."""
+"""`moetune bench TARGET` and `moetune sweep PLAN...`: single-stream benchmarks stored in the history."""
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
 import click
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from moetune.bench.launch import launched
+from moetune.bench.runner import BenchOptions
+from moetune.bench.runner import Progress as ProgressFn
+from moetune.bench.runner import bench as run_bench
+from moetune.bench.stats import DEFAULT_MIN_CHANGE
+from moetune.bench.summary import run_summary
+from moetune.bench.sweep import FAILED, load_sweep, run_sweep
+from moetune.bench.warn import grouped
+from moetune.bench.workloads import BUILTIN_NAMES, Workload, expand
+from moetune.cli.common import err, json_option, out, print_json, warn
+from moetune.cli.results_cmds import comparison_output, db_option, open_db, print_wide, run_noise
+from moetune.errors import InputError, RuntimeFailure
+from moetune.report.compare import compare, load
+from moetune.report.plot import plot_runs
+from moetune.report.results_view import workloads_table
+from moetune.store.db import ResultsDB
+
+F = TypeVar("F", bound=Callable[..., Any])
+_HOSTPORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d+/?$")
+
+
+def _ints(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[int]:
+    try:
+        return [int(x) for v in value for x in v.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter("give token counts: --depth 0,512,1024") from None
+
+
+def workload_options(f: F) -> F:
+    opts = [
+        click.option("-w", "--workload", "workload_names", multiple=True, type=click.Choice(BUILTIN_NAMES),
+                     help="Built-in workload (repeatable): short-json (max_tokens 256), long-openapi (2048), "
+                          "reference (both). Default short-json unless --prompt-file or --depth is given."),
+        click.option("--prompt-file", "prompt_files", multiple=True, type=click.Path(path_type=Path),
+                     help="Custom workload: a text file (the user message) or a JSON request body (repeatable)."),
+        click.option("--thinking", type=click.Choice(["off", "on", "both", "template"]),
+                     help="chat_template_kwargs.enable_thinking for every chat workload; 'both' runs each twice, "
+                          "'template' sends none. Default: the workload's own (built-ins: off, as the reference)."),
+        click.option("--max-tokens", type=click.IntRange(1), help="Output tokens for every chat workload."),
+        click.option("--ignore-eos", is_flag=True, help="Exact output lengths: generate --max-tokens whatever the "
+                                                         "model says (ignore_eos, n_predict)."),
+        click.option("--depth", "depths", multiple=True, callback=_ints,
+                     help="Context depths in tokens (comma list, repeatable): PP and TG measured on top of a "
+                          "filled, cache-confirmed context."),
+        click.option("--pp-tokens", type=click.IntRange(1), default=512, show_default=True,
+                     help="Depth workloads: new prompt tokens processed at each depth."),
+        click.option("--tg-tokens", type=click.IntRange(2), default=128, show_default=True,
+                     help="Depth workloads: tokens generated at each depth."),
+        click.option("-r", "--repeats", type=click.IntRange(1), default=5, show_default=True,
+                     help="Measured runs per workload."),
+        click.option("--warmup", type=click.IntRange(0), default=1, show_default=True,
+                     help="Unmeasured runs before them."),
+        click.option("--cache-bust/--no-cache-bust", default=True, show_default=True,
+                     help="Chat workloads: send cache_prompt=false so every run processes the whole prompt "
+                          "(token counts unchanged)."),
+        click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
+                     help="Seconds to wait for one request."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def build_workloads(kw: dict[str, Any]) -> tuple[list[Workload], BenchOptions]:
+    names = list(kw["workload_names"]) or ([] if kw["prompt_files"] or kw["depths"] else ["short-json"])
+    ws = expand(names, list(kw["prompt_files"]), thinking=kw["thinking"], max_tokens=kw["max_tokens"],
+                ignore_eos=kw["ignore_eos"], depths=kw["depths"], pp_tokens=kw["pp_tokens"], tg_tokens=kw["tg_tokens"])
+    return ws, BenchOptions(repeats=kw["repeats"], warmup=kw["warmup"], cache_bust=kw["cache_bust"],
+                            timeout_s=kw["timeout_s"], seed=kw["seed"])
+
+
+@contextmanager
+def progress_bar(enabled: bool = True) -> Iterator[Callable[[str], ProgressFn]]:
+    """A factory of progress callbacks, one bar per run, on stderr."""
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TextColumn("[dim]{task.fields[what]}"), console=err,
+                  disable=not enabled, transient=False) as bar:
+
+        def make(label: str) -> ProgressFn:
+            task: TaskID | None = None
+
+            def cb(what: str, done: int, total: int) -> None:
+                nonlocal task
+                if task is None:
+                    task = bar.add_task(label, total=total, what="")
+                bar.update(task, completed=done, what=what)
+
+            return cb
+
+        yield make
+
+
+def _load_plan(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"TARGET {path}: not a readable plan file ({e})",
+                         hint="give a server URL (http://127.0.0.1:8080) or a plan JSON file") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"TARGET {path}: not a plan (expected a JSON object with a \"launch\" section)")
+    return doc
+
+
+def _print_run(db: ResultsDB, run_id: int, as_json: bool) -> None:
+    r = db.run(run_id)
+    summary = run_summary(db.samples(run_id))
+    if as_json:
+        print_json({"run": run_id, "label": r.label, "target": r.target, "status": r.status, "db": str(db.path),
+                    **summary})
+        return
+    print_wide(workloads_table(summary))
+    for message, remedy in grouped(summary["warnings"]):
+        warn(message, remedy)
+    out.print(f"run {run_id} ({r.label}) stored in {db.path}; `moetune results show {run_id}` for details")
+
+
+@click.command("bench")
+@click.argument("target")
+@workload_options
+@click.option("--label", help="Name of this configuration in the history (default: the plan's or the server's).")
+@click.option("--server", "server_name", help="Plan targets: which of the plan's servers to bench (default first).")
+@click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
+              help="Plan targets: seconds to wait for the servers to load.")
+@db_option
+@json_option
+def bench_cmd(target: str, label: str | None, server_name: str | None, launch_timeout_s: float, db_path: Path | None,
+              as_json: bool, **kw: Any) -> None:
+    """Single-stream PP/TG of TARGET: a running server's URL, or a plan file (launched, measured, stopped).
+
+    The server's own timings are the figures (PP = prompt_n/prompt_ms, TG = predicted_n/predicted_ms);
+    the client's clock is kept beside them. Every sample is stored as it arrives.
+    """
+    workloads, options = build_workloads(kw)
+    with open_db(db_path) as db:
+        run_id = _bench_target(db, target, workloads, options, label, server_name, launch_timeout_s, as_json)
+        _print_run(db, run_id, as_json)
+
+
+def _bench_target(db: ResultsDB, target: str, workloads: list[Workload], options: BenchOptions, label: str | None,
+                  server_name: str | None, launch_timeout_s: float, as_json: bool) -> int:
+    path = Path(target)
+    started: list[int] = []
+    with progress_bar(not as_json) as bars:
+        try:
+            if path.is_file():
+                plan = _load_plan(path)
+                lab = label or str(plan.get("label") or path.stem)
+                with launched(plan, source=target, server=server_name, timeout_s=launch_timeout_s,
+                              status=lambda s: err.print(f"[dim]{s}[/]")) as srv:
+                    run_id = run_bench(db, srv.url, workloads, options, label=lab, target=str(path.resolve()),
+                                       plan=plan, engine_build=srv.engine_build, model_path=srv.model_path,
+                                       extra_meta={"launch_run": srv.launch_run}, progress=bars(lab),
+                                       on_start=started.append)
+            elif target.startswith(("http://", "https://")) or _HOSTPORT.match(target):
+                url = target if target.startswith("http") else "http://" + target
+                url = url.rstrip("/").removesuffix("/v1")  # an OpenAI base URL names the same server
+                run_id = run_bench(db, url, workloads, options, label=label, target=url,
+                                   progress=bars(label or url.split("://", 1)[1].rstrip("/")),
+                                   on_start=started.append)
+            else:
+                raise InputError(f"TARGET {target!r} is neither a server URL nor a plan file",
+                                 hint="give http://HOST:PORT of a running llama-server, or a plan JSON file")
+        except KeyboardInterrupt:
+            if started:
+                n = len(db.samples(started[0]))
+                err.print(f"run {started[0]} interrupted: {n} measured samples kept in {db.path}")
+            raise
+    return run_id
+
+
+@click.command("sweep")
+@click.argument("plans", nargs=-1, required=True, type=click.Path(path_type=Path))
+@workload_options
+@click.option("--baseline", help="Label of the baseline plan (default: the sweep file's, else the first).")
+@click.option("--sweep-id", "sid", help="Resume or name a sweep explicitly (default: derived from plans and options).")
+@click.option("--server", "server_name", help="Which server of each plan to bench (default first).")
+@click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True)
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Also draw the comparison to FILE.png.")
+@click.option("--min-change", type=click.FloatRange(0, 100), default=DEFAULT_MIN_CHANGE * 100, show_default=True,
+              help="Changes below this many percent are called 'no significant difference'.")
+@db_option
+@json_option
+def sweep_cmd(plans: tuple[Path, ...], baseline: str | None, sid: str | None, server_name: str | None,
+              launch_timeout_s: float, plot_path: Path | None, min_change: float, db_path: Path | None,
+              as_json: bool, **kw: Any) -> None:
+    """Launch, bench and stop each plan in turn, then compare them. Resumable: run the same command
+    again after an interruption and completed plans are skipped.
+
+    PLANS are plan JSON files, or one sweep YAML file listing them with labels.
+    """
+    workloads, options = build_workloads(kw)
+    spec = load_sweep(list(plans))
+    with open_db(db_path) as db:
+        with progress_bar(not as_json) as bars:
+            sid, outcomes = run_sweep(db, spec, workloads, options, sid=sid, server=server_name,
+                                      launch_timeout_s=launch_timeout_s,
+                                      status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars)
+        ok = [o for o in outcomes if o.run is not None]
+        base_label = baseline or spec.baseline or (ok[0].label if ok else None)
+        base = next((o for o in ok if o.label == base_label), None)
+        if base is None:
+            raise RuntimeFailure(f"sweep {sid}: the baseline {base_label!r} has no completed run",
+                                 hint="see the failures above; fix the plan and run the same command again")
+        runs = load(db, [db.run(o.run) for o in [base, *[o for o in ok if o is not base]] if o.run is not None])
+        comp = compare(runs[0], runs[1:], min_change=min_change / 100, seed=options.seed)
+        if plot_path:
+            plot_runs(runs, plot_path, seed=options.seed, title=f"sweep {sid}")
+        if as_json:
+            print_json({"sweep": sid, "plans": [{"label": o.label, "run": o.run, "status": o.status,
+                                                 "error": o.error} for o in outcomes],
+                        "plot": str(plot_path) if plot_path else None, "comparison": comp.to_json()})
+        else:
+            comparison_output(comp, "table")
+            for o in ok:
+                assert o.run is not None
+                for message, remedy in grouped(run_noise(db.run(o.run), db.samples(o.run))):
+                    warn(f"{o.label} (run {o.run}): {message}", remedy)
+            out.print(f"sweep {sid}: {len(ok)} of {len(outcomes)} plans measured; re-run the same command to resume"
+                      + (f"; plot: {plot_path}" if plot_path else ""))
+        failed = [o for o in outcomes if o.status == FAILED]
+        if failed:
+            raise RuntimeFailure(f"sweep {sid}: {len(failed)} plan(s) failed: "
+                                 + "; ".join(f"{o.label}: {(o.error or '').splitlines()[0]}" for o in failed),
+                                 hint="fix them and run the same command again: completed plans are skipped")
 
 
 def register(cli: click.Group) -> None:
-    pass
+    cli.add_command(bench_cmd)
+    cli.add_command(sweep_cmd)

@@ -1,9 +1,210 @@
-"""Commands of a later stage (registered as they land)."""
+"""`moetune serve-bench` (concurrent streaming load against a server) and `moetune serve-report`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import click
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from moetune.bench.serve_http import DEFAULT_LIBRARY, LIBRARIES
+from moetune.bench.serve_load import ARRIVALS
+from moetune.bench.serve_metrics import group_levels, summarize_level
+from moetune.bench.serve_run import KIND, ServeBenchSpec, serve_bench
+from moetune.bench.serve_servers import PlanServers, RunningServer, ServerSource
+from moetune.bench.serve_target import is_url
+from moetune.bench.serve_warnings import NOTES, annotate
+from moetune.cli.common import err, json_option, out, print_json, warn
+from moetune.errors import InputError
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        cs = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        cs = ()
+    if not cs or min(cs) < 1:
+        raise InputError(f"--concurrency {text!r}: give positive integers separated by commas, e.g. 1,2,4")
+    return cs
+
+
+def _open_db(path: Path | None) -> Any:
+    from moetune.store.db import ResultsDB
+
+    return ResultsDB.open(path)
+
+
+def _ms(d: dict[str, Any], q: str) -> str:
+    v = d.get(q)
+    return "-" if v is None else f"{v:.1f}"
+
+
+def levels_table(levels: list[dict[str, Any]]) -> Table:
+    t = Table(title="serve-bench, times in ms", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    cols = ("c", "slots", "ok", "errors", "TTFT\np50", "TTFT\np99", "TTFC\np50", "ITL\np50", "ITL\np99",
+            "TPOT\np50", "E2E\np50", "req/s", "out\ntok/s")
+    for col in cols:
+        t.add_column(col, justify="right", no_wrap=True)
+    for lv in levels:
+        errs = sum(lv["errors"].values())
+        slots = (lv.get("server") or {}).get("slots")
+        t.add_row(str(lv["concurrency"]) + (f"@{lv['rate']}/s" if lv.get("rate") else ""),
+                  "?" if slots is None else str(slots), str(lv["ok"]), f"[red]{errs}[/]" if errs else "0",
+                  _ms(lv["ttft_ms"], "p50"), _ms(lv["ttft_ms"], "p99"), _ms(lv["ttfc_ms"], "p50"),
+                  _ms(lv["itl_ms"], "p50"), _ms(lv["itl_ms"], "p99"), _ms(lv["tpot_ms"], "p50"),
+                  _ms(lv["e2e_ms"], "p50"), "-" if lv["request_s"] is None else f"{lv['request_s']:.2f}",
+                  "-" if lv["output_tok_s"] is None else f"{lv['output_tok_s']:.1f}")
+    return t
+
+
+def _render(doc: dict[str, Any], plot_dir: Path | None, as_json: bool) -> None:
+    run = doc["run"]
+    if plot_dir is not None and doc["levels"]:
+        from moetune.bench.serve_plot import plot_sweep
+
+        paths = plot_sweep(doc["levels"], plot_dir, title=f"run {run['id']}: {run['label']}")
+        doc["run"]["plots"] = [str(p) for p in paths]
+        err.print("plots: " + ", ".join(str(p) for p in paths))
+    for a in run.get("advice", []):
+        warn(a["message"], a["remedy"])
+    for lv in doc["levels"]:
+        for a in lv.get("advice", []):
+            if a["kind"] in NOTES:
+                err.print(f"note: {a['message']}", style="dim")
+            else:
+                warn(a["message"], a["remedy"])
+    if as_json:
+        print_json(doc)
+        return
+    ctx = sorted({(lv.get("server") or {}).get("n_ctx_slot") or 0 for lv in doc["levels"]})
+    out.print(f"run {run['id']} ({run['label']}) against {run['target']}, "
+              f"{run['workload'].get('dataset') or str(run['workload'].get('input_len')) + ' prompt tokens'}, "
+              f"context per slot: {', '.join(str(c) if c else '?' for c in ctx)}")
+    # at its natural width when stdout is a file or pipe (rich would fold it to 80 columns)
+    console = out if out.is_terminal else Console(width=160, highlight=False, soft_wrap=True)
+    console.print(levels_table(doc["levels"]))
+
+
+def _log(line: str) -> None:
+    err.print(line, style="dim")
+
+
+def _source(spec: ServeBenchSpec, match_slots: bool, server: str | None) -> ServerSource:
+    if is_url(spec.url):
+        if match_slots:
+            raise InputError("--match-slots resizes a server moetune starts from a plan; it cannot change a "
+                             "running one", hint="restart the server with --parallel N and -c N x per-slot context, "
+                                                 "or give a plan")
+        if server:
+            raise InputError("--server names a server of a plan; TARGET is a URL")
+        return RunningServer(spec.url)
+    path = Path(spec.url)
+    if not path.is_file():
+        raise InputError(f"{spec.url}: neither a server URL nor a plan file",
+                         hint="give http://HOST:PORT of a running llama-server, or a plan from `moetune plan --json`")
+    # each slot needs room for a synthetic prompt and its output; a dataset's vary (4096 then)
+    need = spec.input_len + (spec.output_len or 64) if spec.dataset is None else 4096
+    return PlanServers(path, match=match_slots, need_per_slot=need, log=_log, server=server)
+
+
+@click.command("serve-bench")
+@click.argument("target")
+@click.option("--concurrency", "-C", "concurrency", default="1", show_default=True,
+              help="Concurrent streams, one level per value: 1,2,4.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
+              help="Open loop: requests/s arriving on schedule, each waiting for one of the concurrency slots.")
+@click.option("--arrivals", type=click.Choice(ARRIVALS), default="poisson", show_default=True)
+@click.option("--dataset", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="ShareGPT JSON (or JSON lines) file of conversations to take prompts from.")
+@click.option("--input-len", type=click.IntRange(1), help="Synthetic prompt length in tokens, chat template included "
+              "[default: 128].")
+@click.option("--output-len", type=click.IntRange(1), help="Tokens to generate [default: 64, or the dataset reply's length].")
+@click.option("--requests", type=click.IntRange(1), help="Requests per level [default: 4 x concurrency, at least 8].")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), help="Seconds per level instead of --requests.")
+@click.option("--warmup", type=click.IntRange(0), default=2, show_default=True,
+              help="Requests sent one by one before measuring (stored apart).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--prefix-cache", is_flag=True, help="Let prompts hit the server's prefix cache (identical prompts, "
+              "cache_prompt on). Off: every prompt is unique and cache_prompt is false.")
+@click.option("--thinking", type=click.Choice(["on", "off", "default"]), default="default", show_default=True,
+              help="chat_template_kwargs.enable_thinking for every request.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600, show_default=True,
+              help="Seconds one request may take.")
+@click.option("--model", help="The request's model field [default: the server's first /v1/models entry].")
+@click.option("--label", help="Name of this run in the results history.")
+@click.option("--match-slots", is_flag=True, help="For a plan TARGET: start its server with --parallel and -c "
+              "matched to each concurrency level.")
+@click.option("--server", help="For a plan TARGET with several servers: the one to benchmark.")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write latency and throughput plots (PNG) into this directory.")
+@click.option("--http-client", type=click.Choice(LIBRARIES), default=DEFAULT_LIBRARY, show_default=True,
+              help="HTTP client (see bench/results/serve_client.md for their measured error).")
+@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), help="Results database.")
+@json_option
+def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals: str, dataset: Path | None,
+                    input_len: int | None, output_len: int | None, requests: int | None, duration: float | None,
+                    warmup: int, seed: int, prefix_cache: bool, thinking: str, timeout_s: float, model: str | None,
+                    label: str | None, match_slots: bool, server: str | None, plot_dir: Path | None, http_client: str,
+                    db_path: Path | None, as_json: bool) -> None:
+    """Measure a server under concurrent streaming load: TTFT, ITL, TPOT, throughput per level.
+
+    TARGET is a server URL (http://127.0.0.1:8080) or a plan file whose server moetune starts
+    (and stops afterwards); with --match-slots it is started again for each level with
+    --parallel and -c matched to the level's concurrency.
+    Every request is stored as a raw sample in the results history (compare runs with
+    `moetune compare`); the figures are derived from those samples.
+    """
+    levels = _levels(concurrency)
+    if dataset is not None and input_len is not None:
+        raise InputError("--input-len sets synthetic prompts; a --dataset brings its own", hint="drop one of them")
+    if requests is not None and duration is not None:
+        raise InputError("give --requests or --duration, not both")
+    spec = ServeBenchSpec(
+        url=target, concurrency=levels, rate=rate, arrivals=arrivals, dataset=dataset, input_len=input_len or 128,
+        output_len=output_len, requests=requests, duration_s=duration, warmup=warmup, seed=seed,
+        prefix_cache=prefix_cache, thinking={"on": True, "off": False}.get(thinking), timeout_s=timeout_s,
+        model=model, library=http_client, label=label)
+    source = _source(spec, match_slots, server)
+    with _open_db(db_path) as db:
+        doc = serve_bench(spec, db, log=_log, source=source)
+    _render(doc, plot_dir, as_json)
+    if not as_json:
+        err.print(f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
+                  f"`moetune compare {doc['run']['id']} OTHER`", style="dim")
+
+
+@click.command("serve-report")
+@click.argument("run_ref", metavar="RUN")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write latency and throughput plots (PNG) into this directory.")
+@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), help="Results database.")
+@json_option
+def serve_report_cmd(run_ref: str, plot_dir: Path | None, db_path: Path | None, as_json: bool) -> None:
+    """Figures of a stored serve-bench run (id, label or `latest`), derived again from its samples."""
+    with _open_db(db_path) as db:
+        run = db.resolve(run_ref)
+        if run.kind != KIND:
+            raise InputError(f"run {run.id} is a {run.kind} run, not {KIND}", hint="see `moetune results show`")
+        samples = db.samples(run.id)
+    meta = run.meta
+    levels = [summarize_level(g) for g in group_levels(samples)]
+    stored = {(lv["concurrency"], lv["rate"]): lv for lv in (run.summary or {}).get("levels", [])}
+    for lv in levels:  # what each level ran on (a plan relaunched per level) is not in the samples
+        lv["server"] = stored.get((lv["concurrency"], lv["rate"]), {}).get("server", meta.get("server"))
+    annotate(levels, slots=(meta.get("server") or {}).get("slots"),
+             prefix_cache=bool((meta.get("workload") or {}).get("prefix_cache")))
+    summary_warn = (run.summary or {}).get("warnings") or []
+    doc = {"run": {"id": run.id, "kind": run.kind, "label": run.label, "target": run.target, "status": run.status,
+                   "server": meta.get("server"), "model": meta.get("model"), "client": meta.get("client"),
+                   "workload": meta.get("workload"), "warnings": [a["message"] for a in summary_warn],
+                   "advice": summary_warn, "samples": len(samples)},
+           "levels": levels}
+    _render(doc, plot_dir, as_json)
 
 
 def register(cli: click.Group) -> None:
-    pass
+    cli.add_command(serve_bench_cmd)
+    cli.add_command(serve_report_cmd)

@@ -1,0 +1,177 @@
+"""`make demo`: moetune's main job end to end on a generated model, in about a minute.
+
+1. generate a small random-weight MoE model (qwen3moe, 8 layers) into ./demo-out/
+2. inspect it
+3. start llama-server on it, ask one question, print the server's own timings, stop it
+4. sweep three expert placements with a loopback RPC worker as the second device (RPC0 stands
+   in for a GPU): experts all on the CPU (--cpu-moe), the first four layers' experts on the
+   CPU (--n-cpu-moe 4), and head + tail layers' experts on RPC0 (-ot ...=CPU for the middle);
+   each plan is launched, benchmarked and stopped in turn, and the sweep ends with the
+   comparison table and a plot (demo-out/compare.png)
+5. run the same sweep command again: it is complete, so every plan is skipped
+
+On this testbed the differences come from backend switches: every CPU <-> RPC0 boundary is a
+round trip over loopback TCP per token, so placements with fewer splits decode faster.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "demo-out"
+MOETUNE = [sys.executable, "-m", "moetune"]
+QUESTION = ("Write a JSON object with 5 fields describing a software project. Include name, language, version, "
+            "description, and license.")
+SERVER_ARGS = ["-nr", "-c", "1024", "-t", "1"]  # -nr: CPU weight repacking misbehaves on some test CPUs
+PLACEMENTS = [  # label, llama-server flags (RPC0 is the loopback worker)
+    ("cpu-moe", ["-ngl", "99", "--cpu-moe"]),
+    ("n-cpu-moe 4", ["-ngl", "99", "--n-cpu-moe", "4"]),
+    ("head2+tail2 on RPC0", ["-ngl", "99", "-ot", r"blk\.[2-5]\.ffn_(up|down|gate)_exps=CPU"]),
+]
+BENCH = ["-w", "reference", "--max-tokens", "64", "--ignore-eos", "-r", "5",
+         "--depth", "0,512", "--pp-tokens", "128", "--tg-tokens", "32"]
+
+
+def step(title: str) -> None:
+    print(f"\n\033[1m== {title}\033[0m", flush=True)
+
+
+def moetune(*args: str, check: bool = True) -> int:
+    print("$ moetune " + " ".join(shlex.quote(a) for a in args), flush=True)
+    rc = subprocess.run([*MOETUNE, *args], cwd=ROOT).returncode
+    if check and rc != 0:
+        sys.exit(f"demo: `moetune {args[0]}` failed with exit code {rc}")
+    return rc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_binary() -> Path:
+    from moetune.engine import registry
+
+    return registry.get().binary("server")
+
+
+def ask_one_question(model: Path) -> None:
+    port = free_port()
+    log = OUT / "server.log"
+    argv = [str(server_binary()), "-m", str(model), *SERVER_ARGS, "--host", "127.0.0.1", "--port", str(port)]
+    print("$ " + " ".join(shlex.quote(a) for a in argv), flush=True)
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                sys.exit(f"demo: llama-server exited ({proc.returncode}); see {log}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                sys.exit(f"demo: llama-server not ready after 120 s; see {log}")
+            time.sleep(0.2)
+        body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 64,
+                "chat_template_kwargs": {"enable_thinking": False}}
+        print(f"$ curl {url}/v1/chat/completions -d '{json.dumps(body)[:80]}...'", flush=True)
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()
+        answer = r["choices"][0]["message"]["content"]
+        t = r["timings"]
+        print(f"answer (random weights, so garbage): {answer[:60]!r}...")
+        print(f"server timings: prompt {t['prompt_n']} tokens in {t['prompt_ms']:.1f} ms "
+              f"({t['prompt_n'] / t['prompt_ms'] * 1000:.1f} tokens/s), "
+              f"generated {t['predicted_n']} tokens in {t['predicted_ms']:.1f} ms "
+              f"({t['predicted_n'] / t['predicted_ms'] * 1000:.1f} tokens/s), cached {t.get('cache_n', 0)}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    print("llama-server stopped")
+
+
+def write_plans(model: Path) -> Path:
+    """One plan per placement, in the planner's format: a launch section with an RPC worker
+    (started first, stopped last) and the server that uses it."""
+    from moetune.engine import registry
+    from moetune.plan.launchspec import LaunchSpec, ProcessSpec
+
+    engine = registry.get().name
+    plans = OUT / "plans"
+    plans.mkdir(exist_ok=True)
+    entries = []
+    for label, flags in PLACEMENTS:
+        rport = free_port()
+        worker = ProcessSpec("rpc0", "rpc", engine, ("-H", "127.0.0.1", "-p", str(rport)), "127.0.0.1", rport)
+        server = ProcessSpec("main", "server", engine,
+                             ("-m", str(model), *SERVER_ARGS, "--rpc", f"127.0.0.1:{rport}", *flags),
+                             "127.0.0.1", free_port(), after=("rpc0",))
+        name = "".join(c if c.isalnum() else "-" for c in label) + ".json"
+        (plans / name).write_text(json.dumps({"label": label,
+                                              "launch": LaunchSpec((worker, server)).to_json()}, indent=2))
+        entries.append({"label": label, "plan": name})
+    sweep = plans / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "demo placements", "baseline": PLACEMENTS[0][0], "plans": entries},
+                                    sort_keys=False))
+    return sweep
+
+
+def main() -> None:
+    t0 = time.monotonic()
+    if OUT.exists():
+        shutil.rmtree(OUT)
+    OUT.mkdir()
+    model = OUT / "model.gguf"
+    db = OUT / "results.sqlite"
+
+    step("1. generate a small MoE model (random weights, real layout)")
+    moetune("testmodel", str(model.relative_to(ROOT)), "--layers", "8", "--embd", "512", "--expert-ff", "512")
+
+    step("2. inspect it")
+    moetune("inspect", str(model.relative_to(ROOT)))
+
+    step("3. serve it and ask one question")
+    ask_one_question(model)
+
+    step("4. sweep three expert placements (launch, bench, stop each), then compare")
+    sweep = write_plans(model)
+    print(f"plans: {', '.join(str(p.relative_to(ROOT)) for p in sorted(sweep.parent.glob('*.json')))}")
+    plot = OUT / "compare.png"
+    args = ["sweep", str(sweep.relative_to(ROOT)), *BENCH, "--plot", str(plot.relative_to(ROOT)),
+            "--db", str(db.relative_to(ROOT))]
+    moetune(*args)
+
+    step("5. the same command again resumes the sweep: every plan is complete, so none is re-run")
+    again = [*args[:2], *BENCH, "--db", str(db.relative_to(ROOT)), "--json"]
+    print("$ moetune " + " ".join(shlex.quote(a) for a in again), flush=True)
+    doc = json.loads(subprocess.run([*MOETUNE, *again], cwd=ROOT, check=True, capture_output=True, text=True).stdout)
+    for p in doc["plans"]:
+        print(f"  {p['label']}: {p['status']} (run {p['run']})")
+
+    step("history")
+    moetune("results", "list", "--db", str(db.relative_to(ROOT)))
+    print(f"\ndemo done in {time.monotonic() - t0:.0f} s; plot: {plot.relative_to(ROOT)}; "
+          f"results: {db.relative_to(ROOT)} (moetune results show RUN --db {db.relative_to(ROOT)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Figures derived from raw bench samples (never stored: computed on read).
+
+Primary figures come from the server's own ``timings``: PP = prompt_n / prompt_ms, TG =
+predicted_n / predicted_ms. The client's clock gives the secondary ones: wall time, time to the
+first streamed chunk, and the decode rate seen from the chunks' arrival. Overhead = client wall
+time − (prompt_ms + predicted_ms): HTTP, template, tokenizer and sampling work outside the
+server's two timers.
+
+Cached prompt tokens: ``timings.cache_n`` where the server reports it (llama.cpp); otherwise
+(ik_llama.cpp has no ``cache_n``) the prompt's token count less ``prompt_n``, from
+``usage.prompt_tokens`` or ``tokens_evaluated``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moetune.bench.stats import MetricSamples
+
+TG, PP = "tg", "pp"
+DEPTH_AXIS = "context depth (tokens)"
+
+
+def timings(s: dict[str, Any]) -> dict[str, Any]:
+    return s.get("timings") or {}
+
+
+def pp_tps(s: dict[str, Any]) -> float | None:
+    t = timings(s)
+    n, ms = t.get("prompt_n"), t.get("prompt_ms")
+    if not n or not ms or ms <= 0:
+        return None
+    return float(n) / float(ms) * 1000.0
+
+
+def tg_tps(s: dict[str, Any]) -> float | None:
+    t = timings(s)
+    n, ms = t.get("predicted_n"), t.get("predicted_ms")
+    if not n or n < 2 or not ms or ms <= 0:  # one token: no decode interval to time
+        return None
+    return float(n) / float(ms) * 1000.0
+
+
+def server_ms(s: dict[str, Any]) -> float:
+    t = timings(s)
+    return float(t.get("prompt_ms") or 0.0) + float(t.get("predicted_ms") or 0.0)
+
+
+def wall_ms(s: dict[str, Any]) -> float:
+    return float(s["end_s"]) * 1000.0
+
+
+def overhead_ms(s: dict[str, Any]) -> float:
+    return wall_ms(s) - server_ms(s)
+
+
+def client_ttft_ms(s: dict[str, Any]) -> float | None:
+    firsts = [x[0] for x in (s.get("content_chunk_s"), s.get("reasoning_chunk_s")) if x]
+    return min(firsts) * 1000.0 if firsts else None
+
+
+def client_tg_tps(s: dict[str, Any]) -> float | None:
+    """Decode rate seen by the client: tokens after the first over the first-to-last chunk interval."""
+    chunks = sorted([*(s.get("content_chunk_s") or []), *(s.get("reasoning_chunk_s") or [])])
+    n = timings(s).get("predicted_n")
+    if len(chunks) < 2 or not n or n < 2 or chunks[-1] <= chunks[0]:
+        return None
+    return (float(n) - 1.0) / (float(chunks[-1]) - float(chunks[0]))
+
+
+def prompt_tokens(s: dict[str, Any]) -> int | None:
+    usage = s.get("usage") or {}
+    total = usage.get("prompt_tokens", s.get("tokens_evaluated"))
+    return int(total) if total is not None else None
+
+
+def cached_tokens(s: dict[str, Any]) -> int | None:
+    t = timings(s)
+    if t.get("cache_n") is not None:
+        return int(t["cache_n"])
+    total = prompt_tokens(s)
+    if total is not None and t.get("prompt_n") is not None:
+        return total - int(t["prompt_n"])
+    details = (s.get("usage") or {}).get("prompt_tokens_details") or {}
+    if details.get("cached_tokens") is not None:
+        return int(details["cached_tokens"])
+    return None
+
+
+def cache_confirmed(s: dict[str, Any]) -> bool | None:
+    """Did the server's cache hold what the runner expected (``expect_cached``, ``expect_prompt_n``)?
+    None when nothing was expected or the server does not tell."""
+    exp = s.get("expect_cached")
+    if exp is None:
+        return None
+    got = cached_tokens(s)
+    if got is None:
+        return None
+    ok = got == int(exp)
+    if s.get("expect_prompt_n") is not None:
+        ok = ok and timings(s).get("prompt_n") == int(s["expect_prompt_n"])
+    return ok
+
+
+def reasoning_share(s: dict[str, Any]) -> float:
+    """Share of streamed chunks that were reasoning (thinking) rather than answer."""
+    r, c = len(s.get("reasoning_chunk_s") or []), len(s.get("content_chunk_s") or [])
+    return r / (r + c) if r + c else 0.0
+
+
+def workload_names(samples: list[dict[str, Any]]) -> list[str]:
+    seen: dict[str, None] = {}
+    for s in samples:
+        seen.setdefault(str(s.get("workload", "?")), None)
+    return list(seen)
+
+
+def by_workload(samples: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for s in samples:
+        out.setdefault(str(s.get("workload", "?")), []).append(s)
+    return out
+
+
+def bench_metrics(samples: list[dict[str, Any]]) -> dict[str, MetricSamples]:
+    """The "bench" kind's extractor: ``tg:WORKLOAD`` and ``pp:WORKLOAD`` in tokens/s."""
+    out: dict[str, MetricSamples] = {}
+    for w, ss in by_workload(samples).items():
+        depth = ss[0].get("depth")
+        x = float(depth) if depth is not None else None
+        for fam, fn in ((TG, tg_tps), (PP, pp_tps)):
+            vals = tuple(v for v in (fn(s) for s in ss) if v is not None)
+            if vals:
+                out[f"{fam}:{w}"] = MetricSamples(vals, True, "tokens/s", fam, x, DEPTH_AXIS if x is not None else None)
+    return out

@@ -1,0 +1,255 @@
+"""One streaming chat request, recorded as raw timestamps; and what the server says about itself.
+
+The collector only records: ``time.monotonic()`` when the request was due, when a client slot was
+free, when it was sent, when each SSE event arrived with the tokens it carries, and when it ended,
+plus the status and any error. TTFT, ITL and the rest are derived later from these samples
+(:mod:`moetune.bench.serve_metrics`), so a stored run can be re-read with other definitions.
+
+Tokens per event come from the server's own counters when it gives them (llama-server's
+``timings.predicted_n`` with ``timings_per_token``, or a running ``usage.completion_tokens``);
+otherwise an event with text counts as one token. A request that dies before the server answers
+(a keep-alive connection the server had closed) is sent again on a new connection, up to
+``max_retries`` times, and each retry is recorded; any other failure, and any HTTP error, is kept
+as the sample's ``error``, never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from moetune.bench.serve_http import RETRYABLE, StreamingHttp
+
+CHAT_PATH = "/v1/chat/completions"
+SAMPLE_SCHEMA = 1
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Raw facts about one request; times are ``time.monotonic()`` seconds."""
+
+    index: int
+    concurrency: int
+    rate: float | None
+    prompt_tokens: int  # counted through the server's template and tokenizer before sending
+    max_tokens: int
+    t_sched: float  # when it was due: its arrival time, or when a closed-loop worker took it
+    t_slot: float = math.nan  # when a client slot was free
+    t_first_send: float = math.nan  # the first attempt began
+    t_attempt: float = math.nan  # the answered (or last) attempt began, connecting included
+    t_send: float = math.nan  # its request was handed to the kernel (= t_attempt when the library hides it)
+    t_headers: float | None = None
+    t_end: float = math.nan
+    # per event: [arrival t, new tokens, content chars, reasoning chars, server's predicted_ms or None,
+    # earliest arrival t (< t when it was read late, together with later events)]
+    chunks: list[list[float | None]] = field(default_factory=list)
+    count_source: str = ""  # timings | usage | text: where per-event token counts came from
+    status: int | None = None
+    error: str | None = None  # kind: http_400:exceed_context_size_error, disconnected, timeout, ...
+    detail: str | None = None
+    retries: list[list[Any]] = field(default_factory=list)  # [t, kind] per failed attempt
+    response_id: str | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None  # the server's last timings object
+
+    def to_sample(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["schema"] = SAMPLE_SCHEMA
+        for k, v in d.items():  # JSON has no NaN
+            if isinstance(v, float) and math.isnan(v):
+                d[k] = None
+        return d
+
+
+class SseParser:
+    """Incremental ``text/event-stream`` parser that fills a :class:`RequestRecord`."""
+
+    def __init__(self, rec: RequestRecord) -> None:
+        self.rec = rec
+        self.buf = b""
+        self.counted = 0  # cumulative tokens seen
+        self.done = False  # [DONE] seen
+        self.t_min = 0.0
+
+    def feed(self, t: float, data: bytes, t_min: float | None = None) -> None:
+        """Bytes that arrived at ``t`` (and not before ``t_min``, when they may have queued up)."""
+        self.t_min = t if t_min is None else t_min
+        buf = self.buf + data
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        while (i := buf.find(b"\n\n")) >= 0:
+            event, buf = buf[:i], buf[i + 2:]
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        self.done = True
+                    elif payload:
+                        self._event(t, payload)
+        self.buf = buf
+
+    def _event(self, t: float, payload: bytes) -> None:
+        rec = self.rec
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            rec.error, rec.detail = "bad_event", payload[:200].decode(errors="replace")
+            return
+        if not isinstance(obj, dict):
+            return
+        if "error" in obj:
+            e = obj["error"]
+            kind = e.get("type", "") if isinstance(e, dict) else ""
+            rec.error = "stream_error" + (f":{kind}" if kind else "")
+            rec.detail = str(e.get("message", e) if isinstance(e, dict) else e)[:300]
+            return
+        if rec.response_id is None and isinstance(obj.get("id"), str):
+            rec.response_id = obj["id"]
+        n_content = n_reason = 0
+        tool = False
+        choices = obj.get("choices") or []
+        for c in choices:
+            d = c.get("delta") or {}
+            n_content += len(d.get("content") or "")
+            n_reason += len(d.get("reasoning_content") or d.get("reasoning") or "")
+            tool = tool or bool(d.get("tool_calls"))
+            if c.get("finish_reason"):
+                rec.finish_reason = str(c["finish_reason"])
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            rec.usage = usage
+        timings = obj.get("timings")
+        if isinstance(timings, dict):
+            rec.timings = timings
+        # a cumulative token counter, if this event carries one
+        cum: int | None = None
+        source = "text"
+        if isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int):
+            cum, source = timings["predicted_n"], "timings"
+        elif isinstance(usage, dict) and choices and isinstance(usage.get("completion_tokens"), int):
+            cum, source = usage["completion_tokens"], "usage"
+        has_text = bool(n_content or n_reason or tool)
+        if not rec.count_source and (has_text or (cum or 0) > 0):
+            rec.count_source = source
+        if rec.count_source in ("timings", "usage") and cum is not None:
+            n = max(0, cum - self.counted)
+            self.counted = max(self.counted, cum)
+        else:
+            n = 1 if has_text else 0
+            self.counted += n
+        if n or has_text:
+            server_ms = timings.get("predicted_ms") if source == "timings" and isinstance(timings, dict) else None
+            rec.chunks.append([t, n, n_content, n_reason, server_ms, self.t_min])
+
+
+async def stream_chat(http: StreamingHttp, body: bytes, rec: RequestRecord, *, max_retries: int = 2,
+                      timeout_s: float | None = None) -> None:
+    """Send one streaming chat request and record it. Never raises for transport or HTTP errors;
+    a request not complete within ``timeout_s`` (retries included) ends as a ``timeout`` error."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await _attempts(http, body, rec, max_retries)
+    except TimeoutError:
+        rec.error, rec.detail = "timeout", f"no complete answer within {timeout_s} s"
+    rec.t_end = time.monotonic()
+
+
+async def _attempts(http: StreamingHttp, body: bytes, rec: RequestRecord, max_retries: int) -> None:
+    clock = time.monotonic
+    for attempt in range(max_retries + 1):
+        rec.t_attempt = rec.t_send = clock()
+        if attempt == 0:
+            rec.t_first_send = rec.t_attempt
+        answered = False
+        parser = SseParser(rec)
+        try:
+            async with http.post_stream(CHAT_PATH, body) as reply:
+                rec.t_headers = clock()
+                answered = True
+                rec.status = reply.status
+                if reply.t_sent is not None:
+                    rec.t_send = reply.t_sent
+                if reply.status != 200:
+                    raw = b"".join([c async for _, _, c in reply.pieces])
+                    rec.error, rec.detail = http_error(reply.status, raw)
+                    return
+                async for t, t_min, chunk in reply.pieces:
+                    parser.feed(t, chunk, t_min)
+            if rec.error is None and not parser.done and rec.finish_reason is None:
+                rec.error, rec.detail = "incomplete_stream", "the stream ended without a finish_reason or [DONE]"
+            return
+        except (asyncio.CancelledError, TimeoutError):
+            raise
+        except Exception as e:  # a benchmark reports failures, it does not crash on them
+            kind = http.classify(e)
+            if not answered and kind in RETRYABLE and attempt < max_retries:
+                rec.retries.append([clock(), kind])
+                continue
+            rec.error = kind if answered or kind not in RETRYABLE else f"{kind}_after_retries"
+            rec.detail = f"{type(e).__name__}: {e}"[:300]
+            return
+
+
+def http_error(status: int, raw: bytes) -> tuple[str, str]:
+    """``http_400:exceed_context_size_error`` and the server's message, from an error response."""
+    kind = f"http_{status}"
+    detail = raw[:300].decode(errors="replace")
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return kind, detail
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict):
+        if err.get("type"):
+            kind += f":{err['type']}"
+        detail = str(err.get("message", detail))[:300]
+    return kind, detail
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What the server says about its slots and build; None where it does not say."""
+
+    slots: int | None = None
+    n_ctx_slot: int | None = None  # per-slot context (llama-server: total / slots unless --kv-unified)
+    build: str | None = None
+    model_path: str | None = None
+    model_alias: str | None = None
+    busy_slots: int | None = None  # slots processing when the benchmark started
+    dialect: str = "openai"  # llama.cpp when /props answered
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def probe_server(http: StreamingHttp) -> ServerInfo:
+    """Read ``/props`` and ``/slots``. A server without them (not llama-server) gives an empty info."""
+    try:
+        status, props = await http.get_json("/props")
+    except Exception:
+        status, props = 0, None
+    if status != 200 or not isinstance(props, dict):
+        return ServerInfo()
+    dgs = props.get("default_generation_settings") or {}
+    busy = None
+    n_ctx = dgs.get("n_ctx") if isinstance(dgs.get("n_ctx"), int) else None
+    try:
+        s_status, slots = await http.get_json("/slots")
+        if s_status == 200 and isinstance(slots, list):
+            busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+            ctxs = [s["n_ctx"] for s in slots if isinstance(s, dict) and isinstance(s.get("n_ctx"), int)]
+            if ctxs:
+                n_ctx = min(ctxs)
+    except Exception:  # /slots is optional (--no-slots)
+        pass
+    total = props.get("total_slots")
+    return ServerInfo(slots=total if isinstance(total, int) else None, n_ctx_slot=n_ctx,
+                      build=str(props.get("build_info")) if props.get("build_info") else None,
+                      model_path=str(props.get("model_path")) if props.get("model_path") else None,
+                      model_alias=str(props.get("model_alias")) if props.get("model_alias") else None,
+                      busy_slots=busy, dialect="llama.cpp")

@@ -1,0 +1,149 @@
+"""The load generator: closed-loop concurrency or open-loop arrivals, bounded by client slots.
+
+- Closed loop (no rate): ``concurrency`` workers each send the next request as soon as their
+  previous one ends, like ``vllm bench serve --max-concurrency C`` with an infinite rate.
+- Open loop (``rate`` requests/s, Poisson or constant arrivals): each request is due at its own
+  arrival time, computed in advance, and waits for one of ``concurrency`` client slots. The due
+  time is recorded, not the time the client got round to it, so queueing in the client shows up
+  in the queue-inclusive latency instead of vanishing (coordinated omission).
+
+Every finished request goes to ``on_sample`` at once (the caller stores it), errors included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from moetune.bench.serve_client import RequestRecord, stream_chat
+from moetune.bench.serve_http import StreamingHttp
+
+ARRIVALS = ("poisson", "constant")
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    content: str  # the user message
+    prompt_tokens: int  # the templated prompt's length in the server's tokens
+    max_tokens: int
+
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": "user", "content": self.content}]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    concurrency: int
+    requests: int | None = None  # stop after this many
+    duration_s: float | None = None  # or stop sending after this long
+    rate: float | None = None  # requests/s; None: closed loop
+    arrivals: str = "poisson"
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOptions:
+    model: str = "moetune"
+    cache_prompt: bool = False  # llama-server's prefix cache; off unless asked
+    thinking: bool | None = None  # chat_template_kwargs.enable_thinking; None leaves the server's default
+    ignore_eos: bool = True  # generate exactly max_tokens
+    timeout_s: float | None = None  # per request, retries included
+
+
+def request_body(p: Prompt, o: RequestOptions) -> bytes:
+    doc: dict[str, Any] = {
+        "model": o.model, "messages": p.messages(), "stream": True, "max_tokens": p.max_tokens,
+        "stream_options": {"include_usage": True}, "timings_per_token": True,
+        "cache_prompt": o.cache_prompt, "ignore_eos": o.ignore_eos,
+    }
+    if o.thinking is not None:
+        doc["chat_template_kwargs"] = {"enable_thinking": o.thinking}
+    return json.dumps(doc).encode()
+
+
+def arrival_offsets(rate: float, arrivals: str, seed: int) -> Iterator[float]:
+    """Seconds from the start at which successive requests are due."""
+    if rate <= 0:
+        raise ValueError("rate must be positive")
+    if arrivals not in ARRIVALS:
+        raise ValueError(f"arrivals must be one of {ARRIVALS}")
+    rng = random.Random(seed)
+    t = 0.0
+    while True:
+        yield t
+        t += rng.expovariate(rate) if arrivals == "poisson" else 1 / rate
+
+
+async def _sleep_until(t: float) -> None:
+    delay = t - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def run_level(http: StreamingHttp, prompts: Sequence[Prompt], spec: LoadSpec, options: RequestOptions,
+                    on_sample: Callable[[RequestRecord], None], *, first_index: int = 0,
+                    progress: Callable[[int], None] | None = None, max_retries: int = 2) -> list[RequestRecord]:
+    """Run one load level; return its records (each was also given to ``on_sample`` as it ended)."""
+    if not prompts:
+        raise ValueError("no prompts")
+    if spec.requests is None and spec.duration_s is None:
+        raise ValueError("give requests or duration_s")
+    bodies = [request_body(p, options) for p in prompts]
+    records: list[RequestRecord] = []
+    t0 = time.monotonic()
+    stop_at = t0 + spec.duration_s if spec.duration_s is not None else None
+    counter = itertools.count()
+
+    def take() -> int | None:
+        i = next(counter)
+        if spec.requests is not None and i >= spec.requests:
+            return None
+        if stop_at is not None and time.monotonic() >= stop_at:
+            return None
+        return i
+
+    async def one(i: int, t_sched: float, t_slot: float | None) -> None:
+        p = prompts[i % len(prompts)]
+        rec = RequestRecord(index=first_index + i, concurrency=spec.concurrency, rate=spec.rate,
+                            prompt_tokens=p.prompt_tokens, max_tokens=p.max_tokens, t_sched=t_sched)
+        if t_slot is None:
+            async with slots:
+                rec.t_slot = time.monotonic()
+                await stream_chat(http, bodies[i % len(bodies)], rec, max_retries=max_retries,
+                                  timeout_s=options.timeout_s)
+        else:
+            rec.t_slot = t_slot
+            await stream_chat(http, bodies[i % len(bodies)], rec, max_retries=max_retries,
+                              timeout_s=options.timeout_s)
+        records.append(rec)
+        on_sample(rec)
+        if progress:
+            progress(len(records))
+
+    slots = asyncio.Semaphore(spec.concurrency)
+    if spec.rate is None:
+        async def worker() -> None:
+            while (i := take()) is not None:
+                t = time.monotonic()
+                await one(i, t, t)
+
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(spec.concurrency):
+                tg.create_task(worker())
+    else:
+        async with asyncio.TaskGroup() as tg:
+            for i, offset in enumerate(arrival_offsets(spec.rate, spec.arrivals, spec.seed)):
+                due = t0 + offset
+                if spec.requests is not None and i >= spec.requests:
+                    break
+                if stop_at is not None and due >= stop_at:
+                    break
+                await _sleep_until(due)
+                tg.create_task(one(i, due, None))
+    return records

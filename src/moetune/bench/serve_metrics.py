@@ -1,0 +1,221 @@
+"""Figures derived from stored raw request samples (pure: no I/O, no clock).
+
+Definitions, per request (times from the moment the request was sent):
+
+- TTFT: the first event that carries a generated token, reasoning or content;
+- TTFC: the first event with content text (later than TTFT when the model thinks first);
+- ITL: the gap between consecutive token events, divided evenly among the tokens the later one
+  carries (a chunk of 3 tokens after 30 ms gives three 10 ms ITLs). Event times are the
+  kernel's receive times; events that queued up while the client was not reading come out of
+  one read with the latest one's time, and are spread over the interval they arrived in
+  (:func:`event_times`);
+- TPOT: (last token event - first token event) / (output tokens - 1);
+- server ITL: the same gaps by the server's clock (``timings.predicted_ms`` of each event, from
+  llama-server with ``timings_per_token``): what decoding took, without the HTTP and network path;
+- E2E: until the stream ended; latency: from when the request was due (its arrival time, or
+  when a worker took it) to the end, which includes the wait for a client slot;
+- server wait: TTFT minus the server's own prompt time (llama-server's ``timings.prompt_ms``):
+  the time the request spent queued for a server slot, plus the network.
+
+A level's throughput counts only successful requests, over the level's span from the first
+request due to the last one ended.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from moetune.bench.stats import MetricSamples
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMetrics:
+    error: str | None
+    ttft_s: float | None
+    ttfc_s: float | None
+    e2e_s: float | None
+    latency_s: float | None  # queue-inclusive: from due to end
+    slot_wait_s: float | None  # waiting for a client slot
+    itl_s: tuple[float, ...]
+    server_itl_s: tuple[float, ...]  # the same gaps by the server's own clock (llama-server timings)
+    tpot_s: float | None
+    output_tokens: int
+    reasoning_tokens: int
+    prompt_tokens: int
+    server_prompt_tokens: int | None
+    cached_tokens: int
+    server_wait_s: float | None
+    retries: int
+    max_tokens: int
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def event_times(tok: list[list[Any]]) -> list[float]:
+    """Each token event's arrival time. Events read together share the kernel's time of the last
+    of them; they arrived between the read's earliest time (6th field, or the previous event)
+    and that time. They are placed in that interval by the server's own clock when every one of
+    them carries it (llama-server's ``timings.predicted_ms``), else evenly. When the client read
+    at once, the interval is empty and they all keep the read's time."""
+    out: list[float] = []
+    i = 0
+    while i < len(tok):
+        t = float(tok[i][0])
+        j = i
+        while j + 1 < len(tok) and tok[j + 1][0] == tok[i][0]:
+            j += 1
+        earliest = _num(tok[i][5]) if len(tok[i]) > 5 else None
+        lo = t if earliest is None else earliest
+        if out:
+            lo = max(lo, out[-1])
+        lo = min(lo, t)
+        group = tok[i:j + 1]
+        server = [_num(c[4]) if len(c) > 4 else None for c in group]
+        if len(group) > 1 and all(x is not None for x in server):
+            last = server[-1]
+            out += [min(max(t - (last - x) / 1000, lo), t) for x in server]  # type: ignore[operator]
+        else:
+            out += [lo + (t - lo) * k / len(group) for k in range(1, len(group) + 1)]
+        i = j + 1
+    return out
+
+
+def request_metrics(s: dict[str, Any]) -> RequestMetrics:
+    t_send = _num(s.get("t_send"))
+    t_end = _num(s.get("t_end"))
+    t_sched = _num(s.get("t_sched"))
+    t_slot = _num(s.get("t_slot"))
+    chunks = [c for c in s.get("chunks") or [] if c[1] > 0 or c[2] > 0 or c[3] > 0]
+    tok = [c for c in chunks if c[1] > 0]  # events that brought new tokens
+    times = event_times(tok)
+    first = times[0] if times else (chunks[0][0] if chunks else None)
+    ttft = first - t_send if first is not None and t_send is not None else None
+    ttfc = next((c[0] - t_send for c in chunks if c[2] > 0), None) if t_send is not None else None
+    itl: list[float] = []
+    for (a, b), c in zip(itertools.pairwise(times), tok[1:], strict=True):
+        itl.extend([(b - a) / int(c[1])] * int(c[1]))
+    server_itl: list[float] = []
+    for prev, cur in itertools.pairwise(tok):
+        ms0, ms1 = (_num(prev[4]), _num(cur[4])) if len(prev) > 4 and len(cur) > 4 else (None, None)
+        if ms0 is not None and ms1 is not None:
+            server_itl.extend([(ms1 - ms0) / 1000 / int(cur[1])] * int(cur[1]))
+    counted = sum(int(c[1]) for c in tok)
+    reasoning = sum(int(c[1]) for c in tok if c[3] > 0 and c[2] == 0)
+    usage = s.get("usage") or {}
+    reported = usage.get("completion_tokens")
+    out_tokens: int = reported if isinstance(reported, int) else counted
+    tpot = (times[-1] - times[0]) / (out_tokens - 1) if len(times) > 1 and out_tokens > 1 else None
+    timings = s.get("timings") or {}
+    details = usage.get("prompt_tokens_details")
+    cached_any = details.get("cached_tokens") if isinstance(details, dict) else timings.get("cache_n")
+    cached: int = cached_any if isinstance(cached_any, int) else 0
+    prompt_ms = _num(timings.get("prompt_ms"))
+    server_wait = ttft - prompt_ms / 1000 if ttft is not None and prompt_ms is not None else None
+    return RequestMetrics(
+        error=s.get("error"), ttft_s=ttft, ttfc_s=ttfc,
+        e2e_s=t_end - t_send if t_end is not None and t_send is not None else None,
+        latency_s=t_end - t_sched if t_end is not None and t_sched is not None else None,
+        slot_wait_s=t_slot - t_sched if t_slot is not None and t_sched is not None else None,
+        itl_s=tuple(itl), server_itl_s=tuple(server_itl), tpot_s=tpot, output_tokens=out_tokens, reasoning_tokens=reasoning,
+        prompt_tokens=int(s.get("prompt_tokens") or 0),
+        server_prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
+        cached_tokens=cached, server_wait_s=server_wait, retries=len(s.get("retries") or []),
+        max_tokens=int(s.get("max_tokens") or 0))
+
+
+def percentiles_ms(values_s: Iterable[float | None]) -> dict[str, float | None]:
+    xs = [v * 1000 for v in values_s if v is not None]
+    out: dict[str, float | None] = dict.fromkeys([*(f"p{p}" for p in PERCENTILES), "mean"])
+    if xs:
+        qs = np.percentile(np.asarray(xs, dtype=float), PERCENTILES)
+        out = {f"p{p}": round(float(q), 3) for p, q in zip(PERCENTILES, qs, strict=True)}
+        out["mean"] = round(float(np.mean(xs)), 3)
+    return out
+
+
+def summarize_level(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One load level's figures from its raw samples (all of one concurrency and rate)."""
+    ms = [request_metrics(s) for s in samples]
+    ok = [m for m in ms if m.ok]
+    starts = [_num(s.get("t_sched")) for s in samples]
+    ends = [_num(s.get("t_end")) for s in samples]
+    t0 = min((t for t in starts if t is not None), default=None)
+    t1 = max((t for t in ends if t is not None), default=None)
+    span = t1 - t0 if t0 is not None and t1 is not None and t1 > t0 else None
+    out_tokens = sum(m.output_tokens for m in ok)
+    first = samples[0] if samples else {}
+    return {
+        "concurrency": int(first.get("concurrency") or 0),
+        "rate": first.get("rate"),
+        "requests": len(ms),
+        "ok": len(ok),
+        "errors": dict(sorted(Counter(m.error for m in ms if m.error is not None).items())),
+        "duration_s": round(span, 4) if span else None,
+        "ttft_ms": percentiles_ms(m.ttft_s for m in ok),
+        "ttfc_ms": percentiles_ms(m.ttfc_s for m in ok),
+        "itl_ms": percentiles_ms(x for m in ok for x in m.itl_s),
+        "server_itl_ms": percentiles_ms(x for m in ok for x in m.server_itl_s),
+        "tpot_ms": percentiles_ms(m.tpot_s for m in ok),
+        "e2e_ms": percentiles_ms(m.e2e_s for m in ok),
+        "latency_ms": percentiles_ms(m.latency_s for m in ms if m.latency_s is not None),
+        "slot_wait_ms": percentiles_ms(m.slot_wait_s for m in ms),
+        "server_wait_ms": percentiles_ms(m.server_wait_s for m in ok),
+        "output_tokens": out_tokens,
+        "reasoning_tokens": sum(m.reasoning_tokens for m in ok),
+        "output_tok_s": round(out_tokens / span, 3) if span else None,
+        "request_s": round(len(ok) / span, 4) if span else None,
+        "prompt_tokens_mean": round(sum(m.prompt_tokens for m in ms) / len(ms), 1) if ms else None,
+        "prompt_token_mismatches": sum(1 for m in ok if m.server_prompt_tokens not in (None, m.prompt_tokens)),
+        "cached_tokens": sum(m.cached_tokens for m in ok),
+        "short_outputs": sum(1 for m in ok if m.max_tokens and m.output_tokens < m.max_tokens),
+        "retries": sum(m.retries for m in ms),
+        "warnings": [],
+    }
+
+
+def group_levels(samples: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Samples grouped by (concurrency, rate), in the order the levels ran."""
+    groups: dict[tuple[int, Any], list[dict[str, Any]]] = {}
+    for s in samples:
+        groups.setdefault((int(s.get("concurrency") or 0), s.get("rate")), []).append(s)
+    return list(groups.values())
+
+
+def serve_metric_samples(samples: list[dict[str, Any]]) -> dict[str, MetricSamples]:
+    """The "serve-bench" kind's extractor for `moetune compare`: per-request values by metric and
+    level, named ``FAMILY:c=N`` (``ttft:c=4``) and placed on the concurrency axis.
+
+    Families: ttft, itl (each request's mean ITL), tpot and e2e in ms (lower is better), and
+    decode in tokens/s (1 / TPOT, higher is better). Open-loop levels add ``@RATE/s`` to the name.
+    """
+    out: dict[str, MetricSamples] = {}
+    for group in group_levels(s for s in samples if "chunks" in s):
+        c, rate = int(group[0].get("concurrency") or 0), group[0].get("rate")
+        key = f"c={c}" + (f"@{rate}/s" if rate else "")
+        ms = [m for m in (request_metrics(s) for s in group) if m.ok]
+        series: dict[str, tuple[list[float], bool, str]] = {
+            "ttft": ([m.ttft_s * 1000 for m in ms if m.ttft_s is not None], False, "ms"),
+            "itl": ([sum(m.itl_s) / len(m.itl_s) * 1000 for m in ms if m.itl_s], False, "ms"),
+            "tpot": ([m.tpot_s * 1000 for m in ms if m.tpot_s is not None], False, "ms"),
+            "e2e": ([m.e2e_s * 1000 for m in ms if m.e2e_s is not None], False, "ms"),
+            "decode": ([1 / m.tpot_s for m in ms if m.tpot_s], True, "tokens/s"),
+        }
+        for fam, (values, higher, unit) in series.items():
+            if values:
+                out[f"{fam}:{key}"] = MetricSamples(tuple(values), higher, unit, fam, float(c), "concurrency")
+    return out

@@ -1,0 +1,144 @@
+"""Compare runs against a baseline, metric by metric, with a verdict that statistics back.
+
+Runs of any kind can be compared: :data:`METRIC_EXTRACTORS` maps a run's kind to a function that
+turns its raw samples into named :class:`MetricSamples` (per-sample values, and whether higher is
+better). Add a kind by adding an entry::
+
+    from moetune.report.compare import METRIC_EXTRACTORS
+    METRIC_EXTRACTORS["serve-bench"] = serve_metrics   # list[dict] -> dict[str, MetricSamples]
+
+The verdict rule is :func:`moetune.bench.stats.difference`'s (bootstrap CI of the ratio of
+medians; "same" when it includes 1 or the change is under the practical threshold).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from moetune.bench.metrics import bench_metrics
+from moetune.bench.serve_metrics import serve_metric_samples
+from moetune.bench.stats import (
+    DEFAULT_CONF,
+    DEFAULT_MIN_CHANGE,
+    SAME,
+    MetricSamples,
+    Summary,
+    difference,
+    summarize,
+)
+from moetune.errors import InputError
+from moetune.store.db import ResultsDB, Run
+
+MetricExtractor = Callable[[list[dict[str, Any]]], dict[str, MetricSamples]]
+METRIC_EXTRACTORS: dict[str, MetricExtractor] = {"bench": bench_metrics, "serve-bench": serve_metric_samples}
+COMPARE_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RunMetrics:
+    run: int
+    label: str
+    kind: str
+    status: str
+    metrics: dict[str, MetricSamples]
+
+
+@dataclass(frozen=True, slots=True)
+class CompareRow:
+    run: int
+    label: str
+    metric: str
+    unit: str
+    higher_is_better: bool
+    n: int
+    median: float
+    ci_low: float
+    ci_high: float
+    baseline_median: float
+    change_pct: float
+    change_ci_low_pct: float
+    change_ci_high_pct: float
+    verdict: str  # faster | slower | same
+    noisy: bool = False  # "same" only because the interval is wide: the medians differ by more than the threshold
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "label": self.label, "metric": self.metric, "unit": self.unit,
+                "higher_is_better": self.higher_is_better, "n": self.n, "median": self.median,
+                "ci_low": self.ci_low, "ci_high": self.ci_high, "baseline_median": self.baseline_median,
+                "change_pct": self.change_pct, "change_ci_low_pct": self.change_ci_low_pct,
+                "change_ci_high_pct": self.change_ci_high_pct, "verdict": self.verdict, "noisy": self.noisy}
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    baseline: RunMetrics
+    baseline_stats: dict[str, Summary]
+    others: list[RunMetrics]
+    rows: list[CompareRow]
+    conf: float
+    min_change: float
+    notes: list[str] = field(default_factory=list)
+
+    def metric_names(self) -> list[str]:
+        """Metrics every compared run has, in the baseline's order."""
+        return [n for n in self.baseline.metrics if all(n in o.metrics for o in self.others)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": COMPARE_SCHEMA_VERSION,
+            "rule": {"confidence": self.conf, "min_change_pct": self.min_change * 100,
+                     "statistic": "bootstrap CI of the ratio of medians"},
+            "baseline": {"run": self.baseline.run, "label": self.baseline.label,
+                         "metrics": {k: {**s.to_json(), "unit": self.baseline.metrics[k].unit}
+                                     for k, s in self.baseline_stats.items()}},
+            "rows": [r.to_json() for r in self.rows],
+            "notes": self.notes,
+        }
+
+
+def extract(run: Run, samples: list[dict[str, Any]]) -> RunMetrics:
+    fn = METRIC_EXTRACTORS.get(run.kind)
+    if fn is None:
+        raise InputError(f"run {run.id} is a {run.kind!r} run, which compare does not know how to read",
+                         hint=f"compare runs of kinds: {', '.join(sorted(METRIC_EXTRACTORS))}")
+    return RunMetrics(run.id, run.label, run.kind, run.status, fn(samples))
+
+
+def load(db: ResultsDB, runs: list[Run]) -> list[RunMetrics]:
+    out = []
+    for r in runs:
+        rm = extract(r, db.samples(r.id))
+        if not rm.metrics:
+            raise InputError(f"run {r.id} ({r.label}) has no measured samples to compare",
+                             hint="it may have been interrupted before its first sample; run it again")
+        out.append(rm)
+    return out
+
+
+def compare(baseline: RunMetrics, others: list[RunMetrics], *, conf: float = DEFAULT_CONF,
+            min_change: float = DEFAULT_MIN_CHANGE, seed: int = 0) -> Comparison:
+    """Every metric the baseline and another run share, as one row per (run, metric)."""
+    base_stats = {k: summarize(v.values, conf=conf, seed=seed) for k, v in baseline.metrics.items()}
+    rows: list[CompareRow] = []
+    notes: list[str] = []
+    for o in others:
+        extra = [n for n in o.metrics if n not in baseline.metrics]
+        missing = [n for n in baseline.metrics if n not in o.metrics]
+        if extra:
+            notes.append(f"run {o.run} ({o.label}) has metrics the baseline lacks, not compared: {', '.join(extra)}")
+        if missing:
+            notes.append(f"run {o.run} ({o.label}) lacks the baseline's {', '.join(missing)}")
+        for name, ms in o.metrics.items():
+            b = baseline.metrics.get(name)
+            if b is None:
+                continue
+            s = summarize(ms.values, conf=conf, seed=seed)
+            d = difference(b.values, ms.values, higher_is_better=ms.higher_is_better, conf=conf,
+                           min_change=min_change, seed=seed)
+            lo, hi = d.change_ci_pct
+            noisy = d.verdict == SAME and abs(d.ratio - 1.0) >= min_change
+            rows.append(CompareRow(o.run, o.label, name, ms.unit, ms.higher_is_better, s.n, s.median, s.ci_low,
+                                   s.ci_high, base_stats[name].median, d.change_pct, lo, hi, d.verdict, noisy))
+    return Comparison(baseline, base_stats, others, rows, conf, min_change, notes)

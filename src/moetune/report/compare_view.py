@@ -1,0 +1,121 @@
+"""How a comparison looks: the reference report's table (one row per configuration, a column per
+metric), with each cell's interval and change, as a rich table, Markdown or CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from moetune.bench.stats import FASTER, SAME, SLOWER
+from moetune.report.compare import CompareRow, Comparison
+
+VERDICT_TEXT = {FASTER: "faster", SLOWER: "slower", SAME: "same"}
+VERDICT_STYLE = {FASTER: "green", SLOWER: "red", SAME: "dim"}
+
+
+def verdict_text(r: CompareRow) -> str:
+    return VERDICT_TEXT[r.verdict] + (" (noisy)" if r.noisy else "")
+
+
+def fmt(x: float) -> str:
+    return f"{x:,.1f}" if abs(x) >= 100 else f"{x:.2f}" if abs(x) >= 1 else f"{x:.3g}"
+
+
+def families(c: Comparison) -> dict[str, list[str]]:
+    """Compared metrics grouped as the reference report groups its tables: TG, then PP, …"""
+    out: dict[str, list[str]] = {}
+    for n in c.metric_names():
+        ms = c.baseline.metrics[n]
+        out.setdefault(ms.family or n.split(":")[0], []).append(n)
+    return out
+
+
+def _short(name: str) -> str:
+    return name.split(":", 1)[-1]
+
+
+def _cells(c: Comparison, names: list[str]) -> list[tuple[str, int, dict[str, tuple[str, CompareRow | None]]]]:
+    by: dict[tuple[int, str], CompareRow] = {(r.run, r.metric): r for r in c.rows}
+    base: dict[str, tuple[str, CompareRow | None]] = {}
+    for n in names:
+        s = c.baseline_stats[n]
+        base[n] = (f"{fmt(s.median)} [{fmt(s.ci_low)}–{fmt(s.ci_high)}]", None)
+    lines = [(c.baseline.label, c.baseline.run, base)]
+    for o in c.others:
+        row: dict[str, tuple[str, CompareRow | None]] = {}
+        for n in names:
+            r = by.get((o.run, n))
+            row[n] = (f"{fmt(r.median)} [{fmt(r.ci_low)}–{fmt(r.ci_high)}]", r) if r else ("–", None)
+        lines.append((o.label, o.run, row))
+    return lines
+
+
+def _unit(c: Comparison, names: list[str]) -> str:
+    return c.baseline.metrics[names[0]].unit if names else ""
+
+
+def legend(c: Comparison) -> str:
+    return (f"median [{c.conf * 100:.0f}% CI]; change vs baseline {c.baseline.label} (run {c.baseline.run}): "
+            f"faster/slower when the {c.conf * 100:.0f}% CI of the ratio of medians excludes 1 and the change is "
+            f"at least {c.min_change * 100:g}%, else same (no significant difference); same (noisy): the medians "
+            f"differ more than that, but the runs are too noisy to tell")
+
+
+def comparison_table(c: Comparison) -> Group:
+    """One table per metric family (TG, PP…): a row per configuration, a column per workload."""
+    tables: list[RenderableType] = []
+    for fam, names in families(c).items():
+        t = Table(title=f"{fam.upper()} ({_unit(c, names)})", title_justify="left")
+        t.add_column("configuration")
+        t.add_column("run", justify="right")
+        for n in names:
+            t.add_column(_short(n), justify="right")
+        for i, (label, run, cells) in enumerate(_cells(c, names)):
+            row: list[str | Text] = [label, str(run)]
+            for n in names:
+                text, r = cells[n]
+                cell = Text(text)
+                if i == 0:
+                    cell.append("\nbaseline", style="dim")
+                elif r is not None:
+                    cell.append(f"\n{r.change_pct:+.1f}% {verdict_text(r)}",
+                                style="yellow" if r.noisy else VERDICT_STYLE[r.verdict])
+                row.append(cell)
+            t.add_row(*row)
+        tables.append(t)
+    tables.append(Text(legend(c), style="dim"))
+    return Group(*tables)
+
+
+def comparison_markdown(c: Comparison) -> str:
+    out: list[str] = []
+    for fam, names in families(c).items():
+        head = ["configuration", "run", *[_short(n) for n in names]]
+        out += [f"**{fam.upper()}** ({_unit(c, names)})", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for i, (label, run, cells) in enumerate(_cells(c, names)):
+            vals = []
+            for n in names:
+                text, r = cells[n]
+                if i == 0:
+                    text += " baseline"
+                elif r is not None:
+                    text += f" {r.change_pct:+.1f}% {verdict_text(r)}"
+                vals.append(text)
+            out.append("| " + " | ".join([label, str(run), *vals]) + " |")
+        out.append("")
+    return "\n".join(out) + legend(c) + "\n"
+
+
+def comparison_csv(c: Comparison) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["run", "label", "metric", "unit", "n", "median", "ci_low", "ci_high", "baseline_run",
+                "baseline_median", "change_pct", "change_ci_low_pct", "change_ci_high_pct", "verdict", "noisy"])
+    for r in c.rows:
+        w.writerow([r.run, r.label, r.metric, r.unit, r.n, r.median, r.ci_low, r.ci_high, c.baseline.run,
+                    r.baseline_median, r.change_pct, r.change_ci_low_pct, r.change_ci_high_pct, r.verdict, r.noisy])
+    return buf.getvalue()

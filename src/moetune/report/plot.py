@@ -1,0 +1,80 @@
+"""Plots of compared runs: bars with their confidence intervals per metric family (TG, PP…), and
+for metrics placed on an axis (context depth), lines against it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moetune.bench.stats import DEFAULT_CONF, summarize
+from moetune.errors import InputError
+from moetune.report.compare import RunMetrics
+
+
+def _families(runs: list[RunMetrics], on_axis: bool) -> dict[str, list[str]]:
+    fams: dict[str, list[str]] = {}
+    for r in runs:
+        for name, ms in r.metrics.items():
+            if (ms.x is not None) != on_axis:
+                continue
+            names = fams.setdefault(ms.family or name.split(":")[0], [])
+            if name not in names:
+                names.append(name)
+    return fams
+
+
+def plot_runs(runs: list[RunMetrics], path: Path, *, conf: float = DEFAULT_CONF, seed: int = 0,
+              title: str | None = None) -> Path:
+    """Write a PNG: one panel per metric family, bars (or lines over depth) with CI whiskers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars, lines = _families(runs, False), _families(runs, True)
+    panels = [("bar", f, n) for f, n in bars.items()] + [("line", f, n) for f, n in lines.items()]
+    if not panels:
+        raise InputError("nothing to plot: the runs have no metrics")
+    ncols = min(2, len(panels))
+    nrows = (len(panels) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 4.5 * nrows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[len(panels):]:
+        ax.set_visible(False)
+    width = 0.8 / max(1, len(runs))
+    for ax, (style, fam, names) in zip(flat, panels, strict=False):
+        unit = ""
+        for j, r in enumerate(runs):
+            xs, meds, los, his = [], [], [], []
+            for i, name in enumerate(names):
+                ms = r.metrics.get(name)
+                if ms is None:
+                    continue
+                s = summarize(ms.values, conf=conf, seed=seed)
+                unit = ms.unit
+                xs.append(ms.x if style == "line" and ms.x is not None else i + (j - (len(runs) - 1) / 2) * width)
+                meds.append(s.median)
+                los.append(s.median - s.ci_low)
+                his.append(s.ci_high - s.median)
+            lab = f"{r.label} (run {r.run})"
+            if style == "bar":
+                ax.bar(xs, meds, width, yerr=[los, his], capsize=3, label=lab)
+            else:
+                order = sorted(range(len(xs)), key=lambda k: xs[k])
+                ax.errorbar([xs[k] for k in order], [meds[k] for k in order],
+                            yerr=[[los[k] for k in order], [his[k] for k in order]], marker="o", capsize=3, label=lab)
+        if style == "bar":
+            ax.set_xticks(range(len(names)), [n.split(":", 1)[-1] for n in names], rotation=20, ha="right")
+        else:
+            first = next((r.metrics[n] for r in runs for n in names if n in r.metrics), None)
+            ax.set_xlabel(first.x_label if first and first.x_label else "x")
+        ax.set_title(fam.upper() + (" vs depth" if style == "line" else ""))
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
+        ax.grid(axis="y", alpha=0.3)
+    flat[0].legend(fontsize=8)
+    fig.suptitle(title or f"median with {conf * 100:.0f}% confidence interval")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,222 @@
+"""The history as tables and exports: `moetune results list|show|export`.
+
+Exports carry every raw sample: JSON as stored (``schema_version``ed), CSV one row per sample
+with the derived figures beside the raw ones in SI units (seconds, tokens/s), Markdown as a
+readable summary. Figures are recomputed from the samples, never read from a cache.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from moetune.bench import metrics as m
+from moetune.bench.stats import DEFAULT_CONF, summarize
+from moetune.bench.summary import run_summary
+from moetune.bench.warn import grouped
+from moetune.report.compare import METRIC_EXTRACTORS
+from moetune.report.compare_view import fmt
+from moetune.store.db import ResultsDB, Run
+
+EXPORT_SCHEMA_VERSION = 1
+FORMATS = ("md", "csv", "json")
+
+
+def derived(run: Run, samples: list[dict[str, Any]], *, seed: int = 0) -> dict[str, Any]:
+    """A run's figures from its measured samples (bench: the full summary; other kinds: their metrics)."""
+    if run.kind == "bench":
+        return run_summary(samples, seed=seed)
+    fn = METRIC_EXTRACTORS.get(run.kind)
+    if fn is None or not samples:
+        return {"metrics": {}}
+    return {"metrics": {k: {**summarize(v.values, seed=seed).to_json(), "unit": v.unit}
+                        for k, v in fn(samples).items()}}
+
+
+def headline(run: Run, samples: list[dict[str, Any]]) -> str:
+    fn = METRIC_EXTRACTORS.get(run.kind)
+    if fn is None or not samples:
+        return ""
+    parts = []
+    for name, ms in list(fn(samples).items())[:2]:
+        parts.append(f"{name} {fmt(summarize(ms.values).median)}")
+    return ", ".join(parts)
+
+
+def runs_table(db: ResultsDB, runs: list[Run]) -> Table:
+    t = Table()
+    for c in ("run", "kind", "label", "status", "started (UTC)", "samples", "median", "target"):
+        t.add_column(c, justify="right" if c in ("run", "samples") else "left")
+    for r in runs:
+        counts = db.sample_counts(r.id)
+        style = {"done": "", "running": "yellow", "interrupted": "yellow", "failed": "red"}.get(r.status, "")
+        t.add_row(str(r.id), r.kind, r.label, Text(r.status, style=style), r.created_at[:19].replace("T", " "),
+                  str(counts.get("measure", 0)), headline(r, db.samples(r.id)), r.target)
+    return t
+
+
+def runs_json(db: ResultsDB, runs: list[Run]) -> list[dict[str, Any]]:
+    out = []
+    for r in runs:
+        d = r.to_json()
+        d.pop("meta")
+        d.pop("summary")
+        d["samples"] = db.sample_counts(r.id)
+        out.append(d)
+    return out
+
+
+def _context_lines(run: Run) -> list[str]:
+    meta = run.meta
+    model = meta.get("model") or {}
+    return [f"run {run.id}: {run.label} ({run.kind}, {run.status})",
+            f"target: {run.target}",
+            f"started: {run.created_at}   finished: {run.finished_at or '-'}",
+            f"engine build: {meta.get('engine_build') or '-'}",
+            f"model: {model.get('path') or '-'} (fingerprint {model.get('fingerprint') or '-'})",
+            f"hardware: {meta.get('hardware_fingerprint') or '-'} "
+            f"({(meta.get('hardware') or {}).get('cpu', '')}, {(meta.get('hardware') or {}).get('cores', '?')} cores)",
+            f"command: {' '.join(meta.get('argv') or [])}"]
+
+
+def workloads_table(summary: dict[str, Any], conf: float = DEFAULT_CONF) -> Table:
+    t = Table(title=f"median [{conf * 100:.0f}% CI], tokens/s", title_justify="left")
+    for c in ("workload", "TG", "PP", "n", "CV TG", "prompt", "output", "cached", "overhead ms", "client TG"):
+        t.add_column(c, justify="left" if c == "workload" else "right")
+
+    def cell(s: dict[str, Any] | None) -> str:
+        return f"{fmt(s['median'])} [{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]" if s else "–"
+
+    def num(x: float | None, f: str = "{:.0f}") -> str:
+        return "–" if x is None else f.format(x)
+
+    for w, d in summary.get("workloads", {}).items():
+        cached = num(d.get("cached_n"))
+        if d.get("cache_confirmed") is not None:
+            cached += " ✓" if d["cache_confirmed"] == 1 else f" ({d['cache_confirmed'] * 100:.0f}% as expected)"
+        t.add_row(w, cell(d.get("tg")), cell(d.get("pp")), str(d.get("n")),
+                  num(d["tg"]["cv"] * 100 if d.get("tg") else None, "{:.1f}%"), num(d.get("prompt_n")),
+                  num(d.get("predicted_n")), cached, num(d.get("overhead_ms"), "{:.1f}"),
+                  num((d.get("client") or {}).get("tg"), "{:.1f}"))
+    return t
+
+
+def show(run: Run, summary: dict[str, Any], counts: dict[str, int]) -> RenderableType:
+    parts: list[RenderableType] = [Text("\n".join(_context_lines(run)))]
+    parts.append(Text(f"samples: {', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'none'}", style="dim"))
+    if run.kind == "bench":
+        parts.append(workloads_table(summary))
+    else:
+        t = Table()
+        for c in ("metric", "median", "CI", "n", "unit"):
+            t.add_column(c)
+        for k, s in summary.get("metrics", {}).items():
+            t.add_row(k, fmt(s["median"]), f"[{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]", str(s["n"]), s["unit"])
+        parts.append(t)
+    return Group(*parts)
+
+
+# -- exports -----------------------------------------------------------------------------------
+
+def export_json(db: ResultsDB, runs: list[Run]) -> dict[str, Any]:
+    docs = []
+    for r in runs:
+        rows = db.sample_rows(r.id)
+        d = r.to_json()
+        d["derived"] = derived(r, [s.data for s in rows if s.phase == "measure"])
+        d["samples"] = [{"phase": s.phase, "seq": s.seq, "created_at": s.created_at, "data": s.data} for s in rows]
+        docs.append(d)
+    return {"schema_version": EXPORT_SCHEMA_VERSION, "db": str(db.path), "runs": docs}
+
+
+BENCH_COLUMNS = ("workload", "depth", "thinking", "repeat", "t_unix_s", "prompt_n", "prompt_s", "predicted_n",
+                 "predicted_s", "cached_n", "wall_s", "overhead_s", "pp_tokens_per_s", "tg_tokens_per_s",
+                 "client_ttft_s", "client_tg_tokens_per_s", "finish_reason", "reasoning_chars", "content_chars")
+
+
+def _bench_row(s: dict[str, Any]) -> dict[str, Any]:
+    t = m.timings(s)
+
+    def sec(ms: Any) -> float | None:
+        return None if ms is None else float(ms) / 1000.0
+
+    ttft = m.client_ttft_ms(s)
+    return {"workload": s.get("workload"), "depth": s.get("depth"), "thinking": s.get("thinking"),
+            "repeat": s.get("repeat"), "t_unix_s": s.get("t_unix_s"), "prompt_n": t.get("prompt_n"),
+            "prompt_s": sec(t.get("prompt_ms")), "predicted_n": t.get("predicted_n"),
+            "predicted_s": sec(t.get("predicted_ms")), "cached_n": m.cached_tokens(s), "wall_s": s.get("end_s"),
+            "overhead_s": m.overhead_ms(s) / 1000.0, "pp_tokens_per_s": m.pp_tps(s), "tg_tokens_per_s": m.tg_tps(s),
+            "client_ttft_s": None if ttft is None else ttft / 1000.0, "client_tg_tokens_per_s": m.client_tg_tps(s),
+            "finish_reason": s.get("finish_reason"), "reasoning_chars": s.get("reasoning_chars"),
+            "content_chars": s.get("content_chars")}
+
+
+def _scalars(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_scalars(v, f"{prefix}{k}."))
+        elif not isinstance(v, list):
+            out[prefix + k] = v
+    return out
+
+
+def export_csv(db: ResultsDB, runs: list[Run]) -> str:
+    """One row per sample of every phase: run columns, then the figures (bench) or the flattened
+    scalar raw values (other kinds)."""
+    rows: list[dict[str, Any]] = []
+    for r in runs:
+        for s in db.sample_rows(r.id):
+            base = {"run": r.id, "label": r.label, "kind": r.kind, "phase": s.phase, "seq": s.seq}
+            rows.append({**base, **(_bench_row(s.data) if r.kind == "bench" else _scalars(s.data))})
+    cols: dict[str, None] = dict.fromkeys(("run", "label", "kind", "phase", "seq"))
+    if any(r.kind == "bench" for r in runs):
+        cols.update(dict.fromkeys(BENCH_COLUMNS))
+    for row in rows:
+        cols.update(dict.fromkeys(row))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(cols), lineterminator="\n")
+    w.writeheader()
+    for row in rows:
+        w.writerow({k: "" if v is None else v for k, v in row.items()})
+    return buf.getvalue()
+
+
+def export_md(db: ResultsDB, runs: list[Run]) -> str:
+    out: list[str] = []
+    for r in runs:
+        samples = db.samples(r.id)
+        d = derived(r, samples)
+        out.append(f"## Run {r.id}: {r.label}\n")
+        out += [f"- {line}" for line in _context_lines(r)[1:]]
+        out.append(f"- status: {r.status}; measured samples: {len(samples)}\n")
+        if r.kind == "bench":
+            out.append("| workload | TG tokens/s (median [95% CI]) | PP tokens/s | n | prompt | output | cached "
+                       "| overhead ms |")
+            out.append("|---|---|---|---|---|---|---|---|")
+            for w, x in d.get("workloads", {}).items():
+                def c(s: dict[str, Any] | None) -> str:
+                    return f"{fmt(s['median'])} [{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]" if s else "–"
+
+                def n(v: float | None) -> str:
+                    return "–" if v is None else f"{v:.0f}"
+
+                oh = x.get("overhead_ms")
+                out.append(f"| {w} | {c(x.get('tg'))} | {c(x.get('pp'))} | {x.get('n')} | {n(x.get('prompt_n'))} | "
+                           f"{n(x.get('predicted_n'))} | {n(x.get('cached_n'))} | "
+                           f"{'–' if oh is None else f'{oh:.1f}'} |")
+            for message, remedy in grouped(d.get("warnings", [])):
+                out.append(f"\n> warning: {message}  \n> → {remedy}")
+        else:
+            out.append("| metric | median | 95% CI | n | unit |")
+            out.append("|---|---|---|---|---|")
+            for k, s in d.get("metrics", {}).items():
+                out.append(f"| {k} | {fmt(s['median'])} | [{fmt(s['ci_low'])}, {fmt(s['ci_high'])}] | {s['n']} | "
+                           f"{s['unit']} |")
+        out.append("")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,212 @@
+"""The results history: every run moetune measured, with its context and every raw sample.
+
+One SQLite file (``moetune.paths.default_db()`` unless a path is given), migrated on open.
+Samples are committed one by one as they arrive, so an interrupted run keeps every sample it
+completed. Samples hold raw values only (timestamps, counters, the server's ``timings``);
+figures such as tokens/s are derived when read (:mod:`moetune.bench.metrics`).
+
+Kinds of run: ``bench`` (single-stream, this package's bench), ``serve-bench`` (concurrent
+load), ``link-test``. Statuses: ``running`` (being written, or its writer was killed),
+``done``, ``interrupted`` (Ctrl-C: its samples are complete), ``failed``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from moetune.errors import InputError, RuntimeFailure
+from moetune.paths import default_db
+from moetune.store.migrations import migrate, now_iso
+
+KINDS = ("bench", "serve-bench", "link-test")
+STATUSES = ("running", "done", "interrupted", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    id: int
+    kind: str
+    label: str
+    target: str
+    meta: dict[str, Any]
+    status: str
+    created_at: str
+    finished_at: str | None
+    summary: dict[str, Any] | None
+    sweep_id: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "label": self.label, "target": self.target,
+                "status": self.status, "created_at": self.created_at, "finished_at": self.finished_at,
+                "sweep_id": self.sweep_id, "meta": self.meta, "summary": self.summary}
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRow:
+    id: int
+    run_id: int
+    phase: str
+    seq: int
+    created_at: str
+    data: dict[str, Any]
+
+
+def _dumps(doc: Any) -> str:
+    return json.dumps(doc, allow_nan=False, separators=(",", ":"), default=str)
+
+
+class ResultsDB:
+    """A connection to the results database. Use :meth:`open`; close it (or use ``with``)."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self.path = path
+
+    @classmethod
+    def open(cls, path: Path | None = None) -> ResultsDB:
+        p = Path(path) if path is not None else default_db()
+        conn: sqlite3.Connection | None = None
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(p, isolation_level=None, check_same_thread=False, timeout=30)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            migrate(conn)
+        except sqlite3.DatabaseError as e:
+            if conn is not None:
+                conn.close()
+            raise RuntimeFailure(f"results database {p}: {e}",
+                                 hint="choose another file with --db, or move this one aside") from None
+        except OSError as e:
+            raise InputError(f"results database {p}: {e}", hint="choose a writable location with --db") from None
+        return cls(conn, p)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> ResultsDB:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def create_run(self, *, kind: str, label: str, target: str, meta: dict[str, Any],
+                   sweep_id: str | None = None) -> int:
+        if kind not in KINDS:
+            raise ValueError(f"unknown run kind {kind!r}; known: {KINDS}")
+        with self._lock:
+            cur = self._conn.execute(
+                "INSERT INTO runs (kind, label, target, meta, status, created_at, sweep_id) "
+                "VALUES (?, ?, ?, ?, 'running', ?, ?)",
+                (kind, label, target, _dumps(meta), now_iso(), sweep_id))
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    def add_sample(self, run_id: int, data: dict[str, Any], *, phase: str = "measure") -> int:
+        """Store one raw sample; committed before this returns."""
+        with self._lock:
+            cur = self._conn.execute(
+                "INSERT INTO samples (run_id, phase, seq, created_at, data) "
+                "SELECT ?, ?, COALESCE(MAX(seq) + 1, 0), ?, ? FROM samples WHERE run_id = ? AND phase = ?",
+                (run_id, phase, now_iso(), _dumps(data), run_id, phase))
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    def finish_run(self, run_id: int, status: str = "done", summary: dict[str, Any] | None = None) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}; known: {STATUSES}")
+        with self._lock:
+            self._conn.execute("UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE id = ?",
+                               (status, now_iso(), None if summary is None else _dumps(summary), run_id))
+
+    def update_meta(self, run_id: int, meta: dict[str, Any]) -> None:
+        with self._lock:
+            self._conn.execute("UPDATE runs SET meta = ? WHERE id = ?", (_dumps(meta), run_id))
+
+    def create_sweep(self, sweep_id: str, spec: dict[str, Any]) -> bool:
+        """Record a sweep; False when it exists already (a resumed sweep)."""
+        with self._lock:
+            cur = self._conn.execute("INSERT OR IGNORE INTO sweeps (id, created_at, spec) VALUES (?, ?, ?)",
+                                     (sweep_id, now_iso(), _dumps(spec)))
+            return cur.rowcount == 1
+
+    # -- reading ---------------------------------------------------------------------------
+
+    _RUN_COLS = "id, kind, label, target, meta, status, created_at, finished_at, summary, sweep_id"
+
+    @staticmethod
+    def _run(row: tuple[Any, ...]) -> Run:
+        return Run(int(row[0]), row[1], row[2], row[3], json.loads(row[4]), row[5], row[6], row[7],
+                   None if row[8] is None else json.loads(row[8]), row[9])
+
+    def run(self, run_id: int) -> Run:
+        row = self._conn.execute(f"SELECT {self._RUN_COLS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise InputError(f"no run {run_id} in {self.path}", hint="see `moetune results list`")
+        return self._run(row)
+
+    def runs(self, kind: str | None = None, limit: int | None = None, *, sweep_id: str | None = None) -> list[Run]:
+        """Runs, newest first."""
+        q = f"SELECT {self._RUN_COLS} FROM runs"
+        where, args = [], []
+        if kind is not None:
+            where.append("kind = ?")
+            args.append(kind)
+        if sweep_id is not None:
+            where.append("sweep_id = ?")
+            args.append(sweep_id)
+        if where:
+            q += " WHERE " + " AND ".join(where)
+        q += " ORDER BY id DESC"
+        if limit is not None:
+            q += f" LIMIT {int(limit)}"
+        return [self._run(r) for r in self._conn.execute(q, args)]
+
+    def resolve(self, ref: str) -> Run:
+        """A run by id, ``latest``, or label (the newest run with that label)."""
+        if ref.isdigit():
+            return self.run(int(ref))
+        if ref == "latest":
+            rows = self.runs(limit=1)
+            if not rows:
+                raise InputError(f"no runs in {self.path} yet", hint="run `moetune bench URL` first")
+            return rows[0]
+        row = self._conn.execute(f"SELECT {self._RUN_COLS} FROM runs WHERE label = ? ORDER BY id DESC LIMIT 1",
+                                 (ref,)).fetchone()
+        if row is None:
+            raise InputError(f"no run with id or label {ref!r} in {self.path}", hint="see `moetune results list`")
+        return self._run(row)
+
+    def samples(self, run_id: int, phase: str | None = "measure") -> list[dict[str, Any]]:
+        """Raw sample data of a run in the order recorded; ``phase=None`` for every phase."""
+        return [r.data for r in self.sample_rows(run_id, phase)]
+
+    def sample_rows(self, run_id: int, phase: str | None = None) -> list[SampleRow]:
+        q = "SELECT id, run_id, phase, seq, created_at, data FROM samples WHERE run_id = ?"
+        args: list[Any] = [run_id]
+        if phase is not None:
+            q += " AND phase = ?"
+            args.append(phase)
+        q += " ORDER BY id"
+        return [SampleRow(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in self._conn.execute(q, args)]
+
+    def sample_counts(self, run_id: int) -> dict[str, int]:
+        return {r[0]: r[1] for r in self._conn.execute(
+            "SELECT phase, COUNT(*) FROM samples WHERE run_id = ? GROUP BY phase", (run_id,))}
+
+    def sweep(self, sweep_id: str) -> dict[str, Any] | None:
+        row = self._conn.execute("SELECT spec FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    def schema_versions(self) -> list[str]:
+        return [r[0] for r in self._conn.execute("SELECT name FROM _migrations ORDER BY rowid")]

@@ -1,0 +1,96 @@
+"""The results database's schema, as an append-only list of migrations.
+
+Rules (as simonw/llm and sqlite-utils keep them): a released migration is never edited or
+reordered; a change to the schema is a new function appended to ``MIGRATIONS``. Each migration
+runs in one transaction together with the row that records it, so a crash leaves the database at
+the previous version, never half-way. ``tests/store/test_migrate.py`` upgrades a checked-in
+database written by the first release (``tests/fixtures/db/``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+Migration = Callable[[sqlite3.Connection], None]
+
+
+def m001_runs_and_samples(db: sqlite3.Connection) -> None:
+    db.execute("""
+        CREATE TABLE runs (
+            id INTEGER PRIMARY KEY,
+            kind TEXT NOT NULL,            -- bench | serve-bench | link-test
+            label TEXT NOT NULL,
+            target TEXT NOT NULL,          -- URL or plan file
+            meta TEXT NOT NULL,            -- JSON: plan, argv, engine build, fingerprints, workload
+            status TEXT NOT NULL,          -- running | done | interrupted | failed
+            created_at TEXT NOT NULL,      -- ISO 8601, UTC
+            finished_at TEXT,
+            summary TEXT                   -- JSON, written by finish_run; figures are derived on read
+        )""")
+    db.execute("""
+        CREATE TABLE samples (
+            id INTEGER PRIMARY KEY,
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            phase TEXT NOT NULL,           -- warmup | measure | fill | ...
+            seq INTEGER NOT NULL,          -- order within (run, phase), from 0
+            created_at TEXT NOT NULL,
+            data TEXT NOT NULL             -- JSON of raw values: timestamps, counters, server timings
+        )""")
+    db.execute("CREATE INDEX samples_by_run ON samples(run_id, phase, seq)")
+    db.execute("CREATE INDEX runs_by_kind ON runs(kind, id)")
+
+
+def m002_sweeps(db: sqlite3.Connection) -> None:
+    db.execute("""
+        CREATE TABLE sweeps (
+            id TEXT PRIMARY KEY,           -- derived from the sweep's plans and options: same command, same id
+            created_at TEXT NOT NULL,
+            spec TEXT NOT NULL             -- JSON: labels, plan files, bench options
+        )""")
+    db.execute("ALTER TABLE runs ADD COLUMN sweep_id TEXT REFERENCES sweeps(id)")
+    db.execute("CREATE INDEX runs_by_sweep ON runs(sweep_id, label)")
+
+
+MIGRATIONS: list[Migration] = [m001_runs_and_samples, m002_sweeps]
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def applied(db: sqlite3.Connection) -> list[str]:
+    db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+    return [r[0] for r in db.execute("SELECT name FROM _migrations ORDER BY rowid")]
+
+
+def migrate(db: sqlite3.Connection) -> list[str]:
+    """Apply every migration not yet recorded; return the names applied now.
+
+    The connection must be in autocommit mode (``isolation_level=None``): each migration is run
+    inside its own explicit ``BEGIN IMMEDIATE`` … ``COMMIT``.
+    """
+    done = set(applied(db))
+    known = [m.__name__ for m in MIGRATIONS]
+    unknown = done - set(known)
+    if unknown:
+        raise sqlite3.DatabaseError(f"database has migrations this moetune does not know: {sorted(unknown)}")
+    now: list[str] = []
+    for m in MIGRATIONS:
+        if m.__name__ in done:
+            continue
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            # another process may have migrated between our read and the lock
+            if db.execute("SELECT 1 FROM _migrations WHERE name = ?", (m.__name__,)).fetchone():
+                db.execute("COMMIT")
+                continue
+            m(db)
+            db.execute("INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", (m.__name__, now_iso()))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        now.append(m.__name__)
+    return now

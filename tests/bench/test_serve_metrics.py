@@ -1,0 +1,145 @@
+"""Serving figures derived from raw samples (pure), table-tested."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from moetune.bench.serve_metrics import (
+    group_levels,
+    percentiles_ms,
+    request_metrics,
+    serve_metric_samples,
+    summarize_level,
+)
+from moetune.bench.stats import MetricSamples
+
+
+def sample(chunks: list[list[float]], *, t_send: float = 10.0, t_sched: float | None = None,
+           t_slot: float | None = None, t_end: float | None = None, error: str | None = None,
+           usage: dict[str, Any] | None = None, timings: dict[str, Any] | None = None, c: int = 1,
+           max_tokens: int = 0, prompt_tokens: int = 16, retries: int = 0) -> dict[str, Any]:
+    return {"concurrency": c, "rate": None, "t_sched": t_send if t_sched is None else t_sched,
+            "t_slot": t_send if t_slot is None else t_slot, "t_send": t_send,
+            "t_end": (chunks[-1][0] if chunks else t_send) + 0.001 if t_end is None else t_end,
+            "chunks": chunks, "error": error, "usage": usage, "timings": timings, "max_tokens": max_tokens,
+            "prompt_tokens": prompt_tokens, "retries": [[0.0, "disconnected"]] * retries}
+
+
+def test_one_token_per_event() -> None:
+    m = request_metrics(sample([[10.100, 1, 1, 0], [10.120, 1, 1, 0], [10.150, 1, 1, 0]], t_end=10.2))
+    assert m.ttft_s == pytest.approx(0.100)
+    assert m.ttfc_s == pytest.approx(0.100)
+    assert m.itl_s == pytest.approx((0.020, 0.030))
+    assert m.tpot_s == pytest.approx(0.025)
+    assert m.e2e_s == pytest.approx(0.2)
+    assert m.output_tokens == 3
+
+
+def test_a_chunk_of_several_tokens_splits_its_gap() -> None:
+    # 3 tokens arrive together 30 ms after the first: three ITLs of 10 ms
+    m = request_metrics(sample([[10.1, 1, 1, 0], [10.13, 3, 3, 0]]))
+    assert m.itl_s == pytest.approx((0.01, 0.01, 0.01))
+    assert m.output_tokens == 4
+    assert m.tpot_s == pytest.approx(0.01)
+
+
+def test_server_itl_from_llama_server_timings() -> None:
+    m = request_metrics(sample([[10.1, 1, 1, 0, 0.0], [10.13, 2, 2, 0, 20.0], [10.14, 1, 1, 0, 31.0]]))
+    assert m.itl_s == pytest.approx((0.015, 0.015, 0.01))
+    assert m.server_itl_s == pytest.approx((0.010, 0.010, 0.011))
+    assert request_metrics(sample([[10.1, 1, 1, 0], [10.2, 1, 1, 0]])).server_itl_s == ()
+
+
+@pytest.mark.parametrize(("earliest", "itl"), [
+    # the client was away for 90 ms: three events came out of one read with the kernel's time of
+    # the last; they arrived after the previous event, and are spread evenly
+    (10.1, (0.03, 0.03, 0.03)),
+    # the client read at once (the server wrote them together): they keep the read's time
+    (10.19, (0.09, 0.0, 0.0)),
+    # somewhere in between
+    (10.13, (0.05, 0.02, 0.02)),
+])
+def test_events_read_together_are_spread_over_their_interval(earliest: float, itl: tuple[float, ...]) -> None:
+    m = request_metrics(sample([[10.1, 1, 1, 0, None, 10.1]] + [[10.19, 1, 1, 0, None, earliest]] * 3))
+    assert m.itl_s == pytest.approx(itl)
+
+
+def test_reasoning_first_then_content() -> None:
+    m = request_metrics(sample([[10.05, 1, 0, 5], [10.06, 1, 0, 5], [10.2, 1, 4, 0]]))
+    assert m.ttft_s == pytest.approx(0.05)  # the first reasoning token
+    assert m.ttfc_s == pytest.approx(0.2)  # the first answer token
+    assert m.reasoning_tokens == 2
+
+
+def test_usage_overrides_the_event_count_and_caches_are_read() -> None:
+    usage = {"completion_tokens": 5, "prompt_tokens": 17, "prompt_tokens_details": {"cached_tokens": 8}}
+    m = request_metrics(sample([[10.1, 1, 1, 0], [10.2, 1, 1, 0]], usage=usage, timings={"prompt_ms": 40.0}))
+    assert m.output_tokens == 5
+    assert m.tpot_s == pytest.approx(0.1 / 4)
+    assert m.cached_tokens == 8
+    assert m.server_prompt_tokens == 17
+    assert m.server_wait_s == pytest.approx(0.1 - 0.04)
+
+
+def test_queue_inclusive_latency_and_slot_wait() -> None:
+    m = request_metrics(sample([[10.1, 1, 1, 0]], t_sched=9.5, t_slot=9.9, t_send=10.0, t_end=10.3))
+    assert m.slot_wait_s == pytest.approx(0.4)
+    assert m.latency_s == pytest.approx(0.8)
+    assert m.e2e_s == pytest.approx(0.3)
+
+
+def test_an_event_with_text_but_no_new_token_is_not_an_itl() -> None:
+    # llama-server may send the text of a token it counted earlier (timings say 0 new tokens)
+    m = request_metrics(sample([[10.1, 1, 1, 0], [10.12, 0, 2, 0], [10.14, 1, 1, 0]]))
+    assert m.itl_s == pytest.approx((0.04,))
+
+
+def test_failed_request() -> None:
+    m = request_metrics(sample([], error="http_400:exceed_context_size_error"))
+    assert not m.ok and m.ttft_s is None and m.itl_s == ()
+
+
+@pytest.mark.parametrize(("values", "p50", "p99"), [
+    ([0.010], 10.0, 10.0), ([0.001, 0.002, 0.003], 2.0, 2.98), ([], None, None),
+])
+def test_percentiles(values: list[float], p50: float | None, p99: float | None) -> None:
+    got = percentiles_ms(values)
+    assert got["p50"] == (pytest.approx(p50) if p50 is not None else None)
+    assert got["p99"] == (pytest.approx(p99) if p99 is not None else None)
+
+
+def test_level_summary_counts_errors_and_throughput() -> None:
+    ok = [sample([[10.0 + i + 0.1, 1, 1, 0], [10.0 + i + 0.2, 1, 1, 0]], t_send=10.0 + i, t_end=10.0 + i + 0.25,
+                 max_tokens=2, c=2) for i in range(4)]
+    bad = [sample([], t_send=11.0, t_end=11.01, error="http_400:exceed_context_size_error", c=2),
+           sample([], t_send=11.0, t_end=11.01, error="timeout", c=2)]
+    lv = summarize_level(ok + bad)
+    assert lv["concurrency"] == 2
+    assert (lv["requests"], lv["ok"]) == (6, 4)
+    assert lv["errors"] == {"http_400:exceed_context_size_error": 1, "timeout": 1}
+    assert lv["duration_s"] == pytest.approx(3.25)
+    assert lv["output_tok_s"] == pytest.approx(8 / 3.25, rel=1e-3)
+    assert lv["request_s"] == pytest.approx(4 / 3.25, rel=1e-3)
+    assert lv["ttft_ms"]["p50"] == pytest.approx(100.0)
+    assert lv["itl_ms"]["p99"] == pytest.approx(100.0)
+    assert lv["short_outputs"] == 0
+
+
+def test_levels_grouped_in_run_order() -> None:
+    s = [sample([], c=4), sample([], c=1), sample([], c=4)]
+    assert [len(g) for g in group_levels(s)] == [2, 1]
+
+
+def test_compare_extractor_families_on_the_concurrency_axis() -> None:
+    samples = [sample([[10.1, 1, 1, 0], [10.12, 1, 1, 0]], c=c) for c in (1, 1, 4)]
+    samples.append({"phase_marker": True})  # not a request sample: ignored
+    got = serve_metric_samples(samples)
+    assert set(got) == {f"{f}:c={c}" for f in ("ttft", "itl", "tpot", "e2e", "decode") for c in (1, 4)}
+    ttft = got["ttft:c=1"]
+    assert isinstance(ttft, MetricSamples)
+    assert ttft.values == pytest.approx((100.0, 100.0))
+    assert (ttft.higher_is_better, ttft.unit, ttft.family, ttft.x, ttft.x_label) == (False, "ms", "ttft", 1.0,
+                                                                                     "concurrency")
+    assert got["decode:c=4"].higher_is_better

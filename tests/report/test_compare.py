@@ -1,0 +1,116 @@
+"""Comparisons: rows, verdicts, the extractor registry for other kinds, rendering."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.table import Table
+
+from moetune.bench.stats import MetricSamples
+from moetune.errors import InputError
+from moetune.report import compare as cmp
+from moetune.report.compare import METRIC_EXTRACTORS, RunMetrics, compare, extract, load
+from moetune.report.compare_view import comparison_csv, comparison_markdown, comparison_table
+from moetune.store.db import ResultsDB
+from tests.bench.synth import run_samples
+
+BASE = [18.80, 18.84, 18.86, 18.83, 18.85]
+
+
+def rm(run: int, label: str, tgs: list[float], pps: list[float] | None = None) -> RunMetrics:
+    ms = {"tg:short-json": MetricSamples(tuple(tgs), True, "tokens/s", "tg")}
+    if pps:
+        ms["pp:short-json"] = MetricSamples(tuple(pps), True, "tokens/s", "pp")
+    return RunMetrics(run, label, "bench", "done", ms)
+
+
+def test_the_reference_table_with_verdicts() -> None:
+    """The field report's TG table: the same placement twice, +5.8 % and +15.4 %."""
+    c = compare(rm(1, "cpu-moe", BASE), [
+        rm(2, "cpu-moe again", [18.81, 18.86, 18.84, 18.82, 18.85]),
+        rm(4, "n-cpu-moe 64", [19.92, 19.94, 19.96, 19.93, 19.95]),
+        rm(5, "head+tail", [21.73, 21.75, 21.77, 21.74, 21.76]),
+        rm(6, "worse", [15.0, 15.1, 14.9, 15.05, 14.95]),
+    ])
+    got = [(r.run, r.metric, round(r.change_pct, 1), r.verdict) for r in c.rows]
+    assert got == [(2, "tg:short-json", 0.0, "same"), (4, "tg:short-json", 5.8, "faster"),
+                   (5, "tg:short-json", 15.4, "faster"), (6, "tg:short-json", -20.4, "slower")]
+    doc = c.to_json()
+    assert doc["baseline"]["run"] == 1
+    assert {"run", "metric", "change_pct", "verdict"} <= set(doc["rows"][0])
+    assert doc["rule"]["min_change_pct"] == 3.0
+
+
+def test_metrics_only_on_one_side_are_noted_not_compared() -> None:
+    c = compare(rm(1, "a", BASE, [25.0, 25.1, 25.2]), [rm(2, "b", BASE)])
+    assert [r.metric for r in c.rows] == ["tg:short-json"]
+    assert c.metric_names() == ["tg:short-json"]
+    assert any("pp:short-json" in n for n in c.notes)
+
+
+def test_renderings_carry_every_verdict() -> None:
+    c = compare(rm(1, "cpu-moe", BASE), [rm(2, "head+tail", [21.73, 21.75, 21.77, 21.74, 21.76])])
+    md = comparison_markdown(c)
+    assert "| cpu-moe | 1 |" in md and "+15.4% faster" in md
+    assert "2,head+tail,tg:short-json" in comparison_csv(c)
+    (table, legend) = comparison_table(c).renderables
+    assert isinstance(table, Table) and table.row_count == 2 and table.title == "TG (tokens/s)"
+    assert "ratio of medians" in str(legend)
+
+
+@pytest.fixture
+def latency_kind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A kind of run whose figure is a latency (lower is better), registered as other kinds are."""
+
+    def latency_metrics(samples: list[dict[str, Any]]) -> dict[str, MetricSamples]:
+        return {"ttft_s": MetricSamples(tuple(s["ttft_s"] for s in samples), False, "s", "ttft")}
+
+    monkeypatch.setitem(METRIC_EXTRACTORS, "link-test", latency_metrics)
+    yield
+
+
+def test_other_kinds_through_the_extractor_registry(tmp_path: Path, latency_kind: None) -> None:
+    with ResultsDB.open(tmp_path / "r.sqlite") as db:
+        ids = []
+        for label, ttft in (("p1", 0.50), ("p2", 0.40)):
+            rid = db.create_run(kind="link-test", label=label, target="t", meta={})
+            for d in (-0.002, 0.0, 0.001, 0.002, -0.001):
+                db.add_sample(rid, {"ttft_s": ttft + d})
+            db.finish_run(rid)
+            ids.append(rid)
+        a, b = load(db, [db.run(i) for i in ids])
+    (row,) = compare(a, [b]).rows
+    assert (row.metric, row.unit, row.verdict) == ("ttft_s", "s", "faster")  # lower latency is faster
+    assert row.change_pct == pytest.approx(-20.0, abs=0.5)
+
+
+def test_unknown_kinds_and_empty_runs_are_input_errors(tmp_path: Path) -> None:
+    with ResultsDB.open(tmp_path / "r.sqlite") as db:
+        rid = db.create_run(kind="link-test", label="l", target="t", meta={})  # no extractor registered
+        with pytest.raises(InputError, match="link-test"):
+            extract(db.run(rid), [])
+        empty = db.create_run(kind="bench", label="e", target="t", meta={})
+        with pytest.raises(InputError, match="no measured samples"):
+            load(db, [db.run(empty)])
+        full = db.create_run(kind="bench", label="f", target="t", meta={})
+        for s in run_samples([20.0, 20.1, 19.9]):
+            db.add_sample(full, s)
+        (got,) = cmp.load(db, [db.run(full)])
+        assert list(got.metrics) == ["tg:short-json", "pp:short-json"]
+
+
+def test_a_large_change_drowned_in_noise_is_same_but_flagged_noisy() -> None:
+    c = compare(rm(1, "quiet", BASE), [rm(2, "noisy", [8.0, 30.0, 12.0, 25.0, 11.0])])
+    (row,) = c.rows
+    assert row.verdict == "same" and row.noisy and row.change_pct < -30
+    assert "same (noisy)" in comparison_markdown(c)
+    (quiet,) = compare(rm(1, "a", BASE), [rm(2, "b", [18.81, 18.86, 18.84, 18.82, 18.85])]).rows
+    assert quiet.verdict == "same" and not quiet.noisy
+
+
+
+def test_the_serving_bench_kind_is_registered() -> None:
+    assert {"bench", "serve-bench"} <= set(METRIC_EXTRACTORS)

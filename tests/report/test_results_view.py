@@ -1,0 +1,106 @@
+"""Exports in every format, listing, showing, plotting, through the CLI on a filled database."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from moetune.store.db import ResultsDB
+from tests.bench.synth import run_samples, sample
+from tests.helpers import run_cli
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    path = tmp_path / "r.sqlite"
+    with ResultsDB.open(path) as db:
+        for label, tg in (("cpu-moe", 18.84), ("head+tail", 21.75)):
+            rid = db.create_run(kind="bench", label=label, target="http://127.0.0.1:8080",
+                                meta={"argv": ["moetune", "bench"], "engine_build": "b1",
+                                      "model": {"path": "/m.gguf", "fingerprint": "abc"}})
+            db.add_sample(rid, sample(tg=tg * 0.5), phase="warmup")
+            for s in run_samples([tg * f for f in (0.999, 1.0, 1.001, 0.998, 1.002)]):
+                db.add_sample(rid, s)
+            for s in run_samples([tg * 0.97, tg * 0.98, tg * 0.975], workload="d4096", depth=4096,
+                                 expect_cached=4096, cache_n=4096, expect_prompt_n=30):
+                db.add_sample(rid, s)
+            db.finish_run(rid)
+    return path
+
+
+def test_export_json_keeps_every_raw_sample(db_path: Path) -> None:
+    r = run_cli("results", "export", "1", "2", "--format", "json", "--db", str(db_path))
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema_version"] == 1
+    run = doc["runs"][0]
+    assert run["meta"]["engine_build"] == "b1"
+    assert [s["phase"] for s in run["samples"]].count("measure") == 8
+    assert run["samples"][0]["phase"] == "warmup"
+    assert run["samples"][1]["data"]["timings"]["predicted_n"] == 61
+    assert run["derived"]["workloads"]["short-json"]["tg"]["median"] == pytest.approx(18.84)
+
+
+def test_export_csv_one_row_per_sample_in_si_units(db_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "x" / "runs.csv"
+    r = run_cli("results", "export", "--all", "--format", "csv", "-o", str(out), "--db", str(db_path))
+    assert r.exit_code == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert len(rows) == 2 * (1 + 5 + 3)
+    m = next(x for x in rows if x["phase"] == "measure")
+    assert float(m["tg_tokens_per_s"]) == pytest.approx(18.84 * 0.999)
+    assert float(m["predicted_s"]) == pytest.approx(61 / (18.84 * 0.999))
+    assert float(m["overhead_s"]) == pytest.approx(0.004)
+    assert {"prompt_n", "cached_n", "wall_s", "client_ttft_s"} <= set(m)
+
+
+def test_export_md_and_show_and_list(db_path: Path) -> None:
+    md = run_cli("results", "export", "latest", "--format", "md", "--db", str(db_path))
+    assert md.exit_code == 0
+    assert "## Run 2: head+tail" in md.stdout and "| d4096 |" in md.stdout and "| 4096 |" in md.stdout
+    show = run_cli("results", "show", "cpu-moe", "--db", str(db_path))
+    assert show.exit_code == 0 and "fingerprint abc" in show.stdout and "d4096" in show.stdout
+    js = json.loads(run_cli("results", "show", "1", "--json", "--db", str(db_path)).stdout)
+    assert js["samples"] == {"measure": 8, "warmup": 1}
+    assert js["derived"]["workloads"]["d4096"]["cache_confirmed"] == 1.0
+    lst = json.loads(run_cli("results", "list", "--json", "--db", str(db_path)).stdout)
+    assert [x["id"] for x in lst] == [2, 1]
+    assert "head+tail" in run_cli("results", "list", "--db", str(db_path)).stdout
+
+
+def test_compare_cli_json_table_and_plot(db_path: Path, tmp_path: Path) -> None:
+    r = run_cli("compare", "1", "2", "--json", "--db", str(db_path))
+    assert r.exit_code == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert {(x["run"], x["metric"], x["verdict"]) for x in rows} == {
+        (2, "tg:short-json", "faster"), (2, "pp:short-json", "same"), (2, "tg:d4096", "faster"),
+        (2, "pp:d4096", "same")}
+    plot = tmp_path / "cmp.png"
+    t = run_cli("compare", "2", "--baseline", "1", "--plot", str(plot), "--db", str(db_path))
+    assert t.exit_code == 0, t.stderr
+    assert "+15.4% faster" in t.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("args", "code", "msg"), [
+    (("compare", "1"), 2, "at least two runs"),
+    (("compare", "1", "9"), 2, "no run 9"),
+    (("results", "export", "--format", "md"), 2, "name the runs"),
+    (("results", "show", "nope"), 2, "nope"),
+])
+def test_bad_input_exits_2(db_path: Path, args: tuple[str, ...], code: int, msg: str) -> None:
+    r = run_cli(*args, "--db", str(db_path))
+    assert r.exit_code == code and msg in r.stderr
+
+
+def test_runs_without_a_common_metric(db_path: Path) -> None:
+    with ResultsDB.open(db_path) as db:
+        rid = db.create_run(kind="bench", label="other", target="t", meta={})
+        for s in run_samples([20.0, 20.1, 19.9], workload="my-prompt"):
+            db.add_sample(rid, s)
+    r = run_cli("compare", "1", str(rid), "--db", str(db_path))
+    assert r.exit_code == 2 and "share no metric" in r.stderr
