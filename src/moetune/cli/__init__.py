@@ -12,6 +12,7 @@ import click
 from moetune import __version__
 from moetune.cli import (
     bench_cmds,
+    cluster_cmds,
     doctor_cmds,
     engine_cmds,
     model_cmds,
@@ -29,7 +30,8 @@ def cli() -> None:
     """Plan, launch, benchmark and tune huge Mixture-of-Experts models on llama.cpp."""
 
 
-for module in (model_cmds, engine_cmds, plan_cmds, run_cmds, doctor_cmds, bench_cmds, serve_cmds, results_cmds):
+for module in (model_cmds, engine_cmds, plan_cmds, run_cmds, doctor_cmds, bench_cmds, serve_cmds, results_cmds,
+               cluster_cmds):
     module.register(cli)
 
 

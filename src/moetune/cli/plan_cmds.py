@@ -74,6 +74,9 @@ def plan(model: Path | None, hw_path: str, layout: Path | None, strategy: str, c
     if (model is None) == (layout is None):
         raise InputError("give a MODEL or a --layout file (not both)")
     hw = inventory.load(hw_path)
+    for node, why in inventory.public_binds(hw):
+        warn(f"node {node.name}: its RPC worker will listen on {why} (allow_public_bind); {inventory.RPC_NO_AUTH}",
+             "keep the port behind a firewall that admits only the server's node, or bind it to the private link")
     engine, kind = _engine(engine_name)
     base = Settings(ctx=ctx, slots=parallel, batch=batch, ubatch=ubatch, ctk=ctk, ctv=ctv,
                     flash_attn=not no_flash_attn, engine=kind, mmap=not no_mmap, amb_mib=amb)

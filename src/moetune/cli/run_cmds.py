@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from collections.abc import Iterator
@@ -15,12 +16,15 @@ from rich.status import Status
 from rich.table import Table
 from rich.text import Text
 
-from moetune.cli.common import err, json_option, out, print_json
+from moetune.cli.common import err, json_option, out, print_json, warn
 from moetune.errors import RuntimeFailure
+from moetune.hardware.inventory import RPC_NO_AUTH, bind_problem
+from moetune.plan.launchspec import LaunchSpec
 from moetune.run.launch import Event, Launched, launch, supervise
-from moetune.run.prepare import LaunchFailed, read_plan
+from moetune.run.prepare import LaunchFailed, bind_host, read_plan
 from moetune.run.record import FAILED, HEALTHY, STARTING, RunDir
 from moetune.run.stop import stop_run
+from moetune.run.transport import TCP, TRANSPORTS
 
 
 class Display:
@@ -47,6 +51,8 @@ class Display:
             err.print(Text.assemble((f"{e.process}: ", "bold"), ("start ", ""), (e.detail[:200], "dim")))
         elif e.kind in ("phase", "ready"):
             err.print(Text(f"  {e.elapsed_s:6.1f} s  {e.process}: {e.detail if e.kind == 'phase' else 'ready ' + e.detail}"))
+        elif e.kind == "transport":
+            err.print(Text(f"  {e.process}: transport {e.detail}, from its log"))
         else:
             err.print(Text(f"  {e.process}: {e.kind}"))
 
@@ -86,20 +92,27 @@ def _show_failure(e: LaunchFailed, as_json: bool) -> None:
 @click.option("--detach", is_flag=True, help="Return once every server is healthy (stop it with `moetune stop RUN`).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=1800.0, show_default=True,
               help="Seconds to wait for each server's /health.")
+@click.option("--transport", type=click.Choice(TRANSPORTS), default=TCP, show_default=True,
+              help="RPC transport: tcp (RDMA switched off where the build has it), rdma (refused unless the "
+              "builds have it), auto (the build decides). The one used is read from each worker's log.")
+@click.option("--rdma-dev", metavar="DEV", help="RoCE device for --transport rdma (GGML_RDMA_DEV), e.g. rocep1s0f1.")
 @json_option
-def launch_cmd(plan: Path, detach: bool, timeout_s: float, as_json: bool) -> None:
-    """Start a plan's RPC workers, then its servers; wait until every server is healthy.
+def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_dev: str | None,
+               as_json: bool) -> None:
+    """Start a plan's RPC workers (over ssh on other nodes), then its servers; wait until every
+    server is healthy.
 
     Without --detach it stays in the foreground: Ctrl-C stops the servers, waits until their
     processes are gone, then stops the workers. Logs, exact commands and times are kept in the
     run directory (`moetune ps` shows it).
     """
     spec, doc = read_plan(plan)
+    _warn_public_binds(spec)
     display = Display(quiet=as_json)
     with _signals_interrupt():
         try:
             launched = launch(spec, doc, plan_file=str(plan.resolve()), detached=detach, timeout_s=timeout_s,
-                              on_event=display)
+                              on_event=display, transport=transport, rdma_dev=rdma_dev)
         except LaunchFailed as e:
             display.close()
             _show_failure(e, as_json)
@@ -112,13 +125,28 @@ def launch_cmd(plan: Path, detach: bool, timeout_s: float, as_json: bool) -> Non
         _foreground(launched, display)
 
 
+def _warn_public_binds(spec: LaunchSpec) -> None:
+    """Workers allowed on a public address or every interface: said once more, at each launch."""
+    for p in spec.workers():
+        with contextlib.suppress(ValueError):
+            why = bind_problem(bind_host(p))
+            if why and p.allow_public_bind:
+                warn(f"RPC worker {p.name} on node {p.node} will listen on {why} (allow_public_bind); {RPC_NO_AUTH}",
+                     "keep the port behind a firewall that admits only the server's node, or bind it to the "
+                     "private link")
+
+
 def _print_launched(launched: Launched, as_json: bool) -> None:
     if as_json:
         print_json(launched.to_json())
         return
     for name, url in launched.urls.items():
         out.print(f"{name}: {url}")
-    out.print(f"run {launched.run.run_id}  (pids {', '.join(f'{n} {p}' for n, p in launched.pids.items())})")
+    pids = ", ".join(f"{n} {launched.nodes[n] + ':' if launched.nodes.get(n, 'local') != 'local' else ''}{p}"
+                     for n, p in launched.pids.items())
+    out.print(f"run {launched.run.run_id}  (pids {pids})")
+    for name, t in launched.transports.items():
+        out.print(f"{name} transport: {t or 'unknown'}")
 
 
 def _foreground(launched: Launched, display: Display) -> None:
@@ -151,7 +179,9 @@ def _ps_rows(show_all: bool) -> list[dict[str, Any]]:
         rows.append({
             "run": info.run, "state": state, "created_at": info.created_at, "detached": info.detached,
             "urls": {r.name: r.url for r in procs if r.role == "server"},
-            "pids": {r.name: r.pid for r in procs}, "alive": alive, "dir": str(rd.path),
+            "pids": {r.name: r.remote_pid if r.remote else r.pid for r in procs}, "alive": alive,
+            "nodes": {r.name: r.node for r in procs}, "transport": info.transport,
+            "transports": {r.name: r.transport for r in procs if r.role == "rpc"}, "dir": str(rd.path),
             "diagnosis": (info.diagnosis or {}).get("message"),
         })
     return rows
@@ -174,7 +204,8 @@ def ps_cmd(show_all: bool, as_json: bool) -> None:
         t.add_column(c, no_wrap=c == "run")
     now = time.time()
     for r in rows:
-        procs = " ".join(f"{n}:{p}" + ("" if r["alive"][n] else "(gone)") for n, p in r["pids"].items())
+        procs = " ".join(f"{n}{'' if r['nodes'][n] == 'local' else '@' + r['nodes'][n]}:{p}"
+                         + ("" if r["alive"][n] else "(gone)") for n, p in r["pids"].items())
         age = now - r["created_at"]
         t.add_row(r["run"], r["state"], f"{age / 60:.0f} min" if age >= 60 else f"{age:.0f} s",
                   " ".join(r["urls"].values()), procs)
@@ -196,15 +227,16 @@ def stop_cmd(runs: tuple[str, ...], stop_all: bool, grace_s: float, as_json: boo
     for rd in dirs:
         recs = stop_run(rd, grace_s=grace_s, notify=None if as_json else Display(False).notify)
         docs.append({"run": rd.run_id, "processes": [
-            {"name": r.name, "role": r.role, "pid": r.pid, "stop_sent_at": r.stop_sent_at,
-             "kill_sent_at": r.kill_sent_at, "exited_at": r.exited_at} for r in recs]})
+            {"name": r.name, "role": r.role, "node": r.node, "pid": r.remote_pid if r.remote else r.pid,
+             "stop_sent_at": r.stop_sent_at, "kill_sent_at": r.kill_sent_at, "exited_at": r.exited_at} for r in recs]})
         if as_json:
             continue
         out.print(f"run {rd.run_id} stopped")
         for r in sorted(recs, key=lambda r: r.exited_at or 0):
             took = (f"gone {r.exited_at - r.stop_sent_at:.2f} s after SIGTERM" if r.exited_at and r.stop_sent_at
                     else "already gone")
-            out.print(f"  {r.name} ({r.role}, pid {r.pid}): {took}" + (" (killed)" if r.kill_sent_at else ""))
+            pid = f"pid {r.remote_pid} on {r.node}" if r.remote else f"pid {r.pid}"
+            out.print(f"  {r.name} ({r.role}, {pid}): {took}" + (" (killed)" if r.kill_sent_at else ""))
     if as_json:
         print_json(docs)
 

@@ -9,6 +9,11 @@ The minimal accepted form::
 A remote node reached over llama.cpp RPC carries ``ssh`` (a target for the system ssh client),
 ``link_addr``/``rpc_port`` (where its ggml-rpc-server listens) and ``bin_dir`` (engine binaries
 there); its devices become ``RPC<n>[addr:port]`` on the node that runs llama-server.
+
+The RPC protocol has no authentication: whoever reaches a worker's port can read and write its
+memory. A ``link_addr`` must therefore be a loopback, private or link-local address; ``0.0.0.0``
+(every interface) or a public address is refused unless the node says ``allow_public_bind: true``,
+and then warned about (:func:`public_binds`).
 """
 
 from __future__ import annotations
@@ -59,6 +64,14 @@ class _NodeIn(BaseModel):
     rpc_port: int = Field(default=DEFAULT_RPC_PORT, gt=0, lt=65536)
     link_gbs: float | None = Field(default=None, gt=0)
     bin_dir: str | None = None
+    allow_public_bind: bool = False  # let the worker listen on 0.0.0.0 or a public address (warned about)
+
+    @field_validator("ssh")
+    @classmethod
+    def _ssh(cls, v: str | None) -> str | None:
+        if v is not None and (not v or v.startswith("-") or any(c.isspace() for c in v)):
+            raise ValueError(f"ssh {v!r} is not an ssh destination (user@host or a Host of your ssh config)")
+        return v
 
     @field_validator("link_addr")
     @classmethod
@@ -111,6 +124,7 @@ class Node:
     link_gbs: float | None = None
     bin_dir: str | None = None
     ram_reserved_mib: float = 0.0
+    allow_public_bind: bool = False
 
     @property
     def remote(self) -> bool:
@@ -172,6 +186,31 @@ class Inventory:
         raise InputError(f"no device {name!r} in the hardware file (devices: {', '.join(d.name for d in self.devices())})")
 
 
+def bind_problem(addr: str) -> str | None:
+    """Why an RPC worker should not listen on ``addr``, as "ADDR, which ..." (None when it is a
+    loopback, private or link-local address)."""
+    ip = ipaddress.ip_address(addr)
+    if ip.is_unspecified:
+        return f"{addr}, which means every interface, public ones included"
+    if ip.is_loopback or ip.is_private or ip.is_link_local:
+        return None
+    return f"{addr}, which is not a loopback, private or link-local address"
+
+
+RPC_NO_AUTH = ("the RPC protocol has no authentication: anyone who reaches the port can read and write the "
+               "worker's memory and run computations on it")
+
+
+def public_binds(inv: Inventory) -> list[tuple[Node, str]]:
+    """Nodes whose worker listens on a public address or every interface, as allowed explicitly."""
+    out = []
+    for n in inv.nodes[1:]:
+        why = bind_problem(n.link_addr) if n.link_addr else None
+        if why:
+            out.append((n, why))
+    return out
+
+
 def rpc_name(index: int, node: Node) -> str:
     """llama.cpp names a worker's devices RPC0, RPC1, ... per endpoint: ``RPC0[10.0.0.2:50052]``."""
     return f"RPC{index}[{node.link_addr or '127.0.0.1'}:{node.rpc_port}]"
@@ -198,11 +237,18 @@ def from_dict(doc: Any, source: str | None = None) -> Inventory:
         _device_kind_checks(n, i == 0)
         if n.name in names:
             raise InputError(f"{source or 'hardware'}: two nodes are named {n.name!r}")
+        why = bind_problem(n.link_addr) if n.link_addr and i > 0 else None
+        if why and not n.allow_public_bind:
+            raise InputError(f"{source or 'hardware'}: node {n.name}: refusing to bind its RPC worker to {why}; "
+                             f"{RPC_NO_AUTH}",
+                             hint="use the node's address on the private link between the nodes (10.x, 172.16-31.x, "
+                             "192.168.x, 169.254.x), or set `allow_public_bind: true` on the node if a firewall "
+                             "keeps everyone else out")
         names.add(n.name)
         devs = tuple(Device(d.name, d.kind, d.mem_mib, d.bw_gbs, n.name, d.link_gbs or DEFAULT_PCIE_GBS,
                             d.reserved_mib, d.tflops) for d in n.devices)
         nodes.append(Node(n.name, n.cpu.cores, n.cpu.ram_mib, n.cpu.ram_bw_gbs, devs, n.ssh, n.link_addr,
-                          n.rpc_port, n.link_gbs, n.bin_dir, n.cpu.reserved_mib))
+                          n.rpc_port, n.link_gbs, n.bin_dir, n.cpu.reserved_mib, n.allow_public_bind))
     return Inventory(tuple(nodes), hw.name, source)
 
 
@@ -242,6 +288,8 @@ def to_dict(inv: Inventory) -> dict[str, Any]:
                 node[k] = getattr(n, k)
         if n.remote:
             node["rpc_port"] = n.rpc_port
+        if n.allow_public_bind:
+            node["allow_public_bind"] = True
         nodes.append(node)
     out: dict[str, Any] = {"nodes": nodes}
     if inv.name:

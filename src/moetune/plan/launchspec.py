@@ -30,6 +30,7 @@ class ProcessSpec:
     bin_dir: str | None = None  # engine binaries on that node, when it is not the local engine's
     env: dict[str, str] = field(default_factory=dict)
     after: tuple[str, ...] = ()  # processes that must be up first (a server's RPC workers)
+    allow_public_bind: bool = False  # an RPC worker may listen on 0.0.0.0 or a public address (the node says so)
 
     @property
     def url(self) -> str:
@@ -59,7 +60,8 @@ class LaunchSpec:
                     argv=tuple(str(a) for a in p["argv"]), host=str(p["host"]), port=int(p["port"]),
                     node=str(p.get("node", "local")), ssh=p.get("ssh"), bin_dir=p.get("bin_dir"),
                     env={str(k): str(v) for k, v in (p.get("env") or {}).items()},
-                    after=tuple(str(a) for a in p.get("after", ()))))
+                    after=tuple(str(a) for a in p.get("after", ())),
+                    allow_public_bind=bool(p.get("allow_public_bind", False))))
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"plan: the launch section is malformed ({e!r})",
                              hint="regenerate it with `moetune plan ... --json`") from None

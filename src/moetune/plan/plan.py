@@ -220,7 +220,7 @@ def launch_spec(plan: Plan, engine: str) -> LaunchSpec:
         name = f"rpc{i}"
         host = n.link_addr or "127.0.0.1"
         procs.append(ProcessSpec(name, RPC_ROLE, engine, ("-H", host, "-p", str(n.rpc_port)), host, n.rpc_port,
-                                 node=n.name, ssh=n.ssh, bin_dir=n.bin_dir))
+                                 node=n.name, ssh=n.ssh, bin_dir=n.bin_dir, allow_public_bind=n.allow_public_bind))
         workers.append(name)
     for sp in plan.services:
         procs.append(ProcessSpec(sp.spec.name, SERVER, sp.spec.engine or engine, tuple(sp.argv), "127.0.0.1",

@@ -36,6 +36,7 @@ BAD_ARGS = "bad_argument"
 EXITED_DURING_LOAD = "exited_during_load"
 EXITED = "exited"
 NOT_HEALTHY = "not_healthy"
+SSH_FAILED = "ssh_failed"
 
 HOST_DEVICES = ("CPU", "Host")  # memory moetune cannot move experts off (only to)
 MIN_UBATCH = 32  # below this the GPU no longer takes over CPU-resident expert matmuls for prefill
@@ -211,6 +212,23 @@ def worker_exit(name: str, log: WorkerLog, exit_code: int | None, endpoint: str,
     what = log.errors[-1].text if log.errors else "no error line in its log"
     return Diagnosis(EXITED_DURING_LOAD, name, f"{name}: RPC worker exited before listening on {endpoint}{code}: "
                      f"{what}", "run the worker's command by hand to see why", _ev(log, [e.line for e in log.errors]))
+
+
+def ssh_failed(name: str, node: str, target: str, detail: str, evidence: tuple[Evidence, ...] = ()) -> Diagnosis:
+    """ssh could not reach a node, or could not run the worker there."""
+    return Diagnosis(SSH_FAILED, name, f"{name}: cannot start it on node {node} over ssh ({detail})",
+                     f"check that `ssh -o BatchMode=yes {target} true` works without a prompt (key or agent, "
+                     "host key in known_hosts, the Host entry of your ssh config); MOETUNE_SSH_COMMAND sets "
+                     "other ssh options", evidence)
+
+
+def ssh_session_lost(name: str, node: str, endpoint: str, ssh_code: int | None, last: str) -> Diagnosis:
+    """The ssh session carrying a worker ended before the worker did (its hangup ends the worker)."""
+    code = "" if ssh_code is None else f"ssh exit {ssh_code}"
+    why = "; ".join(x for x in (code, last) if x)
+    return Diagnosis(RPC_LOST, name, f"{name}: the ssh session to node {node} ended ({why or 'no reason given'}); "
+                     f"the RPC worker {endpoint} ends with it",
+                     "check the link and ssh between the nodes (keep-alives: ServerAliveInterval), then launch again")
 
 
 def rpc_unreachable(name: str, endpoint: str, why: str, evidence: tuple[Evidence, ...] = ()) -> Diagnosis:

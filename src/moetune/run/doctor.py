@@ -164,6 +164,8 @@ def _queueing(name: str, log: ServerLog) -> Finding:
 def _rdma_requested(env: Mapping[str, str] | None) -> bool | None:
     if env is None:
         return None
+    if env.get("MOETUNE_TRANSPORT") in ("rdma", "auto"):  # `moetune launch --transport` asked for it
+        return True
     dev = env.get("GGML_RDMA_DEV", "")
     return bool(dev) and dev != "disabled" and "GGML_RPC_NO_RDMA" not in env
 

@@ -1,7 +1,9 @@
 """Start every process of a plan in order and wait until each is up; watch them afterwards.
 
-RPC workers start first, each waited on until it accepts connections; then the servers, each
-waited on until ``/health`` answers 200, with the load phase read from its log as it grows.
+RPC workers start first (here, or on their node over ssh), each waited on until it accepts
+connections from here; then the servers, each waited on until ``/health`` answers 200, with the
+load phase read from its log as it grows. Once a server is up, the transport each of its workers
+uses is read from the worker's log, recorded, and checked against the one asked for.
 Whatever goes wrong (a process exits, the health wait times out, Ctrl-C), everything started so
 far is stopped in order (``stop.stop_run``) and the run directory records why.
 """
@@ -13,20 +15,21 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from moetune.engine.logs import LEGACY, parse_log, parse_worker_log
 from moetune.engine.logs.types import READY
 from moetune.engine.logs.types import STARTING as STARTING_PHASE
+from moetune.errors import InputError
 from moetune.hardware.fingerprint import fingerprint, machine_facts
 from moetune.model.quants import IK
 from moetune.plan.launchspec import RPC, LaunchSpec
 from moetune.run import diagnose
 from moetune.run.diagnose import Diagnosis, LayerExperts
 from moetune.run.health import LogFollower, health, port_open
-from moetune.run.prepare import LaunchFailed, Prepared, model_paths, prepare, ubatch
+from moetune.run.prepare import LaunchFailed, Prepared, model_paths, prepare, rpc_endpoints, ubatch
 from moetune.run.process import NAME_ENV, RUN_ENV, Process, start_process
 from moetune.run.record import (
     FAILED,
@@ -39,16 +42,19 @@ from moetune.run.record import (
     new_run_id,
     recorded_env,
 )
+from moetune.run.remote import RemoteProcess, ssh_base, ssh_said
 from moetune.run.stop import stop_run
+from moetune.run.transport import RDMA, TCP, TRANSPORTS, env_for, mismatch, observed
 
 WORKER_TIMEOUT_S = 60.0
+TRANSPORT_WAIT_S = 5.0  # after a server is up, for its workers' logs to show the connection
 POLL_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
     process: str
-    kind: str  # start | phase | tick | ready | stopping | stopped | exited
+    kind: str  # start | phase | tick | ready | transport | stopping | stopped | exited
     elapsed_s: float  # since this process started
     detail: str = ""
 
@@ -60,7 +66,9 @@ Observer = Callable[[Event], None]
 class Launched:
     run: RunDir
     urls: dict[str, str]  # server name -> URL
-    pids: dict[str, int]
+    pids: dict[str, int]  # each process's pid on its node
+    nodes: dict[str, str] = field(default_factory=dict)  # process name -> node (hardware file)
+    transports: dict[str, str | None] = field(default_factory=dict)  # RPC worker -> TCP | RDMA, from its log
 
     @property
     def url(self) -> str:
@@ -71,23 +79,28 @@ class Launched:
         return self.run.log_path(name)
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run.run_id, "url": self.url, "urls": self.urls, "pids": self.pids, "dir": str(self.run.path)}
+        return {"run": self.run.run_id, "url": self.url, "urls": self.urls, "pids": self.pids, "nodes": self.nodes,
+                "transports": self.transports, "dir": str(self.run.path)}
 
 
 def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None = None, detached: bool = False,
-           timeout_s: float = 1800.0, run_id: str | None = None, on_event: Observer | None = None) -> Launched:
+           timeout_s: float = 1800.0, run_id: str | None = None, on_event: Observer | None = None,
+           transport: str = TCP, rdma_dev: str | None = None) -> Launched:
     """Start the plan's processes and return once every server is healthy.
 
-    Raises LaunchFailed (with the diagnosis) after stopping whatever had started.
+    ``transport`` (tcp, rdma, auto) is set on the RPC workers and the servers that use them, and
+    confirmed from each worker's log (``transport.py``). Raises InputError for a transport the
+    builds cannot give, LaunchFailed (with the diagnosis) after stopping whatever had started.
     """
     emit = on_event or (lambda e: None)
     prepared = prepare(spec)
-    engines = {_engine_key(p): p.engine for p in prepared}
-    versions = {k: e.version() for k, e in engines.items()}
+    envs = transport_envs(prepared, transport, rdma_dev)
+    engines = {_engine_key(p): p for p in prepared}
+    versions = {k: _version(p) for k, p in engines.items()}
     now = time.time()
     info = RunInfo(run=run_id or new_run_id(now, secrets.token_hex(2)), created_at=now, state=STARTING,
                    launch=spec.to_json(), engines=versions, fingerprint=fingerprint(), machine=machine_facts(),
-                   launcher_pid=os.getpid(), detached=detached, plan_file=plan_file)
+                   launcher_pid=os.getpid(), detached=detached, plan_file=plan_file, transport=transport)
     rd = RunDir.create(info, plan_doc)
     procs: dict[str, Process] = {}
 
@@ -96,12 +109,13 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
 
     try:
         for p in prepared:
-            procs[p.name] = _start(rd, p)
-            emit(Event(p.name, "start", 0.0, " ".join(p.argv)))
+            procs[p.name] = _start(rd, p, envs.get(p.name, {}))
+            emit(Event(p.name, "start", 0.0, (f"on {p.spec.node} over ssh: " if p.remote else "") + " ".join(p.argv)))
             if p.spec.role == RPC:
                 _wait_worker(rd, p, procs[p.name], emit)
             else:
                 _wait_server(rd, p, procs, timeout_s, plan_doc, emit)
+                _confirm_transport(rd, p, prepared, transport, emit)
     except LaunchFailed as e:
         stop_run(rd, final_state=FAILED, notify=notify)
         rd.update(diagnosis=e.diagnosis.to_json())
@@ -113,11 +127,44 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
     rd.update(state=HEALTHY)
     recs = {r.name: r for r in rd.procs()}
     return Launched(rd, {p.name: p.spec.url for p in prepared if p.spec.role != RPC},
-                    {n: r.pid for n, r in recs.items() if r.pid is not None})
+                    {n: pid for n, r in recs.items() if (pid := r.remote_pid if r.remote else r.pid) is not None},
+                    {p.name: p.spec.node for p in prepared},
+                    {n: r.transport for n, r in recs.items() if r.role == RPC})
 
 
 def _engine_key(p: Prepared) -> str:
+    if p.node is not None:
+        return f"{p.engine.name} (node {p.spec.node}: {p.node.bin_dir})"
     return p.engine.name if not p.spec.bin_dir else f"{p.engine.name} ({p.spec.bin_dir})"
+
+
+def _version(p: Prepared) -> str:
+    if p.node is not None:  # no version flag on the RPC server: name what ran where
+        return f"{p.argv[0]} on {p.node.hostname}" + (" (RDMA build)" if p.rdma else "")
+    return p.engine.version()
+
+
+def _uses_rpc(p: Prepared, workers: set[str]) -> bool:
+    return p.spec.role == RPC or bool(workers & set(p.spec.after)) or bool(rpc_endpoints(p.argv))
+
+
+def transport_envs(prepared: list[Prepared], transport: str, rdma_dev: str | None) -> dict[str, dict[str, str]]:
+    """The transport's variables for each process that speaks RPC; refuses RDMA where a build lacks it."""
+    if transport not in TRANSPORTS:
+        raise InputError(f"--transport {transport!r}: choose {', '.join(TRANSPORTS)}")
+    workers = {p.name for p in prepared if p.spec.role == RPC}
+    users = [p for p in prepared if _uses_rpc(p, workers)]
+    if transport == RDMA:
+        if not users:
+            raise InputError("--transport rdma: the plan uses no RPC worker", hint="drop --transport")
+        lacking = [p for p in users if not p.rdma]
+        if lacking:
+            where = ", ".join(f"{p.name} ({p.argv[0]} on node {p.spec.node})" for p in lacking)
+            raise InputError(f"--transport rdma: no RDMA transport in the engine build of {where} (a worker of "
+                             "such a build says `transport : TCP`, not `TCP (RDMA auto-negotiate enabled)`)",
+                             hint="build llama.cpp with -DGGML_RPC=ON -DGGML_RPC_RDMA=ON where libibverbs is "
+                             "installed, on both nodes; or launch with --transport tcp")
+    return {p.name: env_for(transport, p.rdma, rdma_dev) for p in users}
 
 
 @contextmanager
@@ -132,14 +179,25 @@ def launched(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | Non
         stop_run(ln.run)
 
 
-def _start(rd: RunDir, p: Prepared) -> Process:
-    env = {**p.spec.env, RUN_ENV: rd.run_id, NAME_ENV: p.name}
+def _start(rd: RunDir, p: Prepared, extra_env: dict[str, str]) -> Process:
+    env = {**p.spec.env, **extra_env, RUN_ENV: rd.run_id, NAME_ENV: p.name}
+    if p.spec.ssh:  # the node's own environment, plus these
+        rec = ProcRecord(p.name, p.spec.role, p.spec.node, p.spec.host, p.spec.port, list(p.argv), env, {},
+                         rd.log_path(p.name).name, "~", ssh_target=p.spec.ssh, ssh=ssh_base())
+        rd.add_proc(rec)
+
+        def spawned(proc: RemoteProcess) -> None:  # recorded before the wait: a Ctrl-C now still stops it
+            rd.update_proc(p.name, pid=proc.pid, pgid=proc.pgid, start_ticks=proc.start_ticks, started_at=time.time())
+
+        remote = RemoteProcess.start(p.name, p.spec.ssh, p.argv, env, rd.log_path(p.name), rec.ssh, on_spawn=spawned)
+        rd.update_proc(p.name, remote_pid=remote.remote_pid, remote_start_ticks=remote.remote_start_ticks)
+        return remote
     full_env = {**os.environ, **env}
     rec = ProcRecord(p.name, p.spec.role, p.spec.node, p.spec.host, p.spec.port, list(p.argv), env,
                      recorded_env({k: v for k, v in os.environ.items() if k not in env}), rd.log_path(p.name).name,
                      os.getcwd())
     rd.add_proc(rec)
-    proc = start_process(p.name, p.spec.ssh, p.argv, full_env, rd.log_path(p.name))
+    proc = start_process(p.name, None, p.argv, full_env, rd.log_path(p.name))
     pgid = getattr(proc, "pgid", proc.pid)
     rd.update_proc(p.name, pid=proc.pid, pgid=pgid, start_ticks=getattr(proc, "start_ticks", None),
                    started_at=time.time())
@@ -148,15 +206,21 @@ def _start(rd: RunDir, p: Prepared) -> Process:
 
 def _wait_worker(rd: RunDir, p: Prepared, proc: Process, emit: Observer) -> None:
     t0 = time.monotonic()
+    where = f" on {p.spec.node}" if p.remote else ""
     while True:
         elapsed = time.monotonic() - t0
         if not proc.alive():
             rd.update_proc(p.name, exited_at=time.time(), exit_code=proc.returncode)
-            wlog = parse_worker_log(_read(rd.log_path(p.name)))
-            raise LaunchFailed(diagnose.worker_exit(p.name, wlog, proc.returncode, p.endpoint))
+            text = _read(rd.log_path(p.name))
+            wlog = parse_worker_log(text)
+            if isinstance(proc, RemoteProcess) and not proc.started:
+                raise LaunchFailed(diagnose.ssh_failed(p.name, p.spec.node, proc.target,
+                                                       _last_line(text) or f"ssh exit {proc.returncode}"))
+            raise LaunchFailed(diagnose.worker_exit(p.name, wlog, proc.returncode, p.endpoint + where))
         if port_open(p.spec.host, p.spec.port, timeout_s=0.5):
             rd.update_proc(p.name, ready_at=time.time())
-            emit(Event(p.name, "ready", elapsed, f"listening on {p.endpoint}"))
+            pid = f", pid {proc.remote_pid}" if isinstance(proc, RemoteProcess) else ""
+            emit(Event(p.name, "ready", elapsed, f"listening on {p.endpoint}{where}{pid}"))
             return
         if elapsed > WORKER_TIMEOUT_S:
             raise LaunchFailed(Diagnosis(diagnose.NOT_HEALTHY, p.name,
@@ -208,6 +272,32 @@ def _wait_server(rd: RunDir, p: Prepared, procs: dict[str, Process], timeout_s: 
         time.sleep(POLL_S)
 
 
+def _confirm_transport(rd: RunDir, server: Prepared, prepared: list[Prepared], transport: str,
+                       emit: Observer) -> None:
+    """Read the transport from the logs of the workers this server uses; record it; fail on a
+    contradiction with what was asked (the stop that follows keeps the order)."""
+    workers = [p for p in prepared if p.spec.role == RPC and p.name in server.spec.after]
+    for w in workers:
+        deadline = time.monotonic() + TRANSPORT_WAIT_S
+        while True:
+            wlog = parse_worker_log(_read(rd.log_path(w.name)))
+            settled = wlog.rdma_activated if transport == RDMA else wlog.connections
+            if settled or time.monotonic() > deadline:
+                break
+            time.sleep(POLL_S / 2)
+        seen = observed(wlog)
+        rd.update_proc(w.name, transport=seen)
+        emit(Event(w.name, "transport", 0.0, f"{seen or 'unknown (no connection in its log)'} (asked: {transport})"))
+        d = mismatch(w.name, transport, seen, wlog)
+        if d is not None:
+            raise LaunchFailed(d)
+
+
+def _last_line(text: str) -> str:
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    return lines[-1] if lines else ""
+
+
 def _expert_sizes(plan_doc: dict[str, Any], p: Prepared) -> tuple[list[LayerExperts], tuple[float, int] | None]:
     """Per-layer expert sizes for the out-of-memory advice: the plan's placement, else the model's
     average MoE layer (read from its headers)."""
@@ -237,7 +327,7 @@ def supervise(rd: RunDir, *, poll_s: float = 0.5, on_event: Observer | None = No
     (returns None). Ctrl-C raises KeyboardInterrupt: the caller stops the run."""
     emit = on_event or (lambda e: None)
     recs = rd.procs()
-    procs = {r.name: (r, r.process()) for r in recs}
+    procs = {r.name: (r, r.process(rd.path)) for r in recs}
     while True:
         time.sleep(poll_s)
         for name, (rec, proc) in procs.items():
@@ -247,8 +337,14 @@ def supervise(rd: RunDir, *, poll_s: float = 0.5, on_event: Observer | None = No
                 return None
             rd.update_proc(name, exited_at=time.time(), exit_code=proc.returncode)
             emit(Event(name, "exited", 0.0, ""))
+            if isinstance(proc, RemoteProcess) and proc.session_lost():
+                return diagnose.ssh_session_lost(name, rec.node, f"{rec.host}:{rec.port}",
+                                                 proc.local.returncode if proc.local else None,
+                                                 ssh_said(_read(rd.log_path(name))))
             if rec.role == RPC:
                 wlog = parse_worker_log(_read(rd.log_path(name)))
-                return diagnose.worker_exit(name, wlog, proc.returncode, f"{rec.host}:{rec.port}", listening=True)
+                where = f" on {rec.node}" if rec.remote else ""
+                return diagnose.worker_exit(name, wlog, proc.returncode, f"{rec.host}:{rec.port}{where}",
+                                            listening=True)
             log = parse_log(_read(rd.log_path(name)))
             return diagnose.server_exit(name, log, proc.returncode, loading=False)

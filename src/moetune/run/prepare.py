@@ -1,5 +1,7 @@
 """From a plan to the exact commands to run, and the checks that need no process: the binary and
-the model file exist, the ports are free, the RPC workers the plan does not start are reachable.
+the model file exist, the ports are free, the RPC workers the plan does not start are reachable,
+no worker listens on a public address unless its node allows it. A worker on another node is
+checked over ssh (its engine directory, its binary, whether the build has RDMA).
 
 A check that fails raises :class:`LaunchFailed` with the diagnosis, before anything starts.
 """
@@ -9,17 +11,20 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from moetune.engine import registry
 from moetune.engine.registry import BINARIES, Engine
 from moetune.errors import InputError, RuntimeFailure
+from moetune.hardware.inventory import RPC_NO_AUTH, bind_problem
 from moetune.model.quants import IK
 from moetune.plan.launchspec import RPC, SERVER, LaunchSpec, ProcessSpec
 from moetune.run import diagnose
 from moetune.run.diagnose import Diagnosis
 from moetune.run.health import listener_of, port_free, port_open
+from moetune.run.remote import NodeProbe, RemoteError, probe_node, ssh_base
+from moetune.run.transport import engine_files, rdma_capable
 
 MODEL_FLAGS = ("-m", "--model", "-md", "--model-draft", "-mm", "--mmproj")
 VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose")
@@ -41,11 +46,17 @@ class LaunchFailed(RuntimeFailure):
 class Prepared:
     spec: ProcessSpec
     engine: Engine
-    argv: tuple[str, ...]  # binary first: exactly what runs
+    argv: tuple[str, ...]  # binary first: exactly what runs (on its node)
+    rdma: bool = False  # its build has the RDMA transport
+    node: NodeProbe | None = None  # what ssh found on its node, for a process started there
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def remote(self) -> bool:
+        return self.spec.ssh is not None
 
     @property
     def endpoint(self) -> str:
@@ -95,7 +106,27 @@ def ubatch(argv: Sequence[str]) -> int | None:
     return int(vals[-1]) if vals and vals[-1].isdigit() else None
 
 
-def final_argv(p: ProcessSpec, binary: Path, kind: str) -> tuple[str, ...]:
+def bind_host(p: ProcessSpec) -> str:
+    """The address a worker will listen on: its -H, else the plan's host (final_argv adds it)."""
+    given = _flag_values(p.argv, ("-H", "--host"))
+    return given[-1] if given else p.host
+
+
+def check_bind(p: ProcessSpec) -> None:
+    """Refuse a worker on every interface or a public address unless its node allows it."""
+    host = bind_host(p)
+    try:
+        why = bind_problem(host)
+    except ValueError:
+        raise InputError(f"plan: RPC worker {p.name} binds to {host!r}, which is not an IP address",
+                         hint="give the worker's address on the link between the nodes") from None
+    if why and not p.allow_public_bind:
+        raise InputError(f"refusing to start RPC worker {p.name} on port {p.port} of {why}; {RPC_NO_AUTH}",
+                         hint="bind it to the node's address on the private link (hardware file: link_addr), or "
+                         "set `allow_public_bind: true` on the node if a firewall keeps everyone else out")
+
+
+def final_argv(p: ProcessSpec, binary: Path | PurePosixPath, kind: str) -> tuple[str, ...]:
     """The binary and the plan's arguments, plus the address when the plan left it out, plus
     ``-lv 4`` for mainline servers (the log moetune reads needs it) unless a verbosity is set."""
     args = list(p.argv)
@@ -138,12 +169,38 @@ def start_order(spec: LaunchSpec) -> list[ProcessSpec]:
     return done
 
 
+def _remote(p: ProcessSpec, e: Engine) -> Prepared:
+    """A worker on another node: its engine directory and binary, looked at over ssh."""
+    assert p.ssh is not None
+    if p.role != RPC:
+        raise InputError(f"plan: process {p.name} is a {p.role} on node {p.node}; only RPC workers run on other nodes",
+                         hint="run llama-server on the first node of the hardware file")
+    bin_dir = p.bin_dir or e.bin_dir
+    if bin_dir is None:
+        raise InputError(f"plan: node {p.node} has no bin_dir and engine {e.name} is a container image",
+                         hint="give the node's engine directory as bin_dir in the hardware file")
+    try:
+        node = probe_node(ssh_base(), p.ssh, bin_dir, BINARIES[RPC])
+    except RemoteError as err:
+        raise LaunchFailed(diagnose.ssh_failed(p.name, p.node, p.ssh, str(err))) from None
+    if node.binary_path is None:
+        where = f"{bin_dir} on node {p.node} ({node.hostname})"
+        raise LaunchFailed(diagnose.binary_missing(p.name, f"no {' or '.join(BINARIES[RPC])} in {where}"))
+    return Prepared(p, e, final_argv(p, PurePosixPath(node.binary_path), e.kind), node.rdma, node)
+
+
 def prepare(spec: LaunchSpec) -> list[Prepared]:
     """The processes in start order with their exact argv; raises LaunchFailed when a check fails."""
     out = []
     for p in start_order(spec):
+        if p.role == RPC:
+            check_bind(p)
         e = _engine(p)
-        out.append(Prepared(p, e, final_argv(p, _binary(p, e), e.kind)))
+        if p.ssh:
+            out.append(_remote(p, e))
+            continue
+        binary = _binary(p, e)
+        out.append(Prepared(p, e, final_argv(p, binary, e.kind), rdma_capable(engine_files(binary))))
     preflight(out)
     return out
 
@@ -151,13 +208,13 @@ def prepare(spec: LaunchSpec) -> list[Prepared]:
 def preflight(prepared: Sequence[Prepared]) -> None:
     own = {x.endpoint for x in prepared if x.spec.role == RPC}
     for x in prepared:
-        if x.spec.ssh:
-            raise InputError(f"process {x.name} runs on {x.spec.ssh} over ssh, which this version cannot start "
-                             "yet (issue #7)", hint="start that worker by hand and list it as an external --rpc endpoint")
-        for m in model_paths(x.argv):
+        for m in model_paths(x.argv) if not x.remote else ():
             if not Path(m).exists():
                 raise LaunchFailed(diagnose.model_missing(x.name, m))
-        if not port_free(x.spec.host, x.spec.port):
+        if x.remote:  # seen from here, as the server will see it
+            if port_open(x.spec.host, x.spec.port, timeout_s=2):
+                raise LaunchFailed(diagnose.port_in_use(x.name, f"{x.endpoint} (node {x.spec.node})", None))
+        elif not port_free(x.spec.host, x.spec.port):
             raise LaunchFailed(diagnose.port_in_use(x.name, x.endpoint, listener_of(x.spec.port)))
         for ep in rpc_endpoints(x.argv):
             if ep in own:

@@ -3,9 +3,9 @@ Ctrl-C in the terminal reaches only moetune), logged to a file, and found again 
 another moetune process.
 
 A process is alive while its pid exists, is not a zombie and still has the start time recorded
-when it was started (a pid the kernel reused is not ours). ``LocalProcess`` is the only kind so
-far; a remote one (ssh, issue #7) would implement the same small interface: ``pid``, ``alive()``,
-``signal()``, ``group_alive()``, ``returncode``.
+when it was started (a pid the kernel reused is not ours). ``LocalProcess`` runs here;
+``remote.RemoteProcess`` runs on another node over ssh. Both have the same small interface:
+``pid``, ``alive()``, ``signal()``, ``group_alive()``, ``returncode``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
-
-from moetune.errors import InputError
 
 PROC = Path("/proc")
 RUN_ENV = "MOETUNE_RUN"  # every process of a launch carries its run id in its environment
@@ -158,9 +156,11 @@ class LocalProcess:
 
 
 def start_process(name: str, ssh: str | None, argv: Sequence[str], env: Mapping[str, str], log: Path) -> Process:
+    """Start a process here, or on the node ``ssh`` names (there ``env`` is added to the node's own
+    environment, so pass only the variables the process needs)."""
     if ssh:
-        raise InputError(f"process {name} runs on {ssh} over ssh, which this version cannot start yet (issue #7)",
-                         hint="start that worker by hand and list it as an external --rpc endpoint")
+        from moetune.run.remote import RemoteProcess  # remote builds on this module
+        return RemoteProcess.start(name, ssh, argv, env, log)
     return LocalProcess.start(name, argv, env, log)
 
 

@@ -6,6 +6,9 @@
         <name>.json     one process: exact argv, environment, pid, start/ready/stop/exit times
         <name>.log      its stdout and stderr
 
+A process on another node (an RPC worker started over ssh) is recorded with the local ssh client
+as ``pid`` and the worker's own pid on its node as ``remote_pid``; ``argv`` is what ran there.
+
 Times are wall-clock seconds (``time.time()``). Files are replaced atomically under a lock, so a
 launcher and a `moetune stop` in another process can both write.
 """
@@ -26,6 +29,7 @@ from typing import Any
 from moetune.errors import InputError
 from moetune.paths import runs_dir
 from moetune.run.process import LocalProcess, Process, pid_alive
+from moetune.run.remote import RemoteProcess
 
 RUN_SCHEMA_VERSION = 1
 STARTING, HEALTHY, FAILED, STOPPING, STOPPED = "starting", "healthy", "failed", "stopping", "stopped"
@@ -55,15 +59,30 @@ class ProcRecord:
     kill_sent_at: float | None = None  # SIGKILL sent after the grace period
     exited_at: float | None = None  # first seen gone (pid and its process group)
     exit_code: int | None = None  # where known (this process's children only)
+    ssh_target: str | None = None  # the node's ssh destination, for a process started over ssh
+    ssh: list[str] | None = None  # the ssh client and options used (stop uses the same)
+    remote_pid: int | None = None  # its pid on that node
+    remote_start_ticks: int | None = None
+    transport: str | None = None  # an RPC worker's transport, as its log showed it: TCP | RDMA
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def process(self) -> Process | None:
-        if self.pid is None:
-            return None
-        return LocalProcess.attach(self.name, self.pid, self.pgid or self.pid, self.start_ticks)
+    @property
+    def remote(self) -> bool:
+        return self.ssh_target is not None
+
+    def process(self, run_path: Path | None = None) -> Process | None:
+        """The process to watch or stop; ``run_path`` (the run directory) lets a remote one read
+        its log for the exit status."""
+        local = (None if self.pid is None else
+                 LocalProcess.attach(self.name, self.pid, self.pgid or self.pid, self.start_ticks))
+        if self.ssh_target is not None:
+            log = run_path / self.log if run_path is not None else None
+            return RemoteProcess.attach(self.name, self.ssh or [], self.ssh_target, self.remote_pid,
+                                        self.remote_start_ticks, local, log)
+        return local
 
     def alive(self) -> bool:
         return self.pid is not None and pid_alive(self.pid, self.start_ticks)
@@ -84,6 +103,7 @@ class RunInfo:
     diagnosis: dict[str, Any] | None = None
     schema_version: int = RUN_SCHEMA_VERSION
     order: list[str] = field(default_factory=list)  # process names in start order
+    transport: str | None = None  # the RPC transport asked for: tcp | rdma | auto
 
 
 def new_run_id(now: float, suffix: str) -> str:

@@ -1,7 +1,8 @@
 """Ordered stop: servers first, each waited on until its pid (and process group) is gone, not until
 its port closes; then the RPC workers. A worker stopped while a client still frees its remote
 buffers can crash that client (the RDMA transport does, reference report 004), so the order holds
-even when a server must be killed after its grace period.
+even when a server must be killed after its grace period. A worker on another node is signalled
+by its pid there, over ssh (``remote.RemoteProcess``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def stop_run(rd: RunDir, *, grace_s: float = 30.0, final_state: str = STOPPED,
 def _stop_group(rd: RunDir, recs: list[ProcRecord], grace_s: float, say: Notify) -> None:
     procs: dict[str, Process] = {}
     for r in recs:
-        p = r.process()
+        p = r.process(rd.path)
         if p is None:
             continue
         if not p.group_alive():
@@ -89,9 +90,14 @@ def _wait_gone(rd: RunDir, procs: dict[str, Process], grace_s: float, say: Notif
                 say(name, f"killed after {grace_s:.0f} s")
             killed = True
         elif killed and now > deadline + KILL_WAIT_S:
-            left = ", ".join(f"{n} (pid {p.pid})" for n, p in pending.items())
+            left = ", ".join(f"{n} ({_where(p)})" for n, p in pending.items())
             raise RuntimeFailure(f"could not stop {left}", hint="check the processes with `ps` and stop them by hand")
         time.sleep(POLL_S)
+
+
+def _where(p: Process) -> str:
+    describe = getattr(p, "describe", None)  # a process on another node says where
+    return str(describe()) if callable(describe) else f"pid {p.pid}"
 
 
 def _stop_strays(rd: RunDir, grace_s: float, say: Notify) -> None:
