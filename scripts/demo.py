@@ -3,11 +3,11 @@
 1. generate a small random-weight MoE model (qwen3moe, 8 layers) into ./demo-out/
 2. inspect it
 3. start llama-server on it, ask one question, print the server's own timings, stop it
-4. sweep three expert placements with a loopback RPC worker as the second device (RPC0 stands
-   in for a GPU): experts all on the CPU (--cpu-moe), the first four layers' experts on the
-   CPU (--n-cpu-moe 4), and head + tail layers' experts on RPC0 (-ot ...=CPU for the middle);
-   each plan is launched, benchmarked and stopped in turn, and the sweep ends with the
-   comparison table and a plot (demo-out/compare.png)
+4. plan three expert placements with `moetune plan`, a loopback RPC worker standing in for a
+   small GPU (RPC0, 80 MiB): experts all on the CPU (cpu-moe), the first four layers' experts
+   on the CPU (n-cpu-moe:4), and the optimizer's choice (auto); sweep them: each plan is
+   launched, benchmarked and stopped in turn, and the sweep ends with the comparison table and
+   a plot (demo-out/compare.png)
 5. run the same sweep command again: it is complete, so every plan is skipped
 
 On this testbed the differences come from backend switches: every CPU <-> RPC0 boundary is a
@@ -34,11 +34,12 @@ MOETUNE = [sys.executable, "-m", "moetune"]
 QUESTION = ("Write a JSON object with 5 fields describing a software project. Include name, language, version, "
             "description, and license.")
 SERVER_ARGS = ["-nr", "-c", "1024", "-t", "1"]  # -nr: CPU weight repacking misbehaves on some test CPUs
-PLACEMENTS = [  # label, llama-server flags (RPC0 is the loopback worker)
-    ("cpu-moe", ["-ngl", "99", "--cpu-moe"]),
-    ("n-cpu-moe 4", ["-ngl", "99", "--n-cpu-moe", "4"]),
-    ("head2+tail2 on RPC0", ["-ngl", "99", "-ot", r"blk\.[2-5]\.ffn_(up|down|gate)_exps=CPU"]),
+STRATEGIES = [  # label, moetune plan --strategy
+    ("cpu-moe", "cpu-moe"),
+    ("n-cpu-moe 4", "n-cpu-moe:4"),
+    ("auto (fills RPC0)", "auto"),
 ]
+PLAN_ARGS = ["--ctx", "1024", "--threads", "1"]
 BENCH = ["-w", "reference", "--max-tokens", "64", "--ignore-eos", "-r", "5",
          "--depth", "0,512", "--pp-tokens", "128", "--tg-tokens", "32"]
 
@@ -110,27 +111,27 @@ def ask_one_question(model: Path) -> None:
 
 
 def write_plans(model: Path) -> Path:
-    """One plan per placement, in the planner's format: a launch section with an RPC worker
-    (started first, stopped last) and the server that uses it."""
-    from moetune.engine import registry
-    from moetune.plan.launchspec import LaunchSpec, ProcessSpec
-
-    engine = registry.get().name
+    """One plan per strategy, made by `moetune plan`: the hardware is this machine plus a loopback
+    ggml-rpc-server worker whose device (RPC0) holds 80 MiB, standing in for a small GPU. Each
+    plan's launch section starts the worker first and stops it last."""
     plans = OUT / "plans"
     plans.mkdir(exist_ok=True)
     entries = []
-    for label, flags in PLACEMENTS:
-        rport = free_port()
-        worker = ProcessSpec("rpc0", "rpc", engine, ("-H", "127.0.0.1", "-p", str(rport)), "127.0.0.1", rport)
-        server = ProcessSpec("main", "server", engine,
-                             ("-m", str(model), *SERVER_ARGS, "--rpc", f"127.0.0.1:{rport}", *flags),
-                             "127.0.0.1", free_port(), after=("rpc0",))
-        name = "".join(c if c.isalnum() else "-" for c in label) + ".json"
-        (plans / name).write_text(json.dumps({"label": label,
-                                              "launch": LaunchSpec((worker, server)).to_json()}, indent=2))
+    for label, strategy in STRATEGIES:
+        rport = free_port()  # a fresh port per plan: a worker's port may linger after it stops
+        hw = plans / f"hw-{rport}.yaml"
+        hw.write_text(yaml.safe_dump({"nodes": [
+            {"name": "local", "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20}},
+            {"name": "rpc-worker", "link_addr": "127.0.0.1", "rpc_port": rport,
+             "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20},
+             "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": 80, "bw_gbs": 20}]}]}, sort_keys=False))
+        name = strategy.replace(":", "-") + ".json"
+        show = ["--format", "table"] if strategy == "auto" else ["--format", "argv"]
+        moetune("plan", str(model.relative_to(ROOT)), "--hw", str(hw.relative_to(ROOT)), "--strategy", strategy,
+                *PLAN_ARGS, "--port", str(free_port()), "-o", str((plans / name).relative_to(ROOT)), *show)
         entries.append({"label": label, "plan": name})
     sweep = plans / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump({"name": "demo placements", "baseline": PLACEMENTS[0][0], "plans": entries},
+    sweep.write_text(yaml.safe_dump({"name": "demo placements", "baseline": STRATEGIES[0][0], "plans": entries},
                                     sort_keys=False))
     return sweep
 
@@ -152,7 +153,7 @@ def main() -> None:
     step("3. serve it and ask one question")
     ask_one_question(model)
 
-    step("4. sweep three expert placements (launch, bench, stop each), then compare")
+    step("4. plan three expert placements, sweep them (launch, bench, stop each), then compare")
     sweep = write_plans(model)
     print(f"plans: {', '.join(str(p.relative_to(ROOT)) for p in sorted(sweep.parent.glob('*.json')))}")
     plot = OUT / "compare.png"

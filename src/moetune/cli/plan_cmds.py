@@ -57,6 +57,7 @@ def _pairs(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--no-mmap", is_flag=True, help="Load weights into (pinned, with a GPU) memory instead of mapping the file.")
 @click.option("--engine", "engine_name", help="Engine name (moetune engine list) or kind: llama.cpp | ik_llama.cpp.")
 @click.option("--amb", type=int, default=0, help="ik_llama.cpp -amb MiB (attention max batch).")
+@click.option("-t", "--threads", type=click.IntRange(1, 1024), help="CPU threads for llama-server (-t).")
 @click.option("--port", type=int, default=8080, show_default=True)
 @click.option("--speed", "speed", multiple=True, metavar="NAME=VALUE", help="Override a speed-model constant.")
 @click.option("--format", "fmt", type=click.Choice(["table", "argv", "shell", "podman", "docker", "llama-swap"]),
@@ -66,7 +67,7 @@ def _pairs(values: tuple[str, ...]) -> dict[str, str]:
 @json_option
 def plan(model: Path | None, hw_path: str, layout: Path | None, strategy: str, ctx: int, parallel: int, batch: int,
          ubatch: int, ctk: str, ctv: str, no_flash_attn: bool, no_mmap: bool, engine_name: str | None, amb: int,
-         port: int, speed: tuple[str, ...], fmt: str, image: str, output: Path | None, as_json: bool) -> None:
+         threads: int | None, port: int, speed: tuple[str, ...], fmt: str, image: str, output: Path | None, as_json: bool) -> None:
     """Place MODEL on the hardware: memory per device, layer map, predicted speed, exact command.
 
     Exits 0 whether or not the plan fits (it says so); 2 for unusable input.
@@ -79,7 +80,7 @@ def plan(model: Path | None, hw_path: str, layout: Path | None, strategy: str, c
              "keep the port behind a firewall that admits only the server's node, or bind it to the private link")
     engine, kind = _engine(engine_name)
     base = Settings(ctx=ctx, slots=parallel, batch=batch, ubatch=ubatch, ctk=ctk, ctv=ctv,
-                    flash_attn=not no_flash_attn, engine=kind, mmap=not no_mmap, amb_mib=amb)
+                    flash_attn=not no_flash_attn, engine=kind, mmap=not no_mmap, amb_mib=amb, threads=threads)
     if layout is not None:
         services = [replace(s, engine=s.engine or engine) for s in load_layout(layout, base, port)]
     else:
