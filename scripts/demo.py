@@ -2,7 +2,8 @@
 
 1. generate a small random-weight MoE model (qwen3moe, 8 layers) into ./demo-out/
 2. inspect it
-3. start llama-server on it, ask one question, print the server's own timings, stop it
+3. plan it for this machine, launch it with moetune, ask one question, print the server's own
+   timings, stop it
 4. plan three expert placements with `moetune plan`, a loopback RPC worker standing in for a
    small GPU (RPC0, 80 MiB): experts all on the CPU (cpu-moe), the first four layers' experts
    on the CPU (n-cpu-moe:4), and the optimizer's choice (auto); sweep them: each plan is
@@ -33,7 +34,6 @@ OUT = ROOT / "demo-out"
 MOETUNE = [sys.executable, "-m", "moetune"]
 QUESTION = ("Write a JSON object with 5 fields describing a software project. Include name, language, version, "
             "description, and license.")
-SERVER_ARGS = ["-nr", "-c", "1024", "-t", "1"]  # -nr: CPU weight repacking misbehaves on some test CPUs
 STRATEGIES = [  # label, moetune plan --strategy
     ("cpu-moe", "cpu-moe"),
     ("n-cpu-moe 4", "n-cpu-moe:4"),
@@ -62,52 +62,36 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def server_binary() -> Path:
-    from moetune.engine import registry
-
-    return registry.get().binary("server")
-
-
 def ask_one_question(model: Path) -> None:
-    port = free_port()
-    log = OUT / "server.log"
-    argv = [str(server_binary()), "-m", str(model), *SERVER_ARGS, "--host", "127.0.0.1", "--port", str(port)]
-    print("$ " + " ".join(shlex.quote(a) for a in argv), flush=True)
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    """Plan the model for this machine alone, launch it with moetune (waits for /health), ask one
+    question, print the server's own timings, stop it in order."""
+    hw = OUT / "hw-this-machine.yaml"
+    hw.write_text(yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20}}]}))
+    plan = OUT / "serve-plan.json"
+    moetune("plan", str(model.relative_to(ROOT)), "--hw", str(hw.relative_to(ROOT)), *PLAN_ARGS,
+            "--port", str(free_port()), "-o", str(plan.relative_to(ROOT)), "--format", "argv")
+    launch = ["launch", str(plan.relative_to(ROOT)), "--detach", "--json"]
+    print("$ moetune " + " ".join(launch), flush=True)
+    r = subprocess.run([*MOETUNE, *launch], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"demo: launch failed:\n{r.stderr}")
+    run = json.loads(r.stdout)
+    print(json.dumps(run))
+    url = run["url"]
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                sys.exit(f"demo: llama-server exited ({proc.returncode}); see {log}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                sys.exit(f"demo: llama-server not ready after 120 s; see {log}")
-            time.sleep(0.2)
         body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 64,
                 "chat_template_kwargs": {"enable_thinking": False}}
         print(f"$ curl {url}/v1/chat/completions -d '{json.dumps(body)[:80]}...'", flush=True)
-        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()
-        answer = r["choices"][0]["message"]["content"]
-        t = r["timings"]
+        resp = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()
+        answer = resp["choices"][0]["message"]["content"]
+        t = resp["timings"]
         print(f"answer (random weights, so garbage): {answer[:60]!r}...")
         print(f"server timings: prompt {t['prompt_n']} tokens in {t['prompt_ms']:.1f} ms "
               f"({t['prompt_n'] / t['prompt_ms'] * 1000:.1f} tokens/s), "
               f"generated {t['predicted_n']} tokens in {t['predicted_ms']:.1f} ms "
               f"({t['predicted_n'] / t['predicted_ms'] * 1000:.1f} tokens/s), cached {t.get('cache_n', 0)}")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    print("llama-server stopped")
+        moetune("stop", str(run["run"]))
 
 
 def write_plans(model: Path) -> Path:
@@ -150,7 +134,7 @@ def main() -> None:
     step("2. inspect it")
     moetune("inspect", str(model.relative_to(ROOT)))
 
-    step("3. serve it and ask one question")
+    step("3. plan it, launch it, ask one question, stop it")
     ask_one_question(model)
 
     step("4. plan three expert placements, sweep them (launch, bench, stop each), then compare")

@@ -97,8 +97,8 @@ def test_sweep_file_with_labels_baseline_and_a_failing_plan(tiny: Path, tmp_path
 
 
 @pytest.mark.parametrize(("files", "msg"), [
-    ({"p.json": "{"}, "not valid JSON"),
-    ({"p.json": "{}"}, "no \"launch\""),
+    ({"p.json": "{"}, "not JSON"),
+    ({"p.json": "{}"}, "no launch section"),
     ({"s.yaml": "plans: 3"}, "\"plans\" list"),
 ])
 def test_bad_sweep_inputs(tmp_path: Path, files: dict[str, str], msg: str) -> None:

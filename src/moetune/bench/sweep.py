@@ -28,6 +28,7 @@ from moetune.bench.launch import launched
 from moetune.bench.runner import BenchOptions, Progress, bench
 from moetune.bench.workloads import Workload
 from moetune.errors import InputError, MoetuneError
+from moetune.run.prepare import read_plan
 from moetune.store.db import ResultsDB
 
 MEASURED, RESUMED, FAILED = "measured", "resumed", "failed"
@@ -56,15 +57,8 @@ class Outcome:
 
 
 def _read_plan(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as e:
-        raise InputError(f"plan {path}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"plan {path}: not valid JSON ({e})", hint="write plans with `moetune plan ... --json`") from None
-    if not isinstance(doc, dict) or "launch" not in doc:
-        raise InputError(f"plan {path}: no \"launch\" section", hint="write plans with `moetune plan ... --json`")
-    return doc
+    """The plan document; read and checked by the launcher's own reader (one place for that)."""
+    return read_plan(path)[1]
 
 
 def _plan_label(path: Path, plan: dict[str, Any]) -> str:
