@@ -85,7 +85,7 @@ def test_a_plan_with_match_slots(bin_dir: Path, model: Path, tmp_path: Path) -> 
                        argv=("-m", str(model), "-nr", "--parallel", "1", "-c", "1024"))
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"launch": LaunchSpec((main,)).to_json()}))
-    doc = bench(str(plan), "--concurrency", "1,2", "--requests", "4", "--match-slots")
+    doc = bench(str(plan), "--concurrency", "1,2", "--requests", "4", "--match-slots", "--thinking", "off")
     assert [lv["server"]["slots"] for lv in doc["levels"]] == [1, 2]
     assert [lv["server"]["n_ctx_slot"] for lv in doc["levels"]] == [1024, 1024]  # the plan's share kept
     assert doc["levels"][1]["server"]["argv"][-4:] == ["--parallel", "2", "--ctx-size", "2048"]

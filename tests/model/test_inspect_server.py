@@ -69,3 +69,24 @@ def test_glm51_replica_inspect(tmp_path: Path) -> None:
     assert doc["total_bytes"] == made["tensor_bytes"]
     # ik_llama.cpp's KV for the reference's 32k q8_0 cache: 1491.79 MiB (reference 000)
     assert doc["kv_bytes_per_token_by_engine"]["ik_llama.cpp"]["q8_0"] * 32768 / (1 << 20) == pytest.approx(1491.79, rel=1e-3)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_every_architecture_generates_with_thinking_on_and_off(arch: str, bin_dir: Path, tmp_path: Path) -> None:
+    import httpx
+
+    from tests.helpers import llama_server
+
+    g = generate(tmp_path / f"{arch}.gguf", arch, ARCHS[arch], "q8_0" if arch == "qwen3moe" else "f16")
+    # -nr: CPU weight repacking crashes on this machine's CPU (DESIGN.md section 5)
+    with llama_server(bin_dir, g.files[0], tmp_path / "server.log", "-nr", "-c", "512", "--parallel", "1") as srv:
+        got = {}
+        for thinking in (True, False):
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                    "chat_template_kwargs": {"enable_thinking": thinking}}
+            r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()
+            assert r["usage"]["completion_tokens"] > 0 and r["timings"]["predicted_n"] > 0
+            got[thinking] = r["choices"][0]["message"]
+    # random weights never close the <think> block: with thinking on everything is reasoning
+    assert got[True].get("reasoning_content") and not got[True].get("content")
+    assert got[False].get("content") and not got[False].get("reasoning_content")

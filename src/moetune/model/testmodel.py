@@ -22,17 +22,23 @@ from moetune.model.quants import MAINLINE, QuantType, UnknownQuantType, by_name
 
 # A chat template with an enable_thinking branch. With thinking on, the generation prompt opens a
 # <think> block, so the server reports what the model writes as reasoning; with thinking off the
-# block is closed in the prompt and everything the model writes is content.
+# block is closed in the prompt and everything the model writes is content. The tags end the
+# generation prompt (no newline after them) and history renders `reasoning_content`: that is how
+# llama-server's template analysis recognises a thinking template.
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
-    "{{- '<|' + message['role'] + '|>\\n' + message['content'] + '\\n' -}}"
+    "{{- '<|' + message['role'] + '|>\\n' -}}"
+    "{%- if message['role'] == 'assistant' and message.get('reasoning_content') -%}"
+    "{{- '<think>' + message['reasoning_content'] + '</think>' -}}"
+    "{%- endif -%}"
+    "{{- message['content'] + '\\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{- '<|assistant|>\\n' -}}"
     "{%- if enable_thinking is defined and not enable_thinking -%}"
-    "{{- '<think></think>\\n' -}}"
+    "{{- '<think></think>' -}}"
     "{%- else -%}"
-    "{{- '<think>\\n' -}}"
+    "{{- '<think>' -}}"
     "{%- endif -%}"
     "{%- endif -%}"
 )
