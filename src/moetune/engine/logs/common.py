@@ -60,6 +60,11 @@ def rule(pattern: str, flags: int = 0) -> Callable[[Action], Rule]:
     return wrap
 
 
+def phase_rule(pattern: str, phase: str) -> Rule:
+    """A rule that marks the load phase a line announces."""
+    return re.compile(pattern), lambda acc, m, n: acc.phase(phase, n)
+
+
 @dataclass(slots=True)
 class _Timing:
     """The timing lines of one request as they arrive: (ms, tokens) of each."""

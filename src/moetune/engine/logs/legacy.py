@@ -22,6 +22,7 @@ from moetune.engine.logs.common import (
     Rule,
     classify_by_words,
     collect_tables,
+    phase_rule,
     rule,
     run_grammar,
 )
@@ -93,16 +94,12 @@ def _slots(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.set_context("n_slots", m[1] or m[2])
 
 
-def _phase(pattern: str, phase: str) -> Rule:
-    return re.compile(pattern), lambda acc, m, n: acc.phase(phase, n)
-
-
 PHASE_RULES: tuple[Rule, ...] = (
-    _phase(r"^llama_model_loader: loaded meta data|^llm_load_print_meta:", LOADING_MODEL),
-    _phase(r"^llm_load_tensors:", LOADING_TENSORS),
-    _phase(r"^llama_kv_cache_init:|^(?:llama_init_from_model|llama_new_context_with_model): n_ctx", CREATING_CONTEXT),
-    _phase(r"warming up the model", WARMUP),
-    _phase(r"\bmodel loaded\b", READY),
+    phase_rule(r"^llama_model_loader: loaded meta data|^llm_load_print_meta:", LOADING_MODEL),
+    phase_rule(r"^llm_load_tensors:", LOADING_TENSORS),
+    phase_rule(r"^llama_kv_cache_init:|^(?:llama_init_from_model|llama_new_context_with_model): n_ctx", CREATING_CONTEXT),
+    phase_rule(r"warming up the model", WARMUP),
+    phase_rule(r"\bmodel loaded\b", READY),
 )
 
 

@@ -21,6 +21,7 @@ from moetune.engine.logs.common import (
     Rule,
     classify_by_words,
     collect_tables,
+    phase_rule,
     rule,
     run_grammar,
 )
@@ -106,18 +107,14 @@ def _slots(acc: Acc, m: re.Match[str], n: int) -> None:
 
 # -- phases ---------------------------------------------------------------------------------
 
-def _phase(pattern: str, phase: str) -> Rule:
-    return re.compile(pattern), lambda acc, m, n: acc.phase(phase, n)
-
-
 PHASE_RULES: tuple[Rule, ...] = (
-    _phase(r"load_model: loading model|llama_model_loader: loaded meta data", LOADING_MODEL),
-    _phase(r"common_init_\w*: fitting params", FITTING),
-    _phase(r"load_tensors: loading model tensors", LOADING_TENSORS),
-    _phase(r"llama_context: constructing llama_context", CREATING_CONTEXT),
-    _phase(r"sched_reserve: reserving", ALLOCATING_COMPUTE),
-    _phase(r"warming up the model", WARMUP),
-    _phase(r"llama_server: model loaded|main: model loaded", READY),
+    phase_rule(r"load_model: loading model|llama_model_loader: loaded meta data", LOADING_MODEL),
+    phase_rule(r"common_init_\w*: fitting params", FITTING),
+    phase_rule(r"load_tensors: loading model tensors", LOADING_TENSORS),
+    phase_rule(r"llama_context: constructing llama_context", CREATING_CONTEXT),
+    phase_rule(r"sched_reserve: reserving", ALLOCATING_COMPUTE),
+    phase_rule(r"warming up the model", WARMUP),
+    phase_rule(r"llama_server: model loaded|main: model loaded", READY),
 )
 
 
