@@ -65,6 +65,16 @@ CASES = [
     ("glm-dsa", False, 2048, 512, "f16", "cpu-only", 0),
     ("qwen3moe", True, 16384, 1024, "q8_0", "all-gpu", 1),
     ("glm4moe", True, 16384, 1024, "q8_0", "cpu-moe", 2),
+    ("qwen3moe", False, 8192, 512, "q8_0", "n-cpu-moe:2", 1),
+    ("glm4moe", True, 8192, 1024, "f16", "n-cpu-moe:3", 1),
+    ("deepseek2", True, 16384, 512, "f16", "all-gpu", 1),
+    ("deepseek2", False, 4096, 256, "q8_0", "cpu-moe", 1),
+    ("qwen35moe", True, 16384, 1024, "f16", "all-gpu", 1),
+    ("qwen35moe", False, 8192, 512, "f16", "n-cpu-moe:2", 1),
+    ("glm-dsa", True, 16384, 512, "f16", "all-gpu", 1),
+    ("glm-dsa", False, 8192, 256, "q8_0", "n-cpu-moe:2", 1),
+    ("qwen3moe", True, 4096, 256, "f16", "cpu-only", 0),
+    ("glm4moe", True, 8192, 512, "q8_0", "cpu-only", 0),
 ]
 
 
