@@ -39,10 +39,6 @@ class QuantType:
             rows *= n
         return rows * self.row_bytes(shape[0])
 
-    @property
-    def bits_per_weight(self) -> float:
-        return 8.0 * self.type_size / self.block_size
-
 
 # Mainline types the installed gguf package may not know yet: id -> (name, block, bytes).
 _MAINLINE_EXTRA: dict[int, tuple[str, int, int]] = {

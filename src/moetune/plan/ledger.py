@@ -13,12 +13,11 @@ from moetune.hardware.inventory import GPU, Inventory
 from moetune.model.kv import KVShape, kv_shape
 from moetune.model.profile import ModelProfile, Tensor
 from moetune.model.quants import IK
-from moetune.plan.compute import ComputeInputs, DeviceRole, compute_bytes
+from moetune.plan.compute import KV_PAD, ComputeInputs, DeviceRole, compute_bytes
 from moetune.plan.placement import CPU, Placement, tensor_device
 from moetune.plan.settings import Settings
 
 MIB = 1 << 20
-KV_PAD = 256
 # Types llama.cpp's CPU backend repacks into interleaved layouts (the CPU_REPACK extra buffer).
 REPACKABLE = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "Q8_0", "MXFP4", "IQ4_XS", "Q2_K", "Q6_K"})
 

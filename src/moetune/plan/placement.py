@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from moetune.errors import InputError
-from moetune.hardware.inventory import Device, Inventory
+from moetune.hardware.inventory import Inventory
 from moetune.model.profile import ModelProfile, Tensor
 
 CPU = "CPU"
@@ -160,6 +160,3 @@ def layer_sets(p: ModelProfile, hw: Inventory, spec: str) -> Placement:
 def with_experts(pl: Placement, experts: dict[str, str], strategy: str) -> Placement:
     return Placement(strategy, pl.layer_device, pl.output_device, tuple(experts.items()), pl.tensor_split)
 
-
-def accelerator_names(hw: Inventory) -> list[Device]:
-    return hw.accelerators()

@@ -44,7 +44,3 @@ class Settings:
             raise InputError("a quantized V cache needs flash attention", hint="drop --no-flash-attn or use --ctv f16")
         if self.ctx // self.slots < 256:
             raise InputError(f"--ctx {self.ctx} over {self.slots} slots leaves under 256 tokens per slot")
-
-    @property
-    def ctx_per_slot(self) -> int:
-        return self.ctx if self.kv_unified else self.ctx // self.slots
