@@ -17,14 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from moetune.engine import registry
 from moetune.engine.logs import parse_log
 from moetune.engine.measure import loopback_hw, reserve_log, rpc_workers, strip_endpoint
 from moetune.hardware.inventory import from_dict, load
-from moetune.model.archs import PRESET_RECIPES, PRESETS, Dims
+from moetune.model.archs import ARCHS, PRESET_RECIPES, PRESETS, Dims, small_dims
 from moetune.model.profile import load_profile
 from moetune.model.testmodel import generate
 from moetune.plan.plan import ServiceSpec, make_plan
@@ -92,19 +91,15 @@ CASES = [
     for ct in ("f16",)
     for strat, n_rpc in (("all-gpu", 1), ("cpu-moe", 1), ("n-cpu-moe:2", 2), ("cpu-moe", 0))
 ]
-DIMS = {"qwen3moe": Dims(), "glm4moe": Dims(n_dense_lead=1, n_nextn=1), "deepseek2": Dims(n_dense_lead=1, n_head=2, n_head_kv=1),
-        "qwen35moe": Dims(), "glm-dsa": Dims(n_dense_lead=1, n_nextn=1, n_head=2, n_head_kv=1)}
-WIDE = {"n_embd": 512, "n_expert": 16, "n_expert_used": 4, "n_ff_exp": 256, "n_ff": 1024}
 
 
 def ledger_table(d: Path) -> list[dict[str, object]]:
     server = registry.get().binary("server")
     rows: list[dict[str, object]] = []
     models = {}
-    for arch, dims in DIMS.items():
+    for arch in ARCHS:
         for wide in (False, True):
-            kw = dict(WIDE, n_head=4 if dims.n_head == 2 else 8, n_head_kv=1 if dims.n_head == 2 else 4) if wide else {}
-            models[(arch, wide)] = load_profile(generate(d / f"{arch}-{int(wide)}.gguf", arch, replace(dims, **kw), "f16").files[0])
+            models[(arch, wide)] = load_profile(generate(d / f"{arch}-{int(wide)}.gguf", arch, small_dims(arch, wide), "f16").files[0])
     for arch, wide, ctx, ub, ct, strat, n_rpc in CASES:
         with rpc_workers(server.parent, n_rpc) as ends:
             hw = from_dict(loopback_hw(ends))

@@ -18,23 +18,19 @@ from pathlib import Path
 from moetune.engine import registry
 from moetune.engine.logs import parse_log
 from moetune.engine.measure import reserve_log, rpc_workers
-from moetune.model.archs import Dims
+from moetune.model.archs import ARCHS, small_dims
 from moetune.model.testmodel import generate
-
-DIMS = {"qwen3moe": Dims(), "glm4moe": Dims(n_dense_lead=1, n_nextn=1), "deepseek2": Dims(n_dense_lead=1, n_head=2, n_head_kv=1),
-        "qwen35moe": Dims(), "glm-dsa": Dims(n_dense_lead=1, n_nextn=1, n_head=2, n_head_kv=1)}
-WIDE = {"n_embd": 512, "n_expert": 16, "n_expert_used": 4, "n_ff_exp": 256, "n_ff": 1024, "n_vocab": 2048}
 
 
 def main(out: Path) -> None:
     server = registry.get().binary("server")
     points = []
     with tempfile.TemporaryDirectory() as tmp:
-        for arch, dims in DIMS.items():
+        for arch in ARCHS:
             for wide in (False, True):
-                heads = {"n_head": 4, "n_head_kv": 1} if dims.n_head == 2 else {"n_head": 8, "n_head_kv": 4}
-                model = generate(Path(tmp) / f"{arch}-{int(wide)}.gguf", arch,
-                                 replace(dims, **WIDE, **heads) if wide else dims, "f16").files[0]
+                # the wide calibration models also get a larger vocabulary (the output buffers)
+                dims = replace(small_dims(arch, True), n_vocab=2048) if wide else small_dims(arch)
+                model = generate(Path(tmp) / f"{arch}-{int(wide)}.gguf", arch, dims, "f16").files[0]
                 with rpc_workers(server.parent, 1) as (rpc,):
                     for ub, ctx, fa, pl, par in itertools.product((32, 128, 512, 1024), (512, 4096, 16384), ("on", "off"),
                                                                   ("rpc", "rpc-exps-cpu", "cpu"), (1, 4)):

@@ -12,19 +12,14 @@ import pytest
 
 from moetune.engine.logs import parse_log
 from moetune.engine.measure import reserve_log
-from moetune.model.archs import Dims
+from moetune.model.archs import ARCHS as ARCHS_ALL
+from moetune.model.archs import small_dims
 from moetune.model.testmodel import generate
 from tests.helpers import run_cli
 
 pytestmark = pytest.mark.server
 
-ARCHS = {
-    "qwen3moe": Dims(),
-    "glm4moe": Dims(n_dense_lead=1, n_nextn=1),
-    "deepseek2": Dims(n_dense_lead=1, n_head=2, n_head_kv=1),
-    "qwen35moe": Dims(),
-    "glm-dsa": Dims(n_dense_lead=1, n_nextn=1, n_head=2, n_head_kv=1),
-}
+ARCHS = {arch: small_dims(arch) for arch in ARCHS_ALL}
 CTX = 4096
 
 

@@ -23,7 +23,7 @@ import pytest
 from moetune.engine.logs import parse_log
 from moetune.engine.measure import reserve_log, strip_endpoint
 from moetune.hardware.inventory import from_dict
-from moetune.model.archs import Dims
+from moetune.model.archs import ARCHS, small_dims
 from moetune.model.profile import ModelProfile, load_profile
 from moetune.model.testmodel import generate
 from moetune.plan.plan import ServiceSpec, make_plan
@@ -32,14 +32,6 @@ from tests.helpers import loopback_hw, rpc_workers
 
 pytestmark = pytest.mark.server
 
-DIMS = {
-    "qwen3moe": Dims(),
-    "glm4moe": Dims(n_dense_lead=1, n_nextn=1),
-    "deepseek2": Dims(n_dense_lead=1, n_head=2, n_head_kv=1),
-    "qwen35moe": Dims(),
-    "glm-dsa": Dims(n_dense_lead=1, n_nextn=1, n_head=2, n_head_kv=1),
-}
-WIDE = {"n_embd": 512, "n_expert": 16, "n_expert_used": 4, "n_ff_exp": 256, "n_ff": 1024}
 
 # (arch, wide, ctx, ubatch, cache type, strategy, rpc devices)
 CASES = [
@@ -97,12 +89,9 @@ def workers(bin_dir: Path) -> Iterator[list[str]]:
 def model_set(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], ModelProfile]:
     d = tmp_path_factory.mktemp("ledger-models")
     out = {}
-    for arch, dims in DIMS.items():
+    for arch in ARCHS:
         for wide in (False, True):
-            kw = dict(WIDE, n_head=4 if dims.n_head == 2 else 8, n_head_kv=1 if dims.n_head == 2 else 4) if wide else {}
-            from dataclasses import replace
-
-            g = generate(d / f"{arch}-{int(wide)}.gguf", arch, replace(dims, **kw), "f16")
+            g = generate(d / f"{arch}-{int(wide)}.gguf", arch, small_dims(arch, wide), "f16")
             out[(arch, wide)] = load_profile(g.files[0])
     return out
 

@@ -347,6 +347,27 @@ PRESET_RECIPES: dict[str, str] = {
 }
 
 
+# Small shapes of every family, each exercising its features (dense lead layers, NextN, MLA with
+# few heads), that llama-server loads in a fraction of a second: what the test suite and the
+# benches measure the engine on. `wide` doubles the width and experts, for a second point.
+_SMALL: dict[str, Dims] = {
+    "qwen3moe": Dims(),
+    "glm4moe": Dims(n_dense_lead=1, n_nextn=1),
+    "deepseek2": Dims(n_dense_lead=1, n_head=2, n_head_kv=1),
+    "qwen35moe": Dims(),
+    "glm-dsa": Dims(n_dense_lead=1, n_nextn=1, n_head=2, n_head_kv=1),
+}
+
+
+def small_dims(arch: str, wide: bool = False) -> Dims:
+    d = _SMALL[arch]
+    if not wide:
+        return d
+    mla = d.n_head == 2
+    return replace(d, n_embd=512, n_expert=16, n_expert_used=4, n_ff_exp=256, n_ff=1024,
+                   n_head=4 if mla else 8, n_head_kv=1 if mla else 4)
+
+
 def with_overrides(d: Dims, **kw: int | None) -> Dims:
     return replace(d, **{k: v for k, v in kw.items() if v is not None})
 
