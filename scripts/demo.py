@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import httpx
 import yaml
+
+from moetune.engine.measure import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "demo-out"
@@ -54,12 +55,6 @@ def moetune(*args: str, check: bool = True) -> int:
     if check and rc != 0:
         sys.exit(f"demo: `moetune {args[0]}` failed with exit code {rc}")
     return rc
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ask_one_question(model: Path) -> None:
