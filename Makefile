@@ -32,11 +32,11 @@ test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not server and not netns"
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests scripts bench
+	$(BIN)/ruff check src tests scripts benchmarks
 	$(BIN)/mypy
 
 bench: engine
-	$(BIN)/python bench/run.py
+	$(BIN)/python benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache demo-out

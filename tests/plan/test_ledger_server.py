@@ -9,7 +9,7 @@ and the placement it logs (layer devices and tensor overrides) equal to the plan
 Compute buffers are a fitted model (plan/compute.py). Where it is known to be coarse the test
 says so with a wider bound instead of hiding the case: several accelerators (the per-token term
 moves between devices), the host when experts run on it, and the cases in KNOWN_GAPS.
-`make bench` writes the full predicted-vs-measured table (bench/results/ledger.md).
+`make bench` writes the full predicted-vs-measured table (benchmarks/results/ledger.md).
 """
 
 from __future__ import annotations

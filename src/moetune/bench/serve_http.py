@@ -1,9 +1,9 @@
 """HTTP clients for the serving benchmark behind one small interface: moetune's own
 (:mod:`moetune.bench.serve_rawhttp`, "asyncio"), aiohttp and httpx.
 
-All three are kept so `make bench` (bench/bench_serve_client.py) can measure their timing error
+All three are kept so `make bench` (benchmarks/bench_serve_client.py) can measure their timing error
 against the mock server with the same harness; serve-bench uses :data:`DEFAULT_LIBRARY`, the one
-that measured best by far (bench/results/serve_client.md): it takes the kernel's receive time of
+that measured best by far (benchmarks/results/serve_client.md): it takes the kernel's receive time of
 each event, where the libraries can only read the clock when their coroutine resumes.
 
 Transport failures become short kinds (``disconnected``, ``connection_reset``, ``timeout``, ...)

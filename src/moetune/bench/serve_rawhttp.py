@@ -6,7 +6,7 @@ so a benchmark client receives bursts of events, and a client on the same host a
 server is often not running when they arrive. aiohttp and httpx hand bytes to the waiting
 coroutine a loop iteration later, so a timestamp taken there is late by whatever the client did
 meanwhile (about 1 ms for 64 streams on the 2-core test machine, tens of ms when it is
-descheduled; see bench/results/serve_client.md). Here the time comes from, in order of
+descheduled; see benchmarks/results/serve_client.md). Here the time comes from, in order of
 preference:
 
 1. the kernel's receive timestamp of the bytes (``SO_TIMESTAMPNS``, Linux, plain HTTP): it does

@@ -141,7 +141,7 @@ def _source(spec: ServeBenchSpec, match_slots: bool, server: str | None) -> Serv
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write latency and throughput plots (PNG) into this directory.")
 @click.option("--http-client", type=click.Choice(LIBRARIES), default=DEFAULT_LIBRARY, show_default=True,
-              help="HTTP client (see bench/results/serve_client.md for their measured error).")
+              help="HTTP client (see benchmarks/results/serve_client.md for their measured error).")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), help="Results database.")
 @json_option
 def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals: str, dataset: Path | None,

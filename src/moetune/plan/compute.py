@@ -3,7 +3,7 @@
 How it was derived (mainline llama.cpp build 11434, flash attention on, its default): llama-server
 was started with ``-lv 4`` on generated models of all five families at two widths, over
 ubatch 32–1024, context 512–16384, 1 and 4 slots, with layers on a loopback RPC device or on the
-CPU and experts on either (``bench/measure_buffers.py``, 1,400 points). The reserved sizes
+CPU and experts on either (``benchmarks/measure_buffers.py``, 1,400 points). The reserved sizes
 (``sched_reserve: <dev> compute buffer size``) decompose as
 
 - the attention mask, an input that lives through the whole graph: ``n_tok * n_kv * 2`` bytes
@@ -27,7 +27,7 @@ CPU and experts on either (``bench/measure_buffers.py``, 1,400 points). The rese
 ik_llama.cpp reserves the output logits for every ubatch token (``n_tok * n_vocab * 4``: 4.7 GiB
 of the 5.3 GiB compute buffer in the GLM-5.1 reference at ``-ub 8192``) and caps the attention
 phase at ``-amb`` MiB; its model is fitted to that one reference point and is coarser. Accuracy against llama-server is checked by the test suite and
-written by ``make bench`` (``bench/results/ledger.md``). Known gap: with two or more accelerators the
+written by ``make bench`` (``benchmarks/results/ledger.md``). Known gap: with two or more accelerators the
 per-token term moves between devices in ways this model does not follow (errors up to about 35%
 per device there; the sum over devices stays within about 30%); llama.cpp's pipeline
 parallelism (several accelerators, no tensor overrides) keeps 4 copies of the graph inputs, the

@@ -1,4 +1,4 @@
-"""`make bench`: run every bench/bench_*.py and collect their results under bench/results/.
+"""`make bench`: run every benchmarks/bench_*.py and collect their results under benchmarks/results/.
 
 Each bench module has `main(results_dir: Path) -> None` and writes its own result files. Speed and
 memory goals live here, not in timed unit tests: these machines are noisy, so benches compare

@@ -77,7 +77,7 @@ def main(results: Path) -> None:
     spread = [measure(64, library=DEFAULT_LIBRARY) for _ in range(5)]
     doc = {
         "what": "serve-bench client timing error against the mock SSE server (moetune.bench.serve_accuracy)",
-        "command": "make bench  (python bench/run.py serve_client)",
+        "command": "make bench  (python benchmarks/run.py serve_client)",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_before": load0,
                     "loadavg_after": os.getloadavg()},
         "tries_per_point": TRIES,

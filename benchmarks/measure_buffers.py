@@ -3,7 +3,7 @@
 Starts llama-server on generated models of every family at two widths over ubatch, context,
 slots, flash attention and placements (all on a loopback RPC device, experts on the CPU, CPU
 only), stops it once the buffers are reserved, and writes every logged buffer to a JSON file.
-Run by hand when the engine version changes: ``python bench/measure_buffers.py OUT.json``.
+Run by hand when the engine version changes: ``python benchmarks/measure_buffers.py OUT.json``.
 """
 
 from __future__ import annotations
