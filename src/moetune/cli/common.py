@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -21,6 +22,12 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)  # progress, warning
 
 def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")(f)
+
+
+def db_option(f: F) -> F:
+    """``--db PATH``: the results database, for every command that reads or writes the history."""
+    return click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path),
+                        help="Results database (default: results.sqlite in moetune's data directory).")(f)
 
 
 def print_json(doc: Any) -> None:
