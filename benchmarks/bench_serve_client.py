@@ -2,7 +2,7 @@
 
 For each library (asyncio: moetune's own protocol client; aiohttp; httpx) and 1 to 256 concurrent
 streams, the mock (another process) writes tokens on a known schedule and records when it did;
-the client's error is what it reports minus what the mock did (see moetune.bench.serve_accuracy).
+the client's error is what it reports minus what the mock did (see benchmarks.serve_accuracy).
 Then, at 256 streams, the token interval shrinks until the client's error (p99 of the TTFT and
 ITL errors) passes 1 ms: the highest event rate it times within 1 ms. Last, the 64-stream check of
 `make test` is run five times to show its spread.
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from moetune.bench.serve_accuracy import Accuracy, measure
-from moetune.bench.serve_http import DEFAULT_LIBRARY, LIBRARIES
+from benchmarks.http_adapters import DEFAULT_LIBRARY, LIBRARIES
+from benchmarks.serve_accuracy import Accuracy, measure
 
 STREAMS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TRIES = 2  # each point is measured twice and the better kept: a neighbour's burst can stall either run
@@ -76,7 +76,7 @@ def main(results: Path) -> None:
         max_rate[lib] = best
     spread = [measure(64, library=DEFAULT_LIBRARY) for _ in range(5)]
     doc = {
-        "what": "serve-bench client timing error against the mock SSE server (moetune.bench.serve_accuracy)",
+        "what": "serve-bench client timing error against the mock SSE server (benchmarks.serve_accuracy)",
         "command": "make bench  (python benchmarks/run.py serve_client)",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_before": load0,
                     "loadavg_after": os.getloadavg()},
@@ -108,7 +108,7 @@ def _markdown(doc: dict[str, Any]) -> str:
         f"Measured by `{doc['command']}` on {doc['machine']['cpus']} CPUs shared with other work (load average "
         f"before {doc['machine']['loadavg_before'][0]:.2f}, after {doc['machine']['loadavg_after'][0]:.2f}), "
         f"Python {doc['machine']['python']}, best of {doc['tries_per_point']} runs per point, "
-        f"in {doc['seconds']} s. The mock server (`moetune.bench.mock_server`, its own process) writes tokens on a "
+        f"in {doc['seconds']} s. The mock server (`tests.bench.mock_server`, its own process) writes tokens on a "
         "known schedule (TTFT 60-100 ms, ITL 20-60 ms, 41 tokens, 2 requests per stream) and records when it "
         "wrote each; both processes read the same monotonic clock.",
         "",
@@ -144,5 +144,5 @@ def _markdown(doc: dict[str, Any]) -> str:
               f"{', '.join(f'{x:.3f}' for x in sp['worst_realized_gap_ms'])} (bound 2 ms).", "",
               "Against the nominal schedule, TTFT p50 / ITL p50 (ms): "
               + ", ".join(f"{g['ttft_ms p50']:.3f} / {g['itl_ms p50']:.3f}" for g in sp["nominal_gap_ms"]) + ".",
-              "", f"Chosen client: **{doc['chosen_library']}** (`moetune.bench.serve_rawhttp`).", ""]
+              "", f"Chosen client: **{doc['chosen_library']}** (`moetune.bench.http.client`).", ""]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the benches share helpers: `benchmarks.*` and `tests.*` modules
 
 
 def main() -> int:

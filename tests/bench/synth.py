@@ -1,4 +1,4 @@
-"""Raw bench samples made to order (the shape :mod:`moetune.bench.runner` stores)."""
+"""Raw bench samples made to order (the shape :mod:`moetune.bench.single.runner` stores)."""
 
 from __future__ import annotations
 

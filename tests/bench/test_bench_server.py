@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from moetune.bench import metrics as m
+from moetune.bench.analysis import single as m
 from moetune.hardware.fingerprint import fingerprint as hw_fingerprint
 from moetune.model.profile import fingerprint, load_profile
 from moetune.paths import default_db
@@ -55,15 +55,16 @@ def test_json_contract_and_history(server: Server, tiny: Path) -> None:
     assert isinstance(doc["overhead_ms"], float) and doc["overhead_ms"] >= 0
     with ResultsDB.open() as db:  # the default database, in the user data directory
         assert db.path == default_db()
-        run = db.run(int(doc["run"]))
+        run = db.run(int(doc["run"]["id"]))
         assert run.status == "done" and run.kind == "bench"
         assert db.sample_counts(run.id) == {"warmup": 1, "measure": 3}
         meta = run.meta
-        assert meta["model"]["fingerprint"] == fingerprint(load_profile(tiny))
-        assert meta["hardware_fingerprint"] == hw_fingerprint()
-        assert meta["engine_build"] == meta["server"]["build_info"] and meta["engine_build"]
-        assert meta["argv"][0:2] == ["moetune", "bench"]
-        assert [w["name"] for w in meta["workloads"]] == ["short-json"]
+        assert meta.model.fingerprint == fingerprint(load_profile(tiny))
+        assert meta.host.fingerprint == hw_fingerprint()
+        assert meta.server is not None and meta.server.dialect == "llama.cpp" and meta.server.slots
+        assert meta.engine_build == meta.server.build and meta.engine_build
+        assert meta.argv[0:2] == ("moetune", "bench")
+        assert [w["name"] for w in meta.details["workloads"]] == ["short-json"]
         for s in db.samples(run.id):
             t = s["timings"]
             assert (t["predicted_n"], t["cache_n"]) == (8, 0)  # exact length, cache busted
@@ -73,7 +74,7 @@ def test_json_contract_and_history(server: Server, tiny: Path) -> None:
 def test_thinking_on_and_off(server: Server, tmp_path: Path) -> None:
     doc = bench_json(server.url, "--thinking", "both", "-r", "2", *FAST, "--db", str(tmp_path / "t.sqlite"))
     with ResultsDB.open(tmp_path / "t.sqlite") as db:
-        samples = db.samples(int(doc["run"]))
+        samples = db.samples(int(doc["run"]["id"]))
     off = [s for s in samples if s["workload"] == "short-json"]
     on = [s for s in samples if s["workload"] == "short-json+think"]
     assert len(off) == len(on) == 2
@@ -92,7 +93,7 @@ def test_depth_with_cache_confirmed_by_the_server(server: Server) -> None:
     assert w["d256"]["predicted_n"] == 8
     assert not [x for x in doc["warnings"] if "cache" in x["code"]]
     with ResultsDB.open() as db:
-        rid = int(doc["run"])
+        rid = int(doc["run"]["id"])
         assert db.sample_counts(rid) == {"warmup": 2, "measure": 4, "fill": 3}  # fills precede d256's requests
         fills = db.samples(rid, "fill")
         assert fills[0]["timings"]["prompt_n"] == 256  # the first fill processes the whole context
@@ -159,7 +160,7 @@ def test_every_export_format_of_a_real_run(server: Server, tmp_path: Path) -> No
     db = str(tmp_path / "e.sqlite")
     doc = bench_json(server.url, "-w", "short-json", "--thinking", "both", "--depth", "128", "--pp-tokens", "16", "--tg-tokens", "4",
                      "-r", "2", *FAST, "--db", db)
-    rid = str(doc["run"])
+    rid = str(doc["run"]["id"])
     js = json.loads(run_cli("results", "export", rid, "--format", "json", "--db", db).stdout)
     (run,) = js["runs"]
     phases = [s["phase"] for s in run["samples"]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from moetune.bench import metrics as m
+from moetune.bench.analysis import single as m
 from tests.bench.synth import run_samples, sample
 
 
@@ -82,8 +82,12 @@ def test_bench_metrics_per_workload_with_depth_axis() -> None:
 
 def test_event_stream_lines_split_at_lf_only() -> None:
     """A model's text may hold U+2028 or U+0085, which JSON leaves unescaped: not line breaks."""
-    from moetune.bench.client import sse_lines
+    from moetune.bench.http.client import sse_payloads
 
     ev = 'data: {"content": "a\u2028b\x85c"}\r\n\r\ndata: [DONE]\n\n'.encode()
-    chunks = [ev[i:i + 5] for i in range(0, len(ev), 5)]
-    assert [ln for ln in sse_lines(iter(chunks)) if ln] == ['data: {"content": "a\u2028b\x85c"}', "data: [DONE]"]
+    got: list[bytes] = []
+    buf = b""
+    for i in range(0, len(ev), 5):  # in pieces, a CR LF split between two of them
+        payloads, buf = sse_payloads(buf, ev[i:i + 5])
+        got += payloads
+    assert got == ['{"content": "a\u2028b\x85c"}'.encode(), b"[DONE]"] and buf == b""

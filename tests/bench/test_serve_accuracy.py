@@ -14,7 +14,7 @@ schedule also carries the mock process's own timer lateness on a busy VM (about 
 
 from __future__ import annotations
 
-from moetune.bench.serve_accuracy import Accuracy, measure
+from benchmarks.serve_accuracy import Accuracy, measure
 
 BOUND_MS = 2.0
 
@@ -53,11 +53,12 @@ def test_a_stalled_client_still_reports_the_right_itl() -> None:
     import itertools
     import time
 
-    from moetune.bench.mock_server import MockConfig, mock_server
-    from moetune.bench.serve_clock import run
-    from moetune.bench.serve_http import make_client
-    from moetune.bench.serve_load import LoadSpec, Prompt, RequestOptions, run_level
-    from moetune.bench.serve_metrics import request_metrics
+    from benchmarks.http_adapters import make_client
+
+    from moetune.bench.analysis.serve import request_metrics
+    from moetune.bench.http.clock import run
+    from moetune.bench.serve.load import LoadSpec, Prompt, RequestOptions, run_level
+    from tests.bench.mock_server import MockConfig, mock_server
 
     async def go(url: str) -> tuple[list[object], dict[str, object]]:
         http = make_client(url)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from moetune.bench.mock_server import MockConfig, mock_server
 from moetune.store.db import ResultsDB
+from tests.bench.mock_server import MockConfig, mock_server
 from tests.helpers import free_port, run_cli
 
 LEVEL_KEYS = {"concurrency", "ttft_ms", "itl_ms", "output_tok_s", "request_s", "errors", "warnings"}
@@ -50,8 +50,9 @@ def test_json_contract_and_storage(one_slot: str) -> None:
     assert run["server"]["slots"] == 1 and run["server"]["n_ctx_slot"] == 400
     with ResultsDB.open() as db:
         stored = db.run(run["id"])
-        assert stored.status == "done" and stored.meta["target"] == one_slot
-        assert stored.meta["hardware"] and stored.meta["workload"]["input_len"] == 40
+        assert stored.status == "done" and stored.target == one_slot
+        assert stored.meta.server is not None and stored.meta.server.url == one_slot
+        assert stored.meta.host.fingerprint and stored.meta.details["workload"]["input_len"] == 40
         samples = db.samples(run["id"])
         assert len(samples) == 8 and len(db.samples(run["id"], "warmup")) == 2
         s = samples[0]

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from moetune.bench.serve_client import RequestRecord, SseParser, http_error
-from moetune.bench.serve_rawhttp import Disconnected, RawClient, Truncated, _Conn
+from moetune.bench.http.client import Disconnected, RawClient, Truncated, _Conn
+from moetune.bench.serve.request import RequestRecord, SseParser, http_error
 
 
 def rec() -> RequestRecord:

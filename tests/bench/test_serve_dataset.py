@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moetune.bench.serve_dataset import (
+from moetune.bench.serve.dataset import (
     WORDS,
     dataset_prompts,
     fit_content,

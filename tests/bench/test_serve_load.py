@@ -8,13 +8,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from benchmarks.http_adapters import LIBRARIES, make_client
 
-from moetune.bench.mock_server import MockConfig, mock_server
-from moetune.bench.serve_client import RequestRecord
-from moetune.bench.serve_clock import run
-from moetune.bench.serve_http import LIBRARIES, make_client
-from moetune.bench.serve_load import LoadSpec, Prompt, RequestOptions, arrival_offsets, run_level
-from moetune.bench.serve_metrics import summarize_level
+from moetune.bench.analysis.serve import summarize_level
+from moetune.bench.http.clock import run
+from moetune.bench.serve.load import LoadSpec, Prompt, RequestOptions, arrival_offsets, run_level
+from moetune.bench.serve.request import RequestRecord
+from tests.bench.mock_server import MockConfig, mock_server
 
 
 def test_constant_arrivals() -> None:

@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from moetune.bench.serve_metrics import (
+from moetune.bench.analysis.serve import (
     group_levels,
     percentiles_ms,
     request_metrics,
     serve_metric_samples,
     summarize_level,
 )
-from moetune.bench.stats import MetricSamples
+from moetune.bench.analysis.stats import MetricSamples
 
 
 def sample(chunks: list[list[float]], *, t_send: float = 10.0, t_sched: float | None = None,

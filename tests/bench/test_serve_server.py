@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from benchmarks.http_adapters import make_client
 
-from moetune.bench.serve_client import RequestRecord, stream_chat
-from moetune.bench.serve_clock import run
-from moetune.bench.serve_http import make_client
-from moetune.bench.serve_load import Prompt, RequestOptions, request_body
+from moetune.bench.http.clock import run
+from moetune.bench.serve.load import Prompt, RequestOptions, request_body
+from moetune.bench.serve.request import RequestRecord, stream_chat
 from moetune.model.archs import Dims
 from moetune.model.testmodel import generate
 from moetune.store.db import ResultsDB

@@ -1,4 +1,5 @@
-"""--match-slots: a plan's server argv rewritten for a concurrency level (pure)."""
+"""What a benchmark points at (one rule for every command), and --match-slots: a plan's server
+argv rewritten for a concurrency level (pure)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from moetune.bench.serve_target import (
+from moetune.bench.target import (
     CTX,
     PARALLEL,
+    choose_server,
     flag_value,
-    is_url,
-    load_plan_launch,
     match_slots,
+    resolve,
     set_flag,
     slot_context,
 )
@@ -83,18 +84,66 @@ def test_match_slots(argv: tuple[str, ...], c: int, need: int, parallel: str, ct
 def test_match_slots_needs_one_server() -> None:
     b = ProcessSpec(name="b", role="server", engine="llama.cpp", argv=(), host="127.0.0.1", port=8081)
     spec = LaunchSpec((RPC, server(name="a"), b))
-    with pytest.raises(InputError, match="one server"):
+    with pytest.raises(InputError, match="say which one"):
         match_slots(spec, 2, need_per_slot=100)
     assert match_slots(spec, 2, need_per_slot=100, server="b").servers()[1].argv == ("--parallel", "2",
                                                                                      "--ctx-size", "200")
 
 
-def test_targets(tmp_path: Path) -> None:
-    assert is_url("http://127.0.0.1:8080") and is_url("https://h/v1")
-    assert not is_url("plan.json") and not is_url("ftp://x")
+@pytest.mark.parametrize(("typed", "url"), [
+    ("http://127.0.0.1:8080", "http://127.0.0.1:8080"),
+    ("http://127.0.0.1:8080/", "http://127.0.0.1:8080"),
+    ("http://127.0.0.1:8080/v1", "http://127.0.0.1:8080"),  # an OpenAI base URL names the same server
+    ("127.0.0.1:8080", "http://127.0.0.1:8080"),
+    ("https://h:443/v1/", "https://h:443"),
+])
+def test_urls(typed: str, url: str) -> None:
+    t = resolve(typed)
+    assert (t.url, t.plan_path, t.name, t.label) == (url, None, url, None)
+
+
+def _plan(tmp_path: Path, *procs: ProcessSpec, label: str | None = None) -> Path:
     p = tmp_path / "plan.json"
-    p.write_text(json.dumps({"launch": LaunchSpec((RPC, server())).to_json()}))
-    assert load_plan_launch(p).servers()[0].name == "main"
+    doc: dict[str, object] = {"launch": LaunchSpec(procs).to_json()}
+    if label:
+        doc["label"] = label
+    p.write_text(json.dumps(doc))
+    return p
+
+
+B = ProcessSpec(name="b", role="server", engine="llama.cpp", argv=(), host="127.0.0.1", port=8081)
+
+
+@pytest.mark.parametrize(("procs", "server_arg", "chosen", "error"), [
+    ((RPC, server()), None, "main", None),  # one server: no choice to make
+    ((RPC, server()), "main", "main", None),
+    ((RPC, server()), "b", None, "no such server"),
+    ((RPC, server(), B), None, None, "starts 2 servers .*say which one"),  # the one rule: never the first silently
+    ((RPC, server(), B), "b", "b", None),
+    ((RPC,), None, None, "starts no server"),
+])
+def test_one_rule_for_a_plan_with_several_servers(tmp_path: Path, procs: tuple[ProcessSpec, ...],
+                                                   server_arg: str | None, chosen: str | None,
+                                                   error: str | None) -> None:
+    p = _plan(tmp_path, *procs)
+    if error:
+        with pytest.raises(InputError, match=error):
+            resolve(str(p), server_arg)
+        return
+    t = resolve(str(p), server_arg)
+    assert (t.server, t.url, t.label, t.name) == (chosen, None, "plan", str(p.resolve()))
+    assert choose_server(LaunchSpec(procs), server_arg, "x").name == chosen
+
+
+def test_bad_targets(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="neither a server URL nor a plan"):
+        resolve("nothing-here")
+    with pytest.raises(InputError, match="TARGET is a URL"):
+        resolve("http://127.0.0.1:1", "main")
+    with pytest.raises(InputError, match="not a plan file"):
+        resolve(str(tmp_path))
+    p = tmp_path / "plan.json"
     p.write_text(json.dumps({"placement": {}}))
     with pytest.raises(InputError, match="no launch section"):
-        load_plan_launch(p)
+        resolve(str(p))
+    assert resolve(str(_plan(tmp_path, RPC, server(), label="cpu-moe"))).label == "cpu-moe"

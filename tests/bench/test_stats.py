@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from moetune.bench import stats
-from moetune.bench.stats import FASTER, SAME, SLOWER, difference, summarize
+from moetune.bench.analysis import stats
+from moetune.bench.analysis.stats import FASTER, SAME, SLOWER, difference, summarize
 
 QUIET_A = [20.1, 20.3, 19.9, 20.2, 20.0]
 QUIET_A2 = [20.2, 20.0, 20.1, 19.9, 20.3]

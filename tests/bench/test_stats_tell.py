@@ -41,7 +41,7 @@ def servers(bin_dir: Path, models: Path, tmp_path_factory: pytest.TempPathFactor
 def bench(url: str, label: str, db: Path) -> int:
     r = run_cli("bench", url, *BENCH, "--label", label, "--db", str(db), "--json")
     assert r.exit_code == 0, r.stderr
-    return int(json.loads(r.stdout)["run"])
+    return int(json.loads(r.stdout)["run"]["id"])
 
 
 def verdicts(db: Path, *runs: int) -> dict[str, str]:

@@ -41,16 +41,17 @@ def test_bench_a_plan_launches_measures_and_stops(tiny: Path, tmp_path: Path) ->
     r = run_cli("bench", str(plan), *FAST, "--json")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["label"] == "all on CPU" and doc["tg"]["n"] == 2
+    assert doc["run"]["label"] == "all on CPU" and doc["tg"]["n"] == 2
     assert r.stderr.index("rpc0: starting") < r.stderr.index("rpc0: ready") < r.stderr.index("main: starting")
     assert "stopped main, rpc0" in r.stderr
     assert not any(listening(p) for p in ports)  # stopped in order by the launcher
     with ResultsDB.open() as db:
-        run = db.run(doc["run"])
-        assert run.meta["plan"]["label"] == "all on CPU" and run.target == str(plan.resolve())
-        assert run.meta["engine_build"].startswith("version:")  # the launched engine's own version line
-        assert run.meta["model"]["path"] == str(tiny)
-        assert (runs_dir() / run.meta["launch_run"]).is_dir()  # the launcher's logs for this run
+        run = db.run(doc["run"]["id"])
+        assert run.meta.plan is not None and run.meta.plan["label"] == "all on CPU"
+        assert run.target == str(plan.resolve())
+        assert run.meta.engine_build and run.meta.engine_build.startswith("version:")  # the launched engine's own
+        assert run.meta.model.path == str(tiny)
+        assert run.meta.launch_run and (runs_dir() / run.meta.launch_run).is_dir()  # the launcher's logs
 
 
 def test_sweep_resumes_and_ends_with_the_comparison(tiny: Path, tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from moetune.bench.workloads import (
+from moetune.bench.single.workloads import (
     LONG_OPENAPI_PROMPT,
     SHORT_JSON_PROMPT,
     Workload,

@@ -57,9 +57,9 @@ def test_loopback(tmp_path: Path, tool: str) -> None:
     assert doc["tool"] == tool and doc["from"] == "a" and doc["to"] == "b"
     assert doc["single_bits_per_s"] > 1e6 and doc["parallel_bits_per_s"] > 1e6 and doc["parallel_streams"] == 2
     assert 0 < doc["rtt_median_s"] < 0.1 and doc["round_trips"] == 50
-    with ResultsDB.open(Path(doc["db"])) as db:
-        run = db.run(doc["run_id"])
-        assert (run.kind, run.label, run.status, run.meta["tool"]) == ("link-test", "lo", "done", tool)
+    with ResultsDB.open(Path(doc["run"]["db"])) as db:
+        run = db.run(doc["run"]["id"])
+        assert (run.kind, run.label, run.status, run.meta.details["tool"]) == ("link-test", "lo", "done", tool)
         lat, one, two = db.samples(run.id)
         assert len(lat["rtt_s"]) == 50 and (one["streams"], two["streams"]) == (1, 2)
         assert one["bytes"] > 0 and one["seconds"] > 0

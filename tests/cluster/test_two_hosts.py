@@ -170,7 +170,7 @@ def test_link_test_between_namespaces(cluster: TwoHosts, tmp_path: Path, bin_dir
         assert 0 < doc["rtt_min_s"] <= doc["rtt_median_s"] < 0.1 and doc["round_trips"] == 100
     with ResultsDB.open() as db:
         runs = db.runs(kind="link-test")
-        assert [r.meta["tool"] for r in reversed(runs)] == tools
+        assert [r.meta.details["tool"] for r in reversed(runs)] == tools
         assert [s["test"] for s in db.samples(runs[0].id)] == ["latency", "throughput", "throughput"]
         assert runs[0].summary is not None and runs[0].summary["single_bits_per_s"] > 0
     assert c.leftovers() == {}

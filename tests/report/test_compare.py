@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 from rich.table import Table
 
-from moetune.bench.stats import MetricSamples
+from moetune.bench.analysis.stats import MetricSamples
 from moetune.errors import InputError
 from moetune.report import compare as cmp
 from moetune.report.compare import METRIC_EXTRACTORS, RunMetrics, compare, extract, load
 from moetune.report.compare_view import comparison_csv, comparison_markdown, comparison_table
 from moetune.store.db import ResultsDB
+from moetune.store.record import RunKind, RunMeta
 from tests.bench.synth import run_samples
 
 BASE = [18.80, 18.84, 18.86, 18.83, 18.85]
@@ -76,7 +77,7 @@ def test_other_kinds_through_the_extractor_registry(tmp_path: Path, latency_kind
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
         ids = []
         for label, ttft in (("p1", 0.50), ("p2", 0.40)):
-            rid = db.create_run(kind="link-test", label=label, target="t", meta={})
+            rid = db.create_run(RunMeta(RunKind("link-test")), label=label, target="t")
             for d in (-0.002, 0.0, 0.001, 0.002, -0.001):
                 db.add_sample(rid, {"ttft_s": ttft + d})
             db.finish_run(rid)
@@ -87,15 +88,16 @@ def test_other_kinds_through_the_extractor_registry(tmp_path: Path, latency_kind
     assert row.change_pct == pytest.approx(-20.0, abs=0.5)
 
 
-def test_unknown_kinds_and_empty_runs_are_input_errors(tmp_path: Path) -> None:
+def test_unknown_kinds_and_empty_runs_are_input_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(METRIC_EXTRACTORS, RunKind.LINK_TEST)
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
-        rid = db.create_run(kind="link-test", label="l", target="t", meta={})  # no extractor registered
+        rid = db.create_run(RunMeta(RunKind("link-test")), label="l", target="t")  # no extractor registered
         with pytest.raises(InputError, match="link-test"):
             extract(db.run(rid), [])
-        empty = db.create_run(kind="bench", label="e", target="t", meta={})
+        empty = db.create_run(RunMeta(RunKind("bench")), label="e", target="t")
         with pytest.raises(InputError, match="no measured samples"):
             load(db, [db.run(empty)])
-        full = db.create_run(kind="bench", label="f", target="t", meta={})
+        full = db.create_run(RunMeta(RunKind("bench")), label="f", target="t")
         for s in run_samples([20.0, 20.1, 19.9]):
             db.add_sample(full, s)
         (got,) = cmp.load(db, [db.run(full)])
@@ -112,5 +114,5 @@ def test_a_large_change_drowned_in_noise_is_same_but_flagged_noisy() -> None:
 
 
 
-def test_the_serving_bench_kind_is_registered() -> None:
-    assert {"bench", "serve-bench"} <= set(METRIC_EXTRACTORS)
+def test_every_kind_of_run_is_registered() -> None:
+    assert set(METRIC_EXTRACTORS) == set(RunKind)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from moetune.store.db import ResultsDB
+from moetune.store.record import ModelRef, RunKind, RunMeta
 from tests.bench.synth import run_samples, sample
 from tests.helpers import run_cli
 
@@ -19,9 +20,9 @@ def db_path(tmp_path: Path) -> Path:
     path = tmp_path / "r.sqlite"
     with ResultsDB.open(path) as db:
         for label, tg in (("cpu-moe", 18.84), ("head+tail", 21.75)):
-            rid = db.create_run(kind="bench", label=label, target="http://127.0.0.1:8080",
-                                meta={"argv": ["moetune", "bench"], "engine_build": "b1",
-                                      "model": {"path": "/m.gguf", "fingerprint": "abc"}})
+            meta = RunMeta(RunKind.BENCH, argv=("moetune", "bench"), engine_build="b1",
+                           model=ModelRef("/m.gguf", "abc"))
+            rid = db.create_run(meta, label=label, target="http://127.0.0.1:8080")
             db.add_sample(rid, sample(tg=tg * 0.5), phase="warmup")
             for s in run_samples([tg * f for f in (0.999, 1.0, 1.001, 0.998, 1.002)]):
                 db.add_sample(rid, s)
@@ -38,7 +39,7 @@ def test_export_json_keeps_every_raw_sample(db_path: Path) -> None:
     doc = json.loads(r.stdout)
     assert doc["schema_version"] == 1
     run = doc["runs"][0]
-    assert run["meta"]["engine_build"] == "b1"
+    assert run["meta"]["engine_build"] == "b1" and run["meta"]["schema_version"] == 2
     assert [s["phase"] for s in run["samples"]].count("measure") == 8
     assert run["samples"][0]["phase"] == "warmup"
     assert run["samples"][1]["data"]["timings"]["predicted_n"] == 61
@@ -99,8 +100,42 @@ def test_bad_input_exits_2(db_path: Path, args: tuple[str, ...], code: int, msg:
 
 def test_runs_without_a_common_metric(db_path: Path) -> None:
     with ResultsDB.open(db_path) as db:
-        rid = db.create_run(kind="bench", label="other", target="t", meta={})
+        rid = db.create_run(RunMeta(RunKind("bench")), label="other", target="t")
         for s in run_samples([20.0, 20.1, 19.9], workload="my-prompt"):
             db.add_sample(rid, s)
     r = run_cli("compare", "1", str(rid), "--db", str(db_path))
     assert r.exit_code == 2 and "share no metric" in r.stderr
+
+
+FIXTURE_V2 = Path(__file__).resolve().parents[1] / "fixtures" / "db" / "results-v2.sqlite"
+
+
+@pytest.mark.parametrize(("run", "kind", "shows"), [
+    ("1", "bench", ["model: /models/m.gguf", "short-json"]),
+    ("2", "serve-bench", ["server: http://127.0.0.1:8080 (llama.cpp, 2 slots)", "ttft:c=2"]),
+    ("3", "link-test", ["link: a -> b at 10.9.0.2:5201", "throughput:8 streams", "rtt"]),
+])
+def test_every_kind_of_run_shows_and_exports(tmp_path: Path, run: str, kind: str, shows: list[str]) -> None:
+    """results show / export md|csv|json work for every run kind (they crashed on serve-bench and
+    link-test runs before the runs shared one record), on a history written by the second release."""
+    import shutil
+
+    path = tmp_path / "v2.sqlite"
+    shutil.copy(FIXTURE_V2, path)
+    r = run_cli("results", "show", run, "--db", str(path))
+    assert r.exit_code == 0, r.stderr
+    for text in shows:
+        assert text in r.stdout
+    doc = json.loads(run_cli("results", "show", run, "--db", str(path), "--json").stdout)
+    assert doc["run"]["kind"] == kind and doc["meta"]["kind"] == kind
+    for fmt in ("md", "csv", "json"):
+        e = run_cli("results", "export", run, "--format", fmt, "--db", str(path))
+        assert e.exit_code == 0, (fmt, e.stderr)
+        assert e.stdout.strip()
+    md = run_cli("results", "export", run, "--format", "md", "--db", str(path)).stdout
+    assert (f"## Run {run}" in md and "| metric |" in md) or "| workload |" in md
+    rows = list(csv.DictReader(io.StringIO(run_cli("results", "export", run, "--format", "csv", "--db",
+                                                   str(path)).stdout)))
+    assert rows and all(row["kind"] == kind for row in rows)
+    listed = json.loads(run_cli("results", "list", "--db", str(path), "--json").stdout)
+    assert {x["kind"] for x in listed} == {"bench", "serve-bench", "link-test"}

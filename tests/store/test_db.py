@@ -10,6 +10,7 @@ import pytest
 from moetune.errors import InputError
 from moetune.paths import default_db
 from moetune.store.db import ResultsDB
+from moetune.store.record import RunKind, RunMeta, ServerInfo
 
 
 def test_default_location_is_the_data_directory(moetune_home: Path) -> None:
@@ -25,14 +26,16 @@ def test_creates_missing_directories(tmp_path: Path) -> None:
 
 def test_run_life_cycle(tmp_path: Path) -> None:
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
-        rid = db.create_run(kind="bench", label="cpu-moe", target="http://x:1", meta={"argv": ["moetune", "bench"]})
+        meta = RunMeta(RunKind.BENCH, argv=("moetune", "bench"), server=ServerInfo("http://x:1", slots=2),
+                       details={"workloads": []})
+        rid = db.create_run(meta, label="cpu-moe", target="http://x:1")
         assert db.run(rid).status == "running"
         assert [db.add_sample(rid, {"i": i}) for i in range(3)]
         db.add_sample(rid, {"w": 1}, phase="warmup")
         db.finish_run(rid, summary={"tg": {"median": 1.0}})
         r = db.run(rid)
         assert (r.kind, r.label, r.target, r.status) == ("bench", "cpu-moe", "http://x:1", "done")
-        assert r.meta == {"argv": ["moetune", "bench"]}
+        assert r.meta == meta  # the typed record read back as written
         assert r.summary == {"tg": {"median": 1.0}}
         assert r.finished_at is not None
         assert db.samples(rid) == [{"i": 0}, {"i": 1}, {"i": 2}]
@@ -47,7 +50,7 @@ def test_samples_are_committed_as_they_arrive(tmp_path: Path) -> None:
     """Another connection sees each sample at once: a killed writer loses nothing it added."""
     path = tmp_path / "r.sqlite"
     db = ResultsDB.open(path)
-    rid = db.create_run(kind="bench", label="x", target="u", meta={})
+    rid = db.create_run(RunMeta(RunKind("bench")), label="x", target="u")
     db.add_sample(rid, {"n": 1})
     reader = sqlite3.connect(path)
     assert reader.execute("SELECT COUNT(*) FROM samples WHERE run_id = ?", (rid,)).fetchone()[0] == 1
@@ -63,10 +66,10 @@ def test_samples_are_committed_as_they_arrive(tmp_path: Path) -> None:
 
 def test_runs_newest_first_filtered_and_limited(tmp_path: Path) -> None:
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
-        a = db.create_run(kind="bench", label="a", target="t", meta={})
-        b = db.create_run(kind="serve-bench", label="b", target="t", meta={})
+        a = db.create_run(RunMeta(RunKind("bench")), label="a", target="t")
+        b = db.create_run(RunMeta(RunKind("serve-bench")), label="b", target="t")
         db.create_sweep("sw-1", {"plans": []})
-        c = db.create_run(kind="bench", label="c", target="t", meta={}, sweep_id="sw-1")
+        c = db.create_run(RunMeta(RunKind("bench")), label="c", target="t", sweep_id="sw-1")
         assert [r.id for r in db.runs()] == [c, b, a]
         assert [r.id for r in db.runs(kind="bench")] == [c, a]
         assert [r.id for r in db.runs(limit=1)] == [c]
@@ -79,7 +82,7 @@ def test_runs_newest_first_filtered_and_limited(tmp_path: Path) -> None:
 def test_resolve_by_id_label_or_latest(tmp_path: Path, ref: str, label: str) -> None:
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
         for lab in ("a", "b", "b2"):
-            db.create_run(kind="bench", label=lab, target="t", meta={})
+            db.create_run(RunMeta(RunKind("bench")), label=lab, target="t")
         assert db.resolve(ref).label == label
 
 
@@ -94,12 +97,12 @@ def test_unknown_references_are_input_errors(tmp_path: Path) -> None:
 
 
 def test_bad_kind_status_and_values_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="nonsense"):
+        RunKind("nonsense")
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
-        with pytest.raises(ValueError, match="kind"):
-            db.create_run(kind="nonsense", label="x", target="t", meta={})
-        rid = db.create_run(kind="link-test", label="x", target="t", meta={})
-        with pytest.raises(ValueError, match="status"):
-            db.finish_run(rid, "great")
+        rid = db.create_run(RunMeta(RunKind("link-test")), label="x", target="t")
+        with pytest.raises(ValueError, match="great"):
+            db.finish_run(rid, "great")  # type: ignore[arg-type]
         with pytest.raises(ValueError):
             db.add_sample(rid, {"x": float("nan")})  # raw samples stay valid JSON
         assert db.samples(rid) == []

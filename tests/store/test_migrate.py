@@ -13,8 +13,10 @@ from moetune.errors import RuntimeFailure
 from moetune.store import migrations
 from moetune.store.db import ResultsDB
 from moetune.store.migrations import MIGRATIONS, migrate
+from moetune.store.record import RunKind, RunMeta
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "db" / "results-v1.sqlite"
+FIXTURE_V2 = FIXTURE.with_name("results-v2.sqlite")
 ALL = [m.__name__ for m in MIGRATIONS]
 
 
@@ -42,11 +44,37 @@ def test_upgrades_the_first_releases_database(tmp_path: Path) -> None:
         assert db.schema_versions() == ALL
         r = db.run(1)
         assert (r.label, r.status, r.sweep_id) == ("cpu-moe", "done", None)
-        assert r.meta["engine_build"] == "b11434-d1e7395"
+        assert r.meta.engine_build == "b11434-d1e7395"
+        assert (r.meta.model.path, r.meta.model.fingerprint) == ("/models/m.gguf", "0123456789abcdef")
+        assert r.meta.host.fingerprint == "fedcba9876543210"
+        assert r.meta.details["workloads"] == [{"name": "short-json", "kind": "chat"}]
         samples = db.samples(1)
         assert [s["timings"]["predicted_n"] for s in samples] == [61, 61, 61]
-        rid = db.create_run(kind="bench", label="new", target="t", meta={}, sweep_id=None)
+        rid = db.create_run(RunMeta(RunKind("bench")), label="new", target="t", sweep_id=None)
         assert rid == 2
+
+
+def test_every_kinds_metadata_becomes_the_one_record(tmp_path: Path) -> None:
+    """The second release wrote each kind's metadata in its own shape (hardware a dict for bench, a
+    fingerprint string for serve-bench, a file name for link-test); after m003 all read as RunMeta."""
+    path = tmp_path / "v2.sqlite"
+    shutil.copy(FIXTURE_V2, path)
+    with ResultsDB.open(path) as db:
+        bench, serve, link = db.run(1), db.run(2), db.run(3)
+    assert bench.meta.server is not None and serve.meta.server is not None
+    assert (bench.meta.server.build, bench.meta.server.slots, bench.meta.server.n_ctx_slot) == (
+        "b11434-d1e7395", 1, 4096)
+    assert bench.meta.host.facts["cpu"] == "Xeon" and bench.meta.launch_run == "20261120-100000-abcd"
+    assert (serve.meta.server.slots, serve.meta.server.n_ctx_slot, serve.meta.server.url) == (
+        2, 2048, "http://127.0.0.1:8080")
+    assert (serve.meta.model.name, serve.meta.model.fingerprint) == ("m", "0123456789abcdef")
+    assert serve.meta.host.fingerprint == "fedcba9876543210"
+    assert serve.meta.details["workload"]["input_len"] == 64 and serve.meta.details["run_tag"] == "ab12"
+    assert link.meta.host.hardware_file == "two-hosts" and link.meta.server is None
+    assert link.meta.details["addr"] == "10.9.0.2"
+    for r in (bench, serve, link):
+        assert r.meta.kind == r.kind
+        assert RunMeta.from_json(r.meta.to_json(), r.kind) == r.meta  # written and read the same way
 
 
 def test_the_fixture_itself_is_untouched_by_the_suite() -> None:

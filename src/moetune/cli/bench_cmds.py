@@ -2,35 +2,33 @@
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from moetune.bench.launch import launched
-from moetune.bench.runner import BenchOptions
-from moetune.bench.runner import Progress as ProgressFn
-from moetune.bench.runner import bench as run_bench
-from moetune.bench.stats import DEFAULT_MIN_CHANGE
-from moetune.bench.summary import run_summary
-from moetune.bench.sweep import FAILED, load_sweep, run_sweep
-from moetune.bench.warn import grouped
-from moetune.bench.workloads import BUILTIN_NAMES, Workload, expand
-from moetune.cli.common import err, json_option, out, print_json, warn
-from moetune.cli.results_cmds import comparison_output, db_option, open_db, print_wide, run_noise
-from moetune.errors import InputError, RuntimeFailure
-from moetune.report.compare import compare, load
-from moetune.report.plot import plot_runs
-from moetune.report.results_view import workloads_table
-from moetune.store.db import ResultsDB
+from moetune.cli.common import (
+    comparison_output,
+    db_option,
+    err,
+    json_option,
+    out,
+    print_json,
+    print_wide,
+    warn,
+)
+
+if TYPE_CHECKING:
+    from moetune.bench.single.runner import BenchOptions
+    from moetune.bench.single.runner import Progress as ProgressFn
+    from moetune.bench.single.workloads import Workload
+    from moetune.store.db import ResultsDB
 
 F = TypeVar("F", bound=Callable[..., Any])
-_HOSTPORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d+/?$")
+BUILTIN_NAMES = ("short-json", "long-openapi", "reference")  # moetune.bench.single.workloads (checked by a test)
+DEFAULT_MIN_CHANGE = 0.03  # moetune.bench.analysis.stats.DEFAULT_MIN_CHANGE (checked by a test)
 
 
 def _ints(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[int]:
@@ -77,6 +75,9 @@ def workload_options(f: F) -> F:
 
 
 def build_workloads(kw: dict[str, Any]) -> tuple[list[Workload], BenchOptions]:
+    from moetune.bench.single.runner import BenchOptions
+    from moetune.bench.single.workloads import expand
+
     names = list(kw["workload_names"]) or ([] if kw["prompt_files"] or kw["depths"] else ["short-json"])
     ws = expand(names, list(kw["prompt_files"]), thinking=kw["thinking"], max_tokens=kw["max_tokens"],
                 ignore_eos=kw["ignore_eos"], depths=kw["depths"], pp_tokens=kw["pp_tokens"], tg_tokens=kw["tg_tokens"])
@@ -87,6 +88,8 @@ def build_workloads(kw: dict[str, Any]) -> tuple[list[Workload], BenchOptions]:
 @contextmanager
 def progress_bar(enabled: bool = True) -> Iterator[Callable[[str], ProgressFn]]:
     """A factory of progress callbacks, one bar per run, on stderr."""
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), TextColumn("[dim]{task.fields[what]}"), console=err,
                   disable=not enabled, transient=False) as bar:
@@ -105,26 +108,18 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[[str], ProgressFn]]:
         yield make
 
 
-def _load_plan(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"TARGET {path}: not a readable plan file ({e})",
-                         hint="give a server URL (http://127.0.0.1:8080) or a plan JSON file") from None
-    if not isinstance(doc, dict):
-        raise InputError(f"TARGET {path}: not a plan (expected a JSON object with a \"launch\" section)")
-    return doc
-
-
 def _print_run(db: ResultsDB, run_id: int, as_json: bool) -> None:
+    from moetune.bench.analysis.summary import run_summary
+    from moetune.bench.analysis.warnings import Warning, grouped
+    from moetune.report.results_view import workloads_table
+
     r = db.run(run_id)
     summary = run_summary(db.samples(run_id))
     if as_json:
-        print_json({"run": run_id, "label": r.label, "target": r.target, "status": r.status, "db": str(db.path),
-                    **summary})
+        print_json({"run": {**r.header(), "db": str(db.path)}, **summary})
         return
     print_wide(workloads_table(summary))
-    for message, remedy in grouped(summary["warnings"]):
+    for message, remedy in grouped([Warning.from_json(w) for w in summary["warnings"]]):
         warn(message, remedy)
     out.print(f"run {run_id} ({r.label}) stored in {db.path}; `moetune results show {run_id}` for details")
 
@@ -133,7 +128,7 @@ def _print_run(db: ResultsDB, run_id: int, as_json: bool) -> None:
 @click.argument("target")
 @workload_options
 @click.option("--label", help="Name of this configuration in the history (default: the plan's or the server's).")
-@click.option("--server", "server_name", help="Plan targets: which of the plan's servers to bench (default first).")
+@click.option("--server", "server_name", help="Plan targets with several servers: the one to bench.")
 @click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
               help="Plan targets: seconds to wait for the servers to load.")
 @db_option
@@ -145,42 +140,25 @@ def bench_cmd(target: str, label: str | None, server_name: str | None, launch_ti
     The server's own timings are the figures (PP = prompt_n/prompt_ms, TG = predicted_n/predicted_ms);
     the client's clock is kept beside them. Every sample is stored as it arrives.
     """
+    from moetune.bench.single.runner import bench_target
+    from moetune.bench.target import resolve
+    from moetune.store.db import ResultsDB
+
     workloads, options = build_workloads(kw)
-    with open_db(db_path) as db:
-        run_id = _bench_target(db, target, workloads, options, label, server_name, launch_timeout_s, as_json)
-        _print_run(db, run_id, as_json)
-
-
-def _bench_target(db: ResultsDB, target: str, workloads: list[Workload], options: BenchOptions, label: str | None,
-                  server_name: str | None, launch_timeout_s: float, as_json: bool) -> int:
-    path = Path(target)
-    started: list[int] = []
-    with progress_bar(not as_json) as bars:
+    t = resolve(target, server_name)
+    with ResultsDB.open(db_path) as db:
+        started: list[int] = []
         try:
-            if path.is_file():
-                plan = _load_plan(path)
-                lab = label or str(plan.get("label") or path.stem)
-                with launched(plan, source=target, server=server_name, timeout_s=launch_timeout_s,
-                              status=lambda s: err.print(f"[dim]{s}[/]")) as srv:
-                    run_id = run_bench(db, srv.url, workloads, options, label=lab, target=str(path.resolve()),
-                                       plan=plan, engine_build=srv.engine_build, model_path=srv.model_path,
-                                       extra_meta={"launch_run": srv.launch_run}, progress=bars(lab),
-                                       on_start=started.append)
-            elif target.startswith(("http://", "https://")) or _HOSTPORT.match(target):
-                url = target if target.startswith("http") else "http://" + target
-                url = url.rstrip("/").removesuffix("/v1")  # an OpenAI base URL names the same server
-                run_id = run_bench(db, url, workloads, options, label=label, target=url,
-                                   progress=bars(label or url.split("://", 1)[1].rstrip("/")),
-                                   on_start=started.append)
-            else:
-                raise InputError(f"TARGET {target!r} is neither a server URL nor a plan file",
-                                 hint="give http://HOST:PORT of a running llama-server, or a plan JSON file")
+            with progress_bar(not as_json) as bars:
+                run_id = bench_target(db, t, workloads, options, label=label, launch_timeout_s=launch_timeout_s,
+                                      status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars,
+                                      on_start=started.append)
         except KeyboardInterrupt:
             if started:
                 n = len(db.samples(started[0]))
                 err.print(f"run {started[0]} interrupted: {n} measured samples kept in {db.path}")
             raise
-    return run_id
+        _print_run(db, run_id, as_json)
 
 
 @click.command("sweep")
@@ -188,7 +166,7 @@ def _bench_target(db: ResultsDB, target: str, workloads: list[Workload], options
 @workload_options
 @click.option("--baseline", help="Label of the baseline plan (default: the sweep file's, else the first).")
 @click.option("--sweep-id", "sid", help="Resume or name a sweep explicitly (default: derived from plans and options).")
-@click.option("--server", "server_name", help="Which server of each plan to bench (default first).")
+@click.option("--server", "server_name", help="Plans with several servers: the one to bench.")
 @click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Also draw the comparison to FILE.png.")
 @click.option("--min-change", type=click.FloatRange(0, 100), default=DEFAULT_MIN_CHANGE * 100, show_default=True,
@@ -203,19 +181,21 @@ def sweep_cmd(plans: tuple[Path, ...], baseline: str | None, sid: str | None, se
 
     PLANS are plan JSON files, or one sweep YAML file listing them with labels.
     """
+    from moetune.bench.analysis.warnings import grouped
+    from moetune.bench.single.sweep import FAILED, baseline_of, load_sweep, run_sweep
+    from moetune.errors import RuntimeFailure
+    from moetune.report.compare import compare, load, run_noise
+    from moetune.report.plot import plot_runs
+    from moetune.store.db import ResultsDB
+
     workloads, options = build_workloads(kw)
-    spec = load_sweep(list(plans))
-    with open_db(db_path) as db:
+    spec = load_sweep(list(plans), server_name)
+    with ResultsDB.open(db_path) as db:
         with progress_bar(not as_json) as bars:
-            sid, outcomes = run_sweep(db, spec, workloads, options, sid=sid, server=server_name,
-                                      launch_timeout_s=launch_timeout_s,
+            sid, outcomes = run_sweep(db, spec, workloads, options, sid=sid, launch_timeout_s=launch_timeout_s,
                                       status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars)
         ok = [o for o in outcomes if o.run is not None]
-        base_label = baseline or spec.baseline or (ok[0].label if ok else None)
-        base = next((o for o in ok if o.label == base_label), None)
-        if base is None:
-            raise RuntimeFailure(f"sweep {sid}: the baseline {base_label!r} has no completed run",
-                                 hint="see the failures above; fix the plan and run the same command again")
+        base = baseline_of(spec, outcomes, baseline)
         runs = load(db, [db.run(o.run) for o in [base, *[o for o in ok if o is not base]] if o.run is not None])
         comp = compare(runs[0], runs[1:], min_change=min_change / 100, seed=options.seed)
         if plot_path:

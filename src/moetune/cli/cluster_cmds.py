@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from moetune.cli.common import err, json_option, out, print_json
-from moetune.cluster.linktest import DEFAULT_PORT, TOOLS, LinkResult, link_test, samples, summary
+from moetune.cli.common import db_option, err, json_option, out, print_json
+from moetune.cluster.linktest import DEFAULT_PORT, TOOLS, link_test, record, samples, summary
 from moetune.hardware import inventory
 from moetune.store.db import ResultsDB
 
@@ -19,19 +19,6 @@ def _gbit(bits_per_s: float | None) -> str:
 
 def _us(s: float | None) -> str:
     return "-" if s is None else f"{s * 1e6:.0f} µs"
-
-
-def store(r: LinkResult, hw: inventory.Inventory, db_path: Path | None, label: str | None) -> tuple[int, Path]:
-    """Keep the raw samples and the summary in the results database; (run id, database path)."""
-    meta = {"from": r.src, "to": r.dst, "addr": r.addr, "port": r.port, "tool": r.tool, "duration_s": r.duration_s,
-            "hardware": hw.name or hw.source}
-    with ResultsDB.open(db_path) as db:
-        run_id = db.create_run(kind="link-test", label=label or f"{r.src}->{r.dst}", target=f"{r.src}->{r.dst} "
-                               f"({r.addr})", meta=meta)
-        for s in samples(r):
-            db.add_sample(run_id, s)
-        db.finish_run(run_id, "done", summary(r))
-        return run_id, db.path
 
 
 @click.command("link-test")
@@ -48,7 +35,7 @@ def store(r: LinkResult, hw: inventory.Inventory, db_path: Path | None, label: s
               help="Port the receiving end listens on, on NODE_B's link address.")
 @click.option("--tool", type=click.Choice(TOOLS), default="auto", show_default=True,
               help="Bandwidth by iperf3 (auto: where both ends have it) or the built-in TCP test.")
-@click.option("--db", "db_path", type=click.Path(path_type=Path), help="Results database (default: moetune's own).")
+@db_option
 @click.option("--label", help="Label of the stored run (default: NODE_A->NODE_B).")
 @json_option
 def link_test_cmd(node_a: str, node_b: str, hw_path: str, streams: int, duration_s: float, pings: int, port: int,
@@ -63,10 +50,12 @@ def link_test_cmd(node_a: str, node_b: str, hw_path: str, streams: int, duration
     if not as_json:
         err.print(f"link-test {node_a} -> {node_b}: {duration_s:g} s per bandwidth test, {pings} round trips")
     r = link_test(hw, node_a, node_b, streams=streams, duration_s=duration_s, pings=pings, port=port, tool=tool)
-    run_id, path = store(r, hw, db_path, label)
+    with ResultsDB.open(db_path) as db:
+        run = db.run(record(db, r, hardware_file=hw.name or hw.source, label=label))
+        path = db.path
     s = summary(r)
     if as_json:
-        print_json({"run_id": run_id, "db": str(path), **s, "samples": samples(r)})
+        print_json({"run": {**run.header(), "db": str(path)}, **s, "samples": samples(r)})
         return
     t = Table(title=f"{r.src} -> {r.dst} ({r.addr}:{r.port})")
     t.add_column("test")
@@ -77,7 +66,7 @@ def link_test_cmd(node_a: str, node_b: str, hw_path: str, streams: int, duration
     t.add_row("latency (round trip)", f"median {_us(s['rtt_median_s'])}",
               f"p99 {_us(s['rtt_p99_s'])}, min {_us(s['rtt_min_s'])}, {s['round_trips']} x {r.msg_bytes} B")
     out.print(t)
-    out.print(f"stored as run {run_id} in {path}")
+    out.print(f"stored as run {run.id} in {path}")
 
 
 def register(cli: click.Group) -> None:

@@ -64,3 +64,28 @@ def run(group: click.Group) -> int:
     except click.exceptions.Exit as e:
         return e.exit_code
     return 0
+
+
+WIDE = 200  # columns for tables written to files and pipes
+
+
+def print_wide(r: Any) -> None:
+    """Tables at their natural width when stdout is a file or pipe (rich would fold them to 80 columns)."""
+    if out.is_terminal:
+        out.print(r)
+    else:
+        Console(width=WIDE, highlight=False, soft_wrap=True).print(r)
+
+
+def comparison_output(c: Any, fmt: str) -> None:
+    """A comparison (``moetune.report.compare.Comparison``) as a table, Markdown or CSV."""
+    from moetune.report.compare_view import comparison_csv, comparison_markdown, comparison_table
+
+    if fmt == "md":
+        sys.stdout.write(comparison_markdown(c))
+    elif fmt == "csv":
+        sys.stdout.write(comparison_csv(c))
+    else:
+        print_wide(comparison_table(c))
+    for n in c.notes:
+        warn(n)

@@ -1,45 +1,21 @@
-"""`moetune results list|show|export` and `moetune compare RUN...`: the history of measurements."""
+"""`moetune results list|show|export` and `moetune compare`: the history, read back."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console, RenderableType
 
-from moetune.bench.stats import DEFAULT_MIN_CHANGE
-from moetune.bench.warn import Code, bench_warnings, grouped
-from moetune.cli.common import json_option, out, print_json, warn
-from moetune.errors import InputError
-from moetune.report.compare import Comparison, compare, load
-from moetune.report.compare_view import comparison_csv, comparison_markdown, comparison_table
-from moetune.report.plot import plot_runs
-from moetune.report.results_view import (
-    FORMATS,
-    derived,
-    export_csv,
-    export_json,
-    export_md,
-    runs_json,
-    runs_table,
-    show,
-)
-from moetune.store.db import KINDS, ResultsDB, Run
+from moetune.cli.common import comparison_output, db_option, json_option, out, print_json, print_wide, warn
+from moetune.store.record import RunKind
 
-F = TypeVar("F", bound=Callable[..., Any])
-WIDE = 200  # columns for tables written to files and pipes
+if TYPE_CHECKING:
+    from moetune.store.db import ResultsDB, Run
 
-
-def db_option(f: F) -> F:
-    return click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path),
-                        help="Results database (default: results.sqlite in moetune's data directory).")(f)
-
-
-def open_db(path: Path | None) -> ResultsDB:
-    return ResultsDB.open(path)
+FORMATS = ("md", "csv", "json")  # moetune.report.results_view.FORMATS (checked by a test)
+DEFAULT_MIN_CHANGE = 0.03  # moetune.bench.analysis.stats.DEFAULT_MIN_CHANGE (checked by a test)
 
 
 @click.group()
@@ -48,15 +24,18 @@ def results() -> None:
 
 
 @results.command("list")
-@click.option("--kind", type=click.Choice(KINDS), help="Only runs of this kind.")
+@click.option("--kind", type=click.Choice([str(k) for k in RunKind]), help="Only runs of this kind.")
 @click.option("--sweep", "sweep_id", help="Only the runs of this sweep.")
 @click.option("-n", "--limit", type=click.IntRange(1), default=50, show_default=True)
 @db_option
 @json_option
 def list_cmd(kind: str | None, sweep_id: str | None, limit: int, db_path: Path | None, as_json: bool) -> None:
     """Runs, newest first."""
-    with open_db(db_path) as db:
-        runs = db.runs(kind, limit, sweep_id=sweep_id)
+    from moetune.report.results_view import runs_json, runs_table
+    from moetune.store.db import ResultsDB
+
+    with ResultsDB.open(db_path) as db:
+        runs = db.runs(RunKind(kind) if kind else None, limit, sweep_id=sweep_id)
         if as_json:
             print_json(runs_json(db, runs))
         elif not runs:
@@ -73,14 +52,18 @@ def show_cmd(run_ref: str, db_path: Path | None, as_json: bool) -> None:
     """One run: its context (plan, command, engine, model, hardware), figures and warnings.
 
     RUN is an id, a label (its newest run) or `latest`."""
-    with open_db(db_path) as db:
+    from moetune.bench.analysis.warnings import Warning, grouped
+    from moetune.report.results_view import derived, show
+    from moetune.store.db import ResultsDB
+
+    with ResultsDB.open(db_path) as db:
         r = db.resolve(run_ref)
         d = derived(r, db.samples(r.id))
         if as_json:
-            print_json({**r.to_json(), "derived": d, "samples": db.sample_counts(r.id)})
+            print_json({"run": r.header(), **r.to_json(), "derived": d, "samples": db.sample_counts(r.id)})
             return
         print_wide(show(r, d, db.sample_counts(r.id)))
-        for message, remedy in grouped(d.get("warnings", [])):
+        for message, remedy in grouped([Warning.from_json(w) for w in d.get("warnings", [])]):
             warn(message, remedy)
 
 
@@ -94,7 +77,10 @@ def export_cmd(run_refs: tuple[str, ...], fmt: str, all_runs: bool, output: Path
     """Runs with every raw sample: md (summary tables), csv (one row per sample, SI units), json (as stored)."""
     import json
 
-    with open_db(db_path) as db:
+    from moetune.report.results_view import export_csv, export_json, export_md
+    from moetune.store.db import ResultsDB
+
+    with ResultsDB.open(db_path) as db:
         runs = _runs(db, run_refs, all_runs)
         if fmt == "json":
             text = json.dumps(export_json(db, runs), indent=2, default=str) + "\n"
@@ -113,27 +99,10 @@ def _runs(db: ResultsDB, refs: tuple[str, ...], all_runs: bool) -> list[Run]:
     if all_runs:
         return list(reversed(db.runs()))
     if not refs:
+        from moetune.errors import InputError
+
         raise InputError("name the runs to export (ids, labels or `latest`), or give --all")
     return [db.resolve(r) for r in refs]
-
-
-def run_noise(run: Run, samples: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """The warnings that make a run's verdicts less trustworthy (noise, cache state)."""
-    if run.kind != "bench":
-        return []
-    keep = {Code.NOISY, Code.OUTLIERS, Code.FIRST_RUN_SLOWER, Code.CACHE_HIT, Code.CACHE_MISS, Code.FEW_SAMPLES}
-    return [w.to_json() for w in bench_warnings(samples) if w.code in keep]
-
-
-def comparison_output(c: Comparison, fmt: str) -> None:
-    if fmt == "md":
-        sys.stdout.write(comparison_markdown(c))
-    elif fmt == "csv":
-        sys.stdout.write(comparison_csv(c))
-    else:
-        print_wide(comparison_table(c))
-    for n in c.notes:
-        warn(n)
 
 
 @click.command("compare")
@@ -158,25 +127,17 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
 
     The rule: the bootstrap confidence interval of the ratio of medians; "same" when it contains 1
     or the change is below --min-change."""
-    with open_db(db_path) as db:
-        runs = [db.resolve(r) for r in run_refs]
-        if sweep_id:
-            spec = db.sweep(sweep_id)
-            if spec is None:
-                raise InputError(f"no sweep {sweep_id!r}", hint="see `moetune results list` for sweep ids")
-            done = {r.label: r for r in reversed(db.runs(sweep_id=sweep_id)) if r.status == "done"}
-            order = [p["label"] for p in spec.get("plans", [])]
-            if spec.get("baseline") in done and baseline_ref is None:
-                baseline_ref = str(done[spec["baseline"]].id)
-            runs += [done[lab] for lab in order if lab in done]
-        if baseline_ref is not None:
-            base = db.resolve(baseline_ref)
-            runs = [base, *[r for r in runs if r.id != base.id]]
-        if len(runs) < 2:
-            raise InputError("compare needs at least two runs (RUN_A RUN_B, or RUN --baseline RUN)",
-                             hint="see `moetune results list` for run ids")
+    from moetune.bench.analysis.warnings import grouped
+    from moetune.errors import InputError
+    from moetune.report.compare import compare, load, run_noise, runs_to_compare
+    from moetune.report.plot import plot_runs
+    from moetune.store.db import ResultsDB
+    from moetune.store.record import RunStatus
+
+    with ResultsDB.open(db_path) as db:
+        runs = runs_to_compare(db, list(run_refs), baseline=baseline_ref, sweep_id=sweep_id)
         for r in runs:
-            if r.status != "done":
+            if r.status != RunStatus.DONE:
                 warn(f"run {r.id} ({r.label}) is {r.status}: comparing the samples it has")
         data = load(db, runs)
         noise = {r.id: run_noise(r, db.samples(r.id)) for r in runs}
@@ -188,7 +149,7 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
         plot_runs(data, plot_path, conf=confidence, seed=seed)
     if as_json:
         print_json({**comp.to_json(), "plot": str(plot_path) if plot_path else None,
-                    "run_warnings": {str(k): v for k, v in noise.items() if v}})
+                    "run_warnings": {str(k): [w.to_json() for w in v] for k, v in noise.items() if v}})
         return
     comparison_output(comp, fmt)
     for rid, ws in noise.items():
@@ -201,11 +162,3 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
 def register(cli: click.Group) -> None:
     cli.add_command(results)
     cli.add_command(compare_cmd)
-
-
-def print_wide(r: RenderableType) -> None:
-    """Tables at their natural width when stdout is a file or pipe (rich would fold them to 80 columns)."""
-    if out.is_terminal:
-        out.print(r)
-    else:
-        Console(width=WIDE, highlight=False, soft_wrap=True).print(r)

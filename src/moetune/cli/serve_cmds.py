@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
-from moetune.bench.serve_http import DEFAULT_LIBRARY, LIBRARIES
-from moetune.bench.serve_load import ARRIVALS
-from moetune.bench.serve_metrics import group_levels, summarize_level
-from moetune.bench.serve_run import KIND, ServeBenchSpec, serve_bench
-from moetune.bench.serve_servers import PlanServers, RunningServer, ServerSource
-from moetune.bench.serve_target import is_url
-from moetune.bench.serve_warnings import NOTES, annotate
-from moetune.cli.common import err, json_option, out, print_json, warn
+from moetune.cli.common import db_option, err, json_option, out, print_json, warn
 from moetune.errors import InputError
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+
+ARRIVALS = ("poisson", "constant")  # moetune.bench.serve.load.ARRIVALS (checked by a test)
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -31,18 +27,15 @@ def _levels(text: str) -> tuple[int, ...]:
     return cs
 
 
-def _open_db(path: Path | None) -> Any:
-    from moetune.store.db import ResultsDB
-
-    return ResultsDB.open(path)
-
-
 def _ms(d: dict[str, Any], q: str) -> str:
     v = d.get(q)
     return "-" if v is None else f"{v:.1f}"
 
 
 def levels_table(levels: list[dict[str, Any]]) -> Table:
+    from rich import box
+    from rich.table import Table
+
     t = Table(title="serve-bench, times in ms", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     cols = ("c", "slots", "ok", "errors", "TTFT\np50", "TTFT\np99", "TTFC\np50", "ITL\np50", "ITL\np99",
             "TPOT\np50", "E2E\np50", "req/s", "out\ntok/s")
@@ -63,7 +56,7 @@ def levels_table(levels: list[dict[str, Any]]) -> Table:
 def _render(doc: dict[str, Any], plot_dir: Path | None, as_json: bool) -> None:
     run = doc["run"]
     if plot_dir is not None and doc["levels"]:
-        from moetune.bench.serve_plot import plot_sweep
+        from moetune.report.plot import plot_sweep
 
         paths = plot_sweep(doc["levels"], plot_dir, title=f"run {run['id']}: {run['label']}")
         doc["run"]["plots"] = [str(p) for p in paths]
@@ -72,7 +65,7 @@ def _render(doc: dict[str, Any], plot_dir: Path | None, as_json: bool) -> None:
         warn(a["message"], a["remedy"])
     for lv in doc["levels"]:
         for a in lv.get("advice", []):
-            if a["kind"] in NOTES:
+            if a["code"] == "retries":  # a note: it changes no figure
                 err.print(f"note: {a['message']}", style="dim")
             else:
                 warn(a["message"], a["remedy"])
@@ -84,6 +77,8 @@ def _render(doc: dict[str, Any], plot_dir: Path | None, as_json: bool) -> None:
               f"{run['workload'].get('dataset') or str(run['workload'].get('input_len')) + ' prompt tokens'}, "
               f"context per slot: {', '.join(str(c) if c else '?' for c in ctx)}")
     # at its natural width when stdout is a file or pipe (rich would fold it to 80 columns)
+    from rich.console import Console
+
     console = out if out.is_terminal else Console(width=160, highlight=False, soft_wrap=True)
     console.print(levels_table(doc["levels"]))
 
@@ -92,22 +87,6 @@ def _log(line: str) -> None:
     err.print(line, style="dim")
 
 
-def _source(spec: ServeBenchSpec, match_slots: bool, server: str | None) -> ServerSource:
-    if is_url(spec.url):
-        if match_slots:
-            raise InputError("--match-slots resizes a server moetune starts from a plan; it cannot change a "
-                             "running one", hint="restart the server with --parallel N and -c N x per-slot context, "
-                                                 "or give a plan")
-        if server:
-            raise InputError("--server names a server of a plan; TARGET is a URL")
-        return RunningServer(spec.url)
-    path = Path(spec.url)
-    if not path.is_file():
-        raise InputError(f"{spec.url}: neither a server URL nor a plan file",
-                         hint="give http://HOST:PORT of a running llama-server, or a plan from `moetune plan --json`")
-    # each slot needs room for a synthetic prompt and its output; a dataset's vary (4096 then)
-    need = spec.input_len + (spec.output_len or 64) if spec.dataset is None else 4096
-    return PlanServers(path, match=match_slots, need_per_slot=need, log=_log, server=server)
 
 
 @click.command("serve-bench")
@@ -140,14 +119,12 @@ def _source(spec: ServeBenchSpec, match_slots: bool, server: str | None) -> Serv
 @click.option("--server", help="For a plan TARGET with several servers: the one to benchmark.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write latency and throughput plots (PNG) into this directory.")
-@click.option("--http-client", type=click.Choice(LIBRARIES), default=DEFAULT_LIBRARY, show_default=True,
-              help="HTTP client (see benchmarks/results/serve_client.md for their measured error).")
-@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), help="Results database.")
+@db_option
 @json_option
 def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals: str, dataset: Path | None,
                     input_len: int | None, output_len: int | None, requests: int | None, duration: float | None,
                     warmup: int, seed: int, prefix_cache: bool, thinking: str, timeout_s: float, model: str | None,
-                    label: str | None, match_slots: bool, server: str | None, plot_dir: Path | None, http_client: str,
+                    label: str | None, match_slots: bool, server: str | None, plot_dir: Path | None,
                     db_path: Path | None, as_json: bool) -> None:
     """Measure a server under concurrent streaming load: TTFT, ITL, TPOT, throughput per level.
 
@@ -157,6 +134,9 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
     Every request is stored as a raw sample in the results history (compare runs with
     `moetune compare`); the figures are derived from those samples.
     """
+    from moetune.bench.serve.run import ServeBenchSpec, serve_bench, server_source
+    from moetune.store.db import ResultsDB
+
     levels = _levels(concurrency)
     if dataset is not None and input_len is not None:
         raise InputError("--input-len sets synthetic prompts; a --dataset brings its own", hint="drop one of them")
@@ -166,9 +146,9 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
         url=target, concurrency=levels, rate=rate, arrivals=arrivals, dataset=dataset, input_len=input_len or 128,
         output_len=output_len, requests=requests, duration_s=duration, warmup=warmup, seed=seed,
         prefix_cache=prefix_cache, thinking={"on": True, "off": False}.get(thinking), timeout_s=timeout_s,
-        model=model, library=http_client, label=label)
-    source = _source(spec, match_slots, server)
-    with _open_db(db_path) as db:
+        model=model, label=label)
+    source = server_source(spec, target, match_slots=match_slots, server=server, status=_log)
+    with ResultsDB.open(db_path) as db:
         doc = serve_bench(spec, db, log=_log, source=source)
     _render(doc, plot_dir, as_json)
     if not as_json:
@@ -180,28 +160,15 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
 @click.argument("run_ref", metavar="RUN")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write latency and throughput plots (PNG) into this directory.")
-@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), help="Results database.")
+@db_option
 @json_option
 def serve_report_cmd(run_ref: str, plot_dir: Path | None, db_path: Path | None, as_json: bool) -> None:
     """Figures of a stored serve-bench run (id, label or `latest`), derived again from its samples."""
-    with _open_db(db_path) as db:
-        run = db.resolve(run_ref)
-        if run.kind != KIND:
-            raise InputError(f"run {run.id} is a {run.kind} run, not {KIND}", hint="see `moetune results show`")
-        samples = db.samples(run.id)
-    meta = run.meta
-    levels = [summarize_level(g) for g in group_levels(samples)]
-    stored = {(lv["concurrency"], lv["rate"]): lv for lv in (run.summary or {}).get("levels", [])}
-    for lv in levels:  # what each level ran on (a plan relaunched per level) is not in the samples
-        lv["server"] = stored.get((lv["concurrency"], lv["rate"]), {}).get("server", meta.get("server"))
-    annotate(levels, slots=(meta.get("server") or {}).get("slots"),
-             prefix_cache=bool((meta.get("workload") or {}).get("prefix_cache")))
-    summary_warn = (run.summary or {}).get("warnings") or []
-    doc = {"run": {"id": run.id, "kind": run.kind, "label": run.label, "target": run.target, "status": run.status,
-                   "server": meta.get("server"), "model": meta.get("model"), "client": meta.get("client"),
-                   "workload": meta.get("workload"), "warnings": [a["message"] for a in summary_warn],
-                   "advice": summary_warn, "samples": len(samples)},
-           "levels": levels}
+    from moetune.bench.serve.run import stored_report
+    from moetune.store.db import ResultsDB
+
+    with ResultsDB.open(db_path) as db:
+        doc = stored_report(db, db.resolve(run_ref))
     _render(doc, plot_dir, as_json)
 
 

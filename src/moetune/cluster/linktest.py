@@ -25,9 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moetune import __version__
 from moetune.errors import InputError, RuntimeFailure
 from moetune.hardware.inventory import Inventory, Node
 from moetune.run.remote import RemoteError, run_remote, ssh_argv, ssh_base
+from moetune.store.db import ResultsDB
+from moetune.store.record import HostRef, RunKind, RunMeta, RunStatus
 
 IPERF3, BUILTIN, AUTO = "iperf3", "builtin", "auto"
 TOOLS = (AUTO, IPERF3, BUILTIN)
@@ -254,3 +257,16 @@ def samples(r: LinkResult) -> list[dict[str, Any]]:
         out.append({"test": "throughput", "tool": t.tool, "streams": t.streams, "bytes": t.bytes,
                     "seconds": t.seconds, "raw": t.raw})
     return out
+
+
+def record(db: ResultsDB, r: LinkResult, *, hardware_file: str | None, label: str | None = None) -> int:
+    """Keep a link test in the results history: its raw samples and its summary; the run's id."""
+    meta = RunMeta(kind=RunKind.LINK_TEST, moetune_version=__version__, argv=tuple(sys.argv),
+                   started_unix=time.time(), host=HostRef.here(hardware_file),
+                   details={"from": r.src, "to": r.dst, "addr": r.addr, "port": r.port, "tool": r.tool,
+                            "duration_s": r.duration_s})
+    run_id = db.create_run(meta, label=label or f"{r.src}->{r.dst}", target=f"{r.src}->{r.dst} ({r.addr})")
+    for s in samples(r):
+        db.add_sample(run_id, s)
+    db.finish_run(run_id, RunStatus.DONE, summary(r))
+    return run_id

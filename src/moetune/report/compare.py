@@ -7,7 +7,7 @@ better). Add a kind by adding an entry::
     from moetune.report.compare import METRIC_EXTRACTORS
     METRIC_EXTRACTORS["serve-bench"] = serve_metrics   # list[dict] -> dict[str, MetricSamples]
 
-The verdict rule is :func:`moetune.bench.stats.difference`'s (bootstrap CI of the ratio of
+The verdict rule is :func:`moetune.bench.analysis.stats.difference`'s (bootstrap CI of the ratio of
 medians; "same" when it includes 1 or the change is under the practical threshold).
 """
 
@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from moetune.bench.metrics import bench_metrics
-from moetune.bench.serve_metrics import serve_metric_samples
-from moetune.bench.stats import (
+from moetune.bench.analysis.link import link_metric_samples
+from moetune.bench.analysis.serve import serve_metric_samples
+from moetune.bench.analysis.single import bench_metrics
+from moetune.bench.analysis.stats import (
     DEFAULT_CONF,
     DEFAULT_MIN_CHANGE,
     SAME,
@@ -28,11 +29,14 @@ from moetune.bench.stats import (
     difference,
     summarize,
 )
+from moetune.bench.analysis.warnings import NOISE, Warning, bench_warnings
 from moetune.errors import InputError
 from moetune.store.db import ResultsDB, Run
+from moetune.store.record import RunKind, RunStatus
 
 MetricExtractor = Callable[[list[dict[str, Any]]], dict[str, MetricSamples]]
-METRIC_EXTRACTORS: dict[str, MetricExtractor] = {"bench": bench_metrics, "serve-bench": serve_metric_samples}
+METRIC_EXTRACTORS: dict[str, MetricExtractor] = {
+    RunKind.BENCH: bench_metrics, RunKind.SERVE_BENCH: serve_metric_samples, RunKind.LINK_TEST: link_metric_samples}
 COMPARE_SCHEMA_VERSION = 1
 
 
@@ -142,3 +146,32 @@ def compare(baseline: RunMetrics, others: list[RunMetrics], *, conf: float = DEF
             rows.append(CompareRow(o.run, o.label, name, ms.unit, ms.higher_is_better, s.n, s.median, s.ci_low,
                                    s.ci_high, base_stats[name].median, d.change_pct, lo, hi, d.verdict, noisy))
     return Comparison(baseline, base_stats, others, rows, conf, min_change, notes)
+
+
+def run_noise(run: Run, samples: list[dict[str, Any]]) -> list[Warning]:
+    """The warnings that make a run's verdicts less trustworthy (noise, cache state)."""
+    if run.kind != RunKind.BENCH:
+        return []
+    return [w for w in bench_warnings(samples) if w.code in NOISE]
+
+
+def runs_to_compare(db: ResultsDB, refs: list[str], *, baseline: str | None = None,
+                    sweep_id: str | None = None) -> list[Run]:
+    """The runs named (ids, labels, `latest`), then a sweep's completed runs in its plans' order;
+    the baseline first: ``baseline``, else the sweep's own, else the first named."""
+    runs = [db.resolve(r) for r in refs]
+    if sweep_id:
+        spec = db.sweep(sweep_id)
+        if spec is None:
+            raise InputError(f"no sweep {sweep_id!r}", hint="see `moetune results list` for sweep ids")
+        done = {r.label: r for r in reversed(db.runs(sweep_id=sweep_id)) if r.status == RunStatus.DONE}
+        if spec.get("baseline") in done and baseline is None:
+            baseline = str(done[spec["baseline"]].id)
+        runs += [done[p["label"]] for p in spec.get("plans", []) if p["label"] in done]
+    if baseline is not None:
+        base = db.resolve(baseline)
+        runs = [base, *[r for r in runs if r.id != base.id]]
+    if len(runs) < 2:
+        raise InputError("compare needs at least two runs (RUN_A RUN_B, or RUN --baseline RUN)",
+                         hint="see `moetune results list` for run ids")
+    return runs

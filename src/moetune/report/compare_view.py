@@ -10,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from moetune.bench.stats import FASTER, SAME, SLOWER
+from moetune.bench.analysis.stats import FASTER, SAME, SLOWER
 from moetune.report.compare import CompareRow, Comparison
 
 VERDICT_TEXT = {FASTER: "faster", SLOWER: "slower", SAME: "same"}

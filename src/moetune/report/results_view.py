@@ -15,13 +15,14 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from moetune.bench import metrics as m
-from moetune.bench.stats import DEFAULT_CONF, summarize
-from moetune.bench.summary import run_summary
-from moetune.bench.warn import grouped
+from moetune.bench.analysis import single as m
+from moetune.bench.analysis.stats import DEFAULT_CONF, summarize
+from moetune.bench.analysis.summary import run_summary
+from moetune.bench.analysis.warnings import Warning, grouped
 from moetune.report.compare import METRIC_EXTRACTORS
 from moetune.report.compare_view import fmt
 from moetune.store.db import ResultsDB, Run
+from moetune.store.record import RunKind
 
 EXPORT_SCHEMA_VERSION = 1
 FORMATS = ("md", "csv", "json")
@@ -29,7 +30,7 @@ FORMATS = ("md", "csv", "json")
 
 def derived(run: Run, samples: list[dict[str, Any]], *, seed: int = 0) -> dict[str, Any]:
     """A run's figures from its measured samples (bench: the full summary; other kinds: their metrics)."""
-    if run.kind == "bench":
+    if run.kind == RunKind.BENCH:
         return run_summary(samples, seed=seed)
     fn = METRIC_EXTRACTORS.get(run.kind)
     if fn is None or not samples:
@@ -72,16 +73,27 @@ def runs_json(db: ResultsDB, runs: list[Run]) -> list[dict[str, Any]]:
 
 
 def _context_lines(run: Run) -> list[str]:
-    meta = run.meta
-    model = meta.get("model") or {}
-    return [f"run {run.id}: {run.label} ({run.kind}, {run.status})",
-            f"target: {run.target}",
-            f"started: {run.created_at}   finished: {run.finished_at or '-'}",
-            f"engine build: {meta.get('engine_build') or '-'}",
-            f"model: {model.get('path') or '-'} (fingerprint {model.get('fingerprint') or '-'})",
-            f"hardware: {meta.get('hardware_fingerprint') or '-'} "
-            f"({(meta.get('hardware') or {}).get('cpu', '')}, {(meta.get('hardware') or {}).get('cores', '?')} cores)",
-            f"command: {' '.join(meta.get('argv') or [])}"]
+    """What a run measured and how, from its record: the same lines for every kind of run."""
+    m = run.meta
+    lines = [f"run {run.id}: {run.label} ({run.kind}, {run.status})",
+             f"target: {run.target}",
+             f"started: {run.created_at}   finished: {run.finished_at or '-'}"]
+    if m.server is not None:
+        slots = f", {m.server.slots} slots" if m.server.slots else ""
+        lines.append(f"server: {m.server.url or '-'} ({m.server.dialect}{slots})")
+    if run.kind != RunKind.LINK_TEST:
+        lines.append(f"engine build: {m.engine_build or '-'}")
+        name = f" as {m.model.name!r}" if m.model.name else ""
+        lines.append(f"model: {m.model.path or '-'}{name} (fingerprint {m.model.fingerprint or '-'})")
+    else:
+        d = m.details
+        lines.append(f"link: {d.get('from', '?')} -> {d.get('to', '?')} at {d.get('addr', '?')}:{d.get('port', '?')} "
+                     f"({d.get('tool', '?')}, {d.get('duration_s', '?')} s per test)")
+    if m.launch_run:
+        lines.append(f"launched: run {m.launch_run} (`moetune ps`, logs in its run directory)")
+    lines.append(f"host: {m.host.describe()}")
+    lines.append(f"command: {' '.join(m.argv) or '-'}")
+    return lines
 
 
 def workloads_table(summary: dict[str, Any], conf: float = DEFAULT_CONF) -> Table:
@@ -109,7 +121,7 @@ def workloads_table(summary: dict[str, Any], conf: float = DEFAULT_CONF) -> Tabl
 def show(run: Run, summary: dict[str, Any], counts: dict[str, int]) -> RenderableType:
     parts: list[RenderableType] = [Text("\n".join(_context_lines(run)))]
     parts.append(Text(f"samples: {', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'none'}", style="dim"))
-    if run.kind == "bench":
+    if run.kind == RunKind.BENCH:
         parts.append(workloads_table(summary))
     else:
         t = Table()
@@ -173,9 +185,9 @@ def export_csv(db: ResultsDB, runs: list[Run]) -> str:
     for r in runs:
         for s in db.sample_rows(r.id):
             base = {"run": r.id, "label": r.label, "kind": r.kind, "phase": s.phase, "seq": s.seq}
-            rows.append({**base, **(_bench_row(s.data) if r.kind == "bench" else _scalars(s.data))})
+            rows.append({**base, **(_bench_row(s.data) if r.kind == RunKind.BENCH else _scalars(s.data))})
     cols: dict[str, None] = dict.fromkeys(("run", "label", "kind", "phase", "seq"))
-    if any(r.kind == "bench" for r in runs):
+    if any(r.kind == RunKind.BENCH for r in runs):
         cols.update(dict.fromkeys(BENCH_COLUMNS))
     for row in rows:
         cols.update(dict.fromkeys(row))
@@ -195,7 +207,7 @@ def export_md(db: ResultsDB, runs: list[Run]) -> str:
         out.append(f"## Run {r.id}: {r.label}\n")
         out += [f"- {line}" for line in _context_lines(r)[1:]]
         out.append(f"- status: {r.status}; measured samples: {len(samples)}\n")
-        if r.kind == "bench":
+        if r.kind == RunKind.BENCH:
             out.append("| workload | TG tokens/s (median [95% CI]) | PP tokens/s | n | prompt | output | cached "
                        "| overhead ms |")
             out.append("|---|---|---|---|---|---|---|---|")
@@ -210,7 +222,7 @@ def export_md(db: ResultsDB, runs: list[Run]) -> str:
                 out.append(f"| {w} | {c(x.get('tg'))} | {c(x.get('pp'))} | {x.get('n')} | {n(x.get('prompt_n'))} | "
                            f"{n(x.get('predicted_n'))} | {n(x.get('cached_n'))} | "
                            f"{'–' if oh is None else f'{oh:.1f}'} |")
-            for message, remedy in grouped(d.get("warnings", [])):
+            for message, remedy in grouped([Warning.from_json(w) for w in d.get("warnings", [])]):
                 out.append(f"\n> warning: {message}  \n> → {remedy}")
         else:
             out.append("| metric | median | 95% CI | n | unit |")

@@ -3,11 +3,11 @@
 One SQLite file (``moetune.paths.default_db()`` unless a path is given), migrated on open.
 Samples are committed one by one as they arrive, so an interrupted run keeps every sample it
 completed. Samples hold raw values only (timestamps, counters, the server's ``timings``);
-figures such as tokens/s are derived when read (:mod:`moetune.bench.metrics`).
+figures such as tokens/s are derived when read (:mod:`moetune.bench.analysis.single`).
 
-Kinds of run: ``bench`` (single-stream, this package's bench), ``serve-bench`` (concurrent
-load), ``link-test``. Statuses: ``running`` (being written, or its writer was killed),
-``done``, ``interrupted`` (Ctrl-C: its samples are complete), ``failed``.
+Each run keeps its kind and status as columns (:class:`~moetune.store.record.RunKind`,
+:class:`~moetune.store.record.RunStatus`) and its context as one typed record
+(:class:`~moetune.store.record.RunMeta`), the same for every kind.
 """
 
 from __future__ import annotations
@@ -23,28 +23,33 @@ from typing import Any
 from moetune.errors import InputError, RuntimeFailure
 from moetune.paths import default_db
 from moetune.store.migrations import migrate, now_iso
+from moetune.store.record import RunKind, RunMeta, RunStatus
 
-KINDS = ("bench", "serve-bench", "link-test")
-STATUSES = ("running", "done", "interrupted", "failed")
+KINDS = tuple(str(k) for k in RunKind)
+STATUSES = tuple(str(s) for s in RunStatus)
 
 
 @dataclass(frozen=True, slots=True)
 class Run:
     id: int
-    kind: str
+    kind: RunKind
     label: str
     target: str
-    meta: dict[str, Any]
-    status: str
+    meta: RunMeta
+    status: RunStatus
     created_at: str
     finished_at: str | None
     summary: dict[str, Any] | None
     sweep_id: str | None
 
+    def header(self) -> dict[str, Any]:
+        """The run as every command's ``--json`` names it (``"run": {...}``)."""
+        return {"id": self.id, "kind": str(self.kind), "label": self.label, "target": self.target,
+                "status": str(self.status), "created_at": self.created_at, "finished_at": self.finished_at,
+                "sweep_id": self.sweep_id}
+
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "kind": self.kind, "label": self.label, "target": self.target,
-                "status": self.status, "created_at": self.created_at, "finished_at": self.finished_at,
-                "sweep_id": self.sweep_id, "meta": self.meta, "summary": self.summary}
+        return {**self.header(), "meta": self.meta.to_json(), "summary": self.summary}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,15 +105,12 @@ class ResultsDB:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def create_run(self, *, kind: str, label: str, target: str, meta: dict[str, Any],
-                   sweep_id: str | None = None) -> int:
-        if kind not in KINDS:
-            raise ValueError(f"unknown run kind {kind!r}; known: {KINDS}")
+    def create_run(self, meta: RunMeta, *, label: str, target: str, sweep_id: str | None = None) -> int:
         with self._lock:
             cur = self._conn.execute(
                 "INSERT INTO runs (kind, label, target, meta, status, created_at, sweep_id) "
                 "VALUES (?, ?, ?, ?, 'running', ?, ?)",
-                (kind, label, target, _dumps(meta), now_iso(), sweep_id))
+                (str(meta.kind), label, target, _dumps(meta.to_json()), now_iso(), sweep_id))
             assert cur.lastrowid is not None
             return cur.lastrowid
 
@@ -122,16 +124,12 @@ class ResultsDB:
             assert cur.lastrowid is not None
             return cur.lastrowid
 
-    def finish_run(self, run_id: int, status: str = "done", summary: dict[str, Any] | None = None) -> None:
-        if status not in STATUSES:
-            raise ValueError(f"unknown status {status!r}; known: {STATUSES}")
+    def finish_run(self, run_id: int, status: RunStatus = RunStatus.DONE,
+                   summary: dict[str, Any] | None = None) -> None:
+        status = RunStatus(status)
         with self._lock:
             self._conn.execute("UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE id = ?",
-                               (status, now_iso(), None if summary is None else _dumps(summary), run_id))
-
-    def update_meta(self, run_id: int, meta: dict[str, Any]) -> None:
-        with self._lock:
-            self._conn.execute("UPDATE runs SET meta = ? WHERE id = ?", (_dumps(meta), run_id))
+                               (str(status), now_iso(), None if summary is None else _dumps(summary), run_id))
 
     def create_sweep(self, sweep_id: str, spec: dict[str, Any]) -> bool:
         """Record a sweep; False when it exists already (a resumed sweep)."""
@@ -146,8 +144,9 @@ class ResultsDB:
 
     @staticmethod
     def _run(row: tuple[Any, ...]) -> Run:
-        return Run(int(row[0]), row[1], row[2], row[3], json.loads(row[4]), row[5], row[6], row[7],
-                   None if row[8] is None else json.loads(row[8]), row[9])
+        kind = RunKind(row[1])
+        return Run(int(row[0]), kind, row[2], row[3], RunMeta.from_json(json.loads(row[4]), kind),
+                   RunStatus(row[5]), row[6], row[7], None if row[8] is None else json.loads(row[8]), row[9])
 
     def run(self, run_id: int) -> Run:
         row = self._conn.execute(f"SELECT {self._RUN_COLS} FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -155,13 +154,13 @@ class ResultsDB:
             raise InputError(f"no run {run_id} in {self.path}", hint="see `moetune results list`")
         return self._run(row)
 
-    def runs(self, kind: str | None = None, limit: int | None = None, *, sweep_id: str | None = None) -> list[Run]:
+    def runs(self, kind: RunKind | None = None, limit: int | None = None, *, sweep_id: str | None = None) -> list[Run]:
         """Runs, newest first."""
         q = f"SELECT {self._RUN_COLS} FROM runs"
         where, args = [], []
         if kind is not None:
             where.append("kind = ?")
-            args.append(kind)
+            args.append(str(kind))
         if sweep_id is not None:
             where.append("sweep_id = ?")
             args.append(sweep_id)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from moetune.bench import metrics as m
-from moetune.bench.stats import DEFAULT_CONF, median, summarize
-from moetune.bench.warn import bench_warnings
+from moetune.bench.analysis import single as m
+from moetune.bench.analysis.stats import DEFAULT_CONF, median, summarize
+from moetune.bench.analysis.warnings import bench_warnings
 
 SUMMARY_SCHEMA_VERSION = 1
 

@@ -20,7 +20,7 @@ context.
 The event loop uses ``select()``, whose timeout has microsecond resolution, not epoll's
 millisecond one: with epoll every write would be up to 1 ms late.
 
-Run it as ``python -m moetune.bench.mock_server --config JSON``; it prints its URL on the first
+Run it as ``python -m tests.bench.mock_server --config JSON``; it prints its URL on the first
 line of stdout. :func:`mock_server` starts it in a subprocess for tests and benches.
 """
 
@@ -340,7 +340,7 @@ def mock_server(cfg: MockConfig | None = None, *, timeout_s: float = 20) -> Iter
     GIL); yield its URL; stop it on exit."""
     cfg = cfg or MockConfig()
     with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a pipe nobody reads fills and blocks
-        proc = subprocess.Popen([sys.executable, "-m", "moetune.bench.mock_server", "--config", cfg.to_json()],
+        proc = subprocess.Popen([sys.executable, __file__, "--config", cfg.to_json()],
                                 stdout=subprocess.PIPE, stderr=errors, text=True)
         try:
             assert proc.stdout is not None

@@ -9,7 +9,7 @@
 
 Several writes that queue up in a socket before the client reads them come out of one read with
 one kernel time, the latest; the interval says how far back the earlier ones may go, and
-:mod:`moetune.bench.serve_metrics` spreads them over it.
+:mod:`moetune.bench.analysis.serve` spreads them over it.
 
 :class:`SockReader` reads a plain TCP socket with ``recvmsg`` and hands each piece on with both
 times; :class:`ProtocolReader` does the same for an asyncio transport (TLS), without kernel times.

@@ -22,13 +22,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from benchmarks.http_adapters import DEFAULT_LIBRARY, make_client
+from tests.bench.mock_server import MockConfig, mock_server
 
-from moetune.bench.mock_server import MockConfig, mock_server
-from moetune.bench.serve_client import RequestRecord
-from moetune.bench.serve_clock import run as run_loop
-from moetune.bench.serve_http import DEFAULT_LIBRARY, make_client
-from moetune.bench.serve_load import LoadSpec, Prompt, RequestOptions, run_level
-from moetune.bench.serve_metrics import PERCENTILES, request_metrics, summarize_level
+from moetune.bench.analysis.serve import PERCENTILES, request_metrics, summarize_level
+from moetune.bench.http.clock import run as run_loop
+from moetune.bench.serve.load import LoadSpec, Prompt, RequestOptions, run_level
+from moetune.bench.serve.request import RequestRecord
 
 
 def _dist(xs: list[float]) -> dict[str, float | None]:

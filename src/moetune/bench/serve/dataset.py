@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from moetune.bench.serve_http import StreamingHttp
-from moetune.bench.serve_load import Prompt
+from moetune.bench.http.client import StreamingHttp
+from moetune.bench.serve.load import Prompt
 from moetune.errors import InputError, RuntimeFailure
 
 # filler words; a few are multi-byte in UTF-8, so the fitting is exercised on them too

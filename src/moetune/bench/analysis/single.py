@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from moetune.bench.stats import MetricSamples
+from moetune.bench.analysis.stats import MetricSamples
 
 TG, PP = "tg", "pp"
 DEPTH_AXIS = "context depth (tokens)"

@@ -13,7 +13,7 @@ preference:
    not depend on when this process runs. When several writes queue up before a read, the kernel
    gives the latest one's time, so the earlier ones can only be stamped late, never early;
 2. the moment the event loop's ``select()`` returned in the iteration that read the bytes
-   (:mod:`moetune.bench.serve_clock`): bytes read then were in the kernel by then. Each piece
+   (:mod:`moetune.bench.http.clock`): bytes read then were in the kernel by then. Each piece
    also carries the earliest time it may have arrived, for pieces that queued up;
 3. ``time.monotonic()`` in the read callback.
 
@@ -33,10 +33,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
-from moetune.bench.serve_clock import SO_TIMESTAMPNS, ProtocolReader, SockReader, arrival_window
+from moetune.bench.http.clock import SO_TIMESTAMPNS, ProtocolReader, SockReader, arrival_window
+
+T = TypeVar("T")
+RETRYABLE = frozenset({"disconnected", "connection_reset"})
 
 # a piece of a body: (arrival time, earliest time it may have arrived, bytes); the two times
 # differ when the client read late and several writes came out of one read
@@ -59,6 +62,50 @@ class Disconnected(ConnectionError):
 
 class Truncated(ConnectionError):
     """The server closed the connection in the middle of a response body."""
+
+
+class StreamingHttp(Protocol):
+    library: str
+
+    async def get_json(self, path: str) -> tuple[int, Any]: ...
+
+    async def post_json(self, path: str, doc: Any) -> tuple[int, Any]: ...
+
+    def post_stream(self, path: str, body: bytes) -> AbstractAsyncContextManager[StreamReply]:
+        """POST ``body``; yield the reply: status, send time, and the body's pieces as they
+        arrive, each with its arrival time (``time.monotonic()``)."""
+        ...
+
+    def classify(self, exc: BaseException) -> str:
+        """A short kind for a transport failure."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+async def retry_stale(http: StreamingHttp, call: Callable[[], Awaitable[T]], attempts: int = 3) -> T:
+    """``call()``, again on a new connection when the server closed a kept-alive one under it
+    (for the small requests around a benchmark: /props, /tokenize, /apply-template)."""
+    for i in range(attempts):
+        try:
+            return await call()
+        except Exception as e:
+            if i == attempts - 1 or http.classify(e) not in RETRYABLE:
+                raise
+    raise AssertionError("unreachable")
+
+
+def sse_payloads(buf: bytes, data: bytes) -> tuple[list[bytes], bytes]:
+    """The ``data:`` payloads of the complete events in ``buf + data``, and what is left over.
+    Split at LF only: JSON leaves U+2028 and the like unescaped inside strings."""
+    buf += data
+    if b"\r" in buf:
+        buf = buf.replace(b"\r\n", b"\n")
+    out = []
+    while (i := buf.find(b"\n\n")) >= 0:
+        event, buf = buf[:i], buf[i + 2:]
+        out += [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
+    return out, buf
 
 
 class _Conn:
@@ -339,3 +386,8 @@ class RawClient:
                 c.io.close()
         self.all.clear()
         self.idle.clear()
+
+
+def connect(base_url: str, *, timeout_s: float = 600) -> RawClient:
+    """A client for ``base_url``; create it inside the running event loop."""
+    return RawClient(base_url, timeout_s)

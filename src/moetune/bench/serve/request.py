@@ -3,7 +3,7 @@
 The collector only records: ``time.monotonic()`` when the request was due, when a client slot was
 free, when it was sent, when each SSE event arrived with the tokens it carries, and when it ended,
 plus the status and any error. TTFT, ITL and the rest are derived later from these samples
-(:mod:`moetune.bench.serve_metrics`), so a stored run can be re-read with other definitions.
+(:mod:`moetune.bench.analysis.serve`), so a stored run can be re-read with other definitions.
 
 Tokens per event come from the server's own counters when it gives them (llama-server's
 ``timings.predicted_n`` with ``timings_per_token``, or a running ``usage.completion_tokens``);
@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from moetune.bench.serve_http import RETRYABLE, StreamingHttp
+from moetune.bench.http.client import RETRYABLE, StreamingHttp, sse_payloads
 
 CHAT_PATH = "/v1/chat/completions"
 SAMPLE_SCHEMA = 1
@@ -79,19 +79,12 @@ class SseParser:
     def feed(self, t: float, data: bytes, t_min: float | None = None) -> None:
         """Bytes that arrived at ``t`` (and not before ``t_min``, when they may have queued up)."""
         self.t_min = t if t_min is None else t_min
-        buf = self.buf + data
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
-        while (i := buf.find(b"\n\n")) >= 0:
-            event, buf = buf[:i], buf[i + 2:]
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        self.done = True
-                    elif payload:
-                        self._event(t, payload)
-        self.buf = buf
+        payloads, self.buf = sse_payloads(self.buf, data)
+        for payload in payloads:
+            if payload == b"[DONE]":
+                self.done = True
+            elif payload:
+                self._event(t, payload)
 
     def _event(self, t: float, payload: bytes) -> None:
         rec = self.rec
@@ -209,47 +202,3 @@ def http_error(status: int, raw: bytes) -> tuple[str, str]:
             kind += f":{err['type']}"
         detail = str(err.get("message", detail))[:300]
     return kind, detail
-
-
-@dataclass(frozen=True, slots=True)
-class ServerInfo:
-    """What the server says about its slots and build; None where it does not say."""
-
-    slots: int | None = None
-    n_ctx_slot: int | None = None  # per-slot context (llama-server: total / slots unless --kv-unified)
-    build: str | None = None
-    model_path: str | None = None
-    model_alias: str | None = None
-    busy_slots: int | None = None  # slots processing when the benchmark started
-    dialect: str = "openai"  # llama.cpp when /props answered
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-async def probe_server(http: StreamingHttp) -> ServerInfo:
-    """Read ``/props`` and ``/slots``. A server without them (not llama-server) gives an empty info."""
-    try:
-        status, props = await http.get_json("/props")
-    except Exception:
-        status, props = 0, None
-    if status != 200 or not isinstance(props, dict):
-        return ServerInfo()
-    dgs = props.get("default_generation_settings") or {}
-    busy = None
-    n_ctx = dgs.get("n_ctx") if isinstance(dgs.get("n_ctx"), int) else None
-    try:
-        s_status, slots = await http.get_json("/slots")
-        if s_status == 200 and isinstance(slots, list):
-            busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
-            ctxs = [s["n_ctx"] for s in slots if isinstance(s, dict) and isinstance(s.get("n_ctx"), int)]
-            if ctxs:
-                n_ctx = min(ctxs)
-    except Exception:  # /slots is optional (--no-slots)
-        pass
-    total = props.get("total_slots")
-    return ServerInfo(slots=total if isinstance(total, int) else None, n_ctx_slot=n_ctx,
-                      build=str(props.get("build_info")) if props.get("build_info") else None,
-                      model_path=str(props.get("model_path")) if props.get("model_path") else None,
-                      model_alias=str(props.get("model_alias")) if props.get("model_alias") else None,
-                      busy_slots=busy, dialect="llama.cpp")

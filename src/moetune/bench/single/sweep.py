@@ -20,16 +20,15 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from moetune.bench.launch import launched
-from moetune.bench.runner import BenchOptions, Progress, bench
-from moetune.bench.workloads import Workload
-from moetune.errors import InputError, MoetuneError
-from moetune.run.prepare import read_plan
+from moetune.bench.single.runner import BenchOptions, Progress, bench_target
+from moetune.bench.single.workloads import Workload
+from moetune.bench.target import Target, plan_target
+from moetune.errors import InputError, MoetuneError, RuntimeFailure
 from moetune.store.db import ResultsDB
+from moetune.store.record import RunStatus
 
 MEASURED, RESUMED, FAILED = "measured", "resumed", "failed"
 
@@ -37,8 +36,12 @@ MEASURED, RESUMED, FAILED = "measured", "resumed", "failed"
 @dataclass(frozen=True, slots=True)
 class SweepEntry:
     label: str
-    path: Path
-    plan: dict[str, Any]
+    target: Target
+
+    @property
+    def path(self) -> Path:
+        assert self.target.plan_path is not None
+        return self.target.plan_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,17 +59,9 @@ class Outcome:
     error: str | None = None
 
 
-def _read_plan(path: Path) -> dict[str, Any]:
-    """The plan document; read and checked by the launcher's own reader (one place for that)."""
-    return read_plan(path)[1]
-
-
-def _plan_label(path: Path, plan: dict[str, Any]) -> str:
-    return str(plan.get("label") or plan.get("name") or path.stem)
-
-
-def load_sweep(paths: list[Path]) -> SweepSpec:
-    """Plan files (labels from their "label" or file name), or one sweep YAML file."""
+def load_sweep(paths: list[Path], server: str | None = None) -> SweepSpec:
+    """Plan files (labels from their "label" or file name), or one sweep YAML file; each plan's
+    server to measure chosen by the one rule (:func:`moetune.bench.target.choose_server`)."""
     if not paths:
         raise InputError("give plan files or a sweep file", hint="moetune sweep a.json b.json, or sweep.yaml")
     name = baseline = None
@@ -87,12 +82,11 @@ def load_sweep(paths: list[Path]) -> SweepSpec:
                     item = {"plan": item}
                 if not isinstance(item, dict) or "plan" not in item:
                     raise InputError(f"sweep file {p}: each plan needs a \"plan\" path ({item!r})")
-                pp = (p.parent / str(item["plan"])).resolve()
-                plan = _read_plan(pp)
-                entries.append(SweepEntry(str(item.get("label") or _plan_label(pp, plan)), pp, plan))
+                t = plan_target((p.parent / str(item["plan"])).resolve(), server)
+                entries.append(SweepEntry(str(item.get("label") or t.label), t))
         else:
-            plan = _read_plan(p)
-            entries.append(SweepEntry(_plan_label(p, plan), p.resolve(), plan))
+            t = plan_target(p.resolve(), server)
+            entries.append(SweepEntry(str(t.label), t))
     labels = [e.label for e in entries]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
@@ -103,14 +97,14 @@ def load_sweep(paths: list[Path]) -> SweepSpec:
 
 
 def sweep_id(spec: SweepSpec, workloads: list[Workload], options: BenchOptions) -> str:
-    key = {"entries": [{"label": e.label, "plan": e.plan} for e in spec.entries],
+    key = {"entries": [{"label": e.label, "plan": e.target.doc} for e in spec.entries],
            "workloads": [w.to_json() for w in workloads],
            "options": {k: v for k, v in asdict(options).items() if k in ("repeats", "warmup", "cache_bust")}}
     return "sw-" + hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def run_sweep(db: ResultsDB, spec: SweepSpec, workloads: list[Workload], options: BenchOptions, *,
-              sid: str | None = None, server: str | None = None, launch_timeout_s: float = 600.0,
+              sid: str | None = None, launch_timeout_s: float = 600.0,
               status: Callable[[str], None] | None = None,
               progress_for: Callable[[str], Progress | None] | None = None) -> tuple[str, list[Outcome]]:
     """Run every plan not yet complete in this sweep; return the sweep id and one outcome per plan."""
@@ -120,22 +114,30 @@ def run_sweep(db: ResultsDB, spec: SweepSpec, workloads: list[Workload], options
                           "workloads": [w.to_json() for w in workloads], "options": asdict(options)})
     outcomes: list[Outcome] = []
     for e in spec.entries:
-        done = [r for r in db.runs(sweep_id=sid) if r.label == e.label and r.status == "done"]
+        done = [r for r in db.runs(sweep_id=sid) if r.label == e.label and r.status == RunStatus.DONE]
         if done:
             if status:
                 status(f"{e.label}: complete in run {done[0].id}, skipped")
             outcomes.append(Outcome(e.label, done[0].id, RESUMED))
             continue
         try:
-            with launched(e.plan, source=str(e.path), server=server, timeout_s=launch_timeout_s,
-                          status=status) as srv:
-                run_id = bench(db, srv.url, workloads, options, label=e.label, target=str(e.path), plan=e.plan,
-                               engine_build=srv.engine_build, model_path=srv.model_path, sweep_id=sid,
-                               extra_meta={"launch_run": srv.launch_run},
-                               progress=progress_for(e.label) if progress_for else None)
+            run_id = bench_target(db, e.target, workloads, options, label=e.label, sweep_id=sid,
+                                  launch_timeout_s=launch_timeout_s, status=status, progress_for=progress_for)
             outcomes.append(Outcome(e.label, run_id, MEASURED))
         except MoetuneError as err:  # one plan failing (out of memory, say) must not lose the others
             if status:
                 status(f"{e.label}: failed: {err}")
             outcomes.append(Outcome(e.label, None, FAILED, str(err)))
     return sid, outcomes
+
+
+def baseline_of(spec: SweepSpec, outcomes: list[Outcome], override: str | None = None) -> Outcome:
+    """The outcome the others are compared with: ``--baseline``, else the sweep file's, else the
+    first plan measured."""
+    ok = [o for o in outcomes if o.run is not None]
+    label = override or spec.baseline or (ok[0].label if ok else None)
+    base = next((o for o in ok if o.label == label), None)
+    if base is None:
+        raise RuntimeFailure(f"the sweep's baseline {label!r} has no completed run",
+                             hint="see the failures above; fix the plan and run the same command again")
+    return base

@@ -11,30 +11,32 @@ import asyncio
 import contextlib
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from moetune import __version__
-from moetune.bench.serve_client import RequestRecord, ServerInfo, probe_server
-from moetune.bench.serve_clock import run as run_loop
-from moetune.bench.serve_dataset import (
+from moetune.bench.analysis.serve import group_levels, summarize_level
+from moetune.bench.analysis.warnings import Warning, annotate, run_warnings
+from moetune.bench.http.client import StreamingHttp, connect
+from moetune.bench.http.clock import run as run_loop
+from moetune.bench.serve.dataset import (
     ServerTokenCounter,
     dataset_prompts,
     load_sharegpt,
     synthetic_prompts,
 )
-from moetune.bench.serve_http import DEFAULT_LIBRARY, StreamingHttp, make_client
-from moetune.bench.serve_load import LoadSpec, Prompt, RequestOptions, run_level
-from moetune.bench.serve_metrics import summarize_level
-from moetune.bench.serve_servers import RunningServer, ServerSource
-from moetune.bench.serve_warnings import Advice, annotate, run_advice
+from moetune.bench.serve.load import LoadSpec, Prompt, RequestOptions, run_level
+from moetune.bench.serve.request import RequestRecord
+from moetune.bench.server import model_ref, probe
+from moetune.bench.servers import PlanServers, RunningServer, ServerSource
+from moetune.bench.target import resolve
 from moetune.errors import InputError, RuntimeFailure
-
-KIND = "serve-bench"
+from moetune.store.record import HostRef, RunKind, RunMeta, RunStatus, ServerInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +56,7 @@ class ServeBenchSpec:
     thinking: bool | None = None
     timeout_s: float = 600
     model: str | None = None
-    library: str = DEFAULT_LIBRARY
     label: str | None = None
-    extra_meta: dict[str, Any] = field(default_factory=dict)
 
     def level_requests(self, c: int) -> int | None:
         if self.duration_s is not None:
@@ -101,16 +101,6 @@ def _sink(writer: SampleWriter, phase: str) -> Callable[[RequestRecord], None]:
     return lambda r: writer.add(r.to_sample(), phase)
 
 
-async def _reachable(http: StreamingHttp, url: str) -> None:
-    try:
-        status, _ = await http.get_json("/health")
-    except Exception as e:
-        raise RuntimeFailure(f"cannot reach {url}: {http.classify(e)} ({e})",
-                             hint="start the server, or check the URL and port") from None
-    if status == 503:
-        raise RuntimeFailure(f"{url} is still loading its model (/health: 503)", hint="wait until it is ready")
-
-
 async def _model_name(http: StreamingHttp) -> str:
     with contextlib.suppress(Exception):
         status, doc = await http.get_json("/v1/models")
@@ -130,17 +120,6 @@ def check_context(spec: ServeBenchSpec, info: ServerInfo) -> None:
             f"--input-len {spec.input_len} + --output-len {spec.output_len or 64} = {need} tokens do not fit the "
             f"server's per-slot context of {info.n_ctx_slot} tokens ({slots} slot(s))",
             hint=f"lower them, or restart llama-server with --parallel {slots} -c {slots * need} or more")
-
-
-def _model_fingerprint(info: ServerInfo) -> str | None:
-    if not info.model_path or not Path(info.model_path).is_file():
-        return None
-    try:
-        from moetune.model.profile import fingerprint, load_profile
-
-        return fingerprint(load_profile(info.model_path))
-    except Exception:
-        return None
 
 
 async def _prompts(spec: ServeBenchSpec, counter: ServerTokenCounter, info: ServerInfo, n: int,
@@ -173,12 +152,12 @@ class _Run:
     prompts: list[Prompt]
     pools: list[int]
     options: RequestOptions
-    meta: dict[str, Any]
-    advice: list[Advice]
+    meta: RunMeta
+    advice: list[Warning]
     label: str
 
 
-async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, target: str, db: Any,
+async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, source: ServerSource, db: Any,
                  log: Callable[[str], None]) -> _Run:
     model = spec.model or await _model_name(http)
     counter = ServerTokenCounter(http, spec.thinking)
@@ -188,26 +167,29 @@ async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, ta
     prompts, skipped = await _prompts(spec, counter, info, spec.warmup + sum(pools), run_tag)
     log(f"prepared {len(prompts)} prompts with exact token counts ({counter.calls} tokenizer calls, "
         f"{time.monotonic() - t:.1f} s)")
-    advice = run_advice(info.to_json(), list(spec.concurrency), skipped)
+    advice = run_warnings(info, list(spec.concurrency), skipped)
     workload = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()
-                if k not in ("url", "label", "extra_meta", "library")}
-    meta: dict[str, Any] = {
-        "target": target, "server": info.to_json(), "engine_build": info.build, "model": model,
-        "model_fingerprint": _model_fingerprint(info), "hardware": _hardware(),
-        "workload": workload, "client": {"library": spec.library, "moetune": __version__},
-        "run_tag": run_tag, "skipped_overlong": skipped, "started_unix": time.time(), **spec.extra_meta}
+                if k not in ("url", "label")}
+    ln = source.current
+    meta = RunMeta(
+        kind=RunKind.SERVE_BENCH, moetune_version=__version__, argv=tuple(sys.argv), started_unix=time.time(),
+        server=info, model=model_ref(info.model_path, name=model),
+        host=HostRef.here(), engine_build=(ln.engine_build if ln else None) or info.build,
+        plan=source.plan.doc if isinstance(source, PlanServers) else None,
+        launch_run=ln.launch_run if ln else None,
+        details={"workload": workload, "client": {"library": "asyncio", "moetune": __version__},
+                 "run_tag": run_tag, "skipped_overlong": skipped})
     label = spec.label or f"serve c={','.join(map(str, spec.concurrency))}"
-    run_id = db.create_run(kind=KIND, label=label, target=target, meta=meta)
+    run_id = db.create_run(meta, label=label, target=source.target)
     options = RequestOptions(model=model, cache_prompt=spec.prefix_cache, thinking=spec.thinking,
                              timeout_s=spec.timeout_s)
     return _Run(run_id, SampleWriter(db, run_id), prompts, pools, options, meta, advice, label)
 
 
 async def _connect(spec: ServeBenchSpec, url: str) -> tuple[StreamingHttp, ServerInfo]:
-    http = make_client(url, timeout_s=spec.timeout_s, library=spec.library)
+    http = connect(url, timeout_s=spec.timeout_s)
     try:
-        await _reachable(http, url)
-        info = await probe_server(http)
+        info = await probe(http, url)
         check_context(spec, info)
     except BaseException:
         await http.aclose()
@@ -219,7 +201,7 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: Any, log: Calla
     http: StreamingHttp | None = None
     run: _Run | None = None
     levels: list[dict[str, Any]] = []
-    status = "failed"
+    status = RunStatus.FAILED
     try:
         offset = spec.warmup
         for i, c in enumerate(spec.concurrency):
@@ -229,7 +211,7 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: Any, log: Calla
                     await http.aclose()
                 http, info = await _connect(spec, url)
             if run is None:
-                run = await _setup(spec, http, info, source.target, db, log)
+                run = await _setup(spec, http, info, source, db, log)
             if spec.warmup and (i == 0 or fresh):
                 await run_level(http, run.prompts[:spec.warmup], LoadSpec(1, requests=spec.warmup), run.options,
                                 _sink(run.writer, "warmup"), first_index=-spec.warmup)
@@ -244,9 +226,9 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: Any, log: Calla
             level["server"] = {**info.to_json(), **source.level_info(c)}
             levels.append(level)
             log(_level_line(level))
-        status = "done"
+        status = RunStatus.DONE
     except (KeyboardInterrupt, asyncio.CancelledError):
-        status = "interrupted"
+        status = RunStatus.INTERRUPTED
         raise
     finally:
         if http is not None:
@@ -255,23 +237,56 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: Any, log: Calla
             try:
                 run.writer.close()
             finally:
-                annotate(levels, slots=run.meta["server"]["slots"], prefix_cache=spec.prefix_cache)
+                annotate(levels, slots=run.meta.server.slots if run.meta.server else None,
+                         prefix_cache=spec.prefix_cache)
                 db.finish_run(run.run_id, status, {"levels": levels, "warnings": [a.to_json() for a in run.advice]})
     assert run is not None
-    return {"run": {"id": run.run_id, "kind": KIND, "label": run.label, "target": source.target, "status": status,
-                    "server": run.meta["server"], "model": run.meta["model"], "client": run.meta["client"],
-                    "workload": run.meta["workload"], "warnings": [a.message for a in run.advice],
-                    "advice": [a.to_json() for a in run.advice], "samples": run.writer.count},
+    return report_doc(db.run(run.run_id), levels, run.advice, samples=run.writer.count)
+
+
+def stored_report(db: Any, run: Any) -> dict[str, Any]:
+    """:func:`report_doc` of a stored serve-bench run, its figures and warnings derived again from
+    its samples (what each level ran on, a plan relaunched per level, is read from its summary)."""
+    if run.kind != RunKind.SERVE_BENCH:
+        raise InputError(f"run {run.id} is a {run.kind} run, not {RunKind.SERVE_BENCH}",
+                         hint="see `moetune results show`")
+    samples = db.samples(run.id)
+    m: RunMeta = run.meta
+    server = None if m.server is None else m.server.to_json()
+    levels = [summarize_level(g) for g in group_levels(samples)]
+    stored = {(lv["concurrency"], lv["rate"]): lv for lv in (run.summary or {}).get("levels", [])}
+    for lv in levels:
+        lv["server"] = stored.get((lv["concurrency"], lv["rate"]), {}).get("server", server)
+    annotate(levels, slots=m.server.slots if m.server else None,
+             prefix_cache=bool(m.details.get("workload", {}).get("prefix_cache")))
+    advice = [Warning.from_json(w) for w in (run.summary or {}).get("warnings") or []]
+    return report_doc(run, levels, advice, samples=len(samples))
+
+
+def report_doc(run: Any, levels: list[dict[str, Any]], advice: list[Warning], *, samples: int) -> dict[str, Any]:
+    """The document `serve-bench --json` and `serve-report --json` print: the run (as every
+    command names it), what it measured with, its warnings, and one entry per load level."""
+    m: RunMeta = run.meta
+    return {"run": {**run.header(), "server": None if m.server is None else m.server.to_json(),
+                    "model": m.model.to_json(), "client": m.details.get("client"),
+                    "workload": m.details.get("workload"), "warnings": [a.message for a in advice],
+                    "advice": [a.to_json() for a in advice], "samples": samples},
             "levels": levels}
 
 
-def _hardware() -> str | None:
-    try:
-        from moetune.hardware.fingerprint import fingerprint
-
-        return fingerprint()
-    except Exception:
-        return None
+def server_source(spec: ServeBenchSpec, target: str, *, match_slots: bool, server: str | None,
+                  status: Callable[[str], None]) -> ServerSource:
+    """TARGET (a URL, or a plan moetune launches) as the source of each level's server."""
+    t = resolve(target, server)
+    if t.url is not None:
+        if match_slots:
+            raise InputError("--match-slots resizes a server moetune starts from a plan; it cannot change a "
+                             "running one", hint="restart the server with --parallel N and -c N x per-slot context, "
+                                                 "or give a plan")
+        return RunningServer(t.url)
+    # each slot needs room for a synthetic prompt and its output; a dataset's vary (4096 then)
+    need = spec.input_len + (spec.output_len or 64) if spec.dataset is None else 4096
+    return PlanServers(t, match=match_slots, need_per_slot=need, status=status)
 
 
 def serve_bench(spec: ServeBenchSpec, db: Any, log: Callable[[str], None] = lambda s: None,

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from moetune.bench.serve_client import RequestRecord, stream_chat
-from moetune.bench.serve_http import StreamingHttp
+from moetune.bench.http.client import StreamingHttp
+from moetune.bench.serve.request import RequestRecord, stream_chat
 
 ARRIVALS = ("poisson", "constant")
 

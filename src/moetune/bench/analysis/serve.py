@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from moetune.bench.stats import MetricSamples
+from moetune.bench.analysis.stats import MetricSamples
 
 PERCENTILES = (50, 90, 99)
 

@@ -1,15 +1,11 @@
-"""HTTP clients for the serving benchmark behind one small interface: moetune's own
-(:mod:`moetune.bench.serve_rawhttp`, "asyncio"), aiohttp and httpx.
+"""aiohttp and httpx behind the serving benchmark's client interface, beside moetune's own
+(:mod:`moetune.bench.http.client`, "asyncio").
 
-All three are kept so `make bench` (benchmarks/bench_serve_client.py) can measure their timing error
-against the mock server with the same harness; serve-bench uses :data:`DEFAULT_LIBRARY`, the one
-that measured best by far (benchmarks/results/serve_client.md): it takes the kernel's receive time of
-each event, where the libraries can only read the clock when their coroutine resumes.
-
-Transport failures become short kinds (``disconnected``, ``connection_reset``, ``timeout``, ...)
-so a report can count them; :data:`RETRYABLE` are the kinds that mean "the connection died before
-the server answered", which is what a client sees when it sends on a keep-alive connection the
-server has just closed.
+They exist only so `make bench` (benchmarks/bench_serve_client.py) can measure their timing error
+against the mock server with the same harness as moetune's own client, which serve-bench uses: it
+measured best by far (benchmarks/results/serve_client.md), since it takes the kernel's receive time
+of each event where the libraries can only read the clock when their coroutine resumes. They need
+the optional ``clients`` extra (``pip install 'moetune[clients]'``).
 """
 
 from __future__ import annotations
@@ -17,51 +13,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import aiohttp
 import httpx
 
-from moetune.bench.serve_rawhttp import Arrival, RawClient, StreamReply
+from moetune.bench.http.client import Arrival, RawClient, StreamingHttp, StreamReply, retry_stale
 
-T = TypeVar("T")
 DEFAULT_LIBRARY = "asyncio"
 LIBRARIES = ("asyncio", "aiohttp", "httpx")
-RETRYABLE = frozenset({"disconnected", "connection_reset"})
 _JSON = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
-
-
-class StreamingHttp(Protocol):
-    library: str
-
-    async def get_json(self, path: str) -> tuple[int, Any]: ...
-
-    async def post_json(self, path: str, doc: Any) -> tuple[int, Any]: ...
-
-    def post_stream(self, path: str, body: bytes) -> AbstractAsyncContextManager[StreamReply]:
-        """POST ``body``; yield the reply: status, send time, and the body's pieces as they
-        arrive, each with its arrival time (``time.monotonic()``)."""
-        ...
-
-    def classify(self, exc: BaseException) -> str:
-        """A short kind for a transport failure."""
-        ...
-
-    async def aclose(self) -> None: ...
-
-
-async def retry_stale(http: StreamingHttp, call: Callable[[], Awaitable[T]], attempts: int = 3) -> T:
-    """``call()``, again on a new connection when the server closed a kept-alive one under it
-    (for the small requests around a benchmark: /props, /tokenize, /apply-template)."""
-    for i in range(attempts):
-        try:
-            return await call()
-        except Exception as e:
-            if i == attempts - 1 or http.classify(e) not in RETRYABLE:
-                raise
-    raise AssertionError("unreachable")
 
 
 async def _stamped(pieces: AsyncIterator[bytes]) -> AsyncIterator[Arrival]:

@@ -1,0 +1,323 @@
+"""Warnings about a benchmark's figures, each with its remedy (as hyperfine gives them): one type,
+:class:`Warning`, for single-stream and serving runs alike.
+
+Pure: they are read off the raw samples and the derived metrics, so `results show` and
+`serve-report` give the same warnings as the run did.
+
+For serving runs the one that matters most is queueing: a server with fewer slots than
+concurrent requests runs the extra requests one after another, so TTFT grows by whole generations
+while throughput hardly moves and ITL stays flat (reference 004: ``--parallel 1`` at c=2 gave
+TTFT x7.5 and throughput +12%). It is flagged before the run when the server's slot count is
+known, and from the numbers (the signature against the lowest level) when it is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+from moetune.bench.analysis import single as m
+from moetune.bench.analysis.stats import MetricSamples, cv, first_run_slower, median, outliers
+from moetune.store.record import ServerInfo
+
+NOISY_CV = 0.10
+THINKING_SHARE = 0.5
+OVERHEAD_SHARE = 0.25
+SHORT_OUTPUT_TOKENS = 32
+MIN_DEVIATION = 0.05  # an outlier (or a slow first run) must also be this far from the median to matter
+MIN_OUTLIER_N = 5  # below this many runs, "outliers" says little
+
+
+class Code(StrEnum):
+    # single-stream runs: what is wrong with a metric's repeats, or a workload's requests
+    FIRST_RUN_SLOWER = "first_run_slower"
+    OUTLIERS = "outliers"
+    NOISY = "noisy"
+    FEW_SAMPLES = "few_samples"
+    CACHE_HIT = "cache_hit"
+    CACHE_MISS = "cache_miss"
+    CACHE_UNKNOWN = "cache_unknown"
+    THINKING_DOMINATES = "thinking_dominates"
+    SHORT_OUTPUT = "short_output"
+    HIGH_OVERHEAD = "high_overhead"
+    # serving runs: a load level, or the server as the run found it
+    QUEUEING = "queueing"
+    CLIENT_QUEUE = "client_queue"
+    ERRORS = "errors"
+    RETRIES = "retries"
+    THINKING = "thinking"
+    PROMPT_MISMATCH = "prompt_mismatch"
+    SERVER_BUSY = "server_busy"
+    NO_SLOT_INFO = "no_slot_info"
+    SKIPPED = "skipped_prompts"
+
+
+# what the single-stream codes say, and their remedies (serving warnings word theirs per level)
+TEXT: dict[Code, tuple[str, str]] = {
+    Code.FIRST_RUN_SLOWER: ("the first measured run was slower than the rest: caches or the server were still "
+                            "warming up", "use more warm-up runs (--warmup 2 or more)"),
+    Code.OUTLIERS: ("statistical outliers were detected",
+                    "re-run on a quiet machine: stop other programs and servers, and pin the threads"),
+    Code.NOISY: ("the runs vary a lot", "quiet the machine, or raise --repeats so that the interval narrows"),
+    Code.FEW_SAMPLES: ("fewer than three measured runs: the interval is wide or absent", "use --repeats 5 or more"),
+    Code.CACHE_HIT: ("the server reused cached prompt tokens where none were wanted, so PP was measured on part "
+                     "of the prompt", "leave --cache-bust on, and make sure no other client uses the server"),
+    Code.CACHE_MISS: ("the server's cache did not hold the context the depth test filled",
+                      "free slot 0 (other clients evict it), or run the server with --parallel 1 and a context of "
+                      "at least depth + pp + tg tokens"),
+    Code.CACHE_UNKNOWN: ("the server reports no cached-token count, so the cache state is unconfirmed",
+                         "use a llama.cpp build whose timings carry cache_n, or check prompt_n by hand"),
+    Code.THINKING_DOMINATES: ("thinking tokens dominate the output: the answer took a fraction of the time",
+                              "compare thinking-on runs only with thinking-on runs; turn it off with --thinking off "
+                              "where the answer is what matters"),
+    Code.SHORT_OUTPUT: ("the model stopped early: TG from so few tokens is imprecise",
+                        "use --ignore-eos --max-tokens N for exact output lengths"),
+    Code.HIGH_OVERHEAD: ("the client's overhead is a large share of each request, so client-side figures differ "
+                         "from the server's", "trust the server's timings (the primary figures); use longer outputs"),
+}
+NOTES = frozenset({Code.RETRIES})  # told, but not warnings: they change no figure
+# the findings that make a comparison's verdicts less trustworthy: noise, and a cache state other
+# than the one the benchmark asked for
+NOISE = frozenset({Code.NOISY, Code.OUTLIERS, Code.FIRST_RUN_SLOWER, Code.FEW_SAMPLES, Code.CACHE_HIT,
+                   Code.CACHE_MISS})
+
+
+@dataclass(frozen=True, slots=True)
+class Warning:
+    """One finding: its code, what it is about (a metric, a workload, a load level), the evidence,
+    the sentence a person reads, and what to do."""
+
+    code: Code
+    message: str
+    remedy: str
+    subject: str = ""
+    detail: str = ""
+
+    @classmethod
+    def of(cls, code: Code, subject: str, detail: str) -> Warning:
+        """A single-stream finding, worded from :data:`TEXT`."""
+        text, remedy = TEXT[code]
+        return cls(code, f"{subject}: {text} ({detail})", remedy, subject, detail)
+
+    @property
+    def is_note(self) -> bool:
+        return self.code in NOTES
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": str(self.code), "subject": self.subject, "detail": self.detail, "message": self.message,
+                "remedy": self.remedy}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Warning:
+        """A stored warning (``kind`` was the serving runs' name for ``code`` before schema 2)."""
+        return cls(Code(str(d.get("code") or d.get("kind"))), str(d.get("message") or ""), str(d.get("remedy") or ""),
+                   str(d.get("subject") or ""), str(d.get("detail") or ""))
+
+
+def grouped(warnings: list[Warning]) -> list[tuple[str, str]]:
+    """(message, remedy) per kind of warning, its subjects listed together: what a person reads."""
+    by: dict[Code, list[Warning]] = {}
+    for w in warnings:
+        by.setdefault(w.code, []).append(w)
+    out = []
+    for code, ws in by.items():
+        if code in TEXT:
+            out.append((f"{TEXT[code][0]}: " + ", ".join(f"{w.subject} ({w.detail})" for w in ws), TEXT[code][1]))
+        else:
+            out += [(w.message, w.remedy) for w in ws]
+    return out
+
+def _metric_warnings(name: str, ms: MetricSamples) -> list[Warning]:
+    xs = list(ms.values)
+    out: list[Warning] = []
+    if len(xs) < 3:
+        out.append(Warning.of(Code.FEW_SAMPLES, name, f"n={len(xs)}"))
+        return out
+    med = median(xs)
+    first = (first_run_slower(xs, higher_is_better=ms.higher_is_better)
+             and abs(xs[0] - median(xs[1:])) >= MIN_DEVIATION * abs(median(xs[1:])))
+    if first:
+        out.append(Warning.of(Code.FIRST_RUN_SLOWER, name,
+                                f"{xs[0]:.4g} vs median {median(xs[1:]):.4g} {ms.unit}"))
+    outs = [i for i in outliers(xs) if not (first and i == 0) and abs(xs[i] - med) >= MIN_DEVIATION * abs(med)]
+    if outs and len(xs) >= MIN_OUTLIER_N:
+        out.append(Warning.of(Code.OUTLIERS, name, f"{len(outs)} of {len(xs)} runs"))
+    c = cv(xs[1:] if first else xs)  # the slow first run is its own warning
+    if c > NOISY_CV:
+        out.append(Warning.of(Code.NOISY, name, f"CV {c * 100:.0f}%"))
+    return out
+
+
+def _workload_warnings(w: str, ss: list[dict[str, Any]]) -> list[Warning]:
+    out: list[Warning] = []
+    expected = [s for s in ss if s.get("expect_cached") is not None]
+    if expected:
+        conf = [(s, m.cache_confirmed(s)) for s in expected]
+        if all(c is None for _, c in conf):
+            out.append(Warning.of(Code.CACHE_UNKNOWN, w, f"{len(expected)} requests"))
+        bad = [s for s, c in conf if c is False]
+        hits = [s for s in bad if (m.cached_tokens(s) or 0) > int(s["expect_cached"])]
+        misses = [s for s in bad if s not in hits]
+        if hits:
+            out.append(Warning.of(Code.CACHE_HIT, w, f"{len(hits)} of {len(ss)} requests; e.g. "
+                                    f"{m.cached_tokens(hits[0])} cached, {hits[0]['expect_cached']} expected"))
+        if misses:
+            s = misses[0]
+            out.append(Warning.of(Code.CACHE_MISS, w, f"{len(misses)} of {len(ss)} requests; e.g. "
+                                    f"{m.cached_tokens(s)} cached and prompt_n {m.timings(s).get('prompt_n')}, "
+                                    f"{s['expect_cached']} and {s.get('expect_prompt_n')} expected"))
+    thinking = [m.reasoning_share(s) for s in ss if s.get("thinking")]
+    if thinking and median(thinking) > THINKING_SHARE:
+        out.append(Warning.of(Code.THINKING_DOMINATES, w, f"{median(thinking) * 100:.0f}% of streamed chunks"))
+    if not ss[0].get("ignore_eos"):
+        n = [int(m.timings(s).get("predicted_n") or 0) for s in ss]
+        if n and median(n) < SHORT_OUTPUT_TOKENS:
+            out.append(Warning.of(Code.SHORT_OUTPUT, w, f"{median(n):.0f} tokens on median"))
+    shares = [m.overhead_ms(s) / m.wall_ms(s) for s in ss if m.wall_ms(s) > 0]
+    if shares and median(shares) > OVERHEAD_SHARE:
+        out.append(Warning.of(Code.HIGH_OVERHEAD, w, f"{median(shares) * 100:.0f}% of the wall time, "
+                                f"{median([m.overhead_ms(s) for s in ss]):.1f} ms"))
+    return out
+
+
+def bench_warnings(samples: list[dict[str, Any]]) -> list[Warning]:
+    """Every warning a bench run's measured samples call for."""
+    out: list[Warning] = []
+    for w, ss in m.by_workload(samples).items():
+        out += _workload_warnings(w, ss)
+    for name, ms in m.bench_metrics(samples).items():
+        out += _metric_warnings(name, ms)
+    return out
+
+
+# -- serving runs ---------------------------------------------------------------------------
+
+def _p(level: dict[str, Any], metric: str, q: str = "p50") -> float | None:
+    v = (level.get(metric) or {}).get(q)
+    return float(v) if isinstance(v, int | float) else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def queueing_signature(level: dict[str, Any], base: dict[str, Any]) -> str | None:
+    """The numbers of queueing against a lower level: TTFT up at least 2x, throughput about the
+    same (not down by more than 20%, up by less than half the added concurrency), ITL within 20-25%."""
+    c, c0 = level["concurrency"], base["concurrency"]
+    ttft = _ratio(_p(level, "ttft_ms"), _p(base, "ttft_ms"))
+    tput = _ratio(level.get("output_tok_s"), base.get("output_tok_s"))
+    itl = _ratio(_p(level, "itl_ms"), _p(base, "itl_ms"))
+    if c <= c0 or ttft is None or tput is None or itl is None:
+        return None
+    if ttft >= 2 and 0.8 <= tput < 1 + 0.5 * (c / c0 - 1) and 0.8 <= itl <= 1.25:
+        return (f"against c={c0}: TTFT x{ttft:.1f}, output tok/s x{tput:.2f}, ITL x{itl:.2f} "
+                "(flat ITL with rising TTFT is queueing, not batching)")
+    return None
+
+
+def level_warnings(level: dict[str, Any], *, slots: int | None, base: dict[str, Any] | None,
+                 prefix_cache: bool) -> list[Warning]:
+    out: list[Warning] = []
+    c = level["concurrency"]
+    signature = queueing_signature(level, base) if base is not None else None
+    ttft, wait = _p(level, "ttft_ms"), _p(level, "server_wait_ms")
+    evidence = f"TTFT p50 {ttft:.0f} ms" if ttft is not None else ""
+    if evidence and wait is not None:
+        evidence += f", of which {max(wait, 0):.0f} ms before the server started the prompt"
+    remedy = (f"start llama-server with --parallel {c} and -c {c} x the per-slot context you need "
+              f"(a plan: --match-slots), or keep --concurrency at or below the slot count")
+    if slots is not None and c <= slots:
+        signature = None  # enough slots: whatever slowed the level, it was not slot queueing
+    if slots is not None and c > slots:
+        msg = (f"c={c} exceeds the server's {slots} slot{'s' if slots != 1 else ''}: {c - slots} request(s) at a "
+               f"time wait in the server's queue, so TTFT includes queueing")
+        msg += f" (measured: {evidence}" + (f"; {signature})" if signature else ")") if evidence else ""
+        out.append(Warning(Code.QUEUEING, msg, remedy))
+    elif signature is not None:
+        out.append(Warning(Code.QUEUEING, f"c={c} shows the queueing signature {signature}", remedy))
+    elif slots is None and wait is not None and ttft and wait > max(50.0, 0.5 * ttft):
+        out.append(Warning(Code.QUEUEING, f"c={c}: requests queue in the server before their prompt is processed "
+                                    f"({evidence})", remedy))
+    sw = _p(level, "slot_wait_ms", "p90")
+    if level.get("rate") and sw is not None and sw > 10:
+        out.append(Warning(Code.CLIENT_QUEUE,
+                          f"c={c}: requests waited for a client slot (p90 {sw:.0f} ms): the offered rate "
+                          f"{level['rate']}/s is more than {c} streams complete, and latency_ms includes this "
+                          "queue", "lower --rate or raise --concurrency"))
+    errors: dict[str, int] = level.get("errors") or {}
+    if errors:
+        n = sum(errors.values())
+        kinds = ", ".join(f"{k} x{v}" for k, v in errors.items())
+        out.append(Warning(Code.ERRORS, f"c={c}: {n} of {level['requests']} requests failed ({kinds}); they are kept "
+                                  "as samples and left out of the latency figures", _error_remedy(errors)))
+    if level.get("retries"):
+        out.append(Warning(Code.RETRIES, f"c={c}: {level['retries']} request(s) were sent again on a new connection: "
+                                   "the server closed a kept-alive connection as it was reused; none was lost",
+                          "nothing to do (llama-server closes a connection after each streamed response, and "
+                          "idle ones after 5 s); TTFT counts from the attempt that was answered"))
+    if level.get("cached_tokens") and not prefix_cache:
+        out.append(Warning(Code.CACHE_HIT, f"c={c}: {level['cached_tokens']} prompt tokens came from the server's prefix "
+                                     "cache although every prompt was unique, so TTFT is lower than for a "
+                                     "cold prompt", "check the server honours cache_prompt=false"))
+    out_tok, reason = level.get("output_tokens") or 0, level.get("reasoning_tokens") or 0
+    if out_tok and reason > 0.5 * out_tok:
+        ttfc = _p(level, "ttfc_ms")
+        out.append(Warning(Code.THINKING, f"c={c}: {100 * reason / out_tok:.0f}% of output tokens were reasoning; TTFT "
+                                    "counts the first reasoning token" + (
+                                        f", the first answer token came at {ttfc:.0f} ms (p50)" if ttfc else ""),
+                          "pass --thinking off to measure answers only, or read ttfc_ms"))
+    if level.get("short_outputs"):
+        out.append(Warning(Code.SHORT_OUTPUT, f"c={c}: {level['short_outputs']} request(s) produced fewer tokens than "
+                                        "asked (a full slot context or a stop)",
+                          "check prompt + output fits the per-slot context"))
+    if level.get("prompt_token_mismatches"):
+        out.append(Warning(Code.PROMPT_MISMATCH, f"c={c}: for {level['prompt_token_mismatches']} request(s) the server "
+                                           "counted a different prompt length than /tokenize gave",
+                          "the chat template may depend on request fields; input lengths are approximate"))
+    return [replace(w, subject=f"c={c}") for w in out]
+
+
+def _error_remedy(errors: dict[str, int]) -> str:
+    kinds = " ".join(errors)
+    if "exceed_context" in kinds:
+        return "shorten --input-len/--output-len, or raise the per-slot context (-c = slots x context)"
+    if "timeout" in kinds:
+        return "raise --timeout, or lower the load"
+    if "http_5" in kinds:
+        return "read the server's log"
+    if "after_retries" in kinds or "connect" in kinds or "reset" in kinds or "truncated" in kinds:
+        return "the server dropped connections: read its log (a crash, or too few --threads-http)"
+    return "read the error details in the stored samples (moetune serve-report RUN --json)"
+
+
+def run_warnings(server: ServerInfo, concurrency: list[int], skipped_overlong: int) -> list[Warning]:
+    out: list[Warning] = []
+    if server.slots is None:
+        out.append(Warning(Code.NO_SLOT_INFO, "the server does not report its slots (/props): queueing can only be "
+                                        "recognised from the numbers",
+                          "run against llama-server, or compare levels with the same slot count"))
+    busy = server.busy_slots
+    if busy:
+        out.append(Warning(Code.SERVER_BUSY, f"{busy} server slot(s) were busy when the benchmark started: another "
+                                       "client shares the server", "stop other clients for clean numbers"))
+    if skipped_overlong:
+        out.append(Warning(Code.SKIPPED, f"{skipped_overlong} dataset prompt(s) were skipped: prompt + output is longer "
+                                   f"than the per-slot context ({server.n_ctx_slot} tokens)",
+                          "raise the server's context per slot to include them"))
+    return [replace(w, subject="server") for w in out]
+
+
+def annotate(levels: list[dict[str, Any]], *, slots: int | None, prefix_cache: bool) -> list[list[Warning]]:
+    """Fill each level's ``warnings`` (message strings), ``notes`` and ``advice``; return the advice."""
+    base = min(levels, key=lambda lv: lv["concurrency"], default=None)
+    out = []
+    for lv in levels:
+        lv_slots = (lv.get("server") or {}).get("slots", slots)  # a plan relaunched per level: its own
+        adv = level_warnings(lv, slots=lv_slots, base=base if base is not lv else None, prefix_cache=prefix_cache)
+        lv["warnings"] = [a.message for a in adv if not a.is_note]
+        lv["notes"] = [a.message for a in adv if a.is_note]
+        lv["advice"] = [a.to_json() for a in adv]
+        out.append(adv)
+    return out

@@ -1,0 +1,139 @@
+"""The servers a benchmark measures: a running one, or a plan's, started and stopped through
+`moetune launch`'s Python API (RPC workers first, servers when healthy; on leaving, the servers
+are stopped before their workers, Ctrl-C included). This module gathers what the history records
+about a launched server; which server of a plan is measured is :mod:`moetune.bench.target`'s rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from moetune.bench.target import CTX, PARALLEL, Target, flag_value, match_slots
+from moetune.plan.launchspec import LaunchSpec, ProcessSpec
+
+Status = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    url: str
+    server: ProcessSpec
+    launch_run: str  # the launcher's run id (its directory holds the logs)
+    logs: dict[str, Path]
+    engine_build: str
+    model_path: str | None
+
+
+def model_arg(argv: tuple[str, ...] | list[str]) -> str | None:
+    for i, a in enumerate(argv[:-1]):
+        if a in ("-m", "--model"):
+            return argv[i + 1]
+    return None
+
+
+@contextmanager
+def launched(target: Target, *, spec: LaunchSpec | None = None, timeout_s: float = 600.0,
+             status: Status | None = None) -> Iterator[Launched]:
+    """Start the target's plan (or ``spec``, a rewritten launch of it), yield its chosen server,
+    stop everything on leaving."""
+    from moetune.engine import registry
+    from moetune.run.launch import Event
+    from moetune.run.launch import launched as run_launched
+
+    assert target.spec is not None and target.doc is not None and target.server is not None
+    spec = spec or target.spec
+    chosen = next(s for s in spec.servers() if s.name == target.server)
+
+    def on_event(e: Event) -> None:
+        if status and e.kind in ("start", "ready", "exited"):
+            status(f"{e.process}: {'starting' if e.kind == 'start' else e.kind} "
+                   f"{e.detail if e.kind != 'start' else ''}".rstrip())
+
+    with run_launched(spec, target.doc, plan_file=target.name, timeout_s=timeout_s, on_event=on_event) as ln:
+        yield Launched(ln.urls[chosen.name], chosen, ln.run.run_id, {p.name: ln.log(p.name) for p in spec.processes},
+                       registry.get(chosen.engine).version(), model_arg(chosen.argv))
+    if status:
+        status(f"stopped {', '.join(p.name for p in [*spec.servers(), *spec.workers()])}")
+
+
+class ServerSource(Protocol):
+    target: str
+
+    def url_for(self, concurrency: int) -> tuple[str, bool]:
+        """The URL for a level, and whether the server behind it is new (just launched)."""
+        ...
+
+    def level_info(self, concurrency: int) -> dict[str, Any]:
+        """What the level ran on beyond the server's own answers (the launched argv)."""
+        ...
+
+    @property
+    def current(self) -> Launched | None:
+        """The server moetune launched, if it did."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class RunningServer:
+    current = None
+
+    def __init__(self, url: str) -> None:
+        self.target = url
+
+    def url_for(self, concurrency: int) -> tuple[str, bool]:
+        return self.target, False
+
+    def level_info(self, concurrency: int) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class PlanServers:
+    """Launches a plan's server once, or once per level with ``--match-slots``; stops it in order."""
+
+    def __init__(self, target: Target, *, match: bool, need_per_slot: int, status: Status,
+                 timeout_s: float = 600.0) -> None:
+        self.plan = target
+        self.target = target.name
+        self.match = match
+        self.need = need_per_slot
+        self.status = status
+        self.timeout_s = timeout_s
+        self.current: Launched | None = None
+        self._stack: ExitStack | None = None
+        self.argv: dict[int, list[str]] = {}
+
+    def url_for(self, concurrency: int) -> tuple[str, bool]:
+        if self.current is not None and not self.match:
+            return self.current.url, False
+        self.close()
+        assert self.plan.spec is not None and self.plan.plan_path is not None
+        spec = (match_slots(self.plan.spec, concurrency, need_per_slot=self.need, server=self.plan.server)
+                if self.match else self.plan.spec)
+        argv = next(s.argv for s in spec.servers() if s.name == self.plan.server)
+        what = f" with --parallel {flag_value(argv, PARALLEL)} -c {flag_value(argv, CTX)}" if self.match else ""
+        self.status(f"launching {self.plan.plan_path.name}{what}")
+        self._stack = ExitStack()
+        try:
+            self.current = self._stack.enter_context(
+                launched(self.plan, spec=spec, timeout_s=self.timeout_s, status=self.status))
+        except BaseException:
+            self._stack = None
+            raise
+        self.argv[concurrency] = list(argv)
+        return self.current.url, True
+
+    def level_info(self, concurrency: int) -> dict[str, Any]:
+        return {"argv": self.argv[concurrency]} if concurrency in self.argv else {}
+
+    def close(self) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            stack.close()

@@ -1,0 +1,121 @@
+"""One streamed request of the single-stream benchmark, recorded as a raw sample.
+
+A raw sample keeps what was observed and nothing computed: the server's ``timings`` and
+``usage`` verbatim, the client's clock at send, at the response headers, at every streamed chunk
+and at the end (seconds from send; the arrival times are the kernel's receive times where the
+client can read them, see :mod:`moetune.bench.http.client`), and counts of what came back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from moetune.bench.http.client import RETRYABLE, StreamingHttp, sse_payloads
+from moetune.bench.server import unreachable
+from moetune.errors import RuntimeFailure
+
+
+class _Collect:
+    """Fills one sample from the stream's events."""
+
+    def __init__(self) -> None:
+        self.content_s: list[float] = []
+        self.reasoning_s: list[float] = []
+        self.content_chars = self.reasoning_chars = 0
+        self.final: dict[str, Any] = {}
+        self.finish_reason: str | None = None
+        self.done = False
+
+    def event(self, t: float, payload: bytes, where: str) -> None:
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        ev = json.loads(payload)
+        if not isinstance(ev, dict):
+            return
+        if "error" in ev:
+            raise RuntimeFailure(f"{where}: the server reported an error: {ev['error']}")
+        for ch in ev.get("choices") or []:  # OpenAI chat chunks
+            delta = ch.get("delta") or {}
+            if delta.get("reasoning_content"):
+                self.reasoning_s.append(t)
+                self.reasoning_chars += len(delta["reasoning_content"])
+            if delta.get("content"):
+                self.content_s.append(t)
+                self.content_chars += len(delta["content"])
+            self.finish_reason = ch.get("finish_reason") or self.finish_reason
+        if "choices" not in ev and ev.get("content"):  # /completion chunks
+            self.content_s.append(t)
+            self.content_chars += len(ev["content"])
+        if "timings" in ev or "usage" in ev or ev.get("stop"):
+            self.final.update(ev)
+
+
+async def stream(http: StreamingHttp, url: str, path: str, body: dict[str, Any], *, timeout_s: float,
+                 attempts: int = 2) -> dict[str, Any]:
+    """POST a streaming request; return the raw observations (see the module docstring). A request
+    whose connection the server had closed before answering is sent again (``retried``)."""
+    for attempt in range(attempts):
+        answered: list[bool] = []
+        try:
+            async with asyncio.timeout(timeout_s):
+                raw = await _stream(http, url, path, body, answered)
+        except RuntimeFailure:
+            raise
+        except Exception as e:
+            kind = http.classify(e)
+            if kind in RETRYABLE and attempt < attempts - 1 and not answered:
+                continue
+            if kind == "timeout":
+                raise RuntimeFailure(f"{url}{path}: no answer within {timeout_s:g} s",
+                                     hint="raise --timeout, or lower --max-tokens") from None
+            raise unreachable(url, f"request to {path} failed", f"{kind}: {e}") from None
+        if attempt:
+            raw["retried"] = True
+        return raw
+    raise AssertionError("unreachable")
+
+
+async def _stream(http: StreamingHttp, url: str, path: str, body: dict[str, Any],
+                  answered: list[bool]) -> dict[str, Any]:
+    c = _Collect()
+    t_unix = time.time()
+    t0 = time.monotonic()
+    headers_s: float | None = None
+    buf = b""
+    async with http.post_stream(path, json.dumps(body).encode()) as reply:
+        headers_s = time.monotonic() - t0
+        answered.append(True)
+        if reply.status != 200:
+            text = b"".join([p async for _, _, p in reply.pieces]).decode(errors="replace")[:500]
+            raise RuntimeFailure(f"{url}{path}: HTTP {reply.status}: {text}",
+                                 hint="the server refused the request; its message says why")
+        async for t, _, piece in reply.pieces:
+            payloads, buf = sse_payloads(buf, piece)
+            for payload in payloads:
+                c.event(max(0.0, t - t0), payload, url + path)
+            if c.done:
+                break
+    end_s = time.monotonic() - t0
+    if "timings" not in c.final:
+        raise RuntimeFailure(f"{url}{path}: the response carried no `timings`",
+                             hint="the single-stream bench reads llama.cpp's own timings; for another "
+                                  "OpenAI-compatible server use `moetune serve-bench`")
+    return {
+        "path": path,
+        "t_unix_s": t_unix,
+        "headers_s": headers_s,
+        "end_s": end_s,
+        "content_chunk_s": [round(x, 6) for x in c.content_s],
+        "reasoning_chunk_s": [round(x, 6) for x in c.reasoning_s],
+        "content_chars": c.content_chars,
+        "reasoning_chars": c.reasoning_chars,
+        "finish_reason": c.finish_reason or c.final.get("stop_type"),
+        "timings": c.final["timings"],
+        "usage": c.final.get("usage"),
+        "tokens_cached": c.final.get("tokens_cached"),
+        "tokens_evaluated": c.final.get("tokens_evaluated"),
+    }

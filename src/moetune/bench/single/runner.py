@@ -1,0 +1,197 @@
+"""Single-stream benchmark against a running server: warm-up, repeats, every sample stored as it
+arrives. The imperative shell around :mod:`workloads` (what to send), :mod:`request` (how) and
+:mod:`moetune.bench.analysis.summary` (what it means).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from moetune import __version__
+from moetune.bench.analysis.summary import run_summary
+from moetune.bench.http.client import StreamingHttp, connect
+from moetune.bench.http.clock import run as run_loop
+from moetune.bench.server import model_ref, probe, tokenize
+from moetune.bench.single.request import stream
+from moetune.bench.single.workloads import (
+    CHAT,
+    FILLER_TEXT,
+    Workload,
+    chat_body,
+    completion_body,
+    depth_prompts,
+)
+from moetune.bench.target import Target
+from moetune.errors import InputError, MoetuneError, RuntimeFailure
+from moetune.store.db import ResultsDB
+from moetune.store.record import HostRef, RunKind, RunMeta, RunStatus, ServerInfo
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    repeats: int = 5
+    warmup: int = 1
+    cache_bust: bool = True  # cache_prompt=false on chat workloads: every run processes the whole prompt
+    timeout_s: float = 600.0
+    seed: int = 0  # bootstrap seed
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """What moetune knows of a server it launched for the benchmark (none for a bare URL)."""
+
+    plan: dict[str, Any]
+    engine_build: str | None
+    model_path: str | None
+    launch_run: str
+
+
+def run_meta(info: ServerInfo, workloads: list[Workload], options: BenchOptions, *,
+             launch: Launch | None = None, argv: list[str] | None = None) -> RunMeta:
+    return RunMeta(
+        kind=RunKind.BENCH, moetune_version=__version__, argv=tuple(sys.argv if argv is None else argv),
+        started_unix=time.time(), server=info,
+        model=model_ref((launch.model_path if launch else None) or info.model_path, name=info.model_alias),
+        host=HostRef.here(), engine_build=(launch.engine_build if launch else None) or info.build,
+        plan=launch.plan if launch else None, launch_run=launch.launch_run if launch else None,
+        details={"workloads": [w.to_json() for w in workloads], "options": asdict(options)})
+
+
+def _check_depths(info: ServerInfo, workloads: list[Workload]) -> None:
+    for w in workloads:
+        if w.kind == CHAT or info.n_ctx_slot is None:
+            continue
+        need = w.depth + w.pp_tokens + w.max_tokens
+        if need > info.n_ctx_slot:
+            raise InputError(f"workload {w.name}: depth {w.depth} + pp {w.pp_tokens} + tg {w.max_tokens} = {need} "
+                             f"tokens, more than the server's context per slot ({info.n_ctx_slot})",
+                             hint="lower --depth, --pp-tokens or --tg-tokens, or start the server with a larger -c")
+
+
+class _Session:
+    def __init__(self, db: ResultsDB, run_id: int, url: str, http: StreamingHttp, options: BenchOptions,
+                 progress: Progress | None, total: int) -> None:
+        self.db, self.run_id, self.url, self.http, self.opt = db, run_id, url, http, options
+        self.progress, self.total, self.done = progress, total, 0
+        self._filler: list[int] | None = None
+
+    def _tick(self, what: str) -> None:
+        self.done += 1
+        if self.progress:
+            self.progress(what, self.done, self.total)
+
+    def _base(self, w: Workload, i: int) -> dict[str, Any]:
+        return {"workload": w.name, "kind": w.kind, "depth": w.depth if w.kind != CHAT else None, "repeat": i,
+                "thinking": w.thinking, "ignore_eos": w.ignore_eos, "max_tokens": w.max_tokens}
+
+    async def _stream(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await stream(self.http, self.url, path, body, timeout_s=self.opt.timeout_s)
+
+    async def chat(self, w: Workload) -> None:
+        for i in range(self.opt.warmup + self.opt.repeats):
+            phase = "warmup" if i < self.opt.warmup else "measure"
+            body = chat_body(w, cache_prompt=not self.opt.cache_bust)
+            raw = await self._stream("/v1/chat/completions", body)
+            sample = {**self._base(w, i - self.opt.warmup if phase == "measure" else i),
+                      "expect_cached": 0 if self.opt.cache_bust else None, **raw}
+            self.db.add_sample(self.run_id, sample, phase=phase)
+            self._tick(f"{w.name} {phase}")
+
+    async def depth(self, w: Workload) -> None:
+        if self._filler is None:
+            self._filler = await tokenize(self.http, self.url, FILLER_TEXT)
+        count = self.opt.warmup + self.opt.repeats
+        fill, blocks = depth_prompts(self._filler, w.depth, w.pp_tokens, count)
+        for i, block in enumerate(blocks):
+            phase = "warmup" if i < self.opt.warmup else "measure"
+            if fill:  # leaves exactly the fill in slot 0's cache (see workloads.depth_prompts)
+                raw = await self._stream("/completion", completion_body(fill, 1))
+                self.db.add_sample(self.run_id, {**self._base(w, i), "fill_tokens": len(fill), **raw}, phase="fill")
+            body = completion_body(fill + block, w.max_tokens, cache_prompt=bool(fill))
+            raw = await self._stream("/completion", body)
+            sample = {**self._base(w, i - self.opt.warmup if phase == "measure" else i),
+                      "expect_cached": len(fill), "expect_prompt_n": len(block), **raw}
+            self.db.add_sample(self.run_id, sample, phase=phase)
+            self._tick(f"{w.name} {phase}")
+
+
+def default_label(info: ServerInfo) -> str:
+    where = info.url.split("://", 1)[-1]
+    return f"{info.model_alias}@{where}" if info.model_alias else where
+
+
+def bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOptions, *, label: str | None = None,
+          target: str | None = None, launch: Launch | None = None, sweep_id: str | None = None,
+          progress: Progress | None = None, on_start: Callable[[int], None] | None = None) -> int:
+    """Benchmark the server at ``url``; return the run's id. Every sample is committed as it comes;
+    on Ctrl-C the run is marked interrupted (its samples stay) and KeyboardInterrupt propagates."""
+    if options.repeats < 1 or options.warmup < 0:
+        raise InputError("--repeats must be at least 1 and --warmup at least 0")
+    return run_loop(_bench(db, url.rstrip("/"), workloads, options, label=label, target=target, launch=launch,
+                           sweep_id=sweep_id, progress=progress, on_start=on_start))
+
+
+async def _bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOptions, *, label: str | None,
+                 target: str | None, launch: Launch | None, sweep_id: str | None, progress: Progress | None,
+                 on_start: Callable[[int], None] | None) -> int:
+    http = connect(url, timeout_s=options.timeout_s)
+    try:
+        info = await probe(http, url)
+        _check_depths(info, workloads)
+        meta = run_meta(info, workloads, options, launch=launch)
+        run_id = db.create_run(meta, label=label or default_label(info), target=target or url, sweep_id=sweep_id)
+        if on_start:
+            on_start(run_id)
+        s = _Session(db, run_id, url, http, options, progress, len(workloads) * (options.warmup + options.repeats))
+        if progress:
+            progress("starting", 0, s.total)
+        try:
+            for w in workloads:
+                await (s.chat(w) if w.kind == CHAT else s.depth(w))
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            db.finish_run(run_id, RunStatus.INTERRUPTED, _safe_summary(db, run_id, options))
+            raise
+        except (MoetuneError, ValueError) as e:
+            summary = _safe_summary(db, run_id, options) or {}
+            summary["error"] = str(e)
+            db.finish_run(run_id, RunStatus.FAILED, summary)
+            if isinstance(e, MoetuneError):
+                raise
+            raise RuntimeFailure(f"{url}: {e}") from None
+    finally:
+        await http.aclose()
+    db.finish_run(run_id, RunStatus.DONE, run_summary(db.samples(run_id), seed=options.seed))
+    return run_id
+
+
+def bench_target(db: ResultsDB, t: Target, workloads: list[Workload], options: BenchOptions, *,
+                 label: str | None = None, launch_timeout_s: float = 600.0, sweep_id: str | None = None,
+                 status: Callable[[str], None] | None = None,
+                 progress_for: Callable[[str], Progress | None] | None = None,
+                 on_start: Callable[[int], None] | None = None) -> int:
+    """:func:`bench` of a target: the server at its URL, or its plan's server, launched for the
+    benchmark and stopped after it."""
+    if t.url is not None:
+        lab = label or t.url.split("://", 1)[-1]
+        return bench(db, t.url, workloads, options, label=label, target=t.name, sweep_id=sweep_id,
+                     progress=progress_for(lab) if progress_for else None, on_start=on_start)
+    from moetune.bench.servers import launched
+
+    assert t.doc is not None
+    lab = label or str(t.label)
+    with launched(t, timeout_s=launch_timeout_s, status=status) as srv:
+        return bench(db, srv.url, workloads, options, label=lab, target=t.name, sweep_id=sweep_id,
+                     launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run),
+                     progress=progress_for(lab) if progress_for else None, on_start=on_start)
+
+
+def _safe_summary(db: ResultsDB, run_id: int, options: BenchOptions) -> dict[str, Any] | None:
+    samples = db.samples(run_id)
+    return run_summary(samples, seed=options.seed) if samples else None

@@ -1,0 +1,164 @@
+"""The one record of a run's context that every kind of run writes and every reader uses.
+
+A run row in the history holds its kind, label, target and status as columns, and this record as
+JSON (``runs.meta``): what was measured (the server, the model, the machine, the plan that
+launched it) and how (the command line, the kind's own options in ``details``). Readers never
+guess a shape: :meth:`RunMeta.from_json` reads what :meth:`RunMeta.to_json` wrote, and histories
+written before this record existed are upgraded by a migration (``store/migrations.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from typing import Any
+
+META_SCHEMA = 2
+
+
+class RunKind(StrEnum):
+    BENCH = "bench"  # single-stream PP/TG, also each plan of a sweep
+    SERVE_BENCH = "serve-bench"  # concurrent load
+    LINK_TEST = "link-test"  # bandwidth and latency between two nodes
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"  # being written, or its writer was killed
+    DONE = "done"
+    INTERRUPTED = "interrupted"  # Ctrl-C: its samples are complete
+    FAILED = "failed"
+
+
+def _opt_int(x: Any) -> int | None:
+    return int(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def _opt_str(x: Any) -> str | None:
+    return str(x) if x not in (None, "") else None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What a server said about itself when a benchmark began; None where it did not say."""
+
+    url: str = ""
+    dialect: str = "openai"  # "llama.cpp" when /props answered
+    build: str | None = None
+    model_path: str | None = None
+    model_alias: str | None = None
+    slots: int | None = None  # /props total_slots
+    n_ctx_slot: int | None = None  # context per slot
+    busy_slots: int | None = None  # slots processing when the benchmark started
+    props: Mapping[str, Any] = field(default_factory=dict)  # /props without the template and defaults
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: (dict(getattr(self, f.name)) if f.name == "props" else getattr(self, f.name))
+                for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ServerInfo:
+        props = d.get("props")
+        return cls(url=str(d.get("url") or ""), dialect=str(d.get("dialect") or "openai"),
+                   build=_opt_str(d.get("build")), model_path=_opt_str(d.get("model_path")),
+                   model_alias=_opt_str(d.get("model_alias")), slots=_opt_int(d.get("slots")),
+                   n_ctx_slot=_opt_int(d.get("n_ctx_slot")), busy_slots=_opt_int(d.get("busy_slots")),
+                   props=dict(props) if isinstance(props, Mapping) else {})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRef:
+    """The model that was measured: its file (when readable from here), structural fingerprint,
+    and the name requests carried (OpenAI ``model``)."""
+
+    path: str | None = None
+    fingerprint: str | None = None
+    name: str | None = None
+    note: str | None = None  # why the fingerprint is missing
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ModelRef:
+        return cls(*(_opt_str(d.get(f.name)) for f in fields(cls)))
+
+
+@dataclass(frozen=True, slots=True)
+class HostRef:
+    """The machine moetune ran on (``hardware.fingerprint``), and the hardware file it was told about."""
+
+    fingerprint: str | None = None
+    facts: Mapping[str, str] = field(default_factory=dict)  # cpu, cores, ram_kib, gpus, hostname
+    hardware_file: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fingerprint": self.fingerprint, "facts": dict(self.facts), "hardware_file": self.hardware_file}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> HostRef:
+        facts = d.get("facts")
+        return cls(_opt_str(d.get("fingerprint")),
+                   {str(k): str(v) for k, v in facts.items()} if isinstance(facts, Mapping) else {},
+                   _opt_str(d.get("hardware_file")))
+
+    @classmethod
+    def here(cls, hardware_file: str | None = None) -> HostRef:
+        """This machine, as the run that is starting now records it."""
+        from moetune.hardware.fingerprint import fingerprint, machine_facts
+
+        facts = machine_facts()
+        return cls(fingerprint(facts), facts, hardware_file)
+
+    def describe(self) -> str:
+        f = self.facts
+        what = ", ".join(x for x in (f.get("cpu", ""), f"{f['cores']} cores" if f.get("cores") else "",
+                                     f.get("gpus", "")) if x)
+        return f"{self.fingerprint or '-'}" + (f" ({what})" if what else "") + (
+            f", hardware file {self.hardware_file}" if self.hardware_file else "")
+
+
+@dataclass(frozen=True, slots=True)
+class RunMeta:
+    """Everything a run records about its context. ``details`` holds the kind's own settings as
+    plain JSON (bench: ``workloads``, ``options``; serve-bench: ``workload``, ``client``,
+    ``run_tag``, ``skipped_overlong``; link-test: ``from``, ``to``, ``addr``, ``port``, ``tool``,
+    ``duration_s``)."""
+
+    kind: RunKind
+    moetune_version: str = ""
+    argv: tuple[str, ...] = ()
+    started_unix: float | None = None
+    server: ServerInfo | None = None
+    model: ModelRef = field(default_factory=ModelRef)
+    host: HostRef = field(default_factory=HostRef)
+    engine_build: str | None = None
+    plan: Mapping[str, Any] | None = None  # the plan document a launched server came from
+    launch_run: str | None = None  # `moetune launch`'s run id: its directory holds the logs
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": META_SCHEMA, "kind": str(self.kind), "moetune_version": self.moetune_version,
+                "argv": list(self.argv), "started_unix": self.started_unix,
+                "server": None if self.server is None else self.server.to_json(),
+                "model": self.model.to_json(), "host": self.host.to_json(), "engine_build": self.engine_build,
+                "plan": None if self.plan is None else dict(self.plan), "launch_run": self.launch_run,
+                "details": dict(self.details)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], kind: str) -> RunMeta:
+        """Read a stored record (schema 2; the migration upgraded older ones). Missing parts come
+        back empty, never as a crash: a reader shows what is there."""
+        def obj(key: str) -> Mapping[str, Any]:
+            v = d.get(key)
+            return v if isinstance(v, Mapping) else {}
+
+        started = d.get("started_unix")
+        return cls(kind=RunKind(kind), moetune_version=str(d.get("moetune_version") or ""),
+                   argv=tuple(str(a) for a in d.get("argv") or ()),
+                   started_unix=float(started) if isinstance(started, int | float) else None,
+                   server=ServerInfo.from_json(obj("server")) if obj("server") else None,
+                   model=ModelRef.from_json(obj("model")), host=HostRef.from_json(obj("host")),
+                   engine_build=_opt_str(d.get("engine_build")),
+                   plan=dict(obj("plan")) if d.get("plan") is not None else None,
+                   launch_run=_opt_str(d.get("launch_run")), details=dict(obj("details")))
