@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from moetune.bench.analysis.stats import DEFAULT_MIN_CHANGE
+from moetune.bench.single.workloads import BUILTIN_NAMES
 from moetune.cli.common import (
     comparison_output,
     db_option,
@@ -27,8 +29,6 @@ if TYPE_CHECKING:
     from moetune.store.db import ResultsDB
 
 F = TypeVar("F", bound=Callable[..., Any])
-BUILTIN_NAMES = ("short-json", "long-openapi", "reference")  # moetune.bench.single.workloads (checked by a test)
-DEFAULT_MIN_CHANGE = 0.03  # moetune.bench.analysis.stats.DEFAULT_MIN_CHANGE (checked by a test)
 
 
 def _ints(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[int]:

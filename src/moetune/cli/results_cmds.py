@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 
 import click
 
+from moetune.bench.analysis.stats import DEFAULT_MIN_CHANGE
 from moetune.cli.common import comparison_output, db_option, json_option, out, print_json, print_wide, warn
+from moetune.report.results_view import FORMATS
 from moetune.store.record import RunKind
 
 if TYPE_CHECKING:
     from moetune.store.db import ResultsDB, Run
 
-FORMATS = ("md", "csv", "json")  # moetune.report.results_view.FORMATS (checked by a test)
-DEFAULT_MIN_CHANGE = 0.03  # moetune.bench.analysis.stats.DEFAULT_MIN_CHANGE (checked by a test)
 
 
 @click.group()

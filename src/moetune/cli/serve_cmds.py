@@ -7,14 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from moetune.bench.serve.load import ARRIVALS
 from moetune.cli.common import db_option, err, json_option, out, print_json, warn
 from moetune.errors import InputError
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-
-ARRIVALS = ("poisson", "constant")  # moetune.bench.serve.load.ARRIVALS (checked by a test)
 
 
 def _levels(text: str) -> tuple[int, ...]:
