@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 
 from moetune.engine.logs import parse_log
-from moetune.engine.measure import reserve_log, strip_endpoint
 from moetune.hardware.inventory import from_dict
 from moetune.model.archs import ARCHS, small_dims
 from moetune.model.profile import ModelProfile, load_profile
 from moetune.model.testmodel import generate
 from moetune.plan.plan import ServiceSpec, make_plan
 from moetune.plan.settings import Settings
+from tests.engine_harness import reserve_log, strip_endpoint
 from tests.helpers import loopback_hw, rpc_workers
 
 pytestmark = pytest.mark.server
