@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from moetune.engine import registry
+from moetune.engine.command import service_argv
 from moetune.engine.logs import parse_log
 from moetune.hardware.inventory import from_dict, load
 from moetune.model.archs import ARCHS, PRESET_RECIPES, PRESETS, Dims, small_dims
@@ -107,7 +108,7 @@ def ledger_table(d: Path) -> list[dict[str, object]]:
             hw = from_dict(loopback_hw(ends))
             s = Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=ct, ctv=ct)
             sp = make_plan([ServiceSpec("t", models[(arch, wide)], s, strat)], hw).main
-            ok, log = reserve_log(server, [*strip_endpoint(sp.argv), "-lv", "4"], timeout=120)
+            ok, log = reserve_log(server, [*strip_endpoint(service_argv(sp)), "-lv", "4"], timeout=120)
             if not ok:
                 rows.append({"case": [arch, wide, ctx, ub, ct, strat, n_rpc], "error": log[-300:]})
                 continue

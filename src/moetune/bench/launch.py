@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from moetune.engine import registry
+from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.errors import InputError
-from moetune.plan.launchspec import LaunchSpec, ProcessSpec
 from moetune.run.launch import Event
 from moetune.run.launch import launched as run_launched
 

@@ -12,8 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.errors import InputError
-from moetune.plan.launchspec import LaunchSpec, ProcessSpec
 
 PARALLEL = ("--parallel", "-np")
 CTX = ("--ctx-size", "-c")

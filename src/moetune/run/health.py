@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from moetune.engine.logs import detect_era, phases_in, split_lines
+from moetune.kinds import LogPhase
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
@@ -80,7 +81,7 @@ class LogFollower:
         self._partial = ""
         self._head: list[str] = []
 
-    def poll(self) -> list[str]:
+    def poll(self) -> list[LogPhase]:
         """The phases the new complete lines go through, in order (often none)."""
         try:
             with open(self.path, "rb") as f:
