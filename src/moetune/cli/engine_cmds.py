@@ -1,4 +1,4 @@
-"""`moetune engine install|list|add`."""
+"""`moetune engine install|list|add|remove`."""
 
 from __future__ import annotations
 
@@ -87,6 +87,30 @@ def add_cmd(name: str, kind: str, bin_dir: str | None, image: str | None, runtim
         print_json({"name": e.name, "kind": e.kind, "bin_dir": e.bin_dir, "image": e.image, "runtime": e.runtime})
     else:
         out.print(f"registered {e.name} ({e.kind})")
+
+
+@engine.command("remove")
+@click.argument("name")
+@click.option("--purge", is_flag=True, help="For the build moetune made: delete it from the cache.")
+@json_option
+def remove_cmd(name: str, purge: bool, as_json: bool) -> None:
+    """Forget the engine registered as NAME (its files stay where they are).
+
+    The build moetune made itself is not registered: `--purge` deletes it from the cache, and
+    `moetune engine install` builds it again.
+    """
+    from moetune.engine import registry
+
+    r = registry.remove(name, purge)
+    if as_json:
+        print_json(r.to_json())
+    elif r.purged is None:
+        where = r.engine.bin_dir or f"{r.engine.runtime} image {r.engine.image}"
+        out.print(f"removed {r.engine.name} ({r.engine.kind}); its files are left in place: {where}", markup=False)
+    elif r.freed_bytes:
+        out.print(f"removed {r.engine.name}: deleted {r.purged} ({r.freed_bytes / (1 << 20):,.0f} MiB)", markup=False)
+    else:
+        out.print(f"{r.engine.name}: no cached build in {r.purged}, nothing to delete", markup=False)
 
 
 def register(cli: click.Group) -> None:

@@ -1,4 +1,9 @@
-"""Engines moetune knows: the llama.cpp it builds, and builds or container images users register."""
+"""Engines moetune knows: the llama.cpp it builds, and builds or container images users register.
+
+Registered engines are entries in ``engines.json`` in moetune's data directory; removing one removes
+the entry and leaves its files (your build, your image) alone. The build moetune made itself is not
+an entry: removing it means deleting it from the cache (``purge``), and `engine install` rebuilds it.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from moetune.engine.install import DEFAULT_VERSION, build_for
+from moetune.engine.install import DEFAULT_VERSION, build_for, purge
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.paths import data_dir
@@ -137,6 +142,37 @@ def add(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: s
     e = Engine(name, EngineKind(kind), bin_dir, image, runtime if image else None)
     _save([*(u for u in load_user() if u.name != name), e])
     return e
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    engine: Engine
+    purged: Path | None = None  # the build deleted from the cache (the built-in engine, with purge)
+    freed_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.engine.name, "kind": self.engine.kind, "builtin": self.engine.builtin,
+                "purged": None if self.purged is None else str(self.purged), "freed_bytes": self.freed_bytes}
+
+
+def remove(name: str, purge_build: bool = False) -> Removed:
+    """Forget a registered engine (its files stay where they are), or, with ``purge_build``, delete
+    the build moetune made from the cache."""
+    b = builtin()
+    if name == b.name:
+        if not purge_build:
+            raise InputError(f"{name} is the build moetune made, not a registered engine",
+                             hint=f"`moetune engine remove {name} --purge` deletes it from the cache "
+                                  "(`moetune engine install` builds it again)")
+        build = build_for(DEFAULT_VERSION)
+        return Removed(b, build.dir, purge(build))
+    users = load_user()
+    found = next((e for e in users if e.name == name), None)
+    if found is None:
+        raise InputError(f"no registered engine named {name!r}",
+                         hint="see `moetune engine list` for the names")
+    _save([e for e in users if e.name != name])
+    return Removed(found)
 
 
 def _save(users: list[Engine]) -> None:
