@@ -20,14 +20,17 @@ import time
 from pathlib import Path
 
 from moetune.engine import registry
+from moetune.engine.command import service_argv
 from moetune.engine.logs import parse_log
-from moetune.engine.measure import loopback_hw, reserve_log, rpc_workers, strip_endpoint
 from moetune.hardware.inventory import from_dict, load
 from moetune.model.archs import ARCHS, PRESET_RECIPES, PRESETS, Dims, small_dims
 from moetune.model.profile import load_profile
 from moetune.model.testmodel import generate
 from moetune.plan.plan import ServiceSpec, make_plan
 from moetune.plan.settings import Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/engine_harness.py
+from tests.engine_harness import loopback_hw, reserve_log, rpc_workers, strip_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 MAINLINE_GLM = "ffn_gate_exps=iq3_s,ffn_up_exps=iq3_s,ffn_down_exps=iq4_xs,token_embd=q4_k,other=q8_0"
@@ -105,7 +108,7 @@ def ledger_table(d: Path) -> list[dict[str, object]]:
             hw = from_dict(loopback_hw(ends))
             s = Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=ct, ctv=ct)
             sp = make_plan([ServiceSpec("t", models[(arch, wide)], s, strat)], hw).main
-            ok, log = reserve_log(server, [*strip_endpoint(sp.argv), "-lv", "4"], timeout=120)
+            ok, log = reserve_log(server, [*strip_endpoint(service_argv(sp)), "-lv", "4"], timeout=120)
             if not ok:
                 rows.append({"case": [arch, wide, ctx, ub, ct, strat, n_rpc], "error": log[-300:]})
                 continue

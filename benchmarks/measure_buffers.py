@@ -17,9 +17,11 @@ from pathlib import Path
 
 from moetune.engine import registry
 from moetune.engine.logs import parse_log
-from moetune.engine.measure import reserve_log, rpc_workers
 from moetune.model.archs import ARCHS, small_dims
 from moetune.model.testmodel import generate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/engine_harness.py
+from tests.engine_harness import reserve_log, rpc_workers
 
 
 def main(out: Path) -> None:

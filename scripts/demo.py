@@ -28,7 +28,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from moetune.engine.measure import free_port
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/engine_harness.py
+from tests.engine_harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "demo-out"

@@ -1,6 +1,7 @@
 """Test helpers: run the CLI in-process, start a real llama-server on a free loopback port.
 
-`rpc_workers` and `loopback_hw` live in moetune.engine.measure (the benches use them too).
+`free_port`, `rpc_workers` and `loopback_hw` live in tests/engine_harness.py (the benches and the
+demo use them too).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from click.testing import CliRunner
 from moetune.cli import cli
 from moetune.cli.common import run
 from moetune.engine.install import build_for
-from moetune.engine.measure import free_port, loopback_hw, rpc_workers
+from tests.engine_harness import free_port, loopback_hw, rpc_workers, stop
 
 __all__ = ["CliResult", "Server", "free_port", "llama_server", "loopback_hw", "rpc_workers", "run_cli"]
 
@@ -80,10 +81,5 @@ def llama_server(bin_dir: Path, model: Path, log: Path, *args: str, timeout: flo
             time.sleep(0.2)
         yield Server(proc, url, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 20)
 

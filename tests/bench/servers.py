@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from moetune.engine import registry
+from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.model.archs import Dims
 from moetune.model.testmodel import generate
-from moetune.plan.launchspec import LaunchSpec, ProcessSpec
 from tests.helpers import free_port
 
 SERVER_ARGS = ("-nr", "-c", "1024", "-t", "1")  # -t 1 leaves the second core to the client

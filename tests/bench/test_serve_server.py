@@ -78,7 +78,7 @@ def test_sweep_within_the_slots_then_queueing_with_one_slot(four_slots: Server, 
 
 def test_a_plan_with_match_slots(bin_dir: Path, model: Path, tmp_path: Path) -> None:
     from moetune.engine import registry
-    from moetune.plan.launchspec import LaunchSpec, ProcessSpec
+    from moetune.engine.launchspec import LaunchSpec, ProcessSpec
     from tests.helpers import free_port
 
     main = ProcessSpec(name="main", role="server", engine=registry.get().name, host="127.0.0.1", port=free_port(),

@@ -18,8 +18,8 @@ from moetune.bench.target import (
     set_flag,
     slot_context,
 )
+from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.errors import InputError
-from moetune.plan.launchspec import LaunchSpec, ProcessSpec
 
 
 def server(*argv: str, name: str = "main") -> ProcessSpec:

@@ -15,10 +15,11 @@ import yaml
 from moetune.engine.logs import parse_worker_log
 from moetune.errors import InputError
 from moetune.hardware.inventory import bind_problem, from_dict, public_binds
+from moetune.kinds import Transport
 from moetune.paths import runs_dir
 from moetune.run.doctor import examine
 from moetune.run.sources import file_source
-from moetune.run.transport import AUTO, RDMA, TCP, env_for, mismatch, observed, rdma_capable
+from moetune.run.transport import env_for, mismatch, observed, rdma_capable
 from tests.helpers import run_cli
 from tests.run.conftest import server, worker
 
@@ -109,10 +110,10 @@ RDMA_LOG = RDMA_BUILD_TCP + "RDMA probed: dev=rocep1s0f1 gid=3 (RoCEv2) qpn=123 
 
 
 @pytest.mark.parametrize(("log", "seen", "ok"), [
-    (TCP_LOG, "TCP", {TCP: True, RDMA: False, AUTO: True}),
-    (RDMA_BUILD_TCP, "TCP", {TCP: True, RDMA: False, AUTO: True}),
-    (RDMA_LOG, "RDMA", {TCP: False, RDMA: True, AUTO: True}),  # the silent switch an A/B must catch
-    ("", None, {TCP: True, RDMA: False, AUTO: True}),
+    (TCP_LOG, "TCP", {Transport.TCP: True, Transport.RDMA: False, Transport.AUTO: True}),
+    (RDMA_BUILD_TCP, "TCP", {Transport.TCP: True, Transport.RDMA: False, Transport.AUTO: True}),
+    (RDMA_LOG, "RDMA", {Transport.TCP: False, Transport.RDMA: True, Transport.AUTO: True}),  # the silent switch an A/B must catch
+    ("", None, {Transport.TCP: True, Transport.RDMA: False, Transport.AUTO: True}),
 ])
 def test_observed_transport(log: str, seen: str | None, ok: dict[str, bool]) -> None:
     wlog = parse_worker_log(log)
@@ -125,12 +126,12 @@ def test_observed_transport(log: str, seen: str | None, ok: dict[str, bool]) -> 
 
 
 def test_transport_env() -> None:
-    assert env_for(TCP, capable=False) == {"MOETUNE_TRANSPORT": "tcp"}
-    assert env_for(TCP, capable=True) == {"MOETUNE_TRANSPORT": "tcp", "GGML_RPC_NO_RDMA": "1",
+    assert env_for(Transport.TCP, capable=False) == {"MOETUNE_TRANSPORT": "tcp"}
+    assert env_for(Transport.TCP, capable=True) == {"MOETUNE_TRANSPORT": "tcp", "GGML_RPC_NO_RDMA": "1",
                                           "GGML_RDMA_DEV": "disabled"}
-    assert env_for(RDMA, capable=True, rdma_dev="rocep1s0f1") == {"MOETUNE_TRANSPORT": "rdma",
+    assert env_for(Transport.RDMA, capable=True, rdma_dev="rocep1s0f1") == {"MOETUNE_TRANSPORT": "rdma",
                                                                   "GGML_RDMA_DEV": "rocep1s0f1"}
-    assert env_for(AUTO, capable=True) == {"MOETUNE_TRANSPORT": "auto"}
+    assert env_for(Transport.AUTO, capable=True) == {"MOETUNE_TRANSPORT": "auto"}
 
 
 def test_rdma_capable(tmp_path: Path, bin_dir: Path) -> None:

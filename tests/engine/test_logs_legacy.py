@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from moetune.engine.logs import LEGACY, ServerLog, parse_log
+from moetune.engine.logs import ServerLog, parse_log
 from moetune.engine.logs.types import ALLOC_FAILED, COMPUTE
+from moetune.kinds import LogEra
 
 FIX = Path(__file__).parents[1] / "fixtures" / "logs"
 
@@ -19,7 +20,7 @@ def log(name: str) -> ServerLog:
 
 def test_two_gpu_load_every_field() -> None:
     g = log("ref000_glm51_2gpu_exps_cpu.legacy.log")
-    assert g.era == LEGACY
+    assert g.era == LogEra.LEGACY
     assert [(d.name, d.total_mib) for d in g.devices] == [("CUDA0", 97247), ("CUDA1", 97247)]
     assert "RTX PRO 6000" in g.devices[0].description
     b = g.device_buffers()
@@ -79,7 +80,7 @@ def test_pinned_sizes_in_both_units(name: str, pinned_mib: float) -> None:
 
 def test_compute_buffer_oom() -> None:
     g = log("ref000_glm51_oom_n_cpu_moe_58.legacy.log")
-    assert g.era == LEGACY
+    assert g.era == LogEra.LEGACY
     (f,) = g.alloc_failures  # cudaMalloc's line and ggml-alloc's line are one failure
     assert (f.device, f.what) == ("CUDA0", COMPUTE)
     assert f.size_mib == pytest.approx(5418.03)
@@ -89,7 +90,7 @@ def test_compute_buffer_oom() -> None:
 
 def test_ik_prefix_cache_misses() -> None:
     g = log("synthetic_ik_prefix_cache_misses.legacy.log")
-    assert g.era == LEGACY
+    assert g.era == LogEra.LEGACY
     assert len(g.cache_misses) == 26
     m = g.cache_misses[0]
     assert (m.slot, m.cached_tokens, m.common_tokens, m.discarded_tokens) == (0, 2210, 1898, 312)

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 
 from moetune.engine.logs import (
-    LEGACY,
-    MAINLINE,
     ServerLog,
     detect_era,
     parse_log,
@@ -27,6 +25,7 @@ from moetune.engine.logs.types import (
     RPC_CONNECT_FAILED,
     RPC_CRASHED,
 )
+from moetune.kinds import LogEra
 
 FIX = Path(__file__).parents[1] / "fixtures" / "logs"
 LOAD_PHASES = ["loading model", "fitting to memory", "loading model", "loading tensors", "creating context",
@@ -39,7 +38,7 @@ def log(name: str) -> ServerLog:
 
 def test_served_request_every_field() -> None:
     g = log("real_serve.mainline.log")
-    assert g.era == MAINLINE
+    assert g.era == LogEra.MAINLINE
     assert [p.phase for p in g.phases] == LOAD_PHASES
     assert all(p.t_s is not None for p in g.phases)
     assert g.phases[-1].t_s == pytest.approx(g.times_s[g.phases[-1].line - 1])
@@ -161,24 +160,24 @@ def test_think_mismatch_with_slot_debugging() -> None:
 
 def test_report_excerpt_without_prefixes() -> None:
     g = log("ref004_glm52_rpc_client.mainline.log")
-    assert g.era == MAINLINE
+    assert g.era == LogEra.MAINLINE
     assert [(d.name, d.description, d.total_mib) for d in g.devices] == [
         ("CUDA0", "NVIDIA GB10", None), ("RPC0", "<NODE_B_CX7_IP>:50052", None)]
     assert [w.line for w in g.warnings] == [3, 4]  # no level prefix: judged by their words
 
 
 def test_era_detection_and_colours() -> None:
-    assert detect_era(split_lines((FIX / "ref000_glm51_1gpu_cpu_moe.legacy.log").read_text())) == LEGACY
-    assert detect_era(split_lines((FIX / "real_serve.mainline.log").read_text())) == MAINLINE
+    assert detect_era(split_lines((FIX / "ref000_glm51_1gpu_cpu_moe.legacy.log").read_text())) == LogEra.LEGACY
+    assert detect_era(split_lines((FIX / "real_serve.mainline.log").read_text())) == LogEra.MAINLINE
     coloured = "\x1b[34m0.00.031.526\x1b[0m \x1b[32mI \x1b[0mload_tensors:   CPU_Mapped model buffer size =  1548.03 MiB\r\n"
     g = parse_log(coloured)
-    assert g.era == MAINLINE and g.buffers[0].size_mib == pytest.approx(1548.03)
+    assert g.era == LogEra.MAINLINE and g.buffers[0].size_mib == pytest.approx(1548.03)
     assert g.times_s[0] == pytest.approx(0.031526)
 
 
 def test_forced_era() -> None:
-    g = parse_log((FIX / "ref000_glm51_oom_n_cpu_moe_58.legacy.log").read_text(), era=MAINLINE)
-    assert g.era == MAINLINE and g.alloc_failures[0].device == "CUDA0"
+    g = parse_log((FIX / "ref000_glm51_oom_n_cpu_moe_58.legacy.log").read_text(), era=LogEra.MAINLINE)
+    assert g.era == LogEra.MAINLINE and g.alloc_failures[0].device == "CUDA0"
     with pytest.raises(ValueError):
         parse_log("", era="future")
 
@@ -187,8 +186,8 @@ def test_phases_in_chunks() -> None:
     lines = split_lines((FIX / "real_serve.mainline.log").read_text())
     k = next(i for i, x in enumerate(lines) if "loading model tensors" in x)
     assert phases_in(lines[:k])[-1] == "loading model"
-    assert phases_in(lines[k:k + 1], MAINLINE) == ["loading tensors"]
-    assert phases_in(lines[k + 1:], MAINLINE)[-1] == "ready"
+    assert phases_in(lines[k:k + 1], LogEra.MAINLINE) == ["loading tensors"]
+    assert phases_in(lines[k + 1:], LogEra.MAINLINE)[-1] == "ready"
     legacy = split_lines((FIX / "ref000_glm51_1gpu_cpu_moe.legacy.log").read_text())
     assert phases_in(legacy) == ["loading tensors", "creating context", "allocating compute buffers",
                                  "allocating pinned memory"]

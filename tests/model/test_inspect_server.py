@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from moetune.engine.logs import parse_log
-from moetune.engine.measure import reserve_log
 from moetune.model.archs import ARCHS as ARCHS_ALL
 from moetune.model.archs import small_dims
 from moetune.model.testmodel import generate
+from tests.engine_harness import reserve_log
 from tests.helpers import run_cli
 
 pytestmark = pytest.mark.server

@@ -1,6 +1,7 @@
 from gguf.constants import GGML_QUANT_SIZES
 
-from moetune.model.quants import IK, MAINLINE, QUANT_TYPES, by_id, by_name
+from moetune.kinds import EngineKind
+from moetune.model.quants import QUANT_TYPES, by_id, by_name
 
 MIB = 1 << 20
 
@@ -10,7 +11,7 @@ def test_every_type_id_in_either_table_has_a_size() -> None:
         assert int(qt) in QUANT_TYPES
     for t in QUANT_TYPES.values():
         assert t.block_size > 0 and t.type_size > 0, t
-        assert t.engines <= {MAINLINE, IK} and t.engines
+        assert t.engines <= {EngineKind.MAINLINE, EngineKind.IK} and t.engines
 
 
 def test_mainline_sizes_come_from_gguf() -> None:
@@ -31,7 +32,7 @@ def test_ik_row_meta_counts_per_row() -> None:
     t = by_name("IQ4_KS")
     assert t.row_bytes(256) == 4 + 136
     assert t.tensor_bytes((256, 10)) == 10 * 140
-    assert IK in t.engines and MAINLINE not in t.engines
+    assert EngineKind.IK in t.engines and EngineKind.MAINLINE not in t.engines
 
 
 def test_names_are_case_insensitive() -> None:

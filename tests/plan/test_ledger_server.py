@@ -20,14 +20,15 @@ from pathlib import Path
 
 import pytest
 
+from moetune.engine.command import service_argv
 from moetune.engine.logs import parse_log
-from moetune.engine.measure import reserve_log, strip_endpoint
 from moetune.hardware.inventory import from_dict
 from moetune.model.archs import ARCHS, small_dims
 from moetune.model.profile import ModelProfile, load_profile
 from moetune.model.testmodel import generate
 from moetune.plan.plan import ServiceSpec, make_plan
 from moetune.plan.settings import Settings
+from tests.engine_harness import reserve_log, strip_endpoint
 from tests.helpers import loopback_hw, rpc_workers
 
 pytestmark = pytest.mark.server
@@ -115,7 +116,7 @@ def test_ledger_matches_llama_server(bin_dir: Path, workers: list[str], model_se
     s = Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=ct, ctv=ct)
     plan = make_plan([ServiceSpec("t", p, s, "cpu-moe" if strategy == "cpu-only" else strategy)], hw)
     sp = plan.main
-    ok, log = reserve_log(bin_dir / "llama-server", [*strip_endpoint(sp.argv), "-lv", "5"], timeout=120)
+    ok, log = reserve_log(bin_dir / "llama-server", [*strip_endpoint(service_argv(sp)), "-lv", "5"], timeout=120)
     assert ok, log[-2000:]
     parsed = parse_log(log).device_buffers()
     items = {(d, i.what): i.mib for d, its in sp.memory.items.items() for i in its}

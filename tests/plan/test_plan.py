@@ -6,13 +6,14 @@ import time
 
 import pytest
 
+from moetune.engine.command import plan_json
 from moetune.hardware.inventory import load
+from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile
-from moetune.model.quants import IK
-from moetune.plan.plan import ServiceSpec, make_plan, plan_json
+from moetune.plan.plan import ServiceSpec, make_plan
 from moetune.plan.settings import Settings
 
-REF = Settings(ctx=32768, ctk="q8_0", ctv="q8_0", batch=8192, ubatch=8192, engine=IK, amb_mib=512)
+REF = Settings(ctx=32768, ctk="q8_0", ctv="q8_0", batch=8192, ubatch=8192, engine=EngineKind.IK, amb_mib=512)
 
 
 def test_reference_case_n_cpu_moe_64_fits_58_oom_on_compute(glm51: ModelProfile) -> None:

@@ -104,3 +104,26 @@ def test_hw_commands(tmp_path: Path) -> None:
     doc = yaml.safe_load(out.read_text())
     assert doc["nodes"][0]["cpu"]["ram_mib"] > 1000 and doc["nodes"][0]["cpu"]["cores"] >= 1
     assert run_cli("hw", "show", str(out)).exit_code == 0
+
+
+def test_layout_file(tmp_path: Path) -> None:
+    """Models are found relative to the layout file; ports default to --port, --port + 1, ...;
+    the plan is also written with -o; bad layouts are one line and exit 2."""
+    generate(tmp_path / "a.gguf", "qwen3moe", Dims(n_layer=4), "f16")
+    layout = tmp_path / "layout.yaml"
+    layout.write_text("services:\n  - {name: big, model: a.gguf, strategy: auto}\n"
+                      "  - {name: small, model: a.gguf, strategy: cpu-moe, ctx: 2048, engine: ik_llama.cpp}\n")
+    out = tmp_path / "plan.json"
+    r = run_cli("plan", "--layout", str(layout), "--hw", "rtx-pro-6000", "--port", "9000", "-o", str(out), "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert json.loads(out.read_text()) == doc
+    assert [(s["name"], s["port"], s["settings"]["ctx"]) for s in doc["services"]] == [("big", 9000, 4096),
+                                                                                     ("small", 9001, 2048)]
+    servers = [p for p in doc["launch"]["processes"] if p["role"] == "server"]
+    assert [p["engine"] for p in servers][1] == "ik_llama.cpp"
+    layout.write_text("services:\n  - {name: x, model: a.gguf, ctx: -1}\n")
+    r = run_cli("plan", "--layout", str(layout), "--hw", "rtx-pro-6000")
+    assert r.exit_code == 2 and "services.0.ctx" in r.stderr
+    r = run_cli("plan", "a.gguf", "--layout", str(layout), "--hw", "rtx-pro-6000")
+    assert r.exit_code == 2 and "not both" in r.stderr

@@ -11,11 +11,12 @@ from rich.table import Table
 
 from moetune.bench.analysis.stats import MetricSamples
 from moetune.errors import InputError
+from moetune.kinds import RunKind
 from moetune.report import compare as cmp
 from moetune.report.compare import METRIC_EXTRACTORS, RunMetrics, compare, extract, load
 from moetune.report.compare_view import comparison_csv, comparison_markdown, comparison_table
 from moetune.store.db import ResultsDB
-from moetune.store.record import RunKind, RunMeta
+from moetune.store.record import RunMeta
 from tests.bench.synth import run_samples
 
 BASE = [18.80, 18.84, 18.86, 18.83, 18.85]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from moetune.kinds import RunKind
 from moetune.store.db import ResultsDB
-from moetune.store.record import ModelRef, RunKind, RunMeta
+from moetune.store.record import ModelRef, RunMeta
 from tests.bench.synth import run_samples, sample
 from tests.helpers import run_cli
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from moetune.engine import registry
+from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.model.archs import Dims
 from moetune.model.testmodel import generate
 from moetune.paths import runs_dir
-from moetune.plan.launchspec import LaunchSpec, ProcessSpec
 from tests.helpers import free_port
 
 # -nr: CPU weight repacking crashes on this CPU (DESIGN.md section 5); every server binds 127.0.0.1

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.errors import InputError
-from moetune.model.quants import IK, MAINLINE
-from moetune.plan.launchspec import LaunchSpec, ProcessSpec
+from moetune.kinds import EngineKind
 from moetune.run.prepare import final_argv, model_paths, read_plan, rpc_endpoints, start_order, ubatch
 
 BIN = Path("/opt/llama/bin/llama-server")
@@ -21,12 +21,12 @@ def proc(name: str, role: str = "server", argv: tuple[str, ...] = (), port: int 
 
 
 @pytest.mark.parametrize(("p", "kind", "tail"), [
-    (proc("main", argv=("-m", "m.gguf")), MAINLINE, ["--host", "127.0.0.1", "--port", "8080", "-lv", "4"]),
-    (proc("main", argv=("-m", "m.gguf")), IK, ["--host", "127.0.0.1", "--port", "8080"]),  # ik logs load details anyway
-    (proc("main", argv=("-m", "m.gguf", "--port", "8080", "-lv", "3")), MAINLINE, ["--port", "8080", "-lv", "3"]),
-    (proc("main", argv=("-m", "m.gguf", "--verbose")), MAINLINE, ["--verbose", "--host", "127.0.0.1", "--port", "8080"]),
-    (proc("rpc0", role="rpc", port=50052), MAINLINE, ["-H", "127.0.0.1", "-p", "50052"]),
-    (proc("rpc0", role="rpc", argv=("-H", "10.0.0.2", "-p", "50052"), port=50052), MAINLINE, ["-p", "50052"]),
+    (proc("main", argv=("-m", "m.gguf")), EngineKind.MAINLINE, ["--host", "127.0.0.1", "--port", "8080", "-lv", "4"]),
+    (proc("main", argv=("-m", "m.gguf")), EngineKind.IK, ["--host", "127.0.0.1", "--port", "8080"]),  # ik logs load details anyway
+    (proc("main", argv=("-m", "m.gguf", "--port", "8080", "-lv", "3")), EngineKind.MAINLINE, ["--port", "8080", "-lv", "3"]),
+    (proc("main", argv=("-m", "m.gguf", "--verbose")), EngineKind.MAINLINE, ["--verbose", "--host", "127.0.0.1", "--port", "8080"]),
+    (proc("rpc0", role="rpc", port=50052), EngineKind.MAINLINE, ["-H", "127.0.0.1", "-p", "50052"]),
+    (proc("rpc0", role="rpc", argv=("-H", "10.0.0.2", "-p", "50052"), port=50052), EngineKind.MAINLINE, ["-p", "50052"]),
 ])
 def test_final_argv(p: ProcessSpec, kind: str, tail: list[str]) -> None:
     argv = final_argv(p, BIN, kind)
@@ -36,7 +36,7 @@ def test_final_argv(p: ProcessSpec, kind: str, tail: list[str]) -> None:
 
 def test_final_argv_port_disagreement() -> None:
     with pytest.raises(InputError, match="says port 8080 but its arguments say 9090"):
-        final_argv(proc("main", argv=("--port", "9090")), BIN, MAINLINE)
+        final_argv(proc("main", argv=("--port", "9090")), BIN, EngineKind.MAINLINE)
 
 
 def test_start_order() -> None:

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from moetune.errors import InputError
+from moetune.kinds import RunKind
 from moetune.paths import default_db
 from moetune.store.db import ResultsDB
-from moetune.store.record import RunKind, RunMeta, ServerInfo
+from moetune.store.record import RunMeta, ServerInfo
 
 
 def test_default_location_is_the_data_directory(moetune_home: Path) -> None:

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from moetune.errors import RuntimeFailure
+from moetune.kinds import RunKind
 from moetune.store import migrations
 from moetune.store.db import ResultsDB
 from moetune.store.migrations import MIGRATIONS, migrate
-from moetune.store.record import RunKind, RunMeta
+from moetune.store.record import RunMeta
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "db" / "results-v1.sqlite"
 FIXTURE_V2 = FIXTURE.with_name("results-v2.sqlite")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from moetune.bench.target import CTX, PARALLEL, Target, flag_value, match_slots
-from moetune.plan.launchspec import LaunchSpec, ProcessSpec
+from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 
 Status = Callable[[str], None]
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.errors import InputError
-from moetune.plan.launchspec import LaunchSpec, ProcessSpec
 
 PARALLEL = ("--parallel", "-np")
 CTX = ("--ctx-size", "-c")

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import click
-from rich.text import Text
 
 from moetune.cli.common import json_option, out, print_json
-from moetune.run.doctor import examine
-from moetune.run.sources import load_sources
 
 
 @click.command()
@@ -23,7 +20,11 @@ def doctor(inputs: tuple[str, ...], ram_gib: float | None, as_json: bool) -> Non
     thinking tokens dominating the output (in captured responses), pinned host memory close to
     the RAM, and failed loads. Exit 0 whether or not it finds anything.
     """
-    findings = examine(load_sources(inputs), ram_mib=ram_gib * 1024 if ram_gib else None)
+    from rich.text import Text
+
+    from moetune.run.sources import examine_inputs
+
+    findings = examine_inputs(inputs, ram_mib=ram_gib * 1024 if ram_gib else None)
     if as_json:
         print_json([f.to_json() for f in findings])
         return

@@ -1,14 +1,12 @@
-"""`moetune engine install|list|add`."""
+"""`moetune engine install|list|add|remove`."""
 
 from __future__ import annotations
 
 import click
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from moetune.cli.common import err, json_option, out, print_json
-from moetune.engine import registry
-from moetune.engine.install import DEFAULT_VERSION, install
+from moetune.engine.install import DEFAULT_VERSION
+from moetune.kinds import EngineKind
 
 
 @click.group()
@@ -24,6 +22,10 @@ def engine() -> None:
 @json_option
 def install_cmd(version: str, jobs: int | None, force: bool, as_json: bool) -> None:
     """Build llama.cpp (with RPC) from source, cached in the user cache directory."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from moetune.engine.install import install
+
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn(), TextColumn("[dim]{task.fields[detail]}"), console=err,
                   disable=as_json or not err.is_terminal, transient=True) as bar:
@@ -51,8 +53,11 @@ def install_cmd(version: str, jobs: int | None, force: bool, as_json: bool) -> N
 @json_option
 def list_cmd(as_json: bool) -> None:
     """Engines moetune knows, built-in and registered."""
-    rows = [{"name": e.name, "kind": e.kind, "bin_dir": e.bin_dir, "image": e.image, "runtime": e.runtime,
-             "builtin": e.builtin, "available": e.available} for e in registry.all_engines()]
+    from rich.table import Table
+
+    from moetune.engine import registry
+
+    rows = [e.to_json() for e in registry.all_engines()]
     if as_json:
         print_json(rows)
         return
@@ -68,18 +73,44 @@ def list_cmd(as_json: bool) -> None:
 
 @engine.command("add")
 @click.argument("name")
-@click.option("--kind", type=click.Choice(registry.KINDS), required=True)
+@click.option("--kind", type=click.Choice([k.value for k in EngineKind]), required=True)
 @click.option("--bin-dir", type=click.Path(file_okay=False), help="Directory holding llama-server (and rpc server).")
 @click.option("--image", help="Container image whose entrypoint is llama-server.")
 @click.option("--runtime", type=click.Choice(["podman", "docker"]), help="Container runtime for --image.")
 @json_option
 def add_cmd(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None, as_json: bool) -> None:
     """Register your own engine build or container image under NAME."""
+    from moetune.engine import registry
+
     e = registry.add(name, kind, bin_dir, image, runtime)
     if as_json:
         print_json({"name": e.name, "kind": e.kind, "bin_dir": e.bin_dir, "image": e.image, "runtime": e.runtime})
     else:
         out.print(f"registered {e.name} ({e.kind})")
+
+
+@engine.command("remove")
+@click.argument("name")
+@click.option("--purge", is_flag=True, help="For the build moetune made: delete it from the cache.")
+@json_option
+def remove_cmd(name: str, purge: bool, as_json: bool) -> None:
+    """Forget the engine registered as NAME (its files stay where they are).
+
+    The build moetune made itself is not registered: `--purge` deletes it from the cache, and
+    `moetune engine install` builds it again.
+    """
+    from moetune.engine import registry
+
+    r = registry.remove(name, purge)
+    if as_json:
+        print_json(r.to_json())
+    elif r.purged is None:
+        where = r.engine.bin_dir or f"{r.engine.runtime} image {r.engine.image}"
+        out.print(f"removed {r.engine.name} ({r.engine.kind}); its files are left in place: {where}", markup=False)
+    elif r.freed_bytes:
+        out.print(f"removed {r.engine.name}: deleted {r.purged} ({r.freed_bytes / (1 << 20):,.0f} MiB)", markup=False)
+    else:
+        out.print(f"{r.engine.name}: no cached build in {r.purged}, nothing to delete", markup=False)
 
 
 def register(cli: click.Group) -> None:

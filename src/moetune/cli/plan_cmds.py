@@ -2,43 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import click
-import yaml
 
 from moetune.cli.common import json_option, out, print_json, warn
-from moetune.engine import registry
-from moetune.engine.render import container_argv, llama_swap_entry, shell_script
 from moetune.errors import InputError
-from moetune.hardware import inventory
-from moetune.hardware.probe import probe
-from moetune.model.profile import load_profile
-from moetune.model.quants import IK, MAINLINE
-from moetune.plan.layout import load_layout
-from moetune.plan.plan import ServiceSpec, make_plan, plan_json
-from moetune.plan.settings import Settings
-from moetune.plan.speed import SpeedConstants
-from moetune.report.plan_view import print_plan
-
-
-def _engine(name: str | None) -> tuple[str, str]:
-    """(engine name for launching, engine kind)."""
-    if name in (MAINLINE, IK):
-        return (registry.get().name if name == MAINLINE else name), name
-    e = registry.get(name)
-    return e.name, e.kind
-
-
-def _pairs(values: tuple[str, ...]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for v in values:
-        k, sep, val = v.partition("=")
-        if not sep:
-            raise InputError(f"--speed {v!r}: expected NAME=VALUE")
-        out[k.strip()] = val.strip()
-    return out
 
 
 @click.command()
@@ -72,40 +41,25 @@ def plan(model: Path | None, hw_path: str, layout: Path | None, strategy: str, c
 
     Exits 0 whether or not the plan fits (it says so); 2 for unusable input.
     """
-    if (model is None) == (layout is None):
-        raise InputError("give a MODEL or a --layout file (not both)")
-    hw = inventory.load(hw_path)
-    for node, why in inventory.public_binds(hw):
-        warn(f"node {node.name}: its RPC worker will listen on {why} (allow_public_bind); {inventory.RPC_NO_AUTH}",
-             "keep the port behind a firewall that admits only the server's node, or bind it to the private link")
-    engine, kind = _engine(engine_name)
-    base = Settings(ctx=ctx, slots=parallel, batch=batch, ubatch=ubatch, ctk=ctk, ctv=ctv,
-                    flash_attn=not no_flash_attn, engine=kind, mmap=not no_mmap, amb_mib=amb, threads=threads)
-    if layout is not None:
-        services = [replace(s, engine=s.engine or engine) for s in load_layout(layout, base, port)]
-    else:
-        assert model is not None
-        services = [ServiceSpec("main", load_profile(model), base, strategy, port, engine=engine)]
-    k = SpeedConstants().with_overrides(_pairs(speed))
-    p = make_plan(services, hw, k)
-    doc = plan_json(p, engine)
-    if output:
-        output.write_text(__import__("json").dumps(doc, indent=2))
+    from moetune.engine.command import render_text
+    from moetune.plan.settings import Settings
+    from moetune.planfiles import PlanRequest, plan_files
+
+    settings = Settings(ctx=ctx, slots=parallel, batch=batch, ubatch=ubatch, ctk=ctk, ctv=ctv,
+                        flash_attn=not no_flash_attn, mmap=not no_mmap, amb_mib=amb, threads=threads)
+    planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output))
+    for message, remedy in planned.notices:
+        warn(message, remedy)
     if as_json:
-        print_json(doc)
+        print_json(planned.doc)
         return
     if fmt == "table":
-        print_plan(p, doc, out)
-    elif fmt == "argv":
-        out.print(" ".join(doc["argv"]), markup=False)
-    elif fmt == "shell":
-        out.print(shell_script(doc["argv"][0], doc["argv"][1:]), markup=False, end="")
-    elif fmt in ("podman", "docker"):
-        argv = container_argv(fmt, image, p.main.argv, port=port, gpus=None, model_path=str(p.main.spec.model.files[0]))
-        out.print(shell_script(argv[0], argv[1:]), markup=False, end="")
+        from moetune.report.plan_view import print_plan
+
+        print_plan(planned.plan, planned.doc, out)
     else:
-        out.print(llama_swap_entry(p.main.spec.name, doc["argv"][0], doc["argv"][1:]), markup=False, end="")
-    for w in doc["warnings"]:
+        out.print(render_text(planned.plan, planned.doc, fmt, image), markup=False, end="")
+    for w in planned.doc["warnings"]:
         warn(w["message"], w["remedy"])
 
 
@@ -119,6 +73,11 @@ def hw() -> None:
 @click.option("--measure/--no-measure", default=True, show_default=True, help="Measure RAM bandwidth (about a second).")
 def hw_probe(output: Path | None, measure: bool) -> None:
     """Write a hardware YAML for this machine (NVML via nvidia-smi, /proc/meminfo, lscpu)."""
+    import yaml
+
+    from moetune.hardware import inventory
+    from moetune.hardware.probe import probe
+
     text = yaml.safe_dump(inventory.to_dict(probe(measure=measure)), sort_keys=False)
     if output:
         output.write_text(text)
@@ -131,6 +90,8 @@ def hw_probe(output: Path | None, measure: bool) -> None:
 @click.argument("name", required=False)
 def hw_example(name: str | None) -> None:
     """List the built-in hardware examples, or print one."""
+    from moetune.hardware import inventory
+
     if not name:
         for n in inventory.examples():
             out.print(n)
@@ -146,6 +107,8 @@ def hw_example(name: str | None) -> None:
 @json_option
 def hw_show(path: str, as_json: bool) -> None:
     """Validate a hardware file and list the devices llama-server will see, in its order."""
+    from moetune.hardware import inventory
+
     inv = inventory.load(path)
     rows = [{"name": d.name, "kind": d.kind, "mem_mib": d.mem_mib, "bw_gbs": d.bw_gbs, "node": d.node}
             for d in inv.devices()]

@@ -10,8 +10,8 @@ import click
 
 from moetune.bench.analysis.stats import DEFAULT_MIN_CHANGE
 from moetune.cli.common import comparison_output, db_option, json_option, out, print_json, print_wide, warn
+from moetune.kinds import RunKind
 from moetune.report.results_view import FORMATS
-from moetune.store.record import RunKind
 
 if TYPE_CHECKING:
     from moetune.store.db import ResultsDB, Run
@@ -129,10 +129,10 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
     or the change is below --min-change."""
     from moetune.bench.analysis.warnings import grouped
     from moetune.errors import InputError
+    from moetune.kinds import RunStatus
     from moetune.report.compare import compare, load, run_noise, runs_to_compare
     from moetune.report.plot import plot_runs
     from moetune.store.db import ResultsDB
-    from moetune.store.record import RunStatus
 
     with ResultsDB.open(db_path) as db:
         runs = runs_to_compare(db, list(run_refs), baseline=baseline_ref, sweep_id=sweep_id)

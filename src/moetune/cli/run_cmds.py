@@ -2,29 +2,25 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
-from rich.status import Status
-from rich.table import Table
-from rich.text import Text
 
 from moetune.cli.common import err, json_option, out, print_json, warn
-from moetune.errors import RuntimeFailure
-from moetune.hardware.inventory import RPC_NO_AUTH, bind_problem
-from moetune.plan.launchspec import LaunchSpec
-from moetune.run.launch import Event, Launched, launch, supervise
-from moetune.run.prepare import LaunchFailed, bind_host, read_plan
-from moetune.run.record import FAILED, HEALTHY, STARTING, RunDir
-from moetune.run.stop import stop_run
-from moetune.run.transport import TCP, TRANSPORTS
+from moetune.kinds import Transport
+
+if TYPE_CHECKING:
+    from rich.status import Status
+
+    from moetune.run.launch import Event, Launched
+    from moetune.run.prepare import LaunchFailed
+
 
 
 class Display:
@@ -35,6 +31,8 @@ class Display:
         self.status: Status | None = None
 
     def __call__(self, e: Event) -> None:
+        from rich.text import Text
+
         if self.quiet:
             return
         if e.kind == "tick":
@@ -57,6 +55,8 @@ class Display:
             err.print(Text(f"  {e.process}: {e.kind}"))
 
     def notify(self, name: str, what: str) -> None:
+        from moetune.run.launch import Event
+
         self(Event(name, what, 0.0))
 
     def close(self) -> None:
@@ -81,6 +81,8 @@ def _signals_interrupt() -> Iterator[None]:
 
 def _show_failure(e: LaunchFailed, as_json: bool) -> None:
     """The diagnosis goes out as the error (cause, hint, evidence); add the JSON and where the logs are."""
+    from moetune.run.record import RunDir
+
     if as_json:
         print_json({"run": e.run_id, "error": e.diagnosis.to_json()})
     if e.run_id:
@@ -92,7 +94,7 @@ def _show_failure(e: LaunchFailed, as_json: bool) -> None:
 @click.option("--detach", is_flag=True, help="Return once every server is healthy (stop it with `moetune stop RUN`).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=1800.0, show_default=True,
               help="Seconds to wait for each server's /health.")
-@click.option("--transport", type=click.Choice(TRANSPORTS), default=TCP, show_default=True,
+@click.option("--transport", type=click.Choice([t.value for t in Transport]), default=Transport.TCP.value, show_default=True,
               help="RPC transport: tcp (RDMA switched off where the build has it), rdma (refused unless the "
               "builds have it), auto (the build decides). The one used is read from each worker's log.")
 @click.option("--rdma-dev", metavar="DEV", help="RoCE device for --transport rdma (GGML_RDMA_DEV), e.g. rocep1s0f1.")
@@ -106,8 +108,12 @@ def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_
     processes are gone, then stops the workers. Logs, exact commands and times are kept in the
     run directory (`moetune ps` shows it).
     """
+    from moetune.run.launch import launch
+    from moetune.run.prepare import LaunchFailed, public_bind_warnings, read_plan
+
     spec, doc = read_plan(plan)
-    _warn_public_binds(spec)
+    for message, remedy in public_bind_warnings(spec):
+        warn(message, remedy)
     display = Display(quiet=as_json)
     with _signals_interrupt():
         try:
@@ -125,17 +131,6 @@ def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_
         _foreground(launched, display)
 
 
-def _warn_public_binds(spec: LaunchSpec) -> None:
-    """Workers allowed on a public address or every interface: said once more, at each launch."""
-    for p in spec.workers():
-        with contextlib.suppress(ValueError):
-            why = bind_problem(bind_host(p))
-            if why and p.allow_public_bind:
-                warn(f"RPC worker {p.name} on node {p.node} will listen on {why} (allow_public_bind); {RPC_NO_AUTH}",
-                     "keep the port behind a firewall that admits only the server's node, or bind it to the "
-                     "private link")
-
-
 def _print_launched(launched: Launched, as_json: bool) -> None:
     if as_json:
         print_json(launched.to_json())
@@ -150,41 +145,18 @@ def _print_launched(launched: Launched, as_json: bool) -> None:
 
 
 def _foreground(launched: Launched, display: Display) -> None:
+    from rich.text import Text
+
+    from moetune.errors import RuntimeFailure
+    from moetune.run.launch import watch
+
     err.print(Text("serving; Ctrl-C stops the servers, then the workers", style="dim"))
-    try:
-        why = supervise(launched.run, on_event=display)
-    except KeyboardInterrupt:
-        err.print(f"stopping run {launched.run.run_id}")
-        stop_run(launched.run, notify=display.notify)
-        raise
+    why = watch(launched.run, on_event=display, notify=display.notify,
+                on_interrupt=lambda: err.print(f"stopping run {launched.run.run_id}"))
     if why is None:
         err.print(f"run {launched.run.run_id} was stopped")
         return
-    stop_run(launched.run, final_state=FAILED, notify=display.notify)
-    launched.run.update(diagnosis=why.to_json())
     raise RuntimeFailure(why.message, hint=why.hint)
-
-
-def _ps_rows(show_all: bool) -> list[dict[str, Any]]:
-    rows = []
-    for rd in RunDir.all():
-        info = rd.info()
-        procs = rd.procs()
-        alive = {r.name: r.alive() for r in procs}
-        if not show_all and not any(alive.values()):
-            continue
-        state = info.state
-        if state in (STARTING, HEALTHY) and not any(alive.values()):
-            state = "exited"
-        rows.append({
-            "run": info.run, "state": state, "created_at": info.created_at, "detached": info.detached,
-            "urls": {r.name: r.url for r in procs if r.role == "server"},
-            "pids": {r.name: r.remote_pid if r.remote else r.pid for r in procs}, "alive": alive,
-            "nodes": {r.name: r.node for r in procs}, "transport": info.transport,
-            "transports": {r.name: r.transport for r in procs if r.role == "rpc"}, "dir": str(rd.path),
-            "diagnosis": (info.diagnosis or {}).get("message"),
-        })
-    return rows
 
 
 @click.command("ps")
@@ -192,10 +164,14 @@ def _ps_rows(show_all: bool) -> list[dict[str, Any]]:
 @json_option
 def ps_cmd(show_all: bool, as_json: bool) -> None:
     """Launches with live processes (their pids checked now)."""
-    rows = _ps_rows(show_all)
+    from moetune.run.status import runs
+
+    rows = [r.to_json() for r in runs(show_all)]
     if as_json:
         print_json(rows)
         return
+    from rich.table import Table
+
     if not rows:
         out.print("no live launches" + ("" if show_all else " (--all lists stopped ones)"))
         return
@@ -222,17 +198,15 @@ def stop_cmd(runs: tuple[str, ...], stop_all: bool, grace_s: float, as_json: boo
     """Stop launches in order: servers first (waiting until their pids are gone), then RPC workers."""
     if not runs and not stop_all:
         raise click.UsageError("give a RUN (see `moetune ps`) or --all")
-    dirs = [RunDir.open(r) for r in runs] if runs else [RunDir(Path(r["dir"])) for r in _ps_rows(False)]
+    from moetune.run.stop import stop_runs
+
     docs = []
-    for rd in dirs:
-        recs = stop_run(rd, grace_s=grace_s, notify=None if as_json else Display(False).notify)
-        docs.append({"run": rd.run_id, "processes": [
-            {"name": r.name, "role": r.role, "node": r.node, "pid": r.remote_pid if r.remote else r.pid,
-             "stop_sent_at": r.stop_sent_at, "kill_sent_at": r.kill_sent_at, "exited_at": r.exited_at} for r in recs]})
+    for st in stop_runs(runs, grace_s=grace_s, notify=None if as_json else Display(False).notify):
+        docs.append(st.to_json())
         if as_json:
             continue
-        out.print(f"run {rd.run_id} stopped")
-        for r in sorted(recs, key=lambda r: r.exited_at or 0):
+        out.print(f"run {st.run_id} stopped")
+        for r in sorted(st.records, key=lambda r: r.exited_at or 0):
             took = (f"gone {r.exited_at - r.stop_sent_at:.2f} s after SIGTERM" if r.exited_at and r.stop_sent_at
                     else "already gone")
             pid = f"pid {r.remote_pid} on {r.node}" if r.remote else f"pid {r.pid}"

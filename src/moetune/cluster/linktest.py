@@ -28,9 +28,10 @@ from typing import Any
 from moetune import __version__
 from moetune.errors import InputError, RuntimeFailure
 from moetune.hardware.inventory import Inventory, Node
+from moetune.kinds import RunKind, RunStatus
 from moetune.run.remote import RemoteError, run_remote, ssh_argv, ssh_base
 from moetune.store.db import ResultsDB
-from moetune.store.record import HostRef, RunKind, RunMeta, RunStatus
+from moetune.store.record import HostRef, RunMeta
 
 IPERF3, BUILTIN, AUTO = "iperf3", "builtin", "auto"
 TOOLS = (AUTO, IPERF3, BUILTIN)

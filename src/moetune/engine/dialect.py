@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from moetune.model.quants import IK, MAINLINE
+from moetune.kinds import EngineKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +41,10 @@ class Dialect:
     mla: tuple[str, ...] = ()
 
 
-MAINLINE_DIALECT = Dialect(MAINLINE)
+MAINLINE_DIALECT = Dialect(EngineKind.MAINLINE)
 
 IK_DIALECT = Dialect(
-    IK,
+    EngineKind.IK,
     slots="--parallel",
     flash_attn_on=("-fa",),
     flash_attn_off=(),
@@ -64,9 +64,9 @@ IK_OLD_DIALECT = replace(IK_DIALECT, n_cpu_moe_counts_from="first")
 
 
 def dialect(kind: str, old_ik: bool = False) -> Dialect:
-    if kind == MAINLINE:
+    if kind == EngineKind.MAINLINE:
         return MAINLINE_DIALECT
-    if kind == IK:
+    if kind == EngineKind.IK:
         return IK_OLD_DIALECT if old_ik else IK_DIALECT
     raise ValueError(f"unknown engine kind {kind!r}")
 

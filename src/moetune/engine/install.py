@@ -194,3 +194,15 @@ def install(version: str = DEFAULT_VERSION, *, jobs: int | None = None, force: b
         (b.dir / "engine.json").write_text(json.dumps(info, indent=2))
         shutil.rmtree(work, ignore_errors=True)
     return b, False
+
+
+def purge(b: Build) -> int:
+    """Delete a build (and any half-finished one) from the cache; the bytes freed. Waits for a
+    build in progress to finish first."""
+    with _lock(b.dir.with_suffix(".lock")):
+        freed = 0
+        for d in (b.dir, b.dir.with_name(b.dir.name + ".work")):
+            if d.is_dir():
+                freed += sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
+                shutil.rmtree(d)
+        return freed

@@ -1,4 +1,9 @@
-"""Engines moetune knows: the llama.cpp it builds, and builds or container images users register."""
+"""Engines moetune knows: the llama.cpp it builds, and builds or container images users register.
+
+Registered engines are entries in ``engines.json`` in moetune's data directory; removing one removes
+the entry and leaves its files (your build, your image) alone. The build moetune made itself is not
+an entry: removing it means deleting it from the cache (``purge``), and `engine install` rebuilds it.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,14 @@ import re
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from moetune.engine.install import DEFAULT_VERSION, build_for
+from moetune.engine.install import DEFAULT_VERSION, build_for, purge
 from moetune.errors import InputError
-from moetune.model.quants import IK, MAINLINE
+from moetune.kinds import EngineKind
 from moetune.paths import data_dir
 
-KINDS = (MAINLINE, IK)
+KINDS = tuple(k.value for k in EngineKind)  # as plain strings, for option choices
 # binary names by role; the first that exists wins (older builds name the RPC server rpc-server)
 BINARIES = {
     "server": ("llama-server",),
@@ -27,7 +33,7 @@ BINARIES = {
 @dataclass(frozen=True, slots=True)
 class Engine:
     name: str
-    kind: str  # llama.cpp | ik_llama.cpp
+    kind: EngineKind
     bin_dir: str | None = None
     image: str | None = None  # container image (its entrypoint is llama-server)
     runtime: str | None = None  # podman | docker
@@ -51,6 +57,10 @@ class Engine:
             return True
         return self.bin_dir is not None and any((Path(self.bin_dir) / n).exists() for n in BINARIES["server"])
 
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "bin_dir": self.bin_dir, "image": self.image,
+                "runtime": self.runtime, "builtin": self.builtin, "available": self.available}
+
     def version(self) -> str:
         """The engine's own version line (``version: 0.6.0-dev (build 11434, commit ...)``)."""
         if self.image or not self.available:
@@ -69,7 +79,7 @@ def _user_file() -> Path:
 
 def builtin() -> Engine:
     b = build_for(DEFAULT_VERSION)
-    return Engine(b.name, MAINLINE, str(b.bin_dir), builtin=True)
+    return Engine(b.name, EngineKind.MAINLINE, str(b.bin_dir), builtin=True)
 
 
 def load_user() -> list[Engine]:
@@ -80,7 +90,10 @@ def load_user() -> list[Engine]:
         rows = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise InputError(f"{p}: not valid JSON ({e})", hint="fix or delete the file") from None
-    return [Engine(**r) for r in rows]
+    try:
+        return [Engine(**{**r, "kind": EngineKind(r["kind"])}) for r in rows]
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"{p}: not a list of engines ({e})", hint="fix or delete the file") from None
 
 
 def all_engines() -> list[Engine]:
@@ -100,6 +113,16 @@ def get(name: str | None = None) -> Engine:
                      hint="see `moetune engine list`, or register one with `moetune engine add`")
 
 
+def resolve(name_or_kind: str | None) -> tuple[str, EngineKind]:
+    """(engine name for launching, its kind) for ``--engine``, which takes an engine's name or a kind
+    (a kind alone means: the default engine for llama.cpp, the name itself for ik_llama.cpp)."""
+    if name_or_kind in KINDS:
+        kind = EngineKind(name_or_kind)
+        return (get().name if kind == EngineKind.MAINLINE else kind.value), kind
+    e = get(name_or_kind)
+    return e.name, e.kind
+
+
 def add(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None) -> Engine:
     if kind not in KINDS:
         raise InputError(f"--kind {kind!r}: choose {' or '.join(KINDS)}")
@@ -116,12 +139,45 @@ def add(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: s
         raise InputError(f"engine name {name!r}: use letters, digits, '.', '_' and '-'")
     if name == builtin().name:
         raise InputError(f"{name!r} is the built-in engine's name; choose another")
-    users = [e for e in load_user() if e.name != name]
-    e = Engine(name, kind, bin_dir, image, runtime if image else None)
-    users.append(e)
+    e = Engine(name, EngineKind(kind), bin_dir, image, runtime if image else None)
+    _save([*(u for u in load_user() if u.name != name), e])
+    return e
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    engine: Engine
+    purged: Path | None = None  # the build deleted from the cache (the built-in engine, with purge)
+    freed_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.engine.name, "kind": self.engine.kind, "builtin": self.engine.builtin,
+                "purged": None if self.purged is None else str(self.purged), "freed_bytes": self.freed_bytes}
+
+
+def remove(name: str, purge_build: bool = False) -> Removed:
+    """Forget a registered engine (its files stay where they are), or, with ``purge_build``, delete
+    the build moetune made from the cache."""
+    b = builtin()
+    if name == b.name:
+        if not purge_build:
+            raise InputError(f"{name} is the build moetune made, not a registered engine",
+                             hint=f"`moetune engine remove {name} --purge` deletes it from the cache "
+                                  "(`moetune engine install` builds it again)")
+        build = build_for(DEFAULT_VERSION)
+        return Removed(b, build.dir, purge(build))
+    users = load_user()
+    found = next((e for e in users if e.name == name), None)
+    if found is None:
+        raise InputError(f"no registered engine named {name!r}",
+                         hint="see `moetune engine list` for the names")
+    _save([e for e in users if e.name != name])
+    return Removed(found)
+
+
+def _save(users: list[Engine]) -> None:
     p = _user_file()
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".tmp")
     tmp.write_text(json.dumps([asdict(u) for u in users], indent=2))
     tmp.replace(p)
-    return e

@@ -27,8 +27,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from moetune.errors import InputError
+from moetune.kinds import DeviceKind
 
-GPU, CPU, RPC = "gpu", "cpu", "rpc"
 DEFAULT_PCIE_GBS = 25.0  # PCIe 4.0 x16 effective, when a GPU's link is not given
 DEFAULT_RPC_PORT = 50052
 
@@ -94,7 +94,7 @@ class _HardwareIn(BaseModel):
 @dataclass(frozen=True, slots=True)
 class Device:
     name: str  # the buffer type name the engine uses: CUDA0, CPU, RPC0[10.0.0.2:50052]
-    kind: str  # gpu | cpu | rpc
+    kind: DeviceKind
     mem_mib: float
     bw_gbs: float
     node: str
@@ -108,7 +108,7 @@ class Device:
 
     @property
     def is_accelerator(self) -> bool:
-        return self.kind != CPU
+        return self.kind != DeviceKind.CPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +147,7 @@ class Inventory:
         out: list[Device] = []
         for n in self.nodes[1:]:
             for i, d in enumerate(n.devices):
-                out.append(Device(rpc_name(i, n), RPC, d.mem_mib, d.bw_gbs, n.name,
+                out.append(Device(rpc_name(i, n), DeviceKind.RPC, d.mem_mib, d.bw_gbs, n.name,
                                   n.link_gbs or d.link_gbs, d.reserved_mib, d.tflops))
         return out + list(self.local.devices)
 
@@ -160,7 +160,7 @@ class Inventory:
 
     def cpu(self) -> Device:
         n = self.local
-        return Device("CPU", CPU, n.ram_mib, n.ram_bw_gbs, n.name, n.ram_bw_gbs, n.ram_reserved_mib)
+        return Device("CPU", DeviceKind.CPU, n.ram_mib, n.ram_bw_gbs, n.name, n.ram_bw_gbs, n.ram_reserved_mib)
 
     def engine_names(self) -> dict[str, str]:
         """Buffer-type name -> the device name llama.cpp logs: RPC devices are numbered across all
@@ -168,7 +168,7 @@ class Inventory:
         out = {}
         k = 0
         for d in self.accelerators():
-            if d.kind == RPC:
+            if d.kind == DeviceKind.RPC:
                 out[d.name] = f"RPC{k}"
                 k += 1
             else:
@@ -199,6 +199,8 @@ def bind_problem(addr: str) -> str | None:
 
 RPC_NO_AUTH = ("the RPC protocol has no authentication: anyone who reaches the port can read and write the "
                "worker's memory and run computations on it")
+RPC_PUBLIC_BIND_REMEDY = ("keep the port behind a firewall that admits only the server's node, or bind it to the "
+                          "private link")
 
 
 def public_binds(inv: Inventory) -> list[tuple[Node, str]]:
@@ -219,7 +221,7 @@ def rpc_name(index: int, node: Node) -> str:
 def _device_kind_checks(n: _NodeIn, first: bool) -> None:
     # a remote worker may expose its CPU backend as its device (loopback test rigs do)
     for d in n.devices:
-        if d.kind == CPU and first:
+        if d.kind == "cpu" and first:
             raise InputError(f"node {n.name}: describe the local CPU under `cpu:`, not as device {d.name}")
 
 
@@ -245,7 +247,7 @@ def from_dict(doc: Any, source: str | None = None) -> Inventory:
                              "192.168.x, 169.254.x), or set `allow_public_bind: true` on the node if a firewall "
                              "keeps everyone else out")
         names.add(n.name)
-        devs = tuple(Device(d.name, d.kind, d.mem_mib, d.bw_gbs, n.name, d.link_gbs or DEFAULT_PCIE_GBS,
+        devs = tuple(Device(d.name, DeviceKind(d.kind), d.mem_mib, d.bw_gbs, n.name, d.link_gbs or DEFAULT_PCIE_GBS,
                             d.reserved_mib, d.tflops) for d in n.devices)
         nodes.append(Node(n.name, n.cpu.cores, n.cpu.ram_mib, n.cpu.ram_bw_gbs, devs, n.ssh, n.link_addr,
                           n.rpc_port, n.link_gbs, n.bin_dir, n.cpu.reserved_mib, n.allow_public_bind))
@@ -279,7 +281,7 @@ def to_dict(inv: Inventory) -> dict[str, Any]:
                                                         "ram_bw_gbs": n.ram_bw_gbs}}
         if n.ram_reserved_mib:
             node["cpu"]["reserved_mib"] = n.ram_reserved_mib
-        node["devices"] = [{k: v for k, v in (("name", d.name), ("kind", d.kind), ("mem_mib", d.mem_mib),
+        node["devices"] = [{k: v for k, v in (("name", d.name), ("kind", str(d.kind)), ("mem_mib", d.mem_mib),
                                                ("bw_gbs", d.bw_gbs), ("link_gbs", d.link_gbs),
                                                ("reserved_mib", d.reserved_mib), ("tflops", d.tflops)) if v}
                             for d in n.devices]

@@ -10,7 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from moetune.hardware.inventory import DEFAULT_PCIE_GBS, GPU, Device, Inventory, Node
+from moetune.hardware.inventory import DEFAULT_PCIE_GBS, Device, Inventory, Node
+from moetune.kinds import DeviceKind
 
 # Memory bandwidth (GB/s) by GPU name, for what NVML does not report.
 GPU_BANDWIDTH = {
@@ -70,7 +71,7 @@ def _gpus() -> list[Device]:
         link = DEFAULT_PCIE_GBS
         if len(parts) >= 5 and re.fullmatch(r"\d+", parts[3]) and re.fullmatch(r"\d+", parts[4]):
             link = round({3: 0.985, 4: 1.969, 5: 3.938}.get(int(parts[3]), 1.969) * int(parts[4]) * 0.8, 1)
-        devs.append(Device(f"CUDA{idx}", GPU, mem, float(bw), "local", link))
+        devs.append(Device(f"CUDA{idx}", DeviceKind.GPU, mem, float(bw), "local", link))
     return devs
 
 

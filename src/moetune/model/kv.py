@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile
-from moetune.model.quants import MAINLINE, by_name
+from moetune.model.quants import by_name
 
 CACHE_TYPES = ("f16", "q8_0", "q4_0")
 F32_BYTES = 4
@@ -59,11 +60,11 @@ def _per_layer(p: ModelProfile, key: str, default: int) -> list[int]:
     return [int(v)] * p.n_layer_all
 
 
-def kv_shape(p: ModelProfile, engine: str = MAINLINE) -> KVShape:
+def kv_shape(p: ModelProfile, engine: str = EngineKind.MAINLINE) -> KVShape:
     n = p.n_layer
     if p.is_mla:
         latent = int(p.hp("attention.kv_lora_rank", 0)) + int(p.hp("rope.dimension_count", 0))
-        idx = int(p.hp("attention.indexer.key_length", 0) or 0) if engine == MAINLINE else 0
+        idx = int(p.hp("attention.indexer.key_length", 0) or 0) if engine == EngineKind.MAINLINE else 0
         idx_layers = set(range(n))
         types = p.hp("attention.indexer.types")
         if isinstance(types, list):

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-MAINLINE = "llama.cpp"
-IK = "ik_llama.cpp"
+from moetune.kinds import EngineKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +24,7 @@ class QuantType:
     block_size: int  # elements per block
     type_size: int  # bytes per block
     row_meta_bytes: int = 0  # bytes of per-row header (ik_llama.cpp only)
-    engines: frozenset[str] = frozenset({MAINLINE, IK})
+    engines: frozenset[EngineKind] = frozenset(EngineKind)
 
     def row_bytes(self, n_elements: int) -> int:
         if n_elements % self.block_size:
@@ -119,15 +118,15 @@ def _build() -> dict[int, QuantType]:
     for tid, (name, block, size) in _MAINLINE_EXTRA.items():
         table.setdefault(tid, QuantType(tid, name, block, size))
     for tid, (name, block, size, meta) in {**_IK_ONLY, **_IK_OWN_BLOCKS}.items():
-        table[tid] = QuantType(tid, name, block, size, meta, frozenset({IK}))
+        table[tid] = QuantType(tid, name, block, size, meta, frozenset({EngineKind.IK}))
     for tid, (name, base, meta) in _IK_REPACKED.items():
         b = table[base]
-        table[tid] = QuantType(tid, name, b.block_size, b.type_size, meta, frozenset({IK}))
+        table[tid] = QuantType(tid, name, b.block_size, b.type_size, meta, frozenset({EngineKind.IK}))
     # ik_llama.cpp reads mainline files but not the newest mainline-only types.
     for tid in (34, 35, 40, 42):
         if tid in table:
             t = table[tid]
-            table[tid] = QuantType(t.id, t.name, t.block_size, t.type_size, t.row_meta_bytes, frozenset({MAINLINE}))
+            table[tid] = QuantType(t.id, t.name, t.block_size, t.type_size, t.row_meta_bytes, frozenset({EngineKind.MAINLINE}))
     return table
 
 

@@ -16,9 +16,10 @@ from gguf.constants import GGMLQuantizationType, LlamaFileType
 from gguf.quants import quantize
 
 from moetune.errors import InputError
+from moetune.kinds import EngineKind
 from moetune.model.archs import ARCHS, Dims, Layout, TensorSpec
 from moetune.model.gguf_write import I32, TensorToWrite, Typed, write_model
-from moetune.model.quants import MAINLINE, QuantType, UnknownQuantType, by_name
+from moetune.model.quants import QuantType, UnknownQuantType, by_name
 
 # A chat template with an enable_thinking branch. With thinking on, the generation prompt opens a
 # <think> block, so the server reports what the model writes as reasoning; with thinking off the
@@ -129,7 +130,7 @@ def _data_fn(spec: TensorSpec, qt: QuantType, seed: int) -> Callable[[], bytes]:
             return _values(spec, seed).tobytes()
         if qt.name == "F16":
             return _values(spec, seed).astype(np.float16).tobytes()
-        if MAINLINE in qt.engines and qt.id in GGMLQuantizationType._value2member_map_:
+        if EngineKind.MAINLINE in qt.engines and qt.id in GGMLQuantizationType._value2member_map_:
             try:
                 return bytes(quantize(_values(spec, seed), GGMLQuantizationType(qt.id)).tobytes())
             except NotImplementedError:
@@ -145,7 +146,7 @@ def quantizable(qt: QuantType) -> bool:
     """Whether generated data of this type is real quantized weights (servable), not filler."""
     if qt.name in ("F32", "F16"):
         return True
-    if MAINLINE not in qt.engines or qt.id not in GGMLQuantizationType._value2member_map_:
+    if EngineKind.MAINLINE not in qt.engines or qt.id not in GGMLQuantizationType._value2member_map_:
         return False
     try:
         quantize(np.zeros((1, qt.block_size), dtype=np.float32), GGMLQuantizationType(qt.id))

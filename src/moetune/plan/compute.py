@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile
-from moetune.model.quants import IK
 
 MIB = 1 << 20
 KV_PAD = 256
@@ -99,7 +99,7 @@ def _attn_phase_per_tok(p: ModelProfile, inp: ComputeInputs) -> int:
         kmla = int(p.hp("attention.key_length_mla", 0))
         vmla = int(p.hp("attention.value_length_mla", 0))
         b = 4 * (2 * n_head * lora + lora + rope + n_head * (kmla + vmla))
-        if p.arch == "glm-dsa" and inp.engine != IK:
+        if p.arch == "glm-dsa" and inp.engine != EngineKind.IK:
             b += 4 * int(p.hp("attention.indexer.head_count", 0) or 0) * int(p.hp("attention.indexer.key_length", 0) or 0)
     elif p.is_hybrid_recurrent:
         d_inner = int(p.hp("ssm.inner_size", 0))
@@ -141,13 +141,13 @@ def _ik_compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> 
 
 
 def compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
-    if inp.engine == IK:
+    if inp.engine == EngineKind.IK:
         return _ik_compute_bytes(p, inp, role)
     n_tok, n_kv = inp.n_tok, inp.n_kv
     mask = n_tok * n_kv * (2 if inp.flash_attn else 4)
     total = 0
     if role.host:
-        if p.arch == "glm-dsa" and inp.engine != IK:
+        if p.arch == "glm-dsa" and inp.engine != EngineKind.IK:
             mask = n_tok * n_kv * 4  # the indexer takes an F32 copy of the mask
         per_tok = p.n_embd * (16 + 8 * (inp.copies - 1))
         if role.experts:  # the experts' FFN phase
@@ -159,7 +159,7 @@ def compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
             ffn = max(ffn, 6 * p.n_embd * p.n_expert_used)  # gathering expert outputs computed elsewhere
         attn = _attn_phase_per_tok(p, inp) if role.layers else 0
         dev = inp.copies * mask + n_tok * (8 * p.n_embd + max(ffn, attn))
-        if role.layers and p.arch == "glm-dsa" and inp.engine != IK:
+        if role.layers and p.arch == "glm-dsa" and inp.engine != EngineKind.IK:
             heads = int(p.hp("attention.indexer.head_count", 0) or 0)
             knee = 2 * int(p.hp("attention.indexer.top_k", n_kv) or n_kv)
             dev += int(n_tok * heads * (3.6 * min(n_kv, knee) + 1.6 * max(0, n_kv - knee)))

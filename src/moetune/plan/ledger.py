@@ -8,11 +8,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from moetune.hardware.inventory import CPU as CPU_KIND
-from moetune.hardware.inventory import GPU, Inventory
+from moetune.hardware.inventory import Inventory
+from moetune.kinds import DeviceKind, EngineKind
 from moetune.model.kv import KVShape, kv_shape
 from moetune.model.profile import ModelProfile, Tensor
-from moetune.model.quants import IK
 from moetune.plan.compute import KV_PAD, ComputeInputs, DeviceRole, compute_bytes
 from moetune.plan.placement import CPU, Placement, tensor_device
 from moetune.plan.settings import Settings
@@ -77,16 +76,16 @@ def loaded(p: ModelProfile, s: Settings) -> list[Tensor]:
     """Tensors the engine loads: mainline skips NextN/MTP blocks unless MTP drafting is on;
     ik_llama.cpp also skips the DSA indexer tensors it does not implement."""
     ts = p.loaded_tensors(with_nextn=s.mtp)
-    if p.arch == "glm-dsa" and s.engine != IK and not s.mtp and p.n_nextn:
+    if p.arch == "glm-dsa" and s.engine != EngineKind.IK and not s.mtp and p.n_nextn:
         # mainline's glm-dsa loader creates the NextN blocks' expert-bias tensor without the MTP flag
         ts += [t for t in p.tensors if t.kind == "exp_probs_b" and t.layer is not None and t.layer >= p.n_layer]
-    if s.engine == IK:
+    if s.engine == EngineKind.IK:
         ts = [t for t in ts if not t.kind.startswith("indexer.")]
     return ts
 
 
 def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, service: str = "main") -> ServiceMemory:
-    has_gpu = any(d.kind == GPU for d in hw.accelerators())
+    has_gpu = any(d.kind == DeviceKind.GPU for d in hw.accelerators())
     experts = pl.experts()
     weights: dict[str, int] = defaultdict(int)
     on: dict[str, list[str]] = defaultdict(list)
@@ -103,12 +102,12 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
                 repack += t.nbytes
     items: dict[str, list[Item]] = defaultdict(list)
     for acc in hw.accelerators():
-        if acc.kind == GPU:
+        if acc.kind == DeviceKind.GPU:
             items[acc.name].append(Item("overhead", s.gpu_overhead_mib, service))
     for dev, nbytes in weights.items():
         label = "weights"
         if dev == CPU:
-            label = "weights (pinned)" if has_gpu and (s.engine == IK or not s.mmap) else "weights"
+            label = "weights (pinned)" if has_gpu and (s.engine == EngineKind.IK or not s.mmap) else "weights"
         items[dev].append(Item(label, nbytes / MIB, service))
     if repack:
         items[CPU].append(Item("repack", repack / MIB, service))
@@ -125,7 +124,7 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
     # compute buffers by the role each device plays
     pipeline = len(hw.accelerators()) > 1 and all(d == pl.layer_device[int(n.split(".")[1])] for n, d in experts.items())
     inp = ComputeInputs(s.ubatch, s.ctx, s.slots, s.flash_attn, s.kv_unified, s.engine, s.amb_mib,
-                        copies=4 if pipeline and s.engine != IK else 1)
+                        copies=4 if pipeline and s.engine != EngineKind.IK else 1)
     for d, role in device_roles(p, pl, experts).items():
         items[d].append(Item("compute", compute_bytes(p, inp, role) / MIB, service))
     items[CPU].append(Item("output", p.n_vocab * 4 * s.slots / MIB, service))
@@ -148,7 +147,7 @@ def device_roles(p: ModelProfile, pl: Placement, experts: dict[str, str]) -> dic
 def capacity(hw: Inventory, name: str) -> tuple[str, float]:
     if name == CPU:
         c = hw.cpu()
-        return CPU_KIND, c.mem_mib - c.reserved_mib
+        return DeviceKind.CPU, c.mem_mib - c.reserved_mib
     d = hw.device(name)
     return d.kind, d.usable_mib
 

@@ -1,5 +1,6 @@
-"""Make a plan: one or several services on shared hardware, each with its placement, its ledger, its
-predicted speed and its exact command; and the combined verdict per device.
+"""Make a plan: one or several services on shared hardware, each with its placement, its ledger and
+its predicted speed; and the combined verdict per device. (Its commands and JSON document are
+rendered from it by ``moetune.engine.command``.)
 
 Services with a fixed strategy are planned first; `auto` services then get what is left, so an
 orchestrator's experts take the memory the workers do not need (the reference's final layout).
@@ -10,20 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from moetune.engine.dialect import dialect, n_cpu_moe_note
-from moetune.engine.render import override_rules, server_argv, shell_script
 from moetune.errors import InputError
-from moetune.hardware.inventory import GPU, Inventory, Node
+from moetune.hardware.inventory import Inventory, Node
+from moetune.kinds import DeviceKind
 from moetune.model.profile import ModelProfile
 from moetune.plan import placement as plc
-from moetune.plan.launchspec import RPC as RPC_ROLE
-from moetune.plan.launchspec import SERVER, LaunchSpec, ProcessSpec
 from moetune.plan.ledger import DeviceLedger, ServiceMemory, combine, service_memory
 from moetune.plan.optimize import auto
 from moetune.plan.settings import Settings
 from moetune.plan.speed import Prediction, SpeedConstants, predict
 
-PLAN_SCHEMA_VERSION = 1
 NEAR_LIMIT = 0.97  # warn when a device is this full
 
 
@@ -45,8 +42,6 @@ class ServicePlan:
     placement: plc.Placement
     memory: ServiceMemory
     prediction: Prediction
-    argv: list[str]
-    notes: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +120,7 @@ def place(strategy: str, p: ModelProfile, hw: Inventory, s: Settings, reserved: 
 
 
 def _margins(hw: Inventory, s: Settings) -> dict[str, float]:
-    m = {d.name: s.margin_mib for d in hw.accelerators() if d.kind == GPU}
+    m = {d.name: s.margin_mib for d in hw.accelerators() if d.kind == DeviceKind.GPU}
     m["CPU"] = s.host_margin_mib
     return m
 
@@ -152,100 +147,9 @@ def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConsta
         pl = place(spec.strategy, spec.model, shw, spec.settings, reserved, margins)
         mem = service_memory(spec.model, shw, pl, spec.settings, spec.name)
         pred = predict(spec.model, shw, pl, spec.settings, k)
-        d = dialect(spec.settings.engine)
-        extra = ["--device", ",".join(spec.devices)] if spec.devices else []
-        argv = server_argv(spec.model, pl, spec.settings, d, port=spec.port, rpc=shw.rpc_endpoints(), extra=extra)
-        notes = _notes(spec, pl)
-        planned[i] = ServicePlan(spec, shw, pl, mem, pred, argv, notes)
+        planned[i] = ServicePlan(spec, shw, pl, mem, pred)
         mems.append(mem)
     ordered = [planned[i] for i in range(len(services))]
     margins = _margins(hw, services[0].settings)
     ledgers = combine(hw, [planned[i].memory for i in order], margins)
     return Plan(hw, ordered, ledgers, k)
-
-
-def _notes(spec: ServiceSpec, pl: plc.Placement) -> list[str]:
-    notes = []
-    if spec.strategy.startswith("n-cpu-moe:"):
-        n = int(spec.strategy.split(":", 1)[1])
-        for kind in ("llama.cpp", "ik_llama.cpp"):
-            notes.append(n_cpu_moe_note(dialect(kind), n, spec.model.n_layer))
-        notes.append("rendered as explicit -ot overrides, which mean the same in every engine")
-    return notes
-
-
-# ---- JSON -----------------------------------------------------------------------------------
-def _layer_map(sp: ServicePlan) -> list[dict[str, Any]]:
-    ex = sp.placement.experts()
-    by_layer: dict[int, dict[str, str]] = {}
-    for t in sp.spec.model.tensors:
-        if t.is_expert and t.layer is not None and t.name in ex:
-            by_layer.setdefault(t.layer, {})[t.kind] = ex[t.name]
-    out = []
-    for layer in sp.spec.model.layers:
-        if layer.index >= sp.spec.model.n_layer:
-            continue
-        out.append({"index": layer.index, "kind": layer.kind, "device": sp.placement.layer_device[layer.index],
-                    "experts": by_layer.get(layer.index, {}), "expert_mib": round(layer.expert_bytes / (1 << 20), 2)})
-    return out
-
-
-def service_json(sp: ServicePlan) -> dict[str, Any]:
-    return {
-        "name": sp.spec.name,
-        "model": str(sp.spec.model.files[0]),
-        "arch": sp.spec.model.arch,
-        "strategy": sp.placement.strategy,
-        "settings": {k: getattr(sp.spec.settings, k) for k in sp.spec.settings.__slots__},
-        "port": sp.spec.port,
-        "devices": {dev: [{"what": i.what, "mib": round(i.mib, 2)} for i in items]
-                    for dev, items in sp.memory.items.items()},
-        "kv_cells": sp.memory.kv_cells,
-        "cpu_mapped_span_mib": {f: round(v, 2) for f, v in sp.memory.mapped_span_mib.items()},
-        "layers": _layer_map(sp),
-        "tensor_split": list(sp.placement.tensor_split),
-        "override_rules": [str(r) for r in override_rules(sp.spec.model, sp.placement)],
-        "predicted": sp.prediction.to_json(),
-        "argv": sp.argv,
-        "notes": sp.notes,
-    }
-
-
-def launch_spec(plan: Plan, engine: str) -> LaunchSpec:
-    procs: list[ProcessSpec] = []
-    workers: list[str] = []
-    for i, n in enumerate(plan.hw.nodes[1:]):
-        if not n.devices:
-            continue
-        name = f"rpc{i}"
-        host = n.link_addr or "127.0.0.1"
-        procs.append(ProcessSpec(name, RPC_ROLE, engine, ("-H", host, "-p", str(n.rpc_port)), host, n.rpc_port,
-                                 node=n.name, ssh=n.ssh, bin_dir=n.bin_dir, allow_public_bind=n.allow_public_bind))
-        workers.append(name)
-    for sp in plan.services:
-        procs.append(ProcessSpec(sp.spec.name, SERVER, sp.spec.engine or engine, tuple(sp.argv), "127.0.0.1",
-                                 sp.spec.port, after=tuple(workers)))
-    return LaunchSpec(tuple(procs))
-
-
-def plan_json(plan: Plan, engine: str, binary: str = "llama-server") -> dict[str, Any]:
-    main = plan.main
-    return {
-        "schema_version": PLAN_SCHEMA_VERSION,
-        "fits": plan.fits,
-        "devices": [
-            {"name": led.device, "kind": led.kind, "capacity_mib": round(led.capacity_mib, 1),
-             "used_mib": round(led.used_mib, 1), "free_mib": round(led.free_mib, 1),
-             "items": [{"what": it.what, "mib": round(it.mib, 2), "service": it.service} for it in led.items]}
-            for led in plan.ledgers
-        ],
-        "shortfalls": plan.shortfalls,
-        "warnings": plan.warnings(),
-        "predicted": {"tg_tok_s": round(main.prediction.tg_tok_s, 3), "pp_tok_s": round(main.prediction.pp_tok_s, 3)},
-        "argv": [binary, *main.argv],
-        "shell": shell_script(binary, main.argv),
-        "services": [service_json(sp) for sp in plan.services],
-        "hardware": plan.hw.name or plan.hw.source,
-        "speed_constants": main.prediction.to_json()["constants"],
-        "launch": launch_spec(plan, engine).to_json(),
-    }

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moetune.errors import InputError
+from moetune.kinds import EngineKind
 from moetune.model.kv import CACHE_TYPES
-from moetune.model.quants import IK, MAINLINE
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +18,7 @@ class Settings:
     ctk: str = "f16"
     ctv: str = "f16"
     flash_attn: bool = True
-    engine: str = MAINLINE  # llama.cpp | ik_llama.cpp
+    engine: EngineKind = EngineKind.MAINLINE
     mmap: bool = True
     repack: bool = False  # CPU weight repacking (extra CPU_REPACK buffer); off by default on this project
     mtp: bool = False  # load NextN/MTP blocks (speculative drafting)
@@ -30,8 +30,8 @@ class Settings:
     threads: int | None = None
 
     def validate(self) -> None:
-        if self.engine not in (MAINLINE, IK):
-            raise InputError(f"engine kind {self.engine!r}: choose {MAINLINE} or {IK}")
+        if self.engine not in (EngineKind.MAINLINE, EngineKind.IK):
+            raise InputError(f"engine kind {self.engine!r}: choose {EngineKind.MAINLINE} or {EngineKind.IK}")
         for name, v in (("--ctx", self.ctx), ("--parallel", self.slots), ("-b", self.batch), ("-ub", self.ubatch)):
             if v < 1:
                 raise InputError(f"{name} {v}: must be at least 1")

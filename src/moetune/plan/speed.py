@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from moetune.errors import InputError
-from moetune.hardware.inventory import CPU as CPU_KIND
-from moetune.hardware.inventory import GPU, RPC, Inventory
+from moetune.hardware.inventory import Inventory
+from moetune.kinds import DeviceKind
 from moetune.model.kv import KVShape, kv_shape
 from moetune.model.profile import ModelProfile
 from moetune.plan.ledger import loaded
@@ -128,18 +128,18 @@ def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
     t_tok = k.token_overhead_us * 1e-6
     for name, b in sorted(read.items()):
         dev = devs.get(name) or hw.cpu()
-        eff = k.cpu_bw_eff if dev.kind == CPU_KIND else k.gpu_bw_eff
+        eff = k.cpu_bw_eff if dev.kind == DeviceKind.CPU else k.gpu_bw_eff
         ms = b / (dev.bw_gbs * GB * eff) * 1e3
         t_tok += ms / 1e3
         loads.append(DeviceLoad(name, round(b / (1 << 20), 3), round(ms, 4)))
     n_splits, hops = graph_splits(p, pl, experts)
     kinds = {name: d.kind for name, d in devs.items()}
-    rpc_hops = sum(1 for src, dst in hops if kinds.get(src) == RPC or kinds.get(dst) == RPC)
+    rpc_hops = sum(1 for src, dst in hops if kinds.get(src) == DeviceKind.RPC or kinds.get(dst) == DeviceKind.RPC)
     t_tok += n_splits * k.split_us * 1e-6 + rpc_hops * k.rpc_hop_us * 1e-6
     # activations crossing RPC links
     for src, dst in hops:
         for name in (src, dst):
-            if kinds.get(name) == RPC:
+            if kinds.get(name) == DeviceKind.RPC:
                 t_tok += p.n_embd * 4 / (devs[name].link_gbs * GB)
     tg = 1.0 / t_tok
     pp = _prefill(p, hw, s, k, active_params, held, n_splits, rpc_hops)
@@ -147,7 +147,7 @@ def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
 
 
 def _flops(dev_kind: str, tflops: float | None, cores: int, k: SpeedConstants) -> float:
-    if dev_kind == CPU_KIND:
+    if dev_kind == DeviceKind.CPU:
         return cores * k.cpu_gflops_per_core * 1e9
     return (tflops or k.gpu_tflops) * 1e12
 
@@ -156,7 +156,7 @@ def _prefill(p: ModelProfile, hw: Inventory, s: Settings, k: SpeedConstants, act
              held_expert_bytes: dict[str, float], n_splits: int, rpc_hops: int) -> float:
     ub = min(s.ubatch, s.batch)
     devs = {d.name: d for d in hw.devices()}
-    gpus = [d for d in hw.accelerators() if d.kind == GPU]
+    gpus = [d for d in hw.accelerators() if d.kind == DeviceKind.GPU]
     t = 0.0
     for name, n_params in active.items():
         dev = devs.get(name) or hw.cpu()
@@ -164,7 +164,7 @@ def _prefill(p: ModelProfile, hw: Inventory, s: Settings, k: SpeedConstants, act
             # CPU-resident expert matmuls run on the GPU: the weights cross the host link per ubatch
             g = gpus[0]
             t += held_expert_bytes.get(CPU, 0.0) / (g.link_gbs * GB)
-            t += 2 * n_params * ub / _flops(GPU, g.tflops, 0, k)
+            t += 2 * n_params * ub / _flops(DeviceKind.GPU, g.tflops, 0, k)
             continue
         t += 2 * n_params * ub / _flops(dev.kind, dev.tflops, hw.local.cores, k)
     t += (n_splits * k.split_us + rpc_hops * k.rpc_hop_us) * 1e-6

@@ -31,8 +31,8 @@ from moetune.bench.analysis.stats import (
 )
 from moetune.bench.analysis.warnings import NOISE, Warning, bench_warnings
 from moetune.errors import InputError
+from moetune.kinds import RunKind, RunStatus
 from moetune.store.db import ResultsDB, Run
-from moetune.store.record import RunKind, RunStatus
 
 MetricExtractor = Callable[[list[dict[str, Any]]], dict[str, MetricSamples]]
 METRIC_EXTRACTORS: dict[str, MetricExtractor] = {

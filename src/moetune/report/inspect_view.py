@@ -7,9 +7,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from moetune.kinds import EngineKind
 from moetune.model.kv import CACHE_TYPES, kv_shape
 from moetune.model.profile import EXPERT_KINDS, ModelProfile
-from moetune.model.quants import IK, MAINLINE
 
 MIB = 1 << 20
 SCHEMA_VERSION = 1
@@ -21,7 +21,7 @@ def mib(n: int | float) -> float:
 
 def inspect_json(p: ModelProfile) -> dict[str, Any]:
     kv = kv_shape(p)
-    kv_ik = kv_shape(p, IK)
+    kv_ik = kv_shape(p, EngineKind.IK)
     return {
         "schema_version": SCHEMA_VERSION,
         "arch": p.arch,
@@ -57,8 +57,8 @@ def inspect_json(p: ModelProfile) -> dict[str, Any]:
         "kv_layers": len(kv.layers),
         "kv_bytes_per_token": {t: kv.bytes_per_token(t, t) for t in CACHE_TYPES},
         "kv_bytes_per_token_by_engine": {
-            MAINLINE: {t: kv.bytes_per_token(t, t) for t in CACHE_TYPES},
-            IK: {t: kv_ik.bytes_per_token(t, t) for t in CACHE_TYPES},
+            EngineKind.MAINLINE: {t: kv.bytes_per_token(t, t) for t in CACHE_TYPES},
+            EngineKind.IK: {t: kv_ik.bytes_per_token(t, t) for t in CACHE_TYPES},
         },
         "recurrent_layers": len(kv.recurrent_layers),
         "rs_bytes_per_seq": kv.rs_bytes_per_seq,
@@ -112,11 +112,11 @@ def print_inspect(p: ModelProfile, console: Console) -> None:
     console.print(tot)
     kv = Table(title="KV cache per 1k tokens (MiB)")
     kv.add_column("cache type")
-    kv.add_column(MAINLINE, justify="right")
-    kv.add_column(IK, justify="right")
+    kv.add_column(EngineKind.MAINLINE, justify="right")
+    kv.add_column(EngineKind.IK, justify="right")
     for ty in CACHE_TYPES:
-        kv.add_row(ty, f"{mib(doc['kv_bytes_per_token_by_engine'][MAINLINE][ty] * 1024):.2f}",
-                   f"{mib(doc['kv_bytes_per_token_by_engine'][IK][ty] * 1024):.2f}")
+        kv.add_row(ty, f"{mib(doc['kv_bytes_per_token_by_engine'][EngineKind.MAINLINE][ty] * 1024):.2f}",
+                   f"{mib(doc['kv_bytes_per_token_by_engine'][EngineKind.IK][ty] * 1024):.2f}")
     console.print(kv)
     if doc["rs_bytes_per_seq"]:
         console.print(f"recurrent state: {mib(doc['rs_bytes_per_seq']):.2f} MiB per sequence "

@@ -53,7 +53,7 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
         t.add_row("", Text("total", style="bold"), f"{d['used_mib']:,.1f}", f"{d['capacity_mib']:,.0f}",
                   Text(f"{free:,.0f}", style="red" if free < 0 else "green"), end_section=True)
     out.print(t)
-    for sp, sj in zip(plan.services, doc["services"], strict=True):
+    for sj in doc["services"]:
         lm = Table(title=f"layer map: {sj['name']} ({sj['strategy']})")
         lm.add_column("layers")
         lm.add_column("placement")
@@ -63,7 +63,7 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
         pr = sj["predicted"]
         out.print(f"predicted {sj['name']}: TG {pr['tg_tok_s']:.1f} tok/s, PP {pr['pp_tok_s']:.0f} tok/s "
                   f"({pr['graph_splits']} graph splits)", markup=False)
-        for n in sp.notes:
+        for n in sj["notes"]:
             out.print(Text("note: " + n, style="dim"))
     if doc["fits"]:
         out.print(Text("verdict: fits", style="bold green"))

@@ -19,10 +19,10 @@ from moetune.bench.analysis import single as m
 from moetune.bench.analysis.stats import DEFAULT_CONF, summarize
 from moetune.bench.analysis.summary import run_summary
 from moetune.bench.analysis.warnings import Warning, grouped
+from moetune.kinds import RunKind
 from moetune.report.compare import METRIC_EXTRACTORS
 from moetune.report.compare_view import fmt
 from moetune.store.db import ResultsDB, Run
-from moetune.store.record import RunKind
 
 EXPORT_SCHEMA_VERSION = 1
 FORMATS = ("md", "csv", "json")

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import http.client
 import os
 import socket
+import urllib.error
+import urllib.request
 from pathlib import Path
 
-import httpx
-
 from moetune.engine.logs import detect_era, phases_in, split_lines
+from moetune.kinds import LogPhase
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
@@ -62,11 +64,17 @@ def listener_of(port: int) -> tuple[int, str] | None:
     return None
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a server's own address, never a proxy
+
+
 def health(url: str, timeout_s: float = 2.0) -> int | None:
     """HTTP status of GET url/health (503 while loading), or None when nothing answers."""
     try:
-        return httpx.get(url + "/health", timeout=timeout_s).status_code
-    except httpx.HTTPError:
+        with _DIRECT.open(url + "/health", timeout=timeout_s) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:  # 503 while loading: an answer, not a failure
+        return int(e.code)
+    except (OSError, ValueError, http.client.HTTPException):
         return None
 
 
@@ -80,7 +88,7 @@ class LogFollower:
         self._partial = ""
         self._head: list[str] = []
 
-    def poll(self) -> list[str]:
+    def poll(self) -> list[LogPhase]:
         """The phases the new complete lines go through, in order (often none)."""
         try:
             with open(self.path, "rb") as f:

@@ -19,23 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moetune.engine.logs import LEGACY, parse_log, parse_worker_log
-from moetune.engine.logs.types import READY
-from moetune.engine.logs.types import STARTING as STARTING_PHASE
+from moetune.engine.launchspec import LaunchSpec
+from moetune.engine.logs import parse_log, parse_worker_log
 from moetune.errors import InputError
 from moetune.hardware.fingerprint import fingerprint, machine_facts
-from moetune.model.quants import IK
-from moetune.plan.launchspec import RPC, LaunchSpec
+from moetune.kinds import EngineKind, LaunchState, LogEra, LogPhase, ProcessRole, Transport
 from moetune.run import diagnose
 from moetune.run.diagnose import Diagnosis, LayerExperts
 from moetune.run.health import LogFollower, health, port_open
 from moetune.run.prepare import LaunchFailed, Prepared, model_paths, prepare, rpc_endpoints, ubatch
-from moetune.run.process import NAME_ENV, RUN_ENV, Process, start_process
+from moetune.run.process import NAME_ENV, RUN_ENV, LocalProcess, Process
 from moetune.run.record import (
-    FAILED,
-    HEALTHY,
-    STARTING,
-    STOPPED,
     ProcRecord,
     RunDir,
     RunInfo,
@@ -43,8 +37,8 @@ from moetune.run.record import (
     recorded_env,
 )
 from moetune.run.remote import RemoteProcess, ssh_base, ssh_said
-from moetune.run.stop import stop_run
-from moetune.run.transport import RDMA, TCP, TRANSPORTS, env_for, mismatch, observed
+from moetune.run.stop import Notify, stop_run
+from moetune.run.transport import env_for, mismatch, observed
 
 WORKER_TIMEOUT_S = 60.0
 TRANSPORT_WAIT_S = 5.0  # after a server is up, for its workers' logs to show the connection
@@ -85,7 +79,7 @@ class Launched:
 
 def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None = None, detached: bool = False,
            timeout_s: float = 1800.0, run_id: str | None = None, on_event: Observer | None = None,
-           transport: str = TCP, rdma_dev: str | None = None) -> Launched:
+           transport: str = Transport.TCP, rdma_dev: str | None = None) -> Launched:
     """Start the plan's processes and return once every server is healthy.
 
     ``transport`` (tcp, rdma, auto) is set on the RPC workers and the servers that use them, and
@@ -98,7 +92,7 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
     engines = {_engine_key(p): p for p in prepared}
     versions = {k: _version(p) for k, p in engines.items()}
     now = time.time()
-    info = RunInfo(run=run_id or new_run_id(now, secrets.token_hex(2)), created_at=now, state=STARTING,
+    info = RunInfo(run=run_id or new_run_id(now, secrets.token_hex(2)), created_at=now, state=LaunchState.STARTING,
                    launch=spec.to_json(), engines=versions, fingerprint=fingerprint(), machine=machine_facts(),
                    launcher_pid=os.getpid(), detached=detached, plan_file=plan_file, transport=transport)
     rd = RunDir.create(info, plan_doc)
@@ -111,25 +105,25 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
         for p in prepared:
             procs[p.name] = _start(rd, p, envs.get(p.name, {}))
             emit(Event(p.name, "start", 0.0, (f"on {p.spec.node} over ssh: " if p.remote else "") + " ".join(p.argv)))
-            if p.spec.role == RPC:
+            if p.spec.role == ProcessRole.RPC:
                 _wait_worker(rd, p, procs[p.name], emit)
             else:
                 _wait_server(rd, p, procs, timeout_s, plan_doc, emit)
                 _confirm_transport(rd, p, prepared, transport, emit)
     except LaunchFailed as e:
-        stop_run(rd, final_state=FAILED, notify=notify)
+        stop_run(rd, final_state=LaunchState.FAILED, notify=notify)
         rd.update(diagnosis=e.diagnosis.to_json())
         e.run_id = rd.run_id
         raise
     except BaseException:  # Ctrl-C while loading, or a bug: leave nothing behind
-        stop_run(rd, final_state=STOPPED, notify=notify)
+        stop_run(rd, final_state=LaunchState.STOPPED, notify=notify)
         raise
-    rd.update(state=HEALTHY)
+    rd.update(state=LaunchState.HEALTHY)
     recs = {r.name: r for r in rd.procs()}
-    return Launched(rd, {p.name: p.spec.url for p in prepared if p.spec.role != RPC},
+    return Launched(rd, {p.name: p.spec.url for p in prepared if p.spec.role != ProcessRole.RPC},
                     {n: pid for n, r in recs.items() if (pid := r.remote_pid if r.remote else r.pid) is not None},
                     {p.name: p.spec.node for p in prepared},
-                    {n: r.transport for n, r in recs.items() if r.role == RPC})
+                    {n: r.transport for n, r in recs.items() if r.role == ProcessRole.RPC})
 
 
 def _engine_key(p: Prepared) -> str:
@@ -145,16 +139,16 @@ def _version(p: Prepared) -> str:
 
 
 def _uses_rpc(p: Prepared, workers: set[str]) -> bool:
-    return p.spec.role == RPC or bool(workers & set(p.spec.after)) or bool(rpc_endpoints(p.argv))
+    return p.spec.role == ProcessRole.RPC or bool(workers & set(p.spec.after)) or bool(rpc_endpoints(p.argv))
 
 
 def transport_envs(prepared: list[Prepared], transport: str, rdma_dev: str | None) -> dict[str, dict[str, str]]:
     """The transport's variables for each process that speaks RPC; refuses RDMA where a build lacks it."""
-    if transport not in TRANSPORTS:
-        raise InputError(f"--transport {transport!r}: choose {', '.join(TRANSPORTS)}")
-    workers = {p.name for p in prepared if p.spec.role == RPC}
+    if transport not in tuple(Transport):
+        raise InputError(f"--transport {transport!r}: choose {', '.join(Transport)}")
+    workers = {p.name for p in prepared if p.spec.role == ProcessRole.RPC}
     users = [p for p in prepared if _uses_rpc(p, workers)]
-    if transport == RDMA:
+    if transport == Transport.RDMA:
         if not users:
             raise InputError("--transport rdma: the plan uses no RPC worker", hint="drop --transport")
         lacking = [p for p in users if not p.rdma]
@@ -197,7 +191,7 @@ def _start(rd: RunDir, p: Prepared, extra_env: dict[str, str]) -> Process:
                      recorded_env({k: v for k, v in os.environ.items() if k not in env}), rd.log_path(p.name).name,
                      os.getcwd())
     rd.add_proc(rec)
-    proc = start_process(p.name, None, p.argv, full_env, rd.log_path(p.name))
+    proc = LocalProcess.start(p.name, p.argv, full_env, rd.log_path(p.name))
     pgid = getattr(proc, "pgid", proc.pid)
     rd.update_proc(p.name, pid=proc.pid, pgid=pgid, start_ticks=getattr(proc, "start_ticks", None),
                    started_at=time.time())
@@ -232,14 +226,14 @@ def _wait_worker(rd: RunDir, p: Prepared, proc: Process, emit: Observer) -> None
 def _wait_server(rd: RunDir, p: Prepared, procs: dict[str, Process], timeout_s: float, plan_doc: dict[str, Any],
                  emit: Observer) -> None:
     proc = procs[p.name]
-    follower = LogFollower(rd.log_path(p.name), era=LEGACY if p.engine.kind == IK else None)
+    follower = LogFollower(rd.log_path(p.name), era=LogEra.LEGACY if p.engine.kind == EngineKind.IK else None)
     t0 = time.monotonic()
-    phase = STARTING_PHASE
+    phase = LogPhase.STARTING
 
-    def read_phases(elapsed: float) -> str:
+    def read_phases(elapsed: float) -> LogPhase:
         nonlocal phase
         for now_phase in follower.poll():
-            if now_phase != phase and now_phase != READY:  # "ready" is told once /health says so
+            if now_phase != phase and now_phase != LogPhase.READY:  # "ready" is told once /health says so
                 emit(Event(p.name, "phase", elapsed, now_phase))
             phase = now_phase
         return phase
@@ -249,7 +243,7 @@ def _wait_server(rd: RunDir, p: Prepared, procs: dict[str, Process], timeout_s: 
         emit(Event(p.name, "tick", elapsed, read_phases(elapsed)))
         if not proc.alive():
             rd.update_proc(p.name, exited_at=time.time(), exit_code=proc.returncode)
-            log = parse_log(_read(rd.log_path(p.name)), LEGACY if p.engine.kind == IK else None)
+            log = parse_log(_read(rd.log_path(p.name)), LogEra.LEGACY if p.engine.kind == EngineKind.IK else None)
             layers, uniform = _expert_sizes(plan_doc, p) if log.alloc_failures else ([], None)
             raise LaunchFailed(diagnose.server_exit(p.name, log, proc.returncode, loading=True, layers=layers,
                                                     uniform=uniform, n_ubatch=ubatch(p.argv)))
@@ -276,12 +270,12 @@ def _confirm_transport(rd: RunDir, server: Prepared, prepared: list[Prepared], t
                        emit: Observer) -> None:
     """Read the transport from the logs of the workers this server uses; record it; fail on a
     contradiction with what was asked (the stop that follows keeps the order)."""
-    workers = [p for p in prepared if p.spec.role == RPC and p.name in server.spec.after]
+    workers = [p for p in prepared if p.spec.role == ProcessRole.RPC and p.name in server.spec.after]
     for w in workers:
         deadline = time.monotonic() + TRANSPORT_WAIT_S
         while True:
             wlog = parse_worker_log(_read(rd.log_path(w.name)))
-            settled = wlog.rdma_activated if transport == RDMA else wlog.connections
+            settled = wlog.rdma_activated if transport == Transport.RDMA else wlog.connections
             if settled or time.monotonic() > deadline:
                 break
             time.sleep(POLL_S / 2)
@@ -322,6 +316,24 @@ def _read(path: Path) -> str:
         return ""
 
 
+def watch(rd: RunDir, *, on_event: Observer | None = None, notify: Notify | None = None,
+          on_interrupt: Callable[[], None] | None = None) -> Diagnosis | None:
+    """Stay with a healthy run in the foreground. When a process exits, stop the rest in order,
+    record the diagnosis on the run and return it; when the run is stopped from elsewhere, return
+    None. Ctrl-C (KeyboardInterrupt) stops the run in order (``on_interrupt`` first) and re-raises."""
+    try:
+        why = supervise(rd, on_event=on_event)
+    except KeyboardInterrupt:
+        if on_interrupt is not None:
+            on_interrupt()
+        stop_run(rd, notify=notify)
+        raise
+    if why is not None:
+        stop_run(rd, final_state=LaunchState.FAILED, notify=notify)
+        rd.update(diagnosis=why.to_json())
+    return why
+
+
 def supervise(rd: RunDir, *, poll_s: float = 0.5, on_event: Observer | None = None) -> Diagnosis | None:
     """Watch a healthy run until a process exits (returns why) or the run is stopped from elsewhere
     (returns None). Ctrl-C raises KeyboardInterrupt: the caller stops the run."""
@@ -333,7 +345,7 @@ def supervise(rd: RunDir, *, poll_s: float = 0.5, on_event: Observer | None = No
         for name, (rec, proc) in procs.items():
             if proc is None or proc.alive():
                 continue
-            if rd.info().state != HEALTHY:  # someone ran `moetune stop`
+            if rd.info().state != LaunchState.HEALTHY:  # someone ran `moetune stop`
                 return None
             rd.update_proc(name, exited_at=time.time(), exit_code=proc.returncode)
             emit(Event(name, "exited", 0.0, ""))
@@ -341,7 +353,7 @@ def supervise(rd: RunDir, *, poll_s: float = 0.5, on_event: Observer | None = No
                 return diagnose.ssh_session_lost(name, rec.node, f"{rec.host}:{rec.port}",
                                                  proc.local.returncode if proc.local else None,
                                                  ssh_said(_read(rd.log_path(name))))
-            if rec.role == RPC:
+            if rec.role == ProcessRole.RPC:
                 wlog = parse_worker_log(_read(rd.log_path(name)))
                 where = f" on {rec.node}" if rec.remote else ""
                 return diagnose.worker_exit(name, wlog, proc.returncode, f"{rec.host}:{rec.port}{where}",

@@ -8,6 +8,7 @@ A check that fails raises :class:`LaunchFailed` with the diagnosis, before anyth
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -15,11 +16,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from moetune.engine import registry
+from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.engine.registry import BINARIES, Engine
 from moetune.errors import InputError, RuntimeFailure
-from moetune.hardware.inventory import RPC_NO_AUTH, bind_problem
-from moetune.model.quants import IK
-from moetune.plan.launchspec import RPC, SERVER, LaunchSpec, ProcessSpec
+from moetune.hardware.inventory import RPC_NO_AUTH, RPC_PUBLIC_BIND_REMEDY, bind_problem
+from moetune.kinds import EngineKind, ProcessRole
 from moetune.run import diagnose
 from moetune.run.diagnose import Diagnosis
 from moetune.run.health import listener_of, port_free, port_open
@@ -126,18 +127,31 @@ def check_bind(p: ProcessSpec) -> None:
                          "set `allow_public_bind: true` on the node if a firewall keeps everyone else out")
 
 
+def public_bind_warnings(spec: LaunchSpec) -> list[tuple[str, str]]:
+    """(message, remedy) for each worker allowed on a public address or every interface: said once
+    more at each launch."""
+    out = []
+    for p in spec.workers():
+        with contextlib.suppress(ValueError):
+            why = bind_problem(bind_host(p))
+            if why and p.allow_public_bind:
+                out.append((f"RPC worker {p.name} on node {p.node} will listen on {why} (allow_public_bind); "
+                            f"{RPC_NO_AUTH}", RPC_PUBLIC_BIND_REMEDY))
+    return out
+
+
 def final_argv(p: ProcessSpec, binary: Path | PurePosixPath, kind: str) -> tuple[str, ...]:
     """The binary and the plan's arguments, plus the address when the plan left it out, plus
     ``-lv 4`` for mainline servers (the log moetune reads needs it) unless a verbosity is set."""
     args = list(p.argv)
-    port_flags = ("--port",) if p.role == SERVER else ("-p", "--port")
+    port_flags = ("--port",) if p.role == ProcessRole.SERVER else ("-p", "--port")
     given = _flag_values(args, port_flags)
     if given and given[-1] != str(p.port):
         raise InputError(f"plan: process {p.name} says port {p.port} but its arguments say {given[-1]}",
                          hint="regenerate the plan")
     if not given:
-        args += ["--host", p.host, "--port", str(p.port)] if p.role == SERVER else ["-H", p.host, "-p", str(p.port)]
-    if p.role == SERVER and kind != IK and not any(a in VERBOSITY_FLAGS or a.startswith("--verbosity=") for a in args):
+        args += ["--host", p.host, "--port", str(p.port)] if p.role == ProcessRole.SERVER else ["-H", p.host, "-p", str(p.port)]
+    if p.role == ProcessRole.SERVER and kind != EngineKind.IK and not any(a in VERBOSITY_FLAGS or a.startswith("--verbosity=") for a in args):
         args += MAINLINE_VERBOSITY
     return (str(binary), *args)
 
@@ -172,7 +186,7 @@ def start_order(spec: LaunchSpec) -> list[ProcessSpec]:
 def _remote(p: ProcessSpec, e: Engine) -> Prepared:
     """A worker on another node: its engine directory and binary, looked at over ssh."""
     assert p.ssh is not None
-    if p.role != RPC:
+    if p.role != ProcessRole.RPC:
         raise InputError(f"plan: process {p.name} is a {p.role} on node {p.node}; only RPC workers run on other nodes",
                          hint="run llama-server on the first node of the hardware file")
     bin_dir = p.bin_dir or e.bin_dir
@@ -180,12 +194,12 @@ def _remote(p: ProcessSpec, e: Engine) -> Prepared:
         raise InputError(f"plan: node {p.node} has no bin_dir and engine {e.name} is a container image",
                          hint="give the node's engine directory as bin_dir in the hardware file")
     try:
-        node = probe_node(ssh_base(), p.ssh, bin_dir, BINARIES[RPC])
+        node = probe_node(ssh_base(), p.ssh, bin_dir, BINARIES[ProcessRole.RPC])
     except RemoteError as err:
         raise LaunchFailed(diagnose.ssh_failed(p.name, p.node, p.ssh, str(err))) from None
     if node.binary_path is None:
         where = f"{bin_dir} on node {p.node} ({node.hostname})"
-        raise LaunchFailed(diagnose.binary_missing(p.name, f"no {' or '.join(BINARIES[RPC])} in {where}"))
+        raise LaunchFailed(diagnose.binary_missing(p.name, f"no {' or '.join(BINARIES[ProcessRole.RPC])} in {where}"))
     return Prepared(p, e, final_argv(p, PurePosixPath(node.binary_path), e.kind), node.rdma, node)
 
 
@@ -193,7 +207,7 @@ def prepare(spec: LaunchSpec) -> list[Prepared]:
     """The processes in start order with their exact argv; raises LaunchFailed when a check fails."""
     out = []
     for p in start_order(spec):
-        if p.role == RPC:
+        if p.role == ProcessRole.RPC:
             check_bind(p)
         e = _engine(p)
         if p.ssh:
@@ -206,7 +220,7 @@ def prepare(spec: LaunchSpec) -> list[Prepared]:
 
 
 def preflight(prepared: Sequence[Prepared]) -> None:
-    own = {x.endpoint for x in prepared if x.spec.role == RPC}
+    own = {x.endpoint for x in prepared if x.spec.role == ProcessRole.RPC}
     for x in prepared:
         for m in model_paths(x.argv) if not x.remote else ():
             if not Path(m).exists():

@@ -4,8 +4,8 @@ another moetune process.
 
 A process is alive while its pid exists, is not a zombie and still has the start time recorded
 when it was started (a pid the kernel reused is not ours). ``LocalProcess`` runs here;
-``remote.RemoteProcess`` runs on another node over ssh. Both have the same small interface:
-``pid``, ``alive()``, ``signal()``, ``group_alive()``, ``returncode``.
+``remote.RemoteProcess`` (which builds on this module) runs on another node over ssh. Both have
+the same small interface: ``pid``, ``alive()``, ``signal()``, ``group_alive()``, ``returncode``.
 """
 
 from __future__ import annotations
@@ -153,15 +153,6 @@ class LocalProcess:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pgid, sig)
-
-
-def start_process(name: str, ssh: str | None, argv: Sequence[str], env: Mapping[str, str], log: Path) -> Process:
-    """Start a process here, or on the node ``ssh`` names (there ``env`` is added to the node's own
-    environment, so pass only the variables the process needs)."""
-    if ssh:
-        from moetune.run.remote import RemoteProcess  # remote builds on this module
-        return RemoteProcess.start(name, ssh, argv, env, log)
-    return LocalProcess.start(name, argv, env, log)
 
 
 TERM, KILL = signal.SIGTERM, signal.SIGKILL

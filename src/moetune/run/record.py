@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from moetune.errors import InputError
+from moetune.kinds import LaunchState, ProcessRole
 from moetune.paths import runs_dir
 from moetune.run.process import LocalProcess, Process, pid_alive
 from moetune.run.remote import RemoteProcess
 
 RUN_SCHEMA_VERSION = 1
-STARTING, HEALTHY, FAILED, STOPPING, STOPPED = "starting", "healthy", "failed", "stopping", "stopped"
 # environment variables worth recording besides the plan's own (others may hold secrets)
 RECORDED_ENV = re.compile(r"^(LLAMA_|GGML_|CUDA_|HIP_|ROCR_|HSA_|OMP_|MOETUNE_|PATH$|LD_LIBRARY_PATH$)")
 _ID = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -41,7 +41,7 @@ _ID = re.compile(r"^[A-Za-z0-9._-]+$")
 @dataclass(frozen=True, slots=True)
 class ProcRecord:
     name: str
-    role: str
+    role: ProcessRole
     node: str
     host: str
     port: int
@@ -92,7 +92,7 @@ class ProcRecord:
 class RunInfo:
     run: str
     created_at: float
-    state: str
+    state: LaunchState
     launch: dict[str, Any]
     engines: dict[str, str]  # engine name -> its version line
     fingerprint: str
@@ -170,7 +170,8 @@ class RunDir:
     def info(self) -> RunInfo:
         doc = self._read("run.json")
         known = {f.name for f in fields(RunInfo)}
-        return RunInfo(**{k: v for k, v in doc.items() if k in known})
+        info = RunInfo(**{k: v for k, v in doc.items() if k in known})
+        return replace(info, state=LaunchState(info.state))
 
     def update(self, **changes: Any) -> RunInfo:
         with self.locked():
@@ -187,7 +188,8 @@ class RunDir:
     def proc(self, name: str) -> ProcRecord:
         doc = self._read(f"{name}.json")
         known = {f.name for f in fields(ProcRecord)}
-        return ProcRecord(**{k: v for k, v in doc.items() if k in known})
+        rec = ProcRecord(**{k: v for k, v in doc.items() if k in known})
+        return replace(rec, role=ProcessRole(rec.role))
 
     def add_proc(self, rec: ProcRecord) -> None:
         """Record a process about to start, last in the start order."""

@@ -15,8 +15,13 @@ from typing import Any
 
 from moetune.engine.logs import is_worker_log, parse_log, parse_worker_log, split_lines
 from moetune.errors import InputError
-from moetune.run.doctor import Response, Source
+from moetune.run.doctor import Finding, Response, Source, examine
 from moetune.run.record import RunDir
+
+
+def examine_inputs(args: Sequence[str], *, ram_mib: float | None = None) -> list[Finding]:
+    """`moetune doctor`: the findings in these log files, response captures, run directories or run ids."""
+    return examine(load_sources(args), ram_mib=ram_mib)
 
 
 def load_sources(args: Sequence[str]) -> list[Source]:

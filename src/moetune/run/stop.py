@@ -12,12 +12,16 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from moetune.errors import RuntimeFailure
-from moetune.plan.launchspec import RPC, SERVER
+from moetune.kinds import LaunchState, ProcessRole
 from moetune.run.process import KILL, RUN_ENV, TERM, LocalProcess, Process, group_members, with_env
-from moetune.run.record import STOPPED, STOPPING, ProcRecord, RunDir
+from moetune.run.record import ProcRecord, RunDir
+from moetune.run.status import runs
 
 Notify = Callable[[str, str], None]  # (process name, what happened)
 KILL_WAIT_S = 10.0  # after SIGKILL, how long a process may take to disappear before we give up
@@ -37,20 +41,40 @@ def _no_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGINT, old)
 
 
-def stop_run(rd: RunDir, *, grace_s: float = 30.0, final_state: str = STOPPED,
+def stop_run(rd: RunDir, *, grace_s: float = 30.0, final_state: LaunchState = LaunchState.STOPPED,
              notify: Notify | None = None) -> list[ProcRecord]:
     """Stop every process of a run in order and record when each went; returns the records."""
     say = notify or (lambda name, what: None)
     with _no_interrupts():
-        rd.update(state=STOPPING)
+        rd.update(state=LaunchState.STOPPING)
         recs = rd.procs()
-        servers = [r for r in reversed(recs) if r.role == SERVER]
-        workers = [r for r in reversed(recs) if r.role == RPC]
+        servers = [r for r in reversed(recs) if r.role == ProcessRole.SERVER]
+        workers = [r for r in reversed(recs) if r.role == ProcessRole.RPC]
         for group in (servers, workers):
             _stop_group(rd, group, grace_s, say)
         _stop_strays(rd, grace_s, say)
         rd.update(state=final_state)
         return rd.procs()
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    run_id: str
+    records: list[ProcRecord]  # as the stop left them: when each was signalled and went
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run_id, "processes": [
+            {"name": r.name, "role": r.role, "node": r.node, "pid": r.remote_pid if r.remote else r.pid,
+             "stop_sent_at": r.stop_sent_at, "kill_sent_at": r.kill_sent_at, "exited_at": r.exited_at}
+            for r in self.records]}
+
+
+def stop_runs(run_ids: Sequence[str], *, grace_s: float = 30.0, notify: Notify | None = None) -> Iterator[Stopped]:
+    """Stop the runs named, or, given none, every live launch; one after the other, each told as it
+    is done. Every run named is looked up before any is stopped."""
+    dirs = [RunDir.open(r) for r in run_ids] if run_ids else [RunDir(Path(s.dir)) for s in runs()]
+    for rd in dirs:
+        yield Stopped(rd.run_id, stop_run(rd, grace_s=grace_s, notify=notify))
 
 
 def _stop_group(rd: RunDir, recs: list[ProcRecord], grace_s: float, say: Notify) -> None:

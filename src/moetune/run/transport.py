@@ -21,10 +21,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from moetune.engine.logs.types import WorkerLog
+from moetune.kinds import Transport
 from moetune.run.diagnose import Diagnosis
 
-TCP, RDMA, AUTO = "tcp", "rdma", "auto"
-TRANSPORTS = (TCP, RDMA, AUTO)
 TRANSPORT_ENV = "MOETUNE_TRANSPORT"
 TCP_ENV = {"GGML_RPC_NO_RDMA": "1", "GGML_RDMA_DEV": "disabled"}
 RDMA_MARK = b"RDMA activated"  # a string only builds with the RDMA transport contain
@@ -52,9 +51,9 @@ def engine_files(binary: Path) -> list[Path]:
 def env_for(requested: str, capable: bool, rdma_dev: str | None = None) -> dict[str, str]:
     """Variables a worker or a server using RPC gets for the requested transport."""
     env = {TRANSPORT_ENV: requested}
-    if requested == TCP and capable:
+    if requested == Transport.TCP and capable:
         env.update(TCP_ENV)
-    if requested == RDMA and rdma_dev:
+    if requested == Transport.RDMA and rdma_dev:
         env["GGML_RDMA_DEV"] = rdma_dev
     return env
 
@@ -71,10 +70,11 @@ def observed(log: WorkerLog) -> str | None:
 
 def mismatch(name: str, requested: str, seen: str | None, log: WorkerLog) -> Diagnosis | None:
     """A diagnosis when the log contradicts what was asked (``auto`` accepts anything)."""
-    if requested == AUTO or (requested == TCP and seen != "RDMA") or (requested == RDMA and seen == "RDMA"):
+    if (requested == Transport.AUTO or (requested == Transport.TCP and seen != "RDMA")
+            or (requested == Transport.RDMA and seen == "RDMA")):
         return None
     ev = tuple(log.evidence(e.line) for e in (*log.rdma_activated, *log.rdma_errors)[:4])
-    if requested == RDMA:
+    if requested == Transport.RDMA:
         why = "no connection activated RDMA" if seen else "no client connection shows in its log"
         return Diagnosis(TRANSPORT_MISMATCH, name, f"{name}: asked for RDMA but the worker's log shows {seen or 'nothing'} "
                          f"({why})", "check the RoCE device and its address (GGML_RDMA_DEV, --rdma-dev), or launch "

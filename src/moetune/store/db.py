@@ -21,9 +21,10 @@ from types import TracebackType
 from typing import Any
 
 from moetune.errors import InputError, RuntimeFailure
+from moetune.kinds import RunKind, RunStatus
 from moetune.paths import default_db
 from moetune.store.migrations import migrate, now_iso
-from moetune.store.record import RunKind, RunMeta, RunStatus
+from moetune.store.record import RunMeta
 
 KINDS = tuple(str(k) for k in RunKind)
 STATUSES = tuple(str(s) for s in RunStatus)

@@ -11,23 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from enum import StrEnum
 from typing import Any
+
+from moetune.kinds import RunKind
 
 META_SCHEMA = 2
 
-
-class RunKind(StrEnum):
-    BENCH = "bench"  # single-stream PP/TG, also each plan of a sweep
-    SERVE_BENCH = "serve-bench"  # concurrent load
-    LINK_TEST = "link-test"  # bandwidth and latency between two nodes
-
-
-class RunStatus(StrEnum):
-    RUNNING = "running"  # being written, or its writer was killed
-    DONE = "done"
-    INTERRUPTED = "interrupted"  # Ctrl-C: its samples are complete
-    FAILED = "failed"
 
 
 def _opt_int(x: Any) -> int | None:

@@ -36,7 +36,8 @@ from moetune.bench.server import model_ref, probe
 from moetune.bench.servers import PlanServers, RunningServer, ServerSource
 from moetune.bench.target import resolve
 from moetune.errors import InputError, RuntimeFailure
-from moetune.store.record import HostRef, RunKind, RunMeta, RunStatus, ServerInfo
+from moetune.kinds import RunKind, RunStatus
+from moetune.store.record import HostRef, RunMeta, ServerInfo
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,9 @@ from moetune.bench.single.workloads import (
 )
 from moetune.bench.target import Target
 from moetune.errors import InputError, MoetuneError, RuntimeFailure
+from moetune.kinds import RunKind, RunStatus
 from moetune.store.db import ResultsDB
-from moetune.store.record import HostRef, RunKind, RunMeta, RunStatus, ServerInfo
+from moetune.store.record import HostRef, RunMeta, ServerInfo
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 

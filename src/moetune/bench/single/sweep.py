@@ -27,8 +27,8 @@ from moetune.bench.single.runner import BenchOptions, Progress, bench_target
 from moetune.bench.single.workloads import Workload
 from moetune.bench.target import Target, plan_target
 from moetune.errors import InputError, MoetuneError, RuntimeFailure
+from moetune.kinds import RunStatus
 from moetune.store.db import ResultsDB
-from moetune.store.record import RunStatus
 
 MEASURED, RESUMED, FAILED = "measured", "resumed", "failed"
 

@@ -28,10 +28,6 @@ from moetune.engine.logs.rpc import is_worker_log, parse_worker_log
 from moetune.engine.logs.types import (
     ANSI,
     BUFFER_KINDS,
-    ERAS,
-    LEGACY,
-    MAINLINE,
-    PHASES,
     AllocFailure,
     Buffer,
     CacheMiss,
@@ -51,9 +47,10 @@ from moetune.engine.logs.types import (
     WorkerLog,
     device_key,
 )
+from moetune.kinds import LogEra, LogPhase
 
 __all__ = [
-    "BUFFER_KINDS", "ERAS", "LEGACY", "MAINLINE", "PHASES", "AllocFailure", "Buffer", "CacheMiss", "ContextParams",
+    "BUFFER_KINDS", "AllocFailure", "Buffer", "CacheMiss", "ContextParams",
     "Device", "DeviceBuffers", "Evidence", "Failure", "MemoryBreakdown", "MemoryRow", "PhaseMark", "PinnedAlloc",
     "RequestTiming", "ServerLog", "SlotWait", "SplitModeChange", "WorkerLog", "detect_era", "device_key",
     "is_worker_log", "parse_log", "parse_worker_log", "phases_in", "split_lines",
@@ -64,7 +61,7 @@ _MAINLINE_MARK = re.compile(r"^\d+\.\d{2}\.\d{3}\.\d{3} [IWEDT] |^(?:load_tensor
 _LEGACY_MARK = re.compile(r"^(?:llm_load_tensors|llm_load_print_meta|llama_kv_cache_init|llama_new_context_with_model|"
                           r"llama_init_from_model|ggml_cuda_init):|^(?:INFO|WARN|ERR|VERB) \[|of pinned host memory|"
                           r"Common part does not match fully|======== Cache:")
-_GRAMMARS = {MAINLINE: mainline, LEGACY: legacy}
+_GRAMMARS = {LogEra.MAINLINE: mainline, LogEra.LEGACY: legacy}
 
 
 def split_lines(text: str) -> list[str]:
@@ -72,29 +69,35 @@ def split_lines(text: str) -> list[str]:
     return ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n").splitlines()
 
 
-def detect_era(lines: Sequence[str]) -> str:
+def detect_era(lines: Sequence[str]) -> LogEra:
     """``mainline`` or ``legacy``, by which era's marks the log carries more of (mainline on a tie)."""
     head = lines[:5000]
     n_main = sum(1 for x in head if _MAINLINE_MARK.search(x))
     n_legacy = sum(1 for x in head if _LEGACY_MARK.search(x))
-    return LEGACY if n_legacy > n_main else MAINLINE
+    return LogEra.LEGACY if n_legacy > n_main else LogEra.MAINLINE
+
+
+def _era(era: str | None, lines: Sequence[str]) -> LogEra:
+    if era is None:
+        return detect_era(lines)
+    if era not in _GRAMMARS:
+        raise ValueError(f"unknown log era {era!r} (known: {', '.join(LogEra)})")
+    return LogEra(era)
 
 
 def parse_log(text: str, era: str | None = None) -> ServerLog:
     """Parse a server log; ``era`` forces a grammar (default: detected)."""
     lines = split_lines(text)
-    era = era or detect_era(lines)
-    if era not in _GRAMMARS:
-        raise ValueError(f"unknown log era {era!r} (known: {', '.join(ERAS)})")
-    log: ServerLog = _GRAMMARS[era].parse(lines)
+    log: ServerLog = _GRAMMARS[_era(era, lines)].parse(lines)
     return log
 
 
-def phases_in(lines: Sequence[str], era: str | None = None) -> list[str]:
+def phases_in(lines: Sequence[str], era: str | None = None) -> list[LogPhase]:
     """The load phases these lines (say, the ones a log gained since the last look) go through, in order."""
     lines = [ANSI.sub("", x) for x in lines]
-    grammar = _GRAMMARS[era or detect_era(lines)]
+    era_ = _era(era, lines)
+    grammar = _GRAMMARS[era_]
     texts = grammar.texts(lines)
-    acc = Acc(grammar.__name__, texts, [None] * len(texts))
+    acc = Acc(era_, texts, [None] * len(texts))
     run_grammar(acc, grammar.PHASE_ONLY_RULES)
     return [p.phase for p in acc.phases]

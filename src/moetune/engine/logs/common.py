@@ -15,14 +15,9 @@ from typing import Any
 from moetune.engine.logs.types import (
     ABORTED,
     ALLOC_FAILED,
-    ALLOCATING_COMPUTE,
-    ALLOCATING_PINNED,
     BAD_ARGUMENT,
     COMPUTE,
-    CREATING_CONTEXT,
-    FITTING,
     KV,
-    LOADING_TENSORS,
     MODEL,
     MODEL_LOAD_FAILED,
     MODEL_OPEN_FAILED,
@@ -45,6 +40,7 @@ from moetune.engine.logs.types import (
     SlotWait,
     SplitModeChange,
 )
+from moetune.kinds import LogEra, LogPhase
 
 Action = Callable[["Acc", re.Match[str], int], None]
 Rule = tuple[re.Pattern[str], Action]
@@ -60,7 +56,7 @@ def rule(pattern: str, flags: int = 0) -> Callable[[Action], Rule]:
     return wrap
 
 
-def phase_rule(pattern: str, phase: str) -> Rule:
+def phase_rule(pattern: str, phase: LogPhase) -> Rule:
     """A rule that marks the load phase a line announces."""
     return re.compile(pattern), lambda acc, m, n: acc.phase(phase, n)
 
@@ -87,7 +83,7 @@ class _Timing:
 class Acc:
     """Mutable collection of what a log says; one per parse."""
 
-    def __init__(self, era: str, lines: Sequence[str], times: Sequence[float | None],
+    def __init__(self, era: LogEra, lines: Sequence[str], times: Sequence[float | None],
                  levels: Sequence[str | None] | None = None) -> None:
         self.era = era
         self.lines = tuple(lines)
@@ -125,11 +121,11 @@ class Acc:
     def text(self, n: int) -> str:
         return self.lines[n - 1]
 
-    def phase(self, name: str, n: int) -> None:
+    def phase(self, name: LogPhase, n: int) -> None:
         if not self.phases or self.phases[-1].phase != name:
             self.phases.append(PhaseMark(name, n, self.time(n)))
 
-    def current_phase(self) -> str | None:
+    def current_phase(self) -> LogPhase | None:
         return self.phases[-1].phase if self.phases else None
 
     def buffer(self, device: str, kind: str, mib: float, n: int) -> None:
@@ -143,8 +139,9 @@ class Acc:
         for f in self.alloc_failures:  # CUDA's own line and ggml-alloc's line report the same failure
             if f.device == device and n - f.line <= 3:
                 return
-        what = {LOADING_TENSORS: MODEL, CREATING_CONTEXT: KV, ALLOCATING_COMPUTE: COMPUTE}.get(
-            self.current_phase() or "", "unknown")
+        phase = self.current_phase()
+        what = {LogPhase.LOADING_TENSORS: MODEL, LogPhase.CREATING_CONTEXT: KV,
+                LogPhase.ALLOCATING_COMPUTE: COMPUTE}.get(phase, "unknown") if phase else "unknown"
         self.alloc_failures.append(AllocFailure(device, size_mib, what, n))
         self.fail(ALLOC_FAILED, device, n)
 
@@ -300,7 +297,7 @@ def _abort(acc: Acc, m: re.Match[str], n: int) -> None:
 @rule(r"Allocating ([\d.]+) (GiB|MiB) of pinned host memory")
 def _pinned(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.pinned.append(PinnedAlloc(to_mib(m[1], m[2]), None, n))
-    acc.phase(ALLOCATING_PINNED, n)
+    acc.phase(LogPhase.ALLOCATING_PINNED, n)
 
 
 @rule(r"done allocating ([\d.]+) (GiB|MiB) in ([\d.]+) ms")
@@ -313,7 +310,7 @@ def _pinned_done(acc: Acc, m: re.Match[str], n: int) -> None:
 def _context_buffer(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.buffer(m[1], m[2].lower(), float(m[3]), n)
     if m[2] == "compute":
-        acc.phase(ALLOCATING_COMPUTE, n)
+        acc.phase(LogPhase.ALLOCATING_COMPUTE, n)
 
 
 # the shared rules that mark a load phase (a grammar's phase-only scan needs them too)
@@ -355,7 +352,7 @@ def collect_tables(acc: Acc) -> None:
     def close() -> None:
         if start and rows:
             before = [p.phase for p in acc.phases if p.line < start]
-            projected = FITTING in before and LOADING_TENSORS not in before
+            projected = LogPhase.FITTING in before and LogPhase.LOADING_TENSORS not in before
             acc.tables.append(MemoryBreakdown(tuple(rows), start, projected))
 
     for n, text in enumerate(acc.lines, 1):

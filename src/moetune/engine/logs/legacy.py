@@ -28,18 +28,13 @@ from moetune.engine.logs.common import (
 )
 from moetune.engine.logs.types import (
     BIND_FAILED,
-    CREATING_CONTEXT,
-    LEGACY,
-    LOADING_MODEL,
-    LOADING_TENSORS,
     MODEL,
-    READY,
-    WARMUP,
     CacheMiss,
     Device,
     ServerLog,
     SplitModeChange,
 )
+from moetune.kinds import LogEra, LogPhase
 
 TIMESTAMP = re.compile(r"\btimestamp=(\d+)")
 # where a detokenized "cache :" / "prompt:" text stops: the next line that looks like a log statement
@@ -95,18 +90,18 @@ def _slots(acc: Acc, m: re.Match[str], n: int) -> None:
 
 
 PHASE_RULES: tuple[Rule, ...] = (
-    phase_rule(r"^llama_model_loader: loaded meta data|^llm_load_print_meta:", LOADING_MODEL),
-    phase_rule(r"^llm_load_tensors:", LOADING_TENSORS),
-    phase_rule(r"^llama_kv_cache_init:|^(?:llama_init_from_model|llama_new_context_with_model): n_ctx", CREATING_CONTEXT),
-    phase_rule(r"warming up the model", WARMUP),
-    phase_rule(r"\bmodel loaded\b", READY),
+    phase_rule(r"^llama_model_loader: loaded meta data|^llm_load_print_meta:", LogPhase.LOADING_MODEL),
+    phase_rule(r"^llm_load_tensors:", LogPhase.LOADING_TENSORS),
+    phase_rule(r"^llama_kv_cache_init:|^(?:llama_init_from_model|llama_new_context_with_model): n_ctx", LogPhase.CREATING_CONTEXT),
+    phase_rule(r"warming up the model", LogPhase.WARMUP),
+    phase_rule(r"\bmodel loaded\b", LogPhase.READY),
 )
 
 
 @rule(r"HTTP server listening.*?hostname=\"?([^\" ]+)\"?.*?port=\"?(\d+)")
 def _listening(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.listening = f"http://{m[1]}:{m[2]}"
-    acc.phase(READY, n)
+    acc.phase(LogPhase.READY, n)
 
 
 @rule(r"couldn't bind to server socket: hostname=(\S+) port=(\d+)")
@@ -202,7 +197,7 @@ def parse(raw_lines: Sequence[str]) -> ServerLog:
     for raw in raw_lines:
         m = TIMESTAMP.search(raw)
         times.append(float(m[1]) if m else None)
-    acc = Acc(LEGACY, raw_lines, times)
+    acc = Acc(LogEra.LEGACY, raw_lines, times)
     acc.era_state = _Cache()
     run_grammar(acc, RULES)
     collect_tables(acc)

@@ -26,21 +26,14 @@ from moetune.engine.logs.common import (
     run_grammar,
 )
 from moetune.engine.logs.types import (
-    ALLOCATING_COMPUTE,
     BIND_FAILED,
-    CREATING_CONTEXT,
-    FITTING,
-    LOADING_MODEL,
-    LOADING_TENSORS,
-    MAINLINE,
     MODEL,
-    READY,
-    WARMUP,
     CacheMiss,
     Device,
     Evidence,
     ServerLog,
 )
+from moetune.kinds import LogEra, LogPhase
 
 PREFIX = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ([IWEDT]) ")
 LEVEL_ONLY = re.compile(r"^([IWED]) ")
@@ -108,20 +101,20 @@ def _slots(acc: Acc, m: re.Match[str], n: int) -> None:
 # -- phases ---------------------------------------------------------------------------------
 
 PHASE_RULES: tuple[Rule, ...] = (
-    phase_rule(r"load_model: loading model|llama_model_loader: loaded meta data", LOADING_MODEL),
-    phase_rule(r"common_init_\w*: fitting params", FITTING),
-    phase_rule(r"load_tensors: loading model tensors", LOADING_TENSORS),
-    phase_rule(r"llama_context: constructing llama_context", CREATING_CONTEXT),
-    phase_rule(r"sched_reserve: reserving", ALLOCATING_COMPUTE),
-    phase_rule(r"warming up the model", WARMUP),
-    phase_rule(r"llama_server: model loaded|main: model loaded", READY),
+    phase_rule(r"load_model: loading model|llama_model_loader: loaded meta data", LogPhase.LOADING_MODEL),
+    phase_rule(r"common_init_\w*: fitting params", LogPhase.FITTING),
+    phase_rule(r"load_tensors: loading model tensors", LogPhase.LOADING_TENSORS),
+    phase_rule(r"llama_context: constructing llama_context", LogPhase.CREATING_CONTEXT),
+    phase_rule(r"sched_reserve: reserving", LogPhase.ALLOCATING_COMPUTE),
+    phase_rule(r"warming up the model", LogPhase.WARMUP),
+    phase_rule(r"llama_server: model loaded|main: model loaded", LogPhase.READY),
 )
 
 
 @rule(r"listening on (https?://\S+)")
 def _listening(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.listening = m[1]
-    acc.phase(READY, n)
+    acc.phase(LogPhase.READY, n)
 
 
 @rule(r"couldn't bind HTTP server socket, hostname: (\S+), port: (\d+)")
@@ -219,7 +212,7 @@ def parse(raw_lines: Sequence[str]) -> ServerLog:
         texts.append(text)
         times.append(t)
         levels.append(level)
-    acc = Acc(MAINLINE, texts, times, levels)
+    acc = Acc(LogEra.MAINLINE, texts, times, levels)
     acc.era_state = _Slots()
     run_grammar(acc, RULES)
     collect_tables(acc)

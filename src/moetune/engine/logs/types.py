@@ -9,22 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-MAINLINE = "mainline"  # llama.cpp since about build 4400: "0.00.012.345 I load_tensors: ..."
-LEGACY = "legacy"  # ik_llama.cpp and older llama.cpp: "llm_load_tensors: ...", "llama_kv_cache_init: ..."
-ERAS = (MAINLINE, LEGACY)
-
-# Load phases, in the order a server goes through them.
-STARTING = "starting"
-LOADING_MODEL = "loading model"
-FITTING = "fitting to memory"
-LOADING_TENSORS = "loading tensors"
-ALLOCATING_PINNED = "allocating pinned memory"
-CREATING_CONTEXT = "creating context"
-ALLOCATING_COMPUTE = "allocating compute buffers"
-WARMUP = "warm-up"
-READY = "ready"
-PHASES = (STARTING, LOADING_MODEL, FITTING, LOADING_TENSORS, ALLOCATING_PINNED, CREATING_CONTEXT,
-          ALLOCATING_COMPUTE, WARMUP, READY)
+from moetune.kinds import LogEra, LogPhase
 
 # Buffer kinds, as llama.cpp names them in "<device> <kind> buffer size = N MiB"
 MODEL, KV, RS, COMPUTE, OUTPUT = "model", "kv", "rs", "compute", "output"
@@ -202,7 +187,7 @@ class SlotWait:
 
 @dataclass(frozen=True, slots=True)
 class PhaseMark:
-    phase: str
+    phase: LogPhase
     line: int
     t_s: float | None  # seconds since the engine started, where the log has timestamps
 
@@ -220,7 +205,7 @@ class ContextParams:
 class ServerLog:
     """A llama-server (or ik_llama.cpp server) log, parsed."""
 
-    era: str
+    era: LogEra
     lines: tuple[str, ...]  # the text of every line, prefix removed (index = line number - 1)
     times_s: tuple[float | None, ...]  # each line's timestamp where the era has one
     devices: tuple[Device, ...] = ()
@@ -244,7 +229,7 @@ class ServerLog:
 
     @property
     def phase(self) -> str:
-        return self.phases[-1].phase if self.phases else STARTING
+        return self.phases[-1].phase if self.phases else LogPhase.STARTING
 
     @property
     def memory_breakdown(self) -> MemoryBreakdown | None:

@@ -1,6 +1,15 @@
-"""Ask the real engine what it would allocate: start llama-server, wait until it has reserved its
-compute buffers (the ``sched_reserve: graph`` line), stop it, return the log. With mmap this reads
-no weights, so it takes well under a second even for a large model."""
+"""Engine harness for the tests, the benchmarks and the demo (not part of the package).
+
+- ``free_port``: a free loopback port.
+- ``reserve_log``: ask the real engine what it would allocate: start llama-server, wait until it has
+  reserved its compute buffers (the ``sched_reserve: graph`` line), stop it, return the log. With
+  mmap this reads no weights, so it takes well under a second even for a large model.
+- ``rpc_workers``, ``loopback_hw``: loopback RPC workers as extra devices, and a hardware
+  description of this machine with them.
+
+Scripts outside tests/ (benchmarks/, scripts/demo.py) put the repository root on ``sys.path`` to
+import it.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +31,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop(p: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; returns once the process is reaped."""
+    p.terminate()
+    try:
+        p.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
 def reserve_log(server: Path, argv: Sequence[str], timeout: float = 60.0) -> tuple[bool, str]:
     """(reached the reserve, log text). `argv` should not carry --host/--port (a free port is used)."""
     cmd = [str(server), *argv, "--host", "127.0.0.1", "--port", str(free_port()), "--no-warmup"]
@@ -39,12 +58,7 @@ def reserve_log(server: Path, argv: Sequence[str], timeout: float = 60.0) -> tup
                     break
                 time.sleep(0.05)
         finally:
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop(p, 10)
         f.seek(0)
         return ok, f.read()
 

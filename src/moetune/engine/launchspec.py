@@ -1,7 +1,7 @@
 """What to start, in what order: the part of a plan that `moetune launch` executes.
 
 A plan (``moetune plan --json``) carries a ``launch`` object of this shape. It is pure data: the
-planner renders it, `run/` starts it. Servers list the RPC workers they need in ``after``; workers
+command layer (``engine.command``) renders it from a plan, `run/` starts it. Servers list the RPC workers they need in ``after``; workers
 start first and stop last.
 """
 
@@ -11,16 +11,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from moetune.errors import InputError
+from moetune.kinds import ProcessRole
 
-SERVER = "server"
-RPC = "rpc"
 LAUNCH_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
 class ProcessSpec:
     name: str  # unique within the launch: "main", "coder1", "rpc0"
-    role: str  # server | rpc
+    role: ProcessRole
     engine: str  # engine name (moetune engine list)
     argv: tuple[str, ...]  # arguments after the binary; the binary comes from the engine and role
     host: str  # address it listens on
@@ -37,15 +36,22 @@ class ProcessSpec:
         return f"http://{self.host}:{self.port}"
 
 
+def _role(p: dict[str, Any]) -> ProcessRole:
+    role = str(p["role"])
+    if role not in tuple(ProcessRole):
+        raise InputError(f"plan: process {p['name']} has unknown role {role!r}")
+    return ProcessRole(role)
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     processes: tuple[ProcessSpec, ...]
 
     def servers(self) -> list[ProcessSpec]:
-        return [p for p in self.processes if p.role == SERVER]
+        return [p for p in self.processes if p.role == ProcessRole.SERVER]
 
     def workers(self) -> list[ProcessSpec]:
-        return [p for p in self.processes if p.role == RPC]
+        return [p for p in self.processes if p.role == ProcessRole.RPC]
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": LAUNCH_SCHEMA_VERSION, "processes": [asdict(p) for p in self.processes]}
@@ -56,7 +62,7 @@ class LaunchSpec:
             procs = []
             for p in doc["processes"]:
                 procs.append(ProcessSpec(
-                    name=str(p["name"]), role=str(p["role"]), engine=str(p["engine"]),
+                    name=str(p["name"]), role=_role(p), engine=str(p["engine"]),
                     argv=tuple(str(a) for a in p["argv"]), host=str(p["host"]), port=int(p["port"]),
                     node=str(p.get("node", "local")), ssh=p.get("ssh"), bin_dir=p.get("bin_dir"),
                     env={str(k): str(v) for k, v in (p.get("env") or {}).items()},
@@ -74,7 +80,7 @@ class LaunchSpec:
         if len(set(names)) != len(names):
             raise InputError(f"plan: duplicate process names in {names}")
         for p in self.processes:
-            if p.role not in (SERVER, RPC):
+            if p.role not in tuple(ProcessRole):
                 raise InputError(f"plan: process {p.name} has unknown role {p.role!r}")
             for a in p.after:
                 if a not in names:

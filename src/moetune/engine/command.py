@@ -1,0 +1,131 @@
+"""A plan as commands: each service's llama-server argv, the plan's JSON document (``moetune plan
+--json``, with the ``launch`` section `moetune launch` reads), and the other formats a user can ask
+for (shell script, podman/docker, llama-swap). Pure: the same plan renders the same text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moetune.engine.dialect import dialect, n_cpu_moe_note
+from moetune.engine.launchspec import LaunchSpec, ProcessSpec
+from moetune.engine.render import container_argv, llama_swap_entry, override_rules, server_argv, shell_script
+from moetune.kinds import EngineKind, ProcessRole
+from moetune.plan.plan import Plan, ServicePlan
+
+PLAN_SCHEMA_VERSION = 1
+FORMATS = ("argv", "shell", "podman", "docker", "llama-swap")  # besides the table and the JSON
+
+
+def service_argv(sp: ServicePlan) -> list[str]:
+    """The arguments after llama-server for one service of a plan."""
+    spec = sp.spec
+    extra = ["--device", ",".join(spec.devices)] if spec.devices else []
+    return server_argv(spec.model, sp.placement, spec.settings, dialect(spec.settings.engine), port=spec.port,
+                       rpc=sp.hw.rpc_endpoints(), extra=extra)
+
+
+def service_notes(sp: ServicePlan) -> list[str]:
+    """What a user comparing with the engines' own flags should know."""
+    if not sp.spec.strategy.startswith("n-cpu-moe:"):
+        return []
+    n = int(sp.spec.strategy.split(":", 1)[1])
+    notes = [n_cpu_moe_note(dialect(kind), n, sp.spec.model.n_layer) for kind in EngineKind]
+    return [*notes, "rendered as explicit -ot overrides, which mean the same in every engine"]
+
+
+def _layer_map(sp: ServicePlan) -> list[dict[str, Any]]:
+    ex = sp.placement.experts()
+    by_layer: dict[int, dict[str, str]] = {}
+    for t in sp.spec.model.tensors:
+        if t.is_expert and t.layer is not None and t.name in ex:
+            by_layer.setdefault(t.layer, {})[t.kind] = ex[t.name]
+    out = []
+    for layer in sp.spec.model.layers:
+        if layer.index >= sp.spec.model.n_layer:
+            continue
+        out.append({"index": layer.index, "kind": layer.kind, "device": sp.placement.layer_device[layer.index],
+                    "experts": by_layer.get(layer.index, {}), "expert_mib": round(layer.expert_bytes / (1 << 20), 2)})
+    return out
+
+
+def service_json(sp: ServicePlan, argv: list[str]) -> dict[str, Any]:
+    return {
+        "name": sp.spec.name,
+        "model": str(sp.spec.model.files[0]),
+        "arch": sp.spec.model.arch,
+        "strategy": sp.placement.strategy,
+        "settings": {k: getattr(sp.spec.settings, k) for k in sp.spec.settings.__slots__},
+        "port": sp.spec.port,
+        "devices": {dev: [{"what": i.what, "mib": round(i.mib, 2)} for i in items]
+                    for dev, items in sp.memory.items.items()},
+        "kv_cells": sp.memory.kv_cells,
+        "cpu_mapped_span_mib": {f: round(v, 2) for f, v in sp.memory.mapped_span_mib.items()},
+        "layers": _layer_map(sp),
+        "tensor_split": list(sp.placement.tensor_split),
+        "override_rules": [str(r) for r in override_rules(sp.spec.model, sp.placement)],
+        "predicted": sp.prediction.to_json(),
+        "argv": argv,
+        "notes": service_notes(sp),
+    }
+
+
+def launch_spec(plan: Plan, engine: str, argvs: list[list[str]] | None = None) -> LaunchSpec:
+    """The processes to start: an RPC worker per remote node with devices, then the servers."""
+    argvs = argvs if argvs is not None else [service_argv(sp) for sp in plan.services]
+    procs: list[ProcessSpec] = []
+    workers: list[str] = []
+    for i, n in enumerate(plan.hw.nodes[1:]):
+        if not n.devices:
+            continue
+        name = f"rpc{i}"
+        host = n.link_addr or "127.0.0.1"
+        procs.append(ProcessSpec(name, ProcessRole.RPC, engine, ("-H", host, "-p", str(n.rpc_port)), host,
+                                 n.rpc_port, node=n.name, ssh=n.ssh, bin_dir=n.bin_dir,
+                                 allow_public_bind=n.allow_public_bind))
+        workers.append(name)
+    for sp, argv in zip(plan.services, argvs, strict=True):
+        procs.append(ProcessSpec(sp.spec.name, ProcessRole.SERVER, sp.spec.engine or engine, tuple(argv), "127.0.0.1",
+                                 sp.spec.port, after=tuple(workers)))
+    return LaunchSpec(tuple(procs))
+
+
+def plan_json(plan: Plan, engine: str, binary: str = "llama-server") -> dict[str, Any]:
+    """The plan's document: verdict, ledgers, prediction, commands and what to launch."""
+    argvs = [service_argv(sp) for sp in plan.services]
+    main = plan.main
+    return {
+        "schema_version": PLAN_SCHEMA_VERSION,
+        "fits": plan.fits,
+        "devices": [
+            {"name": led.device, "kind": led.kind, "capacity_mib": round(led.capacity_mib, 1),
+             "used_mib": round(led.used_mib, 1), "free_mib": round(led.free_mib, 1),
+             "items": [{"what": it.what, "mib": round(it.mib, 2), "service": it.service} for it in led.items]}
+            for led in plan.ledgers
+        ],
+        "shortfalls": plan.shortfalls,
+        "warnings": plan.warnings(),
+        "predicted": {"tg_tok_s": round(main.prediction.tg_tok_s, 3), "pp_tok_s": round(main.prediction.pp_tok_s, 3)},
+        "argv": [binary, *argvs[0]],
+        "shell": shell_script(binary, argvs[0]),
+        "services": [service_json(sp, argv) for sp, argv in zip(plan.services, argvs, strict=True)],
+        "hardware": plan.hw.name or plan.hw.source,
+        "speed_constants": main.prediction.to_json()["constants"],
+        "launch": launch_spec(plan, engine, argvs).to_json(),
+    }
+
+
+def render_text(plan: Plan, doc: dict[str, Any], fmt: str, image: str) -> str:
+    """The main service's command in one of FORMATS (``doc`` is ``plan_json(plan, ...)``)."""
+    binary, argv = doc["argv"][0], doc["argv"][1:]
+    if fmt == "argv":
+        return " ".join(doc["argv"]) + "\n"
+    if fmt == "shell":
+        return str(doc["shell"])
+    if fmt in ("podman", "docker"):
+        main = plan.main
+        cmd = container_argv(fmt, image, argv, port=main.spec.port, gpus=None, model_path=str(main.spec.model.files[0]))
+        return shell_script(cmd[0], cmd[1:])
+    if fmt == "llama-swap":
+        return llama_swap_entry(plan.main.spec.name, binary, argv)
+    raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")

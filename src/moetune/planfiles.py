@@ -1,0 +1,143 @@
+"""The planner's edge: what `moetune plan` reads (the hardware file, the model or a layout file, the
+engine registry) and writes (the plan JSON). Planning itself (``moetune.plan``) stays pure; the
+commands and the document come from ``moetune.engine.command``.
+
+Layout files describe several services sharing the hardware (an orchestrator MoE model and workers):
+
+```yaml
+services:
+  - name: orchestrator
+    model: GLM-5.1-IQ3_KS-00001-of-00008.gguf   # relative to this file
+    strategy: auto            # takes what the workers leave
+    ctx: 32768
+    ctk: q8_0
+    ctv: q8_0
+    batch: 8192
+    ubatch: 8192
+  - name: coder1
+    model: Qwen3-Coder-Next-Q4_0.gguf
+    devices: [CUDA0]
+    strategy: all-gpu
+    parallel: 2
+    ctx: 262144               # 128k per slot
+    port: 8081
+```
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from moetune.engine import registry
+from moetune.engine.command import plan_json
+from moetune.errors import InputError
+from moetune.hardware import inventory
+from moetune.model.profile import load_profile
+from moetune.plan.plan import Plan, ServiceSpec, make_plan
+from moetune.plan.settings import Settings
+from moetune.plan.speed import SpeedConstants
+
+
+class _ServiceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    model: str
+    strategy: str = "auto"
+    ctx: int = Field(default=4096, gt=0)
+    parallel: int = Field(default=1, gt=0)
+    batch: int = Field(default=2048, gt=0)
+    ubatch: int = Field(default=512, gt=0)
+    ctk: Literal["f16", "q8_0", "q4_0"] = "f16"
+    ctv: Literal["f16", "q8_0", "q4_0"] = "f16"
+    flash_attn: bool = True
+    devices: list[str] | None = None
+    port: int | None = Field(default=None, gt=0, lt=65536)
+    engine: str | None = None
+    amb: int = 0
+
+
+class _LayoutIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    services: list[_ServiceIn] = Field(min_length=1)
+
+
+def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list[ServiceSpec]:
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such layout file")
+    try:
+        doc = _LayoutIn.model_validate(yaml.safe_load(p.read_text()))
+    except yaml.YAMLError as e:
+        raise InputError(f"{p}: not valid YAML ({e})") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise InputError(f"{p}: {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+    out = []
+    for i, s in enumerate(doc.services):
+        model = Path(s.model)
+        if not model.is_absolute():
+            model = p.parent / model
+        settings = replace(base, ctx=s.ctx, slots=s.parallel, batch=s.batch, ubatch=s.ubatch, ctk=s.ctk,
+                           ctv=s.ctv, flash_attn=s.flash_attn, amb_mib=s.amb)
+        out.append(ServiceSpec(s.name, load_profile(model), settings, s.strategy, s.port or base_port + i,
+                               tuple(s.devices) if s.devices else None, s.engine or ""))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """What `moetune plan` was asked: a model or a layout file, on a hardware file."""
+
+    hw: str  # a hardware file, or a built-in example's name
+    model: Path | None = None
+    layout: Path | None = None
+    strategy: str = "auto"
+    settings: Settings = field(default_factory=Settings)  # its engine kind is resolved from ``engine``
+    engine: str | None = None  # engine name or kind (default: the default engine)
+    port: int = 8080
+    speed: tuple[str, ...] = ()  # NAME=VALUE overrides of the speed model's constants
+    output: Path | None = None  # also write the plan's JSON here
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    plan: Plan
+    doc: dict[str, Any]  # the plan's JSON document (engine.command.plan_json)
+    notices: list[tuple[str, str]]  # (message, remedy) to tell before the plan: what the hardware file allows
+
+
+def speed_overrides(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for v in values:
+        k, sep, val = v.partition("=")
+        if not sep:
+            raise InputError(f"--speed {v!r}: expected NAME=VALUE")
+        out[k.strip()] = val.strip()
+    return out
+
+
+def plan_files(req: PlanRequest) -> Planned:
+    """Read the files, plan, render the document (and write it to ``req.output``)."""
+    if (req.model is None) == (req.layout is None):
+        raise InputError("give a MODEL or a --layout file (not both)")
+    hw = inventory.load(req.hw)
+    notices = [(f"node {node.name}: its RPC worker will listen on {why} (allow_public_bind); {inventory.RPC_NO_AUTH}",
+                inventory.RPC_PUBLIC_BIND_REMEDY) for node, why in inventory.public_binds(hw)]
+    engine, kind = registry.resolve(req.engine)
+    base = replace(req.settings, engine=kind)
+    if req.layout is not None:
+        services = [replace(s, engine=s.engine or engine) for s in load_layout(req.layout, base, req.port)]
+    else:
+        assert req.model is not None
+        services = [ServiceSpec("main", load_profile(req.model), base, req.strategy, req.port, engine=engine)]
+    p = make_plan(services, hw, SpeedConstants().with_overrides(speed_overrides(req.speed)))
+    doc = plan_json(p, engine)
+    if req.output:
+        req.output.write_text(json.dumps(doc, indent=2))
+    return Planned(p, doc, notices)
