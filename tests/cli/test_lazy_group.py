@@ -6,10 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import click
+import pytest
 
 from moetune.cli import COMMANDS, cli, load_module_commands
+from moetune.model.archs import Dims
+from moetune.model.testmodel import generate
 from tests.helpers import run_cli
 
 HEAVY = ("numpy", "gguf", "pydantic", "rich", "aiohttp", "httpx", "yaml", "matplotlib")
@@ -65,3 +69,11 @@ def test_help_imports_no_command_module_and_no_heavy_library() -> None:
     mods = _modules_after("--help")
     assert not {m for m in mods if m.startswith("moetune.cli.") and m != "moetune.cli.common"}
     assert not _heavy(mods)
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_inspect_imports_only_what_reading_headers_needs(tmp_path: Path, as_json: bool) -> None:
+    g = generate(tmp_path / "m.gguf", "qwen3moe", Dims(n_layer=2), sparse=True)
+    mods = _modules_after("inspect", str(g.files[0]), *(["--json"] if as_json else []))
+    assert {m.split(".")[0] for m in _heavy(mods)} == (set() if as_json else {"rich"})
+    assert not {m for m in mods if m.startswith(("moetune.plan", "moetune.engine", "moetune.bench", "moetune.run"))}
