@@ -29,7 +29,7 @@ test: engine
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not server and not netns"
+	$(BIN)/pytest -q -m "not server and not netns and not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts benchmarks

@@ -71,6 +71,23 @@ def test_truncated_inside_header(tmp_path: Path) -> None:
     _check_error(p, contains="truncated")
 
 
+@pytest.mark.parametrize("damage", ["cut", "huge_length"])
+def test_damaged_vocabulary(tmp_path: Path, damage: str) -> None:
+    """The long token list is skipped, not parsed: a cut or a wild string length is still reported."""
+    g = generate(tmp_path / "v.gguf", "qwen3moe", Dims(n_layer=2, n_vocab=6000), sparse=True)
+    p = g.files[0]
+    raw = bytearray(p.read_bytes())
+    key = raw.index(b"tokenizer.ggml.tokens")
+    first_len = key + len(b"tokenizer.ggml.tokens") + 4 + 4 + 8  # value type, item type, count
+    assert struct.unpack_from("<Q", raw, first_len)[0] < 64
+    if damage == "cut":
+        raw = raw[: first_len + 3000]
+    else:
+        struct.pack_into("<Q", raw, first_len + 8 + struct.unpack_from("<Q", raw, first_len)[0], (1 << 64) - 1)
+    p.write_bytes(bytes(raw))
+    _check_error(p, contains="truncated")
+
+
 def test_corrupt_header(tmp_path: Path) -> None:
     g = generate(tmp_path / "c.gguf", "qwen3moe", Dims(n_layer=2))
     p = g.files[0]

@@ -1,15 +1,18 @@
+import subprocess
+import sys
+
 from gguf.constants import GGML_QUANT_SIZES
 
 from moetune.kinds import EngineKind
-from moetune.model.quants import QUANT_TYPES, by_id, by_name
+from moetune.model.quants import by_id, by_name, quant_types
 
 MIB = 1 << 20
 
 
 def test_every_type_id_in_either_table_has_a_size() -> None:
     for qt in GGML_QUANT_SIZES:
-        assert int(qt) in QUANT_TYPES
-    for t in QUANT_TYPES.values():
+        assert int(qt) in quant_types()
+    for t in quant_types().values():
         assert t.block_size > 0 and t.type_size > 0, t
         assert t.engines <= {EngineKind.MAINLINE, EngineKind.IK} and t.engines
 
@@ -37,3 +40,14 @@ def test_ik_row_meta_counts_per_row() -> None:
 
 def test_names_are_case_insensitive() -> None:
     assert by_name("q8_0") is by_name("Q8_0")
+
+
+def test_reading_the_table_imports_neither_numpy_nor_the_gguf_package() -> None:
+    code = (
+        "import sys; from moetune.model.quants import by_id, gguf_constants; by_id(8)\n"
+        "assert 'numpy' not in sys.modules and 'gguf' not in sys.modules, sorted(sys.modules)\n"
+        "import gguf.constants\n"
+        "assert {int(t): t.name for t in gguf.constants.GGMLQuantizationType} == "
+        "{int(t): t.name for t in gguf_constants().GGMLQuantizationType}\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,38 +1,93 @@
 """The `moetune` command: thin wrappers that parse, call the pipeline stages, and print.
 
+The group is lazy: :data:`COMMANDS` names each subcommand, the module under ``moetune.cli`` that
+defines it and its one-line help, so `moetune --help` imports no command module, and `moetune CMD`
+imports only CMD's. Each module hands its commands over with ``register(group)``; the short help
+shown in the listing is the table's, set on the command when it is loaded, so the listing is the
+same whether a command was loaded or not. tests/test_cli_registry.py checks every module registers
+exactly the names the table gives it.
+
 Exit codes: 0 ok, 1 runtime failure, 2 bad input or usage, 130 interrupted.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import NamedTuple
 
 import click
 
 from moetune import __version__
-from moetune.cli import (
-    bench_cmds,
-    cluster_cmds,
-    doctor_cmds,
-    engine_cmds,
-    model_cmds,
-    plan_cmds,
-    results_cmds,
-    run_cmds,
-    serve_cmds,
-)
 from moetune.cli.common import run
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class Entry(NamedTuple):
+    module: str  # under moetune.cli
+    short_help: str
+
+
+COMMANDS: dict[str, Entry] = {
+    "inspect": Entry("model_cmds", "Show a GGUF model's tensors, layers, sizes and KV cache cost."),
+    "testmodel": Entry("model_cmds", "Write a random-weight MoE model, or a sparse replica to plan."),
+    "engine": Entry("engine_cmds", "Build, list and register engines (llama.cpp, ik_llama.cpp)."),
+    "plan": Entry("plan_cmds", "Place a model on the hardware: memory, layers, speed, command."),
+    "hw": Entry("plan_cmds", "Describe the hardware: probe this machine or use an example."),
+    "launch": Entry("run_cmds", "Start a plan's RPC workers, then its servers."),
+    "ps": Entry("run_cmds", "Launches with live processes (their pids checked now)."),
+    "stop": Entry("run_cmds", "Stop launches: servers first, then RPC workers."),
+    "doctor": Entry("doctor_cmds", "List problems in llama.cpp / ik_llama.cpp logs, with evidence."),
+    "bench": Entry("bench_cmds", "Single-stream PP/TG of a running server or a plan."),
+    "sweep": Entry("bench_cmds", "Launch, bench and stop each plan in turn, then compare them."),
+    "serve-bench": Entry("serve_cmds", "Concurrent streaming load on a server: TTFT, ITL, throughput."),
+    "serve-report": Entry("serve_cmds", "Figures of a stored serve-bench run."),
+    "results": Entry("results_cmds", "The history of benchmark runs: list, show, export."),
+    "compare": Entry("results_cmds", "Compare runs with a baseline: medians, intervals, change in %."),
+    "link-test": Entry("cluster_cmds", "Bandwidth and latency from one node to another's link address."),
+}
+
+
+def load_module_commands(module: str) -> dict[str, click.Command]:
+    """Import ``moetune.cli.MODULE`` and return the commands its ``register`` hands over, by name."""
+    mod = importlib.import_module(f"moetune.cli.{module}")
+    scratch = click.Group()
+    mod.register(scratch)
+    return dict(scratch.commands)
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use (see the module docstring)."""
+
+    def __init__(self, *args: object, table: dict[str, Entry], **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.table = table
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(self.table)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.table:
+            entry = self.table[cmd_name]
+            cmd = load_module_commands(entry.module).get(cmd_name)
+            if cmd is None:
+                raise RuntimeError(f"moetune.cli.{entry.module} registers no command {cmd_name!r}")
+            cmd.short_help = entry.short_help
+            self.add_command(cmd, cmd_name)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The listing from the table alone: `moetune --help` imports no command module."""
+        rows = [(name, self.table[name].short_help) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, table=COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="moetune")
 def cli() -> None:
     """Plan, launch, benchmark and tune huge Mixture-of-Experts models on llama.cpp."""
-
-
-for module in (model_cmds, engine_cmds, plan_cmds, run_cmds, doctor_cmds, bench_cmds, serve_cmds, results_cmds,
-               cluster_cmds):
-    module.register(cli)
 
 
 def main() -> None:

@@ -1,23 +1,44 @@
-"""What every command shares: error printing, --json output, consoles."""
+"""What every command shares: error printing, --json output, consoles.
+
+rich is imported on first use: ``out`` and ``err`` are created when a command first touches them,
+so `moetune --help` and `--json` output never load it.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich.console import Console
-from rich.text import Text
 
 from moetune.errors import MoetuneError
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    out: Console  # results: stdout
+    err: Console  # progress, warnings, errors: stderr
+
 F = TypeVar("F", bound=Callable[..., Any])
 
-out = Console(highlight=False, soft_wrap=True)  # results: stdout
-err = Console(stderr=True, highlight=False, soft_wrap=True)  # progress, warnings, errors: stderr
+
+@cache
+def console(stderr: bool) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        if name in ("out", "err"):
+            return console(stderr=name == "err")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def json_option(f: F) -> F:
@@ -36,6 +57,9 @@ def print_json(doc: Any) -> None:
 
 
 def warn(message: str, remedy: str | None = None) -> None:
+    from rich.text import Text
+
+    err = console(stderr=True)
     err.print(Text.assemble(("warning: ", "yellow"), message))
     if remedy:
         err.print(Text("  → " + remedy, style="dim"))
@@ -46,17 +70,17 @@ def run(group: click.Group) -> int:
     try:
         group.main(standalone_mode=False)
     except MoetuneError as e:
+        from rich.text import Text
+
+        err = console(stderr=True)
         err.print(Text.assemble(("Error: ", "red"), str(e)))
         if e.hint:
             err.print(Text("  hint: " + e.hint, style="dim"))
         for line in e.details:
             err.print(Text("  " + line, style="dim"))
         return e.exit_code
-    except click.exceptions.Abort:
-        err.print("interrupted")
-        return 130
-    except KeyboardInterrupt:
-        err.print("interrupted")
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        console(stderr=True).print("interrupted")
         return 130
     except click.ClickException as e:
         e.show()
@@ -71,9 +95,12 @@ WIDE = 200  # columns for tables written to files and pipes
 
 def print_wide(r: Any) -> None:
     """Tables at their natural width when stdout is a file or pipe (rich would fold them to 80 columns)."""
+    out = console(stderr=False)
     if out.is_terminal:
         out.print(r)
     else:
+        from rich.console import Console
+
         Console(width=WIDE, highlight=False, soft_wrap=True).print(r)
 
 

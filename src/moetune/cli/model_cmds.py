@@ -1,16 +1,19 @@
-"""`moetune inspect` and `moetune testmodel`."""
+"""`moetune inspect` and `moetune testmodel`.
+
+Imports stay light (no numpy, no rich for --json): the writer and the progress bar are imported
+inside `testmodel`.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, Progress, TextColumn
 
-from moetune.cli.common import err, json_option, out, print_json
+from moetune.cli import common
+from moetune.cli.common import json_option, print_json
 from moetune.model.archs import ARCHS, PRESET_RECIPES, PRESETS, Dims, with_overrides
 from moetune.model.profile import load_profile
-from moetune.model.testmodel import generate
 from moetune.report.inspect_view import inspect_json, mib, print_inspect
 
 
@@ -26,7 +29,7 @@ def inspect(path: Path, as_json: bool) -> None:
     if as_json:
         print_json(inspect_json(p))
     else:
-        print_inspect(p, out)
+        print_inspect(p, common.out)
 
 
 @click.command()
@@ -67,8 +70,13 @@ def testmodel(out_path: Path, arch: str | None, preset: str | None, type_spec: s
             dims = with_overrides(dims, n_head=2, n_head_kv=1)
     dims = with_overrides(dims, **sizes)
     type_spec = type_spec or "f16"
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from moetune.model.testmodel import generate
+
+    out = common.out
     with Progress(TextColumn("writing {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  console=err, transient=True, disable=as_json) as bar:
+                  console=common.err, transient=True, disable=as_json) as bar:
         task = bar.add_task(out_path.name, total=shards)
         g = generate(out_path, arch, dims, type_spec, shards=shards, sparse=sparse, seed=seed,
                      progress=lambda n: bar.update(task, completed=n))

@@ -14,6 +14,9 @@ The RPC protocol has no authentication: whoever reaches a worker's port can read
 memory. A ``link_addr`` must therefore be a loopback, private or link-local address; ``0.0.0.0``
 (every interface) or a public address is refused unless the node says ``allow_public_bind: true``,
 and then warned about (:func:`public_binds`).
+
+pydantic and yaml are imported only to read a file (:mod:`moetune.hardware.schema`), so the
+planner's users of these dataclasses do not pay for them.
 """
 
 from __future__ import annotations
@@ -21,73 +24,16 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from typing import TYPE_CHECKING, Any
 
 from moetune.errors import InputError
+from moetune.hardware import DEFAULT_RPC_PORT
 from moetune.kinds import DeviceKind
 
+if TYPE_CHECKING:
+    from moetune.hardware.schema import NodeIn
+
 DEFAULT_PCIE_GBS = 25.0  # PCIe 4.0 x16 effective, when a GPU's link is not given
-DEFAULT_RPC_PORT = 50052
-
-
-# ---- validated input (boundary) -------------------------------------------------------------
-class _DeviceIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    kind: Literal["gpu", "cpu", "rpc"] = "gpu"
-    mem_mib: float = Field(gt=0)
-    bw_gbs: float = Field(gt=0)
-    link_gbs: float | None = Field(default=None, gt=0)  # to the host (PCIe) or over the network (RPC)
-    reserved_mib: float = Field(default=0, ge=0)  # used by other processes (desktop, other services)
-    tflops: float | None = Field(default=None, gt=0)
-
-
-class _CpuIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    cores: int = Field(gt=0)
-    ram_mib: float = Field(gt=0)
-    ram_bw_gbs: float = Field(gt=0)
-    reserved_mib: float = Field(default=0, ge=0)  # left for the OS and other programs
-    name: str | None = None
-
-
-class _NodeIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    cpu: _CpuIn
-    devices: list[_DeviceIn] = []
-    ssh: str | None = None
-    link_addr: str | None = None
-    rpc_port: int = Field(default=DEFAULT_RPC_PORT, gt=0, lt=65536)
-    link_gbs: float | None = Field(default=None, gt=0)
-    bin_dir: str | None = None
-    allow_public_bind: bool = False  # let the worker listen on 0.0.0.0 or a public address (warned about)
-
-    @field_validator("ssh")
-    @classmethod
-    def _ssh(cls, v: str | None) -> str | None:
-        if v is not None and (not v or v.startswith("-") or any(c.isspace() for c in v)):
-            raise ValueError(f"ssh {v!r} is not an ssh destination (user@host or a Host of your ssh config)")
-        return v
-
-    @field_validator("link_addr")
-    @classmethod
-    def _addr(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                ipaddress.ip_address(v)
-            except ValueError:
-                raise ValueError(f"link_addr {v!r} is not an IP address") from None
-        return v
-
-
-class _HardwareIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    nodes: list[_NodeIn] = Field(min_length=1)
-    name: str | None = None
 
 
 # ---- core model ------------------------------------------------------------------------------
@@ -218,16 +164,20 @@ def rpc_name(index: int, node: Node) -> str:
     return f"RPC{index}[{node.link_addr or '127.0.0.1'}:{node.rpc_port}]"
 
 
-def _device_kind_checks(n: _NodeIn, first: bool) -> None:
+def _device_kind_checks(n: NodeIn, first: bool) -> None:
     # a remote worker may expose its CPU backend as its device (loopback test rigs do)
     for d in n.devices:
-        if d.kind == "cpu" and first:
+        if d.kind == str(DeviceKind.CPU) and first:
             raise InputError(f"node {n.name}: describe the local CPU under `cpu:`, not as device {d.name}")
 
 
 def from_dict(doc: Any, source: str | None = None) -> Inventory:
+    from pydantic import ValidationError
+
+    from moetune.hardware.schema import HardwareIn
+
     try:
-        hw = _HardwareIn.model_validate(doc)
+        hw = HardwareIn.model_validate(doc)
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(x) for x in first["loc"])
@@ -263,6 +213,8 @@ def load(path: str | Path) -> Inventory:
         else:
             raise InputError(f"{path}: no such hardware file", hint="write one with `moetune hw probe`, "
                              "or use a built-in example: " + ", ".join(examples()))
+    import yaml
+
     try:
         doc = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:

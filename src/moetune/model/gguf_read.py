@@ -28,6 +28,7 @@ MAX_ARRAY_KEEP = 4096
 # value type ids of the GGUF format
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 SHARD_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -112,13 +113,15 @@ class _Cursor:
 
     def skip_array(self, itype: int, n: int, what: str) -> None:
         if itype == _STRING:
-            buf, pos, size = self.buf, self.pos, self.size
-            for _ in range(n):
-                if pos + 8 > size:
-                    self.pos = pos
-                    self.need(8, what)
-                (ln,) = struct.unpack_from("<Q", buf, pos)
-                pos += 8 + ln
+            # The hot loop of reading a header (the vocabulary): no bound check per string, since
+            # unpack_from raises once a length runs past the end.
+            buf, pos, unpack = self.buf, self.pos, _U64.unpack_from
+            try:
+                for _ in range(n):
+                    pos += 8 + unpack(buf, pos)[0]
+            except (struct.error, OverflowError):
+                self.pos = self.size
+                self.need(8, what)
             self.pos = pos
             self.need(0, what)
         else:

@@ -6,13 +6,19 @@ types, are added here with their block geometry read from the engines' ``ggml-co
 
 ik_llama.cpp types may carry a per-row header (``row_meta_size`` in its type traits: a float or
 fp16 scale per row), so the size of a tensor is computed per row, never per element.
+
+The table is built on first use. ``gguf.constants`` is read without running the ``gguf`` package's
+``__init__``, which imports numpy and the whole reader and writer (about 0.2 s): reading a header
+should not cost more than the header.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import dataclass
-
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from functools import cache
+from types import ModuleType
 
 from moetune.kinds import EngineKind
 
@@ -111,10 +117,31 @@ _IK_OWN_BLOCKS: dict[int, tuple[str, int, int, int]] = {
 }
 
 
+@cache
+def gguf_constants() -> ModuleType:
+    """gguf's ``constants.py``: the imported ``gguf.constants`` if the package is loaded already,
+    else the same file loaded alone under a private name (it imports only the standard library).
+
+    Only ints and names leave this module, so a second copy of gguf's enums in the process is harmless.
+    """
+    if "gguf.constants" in sys.modules:
+        return sys.modules["gguf.constants"]
+    pkg = importlib.util.find_spec("gguf")  # finds the package without running its __init__
+    if pkg is None or not pkg.submodule_search_locations:
+        raise ImportError("the gguf package is not installed")
+    path = next(iter(pkg.submodule_search_locations)) + "/constants.py"
+    spec = importlib.util.spec_from_file_location("moetune._gguf_constants", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _build() -> dict[int, QuantType]:
+    c = gguf_constants()
     table: dict[int, QuantType] = {}
-    for qt, (block, size) in GGML_QUANT_SIZES.items():
-        table[int(qt)] = QuantType(int(qt), GGMLQuantizationType(qt).name, block, size)
+    for qt, (block, size) in c.GGML_QUANT_SIZES.items():
+        table[int(qt)] = QuantType(int(qt), c.GGMLQuantizationType(qt).name, block, size)
     for tid, (name, block, size) in _MAINLINE_EXTRA.items():
         table.setdefault(tid, QuantType(tid, name, block, size))
     for tid, (name, block, size, meta) in {**_IK_ONLY, **_IK_OWN_BLOCKS}.items():
@@ -130,8 +157,15 @@ def _build() -> dict[int, QuantType]:
     return table
 
 
-QUANT_TYPES: dict[int, QuantType] = _build()
-_BY_NAME: dict[str, QuantType] = {t.name.lower(): t for t in QUANT_TYPES.values()}
+@cache
+def quant_types() -> dict[int, QuantType]:
+    """Every known type by id, mainline and ik_llama.cpp."""
+    return _build()
+
+
+@cache
+def _by_name() -> dict[str, QuantType]:
+    return {t.name.lower(): t for t in quant_types().values()}
 
 
 class UnknownQuantType(ValueError):
@@ -140,14 +174,14 @@ class UnknownQuantType(ValueError):
 
 def by_id(type_id: int) -> QuantType:
     try:
-        return QUANT_TYPES[type_id]
+        return quant_types()[type_id]
     except KeyError:
         raise UnknownQuantType(f"unknown tensor type id {type_id}") from None
 
 
 def by_name(name: str) -> QuantType:
     try:
-        return _BY_NAME[name.strip().lower()]
+        return _by_name()[name.strip().lower()]
     except KeyError:
-        known = ", ".join(sorted(t.name.lower() for t in QUANT_TYPES.values()))
+        known = ", ".join(sorted(t.name.lower() for t in quant_types().values()))
         raise UnknownQuantType(f"unknown tensor type {name!r} (known: {known})") from None

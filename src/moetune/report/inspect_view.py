@@ -1,15 +1,18 @@
-"""`moetune inspect` output: a JSON document and rich tables, both from one ModelProfile."""
+"""`moetune inspect` output: a JSON document and rich tables, both from one ModelProfile.
+
+rich is imported only to print tables, so `inspect --json` does not load it.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from moetune.kinds import EngineKind
 from moetune.model.kv import CACHE_TYPES, kv_shape
 from moetune.model.profile import EXPERT_KINDS, ModelProfile
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MIB = 1 << 20
 SCHEMA_VERSION = 1
@@ -87,6 +90,8 @@ def _compress_rows(p: ModelProfile) -> list[tuple[str, list[Any]]]:
 
 
 def print_inspect(p: ModelProfile, console: Console) -> None:
+    from rich.table import Table  # here, so that --json never imports rich
+
     doc = inspect_json(p)
     console.print(f"[bold]{p.arch}[/]  {doc['name'] or ''}  ({len(p.files)} file{'s' if len(p.files) > 1 else ''})")
     hp = Table.grid(padding=(0, 2))
