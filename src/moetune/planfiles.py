@@ -29,10 +29,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
-
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Any
 
 from moetune.engine import registry
 from moetune.engine.command import plan_json
@@ -44,40 +41,11 @@ from moetune.plan.settings import Settings
 from moetune.plan.speed import SpeedConstants
 
 
-class _ServiceIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    model: str
-    strategy: str = "auto"
-    ctx: int = Field(default=4096, gt=0)
-    parallel: int = Field(default=1, gt=0)
-    batch: int = Field(default=2048, gt=0)
-    ubatch: int = Field(default=512, gt=0)
-    ctk: Literal["f16", "q8_0", "q4_0"] = "f16"
-    ctv: Literal["f16", "q8_0", "q4_0"] = "f16"
-    flash_attn: bool = True
-    devices: list[str] | None = None
-    port: int | None = Field(default=None, gt=0, lt=65536)
-    engine: str | None = None
-    amb: int = 0
-
-
-class _LayoutIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    services: list[_ServiceIn] = Field(min_length=1)
-
-
 def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list[ServiceSpec]:
+    from moetune.layout_schema import read_layout  # pydantic and yaml: only for a layout file
+
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"{p}: no such layout file")
-    try:
-        doc = _LayoutIn.model_validate(yaml.safe_load(p.read_text()))
-    except yaml.YAMLError as e:
-        raise InputError(f"{p}: not valid YAML ({e})") from None
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise InputError(f"{p}: {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+    doc = read_layout(p)
     out = []
     for i, s in enumerate(doc.services):
         model = Path(s.model)

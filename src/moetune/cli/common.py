@@ -57,6 +57,9 @@ def print_json(doc: Any) -> None:
 
 
 def warn(message: str, remedy: str | None = None) -> None:
+    if not sys.stderr.isatty():  # a log or a pipe: plain lines, and no need to load rich
+        sys.stderr.write(f"warning: {message}\n" + (f"  → {remedy}\n" if remedy else ""))
+        return
     from rich.text import Text
 
     err = console(stderr=True)

@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import tarfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -106,6 +105,8 @@ def _sdist_url(version: str) -> tuple[str, str]:
     """(url, sha256) of the sdist, from the PyPI simple index."""
     index = f"{SIMPLE_INDEX.rstrip('/')}/{SDIST_PACKAGE}/"
     try:
+        import urllib.request  # only to download: the rest of moetune never needs it
+
         with urllib.request.urlopen(index, timeout=60) as r:
             html = r.read().decode()
     except OSError as e:
@@ -121,6 +122,8 @@ def _sdist_url(version: str) -> tuple[str, str]:
 def _download(url: str, sha256: str, dest: Path, progress: Progress) -> None:
     h = hashlib.sha256()
     tmp = dest.with_suffix(".part")
+    import urllib.request
+
     with urllib.request.urlopen(url, timeout=120) as r, open(tmp, "wb") as f:
         total = int(r.headers.get("Content-Length") or 0)
         done = 0

@@ -1,0 +1,47 @@
+"""The layout file's schema (``moetune plan --layout``), checked with pydantic: imported only when a
+layout file is read, so a plan of one model does not pay for pydantic and yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from moetune.errors import InputError
+
+
+class ServiceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    model: str
+    strategy: str = "auto"
+    ctx: int = Field(default=4096, gt=0)
+    parallel: int = Field(default=1, gt=0)
+    batch: int = Field(default=2048, gt=0)
+    ubatch: int = Field(default=512, gt=0)
+    ctk: Literal["f16", "q8_0", "q4_0"] = "f16"
+    ctv: Literal["f16", "q8_0", "q4_0"] = "f16"
+    flash_attn: bool = True
+    devices: list[str] | None = None
+    port: int | None = Field(default=None, gt=0, lt=65536)
+    engine: str | None = None
+    amb: int = 0
+
+
+class LayoutIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    services: list[ServiceIn] = Field(min_length=1)
+
+
+def read_layout(p: Path) -> LayoutIn:
+    if not p.exists():
+        raise InputError(f"{p}: no such layout file")
+    try:
+        return LayoutIn.model_validate(yaml.safe_load(p.read_text()))
+    except yaml.YAMLError as e:
+        raise InputError(f"{p}: not valid YAML ({e})") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise InputError(f"{p}: {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
