@@ -25,9 +25,11 @@ DEFAULT_ALIGNMENT = 32
 # Arrays longer than this are not materialised; their length is kept instead.
 MAX_ARRAY_KEEP = 4096
 
-# value type ids of the GGUF format
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
+# value type ids of the GGUF format, and the struct format of each scalar one (read and written)
+U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
+SCALAR_FORMATS = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f", BOOL: "<?",
+                  U64: "<Q", I64: "<q", F64: "<d"}
+_SCALAR, _STRING, _ARRAY = SCALAR_FORMATS, STRING, ARRAY
 _U64 = struct.Struct("<Q")
 
 SHARD_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")

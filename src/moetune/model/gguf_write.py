@@ -13,13 +13,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moetune.model.gguf_read import DEFAULT_ALIGNMENT, GGUF_MAGIC
+from moetune.model.gguf_read import (
+    ARRAY,
+    BOOL,
+    DEFAULT_ALIGNMENT,
+    F32,
+    GGUF_MAGIC,
+    I32,
+    I64,
+    SCALAR_FORMATS,
+    STRING,
+    U16,
+    U32,
+)
 from moetune.model.quants import QuantType
 
 # GGUF value types
-U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
-_FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f", BOOL: "<?",
-        U64: "<Q", I64: "<q", F64: "<d"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +72,7 @@ def _str(s: str) -> bytes:
 def _value(vtype: int, v: Any) -> bytes:
     if vtype == STRING:
         return _str(v)
-    return struct.pack(_FMT[vtype], v)
+    return struct.pack(SCALAR_FORMATS[vtype], v)
 
 
 def _kv(key: str, v: Any) -> bytes:

@@ -18,7 +18,8 @@ from gguf.quants import quantize
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.model.archs import ARCHS, Dims, Layout, TensorSpec
-from moetune.model.gguf_write import I32, TensorToWrite, Typed, write_model
+from moetune.model.gguf_read import I32
+from moetune.model.gguf_write import TensorToWrite, Typed, write_model
 from moetune.model.quants import QuantType, UnknownQuantType, by_name
 
 # A chat template with an enable_thinking branch. With thinking on, the generation prompt opens a

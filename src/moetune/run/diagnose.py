@@ -147,6 +147,15 @@ def out_of_memory(name: str, log: ServerLog, failure: AllocFailure, layers: Sequ
     return Diagnosis(OUT_OF_MEMORY, name, message, hint, _ev(log, lines))
 
 
+# failures whose diagnosis is one sentence about the failing line's subject, and one remedy
+_PLAIN_FAILURES = (
+    (MODEL_OPEN_FAILED, MODEL_MISSING, "cannot open the model file {subject}",
+     "check the -m path in the plan (and that every shard of a split model is there)"),
+    (BIND_FAILED, PORT_IN_USE, "could not listen on {subject}: the port is in use",
+     "stop what holds the port (`moetune ps`), or give the process another port"),
+)
+
+
 def server_exit(name: str, log: ServerLog, exit_code: int | None, *, loading: bool,
                 layers: Sequence[LayerExperts] = (), uniform: tuple[float, int] | None = None,
                 n_ubatch: int | None = None) -> Diagnosis:
@@ -155,16 +164,10 @@ def server_exit(name: str, log: ServerLog, exit_code: int | None, *, loading: bo
     kinds = {f.kind: f for f in log.failures}
     if log.alloc_failures:
         return out_of_memory(name, log, log.alloc_failures[0], layers, uniform, n_ubatch)
-    if MODEL_OPEN_FAILED in kinds:
-        f = kinds[MODEL_OPEN_FAILED]
-        return Diagnosis(MODEL_MISSING, name, f"{name}: cannot open the model file {f.subject}",
-                         "check the -m path in the plan (and that every shard of a split model is there)",
-                         _ev(log, [f.line]))
-    if BIND_FAILED in kinds:
-        f = kinds[BIND_FAILED]
-        return Diagnosis(PORT_IN_USE, name, f"{name}: could not listen on {f.subject}: the port is in use",
-                         "stop what holds the port (`moetune ps`), or give the process another port",
-                         _ev(log, [f.line]))
+    for kind, code_, says, remedy in _PLAIN_FAILURES:
+        if kind in kinds:
+            f = kinds[kind]
+            return Diagnosis(code_, name, f"{name}: " + says.format(subject=f.subject), remedy, _ev(log, [f.line]))
     if RPC_CONNECT_FAILED in kinds:
         f = kinds[RPC_CONNECT_FAILED]
         return rpc_unreachable(name, f.subject or "?", "the server could not connect", _ev(log, [f.line]))
