@@ -5,8 +5,8 @@ Samples are committed one by one as they arrive, so an interrupted run keeps eve
 completed. Samples hold raw values only (timestamps, counters, the server's ``timings``);
 figures such as tokens/s are derived when read (:mod:`moetune.bench.analysis.single`).
 
-Each run keeps its kind and status as columns (:class:`~moetune.store.record.RunKind`,
-:class:`~moetune.store.record.RunStatus`) and its context as one typed record
+Each run keeps its kind and status as columns (:class:`~moetune.kinds.RunKind`,
+:class:`~moetune.kinds.RunStatus`) and its context as one typed record
 (:class:`~moetune.store.record.RunMeta`), the same for every kind.
 """
 
@@ -25,9 +25,6 @@ from moetune.kinds import RunKind, RunStatus
 from moetune.paths import default_db
 from moetune.store.migrations import migrate, now_iso
 from moetune.store.record import RunMeta
-
-KINDS = tuple(str(k) for k in RunKind)
-STATUSES = tuple(str(s) for s in RunStatus)
 
 
 @dataclass(frozen=True, slots=True)
