@@ -57,8 +57,11 @@ def test_twice_the_model_is_slower_and_the_same_is_same(servers: tuple[Server, S
         a = bench(small.url, "4 layers", db)
         a2 = bench(small.url, "4 layers again", db)  # back to back: what drifts between runs is the machine
         b = bench(large.url, "8 layers", db)
-    assert verdicts(db, a, b)["tg:short-json"] == "slower"
-    assert verdicts(db, b, a)["tg:short-json"] == "faster"
+    slower, faster = verdicts(db, a, b)["tg:short-json"], verdicts(db, b, a)["tg:short-json"]
+    if (slower, faster) != ("slower", "faster") and load.cores > BUSY_CORES:
+        pytest.skip(f"other programs used {load.cores:.2f} cores while we measured, and twice the model came out "
+                    f"'{slower}': a verdict needs a machine that is not busy with other work")
+    assert (slower, faster) == ("slower", "faster")
     same = verdicts(db, a, a2)["tg:short-json"]
     if same != "same":  # one more pair: a single hiccup of the machine is not a verdict
         with ForeignLoad(small.proc.pid, large.proc.pid) as load:
