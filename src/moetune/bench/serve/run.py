@@ -37,6 +37,7 @@ from moetune.bench.servers import PlanServers, RunningServer, ServerSource
 from moetune.bench.target import resolve
 from moetune.errors import InputError, RuntimeFailure
 from moetune.kinds import RunKind, RunStatus
+from moetune.store.db import ResultsDB, Run
 from moetune.store.record import HostRef, RunMeta, ServerInfo
 
 
@@ -72,7 +73,7 @@ class ServeBenchSpec:
 class SampleWriter:
     """Hands samples to ``db.add_sample`` on a background thread, in order."""
 
-    def __init__(self, db: Any, run_id: int) -> None:
+    def __init__(self, db: ResultsDB, run_id: int) -> None:
         self.db, self.run_id = db, run_id
         self.q: queue.Queue[tuple[dict[str, Any], str] | None] = queue.Queue()
         self.error: BaseException | None = None
@@ -158,7 +159,7 @@ class _Run:
     label: str
 
 
-async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, source: ServerSource, db: Any,
+async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, source: ServerSource, db: ResultsDB,
                  log: Callable[[str], None]) -> _Run:
     model = spec.model or await _model_name(http)
     counter = ServerTokenCounter(http, spec.thinking)
@@ -198,7 +199,7 @@ async def _connect(spec: ServeBenchSpec, url: str) -> tuple[StreamingHttp, Serve
     return http, info
 
 
-async def _bench(spec: ServeBenchSpec, source: ServerSource, db: Any, log: Callable[[str], None]) -> dict[str, Any]:
+async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log: Callable[[str], None]) -> dict[str, Any]:
     http: StreamingHttp | None = None
     run: _Run | None = None
     levels: list[dict[str, Any]] = []
@@ -245,14 +246,14 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: Any, log: Calla
     return report_doc(db.run(run.run_id), levels, run.advice, samples=run.writer.count)
 
 
-def stored_report(db: Any, run: Any) -> dict[str, Any]:
+def stored_report(db: ResultsDB, run: Run) -> dict[str, Any]:
     """:func:`report_doc` of a stored serve-bench run, its figures and warnings derived again from
     its samples (what each level ran on, a plan relaunched per level, is read from its summary)."""
     if run.kind != RunKind.SERVE_BENCH:
         raise InputError(f"run {run.id} is a {run.kind} run, not {RunKind.SERVE_BENCH}",
                          hint="see `moetune results show`")
     samples = db.samples(run.id)
-    m: RunMeta = run.meta
+    m = run.meta
     server = None if m.server is None else m.server.to_json()
     levels = [summarize_level(g) for g in group_levels(samples)]
     stored = {(lv["concurrency"], lv["rate"]): lv for lv in (run.summary or {}).get("levels", [])}
@@ -264,10 +265,10 @@ def stored_report(db: Any, run: Any) -> dict[str, Any]:
     return report_doc(run, levels, advice, samples=len(samples))
 
 
-def report_doc(run: Any, levels: list[dict[str, Any]], advice: list[Warning], *, samples: int) -> dict[str, Any]:
+def report_doc(run: Run, levels: list[dict[str, Any]], advice: list[Warning], *, samples: int) -> dict[str, Any]:
     """The document `serve-bench --json` and `serve-report --json` print: the run (as every
     command names it), what it measured with, its warnings, and one entry per load level."""
-    m: RunMeta = run.meta
+    m = run.meta
     return {"run": {**run.header(), "server": None if m.server is None else m.server.to_json(),
                     "model": m.model.to_json(), "client": m.details.get("client"),
                     "workload": m.details.get("workload"), "warnings": [a.message for a in advice],
@@ -290,7 +291,7 @@ def server_source(spec: ServeBenchSpec, target: str, *, match_slots: bool, serve
     return PlanServers(t, match=match_slots, need_per_slot=need, status=status)
 
 
-def serve_bench(spec: ServeBenchSpec, db: Any, log: Callable[[str], None] = lambda s: None,
+def serve_bench(spec: ServeBenchSpec, db: ResultsDB, log: Callable[[str], None] = lambda s: None,
                 source: ServerSource | None = None) -> dict[str, Any]:
     """Run the benchmark against ``spec.url`` (or the servers ``source`` launches); store it in
     ``db`` (a ResultsDB); return the result document (``run`` and ``levels``)."""
