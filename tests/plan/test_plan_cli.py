@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -46,8 +47,15 @@ def test_plan_that_does_not_fit_exits_0_and_names_the_shortfall(glm51: ModelProf
     assert not doc["fits"]
     (sf,) = doc["shortfalls"]
     assert sf["device"] == "CUDA0" and sf["what"] == "weights" and sf["mib"] > 10000
+    assert sf["mib"] == pytest.approx(sf["needed_mib"] - sf["capacity_mib"], abs=0.11)
     r = run_cli("plan", str(glm51.files[0]), "--hw", str(hw), "--strategy", "n-cpu-moe:40")
     assert r.exit_code == 0 and "does not fit: CUDA0 is short by" in r.stdout
+    # the verdict's numbers add up, and the table's free column says the same
+    m = re.search(r"short by ([\d,]+) MiB: needs ([\d,]+) of ([\d,]+) MiB \(1,024 MiB of margin included\)", r.stdout)
+    assert m, r.stdout
+    short, need, cap = (int(g.replace(",", "")) for g in m.groups())
+    assert short == need - cap
+    assert re.search(rf"│\s+{cap:,}\s+│\s+-{short:,}\s+│", r.stdout)
 
 
 @pytest.mark.parametrize(

@@ -103,7 +103,7 @@ def plan_json(plan: Plan, engine: str, binary: str = "llama-server") -> dict[str
              "items": [{"what": it.what, "mib": round(it.mib, 2), "service": it.service} for it in led.items]}
             for led in plan.ledgers
         ],
-        "shortfalls": plan.shortfalls,
+        "shortfalls": [sf.to_json() for sf in plan.shortfalls],
         "warnings": plan.warnings(),
         "predicted": {"tg_tok_s": round(main.prediction.tg_tok_s, 3), "pp_tok_s": round(main.prediction.pp_tok_s, 3)},
         "argv": [binary, *argvs[0]],

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from moetune.plan.ledger import whole_mib
 from moetune.plan.plan import Plan
 
 
@@ -49,9 +50,9 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
             label = it["what"] + (f" [{it['service']}]" if len(plan.services) > 1 and it["service"] else "")
             t.add_row(d["name"] if first else "", label, f"{it['mib']:,.1f}", "", "")
             first = False
-        free = d["free_mib"]
-        t.add_row("", Text("total", style="bold"), f"{d['used_mib']:,.1f}", f"{d['capacity_mib']:,.0f}",
-                  Text(f"{free:,.0f}", style="red" if free < 0 else "green"), end_section=True)
+        free = whole_mib(d["capacity_mib"]) - whole_mib(d["used_mib"])  # as the verdict says it
+        t.add_row("", Text("total", style="bold"), f"{d['used_mib']:,.1f}", f"{whole_mib(d['capacity_mib']):,}",
+                  Text(f"{free:,}", style="red" if d["free_mib"] < 0 else "green"), end_section=True)
     out.print(t)
     for sj in doc["services"]:
         lm = Table(title=f"layer map: {sj['name']} ({sj['strategy']})")
@@ -69,9 +70,7 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
         out.print(Text("verdict: fits", style="bold green"))
     else:
         for s in doc["shortfalls"]:
-            out.print(Text(f"verdict: does not fit: {s['device']} is short by {s['mib']:,.0f} MiB when allocating "
-                           f"its {s['what']} (needs {s['needed_mib']:,.0f} of {s['capacity_mib']:,.0f} MiB)",
-                           style="bold red"))
+            out.print(Text(f"verdict: does not fit: {s['message']}", style="bold red"))
     out.print(Text("command:", style="bold"))
     out.print(doc["shell"], markup=False, end="")
     c = doc["speed_constants"]
