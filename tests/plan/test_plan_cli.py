@@ -135,3 +135,34 @@ def test_layout_file(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "services.0.ctx" in r.stderr
     r = run_cli("plan", "a.gguf", "--layout", str(layout), "--hw", "rtx-pro-6000")
     assert r.exit_code == 2 and "not both" in r.stderr
+
+
+def test_plans_store_paths_that_work_from_another_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model, a layout and a hardware file given relative to the current directory are stored
+    absolute (what was typed is kept beside), so `launch` of the plan works from anywhere."""
+    from moetune.run.prepare import model_paths, prepare, read_plan
+    from tests.helpers import free_port
+
+    work = tmp_path / "work"
+    (work / "models").mkdir(parents=True)
+    generate(work / "models" / "tiny.gguf", "qwen3moe", Dims(n_layer=2), "f16")
+    (work / "hw.yaml").write_text(HW + "\n")
+    (work / "layout.yaml").write_text("services:\n  - {name: a, model: models/tiny.gguf, strategy: cpu-moe}\n"
+                                      "  - {name: b, model: ./models/../models/tiny.gguf, strategy: cpu-moe}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    model = str(work / "models" / "tiny.gguf")
+    monkeypatch.chdir(tmp_path)
+    port = str(free_port())
+    for args, given in [(["work/models/tiny.gguf"], ["work/models/tiny.gguf"]),
+                        (["--layout", "work/layout.yaml"], ["models/tiny.gguf", "./models/../models/tiny.gguf"])]:
+        r = run_cli("plan", *args, "--hw", "work/hw.yaml", "--port", port, "-o", "work/plan.json")
+        assert r.exit_code == 0, r.stderr
+        monkeypatch.chdir(elsewhere)
+        spec, doc = read_plan(work / "plan.json")
+        assert [s["model"] for s in doc["services"]] == [model] * len(given)
+        assert [s["model_given"] for s in doc["services"]] == given
+        assert [model_paths(p.argv) for p in spec.servers()] == [[model]] * len(given)
+        assert doc["hardware"] == str(work / "hw.yaml")
+        assert [p.name for p in prepare(spec)] == [s["name"] for s in doc["services"]]  # the model files are found
+        monkeypatch.chdir(tmp_path)
