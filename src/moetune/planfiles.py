@@ -36,6 +36,7 @@ from moetune.engine import registry
 from moetune.engine.command import plan_json
 from moetune.errors import InputError
 from moetune.hardware import inventory
+from moetune.kinds import EngineKind
 from moetune.model.profile import load_profile
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.settings import Settings
@@ -96,6 +97,13 @@ def speed_overrides(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _with_engine(s: ServiceSpec, engine: str, kind: EngineKind) -> ServiceSpec:
+    """A layout service on its own engine (else the plan's): its name for launching, its kind for the flags."""
+    if s.engine:
+        engine, kind = registry.resolve(s.engine)
+    return replace(s, engine=engine, settings=replace(s.settings, engine=kind))
+
+
 def plan_files(req: PlanRequest) -> Planned:
     """Read the files, plan, render the document (and write it to ``req.output``)."""
     if (req.model is None) == (req.layout is None):
@@ -107,7 +115,7 @@ def plan_files(req: PlanRequest) -> Planned:
     base = replace(req.settings, engine=kind)
     if req.layout is not None:
         loaded = load_layout(req.layout, base, req.port)
-        services = [replace(s, engine=s.engine or engine) for s, _ in loaded]
+        services = [_with_engine(s, engine, kind) for s, _ in loaded]
         given = [g for _, g in loaded]
     else:
         assert req.model is not None

@@ -130,6 +130,9 @@ def test_layout_file(tmp_path: Path) -> None:
                                                                                      ("small", 9001, 2048)]
     servers = [p for p in doc["launch"]["processes"] if p["role"] == "server"]
     assert [p["engine"] for p in servers][1] == "ik_llama.cpp"
+    # a service on its own engine gets that engine's flags
+    assert ["--jinja" in p["argv"] for p in servers] == [False, True]
+    assert [s["settings"]["engine"] for s in doc["services"]] == ["llama.cpp", "ik_llama.cpp"]
     layout.write_text("services:\n  - {name: x, model: a.gguf, ctx: -1}\n")
     r = run_cli("plan", "--layout", str(layout), "--hw", "rtx-pro-6000")
     assert r.exit_code == 2 and "services.0.ctx" in r.stderr
