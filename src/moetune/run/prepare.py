@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from moetune.engine import registry
+from moetune.engine.formats import MODEL_FLAGS
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.engine.registry import BINARIES, Engine
 from moetune.errors import InputError, RuntimeFailure
@@ -27,7 +28,6 @@ from moetune.run.health import listener_of, port_free, port_open
 from moetune.run.remote import NodeProbe, RemoteError, probe_node, ssh_base
 from moetune.run.transport import engine_files, rdma_capable
 
-MODEL_FLAGS = ("-m", "--model", "-md", "--model-draft", "-mm", "--mmproj")
 VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose")
 # mainline prints buffers, the device list, slot and cache details only at verbosity 4
 MAINLINE_VERBOSITY = ("-lv", "4")
