@@ -108,7 +108,7 @@ def plan_files(req: PlanRequest) -> Planned:
     """Read the files, plan, render the document (and write it to ``req.output``)."""
     if (req.model is None) == (req.layout is None):
         raise InputError("give a MODEL or a --layout file (not both)")
-    hw = inventory.load(absolute(req.hw) if Path(req.hw).exists() else req.hw)  # else a built-in example's name
+    hw = inventory.load(req.hw)
     notices = [(f"node {node.name}: its RPC worker will listen on {why} (allow_public_bind); {inventory.RPC_NO_AUTH}",
                 inventory.RPC_PUBLIC_BIND_REMEDY) for node, why in inventory.public_binds(hw)]
     engine, kind = registry.resolve(req.engine)
