@@ -33,7 +33,7 @@ PATHS = [
     ("absolute dir", "ABS/m.gguf", 1),
     ("spaces", "my models/m m.gguf", 1),
     ("quotes", "it's \"q\"/m'1.gguf", 1),
-    ("dollar", "$HOME/m$1 ${PORT}.gguf", 1),
+    ("dollar", "$HOME/m$1 $x.gguf", 1),
     ("non-ASCII", "modèles/模型 ünï.gguf", 1),
     ("shards, dots in a bare name", "GLM-5.1-IQ3_KS-00001-of-00002.gguf", 2),
 ]
