@@ -7,7 +7,7 @@ Layout files describe several services sharing the hardware (an orchestrator MoE
 ```yaml
 services:
   - name: orchestrator
-    model: GLM-5.1-IQ3_KS-00001-of-00008.gguf   # relative to this file
+    model: GLM-5.1-IQ3_KS-00001-of-00008.gguf   # relative to this file (the plan stores it absolute)
     strategy: auto            # takes what the workers leave
     ctx: 32768
     ctk: q8_0
@@ -27,6 +27,7 @@ services:
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,26 +36,32 @@ from moetune.engine import registry
 from moetune.engine.command import plan_json
 from moetune.errors import InputError
 from moetune.hardware import inventory
+from moetune.kinds import EngineKind
 from moetune.model.profile import load_profile
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.settings import Settings
 from moetune.plan.speed import SpeedConstants
 
 
-def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list[ServiceSpec]:
+def absolute(path: str | Path) -> Path:
+    """The path as it works from any directory: absolute, without ``..`` (symbolic links kept)."""
+    return Path(os.path.abspath(os.path.expanduser(path)))
+
+
+def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list[tuple[ServiceSpec, str]]:
+    """The layout's services, each with its model path as the file gives it (models are found relative
+    to the layout file and stored absolute)."""
     from moetune.layout_schema import read_layout  # pydantic and yaml: only for a layout file
 
-    p = Path(path)
+    p = absolute(path)
     doc = read_layout(p)
     out = []
     for i, s in enumerate(doc.services):
-        model = Path(s.model)
-        if not model.is_absolute():
-            model = p.parent / model
         settings = replace(base, ctx=s.ctx, slots=s.parallel, batch=s.batch, ubatch=s.ubatch, ctk=s.ctk,
                            ctv=s.ctv, flash_attn=s.flash_attn, amb_mib=s.amb)
-        out.append(ServiceSpec(s.name, load_profile(model), settings, s.strategy, s.port or base_port + i,
-                               tuple(s.devices) if s.devices else None, s.engine or ""))
+        spec = ServiceSpec(s.name, load_profile(absolute(p.parent / os.path.expanduser(s.model))), settings,
+                           s.strategy, s.port or base_port + i, tuple(s.devices) if s.devices else None, s.engine or "")
+        out.append((spec, s.model))
     return out
 
 
@@ -90,6 +97,13 @@ def speed_overrides(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _with_engine(s: ServiceSpec, engine: str, kind: EngineKind) -> ServiceSpec:
+    """A layout service on its own engine (else the plan's): its name for launching, its kind for the flags."""
+    if s.engine:
+        engine, kind = registry.resolve(s.engine)
+    return replace(s, engine=engine, settings=replace(s.settings, engine=kind))
+
+
 def plan_files(req: PlanRequest) -> Planned:
     """Read the files, plan, render the document (and write it to ``req.output``)."""
     if (req.model is None) == (req.layout is None):
@@ -100,12 +114,17 @@ def plan_files(req: PlanRequest) -> Planned:
     engine, kind = registry.resolve(req.engine)
     base = replace(req.settings, engine=kind)
     if req.layout is not None:
-        services = [replace(s, engine=s.engine or engine) for s in load_layout(req.layout, base, req.port)]
+        loaded = load_layout(req.layout, base, req.port)
+        services = [_with_engine(s, engine, kind) for s, _ in loaded]
+        given = [g for _, g in loaded]
     else:
         assert req.model is not None
-        services = [ServiceSpec("main", load_profile(req.model), base, req.strategy, req.port, engine=engine)]
+        services = [ServiceSpec("main", load_profile(absolute(req.model)), base, req.strategy, req.port, engine=engine)]
+        given = [str(req.model)]
     p = make_plan(services, hw, SpeedConstants().with_overrides(speed_overrides(req.speed)))
     doc = plan_json(p, engine)
+    for sj, g in zip(doc["services"], given, strict=True):
+        sj["model_given"] = g  # what the user wrote; "model" and the commands hold the absolute path
     if req.output:
         req.output.write_text(json.dumps(doc, indent=2))
     return Planned(p, doc, notices)

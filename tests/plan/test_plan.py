@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -10,6 +11,7 @@ from moetune.engine.command import plan_json
 from moetune.hardware.inventory import load
 from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile
+from moetune.plan.ledger import DeviceLedger, Item, Shortfall
 from moetune.plan.plan import ServiceSpec, make_plan
 from moetune.plan.settings import Settings
 
@@ -23,7 +25,9 @@ def test_reference_case_n_cpu_moe_64_fits_58_oom_on_compute(glm51: ModelProfile)
     p58 = make_plan([ServiceSpec("glm", glm51, REF, "n-cpu-moe:58")], hw)
     assert not p58.fits
     (sf,) = p58.shortfalls
-    assert sf["device"] == "CUDA0" and sf["what"] == "compute"
+    assert sf.device == "CUDA0" and sf.what == "compute"
+    led = p58.ledgers[0]
+    assert sf.mib == pytest.approx(led.used_mib - led.capacity_mib) and sf.margin_mib == 1024
     compute = next(i.mib for i in p58.ledgers[0].items if i.what == "compute")
     assert compute == pytest.approx(5418.03, rel=0.01)  # the buffer ik_llama.cpp failed to allocate
 
@@ -80,4 +84,36 @@ def test_layout_with_two_workers(glm51: ModelProfile, tmp_path: object) -> None:
     tiny = replace(small, nodes=(replace(small.nodes[0], devices=tuple(replace(dv, mem_mib=30000) for dv in small.nodes[0].devices)),))
     bad = make_plan(services, tiny)
     assert not bad.fits
-    assert {s["device"] for s in bad.shortfalls} <= {"CUDA0", "CUDA1"} and bad.shortfalls[0]["mib"] > 0
+    assert {s.device for s in bad.shortfalls} <= {"CUDA0", "CUDA1"} and bad.shortfalls[0].mib > 0
+
+
+@pytest.mark.parametrize(("items", "capacity", "want"), [
+    # the reference case: the margin is in "needs" and in "short by"
+    ([("overhead", 300.0), ("weights", 95307.8), ("kv", 1491.8), ("compute", 5416.0), ("margin", 1024.0)], 97887.0,
+     "CUDA0 is short by 5,653 MiB: needs 103,540 of 97,887 MiB (1,024 MiB of margin included); "
+     "it runs out when allocating its compute"),
+    # the host case: 18,693 - 16,000 = 2,693
+    ([("weights", 16000.0), ("output", 645.0), ("margin", 2048.0)], 16000.0,
+     "CUDA0 is short by 2,693 MiB: needs 18,693 of 16,000 MiB (2,048 MiB of margin included); "
+     "it runs out when allocating its output"),
+    # only the head-room is missing
+    ([("weights", 15000.0), ("margin", 2048.0)], 16000.0,
+     "CUDA0 is short by 1,048 MiB: needs 17,048 of 16,000 MiB (2,048 MiB of margin included); "
+     "everything but the margin fits, with 1,000 MiB to spare"),
+    # a device without a margin (an RPC worker), fractions that round the same way on both sides
+    ([("weights", 7999.6), ("compute", 74370.8)], 8000.0,
+     "CUDA0 is short by 74,370 MiB: needs 82,370 of 8,000 MiB; it runs out when allocating its compute"),
+])
+def test_shortfall_numbers_add_up(items: list[tuple[str, float]], capacity: float, want: str) -> None:
+    led = DeviceLedger("CUDA0", "gpu", capacity, tuple(Item(w, m) for w, m in items))
+    sf = led.shortfall()
+    assert sf is not None and sf.message() == want
+    short, need, cap = (int(x.replace(",", "")) for x in re.findall(r"[\d,]+(?= MiB|(?= of))", want)[:3])
+    assert short == need - cap
+    assert sf.mib == pytest.approx(sum(m for _, m in items) - capacity)
+    assert Shortfall.from_json(sf.to_json()) == Shortfall(sf.device, sf.what, round(sf.needed_mib, 1),
+                                                          round(sf.capacity_mib, 1), round(sf.margin_mib, 1))
+
+
+def test_no_shortfall_when_everything_fits() -> None:
+    assert DeviceLedger("CPU", "cpu", 100.0, (Item("weights", 60.0), Item("margin", 40.0))).shortfall() is None

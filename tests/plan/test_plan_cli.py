@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -46,8 +47,15 @@ def test_plan_that_does_not_fit_exits_0_and_names_the_shortfall(glm51: ModelProf
     assert not doc["fits"]
     (sf,) = doc["shortfalls"]
     assert sf["device"] == "CUDA0" and sf["what"] == "weights" and sf["mib"] > 10000
+    assert sf["mib"] == pytest.approx(sf["needed_mib"] - sf["capacity_mib"], abs=0.11)
     r = run_cli("plan", str(glm51.files[0]), "--hw", str(hw), "--strategy", "n-cpu-moe:40")
     assert r.exit_code == 0 and "does not fit: CUDA0 is short by" in r.stdout
+    # the verdict's numbers add up, and the table's free column says the same
+    m = re.search(r"short by ([\d,]+) MiB: needs ([\d,]+) of ([\d,]+) MiB \(1,024 MiB of margin included\)", r.stdout)
+    assert m, r.stdout
+    short, need, cap = (int(g.replace(",", "")) for g in m.groups())
+    assert short == need - cap
+    assert re.search(rf"│\s+{cap:,}\s+│\s+-{short:,}\s+│", r.stdout)
 
 
 @pytest.mark.parametrize(
@@ -122,8 +130,42 @@ def test_layout_file(tmp_path: Path) -> None:
                                                                                      ("small", 9001, 2048)]
     servers = [p for p in doc["launch"]["processes"] if p["role"] == "server"]
     assert [p["engine"] for p in servers][1] == "ik_llama.cpp"
+    # a service on its own engine gets that engine's flags
+    assert ["--jinja" in p["argv"] for p in servers] == [False, True]
+    assert [s["settings"]["engine"] for s in doc["services"]] == ["llama.cpp", "ik_llama.cpp"]
     layout.write_text("services:\n  - {name: x, model: a.gguf, ctx: -1}\n")
     r = run_cli("plan", "--layout", str(layout), "--hw", "rtx-pro-6000")
     assert r.exit_code == 2 and "services.0.ctx" in r.stderr
     r = run_cli("plan", "a.gguf", "--layout", str(layout), "--hw", "rtx-pro-6000")
     assert r.exit_code == 2 and "not both" in r.stderr
+
+
+def test_plans_store_paths_that_work_from_another_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model, a layout and a hardware file given relative to the current directory are stored
+    absolute (what was typed is kept beside), so `launch` of the plan works from anywhere."""
+    from moetune.run.prepare import model_paths, prepare, read_plan
+    from tests.helpers import free_port
+
+    work = tmp_path / "work"
+    (work / "models").mkdir(parents=True)
+    generate(work / "models" / "tiny.gguf", "qwen3moe", Dims(n_layer=2), "f16")
+    (work / "hw.yaml").write_text(HW + "\n")
+    (work / "layout.yaml").write_text("services:\n  - {name: a, model: models/tiny.gguf, strategy: cpu-moe}\n"
+                                      "  - {name: b, model: ./models/../models/tiny.gguf, strategy: cpu-moe}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    model = str(work / "models" / "tiny.gguf")
+    monkeypatch.chdir(tmp_path)
+    port = str(free_port())
+    for args, given in [(["work/models/tiny.gguf"], ["work/models/tiny.gguf"]),
+                        (["--layout", "work/layout.yaml"], ["models/tiny.gguf", "./models/../models/tiny.gguf"])]:
+        r = run_cli("plan", *args, "--hw", "work/hw.yaml", "--port", port, "-o", "work/plan.json")
+        assert r.exit_code == 0, r.stderr
+        monkeypatch.chdir(elsewhere)
+        spec, doc = read_plan(work / "plan.json")
+        assert [s["model"] for s in doc["services"]] == [model] * len(given)
+        assert [s["model_given"] for s in doc["services"]] == given
+        assert [model_paths(p.argv) for p in spec.servers()] == [[model]] * len(given)
+        assert doc["hardware"] == str(work / "hw.yaml")
+        assert [p.name for p in prepare(spec)] == [s["name"] for s in doc["services"]]  # the model files are found
+        monkeypatch.chdir(tmp_path)

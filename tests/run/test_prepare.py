@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,18 @@ import pytest
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
-from moetune.run.prepare import final_argv, model_paths, read_plan, rpc_endpoints, start_order, ubatch
+from moetune.paths import runs_dir
+from moetune.run.prepare import (
+    check_fits,
+    final_argv,
+    model_paths,
+    read_plan,
+    rpc_endpoints,
+    start_order,
+    ubatch,
+)
+from tests.helpers import free_port, run_cli
+from tests.run.conftest import server
 
 BIN = Path("/opt/llama/bin/llama-server")
 
@@ -81,3 +93,41 @@ def test_bad_plans(tmp_path: Path, text: str, words: str) -> None:
         read_plan(path)
     with pytest.raises(InputError, match="cannot read"):
         read_plan(tmp_path / "none.json")
+
+
+SHORT = {"device": "CUDA0", "mib": 5652.5, "what": "compute", "needed_mib": 103539.5, "capacity_mib": 97887.0,
+         "margin_mib": 1024.0}
+
+
+@pytest.mark.parametrize(("doc", "said"), [
+    ({"fits": True, "shortfalls": []}, []),
+    ({}, []),  # a bare launch spec has no verdict
+    ({"fits": False, "shortfalls": [SHORT]}, ["CUDA0 is short by 5,653 MiB: needs 103,540 of 97,887 MiB"]),
+    ({"fits": False, "shortfalls": [{**SHORT, "margin_mib": None}, {**SHORT, "device": "CPU", "what": "margin"}]},
+     ["CUDA0 is short by 5,653 MiB: needs 103,540 of 97,887 MiB; it runs out", "CPU is short by 5,653 MiB"]),
+    ({"fits": False}, ["the plan says it does not fit"]),
+])
+def test_check_fits(doc: dict[str, object], said: list[str]) -> None:
+    got = check_fits(doc, Path("p.json"), force=True)
+    assert len(got) == len(said) and all(g.startswith(s) for g, s in zip(got, said, strict=True))
+    if not said:
+        assert check_fits(doc, Path("p.json"), force=False) == []
+        return
+    with pytest.raises(InputError) as e:
+        check_fits(doc, Path("p.json"), force=False)
+    assert str(e.value) == f"p.json: the plan does not fit: {got[0]}" and e.value.details == tuple(got[1:])
+    assert "--force" in (e.value.hint or "")
+
+
+def test_launch_of_a_plan_that_does_not_fit_exits_2_before_starting_anything(
+        tmp_path: Path, plan_file: Callable[..., Path]) -> None:
+    missing = tmp_path / "not-there.gguf"
+    plan = plan_file(server(missing, port=free_port()), extra={"fits": False, "shortfalls": [SHORT]})
+    r = run_cli("launch", str(plan))
+    assert r.exit_code == 2, r.stderr
+    assert "the plan does not fit: CUDA0 is short by 5,653 MiB" in r.stderr and "--force" in r.stderr
+    assert "not-there.gguf" not in r.stderr  # refused before the checks that precede starting processes
+    assert not runs_dir().exists() or not list(runs_dir().iterdir())  # no run was recorded
+    r = run_cli("launch", str(plan), "--force")
+    assert "launching a plan that does not fit (--force): CUDA0 is short by 5,653 MiB" in r.stderr
+    assert r.exit_code == 1 and "not-there.gguf does not exist" in r.stderr  # it went on, to those checks

@@ -31,12 +31,13 @@ from moetune.errors import InputError
 @click.option("--speed", "speed", multiple=True, metavar="NAME=VALUE", help="Override a speed-model constant.")
 @click.option("--format", "fmt", type=click.Choice(["table", "argv", "shell", "podman", "docker", "llama-swap"]),
               default="table", show_default=True, help="What to print besides the JSON.")
-@click.option("--image", default="ik_llama.cpp:latest", show_default=True, help="Container image for --format podman/docker.")
+@click.option("--image", help="Container image for --format podman/docker (default: the engine's server image, "
+              "ghcr.io/ggml-org/llama.cpp:server-cuda or ik_llama.cpp:latest; the flags always follow --engine).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the plan JSON to this file.")
 @json_option
 def plan(model: Path | None, hw_path: str, layout: Path | None, strategy: str, ctx: int, parallel: int, batch: int,
          ubatch: int, ctk: str, ctv: str, no_flash_attn: bool, no_mmap: bool, engine_name: str | None, amb: int,
-         threads: int | None, port: int, speed: tuple[str, ...], fmt: str, image: str, output: Path | None, as_json: bool) -> None:
+         threads: int | None, port: int, speed: tuple[str, ...], fmt: str, image: str | None, output: Path | None, as_json: bool) -> None:
     """Place MODEL on the hardware: memory per device, layer map, predicted speed, exact command.
 
     Exits 0 whether or not the plan fits (it says so); 2 for unusable input.

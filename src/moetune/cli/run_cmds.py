@@ -98,20 +98,24 @@ def _show_failure(e: LaunchFailed, as_json: bool) -> None:
               help="RPC transport: tcp (RDMA switched off where the build has it), rdma (refused unless the "
               "builds have it), auto (the build decides). The one used is read from each worker's log.")
 @click.option("--rdma-dev", metavar="DEV", help="RoCE device for --transport rdma (GGML_RDMA_DEV), e.g. rocep1s0f1.")
+@click.option("--force", is_flag=True, help="Launch a plan whose verdict is that it does not fit (refused otherwise).")
 @json_option
-def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_dev: str | None,
+def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_dev: str | None, force: bool,
                as_json: bool) -> None:
     """Start a plan's RPC workers (over ssh on other nodes), then its servers; wait until every
-    server is healthy.
+    server is healthy. A plan whose verdict is that it does not fit is refused (exit 2) unless --force.
 
     Without --detach it stays in the foreground: Ctrl-C stops the servers, waits until their
     processes are gone, then stops the workers. Logs, exact commands and times are kept in the
     run directory (`moetune ps` shows it).
     """
     from moetune.run.launch import launch
-    from moetune.run.prepare import LaunchFailed, public_bind_warnings, read_plan
+    from moetune.run.prepare import LaunchFailed, check_fits, public_bind_warnings, read_plan
 
     spec, doc = read_plan(plan)
+    for shortfall in check_fits(doc, plan, force):
+        warn(f"launching a plan that does not fit (--force): {shortfall}",
+             "expect the server to fail while loading; `moetune doctor RUN` reads why")
     for message, remedy in public_bind_warnings(spec):
         warn(message, remedy)
     display = Display(quiet=as_json)

@@ -8,13 +8,19 @@ from __future__ import annotations
 from typing import Any
 
 from moetune.engine.dialect import dialect, n_cpu_moe_note
+from moetune.engine.formats import Command, argv_lines, container_command, llama_swap_config, shell_script
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
-from moetune.engine.render import container_argv, llama_swap_entry, override_rules, server_argv, shell_script
-from moetune.kinds import EngineKind, ProcessRole
+from moetune.engine.render import override_rules, server_argv
+from moetune.kinds import DeviceKind, EngineKind, ProcessRole
 from moetune.plan.plan import Plan, ServicePlan
 
 PLAN_SCHEMA_VERSION = 1
 FORMATS = ("argv", "shell", "podman", "docker", "llama-swap")  # besides the table and the JSON
+# --format podman|docker without --image: the engine's server image (mainline publishes its own; ik_llama.cpp's
+# docker/ directory builds one, tagged here as its README's user would)
+DEFAULT_IMAGES = {(EngineKind.MAINLINE, True): "ghcr.io/ggml-org/llama.cpp:server-cuda",
+                  (EngineKind.MAINLINE, False): "ghcr.io/ggml-org/llama.cpp:server",
+                  (EngineKind.IK, True): "ik_llama.cpp:latest", (EngineKind.IK, False): "ik_llama.cpp:latest"}
 
 
 def service_argv(sp: ServicePlan) -> list[str]:
@@ -103,11 +109,12 @@ def plan_json(plan: Plan, engine: str, binary: str = "llama-server") -> dict[str
              "items": [{"what": it.what, "mib": round(it.mib, 2), "service": it.service} for it in led.items]}
             for led in plan.ledgers
         ],
-        "shortfalls": plan.shortfalls,
+        "shortfalls": [sf.to_json() for sf in plan.shortfalls],
         "warnings": plan.warnings(),
         "predicted": {"tg_tok_s": round(main.prediction.tg_tok_s, 3), "pp_tok_s": round(main.prediction.pp_tok_s, 3)},
         "argv": [binary, *argvs[0]],
-        "shell": shell_script(binary, argvs[0]),
+        "shell": shell_script([Command(sp.spec.name, sp.spec.port, (binary, *argv))
+                               for sp, argv in zip(plan.services, argvs, strict=True)]),
         "services": [service_json(sp, argv) for sp, argv in zip(plan.services, argvs, strict=True)],
         "hardware": plan.hw.name or plan.hw.source,
         "speed_constants": main.prediction.to_json()["constants"],
@@ -115,17 +122,26 @@ def plan_json(plan: Plan, engine: str, binary: str = "llama-server") -> dict[str
     }
 
 
-def render_text(plan: Plan, doc: dict[str, Any], fmt: str, image: str) -> str:
-    """The main service's command in one of FORMATS (``doc`` is ``plan_json(plan, ...)``)."""
-    binary, argv = doc["argv"][0], doc["argv"][1:]
+def commands(doc: dict[str, Any], binary: str = "llama-server") -> list[Command]:
+    """Every service's command, from the plan's document."""
+    return [Command(sj["name"], sj["port"], (binary, *sj["argv"])) for sj in doc["services"]]
+
+
+def has_gpus(sp: ServicePlan) -> bool:
+    return any(d.kind == DeviceKind.GPU for d in sp.hw.local.devices)
+
+
+def render_text(plan: Plan, doc: dict[str, Any], fmt: str, image: str | None = None) -> str:
+    """Every service's command in one of FORMATS (``doc`` is ``plan_json(plan, ...)``). A container's
+    flags follow the engine the service is planned for, its image too unless ``image`` is given."""
+    cmds = commands(doc, doc["argv"][0])
     if fmt == "argv":
-        return " ".join(doc["argv"]) + "\n"
+        return argv_lines(cmds)
     if fmt == "shell":
-        return str(doc["shell"])
+        return shell_script(cmds)
     if fmt in ("podman", "docker"):
-        main = plan.main
-        cmd = container_argv(fmt, image, argv, port=main.spec.port, gpus=None, model_path=str(main.spec.model.files[0]))
-        return shell_script(cmd[0], cmd[1:])
+        return shell_script([container_command(fmt, image or DEFAULT_IMAGES[EngineKind(sp.spec.settings.engine), has_gpus(sp)],
+                                               c, gpus=has_gpus(sp)) for sp, c in zip(plan.services, cmds, strict=True)])
     if fmt == "llama-swap":
-        return llama_swap_entry(plan.main.spec.name, binary, argv)
+        return llama_swap_config(cmds)
     raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")

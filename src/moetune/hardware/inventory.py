@@ -22,6 +22,7 @@ planner's users of these dataclasses do not pay for them.
 from __future__ import annotations
 
 import ipaddress
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -219,7 +220,7 @@ def load(path: str | Path) -> Inventory:
         doc = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise InputError(f"{p}: not valid YAML ({e})") from None
-    return from_dict(doc, str(p))
+    return from_dict(doc, os.path.abspath(p))  # recorded in plans and results: it must hold from any directory
 
 
 def examples() -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from moetune.hardware.inventory import Inventory
 from moetune.kinds import DeviceKind, EngineKind
@@ -43,14 +44,62 @@ class DeviceLedger:
     def free_mib(self) -> float:
         return self.capacity_mib - self.used_mib
 
-    def first_shortfall(self) -> tuple[str, float] | None:
-        """(item that crosses the capacity, MiB missing) in allocation order, or None if it fits."""
+    def shortfall(self) -> Shortfall | None:
+        """What the device lacks, or None if everything fits (the margin included)."""
+        if self.used_mib <= self.capacity_mib + 1e-6:
+            return None
         acc = 0.0
+        what = "margin"
         for it in self.items:
             acc += it.mib
             if acc > self.capacity_mib + 1e-6:
-                return it.what, acc - self.capacity_mib
-        return None
+                what = it.what
+                break
+        margin = sum((i.mib for i in self.items if i.what == "margin"), 0.0)
+        return Shortfall(self.device, what, self.used_mib, self.capacity_mib, margin)
+
+
+def whole_mib(mib: float) -> int:
+    """MiB as printed: rounded to the tenth the plan's JSON keeps, then to a whole MiB, so that sums and
+    differences of printed numbers agree whether they are made from the plan or from its JSON."""
+    return round(round(mib, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """A device that cannot hold what the plan puts on it."""
+
+    device: str
+    what: str  # the first item, in allocation order, that crosses the capacity ("margin": only the head-room is missing)
+    needed_mib: float  # every item on the device, the margin included
+    capacity_mib: float
+    margin_mib: float = 0.0
+
+    @property
+    def mib(self) -> float:
+        """MiB missing: needed minus capacity."""
+        return self.needed_mib - self.capacity_mib
+
+    def message(self) -> str:
+        """One sentence whose numbers add up as printed (each rounded to whole MiB first)."""
+        need, cap, margin = whole_mib(self.needed_mib), whole_mib(self.capacity_mib), whole_mib(self.margin_mib)
+        text = f"{self.device} is short by {need - cap:,} MiB: needs {need:,} of {cap:,} MiB"
+        if margin:
+            text += f" ({margin:,} MiB of margin included)"
+        if self.what == "margin":
+            return text + f"; everything but the margin fits, with {cap - (need - margin):,} MiB to spare"
+        return text + f"; it runs out when allocating its {self.what}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device": self.device, "mib": round(self.mib, 1), "what": self.what,
+                "needed_mib": round(self.needed_mib, 1), "capacity_mib": round(self.capacity_mib, 1),
+                "margin_mib": round(self.margin_mib, 1), "message": self.message()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Shortfall:
+        """Read a plan document's entry (plans written before ``margin_mib`` have none)."""
+        return cls(str(d["device"]), str(d["what"]), float(d["needed_mib"]), float(d["capacity_mib"]),
+                   float(d.get("margin_mib") or 0.0))
 
 
 @dataclass(frozen=True, slots=True)

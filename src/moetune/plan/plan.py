@@ -9,14 +9,13 @@ orchestrator's experts take the memory the workers do not need (the reference's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from moetune.errors import InputError
 from moetune.hardware.inventory import Inventory, Node
 from moetune.kinds import DeviceKind
 from moetune.model.profile import ModelProfile
 from moetune.plan import placement as plc
-from moetune.plan.ledger import DeviceLedger, ServiceMemory, combine, service_memory
+from moetune.plan.ledger import DeviceLedger, ServiceMemory, Shortfall, combine, service_memory
 from moetune.plan.optimize import auto
 from moetune.plan.settings import Settings
 from moetune.plan.speed import Prediction, SpeedConstants, predict
@@ -52,14 +51,8 @@ class Plan:
     constants: SpeedConstants
 
     @property
-    def shortfalls(self) -> list[dict[str, Any]]:
-        out = []
-        for led in self.ledgers:
-            sf = led.first_shortfall()
-            if sf:
-                out.append({"device": led.device, "mib": round(sf[1], 1), "what": sf[0],
-                            "capacity_mib": round(led.capacity_mib, 1), "needed_mib": round(led.used_mib, 1)})
-        return out
+    def shortfalls(self) -> list[Shortfall]:
+        return [sf for led in self.ledgers if (sf := led.shortfall()) is not None]
 
     @property
     def fits(self) -> bool:
@@ -74,7 +67,7 @@ class Plan:
         for led in self.ledgers:
             if any(i.what == "margin" for i in led.items):
                 continue  # the margin is the head-room; a plan that eats it is a shortfall, not a warning
-            if led.first_shortfall() is None and led.used_mib > NEAR_LIMIT * led.capacity_mib:
+            if led.shortfall() is None and led.used_mib > NEAR_LIMIT * led.capacity_mib:
                 out.append({"device": led.device, "message": f"{led.device} is {led.used_mib / led.capacity_mib:.0%} "
                             "full: a driver update or another process can tip it over",
                             "remedy": "lower -ub or the context, or move one more layer's experts to the CPU"})

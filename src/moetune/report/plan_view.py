@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from moetune.plan.ledger import whole_mib
 from moetune.plan.plan import Plan
 
 
@@ -37,8 +38,11 @@ def _runs(layers: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 
 def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
+    several = len(plan.services) > 1  # a layout: each line names the service it is for
     t = Table(title="memory per device (MiB)")
     t.add_column("device")
+    if several:
+        t.add_column("service")
     t.add_column("what")
     t.add_column("MiB", justify="right")
     t.add_column("capacity", justify="right")
@@ -46,12 +50,13 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
     for d in doc["devices"]:
         first = True
         for it in d["items"]:
-            label = it["what"] + (f" [{it['service']}]" if len(plan.services) > 1 and it["service"] else "")
-            t.add_row(d["name"] if first else "", label, f"{it['mib']:,.1f}", "", "")
+            service = [Text(it["service"] or "(all)")] if several else []
+            t.add_row(d["name"] if first else "", *service, Text(it["what"]), f"{it['mib']:,.1f}", "", "")
             first = False
-        free = d["free_mib"]
-        t.add_row("", Text("total", style="bold"), f"{d['used_mib']:,.1f}", f"{d['capacity_mib']:,.0f}",
-                  Text(f"{free:,.0f}", style="red" if free < 0 else "green"), end_section=True)
+        free = whole_mib(d["capacity_mib"]) - whole_mib(d["used_mib"])  # as the verdict says it
+        t.add_row("", *([""] if several else []), Text("total", style="bold"), f"{d['used_mib']:,.1f}",
+                  f"{whole_mib(d['capacity_mib']):,}", Text(f"{free:,}", style="red" if d["free_mib"] < 0 else "green"),
+                  end_section=True)
     out.print(t)
     for sj in doc["services"]:
         lm = Table(title=f"layer map: {sj['name']} ({sj['strategy']})")
@@ -69,9 +74,7 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
         out.print(Text("verdict: fits", style="bold green"))
     else:
         for s in doc["shortfalls"]:
-            out.print(Text(f"verdict: does not fit: {s['device']} is short by {s['mib']:,.0f} MiB when allocating "
-                           f"its {s['what']} (needs {s['needed_mib']:,.0f} of {s['capacity_mib']:,.0f} MiB)",
-                           style="bold red"))
+            out.print(Text(f"verdict: does not fit: {s['message']}", style="bold red"))
     out.print(Text("command:", style="bold"))
     out.print(doc["shell"], markup=False, end="")
     c = doc["speed_constants"]

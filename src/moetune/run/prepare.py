@@ -16,18 +16,19 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from moetune.engine import registry
+from moetune.engine.formats import MODEL_FLAGS
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.engine.registry import BINARIES, Engine
 from moetune.errors import InputError, RuntimeFailure
 from moetune.hardware.inventory import RPC_NO_AUTH, RPC_PUBLIC_BIND_REMEDY, bind_problem
 from moetune.kinds import EngineKind, ProcessRole
+from moetune.plan.ledger import Shortfall
 from moetune.run import diagnose
 from moetune.run.diagnose import Diagnosis
 from moetune.run.health import listener_of, port_free, port_open
 from moetune.run.remote import NodeProbe, RemoteError, probe_node, ssh_base
 from moetune.run.transport import engine_files, rdma_capable
 
-MODEL_FLAGS = ("-m", "--model", "-md", "--model-draft", "-mm", "--mmproj")
 VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose")
 # mainline prints buffers, the device list, slot and cache details only at verbosity 4
 MAINLINE_VERBOSITY = ("-lv", "4")
@@ -82,6 +83,24 @@ def read_plan(path: Path) -> tuple[LaunchSpec, dict[str, Any]]:
     if not spec.servers():
         raise InputError(f"{path}: the plan starts no server")
     return spec, doc
+
+
+def check_fits(doc: dict[str, Any], path: Path, force: bool) -> list[str]:
+    """The plan's own verdict, before anything starts: a plan that says it does not fit is refused
+    (InputError naming each device and its shortfall) unless ``force``; then the shortfalls come
+    back, to be said as warnings. A bare launch spec has no verdict and passes."""
+    if doc.get("fits", True) is not False:
+        return []
+    try:
+        said = [Shortfall.from_json(sf).message() for sf in doc.get("shortfalls") or []]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        said = []
+    said = said or ["the plan says it does not fit (no shortfall recorded)"]
+    if force:
+        return said
+    raise InputError(f"{path}: the plan does not fit: {said[0]}", details=tuple(said[1:]),
+                     hint="plan again with less on that device (another --strategy, a smaller context or -ub, "
+                     "a quantized KV cache), or launch it anyway with --force")
 
 
 def _flag_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
