@@ -33,6 +33,14 @@ def test_think_misses_in_an_ik_session() -> None:
     assert any("<think>The contract" in t for t in texts)
 
 
+def test_bench_requests_are_not_called_misses() -> None:
+    # moetune bench sends cache_prompt false on purpose: only the one real miss is reported, and the
+    # deliberate ones are named as left out
+    (f,) = findings("real_bench_no_cache.mainline.log")
+    assert f.data["misses"] == 1 and f.data["uncached_requests"] == 2
+    assert f.title.startswith("1 prefix-cache miss:") and "2 requests asked for no cache" in f.title
+
+
 def test_think_miss_on_the_real_server() -> None:
     (f,) = findings("real_think_mismatch.mainline.log")
     assert f.code == "prefix_cache_miss" and f.data["think_misses"] == 1
