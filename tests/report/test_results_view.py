@@ -105,10 +105,27 @@ def test_runs_without_a_common_metric(db_path: Path) -> None:
         for s in run_samples([20.0, 20.1, 19.9], workload="my-prompt"):
             db.add_sample(rid, s)
     r = run_cli("compare", "1", str(rid), "--db", str(db_path))
-    assert r.exit_code == 2 and "share no metric" in r.stderr
+    assert r.exit_code == 2 and "nothing to compare: run 3 (other) shares no metric" in r.stderr
+    # with a run that does share metrics, that one is compared and the odd one named
+    r = run_cli("compare", "1", "2", str(rid), "--db", str(db_path))
+    assert r.exit_code == 0, r.stderr
+    assert "+15.4% faster" in r.stdout and "head+tail" in r.stdout
+    assert "run 3 (other) shares no metric with the baseline run 1 (cpu-moe)" in r.stderr
+    assert "not compared" in r.stderr
 
 
 FIXTURE_V2 = Path(__file__).resolve().parents[1] / "fixtures" / "db" / "results-v2.sqlite"
+
+
+def test_compare_says_the_kinds_differ(tmp_path: Path) -> None:
+    import shutil
+
+    path = tmp_path / "v2.sqlite"
+    shutil.copy(FIXTURE_V2, path)
+    r = run_cli("compare", "1", "2", "--db", str(path))
+    assert r.exit_code == 2
+    assert "run 2 (" in r.stderr and "is a serve-bench run and the baseline run 1" in r.stderr
+    assert "a bench run" in r.stderr and "one kind" in r.stderr
 
 
 @pytest.mark.parametrize(("run", "kind", "shows"), [
