@@ -162,3 +162,21 @@ def test_nothing_comparable_is_an_input_error(others: list[RunMetrics], message:
         cmp.require_rows(c)
     assert ("one kind" in (e.value.hint or "")) == (others[0].kind != "bench")
 
+
+def test_plot_panels_are_titled_by_their_axis_with_a_tick_at_each_level() -> None:
+    from moetune.bench.analysis.single import DEPTH_AXIS
+    from moetune.report.plot import panels
+
+    serve = [serve_rm(1, "p4", {1: [5.0, 6.0], 2: [9.0, 11.0]}), serve_rm(2, "p1", {1: [5.0], 3: [50.0]})]
+    (p,) = panels(serve)
+    assert (p.style, p.title, p.xlabel, p.xticks, p.xticklabels) == (
+        "line", "TTFT vs concurrency", "concurrency", (1.0, 2.0, 3.0), ("1", "2", "3"))
+    assert not p.log_x
+    (wide,) = panels([serve_rm(1, "a", {c: [1.0] for c in (1, 2, 4, 8, 16)})])
+    assert wide.log_x and wide.xticklabels == ("1", "2", "4", "8", "16")
+    depth = RunMetrics(1, "d", "bench", "done", {
+        f"tg:d{d}": MetricSamples((20.0,), True, "tokens/s", "tg", float(d), DEPTH_AXIS) for d in (0, 4096)})
+    (dp,) = panels([depth])
+    assert dp.title == "TG vs context depth" and dp.xticks == (0.0, 4096.0) and not dp.log_x
+    (bar,) = panels([rm(1, "a", BASE)])
+    assert (bar.style, bar.title) == ("bar", "TG")
