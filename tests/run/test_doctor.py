@@ -177,5 +177,9 @@ def test_doctor_takes_run_references_as_compare_does(tmp_path: Path) -> None:
     unlaunched = run_cli("doctor", "by-hand", "--db", str(db))
     assert unlaunched.exit_code == 2
     assert "benchmark run 2 (by-hand) measured http://10.0.0.2:8080, which moetune did not launch" in unlaunched.stderr
-    unknown = run_cli("doctor", "nosuch", "--db", str(db))
-    assert unknown.exit_code == 2 and "'nosuch': no such file, launch or benchmark run" in unknown.stderr
+    for ref in ("nosuch", "typo.log"):
+        unknown = run_cli("doctor", ref, "--db", str(db))
+        assert unknown.exit_code == 2 and f"'{ref}': no such file, launch or benchmark run" in unknown.stderr
+    with ResultsDB.open(db) as h:
+        h.create_run(RunMeta(RunKind.BENCH, launch_run=older), label="q4.k", target="http://127.0.0.1:8080")
+    assert run_cli("doctor", "q4.k", "--db", str(db)).exit_code == 0

@@ -36,7 +36,7 @@ def load_sources(args: Sequence[str], *, db_path: Path | None = None) -> list[So
             out += run_sources(RunDir(p))
         elif p.is_file():
             out.append(file_source(p))
-        elif "/" not in a and not p.suffix:
+        elif "/" not in a:  # labels may hold dots: "q4.k, -ub 4096"
             out += run_sources(launch_of(a, db_path))
         else:
             raise InputError(f"{a}: no such file, run directory or run id")
@@ -52,18 +52,18 @@ def launch_of(ref: str, db_path: Path | None = None) -> RunDir:
             raise InputError("no launched runs yet", hint="`moetune launch PLAN` starts one; or pass a log file")
         return max(runs, key=lambda r: r.info().created_at)
     db_file = db_path or default_db()
+    unknown = InputError(f"{ref!r}: no such file, launch or benchmark run",
+                         hint="see `moetune ps --all` for launches, `moetune results list` for benchmark runs")
     try:
         return RunDir.open(ref)
     except InputError:
         if not db_file.exists():
-            raise
+            raise unknown from None
     with ResultsDB.open(db_file) as db:
         try:
             run = db.resolve(ref)
         except InputError:
-            raise InputError(f"{ref!r}: no such file, launch or benchmark run",
-                             hint="see `moetune ps --all` for launches, `moetune results list` for benchmark "
-                                  "runs") from None
+            raise unknown from None
     if run.meta.launch_run is None:
         raise InputError(f"benchmark run {run.id} ({run.label}) measured {run.target}, which moetune did not "
                          "launch: there is no log of it to read", hint="pass the server's log file")
