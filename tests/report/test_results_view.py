@@ -74,6 +74,22 @@ def test_export_md_and_show_and_list(db_path: Path) -> None:
     assert "head+tail" in run_cli("results", "list", "--db", str(db_path)).stdout
 
 
+def test_show_prints_a_command_that_pastes_back(tmp_path: Path) -> None:
+    import shlex
+
+    argv = ("/opt/my tools/moetune", "bench", "http://127.0.0.1:8080", "--label", "1 thread", "-w", "it's $HOME")
+    path = tmp_path / "q.sqlite"
+    with ResultsDB.open(path) as db:
+        db.create_run(RunMeta(RunKind.BENCH, argv=argv, launch_run="20260101-100000-aaaa"), label="1 thread",
+                      target="http://127.0.0.1:8080")
+    r = run_cli("results", "show", "1", "--db", str(path))
+    assert r.exit_code == 0, r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("command: ")]
+    assert tuple(shlex.split(line.removeprefix("command: "))) == argv
+    assert "'1 thread'" in line
+    assert "`moetune doctor 20260101-100000-aaaa`" in r.stdout
+
+
 def test_compare_cli_json_table_and_plot(db_path: Path, tmp_path: Path) -> None:
     r = run_cli("compare", "1", "2", "--json", "--db", str(db_path))
     assert r.exit_code == 0, r.stderr
