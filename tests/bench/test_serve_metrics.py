@@ -110,6 +110,29 @@ def test_percentiles(values: list[float], p50: float | None, p99: float | None) 
     assert got["p99"] == (pytest.approx(p99) if p99 is not None else None)
 
 
+def test_a_level_names_its_slowest_request_and_counts_outliers() -> None:
+    fast = [sample([[10.0 + i + 0.1, 1, 1, 0], [10.0 + i + 0.5, 1, 1, 0]], t_send=10.0 + i, t_end=10.0 + i + 0.56,
+                   max_tokens=2, c=2) for i in range(9)]
+    stall = sample([[30.0 + 0.1, 1, 1, 0], [30.0 + 54.5, 1, 1, 0]], t_send=30.0, t_end=30.0 + 54.6, max_tokens=2,
+                   c=2)
+    lv = summarize_level([*fast, {**stall, "index": 9}])
+    sl = lv["slowest"]
+    assert sl["e2e_ms"] == pytest.approx(54600) and sl["index"] == 9 and sl["outliers"] == 1
+    assert sl["ttft_ms"] == pytest.approx(100) and sl["output_tokens"] == sl["median_output_tokens"] == 2
+    assert summarize_level(fast)["slowest"]["outliers"] == 0
+
+
+def test_open_loop_levels_carry_the_offered_and_the_completed_rate() -> None:
+    # due every 50 ms (20/s); one stream of 150 ms each: they finish every 150 ms
+    due = [100.0 + 0.05 * i for i in range(10)]
+    ends = [100.15 + 0.15 * i for i in range(10)]
+    ss = [{**sample([[e - 0.05, 1, 1, 0], [e, 1, 1, 0]], t_send=e - 0.15, t_end=e, max_tokens=2, c=1), "rate": 20.0,
+           "t_sched": d} for d, e in zip(due, ends, strict=True)]
+    lv = summarize_level(ss)
+    assert lv["offered_request_s"] == pytest.approx(20.0) and lv["completed_request_s"] == pytest.approx(6.667, abs=0.01)
+    assert summarize_level([{**s, "rate": None} for s in ss])["offered_request_s"] is None
+
+
 def test_level_summary_counts_errors_and_throughput() -> None:
     ok = [sample([[10.0 + i + 0.1, 1, 1, 0], [10.0 + i + 0.2, 1, 1, 0]], t_send=10.0 + i, t_end=10.0 + i + 0.25,
                  max_tokens=2, c=2) for i in range(4)]

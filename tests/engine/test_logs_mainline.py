@@ -158,6 +158,30 @@ def test_think_mismatch_with_slot_debugging() -> None:
     assert len(m.lines) == 4  # old:, new:, the cached line, the prompt eval line
 
 
+def test_requests_without_the_prompt_cache_are_not_misses() -> None:
+    # bench sends cache_prompt false: the engine finds 335 common tokens and reuses none of them
+    g = log("real_bench_no_cache.mainline.log")
+    assert [x for x in g.uncached_requests] == [n for n, t in enumerate(g.lines, 1)
+                                                if "cached n_tokens = 0" in t][1:]  # the first found an empty slot
+    assert len(g.uncached_requests) == 2
+    (m,) = g.cache_misses  # the last client had the cache on and changed its prompt early
+    assert m.common_tokens == 13 and m.cached_tokens == 374
+
+
+def test_a_forced_reprocessing_stays_a_miss() -> None:
+    # a hybrid/SWA model that cannot reuse part of its cache re-processes everything: a miss, not a choice
+    text = "\n".join([
+        "0.00.000.001 I srv          init: initializing, n_slots = 1",
+        "0.00.000.100 I slot      release: id  0 | task 0 | stop processing: n_tokens = 300, truncated = 0",
+        "0.00.000.200 I slot get_availabl: id  0 | task -1 |  - checking sim = 0.900 (250/278) > 0.100",
+        "0.00.000.300 W slot update_slots: id  0 | task 9 | forcing full prompt re-processing due to lack of cache "
+        "data (likely due to SWA or hybrid/recurrent memory, see x)",
+        "0.00.000.400 I slot   operator(): id  0 | task 9 | cached n_tokens = 0, memory_seq_rm [0, end)",
+    ])
+    g = parse_log(text)
+    assert len(g.cache_misses) == 1 and g.uncached_requests == ()
+
+
 def test_report_excerpt_without_prefixes() -> None:
     g = log("ref004_glm52_rpc_client.mainline.log")
     assert g.era == LogEra.MAINLINE

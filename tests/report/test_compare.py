@@ -117,3 +117,66 @@ def test_a_large_change_drowned_in_noise_is_same_but_flagged_noisy() -> None:
 
 def test_every_kind_of_run_is_registered() -> None:
     assert set(METRIC_EXTRACTORS) == set(RunKind)
+
+
+def serve_rm(run: int, label: str, ttft_by_c: dict[int, list[float]]) -> RunMetrics:
+    return RunMetrics(run, label, "serve-bench", "done", {
+        f"ttft:c={c}": MetricSamples(tuple(v), False, "ms", "ttft", float(c), "concurrency")
+        for c, v in ttft_by_c.items()})
+
+
+def test_a_run_sharing_nothing_is_named_and_the_rest_compared() -> None:
+    other = RunMetrics(4, "other workload", "bench", "done",
+                       {"tg:long-openapi": MetricSamples((10.0, 10.1, 10.2), True, "tokens/s", "tg")})
+    c = compare(rm(1, "a", BASE), [rm(2, "b", [18.81, 18.86, 18.84, 18.82, 18.85]), other])
+    assert [o.run for o in c.others] == [2] and [o.run for o in c.not_compared] == [4]
+    assert [r.run for r in c.rows] == [2]
+    assert c.metric_names() == ["tg:short-json"]  # the table is still drawn
+    (note,) = c.notes
+    assert note.startswith("run 4 (other workload) shares no metric with the baseline run 1 (a)")
+    assert "tg:long-openapi" in note and note.endswith("not compared")
+    assert c.to_json()["not_compared"] == [{"run": 4, "label": "other workload", "kind": "bench"}]
+    cmp.require_rows(c)  # something was compared: no error
+
+
+def test_a_column_two_runs_share_stays_when_a_third_lacks_it() -> None:
+    c = compare(rm(1, "a", BASE, [25.0, 25.1, 25.2]), [rm(2, "b", BASE, [26.0, 26.1, 26.2]), rm(3, "c", BASE)])
+    assert c.metric_names() == ["tg:short-json", "pp:short-json"]
+    md = comparison_markdown(c)
+    pp = md.split("**PP**", 1)[1]
+    assert "| b | 2 | 26.10" in pp and "| c | 3 | – |" in pp  # run 3 shows a dash, not a dropped column
+    assert any("run 3 (c) lacks the baseline's pp:short-json" in n for n in c.notes)
+
+
+@pytest.mark.parametrize(("others", "message"), [
+    ([serve_rm(2, "serve", {1: [5.0, 6.0]})],
+     "nothing to compare: run 2 (serve) is a serve-bench run and the baseline run 1 (a) a bench run"),
+    ([RunMetrics(2, "x", "bench", "done", {"tg:other": MetricSamples((1.0,), True)}),
+      RunMetrics(3, "y", "bench", "done", {"tg:else": MetricSamples((1.0,), True)})],
+     "nothing to compare: runs 2, 3 share no metric with the baseline run 1 (a)"),
+])
+def test_nothing_comparable_is_an_input_error(others: list[RunMetrics], message: str) -> None:
+    c = compare(rm(1, "a", BASE), others)
+    assert not c.rows
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
+        cmp.require_rows(c)
+    assert ("one kind" in (e.value.hint or "")) == (others[0].kind != "bench")
+
+
+def test_plot_panels_are_titled_by_their_axis_with_a_tick_at_each_level() -> None:
+    from moetune.bench.analysis.single import DEPTH_AXIS
+    from moetune.report.plot import panels
+
+    serve = [serve_rm(1, "p4", {1: [5.0, 6.0], 2: [9.0, 11.0]}), serve_rm(2, "p1", {1: [5.0], 3: [50.0]})]
+    (p,) = panels(serve)
+    assert (p.style, p.title, p.xlabel, p.xticks, p.xticklabels) == (
+        "line", "TTFT vs concurrency", "concurrency", (1.0, 2.0, 3.0), ("1", "2", "3"))
+    assert not p.log_x
+    (wide,) = panels([serve_rm(1, "a", {c: [1.0] for c in (1, 2, 4, 8, 16)})])
+    assert wide.log_x and wide.xticklabels == ("1", "2", "4", "8", "16")
+    depth = RunMetrics(1, "d", "bench", "done", {
+        f"tg:d{d}": MetricSamples((20.0,), True, "tokens/s", "tg", float(d), DEPTH_AXIS) for d in (0, 4096)})
+    (dp,) = panels([depth])
+    assert dp.title == "TG vs context depth" and dp.xticks == (0.0, 4096.0) and not dp.log_x
+    (bar,) = panels([rm(1, "a", BASE)])
+    assert (bar.style, bar.title) == ("bar", "TG")

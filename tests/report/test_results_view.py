@@ -74,6 +74,22 @@ def test_export_md_and_show_and_list(db_path: Path) -> None:
     assert "head+tail" in run_cli("results", "list", "--db", str(db_path)).stdout
 
 
+def test_show_prints_a_command_that_pastes_back(tmp_path: Path) -> None:
+    import shlex
+
+    argv = ("/opt/my tools/moetune", "bench", "http://127.0.0.1:8080", "--label", "1 thread", "-w", "it's $HOME")
+    path = tmp_path / "q.sqlite"
+    with ResultsDB.open(path) as db:
+        db.create_run(RunMeta(RunKind.BENCH, argv=argv, launch_run="20260101-100000-aaaa"), label="1 thread",
+                      target="http://127.0.0.1:8080")
+    r = run_cli("results", "show", "1", "--db", str(path))
+    assert r.exit_code == 0, r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("command: ")]
+    assert tuple(shlex.split(line.removeprefix("command: "))) == argv
+    assert "'1 thread'" in line
+    assert "`moetune doctor 20260101-100000-aaaa`" in r.stdout
+
+
 def test_compare_cli_json_table_and_plot(db_path: Path, tmp_path: Path) -> None:
     r = run_cli("compare", "1", "2", "--json", "--db", str(db_path))
     assert r.exit_code == 0, r.stderr
@@ -105,10 +121,27 @@ def test_runs_without_a_common_metric(db_path: Path) -> None:
         for s in run_samples([20.0, 20.1, 19.9], workload="my-prompt"):
             db.add_sample(rid, s)
     r = run_cli("compare", "1", str(rid), "--db", str(db_path))
-    assert r.exit_code == 2 and "share no metric" in r.stderr
+    assert r.exit_code == 2 and "nothing to compare: run 3 (other) shares no metric" in r.stderr
+    # with a run that does share metrics, that one is compared and the odd one named
+    r = run_cli("compare", "1", "2", str(rid), "--db", str(db_path))
+    assert r.exit_code == 0, r.stderr
+    assert "+15.4% faster" in r.stdout and "head+tail" in r.stdout
+    assert "run 3 (other) shares no metric with the baseline run 1 (cpu-moe)" in r.stderr
+    assert "not compared" in r.stderr
 
 
 FIXTURE_V2 = Path(__file__).resolve().parents[1] / "fixtures" / "db" / "results-v2.sqlite"
+
+
+def test_compare_says_the_kinds_differ(tmp_path: Path) -> None:
+    import shutil
+
+    path = tmp_path / "v2.sqlite"
+    shutil.copy(FIXTURE_V2, path)
+    r = run_cli("compare", "1", "2", "--db", str(path))
+    assert r.exit_code == 2
+    assert "run 2 (" in r.stderr and "is a serve-bench run and the baseline run 1" in r.stderr
+    assert "a bench run" in r.stderr and "one kind" in r.stderr
 
 
 @pytest.mark.parametrize(("run", "kind", "shows"), [

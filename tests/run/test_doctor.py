@@ -33,6 +33,14 @@ def test_think_misses_in_an_ik_session() -> None:
     assert any("<think>The contract" in t for t in texts)
 
 
+def test_bench_requests_are_not_called_misses() -> None:
+    # moetune bench sends cache_prompt false on purpose: only the one real miss is reported, and the
+    # deliberate ones are named as left out
+    (f,) = findings("real_bench_no_cache.mainline.log")
+    assert f.data["misses"] == 1 and f.data["uncached_requests"] == 2
+    assert f.title.startswith("1 prefix-cache miss:") and "2 requests asked for no cache" in f.title
+
+
 def test_think_miss_on_the_real_server() -> None:
     (f,) = findings("real_think_mismatch.mainline.log")
     assert f.code == "prefix_cache_miss" and f.data["think_misses"] == 1
@@ -129,3 +137,49 @@ def test_doctor_cli(tmp_path: Path) -> None:
     assert run_cli("doctor", str(FIX / "real_serve.mainline.log")).stdout.strip() == "no findings"
     missing = run_cli("doctor", str(tmp_path / "nope.log"))
     assert missing.exit_code == 2 and "no such file" in missing.stderr
+
+
+def launched(run_id: str, created_at: float, log_fixture: str) -> str:
+    """A launch's run directory as `moetune launch` leaves it: run.json, and a server with its log."""
+    import shutil
+
+    from moetune.kinds import LaunchState, ProcessRole
+    from moetune.run.record import ProcRecord, RunDir, RunInfo
+
+    rd = RunDir.create(RunInfo(run_id, created_at, LaunchState.STOPPED, {}, {}, "fp", {}, 1, False), {})
+    rd.add_proc(ProcRecord("main", ProcessRole.SERVER, "local", "127.0.0.1", 8080, ["llama-server"], {}, {},
+                           "main.log"))
+    shutil.copy(FIX / log_fixture, rd.log_path("main"))
+    return run_id
+
+
+def test_doctor_takes_run_references_as_compare_does(tmp_path: Path) -> None:
+    from moetune.kinds import RunKind
+    from moetune.store.db import ResultsDB
+    from moetune.store.record import RunMeta
+
+    assert (r := run_cli("doctor", "latest")).exit_code == 2 and "no launched runs yet" in r.stderr
+    older = launched("20260101-100000-aaaa", 1_767_261_600.0, "real_queue_parallel1.mainline.log")
+    newer = launched("20260102-100000-bbbb", 1_767_348_000.0, "real_think_mismatch.mainline.log")
+    db = tmp_path / "r.sqlite"
+    with ResultsDB.open(db) as h:
+        h.create_run(RunMeta(RunKind.BENCH, launch_run=older), label="parallel-1", target="http://127.0.0.1:8080")
+        h.create_run(RunMeta(RunKind.BENCH), label="by-hand", target="http://10.0.0.2:8080")
+
+    latest = run_cli("doctor", "latest", "--json", "--db", str(db))
+    assert latest.exit_code == 0, latest.stderr
+    assert {(d["source"], d["code"]) for d in json.loads(latest.stdout)} == {(f"{newer}/main", "prefix_cache_miss")}
+    for ref in (older, "1", "parallel-1"):  # a launch's id, or a benchmark run's id or label
+        r = run_cli("doctor", ref, "--json", "--db", str(db))
+        assert r.exit_code == 0, (ref, r.stderr)
+        assert {d["source"] for d in json.loads(r.stdout)} == {f"{older}/main"}
+        assert "slot_queueing" in {d["code"] for d in json.loads(r.stdout)}
+    unlaunched = run_cli("doctor", "by-hand", "--db", str(db))
+    assert unlaunched.exit_code == 2
+    assert "benchmark run 2 (by-hand) measured http://10.0.0.2:8080, which moetune did not launch" in unlaunched.stderr
+    for ref in ("nosuch", "typo.log"):
+        unknown = run_cli("doctor", ref, "--db", str(db))
+        assert unknown.exit_code == 2 and f"'{ref}': no such file, launch or benchmark run" in unknown.stderr
+    with ResultsDB.open(db) as h:
+        h.create_run(RunMeta(RunKind.BENCH, launch_run=older), label="q4.k", target="http://127.0.0.1:8080")
+    assert run_cli("doctor", "q4.k", "--db", str(db)).exit_code == 0

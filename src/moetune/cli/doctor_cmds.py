@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from moetune.cli.common import json_option, out, print_json
+from moetune.cli.common import db_option, json_option, out, print_json
 
 
 @click.command()
 @click.argument("inputs", nargs=-1, required=True, metavar="LOG|RESPONSES.json|RUN...")
 @click.option("--ram-gib", type=click.FloatRange(min=1), help="RAM of the machine the logs come from "
               "(default: what the log or the run record says).")
+@db_option
 @json_option
-def doctor(inputs: tuple[str, ...], ram_gib: float | None, as_json: bool) -> None:
+def doctor(inputs: tuple[str, ...], ram_gib: float | None, db_path: Path | None, as_json: bool) -> None:
     """List what went wrong or wastes time in llama.cpp / ik_llama.cpp logs, each with its evidence.
+
+    RUN is a launch's run id, `latest` (the newest launch), or a benchmark run's id or label (as
+    `compare` and `results` take them): the launch that benchmark measured.
 
     Looks for prefix-cache misses (and a <think> block as their cause), -sm graph falling back to
     layer, requests queued behind too few --parallel slots, RDMA negotiated without being asked,
@@ -24,7 +30,7 @@ def doctor(inputs: tuple[str, ...], ram_gib: float | None, as_json: bool) -> Non
 
     from moetune.run.sources import examine_inputs
 
-    findings = examine_inputs(inputs, ram_mib=ram_gib * 1024 if ram_gib else None)
+    findings = examine_inputs(inputs, ram_mib=ram_gib * 1024 if ram_gib else None, db_path=db_path)
     if as_json:
         print_json([f.to_json() for f in findings])
         return

@@ -128,9 +128,8 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
     The rule: the bootstrap confidence interval of the ratio of medians; "same" when it contains 1
     or the change is below --min-change."""
     from moetune.bench.analysis.warnings import grouped
-    from moetune.errors import InputError
     from moetune.kinds import RunStatus
-    from moetune.report.compare import compare, load, run_noise, runs_to_compare
+    from moetune.report.compare import compare, load, require_rows, run_noise, runs_to_compare
     from moetune.report.plot import plot_runs
     from moetune.store.db import ResultsDB
 
@@ -142,11 +141,9 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
         data = load(db, runs)
         noise = {r.id: run_noise(r, db.samples(r.id)) for r in runs}
     comp = compare(data[0], data[1:], conf=confidence, min_change=min_change / 100, seed=seed)
-    if not comp.rows:
-        raise InputError(f"runs {', '.join(str(r.id) for r in runs)} share no metric with the baseline",
-                         hint="compare runs of the same workloads (see `moetune results show RUN`)")
+    require_rows(comp)
     if plot_path:
-        plot_runs(data, plot_path, conf=confidence, seed=seed)
+        plot_runs([comp.baseline, *comp.others], plot_path, conf=confidence, seed=seed)
     if as_json:
         print_json({**comp.to_json(), "plot": str(plot_path) if plot_path else None,
                     "run_warnings": {str(k): [w.to_json() for w in v] for k, v in noise.items() if v}})

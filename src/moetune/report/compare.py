@@ -84,10 +84,12 @@ class Comparison:
     conf: float
     min_change: float
     notes: list[str] = field(default_factory=list)
+    not_compared: list[RunMetrics] = field(default_factory=list)  # runs that share no metric with the baseline
 
     def metric_names(self) -> list[str]:
-        """Metrics every compared run has, in the baseline's order."""
-        return [n for n in self.baseline.metrics if all(n in o.metrics for o in self.others)]
+        """Metrics the baseline shares with at least one compared run, in the baseline's order
+        (a run that lacks one shows a dash there)."""
+        return [n for n in self.baseline.metrics if any(n in o.metrics for o in self.others)]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -98,6 +100,7 @@ class Comparison:
                          "metrics": {k: {**s.to_json(), "unit": self.baseline.metrics[k].unit}
                                      for k, s in self.baseline_stats.items()}},
             "rows": [r.to_json() for r in self.rows],
+            "not_compared": [{"run": o.run, "label": o.label, "kind": o.kind} for o in self.not_compared],
             "notes": self.notes,
         }
 
@@ -123,11 +126,19 @@ def load(db: ResultsDB, runs: list[Run]) -> list[RunMetrics]:
 
 def compare(baseline: RunMetrics, others: list[RunMetrics], *, conf: float = DEFAULT_CONF,
             min_change: float = DEFAULT_MIN_CHANGE, seed: int = 0) -> Comparison:
-    """Every metric the baseline and another run share, as one row per (run, metric)."""
+    """Every metric the baseline and another run share, as one row per (run, metric); a run that
+    shares none is left out with a note that says why (another kind of run, or other workloads)."""
     base_stats = {k: summarize(v.values, conf=conf, seed=seed) for k, v in baseline.metrics.items()}
     rows: list[CompareRow] = []
     notes: list[str] = []
+    compared: list[RunMetrics] = []
+    skipped: list[RunMetrics] = []
     for o in others:
+        if not any(n in baseline.metrics for n in o.metrics):
+            skipped.append(o)
+            notes.append(f"{_unlike(baseline, o)}: not compared")
+            continue
+        compared.append(o)
         extra = [n for n in o.metrics if n not in baseline.metrics]
         missing = [n for n in baseline.metrics if n not in o.metrics]
         if extra:
@@ -145,7 +156,34 @@ def compare(baseline: RunMetrics, others: list[RunMetrics], *, conf: float = DEF
             noisy = d.verdict == SAME and abs(d.ratio - 1.0) >= min_change
             rows.append(CompareRow(o.run, o.label, name, ms.unit, ms.higher_is_better, s.n, s.median, s.ci_low,
                                    s.ci_high, base_stats[name].median, d.change_pct, lo, hi, d.verdict, noisy))
-    return Comparison(baseline, base_stats, others, rows, conf, min_change, notes)
+    return Comparison(baseline, base_stats, compared, rows, conf, min_change, notes, skipped)
+
+
+def _unlike(baseline: RunMetrics, o: RunMetrics) -> str:
+    """Why a run shares no metric with the baseline."""
+    b = f"the baseline run {baseline.run} ({baseline.label})"
+    if o.kind != baseline.kind:
+        return (f"run {o.run} ({o.label}) is a {o.kind} run and {b} a {baseline.kind} run, which share no "
+                "metric")
+    return (f"run {o.run} ({o.label}) shares no metric with {b}: it measured {', '.join(list(o.metrics)[:4])}"
+            + (", …" if len(o.metrics) > 4 else "") + f"; the baseline {', '.join(list(baseline.metrics)[:4])}"
+            + (", …" if len(baseline.metrics) > 4 else ""))
+
+
+def require_rows(c: Comparison) -> None:
+    """An input error when nothing could be compared: every other run shares no metric with the baseline."""
+    if c.rows:
+        return
+    kinds = {o.kind for o in c.not_compared} - {c.baseline.kind}
+    if len(c.not_compared) == 1:
+        why = _unlike(c.baseline, c.not_compared[0])
+    else:
+        why = (f"runs {', '.join(str(o.run) for o in c.not_compared)} share no metric with the baseline run "
+               f"{c.baseline.run} ({c.baseline.label})")
+    hint = ("compare runs of one kind (`moetune results list --kind KIND`)" if kinds
+            else "compare runs of the same workloads (see `moetune results show RUN`), or choose another "
+                 "--baseline")
+    raise InputError(f"nothing to compare: {why}", hint=hint)
 
 
 def run_noise(run: Run, samples: list[dict[str, Any]]) -> list[Warning]:

@@ -4,6 +4,7 @@ throughput by concurrency."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,23 +35,55 @@ def _families(runs: list[RunMetrics], on_axis: bool) -> dict[str, list[str]]:
     return fams
 
 
+@dataclass(frozen=True, slots=True)
+class Panel:
+    """One panel of a comparison plot: bars per metric, or lines over the metrics' axis."""
+
+    style: str  # bar | line
+    family: str
+    names: tuple[str, ...]
+    title: str
+    xlabel: str | None = None  # lines: the axis (depth, concurrency, streams)
+    xticks: tuple[float, ...] = ()  # lines: a tick at every level measured
+
+    @property
+    def xticklabels(self) -> tuple[str, ...]:
+        return tuple(f"{x:g}" for x in self.xticks)
+
+    @property
+    def log_x(self) -> bool:
+        """Levels that double (concurrency 1, 2, 4 … 64) spread evenly on a log axis."""
+        return bool(self.xticks) and self.xticks[0] > 0 and self.xticks[-1] / self.xticks[0] >= 8
+
+
+def panels(runs: list[RunMetrics]) -> list[Panel]:
+    """The panels of :func:`plot_runs`, titled by the axis their metrics are placed on."""
+    out = [Panel("bar", f, tuple(n), f.upper()) for f, n in _families(runs, False).items()]
+    for fam, names in _families(runs, True).items():
+        placed = [ms for r in runs for n in names if (ms := r.metrics.get(n)) is not None]
+        axis = next((ms.x_label for ms in placed if ms.x_label), None) or "x"
+        xs = tuple(sorted({ms.x for ms in placed if ms.x is not None}))
+        out.append(Panel("line", fam, tuple(names), f"{fam.upper()} vs {axis.split(' (')[0]}", axis, xs))
+    return out
+
+
 def plot_runs(runs: list[RunMetrics], path: Path, *, conf: float = DEFAULT_CONF, seed: int = 0,
               title: str | None = None) -> Path:
-    """Write a PNG: one panel per metric family, bars (or lines over depth) with CI whiskers."""
+    """Write a PNG: one panel per metric family, bars (or lines over depth or concurrency) with CI whiskers."""
     plt = _pyplot()
 
-    bars, lines = _families(runs, False), _families(runs, True)
-    panels = [("bar", f, n) for f, n in bars.items()] + [("line", f, n) for f, n in lines.items()]
-    if not panels:
+    layout = panels(runs)
+    if not layout:
         raise InputError("nothing to plot: the runs have no metrics")
-    ncols = min(2, len(panels))
-    nrows = (len(panels) + ncols - 1) // ncols
+    ncols = min(2, len(layout))
+    nrows = (len(layout) + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 4.5 * nrows), squeeze=False)
     flat = [ax for row in axes for ax in row]
-    for ax in flat[len(panels):]:
+    for ax in flat[len(layout):]:
         ax.set_visible(False)
     width = 0.8 / max(1, len(runs))
-    for ax, (style, fam, names) in zip(flat, panels, strict=False):
+    for ax, p in zip(flat, layout, strict=False):
+        style, names = p.style, p.names
         unit = ""
         for j, r in enumerate(runs):
             xs, meds, los, his = [], [], [], []
@@ -74,9 +107,12 @@ def plot_runs(runs: list[RunMetrics], path: Path, *, conf: float = DEFAULT_CONF,
         if style == "bar":
             ax.set_xticks(range(len(names)), [n.split(":", 1)[-1] for n in names], rotation=20, ha="right")
         else:
-            first = next((r.metrics[n] for r in runs for n in names if n in r.metrics), None)
-            ax.set_xlabel(first.x_label if first and first.x_label else "x")
-        ax.set_title(fam.upper() + (" vs depth" if style == "line" else ""))
+            if p.log_x:
+                ax.set_xscale("log", base=2)
+            ax.set_xticks(p.xticks, p.xticklabels)
+            ax.minorticks_off()
+            ax.set_xlabel(p.xlabel)
+        ax.set_title(p.title)
         ax.set_ylabel(unit)
         ax.set_ylim(bottom=0)
         ax.grid(axis="y", alpha=0.3)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import shlex
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -90,9 +91,9 @@ def _context_lines(run: Run) -> list[str]:
         lines.append(f"link: {d.get('from', '?')} -> {d.get('to', '?')} at {d.get('addr', '?')}:{d.get('port', '?')} "
                      f"({d.get('tool', '?')}, {d.get('duration_s', '?')} s per test)")
     if m.launch_run:
-        lines.append(f"launched: run {m.launch_run} (`moetune ps`, logs in its run directory)")
+        lines.append(f"launched: run {m.launch_run} (`moetune ps`; its logs: `moetune doctor {m.launch_run}`)")
     lines.append(f"host: {m.host.describe()}")
-    lines.append(f"command: {' '.join(m.argv) or '-'}")
+    lines.append(f"command: {shlex.join(m.argv) or '-'}")  # quoted: it pastes back into a shell
     return lines
 
 

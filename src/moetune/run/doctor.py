@@ -3,7 +3,8 @@
 Each finding has a one-line title with the numbers, a remedy, and the log lines that show it:
 
 - prefix_cache_miss   the cached prompt stopped matching; tokens re-evaluated; a ``<think>``
-                      block at the divergence named as the cause where it is one
+                      block at the divergence named as the cause where it is one (requests
+                      that asked for no cache, ``cache_prompt: false``, are not misses)
 - split_mode_fallback ``-sm graph`` (ik_llama.cpp) fell back to ``layer``
 - slot_queueing       requests waited because every ``--parallel`` slot was busy
 - rdma_unrequested    an RPC connection switched to RDMA although nothing asked for it
@@ -95,7 +96,7 @@ def _server(s: Source, log: ServerLog, ram_mib: float | None) -> list[Finding]:
     if log.failed:
         d = diagnose.server_exit(s.name.rsplit("/", 1)[-1], log, None, loading=log.phase != "ready")
         out.append(Finding("load_failed", s.name, d.message, d.hint, d.evidence[:MAX_EVIDENCE], {"cause": d.cause}))
-    if log.cache_misses:
+    if log.cache_misses:  # requests that asked for no cache (bench's cache_prompt false) are not among them
         out.append(_cache_misses(s.name, log, log.cache_misses))
     for c in log.split_mode_changes:
         out.append(Finding("split_mode_fallback", s.name,
@@ -130,8 +131,11 @@ def _cache_misses(name: str, log: ServerLog, misses: Sequence[CacheMiss]) -> Fin
     reeval = sum(m.reevaluated_tokens or 0 for m in misses)
     discarded = sum(m.discarded_tokens or 0 for m in misses)
     think = [m for m in misses if _is_think(m)]
-    title = (f"{len(misses)} prefix-cache misses: {reeval} prompt tokens re-evaluated "
-             f"({discarded} cached tokens thrown away)")
+    title = (f"{len(misses)} prefix-cache {'miss' if len(misses) == 1 else 'misses'}: {reeval} prompt tokens "
+             f"re-evaluated ({discarded} cached tokens thrown away)")
+    if log.uncached_requests:
+        title += (f"; {len(log.uncached_requests)} requests asked for no cache (cache_prompt false, as "
+                  "moetune bench sends) and are not counted")
     if think:
         title += f"; {len(think)} of them diverge at a <think> block"
         remedy = ("the client sends earlier assistant turns back without their <think>...</think> block, so the "
@@ -144,7 +148,7 @@ def _cache_misses(name: str, log: ServerLog, misses: Sequence[CacheMiss]) -> Fin
     lines = sorted({n for m in shown for n in m.lines})
     return Finding("prefix_cache_miss", name, title, remedy, tuple(log.evidence(n) for n in lines[:MAX_EVIDENCE * 2]),
                    {"misses": len(misses), "reevaluated_tokens": reeval, "discarded_tokens": discarded,
-                    "think_misses": len(think)})
+                    "think_misses": len(think), "uncached_requests": len(log.uncached_requests)})
 
 
 def _queueing(name: str, log: ServerLog) -> Finding:

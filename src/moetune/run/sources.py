@@ -2,7 +2,9 @@
 
 A file is a server log, a worker log (by its banner) or responses (JSON: one chat completion, a
 list of them, or one per line). A run id or directory gives every process's log with the
-environment it ran with and the machine's RAM from the run record.
+environment it ran with and the machine's RAM from the run record. ``latest`` is the newest
+launch; a benchmark run of the results history (its id or label, as `compare` and `results`
+take them) stands for the launch it measured (``RunMeta.launch_run``).
 """
 
 from __future__ import annotations
@@ -15,16 +17,18 @@ from typing import Any
 
 from moetune.engine.logs import is_worker_log, parse_log, parse_worker_log, split_lines
 from moetune.errors import InputError
+from moetune.paths import default_db
 from moetune.run.doctor import Finding, Response, Source, examine
 from moetune.run.record import RunDir
+from moetune.store.db import ResultsDB
 
 
-def examine_inputs(args: Sequence[str], *, ram_mib: float | None = None) -> list[Finding]:
-    """`moetune doctor`: the findings in these log files, response captures, run directories or run ids."""
-    return examine(load_sources(args), ram_mib=ram_mib)
+def examine_inputs(args: Sequence[str], *, ram_mib: float | None = None, db_path: Path | None = None) -> list[Finding]:
+    """`moetune doctor`: the findings in these log files, response captures, run directories or run references."""
+    return examine(load_sources(args, db_path=db_path), ram_mib=ram_mib)
 
 
-def load_sources(args: Sequence[str]) -> list[Source]:
+def load_sources(args: Sequence[str], *, db_path: Path | None = None) -> list[Source]:
     out: list[Source] = []
     for a in args:
         p = Path(a)
@@ -32,11 +36,38 @@ def load_sources(args: Sequence[str]) -> list[Source]:
             out += run_sources(RunDir(p))
         elif p.is_file():
             out.append(file_source(p))
-        elif "/" not in a and not p.suffix:
-            out += run_sources(RunDir.open(a))
+        elif "/" not in a:  # labels may hold dots: "q4.k, -ub 4096"
+            out += run_sources(launch_of(a, db_path))
         else:
             raise InputError(f"{a}: no such file, run directory or run id")
     return out
+
+
+def launch_of(ref: str, db_path: Path | None = None) -> RunDir:
+    """The launch a reference names: a launch's run id, ``latest`` (the newest launch), or a
+    benchmark run's id or label in the results history (the launch it measured)."""
+    if ref == "latest":
+        runs = RunDir.all()
+        if not runs:
+            raise InputError("no launched runs yet", hint="`moetune launch PLAN` starts one; or pass a log file")
+        return max(runs, key=lambda r: r.info().created_at)
+    db_file = db_path or default_db()
+    unknown = InputError(f"{ref!r}: no such file, launch or benchmark run",
+                         hint="see `moetune ps --all` for launches, `moetune results list` for benchmark runs")
+    try:
+        return RunDir.open(ref)
+    except InputError:
+        if not db_file.exists():
+            raise unknown from None
+    with ResultsDB.open(db_file) as db:
+        try:
+            run = db.resolve(ref)
+        except InputError:
+            raise unknown from None
+    if run.meta.launch_run is None:
+        raise InputError(f"benchmark run {run.id} ({run.label}) measured {run.target}, which moetune did not "
+                         "launch: there is no log of it to read", hint="pass the server's log file")
+    return RunDir.open(run.meta.launch_run)
 
 
 def run_sources(rd: RunDir) -> list[Source]:

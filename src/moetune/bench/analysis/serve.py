@@ -35,6 +35,9 @@ import numpy as np
 from moetune.bench.analysis.stats import MetricSamples
 
 PERCENTILES = (50, 90, 99)
+# a request this many times the level's E2E p50, and this much longer, is a latency outlier
+SLOW_FACTOR = 5.0
+SLOW_MIN_MS = 500.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +151,33 @@ def percentiles_ms(values_s: Iterable[float | None]) -> dict[str, float | None]:
     return out
 
 
+def _rate(times: Iterable[float | None]) -> float | None:
+    """Events per second over the span of these times: (n - 1) / (last - first)."""
+    ts = sorted(t for t in times if t is not None)
+    return round((len(ts) - 1) / (ts[-1] - ts[0]), 4) if len(ts) > 2 and ts[-1] > ts[0] else None
+
+
+def slowest(samples: Sequence[dict[str, Any]], ms: Sequence[RequestMetrics]) -> dict[str, Any] | None:
+    """The successful request that took longest end to end, with what tells a stall from a long answer,
+    and how many requests took :data:`SLOW_FACTOR` times the median or more (``outliers``)."""
+    done = [(m.e2e_s, i) for i, m in enumerate(ms) if m.ok and m.e2e_s is not None]
+    if not done:
+        return None
+    e2e, i = max(done)
+    m = ms[i]
+    p50 = float(np.median([e for e, _ in done]))
+    outliers = sum(1 for e, _ in done if e >= SLOW_FACTOR * p50 and (e - p50) * 1000 >= SLOW_MIN_MS)
+    return {"index": samples[i].get("index"), "e2e_ms": round(e2e * 1000, 3), "outliers": outliers,
+            "ttft_ms": None if m.ttft_s is None else round(m.ttft_s * 1000, 3), "output_tokens": m.output_tokens,
+            "median_output_tokens": float(np.median([x.output_tokens for x in ms if x.ok]))}
+
+
 def summarize_level(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One load level's figures from its raw samples (all of one concurrency and rate)."""
+    """One load level's figures from its raw samples (all of one concurrency and rate).
+
+    Open-loop levels add ``offered_request_s`` (the rate requests came due at) and
+    ``completed_request_s`` (the rate they finished at): a client that keeps up finishes them as
+    fast as they come; one that falls behind finishes them at what its streams can do."""
     ms = [request_metrics(s) for s in samples]
     ok = [m for m in ms if m.ok]
     starts = [_num(s.get("t_sched")) for s in samples]
@@ -159,6 +187,7 @@ def summarize_level(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     span = t1 - t0 if t0 is not None and t1 is not None and t1 > t0 else None
     out_tokens = sum(m.output_tokens for m in ok)
     first = samples[0] if samples else {}
+    open_loop = bool(first.get("rate"))
     return {
         "concurrency": int(first.get("concurrency") or 0),
         "rate": first.get("rate"),
@@ -179,6 +208,9 @@ def summarize_level(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "reasoning_tokens": sum(m.reasoning_tokens for m in ok),
         "output_tok_s": round(out_tokens / span, 3) if span else None,
         "request_s": round(len(ok) / span, 4) if span else None,
+        "offered_request_s": _rate(starts) if open_loop else None,
+        "completed_request_s": _rate(e for e, m in zip(ends, ms, strict=True) if m.ok) if open_loop else None,
+        "slowest": slowest(samples, ms),
         "prompt_tokens_mean": round(sum(m.prompt_tokens for m in ms) / len(ms), 1) if ms else None,
         "prompt_token_mismatches": sum(1 for m in ok if m.server_prompt_tokens not in (None, m.prompt_tokens)),
         "cached_tokens": sum(m.cached_tokens for m in ok),

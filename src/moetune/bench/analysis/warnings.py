@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from moetune.bench.analysis import single as m
+from moetune.bench.analysis.serve import SLOW_FACTOR
 from moetune.bench.analysis.stats import MetricSamples, cv, first_run_slower, median, outliers
 from moetune.store.record import ServerInfo
 
@@ -27,6 +28,9 @@ OVERHEAD_SHARE = 0.25
 SHORT_OUTPUT_TOKENS = 32
 MIN_DEVIATION = 0.05  # an outlier (or a slow first run) must also be this far from the median to matter
 MIN_OUTLIER_N = 5  # below this many runs, "outliers" says little
+CLIENT_WAIT_MS = 10.0  # open loop: a p90 wait for a client slot above this is worth a look
+BEHIND_MARGIN = 0.1  # ... and requests finishing this much slower than they came due is falling behind
+BURST_WAIT_FACTOR, BURST_WAIT_MS = 2.0, 100.0  # waits this long with enough streams: arrivals bunch up
 
 
 class Code(StrEnum):
@@ -44,6 +48,7 @@ class Code(StrEnum):
     # serving runs: a load level, or the server as the run found it
     QUEUEING = "queueing"
     CLIENT_QUEUE = "client_queue"
+    LATENCY_OUTLIER = "latency_outlier"
     ERRORS = "errors"
     RETRIES = "retries"
     THINKING = "thinking"
@@ -240,12 +245,12 @@ def level_warnings(level: dict[str, Any], *, slots: int | None, base: dict[str, 
     elif slots is None and wait is not None and ttft and wait > max(50.0, 0.5 * ttft):
         out.append(Warning(Code.QUEUEING, f"c={c}: requests queue in the server before their prompt is processed "
                                     f"({evidence})", remedy))
-    sw = _p(level, "slot_wait_ms", "p90")
-    if level.get("rate") and sw is not None and sw > 10:
-        out.append(Warning(Code.CLIENT_QUEUE,
-                          f"c={c}: requests waited for a client slot (p90 {sw:.0f} ms): the offered rate "
-                          f"{level['rate']}/s is more than {c} streams complete, and latency_ms includes this "
-                          "queue", "lower --rate or raise --concurrency"))
+    client_queue = _client_queue(level)
+    if client_queue is not None:
+        out.append(client_queue)
+    slow = _latency_outlier(level)
+    if slow is not None:
+        out.append(slow)
     errors: dict[str, int] = level.get("errors") or {}
     if errors:
         n = sum(errors.values())
@@ -277,6 +282,71 @@ def level_warnings(level: dict[str, Any], *, slots: int | None, base: dict[str, 
                                            "counted a different prompt length than /tokenize gave",
                           "the chat template may depend on request fields; input lengths are approximate"))
     return [replace(w, subject=f"c={c}") for w in out]
+
+
+def over_capacity(level: dict[str, Any]) -> str | None:
+    """The evidence that an open-loop level offered more requests than its streams complete: they
+    finished clearly slower than they came due, or c / E2E p50 is below the rate."""
+    rate, c = level.get("rate"), level["concurrency"]
+    if not rate:
+        return None
+    offered = level.get("offered_request_s") or float(rate)
+    done, e2e = level.get("completed_request_s"), _p(level, "e2e_ms")
+    capacity = c * 1000 / e2e if e2e else None
+    evidence = []
+    if done is not None and done < (1 - BEHIND_MARGIN) * offered:
+        evidence.append(f"they came due at {offered:.3g}/s and finished at {done:.3g}/s")
+    if capacity is not None and capacity < offered:
+        evidence.append(f"{_streams(c)} at E2E p50 {e2e:.0f} ms complete about {capacity:.3g}/s")
+    return "; ".join(evidence) or None
+
+
+def _client_queue(level: dict[str, Any]) -> Warning | None:
+    c, sw = level["concurrency"], _p(level, "slot_wait_ms", "p90")
+    if not level.get("rate") or sw is None or sw <= CLIENT_WAIT_MS:
+        return None
+    evidence, e2e = over_capacity(level), _p(level, "e2e_ms")
+    if evidence is not None:
+        return Warning(Code.CLIENT_QUEUE, f"c={c}: the offered rate {level['rate']}/s is more than {_streams(c)} "
+                       f"complete ({evidence}): requests waited for a client slot (p90 {sw:.0f} ms), and "
+                       "latency_ms includes this queue", "lower --rate or raise --concurrency")
+    if e2e is not None and sw > max(BURST_WAIT_FACTOR * e2e, BURST_WAIT_MS):  # enough streams, arrivals bunch up
+        return Warning(Code.CLIENT_QUEUE, f"c={c}: requests waited for a client slot in bursts (p90 {sw:.0f} ms, "
+                       f"{sw / e2e:.1f}x what a request takes, E2E p50 {e2e:.0f} ms), although {_streams(c)} keep up with "
+                       f"{level['rate']}/s on average; latency_ms includes this queue",
+                       "raise --concurrency to absorb bursts, or use --arrivals constant")
+    return None
+
+
+def _latency_outlier(level: dict[str, Any]) -> Warning | None:
+    c, sl, e2e = level["concurrency"], level.get("slowest") or {}, _p(level, "e2e_ms")
+    n = int(sl.get("outliers") or 0)
+    if not n or e2e is None:
+        return None
+    worst, ttft = float(sl["e2e_ms"]), sl.get("ttft_ms")
+    tokens, typical = sl.get("output_tokens"), sl.get("median_output_tokens")
+    msg = (f"c={c}: {n} of {level.get('ok', level['requests'])} requests took {SLOW_FACTOR:g}x the E2E p50 or "
+           f"more: the slowest {_secs(worst)} against {_secs(e2e)} (request {sl.get('index')}, TTFT "
+           f"{_secs(ttft) if ttft is not None else '?'}, {tokens} output tokens against {typical:g} on median); the "
+           "mean and the tail percentiles carry it")
+    if tokens and typical and tokens > 3 * typical:
+        remedy = ("it generated far more tokens than the others: fix the output length (--output-len, with "
+                  "ignore_eos) to compare latencies")
+    elif ttft is not None and ttft > 0.5 * worst:
+        remedy = ("it waited before its first token: read the server's log at that time (another client, a "
+                  "prompt-cache restore, swapping, a reload) and run the level again")
+    else:
+        remedy = ("it stalled while generating: read the server's log at that time (swapping, another client, a "
+                  "GPU or network fault) and run the level again")
+    return Warning(Code.LATENCY_OUTLIER, msg, remedy)
+
+
+def _streams(c: int) -> str:
+    return f"{c} stream{'s' if c != 1 else ''}"
+
+
+def _secs(ms: float) -> str:
+    return f"{ms / 1000:.1f} s" if ms >= 1000 else f"{ms:.0f} ms"
 
 
 def _error_remedy(errors: dict[str, int]) -> str:

@@ -104,6 +104,7 @@ class Acc:
         self.failures: list[Failure] = []
         self.split_changes: list[SplitModeChange] = []
         self.misses: list[CacheMiss] = []
+        self.uncached: list[int] = []
         self.waits: list[SlotWait] = []
         self.phases: list[PhaseMark] = []
         self.listening: str | None = None
@@ -202,6 +203,7 @@ class Acc:
             memory_breakdowns=tuple(self.tables), warnings=tuple(self.warnings), errors=tuple(self.errors),
             alloc_failures=tuple(self.alloc_failures), failures=tuple(self.failures),
             split_mode_changes=tuple(self.split_changes), cache_misses=tuple(self.misses),
+            uncached_requests=tuple(self.uncached),
             slot_waits=tuple(self.waits), phases=tuple(self.phases), listening=self.listening)
 
 

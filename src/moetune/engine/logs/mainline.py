@@ -6,7 +6,9 @@ details (buffers, graph, device list, memory breakdown) need ``-lv 4``; the defa
 prints little more than the phases and the per-request timing lines. Names differ from the older
 era: ``load_tensors:``, ``llama_kv_cache:``, ``sched_reserve:``, ``llama_context:``,
 ``graph: nodes = N, splits = M``. Slot debugging (``LLAMA_SERVER_SLOTS_DEBUG=1``) prints the text
-around a prefix-cache divergence as ``old: ... | ...`` / ``new: ... | ...``.
+around a prefix-cache divergence as ``old: ... | ...`` / ``new: ... | ...``. A request sent with
+``cache_prompt: false`` (as benchmarks send) shows as a slot search that finds a common prefix
+(``checking sim = 0.933 (335/359)``) followed by ``cached n_tokens = 0``: a choice, not a miss.
 """
 
 from __future__ import annotations
@@ -132,6 +134,8 @@ class _Slots:
         self.debug: dict[int, list[tuple[int, str]]] = {}  # old:/new: lines of the current request
         self.all_busy = False  # every slot the current slot search looked at was processing
         self.restored = False  # the prompt cache swapped in another prompt: the slot's size is unknown
+        self.common: dict[int, int] = {}  # the prefix the slot search found in common with the new prompt
+        self.forced: set[int] = set()  # slots the engine made re-process the whole prompt (SWA, hybrid)
 
 
 def _slots_state(acc: Acc) -> _Slots:
@@ -166,6 +170,16 @@ def _prompt_restored(acc: Acc, m: re.Match[str], n: int) -> None:
     _slots_state(acc).restored = True
 
 
+@rule(r"get_availabl\w*: id\s+(\d+) \| task -?\d+ \|\s+- checking sim = [\d.]+ \((\d+)/\d+\)")
+def _slot_similarity(acc: Acc, m: re.Match[str], n: int) -> None:
+    _slots_state(acc).common[int(m[1])] = int(m[2])
+
+
+@rule(r"id\s+(\d+) \| task -?\d+ \| forcing full prompt re-processing")
+def _slot_forced(acc: Acc, m: re.Match[str], n: int) -> None:
+    _slots_state(acc).forced.add(int(m[1]))
+
+
 @rule(r"id\s+(\d+) \| task -?\d+ \| new prompt, ")
 def _slot_new_prompt(acc: Acc, m: re.Match[str], n: int) -> None:
     _slots_state(acc).debug[int(m[1])] = []
@@ -182,6 +196,11 @@ def _slot_cached(acc: Acc, m: re.Match[str], n: int) -> None:
     slot, common = int(m[1]), int(m[2])
     before = None if st.restored else st.cached.get(slot)
     st.restored = False
+    matched, forced = st.common.pop(slot, 0), slot in st.forced
+    st.forced.discard(slot)
+    if common == 0 and matched > 1 and not forced:  # the request asked for no cache (cache_prompt false)
+        acc.uncached.append(n)
+        return
     if before is None or before - common <= MISS_MIN_DISCARDED:
         return
     debug = st.debug.get(slot, [])
@@ -191,8 +210,8 @@ def _slot_cached(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.miss(CacheMiss(n, slot, before, common, None, old, new, (*lines, n)))
 
 
-SLOT_RULES: tuple[Rule, ...] = (_slot_search, _slot_launch, _slot_release, _prompt_restored, _slot_new_prompt,
-                                _slot_debug, _slot_cached)
+SLOT_RULES: tuple[Rule, ...] = (_slot_search, _slot_launch, _slot_release, _prompt_restored, _slot_similarity,
+                                _slot_forced, _slot_new_prompt, _slot_debug, _slot_cached)
 
 RULES: tuple[Rule, ...] = (*SHARED_RULES, _device, _model_buffer, _graph, _ctx_param, _slots, *PHASE_RULES,
                            _listening, _bind, *SLOT_RULES)

@@ -223,6 +223,9 @@ class ServerLog:
     failures: tuple[Failure, ...] = ()
     split_mode_changes: tuple[SplitModeChange, ...] = ()
     cache_misses: tuple[CacheMiss, ...] = ()
+    # lines of requests that did not use the prompt cache although it matched (``cache_prompt: false``,
+    # as benchmarks send): the engine found a common prefix and reused none of it; not misses
+    uncached_requests: tuple[int, ...] = ()
     slot_waits: tuple[SlotWait, ...] = ()
     phases: tuple[PhaseMark, ...] = ()
     listening: str | None = None  # the URL the server said it listens on
