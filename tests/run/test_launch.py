@@ -48,8 +48,9 @@ def error_lines(stderr: str) -> tuple[str, str]:
 
 
 def chat(url: str) -> dict[str, object]:
+    """Exactly 8 tokens (ignore_eos): a random model may end its answer after one."""
     r = httpx.post(url + "/v1/chat/completions", timeout=60,
-                   json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
+                   json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "ignore_eos": True})
     assert r.status_code == 200, r.text
     doc: dict[str, object] = r.json()
     return doc
