@@ -1,15 +1,33 @@
 """Shared fixtures: moetune's data directory points into a temporary one for every test; the
-engine build (cache) is shared, since building llama.cpp takes minutes."""
+engine build (cache) is shared, since building llama.cpp takes minutes. No test leaves a process
+behind (tests/process_guard.py): a test whose launches outlive it errors, and the session fails
+naming any process of its own still alive at the end."""
 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import engine_bin_dir
+from tests.process_guard import SESSION_ENV, find_strays, kill, report, run_ids
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # every process the tests start inherits this; the session's end looks for it
+    os.environ[SESSION_ENV] = f"{os.getpid()}-{secrets.token_hex(6)}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    yield
+    left = find_strays(os.environ.get(SESSION_ENV), run_ids(tmp_path_factory.getbasetemp()))
+    if left:
+        kill(left)
+        pytest.fail(report(left, "the test session"), pytrace=False)
 
 
 @pytest.fixture(autouse=True)
@@ -17,6 +35,10 @@ def moetune_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     home = tmp_path_factory.mktemp("moetune-data")
     monkeypatch.setenv("MOETUNE_DATA_DIR", str(home))
     yield home
+    left = find_strays(None, run_ids(home))  # launches the test started and did not stop, failed or not
+    if left:
+        kill(left)
+        pytest.fail(report(left, "this test"), pytrace=False)
 
 
 @pytest.fixture(scope="session")

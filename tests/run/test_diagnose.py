@@ -128,3 +128,17 @@ def test_worker_on_a_taken_port() -> None:
     d = diagnose.worker_exit("rpc0", w, 0, "127.0.0.1:50052")
     one_line(d)
     assert d.cause == diagnose.PORT_IN_USE and "127.0.0.1:50052" in d.message
+
+
+def test_port_in_use_names_the_holder_whole_or_by_its_start_and_end() -> None:
+    short = "/opt/llama/bin/llama-server -m /models/a.gguf --host 127.0.0.1 --port 8080"
+    d = diagnose.port_in_use("main", "127.0.0.1:8080", (4242, short))
+    assert d.message == f"main: 127.0.0.1:8080 is already in use by pid 4242 ({short})"
+    long = ("/home/me/src/ik_llama.cpp/build/bin/llama-server -m /srv/models/GLM-5.1/GLM-5.1-IQ3_KS-00001-of-00008.gguf "
+            + " ".join(f"-ot blk.{i}.ffn_.*_exps=CPU" for i in range(40)) + " --host 0.0.0.0 --port 8080")
+    d = diagnose.port_in_use("main", "127.0.0.1:8080", (4242, long))
+    held = d.message.split("by pid 4242 (", 1)[1][:-1]
+    assert len(held) <= 240 and " … " in held
+    assert held.startswith("/home/me/src/ik_llama.cpp/build/bin/llama-server -m /srv/models/GLM-5.1/")
+    assert held.endswith("--host 0.0.0.0 --port 8080")
+    assert diagnose.port_in_use("w", "10.0.0.2:50052 (node b)", None).message == "w: 10.0.0.2:50052 (node b) is already in use"

@@ -47,6 +47,16 @@ COMMANDS: dict[str, Entry] = {
 }
 
 
+# environment variables moetune reads (shown under `moetune --help`)
+ENVIRONMENT: tuple[tuple[str, str], ...] = (
+    ("MOETUNE_DATA_DIR", "results database, registered engines, run directories (default: the user data directory)"),
+    ("MOETUNE_CACHE_DIR", "engine builds and downloads (default: the user cache directory)"),
+    ("MOETUNE_ENGINE", "the engine used when a command gets no --engine (default: moetune's own build)"),
+    ("MOETUNE_SSH_COMMAND", "replaces `ssh` for nodes of a hardware file, as GIT_SSH_COMMAND does for git"),
+    ("MOETUNE_PYPI_SIMPLE", "the package index `engine install` downloads from (default: https://pypi.org/simple)"),
+)
+
+
 def load_module_commands(module: str) -> dict[str, click.Command]:
     """Import ``moetune.cli.MODULE`` and return the commands its ``register`` hands over, by name."""
     mod = importlib.import_module(f"moetune.cli.{module}")
@@ -58,9 +68,11 @@ def load_module_commands(module: str) -> dict[str, click.Command]:
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use (see the module docstring)."""
 
-    def __init__(self, *args: object, table: dict[str, Entry], **kwargs: object) -> None:
+    def __init__(self, *args: object, table: dict[str, Entry], environment: tuple[tuple[str, str], ...] = (),
+                 **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.table = table
+        self.environment = environment
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(self.table)
@@ -82,8 +94,14 @@ class LazyGroup(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if self.environment:
+            with formatter.section("Environment"):
+                formatter.write_dl(list(self.environment))
+        super().format_epilog(ctx, formatter)
 
-@click.group(cls=LazyGroup, table=COMMANDS,
+
+@click.group(cls=LazyGroup, table=COMMANDS, environment=ENVIRONMENT,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="moetune")
 def cli() -> None:

@@ -66,7 +66,7 @@ def list_cmd(as_json: bool) -> None:
         t.add_column(c)
     for r in rows:
         where = r["bin_dir"] or f"{r['runtime']} {r['image']}"
-        status = "ready" if r["available"] else "not built (moetune engine install)"
+        status = "ready" if r["available"] else str(r["missing"])
         t.add_row(str(r["name"]) + (" (default)" if r["builtin"] else ""), str(r["kind"]), str(where), status)
     out.print(t)
 
@@ -77,12 +77,18 @@ def list_cmd(as_json: bool) -> None:
 @click.option("--bin-dir", type=click.Path(file_okay=False), help="Directory holding llama-server (and rpc server).")
 @click.option("--image", help="Container image whose entrypoint is llama-server.")
 @click.option("--runtime", type=click.Choice(["podman", "docker"]), help="Container runtime for --image.")
+@click.option("--replace", is_flag=True, help="Overwrite an engine already registered as NAME.")
 @json_option
-def add_cmd(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None, as_json: bool) -> None:
-    """Register your own engine build or container image under NAME."""
+def add_cmd(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None, replace: bool,
+            as_json: bool) -> None:
+    """Register your own engine build or container image under NAME.
+
+    moetune checks it first: llama-server in --bin-dir must answer `--version`; for --image, the
+    runtime must be installed. A name already registered is refused unless --replace.
+    """
     from moetune.engine import registry
 
-    e = registry.add(name, kind, bin_dir, image, runtime)
+    e = registry.add(name, kind, bin_dir, image, runtime, replace)
     if as_json:
         print_json({"name": e.name, "kind": e.kind, "bin_dir": e.bin_dir, "image": e.image, "runtime": e.runtime})
     else:

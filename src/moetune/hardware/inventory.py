@@ -133,14 +133,26 @@ class Inventory:
         raise InputError(f"no device {name!r} in the hardware file (devices: {', '.join(d.name for d in self.devices())})")
 
 
+# private networks by name, not ipaddress's is_private (which also counts the documentation
+# ranges, 240.0.0.0/4, 198.18.0.0/15 and other special-purpose blocks that are nobody's private link)
+PRIVATE_NETS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"))
+DOCUMENTATION_NETS = tuple(ipaddress.ip_network(n) for n in (
+    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))  # RFC 5737, RFC 3849
+
+
 def bind_problem(addr: str) -> str | None:
     """Why an RPC worker should not listen on ``addr``, as "ADDR, which ..." (None when it is a
-    loopback, private or link-local address)."""
+    loopback, private (RFC 1918, IPv6 unique local) or link-local address)."""
     ip = ipaddress.ip_address(addr)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
     if ip.is_unspecified:
         return f"{addr}, which means every interface, public ones included"
-    if ip.is_loopback or ip.is_private or ip.is_link_local:
+    if ip.is_loopback or ip.is_link_local or any(ip in n for n in PRIVATE_NETS):
         return None
+    doc = next((n for n in DOCUMENTATION_NETS if ip in n), None)
+    if doc is not None:
+        return f"{addr}, which is in {doc}, a range reserved for documentation, not a private network"
     return f"{addr}, which is not a loopback, private or link-local address"
 
 

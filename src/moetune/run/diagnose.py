@@ -240,8 +240,17 @@ def rpc_unreachable(name: str, endpoint: str, why: str, evidence: tuple[Evidence
                      "and check the address and the firewall", evidence)
 
 
+def short_command(cmd: str, limit: int = 240) -> str:
+    """A command line whole, or, past ``limit`` characters, its start and its end (where a server's
+    --host/--port usually are) around an ellipsis."""
+    if len(cmd) <= limit:
+        return cmd
+    tail = limit // 3
+    return f"{cmd[:limit - tail - 3].rstrip()} … {cmd[-tail:].lstrip()}"
+
+
 def port_in_use(name: str, endpoint: str, holder: tuple[int, str] | None) -> Diagnosis:
-    by = f" by pid {holder[0]} ({holder[1][:80]})" if holder else ""
+    by = f" by pid {holder[0]} ({short_command(holder[1])})" if holder else ""
     return Diagnosis(PORT_IN_USE, name, f"{name}: {endpoint} is already in use{by}",
                      "stop that process (`moetune ps` / `moetune stop RUN` if moetune started it), "
                      "or give the process another port in the plan")
