@@ -1,13 +1,13 @@
 # moetune: `make demo` runs the main job end to end, `make test` runs the suite.
-# Both start from nothing: they create .venv, install moetune, and build llama.cpp when missing
-# (cached in ~/.cache/moetune, outside the repository).
+# Both start from nothing: they create .venv, install moetune, and build llama.cpp (and, for the
+# tests, ik_llama.cpp) when missing, cached in ~/.cache/moetune, outside the repository.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: all venv engine demo test test-fast lint bench clean
+.PHONY: all venv engine engine-ik demo test test-fast lint bench clean
 
 all: test
 
@@ -22,10 +22,13 @@ venv: $(STAMP)
 engine: $(STAMP)
 	$(BIN)/moetune engine install
 
+engine-ik: $(STAMP)
+	$(BIN)/moetune engine install --kind ik_llama.cpp
+
 demo: engine
 	$(BIN)/python scripts/demo.py
 
-test: engine
+test: engine engine-ik
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP)

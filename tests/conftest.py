@@ -50,6 +50,16 @@ def bin_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def ik_bin_dir() -> Path:
+    from moetune.engine.install import IK
+
+    d = engine_bin_dir(IK)
+    if d is None:
+        pytest.fail("ik_llama.cpp is not built: run `make test` (it runs `moetune engine install --kind ik_llama.cpp`)")
+    return d
+
+
+@pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory the session's generated models share."""
     return tmp_path_factory.mktemp("models")

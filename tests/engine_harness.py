@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 RESERVED = "sched_reserve: graph"
+IK_RESERVED = "graph splits"
 
 
 def free_port() -> int:
@@ -41,8 +42,9 @@ def stop(p: subprocess.Popen[Any], grace_s: float) -> None:
         p.wait()
 
 
-def reserve_log(server: Path, argv: Sequence[str], timeout: float = 60.0) -> tuple[bool, str]:
-    """(reached the reserve, log text). `argv` should not carry --host/--port (a free port is used)."""
+def reserve_log(server: Path, argv: Sequence[str], timeout: float = 60.0, marker: str = RESERVED) -> tuple[bool, str]:
+    """(reached the reserve, log text). `argv` should not carry --host/--port (a free port is used).
+    ``marker``: the line that says the compute buffers are reserved (ik_llama.cpp: IK_RESERVED)."""
     cmd = [str(server), *argv, "--host", "127.0.0.1", "--port", str(free_port()), "--no-warmup"]
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as f:
@@ -53,7 +55,7 @@ def reserve_log(server: Path, argv: Sequence[str], timeout: float = 60.0) -> tup
                 if p.poll() is not None:
                     break
                 f.seek(0)
-                if RESERVED in f.read():
+                if marker in f.read():
                     ok = True
                     break
                 time.sleep(0.05)
@@ -79,14 +81,14 @@ def strip_endpoint(argv: Sequence[str]) -> list[str]:
 
 
 @contextmanager
-def rpc_workers(bin_dir: Path, n: int) -> Iterator[list[str]]:
-    """Start n ggml-rpc-server workers on loopback; yield their host:port endpoints."""
+def rpc_workers(bin_dir: Path, n: int, binary: str = "ggml-rpc-server") -> Iterator[list[str]]:
+    """Start n RPC workers on loopback (ik_llama.cpp's is ``rpc-server``); yield their host:port endpoints."""
     procs: list[subprocess.Popen[bytes]] = []
     ends: list[str] = []
     try:
         for _ in range(n):
             port = free_port()
-            procs.append(subprocess.Popen([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)],
+            procs.append(subprocess.Popen([str(bin_dir / binary), "-H", "127.0.0.1", "-p", str(port)],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             ends.append(f"127.0.0.1:{port}")
         for e in ends:

@@ -19,14 +19,14 @@ from click.testing import CliRunner
 
 from moetune.cli import cli
 from moetune.cli.common import run
-from moetune.engine.install import build_for
+from moetune.engine.install import MAINLINE, Recipe, build_for
 from tests.engine_harness import free_port, loopback_hw, rpc_workers, stop
 
 __all__ = ["CliResult", "Server", "free_port", "llama_server", "loopback_hw", "rpc_workers", "run_cli"]
 
 
-def engine_bin_dir() -> Path | None:
-    b = build_for()
+def engine_bin_dir(recipe: Recipe = MAINLINE) -> Path | None:
+    b = build_for(recipe=recipe)
     return b.bin_dir if b.complete() else None
 
 

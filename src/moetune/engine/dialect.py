@@ -1,14 +1,15 @@
-"""Flag dialects: how each engine (and version) spells the same setting. One table per engine.
+"""Flag dialects: how each engine build spells the same setting. The base table per engine kind is
+adjusted by the build's own facts (``engine.facts``): flash attention's syntax, the flags it has.
 
 Placements are always rendered as explicit ``-ot`` overrides, which mean the same in every engine
-and version; ``--n-cpu-moe N`` is not, so it is only shown as a note: mainline keeps the *first*
-N layers' experts on the CPU, recent ik_llama.cpp the *last* N, older ik builds the first N.
+and version; ``--n-cpu-moe N`` is not, so it is only shown as a note, in the build's own rule.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from moetune.engine.facts import KNOWN, EngineFacts, NCpuMoeRule, n_cpu_moe_layers
 from moetune.kinds import EngineKind
 
 
@@ -36,9 +37,10 @@ class Dialect:
     jinja: tuple[str, ...] = ()  # mainline applies the model's template by default
     kv_unified: tuple[str, ...] = ("--kv-unified",)
     cpu_moe: str = "--cpu-moe"
-    n_cpu_moe_counts_from: str = "first"  # which layers --n-cpu-moe N keeps on the CPU
+    n_cpu_moe: NCpuMoeRule = NCpuMoeRule.FIRST  # which layers --n-cpu-moe N keeps on the CPU
     amb: str | None = None
     mla: tuple[str, ...] = ()
+    version: str = ""  # the build whose facts shaped this dialect
 
 
 MAINLINE_DIALECT = Dialect(EngineKind.MAINLINE)
@@ -46,33 +48,83 @@ MAINLINE_DIALECT = Dialect(EngineKind.MAINLINE)
 IK_DIALECT = Dialect(
     EngineKind.IK,
     slots="--parallel",
-    flash_attn_on=("-fa",),
-    flash_attn_off=(),
     no_repack=(),  # run-time repacking is opt-in (-rtr) in ik_llama.cpp
     repack=("-rtr",),
     no_mmap=("--no-mmap",),
-    fit_off=(),
+    fit_off=(),  # --fit is opt-in
     jinja=("--jinja",),
     kv_unified=(),
-    n_cpu_moe_counts_from="last",
+    n_cpu_moe=NCpuMoeRule.IK_SPLIT_TAIL,
     amb="-amb",
     mla=("-mla", "3"),
 )
 
-# ik_llama.cpp builds before its --n-cpu-moe changed meaning still counted from the first layer.
-IK_OLD_DIALECT = replace(IK_DIALECT, n_cpu_moe_counts_from="first")
 
-
-def dialect(kind: str, old_ik: bool = False) -> Dialect:
+def dialect(kind: str, facts: EngineFacts | None = None) -> Dialect:
+    """The dialect of an engine build: its kind's table, adjusted by what the build says it accepts
+    (``facts``; None: the build `moetune engine install` makes, ``facts.KNOWN``)."""
     if kind == EngineKind.MAINLINE:
-        return MAINLINE_DIALECT
-    if kind == EngineKind.IK:
-        return IK_OLD_DIALECT if old_ik else IK_DIALECT
-    raise ValueError(f"unknown engine kind {kind!r}")
+        base = MAINLINE_DIALECT
+    elif kind == EngineKind.IK:
+        base = IK_DIALECT
+    else:
+        raise ValueError(f"unknown engine kind {kind!r}")
+    f = facts or KNOWN[EngineKind(kind)]
+    fa_on: tuple[str, ...]
+    fa_off: tuple[str, ...]
+    if f.flash_attn_takes_value:
+        fa_on, fa_off = ("-fa", "on"), ("-fa", "off")
+    else:  # an older build: a bare -fa turns it on, and off is the default (or -no-fa)
+        fa_on, fa_off = ("-fa",), (("-no-fa",) if f.has("-no-fa") else ())
+    no_mmap = ("-lm", "none") if f.has("-lm none") else ("--no-mmap",) if f.has("--no-mmap") else ()
+    return replace(
+        base, flash_attn_on=fa_on, flash_attn_off=fa_off, n_cpu_moe=f.n_cpu_moe, version=f.version, no_mmap=no_mmap,
+        fit_off=base.fit_off if f.has("-fit off") else (),
+        no_repack=base.no_repack if f.has("-nr") else (),
+        repack=base.repack if f.has("-rtr") else (),
+        kv_unified=base.kv_unified if f.has("--kv-unified") else (),
+        jinja=base.jinja if f.has("--jinja") else (),
+        amb=base.amb if base.amb and f.has(base.amb) else None,
+        mla=base.mla if base.mla and f.has(base.mla[0]) else (),
+    )
 
 
-def n_cpu_moe_note(d: Dialect, n: int, n_layer: int) -> str:
-    """What `--n-cpu-moe n` would mean for this dialect, in layer numbers."""
-    if d.n_cpu_moe_counts_from == "first":
-        return f"{d.kind}: --n-cpu-moe {n} keeps the experts of layers 0-{n - 1} on the CPU"
-    return f"{d.kind}: --n-cpu-moe {n} keeps the experts of layers {n_layer - n}-{n_layer - 1} on the CPU"
+def tensor_split(d: Dialect, rpc: list[bool], counts: tuple[int, ...]) -> tuple[int, ...]:
+    """``-ts`` in the engine's device order. ``rpc`` says, for each of the plan's accelerators (in
+    llama.cpp's order: RPC devices, then local GPUs), whether it is an RPC device; ``counts`` are the
+    plan's layer counts in that order (empty: one accelerator takes every layer).
+
+    ik_llama.cpp numbers its devices the other way (local GPUs, then RPC servers), and a build
+    without a GPU backend still counts one local device (the CPU) before the RPC servers: layers
+    not steered off it stay on the CPU, so it gets an explicit 0 there."""
+    if d.kind != EngineKind.IK or not any(rpc):
+        return counts
+    each = counts or (1,) * len(rpc)
+    local = [c for c, r in zip(each, rpc, strict=True) if not r]
+    remote = [c for c, r in zip(each, rpc, strict=True) if r]
+    return (*(local or [0]), *remote)
+
+
+def engine_devices(d: Dialect, rpc: list[bool]) -> int:
+    """How many devices the engine counts for a plan's accelerators (``rpc`` as in tensor_split)."""
+    return len(tensor_split(d, rpc, ())) if d.kind == EngineKind.IK and any(rpc) else len(rpc)
+
+
+def n_cpu_moe_note(d: Dialect, n: int, n_layer: int, layer_device: list[str] | None = None,
+                   n_devices: int | None = None) -> str:
+    """What `--n-cpu-moe n` means for this build, in layer numbers (``layer_device``: each layer's
+    device, and ``n_devices``, the engine's device count: the multi-device rules depend on them)."""
+    layers = n_cpu_moe_layers(d.n_cpu_moe, n, n_layer, layer_device, n_devices)
+    return f"{d.kind}: --n-cpu-moe {n} keeps the experts of layers {_ranges(layers)} on the CPU"
+
+
+def _ranges(xs: list[int]) -> str:
+    if not xs:
+        return "(none)"
+    runs: list[list[int]] = []
+    for x in xs:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

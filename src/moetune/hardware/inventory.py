@@ -83,20 +83,21 @@ class Inventory:
     nodes: tuple[Node, ...]
     name: str | None = None
     source: str | None = field(default=None, compare=False)
+    local_first: bool = False  # ik_llama.cpp's device order: local GPUs, then RPC devices
 
     @property
     def local(self) -> Node:
         return self.nodes[0]
 
     def accelerators(self) -> list[Device]:
-        """Devices in llama.cpp's order: RPC devices first (llama.cpp puts them at the front to
-        minimise network transfers), then the local GPUs."""
+        """Devices in the engine's order: llama.cpp puts RPC devices first (to minimise network
+        transfers), then the local GPUs; ik_llama.cpp (``local_first``) the other way round."""
         out: list[Device] = []
         for n in self.nodes[1:]:
             for i, d in enumerate(n.devices):
                 out.append(Device(rpc_name(i, n), DeviceKind.RPC, d.mem_mib, d.bw_gbs, n.name,
                                   n.link_gbs or d.link_gbs, d.reserved_mib, d.tflops))
-        return out + list(self.local.devices)
+        return list(self.local.devices) + out if self.local_first else out + list(self.local.devices)
 
     def devices(self) -> list[Device]:
         """Every device the llama-server on the first node uses: accelerators, then the CPU."""

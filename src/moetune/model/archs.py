@@ -104,12 +104,16 @@ def _head(t: _T, d: Dims) -> None:
     t.add("output.weight", d.n_embd, d.n_vocab)
 
 
-def _gqa_attn(t: _T, d: Dims, i: int, *, q_gate: bool = False, qk_norm: bool = True) -> None:
+def _gqa_attn(t: _T, d: Dims, i: int, *, q_gate: bool = False, qk_norm: bool = True, qkv_bias: bool = False) -> None:
     q = d.n_head * d.head_dim
     kv = d.n_head_kv * d.head_dim
     t.add(f"blk.{i}.attn_q.weight", d.n_embd, q * 2 if q_gate else q)
     t.add(f"blk.{i}.attn_k.weight", d.n_embd, kv)
     t.add(f"blk.{i}.attn_v.weight", d.n_embd, kv)
+    if qkv_bias:  # GLM-4.5's attention has biases; ik_llama.cpp's loader requires them
+        t.add(f"blk.{i}.attn_q.bias", q * 2 if q_gate else q)
+        t.add(f"blk.{i}.attn_k.bias", kv)
+        t.add(f"blk.{i}.attn_v.bias", kv)
     t.add(f"blk.{i}.attn_output.weight", q, d.n_embd)
     if qk_norm:
         t.add(f"blk.{i}.attn_q_norm.weight", d.head_dim)
@@ -190,7 +194,7 @@ def glm4moe(d: Dims) -> Layout:
     _head(t, d)
     for i in range(d.n_blocks):
         t.add(f"blk.{i}.attn_norm.weight", d.n_embd)
-        _gqa_attn(t, d, i)
+        _gqa_attn(t, d, i, qkv_bias=True)
         t.add(f"blk.{i}.post_attention_norm.weight", d.n_embd)
         if i < d.n_dense_lead:
             _dense_ffn(t, d, i)

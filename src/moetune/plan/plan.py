@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from moetune.errors import InputError
 from moetune.hardware.inventory import Inventory, Node
-from moetune.kinds import DeviceKind
+from moetune.kinds import DeviceKind, EngineKind
 from moetune.model.profile import ModelProfile
 from moetune.plan import placement as plc
 from moetune.plan.ledger import DeviceLedger, ServiceMemory, Shortfall, combine, service_memory
@@ -131,7 +131,7 @@ def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConsta
     for i in order:
         spec = services[i]
         spec.settings.validate()
-        shw = _restrict(hw, spec.devices)
+        shw = replace(_restrict(hw, spec.devices), local_first=spec.settings.engine == EngineKind.IK)
         reserved: dict[str, float] = {}
         for m in mems:
             for dev, items in m.items.items():

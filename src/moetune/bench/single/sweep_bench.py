@@ -1,0 +1,220 @@
+"""``moetune bench PLAN --sweep``: ik_llama.cpp's ``llama-sweep-bench`` as a benchmark backend.
+
+llama-sweep-bench fills the context one ubatch at a time and, at each depth, times a ubatch of
+prompt (PP) and ubatch/4 generated tokens (TG): the PP/TG-versus-depth curve the references' users
+run. moetune runs it with the plan's own model and placement flags (its RPC workers started
+first), keeps each row as a sample of a depth workload named like ``bench --depth`` names them
+(``d0``, ``d512``, ...), so ``compare`` puts the two backends side by side. Parsing is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from moetune import __version__
+from moetune.bench.analysis.summary import run_summary
+from moetune.bench.server import model_ref
+from moetune.bench.servers import model_arg
+from moetune.bench.single.workloads import DEPTH
+from moetune.bench.target import Target
+from moetune.errors import InputError, MoetuneError, RuntimeFailure
+from moetune.kinds import RunKind, RunStatus
+from moetune.store.db import ResultsDB
+from moetune.store.record import HostRef, RunMeta
+
+# server flags sweep-bench has no use for (it parses the same common options, but serves nothing)
+_DROP_WITH_VALUE = {"--host", "--port", "--parallel", "-np", "-c", "--ctx-size", "-n", "--n-predict",
+                    "--output-format", "-a", "--alias"}
+_DROP = {"--jinja", "--kv-unified", "--cont-batching", "-cb", "--metrics", "--no-warmup"}
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRow:
+    pp: int  # prompt tokens timed at this depth (a ubatch)
+    tg: int  # tokens generated at this depth
+    n_kv: int  # the depth: tokens already in the cache
+    t_pp_s: float
+    t_tg_s: float
+
+    @property
+    def pp_tok_s(self) -> float:
+        return self.pp / self.t_pp_s if self.t_pp_s > 0 else 0.0
+
+    @property
+    def tg_tok_s(self) -> float:
+        return self.tg / self.t_tg_s if self.t_tg_s > 0 else 0.0
+
+
+_MD_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|\s*[\d.]+\s*\|\s*([\d.]+)\s*\|")
+
+
+def parse_row(line: str) -> SweepRow | None:
+    """One result row of llama-sweep-bench's output, JSON lines (``--output-format jsonl``) or its
+    markdown table; None for any other line."""
+    s = line.strip()
+    if s.startswith("{") and '"n_kv"' in s:
+        try:
+            d = json.loads(s)
+            return SweepRow(int(d["pp"]), int(d["tg"]), int(d["n_kv"]), float(d["t_pp"]), float(d["t_tg"]))
+        except (ValueError, KeyError):
+            return None
+    m = _MD_ROW.match(s)
+    if m:
+        return SweepRow(int(m[1]), int(m[2]), int(m[3]), float(m[4]), float(m[5]))
+    return None
+
+
+def parse_rows(text: str) -> list[SweepRow]:
+    return [r for r in map(parse_row, text.splitlines()) if r is not None]
+
+
+def row_sample(row: SweepRow, repeat: int) -> dict[str, Any]:
+    """A row as a depth sample: the server's ``timings`` shape, so every analysis reads it as it
+    reads ``bench --depth`` (PP = prompt_n / prompt_ms, TG = predicted_n / predicted_ms)."""
+    return {"workload": f"d{row.n_kv}", "kind": DEPTH, "depth": row.n_kv, "repeat": repeat, "thinking": None,
+            "ignore_eos": True, "max_tokens": row.tg, "source": "llama-sweep-bench",
+            "timings": {"prompt_n": row.pp, "prompt_ms": row.t_pp_s * 1000.0, "predicted_n": row.tg,
+                        "predicted_ms": row.t_tg_s * 1000.0},
+            "end_s": row.t_pp_s + row.t_tg_s}
+
+
+def sweep_argv(server_argv: Sequence[str], ctx: int, tg: int | None = None) -> list[str]:
+    """The server's arguments as llama-sweep-bench's: same model, placement and cache; the context
+    it sweeps; rows as JSON lines."""
+    out: list[str] = []
+    skip = False
+    for i, a in enumerate(server_argv):
+        if skip:
+            skip = False
+            continue
+        if a in _DROP_WITH_VALUE and i + 1 < len(server_argv):
+            skip = True
+            continue
+        if a in _DROP:
+            continue
+        out.append(a)
+    out += ["-c", str(ctx), "--output-format", "jsonl"]
+    if tg is not None:
+        out += ["-n", str(tg)]
+    return out
+
+
+def _flag(argv: Sequence[str], *names: str) -> str | None:
+    for i, a in enumerate(argv[:-1]):
+        if a in names:
+            return argv[i + 1]
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepOptions:
+    ctx: int | None = None  # the depth swept to (default: the plan's context)
+    tg: int | None = None  # tokens generated per depth (default: ubatch / 4)
+    repeats: int = 1  # runs of the whole sweep
+    timeout_s: float = 3600.0
+
+
+def bench_sweep(db: ResultsDB, t: Target, opt: SweepOptions, *, label: str | None = None,
+                launch_timeout_s: float = 600.0, status: Callable[[str], None] | None = None,
+                progress: Progress | None = None) -> int:
+    """Run llama-sweep-bench with the plan's server flags (its RPC workers started first, stopped
+    after); store each row as it comes. Returns the run's id."""
+    from moetune.engine import registry
+    from moetune.engine.launchspec import LaunchSpec
+
+    if t.doc is None or t.spec is None or t.server is None:
+        raise InputError(f"--sweep runs llama-sweep-bench from a plan's flags; {t.name} is a URL",
+                         hint="give the plan file (moetune plan ... -o plan.json)")
+    chosen = next(s for s in t.spec.servers() if s.name == t.server)
+    engine = registry.get(chosen.engine)
+    try:
+        binary = engine.binary("sweep")
+    except InputError:
+        raise InputError(f"engine {engine.name} has no llama-sweep-bench (it comes with ik_llama.cpp)",
+                         hint="plan with --engine ik_llama.cpp (moetune engine install --kind ik_llama.cpp "
+                              "builds it), or register an ik_llama.cpp build that has it") from None
+    plan_ctx = int(_flag(chosen.argv, "-c", "--ctx-size") or 4096)
+    ctx = opt.ctx or plan_ctx
+    ub = int(_flag(chosen.argv, "-ub", "--ubatch-size") or 512)
+    if ctx < ub:
+        raise InputError(f"--sweep-ctx {ctx} is below the ubatch ({ub}): nothing to sweep")
+    argv = [str(binary), *sweep_argv(chosen.argv, ctx, opt.tg)]
+    depths = len(range(0, ctx, ub))
+    total = depths * opt.repeats
+    meta = RunMeta(kind=RunKind.BENCH, moetune_version=__version__, argv=tuple(sys.argv), started_unix=time.time(),
+                   model=model_ref(model_arg(chosen.argv)), host=HostRef.here(), engine_build=engine.version(),
+                   plan=t.doc, details={"backend": "llama-sweep-bench", "sweep_argv": argv, "ctx": ctx, "ubatch": ub,
+                                        "repeats": opt.repeats})
+    run_id = db.create_run(meta, label=label or f"{t.label} (sweep-bench)", target=t.name)
+    workers = LaunchSpec(tuple(t.spec.workers()))
+    done = 0
+    try:
+        with ExitStack() as stack:
+            if workers.processes:  # RPC workers through `moetune launch`: stopped on leaving
+                from moetune.run.launch import launched
+
+                stack.enter_context(launched(workers, t.doc, plan_file=t.name, timeout_s=launch_timeout_s))
+                if status:
+                    status(f"RPC workers up: {', '.join(p.name for p in workers.processes)}")
+            for rep in range(opt.repeats):
+                for row in _run(argv, opt.timeout_s, status):
+                    db.add_sample(run_id, row_sample(row, rep))
+                    done += 1
+                    if progress:
+                        progress(f"depth {row.n_kv}", done, total)
+    except KeyboardInterrupt:
+        db.finish_run(run_id, RunStatus.INTERRUPTED, _summary(db, run_id))
+        raise
+    except MoetuneError as e:
+        summary = _summary(db, run_id) or {}
+        summary["error"] = str(e)
+        db.finish_run(run_id, RunStatus.FAILED, summary)
+        raise
+    db.finish_run(run_id, RunStatus.DONE, run_summary(db.samples(run_id)))
+    return run_id
+
+
+def _summary(db: ResultsDB, run_id: int) -> dict[str, Any] | None:
+    samples = db.samples(run_id)
+    return run_summary(samples) if samples else None
+
+
+def _run(argv: list[str], timeout_s: float, status: Callable[[str], None] | None) -> Iterator[SweepRow]:
+    """Run llama-sweep-bench; yield its rows as they are printed; fail naming its last words."""
+    if status:
+        status("llama-sweep-bench: loading the model")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    tail: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            row = parse_row(line)
+            if row is not None:
+                yield row
+            else:
+                tail = [*tail[-19:], line.rstrip()]
+            if time.monotonic() > deadline:
+                raise RuntimeFailure(f"llama-sweep-bench ran past {timeout_s:.0f} s")
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    if rc != 0:
+        last = "\n".join(t for t in tail if t.strip())[-1500:]
+        raise RuntimeFailure(f"llama-sweep-bench exited {rc}:\n{last}")
