@@ -23,6 +23,7 @@ from moetune.engine.logs.types import (
     MODEL_OPEN_FAILED,
     RPC_CONNECT_FAILED,
     RPC_CRASHED,
+    SPLIT_DEVICES,
     AllocFailure,
 )
 
@@ -30,6 +31,7 @@ OUT_OF_MEMORY = "out_of_memory"
 PORT_IN_USE = "port_in_use"
 BINARY_MISSING = "binary_missing"
 MODEL_MISSING = "model_missing"
+SPLIT_MODE_DEVICES = "split_mode_devices"
 RPC_UNREACHABLE = "rpc_unreachable"
 RPC_LOST = "rpc_worker_lost"
 BAD_ARGS = "bad_argument"
@@ -153,6 +155,8 @@ _PLAIN_FAILURES = (
      "check the -m path in the plan (and that every shard of a split model is there)"),
     (BIND_FAILED, PORT_IN_USE, "could not listen on {subject}: the port is in use",
      "stop what holds the port (`moetune ps`), or give the process another port"),
+    (SPLIT_DEVICES, SPLIT_MODE_DEVICES, "split mode '{subject}' needs two or more devices",
+     "drop -sm {subject} (layer split is the default), or give the server a second GPU"),
 )
 
 
@@ -167,7 +171,8 @@ def server_exit(name: str, log: ServerLog, exit_code: int | None, *, loading: bo
     for kind, code_, says, remedy in _PLAIN_FAILURES:
         if kind in kinds:
             f = kinds[kind]
-            return Diagnosis(code_, name, f"{name}: " + says.format(subject=f.subject), remedy, _ev(log, [f.line]))
+            return Diagnosis(code_, name, f"{name}: " + says.format(subject=f.subject), remedy.format(subject=f.subject),
+                             _ev(log, [f.line]))
     if RPC_CONNECT_FAILED in kinds:
         f = kinds[RPC_CONNECT_FAILED]
         return rpc_unreachable(name, f.subject or "?", "the server could not connect", _ev(log, [f.line]))
@@ -179,6 +184,12 @@ def server_exit(name: str, log: ServerLog, exit_code: int | None, *, loading: bo
     if BAD_ARGUMENT in kinds:
         f = kinds[BAD_ARGUMENT]
         hint = "check the flag against this engine's dialect and version (llama-server --help)"
+        if (f.subject or "").startswith("-fa:"):
+            hint = ("this build's -fa takes a value (-fa on|off|auto): a bare -fa takes the next flag as its value; "
+                    "plan with --engine naming this engine and moetune renders what the build accepts")
+        elif (f.subject or "").endswith(": invalid value"):
+            hint = ("the value is not one this build takes, or the flag before it took this one as its value "
+                    "(llama-server --help)")
         if "unknown buffer type" in (f.subject or ""):
             hint = ("name a buffer type the engine lists (its log shows them: CPU, CUDA0, RPC0[host:port]); "
                     "an RPC device's exists only once --rpc comes before the -ot that names it")

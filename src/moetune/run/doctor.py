@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moetune.engine.logs import CacheMiss, Evidence, ServerLog, WorkerLog
+from moetune.engine.logs.types import TEMPLATE_UNSUPPORTED
 from moetune.run import diagnose
 
 # a <think> tag, or the start of one cut off where the engine stopped printing the divergence
@@ -96,6 +97,13 @@ def _server(s: Source, log: ServerLog, ram_mib: float | None) -> list[Finding]:
     if log.failed:
         d = diagnose.server_exit(s.name.rsplit("/", 1)[-1], log, None, loading=log.phase != "ready")
         out.append(Finding("load_failed", s.name, d.message, d.hint, d.evidence[:MAX_EVIDENCE], {"cause": d.cause}))
+    for f in log.failures:
+        if f.kind == TEMPLATE_UNSUPPORTED:
+            out.append(Finding("template_unsupported", s.name,
+                               f"the server cannot apply the model's chat template ({f.subject}): chat requests "
+                               "fail with HTTP 500",
+                               "start ik_llama.cpp with --jinja (the commands moetune renders for it have it), or "
+                               "give it a --chat-template it knows", (log.evidence(f.line),), {}))
     if log.cache_misses:  # requests that asked for no cache (bench's cache_prompt false) are not among them
         out.append(_cache_misses(s.name, log, log.cache_misses))
     for c in log.split_mode_changes:
@@ -124,7 +132,13 @@ def _server(s: Source, log: ServerLog, ram_mib: float | None) -> list[Finding]:
 
 
 def _is_think(m: CacheMiss) -> bool:
-    return any(THINK.search(t) for t in (m.cache_text or "", m.prompt_text or ""))
+    """The texts diverge at a think tag: right where they stop agreeing, one of them has one (with
+    only one text printed, anywhere in it). A tag further on is just the template's."""
+    a, b = m.cache_text or "", m.prompt_text or ""
+    if not (a and b):
+        return any(THINK.search(t) for t in (a, b))
+    k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return any(THINK.search(t[max(0, k - 7):k + 10]) for t in (a, b))
 
 
 def _cache_misses(name: str, log: ServerLog, misses: Sequence[CacheMiss]) -> Finding:

@@ -284,9 +284,14 @@ def _rpc_crashed(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.fail(RPC_CRASHED, None, n)
 
 
-@rule(r"error: invalid argument: (.+)|error while handling argument \"([^\"]+)\"(?:: (.+))?|unknown argument: (\S+)")
+@rule(r"error: invalid argument: (.+)|error while handling argument \"([^\"]+)\"(?:: (.+))?|unknown argument: (\S+)"
+      r"|error: invalid parameter for argument: (\S+)")
 def _bad_argument(acc: Acc, m: re.Match[str], n: int) -> None:
-    """Subject: the argument, and the engine's reason where it gives one (``-ot: unknown buffer type``)."""
+    """Subject: the argument, and the engine's reason where it gives one (``-ot: unknown buffer type``;
+    ik_llama.cpp: ``invalid parameter`` for a value it cannot take)."""
+    if m[5]:
+        acc.fail(BAD_ARGUMENT, f"{m[5]}: invalid value", n)
+        return
     arg = (m[1] or m[2] or m[4]).strip()
     acc.fail(BAD_ARGUMENT, f"{arg}: {m[3].strip()}" if m[3] else arg, n)
 

@@ -29,6 +29,8 @@ from moetune.engine.logs.common import (
 from moetune.engine.logs.types import (
     BIND_FAILED,
     MODEL,
+    SPLIT_DEVICES,
+    TEMPLATE_UNSUPPORTED,
     CacheMiss,
     Device,
     ServerLog,
@@ -109,6 +111,16 @@ def _bind(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.fail(BIND_FAILED, f"{m[1]}:{m[2]}", n)
 
 
+@rule(r"It is not possible to use split mode '(\w+)' with less than 2 devices")
+def _split_devices(acc: Acc, m: re.Match[str], n: int) -> None:
+    acc.fail(SPLIT_DEVICES, m[1], n)
+
+
+@rule(r"chat template parsing error: (.+)")
+def _template(acc: Acc, m: re.Match[str], n: int) -> None:
+    acc.fail(TEMPLATE_UNSUPPORTED, m[1].strip(), n)
+
+
 @rule(r"=> changing split mode to '(\w+)'")
 def _split_mode(acc: Acc, m: re.Match[str], n: int) -> None:
     for k in range(n - 1, max(n - 4, 0), -1):
@@ -181,7 +193,7 @@ def _slot_start(acc: Acc, m: re.Match[str], n: int) -> None:
 
 
 RULES: tuple[Rule, ...] = (*SHARED_RULES, _slot_task, _cuda_device, _model_buffer, _kv_self, _graph, _ctx_param, _slots,
-                           *PHASE_RULES, _listening, _bind, _split_mode, _cache_report, _cache_miss, _cache_text,
+                           *PHASE_RULES, _listening, _bind, _split_devices, _template, _split_mode, _cache_report, _cache_miss, _cache_text,
                            _no_slot, _slot_start)
 
 # the rules a progress display needs: which phase the new lines reach

@@ -24,6 +24,10 @@ RPC_CONNECT_FAILED = "rpc_connect_failed"  # subject: host:port
 RPC_CRASHED = "rpc_crashed"  # the client lost its RPC server mid-call
 BAD_ARGUMENT = "bad_argument"  # subject: the argument
 ABORTED = "aborted"  # GGML_ABORT / GGML_ASSERT; subject: the message
+SPLIT_DEVICES = "split_devices"  # ik_llama.cpp: -sm graph/attn with one device; subject: the mode
+# serving failures: the server runs, but requests fail (not a failed load)
+TEMPLATE_UNSUPPORTED = "template_unsupported"  # ik_llama.cpp without --jinja; subject: its words
+SERVING_FAILURES = frozenset({TEMPLATE_UNSUPPORTED})
 
 
 def device_key(name: str) -> str:
@@ -241,7 +245,8 @@ class ServerLog:
 
     @property
     def failed(self) -> bool:
-        return bool(self.failures)
+        """The server failed to start (serving failures such as TEMPLATE_UNSUPPORTED do not count)."""
+        return any(f.kind not in SERVING_FAILURES for f in self.failures)
 
     def evidence(self, line: int) -> Evidence:
         return Evidence(line, self.lines[line - 1])
