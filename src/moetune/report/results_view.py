@@ -106,7 +106,10 @@ def workloads_table(summary: dict[str, Any], conf: float = DEFAULT_CONF) -> Tabl
         return f"{fmt(s['median'])} [{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]" if s else "–"
 
     def num(x: float | None, f: str = "{:.0f}") -> str:
-        return "–" if x is None else f.format(x)
+        if x is None:
+            return "–"
+        t = f.format(x)
+        return t.lstrip("-") if t.strip("-0.") == "" else t  # no "-0.0" for a value just below zero
 
     for w, d in summary.get("workloads", {}).items():
         cached = num(d.get("cached_n"))
