@@ -12,7 +12,7 @@ import itertools
 import json
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from moetune.engine import registry
@@ -42,7 +42,7 @@ def main(out: Path) -> None:
                         args += ["--rpc", rpc] if pl != "cpu" else []
                         args += ["-ot", "exps=CPU"] if pl == "rpc-exps-cpu" else []
                         ok, log = reserve_log(server, args)
-                        bufs = {d: vars(b) for d, b in parse_log(log).device_buffers().items()} if ok else {}
+                        bufs = {d: asdict(b) for d, b in parse_log(log).device_buffers().items()} if ok else {}
                         points.append({"arch": arch, "wide": wide, "ub": ub, "ctx": ctx, "fa": fa, "placement": pl,
                                        "slots": par, "ok": ok, "buffers": bufs})
                 print(arch, wide, sum(p["ok"] for p in points), len(points), flush=True)

@@ -102,6 +102,9 @@ CASES = [
 # rest (about 0.38 MiB per block) is not explained yet, so the ledger does not model it
 KNOWN_GAPS = {"glm-dsa": 0.10}
 _LAYER_SIZE = re.compile(r"^Layer +(\d+): +[\d.]+, +[\d.]+, +([\d.]+)(?: +([\d.]+))?", re.M)
+# compute within 10% on one device, except MLA (DeepSeek-2, GLM-5): ik dequantizes the latent
+# cache by a rule fitted on these replicas to about 12% (benchmarks/results/ledger-ik.md)
+COMPUTE_GAPS = {"deepseek2": 0.15, "glm-dsa": 0.15}
 _DEFAULT_DEVICE = re.compile(r"Setting default device in layer +(\d+) to (\d+)")
 
 
@@ -154,6 +157,11 @@ def test_ik_accepts_the_plan_and_places_it(ik_bin_dir: Path, workers: list[str],
         assert bufs[dev].model_mib == pytest.approx(items.get((dev, "weights"), 0.0), rel=rel, abs=0.02), dev
         assert bufs[dev].kv_mib == pytest.approx(items.get((dev, "kv"), 0.0), rel=0.01, abs=0.02), dev
     assert bufs["CPU"].model_mib == pytest.approx(items[("CPU", "weights")], rel=0.005, abs=0.02)
+    # compute buffers (plan/compute.py's ik model) on one device; with two the split moves them
+    if n_rpc <= 1:
+        dev = next((d.name for d in plan.hw.accelerators()), "CPU")
+        tol = COMPUTE_GAPS.get(arch, 0.10)
+        assert bufs[dev].compute_mib == pytest.approx(items[(dev, "compute")], rel=tol, abs=0.05), dev
 
 
 @pytest.mark.parametrize("n_rpc", [1, 2])

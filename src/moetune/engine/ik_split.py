@@ -18,6 +18,7 @@ import itertools
 from moetune.model.kv import kv_shape
 from moetune.model.profile import ModelProfile
 from moetune.model.quants import by_name
+from moetune.plan.compute import mla_heads
 from moetune.plan.ledger import kv_cells
 from moetune.plan.settings import Settings
 
@@ -86,14 +87,7 @@ def layer_sizes(p: ModelProfile, s: Settings, mla: int = 0) -> tuple[list[float]
             qt = by_name(type_name if type_name.upper() in ("F32", "F16", "BF16") else "q8_0")
             result[il] += qt.row_bytes(vb[0]) * (vb[1] + wk_b[il][1]) * vb[2] * 2
         if mla == 3:
-            kv_f32 = 2 * vb[1] * vb[2] * cells * F32 / (1 << 20)
-            n_head, heads = vb[2], vb[2]
-            if s.amb_mib > 0 and kv_f32 > s.amb_mib:
-                heads = 1
-                for k in range(2, n_head):
-                    if n_head % k == 0 and kv_f32 / k <= s.amb_mib:
-                        heads = n_head // k
-                        break
+            heads = mla_heads(vb[2], 2 * vb[1] * vb[2] * cells * F32 / (1 << 20), s.amb_mib)
             compute[il] = max(compute[il], float(2 * vb[1] * heads * cells * F32))
     max_compute = max(compute, default=0.0)
     shape = kv_shape(p, "ik_llama.cpp")

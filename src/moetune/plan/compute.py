@@ -24,9 +24,8 @@ CPU and experts on either (``benchmarks/measure_buffers.py``, 1,400 points). The
   the experts' FFN phase ``16 * n_ff_exp * n_expert_used`` per token when experts run on the host
   and it is larger;
 
-ik_llama.cpp reserves the output logits for every ubatch token (``n_tok * n_vocab * 4``: 4.7 GiB
-of the 5.3 GiB compute buffer in the GLM-5.1 reference at ``-ub 8192``) and caps the attention
-phase at ``-amb`` MiB; its model is fitted to that one reference point and is coarser. Accuracy against llama-server is checked by the test suite and
+ik_llama.cpp has its own model (``_ik_compute_bytes``), fitted on its real server the same way.
+Accuracy against llama-server is checked by the test suite and
 written by ``make bench`` (``benchmarks/results/ledger.md``). Known gap: with two or more accelerators the
 per-token term moves between devices in ways this model does not follow (errors up to about 35%
 per device there; the sum over devices stays within about 30%); llama.cpp's pipeline
@@ -124,20 +123,64 @@ def _recurrent_scratch(p: ModelProfile, inp: ComputeInputs) -> int:
     return per_seq * (inp.slots + 4)
 
 
+def mla_heads(n_head: int, kv_f32_mib: float, amb_mib: int) -> int:
+    """Heads ik_llama.cpp dequantizes the latent cache for at once: all of them, or with ``-amb``
+    the most whose F32 copy fits in it (a divisor of n_head, 1 at worst)."""
+    if amb_mib <= 0 or kv_f32_mib <= amb_mib:
+        return n_head
+    return next((n_head // k for k in range(2, n_head) if n_head % k == 0 and kv_f32_mib / k <= amb_mib), 1)
+
+
 def _ik_compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
-    """ik_llama.cpp: the output logits of every ubatch token dominate on the output device; the
-    attention phase is capped by -amb. Fitted to the GLM-5.1 reference (5418 MiB at -ub 8192,
-    ctx 32768, -amb 512): ``n_tok * 12 * n_embd + max(logits, attention, FFN)``."""
-    n_tok = inp.n_tok
-    if role.host:
-        return n_tok * 16 * p.n_embd + (n_tok * 16 * _ffn_width(p, role) if role.experts else 0)
-    n_head = int(p.hp("attention.head_count", 0) or 0)
-    attn = n_tok * inp.n_kv * 4 * max(n_head, 1)
-    if inp.amb_mib:
-        attn = min(attn, inp.amb_mib * MIB)
-    logits = n_tok * p.n_vocab * 4 if role.output else 0
-    ffn = n_tok * 16 * _ffn_width(p, role)
-    return n_tok * 12 * p.n_embd + max(logits, attn, ffn)
+    """ik_llama.cpp (0.1.5), fitted on 1,080 reserves of the real server (``benchmarks/
+    measure_buffers_ik.py``): the attention mask (``n_tok * n_kv``, F16 with flash attention, F32
+    without) plus the largest phase of one layer on the device, each ``n_tok *`` bytes per token:
+
+    - FFN: ``16 *`` the widest FFN there (as mainline);
+    - attention: with flash attention ``4 * (2 n_head + 2 n_head_kv) * head_dim + 8 n_embd``
+      (MLA below 128 tokens: mainline's MLA phase ``+ 8 n_embd``; from 128 tokens ik dequantizes
+      the whole latent cache to F32, ``n_kv * 4 * (2 v_head n_head + kv_lora + rope)``, plus
+      ``24 n_embd`` per token on an RPC device; ``-amb`` dequantizes it a few heads at a time (about ``10 n_embd`` on a CPU-only run, which this
+      over-predicts by up to 15%); without, the ``n_kv * 4 * n_head`` scores plus ``8 n_embd``;
+    - delta-net layers: ``4 n_embd + 32 d_inner``;
+    - a device whose layers' experts run elsewhere gathers their outputs: ``(6 n_expert_used + 4) n_embd``;
+    - the output layer's logits for every ubatch token: ``4 n_vocab`` (4.7 GiB of the GLM-5.1
+      reference's 5.3 GiB at ``-ub 8192``).
+
+    The host that builds the inputs keeps the mask and ``4 n_embd`` per token, or the experts'
+    FFN phase when they run there and it is larger. ``-amb`` changes nothing outside MLA without
+    flash attention, which is not modelled (see benchmarks/results/ledger-ik.md for the misses)."""
+    n_tok, n_kv, e = inp.n_tok, inp.n_kv, p.n_embd
+    mask = n_tok * n_kv * (2 if inp.flash_attn else 4)
+    if role.host and not role.layers:
+        base = mask + n_tok * 4 * e
+        if role.experts:
+            base = max(base, n_tok * 16 * _ffn_width(p, DeviceRole(False, True, False, False, False)))
+        return base
+    phases = [n_tok * 16 * _ffn_width(p, role)]
+    if role.layers:
+        n_head = int(p.hp("attention.head_count", 0) or 0)
+        if p.is_mla and inp.flash_attn and n_tok >= 128:
+            v_head = int(p.hp("attention.value_length_mla", 0) or 0)
+            lora = int(p.hp("attention.kv_lora_rank", 0))
+            rope = int(p.hp("rope.dimension_count", 0))
+            heads = mla_heads(n_head, 2 * v_head * n_head * n_kv * 4 / MIB, inp.amb_mib)
+            phases.append(n_kv * 4 * (2 * v_head * heads + lora + rope) + n_tok * 24 * e)
+        elif p.is_mla:
+            phases.append(n_tok * (_attn_phase_per_tok(p, inp) + 8 * e))
+        elif inp.flash_attn:
+            heads_kv = int(p.hp("attention.head_count_kv", n_head) or n_head)
+            hd = int(p.hp("attention.key_length", e // max(n_head, 1)))
+            phases.append(n_tok * (4 * (2 * n_head + 2 * heads_kv) * hd + 8 * e))
+        else:
+            phases.append(n_tok * n_kv * 4 * n_head + n_tok * 8 * e)
+        if p.is_hybrid_recurrent:
+            phases.append(n_tok * (4 * e + 32 * int(p.hp("ssm.inner_size", 0))))
+        if not role.experts and p.n_expert:
+            phases.append(n_tok * (6 * p.n_expert_used + 4) * e)
+    if role.output:
+        phases.append(n_tok * 4 * p.n_vocab)
+    return mask + max(phases)
 
 
 def compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
