@@ -45,6 +45,9 @@ def launched(target: Target, *, spec: LaunchSpec | None = None, timeout_s: float
     from moetune.run.launch import launched as run_launched
 
     assert target.spec is not None and target.doc is not None and target.server is not None
+    from moetune.run.prepare import check_fits
+
+    check_fits(target.doc, Path(target.name), force=False)  # a plan that says it does not fit is not started
     spec = spec or target.spec
     chosen = next(s for s in spec.servers() if s.name == target.server)
 

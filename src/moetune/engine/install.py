@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -198,7 +199,7 @@ _PCT = re.compile(r"^\[\s*(\d+)%\]")
 
 
 def _run_logged(cmd: list[str], log, progress: Progress, phase: str) -> None:  # type: ignore[no-untyped-def]
-    log.write(f"$ {' '.join(cmd)}\n")
+    log.write(f"$ {shlex.join(cmd)}\n")
     log.flush()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert proc.stdout is not None

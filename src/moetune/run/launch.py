@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -104,7 +105,7 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
     try:
         for p in prepared:
             procs[p.name] = _start(rd, p, envs.get(p.name, {}))
-            emit(Event(p.name, "start", 0.0, (f"on {p.spec.node} over ssh: " if p.remote else "") + " ".join(p.argv)))
+            emit(Event(p.name, "start", 0.0, (f"on {p.spec.node} over ssh: " if p.remote else "") + shlex.join(p.argv)))
             if p.spec.role == ProcessRole.RPC:
                 _wait_worker(rd, p, procs[p.name], emit)
             else:

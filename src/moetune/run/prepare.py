@@ -100,7 +100,7 @@ def check_fits(doc: dict[str, Any], path: Path, force: bool) -> list[str]:
         return said
     raise InputError(f"{path}: the plan does not fit: {said[0]}", details=tuple(said[1:]),
                      hint="plan again with less on that device (another --strategy, a smaller context or -ub, "
-                     "a quantized KV cache), or launch it anyway with --force")
+                     "a quantized KV cache), or start it anyway with `moetune launch --force`")
 
 
 def _flag_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:

@@ -138,6 +138,6 @@ def baseline_of(spec: SweepSpec, outcomes: list[Outcome], override: str | None =
     label = override or spec.baseline or (ok[0].label if ok else None)
     base = next((o for o in ok if o.label == label), None)
     if base is None:
-        raise RuntimeFailure(f"the sweep's baseline {label!r} has no completed run",
-                             hint="see the failures above; fix the plan and run the same command again")
+        what = f"the sweep's baseline {label!r} has no completed run" if label else "no plan of the sweep completed"
+        raise RuntimeFailure(what, hint="see the failures above; fix the plan and run the same command again")
     return base
