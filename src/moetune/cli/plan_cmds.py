@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from moetune.cli.common import json_option, out, print_json, warn
+from moetune.cli.common import err, json_option, out, print_json, warn
 from moetune.errors import InputError
 
 
@@ -34,13 +34,18 @@ from moetune.errors import InputError
 @click.option("--image", help="Container image for --format podman/docker (default: the engine's server image, "
               "ghcr.io/ggml-org/llama.cpp:server-cuda or ik_llama.cpp:latest; the flags always follow --engine).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the plan JSON to this file.")
+@click.option("--verify", is_flag=True, help="Also run the engine's own dry run with each service's exact command "
+              "(llama-fit-params; ik_llama.cpp's --dry-run) and print its figures beside the plan's.")
 @json_option
 def plan(model: Path | None, hw_path: str | None, layout: Path | None, strategy: str, ctx: int, parallel: int, batch: int,
          ubatch: int, ctk: str, ctv: str, no_flash_attn: bool, no_mmap: bool, engine_name: str | None, amb: int,
-         threads: int | None, port: int, speed: tuple[str, ...], fmt: str, image: str | None, output: Path | None, as_json: bool) -> None:
+         threads: int | None, port: int, speed: tuple[str, ...], fmt: str, image: str | None, output: Path | None,
+         verify: bool, as_json: bool) -> None:
     """Place MODEL on the hardware: memory per device, layer map, predicted speed, exact command.
 
-    Exits 0 whether or not the plan fits (it says so); 2 for unusable input.
+    Exits 0 whether or not the plan fits (it says so); 2 for unusable input. With --verify the
+    engine on this machine allocates the plan itself, without loading weights (the plan's RPC
+    workers must be listening), and any device where it disagrees with the plan is named.
     """
     from moetune.engine.command import render_text
     from moetune.plan.settings import Settings
@@ -55,6 +60,16 @@ def plan(model: Path | None, hw_path: str | None, layout: Path | None, strategy:
     planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output))
     for message, remedy in planned.notices:
         warn(message, remedy)
+    if verify:
+        from moetune.run.verify import verify_json, verify_plan
+
+        with err.status("the engine's dry run", spinner="dots"):
+            vs = verify_plan(planned.plan.services, [sj["argv"] for sj in planned.doc["services"]])
+        planned.doc["verify"] = verify_json(vs)
+        if output:
+            import json
+
+            output.write_text(json.dumps(planned.doc, indent=2))
     if as_json:
         print_json(planned.doc)
         return
@@ -66,6 +81,10 @@ def plan(model: Path | None, hw_path: str | None, layout: Path | None, strategy:
         out.print(render_text(planned.plan, planned.doc, fmt, image), markup=False, end="")
     for w in planned.doc["warnings"]:
         warn(w["message"], w["remedy"])
+    if verify:
+        from moetune.report.plan_view import print_verify
+
+        print_verify(vs, out)
 
 
 @click.group()

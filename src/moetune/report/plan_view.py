@@ -10,6 +10,7 @@ from rich.text import Text
 
 from moetune.plan.ledger import whole_mib
 from moetune.plan.plan import Plan
+from moetune.run.verify import Verification
 
 
 def _runs(layers: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -79,3 +80,26 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
     out.print(doc["shell"], markup=False, end="")
     c = doc["speed_constants"]
     out.print(Text("speed constants: " + ", ".join(f"{k}={v}" for k, v in c.items()), style="dim"))
+
+
+def print_verify(vs: list[Verification], out: Console) -> None:
+    """The engine's dry run beside the plan, per service and device; what disagrees, said."""
+    for v in vs:
+        title = f"{v.service}: the engine's own allocation ({v.tool})" if v.tool else f"{v.service}: not verified"
+        if v.why is not None:
+            out.print(f"{title}: {v.why}", markup=False)
+            continue
+        t = Table(title=title, title_justify="left")
+        for c in ("device", "model plan", "model engine", "context plan", "context engine", "compute plan",
+                  "compute engine", ""):
+            t.add_column(c, justify="left" if c in ("device", "") else "right")
+        theirs = {f.device: f for f in v.engine}
+        bad = {d.split(" ", 1)[0].rstrip(":") for d in v.disagreements}
+        for ours in v.ledger:
+            e = theirs.get(ours.device)
+            cells = [f"{x:,.1f}" for x in (ours.model_mib, e.model_mib if e else 0.0, ours.context_mib,
+                                            e.context_mib if e else 0.0, ours.compute_mib, e.compute_mib if e else 0.0)]
+            t.add_row(ours.device, *cells, Text("differs", style="red") if ours.device in bad else Text("ok", "green"))
+        out.print(t)
+        for d in v.disagreements:
+            out.print(f"  {d}", markup=False)

@@ -25,15 +25,14 @@ from moetune.bench.server import model_ref
 from moetune.bench.servers import model_arg
 from moetune.bench.single.workloads import DEPTH
 from moetune.bench.target import Target
+from moetune.engine.argv import SERVING_ALONE, SERVING_WITH_VALUE, strip_flags
 from moetune.errors import InputError, MoetuneError, RuntimeFailure
 from moetune.kinds import RunKind, RunStatus
 from moetune.store.db import ResultsDB
 from moetune.store.record import HostRef, RunMeta
 
-# server flags sweep-bench has no use for (it parses the same common options, but serves nothing)
-_DROP_WITH_VALUE = {"--host", "--port", "--parallel", "-np", "-c", "--ctx-size", "-n", "--n-predict",
-                    "--output-format", "-a", "--alias"}
-_DROP = {"--jinja", "--kv-unified", "--cont-batching", "-cb", "--metrics", "--no-warmup"}
+# beyond serving, the flags sweep-bench sets itself: the context it sweeps, TG, output format, slots
+_SWEEP_SETS = {"-c", "--ctx-size", "-n", "--n-predict", "--output-format", "--parallel", "-np"}
 
 Progress = Callable[[str, int, int], None]
 
@@ -91,18 +90,7 @@ def row_sample(row: SweepRow, repeat: int) -> dict[str, Any]:
 def sweep_argv(server_argv: Sequence[str], ctx: int, tg: int | None = None) -> list[str]:
     """The server's arguments as llama-sweep-bench's: same model, placement and cache; the context
     it sweeps; rows as JSON lines."""
-    out: list[str] = []
-    skip = False
-    for i, a in enumerate(server_argv):
-        if skip:
-            skip = False
-            continue
-        if a in _DROP_WITH_VALUE and i + 1 < len(server_argv):
-            skip = True
-            continue
-        if a in _DROP:
-            continue
-        out.append(a)
+    out = strip_flags(server_argv, SERVING_WITH_VALUE | _SWEEP_SETS, SERVING_ALONE | {"--kv-unified"})
     out += ["-c", str(ctx), "--output-format", "jsonl"]
     if tg is not None:
         out += ["-n", str(tg)]

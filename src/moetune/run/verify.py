@@ -1,0 +1,216 @@
+"""`plan --verify`: the engine's own allocation for the plan's exact command, beside the ledger.
+
+mainline llama.cpp: ``llama-fit-params`` with the service's arguments builds the model and context
+without loading weights and prints its ``memory breakdown`` per device (whole MiB); ik_llama.cpp:
+``llama-server --dry-run`` skips loading tensors and logs every buffer, and is stopped once it has
+reserved its compute buffers. Both need the plan's RPC workers listening, as the server would.
+Comparing is pure (``compare``); running the tools is the shell around it.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from moetune.engine.argv import strip_flags
+from moetune.engine.logs import parse_log
+from moetune.engine.registry import Engine
+from moetune.errors import InputError
+from moetune.kinds import EngineKind
+from moetune.plan.plan import ServicePlan
+
+# a device agrees when each figure is within these shares (or 1 MiB: mainline prints whole MiB);
+# the host's compute buffer beside accelerators is the model's known coarse spot (plan/compute.py)
+TOLERANCE = {"model": 0.005, "context": 0.01, "compute": 0.10}
+HOST_COMPUTE_TOLERANCE = 0.40
+IK_RESERVED = "graph splits"  # ik's last line of the context's reserve
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    device: str  # the plan's name for it
+    model_mib: float
+    context_mib: float  # KV cache, recurrent state and output buffer
+    compute_mib: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.device, "model_mib": round(self.model_mib, 2), "context_mib": round(self.context_mib, 2),
+                "compute_mib": round(self.compute_mib, 2)}
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    service: str
+    tool: str | None
+    ledger: tuple[Figures, ...] = ()
+    engine: tuple[Figures, ...] = ()
+    disagreements: tuple[str, ...] = ()
+    why: str | None = None  # why there is no engine figure (no tool, the tool failed)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def agree(self) -> bool | None:
+        return None if self.why is not None else not self.disagreements
+
+    def to_json(self) -> dict[str, Any]:
+        return {"service": self.service, "tool": self.tool, "devices": [f.to_json() for f in self.engine],
+                "ledger": [f.to_json() for f in self.ledger], "agree": self.agree,
+                "disagreements": list(self.disagreements), "why": self.why}
+
+
+def ledger_figures(sp: ServicePlan) -> list[Figures]:
+    """The plan's own figures for its service, per device (accelerators, then the CPU)."""
+    out = []
+    for d in [*sp.hw.accelerators(), sp.hw.cpu()]:
+        items = {i.what: i.mib for i in sp.memory.items.get(d.name, [])}
+        out.append(Figures(d.name, items.get("weights", 0.0), items.get("kv", 0.0) + items.get("output", 0.0),
+                           items.get("compute", 0.0)))
+    return out
+
+
+def compare(ledger: list[Figures], engine: list[Figures], slack_mib: float) -> list[str]:
+    """What disagrees beyond TOLERANCE (or ``slack_mib``, the engine's rounding)."""
+    theirs = {f.device: f for f in engine}
+    hosting = len(ledger) > 1  # the CPU builds the inputs for accelerators
+    out = []
+    for ours in ledger:
+        e = theirs.get(ours.device)
+        if e is None:
+            if ours.model_mib + ours.context_mib + ours.compute_mib > slack_mib:
+                out.append(f"{ours.device}: the engine reports no buffer there")
+            continue
+        for what, tol in TOLERANCE.items():
+            if what == "compute" and hosting and ours.device == "CPU":
+                tol = HOST_COMPUTE_TOLERANCE
+            a, b = getattr(ours, f"{what}_mib"), getattr(e, f"{what}_mib")
+            if abs(a - b) > max(tol * b, slack_mib):
+                out.append(f"{ours.device} {what}: plan {a:,.1f} MiB, engine {b:,.1f} MiB ({(a - b) / max(b, 1e-9):+.0%})")
+    return out
+
+
+def mainline_figures(text: str, names: dict[str, str]) -> list[Figures]:
+    """The first memory breakdown llama-fit-params prints (the projection for the given arguments),
+    its rows named as the plan names devices (``names``: engine name -> plan name; Host is the CPU)."""
+    log = parse_log(text)
+    if not log.memory_breakdowns:
+        return []
+    acc: dict[str, list[float]] = {}
+    for r in log.memory_breakdowns[0].rows:
+        name = "CPU" if r.name == "Host" or r.name.startswith("CPU") else names.get(r.name, r.name)
+        f = acc.setdefault(name, [0.0, 0.0, 0.0])
+        f[0] += r.model_mib
+        f[1] += r.context_mib
+        f[2] += r.compute_mib
+    return [Figures(d, *v) for d, v in acc.items()]
+
+
+def ik_figures(text: str) -> list[Figures]:
+    """Every buffer ik_llama.cpp logs, per device (mapped and repacked CPU buffers count as the CPU's)."""
+    acc: dict[str, list[float]] = {}
+    for dev, b in parse_log(text).device_buffers().items():
+        key = "CPU" if dev.startswith("CPU") else dev
+        f = acc.setdefault(key, [0.0, 0.0, 0.0])
+        f[0] += b.model_mib
+        f[1] += b.kv_mib + b.rs_mib + b.output_mib
+        f[2] += b.compute_mib
+    return [Figures(d, *v) for d, v in acc.items()]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _until(cmd: list[str], marker: str | None, timeout_s: float) -> tuple[int | None, str]:
+    """Run ``cmd``; return (exit code, or None when stopped at ``marker``; its output)."""
+    with tempfile.TemporaryFile("w+") as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True)
+        t0 = time.monotonic()
+        rc: int | None = None
+        try:
+            while time.monotonic() - t0 < timeout_s:
+                rc = p.poll()
+                if rc is not None:
+                    break
+                if marker is not None:
+                    f.seek(0)
+                    if marker in f.read():
+                        break
+                time.sleep(0.05)
+        finally:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        f.seek(0)
+        return rc, f.read()
+
+
+def verify_service(sp: ServicePlan, argv: list[str], engine: Engine | None, timeout_s: float = 120.0) -> Verification:
+    """Run the engine's dry run for one service's exact argv (the arguments after llama-server)."""
+    ledger = tuple(ledger_figures(sp))
+    name = sp.spec.name
+    if engine is None or engine.bin_dir is None or not engine.available:
+        why = "the engine is not built here" if engine is None or engine.image is None else "a container image"
+        return Verification(name, None, ledger, why=f"{why}: nothing to dry-run (moetune engine list)")
+    if engine.kind == EngineKind.MAINLINE:
+        try:
+            tool = engine.binary("fit")
+        except InputError:  # a registered build without llama-fit-params
+            return Verification(name, None, ledger, why=f"engine {engine.name} has no llama-fit-params")
+        cmd = [str(tool), *strip_flags(argv), "-lv", "4"]
+        rc, out = _until(cmd, None, timeout_s)
+        figures = mainline_figures(out, {v: k for k, v in sp.hw.engine_names().items()})
+        slack = 1.0
+    else:
+        tool = engine.binary("server")
+        cmd = [str(tool), *strip_flags(argv, {"--host", "--port"}, ()), "--dry-run", "--host", "127.0.0.1",
+               "--port", str(_free_port()), "--no-warmup"]
+        rc, out = _until(cmd, IK_RESERVED, timeout_s)
+        figures = ik_figures(out) if rc is None else []
+        slack = 0.02
+    tool_name = tool.name
+    if not figures:
+        last = [ln for ln in out.splitlines() if ln.strip()][-3:]
+        return Verification(name, tool_name, ledger, why=f"{tool_name} gave no figures (exit {rc}): " + " | ".join(last))
+    missing = [f.device for f in ledger if f.device != "CPU" and f.device not in {e.device for e in figures}]
+    if missing and len(missing) == len(ledger) - 1:
+        return Verification(name, tool_name, ledger, tuple(figures),
+                            why=f"the engine sees none of the plan's devices ({', '.join(missing)}) here: --verify "
+                                "needs the hardware the plan is for, with its RPC workers listening")
+    return Verification(name, tool_name, ledger, tuple(figures), tuple(compare(list(ledger), figures, slack)))
+
+
+def verify_plan(services: list[ServicePlan], argvs: list[list[str]], timeout_s: float = 120.0) -> list[Verification]:
+    """Each service's dry run, by its own engine (a name moetune does not know: no dry run)."""
+    from moetune.engine import registry
+
+    out = []
+    for sp, argv in zip(services, argvs, strict=True):
+        try:
+            engine: Engine | None = registry.get(sp.spec.engine or None)
+        except InputError:
+            engine = None
+        out.append(verify_service(sp, argv, engine, timeout_s))
+    return out
+
+
+def verify_json(vs: list[Verification]) -> dict[str, Any]:
+    """The plan document's ``verify`` section: the first service's devices at the top (as for a
+    plan of one model), every service's in ``services``; ``agree`` is null when nothing ran."""
+    ran = [v for v in vs if v.agree is not None]
+    many = len(vs) > 1
+    return {"tool": next((v.tool for v in vs if v.tool), None),
+            "devices": [f.to_json() for f in vs[0].engine] if vs else [],
+            "agree": all(v.agree for v in ran) if ran else None,
+            "disagreements": [f"{v.service}: {d}" if many else d for v in vs for d in v.disagreements],
+            "why": "; ".join(f"{v.service}: {v.why}" if many else v.why for v in vs if v.why) or None,
+            "services": [v.to_json() for v in vs]}
