@@ -123,6 +123,7 @@ def test_ik_accepts_the_plan_and_places_it(ik_bin_dir: Path, workers: list[str],
     sp = plan.main
     argv = service_argv(sp, facts)
     assert argv[argv.index("-fa") + 1] == "on"  # the build's -fa takes a value
+    assert "--log-disable" in argv  # else ik writes llama.log into whatever directory it starts in
     ok, log = reserve_log(ik_bin_dir / "llama-server", strip_endpoint(argv), timeout=120, marker=IK_RESERVED)
     assert ok, log[-3000:]
     assert "invalid parameter" not in log and "error:" not in log.lower(), log[-3000:]
@@ -191,7 +192,8 @@ def test_a_random_vocabulary_reply_comes_back_whole(ik_bin_dir: Path, ik_models:
     """The generated vocabulary's byte tokens form invalid UTF-8 at random; moetune's requests stream
     (ik answers a non-streamed reply with an error then), and the stream carries every token."""
     p = ik_models["qwen3moe"]
-    with llama_server(ik_bin_dir, p.files[0], tmp_path / "ik.log", "-c", "1024", "--jinja") as srv:
+    with llama_server(ik_bin_dir, p.files[0], tmp_path / "ik.log", "-c", "1024", "--jinja",
+                     "--log-disable") as srv:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 24, "stream": True,
                 "n_predict": 24, "ignore_eos": True}
         n = 0

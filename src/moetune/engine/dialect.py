@@ -40,6 +40,7 @@ class Dialect:
     n_cpu_moe: NCpuMoeRule = NCpuMoeRule.FIRST  # which layers --n-cpu-moe N keeps on the CPU
     amb: str | None = None
     mla: tuple[str, ...] = ()
+    no_log_file: tuple[str, ...] = ()  # ik_llama.cpp writes llama.log into the working directory unless told
     version: str = ""  # the build whose facts shaped this dialect
 
 
@@ -57,6 +58,7 @@ IK_DIALECT = Dialect(
     n_cpu_moe=NCpuMoeRule.IK_SPLIT_TAIL,
     amb="-amb",
     mla=("-mla", "3"),
+    no_log_file=("--log-disable",),  # only the file: the log on stderr stays
 )
 
 
@@ -86,6 +88,7 @@ def dialect(kind: str, facts: EngineFacts | None = None) -> Dialect:
         jinja=base.jinja if f.has("--jinja") else (),
         amb=base.amb if base.amb and f.has(base.amb) else None,
         mla=base.mla if base.mla and f.has(base.mla[0]) else (),
+        no_log_file=base.no_log_file if base.no_log_file and f.has(base.no_log_file[0]) else (),
     )
 
 

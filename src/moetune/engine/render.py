@@ -163,6 +163,7 @@ def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, host
     if not s.mmap:
         argv += list(d.no_mmap)
     argv += list(d.jinja)
+    argv += list(d.no_log_file)
     if s.threads:
         argv += [d.threads, str(s.threads)]
     argv += ["--host", host, "--port", str(port)]

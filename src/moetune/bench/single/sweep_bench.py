@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
@@ -90,7 +91,9 @@ def row_sample(row: SweepRow, repeat: int) -> dict[str, Any]:
 def sweep_argv(server_argv: Sequence[str], ctx: int, tg: int | None = None) -> list[str]:
     """The server's arguments as llama-sweep-bench's: same model, placement and cache; the context
     it sweeps; rows as JSON lines."""
-    out = strip_flags(server_argv, SERVING_WITH_VALUE | _SWEEP_SETS, SERVING_ALONE | {"--kv-unified"})
+    # --log-disable would silence its rows too (they go through the same log): it runs in a
+    # directory of its own instead, where its llama.log goes
+    out = strip_flags(server_argv, SERVING_WITH_VALUE | _SWEEP_SETS, SERVING_ALONE | {"--kv-unified", "--log-disable"})
     out += ["-c", str(ctx), "--output-format", "jsonl"]
     if tg is not None:
         out += ["-n", str(tg)]
@@ -181,7 +184,9 @@ def _run(argv: list[str], timeout_s: float, status: Callable[[str], None] | None
     """Run llama-sweep-bench; yield its rows as they are printed; fail naming its last words."""
     if status:
         status("llama-sweep-bench: loading the model")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    scratch = tempfile.TemporaryDirectory(prefix="moetune-sweep-")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            cwd=scratch.name)
     tail: list[str] = []
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
@@ -203,6 +208,7 @@ def _run(argv: list[str], timeout_s: float, status: Callable[[str], None] | None
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        scratch.cleanup()
     if rc != 0:
         last = "\n".join(t for t in tail if t.strip())[-1500:]
         raise RuntimeFailure(f"llama-sweep-bench exited {rc}:\n{last}")
