@@ -74,6 +74,7 @@ class DeviceRole:
     dense: bool  # holds a leading dense layer
     output: bool  # holds the output layer
     host: bool  # the CPU that builds inputs while layers are on accelerators
+    cpu: bool = False  # the device is the CPU (layers there run on the CPU backend)
 
 
 def _ffn_width(p: ModelProfile, role: DeviceRole) -> int:
@@ -139,9 +140,9 @@ def _ik_compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> 
     - FFN: ``16 *`` the widest FFN there (as mainline);
     - attention: with flash attention ``4 * (2 n_head + 2 n_head_kv) * head_dim + 8 n_embd``
       (MLA below 128 tokens: mainline's MLA phase ``+ 8 n_embd``; from 128 tokens ik dequantizes
-      the whole latent cache to F32, ``n_kv * 4 * (2 v_head n_head + kv_lora + rope)``, plus
-      ``24 n_embd`` per token on an RPC device; ``-amb`` dequantizes it a few heads at a time (about ``10 n_embd`` on a CPU-only run, which this
-      over-predicts by up to 15%); without, the ``n_kv * 4 * n_head`` scores plus ``8 n_embd``;
+      the whole latent cache to F32, ``n_kv * 4 * (2 v_head n_head + kv_lora + rope)``, a few
+      heads at a time with ``-amb``, plus ``24 n_embd`` per token on an accelerator, ``10 n_embd``
+      on the CPU); without, the ``n_kv * 4 * n_head`` scores plus ``8 n_embd``;
     - delta-net layers: ``4 n_embd + 32 d_inner``;
     - a device whose layers' experts run elsewhere gathers their outputs: ``(6 n_expert_used + 4) n_embd``;
     - the output layer's logits for every ubatch token: ``4 n_vocab`` (4.7 GiB of the GLM-5.1
@@ -165,7 +166,7 @@ def _ik_compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> 
             lora = int(p.hp("attention.kv_lora_rank", 0))
             rope = int(p.hp("rope.dimension_count", 0))
             heads = mla_heads(n_head, 2 * v_head * n_head * n_kv * 4 / MIB, inp.amb_mib)
-            phases.append(n_kv * 4 * (2 * v_head * heads + lora + rope) + n_tok * 24 * e)
+            phases.append(n_kv * 4 * (2 * v_head * heads + lora + rope) + n_tok * (10 if role.cpu else 24) * e)
         elif p.is_mla:
             phases.append(n_tok * (_attn_phase_per_tok(p, inp) + 8 * e))
         elif inp.flash_attn:

@@ -189,7 +189,7 @@ def device_roles(p: ModelProfile, pl: Placement, experts: dict[str, str]) -> dic
     for d in sorted(layer_devs | expert_devs | {pl.output_device, CPU}):
         host = d == CPU and bool(layer_devs - {CPU})
         roles[d] = DeviceRole(layers=d in layer_devs, experts=d in expert_devs, dense=d in dense_devs,
-                              output=d == pl.output_device, host=host)
+                              output=d == pl.output_device, host=host, cpu=d == CPU)
     return roles
 
 
