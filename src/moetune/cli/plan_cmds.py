@@ -6,12 +6,13 @@ from pathlib import Path
 
 import click
 
-from moetune.cli.common import json_option, out, print_json, warn
+from moetune.cli.common import json_option, out, print_json, remote_notes, remote_options, warn
 from moetune.errors import InputError
 
 
 @click.command()
-@click.argument("model", required=False, type=click.Path(path_type=Path))
+@click.argument("model", required=False)
+@remote_options
 @click.option("--hw", "hw_path", help="Hardware YAML, or a built-in example name (moetune hw example).  [required]")
 @click.option("--layout", type=click.Path(path_type=Path), help="Several services sharing the hardware (YAML).")
 @click.option("--strategy", default="auto", show_default=True,
@@ -35,12 +36,14 @@ from moetune.errors import InputError
               "ghcr.io/ggml-org/llama.cpp:server-cuda or ik_llama.cpp:latest; the flags always follow --engine).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the plan JSON to this file.")
 @json_option
-def plan(model: Path | None, hw_path: str | None, layout: Path | None, strategy: str, ctx: int, parallel: int, batch: int,
+def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str | None, layout: Path | None, strategy: str, ctx: int, parallel: int, batch: int,
          ubatch: int, ctk: str, ctv: str, no_flash_attn: bool, no_mmap: bool, engine_name: str | None, amb: int,
          threads: int | None, port: int, speed: tuple[str, ...], fmt: str, image: str | None, output: Path | None, as_json: bool) -> None:
     """Place MODEL on the hardware: memory per device, layer map, predicted speed, exact command.
 
-    Exits 0 whether or not the plan fits (it says so); 2 for unusable input.
+    MODEL is a GGUF file (any shard), an http(s) URL of one, or --hf OWNER/REPO[:QUANT]: a remote
+    model is planned from its headers alone, before it is downloaded. Exits 0 whether or not the
+    plan fits (it says so); 2 for unusable input.
     """
     from moetune.engine.command import render_text
     from moetune.plan.settings import Settings
@@ -52,9 +55,12 @@ def plan(model: Path | None, hw_path: str | None, layout: Path | None, strategy:
                               "ready-made ones (--hw rtx-pro-6000x2)")
     settings = Settings(ctx=ctx, slots=parallel, batch=batch, ubatch=ubatch, ctk=ctk, ctv=ctv,
                         flash_attn=not no_flash_attn, mmap=not no_mmap, amb_mib=amb, threads=threads)
-    planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output))
+    planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output,
+                                     hf=hf, http_timeout_s=http_timeout_s))
     for message, remedy in planned.notices:
         warn(message, remedy)
+    for sp in planned.plan.services:
+        remote_notes(sp.spec.model, fetched=True)
     if as_json:
         print_json(planned.doc)
         return
