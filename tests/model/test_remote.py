@@ -200,3 +200,13 @@ def test_shard_urls_and_download_command() -> None:
     assert shard_urls("https://h.example/m.gguf") == ["https://h.example/m.gguf"]
     assert curl_command(urls) == "curl -L --remote-name-all 'https://h.example/a%20b/M-Q4-[00001-00003]-of-00003.gguf'"
     assert curl_command(["https://h.example/m.gguf?x=1"]) == "curl -L -O 'https://h.example/m.gguf'"
+
+
+def test_a_layout_service_may_name_a_url(hub: Hub, hub_root: Path, tmp_path: Path) -> None:
+    url = hub.file_url(glm_shard(hub_root, 1).relative_to(hub_root))
+    layout = tmp_path / "layout.yaml"
+    layout.write_text(f"services:\n  - {{name: grandpa, model: '{url}', strategy: n-cpu-moe:64}}\n")
+    r = run_cli("plan", "--layout", str(layout), "--hw", "rtx-pro-6000", "--json")
+    assert r.exit_code == 0, r.stderr
+    sj = json.loads(r.stdout)["services"][0]
+    assert sj["model"] == url and sj["remote"]["local_path"] == "GLM-5.1-IQ3_KS-00001-of-00008.gguf"
