@@ -37,7 +37,7 @@ from moetune.engine.command import plan_json
 from moetune.errors import InputError
 from moetune.hardware import inventory
 from moetune.kinds import EngineKind
-from moetune.model.profile import load_profile
+from moetune.model.profile import is_url, load_profile, open_model
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.settings import Settings
 from moetune.plan.speed import SpeedConstants
@@ -59,7 +59,8 @@ def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list
     for i, s in enumerate(doc.services):
         settings = replace(base, ctx=s.ctx, slots=s.parallel, batch=s.batch, ubatch=s.ubatch, ctk=s.ctk,
                            ctv=s.ctv, flash_attn=s.flash_attn, amb_mib=s.amb)
-        spec = ServiceSpec(s.name, load_profile(absolute(p.parent / os.path.expanduser(s.model))), settings,
+        model = s.model if is_url(s.model) else absolute(p.parent / os.path.expanduser(s.model))
+        spec = ServiceSpec(s.name, load_profile(model), settings,
                            s.strategy, s.port or base_port + i, tuple(s.devices) if s.devices else None, s.engine or "")
         out.append((spec, s.model))
     return out
@@ -70,7 +71,7 @@ class PlanRequest:
     """What `moetune plan` was asked: a model or a layout file, on a hardware file."""
 
     hw: str  # a hardware file, or a built-in example's name
-    model: Path | None = None
+    model: str | Path | None = None  # a GGUF file (any shard) or an http(s) URL of one
     layout: Path | None = None
     strategy: str = "auto"
     settings: Settings = field(default_factory=Settings)  # its engine kind is resolved from ``engine``
@@ -78,6 +79,8 @@ class PlanRequest:
     port: int = 8080
     speed: tuple[str, ...] = ()  # NAME=VALUE overrides of the speed model's constants
     output: Path | None = None  # also write the plan's JSON here
+    hf: str | None = None  # OWNER/REPO[:QUANT] instead of ``model``
+    http_timeout_s: float = 30.0  # for a remote model
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +109,8 @@ def _with_engine(s: ServiceSpec, engine: str, kind: EngineKind) -> ServiceSpec:
 
 def plan_files(req: PlanRequest) -> Planned:
     """Read the files, plan, render the document (and write it to ``req.output``)."""
-    if (req.model is None) == (req.layout is None):
-        raise InputError("give a MODEL or a --layout file (not both)")
+    if (req.model is None and req.hf is None) == (req.layout is None):
+        raise InputError("give a MODEL (or --hf) or a --layout file (not both)")
     hw = inventory.load(req.hw)
     notices = [(f"node {node.name}: its RPC worker will listen on {why} (allow_public_bind); {inventory.RPC_NO_AUTH}",
                 inventory.RPC_PUBLIC_BIND_REMEDY) for node, why in inventory.public_binds(hw)]
@@ -118,9 +121,10 @@ def plan_files(req: PlanRequest) -> Planned:
         services = [_with_engine(s, engine, kind) for s, _ in loaded]
         given = [g for _, g in loaded]
     else:
-        assert req.model is not None
-        services = [ServiceSpec("main", load_profile(absolute(req.model)), base, req.strategy, req.port, engine=engine)]
-        given = [str(req.model)]
+        model = None if req.model is None else req.model if is_url(req.model) else absolute(req.model)
+        profile = open_model(model, req.hf, timeout_s=req.http_timeout_s)
+        services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine)]
+        given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]
     p = make_plan(services, hw, SpeedConstants().with_overrides(speed_overrides(req.speed)))
     doc = plan_json(p, engine, facts=registry.facts_for({s.engine for s in services if s.engine}))
     for sj, g in zip(doc["services"], given, strict=True):

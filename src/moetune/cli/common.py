@@ -45,6 +45,31 @@ def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")(f)
 
 
+def remote_options(f: F) -> F:
+    """``--hf OWNER/REPO[:QUANT]`` and ``--http-timeout``: a model read over HTTP (headers only)."""
+    f = click.option("--http-timeout", "http_timeout_s", type=click.FloatRange(0.1, 3600), default=30.0,
+                     show_default=True, help="Seconds to wait for each HTTP answer (a URL or --hf model).")(f)
+    return click.option("--hf", "hf", metavar="OWNER/REPO[:QUANT]",
+                        help="A model in a Hugging Face-style repository (HF_ENDPOINT, HF_TOKEN): QUANT is a "
+                        "directory, a file or a quant tag; only the headers are fetched.")(f)
+
+
+def remote_notes(p: Any, *, fetched: bool = False) -> None:
+    """Say (on stderr) what a server did not do for a remote model (a ``ModelProfile`` with
+    ``remote``), and with ``fetched`` what reading its headers cost."""
+    r = p.remote
+    if r is None:
+        return
+    if fetched:
+        sys.stderr.write(f"{p.files[0]}: {r.fetched_text()} (headers of {len(p.files)} file"
+                         f"{'s' if len(p.files) > 1 else ''})\n")
+    if r.range_ignored:
+        n = len(r.range_ignored)
+        warn(f"{r.range_ignored[0]}{f' (and {n - 1} more files)' if n > 1 else ''}: the server ignores Range requests; "
+             f"each header was read from the start of the whole file and the connection closed after it (nothing "
+             "more was downloaded)", "serve the files from a server with range support to read only what is needed")
+
+
 def db_option(f: F) -> F:
     """``--db PATH``: the results database, for every command that reads or writes the history."""
     return click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path),

@@ -11,21 +11,24 @@ from pathlib import Path
 import click
 
 from moetune.cli import common
-from moetune.cli.common import json_option, print_json
+from moetune.cli.common import json_option, print_json, remote_notes, remote_options
 from moetune.model.archs import ARCHS, PRESET_RECIPES, PRESETS, Dims, with_overrides
-from moetune.model.profile import load_profile
+from moetune.model.profile import open_model
 from moetune.report.inspect_view import inspect_json, mib, print_inspect
 
 
 @click.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", required=False)
+@remote_options
 @json_option
-def inspect(path: Path, as_json: bool) -> None:
+def inspect(path: str | None, hf: str | None, http_timeout_s: float, as_json: bool) -> None:
     """Show a GGUF model's tensors, layers, sizes and KV cache cost (reads headers only).
 
-    PATH may be any shard of a split model; the other shards are found beside it.
+    PATH may be any shard of a split model; the other shards are found beside it. PATH may also be
+    an http(s) URL (Range requests fetch only the headers), or give --hf OWNER/REPO[:QUANT].
     """
-    p = load_profile(path)
+    p = open_model(path, hf, timeout_s=http_timeout_s)
+    remote_notes(p)
     if as_json:
         print_json(inspect_json(p))
     else:

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import click
 
-from moetune.cli.common import err, json_option, out, print_json, warn
+from moetune.cli.common import err, json_option, out, print_json, remote_notes, remote_options, warn
 from moetune.errors import InputError
 
 
 @click.command()
-@click.argument("model", required=False, type=click.Path(path_type=Path))
+@click.argument("model", required=False)
+@remote_options
 @click.option("--hw", "hw_path", help="Hardware YAML, or a built-in example name (moetune hw example).  [required]")
 @click.option("--layout", type=click.Path(path_type=Path), help="Several services sharing the hardware (YAML).")
 @click.option("--strategy", default="auto", show_default=True,
@@ -37,15 +38,17 @@ from moetune.errors import InputError
 @click.option("--verify", is_flag=True, help="Also run the engine's own dry run with each service's exact command "
               "(llama-fit-params; ik_llama.cpp's --dry-run) and print its figures beside the plan's.")
 @json_option
-def plan(model: Path | None, hw_path: str | None, layout: Path | None, strategy: str, ctx: int, parallel: int, batch: int,
+def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str | None, layout: Path | None, strategy: str, ctx: int, parallel: int, batch: int,
          ubatch: int, ctk: str, ctv: str, no_flash_attn: bool, no_mmap: bool, engine_name: str | None, amb: int,
          threads: int | None, port: int, speed: tuple[str, ...], fmt: str, image: str | None, output: Path | None,
          verify: bool, as_json: bool) -> None:
     """Place MODEL on the hardware: memory per device, layer map, predicted speed, exact command.
 
-    Exits 0 whether or not the plan fits (it says so); 2 for unusable input. With --verify the
-    engine on this machine allocates the plan itself, without loading weights (the plan's RPC
-    workers must be listening), and any device where it disagrees with the plan is named.
+    MODEL is a GGUF file (any shard), an http(s) URL of one, or --hf OWNER/REPO[:QUANT]: a remote
+    model is planned from its headers alone, before it is downloaded. Exits 0 whether or not the
+    plan fits (it says so); 2 for unusable input. With --verify the engine on this machine
+    allocates the plan itself, without loading weights (the plan's RPC workers must be listening),
+    and any device where it disagrees with the plan is named.
     """
     from moetune.engine.command import render_text
     from moetune.plan.settings import Settings
@@ -57,9 +60,12 @@ def plan(model: Path | None, hw_path: str | None, layout: Path | None, strategy:
                               "ready-made ones (--hw rtx-pro-6000x2)")
     settings = Settings(ctx=ctx, slots=parallel, batch=batch, ubatch=ubatch, ctk=ctk, ctv=ctv,
                         flash_attn=not no_flash_attn, mmap=not no_mmap, amb_mib=amb, threads=threads)
-    planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output))
+    planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output,
+                                     hf=hf, http_timeout_s=http_timeout_s))
     for message, remedy in planned.notices:
         warn(message, remedy)
+    for sp in planned.plan.services:
+        remote_notes(sp.spec.model, fetched=True)
     if verify:
         from moetune.run.verify import verify_json, verify_plan
 

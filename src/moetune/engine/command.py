@@ -93,7 +93,16 @@ def service_json(sp: ServicePlan, argv: list[str], facts: Facts | None = None) -
         "argv": argv,
         "notes": service_notes(sp, facts),
         "engine_version": service_dialect(sp, facts).version,
+        **({"remote": _remote_json(sp)} if sp.spec.model.remote else {}),
     }
+
+
+def _remote_json(sp: ServicePlan) -> dict[str, Any]:
+    """A model planned from its URL: its files, where the commands expect it (-m) and how to get it there."""
+    r = sp.spec.model.remote
+    assert r is not None
+    return {"files": [str(f) for f in sp.spec.model.files], "local_path": r.local_path, "download": r.download,
+            "bytes_fetched": r.bytes_fetched, "requests": r.requests}
 
 
 def launch_spec(plan: Plan, engine: str, argvs: list[list[str]] | None = None) -> LaunchSpec:

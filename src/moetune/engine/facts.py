@@ -133,7 +133,7 @@ def parse_help(kind: EngineKind, help_text: str, version_text: str = "",
 KNOWN: dict[EngineKind, EngineFacts] = {
     EngineKind.MAINLINE: EngineFacts(EngineKind.MAINLINE, "version: 0.6.0-dev (build 0, commit unknown)", frozenset({
         "-fa on", "-ot", "--cpu-moe", "--n-cpu-moe", "-ts", "-dev", "-nr", "-lm none", "-fit off",
-        "--kv-unified", "--jinja"}), NCpuMoeRule.FIRST),
+        "--kv-unified", "--jinja", "--log-disable"}), NCpuMoeRule.FIRST),
     EngineKind.IK: EngineFacts(EngineKind.IK, "version: 0 (ik-llama-cpp-python-0.1.5)", frozenset({
         "-fa on", "-no-fa", "-ot", "--cpu-moe", "--n-cpu-moe", "-ts", "-dev", "-rtr", "--no-mmap", "--fit",
         "--dry-run", "--jinja", "-amb", "-mla", "-ger", "-muge", "--merge-qkv", "-no-ooae", "-sm graph", "-khad",

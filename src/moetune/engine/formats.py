@@ -79,8 +79,10 @@ def container_command(runtime: str, image: str, cmd: Command, *, gpus: bool) -> 
         if a not in MODEL_FLAGS:
             continue
         path = PurePosixPath(argv[i + 1])
-        if not path.is_absolute():
-            raise ValueError(f"model path {path} is not absolute (plans store absolute paths)")
+        if not path.is_absolute():  # a remote model's place after its download
+            raise InputError(f"model path {path} is not absolute: a container mounts the model's directory",
+                             hint="download the model and plan the local file (a plan from a URL says -m where "
+                             "the download puts it, relative to the download directory)")
         if ":" in str(path.parent):
             raise InputError(f"{path.parent}: a directory with ':' cannot be mounted with -v",
                              hint="move or link the model to a directory without ':' and plan again")

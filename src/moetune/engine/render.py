@@ -138,7 +138,7 @@ def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, host
                 extra: list[str] | None = None, accelerators: list[tuple[str, bool]] | None = None) -> list[str]:
     """Arguments after the llama-server binary. ``accelerators``: the plan's (name, is an RPC
     device), in llama.cpp's order, which the engine's -ts depends on."""
-    argv = ["-m", model_path or str(p.files[0]), d.ctx, str(s.ctx), d.slots, str(s.slots), d.batch, str(s.batch),
+    argv = ["-m", model_path or p.server_path, d.ctx, str(s.ctx), d.slots, str(s.slots), d.batch, str(s.batch),
             d.ubatch, str(s.ubatch), d.ctk, s.ctk, d.ctv, s.ctv]
     argv += list(d.flash_attn_on if s.flash_attn else d.flash_attn_off)
     if s.kv_unified:

@@ -5,6 +5,11 @@ type ids it does not know (all of ik_llama.cpp's), and reads one file at a time.
 only the header, knows every type in :mod:`moetune.model.quants`, checks the file is long
 enough for the tensors it declares, and skips large arrays (the vocabulary) without building
 Python objects for them.
+
+The parser reads from a :class:`ByteSource`: the header is read from byte 0 onwards, so a source is
+a growing prefix of the file. A local file is mapped whole; a remote one
+(:mod:`moetune.model.remote`) fetches more of its prefix as the parser asks for it. Both go through
+every line of the same parser.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from moetune.errors import InputError
 from moetune.model.quants import QuantType, UnknownQuantType, by_id
@@ -33,6 +38,25 @@ _SCALAR, _STRING, _ARRAY = SCALAR_FORMATS, STRING, ARRAY
 _U64 = struct.Struct("<Q")
 
 SHARD_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+MIN_HEADER = 24  # magic, version, tensor count, metadata count
+
+Buffer = mmap.mmap | bytes | bytearray
+
+
+class ByteSource(Protocol):
+    """A file's bytes as the header parser reads them: from its start, in order."""
+
+    @property
+    def path(self) -> Path | str:  # a local path, or a URL; named in messages and kept in GGUFFile
+        ...
+
+    @property
+    def size(self) -> int:  # the file's length in bytes
+        ...
+
+    def prefix(self, end: int) -> Buffer:
+        """A buffer whose first ``end`` bytes (``end <= size``) are the file's first bytes; it may hold more."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +79,7 @@ class TensorInfo:
 
 @dataclass(frozen=True, slots=True)
 class GGUFFile:
-    path: Path
+    path: Path | str  # a URL for a file read over HTTP
     version: int
     metadata: dict[str, Any]
     tensors: tuple[TensorInfo, ...]
@@ -66,20 +90,27 @@ class GGUFFile:
 
 
 class _Cursor:
-    __slots__ = ("buf", "path", "pos", "size")
+    """Reads values at ``pos``; asks the source for more of the file when the buffer runs out."""
 
-    def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
-        self.buf = buf
+    __slots__ = ("buf", "path", "pos", "size", "src")
+
+    def __init__(self, src: ByteSource) -> None:
+        self.src = src
+        self.path = src.path
+        self.size = src.size
+        self.buf = src.prefix(min(self.size, MIN_HEADER))
         self.pos = 0
-        self.size = len(buf)
-        self.path = path
 
     def need(self, n: int, what: str) -> None:
-        if self.pos + n > self.size:
+        end = self.pos + n
+        if end <= len(self.buf):
+            return
+        if end > self.size:
             raise InputError(
                 f"{self.path}: file is truncated (header ends at byte {self.size} while reading {what})",
                 hint="re-download or re-copy the file; compare its size with the source",
             )
+        self.buf = self.src.prefix(end)
 
     def unpack(self, fmt: str, what: str) -> Any:
         n = struct.calcsize(fmt)
@@ -116,20 +147,36 @@ class _Cursor:
     def skip_array(self, itype: int, n: int, what: str) -> None:
         if itype == _STRING:
             # The hot loop of reading a header (the vocabulary): no bound check per string, since
-            # unpack_from raises once a length runs past the end.
-            buf, pos, unpack = self.buf, self.pos, _U64.unpack_from
-            try:
-                for _ in range(n):
-                    pos += 8 + unpack(buf, pos)[0]
-            except (struct.error, OverflowError):
-                self.pos = self.size
-                self.need(8, what)
+            # unpack_from raises once a length runs past the buffer; then the buffer grows (a
+            # remote source) or the file is truncated (need says which).
+            buf, pos, unpack, i = self.buf, self.pos, _U64.unpack_from, 0
+            while i < n:
+                try:
+                    while i < n:
+                        pos += 8 + unpack(buf, pos)[0]
+                        i += 1
+                except (struct.error, OverflowError):
+                    self.pos = pos
+                    self.need(8, what)
+                    buf = self.buf
             self.pos = pos
             self.need(0, what)
         else:
             nbytes = struct.calcsize(_SCALAR[itype]) * n
             self.need(nbytes, what)
             self.pos += nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class _MappedFile:
+    """A local file as a ByteSource: mapped whole, so every prefix is already there."""
+
+    path: Path
+    size: int
+    buf: Buffer
+
+    def prefix(self, end: int) -> Buffer:
+        return self.buf
 
 
 def read_gguf(path: str | os.PathLike[str], file_index: int = 0) -> GGUFFile:
@@ -145,18 +192,24 @@ def read_gguf(path: str | os.PathLike[str], file_index: int = 0) -> GGUFFile:
         raise InputError(f"{p}: permission denied") from None
     try:
         size = os.fstat(fd).st_size
-        if size < 24:
-            raise InputError(f"{p}: file is truncated ({size} bytes; a GGUF header needs at least 24)")
+        if size < MIN_HEADER:
+            return parse(_MappedFile(p, size, b""), file_index)  # says it is truncated
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
-            return _parse(mm, p, size, file_index)
+            return parse(_MappedFile(p, size, mm), file_index)
     finally:
         os.close(fd)
 
 
-def _parse(buf: mmap.mmap, path: Path, size: int, file_index: int) -> GGUFFile:
-    c = _Cursor(buf, path)
-    if bytes(buf[:4]) != GGUF_MAGIC:
-        raise InputError(f"{path}: not a GGUF file (bad magic {bytes(buf[:4])!r})")
+def parse(src: ByteSource, file_index: int = 0) -> GGUFFile:
+    """Parse the header a source holds (local or remote: the one parser)."""
+    path, size = src.path, src.size
+    if size < MIN_HEADER:
+        raise InputError(f"{path}: file is truncated ({size} bytes; a GGUF header needs at least {MIN_HEADER})",
+                         hint="re-download or re-copy the file; compare its size with the source")
+    c = _Cursor(src)
+    magic = bytes(c.buf[:4])
+    if magic != GGUF_MAGIC:
+        raise InputError(f"{path}: not a GGUF file (bad magic {magic!r})")
     c.pos = 4
     version = c.unpack("<I", "version")
     if version not in (2, 3):
@@ -208,27 +261,33 @@ def _parse(buf: mmap.mmap, path: Path, size: int, file_index: int) -> GGUFFile:
     return GGUFFile(path, version, meta, tuple(tensors), alignment, data_offset, size, header_end)
 
 
-def shard_paths(path: str | os.PathLike[str]) -> list[Path]:
-    """All shards of a split model, given any one of them (llama-gguf-split naming)."""
-    p = Path(path)
-    m = SHARD_RE.match(p.name)
+def shard_names(name: str) -> list[str]:
+    """The file names of every shard of a split model, given one of them (llama-gguf-split naming);
+    just ``[name]`` for a single file."""
+    m = SHARD_RE.match(name)
     if not m:
-        return [p]
+        return [name]
     count = int(m["count"])
-    paths = [p.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    return [f"{m['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+def shard_paths(path: str | os.PathLike[str]) -> list[Path]:
+    """All shards of a split model, given any one of them."""
+    p = Path(path)
+    paths = [p.with_name(n) for n in shard_names(p.name)]
+    if len(paths) == 1:
+        return [p]
     missing = [q.name for q in paths if not q.exists()]
     if missing:
         raise InputError(
-            f"{p.parent}: missing shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} of {count}",
+            f"{p.parent}: missing shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} of {len(paths)}",
             hint="all shards must sit in the same directory",
         )
     return paths
 
 
-def read_model_files(path: str | os.PathLike[str]) -> list[GGUFFile]:
-    """Read every shard's header, checking the split metadata agrees."""
-    paths = shard_paths(path)
-    files = [read_gguf(q, i) for i, q in enumerate(paths)]
+def check_split(files: list[GGUFFile]) -> list[GGUFFile]:
+    """The shards, once their split metadata agrees with their names (InputError where it does not)."""
     if len(files) > 1:
         for i, f in enumerate(files):
             no = f.metadata.get("split.no")
@@ -236,3 +295,8 @@ def read_model_files(path: str | os.PathLike[str]) -> list[GGUFFile]:
             if no is not None and (no != i or count != len(files)):
                 raise InputError(f"{f.path}: split metadata says shard {no} of {count}, expected {i} of {len(files)}")
     return files
+
+
+def read_model_files(path: str | os.PathLike[str]) -> list[GGUFFile]:
+    """Read every shard's header, checking the split metadata agrees."""
+    return check_split([read_gguf(q, i) for i, q in enumerate(shard_paths(path))])

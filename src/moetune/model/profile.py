@@ -1,18 +1,24 @@
 """ModelProfile: what a GGUF model is made of, tensor by tensor, layer by layer.
 
-Built from headers only (:mod:`moetune.model.gguf_read`); every later stage (the memory ledger,
-placement, the speed model) works on this, never on files.
+Built from headers only (:mod:`moetune.model.gguf_read`), of local files or over HTTP
+(:mod:`moetune.model.remote`, :mod:`moetune.model.hf`: imported only for a remote model); every
+later stage (the memory ledger, placement, the speed model) works on this, never on files.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from moetune.errors import InputError
 from moetune.model.gguf_read import GGUFFile, read_model_files
+
+if TYPE_CHECKING:
+    from moetune.model.remote import Client
 
 # Roles of tensors, as placement sees them.
 EXPERT = "expert"  # routed experts: ffn_{gate,up,down,gate_up}_exps
@@ -92,12 +98,33 @@ class Layer:
     experts: dict[str, tuple[str, int]]  # kind -> (type name, bytes)
 
 
+@dataclass(frozen=True, slots=True)
+class Remote:
+    """A model whose headers were read over HTTP: where a plan expects it once downloaded, how to
+    download it, and what reading the headers cost."""
+
+    local_path: str  # the first file relative to the download directory: what -m says
+    download: str  # a command that downloads every file into the current directory
+    bytes_fetched: int
+    requests: int
+    range_ignored: tuple[str, ...] = ()  # files whose server answered Range with the whole file (closed after the header)
+
+    def fetched_text(self) -> str:
+        return f"fetched {self.bytes_fetched / 1024:,.0f} KiB in {self.requests} requests"
+
+
 @dataclass(frozen=True)
 class ModelProfile:
     arch: str
-    files: tuple[Path, ...]
+    files: tuple[Path | str, ...]  # URLs (str) for a remote model
     metadata: dict[str, Any]
     tensors: tuple[Tensor, ...]
+    remote: Remote | None = None
+
+    @property
+    def server_path(self) -> str:
+        """What llama-server's -m says: the first file, or for a remote model where its download puts it."""
+        return self.remote.local_path if self.remote else str(self.files[0])
 
     # --- hyperparameters --------------------------------------------------------------------
     def hp(self, key: str, default: Any = None) -> Any:
@@ -195,7 +222,7 @@ class ModelProfile:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def profile_from_files(files: list[GGUFFile]) -> ModelProfile:
+def profile_from_files(files: list[GGUFFile], remote: Remote | None = None) -> ModelProfile:
     meta: dict[str, Any] = {}
     for f in reversed(files):  # the first shard's metadata wins
         meta.update(f.metadata)
@@ -206,12 +233,50 @@ def profile_from_files(files: list[GGUFFile]) -> ModelProfile:
             layer, kind = tensor_kind(ti.name)
             tensors.append(Tensor(ti.name, layer, kind, tensor_role(kind), ti.qtype.name, ti.shape, ti.nbytes,
                                   ti.file_index, ti.offset))
-    return ModelProfile(arch, tuple(f.path for f in files), meta, tuple(tensors))
+    return ModelProfile(arch, tuple(f.path for f in files), meta, tuple(tensors), remote)
 
 
-def load_profile(path: str | Path) -> ModelProfile:
-    """Read a model (any shard of it) into a profile. Raises InputError on bad files."""
+def is_url(path: str | os.PathLike[str]) -> bool:
+    return isinstance(path, str) and path[:8].lower().startswith(("http://", "https://"))
+
+
+def load_profile(path: str | Path, *, timeout_s: float = 30.0) -> ModelProfile:
+    """Read a model (any shard of it: a local file or an http(s) URL) into a profile. Raises
+    InputError on bad files, RuntimeFailure when a server does not answer as it should."""
+    if is_url(path):
+        return _load_url(str(path), timeout_s=timeout_s)
     return profile_from_files(read_model_files(path))
+
+
+def open_model(path: str | Path | None, hf: str | None = None, *, timeout_s: float = 30.0) -> ModelProfile:
+    """The model a command names: a GGUF file, an http(s) URL of one, or ``--hf OWNER/REPO[:QUANT]``."""
+    if hf is not None:
+        if path is not None:
+            raise InputError(f"give a MODEL or --hf, not both (MODEL {path}, --hf {hf})")
+        return _load_hf(hf, timeout_s=timeout_s)
+    if path is None:
+        raise InputError("missing MODEL: a GGUF file (any shard), an http(s) URL of one, or --hf OWNER/REPO[:QUANT]")
+    return load_profile(path, timeout_s=timeout_s)
+
+
+def _load_url(url: str, *, timeout_s: float, local_path: str | None = None, download: str | None = None,
+              client: Client | None = None) -> ModelProfile:
+    from moetune.model import remote as r
+
+    client = client or r.Client.from_env(timeout_s)
+    files = r.read_remote_files(url, client)
+    urls = [str(f.path) for f in files]
+    st = client.stats
+    return profile_from_files(files, Remote(local_path or r.file_name(urls[0]), download or r.curl_command(urls),
+                                            st.bytes_fetched, st.requests, tuple(st.range_ignored)))
+
+
+def _load_hf(spec: str, *, timeout_s: float) -> ModelProfile:
+    from moetune.model import hf, remote
+
+    client = remote.Client.from_env(timeout_s)
+    choice, url = hf.resolve(client, remote.hf_endpoint(), spec)
+    return _load_url(url, timeout_s=timeout_s, local_path=choice.path, download=choice.download_command(), client=client)
 
 
 def fingerprint(p: ModelProfile) -> str:

@@ -62,8 +62,9 @@ class Plan:
     def main(self) -> ServicePlan:
         return self.services[0]
 
-    def warnings(self) -> list[dict[str, str]]:
-        out = []
+    def warnings(self) -> list[dict[str, str | None]]:
+        """What to tell beside the verdict: a device close to its limit; a model still to download."""
+        out: list[dict[str, str | None]] = []
         for led in self.ledgers:
             if any(i.what == "margin" for i in led.items):
                 continue  # the margin is the head-room; a plan that eats it is a shortfall, not a warning
@@ -71,6 +72,15 @@ class Plan:
                 out.append({"device": led.device, "message": f"{led.device} is {led.used_mib / led.capacity_mib:.0%} "
                             "full: a driver update or another process can tip it over",
                             "remedy": "lower -ub or the context, or move one more layer's experts to the CPU"})
+        for sp in self.services:
+            r = sp.spec.model.remote
+            if r is not None:
+                who = f"{sp.spec.name}: " if len(self.services) > 1 else ""
+                out.append({"device": None, "message": f"{who}the model is remote ({sp.spec.model.files[0]}): "
+                            f"llama-server cannot open a URL, so the commands say -m {r.local_path}, where its "
+                            "download puts it",
+                            "remedy": f"download it first ({r.download}) and run the commands from that directory, "
+                            "or plan the downloaded file"})
         return out
 
 

@@ -65,7 +65,15 @@ def inspect_json(p: ModelProfile) -> dict[str, Any]:
         },
         "recurrent_layers": len(kv.recurrent_layers),
         "rs_bytes_per_seq": kv.rs_bytes_per_seq,
+        **(_remote_json(p) if p.remote else {}),
     }
+
+
+def _remote_json(p: ModelProfile) -> dict[str, Any]:
+    r = p.remote
+    assert r is not None
+    return {"bytes_fetched": r.bytes_fetched, "requests": r.requests, "download": r.download,
+            "local_path": r.local_path}
 
 
 def _compress_rows(p: ModelProfile) -> list[tuple[str, list[Any]]]:
@@ -126,3 +134,6 @@ def print_inspect(p: ModelProfile, console: Console) -> None:
     if doc["rs_bytes_per_seq"]:
         console.print(f"recurrent state: {mib(doc['rs_bytes_per_seq']):.2f} MiB per sequence "
                       f"({doc['recurrent_layers']} recurrent layers, F32)")
+    if p.remote:
+        console.print(f"remote: {p.remote.fetched_text()} (headers of {len(p.files)} file"
+                      f"{'s' if len(p.files) > 1 else ''}); download: {p.remote.download}", markup=False)

@@ -158,6 +158,9 @@ def verify_service(sp: ServicePlan, argv: list[str], engine: Engine | None, time
     """Run the engine's dry run for one service's exact argv (the arguments after llama-server)."""
     ledger = tuple(ledger_figures(sp))
     name = sp.spec.name
+    if sp.spec.model.remote is not None:
+        return Verification(name, None, ledger, why="the model is planned from its headers and not downloaded yet: "
+                                                    "--verify needs the files (download them, then plan the local copy)")
     if engine is None or engine.bin_dir is None or not engine.available:
         why = "the engine is not built here" if engine is None or engine.image is None else "a container image"
         return Verification(name, None, ledger, why=f"{why}: nothing to dry-run (moetune engine list)")
