@@ -127,10 +127,13 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
 
     The rule: the bootstrap confidence interval of the ratio of medians; "same" when it contains 1
     or the change is below --min-change."""
+    from moetune.bench.analysis.predicted import report
+    from moetune.bench.analysis.summary import run_summary
     from moetune.bench.analysis.warnings import grouped
     from moetune.kinds import RunStatus
     from moetune.report.compare import compare, load, require_rows, run_noise, runs_to_compare
     from moetune.report.plot import plot_runs
+    from moetune.report.results_view import prediction_lines
     from moetune.store.db import ResultsDB
 
     with ResultsDB.open(db_path) as db:
@@ -140,15 +143,24 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
                 warn(f"run {r.id} ({r.label}) is {r.status}: comparing the samples it has")
         data = load(db, runs)
         noise = {r.id: run_noise(r, db.samples(r.id)) for r in runs}
+        preds = {r.id: rep for r in runs if r.meta.details.get("predicted")
+                 and (rep := report(run_summary(db.samples(r.id)), dict(r.meta.details)))}
     comp = compare(data[0], data[1:], conf=confidence, min_change=min_change / 100, seed=seed)
     require_rows(comp)
     if plot_path:
         plot_runs([comp.baseline, *comp.others], plot_path, conf=confidence, seed=seed)
     if as_json:
         print_json({**comp.to_json(), "plot": str(plot_path) if plot_path else None,
-                    "run_warnings": {str(k): [w.to_json() for w in v] for k, v in noise.items() if v}})
+                    "run_warnings": {str(k): [w.to_json() for w in v] for k, v in noise.items() if v},
+                    "prediction_error": {str(k): v["prediction_error"] for k, v in preds.items()}})
         return
     comparison_output(comp, fmt)
+    for r in runs:
+        lines = prediction_lines(preds.get(r.id))
+        if lines and fmt == "table":
+            out.print(f"run {r.id} ({r.label}): " + lines[0], markup=False, highlight=False)
+            for line in lines[1:]:
+                out.print(line, markup=False, highlight=False)
     for rid, ws in noise.items():
         for message, remedy in grouped(ws):
             warn(f"run {rid}: {message}", remedy)

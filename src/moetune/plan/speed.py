@@ -57,6 +57,8 @@ class DeviceLoad:
     device: str
     read_mib_per_token: float
     decode_ms: float
+    bw_gbs: float = 0.0  # the device's memory bandwidth in the hardware file (the physical limit)
+    kv_mib_per_1k_depth: float = 0.0  # more read per token for each 1000 tokens of context
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +70,14 @@ class Prediction:
     per_device: tuple[DeviceLoad, ...]
     constants: SpeedConstants
     depth: int = 0
+    ms_per_1k_depth: float = 0.0  # decode time per token added by each 1000 tokens of context (linear)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "tg_tok_s": round(self.tg_tok_s, 3),
             "pp_tok_s": round(self.pp_tok_s, 3),
+            "ms_per_token": round(1000.0 / self.tg_tok_s, 5),
+            "ms_per_1k_depth": round(self.ms_per_1k_depth, 6),
             "graph_splits": self.graph_splits,
             "rpc_hops": self.rpc_hops,
             "depth": self.depth,
@@ -118,20 +123,25 @@ def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
         for x in t.shape:
             n *= x
         active_params[d] = active_params.get(d, 0.0) + n * f
-    if depth:
-        kv: KVShape = kv_shape(p, s.engine)
-        for lk in kv.layers:
-            d = pl.layer_device[lk.layer]
-            read[d] = read.get(d, 0.0) + depth * KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv)
+    kv_per_tok: dict[str, float] = {}  # KV bytes read per token per token of context
+    kv: KVShape = kv_shape(p, s.engine)
+    for lk in kv.layers:
+        d = pl.layer_device[lk.layer]
+        kv_per_tok[d] = kv_per_tok.get(d, 0.0) + KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv)
+    for d, b in kv_per_tok.items():
+        read[d] = read.get(d, 0.0) + depth * b
     devs = {d.name: d for d in hw.devices()}
     loads = []
     t_tok = k.token_overhead_us * 1e-6
+    ms_per_1k = 0.0
     for name, b in sorted(read.items()):
         dev = devs.get(name) or hw.cpu()
         eff = k.cpu_bw_eff if dev.kind == DeviceKind.CPU else k.gpu_bw_eff
         ms = b / (dev.bw_gbs * GB * eff) * 1e3
         t_tok += ms / 1e3
-        loads.append(DeviceLoad(name, round(b / (1 << 20), 3), round(ms, 4)))
+        ms_per_1k += kv_per_tok.get(name, 0.0) * 1000 / (dev.bw_gbs * GB * eff) * 1e3
+        loads.append(DeviceLoad(name, round(b / (1 << 20), 3), round(ms, 4), dev.bw_gbs,
+                                round(kv_per_tok.get(name, 0.0) * 1000 / (1 << 20), 4)))
     n_splits, hops = graph_splits(p, pl, experts)
     kinds = {name: d.kind for name, d in devs.items()}
     rpc_hops = sum(1 for src, dst in hops if kinds.get(src) == DeviceKind.RPC or kinds.get(dst) == DeviceKind.RPC)
@@ -143,7 +153,21 @@ def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
                 t_tok += p.n_embd * 4 / (devs[name].link_gbs * GB)
     tg = 1.0 / t_tok
     pp = _prefill(p, hw, s, k, active_params, held, n_splits, rpc_hops)
-    return Prediction(tg, pp, n_splits, rpc_hops, tuple(loads), k, depth)
+    return Prediction(tg, pp, n_splits, rpc_hops, tuple(loads), k, depth, ms_per_1k)
+
+
+def at_depth(predicted: dict[str, Any], depth: int) -> dict[str, Any]:
+    """A stored prediction (``Prediction.to_json()``) moved to another context depth: decode time
+    is linear in the context read per token; prefill is per ubatch and stays. Returns
+    ``{tg_tok_s, pp_tok_s, depth, per_device: [{device, read_mib_per_token, bw_gbs}]}``."""
+    base = int(predicted.get("depth") or 0)
+    dk = (depth - base) / 1000.0
+    ms = float(predicted["ms_per_token"]) + float(predicted.get("ms_per_1k_depth") or 0.0) * dk
+    per = [{"device": d["device"], "bw_gbs": d.get("bw_gbs", 0.0),
+            "read_mib_per_token": d["read_mib_per_token"] + (d.get("kv_mib_per_1k_depth") or 0.0) * dk}
+           for d in predicted.get("per_device", [])]
+    return {"tg_tok_s": 1000.0 / ms if ms > 0 else 0.0, "pp_tok_s": float(predicted["pp_tok_s"]), "depth": depth,
+            "per_device": per}
 
 
 def _flops(dev_kind: str, tflops: float | None, cores: int, k: SpeedConstants) -> float:

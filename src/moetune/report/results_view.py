@@ -122,11 +122,39 @@ def workloads_table(summary: dict[str, Any], conf: float = DEFAULT_CONF) -> Tabl
     return t
 
 
+def prediction_lines(rep: dict[str, Any] | None) -> list[str]:
+    """The plan's prediction beside the measurement, and each device's share of its bandwidth."""
+    if not rep:
+        return []
+    out = ["predicted vs measured (tokens/s; error = predicted over measured):"]
+    for name, row in rep["prediction_error"].items():
+        cells = []
+        for fam in ("tg", "pp"):
+            r = row[fam]
+            if r["measured"] is None:
+                continue
+            err = "" if r["error_pct"] is None else f" ({r['error_pct']:+.0f}%)"
+            cells.append(f"{fam.upper()} {fmt(r['predicted'])} vs {fmt(r['measured'])}{err}")
+        if cells:
+            out.append(f"  {name}: " + ", ".join(cells))
+    eff = [e for e in rep["efficiency"] if e["pct"] is not None]
+    if eff:
+        out.append("decode bandwidth reached (first workload): " + ", ".join(
+            f"{e['device']} {e['bytes_per_s'] / 1e9:.1f} of {e['limit_bytes_per_s'] / 1e9:.0f} GB/s ({e['pct']:.0f}%)"
+            for e in eff))
+    return out
+
+
 def show(run: Run, summary: dict[str, Any], counts: dict[str, int]) -> RenderableType:
     parts: list[RenderableType] = [Text("\n".join(_context_lines(run)))]
     parts.append(Text(f"samples: {', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'none'}", style="dim"))
     if run.kind == RunKind.BENCH:
         parts.append(workloads_table(summary))
+        from moetune.bench.analysis.predicted import report
+
+        lines = prediction_lines(report(summary, dict(run.meta.details)))
+        if lines:
+            parts.append(Text("\n".join(lines)))
     else:
         t = Table()
         for c in ("metric", "median", "CI", "n", "unit"):

@@ -52,6 +52,13 @@ class Launch:
     engine_build: str | None
     model_path: str | None
     launch_run: str
+    service: str | None = None  # the plan's service the benchmark measures
+
+    def predicted(self) -> dict[str, Any] | None:
+        """The plan's speed prediction for the measured service (``Prediction.to_json()``)."""
+        services = self.plan.get("services") or []
+        sj = next((s for s in services if s.get("name") == self.service), services[0] if services else None)
+        return sj.get("predicted") if sj and (sj.get("predicted") or {}).get("ms_per_token") else None
 
 
 def run_meta(info: ServerInfo, workloads: list[Workload], options: BenchOptions, *,
@@ -62,7 +69,18 @@ def run_meta(info: ServerInfo, workloads: list[Workload], options: BenchOptions,
         model=model_ref((launch.model_path if launch else None) or info.model_path, name=info.model_alias),
         host=HostRef.here(), engine_build=(launch.engine_build if launch else None) or info.build,
         plan=launch.plan if launch else None, launch_run=launch.launch_run if launch else None,
-        details={"workloads": [w.to_json() for w in workloads], "options": asdict(options)})
+        details={"workloads": [w.to_json() for w in workloads], "options": asdict(options),
+                 **_expected(launch, workloads)})
+
+
+def _expected(launch: Launch | None, workloads: list[Workload]) -> dict[str, Any]:
+    """``{"predicted": {workload: the plan's prediction for it}}`` when a plan was launched."""
+    predicted = launch.predicted() if launch else None
+    if predicted is None:
+        return {}
+    from moetune.bench.analysis.predicted import expected
+
+    return {"predicted": expected(predicted, [(w.name, w.depth if w.kind != CHAT else 0) for w in workloads])}
 
 
 def _check_depths(info: ServerInfo, workloads: list[Workload]) -> None:
@@ -189,7 +207,7 @@ def bench_target(db: ResultsDB, t: Target, workloads: list[Workload], options: B
     lab = label or str(t.label)
     with launched(t, timeout_s=launch_timeout_s, status=status) as srv:
         return bench(db, srv.url, workloads, options, label=lab, target=t.name, sweep_id=sweep_id,
-                     launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run),
+                     launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run, t.server),
                      progress=progress_for(lab) if progress_for else None, on_start=on_start)
 
 

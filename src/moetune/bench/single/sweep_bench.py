@@ -145,7 +145,7 @@ def bench_sweep(db: ResultsDB, t: Target, opt: SweepOptions, *, label: str | Non
     meta = RunMeta(kind=RunKind.BENCH, moetune_version=__version__, argv=tuple(sys.argv), started_unix=time.time(),
                    model=model_ref(model_arg(chosen.argv)), host=HostRef.here(), engine_build=engine.version(),
                    plan=t.doc, details={"backend": "llama-sweep-bench", "sweep_argv": argv, "ctx": ctx, "ubatch": ub,
-                                        "repeats": opt.repeats})
+                                        "repeats": opt.repeats, **_expected(t, chosen.name, ctx, ub)})
     run_id = db.create_run(meta, label=label or f"{t.label} (sweep-bench)", target=t.name)
     workers = LaunchSpec(tuple(t.spec.workers()))
     done = 0
@@ -173,6 +173,18 @@ def bench_sweep(db: ResultsDB, t: Target, opt: SweepOptions, *, label: str | Non
         raise
     db.finish_run(run_id, RunStatus.DONE, run_summary(db.samples(run_id)))
     return run_id
+
+
+def _expected(t: Target, service: str, ctx: int, ub: int) -> dict[str, Any]:
+    """The plan's prediction at every depth the sweep measures (as bench's runs store it)."""
+    from moetune.bench.analysis.predicted import expected
+    from moetune.bench.single.runner import Launch
+
+    assert t.doc is not None
+    predicted = Launch(t.doc, None, None, "", service).predicted()
+    if predicted is None:
+        return {}
+    return {"predicted": expected(predicted, [(f"d{d}", d) for d in range(0, ctx, ub)])}
 
 
 def _summary(db: ResultsDB, run_id: int) -> dict[str, Any] | None:

@@ -1,0 +1,71 @@
+"""The plan's prediction beside the measurement, and how close a run came to the hardware's limit.
+
+A benchmark of a plan stores, for each workload, what the plan's speed model predicts for exactly
+that workload (TG at its context depth, PP at the plan's ubatch) and each device's bytes read per
+token; here those are set beside the measured medians (the error a calibration will learn from)
+and turned into achieved decode bandwidth per device against the device's own (the hardware
+file's figure). Pure functions over the run's JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moetune.plan.speed import at_depth
+
+MIB = 1 << 20
+
+
+def expected(predicted: dict[str, Any], workloads: list[tuple[str, int]]) -> dict[str, Any]:
+    """What the plan predicts for each (workload name, context depth)."""
+    return {name: at_depth(predicted, depth) for name, depth in workloads}
+
+
+def _err(pred: float | None, meas: float | None) -> float | None:
+    if not pred or not meas:
+        return None
+    return (pred - meas) / meas * 100.0
+
+
+def versus(summary: dict[str, Any], expect: dict[str, Any]) -> dict[str, Any]:
+    """Per workload: ``{tg: {predicted, measured, error_pct}, pp: {...}}`` (error = predicted over
+    measured, in percent: +20 means the plan promised 20% more than it got)."""
+    out: dict[str, Any] = {}
+    for name, w in summary.get("workloads", {}).items():
+        e = expect.get(name)
+        if e is None:
+            continue
+        row = {}
+        for fam, key in (("tg", "tg_tok_s"), ("pp", "pp_tok_s")):
+            meas = (w.get(fam) or {}).get("median")
+            row[fam] = {"predicted": round(e[key], 3), "measured": meas, "error_pct": _err(e[key], meas)}
+        out[name] = row
+    return out
+
+
+def efficiency(expect_one: dict[str, Any], measured_tg: float | None) -> list[dict[str, Any]]:
+    """Achieved decode bandwidth per device: the bytes it reads per token times the measured TG,
+    against its own bandwidth."""
+    if not measured_tg:
+        return []
+    out = []
+    for d in expect_one.get("per_device", []):
+        achieved = d["read_mib_per_token"] * MIB * measured_tg
+        limit = float(d.get("bw_gbs") or 0.0) * 1e9
+        out.append({"device": d["device"], "bytes_per_s": round(achieved), "limit_bytes_per_s": round(limit),
+                    "pct": round(achieved / limit * 100.0, 1) if limit else None})
+    return out
+
+
+def report(summary: dict[str, Any], details: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``predicted`` / ``prediction_error`` / ``efficiency`` of a run whose details carry the
+    plan's expectation (None for a run of a bare URL)."""
+    expect = details.get("predicted")
+    if not expect:
+        return None
+    vs = versus(summary, expect)
+    first = next(iter(vs), None)
+    head = expect[first] if first else next(iter(expect.values()))
+    meas_tg = ((summary.get("workloads", {}).get(first) or {}).get("tg") or {}).get("median") if first else None
+    return {"predicted": {"tg_tok_s": round(head["tg_tok_s"], 3), "pp_tok_s": round(head["pp_tok_s"], 3)},
+            "prediction_error": vs, "efficiency": efficiency(head, meas_tg)}
