@@ -46,7 +46,7 @@ def test_versus_and_efficiency() -> None:
     assert vs["short"]["pp"]["error_pct"] == pytest.approx(-25.0)
     assert vs["d4096"]["pp"]["measured"] is None and vs["d4096"]["pp"]["error_pct"] is None
     eff = {e["device"]: e for e in efficiency(exp["short"], 16.0)}
-    assert eff["CPU"]["bytes_per_s"] == round(8000 * (1 << 20) * 16) and eff["CPU"]["pct"] == pytest.approx(29.2, abs=0.1)
+    assert eff["CPU"]["bytes_per_s"] == (8000 * (1 << 20) * 16) and eff["CPU"]["pct"] == pytest.approx(29.2, abs=0.1)
     rep = report(summary, {"predicted": exp})
     assert rep is not None and rep["predicted"] == {"tg_tok_s": 20.0, "pp_tok_s": 300.0}
     assert report(summary, {}) is None  # a bare URL's run: nothing to compare with
