@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 PROC = Path("/proc")
 RUN_ENV = "MOETUNE_RUN"  # every process of a launch carries its run id in its environment
@@ -33,6 +33,18 @@ class Stat:
     state: str  # R S D Z T ...
     pgrp: int
     start_ticks: int  # clock ticks after boot
+
+
+def end(p: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
+    """Stop a short-lived child (a dry run, a sweep): SIGTERM, SIGKILL after ``grace_s``, reaped."""
+    if p.poll() is not None:
+        return
+    p.terminate()
+    try:
+        p.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 def stat(pid: int) -> Stat | None:

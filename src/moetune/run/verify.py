@@ -22,6 +22,7 @@ from moetune.engine.registry import Engine
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.plan.plan import ServicePlan
+from moetune.run.process import end
 
 # a device agrees when each figure is within these shares (or 1 MiB: mainline prints whole MiB);
 # the host's compute buffer beside accelerators is the model's known coarse spot (plan/compute.py)
@@ -143,13 +144,7 @@ def _until(cmd: list[str], marker: str | None, timeout_s: float) -> tuple[int | 
                         break
                 time.sleep(0.05)
         finally:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            end(p)
         f.seek(0)
         return rc, f.read()
 

@@ -29,6 +29,7 @@ from moetune.bench.target import Target
 from moetune.engine.argv import SERVING_ALONE, SERVING_WITH_VALUE, strip_flags
 from moetune.errors import InputError, MoetuneError, RuntimeFailure
 from moetune.kinds import RunKind, RunStatus
+from moetune.run.process import end
 from moetune.store.db import ResultsDB
 from moetune.store.record import HostRef, RunMeta
 
@@ -213,13 +214,7 @@ def _run(argv: list[str], timeout_s: float, status: Callable[[str], None] | None
                 raise RuntimeFailure(f"llama-sweep-bench ran past {timeout_s:.0f} s")
         rc = proc.wait()
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        end(proc)
         scratch.cleanup()
     if rc != 0:
         last = "\n".join(t for t in tail if t.strip())[-1500:]
