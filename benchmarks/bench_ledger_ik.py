@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from tests.engine_harness import IK_RESERVED, loopback_hw, reserve_log, rpc_workers, strip_endpoint
+from tests.engine_harness import loopback_hw, reserve_log, rpc_workers, strip_endpoint
 
 from moetune.engine import registry
 from moetune.engine.command import service_argv
@@ -24,6 +24,7 @@ from moetune.model.profile import load_profile
 from moetune.model.testmodel import generate
 from moetune.plan.plan import ServiceSpec, make_plan
 from moetune.plan.settings import Settings
+from moetune.run.verify import IK_RESERVED
 
 SETTINGS = [(4096, 512, "f16"), (16384, 1024, "q8_0"), (2048, 256, "f16"), (32768, 2048, "q8_0")]
 STRATEGIES = [("all-gpu", 1), ("cpu-moe", 1), ("cpu-moe", 0), ("n-cpu-moe:2", 2), ("all-gpu", 2)]

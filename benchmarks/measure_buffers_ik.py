@@ -23,7 +23,9 @@ from moetune.model.archs import ARCHS, small_dims
 from moetune.model.testmodel import generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/engine_harness.py
-from tests.engine_harness import IK_RESERVED, reserve_log, rpc_workers
+from tests.engine_harness import reserve_log, rpc_workers
+
+from moetune.run.verify import IK_RESERVED
 
 # (ubatch, ctx, flash attention, cache type, -amb, placement)
 GRID = [g for g in itertools.product((64, 256, 1024), (512, 4096, 16384), ("on", "off"), ("f16", "q8_0"), (0, 16),

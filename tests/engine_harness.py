@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from moetune.run.verify import run_until
+
 RESERVED = "sched_reserve: graph"
-IK_RESERVED = "graph splits"
 
 
 def free_port() -> int:
@@ -46,23 +46,8 @@ def reserve_log(server: Path, argv: Sequence[str], timeout: float = 60.0, marker
     """(reached the reserve, log text). `argv` should not carry --host/--port (a free port is used).
     ``marker``: the line that says the compute buffers are reserved (ik_llama.cpp: IK_RESERVED)."""
     cmd = [str(server), *argv, "--host", "127.0.0.1", "--port", str(free_port()), "--no-warmup"]
-    t0 = time.monotonic()
-    with tempfile.TemporaryFile("w+") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True)
-        ok = False
-        try:
-            while time.monotonic() - t0 < timeout:
-                if p.poll() is not None:
-                    break
-                f.seek(0)
-                if marker in f.read():
-                    ok = True
-                    break
-                time.sleep(0.05)
-        finally:
-            stop(p, 10)
-        f.seek(0)
-        return ok, f.read()
+    rc, text = run_until(cmd, marker, timeout)
+    return rc is None and marker in text, text
 
 
 def strip_endpoint(argv: Sequence[str]) -> list[str]:

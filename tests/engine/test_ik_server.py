@@ -32,7 +32,8 @@ from moetune.model.profile import ModelProfile, load_profile
 from moetune.model.testmodel import generate
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.settings import Settings
-from tests.engine_harness import IK_RESERVED, reserve_log, strip_endpoint
+from moetune.run.verify import IK_RESERVED
+from tests.engine_harness import reserve_log, strip_endpoint
 from tests.helpers import llama_server, loopback_hw, rpc_workers
 
 pytestmark = pytest.mark.server

@@ -127,7 +127,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _until(cmd: list[str], marker: str | None, timeout_s: float) -> tuple[int | None, str]:
+def run_until(cmd: list[str], marker: str | None, timeout_s: float) -> tuple[int | None, str]:
     """Run ``cmd``; return (exit code, or None when stopped at ``marker``; its output)."""
     with tempfile.TemporaryFile("w+") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True)
@@ -165,14 +165,14 @@ def verify_service(sp: ServicePlan, argv: list[str], engine: Engine | None, time
         except InputError:  # a registered build without llama-fit-params
             return Verification(name, None, ledger, why=f"engine {engine.name} has no llama-fit-params")
         cmd = [str(tool), *strip_flags(argv), "-lv", "4"]
-        rc, out = _until(cmd, None, timeout_s)
+        rc, out = run_until(cmd, None, timeout_s)
         figures = mainline_figures(out, {v: k for k, v in sp.hw.engine_names().items()})
         slack = 1.0
     else:
         tool = engine.binary("server")
         cmd = [str(tool), *strip_flags(argv, {"--host", "--port"}, ()), "--dry-run", "--host", "127.0.0.1",
                "--port", str(_free_port()), "--no-warmup"]
-        rc, out = _until(cmd, IK_RESERVED, timeout_s)
+        rc, out = run_until(cmd, IK_RESERVED, timeout_s)
         figures = ik_figures(out) if rc is None else []
         slack = 0.02
     tool_name = tool.name
