@@ -41,6 +41,7 @@ from moetune.model.profile import is_url, load_profile, open_model
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.settings import Settings
 from moetune.plan.speed import SpeedConstants
+from moetune.store import calibrations
 
 
 def absolute(path: str | Path) -> Path:
@@ -125,8 +126,12 @@ def plan_files(req: PlanRequest) -> Planned:
         profile = open_model(model, req.hf, timeout_s=req.http_timeout_s)
         services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine)]
         given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]
-    p = make_plan(services, hw, SpeedConstants().with_overrides(speed_overrides(req.speed)))
+    calib = calibrations.find(hw.name or hw.source, str(kind))  # `moetune calibrate` for this hardware
+    base_k = SpeedConstants(**calib["constants"]) if calib else SpeedConstants()
+    p = make_plan(services, hw, base_k.with_overrides(speed_overrides(req.speed)))
     doc = plan_json(p, engine, facts=registry.facts_for({s.engine for s in services if s.engine}))
+    doc["speed_calibration"] = None if calib is None else {
+        "runs": calib["runs"], "error": calib["error"], "created_unix": calib.get("created_unix")}
     for sj, g in zip(doc["services"], given, strict=True):
         sj["model_given"] = g  # what the user wrote; "model" and the commands hold the absolute path
     if req.output:

@@ -38,6 +38,10 @@ class SpeedConstants:
     gpu_tflops: float = 80.0  # effective matmul throughput of a GPU without a declared figure
     cpu_gflops_per_core: float = 40.0  # effective matmul throughput per CPU core
     offload_min_batch: int = 32  # llama.cpp moves CPU-resident matmuls to the GPU for batches this big
+    # attention over the context while decoding, beyond reading the cache: small, latency-bound
+    # kernels, far below matmul throughput (2.4-2.8 GFLOP/s on 2 cores of the test machine)
+    cpu_ctx_gflops_per_core: float = 1.5
+    gpu_ctx_tflops: float = 20.0
 
     def with_overrides(self, pairs: dict[str, str]) -> SpeedConstants:
         names = {f.name: f.type for f in fields(self)}
@@ -59,6 +63,8 @@ class DeviceLoad:
     decode_ms: float
     bw_gbs: float = 0.0  # the device's memory bandwidth in the hardware file (the physical limit)
     kv_mib_per_1k_depth: float = 0.0  # more read per token for each 1000 tokens of context
+    ctx_gflop_per_1k_depth: float = 0.0  # attention work per token for each 1000 tokens of context
+    cores: int = 0  # the CPU's cores (its attention runs on them); 0 for an accelerator
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,24 +130,36 @@ def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
             n *= x
         active_params[d] = active_params.get(d, 0.0) + n * f
     kv_per_tok: dict[str, float] = {}  # KV bytes read per token per token of context
+    ctx_flops: dict[str, float] = {}  # attention FLOPs per token per token of context
     kv: KVShape = kv_shape(p, s.engine)
+    heads = int(p.hp("attention.head_count", 1) or 1)
+    heads_kv = p.hp("attention.head_count_kv", heads) or heads
+    q_per_kv = heads / max(1, int(heads_kv if not isinstance(heads_kv, list) else max(heads_kv)))
     for lk in kv.layers:
         d = pl.layer_device[lk.layer]
         kv_per_tok[d] = kv_per_tok.get(d, 0.0) + KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv)
+        # q.k and p.v over every cached row, for every query head sharing it
+        ctx_flops[d] = ctx_flops.get(d, 0.0) + 2 * q_per_kv * (sum(lk.k_rows) + (sum(lk.v_rows) or sum(lk.k_rows)))
     for d, b in kv_per_tok.items():
         read[d] = read.get(d, 0.0) + depth * b
     devs = {d.name: d for d in hw.devices()}
     loads = []
     t_tok = k.token_overhead_us * 1e-6
     ms_per_1k = 0.0
-    for name, b in sorted(read.items()):
+    for name in sorted(set(read) | set(ctx_flops)):
+        b = read.get(name, 0.0)
         dev = devs.get(name) or hw.cpu()
-        eff = k.cpu_bw_eff if dev.kind == DeviceKind.CPU else k.gpu_bw_eff
-        ms = b / (dev.bw_gbs * GB * eff) * 1e3
+        on_cpu = dev.kind == DeviceKind.CPU
+        eff = k.cpu_bw_eff if on_cpu else k.gpu_bw_eff
+        cores = hw.local.cores if on_cpu else 0
+        rate = k.cpu_ctx_gflops_per_core * cores * 1e9 if on_cpu else k.gpu_ctx_tflops * 1e12
+        ctx_s_per_1k = ctx_flops.get(name, 0.0) * 1000 / rate if rate else 0.0
+        ms = b / (dev.bw_gbs * GB * eff) * 1e3 + ctx_s_per_1k * depth / 1000 * 1e3
         t_tok += ms / 1e3
-        ms_per_1k += kv_per_tok.get(name, 0.0) * 1000 / (dev.bw_gbs * GB * eff) * 1e3
+        ms_per_1k += kv_per_tok.get(name, 0.0) * 1000 / (dev.bw_gbs * GB * eff) * 1e3 + ctx_s_per_1k * 1e3
         loads.append(DeviceLoad(name, round(b / (1 << 20), 3), round(ms, 4), dev.bw_gbs,
-                                round(kv_per_tok.get(name, 0.0) * 1000 / (1 << 20), 4)))
+                                round(kv_per_tok.get(name, 0.0) * 1000 / (1 << 20), 4),
+                                round(ctx_flops.get(name, 0.0) * 1000 / 1e9, 6), cores))
     n_splits, hops = graph_splits(p, pl, experts)
     kinds = {name: d.kind for name, d in devs.items()}
     rpc_hops = sum(1 for src, dst in hops if kinds.get(src) == DeviceKind.RPC or kinds.get(dst) == DeviceKind.RPC)
@@ -159,15 +177,18 @@ def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
 def at_depth(predicted: dict[str, Any], depth: int) -> dict[str, Any]:
     """A stored prediction (``Prediction.to_json()``) moved to another context depth: decode time
     is linear in the context read per token; prefill is per ubatch and stays. Returns
-    ``{tg_tok_s, pp_tok_s, depth, per_device: [{device, read_mib_per_token, bw_gbs}]}``."""
+    ``{tg_tok_s, pp_tok_s, depth, per_device: [{device, read_mib_per_token, bw_gbs}], graph_splits,
+    rpc_hops, constants}`` (what a calibration needs to refit the constants)."""
     base = int(predicted.get("depth") or 0)
     dk = (depth - base) / 1000.0
     ms = float(predicted["ms_per_token"]) + float(predicted.get("ms_per_1k_depth") or 0.0) * dk
-    per = [{"device": d["device"], "bw_gbs": d.get("bw_gbs", 0.0),
-            "read_mib_per_token": d["read_mib_per_token"] + (d.get("kv_mib_per_1k_depth") or 0.0) * dk}
+    per = [{"device": d["device"], "bw_gbs": d.get("bw_gbs", 0.0), "cores": d.get("cores", 0),
+            "read_mib_per_token": d["read_mib_per_token"] + (d.get("kv_mib_per_1k_depth") or 0.0) * dk,
+            "ctx_gflop_per_token": (d.get("ctx_gflop_per_1k_depth") or 0.0) * depth / 1000.0}
            for d in predicted.get("per_device", [])]
     return {"tg_tok_s": 1000.0 / ms if ms > 0 else 0.0, "pp_tok_s": float(predicted["pp_tok_s"]), "depth": depth,
-            "per_device": per}
+            "per_device": per, "graph_splits": predicted.get("graph_splits", 0), "rpc_hops": predicted.get("rpc_hops", 0),
+            "constants": predicted.get("constants", {})}
 
 
 def _flops(dev_kind: str, tflops: float | None, cores: int, k: SpeedConstants) -> float:

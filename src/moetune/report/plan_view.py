@@ -79,7 +79,11 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
     out.print(Text("command:", style="bold"))
     out.print(doc["shell"], markup=False, end="")
     c = doc["speed_constants"]
-    out.print(Text("speed constants: " + ", ".join(f"{k}={v}" for k, v in c.items()), style="dim"))
+    cal = doc.get("speed_calibration")
+    said = "" if not cal else (f" (calibrated on {cal['runs']} runs; leave-one-out TG error "
+                               f"{cal['error']['tg_median_abs_pct']}%)" if cal["error"]["tg_median_abs_pct"] is not None
+                               else f" (calibrated on {cal['runs']} run)")
+    out.print(Text("speed constants" + said + ": " + ", ".join(f"{k}={v}" for k, v in c.items()), style="dim"))
 
 
 def print_verify(vs: list[Verification], out: Console) -> None:
