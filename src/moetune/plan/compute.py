@@ -209,4 +209,6 @@ def compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
         if role.layers and p.is_hybrid_recurrent:
             dev += _recurrent_scratch(p, inp)
         total = max(total, dev) if role.host else dev
+    if role.output:  # the logits of every ubatch token (the reserve asks for all of them) and the final norm
+        total = max(total, inp.copies * mask + n_tok * (4 * p.n_vocab + 16 * p.n_embd))
     return total
