@@ -337,7 +337,7 @@ ARCHS: dict[str, Callable[[Dims], Layout]] = {
 # | preset              | arch      | layers (+NextN) | embd | heads/kv (head dim) | experts (used) | exp ff | shexp ff | dense lead (ff) | vocab  | ctx    | source |
 # |---------------------|-----------|-----------------|------|---------------------|----------------|--------|----------|-----------------|--------|--------|--------|
 # | glm-5.1             | glm-dsa   | 78 (+1)         | 6144 | 64 MLA (q_lora 2048, kv_lora 512, rope 64, k 256, v 256); indexer 32 x 128, top-k 2048 | 256 (8) | 2048 | 2048 | 3 (12288) | 154880 | 202752 | radixark/miles scripts/models/glm5-744B-A40B.sh; jd-opensource/xllm xllm/models/llm/glm5.h (vocab, ctx) |
-# | glm-5.2             | glm-dsa   | as glm-5.1      |      |                     |                |        |          |                 |        |        | no published config found; reference 004: the same architecture (glm_moe_dsa), 753B total (our count for this shape: 753.9B with the NextN block), `unused tensor blk.78` (one NextN block after 78) |
+# | glm-5.2             | glm-dsa   | as glm-5.1      |      |                     |                |        |          |                 |        | 1048576 | no published config found; 1M context as llama.cpp's src/models/glm-dsa.cpp tells GLM-5.2 apart (it then shares each full indexer's top-k with the next three layers); reference 004: the same architecture (glm_moe_dsa), 753B total (our count for this shape: 753.9B with the NextN block), `unused tensor blk.78` (one NextN block after 78) |
 # | qwen3.5-397b-a17b   | qwen35moe | 60              | 4096 | 32/2 (256), gated; every 4th layer full attention | 512 (10) | 1024 | 1024 | - | 248320 | 262144 | THUDM/slime scripts/models/qwen3.5-397B-A17B.sh; delta-net 16 key heads, 64 value heads, head dim 128, conv 4: the model's config.json as quoted in public code found by the index (repository not named by it) |
 # | qwen3-coder-next    | qwen35moe | 48              | 2048 | 16/2 (256), gated; every 4th layer full attention | 512 (10) | 512 | 512 | - | 151936 | 262144 | THUDM/slime scripts/models/qwen3-next-80B-A3B.sh (Qwen3-Next-80B-A3B); docker/model-runner ai/qwen3-coder-next-vllm.md (delta-net 16 QK / 32 V heads of 128) |
 # | deepseek-v3         | deepseek2 | 61              | 7168 | 128 MLA (q_lora 1536, kv_lora 512, rope 64, k 192, v 128) | 256 (8) | 2048 | 2048 | 3 (18432) | 129280 | 163840 | zyzshishui/slime scripts/models/deepseek-v3.sh |
@@ -358,7 +358,7 @@ _GLM5 = Dims(
 
 PRESETS: dict[str, tuple[str, Dims]] = {
     "glm-5.1": ("glm-dsa", _GLM5),
-    "glm-5.2": ("glm-dsa", _GLM5),
+    "glm-5.2": ("glm-dsa", replace(_GLM5, n_ctx_train=1048576)),
     "qwen3.5-397b-a17b": ("qwen35moe", Dims(
         n_layer=60, n_embd=4096, n_head=32, n_head_kv=2, head_dim=256, n_ff=1024, n_expert=512, n_expert_used=10,
         n_ff_exp=1024, n_vocab=248320, n_ctx_train=262144, ssm_d_conv=4, ssm_d_state=128, ssm_n_group=16,

@@ -25,8 +25,9 @@ CPU and experts on either (``benchmarks/measure_buffers.py``, 1,400 points). The
   where it decides the device's buffer (found on full-size sparse replicas with llama-fit-params,
   ``benchmarks/bench_fullscale.py``; the generated test models' 259-token vocabulary hides it);
 - on the host, when the layers are on an accelerator: the mask plus ``16 * n_embd`` per token, or
-  the experts' FFN phase ``16 * n_ff_exp * n_expert_used`` per token when experts run on the host
-  and it is larger;
+  the experts' FFN phase ``16 * n_ff_exp * n_expert_used + 4 * n_embd * n_expert_used`` per token
+  (their down projections' outputs) when experts run on the host and it is larger (hybrid graphs
+  still hold the mask there);
 
 ik_llama.cpp has its own model (``_ik_compute_bytes``), fitted on its real server the same way.
 Accuracy against llama-server is checked by the test suite and
@@ -200,8 +201,7 @@ def compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
         if role.experts:  # the experts' FFN phase, with each used expert's down projection output (full-size
             # replicas: the mask is no longer held there, except in the hybrid graphs)
             ffn = n_tok * (16 * _ffn_width(p, DeviceRole(False, True, False, False, False)) + 4 * p.n_embd * p.n_expert_used)
-            total = max(total, ffn + (inp.copies * mask if p.is_hybrid_recurrent else 0),
-                        inp.copies * mask + n_tok * 40 * p.n_embd)  # gathering the experts' inputs beside the mask
+            total = max(total, ffn + (inp.copies * mask if p.is_hybrid_recurrent else 0))
     if role.layers or (role.experts and not role.host):
         ffn = 16 * _ffn_width(p, role)
         if role.layers and not role.experts and p.n_expert:
