@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 
 from moetune.engine import registry
-from moetune.model.archs import PRESETS
+from moetune.model.archs import PRESETS, mainline_recipe
 from moetune.model.testmodel import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 9
 # GLM-5.1's published recipe with mainline types in place of ik_llama.cpp's (as bench_plan.py)
-MAINLINE_GLM = "ffn_gate_exps=iq3_s,ffn_up_exps=iq3_s,ffn_down_exps=iq4_xs,token_embd=q4_k,other=q8_0"
+MAINLINE_GLM = mainline_recipe("glm-5.1")
 CPU_HW = """\
 name: cpu-only
 nodes:

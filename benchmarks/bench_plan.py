@@ -23,7 +23,7 @@ from moetune.engine import registry
 from moetune.engine.command import service_argv
 from moetune.engine.logs import parse_log
 from moetune.hardware.inventory import from_dict, load
-from moetune.model.archs import ARCHS, PRESET_RECIPES, PRESETS, Dims, small_dims
+from moetune.model.archs import ARCHS, PRESET_RECIPES, PRESETS, Dims, mainline_recipe, small_dims
 from moetune.model.profile import load_profile
 from moetune.model.testmodel import generate
 from moetune.plan.plan import ServiceSpec, make_plan
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from tests.engine_harness import loopback_hw, reserve_log, rpc_workers, strip_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
-MAINLINE_GLM = "ffn_gate_exps=iq3_s,ffn_up_exps=iq3_s,ffn_down_exps=iq4_xs,token_embd=q4_k,other=q8_0"
+MAINLINE_GLM = mainline_recipe("glm-5.1")
 
 
 def _median_ms(fn: object, n: int = 20) -> float:

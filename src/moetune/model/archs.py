@@ -330,25 +330,104 @@ ARCHS: dict[str, Callable[[Dims], Layout]] = {
     "glm-dsa": glm_dsa,
 }
 
-# Sizes close to the published models, for sparse replicas (the GLM-5.1 one is the reference case).
+# Replicas of published models, for sparse header-exact files (`testmodel --preset NAME --sparse`).
+# Every shape comes from the model's published configuration (Hugging Face config.json, or the
+# Megatron MODEL_ARGS that reproduce it); the repositories and paths below are where they were read.
+#
+# | preset              | arch      | layers (+NextN) | embd | heads/kv (head dim) | experts (used) | exp ff | shexp ff | dense lead (ff) | vocab  | ctx    | source |
+# |---------------------|-----------|-----------------|------|---------------------|----------------|--------|----------|-----------------|--------|--------|--------|
+# | glm-5.1             | glm-dsa   | 78 (+1)         | 6144 | 64 MLA (q_lora 2048, kv_lora 512, rope 64, k 256, v 256); indexer 32 x 128, top-k 2048 | 256 (8) | 2048 | 2048 | 3 (12288) | 154880 | 202752 | radixark/miles scripts/models/glm5-744B-A40B.sh; jd-opensource/xllm xllm/models/llm/glm5.h (vocab, ctx) |
+# | glm-5.2             | glm-dsa   | as glm-5.1      |      |                     |                |        |          |                 |        | 1048576 | no published config found; 1M context as llama.cpp's src/models/glm-dsa.cpp tells GLM-5.2 apart (it then shares each full indexer's top-k with the next three layers); reference 004: the same architecture (glm_moe_dsa), 753B total (our count for this shape: 753.9B with the NextN block), `unused tensor blk.78` (one NextN block after 78) |
+# | qwen3.5-397b-a17b   | qwen35moe | 60              | 4096 | 32/2 (256), gated; every 4th layer full attention | 512 (10) | 1024 | 1024 | - | 248320 | 262144 | THUDM/slime scripts/models/qwen3.5-397B-A17B.sh; delta-net 16 key heads, 64 value heads, head dim 128, conv 4: the model's config.json as quoted in public code found by the index (repository not named by it) |
+# | qwen3-coder-next    | qwen35moe | 48              | 2048 | 16/2 (256), gated; every 4th layer full attention | 512 (10) | 512 | 512 | - | 151936 | 262144 | THUDM/slime scripts/models/qwen3-next-80B-A3B.sh (Qwen3-Next-80B-A3B); docker/model-runner ai/qwen3-coder-next-vllm.md (delta-net 16 QK / 32 V heads of 128) |
+# | deepseek-v3         | deepseek2 | 61              | 7168 | 128 MLA (q_lora 1536, kv_lora 512, rope 64, k 192, v 128) | 256 (8) | 2048 | 2048 | 3 (18432) | 129280 | 163840 | zyzshishui/slime scripts/models/deepseek-v3.sh |
+# | qwen3-235b-a22b     | qwen3moe  | 94              | 4096 | 64/4 (128)          | 128 (8)        | 1536   | -        | -               | 151936 | 40960  | zyzshishui/slime scripts/models/qwen3-235B-A22B.sh |
+# | qwen3-coder-480b-a35b | qwen3moe | 62             | 6144 | 96/8 (128)          | 160 (8)        | 2560   | -        | -               | 151936 | 262144 | zyzshishui/miles scripts/models/qwen3-coder-480B-A35B.sh |
+# | glm-4.6             | glm4moe   | 92 (+1)         | 5120 | 96/8 (128), qkv bias | 160 (8)       | 1536   | 1536     | 3 (12288)       | 151552 | 202752 | zyzshishui/slime scripts/models/glm4.5-355B-A32B.sh (GLM-4.5, the same network); xorbitsai/inference doc/source/models/builtin/llm/glm-4.6.rst (ctx) |
+#
+# Not generated: gpt-oss-120b (llama.cpp arch `gpt-oss`: attention sinks, alternating sliding window,
+# MXFP4 experts with biases) is not one of the families above. Qwen3-Coder-Next is llama.cpp's
+# `qwen3next` in published GGUFs; its replica uses `qwen35moe`, the same layers and state with the
+# delta-net input projections split in two (the same bytes per layer, within the row padding).
+# DeepSeek-V3's GGUFs carry no MTP block (the converter drops layer 61), so neither does the replica.
+_GLM5 = Dims(
+    n_layer=78, n_nextn=1, n_embd=6144, n_head=64, n_ff=12288, n_expert=256, n_expert_used=8,
+    n_ff_exp=2048, n_expert_shared=1, n_dense_lead=3, n_vocab=154880, n_ctx_train=202752,
+    q_lora_rank=2048, kv_lora_rank=512, rope_dim=64, k_head_mla=256, v_head_mla=256,
+    indexer_n_head=32, indexer_head_size=128, indexer_top_k=2048)
+
 PRESETS: dict[str, tuple[str, Dims]] = {
-    "glm-5.1": ("glm-dsa", Dims(
-        n_layer=78, n_nextn=1, n_embd=6144, n_head=64, n_ff=12288, n_expert=256, n_expert_used=8,
-        n_ff_exp=2048, n_expert_shared=1, n_dense_lead=3, n_vocab=154880, n_ctx_train=202752,
-        q_lora_rank=2048, kv_lora_rank=512, rope_dim=64, k_head_mla=256, v_head_mla=256,
-        indexer_n_head=32, indexer_head_size=128, indexer_top_k=2048)),
+    "glm-5.1": ("glm-dsa", _GLM5),
+    "glm-5.2": ("glm-dsa", replace(_GLM5, n_ctx_train=1048576)),
+    "qwen3.5-397b-a17b": ("qwen35moe", Dims(
+        n_layer=60, n_embd=4096, n_head=32, n_head_kv=2, head_dim=256, n_ff=1024, n_expert=512, n_expert_used=10,
+        n_ff_exp=1024, n_vocab=248320, n_ctx_train=262144, ssm_d_conv=4, ssm_d_state=128, ssm_n_group=16,
+        ssm_dt_rank=64, full_attention_interval=4)),
+    "qwen3-coder-next": ("qwen35moe", Dims(
+        n_layer=48, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, n_ff=512, n_expert=512, n_expert_used=10,
+        n_ff_exp=512, n_vocab=151936, n_ctx_train=262144, ssm_d_conv=4, ssm_d_state=128, ssm_n_group=16,
+        ssm_dt_rank=32, full_attention_interval=4)),
+    "deepseek-v3": ("deepseek2", Dims(
+        n_layer=61, n_embd=7168, n_head=128, n_ff=18432, n_expert=256, n_expert_used=8, n_ff_exp=2048,
+        n_expert_shared=1, n_dense_lead=3, n_vocab=129280, n_ctx_train=163840, q_lora_rank=1536,
+        kv_lora_rank=512, rope_dim=64, k_head_mla=192, v_head_mla=128)),
+    "qwen3-235b-a22b": ("qwen3moe", Dims(
+        n_layer=94, n_embd=4096, n_head=64, n_head_kv=4, head_dim=128, n_ff=12288, n_expert=128, n_expert_used=8,
+        n_ff_exp=1536, n_vocab=151936, n_ctx_train=40960)),
+    "qwen3-coder-480b-a35b": ("qwen3moe", Dims(
+        n_layer=62, n_embd=6144, n_head=96, n_head_kv=8, head_dim=128, n_ff=8192, n_expert=160, n_expert_used=8,
+        n_ff_exp=2560, n_vocab=151936, n_ctx_train=262144)),
+    "glm-4.6": ("glm4moe", Dims(
+        n_layer=92, n_nextn=1, n_embd=5120, n_head=96, n_head_kv=8, head_dim=128, n_ff=12288, n_expert=160,
+        n_expert_used=8, n_ff_exp=1536, n_expert_shared=1, n_dense_lead=3, n_vocab=151552, n_ctx_train=202752)),
 }
 
 
-# Quant recipes for the presets. GLM-5.1: the reference's IQ3_KS routed experts (gate/up iq3_ks,
-# down iq4_ks: 1225 + 1225 + 1638 MiB per layer, 307110 MiB of CUDA_Host with an iq4_k token
-# embedding, as in ../shared/reference/000) and ik types for the rest, giving 318.1 GiB in all
-# (the published file is 320.2 GiB) and about 13.5 GiB of non-expert weights on the GPU.
+# Quant recipes for the presets (per tensor kind; `other` for the rest, norms stay F32). Published
+# files quantize some layers' tensors finer than others; a recipe per kind approximates that mix
+# (Q4_K_M: ffn_down half Q4_K, half Q6_K -> Q5_K here). Sizes of the sparse replicas written with
+# them, against the published files:
+#
+# | preset                | recipe (published file)  | replica bytes       | published                       |
+# |-----------------------|--------------------------|---------------------|---------------------------------|
+# | glm-5.1               | IQ3_KS (ik, reference 000) | 318.1 GiB         | 320.2 GiB (reference 000)       |
+# | glm-5.2               | UD-IQ1_M                 | 224,935,781,376     | 228,492,966,624 (reference 004), -1.6% |
+# | qwen3.5-397b-a17b     | Q4_K_M                   | 243,574,057,984     | 4.92 bpw over 396.4B parameters |
+# | qwen3-coder-next      | Q4_0                     | 45,920,617,472      | about 45 GB of weights (reference 000) |
+# | deepseek-v3           | Q4_K_M                   | 412,885,254,144     | about 404 GB (Hugging Face listings), +2% |
+# | qwen3-235b-a22b       | Q4_K_M                   | 145,386,366,976     | about 142.7 GB (Hugging Face listings), +2% |
+# | qwen3-coder-480b-a35b | Q4_K_M                   | 295,114,416,128     | 290 GB (unsloth's table as quoted in public notes), +1.8% |
+# | glm-4.6               | UD-Q4_K_XL               | 208,863,270,144     | 204 GB (unsloth's announcement), +2.4% |
+_Q4_K_M = "ffn_gate_exps=q4_k,ffn_up_exps=q4_k,ffn_down_exps=q5_k,token_embd=q4_k,output=q6_k,other=q8_0"
 PRESET_RECIPES: dict[str, str] = {
+    # GLM-5.1: the reference's IQ3_KS routed experts (gate/up iq3_ks, down iq4_ks: 1225 + 1225 + 1638
+    # MiB per layer, 307110 MiB of CUDA_Host with an iq4_k token embedding, as in ../shared/reference/000)
+    # and ik types for the rest: 318.1 GiB in all and about 13.5 GiB of non-expert weights on the GPU.
     "glm-5.1": ("ffn_gate_exps=iq3_ks,ffn_up_exps=iq3_ks,ffn_down_exps=iq4_ks,attn_output=iq5_ks,attn_q_b=iq6_k,"
                 "ffn_gate_shexp=iq6_k,ffn_up_shexp=iq6_k,ffn_down_shexp=iq6_k,token_embd=iq4_k,output=iq6_k,"
                 "other=q8_0"),
+    "glm-5.2": "ffn_gate_exps=iq2_xxs,ffn_up_exps=iq2_xxs,ffn_down_exps=iq2_s,token_embd=q4_k,output=q6_k,other=q8_0",
+    "qwen3.5-397b-a17b": _Q4_K_M,
+    "qwen3-coder-next": "ffn_gate_exps=q4_0,ffn_up_exps=q4_0,ffn_down_exps=q4_0,token_embd=q4_0,output=q6_k,other=q8_0",
+    "deepseek-v3": _Q4_K_M,
+    "qwen3-235b-a22b": _Q4_K_M,
+    "qwen3-coder-480b-a35b": _Q4_K_M,
+    "glm-4.6": "ffn_gate_exps=q4_k,ffn_up_exps=q4_k,ffn_down_exps=q4_k,token_embd=q4_k,output=q6_k,other=q8_0",
 }
+
+# Other typical recipes: `mainline` where the default uses ik_llama.cpp types (what mainline
+# llama.cpp and its llama-fit-params load), `ik` where an ik_llama.cpp quant is what users run.
+PRESET_VARIANTS: dict[str, dict[str, str]] = {
+    "glm-5.1": {"mainline": "ffn_gate_exps=iq3_s,ffn_up_exps=iq3_s,ffn_down_exps=iq4_xs,token_embd=q4_k,other=q8_0"},
+    "qwen3-coder-next": {"ik": "ffn_gate_exps=iq4_kss,ffn_up_exps=iq4_kss,ffn_down_exps=iq4_kss,other=q8_0"},
+    "deepseek-v3": {"ik": "ffn_gate_exps=iq3_k,ffn_up_exps=iq3_k,ffn_down_exps=iq4_k,token_embd=q4_k,other=q8_0"},
+    "qwen3.5-397b-a17b": {"ik": "ffn_gate_exps=iq3_ks,ffn_up_exps=iq3_ks,ffn_down_exps=iq4_ks,other=q8_0"},
+}
+
+
+def mainline_recipe(preset: str) -> str:
+    """The preset's recipe in types mainline llama.cpp loads."""
+    return PRESET_VARIANTS.get(preset, {}).get("mainline", PRESET_RECIPES[preset])
 
 
 # Small shapes of every family, each exercising its features (dense lead layers, NextN, MLA with

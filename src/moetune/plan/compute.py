@@ -20,9 +20,14 @@ CPU and experts on either (``benchmarks/measure_buffers.py``, 1,400 points). The
 - a layer whose experts run elsewhere still gathers their outputs: ``6 * n_embd * n_expert_used``
   per token (fitted);
 - recurrent (delta-net) layers add their convolution and state rows per token.
+- the output layer's logits for every ubatch token, ``4 * n_vocab + 16 * n_embd`` per token, with
+  the mask still held (not in the hybrid graphs): several GiB at a 150k vocabulary and ``-ub 8192``,
+  where it decides the device's buffer (found on full-size sparse replicas with llama-fit-params,
+  ``benchmarks/bench_fullscale.py``; the generated test models' 259-token vocabulary hides it);
 - on the host, when the layers are on an accelerator: the mask plus ``16 * n_embd`` per token, or
-  the experts' FFN phase ``16 * n_ff_exp * n_expert_used`` per token when experts run on the host
-  and it is larger;
+  the experts' FFN phase ``16 * n_ff_exp * n_expert_used + 4 * n_embd * n_expert_used`` per token
+  (their down projections' outputs) when experts run on the host and it is larger (hybrid graphs
+  still hold the mask there);
 
 ik_llama.cpp has its own model (``_ik_compute_bytes``), fitted on its real server the same way.
 Accuracy against llama-server is checked by the test suite and
@@ -193,10 +198,11 @@ def compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
     if role.host:
         if p.arch == "glm-dsa" and inp.engine != EngineKind.IK:
             mask = n_tok * n_kv * 4  # the indexer takes an F32 copy of the mask
-        per_tok = p.n_embd * (16 + 8 * (inp.copies - 1))
-        if role.experts:  # the experts' FFN phase
-            per_tok = max(per_tok, 16 * _ffn_width(p, DeviceRole(False, True, False, False, False)))
-        total = inp.copies * mask + n_tok * per_tok
+        total = inp.copies * mask + n_tok * p.n_embd * (16 + 8 * (inp.copies - 1))
+        if role.experts:  # the experts' FFN phase, with each used expert's down projection output (full-size
+            # replicas: the mask is no longer held there, except in the hybrid graphs)
+            ffn = n_tok * (16 * _ffn_width(p, DeviceRole(False, True, False, False, False)) + 4 * p.n_embd * p.n_expert_used)
+            total = max(total, ffn + (inp.copies * mask if p.is_hybrid_recurrent else 0))
     if role.layers or (role.experts and not role.host):
         ffn = 16 * _ffn_width(p, role)
         if role.layers and not role.experts and p.n_expert:
@@ -210,4 +216,8 @@ def compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
         if role.layers and p.is_hybrid_recurrent:
             dev += _recurrent_scratch(p, inp)
         total = max(total, dev) if role.host else dev
+    if role.output:  # the logits of every ubatch token (the reserve asks for all of them) and the final norm;
+        # the mask is still held there, except in the hybrid graphs (measured on full-size replicas)
+        held = 0 if p.is_hybrid_recurrent else inp.copies * mask
+        total = max(total, held + n_tok * (4 * p.n_vocab + 16 * p.n_embd))
     return total
