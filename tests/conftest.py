@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,11 @@ from tests.process_guard import SESSION_ENV, find_strays, kill, report, run_ids
 def pytest_configure(config: pytest.Config) -> None:
     # every process the tests start inherits this; the session's end looks for it
     os.environ[SESSION_ENV] = f"{os.getpid()}-{secrets.token_hex(6)}"
+    # a suite started in the background of a script without job control inherits SIGINT ignored, and
+    # so would every process it starts: the Ctrl-C tests would then see nothing stop. A handler is
+    # reset to the default at exec, so the children get a working SIGINT again.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
