@@ -63,10 +63,12 @@ def test_twice_the_model_is_slower_and_the_same_is_same(servers: tuple[Server, S
                     f"'{slower}': a verdict needs a machine that is not busy with other work")
     assert (slower, faster) == ("slower", "faster")
     same = verdicts(db, a, a2)["tg:short-json"]
-    if same != "same":  # one more pair: a single hiccup of the machine is not a verdict
+    for k in range(2):  # more pairs: a hiccup of the machine (it drifts by a few % now and then) is not a verdict
+        if same == "same":
+            break
         with ForeignLoad(small.proc.pid, large.proc.pid) as load:
-            a3 = bench(small.url, "4 layers, third", db)
-            a4 = bench(small.url, "4 layers, fourth", db)
+            a3 = bench(small.url, f"4 layers, pair {k + 2} a", db)
+            a4 = bench(small.url, f"4 layers, pair {k + 2} b", db)
         same = verdicts(db, a3, a4)["tg:short-json"]
     if same != "same" and load.cores > BUSY_CORES:
         pytest.skip(f"other programs used {load.cores:.2f} cores while we measured and the same configuration "
