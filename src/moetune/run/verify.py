@@ -13,7 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from moetune.engine.argv import strip_flags
@@ -51,7 +51,6 @@ class Verification:
     engine: tuple[Figures, ...] = ()
     disagreements: tuple[str, ...] = ()
     why: str | None = None  # why there is no engine figure (no tool, the tool failed)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def agree(self) -> bool | None:
