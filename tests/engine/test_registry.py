@@ -162,3 +162,9 @@ def test_ik_llama_cpp_is_a_built_in_engine_too(tmp_path: Path, monkeypatch: pyte
     assert registry.builtin(EngineKind.IK).version() == "ik_llama.cpp (moetune build of ik-llama-cpp-python 0.1.5)"
     r = run_cli("engine", "remove", ik.name)
     assert r.exit_code == 2 and "engine install --kind ik_llama.cpp" in r.stderr
+
+
+def test_each_build_has_its_own_lock() -> None:
+    """Two versions that differ after the last dot do not wait for each other's build."""
+    a, b = build_for("11434.0.0"), build_for("11434.0.1")
+    assert a.lock_path != b.lock_path and a.lock_path.name == a.dir.name + ".lock"

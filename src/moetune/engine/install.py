@@ -123,6 +123,11 @@ class Build:
     def name(self) -> str:
         return self.recipe.build_name(self.version)
 
+    @property
+    def lock_path(self) -> Path:
+        """One lock per build (``with_suffix`` would cut the name at the version's last dot)."""
+        return self.dir.with_name(self.dir.name + ".lock")
+
     def complete(self) -> bool:
         return (self.dir / "engine.json").exists() and all((self.bin_dir / t).exists() for t in self.recipe.targets)
 
@@ -225,7 +230,7 @@ def install(version: str | None = None, *, recipe: Recipe = MAINLINE, jobs: int 
         if shutil.which(tool) is None:
             raise RuntimeFailure(f"building {recipe.dir_prefix} needs {tool}, which is not on PATH",
                                  hint="install cmake and a C++ compiler (Debian: apt install cmake g++)")
-    with _lock(b.dir.with_suffix(".lock")):
+    with _lock(b.lock_path):
         if b.complete() and not force:
             return b, True
         work = b.dir.with_name(b.dir.name + ".work")
@@ -263,7 +268,7 @@ def install(version: str | None = None, *, recipe: Recipe = MAINLINE, jobs: int 
 def purge(b: Build) -> int:
     """Delete a build (and any half-finished one) from the cache; the bytes freed. Waits for a
     build in progress to finish first."""
-    with _lock(b.dir.with_suffix(".lock")):
+    with _lock(b.lock_path):
         freed = 0
         for d in (b.dir, b.dir.with_name(b.dir.name + ".work")):
             if d.is_dir():
