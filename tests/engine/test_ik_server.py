@@ -180,7 +180,7 @@ def test_the_n_cpu_moe_note_is_the_builds_rule(ik_bin_dir: Path, workers: list[s
     assert ok, log[-3000:]
     on_cpu = sorted({int(k.split(".")[1]) for k, v in overrides_in(log).items() if v.startswith("CPU")})
     d = dialect(EngineKind.IK, facts[ENGINE])
-    n_dev = engine_devices(d, [True] * n_rpc)
+    n_dev = len(engine_devices(d, [(a.name, True) for a in plan.hw.accelerators()]))
     assert on_cpu == n_cpu_moe_layers(d.n_cpu_moe, n, p.n_layer, list(sp.placement.layer_device), n_dev)
     # a build without a GPU backend counts the CPU as a device beside the RPC servers: with one RPC
     # device that is two devices already, and N is taken from the end of each one's layers

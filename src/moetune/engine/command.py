@@ -55,7 +55,8 @@ def service_notes(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     own = service_dialect(sp, facts)
     dialects = [own, *(dialect(k) for k in EngineKind if k != own.kind)]
     devs = list(sp.placement.layer_device)
-    notes = [n_cpu_moe_note(d, n, sp.spec.model.n_layer, devs, engine_devices(d, [r for _, r in _accelerators(sp)])) for d in dialects]
+    notes = [n_cpu_moe_note(d, n, sp.spec.model.n_layer, devs, len(engine_devices(d, _accelerators(sp))))
+             for d in dialects]
     return [*notes, "rendered as explicit -ot overrides, which mean the same in every engine"]
 
 

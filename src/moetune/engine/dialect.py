@@ -92,25 +92,19 @@ def dialect(kind: str, facts: EngineFacts | None = None) -> Dialect:
     )
 
 
-def tensor_split(d: Dialect, rpc: list[bool], counts: tuple[int, ...]) -> tuple[int, ...]:
-    """``-ts`` in the engine's device order. ``rpc`` says, for each of the plan's accelerators (in
-    llama.cpp's order: RPC devices, then local GPUs), whether it is an RPC device; ``counts`` are the
-    plan's layer counts in that order (empty: one accelerator takes every layer).
+IK_LOCAL_CPU = "(the CPU, as ik's local device)"
+
+
+def engine_devices(d: Dialect, accelerators: list[tuple[str, bool]]) -> list[str]:
+    """The engine's devices for a plan's accelerators ((name, is an RPC device), in llama.cpp's
+    order: RPC devices, then local GPUs), in the engine's own numbering, which ``-ts`` follows.
 
     ik_llama.cpp numbers its devices the other way (local GPUs, then RPC servers), and a build
-    without a GPU backend still counts one local device (the CPU) before the RPC servers: layers
-    not steered off it stay on the CPU, so it gets an explicit 0 there."""
-    if d.kind != EngineKind.IK or not any(rpc):
-        return counts
-    each = counts or (1,) * len(rpc)
-    local = [c for c, r in zip(each, rpc, strict=True) if not r]
-    remote = [c for c, r in zip(each, rpc, strict=True) if r]
-    return (*(local or [0]), *remote)
-
-
-def engine_devices(d: Dialect, rpc: list[bool]) -> int:
-    """How many devices the engine counts for a plan's accelerators (``rpc`` as in tensor_split)."""
-    return len(tensor_split(d, rpc, ())) if d.kind == EngineKind.IK and any(rpc) else len(rpc)
+    without a GPU backend still counts one local device (the CPU) before the RPC servers."""
+    if d.kind != EngineKind.IK or not any(r for _, r in accelerators):
+        return [n for n, _ in accelerators]
+    local = [n for n, r in accelerators if not r]
+    return [*(local or [IK_LOCAL_CPU]), *(n for n, r in accelerators if r)]
 
 
 def n_cpu_moe_note(d: Dialect, n: int, n_layer: int, layer_device: list[str] | None = None,

@@ -9,7 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from moetune.engine import ik_split
-from moetune.engine.dialect import Dialect, engine_devices, tensor_split
+from moetune.engine.dialect import Dialect, engine_devices
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile
@@ -119,11 +119,9 @@ def _tensor_split(p: ModelProfile, pl: Placement, s: Settings, d: Dialect,
                   accelerators: list[tuple[str, bool]] | None) -> tuple[float, ...]:
     """-ts in the engine's terms: mainline takes the plan's layer counts; ik_llama.cpp, which splits
     by bytes over its own device numbering, the shares that give the plan's layers (ik_split)."""
-    rpc = [r for _, r in accelerators or []]
-    if accelerators is None or d.kind != EngineKind.IK or engine_devices(d, rpc) < 2:
-        return tuple(tensor_split(d, rpc, pl.tensor_split))
-    local = [n for n, r in accelerators if not r]
-    order = [*(local or ["(the CPU, as ik's local device)"]), *(n for n, r in accelerators if r)]
+    order = engine_devices(d, accelerators or [])
+    if accelerators is None or d.kind != EngineKind.IK or len(order) < 2:
+        return pl.tensor_split
     index = {n: i for i, n in enumerate(order)}
     layers = [*pl.layer_device, pl.output_device]
     if any(n not in index for n in layers):
