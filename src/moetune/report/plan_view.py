@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -10,7 +10,9 @@ from rich.text import Text
 
 from moetune.plan.ledger import whole_mib
 from moetune.plan.plan import Plan
-from moetune.run.verify import Verification
+
+if TYPE_CHECKING:  # the run package (launch, processes) has no business in every plan's start-up
+    from moetune.run.verify import Verification
 
 
 def _runs(layers: list[dict[str, Any]]) -> list[tuple[str, str]]:
