@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from moetune.engine.argv import strip_flags
 from moetune.run.verify import run_until
 
 RESERVED = "sched_reserve: graph"
@@ -30,16 +31,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def stop(p: subprocess.Popen[Any], grace_s: float) -> None:
-    """SIGTERM, then SIGKILL after ``grace_s``; returns once the process is reaped."""
-    p.terminate()
-    try:
-        p.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
 
 
 def reserve_log(server: Path, argv: Sequence[str], timeout: float = 60.0, marker: str = RESERVED) -> tuple[bool, str]:
@@ -52,17 +43,7 @@ def reserve_log(server: Path, argv: Sequence[str], timeout: float = 60.0, marker
 
 def strip_endpoint(argv: Sequence[str]) -> list[str]:
     """Drop --host/--port pairs from a rendered argv."""
-    out: list[str] = []
-    skip = False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if a in ("--host", "--port") and i + 1 < len(argv):
-            skip = True
-            continue
-        out.append(a)
-    return out
+    return strip_flags(argv, {"--host", "--port"}, ())
 
 
 @contextmanager

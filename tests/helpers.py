@@ -20,7 +20,8 @@ from click.testing import CliRunner
 from moetune.cli import cli
 from moetune.cli.common import run
 from moetune.engine.install import MAINLINE, Recipe, build_for
-from tests.engine_harness import free_port, loopback_hw, rpc_workers, stop
+from moetune.run.process import end
+from tests.engine_harness import free_port, loopback_hw, rpc_workers
 
 __all__ = ["CliResult", "Server", "free_port", "llama_server", "loopback_hw", "rpc_workers", "run_cli"]
 
@@ -81,5 +82,5 @@ def llama_server(bin_dir: Path, model: Path, log: Path, *args: str, timeout: flo
             time.sleep(0.2)
         yield Server(proc, url, log)
     finally:
-        stop(proc, 20)
+        end(proc, 20)
 

@@ -17,7 +17,7 @@ from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.model.archs import Dims
 from moetune.model.testmodel import generate
 from moetune.paths import runs_dir
-from tests.engine_harness import stop
+from moetune.run.process import end
 from tests.helpers import free_port
 
 # -nr: CPU weight repacking crashes on this CPU (DESIGN.md section 5); every server binds 127.0.0.1
@@ -86,7 +86,7 @@ def stop_launchers() -> Iterator[None]:
     while _started:
         p = _started.pop()
         if p.poll() is None:
-            stop(p, 30)
+            end(p, 30)
         p.communicate()
 
 
