@@ -14,6 +14,13 @@ from pathlib import Path
 _FITP = re.compile(r"^(\S+) (\d+) (\d+) (\d+)\s*$")
 
 
+
+def _cell(text: str, width: int) -> str:
+    """A Markdown table cell: cut to ``width`` characters, pipes escaped."""
+    if len(text) > width:
+        text = text[: width - 3] + "..."
+    return text.replace("|", "\\|")
+
 def cases(raw: Path) -> list[dict]:
     rows = []
     tsv = raw / "cases.tsv"
@@ -124,10 +131,7 @@ def markdown(doc: dict) -> str:
             test = (f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}") + (
                 f"@d{r['n_depth']}" if r["n_depth"] else ""
             )
-            ot = r["ot"] if r["ot"] and r["ot"] != "none" else ""
-            if len(ot) > 40:
-                ot = ot[:37] + "..."
-            ot = ot.replace("|", "\\|")
+            ot = _cell(r["ot"] if r["ot"] and r["ot"] != "none" else "", 40)
             lines.append(
                 f"| {r['case']} | {r['n_cpu_moe']} | {ot} | {r['fit_target'] or ''} | {r['load_mode']} | "
                 f"{r['n_ubatch']} | {test} | {_f(r['avg_ts'], 2)} | {_f(r['stddev_ts'], 2)} |"
@@ -143,10 +147,7 @@ def markdown(doc: dict) -> str:
         for r in doc["fit"]:
             g = r["devices"].get("CUDA0", {})
             h = r["devices"].get("Host", {})
-            flags = r.get("fit_flags", "")
-            if len(flags) > 60:
-                flags = flags[:57] + "..."
-            flags = flags.replace("|", "\\|")
+            flags = _cell(r.get("fit_flags", ""), 60)
             lines.append(
                 f"| {r['ctx']} | {r['ub']} | {r['cache']} | {r['fa']} | {r['placement']} | {r['rc']} | "
                 f"{g.get('model_mib', '')} | {g.get('context_mib', '')} | {g.get('compute_mib', '')} | "
