@@ -127,11 +127,12 @@ def plan_files(req: PlanRequest) -> Planned:
         services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine)]
         given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]
     calib = calibrations.find(hw.name or hw.source, str(kind))  # `moetune calibrate` for this hardware
-    base_k = SpeedConstants(**calib["constants"]) if calib else SpeedConstants()
+    base_k = SpeedConstants.from_json(calib["constants"]) if calib else SpeedConstants()
     p = make_plan(services, hw, base_k.with_overrides(speed_overrides(req.speed)))
     doc = plan_json(p, engine, facts=registry.facts_for({s.engine for s in services if s.engine}))
     doc["speed_calibration"] = None if calib is None else {
-        "runs": calib["runs"], "error": calib["error"], "created_unix": calib.get("created_unix")}
+        "runs": calib["runs"], "error": calib["error"], "uncertainty": calib.get("uncertainty"),
+        "created_unix": calib.get("created_unix")}
     for sj, g in zip(doc["services"], given, strict=True):
         sj["model_given"] = g  # what the user wrote; "model" and the commands hold the absolute path
     if req.output:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,63 +13,68 @@ import yaml
 
 from moetune.model.archs import small_dims
 from moetune.model.testmodel import generate
-from moetune.plan.calibrate import Observation, calibrate, fit, predict_tg
-from moetune.plan.speed import SpeedConstants
+from moetune.plan.calibrate import UNCALIBRATED_PCT, Observation, calibrate, fit, predict_pp, predict_tg
+from moetune.plan.speed import DeviceWork, SpeedConstants, Work
 from tests.helpers import free_port, run_cli
 
-TRUE = SpeedConstants(cpu_bw_eff=0.31, gpu_bw_eff=0.62, token_overhead_us=900.0, split_us=60.0, rpc_hop_us=420.0,
-                      cpu_ctx_gflops_per_core=2.6, gpu_ctx_tflops=9.0)
+MIB = 1 << 20
 
-
-def t_tok(k: SpeedConstants, per: list[dict], splits: int, hops: int) -> float:
-    """Seconds per token under constants k, as the speed model adds them up."""
-    t = k.token_overhead_us * 1e-6 + splits * k.split_us * 1e-6 + hops * k.rpc_hop_us * 1e-6
-    for d in per:
-        eff = k.cpu_bw_eff if d["device"] == "CPU" else k.gpu_bw_eff
-        t += d["read_mib_per_token"] * (1 << 20) / (d["bw_gbs"] * 1e9 * eff)
-        rate = k.cpu_ctx_gflops_per_core * d["cores"] if d["device"] == "CPU" else k.gpu_ctx_tflops * 1000
-        t += d["ctx_gflop_per_token"] / rate
-    return t
+TRUE = SpeedConstants(cpu_bw_eff=0.31, gpu_bw_eff=0.62, cpu_core_gbs=4.0, token_overhead_us=900.0, split_us=60.0,
+                      rpc_hop_us=420.0, cpu_ctx_gflops_per_core=2.6, gpu_ctx_tflops=9.0, cpu_gflops_per_core=25.0,
+                      gpu_tflops=140.0, ubatch_overhead_us=5000.0)
 
 
 def observations(n_runs: int, seed: int = 0) -> list[Observation]:
-    """Workloads of plans with different reads per device, splits and hops, 'measured' under TRUE;
-    each plan's stored prediction was made with the defaults plus 0.2 ms of RPC activations."""
+    """Workloads of plans with different reads per device, threads, splits, hops and ubatches,
+    'measured' under TRUE (through the model's own functions, as a real machine would not)."""
     rng = random.Random(seed)
     obs = []
     for run in range(n_runs):
-        depth = rng.choice([0, 1000, 8000, 32000])
-        per = [{"device": "CPU", "read_mib_per_token": rng.uniform(50, 4000), "bw_gbs": 200.0, "cores": 16,
-                "ctx_gflop_per_token": rng.uniform(0.0, 0.02) * depth / 1000},
-               {"device": "CUDA0", "read_mib_per_token": rng.uniform(100, 9000), "bw_gbs": 1790.0, "cores": 0,
-                "ctx_gflop_per_token": rng.uniform(0.0, 0.2) * depth / 1000},
-               {"device": "RPC0[10.0.0.2:50052]", "read_mib_per_token": rng.uniform(0, 3000), "bw_gbs": 900.0,
-                "cores": 0, "ctx_gflop_per_token": 0.0}]
-        splits, hops = rng.randint(2, 160), rng.randint(0, 40)
-        expect = {"per_device": per, "graph_splits": splits, "rpc_hops": hops, "constants": asdict(SpeedConstants()),
-                  "tg_tok_s": 1.0 / (t_tok(SpeedConstants(), per, splits, hops) + 2e-4)}
-        obs.append(Observation(run, 1.0 / (t_tok(TRUE, per, splits, hops) + 2e-4), expect))
+        threads = rng.choice([4, 8, 16])
+        devs = (DeviceWork("CPU", True, 200.0, threads, 16, None, rng.uniform(50, 4000) * MIB,
+                           rng.uniform(0, 40) * 1e3, rng.uniform(0.0, 2e4), rng.uniform(1e8, 3e9), 1e11),
+                DeviceWork("CUDA0", False, 1790.0, 0, 0, None, rng.uniform(100, 9000) * MIB, rng.uniform(0, 4e5),
+                           rng.uniform(0.0, 2e5), rng.uniform(1e8, 8e9)),
+                DeviceWork("RPC0[10.0.0.2:50052]", False, 900.0, 0, 0, 60.0, rng.uniform(0, 3000) * MIB, 0.0, 0.0,
+                           rng.uniform(0, 3e9)))
+        w = Work(devs, rng.randint(2, 160), rng.randint(0, 40), 2e-4, rng.choice([256, 512, 2048]), 8 / 256,
+                 True, None, 25.0)
+        for depth in (0, rng.choice([1000, 8000, 32000])):
+            o = Observation(run, w, depth, None, None, rng.choice([None, 300, 4096]))
+            obs.append(replace(o, measured_tg=predict_tg(o, TRUE), measured_pp=predict_pp(o, TRUE)))
     return obs
 
 
 def test_the_fit_recovers_the_constants_from_enough_runs() -> None:
     k = fit(observations(16))
-    assert k.cpu_bw_eff == pytest.approx(TRUE.cpu_bw_eff, rel=0.05)
-    assert k.gpu_bw_eff == pytest.approx(TRUE.gpu_bw_eff, rel=0.05)
-    assert k.token_overhead_us == pytest.approx(TRUE.token_overhead_us, rel=0.15)
-    assert k.cpu_ctx_gflops_per_core == pytest.approx(TRUE.cpu_ctx_gflops_per_core, rel=0.1)
+    assert k.cpu_bw_eff == pytest.approx(TRUE.cpu_bw_eff, rel=0.1)
+    assert k.gpu_bw_eff == pytest.approx(TRUE.gpu_bw_eff, rel=0.1)
+    assert k.token_overhead_us == pytest.approx(TRUE.token_overhead_us, rel=0.2)
+    assert k.gpu_tflops == pytest.approx(TRUE.gpu_tflops, rel=0.1)  # the CPU experts' prefill, offloaded
+    assert k.ubatch_overhead_us == pytest.approx(TRUE.ubatch_overhead_us, rel=0.5)  # a small share: weakly seen
     cal = calibrate(observations(16))
     assert cal.loo_tg_median_abs_pct is not None and cal.loo_tg_median_abs_pct < 2.0
-    assert cal.before_tg_median_abs_pct > 20.0  # the defaults were far off
+    assert cal.loo_pp_median_abs_pct is not None and cal.loo_pp_median_abs_pct < 2.0
+    assert cal.before_tg_median_abs_pct is not None and cal.before_tg_median_abs_pct > 20.0  # the defaults were off
+    assert cal.uncertainty_tg_pct == 3.0  # nothing claims better than the noise floor
 
 
 def test_two_runs_move_what_they_see_and_keep_the_rest() -> None:
     obs = observations(2)
     k = fit(obs)
-    before = [abs(predict_tg(o, SpeedConstants()) - o.measured_tg) / o.measured_tg for o in obs]
-    after = [abs(predict_tg(o, k) - o.measured_tg) / o.measured_tg for o in obs]
-    assert max(after) < min(before)
-    assert 0.02 <= k.cpu_bw_eff <= 1.0 and 0.02 <= k.gpu_bw_eff <= 1.0
+    for pred in (predict_tg, predict_pp):
+        before = [abs(pred(o, SpeedConstants()) - (o.measured_tg if pred is predict_tg else o.measured_pp) or 0)
+                  / (o.measured_tg if pred is predict_tg else o.measured_pp or 1) for o in obs]
+        after = [abs(pred(o, k) - (o.measured_tg if pred is predict_tg else o.measured_pp) or 0)
+                 / (o.measured_tg if pred is predict_tg else o.measured_pp or 1) for o in obs]
+        assert max(after) < 0.5 * min(before)
+    assert 0.0 < k.cpu_bw_eff <= 1.0 and 0.0 < k.gpu_bw_eff <= 1.0
+    assert k.offload_min_batch == SpeedConstants().offload_min_batch  # not a fitted constant
+
+
+def test_one_run_states_the_uncalibrated_uncertainty() -> None:
+    cal = calibrate(observations(1))
+    assert cal.loo_tg_median_abs_pct is None and cal.uncertainty_tg_pct == UNCALIBRATED_PCT
 
 
 @pytest.mark.server

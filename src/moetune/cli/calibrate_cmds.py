@@ -15,16 +15,19 @@ from moetune.errors import InputError
 @db_option
 @json_option
 def calibrate_cmd(run_refs: tuple[str, ...], db_path: Path | None, as_json: bool) -> None:
-    """Fit the decode speed constants to measured runs (default: every benchmark of a plan).
+    """Fit the speed model's constants to measured runs (default: every benchmark of a plan).
 
-    Each measured TG of a benchmarked plan, at its context depth, is one equation of the speed
-    model; the fit (least squares on relative error, pulled toward the current constants) is kept
-    per hardware and engine kind, and `moetune plan` uses it for that hardware from then on
-    (`--speed` still overrides). The error printed is leave-one-run-out, on the runs it was fitted on.
+    Each measured TG (at its context depth) and PP (over the prompt it processed) of a benchmarked
+    plan is one equation of the speed model; the fit (least squares on log ratios, pulled weakly
+    toward the current constants) is kept per hardware and engine kind, and `moetune plan` uses it
+    for that hardware from then on (`--speed` still overrides). The error printed is
+    leave-one-run-out, on the runs it was fitted on; the stated uncertainty is the band a
+    measurement is checked against (`bench` flags a run outside it).
     """
+    from moetune.bench.analysis.predicted import observations
     from moetune.bench.analysis.summary import run_summary
     from moetune.kinds import RunKind
-    from moetune.plan.calibrate import Observation, calibrate
+    from moetune.plan.calibrate import FITTED, Observation, calibrate
     from moetune.store import calibrations
     from moetune.store.db import ResultsDB
 
@@ -32,17 +35,10 @@ def calibrate_cmd(run_refs: tuple[str, ...], db_path: Path | None, as_json: bool
     with ResultsDB.open(db_path) as db:
         runs = [db.resolve(r) for r in run_refs] if run_refs else db.runs(RunKind.BENCH)
         for r in runs:
-            expect = r.meta.details.get("predicted")
             plan = r.meta.plan
-            if not expect or not plan:
-                continue
-            services = plan.get("services") or [{}]
-            engine = str((services[0].get("settings") or {}).get("engine", "llama.cpp"))
-            summary = run_summary(db.samples(r.id))
-            for name, w in summary.get("workloads", {}).items():
-                tg = (w.get("tg") or {}).get("median")
-                if tg and name in expect:
-                    groups.setdefault((plan.get("hardware"), engine), []).append(Observation(r.id, tg, expect[name]))
+            obs = observations(r.id, run_summary(db.samples(r.id)), dict(r.meta.details)) if plan else []
+            if plan and obs:
+                groups.setdefault(calibrations.plan_key(plan), []).extend(obs)
     if not groups:
         raise InputError("no benchmark of a plan to calibrate on" + (" among those runs" if run_refs else ""),
                          hint="benchmark a plan first (`moetune bench plan.json`): runs of a bare URL carry no "
@@ -53,15 +49,17 @@ def calibrate_cmd(run_refs: tuple[str, ...], db_path: Path | None, as_json: bool
         entry = calibrations.save(hardware, engine, cal.to_json())
         results.append(entry)
         if not as_json:
-            err = cal.loo_tg_median_abs_pct
-            out.print(f"{hardware} / {engine}: {len(cal.runs)} runs, {cal.observations} TG measurements; "
-                      f"median TG error {cal.before_tg_median_abs_pct}% before"
-                      + (f", {err}% leave-one-run-out after" if err is not None else " (one run: no held-out error)"),
+            out.print(f"{hardware} / {engine}: {len(cal.runs)} runs, {cal.observations} measured workloads",
                       markup=False, highlight=False)
-            k = cal.constants
-            out.print(f"  cpu_bw_eff={k.cpu_bw_eff:.3f} gpu_bw_eff={k.gpu_bw_eff:.3f} token_overhead_us="
-                      f"{k.token_overhead_us:.1f} split_us={k.split_us:.1f} rpc_hop_us={k.rpc_hop_us:.1f} "
-                      f"cpu_ctx_gflops_per_core={k.cpu_ctx_gflops_per_core:.2f} gpu_ctx_tflops={k.gpu_ctx_tflops:.1f}",
+            for fam, before, after, band in (
+                    ("TG", cal.before_tg_median_abs_pct, cal.loo_tg_median_abs_pct, cal.uncertainty_tg_pct),
+                    ("PP", cal.before_pp_median_abs_pct, cal.loo_pp_median_abs_pct, cal.uncertainty_pp_pct)):
+                if before is None:
+                    continue
+                out.print(f"  {fam}: median error {before}% with the constants before; "
+                          + (f"{after}% leave-one-run-out after (stated uncertainty +/-{band}%)" if after is not None
+                             else "one run: no held-out error"), markup=False, highlight=False)
+            out.print("  " + " ".join(f"{n}={getattr(cal.constants, n):.4g}" for n in FITTED),
                       markup=False, highlight=False)
     if as_json:
         print_json(results[0] if len(results) == 1 else results)

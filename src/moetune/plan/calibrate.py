@@ -1,97 +1,129 @@
-"""Calibrating the decode speed model from measured runs: least squares with a prior.
+"""Calibrating the speed model from measured runs: non-linear least squares with a prior.
 
-Per token, the model's decode time is linear in seven constants: a fixed cost, the inverse
-efficiencies of CPU and accelerator memory reads (bytes read at full bandwidth, divided by the
-efficiency), a cost per graph split and one per RPC hop, and the inverse throughputs of attention
-over the context on the CPU (per core) and on accelerators; what else it adds (activations over RPC
-links) is known and kept as it was predicted. Every measured TG of a benchmarked plan, at its depth,
-is one equation. With few runs the system is underdetermined, so the fit is pulled toward the
-current constants (ridge on relative changes): two runs move what they can see and leave the rest.
-Pure: observations in, constants and their leave-one-out error out.
+Every benchmark of a plan stores the plan's work (:class:`moetune.plan.speed.Work`): what each device
+reads and computes per token and per ubatch. A measured TG or PP of that workload is one equation in
+the constants of :class:`SpeedConstants`, through the same :func:`decode_seconds` and
+:func:`prefill_tok_s` that made the prediction. The fit minimises the squared log ratio of predicted
+to measured (a relative error, alike for fast and slow runs) over the logs of the constants, so that
+every constant stays positive and weighs alike; a weak pull toward the current constants keeps what
+the runs cannot see where it was (two runs move what they can see and leave the rest).
+
+The error a calibration reports is leave-one-run-out: each run predicted by a fit that did not see
+it. Its stated uncertainty (a ~95% band, twice the RMS of those log errors, at least the noise
+floor) is what a measurement is checked against. Pure: observations in, constants out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from moetune.plan.speed import SpeedConstants
+from moetune.plan.speed import SpeedConstants, Work, decode_seconds, prefill_tok_s
 
-MIB = 1 << 20
-PRIOR_WEIGHT = 1e-6  # ridge weight per constant, on its relative change from the prior
-# (name, lower bound) of the fitted unknowns, in the order of the design matrix
-UNKNOWNS = (("token_overhead_us", 1.0), ("cpu_bw_eff", 0.02), ("gpu_bw_eff", 0.02), ("split_us", 0.1),
-            ("rpc_hop_us", 0.1), ("cpu_ctx_gflops_per_core", 0.05), ("gpu_ctx_tflops", 0.05))
+PRIOR_WEIGHT = 1e-5  # per constant, on the square of its log change (a doubling costs what a 0.2% miss does)
+NOISE_FLOOR_PCT = 3.0  # no calibration claims to predict closer than a run repeats on a quiet machine
+UNCALIBRATED_PCT = 50.0  # the stated uncertainty of the built-in constants
+FITTED = ("token_overhead_us", "cpu_bw_eff", "gpu_bw_eff", "cpu_core_gbs", "split_us", "rpc_hop_us",
+          "cpu_ctx_gflops_per_core", "gpu_ctx_tflops", "gpu_tflops", "cpu_gflops_per_core", "ubatch_overhead_us")
+AT_MOST = {"cpu_bw_eff": 1.0, "gpu_bw_eff": 1.0}  # a share of the bandwidth
 
 
 @dataclass(frozen=True, slots=True)
 class Observation:
     run: int  # the run it came from (leave-one-out leaves runs out, not single workloads)
-    measured_tg: float  # tokens/s
-    expect: dict[str, Any]  # the plan's prediction for the workload (speed.at_depth)
-
-
-def _row(o: Observation) -> tuple[np.ndarray, float]:
-    """The design row (seconds per token per unit of each unknown's term) and the known remainder."""
-    cpu = sum(d["read_mib_per_token"] * MIB / (float(d["bw_gbs"]) * 1e9) for d in o.expect["per_device"]
-              if d["device"] == "CPU" and d.get("bw_gbs"))
-    acc = sum(d["read_mib_per_token"] * MIB / (float(d["bw_gbs"]) * 1e9) for d in o.expect["per_device"]
-              if d["device"] != "CPU" and d.get("bw_gbs"))
-    splits, hops = float(o.expect.get("graph_splits") or 0), float(o.expect.get("rpc_hops") or 0)
-    cpu_ctx = sum(d.get("ctx_gflop_per_token", 0.0) / d["cores"] for d in o.expect["per_device"]
-                  if d["device"] == "CPU" and d.get("cores"))
-    acc_ctx = sum(d.get("ctx_gflop_per_token", 0.0) for d in o.expect["per_device"] if d["device"] != "CPU")
-    # unknowns: us, 1/eff, 1/eff, us, us, core-s per GFLOP, s per GFLOP (x 1000: per TFLOP)
-    x = np.array([1e-6, cpu, acc, splits * 1e-6, hops * 1e-6, cpu_ctx, acc_ctx / 1000])
-    k = SpeedConstants(**{n: v for n, v in (o.expect.get("constants") or {}).items()
-                          if n in SpeedConstants.__dataclass_fields__})
-    known = 1.0 / o.expect["tg_tok_s"] - float(x @ _theta(k))  # e.g. activations crossing RPC links
-    return x, known
-
-
-def _theta(k: SpeedConstants) -> np.ndarray:
-    return np.array([k.token_overhead_us, 1 / k.cpu_bw_eff, 1 / k.gpu_bw_eff, k.split_us, k.rpc_hop_us,
-                     1 / k.cpu_ctx_gflops_per_core, 1 / k.gpu_ctx_tflops])
-
-
-def _constants(base: SpeedConstants, th: np.ndarray) -> SpeedConstants:
-    lo = {n: b for n, b in UNKNOWNS}
-    over = max(th[0], lo["token_overhead_us"])
-    cpu_eff = min(1.0, max(1 / max(th[1], 1e-9), lo["cpu_bw_eff"]))
-    gpu_eff = min(1.0, max(1 / max(th[2], 1e-9), lo["gpu_bw_eff"]))
-    return replace(base, token_overhead_us=float(over), cpu_bw_eff=float(cpu_eff), gpu_bw_eff=float(gpu_eff),
-                   split_us=float(max(th[3], lo["split_us"])), rpc_hop_us=float(max(th[4], lo["rpc_hop_us"])),
-                   cpu_ctx_gflops_per_core=float(max(1 / max(th[5], 1e-9), lo["cpu_ctx_gflops_per_core"])),
-                   gpu_ctx_tflops=float(max(1 / max(th[6], 1e-9), lo["gpu_ctx_tflops"])))
-
-
-def fit(obs: list[Observation], prior: SpeedConstants | None = None) -> SpeedConstants:
-    """The constants that best explain the measured TGs (relative errors), pulled toward ``prior``.
-    Solved for each constant's multiple of its prior value, so every unknown weighs alike: a data
-    row's entries are the shares of the token's time each term takes."""
-    prior = prior or SpeedConstants()
-    th0 = _theta(prior)
-    rows, targets = [], []
-    for o in obs:
-        x, known = _row(o)
-        t = 1.0 / o.measured_tg
-        rows.append(x * th0 / t)
-        targets.append((t - known) / t)
-    w = np.sqrt(PRIOR_WEIGHT)
-    for j in range(len(th0)):
-        e = np.zeros(len(th0))
-        e[j] = w
-        rows.append(e)
-        targets.append(w)
-    m, *_ = np.linalg.lstsq(np.array(rows), np.array(targets), rcond=None)
-    return _constants(prior, th0 * m)
+    work: Work  # what the plan asked of the hardware
+    depth: int  # context depth of the TG measurement
+    measured_tg: float | None  # tokens/s
+    measured_pp: float | None = None
+    prompt_tokens: int | None = None  # of the PP measurement (None: one full ubatch)
 
 
 def predict_tg(o: Observation, k: SpeedConstants) -> float:
-    x, known = _row(o)
-    return 1.0 / (known + float(x @ _theta(k)))
+    return 1.0 / decode_seconds(o.work, o.depth, k)
+
+
+def predict_pp(o: Observation, k: SpeedConstants) -> float:
+    return prefill_tok_s(o.work, k, o.prompt_tokens)
+
+
+def _with(base: SpeedConstants, logs: np.ndarray) -> SpeedConstants:
+    vals: dict[str, Any] = {n: min(math.exp(float(v)), AT_MOST.get(n, math.inf)) for n, v in zip(FITTED, logs, strict=True)}
+    return replace(base, **vals)
+
+
+def _residuals(obs: list[Observation], k: SpeedConstants) -> np.ndarray:
+    r = []
+    for o in obs:
+        if o.measured_tg:
+            r.append(math.log(predict_tg(o, k) / o.measured_tg))
+        if o.measured_pp:
+            r.append(math.log(predict_pp(o, k) / o.measured_pp))
+    return np.array(r)
+
+
+def fit(obs: list[Observation], prior: SpeedConstants | None = None, iterations: int = 60) -> SpeedConstants:
+    """The constants that best explain the measurements (Levenberg-Marquardt on log constants)."""
+    prior = prior or SpeedConstants()
+    th0 = np.array([math.log(getattr(prior, n)) for n in FITTED])
+    w = math.sqrt(PRIOR_WEIGHT)
+
+    def res(th: np.ndarray) -> np.ndarray:
+        return np.concatenate([_residuals(obs, _with(prior, th)), w * (th - th0)])
+
+    th, lam = th0.copy(), 1e-2
+    r = res(th)
+    cost = float(r @ r)
+    for _ in range(iterations):
+        h = 1e-5
+        jac = np.empty((len(r), len(th)))
+        for j in range(len(th)):
+            d = th.copy()
+            d[j] += h
+            jac[:, j] = (res(d) - r) / h
+        g = jac.T @ r
+        a = jac.T @ jac
+        improved = False
+        while lam < 1e8:
+            step = np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-12), -g)
+            cand = th + step
+            # a share of the bandwidth cannot pass 1: hold the log there
+            for j, n in enumerate(FITTED):
+                if n in AT_MOST:
+                    cand[j] = min(cand[j], math.log(AT_MOST[n]))
+            rc = res(cand)
+            c = float(rc @ rc)
+            if c < cost:
+                th, r, cost, lam, improved = cand, rc, c, max(lam / 3, 1e-9), True
+                break
+            lam *= 4
+        if not improved or float(np.max(np.abs(step))) < 1e-7:
+            break
+    return _with(prior, th)
+
+
+def _abs_pct(pred: float, meas: float) -> float:
+    return abs(pred - meas) / meas * 100.0
+
+
+def _errors(obs: list[Observation], k: SpeedConstants) -> tuple[list[float], list[float]]:
+    tg = [_abs_pct(predict_tg(o, k), o.measured_tg) for o in obs if o.measured_tg]
+    pp = [_abs_pct(predict_pp(o, k), o.measured_pp) for o in obs if o.measured_pp]
+    return tg, pp
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(float(np.median(xs)), 2) if xs else None
+
+
+def _band(xs: list[float]) -> float | None:
+    """Twice the RMS of the log errors, in percent, at least the noise floor."""
+    if not xs:
+        return None
+    rms = math.sqrt(sum(math.log1p(x / 100.0) ** 2 for x in xs) / len(xs))
+    return round(max(NOISE_FLOOR_PCT, (math.exp(2 * rms) - 1) * 100.0), 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,26 +132,34 @@ class Calibration:
     runs: tuple[int, ...]
     observations: int
     loo_tg_median_abs_pct: float | None  # leave-one-run-out error on the runs it was fitted on
-    before_tg_median_abs_pct: float  # the prior's error on the same observations
+    loo_pp_median_abs_pct: float | None
+    before_tg_median_abs_pct: float | None  # the prior's error on the same observations
+    before_pp_median_abs_pct: float | None
+    uncertainty_tg_pct: float  # the stated ~95% band of a prediction
+    uncertainty_pp_pct: float
 
     def to_json(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         return {"constants": asdict(self.constants), "runs": len(self.runs), "run_ids": list(self.runs),
                 "observations": self.observations,
-                "error": {"tg_median_abs_pct": self.loo_tg_median_abs_pct, "pp_median_abs_pct": None,
-                          "tg_median_abs_pct_before": self.before_tg_median_abs_pct}}
+                "error": {"tg_median_abs_pct": self.loo_tg_median_abs_pct,
+                          "pp_median_abs_pct": self.loo_pp_median_abs_pct,
+                          "tg_median_abs_pct_before": self.before_tg_median_abs_pct,
+                          "pp_median_abs_pct_before": self.before_pp_median_abs_pct},
+                "uncertainty": {"tg_pct": self.uncertainty_tg_pct, "pp_pct": self.uncertainty_pp_pct}}
 
 
 def calibrate(obs: list[Observation], prior: SpeedConstants | None = None) -> Calibration:
     prior = prior or SpeedConstants()
     runs = tuple(sorted({o.run for o in obs}))
     k = fit(obs, prior)
-    errs = []
+    loo_tg: list[float] = []
+    loo_pp: list[float] = []
     if len(runs) > 1:
         for r in runs:
             kr = fit([o for o in obs if o.run != r], prior)
-            errs += [abs(predict_tg(o, kr) - o.measured_tg) / o.measured_tg * 100 for o in obs if o.run == r]
-    before = [abs(predict_tg(o, prior) - o.measured_tg) / o.measured_tg * 100 for o in obs]
-    return Calibration(k, runs, len(obs), round(float(np.median(errs)), 2) if errs else None,
-                       round(float(np.median(before)), 2))
+            tg, pp = _errors([o for o in obs if o.run == r], kr)
+            loo_tg += tg
+            loo_pp += pp
+    before_tg, before_pp = _errors(obs, prior)
+    return Calibration(k, runs, len(obs), _median(loo_tg), _median(loo_pp), _median(before_tg), _median(before_pp),
+                       _band(loo_tg) or UNCALIBRATED_PCT, _band(loo_pp) or UNCALIBRATED_PCT)

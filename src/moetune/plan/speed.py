@@ -1,23 +1,34 @@
 """First-order speed model: decode (TG) and prefill (PP) throughput of a placement.
 
-Decode, per token: each device reads its non-expert weights, ``k/E`` of its expert tensors and, at
-depth ``d``, ``d`` tokens of its layers' KV cache, at its memory bandwidth times an efficiency;
-plus a fixed cost per graph split (a backend switch) and per RPC hop. Prefill, per ubatch: matmul
-FLOPs on each device at its throughput; on a GPU build, expert weights left on the CPU are streamed
-over the host link once per ubatch (llama.cpp offloads batches of 32+ tokens to the GPU).
+Prediction is split in two so that measurements can correct it. :func:`work` says what each device
+does, from the model, the placement and the settings alone: bytes read per token (non-expert
+weights, ``k/E`` of its expert tensors, and per token of context its layers' KV cache), attention
+FLOPs per token of context, parameters multiplied per token, the threads that compute on it, and
+per token the graph splits (backend switches) and RPC hops. :func:`decode_seconds` and
+:func:`ubatch_seconds` turn that work into time with the constants of :class:`SpeedConstants`.
+The work is stored with every prediction (``Prediction.to_json()["work"]``), so a calibration
+refits the constants to measured runs through these same two functions.
 
-Every constant is in :class:`SpeedConstants`, printed with each prediction and overridable
-(``--speed K=V``); calibration from measured runs fits them.
+Decode, per token: a fixed cost, a cost per split and per RPC hop, activations crossing RPC links,
+and per device its reads: on a GPU at its bandwidth times an efficiency; on CPU cores (the host, or
+an RPC worker's CPU backend) the larger, softly, of the bandwidth time and the time the threads need
+to dequantize and multiply what they read (so fewer threads cost speed where the cores, not the
+memory, are the limit); plus attention over the context. Prefill, per ubatch of ``B`` tokens: a
+fixed cost, the splits, and matmul FLOPs on each device at its throughput; on a GPU build, expert
+weights left on the CPU are streamed over the host link once per ubatch (llama.cpp offloads batches
+of 32+ tokens to the GPU), the share of them a ubatch touches being ``1 - (1 - k/E)^B``.
+
+Every constant is printed with each prediction and overridable (``--speed K=V``).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from moetune.errors import InputError
-from moetune.hardware.inventory import Inventory
+from moetune.hardware.inventory import Device, Inventory
 from moetune.kinds import DeviceKind
 from moetune.model.kv import KVShape, kv_shape
 from moetune.model.profile import ModelProfile
@@ -26,34 +37,138 @@ from moetune.plan.placement import CPU, Placement, tensor_device
 from moetune.plan.settings import Settings
 
 GB = 1e9
+MIB = 1 << 20
+RPC_WORKER_THREADS = 1  # ggml-rpc-server's CPU backend computes on one thread unless told -t (moetune does not)
+SOFT_MAX_P = 4.0  # how sharply the CPU's time follows the larger of its memory and compute limits
 
 
 @dataclass(frozen=True, slots=True)
 class SpeedConstants:
     gpu_bw_eff: float = 0.75  # share of a GPU's memory bandwidth a decode step reaches
     cpu_bw_eff: float = 0.55  # share of RAM bandwidth the CPU expert matmuls reach
+    cpu_core_gbs: float = 10.0  # weight bytes one CPU thread dequantizes and multiplies per second (decode)
     split_us: float = 25.0  # cost of one backend switch (sync, copy of the activations)
     rpc_hop_us: float = 150.0  # extra cost of a switch to or from an RPC device (network round trip)
     token_overhead_us: float = 300.0  # sampling, graph launch, bookkeeping per token
-    gpu_tflops: float = 80.0  # effective matmul throughput of a GPU without a declared figure
-    cpu_gflops_per_core: float = 40.0  # effective matmul throughput per CPU core
-    offload_min_batch: int = 32  # llama.cpp moves CPU-resident matmuls to the GPU for batches this big
     # attention over the context while decoding, beyond reading the cache: small, latency-bound
     # kernels, far below matmul throughput (2.4-2.8 GFLOP/s on 2 cores of the test machine)
     cpu_ctx_gflops_per_core: float = 1.5
     gpu_ctx_tflops: float = 20.0
+    gpu_tflops: float = 80.0  # effective matmul throughput of a GPU without a declared figure (prefill)
+    cpu_gflops_per_core: float = 40.0  # effective matmul throughput per CPU thread (prefill)
+    ubatch_overhead_us: float = 2000.0  # fixed cost of one ubatch of prefill (graph build, scheduling)
+    offload_min_batch: int = 32  # llama.cpp moves CPU-resident matmuls to the GPU for batches this big
 
     def with_overrides(self, pairs: dict[str, str]) -> SpeedConstants:
-        names = {f.name: f.type for f in fields(self)}
+        names = {f.name for f in fields(self)}
         kw: dict[str, Any] = {}
         for k, v in pairs.items():
             if k not in names:
-                raise InputError(f"--speed {k}: unknown constant (known: {', '.join(names)})")
+                raise InputError(f"--speed {k}: unknown constant (known: {', '.join(sorted(names))})")
             try:
                 kw[k] = int(v) if k == "offload_min_batch" else float(v)
             except ValueError:
                 raise InputError(f"--speed {k}={v}: not a number") from None
+            if kw[k] <= 0:
+                raise InputError(f"--speed {k}={v}: must be positive")
         return replace(self, **kw)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any] | None) -> SpeedConstants:
+        """Constants as stored (a plan, a calibration); names this version does not know are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (doc or {}).items() if k in names})
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceWork:
+    """What one device does: per token of decode, per ubatch of prefill."""
+
+    device: str
+    cpu: bool  # computed by CPU cores: the host, or an RPC worker's CPU backend
+    bw_gbs: float  # its memory bandwidth (the hardware file's figure: the physical limit)
+    threads: int = 0  # CPU threads computing on it (0 for a GPU)
+    cores: int = 0  # the cores of the CPU computing on it (0 for a GPU)
+    tflops: float | None = None  # an accelerator's declared matmul throughput
+    read_bytes: float = 0.0  # weights read per token (expert tensors at k/E)
+    kv_bytes_per_ctx: float = 0.0  # KV cache bytes read per token, per token of context
+    ctx_flop_per_ctx: float = 0.0  # attention FLOPs per token, per token of context
+    active_params: float = 0.0  # weight parameters multiplied per token
+    held_expert_bytes: float = 0.0  # expert tensors it holds (what a GPU streams from the host per ubatch)
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """Everything a placement asks of the hardware, before any constant turns it into time."""
+
+    devices: tuple[DeviceWork, ...]
+    graph_splits: int
+    rpc_hops: int
+    rpc_activation_s: float = 0.0  # activations crossing RPC links per token (at the links' bandwidth)
+    ubatch: int = 512
+    expert_share: float = 1.0  # k/E: the share of a layer's experts one token uses
+    offload: bool = False  # a GPU build: CPU experts' prefill matmuls go to the first GPU, over its link
+    offload_tflops: float | None = None  # that GPU's declared throughput
+    offload_link_gbs: float = 25.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "devices": [asdict(d) for d in self.devices]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Work:
+        names = {f.name for f in fields(DeviceWork)}
+        devs = tuple(DeviceWork(**{k: v for k, v in d.items() if k in names}) for d in doc["devices"])
+        return cls(**{**{k: v for k, v in doc.items() if k in {f.name for f in fields(cls)}}, "devices": devs})
+
+
+def _soft_max(a: float, b: float) -> float:
+    return float((a**SOFT_MAX_P + b**SOFT_MAX_P) ** (1 / SOFT_MAX_P))
+
+
+def device_decode_seconds(d: DeviceWork, depth: int, k: SpeedConstants) -> float:
+    read = d.read_bytes + depth * d.kv_bytes_per_ctx
+    if d.cpu:
+        threads = max(1, d.threads)
+        t = _soft_max(read / (d.bw_gbs * GB * k.cpu_bw_eff), read / (threads * k.cpu_core_gbs * GB))
+        return t + depth * d.ctx_flop_per_ctx / (threads * k.cpu_ctx_gflops_per_core * 1e9)
+    return read / (d.bw_gbs * GB * k.gpu_bw_eff) + depth * d.ctx_flop_per_ctx / (k.gpu_ctx_tflops * 1e12)
+
+
+def decode_seconds(w: Work, depth: int, k: SpeedConstants) -> float:
+    """Seconds per generated token at context depth ``depth``."""
+    t = (k.token_overhead_us + w.graph_splits * k.split_us + w.rpc_hops * k.rpc_hop_us) * 1e-6 + w.rpc_activation_s
+    return t + sum(device_decode_seconds(d, depth, k) for d in w.devices)
+
+
+def touched_share(expert_share: float, tokens: int) -> float:
+    """The share of a layer's experts that a batch of ``tokens`` tokens uses at least once, each token
+    choosing ``k`` of ``E`` at random: ``1 - (1 - k/E)^tokens``."""
+    return 1.0 - (1.0 - min(1.0, expert_share)) ** max(1, tokens)
+
+
+def ubatch_seconds(w: Work, tokens: int, k: SpeedConstants) -> float:
+    """Seconds to prefill one ubatch of ``tokens`` tokens."""
+    t = (k.ubatch_overhead_us + w.graph_splits * k.split_us + w.rpc_hops * k.rpc_hop_us) * 1e-6
+    for d in w.devices:
+        flop = 2 * d.active_params * tokens
+        if d.device == CPU and w.offload and tokens >= k.offload_min_batch:
+            # CPU-resident expert matmuls run on the GPU: the weights they touch cross the host link
+            t += d.held_expert_bytes * touched_share(w.expert_share, tokens) / (w.offload_link_gbs * GB)
+            t += flop / ((w.offload_tflops or k.gpu_tflops) * 1e12)
+        elif d.cpu:
+            t += flop / (max(1, d.threads) * k.cpu_gflops_per_core * 1e9)
+        else:
+            t += flop / ((d.tflops or k.gpu_tflops) * 1e12)
+    return t
+
+
+def prefill_tok_s(w: Work, k: SpeedConstants, prompt_tokens: int | None = None) -> float:
+    """Prefill throughput: a prompt of ``prompt_tokens`` goes in ubatches of the plan's size (the
+    last one partial); without a length, one full ubatch."""
+    n = prompt_tokens or w.ubatch
+    full, rest = divmod(n, w.ubatch)
+    t = full * ubatch_seconds(w, w.ubatch, k) + (ubatch_seconds(w, rest, k) if rest else 0.0)
+    return n / t if t > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,33 +177,36 @@ class DeviceLoad:
     read_mib_per_token: float
     decode_ms: float
     bw_gbs: float = 0.0  # the device's memory bandwidth in the hardware file (the physical limit)
-    kv_mib_per_1k_depth: float = 0.0  # more read per token for each 1000 tokens of context
-    ctx_gflop_per_1k_depth: float = 0.0  # attention work per token for each 1000 tokens of context
-    cores: int = 0  # the CPU's cores (its attention runs on them); 0 for an accelerator
 
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
     tg_tok_s: float
     pp_tok_s: float
-    graph_splits: int
-    rpc_hops: int
-    per_device: tuple[DeviceLoad, ...]
+    work: Work
     constants: SpeedConstants
     depth: int = 0
-    ms_per_1k_depth: float = 0.0  # decode time per token added by each 1000 tokens of context (linear)
+    per_device: tuple[DeviceLoad, ...] = field(default=())
+
+    @property
+    def graph_splits(self) -> int:
+        return self.work.graph_splits
+
+    @property
+    def rpc_hops(self) -> int:
+        return self.work.rpc_hops
 
     def to_json(self) -> dict[str, Any]:
         return {
             "tg_tok_s": round(self.tg_tok_s, 3),
             "pp_tok_s": round(self.pp_tok_s, 3),
             "ms_per_token": round(1000.0 / self.tg_tok_s, 5),
-            "ms_per_1k_depth": round(self.ms_per_1k_depth, 6),
             "graph_splits": self.graph_splits,
             "rpc_hops": self.rpc_hops,
             "depth": self.depth,
             "per_device": [asdict(d) for d in self.per_device],
             "constants": asdict(self.constants),
+            "work": self.work.to_json(),
         }
 
 
@@ -110,14 +228,21 @@ def graph_splits(p: ModelProfile, pl: Placement, experts: dict[str, str]) -> tup
     return len(hops) + 1, hops
 
 
-def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
-            k: SpeedConstants | None = None, depth: int = 0) -> Prediction:
-    k = k or SpeedConstants()
+def _cpu_backed(hw: Inventory, dev: Device) -> bool:
+    """An RPC device that is a worker's CPU backend (loopback test rigs, CPU-only nodes)."""
+    if dev.kind != DeviceKind.RPC:
+        return dev.kind == DeviceKind.CPU
+    node = next((n for n in hw.nodes if n.name == dev.node), None)
+    return node is not None and any(d.kind == DeviceKind.CPU for d in node.devices)
+
+
+def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings) -> Work:
+    """What the placement asks of each device (no constants involved)."""
     experts = pl.experts()
     frac = p.n_expert_used / p.n_expert if p.n_expert else 1.0
     read: dict[str, float] = {}
     held: dict[str, float] = {}
-    active_params: dict[str, float] = {}
+    active: dict[str, float] = {}
     for t in loaded(p, s):
         d = tensor_device(t, pl, experts)
         if t.kind == "token_embd":
@@ -128,89 +253,57 @@ def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
         n = 1
         for x in t.shape:
             n *= x
-        active_params[d] = active_params.get(d, 0.0) + n * f
-    kv_per_tok: dict[str, float] = {}  # KV bytes read per token per token of context
-    ctx_flops: dict[str, float] = {}  # attention FLOPs per token per token of context
+        active[d] = active.get(d, 0.0) + n * f
+    kv_per_ctx: dict[str, float] = {}
+    ctx_flop: dict[str, float] = {}
     kv: KVShape = kv_shape(p, s.engine)
     heads = int(p.hp("attention.head_count", 1) or 1)
     heads_kv = p.hp("attention.head_count_kv", heads) or heads
     q_per_kv = heads / max(1, int(heads_kv if not isinstance(heads_kv, list) else max(heads_kv)))
     for lk in kv.layers:
         d = pl.layer_device[lk.layer]
-        kv_per_tok[d] = kv_per_tok.get(d, 0.0) + KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv)
+        kv_per_ctx[d] = kv_per_ctx.get(d, 0.0) + KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv)
         # q.k and p.v over every cached row, for every query head sharing it
-        ctx_flops[d] = ctx_flops.get(d, 0.0) + 2 * q_per_kv * (sum(lk.k_rows) + (sum(lk.v_rows) or sum(lk.k_rows)))
-    for d, b in kv_per_tok.items():
-        read[d] = read.get(d, 0.0) + depth * b
+        ctx_flop[d] = ctx_flop.get(d, 0.0) + 2 * q_per_kv * (sum(lk.k_rows) + (sum(lk.v_rows) or sum(lk.k_rows)))
     devs = {d.name: d for d in hw.devices()}
-    loads = []
-    t_tok = k.token_overhead_us * 1e-6
-    ms_per_1k = 0.0
-    for name in sorted(set(read) | set(ctx_flops)):
-        b = read.get(name, 0.0)
+    local_threads = min(s.threads or hw.local.cores, hw.local.cores)
+    out = []
+    for name in sorted(set(read) | set(ctx_flop)):
         dev = devs.get(name) or hw.cpu()
-        on_cpu = dev.kind == DeviceKind.CPU
-        eff = k.cpu_bw_eff if on_cpu else k.gpu_bw_eff
-        cores = hw.local.cores if on_cpu else 0
-        rate = k.cpu_ctx_gflops_per_core * cores * 1e9 if on_cpu else k.gpu_ctx_tflops * 1e12
-        ctx_s_per_1k = ctx_flops.get(name, 0.0) * 1000 / rate if rate else 0.0
-        ms = b / (dev.bw_gbs * GB * eff) * 1e3 + ctx_s_per_1k * depth / 1000 * 1e3
-        t_tok += ms / 1e3
-        ms_per_1k += kv_per_tok.get(name, 0.0) * 1000 / (dev.bw_gbs * GB * eff) * 1e3 + ctx_s_per_1k * 1e3
-        loads.append(DeviceLoad(name, round(b / (1 << 20), 3), round(ms, 4), dev.bw_gbs,
-                                round(kv_per_tok.get(name, 0.0) * 1000 / (1 << 20), 4),
-                                round(ctx_flops.get(name, 0.0) * 1000 / 1e9, 6), cores))
+        cpu = _cpu_backed(hw, dev)
+        node = next((n for n in hw.nodes if n.name == dev.node), hw.local)
+        threads = (local_threads if dev.kind == DeviceKind.CPU else RPC_WORKER_THREADS) if cpu else 0
+        out.append(DeviceWork(name, cpu, dev.bw_gbs, threads, node.cores if cpu else 0, dev.tflops,
+                              read.get(name, 0.0), kv_per_ctx.get(name, 0.0), ctx_flop.get(name, 0.0),
+                              active.get(name, 0.0), held.get(name, 0.0)))
     n_splits, hops = graph_splits(p, pl, experts)
     kinds = {name: d.kind for name, d in devs.items()}
     rpc_hops = sum(1 for src, dst in hops if kinds.get(src) == DeviceKind.RPC or kinds.get(dst) == DeviceKind.RPC)
-    t_tok += n_splits * k.split_us * 1e-6 + rpc_hops * k.rpc_hop_us * 1e-6
-    # activations crossing RPC links
-    for src, dst in hops:
-        for name in (src, dst):
-            if kinds.get(name) == DeviceKind.RPC:
-                t_tok += p.n_embd * 4 / (devs[name].link_gbs * GB)
-    tg = 1.0 / t_tok
-    pp = _prefill(p, hw, s, k, active_params, held, n_splits, rpc_hops)
-    return Prediction(tg, pp, n_splits, rpc_hops, tuple(loads), k, depth, ms_per_1k)
-
-
-def at_depth(predicted: dict[str, Any], depth: int) -> dict[str, Any]:
-    """A stored prediction (``Prediction.to_json()``) moved to another context depth: decode time
-    is linear in the context read per token; prefill is per ubatch and stays. Returns
-    ``{tg_tok_s, pp_tok_s, depth, per_device: [{device, read_mib_per_token, bw_gbs}], graph_splits,
-    rpc_hops, constants}`` (what a calibration needs to refit the constants)."""
-    base = int(predicted.get("depth") or 0)
-    dk = (depth - base) / 1000.0
-    ms = float(predicted["ms_per_token"]) + float(predicted.get("ms_per_1k_depth") or 0.0) * dk
-    per = [{"device": d["device"], "bw_gbs": d.get("bw_gbs", 0.0), "cores": d.get("cores", 0),
-            "read_mib_per_token": d["read_mib_per_token"] + (d.get("kv_mib_per_1k_depth") or 0.0) * dk,
-            "ctx_gflop_per_token": (d.get("ctx_gflop_per_1k_depth") or 0.0) * depth / 1000.0}
-           for d in predicted.get("per_device", [])]
-    return {"tg_tok_s": 1000.0 / ms if ms > 0 else 0.0, "pp_tok_s": float(predicted["pp_tok_s"]), "depth": depth,
-            "per_device": per, "graph_splits": predicted.get("graph_splits", 0), "rpc_hops": predicted.get("rpc_hops", 0),
-            "constants": predicted.get("constants", {})}
-
-
-def _flops(dev_kind: str, tflops: float | None, cores: int, k: SpeedConstants) -> float:
-    if dev_kind == DeviceKind.CPU:
-        return cores * k.cpu_gflops_per_core * 1e9
-    return (tflops or k.gpu_tflops) * 1e12
-
-
-def _prefill(p: ModelProfile, hw: Inventory, s: Settings, k: SpeedConstants, active: dict[str, float],
-             held_expert_bytes: dict[str, float], n_splits: int, rpc_hops: int) -> float:
-    ub = min(s.ubatch, s.batch)
-    devs = {d.name: d for d in hw.devices()}
+    act = sum(p.n_embd * 4 / (devs[name].link_gbs * GB) for src, dst in hops for name in (src, dst)
+              if kinds.get(name) == DeviceKind.RPC)
     gpus = [d for d in hw.accelerators() if d.kind == DeviceKind.GPU]
-    t = 0.0
-    for name, n_params in active.items():
-        dev = devs.get(name) or hw.cpu()
-        if name == CPU and gpus and ub >= k.offload_min_batch:
-            # CPU-resident expert matmuls run on the GPU: the weights cross the host link per ubatch
-            g = gpus[0]
-            t += held_expert_bytes.get(CPU, 0.0) / (g.link_gbs * GB)
-            t += 2 * n_params * ub / _flops(DeviceKind.GPU, g.tflops, 0, k)
-            continue
-        t += 2 * n_params * ub / _flops(dev.kind, dev.tflops, hw.local.cores, k)
-    t += (n_splits * k.split_us + rpc_hops * k.rpc_hop_us) * 1e-6
-    return ub / t if t > 0 else 0.0
+    return Work(tuple(out), n_splits, rpc_hops, act, min(s.ubatch, s.batch), frac, bool(gpus),
+                gpus[0].tflops if gpus else None, gpus[0].link_gbs if gpus else 25.0)
+
+
+def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
+            k: SpeedConstants | None = None, depth: int = 0) -> Prediction:
+    k = k or SpeedConstants()
+    w = work(p, hw, pl, s)
+    return from_work(w, k, depth)
+
+
+def from_work(w: Work, k: SpeedConstants, depth: int = 0, prompt_tokens: int | None = None) -> Prediction:
+    loads = tuple(DeviceLoad(d.device, round((d.read_bytes + depth * d.kv_bytes_per_ctx) / MIB, 3),
+                             round(device_decode_seconds(d, depth, k) * 1e3, 4), d.bw_gbs) for d in w.devices)
+    return Prediction(1.0 / decode_seconds(w, depth, k), prefill_tok_s(w, k, prompt_tokens), w, k, depth, loads)
+
+
+def at_depth(predicted: dict[str, Any], depth: int, prompt_tokens: int | None = None) -> dict[str, Any] | None:
+    """A stored prediction (``Prediction.to_json()``) for one workload: TG at context depth
+    ``depth``, PP for a prompt of ``prompt_tokens`` (the plan's ubatch when not known), with the
+    constants it was made with. None for a prediction stored without its work (by an earlier moetune)."""
+    if not isinstance(predicted.get("work"), dict):
+        return None
+    w = Work.from_json(predicted["work"])
+    return from_work(w, SpeedConstants.from_json(predicted.get("constants")), depth, prompt_tokens).to_json()

@@ -82,8 +82,11 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
     out.print(doc["shell"], markup=False, end="")
     c = doc["speed_constants"]
     cal = doc.get("speed_calibration")
-    said = "" if not cal else (f" (calibrated on {cal['runs']} runs; leave-one-out TG error "
-                               f"{cal['error']['tg_median_abs_pct']}%)" if cal["error"]["tg_median_abs_pct"] is not None
+    band = (cal or {}).get("uncertainty") or {}
+    said = "" if not cal else (f" (calibrated on {cal['runs']} runs; leave-one-out error TG "
+                               f"{cal['error']['tg_median_abs_pct']}%, PP {cal['error'].get('pp_median_abs_pct')}%; "
+                               f"stated uncertainty TG +/-{band.get('tg_pct')}%, PP +/-{band.get('pp_pct')}%)"
+                               if cal["error"]["tg_median_abs_pct"] is not None
                                else f" (calibrated on {cal['runs']} run)")
     out.print(Text("speed constants" + said + ": " + ", ".join(f"{k}={v}" for k, v in c.items()), style="dim"))
 

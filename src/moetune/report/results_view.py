@@ -133,10 +133,14 @@ def prediction_lines(rep: dict[str, Any] | None) -> list[str]:
             r = row[fam]
             if r["measured"] is None:
                 continue
-            err = "" if r["error_pct"] is None else f" ({r['error_pct']:+.0f}%)"
+            err = "" if r["error_pct"] is None else f" ({r['error_pct']:+.0f}%{' !' if r.get('outside') else ''})"
             cells.append(f"{fam.upper()} {fmt(r['predicted'])} vs {fmt(r['measured'])}{err}")
         if cells:
             out.append(f"  {name}: " + ", ".join(cells))
+    for mp in rep.get("mispredicted", []):
+        out.append(f"  ! {mp['workload']} {mp['family'].upper()}: off by {mp['error_pct']:+.0f}%, beyond the model's stated "
+                   f"+/-{mp['band_pct']:.0f}%: the speed model does not describe this configuration yet; "
+                   "`moetune calibrate` learns from this run")
     eff = [e for e in rep["efficiency"] if e["pct"] is not None]
     if eff:
         out.append("decode bandwidth reached (first workload): " + ", ".join(

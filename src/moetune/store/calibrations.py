@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,12 @@ def _file() -> Path:
 
 def key(hardware: str | None, engine: str) -> str:
     return f"{hardware or '?'}|{engine}"
+
+
+def plan_key(plan: Mapping[str, Any]) -> tuple[str | None, str]:
+    """(hardware, engine kind) of a plan document: what its calibration is kept under."""
+    services = plan.get("services") or [{}]
+    return plan.get("hardware"), str((services[0].get("settings") or {}).get("engine", "llama.cpp"))
 
 
 def load_all() -> dict[str, Any]:

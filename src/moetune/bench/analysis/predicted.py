@@ -11,14 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from moetune.plan.speed import at_depth
+from moetune.plan.calibrate import UNCALIBRATED_PCT, Observation
+from moetune.plan.speed import Work, at_depth
 
 MIB = 1 << 20
 
 
-def expected(predicted: dict[str, Any], workloads: list[tuple[str, int]]) -> dict[str, Any]:
-    """What the plan predicts for each (workload name, context depth)."""
-    return {name: at_depth(predicted, depth) for name, depth in workloads}
+def expected(predicted: dict[str, Any], workloads: list[tuple[str, int, int | None]]) -> dict[str, Any]:
+    """What the plan predicts for each (workload name, context depth, prompt tokens or None)."""
+    out = {}
+    for name, depth, prompt in workloads:
+        e = at_depth(predicted, depth, prompt)
+        if e is not None:
+            out[name] = e
+    return out
 
 
 def _err(pred: float | None, meas: float | None) -> float | None:
@@ -27,9 +33,19 @@ def _err(pred: float | None, meas: float | None) -> float | None:
     return (pred - meas) / meas * 100.0
 
 
-def versus(summary: dict[str, Any], expect: dict[str, Any]) -> dict[str, Any]:
-    """Per workload: ``{tg: {predicted, measured, error_pct}, pp: {...}}`` (error = predicted over
-    measured, in percent: +20 means the plan promised 20% more than it got)."""
+def outside(error_pct: float | None, band_pct: float) -> bool:
+    """Whether predicted/measured leaves the stated band: above 1 + b, or below 1 / (1 + b)."""
+    if error_pct is None:
+        return False
+    ratio = 1 + error_pct / 100.0
+    return ratio > 1 + band_pct / 100.0 or ratio < 1 / (1 + band_pct / 100.0)
+
+
+def versus(summary: dict[str, Any], expect: dict[str, Any], band: dict[str, float] | None = None) -> dict[str, Any]:
+    """Per workload: ``{tg: {predicted, measured, error_pct, band_pct, outside}, pp: {...}}`` (error
+    = predicted over measured, in percent: +20 means the plan promised 20% more than it got;
+    ``outside``: beyond the prediction's stated uncertainty)."""
+    band = band or {}
     out: dict[str, Any] = {}
     for name, w in summary.get("workloads", {}).items():
         e = expect.get(name)
@@ -38,7 +54,10 @@ def versus(summary: dict[str, Any], expect: dict[str, Any]) -> dict[str, Any]:
         row = {}
         for fam, key in (("tg", "tg_tok_s"), ("pp", "pp_tok_s")):
             meas = (w.get(fam) or {}).get("median")
-            row[fam] = {"predicted": round(e[key], 3), "measured": meas, "error_pct": _err(e[key], meas)}
+            err = _err(e[key], meas)
+            b = float(band.get(f"{fam}_pct") or UNCALIBRATED_PCT)
+            row[fam] = {"predicted": round(e[key], 3), "measured": meas, "error_pct": err, "band_pct": b,
+                        "outside": outside(err, b)}
         out[name] = row
     return out
 
@@ -63,9 +82,28 @@ def report(summary: dict[str, Any], details: dict[str, Any]) -> dict[str, Any] |
     expect = details.get("predicted")
     if not expect:
         return None
-    vs = versus(summary, expect)
+    vs = versus(summary, expect, details.get("prediction_uncertainty"))
     first = next(iter(vs), None)
     head = expect[first] if first else next(iter(expect.values()))
     meas_tg = ((summary.get("workloads", {}).get(first) or {}).get("tg") or {}).get("median") if first else None
     return {"predicted": {"tg_tok_s": round(head["tg_tok_s"], 3), "pp_tok_s": round(head["pp_tok_s"], 3)},
-            "prediction_error": vs, "efficiency": efficiency(head, meas_tg)}
+            "prediction_error": vs, "efficiency": efficiency(head, meas_tg),
+            "mispredicted": [{"workload": name, "family": fam, "error_pct": round(r[fam]["error_pct"], 1),
+                              "band_pct": r[fam]["band_pct"]}
+                             for name, r in vs.items() for fam in ("tg", "pp") if r[fam]["outside"]]}
+
+
+def observations(run_id: int, summary: dict[str, Any], details: dict[str, Any]) -> list[Observation]:
+    """The run's measurements as equations of the speed model: one per workload whose plan
+    prediction carries the work (TG at its depth, PP over the prompt it processed)."""
+    out = []
+    for name, e in (details.get("predicted") or {}).items():
+        w = summary.get("workloads", {}).get(name)
+        if not w or not isinstance(e.get("work"), dict):
+            continue
+        tg, pp = (w.get("tg") or {}).get("median"), (w.get("pp") or {}).get("median")
+        if tg or pp:
+            prompt = w.get("prompt_n")
+            out.append(Observation(run_id, Work.from_json(e["work"]), int(e.get("depth") or 0), tg, pp,
+                                   int(prompt) if prompt else None))
+    return out

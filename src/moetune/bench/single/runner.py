@@ -54,11 +54,18 @@ class Launch:
     launch_run: str
     service: str | None = None  # the plan's service the benchmark measures
 
+    def uncertainty(self) -> dict[str, float]:
+        """The stated band of the plan's prediction, in percent (its calibration's, else the built-in one)."""
+        from moetune.plan.calibrate import UNCALIBRATED_PCT
+
+        said = (self.plan.get("speed_calibration") or {}).get("uncertainty") or {}
+        return {"tg_pct": said.get("tg_pct") or UNCALIBRATED_PCT, "pp_pct": said.get("pp_pct") or UNCALIBRATED_PCT}
+
     def predicted(self) -> dict[str, Any] | None:
         """The plan's speed prediction for the measured service (``Prediction.to_json()``)."""
         services = self.plan.get("services") or []
         sj = next((s for s in services if s.get("name") == self.service), services[0] if services else None)
-        return sj.get("predicted") if sj and (sj.get("predicted") or {}).get("ms_per_token") else None
+        return sj.get("predicted") if sj and (sj.get("predicted") or {}).get("work") else None
 
 
 def run_meta(info: ServerInfo, workloads: list[Workload], options: BenchOptions, *,
@@ -80,7 +87,9 @@ def _expected(launch: Launch | None, workloads: list[Workload]) -> dict[str, Any
         return {}
     from moetune.bench.analysis.predicted import expected
 
-    return {"predicted": expected(predicted, [(w.name, w.depth if w.kind != CHAT else 0) for w in workloads])}
+    return {"predicted": expected(predicted, [(w.name, 0, None) if w.kind == CHAT else (w.name, w.depth, w.pp_tokens)
+                                            for w in workloads]),
+            "prediction_uncertainty": launch.uncertainty() if launch else None}
 
 
 def _check_depths(info: ServerInfo, workloads: list[Workload]) -> None:

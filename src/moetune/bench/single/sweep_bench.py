@@ -182,10 +182,12 @@ def _expected(t: Target, service: str, ctx: int, ub: int) -> dict[str, Any]:
     from moetune.bench.single.runner import Launch
 
     assert t.doc is not None
-    predicted = Launch(t.doc, None, None, "", service).predicted()
+    launch = Launch(t.doc, None, None, "", service)
+    predicted = launch.predicted()
     if predicted is None:
         return {}
-    return {"predicted": expected(predicted, [(f"d{d}", d) for d in range(0, ctx, ub)])}
+    return {"predicted": expected(predicted, [(f"d{d}", d, ub) for d in range(0, ctx, ub)]),
+            "prediction_uncertainty": launch.uncertainty()}
 
 
 def _summary(db: ResultsDB, run_id: int) -> dict[str, Any] | None:
