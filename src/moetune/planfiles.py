@@ -108,6 +108,23 @@ def _with_engine(s: ServiceSpec, engine: str, kind: EngineKind) -> ServiceSpec:
     return replace(s, engine=engine, settings=replace(s.settings, engine=kind))
 
 
+def calibration_for(hw: inventory.Inventory, kind: EngineKind) -> dict[str, Any] | None:
+    """The stored calibration (`moetune calibrate`, `moetune tune`) for this hardware and engine kind."""
+    return calibrations.find(hw.name or hw.source, str(kind))
+
+
+def document(p: Plan, engine: str, calib: dict[str, Any] | None, given: list[str]) -> dict[str, Any]:
+    """The plan's JSON document: commands, ledgers, predictions, the calibration its speed came from,
+    and each service's model as the user gave it."""
+    doc = plan_json(p, engine, facts=registry.facts_for({s.spec.engine for s in p.services if s.spec.engine}))
+    doc["speed_calibration"] = None if calib is None else {
+        "runs": calib["runs"], "error": calib["error"], "uncertainty": calib.get("uncertainty"),
+        "created_unix": calib.get("created_unix")}
+    for sj, g in zip(doc["services"], given, strict=True):
+        sj["model_given"] = g  # what the user wrote; "model" and the commands hold the absolute path
+    return doc
+
+
 def plan_files(req: PlanRequest) -> Planned:
     """Read the files, plan, render the document (and write it to ``req.output``)."""
     if (req.model is None and req.hf is None) == (req.layout is None):
@@ -126,15 +143,10 @@ def plan_files(req: PlanRequest) -> Planned:
         profile = open_model(model, req.hf, timeout_s=req.http_timeout_s)
         services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine)]
         given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]
-    calib = calibrations.find(hw.name or hw.source, str(kind))  # `moetune calibrate` for this hardware
+    calib = calibration_for(hw, kind)
     base_k = SpeedConstants.from_json(calib["constants"]) if calib else SpeedConstants()
     p = make_plan(services, hw, base_k.with_overrides(speed_overrides(req.speed)))
-    doc = plan_json(p, engine, facts=registry.facts_for({s.engine for s in services if s.engine}))
-    doc["speed_calibration"] = None if calib is None else {
-        "runs": calib["runs"], "error": calib["error"], "uncertainty": calib.get("uncertainty"),
-        "created_unix": calib.get("created_unix")}
-    for sj, g in zip(doc["services"], given, strict=True):
-        sj["model_given"] = g  # what the user wrote; "model" and the commands hold the absolute path
+    doc = document(p, engine, calib, given)
     if req.output:
         req.output.write_text(json.dumps(doc, indent=2))
     return Planned(p, doc, notices)

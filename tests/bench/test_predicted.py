@@ -17,6 +17,7 @@ from moetune.model.testmodel import generate
 from moetune.plan.plan import ServiceSpec, make_plan
 from moetune.plan.settings import Settings
 from moetune.plan.speed import at_depth, predict
+from moetune.report.results_view import prediction_lines
 from moetune.store.db import ResultsDB
 from tests.helpers import free_port, run_cli
 
@@ -51,6 +52,15 @@ def test_versus_and_efficiency(tmp_path: Path) -> None:
     rep = report(summary, {"predicted": exp})
     assert rep is not None and rep["predicted"] == {"tg_tok_s": round(pred_tg, 3), "pp_tok_s": round(pred_pp, 3)}
     assert report(summary, {}) is None  # a bare URL's run: nothing to compare with
+    # a run beyond the prediction's stated uncertainty is flagged, in the JSON and in the text
+    # 25% is inside the uncalibrated model's +/-50%; d4096's measurement (12 tokens/s) is far outside
+    assert [(m["workload"], m["family"]) for m in rep["mispredicted"]] == [("d4096", "tg")]
+    tight = report(summary, {"predicted": exp, "prediction_uncertainty": {"tg_pct": 10.0, "pp_pct": 40.0}})
+    assert tight is not None
+    assert tight["mispredicted"][0] == {"workload": "short", "family": "tg", "error_pct": 25.0, "band_pct": 10.0}
+    lines = prediction_lines(tight)
+    assert any(ln.startswith("  ! short TG: off by +25%, beyond the model's stated +/-10%") for ln in lines)
+    assert "(+25% !)" in lines[1] and "(-25%)" in lines[1]
     assert expected({"tg_tok_s": 1.0, "ms_per_token": 1000.0}, [("short", 0, None)]) == {}  # stored without its work
 
 

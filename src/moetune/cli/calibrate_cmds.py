@@ -24,29 +24,19 @@ def calibrate_cmd(run_refs: tuple[str, ...], db_path: Path | None, as_json: bool
     leave-one-run-out, on the runs it was fitted on; the stated uncertainty is the band a
     measurement is checked against (`bench` flags a run outside it).
     """
-    from moetune.bench.analysis.predicted import observations
-    from moetune.bench.analysis.summary import run_summary
-    from moetune.kinds import RunKind
-    from moetune.plan.calibrate import FITTED, Observation, calibrate
-    from moetune.store import calibrations
+    from moetune.plan.calibrate import FITTED
     from moetune.store.db import ResultsDB
+    from moetune.tune.history import calibrate_and_save, gather
 
-    groups: dict[tuple[str | None, str], list[Observation]] = {}
     with ResultsDB.open(db_path) as db:
-        runs = [db.resolve(r) for r in run_refs] if run_refs else db.runs(RunKind.BENCH)
-        for r in runs:
-            plan = r.meta.plan
-            obs = observations(r.id, run_summary(db.samples(r.id)), dict(r.meta.details)) if plan else []
-            if plan and obs:
-                groups.setdefault(calibrations.plan_key(plan), []).extend(obs)
+        groups = gather(db, [db.resolve(r) for r in run_refs] if run_refs else None)
     if not groups:
         raise InputError("no benchmark of a plan to calibrate on" + (" among those runs" if run_refs else ""),
                          hint="benchmark a plan first (`moetune bench plan.json`): runs of a bare URL carry no "
                               "prediction to compare with")
     results = []
     for (hardware, engine), obs in groups.items():
-        cal = calibrate(obs)
-        entry = calibrations.save(hardware, engine, cal.to_json())
+        cal, entry = calibrate_and_save((hardware, engine), obs)
         results.append(entry)
         if not as_json:
             out.print(f"{hardware} / {engine}: {len(cal.runs)} runs, {cal.observations} measured workloads",

@@ -70,6 +70,53 @@ def remote_notes(p: Any, *, fetched: bool = False) -> None:
              "more was downloaded)", "serve the files from a server with range support to read only what is needed")
 
 
+def plan_options(f: F) -> F:
+    """The options of a plan (`plan`, `tune`): the hardware, the strategy, the engine, the port, and
+    the settings that :func:`plan_settings` turns into :class:`~moetune.plan.settings.Settings`."""
+    opts = [
+        click.option("--hw", "hw_path", help="Hardware YAML, or a built-in example name (moetune hw example).  "
+                     "[required]"),
+        click.option("--strategy", default="auto", show_default=True,
+                     help="auto | cpu-moe | all-gpu | n-cpu-moe:N | layers:CUDA0=3-14,CUDA1=68-77"),
+        click.option("--ctx", type=int, default=4096, show_default=True, help="Total context (-c), shared by the slots."),
+        click.option("--parallel", type=int, default=1, show_default=True),
+        click.option("-b", "--batch", type=int, default=2048, show_default=True),
+        click.option("-ub", "--ubatch", type=int, default=512, show_default=True),
+        click.option("--ctk", default="f16", show_default=True),
+        click.option("--ctv", default="f16", show_default=True),
+        click.option("--no-flash-attn", is_flag=True),
+        click.option("--no-mmap", is_flag=True,
+                     help="Load weights into (pinned, with a GPU) memory instead of mapping the file."),
+        click.option("--engine", "engine_name",
+                     help="Engine name (moetune engine list) or kind: llama.cpp | ik_llama.cpp."),
+        click.option("--amb", type=int, default=0, help="ik_llama.cpp -amb MiB (attention max batch)."),
+        click.option("-t", "--threads", type=click.IntRange(1, 1024), help="CPU threads for llama-server (-t)."),
+        click.option("--port", type=int, default=8080, show_default=True),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+
+def plan_settings(kw: dict[str, Any]) -> Any:
+    """The :class:`~moetune.plan.settings.Settings` that :func:`plan_options`' values say."""
+    from moetune.plan.settings import Settings
+
+    return Settings(ctx=kw["ctx"], slots=kw["parallel"], batch=kw["batch"], ubatch=kw["ubatch"], ctk=kw["ctk"],
+                    ctv=kw["ctv"], flash_attn=not kw["no_flash_attn"], mmap=not kw["no_mmap"], amb_mib=kw["amb"],
+                    threads=kw["threads"])
+
+
+def require_hw(hw_path: str | None) -> None:
+    if hw_path is None:
+        from moetune.errors import InputError
+
+        raise InputError("missing option --hw: the hardware to plan for",
+                         hint="`moetune hw probe -o hw.yaml` describes this machine; `moetune hw example` lists "
+                              "ready-made ones (--hw rtx-pro-6000x2)")
+
+
 def db_option(f: F) -> F:
     """``--db PATH``: the results database, for every command that reads or writes the history."""
     return click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path),

@@ -3,32 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from moetune.cli.common import err, json_option, out, print_json, remote_notes, remote_options, warn
+from moetune.cli.common import (
+    err,
+    json_option,
+    out,
+    plan_options,
+    plan_settings,
+    print_json,
+    remote_notes,
+    remote_options,
+    require_hw,
+    warn,
+)
 from moetune.errors import InputError
 
 
 @click.command()
 @click.argument("model", required=False)
 @remote_options
-@click.option("--hw", "hw_path", help="Hardware YAML, or a built-in example name (moetune hw example).  [required]")
 @click.option("--layout", type=click.Path(path_type=Path), help="Several services sharing the hardware (YAML).")
-@click.option("--strategy", default="auto", show_default=True,
-              help="auto | cpu-moe | all-gpu | n-cpu-moe:N | layers:CUDA0=3-14,CUDA1=68-77")
-@click.option("--ctx", type=int, default=4096, show_default=True, help="Total context (-c), shared by the slots.")
-@click.option("--parallel", type=int, default=1, show_default=True)
-@click.option("-b", "--batch", type=int, default=2048, show_default=True)
-@click.option("-ub", "--ubatch", type=int, default=512, show_default=True)
-@click.option("--ctk", default="f16", show_default=True)
-@click.option("--ctv", default="f16", show_default=True)
-@click.option("--no-flash-attn", is_flag=True)
-@click.option("--no-mmap", is_flag=True, help="Load weights into (pinned, with a GPU) memory instead of mapping the file.")
-@click.option("--engine", "engine_name", help="Engine name (moetune engine list) or kind: llama.cpp | ik_llama.cpp.")
-@click.option("--amb", type=int, default=0, help="ik_llama.cpp -amb MiB (attention max batch).")
-@click.option("-t", "--threads", type=click.IntRange(1, 1024), help="CPU threads for llama-server (-t).")
-@click.option("--port", type=int, default=8080, show_default=True)
+@plan_options
 @click.option("--speed", "speed", multiple=True, metavar="NAME=VALUE", help="Override a speed-model constant.")
 @click.option("--format", "fmt", type=click.Choice(["table", "argv", "shell", "podman", "docker", "llama-swap"]),
               default="table", show_default=True, help="What to print besides the JSON.")
@@ -38,10 +36,9 @@ from moetune.errors import InputError
 @click.option("--verify", is_flag=True, help="Also run the engine's own dry run with each service's exact command "
               "(llama-fit-params; ik_llama.cpp's --dry-run) and print its figures beside the plan's.")
 @json_option
-def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str | None, layout: Path | None, strategy: str, ctx: int, parallel: int, batch: int,
-         ubatch: int, ctk: str, ctv: str, no_flash_attn: bool, no_mmap: bool, engine_name: str | None, amb: int,
-         threads: int | None, port: int, speed: tuple[str, ...], fmt: str, image: str | None, output: Path | None,
-         verify: bool, as_json: bool) -> None:
+def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str | None, layout: Path | None,
+         strategy: str, engine_name: str | None, port: int, speed: tuple[str, ...], fmt: str, image: str | None,
+         output: Path | None, verify: bool, as_json: bool, **settings_kw: Any) -> None:
     """Place MODEL on the hardware: memory per device, layer map, predicted speed, exact command.
 
     MODEL is a GGUF file (any shard), an http(s) URL of one, or --hf OWNER/REPO[:QUANT]: a remote
@@ -51,15 +48,11 @@ def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str 
     and any device where it disagrees with the plan is named.
     """
     from moetune.engine.command import render_text
-    from moetune.plan.settings import Settings
     from moetune.planfiles import PlanRequest, plan_files
 
-    if hw_path is None:
-        raise InputError("missing option --hw: the hardware to plan for",
-                         hint="`moetune hw probe -o hw.yaml` describes this machine; `moetune hw example` lists "
-                              "ready-made ones (--hw rtx-pro-6000x2)")
-    settings = Settings(ctx=ctx, slots=parallel, batch=batch, ubatch=ubatch, ctk=ctk, ctv=ctv,
-                        flash_attn=not no_flash_attn, mmap=not no_mmap, amb_mib=amb, threads=threads)
+    require_hw(hw_path)
+    assert hw_path is not None
+    settings = plan_settings(settings_kw)
     planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output,
                                      hf=hf, http_timeout_s=http_timeout_s))
     for message, remedy in planned.notices:

@@ -136,6 +136,11 @@ class ResultsDB:
                                      (sweep_id, now_iso(), _dumps(spec)))
             return cur.rowcount == 1
 
+    def update_sweep(self, sweep_id: str, spec: dict[str, Any]) -> None:
+        """Rewrite a sweep's record (a tune's state: the candidates that failed, and why)."""
+        with self._lock:
+            self._conn.execute("UPDATE sweeps SET spec = ? WHERE id = ?", (_dumps(spec), sweep_id))
+
     # -- reading ---------------------------------------------------------------------------
 
     _RUN_COLS = "id, kind, label, target, meta, status, created_at, finished_at, summary, sweep_id"

@@ -1,0 +1,128 @@
+"""`moetune tune`: search for the fastest plan in a budget of launches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from moetune.cli.common import (
+    db_option,
+    err,
+    json_option,
+    out,
+    plan_options,
+    plan_settings,
+    print_json,
+    require_hw,
+)
+
+
+def _list(kind: str) -> Any:
+    def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[Any, ...] | None:
+        if value is None:
+            return None
+        items = [x.strip() for x in value.split(",") if x.strip()]
+        try:
+            if kind == "int":
+                return tuple(int(x) for x in items)
+            if kind == "bool":
+                return tuple({"on": True, "off": False}[x] for x in items)
+            if kind == "cache":
+                return tuple((x.split("/")[0], x.split("/")[-1]) for x in items)
+        except (ValueError, KeyError):
+            raise click.BadParameter(f"{value!r}: expected a comma list ({param.help})") from None
+        return tuple(items)
+
+    return parse
+
+
+@click.command("tune")
+@click.argument("model")
+@plan_options
+@click.option("--budget", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="Launches at most (the baseline's included).")
+@click.option("--objective", type=click.Choice(["tg", "pp", "ttft", "goodput"]), default="tg", show_default=True,
+              help="What to maximise: decode speed, prefill speed, or the first token's latency (prompt/PP + 1/TG).")
+@click.option("--depth", type=click.IntRange(0), default=0, show_default=True,
+              help="Context depth of the measurement (tokens already in the cache).")
+@click.option("--pp-tokens", type=click.IntRange(1), default=512, show_default=True, help="Prompt tokens measured.")
+@click.option("--tg-tokens", type=click.IntRange(2), default=128, show_default=True, help="Tokens generated.")
+@click.option("-r", "--repeats", type=click.IntRange(2), default=3, show_default=True,
+              help="Measured runs per launch (for the confidence intervals).")
+@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True)
+@click.option("--try-strategy", callback=_list("str"), help="Placements to try (comma list; default: every family "
+              "where there is an accelerator: auto, cpu-moe, n-cpu-moe at 1/4, 1/2, 3/4 of the MoE layers).")
+@click.option("--try-threads", callback=_list("int"), help="Thread counts to try (default: all, 3/4 and half the cores).")
+@click.option("--try-ubatch", callback=_list("int"), help="Ubatch sizes to try (default: -ub, a quarter, four times).")
+@click.option("--try-fa", callback=_list("bool"), help="Flash attention: on,off (default both).")
+@click.option("--try-cache", callback=_list("cache"), help="Cache types K/V, e.g. f16/f16,q8_0/q8_0 (default both).")
+@click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
+              help="Seconds to wait for one request.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the winning plan here.")
+@db_option
+@json_option
+def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | None, port: int, budget: int,
+             objective: str, depth: int, pp_tokens: int, tg_tokens: int, repeats: int, warmup: int,
+             try_strategy: tuple[str, ...] | None, try_threads: tuple[int, ...] | None,
+             try_ubatch: tuple[int, ...] | None, try_fa: tuple[bool, ...] | None,
+             try_cache: tuple[tuple[str, str], ...] | None, launch_timeout_s: float, timeout_s: float,
+             output: Path | None, db_path: Path | None, as_json: bool, **settings_kw: Any) -> None:
+    """Find the fastest plan for MODEL on the hardware in a budget of launches.
+
+    Every candidate (placement, threads, -ub, flash attention, cache types) is planned and checked
+    against the memory ledger first; one that does not fit is never launched. The plan `moetune
+    plan` would make with these options is launched first (the baseline); then each launch is
+    benchmarked (with repeats and confidence intervals), the speed model is refitted to what was
+    measured, and the next candidate is the one with the largest expected improvement. The search
+    stops when the budget is spent or no candidate expects to gain more than the measurement noise.
+    A candidate that fails at launch is diagnosed, recorded and skipped. Run the same command again
+    to resume after Ctrl-C or a crash. The winner must beat the baseline by the rule of `compare`;
+    else the baseline stays.
+    """
+    from moetune.bench.single.runner import BenchOptions
+    from moetune.bench.single.workloads import expand
+    from moetune.cli.bench_cmds import progress_bar
+    from moetune.errors import InputError
+    from moetune.store.db import ResultsDB
+    from moetune.tune.loop import TuneRequest, tune
+    from moetune.tune.report import result_json, result_table
+
+    require_hw(hw_path)
+    assert hw_path is not None
+    if objective == "goodput":
+        raise InputError("--objective goodput needs a serving benchmark under concurrency, which tune does not run yet",
+                         hint="tune for ttft or tg, then measure the winner with `moetune serve-bench PLAN`")
+    (workload,) = expand([], [], depths=[depth], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
+    axes = {name: v for name, v in (("strategies", try_strategy), ("threads", try_threads),
+                                    ("ubatches", try_ubatch), ("flash_attn", try_fa), ("cache_types", try_cache))
+            if v is not None}
+    req = TuneRequest(hw_path, model, plan_settings(settings_kw), workload,
+                      BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,
+                      port, objective, budget, axes, launch_timeout_s)
+    with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
+        result = tune(db, req, status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars)
+        doc = result_json(result)
+    best_plan = result.plan_path(result.best)
+    if output:
+        output.write_text(best_plan.read_text())
+    doc["plan"] = str(output or best_plan)
+    if as_json:
+        print_json(doc)
+        return
+    from moetune.cli.common import print_wide
+
+    print_wide(result_table(result))
+    out.print(f"stopped: {result.stopped}; {result.launches} launches; tune {result.tune_id}", markup=False)
+    out.print(f"best: {doc['best']['label']}" + ("" if result.best else " (the baseline: nothing beat it)"),
+              markup=False)
+    out.print("command:", markup=False)
+    out.print(json.loads(best_plan.read_text())["shell"], markup=False, end="")
+    out.print(f"plan: {doc['plan']} (`moetune launch` or `moetune bench` it)", markup=False)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(tune_cmd)

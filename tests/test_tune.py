@@ -1,0 +1,108 @@
+"""`moetune tune` on this machine's testbed (tests/tune_testbed.py): against an exhaustively
+measured grid, from a cold start and after a calibration on two runs; and what it must never do
+(launch a plan the ledger rejects, stop at a launch that fails, launch twice what it measured)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moetune.bench.analysis.stats import SLOWER, difference
+from moetune.plan.settings import Settings
+from moetune.planfiles import PlanRequest, plan_files
+from moetune.run.prepare import read_plan
+from tests.engine_harness import free_port
+from tests.helpers import run_cli
+from tests.tune_testbed import (
+    CALIBRATE_ON,
+    TRY,
+    WORKLOAD,
+    make_testbed,
+    measure_grid,
+    plan_grid,
+    run_ids,
+)
+
+pytestmark = pytest.mark.server
+
+
+def close_to(best: list[float], reached: list[float]) -> bool:
+    """Within 3% of the grid's best, or statistically indistinguishable from it (or faster)."""
+    return (statistics.median(reached) >= 0.97 * statistics.median(best)
+            or difference(best, reached, higher_is_better=True).verdict != SLOWER)
+
+
+def test_tune_reaches_the_grid_best_in_five_launches_cold_and_three_calibrated(bin_dir: Path, tmp_path: Path) -> None:
+    model, hw = make_testbed(tmp_path)
+    port = free_port()
+    grid_db = tmp_path / "grid.db"
+    grid = measure_grid(plan_grid(tmp_path, model, hw, port), [grid_db, tmp_path / "grid2.db"])
+    assert len(grid) == 16 and all(len(v) == 6 for v in grid.values())
+    best = max(grid, key=lambda k: statistics.median(grid[k]))
+    tune = ["tune", str(model), "--hw", str(hw), "--strategy", "cpu-moe", "-t", "1", *TRY, *WORKLOAD,
+            "--port", str(port), "--json"]
+
+    # from nothing: the baseline is the slowest corner (every expert on the CPU, one thread)
+    cold_db, out = tmp_path / "cold.db", tmp_path / "best.json"
+    r = run_cli(*tune, "--budget", "5", "--db", str(cold_db), "-o", str(out))
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert 1 < doc["launches"] <= 5 and doc["baseline"]["label"] == "cpu-moe t1 ub512 fa"
+    # the configuration reached, as the grid measured it (two launches; its own launch in the search
+    # is one more draw of the same noise)
+    reached = doc["best"]["label"]
+    assert close_to(grid[best], grid[reached]), (reached, best, {k: round(statistics.median(v)) for k, v in grid.items()})
+    launched = [c for c in doc["candidates"] if c["launched"]]
+    assert len(launched) == doc["launches"] and all(c["measured"] for c in launched)
+    assert {c["label"] for c in doc["candidates"]} == set(grid)  # the search space is the grid
+    spec, plan = read_plan(out)  # the winner is a plan `moetune launch` and `moetune bench` take
+    assert plan["label"] == doc["best"]["label"] and spec.servers()[0].argv
+
+    # calibrated on two runs of the grid: three launches
+    ids = run_ids(grid_db)
+    r = run_cli("calibrate", str(ids[CALIBRATE_ON[0]]), str(ids[CALIBRATE_ON[1]]), "--db", str(grid_db))
+    assert r.exit_code == 0, r.stderr
+    warm_db = tmp_path / "warm.db"
+    r = run_cli(*tune, "--budget", "3", "--db", str(warm_db))
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["launches"] <= 3
+    reached = doc["best"]["label"]
+    assert close_to(grid[best], grid[reached]), (reached, best, {k: round(statistics.median(v)) for k, v in grid.items()})
+
+
+def test_tune_skips_what_does_not_fit_records_a_failed_launch_and_resumes(bin_dir: Path, tmp_path: Path) -> None:
+    # -ub 65536 without flash attention wants ~145 GiB of compute buffer on the RPC worker: the
+    # hardware file claims 200 GB there, so the ledger lets it through and the worker's allocation
+    # fails at launch; the host is given just enough RAM for `auto` at that ubatch, not for cpu-moe
+    model, hw = make_testbed(tmp_path, rpc_mem_mib=200000, cpu_ram_mib=100000)
+    s = Settings(ctx=65536, batch=65536, ubatch=65536, flash_attn=False, threads=1)
+    auto_cpu = next(led for led in plan_files(PlanRequest(str(hw), str(model), None, "auto", s)).plan.ledgers
+                    if led.device == "CPU")
+    doc = yaml.safe_load(hw.read_text())
+    doc["nodes"][0]["cpu"]["ram_mib"] = auto_cpu.used_mib - auto_cpu.capacity_mib + 100000 + 25
+    hw.write_text(yaml.safe_dump(doc))
+    args = ["tune", str(model), "--hw", str(hw), "--ctx", "65536", "-b", "65536", "-ub", "65536", "--no-flash-attn",
+            "-t", "1", "--try-strategy", "auto,cpu-moe", "--try-ubatch", "65536,256", "--try-fa", "off",
+            "--try-threads", "1", "--try-cache", "f16/f16", *WORKLOAD, "--port", str(free_port()),
+            "--budget", "4", "--db", str(tmp_path / "t.db"), "--json"]
+    r = run_cli(*args)
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    by = {c["label"]: c for c in out["candidates"]}
+    assert by["cpu-moe t1 ub65536 no-fa"]["verdict"].startswith("does not fit") \
+        and not by["cpu-moe t1 ub65536 no-fa"]["launched"]
+    base = by["auto t1 ub65536 no-fa"]
+    assert base["launched"] and base["measured"] is None
+    assert base["verdict"].startswith("failed: ") and "out of memory" in base["verdict"]
+    assert out["best"]["label"] in ("auto t1 ub256 no-fa", "cpu-moe t1 ub256 no-fa")
+    assert out["best"]["tg_tok_s"]["median"] > 0
+    n = len(run_ids(tmp_path / "t.db"))
+    again = run_cli(*args)  # resumed: nothing measured or failed is launched again
+    assert again.exit_code == 0, again.stderr
+    assert "resuming tune" in again.stderr and "launch " not in again.stderr.replace("launches", "")
+    assert json.loads(again.stdout)["launches"] == out["launches"] and len(run_ids(tmp_path / "t.db")) == n
