@@ -5,6 +5,7 @@ measured grid, from a cold start and after a calibration on two runs; and what i
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -21,27 +22,34 @@ from tests.tune_testbed import (
     CALIBRATE_ON,
     TRY,
     WORKLOAD,
+    launch_sigma,
     make_testbed,
     measure_grid,
     plan_grid,
+    pooled,
     run_ids,
 )
 
 pytestmark = pytest.mark.server
 
 
-def close_to(best: list[float], reached: list[float]) -> bool:
-    """Within 3% of the grid's best, or statistically indistinguishable from it (or faster)."""
-    return (statistics.median(reached) >= 0.97 * statistics.median(best)
-            or difference(best, reached, higher_is_better=True).verdict != SLOWER)
+def close_to(best: list[float], reached: list[float], sigma: float) -> bool:
+    """Within 3% of the grid's best, or statistically indistinguishable from it: by the comparison
+    rule on the samples, or within the launch-to-launch noise (each side pools two launches, so
+    their log difference has spread ``sigma``; 1.96 sigma is the 95% band)."""
+    gap = math.log(statistics.median(best) / statistics.median(reached))
+    return (gap <= math.log(1 / 0.97) or difference(best, reached, higher_is_better=True).verdict != SLOWER
+            or gap <= 1.96 * sigma)
 
 
 def test_tune_reaches_the_grid_best_in_five_launches_cold_and_three_calibrated(bin_dir: Path, tmp_path: Path) -> None:
     model, hw = make_testbed(tmp_path)
     port = free_port()
     grid_db = tmp_path / "grid.db"
-    grid = measure_grid(plan_grid(tmp_path, model, hw, port), [grid_db, tmp_path / "grid2.db"])
+    launches = measure_grid(plan_grid(tmp_path, model, hw, port), [grid_db, tmp_path / "grid2.db"])
+    grid, sigma = pooled(launches), launch_sigma(launches)
     assert len(grid) == 16 and all(len(v) == 6 for v in grid.values())
+    assert sigma < 0.2  # else the machine is too noisy for any search to be judged
     best = max(grid, key=lambda k: statistics.median(grid[k]))
     tune = ["tune", str(model), "--hw", str(hw), "--strategy", "cpu-moe", "-t", "1", *TRY, *WORKLOAD,
             "--port", str(port), "--json"]
@@ -55,7 +63,7 @@ def test_tune_reaches_the_grid_best_in_five_launches_cold_and_three_calibrated(b
     # the configuration reached, as the grid measured it (two launches; its own launch in the search
     # is one more draw of the same noise)
     reached = doc["best"]["label"]
-    assert close_to(grid[best], grid[reached]), (reached, best, {k: round(statistics.median(v)) for k, v in grid.items()})
+    assert close_to(grid[best], grid[reached], sigma), (reached, best, {k: round(statistics.median(v)) for k, v in grid.items()})
     launched = [c for c in doc["candidates"] if c["launched"]]
     assert len(launched) == doc["launches"] and all(c["measured"] for c in launched)
     assert {c["label"] for c in doc["candidates"]} == set(grid)  # the search space is the grid
@@ -72,7 +80,7 @@ def test_tune_reaches_the_grid_best_in_five_launches_cold_and_three_calibrated(b
     doc = json.loads(r.stdout)
     assert doc["launches"] <= 3
     reached = doc["best"]["label"]
-    assert close_to(grid[best], grid[reached]), (reached, best, {k: round(statistics.median(v)) for k, v in grid.items()})
+    assert close_to(grid[best], grid[reached], sigma), (reached, best, {k: round(statistics.median(v)) for k, v in grid.items()})
 
 
 def test_tune_skips_what_does_not_fit_records_a_failed_launch_and_resumes(bin_dir: Path, tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ searches, and the grid measured exhaustively with `moetune plan` and `moetune sw
 from __future__ import annotations
 
 import itertools
+import math
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -66,18 +68,29 @@ def plan_grid(d: Path, model: Path, hw: Path, port: int) -> Path:
     return sweep
 
 
-def measure_grid(sweep: Path, dbs: list[Path]) -> dict[str, list[float]]:
-    """Every grid point launched and measured once per history in ``dbs``; the TG samples of all
-    of them pooled by label. On this shared 2-core machine one launch's runs agree within a few
-    percent while two launches of the same plan can differ by 15-25%, so a grid point is judged by
-    samples of several launches."""
-    pooled: dict[str, list[float]] = {}
+def measure_grid(sweep: Path, dbs: list[Path]) -> dict[str, list[list[float]]]:
+    """Every grid point launched and measured once per history in ``dbs``: its TG samples, one
+    list per launch. On this shared 2-core machine one launch's runs agree within a few percent
+    while two launches of the same plan can differ by 15-25%, so a grid point is judged by
+    several launches."""
+    out: dict[str, list[list[float]]] = {}
     for db in dbs:
         r = run_cli("sweep", str(sweep), *WORKLOAD, "--db", str(db), "--json")
         assert r.exit_code == 0, r.stderr
         for label, v in tg_values(db).items():
-            pooled.setdefault(label, []).extend(v)
-    return pooled
+            out.setdefault(label, []).append(v)
+    return out
+
+
+def pooled(grid: dict[str, list[list[float]]]) -> dict[str, list[float]]:
+    return {k: [x for launch in v for x in launch] for k, v in grid.items()}
+
+
+def launch_sigma(grid: dict[str, list[list[float]]]) -> float:
+    """The spread of one launch's median (log scale), from the differences between two launches
+    of each grid point: d = log(m1/m2) ~ N(0, 2 sigma^2), whose median |d| is 0.954 sigma."""
+    ds = sorted(abs(math.log(statistics.median(v[0]) / statistics.median(v[1]))) for v in grid.values() if len(v) > 1)
+    return ds[len(ds) // 2] / 0.954 if ds else 0.0
 
 
 def tg_values(db: Path) -> dict[str, list[float]]:
