@@ -63,3 +63,43 @@ def test_a_plan_for_hardware_this_machine_lacks_is_not_verified(bin_dir: Path, t
     r = run_cli("plan", str(model), "--hw", "rtx-pro-6000", "--verify", "--json")
     v = json.loads(r.stdout)["verify"]
     assert r.exit_code == 0 and v["agree"] is None and "CUDA0" in v["why"], v
+
+
+def test_a_plan_document_gives_the_same_subjects_as_the_plan(tmp_path: Path) -> None:
+    from moetune.plan.settings import Settings
+    from moetune.planfiles import PlanRequest, plan_files
+    from moetune.run.verify import doc_subjects, subject
+
+    model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "f16").files[0]
+    hw = tmp_path / "hw.yaml"
+    hw.write_text(yaml.safe_dump(loopback_hw(["127.0.0.1:50990", "127.0.0.1:50991"])))
+    planned = plan_files(PlanRequest(str(hw), model, None, "cpu-moe", Settings(ctx=8192)))
+    (from_doc,) = doc_subjects(json.loads(json.dumps(planned.doc)))
+    direct = subject(planned.plan.main, planned.doc["services"][0]["argv"])
+    assert from_doc.names == direct.names == {"RPC0": "RPC0[127.0.0.1:50990]", "RPC1": "RPC0[127.0.0.1:50991]"}
+    assert [f.device for f in from_doc.ledger] == [f.device for f in direct.ledger]
+    for a, b in zip(from_doc.ledger, direct.ledger, strict=True):  # the document rounds to 0.01 MiB
+        assert (a.model_mib, a.context_mib, a.compute_mib) == pytest.approx((b.model_mib, b.context_mib, b.compute_mib),
+                                                                            abs=0.1)
+    assert from_doc.argv == direct.argv and from_doc.engine == planned.doc["launch"]["processes"][-1]["engine"]
+
+
+@pytest.mark.server
+def test_launch_verify_runs_the_dry_run_once_the_workers_listen(bin_dir: Path, tmp_path: Path) -> None:
+    from tests.engine_harness import free_port
+
+    model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "f16").files[0]
+    hw = tmp_path / "hw.yaml"
+    hw.write_text(yaml.safe_dump(loopback_hw([f"127.0.0.1:{free_port()}"])))  # the launch starts the worker
+    plan = tmp_path / "p.json"
+    assert run_cli("plan", str(model), "--hw", str(hw), "--strategy", "cpu-moe", "--ctx", "8192", "--port",
+                   str(free_port()), "-o", str(plan)).exit_code == 0
+    r = run_cli("launch", str(plan), "--verify", "--detach", "--json")
+    try:
+        assert r.exit_code == 0, r.stderr
+        doc = json.loads(r.stdout)
+        v = doc["verify"]
+        assert v["tool"] == "llama-fit-params" and v["agree"] is True, v
+        assert any(d["name"].startswith("RPC0") and d["compute_mib"] > 0 for d in v["devices"])
+    finally:
+        run_cli("stop", "--all")

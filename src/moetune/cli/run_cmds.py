@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -99,9 +99,12 @@ def _show_failure(e: LaunchFailed, as_json: bool) -> None:
               "builds have it), auto (the build decides). The one used is read from each worker's log.")
 @click.option("--rdma-dev", metavar="DEV", help="RoCE device for --transport rdma (GGML_RDMA_DEV), e.g. rocep1s0f1.")
 @click.option("--force", is_flag=True, help="Launch a plan whose verdict is that it does not fit (refused otherwise).")
+@click.option("--verify", is_flag=True, help="Preflight: once the RPC workers listen, run the engine's own dry run "
+              "of each server's exact command (llama-fit-params; ik_llama.cpp's --dry-run) and say where it "
+              "disagrees with the plan, before loading anything.")
 @json_option
 def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_dev: str | None, force: bool,
-               as_json: bool) -> None:
+               verify: bool, as_json: bool) -> None:
     """Start a plan's RPC workers (over ssh on other nodes), then its servers; wait until every
     server is healthy. A plan whose verdict is that it does not fit is refused (exit 2) unless --force.
 
@@ -119,25 +122,47 @@ def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_
     for message, remedy in public_bind_warnings(spec):
         warn(message, remedy)
     display = Display(quiet=as_json)
+    verified: list[Any] = []
+
+    def preflight() -> None:
+        from moetune.report.plan_view import print_verify
+        from moetune.run.verify import doc_subjects, verify_subjects
+
+        display.close()
+        with err.status("the engine's dry run", spinner="dots"):
+            verified.extend(verify_subjects(doc_subjects(doc)))
+        if not as_json:
+            print_verify(verified, err)
+        for v in verified:
+            if v.disagreements:
+                warn(f"{v.service}: the engine's dry run disagrees with the plan: {'; '.join(v.disagreements)}",
+                     "the engine's figures are the truth: re-plan with more margin (or --force past a shortfall)")
+
     with _signals_interrupt():
         try:
             launched = launch(spec, doc, plan_file=str(plan.resolve()), detached=detach, timeout_s=timeout_s,
-                              on_event=display, transport=transport, rdma_dev=rdma_dev)
+                              on_event=display, transport=transport, rdma_dev=rdma_dev,
+                              preflight=preflight if verify else None)
         except LaunchFailed as e:
             display.close()
             _show_failure(e, as_json)
             raise
         finally:
             display.close()
-        _print_launched(launched, as_json)
+        _print_launched(launched, as_json, verified)
         if detach:
             return
         _foreground(launched, display)
 
 
-def _print_launched(launched: Launched, as_json: bool) -> None:
+def _print_launched(launched: Launched, as_json: bool, verified: list[Any]) -> None:
     if as_json:
-        print_json(launched.to_json())
+        doc = launched.to_json()
+        if verified:
+            from moetune.run.verify import verify_json
+
+            doc["verify"] = verify_json(verified)
+        print_json(doc)
         return
     for name, url in launched.urls.items():
         out.print(f"{name}: {url}")

@@ -80,8 +80,12 @@ class Launched:
 
 def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None = None, detached: bool = False,
            timeout_s: float = 1800.0, run_id: str | None = None, on_event: Observer | None = None,
-           transport: str = Transport.TCP, rdma_dev: str | None = None) -> Launched:
+           transport: str = Transport.TCP, rdma_dev: str | None = None,
+           preflight: Callable[[], None] | None = None) -> Launched:
     """Start the plan's processes and return once every server is healthy.
+
+    ``preflight`` runs once the RPC workers listen, before the first server starts (`launch
+    --verify`: the engine's dry run of each server needs its workers).
 
     ``transport`` (tcp, rdma, auto) is set on the RPC workers and the servers that use them, and
     confirmed from each worker's log (``transport.py``). Raises InputError for a transport the
@@ -104,6 +108,9 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
 
     try:
         for p in prepared:
+            if preflight is not None and p.spec.role != ProcessRole.RPC:
+                preflight()
+                preflight = None
             procs[p.name] = _start(rd, p, envs.get(p.name, {}))
             emit(Event(p.name, "start", 0.0, (f"on {p.spec.node} over ssh: " if p.remote else "") + shlex.join(p.argv)))
             if p.spec.role == ProcessRole.RPC:

@@ -148,11 +148,52 @@ def run_until(cmd: list[str], marker: str | None, timeout_s: float) -> tuple[int
         return rc, f.read()
 
 
-def verify_service(sp: ServicePlan, argv: list[str], engine: Engine | None, timeout_s: float = 120.0) -> Verification:
-    """Run the engine's dry run for one service's exact argv (the arguments after llama-server)."""
-    ledger = tuple(ledger_figures(sp))
-    name = sp.spec.name
-    if sp.spec.model.remote is not None:
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What one dry run checks: a service's ledger per device, the engine's names for the plan's
+    devices, and the service's exact arguments (after llama-server)."""
+
+    service: str
+    ledger: tuple[Figures, ...]
+    names: dict[str, str]  # engine name -> plan name
+    argv: list[str]
+    engine: str | None = None  # engine name (moetune engine list); None: the default
+    remote_model: bool = False  # planned from a URL: no files to dry-run
+
+
+def subject(sp: ServicePlan, argv: list[str]) -> Subject:
+    return Subject(sp.spec.name, tuple(ledger_figures(sp)), {v: k for k, v in sp.hw.engine_names().items()}, argv,
+                   sp.spec.engine or None, sp.spec.model.remote is not None)
+
+
+def doc_subjects(doc: dict[str, Any]) -> list[Subject]:
+    """The subjects of a plan document (what `launch --verify` has): each service's figures from its
+    own device ledger in the document, RPC devices numbered as the engine numbers them, its engine
+    from the launch section."""
+    from moetune.model.profile import is_url
+
+    order = [d["name"] for d in doc.get("devices") or []]
+    kinds = {d["name"]: d.get("kind") for d in doc.get("devices") or []}
+    names = {f"RPC{k}": n for k, n in enumerate(n for n in order if kinds[n] == "rpc")}
+    engines = {p["name"]: p.get("engine") for p in (doc.get("launch") or {}).get("processes", [])}
+    out = []
+    for sj in doc.get("services") or []:
+        figs = []
+        for dev in order:
+            items: dict[str, float] = {}
+            for i in (sj.get("devices") or {}).get(dev, []):
+                items[i["what"]] = items.get(i["what"], 0.0) + float(i["mib"])
+            figs.append(Figures(dev, items.get("weights", 0.0), items.get("kv", 0.0) + items.get("output", 0.0),
+                                items.get("compute", 0.0)))
+        out.append(Subject(sj["name"], tuple(figs), names, list(sj.get("argv") or []), engines.get(sj["name"]),
+                           is_url(str(sj.get("model", "")))))
+    return out
+
+
+def verify_service(sub: Subject, engine: Engine | None, timeout_s: float = 120.0) -> Verification:
+    """Run the engine's dry run for one service's exact argv."""
+    ledger, name, argv = sub.ledger, sub.service, sub.argv
+    if sub.remote_model:
         return Verification(name, None, ledger, why="the model is planned from its headers and not downloaded yet: "
                                                     "--verify needs the files (download them, then plan the local copy)")
     if engine is None or engine.bin_dir is None or not engine.available:
@@ -165,7 +206,7 @@ def verify_service(sp: ServicePlan, argv: list[str], engine: Engine | None, time
             return Verification(name, None, ledger, why=f"engine {engine.name} has no llama-fit-params")
         cmd = [str(tool), *strip_flags(argv), "-lv", "4"]
         rc, out = run_until(cmd, None, timeout_s)
-        figures = mainline_figures(out, {v: k for k, v in sp.hw.engine_names().items()})
+        figures = mainline_figures(out, sub.names)
         slack = 1.0
     else:
         tool = engine.binary("server")
@@ -186,18 +227,22 @@ def verify_service(sp: ServicePlan, argv: list[str], engine: Engine | None, time
     return Verification(name, tool_name, ledger, tuple(figures), tuple(compare(list(ledger), figures, slack)))
 
 
-def verify_plan(services: list[ServicePlan], argvs: list[list[str]], timeout_s: float = 120.0) -> list[Verification]:
+def verify_subjects(subjects: list[Subject], timeout_s: float = 120.0) -> list[Verification]:
     """Each service's dry run, by its own engine (a name moetune does not know: no dry run)."""
     from moetune.engine import registry
 
     out = []
-    for sp, argv in zip(services, argvs, strict=True):
+    for sub in subjects:
         try:
-            engine: Engine | None = registry.get(sp.spec.engine or None)
+            engine: Engine | None = registry.get(sub.engine)
         except InputError:
             engine = None
-        out.append(verify_service(sp, argv, engine, timeout_s))
+        out.append(verify_service(sub, engine, timeout_s))
     return out
+
+
+def verify_plan(services: list[ServicePlan], argvs: list[list[str]], timeout_s: float = 120.0) -> list[Verification]:
+    return verify_subjects([subject(sp, argv) for sp, argv in zip(services, argvs, strict=True)], timeout_s)
 
 
 def verify_json(vs: list[Verification]) -> dict[str, Any]:
