@@ -7,10 +7,9 @@ from typing import Any
 
 import click
 
+from moetune.cli import common
 from moetune.cli.common import (
-    err,
     json_option,
-    out,
     plan_options,
     plan_settings,
     print_json,
@@ -62,7 +61,7 @@ def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str 
     if verify:
         from moetune.run.verify import verify_json, verify_plan
 
-        with err.status("the engine's dry run", spinner="dots"):
+        with common.err.status("the engine's dry run", spinner="dots"):
             vs = verify_plan(planned.plan.services, [sj["argv"] for sj in planned.doc["services"]])
         planned.doc["verify"] = verify_json(vs)
         if output:
@@ -75,15 +74,15 @@ def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str 
     if fmt == "table":
         from moetune.report.plan_view import print_plan
 
-        print_plan(planned.plan, planned.doc, out)
+        print_plan(planned.plan, planned.doc, common.out)
     else:
-        out.print(render_text(planned.plan, planned.doc, fmt, image), markup=False, end="")
+        common.out.print(render_text(planned.plan, planned.doc, fmt, image), markup=False, end="")
     for w in planned.doc["warnings"]:
         warn(w["message"], w["remedy"])
     if verify:
         from moetune.report.plan_view import print_verify
 
-        print_verify(vs, out)
+        print_verify(vs, common.out)
 
 
 @click.group()
@@ -112,9 +111,9 @@ def hw_probe(output: Path | None, measure: bool, as_json: bool) -> None:
     if as_json:
         print_json(doc)
     elif output:
-        out.print(f"wrote {output}")
+        common.out.print(f"wrote {output}")
     else:
-        out.print(text, markup=False, end="")
+        common.out.print(text, markup=False, end="")
 
 
 @hw.command("example")
@@ -129,7 +128,7 @@ def hw_example(name: str | None, as_json: bool) -> None:
             print_json(inventory.examples())
             return
         for n in inventory.examples():
-            out.print(n)
+            common.out.print(n)
         return
     path = Path(inventory.__file__).parent / "examples" / f"{name}.yaml"
     if not path.exists():
@@ -139,7 +138,7 @@ def hw_example(name: str | None, as_json: bool) -> None:
 
         print_json(yaml.safe_load(path.read_text()))
     else:
-        out.print(path.read_text(), markup=False, end="")
+        common.out.print(path.read_text(), markup=False, end="")
 
 
 @hw.command("show")
@@ -156,7 +155,7 @@ def hw_show(path: str, as_json: bool) -> None:
         print_json(rows)
         return
     for r in rows:
-        out.print(f"{r['name']:<28} {r['kind']:<4} {r['mem_mib']:>10,.0f} MiB  {r['bw_gbs']:>7,.0f} GB/s  ({r['node']})",
+        common.out.print(f"{r['name']:<28} {r['kind']:<4} {r['mem_mib']:>10,.0f} MiB  {r['bw_gbs']:>7,.0f} GB/s  ({r['node']})",
                   markup=False)
 
 

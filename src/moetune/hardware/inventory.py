@@ -21,9 +21,11 @@ planner's users of these dataclasses do not pay for them.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -227,13 +229,47 @@ def load(path: str | Path) -> Inventory:
         else:
             raise InputError(f"{path}: no such hardware file", hint="write one with `moetune hw probe`, "
                              "or use a built-in example: " + ", ".join(examples()))
+    source = os.path.abspath(p)  # recorded in plans and results: it must hold from any directory
+    raw = p.read_bytes()
+    key = hashlib.sha256(raw + _CACHE_SALT).hexdigest()[:32]
+    cached = _read_cache(key)
+    if cached is not None:
+        return replace(cached, source=source)
     import yaml
 
     try:
-        doc = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
+        doc = yaml.safe_load(raw.decode())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise InputError(f"{p}: not valid YAML ({e})") from None
-    return from_dict(doc, os.path.abspath(p))  # recorded in plans and results: it must hold from any directory
+    inv = from_dict(doc, source)
+    _write_cache(key, inv)
+    return inv
+
+
+# A file that validated once is kept, as the inventory it became, under the hash of its bytes: the
+# next plan reads it without YAML or pydantic (about 0.15 s of a 0.4 s plan on a 2-core machine).
+_CACHE_SALT = b"moetune-hardware-v1"
+
+
+def _read_cache(key: str) -> Inventory | None:
+    from moetune import filecache
+
+    data = filecache.get("hardware", key)
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data)
+        nodes = tuple(Node(**{**n, "devices": tuple(Device(**{**d, "kind": DeviceKind(d["kind"])})
+                                                       for d in n["devices"])}) for n in doc["nodes"])
+        return Inventory(nodes, doc.get("name"))
+    except (ValueError, KeyError, TypeError):  # written by another version
+        return None
+
+
+def _write_cache(key: str, inv: Inventory) -> None:
+    from moetune import filecache
+
+    filecache.put("hardware", key, json.dumps({"name": inv.name, "nodes": [asdict(n) for n in inv.nodes]}).encode())
 
 
 def examples() -> list[str]:

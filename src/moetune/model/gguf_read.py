@@ -18,7 +18,7 @@ import mmap
 import os
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -191,13 +191,63 @@ def read_gguf(path: str | os.PathLike[str], file_index: int = 0) -> GGUFFile:
     except PermissionError:
         raise InputError(f"{p}: permission denied") from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        size = st.st_size
         if size < MIN_HEADER:
             return parse(_MappedFile(p, size, b""), file_index)  # says it is truncated
+        key = _header_key(p, st, file_index)
+        cached = _cached_header(key, p)
+        if cached is not None:
+            return cached
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
-            return parse(_MappedFile(p, size, mm), file_index)
+            out = parse(_MappedFile(p, size, mm), file_index)
+        _cache_header(key, out)
+        return out
     finally:
         os.close(fd)
+
+
+# A parsed header is kept under a key of the file's identity (path, size, mtime, inode) and this
+# parser's version: the next command skips the parse (about 0.15 s for the 8 shards of a GLM-5.1
+# replica, most of it stepping over the tokenizer's 150k strings). The cache is the user's own, as
+# Python's bytecode cache is; a file that changes gets a new key.
+_HEADER_CACHE_VERSION = "1"
+
+
+def _header_key(p: Path, st: os.stat_result, file_index: int) -> str:
+    import hashlib
+
+    from moetune import __version__
+
+    ident = f"{os.path.abspath(p)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{file_index}|{_HEADER_CACHE_VERSION}|{__version__}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+def _cached_header(key: str, p: Path) -> GGUFFile | None:
+    import pickle
+
+    from moetune import filecache
+
+    data = filecache.get("gguf-headers", key)
+    if data is None:
+        return None
+    try:
+        out = pickle.loads(data)
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
+        return None
+    return replace(out, path=p) if isinstance(out, GGUFFile) else None  # as this command spells the path
+
+
+def _cache_header(key: str, f: GGUFFile) -> None:
+    import pickle
+
+    from moetune import filecache
+
+    try:
+        data = pickle.dumps(f, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return
+    filecache.put("gguf-headers", key, data)
 
 
 def parse(src: ByteSource, file_index: int = 0) -> GGUFFile:

@@ -1,0 +1,70 @@
+"""The derived-file cache: a hardware file validated once and a GGUF header parsed once are read
+back as they were, a changed file is read afresh, and each kind keeps its newest entries only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moetune import filecache
+from moetune.errors import InputError
+from moetune.hardware import inventory
+from moetune.model import gguf_read
+from moetune.model.archs import small_dims
+from moetune.model.testmodel import generate
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MOETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_a_hardware_file_is_validated_once_and_again_when_it_changes(cache: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    hw = tmp_path / "hw.yaml"
+    doc = {"nodes": [{"name": "local", "cpu": {"cores": 8, "ram_mib": 64000, "ram_bw_gbs": 80},
+                      "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 24000, "bw_gbs": 900, "tflops": 80}]},
+                     {"name": "w", "link_addr": "10.0.0.2", "cpu": {"cores": 4, "ram_mib": 32000, "ram_bw_gbs": 40},
+                      "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 12000, "bw_gbs": 500}]}]}
+    hw.write_text(yaml.safe_dump(doc))
+    first = inventory.load(hw)
+    assert len(list((cache / "hardware").iterdir())) == 1
+
+    def no_validation(*a: object, **k: object) -> None:
+        raise AssertionError("validated again")
+
+    monkeypatch.setattr(inventory, "from_dict", no_validation)
+    again = inventory.load(hw)
+    assert again == first and again.source == str(hw) and again.accelerators() == first.accelerators()
+    monkeypatch.undo()
+    doc["nodes"][0]["devices"][0]["mem_mib"] = -1
+    hw.write_text(yaml.safe_dump(doc))
+    with pytest.raises(InputError, match="mem_mib"):
+        inventory.load(hw)  # a changed file is validated afresh
+
+
+def test_a_gguf_header_is_parsed_once_and_again_when_the_file_changes(cache: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    path = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe"), "f16").files[0]
+    first = gguf_read.read_gguf(path)
+    monkeypatch.setattr(gguf_read, "parse", lambda *a, **k: (_ for _ in ()).throw(AssertionError("parsed again")))
+    assert gguf_read.read_gguf(path) == first
+    monkeypatch.undo()
+    generate(path, "qwen3moe", small_dims("qwen3moe", True), "f16")
+    os.utime(path, ns=(1, 1))  # a new identity even within the same clock tick
+    changed = gguf_read.read_gguf(path)
+    assert changed != first and len(changed.tensors) == len(first.tensors)
+
+
+def test_each_kind_keeps_its_newest_entries(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(filecache, "KEEP", 3)
+    for i in range(5):
+        filecache.put("k", f"e{i}", b"x")
+        os.utime(cache / "k" / f"e{i}", ns=(i * 10**9, i * 10**9))
+    filecache.put("k", "e5", b"y")
+    assert sorted(q.name for q in (cache / "k").iterdir()) == ["e3", "e4", "e5"]
+    assert filecache.get("k", "e5") == b"y" and filecache.get("k", "e0") is None
