@@ -137,11 +137,42 @@ def gguf_constants() -> ModuleType:
     return mod
 
 
-def _build() -> dict[int, QuantType]:
+def _gguf_sizes() -> dict[int, tuple[str, int, int]]:
+    """gguf's table of mainline types, id -> (name, block size, type size); kept in moetune's cache
+    under the identity of gguf's constants.py, since running that file costs ~20 ms per command."""
+    import json
+    import os
+
+    from moetune import filecache
+
+    pkg = importlib.util.find_spec("gguf")
+    path = next(iter(pkg.submodule_search_locations)) + "/constants.py" if pkg and pkg.submodule_search_locations \
+        else None
+    key = None
+    if path is not None:
+        try:
+            st = os.stat(path)
+            key = f"gguf-{st.st_size}-{st.st_mtime_ns}-{st.st_ino}.json"
+        except OSError:
+            pass
+    data = filecache.get("quants", key) if key else None
+    if data is not None:
+        try:
+            return {int(k): (str(v[0]), int(v[1]), int(v[2])) for k, v in json.loads(data).items()}
+        except (ValueError, TypeError, IndexError, AttributeError):
+            pass
     c = gguf_constants()
+    out = {int(qt): (c.GGMLQuantizationType(qt).name, int(block), int(size))
+           for qt, (block, size) in c.GGML_QUANT_SIZES.items()}
+    if key:
+        filecache.put("quants", key, json.dumps(out).encode())
+    return out
+
+
+def _build() -> dict[int, QuantType]:
     table: dict[int, QuantType] = {}
-    for qt, (block, size) in c.GGML_QUANT_SIZES.items():
-        table[int(qt)] = QuantType(int(qt), c.GGMLQuantizationType(qt).name, block, size)
+    for qt, (name, block, size) in _gguf_sizes().items():
+        table[qt] = QuantType(qt, name, block, size)
     for tid, (name, block, size) in _MAINLINE_EXTRA.items():
         table.setdefault(tid, QuantType(tid, name, block, size))
     for tid, (name, block, size, meta) in {**_IK_ONLY, **_IK_OWN_BLOCKS}.items():
