@@ -36,8 +36,9 @@ class LayoutIn(BaseModel):
 
 
 def read_layout(p: Path) -> LayoutIn:
-    if not p.exists():
-        raise InputError(f"{p}: no such layout file")
+    from moetune.paths import readable_file
+
+    readable_file(p, "layout file")
     try:
         return LayoutIn.model_validate(yaml.safe_load(p.read_text()))
     except yaml.YAMLError as e:

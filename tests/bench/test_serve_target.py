@@ -140,7 +140,7 @@ def test_bad_targets(tmp_path: Path) -> None:
         resolve("nothing-here")
     with pytest.raises(InputError, match="TARGET is a URL"):
         resolve("http://127.0.0.1:1", "main")
-    with pytest.raises(InputError, match="not a plan file"):
+    with pytest.raises(InputError, match="is a directory, not a plan file"):
         resolve(str(tmp_path))
     p = tmp_path / "plan.json"
     p.write_text(json.dumps({"placement": {}}))

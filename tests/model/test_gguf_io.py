@@ -122,4 +122,4 @@ def test_unknown_quant_type(tmp_path: Path) -> None:
 
 def test_no_such_file(tmp_path: Path) -> None:
     r = run_cli("inspect", str(tmp_path / "nope.gguf"))
-    assert r.exit_code == 2 and "no such file" in r.stderr
+    assert r.exit_code == 2 and "no such GGUF file" in r.stderr

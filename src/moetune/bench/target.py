@@ -82,8 +82,10 @@ def resolve(target: str, server: str | None = None) -> Target:
                              hint="drop --server, or give the plan file as TARGET")
         url = target if target.startswith("http") else "http://" + target
         return Target(url=url.rstrip("/").removesuffix("/v1"))
-    if path.exists():
-        raise InputError(f"TARGET {target}: not a plan file", hint="give a plan JSON file or a server URL")
+    if path.exists() or path.is_symlink():
+        from moetune.paths import readable_file
+
+        readable_file(path, "plan file")  # says what it is instead (a directory, a FIFO, a loop)
     raise InputError(f"TARGET {target!r} is neither a server URL nor a plan file",
                      hint="give http://HOST:PORT of a running server, or a plan JSON file")
 

@@ -222,15 +222,21 @@ def from_dict(doc: Any, source: str | None = None) -> Inventory:
 
 def load(path: str | Path) -> Inventory:
     p = Path(path)
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():
         builtin = Path(__file__).parent / "examples" / f"{p.name}.yaml"
         if builtin.exists():
             p = builtin
         else:
             raise InputError(f"{path}: no such hardware file", hint="write one with `moetune hw probe`, "
                              "or use a built-in example: " + ", ".join(examples()))
+    from moetune.paths import readable_file
+
+    p = readable_file(p, "hardware file")
     source = os.path.abspath(p)  # recorded in plans and results: it must hold from any directory
-    raw = p.read_bytes()
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise InputError(f"{p}: cannot read the hardware file ({e.strerror})") from None
     key = hashlib.sha256(raw + _CACHE_SALT).hexdigest()[:32]
     cached = _read_cache(key)
     if cached is not None:

@@ -181,15 +181,13 @@ class _MappedFile:
 
 def read_gguf(path: str | os.PathLike[str], file_index: int = 0) -> GGUFFile:
     """Parse one GGUF file's header. Raises InputError naming the problem."""
-    p = Path(path)
+    from moetune.paths import readable_file
+
+    p = readable_file(path, "GGUF file")
     try:
         fd = os.open(p, os.O_RDONLY)
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{p}: is a directory, not a GGUF file") from None
-    except PermissionError:
-        raise InputError(f"{p}: permission denied") from None
+    except OSError as e:  # changed since it was checked
+        raise InputError(f"{p}: cannot open ({e.strerror})") from None
     try:
         st = os.fstat(fd)
         size = st.st_size

@@ -67,8 +67,10 @@ class Prepared:
 
 def read_plan(path: Path) -> tuple[LaunchSpec, dict[str, Any]]:
     """A plan file (with a ``launch`` key) or a plain launch spec; returns the spec and the document."""
+    from moetune.paths import readable_file
+
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(readable_file(path, "plan file").read_text())
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror})") from None
     except json.JSONDecodeError as e:

@@ -69,8 +69,10 @@ BUILTIN_NAMES = ("short-json", "long-openapi", "reference")  # reference = both,
 def load_prompt_file(path: Path) -> Workload:
     """A custom workload: a text file (the user message), or JSON: a chat request body, as a curl
     ``-d`` holds it (messages, max_tokens, sampling, chat_template_kwargs), or a list of messages."""
+    from moetune.paths import readable_file
+
     try:
-        text = path.read_text()
+        text = readable_file(path, "prompt file").read_text()
     except OSError as e:
         raise InputError(f"--prompt-file {path}: {e.strerror or e}") from None
     name = path.stem
