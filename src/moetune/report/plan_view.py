@@ -88,7 +88,7 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
                                f"stated uncertainty TG +/-{band.get('tg_pct')}%, PP +/-{band.get('pp_pct')}%)"
                                if cal["error"]["tg_median_abs_pct"] is not None
                                else f" (calibrated on {cal['runs']} run)")
-    out.print(Text("speed constants" + said + ": " + ", ".join(f"{k}={v}" for k, v in c.items()), style="dim"))
+    out.print(Text("speed constants" + said + ": " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.items()), style="dim"))
 
 
 def print_verify(vs: list[Verification], out: Console) -> None:
