@@ -3,7 +3,7 @@
 A few points of benchmarks/bench_fullscale.py's grid (which writes the whole table): the layers on
 one loopback RPC device with every expert on the CPU, at the ubatch and context sizes where the
 compute buffer is several GiB and decides the fit. Model within 0.5%, KV within 1%, the device's
-compute within 10%, the host's within 10% here (the GQA and hybrid families).
+compute within 10%, the host's within 10% here (the GQA, hybrid and DSA families).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ CASES = [
     ("glm-4.6", 32768, 2048, "f16", False),
     ("qwen3.5-397b-a17b", 131072, 8192, "q8_0", True),
     ("qwen3-coder-next", 32768, 512, "f16", True),
+    ("glm-5.1", 131072, 2048, "f16", True),  # DSA indexer: its scores and every layer's top-k scratch
+    ("glm-5.1", 4096, 512, "q8_0", True),  # the logits on top of that scratch
 ]
 
 

@@ -15,8 +15,9 @@ CPU and experts on either (``benchmarks/measure_buffers.py``, 1,400 points). The
   ``n_ff_exp * n_expert_used``, shared expert, or dense FFN) and the attention phase (MLA:
   ``4 * (2 * n_head * kv_lora + kv_lora + rope + n_head * (k_mla + v_mla))``; without flash
   attention the ``n_kv * 4 * n_head`` score matrix joins the attention phase);
-- the DSA lightning indexer (GLM-5.x, mainline only) keeps scores for its heads: fitted as
-  ``n_tok * indexer_heads * (3.6 * min(n_kv, 2 top_k) + 1.6 * max(0, n_kv - 2 top_k))`` bytes;
+- the DSA lightning indexer (GLM-5.x, mainline only; ``_dsa_phases``): every layer's top-k
+  scratch is a graph leaf, allocated before the first node, and the indexer adds a second mask and
+  an F32 score matrix per layer (see there);
 - a layer whose experts run elsewhere still gathers their outputs: ``6 * n_embd * n_expert_used``
   per token (fitted);
 - recurrent (delta-net) layers add their convolution and state rows per token.
@@ -26,8 +27,10 @@ CPU and experts on either (``benchmarks/measure_buffers.py``, 1,400 points). The
   ``benchmarks/bench_fullscale.py``; the generated test models' 259-token vocabulary hides it);
 - on the host, when the layers are on an accelerator: the mask plus ``16 * n_embd`` per token, or
   the experts' FFN phase ``16 * n_ff_exp * n_expert_used + 4 * n_embd * n_expert_used`` per token
-  (their down projections' outputs) when experts run on the host and it is larger (hybrid graphs
-  still hold the mask there);
+  (their down projections' outputs) when experts run on the host and it is larger; the mask is
+  still held there in the hybrid graphs, and in every graph whose layers span two or more devices
+  (the host's copy of the mask feeds the next device's split, after the first device's layers and
+  their expert splits on the host: full-size replicas with two RPC devices);
 
 ik_llama.cpp has its own model (``_ik_compute_bytes``), fitted on its real server the same way.
 Accuracy against llama-server is checked by the test suite and
@@ -59,6 +62,7 @@ class ComputeInputs:
     engine: str = "llama.cpp"
     amb_mib: int = 0  # ik_llama.cpp -amb (attention max batch), 0 = off
     copies: int = 1  # graph input copies: 4 under pipeline parallelism (2+ accelerators, no overrides)
+    layer_devices: int = 1  # devices holding repeating layers
 
     @property
     def n_tok(self) -> int:
@@ -80,6 +84,7 @@ class DeviceRole:
     output: bool  # holds the output layer
     host: bool  # the CPU that builds inputs while layers are on accelerators
     cpu: bool = False  # the device is the CPU (layers there run on the CPU backend)
+    n_layers: int = 0  # repeating layers held (the DSA indexer's per-layer scratch is allocated up front)
 
 
 def _ffn_width(p: ModelProfile, role: DeviceRole) -> int:
@@ -104,8 +109,6 @@ def _attn_phase_per_tok(p: ModelProfile, inp: ComputeInputs) -> int:
         kmla = int(p.hp("attention.key_length_mla", 0))
         vmla = int(p.hp("attention.value_length_mla", 0))
         b = 4 * (2 * n_head * lora + lora + rope + n_head * (kmla + vmla))
-        if p.arch == "glm-dsa" and inp.engine != EngineKind.IK:
-            b += 4 * int(p.hp("attention.indexer.head_count", 0) or 0) * int(p.hp("attention.indexer.key_length", 0) or 0)
     elif p.is_hybrid_recurrent:
         d_inner = int(p.hp("ssm.inner_size", 0))
         n_group = int(p.hp("ssm.group_count", 0))
@@ -189,6 +192,52 @@ def _ik_compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> 
     return mask + max(phases)
 
 
+def _dsa_phases(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
+    """The largest phase of a device holding glm-dsa (GLM-5.x) layers in mainline llama.cpp.
+
+    Follows ``src/models/glm-dsa.cpp`` (the lightning indexer, fused by default: ``cparams.fused_lid``)
+    and ``llm_graph_context::build_attn`` for ``llm_graph_input_attn_k_dsa`` in
+    ``src/llama-graph.cpp``, as ``ggml-alloc.c`` places them:
+
+    - each layer's attention makes a zero-filled ``[1, top_k, n_tok]`` F32 tensor
+      (``ggml_new_tensor_4d`` then ``ggml_fill``) to unmask the selected keys; the new tensor is a
+      graph leaf and ``ggml_gallocr_alloc_graph_impl`` allocates all leafs before the first node, so
+      the first layer runs with every layer's copy held: ``n_layers * 4 * min(n_kv, top_k) * n_tok``
+      (this is what grows with the layer count, not the context);
+    - the indexer has its own mask input (``kq_mask_lid``, F16 when fused) next to the attention's
+      (F16 with flash attention, F32 without), both live through the graph;
+    - the indexer phase adds its F32 scores, ``n_kv * n_tok * 4`` (one row per token: the fused
+      op sums the heads), or without flash attention the attention's ``n_kv * n_tok * n_head`` F32
+      scores, whichever is larger; the rest of the phase, ``76 * n_embd`` bytes per token, was
+      fitted on full-size GLM-5.1 replicas against ``llama-fit-params`` (Q, the indexer's queries,
+      the residual and what ``ggml_dyn_tallocr`` loses to fragmentation between them);
+    - where the experts run on the device, their FFN phase (as on the host, below) plus ``8 * n_embd``;
+    - on the output device, the logits of every ubatch token and the final norm, ``4 * n_vocab +
+      16 * n_embd`` per token, on top of the leafs: unless the leafs' region, freed by then, holds
+      the logits (plus the gathered expert outputs, ``4 * n_embd * n_expert_used`` per token, when
+      the experts run elsewhere), where ``ggml_dyn_tallocr`` then places them (fitted threshold:
+      on the CPU with every layer the logits go there, on a device without the experts they do not).
+
+    GLM-5.2's shared indexer layers reuse a top-k from an earlier layer; the buffers do not change
+    (measured)."""
+    n_tok, n_kv = inp.n_tok, inp.n_kv
+    top_k = int(p.hp("attention.indexer.top_k", n_kv) or n_kv)
+    leafs = role.n_layers * 4 * min(n_kv, top_k) * n_tok
+    masks = inp.copies * n_kv * n_tok * ((2 if inp.flash_attn else 4) + 2)
+    scores = n_kv * n_tok * 4
+    if not inp.flash_attn:
+        scores = max(scores, n_kv * n_tok * 4 * int(p.hp("attention.head_count", 0) or 0))
+    e, used = p.n_embd, p.n_expert_used
+    phases = [scores + 76 * e * n_tok]
+    if role.experts:
+        n_ff_exp = int(p.hp("expert_feed_forward_length", 0) or 0)
+        phases.append(n_tok * (8 * e + 16 * n_ff_exp * used + 4 * e * used))
+    logits = 4 * p.n_vocab * n_tok
+    if role.output and leafs < logits + (0 if role.experts else 4 * e * used * n_tok):
+        phases.append(logits + 16 * e * n_tok)
+    return leafs + masks + max(phases)
+
+
 def compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
     if inp.engine == EngineKind.IK:
         return _ik_compute_bytes(p, inp, role)
@@ -202,17 +251,16 @@ def compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
         if role.experts:  # the experts' FFN phase, with each used expert's down projection output (full-size
             # replicas: the mask is no longer held there, except in the hybrid graphs)
             ffn = n_tok * (16 * _ffn_width(p, DeviceRole(False, True, False, False, False)) + 4 * p.n_embd * p.n_expert_used)
-            total = max(total, ffn + (inp.copies * mask if p.is_hybrid_recurrent else 0))
+            keeps_mask = p.is_hybrid_recurrent or inp.layer_devices > 1
+            total = max(total, ffn + (inp.copies * mask if keeps_mask else 0))
     if role.layers or (role.experts and not role.host):
         ffn = 16 * _ffn_width(p, role)
         if role.layers and not role.experts and p.n_expert:
             ffn = max(ffn, 6 * p.n_embd * p.n_expert_used)  # gathering expert outputs computed elsewhere
         attn = _attn_phase_per_tok(p, inp) if role.layers else 0
         dev = inp.copies * mask + n_tok * (8 * p.n_embd + max(ffn, attn))
-        if role.layers and p.arch == "glm-dsa" and inp.engine != EngineKind.IK:
-            heads = int(p.hp("attention.indexer.head_count", 0) or 0)
-            knee = 2 * int(p.hp("attention.indexer.top_k", n_kv) or n_kv)
-            dev += int(n_tok * heads * (3.6 * min(n_kv, knee) + 1.6 * max(0, n_kv - knee)))
+        if role.layers and p.arch == "glm-dsa":
+            dev = max(dev, _dsa_phases(p, inp, role))
         if role.layers and p.is_hybrid_recurrent:
             dev += _recurrent_scratch(p, inp)
         total = max(total, dev) if role.host else dev

@@ -173,7 +173,8 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
     # compute buffers by the role each device plays
     pipeline = len(hw.accelerators()) > 1 and all(d == pl.layer_device[int(n.split(".")[1])] for n, d in experts.items())
     inp = ComputeInputs(s.ubatch, s.ctx, s.slots, s.flash_attn, s.kv_unified, s.engine, s.amb_mib,
-                        copies=4 if pipeline and s.engine != EngineKind.IK else 1)
+                        copies=4 if pipeline and s.engine != EngineKind.IK else 1,
+                        layer_devices=len(set(pl.layer_device[: p.n_layer])))
     for d, role in device_roles(p, pl, experts).items():
         items[d].append(Item("compute", compute_bytes(p, inp, role) / MIB, service))
     items[CPU].append(Item("output", p.n_vocab * 4 * s.slots / MIB, service))
@@ -189,7 +190,8 @@ def device_roles(p: ModelProfile, pl: Placement, experts: dict[str, str]) -> dic
     for d in sorted(layer_devs | expert_devs | {pl.output_device, CPU}):
         host = d == CPU and bool(layer_devs - {CPU})
         roles[d] = DeviceRole(layers=d in layer_devs, experts=d in expert_devs, dense=d in dense_devs,
-                              output=d == pl.output_device, host=host, cpu=d == CPU)
+                              output=d == pl.output_device, host=host, cpu=d == CPU,
+                              n_layers=sum(1 for x in pl.layer_device[: p.n_layer] if x == d))
     return roles
 
 
