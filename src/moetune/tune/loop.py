@@ -189,7 +189,8 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     plan_dir = data_dir() / "tune" / tid
     plan_dir.mkdir(parents=True, exist_ok=True)
     spec: dict[str, Any] = {"kind": "tune", "objective": req.objective, "hw": req.hw, "model": req.model,
-            "workload": req.workload.to_json(), "candidates": [e.candidate.label for e in entries], "failed": {}}
+                            "workload": req.workload.to_json(), "candidates": [e.candidate.label for e in entries],
+                            "failed": {}}
     if not db.create_sweep(tid, spec):
         spec = db.sweep(tid) or spec
         status(f"resuming tune {tid}")
@@ -219,8 +220,6 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
         else:
             values[i] = [v for a, b in zip(tg.values if tg else (), pp.values if pp else (), strict=False)
                          if (v := objective_value("ttft", a, b, req.workload.pp_tokens)) is not None]
-
-    k = prior
 
     def refit() -> SpeedConstants:
         obs = [o for i in summaries for o in observations(entries[i].run or 0, summaries[i],
