@@ -77,7 +77,7 @@ def test_bad_prompt_files(tmp_path: Path, content: str, match: str) -> None:
     p.write_text(content)
     with pytest.raises(InputError, match=match):
         load_prompt_file(p)
-    with pytest.raises(InputError, match="No such file"):
+    with pytest.raises(InputError, match="no such prompt file"):
         load_prompt_file(tmp_path / "missing.txt")
 
 
