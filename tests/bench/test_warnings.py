@@ -19,7 +19,7 @@ from moetune.bench.analysis.warnings import (
     queueing_signature,
     run_warnings,
 )
-from moetune.store.record import ServerInfo
+from moetune.store.record import Capabilities, ServerInfo
 from tests.bench.synth import run_samples, sample
 
 
@@ -208,9 +208,13 @@ def test_noise_within_the_slots_is_not_called_queueing() -> None:
 
 
 def test_run_warnings() -> None:
+    # an OpenAI-compatible server that is not llama-server: no slots, no timings, no tokenizer
     kinds = [a.code for a in run_warnings(ServerInfo(busy_slots=0), [1], 0)]
-    assert kinds == [Code.NO_SLOT_INFO]
-    assert run_warnings(ServerInfo(slots=4, busy_slots=0), [1], 0) == []
+    assert kinds == [Code.NO_SLOT_INFO, Code.NO_SERVER_TIMINGS, Code.NO_TOKENIZER]
+    assert run_warnings(ServerInfo(slots=4, busy_slots=0, caps=Capabilities.llama()), [1], 0) == []
+    no_template = Capabilities(props=True, tokenize=True, timings=True)  # a build without /apply-template
+    kinds = [a.code for a in run_warnings(ServerInfo(slots=4, busy_slots=0, caps=no_template), [1], 0)]
+    assert kinds == [Code.NO_TOKENIZER]
 
 
 def test_grouped_lists_subjects_of_a_single_stream_code_together() -> None:
