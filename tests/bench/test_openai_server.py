@@ -6,6 +6,7 @@ extras are missing."""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from tests.helpers import json_shape, run_cli
 
 CFG = MockConfig(ttft_ms=20.0, pp_ms_per_token=0.1, itl_ms=5.0, tokens_per_chunk=(1, 3, 2))
 NULL_PCT = {"p50": None, "p90": None, "p99": None, "mean": None}
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # straight to the mock on 127.0.0.1
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def vllm() -> Iterator[str]:
 
 
 def mock_log(url: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(url + "/mock/log", timeout=10) as r:  # the mock, on 127.0.0.1
+    with DIRECT.open(url + "/mock/log", timeout=10) as r:  # the mock, on 127.0.0.1
         log: list[dict[str, Any]] = json.loads(r.read())
     return log
 
@@ -196,3 +198,26 @@ def test_serve_bench_json_has_one_shape_for_every_server(vllm: str) -> None:
     assert llama["run"]["server"]["caps"] == Capabilities.llama().to_json()
     # the llama-like server's extras give the figures the other leaves null
     assert llama["levels"][0]["server_itl_ms"]["p50"] is not None and other["levels"][0]["server_itl_ms"]["p50"] is None
+
+
+def test_the_mock_is_vllm_like(vllm: str) -> None:
+    """What the tests above rely on: none of llama-server's extras, usage only where asked for."""
+    for path in ("/props", "/slots"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            DIRECT.open(vllm + path, timeout=10)
+        assert e.value.code == 404
+    for path in ("/tokenize", "/apply-template", "/completion"):
+        req = urllib.request.Request(vllm + path, data=b'{"content": "a"}', method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            DIRECT.open(req, timeout=10)
+        assert e.value.code == 404
+    body = {"model": CFG.model, "prompt": "one two three", "max_tokens": 5, "stream": True,
+            "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(vllm + "/v1/completions", data=json.dumps(body).encode(), method="POST")
+    with DIRECT.open(req, timeout=10) as r:
+        events = [json.loads(line[6:]) for line in r.read().decode().splitlines()
+                  if line.startswith("data: {")]
+    assert all("timings" not in ev for ev in events)
+    assert [ev["usage"] for ev in events if ev.get("usage")] == [
+        {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}]
+    assert "".join(ev["choices"][0]["text"] for ev in events if ev["choices"]) == " w0 w1 w2 w3 w4"
