@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from click.testing import CliRunner
@@ -23,7 +24,14 @@ from moetune.engine.install import MAINLINE, Recipe, build_for
 from moetune.run.process import end
 from tests.engine_harness import free_port, loopback_hw, rpc_workers
 
-__all__ = ["CliResult", "Server", "free_port", "llama_server", "loopback_hw", "rpc_workers", "run_cli"]
+__all__ = ["CliResult", "Server", "free_port", "json_shape", "llama_server", "loopback_hw", "rpc_workers", "run_cli"]
+
+
+def json_shape(x: Any, at: str = "") -> set[str]:
+    """The key paths of a JSON document (lists are leaves; a server's own ``props`` are its own)."""
+    if not isinstance(x, dict):
+        return {at}
+    return {p for k, v in x.items() if k != "props" for p in json_shape(v, f"{at}.{k}")}
 
 
 def engine_bin_dir(recipe: Recipe = MAINLINE) -> Path | None:

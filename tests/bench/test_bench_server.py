@@ -22,7 +22,8 @@ from moetune.model.profile import fingerprint, load_profile
 from moetune.paths import default_db
 from moetune.store.db import ResultsDB
 from tests.bench.servers import SERVER_ARGS, model
-from tests.helpers import Server, llama_server, run_cli
+from tests.bench.vllm_mock import vllm_mock
+from tests.helpers import Server, json_shape, llama_server, run_cli
 
 pytestmark = pytest.mark.server
 FAST = ("--max-tokens", "8", "--ignore-eos")
@@ -171,3 +172,20 @@ def test_every_export_format_of_a_real_run(server: Server, tmp_path: Path) -> No
     assert len(rows) == 1 + 12 and rows[0].startswith("run,label,kind,phase,seq,workload")
     md = run_cli("results", "export", rid, "--format", "md", "--db", db).stdout
     assert "| short-json+think |" in md and "| d128 |" in md and "| 128 |" in md
+
+
+def test_json_has_one_shape_for_every_server(server: Server, tmp_path: Path) -> None:
+    """llama-server's figures and another OpenAI server's (the vLLM mock's): the same document,
+    server figures null there, and every figure labelled with its source."""
+    args = ("-w", "short-json", "-r", "2", *FAST, "--db", str(tmp_path / "s.sqlite"))
+    llama = bench_json(server.url, *args)
+    with vllm_mock() as url:
+        other = bench_json(url, *args)
+    assert json_shape(llama) == json_shape(other)
+    assert (llama["tg"]["source"], other["tg"]["source"]) == ("server", "client")
+    assert llama["overhead_ms"] is not None and other["overhead_ms"] is None
+    lw, ow = llama["workloads"]["short-json"], other["workloads"]["short-json"]
+    assert lw["prompt_n"] == lw["prompt_tokens"] and ow["prompt_n"] is None and ow["prompt_tokens"]
+    assert lw["predicted_n"] == ow["predicted_n"] == 8
+    assert lw["client"]["pp"] and lw["client"]["tg"]  # the client's figures are there for llama-server too
+    assert "client_figures" not in {w["code"] for w in llama["warnings"]}

@@ -91,3 +91,24 @@ def test_event_stream_lines_split_at_lf_only() -> None:
         payloads, buf = sse_payloads(buf, ev[i:i + 5])
         got += payloads
     assert got == ['{"content": "a\u2028b\x85c"}'.encode(), b"[DONE]"] and buf == b""
+
+
+def test_without_timings_the_figures_are_the_clients_and_server_ones_null() -> None:
+    """Another OpenAI server: usage counts, the client's clock, a summary of the same shape."""
+    from moetune.bench.analysis.summary import workload_summary
+
+    ss = run_samples([20.0, 20.0, 20.0], cache_n=None, expect_cached=0)
+    for s in ss:
+        s["timings"] = None
+    s = ss[0]
+    assert (m.pp_tps(s), m.tg_tps(s), m.overhead_ms(s), m.cached_tokens(s), m.cache_confirmed(s)) == (None,) * 5
+    assert (m.output_tokens(s), m.prompt_tokens(s), m.source(ss)) == (61, 30, "client")
+    assert m.client_tg_tps(s) == pytest.approx(20.0 * 60 / 61, rel=1e-3)  # (usage tokens - 1) over the chunks
+    assert m.client_pp_tps(s) == pytest.approx(30 / 1.201)  # prompt tokens over the time to the first chunk
+    w = workload_summary("short-json", ss)
+    assert (w["tg"]["source"], w["pp"]["source"]) == ("client", "client")
+    assert w["tg"]["median"] == pytest.approx(m.client_tg_tps(s)) and w["pp"]["median"] == pytest.approx(30 / 1.201)
+    assert (w["overhead_ms"], w["prompt_n"], w["cached_n"], w["cache_confirmed"]) == (None, None, None, None)
+    assert (w["prompt_tokens"], w["predicted_n"]) == (30, 61)
+    llama = workload_summary("short-json", run_samples([20.0, 20.0, 20.0]))
+    assert set(llama) == set(w) and set(llama["tg"]) == set(w["tg"]) and llama["tg"]["source"] == "server"

@@ -19,12 +19,14 @@ from moetune.bench.analysis.stats import MetricSamples
 def sample(chunks: list[list[float]], *, t_send: float = 10.0, t_sched: float | None = None,
            t_slot: float | None = None, t_end: float | None = None, error: str | None = None,
            usage: dict[str, Any] | None = None, timings: dict[str, Any] | None = None, c: int = 1,
-           max_tokens: int = 0, prompt_tokens: int = 16, retries: int = 0) -> dict[str, Any]:
+           max_tokens: int = 0, prompt_tokens: int | None = 16, retries: int = 0,
+           count_source: str = "") -> dict[str, Any]:
     return {"concurrency": c, "rate": None, "t_sched": t_send if t_sched is None else t_sched,
             "t_slot": t_send if t_slot is None else t_slot, "t_send": t_send,
             "t_end": (chunks[-1][0] if chunks else t_send) + 0.001 if t_end is None else t_end,
             "chunks": chunks, "error": error, "usage": usage, "timings": timings, "max_tokens": max_tokens,
-            "prompt_tokens": prompt_tokens, "retries": [[0.0, "disconnected"]] * retries}
+            "prompt_tokens": prompt_tokens, "retries": [[0.0, "disconnected"]] * retries,
+            "count_source": count_source}
 
 
 def test_one_token_per_event() -> None:
@@ -43,6 +45,35 @@ def test_a_chunk_of_several_tokens_splits_its_gap() -> None:
     assert m.itl_s == pytest.approx((0.01, 0.01, 0.01))
     assert m.output_tokens == 4
     assert m.tpot_s == pytest.approx(0.01)
+
+
+TEXT_CHUNKS = [[10.1, 1, 4, 0], [10.13, 1, 12, 0], [10.15, 1, 8, 0]]  # three chunks, counted one token each
+
+
+@pytest.mark.parametrize(("usage", "source", "itl", "known"), [
+    # usage at the end says 6 tokens in 3 chunks, none counted per chunk: ITL unknown, not guessed
+    ({"completion_tokens": 6, "prompt_tokens": 40}, "text", (), False),
+    # ... says 3: one token per chunk, as counted
+    ({"completion_tokens": 3, "prompt_tokens": 40}, "text", (0.03, 0.02), True),
+    # a running usage counted each chunk's tokens (vLLM's continuous_usage_stats)
+    ({"completion_tokens": 3, "prompt_tokens": 40}, "usage", (0.03, 0.02), True),
+])
+def test_itl_needs_tokens_per_chunk(usage: dict[str, Any], source: str, itl: tuple[float, ...], known: bool) -> None:
+    s = sample(TEXT_CHUNKS, usage=usage, count_source=source, prompt_tokens=None)
+    m = request_metrics(s)
+    assert (m.itl_s == pytest.approx(itl), m.itl_known, m.usage) == (True, known, True)
+    assert m.output_tokens == usage["completion_tokens"]
+    assert m.tpot_s == pytest.approx(0.05 / (usage["completion_tokens"] - 1))  # from usage either way
+    lv = summarize_level([s, s])
+    assert lv["itl_unknown"] == (0 if known else 2)
+    assert (lv["itl_ms"]["p50"] is None) == (not known)
+    # not counted before sending: the length is the server's, and nothing to disagree with
+    assert (lv["prompt_tokens_mean"], lv["prompt_token_mismatches"]) == (40, 0)
+
+
+def test_a_response_without_usage_counts_chunks_and_says_so() -> None:
+    lv = summarize_level([sample(TEXT_CHUNKS, count_source="text", prompt_tokens=None)])
+    assert (lv["output_tokens"], lv["no_usage"], lv["itl_unknown"], lv["prompt_tokens_mean"]) == (3, 1, 0, None)
 
 
 def test_server_itl_from_llama_server_timings() -> None:

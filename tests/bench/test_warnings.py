@@ -19,7 +19,7 @@ from moetune.bench.analysis.warnings import (
     queueing_signature,
     run_warnings,
 )
-from moetune.store.record import ServerInfo
+from moetune.store.record import Capabilities, ServerInfo
 from tests.bench.synth import run_samples, sample
 
 
@@ -208,9 +208,13 @@ def test_noise_within_the_slots_is_not_called_queueing() -> None:
 
 
 def test_run_warnings() -> None:
+    # an OpenAI-compatible server that is not llama-server: no slots, no timings, no tokenizer
     kinds = [a.code for a in run_warnings(ServerInfo(busy_slots=0), [1], 0)]
-    assert kinds == [Code.NO_SLOT_INFO]
-    assert run_warnings(ServerInfo(slots=4, busy_slots=0), [1], 0) == []
+    assert kinds == [Code.NO_SLOT_INFO, Code.NO_SERVER_TIMINGS, Code.NO_TOKENIZER]
+    assert run_warnings(ServerInfo(slots=4, busy_slots=0, caps=Capabilities.llama()), [1], 0) == []
+    no_template = Capabilities(props=True, tokenize=True, timings=True)  # a build without /apply-template
+    kinds = [a.code for a in run_warnings(ServerInfo(slots=4, busy_slots=0, caps=no_template), [1], 0)]
+    assert kinds == [Code.NO_TOKENIZER]
 
 
 def test_grouped_lists_subjects_of_a_single_stream_code_together() -> None:
@@ -224,3 +228,28 @@ def test_grouped_lists_subjects_of_a_single_stream_code_together() -> None:
 def test_stored_serving_warnings_of_the_first_release_read_back() -> None:
     w = Warning.from_json({"kind": "queueing", "message": "m", "remedy": "r"})
     assert (w.code, w.message, w.remedy) == (Code.QUEUEING, "m", "r")
+
+
+def test_another_openai_server_says_what_is_the_clients_and_what_is_missing() -> None:
+    ss = run_samples([20.0, 20.1, 19.9], cache_n=None, overhead_ms=900.0)  # overhead that timings would show
+    for s in ss:
+        s["timings"] = None
+    ws = {w.code: w for w in bench_warnings(ss)}
+    assert {Code.CLIENT_FIGURES, Code.CACHE_UNKNOWN} <= set(ws) and Code.HIGH_OVERHEAD not in ws
+    assert "--no-enable-prefix-caching" in ws[Code.CACHE_UNKNOWN].remedy
+    for s in ss:
+        s["usage"] = None  # a server that ignored include_usage: no counts, no figures
+    (figures,) = [w for w in bench_warnings(ss) if w.code == Code.CLIENT_FIGURES]
+    assert "3 without usage" in figures.detail
+    assert run_summary(ss)["tg"] is None
+
+
+def test_itl_unknown_and_missing_usage_are_said_per_level() -> None:
+    ws = level_warnings(level(1, 100, 5, 50, ok=4, itl_unknown=4, no_usage=1), slots=None, base=None,
+                        prefix_cache=False)
+    by = {w.code: w for w in ws}
+    assert "4 of 4 requests" in by[Code.ITL_UNKNOWN].message and "is null" in by[Code.ITL_UNKNOWN].message
+    assert "continuous_usage_stats" in by[Code.ITL_UNKNOWN].remedy
+    assert "1 of 4 responses carried no usage" in by[Code.NO_USAGE].message
+    assert level_warnings(level(1, 100, 5, 50, itl_unknown=0, no_usage=0), slots=None, base=None,
+                          prefix_cache=False) == []

@@ -1,8 +1,11 @@
 """What a server says about itself before a benchmark, read the same way for every kind of run.
 
-llama-server answers ``/health`` (503 while loading), ``/props`` and ``/slots``; an OpenAI-compatible
-server that is not llama-server has none of them, and that is not an error: its
-:class:`~moetune.store.record.ServerInfo` then says ``dialect="openai"`` and leaves the rest empty.
+llama-server answers ``/health`` (503 while loading), ``/props``, ``/slots``, ``/tokenize`` and
+``/apply-template``; an OpenAI-compatible server that is not llama-server (vLLM, SGLang, LM Studio,
+Ollama) has none of them, and that is not an error: its :class:`~moetune.store.record.ServerInfo`
+then says ``dialect="openai"``, names the model ``/v1/models`` lists, and its
+:class:`~moetune.store.record.Capabilities` say what is missing. :func:`probe` is the one place
+that decides them; the benchmarks ask ``info.caps``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any
 
 from moetune.bench.http.client import StreamingHttp
 from moetune.errors import MoetuneError, RuntimeFailure
-from moetune.store.record import ModelRef, ServerInfo
+from moetune.store.record import Capabilities, ModelRef, ServerInfo
 
 _NOT_STORED = ("chat_template", "default_generation_settings", "chat_template_caps")
 
@@ -23,9 +26,9 @@ def unreachable(url: str, what: str, e: object) -> RuntimeFailure:
 
 
 async def probe(http: StreamingHttp, url: str) -> ServerInfo:
-    """Check the server answers (``/health``, or ``/v1/models`` where there is no /health) and read
-    ``/props`` and ``/slots`` where they exist. Raises :class:`RuntimeFailure` when the server is
-    unreachable or still loading."""
+    """Check the server answers (``/health``, or ``/v1/models`` where there is no /health), read
+    ``/props`` and ``/slots`` where they exist, and find what it offers beyond the OpenAI API
+    (``caps``). Raises :class:`RuntimeFailure` when the server is unreachable or still loading."""
     try:
         status, _ = await http.get_json("/health")
         if status == 404:
@@ -37,12 +40,14 @@ async def probe(http: StreamingHttp, url: str) -> ServerInfo:
                              hint="wait until /health answers 200, then run again")
     if status != 200:
         raise unreachable(url, "/health", f"HTTP {status}")
-    try:
-        status, props = await http.get_json("/props")
-    except Exception:
-        status, props = 0, None
-    if status != 200 or not isinstance(props, dict):
-        return ServerInfo(url=url)
+    props = await _answer(http, "/props", None)
+    tok = await _answer(http, "/tokenize", {"content": "a", "add_special": False})
+    tmpl = await _answer(http, "/apply-template", {"messages": [{"role": "user", "content": "a"}]})
+    tokenize = isinstance(tok, dict) and isinstance(tok.get("tokens"), list)
+    apply_template = isinstance(tmpl, dict) and isinstance(tmpl.get("prompt"), str)
+    if not isinstance(props, dict):
+        return ServerInfo(url=url, model_alias=await _model_id(http),
+                          caps=Capabilities(tokenize=tokenize, apply_template=apply_template))
     gen = props.get("default_generation_settings") or {}
     n_ctx = gen.get("n_ctx", props.get("n_ctx"))
     busy = None
@@ -63,7 +68,26 @@ async def probe(http: StreamingHttp, url: str) -> ServerInfo:
     return ServerInfo(url=url, dialect="llama.cpp", build=text("build_info"), model_path=text("model_path"),
                       model_alias=text("model_alias"), slots=total if isinstance(total, int) else None,
                       n_ctx_slot=int(n_ctx) if isinstance(n_ctx, int | float) else None, busy_slots=busy,
-                      props={k: v for k, v in props.items() if k not in _NOT_STORED})
+                      props={k: v for k, v in props.items() if k not in _NOT_STORED},
+                      caps=Capabilities(props=True, tokenize=tokenize, apply_template=apply_template, timings=True))
+
+
+async def _answer(http: StreamingHttp, path: str, doc: Any) -> Any:
+    """The JSON a GET (``doc`` None) or POST of ``path`` answers with HTTP 200; None otherwise
+    (absent, refused, or not JSON): what the probe reads a capability from."""
+    try:
+        status, body = await (http.get_json(path) if doc is None else http.post_json(path, doc))
+    except Exception:
+        return None
+    return body if status == 200 else None
+
+
+async def _model_id(http: StreamingHttp) -> str | None:
+    """The first model ``/v1/models`` lists: the name requests to an OpenAI server must carry."""
+    models = await _answer(http, "/v1/models", None)
+    data = models.get("data") if isinstance(models, dict) else None
+    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    return str(first["id"]) if first.get("id") else None
 
 
 async def tokenize(http: StreamingHttp, url: str, text: str, *, add_special: bool = False) -> list[int]:

@@ -146,7 +146,9 @@ def bench_cmd(target: str, label: str | None, server_name: str | None, launch_ti
     """Single-stream PP/TG of TARGET: a running server's URL, or a plan file (launched, measured, stopped).
 
     The server's own timings are the figures (PP = prompt_n/prompt_ms, TG = predicted_n/predicted_ms);
-    the client's clock is kept beside them. Every sample is stored as it arrives. With --sweep, a plan
+    the client's clock is kept beside them. Against an OpenAI-compatible server that is not llama-server
+    (no timings), TG and PP are the client's, labelled so, with token counts from the responses' usage.
+    Every sample is stored as it arrives. With --sweep, a plan
     is measured by llama-sweep-bench (one sweep unless --repeats is given; --tg-tokens sets its TG).
     """
     from moetune.bench.single.runner import bench_target

@@ -103,7 +103,10 @@ def workloads_table(summary: dict[str, Any], conf: float = DEFAULT_CONF) -> Tabl
         t.add_column(c, justify="left" if c == "workload" else "right")
 
     def cell(s: dict[str, Any] | None) -> str:
-        return f"{fmt(s['median'])} [{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]" if s else "–"
+        if not s:
+            return "–"
+        label = " (client)" if s.get("source") == "client" else ""  # no server timings: the client's clock
+        return f"{fmt(s['median'])} [{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]{label}"
 
     def num(x: float | None, f: str = "{:.0f}") -> str:
         if x is None:
@@ -116,7 +119,8 @@ def workloads_table(summary: dict[str, Any], conf: float = DEFAULT_CONF) -> Tabl
         if d.get("cache_confirmed") is not None:
             cached += " ✓" if d["cache_confirmed"] == 1 else f" ({d['cache_confirmed'] * 100:.0f}% as expected)"
         t.add_row(w, cell(d.get("tg")), cell(d.get("pp")), str(d.get("n")),
-                  num(d["tg"]["cv"] * 100 if d.get("tg") else None, "{:.1f}%"), num(d.get("prompt_n")),
+                  num(d["tg"]["cv"] * 100 if d.get("tg") else None, "{:.1f}%"),
+                  num(d["prompt_n"] if d.get("prompt_n") is not None else d.get("prompt_tokens")),
                   num(d.get("predicted_n")), cached, num(d.get("overhead_ms"), "{:.1f}"),
                   num((d.get("client") or {}).get("tg"), "{:.1f}"))
     return t
@@ -198,7 +202,7 @@ def _bench_row(s: dict[str, Any]) -> dict[str, Any]:
             "repeat": s.get("repeat"), "t_unix_s": s.get("t_unix_s"), "prompt_n": t.get("prompt_n"),
             "prompt_s": sec(t.get("prompt_ms")), "predicted_n": t.get("predicted_n"),
             "predicted_s": sec(t.get("predicted_ms")), "cached_n": m.cached_tokens(s), "wall_s": s.get("end_s"),
-            "overhead_s": m.overhead_ms(s) / 1000.0, "pp_tokens_per_s": m.pp_tps(s), "tg_tokens_per_s": m.tg_tps(s),
+            "overhead_s": sec(m.overhead_ms(s)), "pp_tokens_per_s": m.pp_tps(s), "tg_tokens_per_s": m.tg_tps(s),
             "client_ttft_s": None if ttft is None else ttft / 1000.0, "client_tg_tokens_per_s": m.client_tg_tps(s),
             "finish_reason": s.get("finish_reason"), "reasoning_chars": s.get("reasoning_chars"),
             "content_chars": s.get("content_chars")}

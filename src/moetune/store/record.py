@@ -28,6 +28,45 @@ def _opt_str(x: Any) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a server offers beyond the OpenAI API, as the benchmark's probe found it; the one
+    answer every benchmark asks (:func:`moetune.bench.server.probe` decides it, once per server).
+
+    llama-server (and ik_llama.cpp) has them all; vLLM, SGLang, LM Studio and Ollama's OpenAI API
+    have none, and a benchmark against them measures with the client's clock and the responses'
+    ``usage`` instead, leaving what needs these null with a warning."""
+
+    props: bool = False  # /props (and /slots): slot count, context per slot, build, model file
+    tokenize: bool = False  # llama-server's /tokenize: exact prompt lengths, token-id prompts
+    apply_template: bool = False  # /apply-template: the chat template applied by the server
+    timings: bool = False  # responses carry llama.cpp's `timings` (server PP/TG, cache_n, per-token times)
+
+    @property
+    def exact_prompts(self) -> bool:
+        """Prompt lengths can be counted before sending (template, then tokenizer)."""
+        return self.tokenize and self.apply_template
+
+    @property
+    def depth(self) -> bool:
+        """Depth workloads: token-id prompts on llama-server's /completion, pinned to a slot."""
+        return self.tokenize and self.props and self.timings
+
+    def to_json(self) -> dict[str, bool]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None, dialect: str) -> Capabilities:
+        """Stored capabilities; a record written before they were stored has its dialect's."""
+        if not isinstance(d, Mapping):
+            return cls.llama() if dialect == "llama.cpp" else cls()
+        return cls(**{f.name: bool(d.get(f.name)) for f in fields(cls)})
+
+    @classmethod
+    def llama(cls) -> Capabilities:
+        return cls(props=True, tokenize=True, apply_template=True, timings=True)
+
+
+@dataclass(frozen=True, slots=True)
 class ServerInfo:
     """What a server said about itself when a benchmark began; None where it did not say."""
 
@@ -40,10 +79,11 @@ class ServerInfo:
     n_ctx_slot: int | None = None  # context per slot
     busy_slots: int | None = None  # slots processing when the benchmark started
     props: Mapping[str, Any] = field(default_factory=dict)  # /props without the template and defaults
+    caps: Capabilities = field(default_factory=Capabilities)
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: (dict(getattr(self, f.name)) if f.name == "props" else getattr(self, f.name))
-                for f in fields(self)}
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**out, "props": dict(self.props), "caps": self.caps.to_json()}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ServerInfo:
@@ -52,7 +92,8 @@ class ServerInfo:
                    build=_opt_str(d.get("build")), model_path=_opt_str(d.get("model_path")),
                    model_alias=_opt_str(d.get("model_alias")), slots=_opt_int(d.get("slots")),
                    n_ctx_slot=_opt_int(d.get("n_ctx_slot")), busy_slots=_opt_int(d.get("busy_slots")),
-                   props=dict(props) if isinstance(props, Mapping) else {})
+                   props=dict(props) if isinstance(props, Mapping) else {},
+                   caps=Capabilities.from_json(d.get("caps"), str(d.get("dialect") or "openai")))
 
 
 @dataclass(frozen=True, slots=True)

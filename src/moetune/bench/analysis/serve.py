@@ -8,7 +8,9 @@ Definitions, per request (times from the moment the request was sent):
   carries (a chunk of 3 tokens after 30 ms gives three 10 ms ITLs). Event times are the
   kernel's receive times; events that queued up while the client was not reading come out of
   one read with the latest one's time, and are spread over the interval they arrived in
-  (:func:`event_times`);
+  (:func:`event_times`). A server that neither counts tokens per event (llama-server's
+  ``timings``, a running ``usage``) nor sends one token per event (its final ``usage`` says more
+  tokens than events) leaves a request's ITL unknown (``itl_unknown``), never guessed;
 - TPOT: (last token event - first token event) / (output tokens - 1);
 - server ITL: the same gaps by the server's clock (``timings.predicted_ms`` of each event, from
   llama-server with ``timings_per_token``): what decoding took, without the HTTP and network path;
@@ -53,16 +55,23 @@ class RequestMetrics:
     tpot_s: float | None
     output_tokens: int
     reasoning_tokens: int
-    prompt_tokens: int
+    prompt_tokens: int | None  # counted before sending (None: the server has no tokenizer endpoint)
     server_prompt_tokens: int | None
     cached_tokens: int
     server_wait_s: float | None
     retries: int
     max_tokens: int
+    itl_known: bool = True  # tokens per event known (counted by the server, or one each as usage confirms)
+    usage: bool = True  # the response carried usage.completion_tokens (else tokens are counted per event)
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def input_tokens(self) -> int | None:
+        """The prompt's length: as counted before sending, else as the server reported it."""
+        return self.prompt_tokens if self.prompt_tokens is not None else self.server_prompt_tokens
 
 
 def _num(x: Any) -> float | None:
@@ -109,18 +118,21 @@ def request_metrics(s: dict[str, Any]) -> RequestMetrics:
     first = times[0] if times else (chunks[0][0] if chunks else None)
     ttft = first - t_send if first is not None and t_send is not None else None
     ttfc = next((c[0] - t_send for c in chunks if c[2] > 0), None) if t_send is not None else None
+    counted = sum(int(c[1]) for c in tok)
+    usage = s.get("usage") or {}
+    reported = usage.get("completion_tokens")
+    itl_known = s.get("count_source") in ("timings", "usage") or not isinstance(reported, int) or reported == counted
     itl: list[float] = []
     for (a, b), c in zip(itertools.pairwise(times), tok[1:], strict=True):
         itl.extend([(b - a) / int(c[1])] * int(c[1]))
+    if not itl_known:
+        itl = []
     server_itl: list[float] = []
     for prev, cur in itertools.pairwise(tok):
         ms0, ms1 = (_num(prev[4]), _num(cur[4])) if len(prev) > 4 and len(cur) > 4 else (None, None)
         if ms0 is not None and ms1 is not None:
             server_itl.extend([(ms1 - ms0) / 1000 / int(cur[1])] * int(cur[1]))
-    counted = sum(int(c[1]) for c in tok)
     reasoning = sum(int(c[1]) for c in tok if c[3] > 0 and c[2] == 0)
-    usage = s.get("usage") or {}
-    reported = usage.get("completion_tokens")
     out_tokens: int = reported if isinstance(reported, int) else counted
     tpot = (times[-1] - times[0]) / (out_tokens - 1) if len(times) > 1 and out_tokens > 1 else None
     timings = s.get("timings") or {}
@@ -135,10 +147,10 @@ def request_metrics(s: dict[str, Any]) -> RequestMetrics:
         latency_s=t_end - t_sched if t_end is not None and t_sched is not None else None,
         slot_wait_s=t_slot - t_sched if t_slot is not None and t_sched is not None else None,
         itl_s=tuple(itl), server_itl_s=tuple(server_itl), tpot_s=tpot, output_tokens=out_tokens, reasoning_tokens=reasoning,
-        prompt_tokens=int(s.get("prompt_tokens") or 0),
+        prompt_tokens=s["prompt_tokens"] if isinstance(s.get("prompt_tokens"), int) else None,
         server_prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
         cached_tokens=cached, server_wait_s=server_wait, retries=len(s.get("retries") or []),
-        max_tokens=int(s.get("max_tokens") or 0))
+        max_tokens=int(s.get("max_tokens") or 0), itl_known=itl_known, usage=isinstance(reported, int))
 
 
 def percentiles_ms(values_s: Iterable[float | None]) -> dict[str, float | None]:
@@ -188,6 +200,7 @@ def summarize_level(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out_tokens = sum(m.output_tokens for m in ok)
     first = samples[0] if samples else {}
     open_loop = bool(first.get("rate"))
+    inputs = [n for m in ms if (n := m.input_tokens) is not None]
     return {
         "concurrency": int(first.get("concurrency") or 0),
         "rate": first.get("rate"),
@@ -211,8 +224,11 @@ def summarize_level(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "offered_request_s": _rate(starts) if open_loop else None,
         "completed_request_s": _rate(e for e, m in zip(ends, ms, strict=True) if m.ok) if open_loop else None,
         "slowest": slowest(samples, ms),
-        "prompt_tokens_mean": round(sum(m.prompt_tokens for m in ms) / len(ms), 1) if ms else None,
-        "prompt_token_mismatches": sum(1 for m in ok if m.server_prompt_tokens not in (None, m.prompt_tokens)),
+        "prompt_tokens_mean": round(sum(inputs) / len(inputs), 1) if inputs else None,
+        "prompt_token_mismatches": sum(1 for m in ok if m.prompt_tokens is not None
+                                       and m.server_prompt_tokens not in (None, m.prompt_tokens)),
+        "itl_unknown": sum(1 for m in ok if not m.itl_known),
+        "no_usage": sum(1 for m in ok if not m.usage),
         "cached_tokens": sum(m.cached_tokens for m in ok),
         "short_outputs": sum(1 for m in ok if m.max_tokens and m.output_tokens < m.max_tokens),
         "retries": sum(m.retries for m in ms),

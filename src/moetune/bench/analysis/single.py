@@ -9,6 +9,12 @@ server's two timers.
 Cached prompt tokens: ``timings.cache_n`` where the server reports it (llama.cpp); otherwise
 (ik_llama.cpp has no ``cache_n``) the prompt's token count less ``prompt_n``, from
 ``usage.prompt_tokens`` or ``tokens_evaluated``.
+
+A server that is not llama-server (vLLM, SGLang, LM Studio, Ollama) sends no ``timings``: its
+samples have no server figures (``pp_tps``, ``tg_tps``, ``overhead_ms`` are None) and the run's
+TG and PP are the client's, labelled ``source: client`` (:func:`source`): TG = (output tokens - 1)
+over the first-to-last chunk interval, PP = prompt tokens over the time to the first chunk, with
+the token counts from the response's ``usage``.
 """
 
 from __future__ import annotations
@@ -50,8 +56,20 @@ def wall_ms(s: dict[str, Any]) -> float:
     return float(s["end_s"]) * 1000.0
 
 
-def overhead_ms(s: dict[str, Any]) -> float:
-    return wall_ms(s) - server_ms(s)
+def overhead_ms(s: dict[str, Any]) -> float | None:
+    """Wall time outside the server's two timers; None without them (not llama-server)."""
+    return wall_ms(s) - server_ms(s) if timings(s) else None
+
+
+def source(ss: list[dict[str, Any]]) -> str:
+    """Where a workload's TG and PP come from: ``server`` (llama.cpp's timings) or ``client``."""
+    return "server" if any(timings(s) for s in ss) else "client"
+
+
+def output_tokens(s: dict[str, Any]) -> int | None:
+    """Tokens generated: the server's ``predicted_n``, else the response's ``usage.completion_tokens``."""
+    n = timings(s).get("predicted_n", (s.get("usage") or {}).get("completion_tokens"))
+    return int(n) if isinstance(n, int | float) else None
 
 
 def client_ttft_ms(s: dict[str, Any]) -> float | None:
@@ -62,10 +80,20 @@ def client_ttft_ms(s: dict[str, Any]) -> float | None:
 def client_tg_tps(s: dict[str, Any]) -> float | None:
     """Decode rate seen by the client: tokens after the first over the first-to-last chunk interval."""
     chunks = sorted([*(s.get("content_chunk_s") or []), *(s.get("reasoning_chunk_s") or [])])
-    n = timings(s).get("predicted_n")
+    n = output_tokens(s)
     if len(chunks) < 2 or not n or n < 2 or chunks[-1] <= chunks[0]:
         return None
     return (float(n) - 1.0) / (float(chunks[-1]) - float(chunks[0]))
+
+
+def client_pp_tps(s: dict[str, Any]) -> float | None:
+    """Prompt rate seen by the client: prompt tokens processed (less those the server says it had
+    cached) over the time to the first chunk, which also holds the HTTP exchange, any queueing and
+    the first token's sampling."""
+    total, ttft = prompt_tokens(s), client_ttft_ms(s)
+    if not total or not ttft or ttft <= 0:
+        return None
+    return float(total - (cached_tokens(s) or 0)) / ttft * 1000.0
 
 
 def prompt_tokens(s: dict[str, Any]) -> int | None:
@@ -123,12 +151,14 @@ def by_workload(samples: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
 
 
 def bench_metrics(samples: list[dict[str, Any]]) -> dict[str, MetricSamples]:
-    """The "bench" kind's extractor: ``tg:WORKLOAD`` and ``pp:WORKLOAD`` in tokens/s."""
+    """The "bench" kind's extractor: ``tg:WORKLOAD`` and ``pp:WORKLOAD`` in tokens/s, by the
+    server's timings, or by the client's clock where the server has none (:func:`source`)."""
     out: dict[str, MetricSamples] = {}
     for w, ss in by_workload(samples).items():
         depth = ss[0].get("depth")
         x = float(depth) if depth is not None else None
-        for fam, fn in ((TG, tg_tps), (PP, pp_tps)):
+        server = source(ss) == "server"
+        for fam, fn in ((TG, tg_tps if server else client_tg_tps), (PP, pp_tps if server else client_pp_tps)):
             vals = tuple(v for v in (fn(s) for s in ss) if v is not None)
             if vals:
                 out[f"{fam}:{w}"] = MetricSamples(vals, True, "tokens/s", fam, x, DEPTH_AXIS if x is not None else None)

@@ -45,6 +45,7 @@ class Code(StrEnum):
     THINKING_DOMINATES = "thinking_dominates"
     SHORT_OUTPUT = "short_output"
     HIGH_OVERHEAD = "high_overhead"
+    CLIENT_FIGURES = "client_figures"
     # serving runs: a load level, or the server as the run found it
     QUEUEING = "queueing"
     CLIENT_QUEUE = "client_queue"
@@ -55,6 +56,10 @@ class Code(StrEnum):
     PROMPT_MISMATCH = "prompt_mismatch"
     SERVER_BUSY = "server_busy"
     NO_SLOT_INFO = "no_slot_info"
+    NO_SERVER_TIMINGS = "no_server_timings"
+    NO_TOKENIZER = "no_tokenizer"
+    ITL_UNKNOWN = "itl_unknown"
+    NO_USAGE = "no_usage"
     SKIPPED = "skipped_prompts"
 
 
@@ -72,7 +77,11 @@ TEXT: dict[Code, tuple[str, str]] = {
                       "free slot 0 (other clients evict it), or run the server with --parallel 1 and a context of "
                       "at least depth + pp + tg tokens"),
     Code.CACHE_UNKNOWN: ("the server reports no cached-token count, so the cache state is unconfirmed",
-                         "use a llama.cpp build whose timings carry cache_n, or check prompt_n by hand"),
+                         "against llama-server: use a build whose timings carry cache_n, or check prompt_n by hand; "
+                         "a server that is not llama-server ignores cache_prompt=false and may serve repeats from "
+                         "its prefix cache, overstating PP: turn that cache off (vLLM --no-enable-prefix-caching, "
+                         "SGLang --disable-radix-cache) or have it report usage.prompt_tokens_details.cached_tokens "
+                         "(vLLM --enable-prompt-tokens-details)"),
     Code.THINKING_DOMINATES: ("thinking tokens dominate the output: the answer took a fraction of the time",
                               "compare thinking-on runs only with thinking-on runs; turn it off with --thinking off "
                               "where the answer is what matters"),
@@ -80,12 +89,18 @@ TEXT: dict[Code, tuple[str, str]] = {
                         "use --ignore-eos --max-tokens N for exact output lengths"),
     Code.HIGH_OVERHEAD: ("the client's overhead is a large share of each request, so client-side figures differ "
                          "from the server's", "trust the server's timings (the primary figures); use longer outputs"),
+    Code.CLIENT_FIGURES: ("the server sends no llama.cpp timings, so TG and PP are the client's figures (source: "
+                          "client): TG from the chunks' arrival times and usage.completion_tokens, PP from "
+                          "usage.prompt_tokens over the time to the first chunk (HTTP, queueing and the first token "
+                          "included); overhead_ms is null",
+                          "compare them only with runs measured the same way; for the server's own PP/TG, "
+                          "benchmark llama-server"),
 }
 NOTES = frozenset({Code.RETRIES})  # told, but not warnings: they change no figure
-# the findings that make a comparison's verdicts less trustworthy: noise, and a cache state other
-# than the one the benchmark asked for
+# the findings that make a comparison's verdicts less trustworthy: noise, a cache state other
+# than the one the benchmark asked for, and figures by the client's clock (not the server's)
 NOISE = frozenset({Code.NOISY, Code.OUTLIERS, Code.FIRST_RUN_SLOWER, Code.FEW_SAMPLES, Code.CACHE_HIT,
-                   Code.CACHE_MISS})
+                   Code.CACHE_MISS, Code.CLIENT_FIGURES})
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,13 +191,19 @@ def _workload_warnings(w: str, ss: list[dict[str, Any]]) -> list[Warning]:
     if thinking and median(thinking) > THINKING_SHARE:
         out.append(Warning.of(Code.THINKING_DOMINATES, w, f"{median(thinking) * 100:.0f}% of streamed chunks"))
     if not ss[0].get("ignore_eos"):
-        n = [int(m.timings(s).get("predicted_n") or 0) for s in ss]
+        n = [x for s in ss if (x := m.output_tokens(s)) is not None]
         if n and median(n) < SHORT_OUTPUT_TOKENS:
             out.append(Warning.of(Code.SHORT_OUTPUT, w, f"{median(n):.0f} tokens on median"))
-    shares = [m.overhead_ms(s) / m.wall_ms(s) for s in ss if m.wall_ms(s) > 0]
+    over = [(o, m.wall_ms(s)) for s in ss if (o := m.overhead_ms(s)) is not None and m.wall_ms(s) > 0]
+    shares = [o / wall for o, wall in over]
     if shares and median(shares) > OVERHEAD_SHARE:
         out.append(Warning.of(Code.HIGH_OVERHEAD, w, f"{median(shares) * 100:.0f}% of the wall time, "
-                                f"{median([m.overhead_ms(s) for s in ss]):.1f} ms"))
+                                f"{median([o for o, _ in over]):.1f} ms"))
+    if m.source(ss) == "client":
+        counted = sum(1 for s in ss if m.output_tokens(s) is not None and m.prompt_tokens(s) is not None)
+        out.append(Warning.of(Code.CLIENT_FIGURES, w, f"{len(ss)} requests" + (
+            "" if counted == len(ss) else f"; {len(ss) - counted} without usage, whose token counts are unknown "
+                                          "and figures null: the server ignored stream_options.include_usage")))
     return out
 
 
@@ -277,6 +298,20 @@ def level_warnings(level: dict[str, Any], *, slots: int | None, base: dict[str, 
         out.append(Warning(Code.SHORT_OUTPUT, f"c={c}: {level['short_outputs']} request(s) produced fewer tokens than "
                                         "asked (a full slot context or a stop)",
                           "check prompt + output fits the per-slot context"))
+    ok = level.get("ok", level["requests"])
+    if level.get("itl_unknown"):
+        n = level["itl_unknown"]
+        out.append(Warning(Code.ITL_UNKNOWN, f"c={c}: ITL is unknown for {n} of {ok} requests: the server streamed "
+                                             "more tokens than chunks without saying how many each chunk carried, so "
+                                             "itl_ms leaves them out" + (" and is null" if n == ok else "")
+                           + "; tpot_ms (from usage.completion_tokens) is their per-token figure",
+                           "use a server that counts tokens per chunk: vLLM and SGLang honour "
+                           "stream_options.continuous_usage_stats (serve-bench asks for it), llama-server sends "
+                           "timings per token"))
+    if level.get("no_usage"):
+        out.append(Warning(Code.NO_USAGE, f"c={c}: {level['no_usage']} of {ok} responses carried no usage, so their "
+                                          "output tokens are counted as one per streamed chunk (an assumption)",
+                           "use a server that honours stream_options.include_usage, or check the output lengths"))
     if level.get("prompt_token_mismatches"):
         out.append(Warning(Code.PROMPT_MISMATCH, f"c={c}: for {level['prompt_token_mismatches']} request(s) the server "
                                            "counted a different prompt length than /tokenize gave",
@@ -368,6 +403,21 @@ def run_warnings(server: ServerInfo, concurrency: list[int], skipped_overlong: i
         out.append(Warning(Code.NO_SLOT_INFO, "the server does not report its slots (/props): queueing can only be "
                                         "recognised from the numbers",
                           "run against llama-server, or compare levels with the same slot count"))
+    if not server.caps.timings:
+        out.append(Warning(Code.NO_SERVER_TIMINGS, "the server sends no llama.cpp timings: server_itl_ms and "
+                                                   "server_wait_ms are null (queueing in the server cannot be told "
+                                                   "from its prompt processing), and TTFT, ITL and TPOT are the "
+                                                   "client's clock only",
+                           "compare these runs with runs against the same kind of server; llama-server gives the "
+                           "server's side too"))
+    if not server.caps.exact_prompts:
+        out.append(Warning(Code.NO_TOKENIZER, "the server has no /tokenize and /apply-template: prompts are not "
+                                              "counted before sending (synthetic ones are fitted to --input-len on "
+                                              "one probe prompt, by the usage.prompt_tokens of requests for one "
+                                              "token), and each request's length is the server's usage.prompt_tokens "
+                                              "(prompt_tokens_mean)",
+                           "read prompt_tokens_mean for the lengths sent; for lengths counted before sending, "
+                           "benchmark llama-server"))
     busy = server.busy_slots
     if busy:
         out.append(Warning(Code.SERVER_BUSY, f"{busy} server slot(s) were busy when the benchmark started: another "

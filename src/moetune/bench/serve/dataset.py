@@ -11,6 +11,14 @@ character is never split. Each prompt starts with a tag unique to the run and th
 server's prefix cache cannot serve one request from another's prompt (the request also sets
 ``cache_prompt: false``); ``--prefix-cache`` turns both off.
 
+A server without ``/tokenize`` and ``/apply-template`` (vLLM, SGLang, LM Studio, Ollama) counts
+through its own answers instead (:class:`UsageTokenCounter`: ``usage.prompt_tokens`` of a request
+for one token). Such a count is a request, and on a server whose prefix cache ignores
+``cache_prompt: false`` it would also put the prompt in that cache, so only one probe prompt is
+fitted (:func:`probed_prompts`), behind a tag of the same shape as the requests' own but never
+sent again; the prompts the benchmark sends are not counted beforehand (``prompt_tokens`` None),
+and their lengths are the server's ``usage.prompt_tokens`` of each request.
+
 ShareGPT files (a JSON list, or JSON lines, of ``{"conversations": [{"from": "human", "value":
 ...}, {"from": "gpt", "value": ...}]}``) give real prompts: the first human turn is the prompt,
 the first reply after it sets the output length unless ``--output-len`` is given.
@@ -27,6 +35,7 @@ from typing import Any, Protocol
 
 from moetune.bench.http.client import StreamingHttp
 from moetune.bench.serve.load import Prompt
+from moetune.bench.serve.request import CHAT_PATH
 from moetune.errors import InputError, RuntimeFailure
 
 # filler words; a few are multi-byte in UTF-8, so the fitting is exercised on them too
@@ -86,14 +95,48 @@ class ServerTokenCounter:
         return len(toks)
 
 
+class UsageTokenCounter:
+    """Counts through the server's answer to a chat request for one token (not streamed): its
+    ``usage.prompt_tokens`` is the templated prompt's length, for servers without ``/tokenize``."""
+
+    def __init__(self, http: StreamingHttp, model: str, thinking: bool | None = None) -> None:
+        self.http, self.model, self.thinking = http, model, thinking
+        self.calls = 0
+
+    async def chat_tokens(self, content: str) -> int:
+        req: dict[str, Any] = {"model": self.model, "messages": [{"role": "user", "content": content}],
+                               "max_tokens": 1, "stream": False}
+        if self.thinking is not None:
+            req["chat_template_kwargs"] = {"enable_thinking": self.thinking}
+        self.calls += 1
+        status, body = await self.http.post_json(CHAT_PATH, req)
+        usage = body.get("usage") if isinstance(body, dict) else None
+        n = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        if status != 200 or not isinstance(n, int):
+            raise RuntimeFailure(f"{CHAT_PATH} answered HTTP {status} without usage.prompt_tokens: {str(body)[:200]}",
+                                 hint="serve-bench sizes prompts by the server's own count: without /tokenize it "
+                                      "needs usage in chat responses (every OpenAI-compatible server sends it; check "
+                                      "--model and the server's log)")
+        return n
+
+    async def text_tokens(self, text: str) -> int:
+        raise uncountable_replies()
+
+
+def uncountable_replies() -> InputError:
+    return InputError("this server has no /tokenize, so the dataset's replies cannot be counted to set each "
+                      "request's output length", hint="give --output-len N")
+
+
 def filler_text(seed: int, n_words: int) -> str:
     rng = random.Random(seed)
     return " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
-def request_tag(run_tag: str, i: int) -> str:
-    """A short prefix unique to the run and the request (a few tokens)."""
-    return f"{run_tag}.{i} "
+def request_tag(run_tag: str, i: int, width: int = 0) -> str:
+    """A short prefix unique to the run and the request (a few tokens); ``width`` pads the index
+    with zeros, so that every tag of a run has the same shape (:func:`probed_prompts`)."""
+    return f"{run_tag}.{i:0{width}d} "
 
 
 async def fit_content(counter: TokenCounter, prefix: str, filler: str, target: int, start: int,
@@ -142,12 +185,17 @@ async def fit_content(counter: TokenCounter, prefix: str, filler: str, target: i
     return prefix + filler[:best], await count(best)
 
 
-async def synthetic_prompts(counter: TokenCounter, n: int, input_len: int, output_len: int, *, seed: int,
-                            run_tag: str, unique: bool) -> list[Prompt]:
-    """``n`` prompts of exactly ``input_len`` tokens (templated) asking for ``output_len`` tokens."""
+async def _filler(counter: TokenCounter, input_len: int, seed: int) -> str:
     filler = filler_text(seed, max(64, input_len * 2))
     while await counter.chat_tokens(filler) < input_len:
         filler = filler + " " + filler_text(seed + len(filler), max(64, input_len))
+    return filler
+
+
+async def synthetic_prompts(counter: TokenCounter, n: int, input_len: int, output_len: int, *, seed: int,
+                            run_tag: str, unique: bool) -> list[Prompt]:
+    """``n`` prompts of exactly ``input_len`` tokens (templated) asking for ``output_len`` tokens."""
+    filler = await _filler(counter, input_len, seed)
     out: list[Prompt] = []
     start = len(filler) // 2
     per_char: float | None = None
@@ -159,6 +207,22 @@ async def synthetic_prompts(counter: TokenCounter, n: int, input_len: int, outpu
         start = len(text) - len(prefix)
         out.append(Prompt(text, count, output_len))
     return out if unique else out * n
+
+
+async def probed_prompts(counter: TokenCounter, n: int, input_len: int, output_len: int, *, seed: int,
+                         run_tag: str, unique: bool) -> list[Prompt]:
+    """``n`` prompts of about ``input_len`` tokens for a server that counts only by answering: one
+    probe prompt is fitted exactly, behind the tag with index ``n`` (which no request carries),
+    and every request gets the same text behind its own tag of the same shape. Their lengths are
+    not counted before sending (``prompt_tokens`` None): the server's ``usage`` says them."""
+    filler = await _filler(counter, input_len, seed)
+    width = len(str(n))
+    probe_tag = request_tag(run_tag, n, width) if unique else ""
+    text, count = await fit_content(counter, probe_tag, filler, input_len, len(filler) // 2)
+    body = text[len(probe_tag):]
+    if not unique:  # the same prompt for every request: the one counted
+        return [Prompt(body, count, output_len)] * n
+    return [Prompt(request_tag(run_tag, i, width) + body, None, output_len) for i in range(n)]
 
 
 def load_sharegpt(path: Path) -> list[tuple[str, str | None]]:
@@ -211,11 +275,15 @@ class DatasetPick:
     skipped_no_reply: int  # no reply to take the output length from
 
 
-async def dataset_prompts(counter: TokenCounter, pairs: Sequence[tuple[str, str | None]], n: int, *,
+async def dataset_prompts(counter: TokenCounter | None, pairs: Sequence[tuple[str, str | None]], n: int, *,
                           output_len: int | None, n_ctx_slot: int | None, seed: int, run_tag: str,
                           unique: bool) -> DatasetPick:
     """``n`` prompts drawn from ``pairs`` (shuffled by ``seed``; reused with new tags when the
-    dataset is smaller than ``n``), skipping those that do not fit a slot's context."""
+    dataset is smaller than ``n``), skipping those that do not fit a slot's context. Without a
+    ``counter`` (a server with no /tokenize) prompts are not counted, nor skipped, and
+    ``output_len`` is needed."""
+    if counter is None and output_len is None:
+        raise uncountable_replies()
     order = list(range(len(pairs)))
     random.Random(seed).shuffle(order)
     out: list[Prompt] = []
@@ -232,13 +300,13 @@ async def dataset_prompts(counter: TokenCounter, pairs: Sequence[tuple[str, str 
             break
         if output_len is not None:
             m = output_len
-        elif reply:
+        elif reply and counter is not None:
             m = max(1, await counter.text_tokens(reply))
         else:
             no_reply += first_pass
             continue
-        p = await counter.chat_tokens(tag + content)
-        if n_ctx_slot is not None and p + m > n_ctx_slot:
+        p = None if counter is None else await counter.chat_tokens(tag + content)
+        if p is not None and n_ctx_slot is not None and p + m > n_ctx_slot:
             overlong += first_pass
             continue
         out.append(Prompt(tag + content, p, m))

@@ -30,7 +30,7 @@ ARRIVALS = ("poisson", "constant")
 @dataclass(frozen=True, slots=True)
 class Prompt:
     content: str  # the user message
-    prompt_tokens: int  # the templated prompt's length in the server's tokens
+    prompt_tokens: int | None  # the templated prompt's length in the server's tokens; None: not counted before
     max_tokens: int
 
     def messages(self) -> list[dict[str, str]]:
@@ -59,7 +59,9 @@ class RequestOptions:
 def request_body(p: Prompt, o: RequestOptions) -> bytes:
     doc: dict[str, Any] = {
         "model": o.model, "messages": p.messages(), "stream": True, "max_tokens": p.max_tokens,
-        "stream_options": {"include_usage": True}, "timings_per_token": True,
+        # usage in every chunk where the server can (vLLM, SGLang): tokens per chunk, as timings_per_token
+        # gives them on llama-server; usage at the end at least everywhere else
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "timings_per_token": True,
         "cache_prompt": o.cache_prompt, "ignore_eos": o.ignore_eos,
     }
     if o.thinking is not None:

@@ -6,8 +6,9 @@ plus the status and any error. TTFT, ITL and the rest are derived later from the
 (:mod:`moetune.bench.analysis.serve`), so a stored run can be re-read with other definitions.
 
 Tokens per event come from the server's own counters when it gives them (llama-server's
-``timings.predicted_n`` with ``timings_per_token``, or a running ``usage.completion_tokens``);
-otherwise an event with text counts as one token. A request that dies before the server answers
+``timings.predicted_n`` with ``timings_per_token``, or a running ``usage.completion_tokens``, as
+vLLM and SGLang send with ``stream_options.continuous_usage_stats``); otherwise an event with text
+counts as one token, and the final ``usage`` says whether that held. A request that dies before the server answers
 (a keep-alive connection the server had closed) is sent again on a new connection, up to
 ``max_retries`` times, and each retry is recorded; any other failure, and any HTTP error, is kept
 as the sample's ``error``, never dropped.
@@ -35,7 +36,8 @@ class RequestRecord:
     index: int
     concurrency: int
     rate: float | None
-    prompt_tokens: int  # counted through the server's template and tokenizer before sending
+    prompt_tokens: int | None  # counted through the server's template and tokenizer before sending; None:
+    # the server has none (its usage.prompt_tokens says the length)
     max_tokens: int
     t_sched: float  # when it was due: its arrival time, or when a closed-loop worker took it
     t_slot: float = math.nan  # when a client slot was free

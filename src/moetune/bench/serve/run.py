@@ -26,8 +26,11 @@ from moetune.bench.http.client import StreamingHttp, connect
 from moetune.bench.http.clock import run as run_loop
 from moetune.bench.serve.dataset import (
     ServerTokenCounter,
+    TokenCounter,
+    UsageTokenCounter,
     dataset_prompts,
     load_sharegpt,
+    probed_prompts,
     synthetic_prompts,
 )
 from moetune.bench.serve.load import LoadSpec, Prompt, RequestOptions, run_level
@@ -124,14 +127,25 @@ def check_context(spec: ServeBenchSpec, info: ServerInfo) -> None:
             hint=f"lower them, or restart llama-server with --parallel {slots} -c {slots * need} or more")
 
 
-async def _prompts(spec: ServeBenchSpec, counter: ServerTokenCounter, info: ServerInfo, n: int,
+def token_counter(http: StreamingHttp, info: ServerInfo, model: str, thinking: bool | None
+                  ) -> ServerTokenCounter | UsageTokenCounter:
+    """llama-server's template and tokenizer where the server has them, else its answers' usage."""
+    if info.caps.exact_prompts:
+        return ServerTokenCounter(http, thinking)
+    return UsageTokenCounter(http, model, thinking)
+
+
+async def _prompts(spec: ServeBenchSpec, counter: TokenCounter, info: ServerInfo, n: int,
                    run_tag: str) -> tuple[list[Prompt], int]:
     unique = not spec.prefix_cache
+    exact = info.caps.exact_prompts
     if spec.dataset is None:
-        return await synthetic_prompts(counter, n, spec.input_len, spec.output_len or 64, seed=spec.seed,
-                                       run_tag=run_tag, unique=unique), 0
-    pick = await dataset_prompts(counter, load_sharegpt(spec.dataset), n, output_len=spec.output_len,
-                                 n_ctx_slot=info.n_ctx_slot, seed=spec.seed, run_tag=run_tag, unique=unique)
+        fit = synthetic_prompts if exact else probed_prompts
+        return await fit(counter, n, spec.input_len, spec.output_len or 64, seed=spec.seed,
+                         run_tag=run_tag, unique=unique), 0
+    pick = await dataset_prompts(counter if exact else None, load_sharegpt(spec.dataset), n,
+                                 output_len=spec.output_len, n_ctx_slot=info.n_ctx_slot, seed=spec.seed,
+                                 run_tag=run_tag, unique=unique)
     return pick.prompts, pick.skipped_overlong
 
 
@@ -162,13 +176,17 @@ class _Run:
 async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, source: ServerSource, db: ResultsDB,
                  log: Callable[[str], None]) -> _Run:
     model = spec.model or await _model_name(http)
-    counter = ServerTokenCounter(http, spec.thinking)
+    counter = token_counter(http, info, model, spec.thinking)
     run_tag = os.urandom(2).hex()
     pools = [spec.prompt_pool(c) for c in spec.concurrency]
     t = time.monotonic()
     prompts, skipped = await _prompts(spec, counter, info, spec.warmup + sum(pools), run_tag)
-    log(f"prepared {len(prompts)} prompts with exact token counts ({counter.calls} tokenizer calls, "
-        f"{time.monotonic() - t:.1f} s)")
+    if info.caps.exact_prompts:
+        log(f"prepared {len(prompts)} prompts with exact token counts ({counter.calls} tokenizer calls, "
+            f"{time.monotonic() - t:.1f} s)")
+    else:
+        log(f"prepared {len(prompts)} prompts; the server has no /tokenize, so their lengths are its usage."
+            f"prompt_tokens ({counter.calls} probe requests, {time.monotonic() - t:.1f} s)")
     advice = run_warnings(info, list(spec.concurrency), skipped)
     workload = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()
                 if k not in ("url", "label")}

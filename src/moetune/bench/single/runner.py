@@ -93,6 +93,15 @@ def _expected(launch: Launch | None, workloads: list[Workload]) -> dict[str, Any
 
 
 def _check_depths(info: ServerInfo, workloads: list[Workload]) -> None:
+    depths = [w.name for w in workloads if w.kind != CHAT]
+    if depths and not info.caps.depth:
+        missing = [e for e, ok in (("/props", info.caps.props), ("/tokenize", info.caps.tokenize),
+                                   ("timings", info.caps.timings)) if not ok]
+        raise InputError(f"depth workloads ({', '.join(depths)}) need llama-server: token-id prompts on /completion "
+                         f"pinned to a slot, and the cache confirmed by its timings; {info.url} has no "
+                         f"{', '.join(missing)} (an OpenAI-compatible server that is not llama-server)",
+                         hint="drop --depth (chat workloads work against any OpenAI-compatible server), or point "
+                              "bench at a llama-server")
     for w in workloads:
         if w.kind == CHAT or info.n_ctx_slot is None:
             continue
@@ -105,8 +114,9 @@ def _check_depths(info: ServerInfo, workloads: list[Workload]) -> None:
 
 class _Session:
     def __init__(self, db: ResultsDB, run_id: int, url: str, http: StreamingHttp, options: BenchOptions,
-                 progress: Progress | None, total: int) -> None:
+                 progress: Progress | None, total: int, model: str | None) -> None:
         self.db, self.run_id, self.url, self.http, self.opt = db, run_id, url, http, options
+        self.model = model
         self.progress, self.total, self.done = progress, total, 0
         self._filler: list[int] | None = None
 
@@ -125,7 +135,7 @@ class _Session:
     async def chat(self, w: Workload) -> None:
         for i in range(self.opt.warmup + self.opt.repeats):
             phase = "warmup" if i < self.opt.warmup else "measure"
-            body = chat_body(w, cache_prompt=not self.opt.cache_bust)
+            body = chat_body(w, cache_prompt=not self.opt.cache_bust, model=self.model)
             raw = await self._stream("/v1/chat/completions", body)
             sample = {**self._base(w, i - self.opt.warmup if phase == "measure" else i),
                       "expect_cached": 0 if self.opt.cache_bust else None, **raw}
@@ -177,7 +187,8 @@ async def _bench(db: ResultsDB, url: str, workloads: list[Workload], options: Be
         run_id = db.create_run(meta, label=label or default_label(info), target=target or url, sweep_id=sweep_id)
         if on_start:
             on_start(run_id)
-        s = _Session(db, run_id, url, http, options, progress, len(workloads) * (options.warmup + options.repeats))
+        s = _Session(db, run_id, url, http, options, progress, len(workloads) * (options.warmup + options.repeats),
+                     info.model_alias)
         if progress:
             progress("starting", 0, s.total)
         try:

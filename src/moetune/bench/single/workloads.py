@@ -145,10 +145,14 @@ def expand(names: list[str], prompt_files: list[Path], *, thinking: str | None =
     return out
 
 
-def chat_body(w: Workload, *, cache_prompt: bool) -> dict[str, Any]:
-    """The /v1/chat/completions request for a chat workload (streamed, usage included)."""
+def chat_body(w: Workload, *, cache_prompt: bool, model: str | None = None) -> dict[str, Any]:
+    """The /v1/chat/completions request for a chat workload (streamed, usage included: the token
+    counts of servers without llama.cpp's ``timings``). ``model``: the name the server lists
+    (OpenAI servers other than llama-server refuse a request without it, or with another)."""
     body: dict[str, Any] = {"messages": list(w.messages), "max_tokens": w.max_tokens, **w.sampling, **w.extra,
                             "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": cache_prompt}
+    if model is not None:
+        body = {"model": model, **body}
     if w.ignore_eos:
         body["ignore_eos"] = True
         body["n_predict"] = w.max_tokens
