@@ -117,3 +117,37 @@ def test_a_real_http_400_is_recorded(four_slots: Server) -> None:
     assert rec.status == 400
     assert rec.error == "http_400:exceed_context_size_error"
     assert rec.detail and "context" in rec.detail
+
+
+def test_a_server_killed_mid_level_stops_the_run_with_what_was_measured(bin_dir: Path, model: Path,
+                                                                         tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "r.db"
+    with llama_server(bin_dir, model, tmp_path / "s.log", "-nr", "--parallel", "4", "-c", "2048") as s:
+        proc = subprocess.Popen([sys.executable, "-m", "moetune", "serve-bench", s.url, "-C", "4", "--requests", "400",
+                                 "--input-len", "64", "--output-len", "32", "--warmup", "0", "--db", str(db), "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # a few requests measured, then the server dies
+            time.sleep(0.5)
+            if db.exists():
+                with ResultsDB.open(db) as h:
+                    runs = h.runs()
+                    if runs and len(h.samples(runs[0].id)) >= 8:
+                        break
+        s.proc.kill()
+        s.proc.wait(10)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "the server stopped answering" in err and "level c=4" in err
+    with ResultsDB.open(db) as h:
+        (run,) = h.runs()
+        samples = h.samples(run.id)
+        assert run.status == "failed" and "stopped answering" in (run.summary or {}).get("error", "")
+        ok = [x for x in samples if not x.get("error")]
+        assert len(ok) >= 8  # what was measured before the kill is kept
+        assert len(samples) < 100  # and the other ~300 requests were not sent to a dead port

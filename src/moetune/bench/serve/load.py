@@ -8,6 +8,9 @@
   in the queue-inclusive latency instead of vanishing (coordinated omission).
 
 Every finished request goes to ``on_sample`` at once (the caller stores it), errors included.
+A server that is evidently gone (as many requests in a row as there are streams, and at least
+``GONE_AFTER``, failed without an answer: refused, reset, disconnected) stops the level early with
+:class:`ServerGone`, instead of sending the rest to a dead port.
 """
 
 from __future__ import annotations
@@ -23,8 +26,27 @@ from typing import Any
 
 from moetune.bench.http.client import StreamingHttp
 from moetune.bench.serve.request import RequestRecord, stream_chat
+from moetune.errors import RuntimeFailure
 
 ARRIVALS = ("poisson", "constant")
+GONE_AFTER = 3  # requests in a row without an answer, at least
+# what a request that never reached a live server ends with (any retries spent)
+_UNANSWERED = ("connect_error", "connection_reset", "disconnected", "os_error")
+
+
+class ServerGone(RuntimeFailure):
+    """The server stopped answering during a level: its samples so far are stored, the rest unsent."""
+
+    def __init__(self, failed_in_a_row: int, last_error: str, records: list[RequestRecord]) -> None:
+        super().__init__(f"the server stopped answering: {failed_in_a_row} requests in a row got no answer "
+                         f"({last_error}); the level was stopped, {len(records)} requests were measured",
+                         hint="the server crashed or was stopped; its log says why (`moetune doctor` for a launch)")
+        self.records = records
+
+
+def _unanswered(rec: RequestRecord) -> bool:
+    return rec.status is None and rec.error is not None and rec.error.split(":")[0].removesuffix(
+        "_after_retries") in _UNANSWERED
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +123,12 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt], spec: LoadSp
     t0 = time.monotonic()
     stop_at = t0 + spec.duration_s if spec.duration_s is not None else None
     counter = itertools.count()
+    in_a_row = 0
+    gone_after = max(GONE_AFTER, spec.concurrency)
 
     def take() -> int | None:
+        if in_a_row >= gone_after:
+            return None
         i = next(counter)
         if spec.requests is not None and i >= spec.requests:
             return None
@@ -123,6 +149,8 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt], spec: LoadSp
             rec.t_slot = t_slot
             await stream_chat(http, bodies[i % len(bodies)], rec, max_retries=max_retries,
                               timeout_s=options.timeout_s)
+        nonlocal in_a_row
+        in_a_row = in_a_row + 1 if _unanswered(rec) else 0
         records.append(rec)
         on_sample(rec)
         if progress:
@@ -147,5 +175,10 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt], spec: LoadSp
                 if stop_at is not None and due >= stop_at:
                     break
                 await _sleep_until(due)
+                if in_a_row >= gone_after:
+                    break
                 tg.create_task(one(i, due, None))
+    if in_a_row >= gone_after:
+        last = next(r.error for r in reversed(records) if r.error)
+        raise ServerGone(in_a_row, last or "no answer", records)
     return records

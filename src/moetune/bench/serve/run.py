@@ -33,7 +33,7 @@ from moetune.bench.serve.dataset import (
     probed_prompts,
     synthetic_prompts,
 )
-from moetune.bench.serve.load import LoadSpec, Prompt, RequestOptions, run_level
+from moetune.bench.serve.load import LoadSpec, Prompt, RequestOptions, ServerGone, run_level
 from moetune.bench.serve.request import RequestRecord
 from moetune.bench.server import model_ref, probe
 from moetune.bench.servers import PlanServers, RunningServer, ServerSource
@@ -206,6 +206,23 @@ async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, so
     return _Run(run_id, SampleWriter(db, run_id), prompts, pools, options, meta, advice, label)
 
 
+def _gone_message(gone: ServerGone, concurrency: int, source: ServerSource) -> str:
+    """What stopped the run, with the last error line of the server's log when moetune launched it."""
+    msg = f"level c={concurrency}: {gone}"
+    ln = source.current
+    if ln is not None:
+        from moetune.engine.logs import parse_log
+
+        log_path = ln.logs.get(ln.server.name)
+        try:
+            errors = parse_log(log_path.read_text(errors="replace")).errors if log_path else []
+        except OSError:
+            errors = []
+        msg += (f"; {ln.server.name}'s log ends with: {errors[-1].text}" if errors
+                else f"; {ln.server.name}'s log shows no error: it was killed or stopped from outside")
+    return msg
+
+
 async def _connect(spec: ServeBenchSpec, url: str) -> tuple[StreamingHttp, ServerInfo]:
     http = connect(url, timeout_s=spec.timeout_s)
     try:
@@ -222,6 +239,7 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
     run: _Run | None = None
     levels: list[dict[str, Any]] = []
     status = RunStatus.FAILED
+    error: str | None = None
     try:
         offset = spec.warmup
         for i, c in enumerate(spec.concurrency):
@@ -240,8 +258,16 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
             offset += pool
             load = LoadSpec(c, requests=spec.level_requests(c), duration_s=spec.duration_s, rate=spec.rate,
                             arrivals=spec.arrivals, seed=spec.seed + c)
-            records = await run_level(http, level_prompts, load, run.options, _sink(run.writer, "measure"),
-                                      first_index=offset)
+            try:
+                records = await run_level(http, level_prompts, load, run.options, _sink(run.writer, "measure"),
+                                          first_index=offset)
+            except ServerGone as gone:
+                level = summarize_level([r.to_sample() for r in gone.records])
+                level["stopped"] = str(gone)
+                levels.append(level)
+                error = _gone_message(gone, c, source)
+                log(error)
+                raise RuntimeFailure(error, hint=gone.hint) from None
             level = summarize_level([r.to_sample() for r in records])
             level["server"] = {**info.to_json(), **source.level_info(c)}
             levels.append(level)
@@ -259,7 +285,8 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
             finally:
                 annotate(levels, slots=run.meta.server.slots if run.meta.server else None,
                          prefix_cache=spec.prefix_cache)
-                db.finish_run(run.run_id, status, {"levels": levels, "warnings": [a.to_json() for a in run.advice]})
+                db.finish_run(run.run_id, status, {"levels": levels, "warnings": [a.to_json() for a in run.advice],
+                                                   **({"error": error} if error else {})})
     assert run is not None
     return report_doc(db.run(run.run_id), levels, run.advice, samples=run.writer.count)
 
