@@ -13,8 +13,10 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -277,3 +279,40 @@ def test_launched_context_manager(tiny_model: Path, plan_file: PlanFile) -> None
         raise KeyboardInterrupt  # as Ctrl-C in a bench would
     assert run_state(run_id) == "stopped"
     assert_nothing_left(run_id)
+
+
+def test_a_killed_launcher_leaves_orphans_that_ps_names_and_stop_removes(tiny_model: Path, tmp_path: Path) -> None:
+    import signal
+    import sys
+
+    from tests.engine_harness import free_port
+
+    hw = tmp_path / "hw.yaml"
+    hw.write_text("nodes: [{name: local, cpu: {cores: 2, ram_mib: 16000, ram_bw_gbs: 20}}]\n")
+    plan = tmp_path / "p.json"
+    assert run_cli("plan", str(tiny_model), "--hw", str(hw), "--port", str(free_port()), "-o", str(plan)).exit_code == 0
+    launcher = subprocess.Popen([sys.executable, "-m", "moetune", "launch", str(plan)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 60
+        rows: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            rows = json.loads(run_cli("ps", "--json").stdout)
+            if rows and rows[0]["state"] == "healthy":
+                break
+            time.sleep(0.3)
+        assert rows and rows[0]["state"] == "healthy" and rows[0]["orphaned"] is False
+        launcher.send_signal(signal.SIGKILL)  # moetune itself dies, its server does not
+        launcher.wait(10)
+        (row,) = json.loads(run_cli("ps", "--json").stdout)
+        assert row["orphaned"] is True and all(row["alive"].values())
+        shown = run_cli("ps")
+        assert "orphaned" in shown.stdout and f"moetune stop {row['run']}" in shown.stderr
+        pid = row["pids"]["main"]
+        assert run_cli("stop", "--all").exit_code == 0
+        assert json.loads(run_cli("ps", "--json").stdout) == []
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] in "ZX"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        run_cli("stop", "--all")

@@ -212,9 +212,13 @@ def ps_cmd(show_all: bool, as_json: bool) -> None:
         procs = " ".join(f"{n}{'' if r['nodes'][n] == 'local' else '@' + r['nodes'][n]}:{p}"
                          + ("" if r["alive"][n] else "(gone)") for n, p in r["pids"].items())
         age = now - r["created_at"]
-        t.add_row(r["run"], r["state"], f"{age / 60:.0f} min" if age >= 60 else f"{age:.0f} s",
+        t.add_row(r["run"], f"{r['state']}, orphaned" if r["orphaned"] else r["state"], f"{age / 60:.0f} min" if age >= 60 else f"{age:.0f} s",
                   " ".join(r["urls"].values()), procs)
     out.print(t)
+    for r in rows:
+        if r["orphaned"]:
+            warn(f"run {r['run']} is orphaned: the moetune process that launched it is gone, and nobody will stop "
+                 "its servers", f"moetune stop {r['run']}")
 
 
 @click.command("stop")

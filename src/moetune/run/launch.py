@@ -99,7 +99,8 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
     now = time.time()
     info = RunInfo(run=run_id or new_run_id(now, secrets.token_hex(2)), created_at=now, state=LaunchState.STARTING,
                    launch=spec.to_json(), engines=versions, fingerprint=fingerprint(), machine=machine_facts(),
-                   launcher_pid=os.getpid(), detached=detached, plan_file=plan_file, transport=transport)
+                   launcher_pid=os.getpid(), detached=detached, plan_file=plan_file, transport=transport,
+                   launcher_start_ticks=_own_start_ticks())
     rd = RunDir.create(info, plan_doc)
     procs: dict[str, Process] = {}
 
@@ -132,6 +133,13 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
                     {n: pid for n, r in recs.items() if (pid := r.remote_pid if r.remote else r.pid) is not None},
                     {p.name: p.spec.node for p in prepared},
                     {n: r.transport for n, r in recs.items() if r.role == ProcessRole.RPC})
+
+
+def _own_start_ticks() -> int | None:
+    from moetune.run.process import stat
+
+    st = stat(os.getpid())
+    return st.start_ticks if st else None
 
 
 def _engine_key(p: Prepared) -> str:

@@ -104,6 +104,7 @@ class RunInfo:
     schema_version: int = RUN_SCHEMA_VERSION
     order: list[str] = field(default_factory=list)  # process names in start order
     transport: str | None = None  # the RPC transport asked for: tcp | rdma | auto
+    launcher_start_ticks: int | None = None  # with launcher_pid: that process, not a later one with its pid
 
 
 def new_run_id(now: float, suffix: str) -> str:

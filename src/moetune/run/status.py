@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moetune.kinds import LaunchState, ProcessRole
+from moetune.run.process import pid_alive
 from moetune.run.record import RunDir
 
 
@@ -24,6 +25,8 @@ class LaunchStatus:
     transports: dict[str, str | None]  # worker -> seen in its log
     dir: str
     diagnosis: str | None
+    orphaned: bool = False  # a foreground launch whose launcher is gone (killed): nobody will stop it
+
 
     @property
     def live(self) -> bool:
@@ -33,7 +36,7 @@ class LaunchStatus:
         return {"run": self.run, "state": self.state, "created_at": self.created_at, "detached": self.detached,
                 "urls": self.urls, "pids": self.pids, "alive": self.alive, "nodes": self.nodes,
                 "transport": self.transport, "transports": self.transports, "dir": self.dir,
-                "diagnosis": self.diagnosis}
+                "diagnosis": self.diagnosis, "orphaned": self.orphaned}
 
 
 def run_status(rd: RunDir) -> LaunchStatus:
@@ -49,7 +52,9 @@ def run_status(rd: RunDir) -> LaunchStatus:
         pids={r.name: r.remote_pid if r.remote else r.pid for r in procs}, alive=alive,
         nodes={r.name: r.node for r in procs}, transport=info.transport,
         transports={r.name: r.transport for r in procs if r.role == ProcessRole.RPC}, dir=str(rd.path),
-        diagnosis=(info.diagnosis or {}).get("message"))
+        diagnosis=(info.diagnosis or {}).get("message"),
+        orphaned=not info.detached and any(alive.values())
+        and not pid_alive(info.launcher_pid, info.launcher_start_ticks))
 
 
 def runs(show_all: bool = False) -> list[LaunchStatus]:
