@@ -98,7 +98,7 @@ def test_tune_skips_what_does_not_fit_records_a_failed_launch_and_resumes(bin_di
     hw.write_text(yaml.safe_dump(doc))
     args = ["tune", str(model), "--hw", str(hw), "--ctx", "65536", "-b", "65536", "-ub", "65536", "--no-flash-attn",
             "-t", "1", "--try-strategy", "auto,cpu-moe", "--try-ubatch", "65536,256", "--try-fa", "off",
-            "--try-threads", "1", "--try-cache", "f16/f16", *WORKLOAD, "--port", str(free_port()),
+            "--try-threads", "1", "--try-cache", "f16/f16", "--try-repack", "off", *WORKLOAD, "--port", str(free_port()),
             "--budget", "4", "--db", str(tmp_path / "t.db"), "--json"]
     r = run_cli(*args)
     assert r.exit_code == 0, r.stderr

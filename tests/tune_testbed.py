@@ -25,7 +25,8 @@ THREADS = (1, 2)
 UBATCHES = (128, 512)
 FLASH_ATTN = (True, False)
 TRY = ["--try-strategy", ",".join(STRATEGIES), "--try-threads", ",".join(map(str, THREADS)),
-       "--try-ubatch", ",".join(map(str, UBATCHES)), "--try-fa", "on,off", "--try-cache", "f16/f16"]
+       "--try-ubatch", ",".join(map(str, UBATCHES)), "--try-fa", "on,off", "--try-cache", "f16/f16",
+       "--try-repack", "off"]
 WORKLOAD = ["--depth", "0", "--pp-tokens", "256", "--tg-tokens", "64", "-r", "3", "--warmup", "1"]
 WORKLOAD_NAME = "d0"
 # the two grid runs a calibration is made from: two placements, two thread counts (two runs of one

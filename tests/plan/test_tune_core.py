@@ -31,7 +31,7 @@ def test_the_axes_try_every_placement_family_only_where_there_is_an_accelerator(
     assert gpu.strategies == ("auto", "cpu-moe", "n-cpu-moe:10", "n-cpu-moe:20", "n-cpu-moe:30")
     assert gpu.threads == (None, 8, 12)  # the engine's default (every core) is not tried twice
     assert gpu.ubatches == (512, 128, 2048) and gpu.flash_attn == (True, False)
-    assert gpu.cache_types == (("f16", "f16"), ("q8_0", "q8_0"))
+    assert gpu.cache_types == (("f16", "f16"), ("q8_0", "q8_0")) and gpu.repack == (False, True)
     assert default_axes(base, "auto", cores=2, moe_layers=8, accelerators=1).threads == (None, 1)
 
 
@@ -40,8 +40,10 @@ def test_the_space_leaves_out_what_the_engine_refuses() -> None:
     cands = space(default_axes(base, "auto", 4, 8, 1), base)
     assert not [c for c in cands if c.ctv != "f16" and not c.flash_attn]  # a quantized V cache needs FA
     assert len(cands) == len(set(cands))
-    big = next(c for c in cands if c.ubatch == 2048)
+    big = next(c for c in cands if c.ubatch == 2048 and not c.repack)
     assert big.settings(base).batch >= 2048 and big.label.endswith("ub2048 fa")
+    assert next(c for c in cands if c.repack).settings(base).repack  # labelled "... repack"
+    assert len({c.label for c in cands}) == len(cands)
 
 
 def _feats(n: int) -> np.ndarray:

@@ -59,6 +59,8 @@ def _list(kind: str) -> Any:
 @click.option("--try-ubatch", callback=_list("int"), help="Ubatch sizes to try (default: -ub, a quarter, four times).")
 @click.option("--try-fa", callback=_list("bool"), help="Flash attention: on,off (default both).")
 @click.option("--try-cache", callback=_list("cache"), help="Cache types K/V, e.g. f16/f16,q8_0/q8_0 (default both).")
+@click.option("--try-repack", callback=_list("bool"), help="CPU weight repacking (-rtr in ik_llama.cpp; -nr turns "
+              "mainline's off): on,off (default both).")
 @click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
               help="Seconds to wait for one request.")
@@ -69,7 +71,8 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
              objective: str, depth: int, pp_tokens: int, tg_tokens: int, repeats: int, warmup: int,
              try_strategy: tuple[str, ...] | None, try_threads: tuple[int, ...] | None,
              try_ubatch: tuple[int, ...] | None, try_fa: tuple[bool, ...] | None,
-             try_cache: tuple[tuple[str, str], ...] | None, launch_timeout_s: float, timeout_s: float,
+             try_cache: tuple[tuple[str, str], ...] | None, try_repack: tuple[bool, ...] | None,
+             launch_timeout_s: float, timeout_s: float,
              output: Path | None, db_path: Path | None, as_json: bool, **settings_kw: Any) -> None:
     """Find the fastest plan for MODEL on the hardware in a budget of launches.
 
@@ -98,7 +101,8 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
                          hint="tune for ttft or tg, then measure the winner with `moetune serve-bench PLAN`")
     (workload,) = expand([], [], depths=[depth], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
     axes = {name: v for name, v in (("strategies", try_strategy), ("threads", try_threads),
-                                    ("ubatches", try_ubatch), ("flash_attn", try_fa), ("cache_types", try_cache))
+                                    ("ubatches", try_ubatch), ("flash_attn", try_fa), ("cache_types", try_cache),
+                                    ("repack", try_repack))
             if v is not None}
     req = TuneRequest(hw_path, model, plan_settings(settings_kw), workload,
                       BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,

@@ -39,6 +39,7 @@ class Candidate:
     flash_attn: bool = True
     ctk: str = "f16"
     ctv: str = "f16"
+    repack: bool = False  # CPU weight repacking (mainline's default, ik's -rtr): faster CPU matmuls for some types
 
     @property
     def label(self) -> str:
@@ -46,15 +47,17 @@ class Candidate:
                  "fa" if self.flash_attn else "no-fa"]
         if (self.ctk, self.ctv) != ("f16", "f16"):
             parts.append(f"k{self.ctk}-v{self.ctv}")
+        if self.repack:
+            parts.append("repack")
         return " ".join(parts)
 
     def settings(self, base: Settings) -> Settings:
         return replace(base, threads=self.threads, ubatch=self.ubatch, batch=max(self.batch, self.ubatch),
-                       flash_attn=self.flash_attn, ctk=self.ctk, ctv=self.ctv)
+                       flash_attn=self.flash_attn, ctk=self.ctk, ctv=self.ctv, repack=self.repack)
 
     @classmethod
     def of(cls, strategy: str, s: Settings) -> Candidate:
-        return cls(strategy, s.threads, s.ubatch, s.batch, s.flash_attn, s.ctk, s.ctv)
+        return cls(strategy, s.threads, s.ubatch, s.batch, s.flash_attn, s.ctk, s.ctv, s.repack)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +69,13 @@ class Axes:
     ubatches: tuple[int, ...]
     flash_attn: tuple[bool, ...]
     cache_types: tuple[tuple[str, str], ...]
+    repack: tuple[bool, ...] = (False,)
 
 
 def default_axes(base: Settings, strategy: str, cores: int, moe_layers: int, accelerators: int) -> Axes:
     """The values worth trying around the user's options: every placement family (where there is an
     accelerator to place on), all cores and fewer, a quarter and four times the ubatch, flash
-    attention on and off, and a q8_0 cache beside f16."""
+    attention on and off, a q8_0 cache beside f16, and CPU weight repacking on and off."""
     strategies = [strategy]
     if accelerators:
         ladder = sorted({max(1, moe_layers * i // 4) for i in (1, 2, 3)})
@@ -81,7 +85,7 @@ def default_axes(base: Settings, strategy: str, cores: int, moe_layers: int, acc
     ubs = [base.ubatch, max(32, base.ubatch // 4), base.ubatch * 4]
     caches = [(base.ctk, base.ctv)] + ([("q8_0", "q8_0")] if (base.ctk, base.ctv) == ("f16", "f16") else [])
     return Axes(tuple(dict.fromkeys(strategies)), tuple(dict.fromkeys(threads)), tuple(dict.fromkeys(ubs)),
-                (base.flash_attn, not base.flash_attn), tuple(dict.fromkeys(caches)))
+                (base.flash_attn, not base.flash_attn), tuple(dict.fromkeys(caches)), (base.repack, not base.repack))
 
 
 def space(axes: Axes, base: Settings) -> list[Candidate]:
@@ -95,17 +99,19 @@ def space(axes: Axes, base: Settings) -> list[Candidate]:
                     for ctk, ctv in axes.cache_types:
                         if ctv != "f16" and not fa:
                             continue
-                        out.append(Candidate(st, t, ub, max(base.batch, ub), fa, ctk, ctv))
+                        for rp in axes.repack:
+                            out.append(Candidate(st, t, ub, max(base.batch, ub), fa, ctk, ctv, rp))
     return list(dict.fromkeys(out))
 
 
 def features(c: Candidate, cpu_expert_share: float, cores: int) -> np.ndarray:
     """Where a candidate sits, for judging which measurements say something about it: the share of
     expert bytes left on the CPU, the share of cores used (both weigh most: they move decode speed
-    in ways the model knows least), log ubatch, flash attention, cache bits."""
+    in ways the model knows least), log ubatch, flash attention, cache bits, repacking."""
     threads = c.threads or cores
     return np.array([2.0 * cpu_expert_share, 2.0 * min(1.0, threads / max(1, cores)), math.log2(c.ubatch) / 4,
-                     0.5 if c.flash_attn else 0.0, 0.5 if c.ctk != "f16" or c.ctv != "f16" else 0.0])
+                     0.5 if c.flash_attn else 0.0, 0.5 if c.ctk != "f16" or c.ctv != "f16" else 0.0,
+                     0.5 if c.repack else 0.0])
 
 
 @dataclass(frozen=True, slots=True)
