@@ -73,9 +73,9 @@ def run_goodput(run: Run, samples: list[dict[str, Any]], slo: Mapping[str, float
         c, rate = int(group[0].get("concurrency") or 0), group[0].get("rate")
         g = level_goodput(group, slo)
         ci = wilson(g["met"], g["of"])
-        levels.append({"level": level_key(c, rate), "concurrency": c, "rate": rate,
+        levels.append({"level": level_key(c, rate), "concurrency": c, "rate": rate, "share": g["share"],
                        "share_ci": None if ci is None else [round(ci[0], 4), round(ci[1], 4)],
-                       **{k: v for k, v in g.items() if k != "slo"}})
+                       **{k: v for k, v in g.items() if k not in ("slo", "share")}})
     return RunGoodput(run.id, run.label, levels)
 
 
