@@ -117,16 +117,27 @@ def _runs(db: ResultsDB, refs: tuple[str, ...], all_runs: bool) -> list[Run]:
 @click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "md", "csv"]), default="table", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option("--metric", type=click.Choice(["all", "goodput"]), default="all", show_default=True,
+              help="goodput: rank serve-bench runs by the rate of requests that met latency targets (--slo, "
+                   "else the targets the runs were measured with).")
+@click.option("--slo", "slo_text", metavar="KEY=MS,...", help="Latency targets for --metric goodput (implies it): "
+              "any subset of ttft_ms, itl_ms, tpot_ms, e2e_ms.")
 @db_option
 @json_option
 def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: str | None, plot_path: Path | None,
-                min_change: float, confidence: float, fmt: str, seed: int, db_path: Path | None,
-                as_json: bool) -> None:
+                min_change: float, confidence: float, fmt: str, seed: int, metric: str, slo_text: str | None,
+                db_path: Path | None, as_json: bool) -> None:
     """Compare runs with a baseline: median and confidence interval per metric, change in %, and a
     verdict per row: faster, slower, or no significant difference (same).
 
     The rule: the bootstrap confidence interval of the ratio of medians; "same" when it contains 1
-    or the change is below --min-change."""
+    or the change is below --min-change.
+
+    --metric goodput (or --slo) ranks serve-bench runs instead: by their best level's rate of
+    requests that met every latency target, with each level's share met."""
+    if metric == "goodput" or slo_text is not None:
+        _compare_goodput(run_refs, baseline_ref, sweep_id, plot_path, fmt, slo_text, db_path, as_json)
+        return
     from moetune.bench.analysis.predicted import report
     from moetune.bench.analysis.summary import run_summary
     from moetune.bench.analysis.warnings import grouped
@@ -166,6 +177,38 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
             warn(f"run {rid}: {message}", remedy)
     if plot_path:
         out.print(f"plot: {plot_path}")
+
+
+def _compare_goodput(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: str | None,
+                     plot_path: Path | None, fmt: str, slo_text: str | None, db_path: Path | None,
+                     as_json: bool) -> None:
+    from moetune.bench.analysis.slo import parse_slo
+    from moetune.errors import InputError
+    from moetune.kinds import RunStatus
+    from moetune.report.compare import runs_to_compare
+    from moetune.report.goodput import rank_goodput, ranking_csv, ranking_markdown, ranking_table
+    from moetune.store.db import ResultsDB
+
+    slo = None if slo_text is None else parse_slo(slo_text)
+    if plot_path is not None:
+        raise InputError("--plot draws the per-metric comparison; --metric goodput prints a ranking only",
+                         hint="drop --plot, or compare without --metric goodput to plot")
+    with ResultsDB.open(db_path) as db:
+        runs = runs_to_compare(db, list(run_refs), baseline=baseline_ref, sweep_id=sweep_id)
+        for r in runs:
+            if r.status != RunStatus.DONE:
+                warn(f"run {r.id} ({r.label}) is {r.status}: judging the samples it has")
+        ranking = rank_goodput(db, runs, slo)
+    if as_json:
+        print_json(ranking.to_json())
+    elif fmt == "md":
+        sys.stdout.write(ranking_markdown(ranking))
+    elif fmt == "csv":
+        sys.stdout.write(ranking_csv(ranking))
+    else:
+        print_wide(ranking_table(ranking))
+    for n in ranking.notes:
+        warn(n)
 
 
 def register(cli: click.Group) -> None:

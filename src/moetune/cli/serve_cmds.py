@@ -31,24 +31,45 @@ def _ms(d: dict[str, Any], q: str) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def levels_table(levels: list[dict[str, Any]]) -> Table:
+def _slo_option(text: str | None) -> dict[str, float] | None:
+    from moetune.bench.analysis.slo import parse_slo
+
+    return None if text is None else parse_slo(text)
+
+
+SLO_HELP = ("Latency targets in ms, any subset of ttft_ms, itl_ms (a request's largest gap), tpot_ms, e2e_ms: "
+            "ttft_ms=500,itl_ms=100. Adds goodput per level: the share and rate of requests that met them all.")
+
+
+def levels_table(levels: list[dict[str, Any]], slo: dict[str, float] | None = None) -> Table:
     from rich import box
     from rich.table import Table
 
-    t = Table(title="serve-bench, times in ms", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    caption = None
+    if slo:
+        from moetune.bench.analysis.slo import slo_text
+
+        caption = f"goodput: requests with {slo_text(slo)} (failed ones count as not met)"
+    t = Table(title="serve-bench, times in ms", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+              caption=caption, caption_justify="left")
     cols = ("c", "slots", "ok", "errors", "TTFT\np50", "TTFT\np99", "TTFC\np50", "ITL\np50", "ITL\np99",
-            "TPOT\np50", "E2E\np50", "req/s", "out\ntok/s")
+            "TPOT\np50", "E2E\np50", "req/s", "out\ntok/s", *(("good\n%", "good\nreq/s") if slo else ()))
     for col in cols:
         t.add_column(col, justify="right", no_wrap=True)
     for lv in levels:
         errs = sum(lv["errors"].values())
         slots = (lv.get("server") or {}).get("slots")
+        good: tuple[str, ...] = ()
+        if slo:
+            g = lv.get("goodput") or {}
+            good = ("-" if g.get("share") is None else f"{g['share'] * 100:.1f}",
+                    "-" if g.get("req_s") is None else f"{g['req_s']:.2f}")
         t.add_row(str(lv["concurrency"]) + (f"@{lv['rate']}/s" if lv.get("rate") else ""),
                   "?" if slots is None else str(slots), str(lv["ok"]), f"[red]{errs}[/]" if errs else "0",
                   _ms(lv["ttft_ms"], "p50"), _ms(lv["ttft_ms"], "p99"), _ms(lv["ttfc_ms"], "p50"),
                   _ms(lv["itl_ms"], "p50"), _ms(lv["itl_ms"], "p99"), _ms(lv["tpot_ms"], "p50"),
                   _ms(lv["e2e_ms"], "p50"), "-" if lv["request_s"] is None else f"{lv['request_s']:.2f}",
-                  "-" if lv["output_tok_s"] is None else f"{lv['output_tok_s']:.1f}")
+                  "-" if lv["output_tok_s"] is None else f"{lv['output_tok_s']:.1f}", *good)
     return t
 
 
@@ -79,7 +100,7 @@ def _render(doc: dict[str, Any], plot_dir: Path | None, as_json: bool) -> None:
     from rich.console import Console
 
     console = out if out.is_terminal else Console(width=160, highlight=False, soft_wrap=True)
-    console.print(levels_table(doc["levels"]))
+    console.print(levels_table(doc["levels"], run.get("slo")))
 
 
 def _log(line: str) -> None:
@@ -118,13 +139,14 @@ def _log(line: str) -> None:
 @click.option("--server", help="For a plan TARGET with several servers: the one to benchmark.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write latency and throughput plots (PNG) into this directory.")
+@click.option("--slo", "slo_text", metavar="KEY=MS,...", help=SLO_HELP)
 @db_option
 @json_option
 def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals: str, dataset: Path | None,
                     input_len: int | None, output_len: int | None, requests: int | None, duration: float | None,
                     warmup: int, seed: int, prefix_cache: bool, thinking: str, timeout_s: float, model: str | None,
                     label: str | None, match_slots: bool, server: str | None, plot_dir: Path | None,
-                    db_path: Path | None, as_json: bool) -> None:
+                    slo_text: str | None, db_path: Path | None, as_json: bool) -> None:
     """Measure a server under concurrent streaming load: TTFT, ITL, TPOT, throughput per level.
 
     TARGET is a server URL (http://127.0.0.1:8080) or a plan file whose server moetune starts
@@ -137,6 +159,7 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
     from moetune.store.db import ResultsDB
 
     levels = _levels(concurrency)
+    slo = _slo_option(slo_text)
     if dataset is not None and input_len is not None:
         raise InputError("--input-len sets synthetic prompts; a --dataset brings its own", hint="drop one of them")
     if requests is not None and duration is not None:
@@ -145,7 +168,7 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
         url=target, concurrency=levels, rate=rate, arrivals=arrivals, dataset=dataset, input_len=input_len or 128,
         output_len=output_len, requests=requests, duration_s=duration, warmup=warmup, seed=seed,
         prefix_cache=prefix_cache, thinking={"on": True, "off": False}.get(thinking), timeout_s=timeout_s,
-        model=model, label=label)
+        model=model, label=label, slo=slo)
     source = server_source(spec, target, match_slots=match_slots, server=server, status=_log)
     with ResultsDB.open(db_path) as db:
         doc = serve_bench(spec, db, log=_log, source=source)
@@ -159,15 +182,20 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
 @click.argument("run_ref", metavar="RUN")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write latency and throughput plots (PNG) into this directory.")
+@click.option("--slo", "slo_text", metavar="KEY=MS,...", help="Judge goodput by these latency targets instead of "
+              "the ones the run was measured with (ttft_ms, itl_ms, tpot_ms, e2e_ms).")
 @db_option
 @json_option
-def serve_report_cmd(run_ref: str, plot_dir: Path | None, db_path: Path | None, as_json: bool) -> None:
-    """Figures of a stored serve-bench run (id, label or `latest`), derived again from its samples."""
+def serve_report_cmd(run_ref: str, plot_dir: Path | None, slo_text: str | None, db_path: Path | None,
+                     as_json: bool) -> None:
+    """Figures of a stored serve-bench run (id, label or `latest`), derived again from its samples;
+    goodput by the run's own latency targets, or by --slo."""
     from moetune.bench.serve.run import stored_report
     from moetune.store.db import ResultsDB
 
+    slo = _slo_option(slo_text)
     with ResultsDB.open(db_path) as db:
-        doc = stored_report(db, db.resolve(run_ref))
+        doc = stored_report(db, db.resolve(run_ref), slo)
     _render(doc, plot_dir, as_json)
 
 

@@ -28,12 +28,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from moetune.bench.analysis.slo import goodput
 from moetune.bench.analysis.stats import MetricSamples
 
 PERCENTILES = (50, 90, 99)
@@ -184,19 +185,31 @@ def slowest(samples: Sequence[dict[str, Any]], ms: Sequence[RequestMetrics]) -> 
             "median_output_tokens": float(np.median([x.output_tokens for x in ms if x.ok]))}
 
 
-def summarize_level(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def level_span(samples: Sequence[dict[str, Any]]) -> float | None:
+    """A level's wall time (s): from the first request due to the last one ended."""
+    t0 = min((t for s in samples if (t := _num(s.get("t_sched"))) is not None), default=None)
+    t1 = max((t for s in samples if (t := _num(s.get("t_end"))) is not None), default=None)
+    return t1 - t0 if t0 is not None and t1 is not None and t1 > t0 else None
+
+
+def level_goodput(samples: Sequence[dict[str, Any]], slo: Mapping[str, float]) -> dict[str, Any]:
+    """:func:`moetune.bench.analysis.slo.goodput` of one level's raw samples."""
+    return goodput([request_metrics(s) for s in samples], slo, level_span(samples))
+
+
+def summarize_level(samples: Sequence[dict[str, Any]], slo: Mapping[str, float] | None = None) -> dict[str, Any]:
     """One load level's figures from its raw samples (all of one concurrency and rate).
 
     Open-loop levels add ``offered_request_s`` (the rate requests came due at) and
     ``completed_request_s`` (the rate they finished at): a client that keeps up finishes them as
-    fast as they come; one that falls behind finishes them at what its streams can do."""
+    fast as they come; one that falls behind finishes them at what its streams can do. With
+    latency targets (``slo``), ``goodput`` is the share and rate of requests that met them all
+    (:mod:`moetune.bench.analysis.slo`); without, it is None."""
     ms = [request_metrics(s) for s in samples]
     ok = [m for m in ms if m.ok]
     starts = [_num(s.get("t_sched")) for s in samples]
     ends = [_num(s.get("t_end")) for s in samples]
-    t0 = min((t for t in starts if t is not None), default=None)
-    t1 = max((t for t in ends if t is not None), default=None)
-    span = t1 - t0 if t0 is not None and t1 is not None and t1 > t0 else None
+    span = level_span(samples)
     out_tokens = sum(m.output_tokens for m in ok)
     first = samples[0] if samples else {}
     open_loop = bool(first.get("rate"))
@@ -221,6 +234,7 @@ def summarize_level(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "reasoning_tokens": sum(m.reasoning_tokens for m in ok),
         "output_tok_s": round(out_tokens / span, 3) if span else None,
         "request_s": round(len(ok) / span, 4) if span else None,
+        "goodput": goodput(ms, slo, span) if slo else None,
         "offered_request_s": _rate(starts) if open_loop else None,
         "completed_request_s": _rate(e for e, m in zip(ends, ms, strict=True) if m.ok) if open_loop else None,
         "slowest": slowest(samples, ms),

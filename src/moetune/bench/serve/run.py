@@ -62,6 +62,7 @@ class ServeBenchSpec:
     timeout_s: float = 600
     model: str | None = None
     label: str | None = None
+    slo: dict[str, float] | None = None  # latency targets in ms (moetune.bench.analysis.slo): goodput per level
 
     def level_requests(self, c: int) -> int | None:
         if self.duration_s is not None:
@@ -156,7 +157,14 @@ def _level_line(lv: dict[str, Any]) -> str:
     errs = sum(lv["errors"].values())
     return (f"c={lv['concurrency']}: {lv['ok']}/{lv['requests']} ok{f', {errs} errors' if errs else ''}, "
             f"TTFT p50 {f(lv['ttft_ms']['p50'])} ms, ITL p50 {f(lv['itl_ms']['p50'])} ms, "
-            f"{f(lv['output_tok_s'])} tok/s ({f(lv['duration_s'])} s)")
+            f"{f(lv['output_tok_s'])} tok/s ({f(lv['duration_s'])} s)" + _goodput_part(lv.get("goodput")))
+
+
+def _goodput_part(g: dict[str, Any] | None) -> str:
+    if not g:
+        return ""
+    rate = "-" if g["req_s"] is None else f"{g['req_s']:.2f}"
+    return f", goodput {g['met']}/{g['of']} met the targets, {rate} req/s"
 
 
 @dataclass
@@ -189,7 +197,7 @@ async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, so
             f"prompt_tokens ({counter.calls} probe requests, {time.monotonic() - t:.1f} s)")
     advice = run_warnings(info, list(spec.concurrency), skipped)
     workload = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()
-                if k not in ("url", "label")}
+                if k not in ("url", "label", "slo")}
     ln = source.current
     meta = RunMeta(
         kind=RunKind.SERVE_BENCH, moetune_version=__version__, argv=tuple(sys.argv), started_unix=time.time(),
@@ -198,7 +206,7 @@ async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, so
         plan=source.plan.doc if isinstance(source, PlanServers) else None,
         launch_run=ln.launch_run if ln else None,
         details={"workload": workload, "client": {"library": "asyncio", "moetune": __version__},
-                 "run_tag": run_tag, "skipped_overlong": skipped})
+                 "run_tag": run_tag, "skipped_overlong": skipped, "slo": dict(spec.slo) if spec.slo else None})
     label = spec.label or f"serve c={','.join(map(str, spec.concurrency))}"
     run_id = db.create_run(meta, label=label, target=source.target)
     options = RequestOptions(model=model, cache_prompt=spec.prefix_cache, thinking=spec.thinking,
@@ -262,13 +270,13 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
                 records = await run_level(http, level_prompts, load, run.options, _sink(run.writer, "measure"),
                                           first_index=offset)
             except ServerGone as gone:
-                level = summarize_level([r.to_sample() for r in gone.records])
+                level = summarize_level([r.to_sample() for r in gone.records], spec.slo)
                 level["stopped"] = str(gone)
                 levels.append(level)
                 error = _gone_message(gone, c, source)
                 log(error)
                 raise RuntimeFailure(error, hint=gone.hint) from None
-            level = summarize_level([r.to_sample() for r in records])
+            level = summarize_level([r.to_sample() for r in records], spec.slo)
             level["server"] = {**info.to_json(), **source.level_info(c)}
             levels.append(level)
             log(_level_line(level))
@@ -288,36 +296,41 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
                 db.finish_run(run.run_id, status, {"levels": levels, "warnings": [a.to_json() for a in run.advice],
                                                    **({"error": error} if error else {})})
     assert run is not None
-    return report_doc(db.run(run.run_id), levels, run.advice, samples=run.writer.count)
+    return report_doc(db.run(run.run_id), levels, run.advice, samples=run.writer.count, slo=spec.slo)
 
 
-def stored_report(db: ResultsDB, run: Run) -> dict[str, Any]:
+def stored_report(db: ResultsDB, run: Run, slo: dict[str, float] | None = None) -> dict[str, Any]:
     """:func:`report_doc` of a stored serve-bench run, its figures and warnings derived again from
-    its samples (what each level ran on, a plan relaunched per level, is read from its summary)."""
+    its samples (what each level ran on, a plan relaunched per level, is read from its summary).
+    Goodput is judged by ``slo`` when given, else by the targets the run was measured with."""
     if run.kind != RunKind.SERVE_BENCH:
         raise InputError(f"run {run.id} is a {run.kind} run, not {RunKind.SERVE_BENCH}",
                          hint="see `moetune results show`")
     samples = db.samples(run.id)
     m = run.meta
     server = None if m.server is None else m.server.to_json()
-    levels = [summarize_level(g) for g in group_levels(samples)]
+    slo = slo or m.details.get("slo") or None
+    levels = [summarize_level(g, slo) for g in group_levels(samples)]
     stored = {(lv["concurrency"], lv["rate"]): lv for lv in (run.summary or {}).get("levels", [])}
     for lv in levels:
         lv["server"] = stored.get((lv["concurrency"], lv["rate"]), {}).get("server", server)
     annotate(levels, slots=m.server.slots if m.server else None,
              prefix_cache=bool(m.details.get("workload", {}).get("prefix_cache")))
     advice = [Warning.from_json(w) for w in (run.summary or {}).get("warnings") or []]
-    return report_doc(run, levels, advice, samples=len(samples))
+    return report_doc(run, levels, advice, samples=len(samples), slo=slo)
 
 
-def report_doc(run: Run, levels: list[dict[str, Any]], advice: list[Warning], *, samples: int) -> dict[str, Any]:
+def report_doc(run: Run, levels: list[dict[str, Any]], advice: list[Warning], *, samples: int,
+               slo: dict[str, float] | None = None) -> dict[str, Any]:
     """The document `serve-bench --json` and `serve-report --json` print: the run (as every
-    command names it), what it measured with, its warnings, and one entry per load level."""
+    command names it), what it measured with, its warnings, the latency targets its goodput is
+    judged by (``slo``, null without), and one entry per load level."""
     m = run.meta
     return {"run": {**run.header(), "server": None if m.server is None else m.server.to_json(),
                     "model": m.model.to_json(), "client": m.details.get("client"),
                     "workload": m.details.get("workload"), "warnings": [a.message for a in advice],
-                    "advice": [a.to_json() for a in advice], "samples": samples},
+                    "advice": [a.to_json() for a in advice], "samples": samples,
+                    "slo": dict(slo) if slo else None},
             "levels": levels}
 
 
