@@ -34,6 +34,7 @@ from typing import Any
 
 from moetune.engine import registry
 from moetune.engine.command import plan_json
+from moetune.engine.launchspec import check_process_name
 from moetune.errors import InputError
 from moetune.hardware import inventory
 from moetune.kinds import EngineKind
@@ -138,6 +139,11 @@ def plan_files(req: PlanRequest) -> Planned:
         loaded = load_layout(req.layout, base, req.port)
         services = [_with_engine(s, engine, kind) for s, _ in loaded]
         given = [g for _, g in loaded]
+        for s in services:
+            try:
+                check_process_name(s.name)
+            except InputError as e:
+                notices.append((f"{e} (`moetune launch` refuses it; the other formats carry it)", e.hint or ""))
     else:
         model = None if req.model is None else req.model if is_url(req.model) else absolute(req.model)
         profile = open_model(model, req.hf, timeout_s=req.http_timeout_s)

@@ -80,7 +80,8 @@ def test_ssh_command(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_scripts_quote_everything() -> None:
     s = worker_script(["/opt/llama.cpp/bin/ggml-rpc-server", "-H", "10.0.0.2", "-p", "50052"],
                       {"MOETUNE_RUN": "r1", "ODD": "a b;c"})
-    assert "env MOETUNE_RUN=r1 'ODD=a b;c' /opt/llama.cpp/bin/ggml-rpc-server -H 10.0.0.2 -p 50052" in s
+    assert "export MOETUNE_RUN=r1\nexport ODD='a b;c'\n" in s
+    assert "$sb /opt/llama.cpp/bin/ggml-rpc-server -H 10.0.0.2 -p 50052 </dev/null &" in s
     assert kill_script(42, signal.SIGTERM, None) == "kill -s TERM 42 2>/dev/null; true"
     assert "kill -s KILL 42" in kill_script(42, signal.SIGKILL, 7) and '= 7 ]' in kill_script(42, signal.SIGKILL, 7)
     assert "/proc/42/stat" in state_script(42)

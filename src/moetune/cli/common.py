@@ -128,6 +128,13 @@ def print_json(doc: Any) -> None:
     sys.stdout.flush()
 
 
+def print_text(text: str) -> None:
+    """Text a user runs or pastes (a script, a configuration), written exactly: no wrapping, tab
+    expansion or control-character stripping by the console."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def warn(message: str, remedy: str | None = None) -> None:
     if not sys.stderr.isatty():  # a log or a pipe: plain lines, and no need to load rich
         sys.stderr.write(f"warning: {message}\n" + (f"  → {remedy}\n" if remedy else ""))

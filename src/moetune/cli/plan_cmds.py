@@ -76,7 +76,7 @@ def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str 
 
         print_plan(planned.plan, planned.doc, common.out)
     else:
-        common.out.print(render_text(planned.plan, planned.doc, fmt, image), markup=False, end="")
+        common.print_text(render_text(planned.plan, planned.doc, fmt, image))
     for w in planned.doc["warnings"]:
         warn(w["message"], w["remedy"])
     if verify:
@@ -113,7 +113,7 @@ def hw_probe(output: Path | None, measure: bool, as_json: bool) -> None:
     elif output:
         common.out.print(f"wrote {output}")
     else:
-        common.out.print(text, markup=False, end="")
+        common.print_text(text)
 
 
 @hw.command("example")
@@ -138,7 +138,7 @@ def hw_example(name: str | None, as_json: bool) -> None:
 
         print_json(yaml.safe_load(path.read_text()))
     else:
-        common.out.print(path.read_text(), markup=False, end="")
+        common.print_text(path.read_text())
 
 
 @hw.command("show")

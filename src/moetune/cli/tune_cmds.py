@@ -117,14 +117,14 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     if as_json:
         print_json(doc)
         return
-    from moetune.cli.common import print_wide
+    from moetune.cli.common import print_text, print_wide
 
     print_wide(result_table(result))
     out.print(f"stopped: {result.stopped}; {result.launches} launches; tune {result.tune_id}", markup=False)
     out.print(f"best: {doc['best']['label']}" + ("" if result.best else " (the baseline: nothing beat it)"),
               markup=False)
     out.print("command:", markup=False)
-    out.print(json.loads(best_plan.read_text())["shell"], markup=False, end="")
+    print_text(json.loads(best_plan.read_text())["shell"])
     out.print(f"plan: {doc['plan']} (`moetune launch` or `moetune bench` it)", markup=False)
 
 

@@ -1,6 +1,10 @@
 """A plan's commands as text a person runs or pastes: argv lines, a POSIX shell script, podman and
 docker commands, a llama-swap configuration. Every format takes all the services of a plan (a
-layout has several) and quotes whatever a path holds. Pure: the same commands render the same text.
+layout has several) and quotes whatever a path or a name holds: the shell formats with
+``shlex.quote`` (any argument survives ``sh`` as it is), llama-swap with the same quoting, which
+its own splitter reads back; what llama-swap cannot carry (a line break, a character YAML does not
+allow, a ``${...}`` it would take for a macro) is refused. Pure: the same commands render the same
+text.
 """
 
 from __future__ import annotations
@@ -43,8 +47,13 @@ def _pairs(argv: Sequence[str]) -> list[str]:
     return parts
 
 
+def _comment(text: str) -> str:
+    """``text`` fit for a shell comment line: what is not printable (a line break) shown escaped."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in text)
+
+
 def _header(c: Command, several: bool) -> list[str]:
-    return [f"# {c.name} (port {c.port})"] if several else []
+    return [f"# {_comment(c.name)} (port {c.port})"] if several else []
 
 
 def argv_lines(cmds: Sequence[Command]) -> str:
@@ -103,10 +112,31 @@ def container_command(runtime: str, image: str, cmd: Command, *, gpus: bool) -> 
     return Command(cmd.name, cmd.port, (*run, image, *argv))
 
 
+# what llama-swap substitutes in its configuration: ${env.NAME} anywhere in the file, ${name} in a cmd
+# (proxy/config/config.go); neither can be escaped
+SWAP_MACRO = re.compile(r"\$\{(env\.)?[A-Za-z0-9_-]+\}")
+# YAML's printable characters (tab included), less its line breaks (\x85, \u2028, \u2029 in YAML 1.1):
+# the rest cannot stand in a block scalar, and a line break would end cmd's line there
+SWAP_CHARS = re.compile("[\t\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*")
+
+
+def _swap_check(c: Command, what: str, text: str) -> None:
+    bad = next((ch for ch in text if not SWAP_CHARS.fullmatch(ch)), None)
+    problem = (f"the character {bad!r}" if bad is not None else
+               f"{m[0]!r}, which llama-swap takes for a macro" if (m := SWAP_MACRO.search(text)) else None)
+    if problem:
+        raise InputError(f"llama-swap cannot carry {what} of service {_comment(c.name)}: {_comment(repr(text))} "
+                         f"holds {problem}",
+                         hint="rename the file, its directory or the service, or use --format shell")
+
+
 def llama_swap_config(cmds: Sequence[Command]) -> str:
     """A llama-swap configuration with a `models:` entry per service; llama-swap substitutes ${PORT}."""
     out = ["models:"]
     for c in cmds:
+        _swap_check(c, "the name", c.name)
+        for a in c.argv:
+            _swap_check(c, "the argument", a)
         argv = ["${PORT}" if i > 0 and c.argv[i - 1] == "--port" else a for i, a in enumerate(c.argv)]
         key = c.name if re.fullmatch(r"[A-Za-z0-9_.-]+", c.name) else json.dumps(c.name)
         line = " ".join(a if a == "${PORT}" else shlex.quote(a) for a in argv)

@@ -7,6 +7,7 @@ start first and stop last.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -14,6 +15,20 @@ from moetune.errors import InputError
 from moetune.kinds import ProcessRole
 
 LAUNCH_SCHEMA_VERSION = 1
+RUN_FILES = ("run", "plan")  # the run directory's own files (run.json, plan.json): no process may take them
+
+
+def check_process_name(name: str) -> None:
+    """A process's name names its files in the run directory (NAME.json, NAME.log): InputError for
+    one that would leave it, replace the run's own files, or hold a line break or a control character."""
+    bad = next((ch for ch in name if unicodedata.category(ch) in ("Cc", "Zl", "Zp")), None)
+    why = ("it is empty" if not name else "it holds '/'" if "/" in name else
+           "it names a directory" if name in (".", "..") else
+           f"it holds the character {bad!r}" if bad is not None else
+           f"{name}.json is the run's own file" if name in RUN_FILES else None)
+    if why:
+        raise InputError(f"process name {name!r} cannot name its files in the run directory: {why}",
+                         hint="rename the service (a layout's `name:`) and plan again")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +92,8 @@ class LaunchSpec:
 
     def validate(self) -> None:
         names = [p.name for p in self.processes]
+        for n in names:
+            check_process_name(n)
         if len(set(names)) != len(names):
             raise InputError(f"plan: duplicate process names in {names}")
         for p in self.processes:

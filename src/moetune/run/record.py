@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from moetune.engine.launchspec import check_process_name
 from moetune.errors import InputError
 from moetune.kinds import LaunchState, ProcessRole
 from moetune.paths import runs_dir
@@ -132,7 +133,7 @@ class RunDir:
 
     @classmethod
     def open(cls, run_id: str) -> RunDir:
-        if not _ID.match(run_id):
+        if not _ID.match(run_id) or run_id in (".", ".."):
             raise InputError(f"{run_id!r} is not a run id", hint="see `moetune ps --all` for the runs")
         path = runs_dir() / run_id
         if not (path / "run.json").exists():
@@ -183,32 +184,38 @@ class RunDir:
     def plan(self) -> dict[str, Any]:
         return self._read("plan.json")
 
+    def _proc_file(self, name: str, ext: str) -> str:
+        """A process's file name in the run directory; InputError for a name that cannot be one."""
+        check_process_name(name)
+        return f"{name}.{ext}"
+
     def log_path(self, name: str) -> Path:
-        return self.path / f"{name}.log"
+        return self.path / self._proc_file(name, "log")
 
     def proc(self, name: str) -> ProcRecord:
-        doc = self._read(f"{name}.json")
+        doc = self._read(self._proc_file(name, "json"))
         known = {f.name for f in fields(ProcRecord)}
         rec = ProcRecord(**{k: v for k, v in doc.items() if k in known})
         return replace(rec, role=ProcessRole(rec.role))
 
     def add_proc(self, rec: ProcRecord) -> None:
         """Record a process about to start, last in the start order."""
+        file = self._proc_file(rec.name, "json")
         with self.locked():
-            self._write(f"{rec.name}.json", asdict(rec))
+            self._write(file, asdict(rec))
             info = self.info()
             self._write("run.json", asdict(replace(info, order=[*info.order, rec.name])))
 
     def update_proc(self, name: str, **changes: Any) -> ProcRecord:
         with self.locked():
             rec = replace(self.proc(name), **changes)
-            self._write(f"{name}.json", asdict(rec))
+            self._write(self._proc_file(name, "json"), asdict(rec))
             return rec
 
     def procs(self) -> list[ProcRecord]:
         """The processes in start order (those written so far)."""
         order = self.info().order
-        return [self.proc(n) for n in order if (self.path / f"{n}.json").exists()]
+        return [self.proc(n) for n in order if (self.path / self._proc_file(n, "json")).exists()]
 
     def alive(self) -> list[ProcRecord]:
         return [r for r in self.procs() if r.alive()]

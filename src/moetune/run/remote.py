@@ -8,6 +8,7 @@ and keep-alives; options the user gives come first and win.
 A worker runs under a small ``/bin/sh`` wrapper on its node, whose output travels back over the
 ssh session into the run directory's log::
 
+    export NAME='value'...
     <binary> <args> &        (its stdout line-buffered with stdbuf where there is one)
     echo "moetune-pid $! <start ticks>"
     wait $!; echo "moetune-exit $?"
@@ -33,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from moetune.errors import RuntimeFailure
+from moetune.errors import InputError, RuntimeFailure
 from moetune.run.process import LocalProcess
 
 SSH_ENV = "MOETUNE_SSH_COMMAND"
@@ -46,6 +47,7 @@ START_TIMEOUT_S = 30.0
 CHECK_TIMEOUT_S = 30.0
 _PID_LINE = re.compile(rf"{PID_MARK} (\d+) ?(\d*)")
 _EXIT_LINE = re.compile(rf"{EXIT_MARK} (\d+)")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class RemoteError(RuntimeFailure):
@@ -105,11 +107,18 @@ def _stat_fields(pid: int) -> str:
 
 
 def worker_script(argv: Sequence[str], env: Mapping[str, str]) -> str:
-    assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-    cmd = " ".join(shlex.quote(a) for a in argv)
+    """The wrapper that runs ``argv`` with ``env`` on the node. Every word is quoted; the variables
+    are exported rather than given to ``env`` (which takes any word with a ``=`` before the command
+    for an assignment, and a leading ``-`` for its option), and a relative binary that starts with
+    ``-`` is run as ``./-...``."""
+    bad = next((k for k in env if not _ENV_NAME.fullmatch(k)), None)
+    if bad is not None:
+        raise InputError(f"environment variable {bad!r}: a shell cannot set that name on a remote node")
+    binary = f"./{argv[0]}" if argv[0].startswith("-") else argv[0]
     return "\n".join([
+        *(f"export {k}={shlex.quote(v)}" for k, v in env.items()),
         'if command -v stdbuf >/dev/null 2>&1; then sb="stdbuf -oL -eL"; else sb=; fi',
-        f"$sb env {assigns} {cmd} </dev/null &",
+        f"$sb {shlex.join([binary, *argv[1:]])} </dev/null &",
         "w=$!",
         f"""echo "{PID_MARK} $w $(sed 's/.*) //' /proc/$w/stat 2>/dev/null | cut -d' ' -f20)" """.rstrip(),
         'wait "$w"',
