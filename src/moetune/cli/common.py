@@ -186,15 +186,20 @@ def print_wide(r: Any) -> None:
         Console(width=WIDE, highlight=False, soft_wrap=True).print(r)
 
 
-def comparison_output(c: Any, fmt: str) -> None:
-    """A comparison (``moetune.report.compare.Comparison``) as a table, Markdown or CSV."""
-    from moetune.report.compare_view import comparison_csv, comparison_markdown, comparison_table
+def comparison_output(c: Any, fmt: str, views: tuple[Callable[[Any], str], Callable[[Any], str],
+                                                    Callable[[Any], Any]] | None = None) -> None:
+    """A comparison (``moetune.report.compare.Comparison``, or anything with ``notes`` and its own
+    ``views``: Markdown, CSV, table) as a table, Markdown or CSV, then its notes."""
+    if views is None:
+        from moetune.report.compare_view import comparison_csv, comparison_markdown, comparison_table
 
+        views = (comparison_markdown, comparison_csv, comparison_table)
+    markdown, csv, table = views
     if fmt == "md":
-        sys.stdout.write(comparison_markdown(c))
+        sys.stdout.write(markdown(c))
     elif fmt == "csv":
-        sys.stdout.write(comparison_csv(c))
+        sys.stdout.write(csv(c))
     else:
-        print_wide(comparison_table(c))
+        print_wide(table(c))
     for n in c.notes:
         warn(n)

@@ -201,14 +201,8 @@ def _compare_goodput(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_
         ranking = rank_goodput(db, runs, slo)
     if as_json:
         print_json(ranking.to_json())
-    elif fmt == "md":
-        sys.stdout.write(ranking_markdown(ranking))
-    elif fmt == "csv":
-        sys.stdout.write(ranking_csv(ranking))
     else:
-        print_wide(ranking_table(ranking))
-    for n in ranking.notes:
-        warn(n)
+        comparison_output(ranking, fmt, (ranking_markdown, ranking_csv, ranking_table))
 
 
 def register(cli: click.Group) -> None:
