@@ -131,15 +131,16 @@ class ModelProfile:
         """An architecture hyperparameter (``block_count`` reads ``<arch>.block_count``)."""
         return self.metadata.get(f"{self.arch}.{key}", default)
 
-    @property
+    # cached: asked once per tensor by the ledger and the speed model (the metadata never changes)
+    @cached_property
     def n_layer_all(self) -> int:
         return int(self.hp("block_count", 0))
 
-    @property
+    @cached_property
     def n_nextn(self) -> int:
         return int(self.hp("nextn_predict_layers", 0) or 0)
 
-    @property
+    @cached_property
     def n_layer(self) -> int:
         """Trunk layers (NextN/MTP blocks excluded)."""
         return self.n_layer_all - self.n_nextn
