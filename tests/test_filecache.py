@@ -68,3 +68,19 @@ def test_each_kind_keeps_its_newest_entries(cache: Path, monkeypatch: pytest.Mon
     filecache.put("k", "e5", b"y")
     assert sorted(q.name for q in (cache / "k").iterdir()) == ["e3", "e4", "e5"]
     assert filecache.get("k", "e5") == b"y" and filecache.get("k", "e0") is None
+
+
+def test_a_profile_is_built_once_and_spelled_as_the_command_spells_it(cache: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from moetune.model import profile
+
+    files = generate(tmp_path / "s.gguf", "qwen3moe", small_dims("qwen3moe"), "f16", shards=2).files
+    first = profile.load_profile(files[0])
+    monkeypatch.setattr(profile, "read_model_files", lambda *a: (_ for _ in ()).throw(AssertionError("read")))
+    monkeypatch.chdir(tmp_path)
+    again = profile.load_profile(files[1].name)  # another shard, a relative spelling
+    assert again.tensors == first.tensors and again.metadata == first.metadata
+    assert again.files == (Path(files[0].name), Path(files[1].name))
+    monkeypatch.undo()
+    generate(tmp_path / "s.gguf", "qwen3moe", small_dims("qwen3moe", True), "f16", shards=2)
+    assert profile.load_profile(files[0]).tensors != first.tensors  # a rewritten shard is read afresh
