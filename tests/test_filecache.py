@@ -1,4 +1,4 @@
-"""The derived-file cache: a hardware file validated once and a GGUF header parsed once are read
+"""The derived-file cache: a hardware file validated once and a model's profile built once are read
 back as they were, a changed file is read afresh, and each kind keeps its newest entries only."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import yaml
 from moetune import filecache
 from moetune.errors import InputError
 from moetune.hardware import inventory
-from moetune.model import gguf_read
 from moetune.model.archs import small_dims
 from moetune.model.testmodel import generate
 
@@ -45,19 +44,6 @@ def test_a_hardware_file_is_validated_once_and_again_when_it_changes(cache: Path
     hw.write_text(yaml.safe_dump(doc))
     with pytest.raises(InputError, match="mem_mib"):
         inventory.load(hw)  # a changed file is validated afresh
-
-
-def test_a_gguf_header_is_parsed_once_and_again_when_the_file_changes(cache: Path, tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    path = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe"), "f16").files[0]
-    first = gguf_read.read_gguf(path)
-    monkeypatch.setattr(gguf_read, "parse", lambda *a, **k: (_ for _ in ()).throw(AssertionError("parsed again")))
-    assert gguf_read.read_gguf(path) == first
-    monkeypatch.undo()
-    generate(path, "qwen3moe", small_dims("qwen3moe", True), "f16")
-    os.utime(path, ns=(1, 1))  # a new identity even within the same clock tick
-    changed = gguf_read.read_gguf(path)
-    assert changed != first and len(changed.tensors) == len(first.tensors)
 
 
 def test_each_kind_keeps_its_newest_entries(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -189,68 +189,13 @@ def read_gguf(path: str | os.PathLike[str], file_index: int = 0) -> GGUFFile:
     except OSError as e:  # changed since it was checked
         raise InputError(f"{p}: cannot open ({e.strerror})") from None
     try:
-        st = os.fstat(fd)
-        size = st.st_size
+        size = os.fstat(fd).st_size
         if size < MIN_HEADER:
             return parse(_MappedFile(p, size, b""), file_index)  # says it is truncated
-        key = _header_key(p, st, file_index)
-        cached = _cached_header(key, p)
-        if cached is not None:
-            return cached
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
-            out = parse(_MappedFile(p, size, mm), file_index)
-        _cache_header(key, out)
-        return out
+            return parse(_MappedFile(p, size, mm), file_index)
     finally:
         os.close(fd)
-
-
-# A parsed header is kept under a key of the file's identity (path, size, mtime, inode) and this
-# parser's version: the next command skips the parse (about 0.15 s for the 8 shards of a GLM-5.1
-# replica, most of it stepping over the tokenizer's 150k strings). The cache is the user's own, as
-# Python's bytecode cache is; a file that changes gets a new key.
-_HEADER_CACHE_VERSION = "2"
-
-
-def _header_key(p: Path, st: os.stat_result, file_index: int) -> str:
-    import hashlib
-
-    from moetune import __version__
-
-    ident = f"{os.path.abspath(p)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{file_index}|{_HEADER_CACHE_VERSION}|{__version__}"
-    return hashlib.sha256(ident.encode()).hexdigest()[:32]
-
-
-def _cached_header(key: str, p: Path) -> GGUFFile | None:
-    import pickle
-
-    from moetune import filecache
-
-    data = filecache.get("gguf-headers", key)
-    if data is None:
-        return None
-    try:
-        version, metadata, tensors, alignment, data_offset, file_size, header_bytes = pickle.loads(data)
-        infos = tuple(TensorInfo(name, tuple(shape), by_id(qid), offset, nbytes, fi)
-                      for name, shape, qid, offset, nbytes, fi in tensors)
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError, UnknownQuantType):
-        return None
-    return GGUFFile(p, version, metadata, infos, alignment, data_offset, file_size, header_bytes)
-
-
-def _cache_header(key: str, f: GGUFFile) -> None:
-    """Kept as plain tuples: rebuilding the tensors is three times faster than unpickling dataclasses."""
-    import pickle
-
-    from moetune import filecache
-
-    tensors = [(t.name, t.shape, t.qtype.id, t.offset, t.nbytes, t.file_index) for t in f.tensors]
-    try:
-        data = pickle.dumps((f.version, f.metadata, tensors, f.alignment, f.data_offset, f.file_size,
-                             f.header_bytes), protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, TypeError, AttributeError):
-        return
-    filecache.put("gguf-headers", key, data)
 
 
 def parse(src: ByteSource, file_index: int = 0) -> GGUFFile:
