@@ -33,9 +33,6 @@ import json
 import selectors
 import socket
 import struct
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -338,28 +335,11 @@ def main(argv: list[str] | None = None) -> None:
 def mock_server(cfg: MockConfig | None = None, *, timeout_s: float = 20) -> Iterator[str]:
     """Start the mock in a subprocess (its own interpreter, so it does not share the client's
     GIL); yield its URL; stop it on exit."""
-    cfg = cfg or MockConfig()
-    with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a pipe nobody reads fills and blocks
-        proc = subprocess.Popen([sys.executable, __file__, "--config", cfg.to_json()],
-                                stdout=subprocess.PIPE, stderr=errors, text=True)
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline().strip()
-            if not line.startswith("http://"):
-                proc.kill()
-                proc.wait(timeout_s)
-                errors.seek(0)
-                raise RuntimeError(f"mock server did not start: {errors.read()[-2000:].decode(errors='replace')}")
-            yield line
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+    from tests.bench.mock_process import mock_process  # not at the top: this file also runs as a script
+
+    with mock_process(__file__, (cfg or MockConfig()).to_json(), url_prefix="http://", what="mock server",
+                      timeout_s=timeout_s) as url:
+        yield url
 
 
 if __name__ == "__main__":

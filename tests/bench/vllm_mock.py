@@ -42,9 +42,6 @@ import asyncio
 import contextlib
 import json
 import re
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -267,28 +264,11 @@ def main(argv: list[str] | None = None) -> None:
 def vllm_mock(cfg: MockConfig | None = None, *, timeout_s: float = 20) -> Iterator[str]:
     """Start the mock in a subprocess (its own interpreter, so it keeps its schedule while the
     client works); yield its URL; stop it on exit."""
-    cfg = cfg or MockConfig()
-    with tempfile.TemporaryFile() as errors:
-        proc = subprocess.Popen([sys.executable, __file__, "--config", cfg.to_json()],
-                                stdout=subprocess.PIPE, stderr=errors, text=True)
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline().strip()
-            if not line.startswith(f"http://{HOST}:"):
-                proc.kill()
-                proc.wait(timeout_s)
-                errors.seek(0)
-                raise RuntimeError(f"vLLM mock did not start: {errors.read()[-2000:].decode(errors='replace')}")
-            yield line
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+    from tests.bench.mock_process import mock_process  # not at the top: this file also runs as a script
+
+    with mock_process(__file__, (cfg or MockConfig()).to_json(), url_prefix=f"http://{HOST}:", what="vLLM mock",
+                      timeout_s=timeout_s) as url:
+        yield url
 
 
 if __name__ == "__main__":
