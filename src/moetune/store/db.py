@@ -129,6 +129,11 @@ class ResultsDB:
             self._conn.execute("UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE id = ?",
                                (str(status), now_iso(), None if summary is None else _dumps(summary), run_id))
 
+    def add_metrics(self, run_id: int, t: float, data: dict[str, Any]) -> None:
+        """Store one snapshot of the machine (``moetune.monitor.snapshot.Snapshot.to_json()``)."""
+        with self._lock:
+            self._conn.execute("INSERT INTO metrics (run_id, t, data) VALUES (?, ?, ?)", (run_id, t, _dumps(data)))
+
     def create_sweep(self, sweep_id: str, spec: dict[str, Any]) -> bool:
         """Record a sweep; False when it exists already (a resumed sweep)."""
         with self._lock:
@@ -205,6 +210,17 @@ class ResultsDB:
     def sample_counts(self, run_id: int) -> dict[str, int]:
         return {r[0]: r[1] for r in self._conn.execute(
             "SELECT phase, COUNT(*) FROM samples WHERE run_id = ? GROUP BY phase", (run_id,))}
+
+    def metrics(self, run_id: int) -> list[dict[str, Any]]:
+        """A run's snapshots of the machine, oldest first (JSON as stored; read them with
+        ``Snapshot.from_json``)."""
+        return [json.loads(r[0]) for r in self._conn.execute(
+            "SELECT data FROM metrics WHERE run_id = ? ORDER BY t, id", (run_id,))]
+
+    def latest_metrics(self, run_id: int) -> dict[str, Any] | None:
+        row = self._conn.execute("SELECT data FROM metrics WHERE run_id = ? ORDER BY t DESC, id DESC LIMIT 1",
+                                 (run_id,)).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
 
     def sweep(self, sweep_id: str) -> dict[str, Any] | None:
         row = self._conn.execute("SELECT spec FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()

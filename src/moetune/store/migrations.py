@@ -106,7 +106,19 @@ def m003_one_run_record(db: sqlite3.Connection) -> None:
                    (json.dumps(_v1_to_v2(kind, d), separators=(",", ":"), default=str), run_id))
 
 
-MIGRATIONS: list[Migration] = [m001_runs_and_samples, m002_sweeps, m003_one_run_record]
+def m004_metrics(db: sqlite3.Connection) -> None:
+    """What the machine did during each run, about once a second (``moetune.monitor``)."""
+    db.execute("""
+        CREATE TABLE metrics (
+            id INTEGER PRIMARY KEY,
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            t REAL NOT NULL,               -- wall clock, seconds since the epoch
+            data TEXT NOT NULL             -- JSON: moetune.monitor.snapshot.Snapshot
+        )""")
+    db.execute("CREATE INDEX metrics_by_run ON metrics(run_id, t)")
+
+
+MIGRATIONS: list[Migration] = [m001_runs_and_samples, m002_sweeps, m003_one_run_record, m004_metrics]
 
 
 def now_iso() -> str:
