@@ -151,7 +151,7 @@ def test_no_import_cycles() -> None:
 
 # every package but the command line, which sits above them all
 CORE_PACKAGES = ("kinds", "errors", "paths", "model", "hardware", "plan", "engine", "run", "store", "bench",
-                 "report", "cluster", "planfiles", "tune")
+                 "monitor", "report", "cluster", "planfiles", "tune")
 
 
 def test_no_cycles_between_core_packages() -> None:
@@ -213,7 +213,7 @@ def _top_level_imports(path: Path, known: set[str]) -> set[str]:
 
 
 # the command modules this layer owns; bench/serve/results/cluster/model commands are reorganised elsewhere
-THIN_COMMANDS = ("plan_cmds", "run_cmds", "engine_cmds", "doctor_cmds")
+THIN_COMMANDS = ("plan_cmds", "run_cmds", "engine_cmds", "doctor_cmds", "metrics_cmds")
 LIGHT = {"moetune.cli.common", "moetune.errors", "moetune.kinds", "moetune.engine.install"}
 
 

@@ -70,6 +70,7 @@ def test_wheel_holds_the_hardware_examples(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for example in EXAMPLES:
         assert f"moetune/hardware/examples/{example}" in names
+    assert "moetune/monitor/grafana/moetune.json" in names
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 
 
@@ -94,6 +95,7 @@ def test_installed_wheel_runs_without_dev_or_client_extras(venv_bin: Path, moetu
 
     for cmd in ("bench", "serve-bench"):
         assert "Usage: moetune " + cmd in moetune(cmd, "--help").stdout
+    assert json.loads(moetune("metrics", "dashboard").stdout)["uid"] == "moetune"
 
 
 @pytest.mark.server

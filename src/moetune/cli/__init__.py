@@ -46,6 +46,7 @@ COMMANDS: dict[str, Entry] = {
     "calibrate": Entry("calibrate_cmds", "Fit the speed model to benchmarks of plans; plan uses the fit."),
     "tune": Entry("tune_cmds", "Search for the fastest plan in a budget of launches, measured."),
     "link-test": Entry("cluster_cmds", "Bandwidth and latency from one node to another's link address."),
+    "metrics": Entry("metrics_cmds", "Export the machine's figures to Prometheus; a Grafana dashboard for them."),
 }
 
 

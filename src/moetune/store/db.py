@@ -162,7 +162,8 @@ class ResultsDB:
             raise InputError(f"no run {run_id} in {self.path}", hint="see `moetune results list`")
         return self._run(row)
 
-    def runs(self, kind: RunKind | None = None, limit: int | None = None, *, sweep_id: str | None = None) -> list[Run]:
+    def runs(self, kind: RunKind | None = None, limit: int | None = None, *, sweep_id: str | None = None,
+             status: RunStatus | None = None) -> list[Run]:
         """Runs, newest first."""
         q = f"SELECT {self._RUN_COLS} FROM runs"
         where, args = [], []
@@ -172,6 +173,9 @@ class ResultsDB:
         if sweep_id is not None:
             where.append("sweep_id = ?")
             args.append(sweep_id)
+        if status is not None:
+            where.append("status = ?")
+            args.append(str(status))
         if where:
             q += " WHERE " + " AND ".join(where)
         q += " ORDER BY id DESC"
