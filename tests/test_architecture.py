@@ -150,8 +150,8 @@ def test_no_import_cycles() -> None:
 
 
 # every package but the command line, which sits above them all
-CORE_PACKAGES = ("kinds", "errors", "paths", "model", "hardware", "plan", "engine", "run", "store", "bench",
-                 "monitor", "report", "cluster", "planfiles", "tune")
+CORE_PACKAGES = ("kinds", "errors", "paths", "model", "hardware", "plan", "engine", "run", "store", "monitor",
+                 "bench", "report", "cluster", "planfiles", "tune")
 
 
 def test_no_cycles_between_core_packages() -> None:

@@ -35,7 +35,7 @@ FULL = Snapshot(
                       "llamacpp:requests_processing": 2.0, "llamacpp:requests_deferred": 1.0,
                       'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"}': 5.0,
                       "llamacpp:some_new_gauge": 0.5}},
-    load={"in_flight": 4.0, "done": 120.0, "errors": 1.0, "level": 3.0},
+    load={"requests_in_flight": 4.0, "requests_done_total": 120.0, "errors_total": 1.0, "level": 3.0},
     phase="c=4",
 )
 

@@ -56,7 +56,7 @@ def test_prometheus_scrapes_the_endpoint_and_answers_queries(tmp_path: Path) -> 
         db.add_metrics(rid, time.time(), Snapshot(
             t=time.time(), host=HostSample(mem_used_bytes=123_456_789, mem_total_bytes=1 << 34),
             gpus=(GpuSample(0, "NVIDIA H200", util_pct=42.0),),
-            servers={"main": {"llamacpp:tokens_predicted_total": 640.0}}, load={"in_flight": 3.0},
+            servers={"main": {"llamacpp:tokens_predicted_total": 640.0}}, load={"requests_in_flight": 3.0},
             phase="c=4").to_json())
 
     source = DbSource(db_path, max_age_s=3600)

@@ -231,7 +231,9 @@ def test_cli_serves_until_sigterm_or_ctrl_c(tmp_path: Path, sig: signal.Signals,
     p, url = start_cli(db)
     try:
         r = httpx.get(url + "/metrics", timeout=5)
-        assert series(r.text, "moetune_host_memory_used_bytes") == {(("node", "local"), ("run", str(rid))): 12345}
+        used = series(r.text, "moetune_host_memory_used_bytes")
+        assert used[(("node", "local"), ("run", str(rid)))] == 12345  # the running run's snapshot
+        assert used[(("node", "local"),)] > 0  # and this host, read at the scrape
         os.kill(p.pid, sig)
         assert p.wait(10) == code
         assert p.stderr is not None and said in p.stderr.read()

@@ -80,7 +80,7 @@ def test_launch_serve_stop_without_worker(tiny_model: Path, plan_file: PlanFile)
     main = record(run_id, "main")
     argv = main["argv"]
     assert isinstance(argv, list) and argv[0].endswith("llama-server")
-    assert argv[-6:] == ["--host", "127.0.0.1", "--port", str(url.rsplit(":", 1)[1]), "-lv", "4"]
+    assert argv[-7:] == ["--host", "127.0.0.1", "--port", str(url.rsplit(":", 1)[1]), "-lv", "4", "--metrics"]
     assert main["env"] == {"MOETUNE_RUN": run_id, "MOETUNE_PROCESS": "main"}
     assert "PATH" in main["env_inherited"]  # type: ignore[operator]
     info = json.loads((runs_dir() / run_id / "run.json").read_text())

@@ -33,10 +33,14 @@ def proc(name: str, role: str = "server", argv: tuple[str, ...] = (), port: int 
 
 
 @pytest.mark.parametrize(("p", "kind", "tail"), [
-    (proc("main", argv=("-m", "m.gguf")), EngineKind.MAINLINE, ["--host", "127.0.0.1", "--port", "8080", "-lv", "4"]),
-    (proc("main", argv=("-m", "m.gguf")), EngineKind.IK, ["--host", "127.0.0.1", "--port", "8080"]),  # ik logs load details anyway
-    (proc("main", argv=("-m", "m.gguf", "--port", "8080", "-lv", "3")), EngineKind.MAINLINE, ["--port", "8080", "-lv", "3"]),
-    (proc("main", argv=("-m", "m.gguf", "--verbose")), EngineKind.MAINLINE, ["--verbose", "--host", "127.0.0.1", "--port", "8080"]),
+    (proc("main", argv=("-m", "m.gguf")), EngineKind.MAINLINE,
+     ["--host", "127.0.0.1", "--port", "8080", "-lv", "4", "--metrics"]),
+    # ik logs load details anyway
+    (proc("main", argv=("-m", "m.gguf")), EngineKind.IK, ["--host", "127.0.0.1", "--port", "8080", "--metrics"]),
+    (proc("main", argv=("-m", "m.gguf", "--port", "8080", "-lv", "3")), EngineKind.MAINLINE,
+     ["--port", "8080", "-lv", "3", "--metrics"]),
+    (proc("main", argv=("-m", "m.gguf", "--verbose", "--metrics")), EngineKind.MAINLINE,
+     ["--verbose", "--metrics", "--host", "127.0.0.1", "--port", "8080"]),  # --metrics once
     (proc("rpc0", role="rpc", port=50052), EngineKind.MAINLINE, ["-H", "127.0.0.1", "-p", "50052"]),
     (proc("rpc0", role="rpc", argv=("-H", "10.0.0.2", "-p", "50052"), port=50052), EngineKind.MAINLINE, ["-p", "50052"]),
 ])

@@ -35,11 +35,21 @@ def model_arg(argv: tuple[str, ...] | list[str]) -> str | None:
     return None
 
 
+def new_launch_id() -> str:
+    """A launch's id chosen before it starts, so that its processes can be watched from their start."""
+    import secrets
+    import time
+
+    from moetune.run.record import new_run_id
+
+    return new_run_id(time.time(), secrets.token_hex(2))
+
+
 @contextmanager
 def launched(target: Target, *, spec: LaunchSpec | None = None, timeout_s: float = 600.0,
-             status: Status | None = None) -> Iterator[Launched]:
+             status: Status | None = None, launch_id: str | None = None) -> Iterator[Launched]:
     """Start the target's plan (or ``spec``, a rewritten launch of it), yield its chosen server,
-    stop everything on leaving."""
+    stop everything on leaving. ``launch_id`` names its run directory (a new one by default)."""
     from moetune.engine import registry
     from moetune.run.launch import Event
     from moetune.run.launch import launched as run_launched
@@ -56,7 +66,8 @@ def launched(target: Target, *, spec: LaunchSpec | None = None, timeout_s: float
             status(f"{e.process}: {'starting' if e.kind == 'start' else e.kind} "
                    f"{e.detail if e.kind != 'start' else ''}".rstrip())
 
-    with run_launched(spec, target.doc, plan_file=target.name, timeout_s=timeout_s, on_event=on_event) as ln:
+    with run_launched(spec, target.doc, plan_file=target.name, timeout_s=timeout_s, on_event=on_event,
+                      run_id=launch_id) as ln:
         yield Launched(ln.urls[chosen.name], chosen, ln.run.run_id, {p.name: ln.log(p.name) for p in spec.processes},
                        registry.get(chosen.engine).version(), model_arg(chosen.argv))
     if status:
@@ -112,6 +123,7 @@ class PlanServers:
         self.current: Launched | None = None
         self._stack: ExitStack | None = None
         self.argv: dict[int, list[str]] = {}
+        self.launch_id: str | None = None  # the launch being started or served (its processes are sampled)
 
     def url_for(self, concurrency: int) -> tuple[str, bool]:
         if self.current is not None and not self.match:
@@ -124,9 +136,10 @@ class PlanServers:
         what = f" with --parallel {flag_value(argv, PARALLEL)} -c {flag_value(argv, CTX)}" if self.match else ""
         self.status(f"launching {self.plan.plan_path.name}{what}")
         self._stack = ExitStack()
+        self.launch_id = new_launch_id()
         try:
             self.current = self._stack.enter_context(
-                launched(self.plan, spec=spec, timeout_s=self.timeout_s, status=self.status))
+                launched(self.plan, spec=spec, timeout_s=self.timeout_s, status=self.status, launch_id=self.launch_id))
         except BaseException:
             self._stack = None
             raise

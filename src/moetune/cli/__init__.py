@@ -56,6 +56,7 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("MOETUNE_CACHE_DIR", "engine builds and downloads (default: the user cache directory)"),
     ("MOETUNE_ENGINE", "the engine used when a command gets no --engine (default: moetune's own build)"),
     ("MOETUNE_SSH_COMMAND", "replaces `ssh` for nodes of a hardware file, as GIT_SSH_COMMAND does for git"),
+    ("MOETUNE_METRICS_INTERVAL", "seconds between samples of the machine during launches and runs (default 1; 0: off)"),
     ("MOETUNE_PYPI_SIMPLE", "the package index `engine install` downloads from (default: https://pypi.org/simple)"),
 )
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from moetune.bench.single.runner import BenchOptions
     from moetune.bench.single.runner import Progress as ProgressFn
     from moetune.bench.single.workloads import Workload
+    from moetune.monitor.snapshot import Snapshot
     from moetune.store.db import ResultsDB
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -85,27 +86,55 @@ def build_workloads(kw: dict[str, Any]) -> tuple[list[Workload], BenchOptions]:
                             timeout_s=kw["timeout_s"], seed=kw["seed"])
 
 
+class Bars:
+    """Progress on stderr: one bar per run (``bars(label)`` makes its callback) and, under them, the
+    live line of the machine and the load (``bars.machine``, fed the sampler's snapshots)."""
+
+    def __init__(self, progress: Any) -> None:
+        self.progress = progress
+
+    def __call__(self, label: str) -> ProgressFn:
+        bar = self.progress
+        task: Any = None
+
+        def cb(what: str, done: int, total: int) -> None:
+            nonlocal task
+            if task is None:
+                task = bar.add_task(label, total=total, what="")
+            bar.update(task, completed=done, what=what)
+
+        return cb
+
+    def machine(self, snap: Snapshot) -> None:
+        from moetune.report.live_view import live_line
+
+        self.progress.machine_line = live_line(snap)
+        self.progress.refresh()
+
+
 @contextmanager
-def progress_bar(enabled: bool = True) -> Iterator[Callable[[str], ProgressFn]]:
-    """A factory of progress callbacks, one bar per run, on stderr."""
-    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+def progress_bar(enabled: bool = True, bars: bool = True) -> Iterator[Bars]:
+    """:class:`Bars` on stderr (nothing shown unless ``enabled``; without ``bars``, the live line alone)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.text import Text
 
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), TextColumn("[dim]{task.fields[what]}"), console=err,
-                  disable=not enabled, transient=False) as bar:
+    class WithMachine(Progress):
+        machine_line = ""
 
-        def make(label: str) -> ProgressFn:
-            task: TaskID | None = None
+        def get_renderables(self) -> Iterator[Any]:
+            if self.tasks:
+                yield self.make_tasks_table(self.tasks)
+            if self.machine_line:
+                yield Text(self.machine_line, style="dim", overflow="ellipsis", no_wrap=True)
 
-            def cb(what: str, done: int, total: int) -> None:
-                nonlocal task
-                if task is None:
-                    task = bar.add_task(label, total=total, what="")
-                bar.update(task, completed=done, what=what)
-
-            return cb
-
-        yield make
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn(), TextColumn("[dim]{task.fields[what]}"))
+    with WithMachine(*columns, console=err, disable=not enabled or (not err.is_terminal and not bars),
+                     transient=not bars) as bar:
+        try:
+            yield Bars(bar)
+        finally:
+            bar.machine_line = ""  # the live line goes; the bars stay
 
 
 def _print_run(db: ResultsDB, run_id: int, as_json: bool) -> None:
@@ -166,7 +195,7 @@ def bench_cmd(target: str, label: str | None, server_name: str | None, launch_ti
             with progress_bar(not as_json) as bars:
                 run_id = bench_target(db, t, workloads, options, label=label, launch_timeout_s=launch_timeout_s,
                                       status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars,
-                                      on_start=started.append)
+                                      on_start=started.append, on_snapshot=bars.machine)
         except KeyboardInterrupt:
             if started:
                 n = len(db.samples(started[0]))
@@ -228,7 +257,8 @@ def sweep_cmd(plans: tuple[Path, ...], baseline: str | None, sid: str | None, se
     with ResultsDB.open(db_path) as db:
         with progress_bar(not as_json) as bars:
             sid, outcomes = run_sweep(db, spec, workloads, options, sid=sid, launch_timeout_s=launch_timeout_s,
-                                      status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars)
+                                      status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars,
+                                      on_snapshot=bars.machine)
         ok = [o for o in outcomes if o.run is not None]
         base = baseline_of(spec, outcomes, baseline)
         runs = load(db, [db.run(o.run) for o in [base, *[o for o in ok if o is not base]] if o.run is not None])

@@ -10,6 +10,7 @@ from rich.table import Table
 from moetune.cli.common import db_option, err, json_option, out, print_json
 from moetune.cluster.linktest import DEFAULT_PORT, TOOLS, link_test, record, samples, summary
 from moetune.hardware import inventory
+from moetune.monitor.sampler import RunMonitor
 from moetune.store.db import ResultsDB
 
 
@@ -49,9 +50,11 @@ def link_test_cmd(node_a: str, node_b: str, hw_path: str, streams: int, duration
     hw = inventory.load(hw_path)
     if not as_json:
         err.print(f"link-test {node_a} -> {node_b}: {duration_s:g} s per bandwidth test, {pings} round trips")
-    r = link_test(hw, node_a, node_b, streams=streams, duration_s=duration_s, pings=pings, port=port, tool=tool)
+    with RunMonitor(list, phase="link-test") as monitor:  # this host, while the link is measured
+        r = link_test(hw, node_a, node_b, streams=streams, duration_s=duration_s, pings=pings, port=port, tool=tool)
     with ResultsDB.open(db_path) as db:
         run = db.run(record(db, r, hardware_file=hw.name or hw.source, label=label))
+        monitor.attach(db, run.id)
         path = db.path
     s = summary(r)
     if as_json:

@@ -102,9 +102,12 @@ def _show_failure(e: LaunchFailed, as_json: bool) -> None:
 @click.option("--verify", is_flag=True, help="Preflight: once the RPC workers listen, run the engine's own dry run "
               "of each server's exact command (llama-fit-params; ik_llama.cpp's --dry-run) and say where it "
               "disagrees with the plan, before loading anything.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="Serve this launch's metrics for Prometheus on 127.0.0.1:PORT/metrics while it lives "
+              "(`moetune metrics serve --launch RUN`, started once the servers are healthy).")
 @json_option
 def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_dev: str | None, force: bool,
-               verify: bool, as_json: bool) -> None:
+               verify: bool, metrics_port: int | None, as_json: bool) -> None:
     """Start a plan's RPC workers (over ssh on other nodes), then its servers; wait until every
     server is healthy. A plan whose verdict is that it does not fit is refused (exit 2) unless --force.
 
@@ -116,6 +119,10 @@ def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_
     from moetune.run.prepare import LaunchFailed, check_fits, public_bind_warnings, read_plan
 
     spec, doc = read_plan(plan)
+    if metrics_port is not None:
+        from moetune.monitor.serve import bind
+
+        bind("127.0.0.1", metrics_port, list).server_close()  # a port in use is said now, before loading
     for shortfall in check_fits(doc, plan, force):
         warn(f"launching a plan that does not fit (--force): {shortfall}",
              "expect the server to fail while loading; `moetune doctor RUN` reads why")
@@ -138,21 +145,55 @@ def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_
                 warn(f"{v.service}: the engine's dry run disagrees with the plan: {'; '.join(v.disagreements)}",
                      "the engine's figures are the truth: re-plan with more margin (or --force past a shortfall)")
 
+    from moetune.bench.servers import new_launch_id
+    from moetune.monitor.sampler import LaunchSink, Sampler, interval_from_env, watches_of_launch
+
+    run_id = new_launch_id()
+    # the machine while the model loads, one line a second in the run directory's metrics.jsonl
+    sampler = Sampler(LaunchSink(run_id), watches=lambda: watches_of_launch(run_id), interval_s=interval_from_env())
+
+    def on_event(e: Event) -> None:
+        if e.kind == "phase":
+            sampler.phase = e.detail
+        display(e)
+
     with _signals_interrupt():
+        sampler.start()
         try:
             launched = launch(spec, doc, plan_file=str(plan.resolve()), detached=detach, timeout_s=timeout_s,
-                              on_event=display, transport=transport, rdma_dev=rdma_dev,
-                              preflight=preflight if verify else None)
+                              on_event=on_event, transport=transport, rdma_dev=rdma_dev,
+                              preflight=preflight if verify else None, run_id=run_id)
         except LaunchFailed as e:
             display.close()
             _show_failure(e, as_json)
             raise
         finally:
+            sampler.stop()
             display.close()
+        if metrics_port is not None:
+            _serve_metrics(launched, metrics_port, as_json)
         _print_launched(launched, as_json, verified)
         if detach:
             return
         _foreground(launched, display)
+
+
+def _serve_metrics(launched: Launched, port: int, as_json: bool) -> None:
+    """`moetune metrics serve --launch RUN` in the background, on its own: it ends with the launch."""
+    import subprocess
+    import sys
+
+    from moetune.monitor.serve import wait_listening
+
+    log = launched.run.path / "metrics-serve.log"
+    with open(log, "ab") as f:
+        subprocess.Popen([sys.executable, "-m", "moetune", "metrics", "serve", "--listen", f"127.0.0.1:{port}",
+                          "--launch", launched.run.run_id], stdin=subprocess.DEVNULL, stdout=f, stderr=f,
+                         start_new_session=True)
+    if not wait_listening("127.0.0.1", port, timeout_s=10.0):
+        warn(f"the metrics endpoint on 127.0.0.1:{port} did not come up", f"see {log}")
+    elif not as_json:
+        err.print(f"metrics: http://127.0.0.1:{port}/metrics (ends with the launch)")
 
 
 def _print_launched(launched: Launched, as_json: bool, verified: list[Any]) -> None:

@@ -169,9 +169,11 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
         output_len=output_len, requests=requests, duration_s=duration, warmup=warmup, seed=seed,
         prefix_cache=prefix_cache, thinking={"on": True, "off": False}.get(thinking), timeout_s=timeout_s,
         model=model, label=label, slo=slo)
+    from moetune.cli.bench_cmds import progress_bar
+
     source = server_source(spec, target, match_slots=match_slots, server=server, status=_log)
-    with ResultsDB.open(db_path) as db:
-        doc = serve_bench(spec, db, log=_log, source=source)
+    with ResultsDB.open(db_path) as db, progress_bar(not as_json, bars=False) as live:
+        doc = serve_bench(spec, db, log=_log, source=source, on_snapshot=live.machine)
     _render(doc, plot_dir, as_json)
     if not as_json:
         err.print(f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "

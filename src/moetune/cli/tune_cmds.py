@@ -108,7 +108,8 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
                       BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,
                       port, objective, budget, axes, launch_timeout_s)
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
-        result = tune(db, req, status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars)
+        result = tune(db, req, status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars,
+                      on_snapshot=bars.machine)
         doc = result_json(result)
     best_plan = result.plan_path(result.best)
     if output:

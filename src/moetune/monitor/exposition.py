@@ -24,6 +24,7 @@ moetune_process_resident_memory_bytes                 gauge    process, role, no
 moetune_process_threads                               gauge    process, role, node           threads
 moetune_process_major_page_faults_total               counter  process, role, node           major page faults (read from disk)
 moetune_process_minor_page_faults_total               counter  process, role, node           minor page faults
+moetune_process_gpu_memory_bytes                      gauge    process, role, node           its memory on GPUs (where NVML tells)
 moetune_gpu_utilization_ratio                         gauge    node, device, device_name     busy share of the GPU (0-1)
 moetune_gpu_memory_used_bytes                         gauge    node, device, device_name     GPU memory in use (all processes)
 moetune_gpu_memory_total_bytes                        gauge    node, device, device_name     GPU memory
@@ -50,6 +51,9 @@ moetune_server_kv_cache_tokens                        gauge    service          
 moetune_load_requests_in_flight                       gauge                                  benchmark requests sent, not yet done
 moetune_load_requests_done_total                      counter                                benchmark requests completed
 moetune_load_errors_total                             counter                                benchmark requests that failed
+moetune_load_output_tokens_total                      counter                                tokens the benchmark received
+moetune_load_ttft_recent_median_seconds               gauge                                  median TTFT of the last 32 requests
+moetune_load_itl_recent_median_seconds                gauge                                  median ITL of the last 32 requests
 ====================================================  =======  ============================  ==========================================
 
 Any other llama-server metric ``PREFIX:NAME{LABELS}``
@@ -114,6 +118,7 @@ METRICS: tuple[Metric, ...] = (
     _m("process_threads", "gauge", _PROC, "Threads of the process."),
     _m("process_major_page_faults_total", "counter", _PROC, "Major page faults of the process (pages read from disk)."),
     _m("process_minor_page_faults_total", "counter", _PROC, "Minor page faults of the process."),
+    _m("process_gpu_memory_bytes", "gauge", _PROC, "The process's memory on GPUs, where NVML tells."),
     _m("gpu_utilization_ratio", "gauge", _GPU, "Busy share of the GPU over the interval (0-1)."),
     _m("gpu_memory_used_bytes", "gauge", _GPU, "GPU memory in use, all processes."),
     _m("gpu_memory_total_bytes", "gauge", _GPU, "GPU memory."),
@@ -147,12 +152,13 @@ METRICS: tuple[Metric, ...] = (
     _m("load_requests_in_flight", "gauge", "", "Benchmark requests sent and not yet answered in full."),
     _m("load_requests_done_total", "counter", "", "Benchmark requests completed."),
     _m("load_errors_total", "counter", "", "Benchmark requests that failed."),
+    _m("load_output_tokens_total", "counter", "", "Tokens the benchmark received."),
+    _m("load_ttft_recent_median_seconds", "gauge", "", "Median time to first token of the benchmark's last 32 "
+       "requests."),
+    _m("load_itl_recent_median_seconds", "gauge", "", "Median inter-token latency of the benchmark's last 32 "
+       "requests."),
 )
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
-
-# Snapshot.load's keys with a name of their own (after moetune_load_); any other KEY is moetune_load_KEY
-LOAD_NAMES: dict[str, str] = {"in_flight": "requests_in_flight", "done": "requests_done_total",
-                              "errors": "errors_total"}
 
 _BAD_NAME_CHAR = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -201,6 +207,7 @@ def _series(item: LabelledSnapshot) -> Iterator[Series]:
         yield from g("process_threads", pl, p.threads)
         yield from g("process_major_page_faults_total", pl, p.majflt)
         yield from g("process_minor_page_faults_total", pl, p.minflt)
+        yield from g("process_gpu_memory_bytes", pl, p.gpu_mem_bytes)
     for gpu in s.gpus:
         gl = {"node": node, "device": str(gpu.index), "device_name": gpu.name}
         yield from g("gpu_utilization_ratio", gl, gpu.util_pct, 0.01)
@@ -214,7 +221,7 @@ def _series(item: LabelledSnapshot) -> Iterator[Series]:
             m, own = _server_metric(key)
             yield m, {**own, "service": service}, value
     for key, value in s.load.items():
-        yield _dynamic("load", LOAD_NAMES.get(key, key), (), f"The benchmark's load figure {key!r}."), {}, value
+        yield _dynamic("load", key, (), f"The benchmark's load figure {key!r}."), {}, value
 
 
 def render(items: Iterable[LabelledSnapshot]) -> str:

@@ -83,6 +83,49 @@ class DbSource:
             self.db.close()
 
 
+class LaunchSource:
+    """The live launches, sampled at each scrape (no thread, nothing spent between scrapes): the
+    host and its GPUs once, then each launch's processes and servers labelled with its id; rates
+    are over the time since the previous scrape. ``only`` keeps one launch (``launch
+    --metrics-port``). Close it when done (it may hold ssh sessions to other nodes)."""
+
+    def __init__(self, only: str | None = None) -> None:
+        from moetune.monitor.sampler import Sampler
+
+        self.only = only
+        self._host = Sampler()
+        self._host.tick()  # a first reading, so that the first scrape has the host's rates
+        self._launches: dict[str, Sampler] = {}
+        self._lock = threading.Lock()
+
+    def live(self) -> list[str]:
+        from moetune.run.status import runs
+
+        return [s.run for s in runs() if s.live and (self.only is None or s.run == self.only)]
+
+    def __call__(self) -> list[LabelledSnapshot]:
+        from moetune.monitor.sampler import Sampler, watches_of_launch
+
+        with self._lock:
+            live = self.live()
+            for gone in set(self._launches) - set(live):
+                self._launches.pop(gone).close()
+            out = [LabelledSnapshot(self._host.tick())]
+            for run in live:
+                sampler = self._launches.get(run)
+                if sampler is None:  # a new launch: its processes' rates come from the next scrape on
+                    sampler = self._launches[run] = Sampler(watches=lambda r=run: watches_of_launch(r),  # type: ignore[misc]
+                                                            gpus=False, host=False)
+                out.append(LabelledSnapshot(sampler.tick(), launch=run))
+            return out
+
+    def close(self) -> None:
+        with self._lock:
+            for sampler in self._launches.values():
+                sampler.close()
+            self._launches.clear()
+
+
 # ---- the HTTP server ---------------------------------------------------------------------------
 
 INDEX = """<!doctype html>
@@ -192,6 +235,18 @@ def bind(host: str, port: int, source: Source) -> MetricsServer:
                              hint="use 127.0.0.1, or one of this machine's addresses") from None
         raise RuntimeFailure(f"--listen {host}:{port}: {e.strerror or e}",
                              hint="choose another address or port (--listen HOST:PORT)") from None
+
+
+def wait_listening(host: str, port: int, timeout_s: float) -> bool:
+    """Whether something accepts connections on ``host:port`` within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return False
 
 
 def serve_until_stopped(server: MetricsServer, stop: threading.Event | None = None) -> None:

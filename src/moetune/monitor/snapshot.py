@@ -43,6 +43,7 @@ class ProcSample:
     threads: int | None = None
     minflt: int | None = None  # cumulative page faults
     majflt: int | None = None
+    gpu_mem_bytes: int | None = None  # its memory on GPUs, where NVML tells
     alive: bool = True
 
 
@@ -66,7 +67,8 @@ class Snapshot:
     gpus: tuple[GpuSample, ...] = ()
     # llama-server's own /metrics per server name: {"llamacpp:requests_processing": 2.0, ...}
     servers: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    # what the running benchmark says it is doing: {"in_flight": 4, "done": 120, "errors": 0, ...}
+    # what the running benchmark says it is doing, by its Prometheus name after moetune_load_:
+    # {"requests_in_flight": 4, "requests_done_total": 120, "errors_total": 0, ...} (bench.serve.load.LoadMeter)
     load: Mapping[str, float] = field(default_factory=dict)
     phase: str | None = None  # the benchmark's phase when taken ("pp512", "c=4", "loading tensors")
 

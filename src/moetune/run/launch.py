@@ -179,10 +179,10 @@ def transport_envs(prepared: list[Prepared], transport: str, rdma_dev: str | Non
 
 @contextmanager
 def launched(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None = None, timeout_s: float = 1800.0,
-             on_event: Observer | None = None) -> Iterator[Launched]:
+             on_event: Observer | None = None, run_id: str | None = None) -> Iterator[Launched]:
     """``with launched(spec, doc) as ln:`` serve on ``ln.url``; on leaving (an exception or Ctrl-C
     included) everything stops in order."""
-    ln = launch(spec, plan_doc, plan_file=plan_file, timeout_s=timeout_s, on_event=on_event)
+    ln = launch(spec, plan_doc, plan_file=plan_file, timeout_s=timeout_s, on_event=on_event, run_id=run_id)
     try:
         yield ln
     finally:

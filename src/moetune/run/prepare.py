@@ -32,6 +32,7 @@ from moetune.run.transport import engine_files, rdma_capable
 VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose")
 # mainline prints buffers, the device list, slot and cache details only at verbosity 4
 MAINLINE_VERBOSITY = ("-lv", "4")
+METRICS_FLAG = "--metrics"  # llama-server's /metrics (both engines)
 
 
 class LaunchFailed(RuntimeFailure):
@@ -163,7 +164,8 @@ def public_bind_warnings(spec: LaunchSpec) -> list[tuple[str, str]]:
 
 def final_argv(p: ProcessSpec, binary: Path | PurePosixPath, kind: str) -> tuple[str, ...]:
     """The binary and the plan's arguments, plus the address when the plan left it out, plus
-    ``-lv 4`` for mainline servers (the log moetune reads needs it) unless a verbosity is set."""
+    ``-lv 4`` for mainline servers (the log moetune reads needs it) unless a verbosity is set, plus
+    ``--metrics`` for every server (its Prometheus counters, which moetune's sampler records)."""
     args = list(p.argv)
     port_flags = ("--port",) if p.role == ProcessRole.SERVER else ("-p", "--port")
     given = _flag_values(args, port_flags)
@@ -174,6 +176,8 @@ def final_argv(p: ProcessSpec, binary: Path | PurePosixPath, kind: str) -> tuple
         args += ["--host", p.host, "--port", str(p.port)] if p.role == ProcessRole.SERVER else ["-H", p.host, "-p", str(p.port)]
     if p.role == ProcessRole.SERVER and kind != EngineKind.IK and not any(a in VERBOSITY_FLAGS or a.startswith("--verbosity=") for a in args):
         args += MAINLINE_VERBOSITY
+    if p.role == ProcessRole.SERVER and METRICS_FLAG not in args:
+        args.append(METRICS_FLAG)
     return (str(binary), *args)
 
 

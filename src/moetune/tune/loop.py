@@ -38,6 +38,7 @@ from moetune.errors import InputError, MoetuneError
 from moetune.hardware import inventory
 from moetune.kinds import RunStatus
 from moetune.model.profile import is_url, open_model
+from moetune.monitor.snapshot import Snapshot
 from moetune.paths import data_dir
 from moetune.plan import tune as core
 from moetune.plan.calibrate import fit
@@ -174,7 +175,8 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
 
 
 def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
-         progress_for: Callable[[str], Progress | None] | None = None) -> TuneResult:
+         progress_for: Callable[[str], Progress | None] | None = None,
+         on_snapshot: Callable[[Snapshot], None] | None = None) -> TuneResult:
     if req.objective not in core.OBJECTIVES:
         raise InputError(f"--objective {req.objective}: choose {', '.join(core.OBJECTIVES)}")
     entries, prior = candidates(req, status)
@@ -265,7 +267,7 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
         try:
             e.run = bench_target(db, plan_target(path), [req.workload], req.options, label=e.candidate.label,
                                  sweep_id=tid, launch_timeout_s=req.launch_timeout_s, status=status,
-                                 progress_for=progress_for)
+                                 progress_for=progress_for, on_snapshot=on_snapshot)
         except MoetuneError as err:  # out of memory at launch, say: recorded, skipped, the search goes on
             e.failed = str(err)
             failed[e.candidate.label] = e.failed

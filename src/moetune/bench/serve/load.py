@@ -19,7 +19,9 @@ import asyncio
 import itertools
 import json
 import random
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,48 @@ class ServerGone(RuntimeFailure):
                          f"({last_error}); the level was stopped, {len(records)} requests were measured",
                          hint="the server crashed or was stopped; its log says why (`moetune doctor` for a launch)")
         self.records = records
+
+
+class LoadMeter:
+    """What the load generator is doing now, for the sampler and the live view: requests in flight,
+    finished and failed, tokens received, and the median TTFT and ITL of the last requests. Raw
+    records stay the source of every reported figure; these are only the live approximations."""
+
+    RECENT = 32
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.done = 0
+        self.errors = 0
+        self.output_tokens = 0
+        self.level = ""
+        self._ttft: deque[float] = deque(maxlen=self.RECENT)
+        self._itl: deque[float] = deque(maxlen=self.RECENT)
+
+    def started(self) -> None:
+        self.in_flight += 1
+
+    def finished(self, rec: RequestRecord) -> None:
+        self.in_flight = max(0, self.in_flight - 1)
+        self.done += 1
+        if rec.error is not None:
+            self.errors += 1
+        arrivals = [float(c[0]) for c in rec.chunks if c[0] is not None and c[1]]
+        tokens = sum(int(c[1] or 0) for c in rec.chunks)
+        self.output_tokens += tokens
+        if arrivals and rec.error is None:
+            self._ttft.append(arrivals[0] - rec.t_sched)
+            if tokens > 1:
+                self._itl.append((arrivals[-1] - arrivals[0]) / (tokens - 1))
+
+    def figures(self) -> dict[str, float]:
+        out = {"requests_in_flight": float(self.in_flight), "requests_done_total": float(self.done),
+               "errors_total": float(self.errors), "output_tokens_total": float(self.output_tokens)}
+        if self._ttft:
+            out["ttft_recent_median_seconds"] = statistics.median(self._ttft)
+        if self._itl:
+            out["itl_recent_median_seconds"] = statistics.median(self._itl)
+        return out
 
 
 def _unanswered(rec: RequestRecord) -> bool:
@@ -112,7 +156,8 @@ async def _sleep_until(t: float) -> None:
 
 async def run_level(http: StreamingHttp, prompts: Sequence[Prompt], spec: LoadSpec, options: RequestOptions,
                     on_sample: Callable[[RequestRecord], None], *, first_index: int = 0,
-                    progress: Callable[[int], None] | None = None, max_retries: int = 2) -> list[RequestRecord]:
+                    progress: Callable[[int], None] | None = None, max_retries: int = 2,
+                    meter: LoadMeter | None = None) -> list[RequestRecord]:
     """Run one load level; return its records (each was also given to ``on_sample`` as it ended)."""
     if not prompts:
         raise ValueError("no prompts")
@@ -143,12 +188,18 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt], spec: LoadSp
         if t_slot is None:
             async with slots:
                 rec.t_slot = time.monotonic()
+                if meter:
+                    meter.started()
                 await stream_chat(http, bodies[i % len(bodies)], rec, max_retries=max_retries,
                                   timeout_s=options.timeout_s)
         else:
             rec.t_slot = t_slot
+            if meter:
+                meter.started()
             await stream_chat(http, bodies[i % len(bodies)], rec, max_retries=max_retries,
                               timeout_s=options.timeout_s)
+        if meter:
+            meter.finished(rec)
         nonlocal in_a_row
         in_a_row = in_a_row + 1 if _unanswered(rec) else 0
         records.append(rec)

@@ -33,13 +33,15 @@ from moetune.bench.serve.dataset import (
     probed_prompts,
     synthetic_prompts,
 )
-from moetune.bench.serve.load import LoadSpec, Prompt, RequestOptions, ServerGone, run_level
+from moetune.bench.serve.load import LoadMeter, LoadSpec, Prompt, RequestOptions, ServerGone, run_level
 from moetune.bench.serve.request import RequestRecord
 from moetune.bench.server import model_ref, probe
 from moetune.bench.servers import PlanServers, RunningServer, ServerSource
 from moetune.bench.target import resolve
 from moetune.errors import InputError, RuntimeFailure
 from moetune.kinds import RunKind, RunStatus
+from moetune.monitor.sampler import RunMonitor, Watch, watches_for_url, watches_of_launch
+from moetune.monitor.snapshot import Snapshot
 from moetune.store.db import ResultsDB, Run
 from moetune.store.record import HostRef, RunMeta, ServerInfo
 
@@ -182,7 +184,7 @@ class _Run:
 
 
 async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, source: ServerSource, db: ResultsDB,
-                 log: Callable[[str], None]) -> _Run:
+                 log: Callable[[str], None], monitor: RunMonitor) -> _Run:
     model = spec.model or await _model_name(http)
     counter = token_counter(http, info, model, spec.thinking)
     run_tag = os.urandom(2).hex()
@@ -209,6 +211,7 @@ async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, so
                  "run_tag": run_tag, "skipped_overlong": skipped, "slo": dict(spec.slo) if spec.slo else None})
     label = spec.label or f"serve c={','.join(map(str, spec.concurrency))}"
     run_id = db.create_run(meta, label=label, target=source.target)
+    monitor.attach(db, run_id)
     options = RequestOptions(model=model, cache_prompt=spec.prefix_cache, thinking=spec.thinking,
                              timeout_s=spec.timeout_s)
     return _Run(run_id, SampleWriter(db, run_id), prompts, pools, options, meta, advice, label)
@@ -242,7 +245,8 @@ async def _connect(spec: ServeBenchSpec, url: str) -> tuple[StreamingHttp, Serve
     return http, info
 
 
-async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log: Callable[[str], None]) -> dict[str, Any]:
+async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log: Callable[[str], None],
+                 monitor: RunMonitor, meter: LoadMeter) -> dict[str, Any]:
     http: StreamingHttp | None = None
     run: _Run | None = None
     levels: list[dict[str, Any]] = []
@@ -251,16 +255,20 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
     try:
         offset = spec.warmup
         for i, c in enumerate(spec.concurrency):
+            monitor.phase(f"launch c={c}" if isinstance(source, PlanServers) and (i == 0 or source.match) else None)
             url, fresh = source.url_for(c)
             if http is None or fresh:
                 if http is not None:
                     await http.aclose()
                 http, info = await _connect(spec, url)
             if run is None:
-                run = await _setup(spec, http, info, source, db, log)
+                monitor.phase("prepare")
+                run = await _setup(spec, http, info, source, db, log, monitor)
             if spec.warmup and (i == 0 or fresh):
+                monitor.phase(f"warmup c={c}")
                 await run_level(http, run.prompts[:spec.warmup], LoadSpec(1, requests=spec.warmup), run.options,
                                 _sink(run.writer, "warmup"), first_index=-spec.warmup)
+            monitor.phase(f"c={c}")
             pool = run.pools[i]
             level_prompts = run.prompts[offset:offset + pool] or run.prompts
             offset += pool
@@ -268,7 +276,7 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
                             arrivals=spec.arrivals, seed=spec.seed + c)
             try:
                 records = await run_level(http, level_prompts, load, run.options, _sink(run.writer, "measure"),
-                                          first_index=offset)
+                                          first_index=offset, meter=meter)
             except ServerGone as gone:
                 level = summarize_level([r.to_sample() for r in gone.records], spec.slo)
                 level["stopped"] = str(gone)
@@ -349,14 +357,25 @@ def server_source(spec: ServeBenchSpec, target: str, *, match_slots: bool, serve
     return PlanServers(t, match=match_slots, need_per_slot=need, status=status)
 
 
+def _watches(src: ServerSource) -> Callable[[], list[Watch]]:
+    """The engine processes behind the source: the launch it is starting or serving, or the server at its URL."""
+    if isinstance(src, PlanServers):
+        return lambda: watches_of_launch(src.launch_id) if src.launch_id else []
+    return watches_for_url(src.target)
+
+
 def serve_bench(spec: ServeBenchSpec, db: ResultsDB, log: Callable[[str], None] = lambda s: None,
-                source: ServerSource | None = None) -> dict[str, Any]:
+                source: ServerSource | None = None,
+                on_snapshot: Callable[[Snapshot], None] | None = None) -> dict[str, Any]:
     """Run the benchmark against ``spec.url`` (or the servers ``source`` launches); store it in
-    ``db`` (a ResultsDB); return the result document (``run`` and ``levels``)."""
+    ``db`` (a ResultsDB); return the result document (``run`` and ``levels``). The machine and the
+    load are sampled throughout, stored with the run and given to ``on_snapshot`` (a live view)."""
     if not spec.concurrency or min(spec.concurrency) < 1:
         raise InputError("--concurrency: give one or more positive integers, e.g. 1,2,4")
     src = source or RunningServer(spec.url)
+    meter = LoadMeter()
     try:
-        return run_loop(_bench(spec, src, db, log))
+        with RunMonitor(_watches(src), load=meter.figures, on_snapshot=on_snapshot) as monitor:
+            return run_loop(_bench(spec, src, db, log, monitor, meter))
     finally:
         src.close()

@@ -6,6 +6,7 @@ arrives. The imperative shell around :mod:`workloads` (what to send), :mod:`requ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from moetune.bench.single.workloads import (
 from moetune.bench.target import Target
 from moetune.errors import InputError, MoetuneError, RuntimeFailure
 from moetune.kinds import RunKind, RunStatus
+from moetune.monitor.sampler import RunMonitor, watches_for_url, watches_of_launch
+from moetune.monitor.snapshot import Snapshot
 from moetune.store.db import ResultsDB
 from moetune.store.record import HostRef, RunMeta, ServerInfo
 
@@ -114,9 +117,10 @@ def _check_depths(info: ServerInfo, workloads: list[Workload]) -> None:
 
 class _Session:
     def __init__(self, db: ResultsDB, run_id: int, url: str, http: StreamingHttp, options: BenchOptions,
-                 progress: Progress | None, total: int, model: str | None) -> None:
+                 progress: Progress | None, total: int, model: str | None, monitor: RunMonitor) -> None:
         self.db, self.run_id, self.url, self.http, self.opt = db, run_id, url, http, options
         self.model = model
+        self.monitor = monitor
         self.progress, self.total, self.done = progress, total, 0
         self._filler: list[int] | None = None
 
@@ -135,6 +139,7 @@ class _Session:
     async def chat(self, w: Workload) -> None:
         for i in range(self.opt.warmup + self.opt.repeats):
             phase = "warmup" if i < self.opt.warmup else "measure"
+            self.monitor.phase(f"{w.name} {phase}")
             body = chat_body(w, cache_prompt=not self.opt.cache_bust, model=self.model)
             raw = await self._stream("/v1/chat/completions", body)
             sample = {**self._base(w, i - self.opt.warmup if phase == "measure" else i),
@@ -149,6 +154,7 @@ class _Session:
         fill, blocks = depth_prompts(self._filler, w.depth, w.pp_tokens, count)
         for i, block in enumerate(blocks):
             phase = "warmup" if i < self.opt.warmup else "measure"
+            self.monitor.phase(f"{w.name} {phase}")
             if fill:  # leaves exactly the fill in slot 0's cache (see workloads.depth_prompts)
                 raw = await self._stream("/completion", completion_body(fill, 1))
                 self.db.add_sample(self.run_id, {**self._base(w, i), "fill_tokens": len(fill), **raw}, phase="fill")
@@ -167,28 +173,37 @@ def default_label(info: ServerInfo) -> str:
 
 def bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOptions, *, label: str | None = None,
           target: str | None = None, launch: Launch | None = None, sweep_id: str | None = None,
-          progress: Progress | None = None, on_start: Callable[[int], None] | None = None) -> int:
+          progress: Progress | None = None, on_start: Callable[[int], None] | None = None,
+          monitor: RunMonitor | None = None, on_snapshot: Callable[[Snapshot], None] | None = None) -> int:
     """Benchmark the server at ``url``; return the run's id. Every sample is committed as it comes;
-    on Ctrl-C the run is marked interrupted (its samples stay) and KeyboardInterrupt propagates."""
+    on Ctrl-C the run is marked interrupted (its samples stay) and KeyboardInterrupt propagates.
+
+    The machine is sampled throughout (``monitor``, started by the caller while a plan's server
+    loads; else one watching ``url``'s server from now, its snapshots also given to ``on_snapshot``)."""
     if options.repeats < 1 or options.warmup < 0:
         raise InputError("--repeats must be at least 1 and --warmup at least 0")
-    return run_loop(_bench(db, url.rstrip("/"), workloads, options, label=label, target=target, launch=launch,
-                           sweep_id=sweep_id, progress=progress, on_start=on_start))
+    url = url.rstrip("/")
+    with contextlib.ExitStack() as stack:
+        if monitor is None:
+            monitor = stack.enter_context(RunMonitor(watches_for_url(url), on_snapshot=on_snapshot))
+        return run_loop(_bench(db, url, workloads, options, label=label, target=target, launch=launch,
+                               sweep_id=sweep_id, progress=progress, on_start=on_start, monitor=monitor))
 
 
 async def _bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOptions, *, label: str | None,
                  target: str | None, launch: Launch | None, sweep_id: str | None, progress: Progress | None,
-                 on_start: Callable[[int], None] | None) -> int:
+                 on_start: Callable[[int], None] | None, monitor: RunMonitor) -> int:
     http = connect(url, timeout_s=options.timeout_s)
     try:
         info = await probe(http, url)
         _check_depths(info, workloads)
         meta = run_meta(info, workloads, options, launch=launch)
         run_id = db.create_run(meta, label=label or default_label(info), target=target or url, sweep_id=sweep_id)
+        monitor.attach(db, run_id)
         if on_start:
             on_start(run_id)
         s = _Session(db, run_id, url, http, options, progress, len(workloads) * (options.warmup + options.repeats),
-                     info.model_alias)
+                     info.model_alias, monitor)
         if progress:
             progress("starting", 0, s.total)
         try:
@@ -214,21 +229,25 @@ def bench_target(db: ResultsDB, t: Target, workloads: list[Workload], options: B
                  label: str | None = None, launch_timeout_s: float = 600.0, sweep_id: str | None = None,
                  status: Callable[[str], None] | None = None,
                  progress_for: Callable[[str], Progress | None] | None = None,
-                 on_start: Callable[[int], None] | None = None) -> int:
+                 on_start: Callable[[int], None] | None = None,
+                 on_snapshot: Callable[[Snapshot], None] | None = None) -> int:
     """:func:`bench` of a target: the server at its URL, or its plan's server, launched for the
-    benchmark and stopped after it."""
+    benchmark and stopped after it (sampled from its start)."""
     if t.url is not None:
         lab = label or t.url.split("://", 1)[-1]
         return bench(db, t.url, workloads, options, label=label, target=t.name, sweep_id=sweep_id,
-                     progress=progress_for(lab) if progress_for else None, on_start=on_start)
-    from moetune.bench.servers import launched
+                     progress=progress_for(lab) if progress_for else None, on_start=on_start,
+                     on_snapshot=on_snapshot)
+    from moetune.bench.servers import launched, new_launch_id
 
     assert t.doc is not None
     lab = label or str(t.label)
-    with launched(t, timeout_s=launch_timeout_s, status=status) as srv:
+    launch_id = new_launch_id()
+    with RunMonitor(lambda: watches_of_launch(launch_id), phase="launch", on_snapshot=on_snapshot) as monitor, \
+            launched(t, timeout_s=launch_timeout_s, status=status, launch_id=launch_id) as srv:
         return bench(db, srv.url, workloads, options, label=lab, target=t.name, sweep_id=sweep_id,
                      launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run, t.server),
-                     progress=progress_for(lab) if progress_for else None, on_start=on_start)
+                     progress=progress_for(lab) if progress_for else None, on_start=on_start, monitor=monitor)
 
 
 def _safe_summary(db: ResultsDB, run_id: int, options: BenchOptions) -> dict[str, Any] | None:

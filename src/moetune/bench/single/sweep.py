@@ -28,6 +28,7 @@ from moetune.bench.single.workloads import Workload
 from moetune.bench.target import Target, plan_target
 from moetune.errors import InputError, MoetuneError, RuntimeFailure
 from moetune.kinds import RunStatus
+from moetune.monitor.snapshot import Snapshot
 from moetune.store.db import ResultsDB
 
 MEASURED, RESUMED, FAILED = "measured", "resumed", "failed"
@@ -106,7 +107,8 @@ def sweep_id(spec: SweepSpec, workloads: list[Workload], options: BenchOptions) 
 def run_sweep(db: ResultsDB, spec: SweepSpec, workloads: list[Workload], options: BenchOptions, *,
               sid: str | None = None, launch_timeout_s: float = 600.0,
               status: Callable[[str], None] | None = None,
-              progress_for: Callable[[str], Progress | None] | None = None) -> tuple[str, list[Outcome]]:
+              progress_for: Callable[[str], Progress | None] | None = None,
+              on_snapshot: Callable[[Snapshot], None] | None = None) -> tuple[str, list[Outcome]]:
     """Run every plan not yet complete in this sweep; return the sweep id and one outcome per plan."""
     sid = sid or sweep_id(spec, workloads, options)
     db.create_sweep(sid, {"name": spec.name, "baseline": spec.baseline,
@@ -122,7 +124,8 @@ def run_sweep(db: ResultsDB, spec: SweepSpec, workloads: list[Workload], options
             continue
         try:
             run_id = bench_target(db, e.target, workloads, options, label=e.label, sweep_id=sid,
-                                  launch_timeout_s=launch_timeout_s, status=status, progress_for=progress_for)
+                                  launch_timeout_s=launch_timeout_s, status=status, progress_for=progress_for,
+                                  on_snapshot=on_snapshot)
             outcomes.append(Outcome(e.label, run_id, MEASURED))
         except MoetuneError as err:  # one plan failing (out of memory, say) must not lose the others
             if status:

@@ -23,12 +23,14 @@ from typing import Any
 from moetune import __version__
 from moetune.bench.analysis.summary import run_summary
 from moetune.bench.server import model_ref
-from moetune.bench.servers import model_arg
+from moetune.bench.servers import model_arg, new_launch_id
 from moetune.bench.single.workloads import DEPTH
 from moetune.bench.target import Target
 from moetune.engine.argv import SERVING_ALONE, SERVING_WITH_VALUE, strip_flags
 from moetune.errors import InputError, MoetuneError, RuntimeFailure
 from moetune.kinds import RunKind, RunStatus
+from moetune.monitor.procfs import read_proc_stat
+from moetune.monitor.sampler import RunMonitor, Watch, watches_of_launch
 from moetune.run.process import end
 from moetune.store.db import ResultsDB
 from moetune.store.record import HostRef, RunMeta
@@ -150,16 +152,28 @@ def bench_sweep(db: ResultsDB, t: Target, opt: SweepOptions, *, label: str | Non
     run_id = db.create_run(meta, label=label or f"{t.label} (sweep-bench)", target=t.name)
     workers = LaunchSpec(tuple(t.spec.workers()))
     done = 0
+    launch_id = new_launch_id()
+    bench_proc: list[Watch] = []  # llama-sweep-bench itself, once started
+
+    def watches() -> list[Watch]:
+        return [*watches_of_launch(launch_id), *bench_proc]
+
+    def started(pid: int) -> None:
+        st = read_proc_stat(pid)
+        bench_proc[:] = [Watch("llama-sweep-bench", "server", pid=pid, start_ticks=st.start_ticks if st else None)]
+
     try:
         with ExitStack() as stack:
+            stack.enter_context(RunMonitor(watches, phase="sweep-bench")).attach(db, run_id)
             if workers.processes:  # RPC workers through `moetune launch`: stopped on leaving
                 from moetune.run.launch import launched
 
-                stack.enter_context(launched(workers, t.doc, plan_file=t.name, timeout_s=launch_timeout_s))
+                stack.enter_context(launched(workers, t.doc, plan_file=t.name, timeout_s=launch_timeout_s,
+                                             run_id=launch_id))
                 if status:
                     status(f"RPC workers up: {', '.join(p.name for p in workers.processes)}")
             for rep in range(opt.repeats):
-                for row in _run(argv, opt.timeout_s, status):
+                for row in _run(argv, opt.timeout_s, status, on_pid=started):
                     db.add_sample(run_id, row_sample(row, rep))
                     done += 1
                     if progress:
@@ -195,13 +209,15 @@ def _summary(db: ResultsDB, run_id: int) -> dict[str, Any] | None:
     return run_summary(samples) if samples else None
 
 
-def _run(argv: list[str], timeout_s: float, status: Callable[[str], None] | None) -> Iterator[SweepRow]:
+def _run(argv: list[str], timeout_s: float, status: Callable[[str], None] | None,
+         on_pid: Callable[[int], None] = lambda pid: None) -> Iterator[SweepRow]:
     """Run llama-sweep-bench; yield its rows as they are printed; fail naming its last words."""
     if status:
         status("llama-sweep-bench: loading the model")
     scratch = tempfile.TemporaryDirectory(prefix="moetune-sweep-")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             cwd=scratch.name)
+    on_pid(proc.pid)
     tail: list[str] = []
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
