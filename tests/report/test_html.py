@@ -96,6 +96,20 @@ def test_memory_bars_per_device_against_capacity() -> None:
     assert [d["data-device"] for d in out.find("div", **{"class": "device"})] == ["CUDA0", "CPU"]
 
 
+def test_a_plan_that_does_not_fit_says_where_and_by_how_much() -> None:
+    doc = plan_doc()
+    gpu = doc["devices"][0]
+    gpu["items"].append({"what": "weights", "mib": 10000.0, "service": "main"})
+    gpu.update(used_mib=30000.0, free_mib=-6000.0)
+    doc.update(fits=False, shortfalls=[{"device": "CUDA0", "message": "CUDA0 is short by 6,000 MiB"}])
+    page = render_page(ReportData(plans=(PlanSource("p.json", doc),)))
+    assert "does not fit" in page and "CUDA0 is short by 6,000 MiB" in page
+    els = Elements(page)
+    assert els.find("div", **{"class": "dev-sum over"})  # the device's line in red: 5.9 GiB over
+    assert "5.9 GiB over" in page
+    assert len(els.find("line", **{"class": "over"})) == 1  # the capacity marked inside the overflowing bar
+
+
 def test_layer_map_puts_layer_3s_experts_on_the_cpu() -> None:
     doc = plan_doc(cpu_layers=(3,))
     sj = doc["services"][0]

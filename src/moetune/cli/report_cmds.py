@@ -18,7 +18,8 @@ def report_cmd(refs: tuple[str, ...], output: str, db_path: Path | None) -> None
     """One self-contained HTML page of a plan, its runs and their comparison.
 
     RUN is an id, a label (its newest run) or `latest`; PLAN.json a plan file (`moetune plan -o`),
-    alone or beside runs. The page shows the plan (memory per device, layer map, predicted speed,
+    alone or beside runs (an argument that names a file, or ends in .json, is a plan). Exits 2 for
+    an unknown run or an unreadable plan. The page shows the plan (memory per device, layer map, predicted speed,
     command), each run's figures with their confidence intervals and the prediction beside them,
     the machine's metrics during each run with its phases, serve-bench latency and throughput per
     load level, and with two or more runs the comparison against the first. It loads nothing from

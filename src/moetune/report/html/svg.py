@@ -251,7 +251,8 @@ def stacked_bar(segments: Sequence[Segment], capacity: float, *, width: float = 
         w = max(0.0, s.value) * scale
         inner = text(x + 4, height / 2 + 4, s.label, cls="seg-label", size=10) if w >= 6.2 * len(s.label) + 8 else ""
         parts.append(f'<g class="seg" data-what="{esc(s.label)}" data-value="{s.value:.6g}">{title(s.tip)}'
-                     f'<rect x="{x:.3f}" y="0" width="{w:.3f}" height="{n(height)}" fill="{s.color}"/>{inner}</g>')
+                     f'<rect x="{x:.3f}" y="0" width="{w:.3f}" height="{n(height)}" fill="{s.color}" stroke="#fff" '
+                     f'stroke-width="0.6"/>{inner}</g>')
         x += w
     if capacity > total:
         parts.append(f'<rect class="free" x="{x:.3f}" y="0.5" width="{capacity * scale - x:.3f}" '
