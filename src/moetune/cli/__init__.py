@@ -43,6 +43,7 @@ COMMANDS: dict[str, Entry] = {
     "serve-report": Entry("serve_cmds", "Figures of a stored serve-bench run."),
     "results": Entry("results_cmds", "The history of benchmark runs: list, show, export."),
     "compare": Entry("results_cmds", "Compare runs with a baseline: medians, intervals, change in %."),
+    "report": Entry("report_cmds", "One self-contained HTML page of a plan, its runs and their comparison."),
     "calibrate": Entry("calibrate_cmds", "Fit the speed model to benchmarks of plans; plan uses the fit."),
     "tune": Entry("tune_cmds", "Search for the fastest plan in a budget of launches, measured."),
     "link-test": Entry("cluster_cmds", "Bandwidth and latency from one node to another's link address."),

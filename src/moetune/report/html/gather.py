@@ -1,0 +1,135 @@
+"""The report's edge: read the plan files and the runs a page is made of (the results history, each
+run's samples and machine snapshots), derive their figures with the analysis every other
+command uses, and hand :mod:`.page` one :class:`~.data.ReportData`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from moetune.errors import InputError
+from moetune.kinds import RunKind
+from moetune.monitor.snapshot import Snapshot
+from moetune.report.compare import Comparison
+from moetune.report.html.data import PlanSource, ReportData, RunReport, phases
+from moetune.store.db import ResultsDB, Run, SampleRow
+
+PLAN_KEYS = ("services", "devices", "launch")
+PLAN_HINT = ("write one with `moetune plan MODEL --hw HW -o plan.json`; runs are named by id, label or `latest` "
+             "(see `moetune results list`)")
+
+
+def is_plan_arg(arg: str) -> bool:
+    """An argument that names a file, or ends in .json, is a plan; anything else names a run."""
+    if arg == "latest" or arg.isdigit():
+        return False
+    return arg.endswith(".json") or Path(arg).is_file()
+
+
+def read_plan(path: Path) -> PlanSource:
+    """A plan document as `moetune plan -o` writes it; an input error that names what is wrong."""
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"plan file {path}: no such file", hint=PLAN_HINT) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"plan file {path}: cannot read it ({e})", hint=PLAN_HINT) from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"plan file {path}: not JSON ({e.msg} at line {e.lineno})", hint=PLAN_HINT) from None
+    if not isinstance(doc, dict) or not any(isinstance(doc.get(k), dict | list) for k in PLAN_KEYS):
+        raise InputError(f"plan file {path}: not a plan (it has none of {', '.join(PLAN_KEYS)})", hint=PLAN_HINT)
+    return PlanSource(path.name, doc)
+
+
+def read_snapshots(rows: Sequence[Mapping[str, Any]]) -> tuple[Snapshot, ...]:
+    """The run's snapshots; a row this moetune cannot read is left out (a newer sampler's, or torn)."""
+    out = []
+    for d in rows:
+        try:
+            out.append(Snapshot.from_json(d))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return tuple(sorted(out, key=lambda s: s.t))
+
+
+def run_report(db: ResultsDB, run: Run, rows: Sequence[SampleRow]) -> RunReport:
+    from moetune.bench.analysis.predicted import report
+    from moetune.report.results_view import derived
+
+    measured = [r.data for r in rows if r.phase == "measure"]
+    figures = derived(run, measured)
+    prediction = report(figures, dict(run.meta.details)) if run.kind == RunKind.BENCH else None
+    serve = None
+    if run.kind == RunKind.SERVE_BENCH and measured:
+        from moetune.bench.serve.run import stored_report
+
+        serve = stored_report(db, run)
+    snaps = read_snapshots(db.metrics(run.id))
+    return RunReport(run, db.sample_counts(run.id), figures, prediction, snaps, phases(snaps, rows), serve)
+
+
+def comparison(runs: Sequence[Run], samples: Mapping[int, list[dict[str, Any]]]) -> tuple[Comparison | None, list[str]]:
+    """`moetune compare`'s comparison of the runs against the first that has samples, and what to
+    tell beside it (runs left out and why, noise warnings)."""
+    from moetune.bench.analysis.warnings import grouped
+    from moetune.report.compare import METRIC_EXTRACTORS, compare, extract, require_rows, run_noise
+
+    notes: list[str] = []
+    data = []
+    for r in runs:
+        if r.kind not in METRIC_EXTRACTORS:
+            notes.append(f"run {r.id} ({r.label}) is a {r.kind} run, which compare does not read: not compared")
+            continue
+        rm = extract(r, samples[r.id])
+        if not rm.metrics:
+            notes.append(f"run {r.id} ({r.label}) has no measured samples: not compared")
+            continue
+        data.append(rm)
+    if len(data) < 2:
+        return None, notes
+    if data[0].run != runs[0].id:
+        notes.append(f"the baseline is run {data[0].run} ({data[0].label}), the first run with samples")
+    c = compare(data[0], data[1:])
+    notes += c.notes
+    try:
+        require_rows(c)
+    except InputError as e:
+        return None, [*notes, str(e)]
+    for r in runs:
+        for message, _remedy in grouped(run_noise(r, samples[r.id])):
+            notes.append(f"run {r.id}: {message}")
+    return c, notes
+
+
+def _plans(files: Sequence[PlanSource], runs: Sequence[Run]) -> tuple[PlanSource, ...]:
+    """The plan files, then the plans the runs recorded; one entry per distinct document."""
+    titles: dict[str, list[str]] = {}
+    docs: dict[str, Mapping[str, Any]] = {}
+    sources = [*((p.title, p.doc) for p in files),
+               *((f"plan of run {r.id} ({r.label})", r.meta.plan) for r in runs if r.meta.plan)]
+    for title, doc in sources:
+        key = json.dumps(doc, sort_keys=True, default=str)
+        docs.setdefault(key, doc)
+        titles.setdefault(key, []).append(title)
+    return tuple(PlanSource(", ".join(titles[k]), docs[k]) for k in docs)
+
+
+def gather(args: Sequence[str], db_path: Path | None, *, generated_at: str, version: str = "") -> ReportData:
+    """Everything the page shows: the plans given, the runs named (by id, label or `latest`)."""
+    if not args:
+        raise InputError("name runs (id, label or `latest`) or a plan file to report on", hint=PLAN_HINT)
+    files = [read_plan(Path(a)) for a in args if is_plan_arg(a)]
+    refs = [a for a in args if not is_plan_arg(a)]
+    if not refs:
+        return ReportData(plans=_plans(files, []), generated_at=generated_at, version=version)
+    with ResultsDB.open(db_path) as db:
+        runs = list({r.id: r for r in (db.resolve(ref) for ref in refs)}.values())
+        rows = {r.id: db.sample_rows(r.id) for r in runs}
+        reports = tuple(run_report(db, r, rows[r.id]) for r in runs)
+        samples = {r.id: [s.data for s in rows[r.id] if s.phase == "measure"] for r in runs}
+        comp, notes = comparison(runs, samples) if len(runs) > 1 else (None, [])
+        path = str(db.path)
+    return ReportData(plans=_plans(files, runs), runs=reports, comparison=comp, compare_notes=tuple(notes),
+                      generated_at=generated_at, version=version, db_path=path)

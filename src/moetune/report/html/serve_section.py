@@ -1,0 +1,97 @@
+"""Serve-bench runs on the page: latency (TTFT, ITL percentiles) and throughput against the load
+level, from the levels document `moetune serve-report --json` prints."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from moetune.kinds import RunKind
+from moetune.report.html.data import RunReport
+from moetune.report.html.markup import esc, note, table
+from moetune.report.html.svg import PALETTE, Series, figure, legend, line_chart, tick_label
+
+PCTS = ("p50", "p90", "p99")
+PCT_COLORS = dict(zip(PCTS, (PALETTE[0], PALETTE[1], PALETTE[3]), strict=True))
+
+
+def _axis(levels: Sequence[Mapping[str, Any]]) -> tuple[list[float], str]:
+    """The x of each level: its offered rate when every level is open-loop, else its concurrency."""
+    if levels and all(lv.get("rate") for lv in levels):
+        return [float(lv["rate"]) for lv in levels], "offered load (requests/s)"
+    return [float(lv.get("concurrency") or 0) for lv in levels], "concurrency (streams)"
+
+
+def _pct_series(levels: Sequence[Mapping[str, Any]], xs: Sequence[float], key: str) -> list[Series]:
+    out = []
+    for p in PCTS:
+        pts = tuple((x, (lv.get(key) or {}).get(p)) for x, lv in zip(xs, levels, strict=True))
+        if any(y is not None for _, y in pts):
+            out.append(Series(f"{p}", pts, PCT_COLORS[p], dash=p != "p50", unit="ms"))
+    return out
+
+
+def level_charts(levels: Sequence[Mapping[str, Any]]) -> str:
+    xs, x_label = _axis(levels)
+    ticks = sorted(set(xs))  # a tick at every level measured
+    log = bool(ticks) and ticks[0] > 0 and ticks[-1] / ticks[0] >= 8  # 1, 2, 4 … 64 evenly spaced
+
+    def chart(caption: str, series: list[Series], y_label: str) -> str:
+        return figure(caption, line_chart(series, x_label=x_label, y_label=y_label, width=560, x_ticks=ticks,
+                                          x_tick_labels=[tick_label(x) for x in ticks], log2_x=log), legend(series))
+
+    def per_level(key: str) -> tuple[tuple[float, float | None], ...]:
+        return tuple((x, lv.get(key)) for x, lv in zip(xs, levels, strict=True))
+
+    charts = [chart(f"{what} (percentiles)", series, f"{key.split('_')[0].upper()} (ms)")
+              for key, what in (("ttft_ms", "Time to first token"), ("itl_ms", "Inter-token latency"))
+              if (series := _pct_series(levels, xs, key))]
+    charts.append(chart("Throughput: output tokens",
+                        [Series("output tokens/s", per_level("output_tok_s"), PALETTE[2], unit="tokens/s")],
+                        "output (tokens/s)"))
+    reqs = [Series("requests/s completed", per_level("request_s"), PALETTE[4], unit="requests/s")]
+    good = tuple((x, (lv.get("goodput") or {}).get("req_s")) for x, lv in zip(xs, levels, strict=True))
+    if any(y is not None for _, y in good):
+        reqs.append(Series("goodput (met every target), requests/s", good, PALETTE[6], dash=True, unit="requests/s"))
+    charts.append(chart("Throughput: requests", reqs, "requests/s"))
+    return f'<div class="charts">{"".join(charts)}</div>'
+
+
+def levels_table(levels: Sequence[Mapping[str, Any]]) -> str:
+    def p(lv: Mapping[str, Any], key: str) -> list[float | None]:
+        d = lv.get(key) or {}
+        return [d.get(q) for q in PCTS]
+
+    rows = []
+    for lv in levels:
+        errs = ", ".join(f"{k} {v}" for k, v in (lv.get("errors") or {}).items()) or None
+        gp = lv.get("goodput") or {}
+        rows.append([f"c={lv.get('concurrency')}" + (f" @{lv['rate']}/s" if lv.get("rate") else ""),
+                     f"{lv.get('ok')}/{lv.get('requests')}", *p(lv, "ttft_ms"), *p(lv, "itl_ms"),
+                     lv.get("output_tok_s"), lv.get("request_s"),
+                     None if gp.get("share") is None else f"{gp['share'] * 100:.0f}%", errs])
+    return table(["level", "ok", "TTFT p50", "p90", "p99", "ITL p50", "p90", "p99", "output tok/s", "requests/s",
+                  "goodput", "errors"], rows, caption="per load level (latencies in ms)")
+
+
+def serve_block(rr: RunReport) -> str:
+    doc = rr.serve or {}
+    levels = doc.get("levels") or []
+    head = f"<h3>Run {rr.run.id} · {esc(rr.run.label)}</h3>"
+    if not levels:
+        return f'<div class="serve-run">{head}{note("no measured levels")}</div>'
+    run = doc.get("run") or {}
+    warns = "".join(f"<li>{esc(w)}</li>" for w in run.get("warnings") or [])
+    warns += "".join(f"<li>{esc(w)}</li>" for lv in levels for w in lv.get("warnings") or [])
+    slo = run.get("slo")
+    slo_line = (f'<p class="dim">goodput targets: {esc(", ".join(f"{k} {v}" for k, v in slo.items()))}</p>'
+                if slo else "")
+    return (f'<div class="serve-run">{head}{level_charts(levels)}{levels_table(levels)}{slo_line}'
+            + (f'<ul class="warnings">{warns}</ul>' if warns else "") + "</div>")
+
+
+def serve_section(runs: Sequence[RunReport]) -> str:
+    serve = [rr for rr in runs if rr.run.kind == RunKind.SERVE_BENCH]
+    if not serve:
+        return note("no serve-bench runs")
+    return "".join(serve_block(rr) for rr in serve)
