@@ -63,6 +63,8 @@ def test_loopback(tmp_path: Path, tool: str) -> None:
         lat, one, two = db.samples(run.id)
         assert len(lat["rtt_s"]) == 50 and (one["streams"], two["streams"]) == (1, 2)
         assert one["bytes"] > 0 and one["seconds"] > 0
+        machine = db.metrics(run.id)  # this host while the link was measured: a first and a last sample at least
+        assert len(machine) >= 2 and {m["phase"] for m in machine} == {"link-test"}
     table = run_cli("link-test", "a", "b", "--hw", str(hw), "--duration", "0.2", "--pings", "10",
                     "--port", str(free_port()), "--tool", tool)
     assert table.exit_code == 0, table.stderr
