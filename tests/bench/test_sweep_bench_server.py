@@ -19,7 +19,7 @@ from tests.helpers import run_cli
 pytestmark = pytest.mark.server
 
 
-def test_sweep_bench_measures_a_plan_at_every_depth(ik_bin_dir: Path, tmp_path: Path) -> None:
+def test_sweep_bench_measures_a_plan_at_every_depth(ik_bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "f16").files[0]
     hw = tmp_path / "hw.yaml"
     hw.write_text(yaml.safe_dump(loopback_hw([f"127.0.0.1:{free_port()}"])))
@@ -31,6 +31,7 @@ def test_sweep_bench_measures_a_plan_at_every_depth(ik_bin_dir: Path, tmp_path: 
         assert r.exit_code == 0, r.stderr
         plans.append(plan)
     ids = []
+    monkeypatch.setenv("MOETUNE_METRICS_INTERVAL", "0.1")
     for plan in plans:
         r = run_cli("bench", str(plan), "--sweep", "--sweep-ctx", "768", "--tg-tokens", "16", "--json")
         assert r.exit_code == 0, r.stderr
@@ -46,6 +47,9 @@ def test_sweep_bench_measures_a_plan_at_every_depth(ik_bin_dir: Path, tmp_path: 
             assert run.meta.engine_build.startswith("ik_llama.cpp (moetune build")  # type: ignore[union-attr]
             argv = run.meta.details["sweep_argv"]
             assert "--rpc" in argv and argv[argv.index("-c") + 1] == "768" and "--port" not in argv
+            # the machine while it ran: the RPC worker from its launch, llama-sweep-bench once started
+            names = {p["name"] for m in db.metrics(run.id) for p in m["procs"]}
+            assert names <= {"rpc0", "llama-sweep-bench"} and "rpc0" in names
     r = run_cli("compare", *ids, "--json")
     assert r.exit_code == 0, r.stderr
     assert "tg:d512" in r.stdout

@@ -384,6 +384,10 @@ class RunMonitor:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop sampling (a last sample first); again is a no-op."""
         self.sampler.stop()
 
     def attach(self, db: Any, run_id: int) -> None:

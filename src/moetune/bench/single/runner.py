@@ -245,9 +245,12 @@ def bench_target(db: ResultsDB, t: Target, workloads: list[Workload], options: B
     launch_id = new_launch_id()
     with RunMonitor(lambda: watches_of_launch(launch_id), phase="launch", on_snapshot=on_snapshot) as monitor, \
             launched(t, timeout_s=launch_timeout_s, status=status, launch_id=launch_id) as srv:
-        return bench(db, srv.url, workloads, options, label=lab, target=t.name, sweep_id=sweep_id,
-                     launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run, t.server),
-                     progress=progress_for(lab) if progress_for else None, on_start=on_start, monitor=monitor)
+        try:
+            return bench(db, srv.url, workloads, options, label=lab, target=t.name, sweep_id=sweep_id,
+                         launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run, t.server),
+                         progress=progress_for(lab) if progress_for else None, on_start=on_start, monitor=monitor)
+        finally:
+            monitor.close()  # its last sample while the processes still run
 
 
 def _safe_summary(db: ResultsDB, run_id: int, options: BenchOptions) -> dict[str, Any] | None:

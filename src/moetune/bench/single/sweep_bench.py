@@ -164,7 +164,8 @@ def bench_sweep(db: ResultsDB, t: Target, opt: SweepOptions, *, label: str | Non
 
     try:
         with ExitStack() as stack:
-            stack.enter_context(RunMonitor(watches, phase="sweep-bench")).attach(db, run_id)
+            monitor = stack.enter_context(RunMonitor(watches, phase="sweep-bench"))
+            monitor.attach(db, run_id)
             if workers.processes:  # RPC workers through `moetune launch`: stopped on leaving
                 from moetune.run.launch import launched
 
@@ -172,6 +173,7 @@ def bench_sweep(db: ResultsDB, t: Target, opt: SweepOptions, *, label: str | Non
                                              run_id=launch_id))
                 if status:
                     status(f"RPC workers up: {', '.join(p.name for p in workers.processes)}")
+            stack.callback(monitor.close)  # its last sample before the workers stop
             for rep in range(opt.repeats):
                 for row in _run(argv, opt.timeout_s, status, on_pid=started):
                     db.add_sample(run_id, row_sample(row, rep))
