@@ -9,10 +9,13 @@ import json
 import os
 import secrets
 import signal
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from moetune.engine.logs import parse_log, parse_worker_log
 from moetune.paths import runs_dir
@@ -68,6 +71,22 @@ def chat(c: TwoHosts, port: int) -> dict[str, object]:
     return body
 
 
+def scrape_worker(c: TwoHosts, url: str) -> dict[str, float]:
+    """rpc0's series (labelled node b) from a scrape inside namespace a; the first scrape starts the
+    ssh session to b, a later one reads what it sent."""
+    code = "import httpx, sys; print(httpx.get(sys.argv[1], timeout=10).text)"
+    got: dict[str, float] = {}
+    for _ in range(20):
+        r = c.run(c.a, sys.executable, "-c", code, url)
+        assert r.returncode == 0, r.stderr
+        got = {s.name: s.value for f in text_string_to_metric_families(r.stdout) for s in f.samples
+               if s.labels.get("process") == "rpc0" and s.labels.get("node") == "b"}
+        if "moetune_process_resident_memory_bytes" in got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"no reading of rpc0 on node b: {got}")
+
+
 def test_plan_launch_request_stop(cluster: TwoHosts, tmp_path: Path, split_model: Path, bin_dir: Path) -> None:
     c = cluster
     plan, rpc_port, port = make_plan(c, tmp_path, split_model, bin_dir)
@@ -97,9 +116,17 @@ def test_plan_launch_request_stop(cluster: TwoHosts, tmp_path: Path, split_model
     (t,) = log.timings
     assert t.eval_tokens == 8
 
+    # the worker on node b, watched over ssh by the launch's metrics endpoint (in namespace a)
+    metrics = c.moetune(c.a, "metrics", "serve", "--listen", "127.0.0.1:9101", "--launch", run_id)
+    assert metrics.stderr is not None and metrics.stderr.readline().startswith("serving ")
+    worker = scrape_worker(c, "http://127.0.0.1:9101/metrics")
+    assert worker["moetune_process_up"] == 1 and worker["moetune_process_resident_memory_bytes"] > 1 << 20
+    assert worker["moetune_process_threads"] >= 1
+
     stop = c.moetune(c.a, "stop", run_id, "--json")
     out, err = stop.communicate(timeout=60)
     assert stop.returncode == 0, err
+    assert metrics.wait(15) == 0  # the endpoint ends with its launch, its ssh session with it
     stopped = {p["name"]: p for p in json.loads(out)[0]["processes"]}
     assert stopped["rpc0"]["node"] == "b" and stopped["rpc0"]["pid"] == rpc0["remote_pid"]
     _, err = launcher.communicate(timeout=60)  # type: ignore[attr-defined]
