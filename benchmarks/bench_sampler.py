@@ -34,8 +34,8 @@ from moetune.bench.single.runner import BenchOptions, bench  # noqa: E402
 from moetune.bench.single.workloads import expand  # noqa: E402
 from moetune.model.archs import Dims  # noqa: E402
 from moetune.model.testmodel import generate  # noqa: E402
-from moetune.monitor.procfs import read_proc_stat  # noqa: E402
 from moetune.monitor.sampler import RunMonitor, Sampler, Watch  # noqa: E402
+from moetune.procfs import read_proc_stat  # noqa: E402
 from moetune.store.db import ResultsDB  # noqa: E402
 
 OVERHEAD_S = 30.0

@@ -150,7 +150,7 @@ def test_no_import_cycles() -> None:
 
 
 # every package but the command line, which sits above them all
-CORE_PACKAGES = ("kinds", "errors", "paths", "model", "hardware", "plan", "engine", "run", "store", "monitor",
+CORE_PACKAGES = ("kinds", "errors", "paths", "procfs", "model", "hardware", "plan", "engine", "run", "store", "monitor",
                  "bench", "report", "cluster", "planfiles", "tune")
 
 

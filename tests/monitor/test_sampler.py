@@ -18,9 +18,9 @@ import pytest
 
 from moetune.kinds import RunKind
 from moetune.monitor.gpu import NvmlProbe
-from moetune.monitor.procfs import read_proc_stat
 from moetune.monitor.sampler import RunMonitor, Sampler, Watch
 from moetune.monitor.snapshot import Snapshot
+from moetune.procfs import read_proc_stat
 from moetune.store.db import ResultsDB
 from moetune.store.record import RunMeta
 

@@ -74,6 +74,27 @@ def launched(target: Target, *, spec: LaunchSpec | None = None, timeout_s: float
         status(f"stopped {', '.join(p.name for p in [*spec.servers(), *spec.workers()])}")
 
 
+def why_gone(ln: Launched) -> str | None:
+    """Why a server moetune launched stopped answering, when its process is gone: the last error
+    its log shows, or that it was killed from outside; None while it still runs."""
+    from moetune.engine.logs import parse_log
+    from moetune.run.record import RunDir
+
+    try:
+        rec = next((r for r in RunDir.open(ln.launch_run).procs() if r.name == ln.server.name), None)
+    except Exception:  # the run directory went away: nothing to say
+        return None
+    if rec is None or rec.alive():
+        return None
+    log_path = ln.logs.get(ln.server.name)
+    try:
+        errors = parse_log(log_path.read_text(errors="replace")).errors if log_path else []
+    except OSError:
+        errors = []
+    return (f"{ln.server.name} is gone; its log ends with: {errors[-1].text}" if errors
+            else f"{ln.server.name} is gone and its log shows no error: it was killed or stopped from outside")
+
+
 class ServerSource(Protocol):
     target: str
 

@@ -2,10 +2,11 @@
 runs, stored beside each run, exported to Prometheus and drawn in the HTML report.
 
     snapshot.py   the sample's shape (host, engine processes, GPUs, llama-server's /metrics, load)
-    procfs.py     /proc parsers (pure) and their local readers
     gpu.py        NVML through nvidia-ml-py, when present
     sampler.py    the background sampler: probes -> snapshot -> history, at 1 Hz
     exposition.py snapshots -> the Prometheus text format (pure), and llama-server's /metrics parsed
     serve.py      `moetune metrics serve`: /metrics over HTTP on loopback, from composable sources
     grafana/      the Grafana dashboard over exposition.py's names (`moetune metrics dashboard`)
+
+/proc is read through ``moetune.procfs``, shared with the launcher's liveness checks.
 """

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from moetune.monitor import procfs
+from moetune import procfs
 from moetune.monitor.gpu import NvmlProbe, load_nvml
 from moetune.monitor.snapshot import GpuSample, HostSample, ProcSample, Snapshot
 

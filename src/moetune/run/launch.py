@@ -25,6 +25,7 @@ from moetune.engine.logs import parse_log, parse_worker_log
 from moetune.errors import InputError
 from moetune.hardware.fingerprint import fingerprint, machine_facts
 from moetune.kinds import EngineKind, LaunchState, LogEra, LogPhase, ProcessRole, Transport
+from moetune.procfs import own_start_ticks
 from moetune.run import diagnose
 from moetune.run.diagnose import Diagnosis, LayerExperts
 from moetune.run.health import LogFollower, health, port_open
@@ -100,7 +101,7 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
     info = RunInfo(run=run_id or new_run_id(now, secrets.token_hex(2)), created_at=now, state=LaunchState.STARTING,
                    launch=spec.to_json(), engines=versions, fingerprint=fingerprint(), machine=machine_facts(),
                    launcher_pid=os.getpid(), detached=detached, plan_file=plan_file, transport=transport,
-                   launcher_start_ticks=_own_start_ticks())
+                   launcher_start_ticks=own_start_ticks())
     rd = RunDir.create(info, plan_doc)
     procs: dict[str, Process] = {}
 
@@ -133,13 +134,6 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
                     {n: pid for n, r in recs.items() if (pid := r.remote_pid if r.remote else r.pid) is not None},
                     {p.name: p.spec.node for p in prepared},
                     {n: r.transport for n, r in recs.items() if r.role == ProcessRole.RPC})
-
-
-def _own_start_ticks() -> int | None:
-    from moetune.run.process import stat
-
-    st = stat(os.getpid())
-    return st.start_ticks if st else None
 
 
 def _engine_key(p: Prepared) -> str:

@@ -15,9 +15,10 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from moetune.procfs import read_proc_stat
 
 PROC = Path("/proc")
 RUN_ENV = "MOETUNE_RUN"  # every process of a launch carries its run id in its environment
@@ -26,13 +27,6 @@ NAME_ENV = "MOETUNE_PROCESS"
 # Popen objects of the processes this Python process started, by pid: kept so that they are not
 # collected while running and so that a stop from the same process reaps them (no zombies).
 _children: dict[int, subprocess.Popen[bytes]] = {}
-
-
-@dataclass(frozen=True, slots=True)
-class Stat:
-    state: str  # R S D Z T ...
-    pgrp: int
-    start_ticks: int  # clock ticks after boot
 
 
 def end(p: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
@@ -47,20 +41,11 @@ def end(p: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
         p.wait()
 
 
-def stat(pid: int) -> Stat | None:
-    try:
-        raw = (PROC / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    rest = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
-    return Stat(rest[0], int(rest[2]), int(rest[19]))
-
-
 def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
     child = _children.get(pid)
     if child is not None:
         child.poll()  # reaps it if it has exited
-    st = stat(pid)
+    st = read_proc_stat(pid)
     if st is None or st.state in ("Z", "X"):
         return False
     return start_ticks is None or st.start_ticks == start_ticks
@@ -71,7 +56,7 @@ def group_members(pgid: int) -> list[int]:
     out = []
     for d in PROC.iterdir():
         if d.name.isdigit():
-            st = stat(int(d.name))
+            st = read_proc_stat(int(d.name))
             if st is not None and st.pgrp == pgid and st.state not in ("Z", "X"):
                 out.append(int(d.name))
     return out
@@ -133,7 +118,7 @@ class LocalProcess:
             p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                                  env=dict(env), cwd=cwd, start_new_session=True)
         _children[p.pid] = p
-        st = stat(p.pid)
+        st = read_proc_stat(p.pid)
         return cls(name, p.pid, p.pid, st.start_ticks if st else None)
 
     @classmethod

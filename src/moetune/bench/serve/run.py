@@ -36,7 +36,7 @@ from moetune.bench.serve.dataset import (
 from moetune.bench.serve.load import LoadMeter, LoadSpec, Prompt, RequestOptions, ServerGone, run_level
 from moetune.bench.serve.request import RequestRecord
 from moetune.bench.server import model_ref, probe
-from moetune.bench.servers import PlanServers, RunningServer, ServerSource
+from moetune.bench.servers import PlanServers, RunningServer, ServerSource, why_gone
 from moetune.bench.target import resolve
 from moetune.errors import InputError, RuntimeFailure
 from moetune.kinds import RunKind, RunStatus
@@ -218,20 +218,10 @@ async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, so
 
 
 def _gone_message(gone: ServerGone, concurrency: int, source: ServerSource) -> str:
-    """What stopped the run, with the last error line of the server's log when moetune launched it."""
+    """What stopped the run, with why the server is gone when moetune launched it."""
     msg = f"level c={concurrency}: {gone}"
-    ln = source.current
-    if ln is not None:
-        from moetune.engine.logs import parse_log
-
-        log_path = ln.logs.get(ln.server.name)
-        try:
-            errors = parse_log(log_path.read_text(errors="replace")).errors if log_path else []
-        except OSError:
-            errors = []
-        msg += (f"; {ln.server.name}'s log ends with: {errors[-1].text}" if errors
-                else f"; {ln.server.name}'s log shows no error: it was killed or stopped from outside")
-    return msg
+    note = why_gone(source.current) if source.current is not None else None
+    return f"{msg}; {note}" if note else msg
 
 
 async def _connect(spec: ServeBenchSpec, url: str) -> tuple[StreamingHttp, ServerInfo]:

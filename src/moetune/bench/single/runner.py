@@ -174,12 +174,14 @@ def default_label(info: ServerInfo) -> str:
 def bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOptions, *, label: str | None = None,
           target: str | None = None, launch: Launch | None = None, sweep_id: str | None = None,
           progress: Progress | None = None, on_start: Callable[[int], None] | None = None,
-          monitor: RunMonitor | None = None, on_snapshot: Callable[[Snapshot], None] | None = None) -> int:
+          monitor: RunMonitor | None = None, on_snapshot: Callable[[Snapshot], None] | None = None,
+          explain: Callable[[], str | None] | None = None) -> int:
     """Benchmark the server at ``url``; return the run's id. Every sample is committed as it comes;
     on Ctrl-C the run is marked interrupted (its samples stay) and KeyboardInterrupt propagates.
 
     The machine is sampled throughout (``monitor``, started by the caller while a plan's server
-    loads; else one watching ``url``'s server from now, its snapshots also given to ``on_snapshot``)."""
+    loads; else one watching ``url``'s server from now, its snapshots also given to ``on_snapshot``).
+    When a request fails, ``explain`` may say why (a launched server that died: its log's last error)."""
     if options.repeats < 1 or options.warmup < 0:
         raise InputError("--repeats must be at least 1 and --warmup at least 0")
     url = url.rstrip("/")
@@ -187,12 +189,14 @@ def bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOpti
         if monitor is None:
             monitor = stack.enter_context(RunMonitor(watches_for_url(url), on_snapshot=on_snapshot))
         return run_loop(_bench(db, url, workloads, options, label=label, target=target, launch=launch,
-                               sweep_id=sweep_id, progress=progress, on_start=on_start, monitor=monitor))
+                               sweep_id=sweep_id, progress=progress, on_start=on_start, monitor=monitor,
+                               explain=explain))
 
 
 async def _bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOptions, *, label: str | None,
                  target: str | None, launch: Launch | None, sweep_id: str | None, progress: Progress | None,
-                 on_start: Callable[[int], None] | None, monitor: RunMonitor) -> int:
+                 on_start: Callable[[int], None] | None, monitor: RunMonitor,
+                 explain: Callable[[], str | None] | None) -> int:
     http = connect(url, timeout_s=options.timeout_s)
     try:
         info = await probe(http, url)
@@ -213,9 +217,13 @@ async def _bench(db: ResultsDB, url: str, workloads: list[Workload], options: Be
             db.finish_run(run_id, RunStatus.INTERRUPTED, _safe_summary(db, run_id, options))
             raise
         except (MoetuneError, ValueError) as e:
+            note = explain() if explain else None  # a launched server that died says why
             summary = _safe_summary(db, run_id, options) or {}
-            summary["error"] = str(e)
+            summary["error"] = f"{e}; {note}" if note else str(e)
             db.finish_run(run_id, RunStatus.FAILED, summary)
+            if note:
+                raise RuntimeFailure(summary["error"], hint=f"`moetune doctor` reads the launch's logs; the "
+                                     f"{len(db.samples(run_id))} samples measured before are kept in run {run_id}") from None
             if isinstance(e, MoetuneError):
                 raise
             raise RuntimeFailure(f"{url}: {e}") from None
@@ -238,7 +246,7 @@ def bench_target(db: ResultsDB, t: Target, workloads: list[Workload], options: B
         return bench(db, t.url, workloads, options, label=label, target=t.name, sweep_id=sweep_id,
                      progress=progress_for(lab) if progress_for else None, on_start=on_start,
                      on_snapshot=on_snapshot)
-    from moetune.bench.servers import launched, new_launch_id
+    from moetune.bench.servers import launched, new_launch_id, why_gone
 
     assert t.doc is not None
     lab = label or str(t.label)
@@ -248,7 +256,8 @@ def bench_target(db: ResultsDB, t: Target, workloads: list[Workload], options: B
         try:
             return bench(db, srv.url, workloads, options, label=lab, target=t.name, sweep_id=sweep_id,
                          launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run, t.server),
-                         progress=progress_for(lab) if progress_for else None, on_start=on_start, monitor=monitor)
+                         progress=progress_for(lab) if progress_for else None, on_start=on_start, monitor=monitor,
+                         explain=lambda: why_gone(srv))
         finally:
             monitor.close()  # its last sample while the processes still run
 

@@ -29,8 +29,8 @@ from moetune.bench.target import Target
 from moetune.engine.argv import SERVING_ALONE, SERVING_WITH_VALUE, strip_flags
 from moetune.errors import InputError, MoetuneError, RuntimeFailure
 from moetune.kinds import RunKind, RunStatus
-from moetune.monitor.procfs import read_proc_stat
 from moetune.monitor.sampler import RunMonitor, Watch, watches_of_launch
+from moetune.procfs import read_proc_stat
 from moetune.run.process import end
 from moetune.store.db import ResultsDB
 from moetune.store.record import HostRef, RunMeta

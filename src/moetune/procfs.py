@@ -1,5 +1,7 @@
-"""The kernel's own counters, from /proc: parsers of its text (pure) and the readers of this
-machine's files. A node over ssh sends the same text, read by the same parsers.
+"""The kernel's own view of processes and the machine, from /proc: parsers of its text (pure) and
+the readers of this machine's files; the one reader of /proc/PID/stat (the launcher's liveness
+checks, the sampler, the history's writer). A node over ssh sends the same text, read by the same
+parsers.
 
 Counters are cumulative (clock ticks, faults); the sampler turns two readings into rates with
 :func:`cpu_busy_pct` and :func:`proc_cpu_pct`.
@@ -28,7 +30,8 @@ class CpuTimes:
 class ProcStat:
     """What /proc/PID/stat says of one process."""
 
-    state: str
+    state: str  # R S D Z T ...
+    pgrp: int
     minflt: int
     majflt: int
     cpu_ticks: int  # utime + stime
@@ -78,7 +81,7 @@ def parse_proc_stat(text: str) -> ProcStat | None:
     """/proc/PID/stat; None for an empty or garbled line (the process is gone)."""
     try:
         rest = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 is rest[0]
-        return ProcStat(state=rest[0], minflt=int(rest[7]), majflt=int(rest[9]),
+        return ProcStat(state=rest[0], pgrp=int(rest[2]), minflt=int(rest[7]), majflt=int(rest[9]),
                         cpu_ticks=int(rest[11]) + int(rest[12]), threads=int(rest[17]),
                         start_ticks=int(rest[19]), rss_pages=int(rest[21]))
     except (ValueError, IndexError):
@@ -120,6 +123,13 @@ def read_load1() -> float | None:
 
 def read_proc_stat(pid: int) -> ProcStat | None:
     return parse_proc_stat(_read(PROC / str(pid) / "stat"))
+
+
+def own_start_ticks() -> int | None:
+    """This process's start time (clock ticks after boot): with the pid, what tells it from a
+    later process that reuses the pid."""
+    st = read_proc_stat(os.getpid())
+    return st.start_ticks if st else None
 
 
 def listening_pid(port: int, host: str = "127.0.0.1") -> int | None:

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from moetune.monitor import procfs
+from moetune import procfs
 
 STAT = """cpu  200 0 100 700 0 0 0 0 0 0
 cpu0 100 0 50 340 10 0 0 0 0 0
@@ -47,8 +47,8 @@ def test_proc_stat_with_a_hostile_comm() -> None:
             "1000000 2560 18446744073709551615")
     st = procfs.parse_proc_stat(line)
     assert st is not None
-    assert (st.state, st.minflt, st.majflt, st.cpu_ticks, st.threads, st.start_ticks, st.rss_pages) == \
-        ("S", 9000, 7, 400, 12, 555, 2560)
+    assert (st.state, st.pgrp, st.minflt, st.majflt, st.cpu_ticks, st.threads, st.start_ticks, st.rss_pages) == \
+        ("S", 4242, 9000, 7, 400, 12, 555, 2560)
     assert procfs.parse_proc_stat("") is None and procfs.parse_proc_stat("12 (x) S 1") is None
 
 
