@@ -56,8 +56,9 @@ def runs_table(db: ResultsDB, runs: list[Run]) -> Table:
         t.add_column(c, justify="right" if c in ("run", "samples") else "left")
     for r in runs:
         counts = db.sample_counts(r.id)
-        style = {"done": "", "running": "yellow", "interrupted": "yellow", "failed": "red"}.get(r.status, "")
-        t.add_row(str(r.id), r.kind, r.label, Text(r.status, style=style), r.created_at[:19].replace("T", " "),
+        status = "abandoned" if r.abandoned else str(r.status)
+        style = {"done": "", "running": "yellow", "interrupted": "yellow", "failed": "red", "abandoned": "red"}[status]
+        t.add_row(str(r.id), r.kind, r.label, Text(status, style=style), r.created_at[:19].replace("T", " "),
                   str(counts.get("measure", 0)), headline(r, db.samples(r.id)), r.target)
     return t
 
@@ -76,7 +77,8 @@ def runs_json(db: ResultsDB, runs: list[Run]) -> list[dict[str, Any]]:
 def _context_lines(run: Run) -> list[str]:
     """What a run measured and how, from its record: the same lines for every kind of run."""
     m = run.meta
-    lines = [f"run {run.id}: {run.label} ({run.kind}, {run.status})",
+    status = f"{run.status}, abandoned: the moetune process writing it is gone" if run.abandoned else run.status
+    lines = [f"run {run.id}: {run.label} ({run.kind}, {status})",
              f"target: {run.target}",
              f"started: {run.created_at}   finished: {run.finished_at or '-'}"]
     if m.server is not None:

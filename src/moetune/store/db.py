@@ -12,9 +12,13 @@ Each run keeps its kind and status as columns (:class:`~moetune.kinds.RunKind`,
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
 import sqlite3
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +27,7 @@ from typing import Any
 from moetune.errors import InputError, RuntimeFailure
 from moetune.kinds import RunKind, RunStatus
 from moetune.paths import default_db
+from moetune.procfs import own_start_ticks, read_proc_stat
 from moetune.store.migrations import migrate, now_iso
 from moetune.store.record import RunMeta
 
@@ -39,12 +44,23 @@ class Run:
     finished_at: str | None
     summary: dict[str, Any] | None
     sweep_id: str | None
+    writer: dict[str, Any] | None = None  # the process writing it: pid, start_ticks, host
+
+    @property
+    def abandoned(self) -> bool:
+        """Left ``running`` by a moetune process that is gone (killed): it will never finish. Its
+        samples are kept; a sweep or tune measures it again."""
+        w = self.writer or {}
+        if self.status != RunStatus.RUNNING or w.get("host") != socket.gethostname() or not w.get("pid"):
+            return False
+        st = read_proc_stat(int(w["pid"]))
+        return st is None or st.state in ("Z", "X") or st.start_ticks != w.get("start_ticks")
 
     def header(self) -> dict[str, Any]:
         """The run as every command's ``--json`` names it (``"run": {...}``)."""
         return {"id": self.id, "kind": str(self.kind), "label": self.label, "target": self.target,
                 "status": str(self.status), "created_at": self.created_at, "finished_at": self.finished_at,
-                "sweep_id": self.sweep_id}
+                "sweep_id": self.sweep_id, "abandoned": self.abandoned}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.header(), "meta": self.meta.to_json(), "summary": self.summary}
@@ -95,6 +111,23 @@ class ResultsDB:
     def close(self) -> None:
         self._conn.close()
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write the disk or another writer refuses becomes one clear error; SQLite rolls the
+        statement back, so what was stored before stays as it was."""
+        try:
+            yield
+        except sqlite3.OperationalError as e:
+            msg = str(e)
+            if "full" in msg:
+                hint = "free space on that disk (what was stored before is intact), or use another file with --db"
+            elif "locked" in msg or "busy" in msg:
+                hint = ("another process held the database for more than 30 s: wait for it (`moetune ps`, "
+                        "`lsof FILE`), or use another file with --db")
+            else:
+                hint = "choose another file with --db, or move this one aside"
+            raise RuntimeFailure(f"results database {self.path}: {msg}", hint=hint) from None
+
     def __enter__(self) -> ResultsDB:
         return self
 
@@ -104,17 +137,18 @@ class ResultsDB:
     # -- writing ---------------------------------------------------------------------------
 
     def create_run(self, meta: RunMeta, *, label: str, target: str, sweep_id: str | None = None) -> int:
-        with self._lock:
+        with self._lock, self._writing():
+            writer = {"pid": os.getpid(), "start_ticks": own_start_ticks(), "host": socket.gethostname()}
             cur = self._conn.execute(
-                "INSERT INTO runs (kind, label, target, meta, status, created_at, sweep_id) "
-                "VALUES (?, ?, ?, ?, 'running', ?, ?)",
-                (str(meta.kind), label, target, _dumps(meta.to_json()), now_iso(), sweep_id))
+                "INSERT INTO runs (kind, label, target, meta, status, created_at, sweep_id, writer) "
+                "VALUES (?, ?, ?, ?, 'running', ?, ?, ?)",
+                (str(meta.kind), label, target, _dumps(meta.to_json()), now_iso(), sweep_id, _dumps(writer)))
             assert cur.lastrowid is not None
             return cur.lastrowid
 
     def add_sample(self, run_id: int, data: dict[str, Any], *, phase: str = "measure") -> int:
         """Store one raw sample; committed before this returns."""
-        with self._lock:
+        with self._lock, self._writing():
             cur = self._conn.execute(
                 "INSERT INTO samples (run_id, phase, seq, created_at, data) "
                 "SELECT ?, ?, COALESCE(MAX(seq) + 1, 0), ?, ? FROM samples WHERE run_id = ? AND phase = ?",
@@ -125,36 +159,37 @@ class ResultsDB:
     def finish_run(self, run_id: int, status: RunStatus = RunStatus.DONE,
                    summary: dict[str, Any] | None = None) -> None:
         status = RunStatus(status)
-        with self._lock:
+        with self._lock, self._writing():
             self._conn.execute("UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE id = ?",
                                (str(status), now_iso(), None if summary is None else _dumps(summary), run_id))
 
     def add_metrics(self, run_id: int, t: float, data: dict[str, Any]) -> None:
         """Store one snapshot of the machine (``moetune.monitor.snapshot.Snapshot.to_json()``)."""
-        with self._lock:
+        with self._lock, self._writing():
             self._conn.execute("INSERT INTO metrics (run_id, t, data) VALUES (?, ?, ?)", (run_id, t, _dumps(data)))
 
     def create_sweep(self, sweep_id: str, spec: dict[str, Any]) -> bool:
         """Record a sweep; False when it exists already (a resumed sweep)."""
-        with self._lock:
+        with self._lock, self._writing():
             cur = self._conn.execute("INSERT OR IGNORE INTO sweeps (id, created_at, spec) VALUES (?, ?, ?)",
                                      (sweep_id, now_iso(), _dumps(spec)))
             return cur.rowcount == 1
 
     def update_sweep(self, sweep_id: str, spec: dict[str, Any]) -> None:
         """Rewrite a sweep's record (a tune's state: the candidates that failed, and why)."""
-        with self._lock:
+        with self._lock, self._writing():
             self._conn.execute("UPDATE sweeps SET spec = ? WHERE id = ?", (_dumps(spec), sweep_id))
 
     # -- reading ---------------------------------------------------------------------------
 
-    _RUN_COLS = "id, kind, label, target, meta, status, created_at, finished_at, summary, sweep_id"
+    _RUN_COLS = "id, kind, label, target, meta, status, created_at, finished_at, summary, sweep_id, writer"
 
     @staticmethod
     def _run(row: tuple[Any, ...]) -> Run:
         kind = RunKind(row[1])
         return Run(int(row[0]), kind, row[2], row[3], RunMeta.from_json(json.loads(row[4]), kind),
-                   RunStatus(row[5]), row[6], row[7], None if row[8] is None else json.loads(row[8]), row[9])
+                   RunStatus(row[5]), row[6], row[7], None if row[8] is None else json.loads(row[8]), row[9],
+                   None if row[10] is None else json.loads(row[10]))
 
     def run(self, run_id: int) -> Run:
         row = self._conn.execute(f"SELECT {self._RUN_COLS} FROM runs WHERE id = ?", (run_id,)).fetchone()

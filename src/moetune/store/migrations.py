@@ -118,7 +118,14 @@ def m004_metrics(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX metrics_by_run ON metrics(run_id, t)")
 
 
-MIGRATIONS: list[Migration] = [m001_runs_and_samples, m002_sweeps, m003_one_run_record, m004_metrics]
+def m005_run_writer(db: sqlite3.Connection) -> None:
+    """Which process writes each run (pid, start ticks, host): a run left ``running`` by a writer
+    that is gone (killed) reads as abandoned."""
+    db.execute("ALTER TABLE runs ADD COLUMN writer TEXT")
+
+
+MIGRATIONS: list[Migration] = [m001_runs_and_samples, m002_sweeps, m003_one_run_record, m004_metrics,
+                               m005_run_writer]
 
 
 def now_iso() -> str:

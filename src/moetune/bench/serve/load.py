@@ -9,7 +9,7 @@
 
 Every finished request goes to ``on_sample`` at once (the caller stores it), errors included.
 A server that is evidently gone (as many requests in a row as there are streams, and at least
-``GONE_AFTER``, failed without an answer: refused, reset, disconnected) stops the level early with
+``GONE_AFTER``, failed without an answer: refused, reset, disconnected, timed out) stops the level early with
 :class:`ServerGone`, instead of sending the rest to a dead port.
 """
 
@@ -32,8 +32,9 @@ from moetune.errors import RuntimeFailure
 
 ARRIVALS = ("poisson", "constant")
 GONE_AFTER = 3  # requests in a row without an answer, at least
-# what a request that never reached a live server ends with (any retries spent)
-_UNANSWERED = ("connect_error", "connection_reset", "disconnected", "os_error")
+# what a request that never reached a live server ends with (any retries spent), or that a hung
+# server (stopped, deadlocked) never answered in full within the client's timeout
+_UNANSWERED = ("connect_error", "connection_reset", "disconnected", "os_error", "timeout")
 
 
 class ServerGone(RuntimeFailure):
