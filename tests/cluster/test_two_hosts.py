@@ -202,3 +202,40 @@ def test_link_test_between_namespaces(cluster: TwoHosts, tmp_path: Path, bin_dir
         assert [s["test"] for s in db.samples(runs[0].id)] == ["latency", "throughput", "throughput"]
         assert runs[0].summary is not None and runs[0].summary["single_bits_per_s"] > 0
     assert c.leftovers() == {}
+
+
+def link(c: TwoHosts, up: bool) -> None:
+    """The veth link between the hosts, cut (down) or restored (up), on a's side."""
+    out = c.run(c.a, "ip", "-o", "link", "show", "type", "veth").stdout
+    dev = out.split(":")[1].strip().split("@")[0]
+    assert c.run(c.a, "ip", "link", "set", dev, "up" if up else "down").returncode == 0
+
+
+def test_a_partition_while_serving(cluster: TwoHosts, tmp_path: Path, split_model: Path, bin_dir: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link to the worker's node is cut while the model is served: ssh's keepalive ends the
+    session (shortened here from moetune's 3 x 10 s), the launcher says so, stops the server and
+    leaves the worker it cannot reach, saying so instead of waiting on it; once the link is back,
+    `ps` shows the worker alive on its node and `stop` removes it: nothing is left on either host."""
+    c = cluster
+    monkeypatch.setenv("MOETUNE_SSH_COMMAND", c.ssh_command + " -o ServerAliveInterval=1 -o ServerAliveCountMax=2")
+    plan, _, port = make_plan(c, tmp_path, split_model, bin_dir)
+    launcher, run_id = launch_foreground(c, plan)
+    chat(c, port)
+    link(c, up=False)
+    t0 = time.monotonic()
+    try:
+        _, err = launcher.communicate(timeout=120)  # type: ignore[attr-defined]
+    finally:
+        link(c, up=True)
+    took = time.monotonic() - t0
+    assert launcher.returncode == 1, err  # type: ignore[attr-defined]
+    assert "Error: rpc0: the ssh session to node b ended" in err
+    assert "rpc0: left running: its node cannot be reached" in err and f"moetune stop {run_id}" in err
+    # the server's 30 s grace (it hangs on its lost device), not a wait on the unreachable worker
+    assert took < 50, took
+    # back on the link, the worker may end with its session's hangup or still run: stop ends it either way
+    stop = c.moetune(c.a, "stop", run_id)
+    _, err = stop.communicate(timeout=60)
+    assert stop.returncode == 0, err
+    assert c.leftovers() == {}

@@ -235,6 +235,7 @@ class RemoteProcess:
         self.remote_start_ticks = remote_start_ticks
         self.local = local  # the ssh client carrying the session (and the log)
         self.log = log
+        self.unreachable: str | None = None  # why its node could not be asked, when it could not
 
     @classmethod
     def start(cls, name: str, target: str, argv: Sequence[str], env: Mapping[str, str], log: Path,
@@ -310,13 +311,18 @@ class RemoteProcess:
         return self.remote_alive()
 
     def remote_alive(self) -> bool:
+        """Asked on its node; when the node cannot be reached (a partition, the node down) the
+        answer is unknown: True, with :attr:`unreachable` saying why (a stop then moves on)."""
         if self.remote_pid is None:
             return False
         try:
-            return parse_state(run_remote(self.ssh, self.target, state_script(self.remote_pid)),
-                               self.remote_start_ticks)
-        except RemoteError:
-            return True  # unknown: the stop waits, then says it could not stop it
+            alive = parse_state(run_remote(self.ssh, self.target, state_script(self.remote_pid)),
+                                self.remote_start_ticks)
+        except RemoteError as e:
+            self.unreachable = str(e)
+            return True
+        self.unreachable = None
+        return alive
 
     def signal(self, sig: int) -> None:
         """Signal the worker by its pid on the node; before that pid is known, end the session

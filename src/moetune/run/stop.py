@@ -95,6 +95,9 @@ def _stop_group(rd: RunDir, recs: list[ProcRecord], grace_s: float, say: Notify)
 
 
 def _wait_gone(rd: RunDir, procs: dict[str, Process], grace_s: float, say: Notify) -> None:
+    """Until each is gone, SIGKILL after the grace period. A process whose node cannot be reached
+    is left (not recorded as gone: `moetune ps` shows it, `moetune stop RUN` ends it once the node
+    answers), said at once rather than waited on."""
     deadline = time.monotonic() + grace_s
     killed = False
     pending = dict(procs)
@@ -104,6 +107,10 @@ def _wait_gone(rd: RunDir, procs: dict[str, Process], grace_s: float, say: Notif
                 rd.update_proc(name, exited_at=time.time(), exit_code=p.returncode)
                 del pending[name]
                 say(name, "stopped")
+            elif (why := getattr(p, "unreachable", None)) is not None:
+                del pending[name]
+                say(name, f"left running: its node cannot be reached ({why}); "
+                          f"`moetune stop {rd.run_id}` again once it can")
         if not pending:
             return
         now = time.monotonic()
