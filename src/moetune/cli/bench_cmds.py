@@ -225,6 +225,15 @@ def _sweep_bench(target: str, server_name: str | None, label: str | None, launch
         _print_run(db, run_id, as_json)
 
 
+class _ModeChoice(click.Choice[str]):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return str(super().convert(value, param, ctx))
+        except click.BadParameter:
+            self.fail(f"{value!r} is not launches or batches (a plan? write --interleave after the plans, or "
+                      "--interleave=launches)", param, ctx)
+
+
 @click.command("sweep")
 @click.argument("plans", nargs=-1, required=True, type=click.Path(path_type=Path))
 @workload_options
@@ -235,16 +244,32 @@ def _sweep_bench(target: str, server_name: str | None, label: str | None, launch
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Also draw the comparison to FILE.png.")
 @click.option("--min-change", type=click.FloatRange(0, 100), default=DEFAULT_MIN_CHANGE * 100, show_default=True,
               help="Changes below this many percent are called 'no significant difference'.")
+@click.option("--interleave", type=_ModeChoice(["launches", "batches"]), is_flag=False, flag_value="launches",
+              help="Measure the plans in alternating rounds (A B, B A, ...) and judge them by the paired "
+                   "differences within rounds, so that the machine's drift cancels. launches (the default): "
+                   "each round launches each plan; batches: both servers stay up (they must fit together) "
+                   "and rounds alternate request batches.")
+@click.option("--rounds", type=click.IntRange(1), default=4, show_default=True,
+              help="--interleave: rounds (an even number balances the order); more rounds extend a sweep.")
 @db_option
 @json_option
 def sweep_cmd(plans: tuple[Path, ...], baseline: str | None, sid: str | None, server_name: str | None,
-              launch_timeout_s: float, plot_path: Path | None, min_change: float, db_path: Path | None,
-              as_json: bool, **kw: Any) -> None:
+              launch_timeout_s: float, plot_path: Path | None, min_change: float, interleave: str | None,
+              rounds: int, db_path: Path | None, as_json: bool, **kw: Any) -> None:
     """Launch, bench and stop each plan in turn, then compare them. Resumable: run the same command
     again after an interruption and completed plans are skipped.
 
-    PLANS are plan JSON files, or one sweep YAML file listing them with labels.
+    PLANS are plan JSON files, or one sweep YAML file listing them with labels. With --interleave,
+    rounds instead of plans: a round complete in every plan is skipped.
     """
+    if interleave is not None:
+        _sweep_interleaved(plans, baseline, sid, server_name, launch_timeout_s, plot_path, min_change, interleave,
+                           rounds, db_path, as_json, kw)
+        return
+    from click.core import ParameterSource
+
+    if click.get_current_context().get_parameter_source("rounds") != ParameterSource.DEFAULT:
+        raise click.UsageError("--rounds counts the rounds of --interleave; add --interleave")
     from moetune.bench.analysis.warnings import grouped
     from moetune.bench.single.sweep import FAILED, baseline_of, load_sweep, run_sweep
     from moetune.errors import RuntimeFailure
@@ -282,6 +307,54 @@ def sweep_cmd(plans: tuple[Path, ...], baseline: str | None, sid: str | None, se
             raise RuntimeFailure(f"sweep {sid}: {len(failed)} plan(s) failed: "
                                  + "; ".join(f"{o.label}: {(o.error or '').splitlines()[0]}" for o in failed),
                                  hint="fix them and run the same command again: completed plans are skipped")
+
+
+def _sweep_interleaved(plans: tuple[Path, ...], baseline: str | None, sid: str | None, server_name: str | None,
+                       launch_timeout_s: float, plot_path: Path | None, min_change: float, mode: str, rounds: int,
+                       db_path: Path | None, as_json: bool, kw: dict[str, Any]) -> None:
+    from moetune.bench.single.interleave import run_interleaved
+    from moetune.bench.single.sweep import load_sweep
+    from moetune.errors import MoetuneError, RuntimeFailure
+    from moetune.report.paired import load_sweep as load_paired
+    from moetune.report.paired_view import VIEWS
+    from moetune.report.plot import plot_runs
+    from moetune.store.db import ResultsDB
+
+    workloads, options = build_workloads(kw)
+    spec = load_sweep(list(plans), server_name)
+    with ResultsDB.open(db_path) as db:
+        with progress_bar(not as_json) as bars:
+            res = run_interleaved(db, spec, workloads, options, mode=mode, rounds=rounds, sid=sid,
+                                  launch_timeout_s=launch_timeout_s, status=lambda s: err.print(f"[dim]{s}[/]"),
+                                  progress_for=bars, on_snapshot=bars.machine)
+        why = ""
+        try:
+            comp = load_paired(db, res.sweep, baseline=baseline, min_change=min_change / 100, seed=options.seed)
+        except MoetuneError as e:
+            if not res.failed:
+                raise
+            comp, why = None, str(e)
+    if comp is not None and plot_path:
+        plot_runs([comp.baseline, *comp.others], plot_path, seed=options.seed, title=f"sweep {res.sweep} (pooled)")
+    done = len(comp.rounds) if comp else 0
+    cost = f"{res.launches} launches took {res.launch_s:.1f} s of {res.wall_s:.1f} s" if res.launches else ""
+    if as_json:
+        print_json({"sweep": res.sweep, "interleave": {"mode": res.mode, "rounds": res.rounds, "complete": done,
+                                                       "launches": res.launches, "launch_s": res.launch_s,
+                                                       "wall_s": res.wall_s},
+                    "plans": [o.to_json() for o in res.outcomes], "plot": str(plot_path) if plot_path else None,
+                    "comparison": comp.to_json() if comp else None})
+    else:
+        if comp is not None:
+            comparison_output(comp, "table", VIEWS)
+        out.print(f"sweep {res.sweep}: {done} of {res.rounds} rounds complete ({res.mode})"
+                  + (f"; {cost}" if cost else "") + "; re-run the same command to resume, or with more --rounds "
+                  "to extend" + (f"; plot: {plot_path}" if plot_path and comp else ""))
+    if res.failed:
+        o = res.failed[0]
+        raise RuntimeFailure(f"sweep {res.sweep}: {o.label} failed in round {o.round}: "
+                             f"{(o.error or '').splitlines()[0]}" + ("" if comp else f" ({why})"),
+                             hint="fix it and run the same command again: complete rounds are skipped")
 
 
 def register(cli: click.Group) -> None:

@@ -122,11 +122,14 @@ def _runs(db: ResultsDB, refs: tuple[str, ...], all_runs: bool) -> list[Run]:
                    "else the targets the runs were measured with).")
 @click.option("--slo", "slo_text", metavar="KEY=MS,...", help="Latency targets for --metric goodput (implies it): "
               "any subset of ttft_ms, itl_ms, tpot_ms, e2e_ms.")
+@click.option("--paired", is_flag=True, help="Runs made in alternation, judged round by round: the k-th run of each "
+              "configuration (label) forms round k; a label names all its completed runs. An interleaved sweep "
+              "(--sweep) is always compared so.")
 @db_option
 @json_option
 def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: str | None, plot_path: Path | None,
                 min_change: float, confidence: float, fmt: str, seed: int, metric: str, slo_text: str | None,
-                db_path: Path | None, as_json: bool) -> None:
+                paired: bool, db_path: Path | None, as_json: bool) -> None:
     """Compare runs with a baseline: median and confidence interval per metric, change in %, and a
     verdict per row: faster, slower, or no significant difference (same).
 
@@ -134,7 +137,16 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
     or the change is below --min-change.
 
     --metric goodput (or --slo) ranks serve-bench runs instead: by their best level's rate of
-    requests that met every latency target, with each level's share met."""
+    requests that met every latency target, with each level's share met.
+
+    --paired (and --sweep of a sweep run with --interleave) judges by the differences within rounds:
+    per round the ratio of medians, and the t interval of their mean log across rounds."""
+    if paired or (sweep_id is not None and _interleaved(sweep_id, db_path)):
+        if metric == "goodput" or slo_text is not None:
+            raise click.UsageError("--metric goodput ranks runs; a paired comparison judges metrics round by round")
+        _compare_paired(run_refs, baseline_ref, sweep_id, plot_path, min_change, confidence, fmt, seed, db_path,
+                        as_json)
+        return
     if metric == "goodput" or slo_text is not None:
         _compare_goodput(run_refs, baseline_ref, sweep_id, plot_path, fmt, slo_text, db_path, as_json)
         return
@@ -177,6 +189,40 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
             warn(f"run {rid}: {message}", remedy)
     if plot_path:
         out.print(f"plot: {plot_path}")
+
+
+def _interleaved(sweep_id: str, db_path: Path | None) -> bool:
+    from moetune.store.db import ResultsDB
+
+    with ResultsDB.open(db_path) as db:
+        return bool((db.sweep(sweep_id) or {}).get("interleave"))
+
+
+def _compare_paired(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: str | None, plot_path: Path | None,
+                    min_change: float, confidence: float, fmt: str, seed: int, db_path: Path | None,
+                    as_json: bool) -> None:
+    from moetune.report.paired import load_refs, load_sweep
+    from moetune.report.paired_view import VIEWS
+    from moetune.report.plot import plot_runs
+    from moetune.store.db import ResultsDB
+
+    if sweep_id is not None and run_refs:
+        raise click.UsageError("--sweep compares the sweep's rounds; give no runs with it")
+    with ResultsDB.open(db_path) as db:
+        if sweep_id is not None:
+            comp = load_sweep(db, sweep_id, baseline=baseline_ref, conf=confidence, min_change=min_change / 100,
+                              seed=seed)
+        else:
+            comp = load_refs(db, list(run_refs), baseline=baseline_ref, conf=confidence,
+                             min_change=min_change / 100, seed=seed)
+    if plot_path:
+        plot_runs([comp.baseline, *comp.others], plot_path, conf=confidence, seed=seed)
+    if as_json:
+        print_json({**comp.to_json(), "plot": str(plot_path) if plot_path else None})
+        return
+    comparison_output(comp, fmt, VIEWS)
+    if plot_path:
+        out.print(f"plot: {plot_path} (every round's samples pooled)")
 
 
 def _compare_goodput(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: str | None,

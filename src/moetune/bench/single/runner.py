@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -72,7 +72,8 @@ class Launch:
 
 
 def run_meta(info: ServerInfo, workloads: list[Workload], options: BenchOptions, *,
-             launch: Launch | None = None, argv: list[str] | None = None) -> RunMeta:
+             launch: Launch | None = None, argv: list[str] | None = None,
+             details: Mapping[str, Any] | None = None) -> RunMeta:
     return RunMeta(
         kind=RunKind.BENCH, moetune_version=__version__, argv=tuple(sys.argv if argv is None else argv),
         started_unix=time.time(), server=info,
@@ -80,7 +81,7 @@ def run_meta(info: ServerInfo, workloads: list[Workload], options: BenchOptions,
         host=HostRef.here(), engine_build=(launch.engine_build if launch else None) or info.build,
         plan=launch.plan if launch else None, launch_run=launch.launch_run if launch else None,
         details={"workloads": [w.to_json() for w in workloads], "options": asdict(options),
-                 **_expected(launch, workloads)})
+                 **_expected(launch, workloads), **(details or {})})
 
 
 def _expected(launch: Launch | None, workloads: list[Workload]) -> dict[str, Any]:
@@ -175,13 +176,14 @@ def bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOpti
           target: str | None = None, launch: Launch | None = None, sweep_id: str | None = None,
           progress: Progress | None = None, on_start: Callable[[int], None] | None = None,
           monitor: RunMonitor | None = None, on_snapshot: Callable[[Snapshot], None] | None = None,
-          explain: Callable[[], str | None] | None = None) -> int:
+          explain: Callable[[], str | None] | None = None, details: Mapping[str, Any] | None = None) -> int:
     """Benchmark the server at ``url``; return the run's id. Every sample is committed as it comes;
     on Ctrl-C the run is marked interrupted (its samples stay) and KeyboardInterrupt propagates.
 
     The machine is sampled throughout (``monitor``, started by the caller while a plan's server
     loads; else one watching ``url``'s server from now, its snapshots also given to ``on_snapshot``).
-    When a request fails, ``explain`` may say why (a launched server that died: its log's last error)."""
+    When a request fails, ``explain`` may say why (a launched server that died: its log's last error).
+    ``details`` go into the run's record beside the workloads (an interleaved sweep's round tag)."""
     if options.repeats < 1 or options.warmup < 0:
         raise InputError("--repeats must be at least 1 and --warmup at least 0")
     url = url.rstrip("/")
@@ -190,18 +192,18 @@ def bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOpti
             monitor = stack.enter_context(RunMonitor(watches_for_url(url), on_snapshot=on_snapshot))
         return run_loop(_bench(db, url, workloads, options, label=label, target=target, launch=launch,
                                sweep_id=sweep_id, progress=progress, on_start=on_start, monitor=monitor,
-                               explain=explain))
+                               explain=explain, details=details))
 
 
 async def _bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOptions, *, label: str | None,
                  target: str | None, launch: Launch | None, sweep_id: str | None, progress: Progress | None,
                  on_start: Callable[[int], None] | None, monitor: RunMonitor,
-                 explain: Callable[[], str | None] | None) -> int:
+                 explain: Callable[[], str | None] | None, details: Mapping[str, Any] | None = None) -> int:
     http = connect(url, timeout_s=options.timeout_s)
     try:
         info = await probe(http, url)
         _check_depths(info, workloads)
-        meta = run_meta(info, workloads, options, launch=launch)
+        meta = run_meta(info, workloads, options, launch=launch, details=details)
         run_id = db.create_run(meta, label=label or default_label(info), target=target or url, sweep_id=sweep_id)
         monitor.attach(db, run_id)
         if on_start:
@@ -238,14 +240,15 @@ def bench_target(db: ResultsDB, t: Target, workloads: list[Workload], options: B
                  status: Callable[[str], None] | None = None,
                  progress_for: Callable[[str], Progress | None] | None = None,
                  on_start: Callable[[int], None] | None = None,
-                 on_snapshot: Callable[[Snapshot], None] | None = None) -> int:
+                 on_snapshot: Callable[[Snapshot], None] | None = None,
+                 details: Mapping[str, Any] | None = None) -> int:
     """:func:`bench` of a target: the server at its URL, or its plan's server, launched for the
     benchmark and stopped after it (sampled from its start)."""
     if t.url is not None:
         lab = label or t.url.split("://", 1)[-1]
         return bench(db, t.url, workloads, options, label=label, target=t.name, sweep_id=sweep_id,
                      progress=progress_for(lab) if progress_for else None, on_start=on_start,
-                     on_snapshot=on_snapshot)
+                     on_snapshot=on_snapshot, details=details)
     from moetune.bench.servers import launched, new_launch_id, why_gone
 
     assert t.doc is not None
@@ -257,7 +260,7 @@ def bench_target(db: ResultsDB, t: Target, workloads: list[Workload], options: B
             return bench(db, srv.url, workloads, options, label=lab, target=t.name, sweep_id=sweep_id,
                          launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run, t.server),
                          progress=progress_for(lab) if progress_for else None, on_start=on_start, monitor=monitor,
-                         explain=lambda: why_gone(srv))
+                         explain=lambda: why_gone(srv), details=details)
         finally:
             monitor.close()  # its last sample while the processes still run
 

@@ -97,10 +97,15 @@ def load_sweep(paths: list[Path], server: str | None = None) -> SweepSpec:
     return SweepSpec(name, baseline, tuple(entries))
 
 
-def sweep_id(spec: SweepSpec, workloads: list[Workload], options: BenchOptions) -> str:
-    key = {"entries": [{"label": e.label, "plan": e.target.doc} for e in spec.entries],
-           "workloads": [w.to_json() for w in workloads],
-           "options": {k: v for k, v in asdict(options).items() if k in ("repeats", "warmup", "cache_bust")}}
+def sweep_id(spec: SweepSpec, workloads: list[Workload], options: BenchOptions, interleave: str | None = None) -> str:
+    """The sweep's id: a hash of its plans, workloads and repeat settings (and, for an interleaved
+    sweep, its mode; not its number of rounds, so that more rounds extend it)."""
+    key: dict[str, object] = {
+        "entries": [{"label": e.label, "plan": e.target.doc} for e in spec.entries],
+        "workloads": [w.to_json() for w in workloads],
+        "options": {k: v for k, v in asdict(options).items() if k in ("repeats", "warmup", "cache_bust")}}
+    if interleave is not None:
+        key["interleave"] = interleave
     return "sw-" + hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
