@@ -9,6 +9,7 @@ import click
 
 from moetune.bench.serve.load import ARRIVALS
 from moetune.cli.common import db_option, err, json_option, out, print_json, warn
+from moetune.cli.session_opts import session_options, session_spec
 from moetune.errors import InputError
 
 if TYPE_CHECKING:
@@ -93,14 +94,25 @@ def _render(doc: dict[str, Any], plot_dir: Path | None, as_json: bool) -> None:
         print_json(doc)
         return
     ctx = sorted({(lv.get("server") or {}).get("n_ctx_slot") or 0 for lv in doc["levels"]})
-    out.print(f"run {run['id']} ({run['label']}) against {run['target']}, "
-              f"{run['workload'].get('dataset') or str(run['workload'].get('input_len')) + ' prompt tokens'}, "
+    sessions = doc.get("sessions")
+    if sessions:
+        from moetune.cli.session_opts import describe
+
+        for w in sessions["warnings"]:
+            warn(w)
+    what = (describe(sessions) if sessions else run['workload'].get('dataset')
+            or str(run['workload'].get('input_len')) + ' prompt tokens')
+    out.print(f"run {run['id']} ({run['label']}) against {run['target']}, {what}, "
               f"context per slot: {', '.join(str(c) if c else '?' for c in ctx)}")
     # at its natural width when stdout is a file or pipe (rich would fold it to 80 columns)
     from rich.console import Console
 
     console = out if out.is_terminal else Console(width=160, highlight=False, soft_wrap=True)
     console.print(levels_table(doc["levels"], run.get("slo")))
+    if sessions:
+        from moetune.cli.session_opts import sessions_tables
+
+        console.print(sessions_tables(sessions))
 
 
 def _log(line: str) -> None:
@@ -140,13 +152,14 @@ def _log(line: str) -> None:
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write latency and throughput plots (PNG) into this directory.")
 @click.option("--slo", "slo_text", metavar="KEY=MS,...", help=SLO_HELP)
+@session_options
 @db_option
 @json_option
 def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals: str, dataset: Path | None,
                     input_len: int | None, output_len: int | None, requests: int | None, duration: float | None,
                     warmup: int, seed: int, prefix_cache: bool, thinking: str, timeout_s: float, model: str | None,
                     label: str | None, match_slots: bool, server: str | None, plot_dir: Path | None,
-                    slo_text: str | None, db_path: Path | None, as_json: bool) -> None:
+                    slo_text: str | None, db_path: Path | None, as_json: bool, **session_args: Any) -> None:
     """Measure a server under concurrent streaming load: TTFT, ITL, TPOT, throughput per level.
 
     TARGET is a server URL (http://127.0.0.1:8080) or a plan file whose server moetune starts
@@ -154,6 +167,10 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
     --parallel and -c matched to the level's concurrency.
     Every request is stored as a raw sample in the results history (compare runs with
     `moetune compare`); the figures are derived from those samples.
+
+    With --sessions N, N agent sessions instead: conversations that grow turn by turn, each turn
+    sending the whole history; per turn, TTFT, TG and the prompt tokens processed and reused
+    from the server's prefix cache (--strip-thinking shows what dropping the reasoning costs).
     """
     from moetune.bench.serve.run import ServeBenchSpec, serve_bench, server_source
     from moetune.store.db import ResultsDB
@@ -168,12 +185,17 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
         url=target, concurrency=levels, rate=rate, arrivals=arrivals, dataset=dataset, input_len=input_len or 128,
         output_len=output_len, requests=requests, duration_s=duration, warmup=warmup, seed=seed,
         prefix_cache=prefix_cache, thinking={"on": True, "off": False}.get(thinking), timeout_s=timeout_s,
-        model=model, label=label, slo=slo)
+        model=model, label=label, slo=slo, sessions=session_spec(session_args, output_len=output_len, thinking=thinking))
     from moetune.cli.bench_cmds import progress_bar
 
     source = server_source(spec, target, match_slots=match_slots, server=server, status=_log)
     with ResultsDB.open(db_path) as db, progress_bar(not as_json, bars=False) as live:
-        doc = serve_bench(spec, db, log=_log, source=source, on_snapshot=live.machine)
+        if spec.sessions is not None:
+            from moetune.bench.serve.session_run import serve_sessions
+
+            doc = serve_sessions(spec, db, log=_log, source=source, on_snapshot=live.machine)
+        else:
+            doc = serve_bench(spec, db, log=_log, source=source, on_snapshot=live.machine)
     _render(doc, plot_dir, as_json)
     if not as_json:
         err.print(f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "

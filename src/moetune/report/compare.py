@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moetune.bench.analysis.link import link_metric_samples
-from moetune.bench.analysis.serve import serve_metric_samples
+from moetune.bench.analysis.sessions import serve_run_metrics
 from moetune.bench.analysis.single import bench_metrics
 from moetune.bench.analysis.stats import (
     DEFAULT_CONF,
@@ -36,7 +36,7 @@ from moetune.store.db import ResultsDB, Run
 
 MetricExtractor = Callable[[list[dict[str, Any]]], dict[str, MetricSamples]]
 METRIC_EXTRACTORS: dict[str, MetricExtractor] = {
-    RunKind.BENCH: bench_metrics, RunKind.SERVE_BENCH: serve_metric_samples, RunKind.LINK_TEST: link_metric_samples}
+    RunKind.BENCH: bench_metrics, RunKind.SERVE_BENCH: serve_run_metrics, RunKind.LINK_TEST: link_metric_samples}
 COMPARE_SCHEMA_VERSION = 1
 
 
@@ -150,6 +150,10 @@ def compare(baseline: RunMetrics, others: list[RunMetrics], *, conf: float = DEF
             if b is None:
                 continue
             s = summarize(ms.values, conf=conf, seed=seed)
+            if base_stats[name].median <= 0 or s.median < 0:  # a count that can be 0 (tokens reused): no ratio
+                notes.append(f"{name}: the baseline's median is {base_stats[name].median:g}, so no change in % "
+                             f"(run {o.run}: {s.median:g})")
+                continue
             d = difference(b.values, ms.values, higher_is_better=ms.higher_is_better, conf=conf,
                            min_change=min_change, seed=seed)
             lo, hi = d.change_ci_pct

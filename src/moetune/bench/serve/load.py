@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from moetune.bench.http.client import StreamingHttp
 from moetune.bench.serve.request import RequestRecord, stream_chat
@@ -104,6 +104,16 @@ class Prompt:
         return [{"role": "user", "content": self.content}]
 
 
+class ChatPrompt(Protocol):
+    """What a request sends: its messages and how many tokens to generate (a :class:`Prompt`, or a
+    session's turn, :class:`moetune.bench.serve.sessions.Turn`)."""
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    def messages(self) -> list[dict[str, str]]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class LoadSpec:
     concurrency: int
@@ -123,7 +133,7 @@ class RequestOptions:
     timeout_s: float | None = None  # per request, retries included
 
 
-def request_body(p: Prompt, o: RequestOptions) -> bytes:
+def request_body(p: ChatPrompt, o: RequestOptions) -> bytes:
     doc: dict[str, Any] = {
         "model": o.model, "messages": p.messages(), "stream": True, "max_tokens": p.max_tokens,
         # usage in every chunk where the server can (vLLM, SGLang): tokens per chunk, as timings_per_token

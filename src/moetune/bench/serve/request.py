@@ -20,6 +20,7 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -71,8 +72,9 @@ class RequestRecord:
 class SseParser:
     """Incremental ``text/event-stream`` parser that fills a :class:`RequestRecord`."""
 
-    def __init__(self, rec: RequestRecord) -> None:
+    def __init__(self, rec: RequestRecord, on_text: Callable[[str, str], None] | None = None) -> None:
         self.rec = rec
+        self.on_text = on_text  # given each event's (content, reasoning) text, for a client that keeps the reply
         self.buf = b""
         self.counted = 0  # cumulative tokens seen
         self.done = False  # [DONE] seen
@@ -110,8 +112,11 @@ class SseParser:
         choices = obj.get("choices") or []
         for c in choices:
             d = c.get("delta") or {}
-            n_content += len(d.get("content") or "")
-            n_reason += len(d.get("reasoning_content") or d.get("reasoning") or "")
+            content, reasoning = d.get("content") or "", d.get("reasoning_content") or d.get("reasoning") or ""
+            n_content += len(content)
+            n_reason += len(reasoning)
+            if self.on_text is not None and (content or reasoning):
+                self.on_text(str(content), str(reasoning))
             tool = tool or bool(d.get("tool_calls"))
             if c.get("finish_reason"):
                 rec.finish_reason = str(c["finish_reason"])
@@ -143,25 +148,27 @@ class SseParser:
 
 
 async def stream_chat(http: StreamingHttp, body: bytes, rec: RequestRecord, *, max_retries: int = 2,
-                      timeout_s: float | None = None) -> None:
+                      timeout_s: float | None = None, on_text: Callable[[str, str], None] | None = None) -> None:
     """Send one streaming chat request and record it. Never raises for transport or HTTP errors;
-    a request not complete within ``timeout_s`` (retries included) ends as a ``timeout`` error."""
+    a request not complete within ``timeout_s`` (retries included) ends as a ``timeout`` error.
+    ``on_text`` gets the text of each event (content, reasoning) of the answered attempt."""
     try:
         async with asyncio.timeout(timeout_s):
-            await _attempts(http, body, rec, max_retries)
+            await _attempts(http, body, rec, max_retries, on_text)
     except TimeoutError:
         rec.error, rec.detail = "timeout", f"no complete answer within {timeout_s} s"
     rec.t_end = time.monotonic()
 
 
-async def _attempts(http: StreamingHttp, body: bytes, rec: RequestRecord, max_retries: int) -> None:
+async def _attempts(http: StreamingHttp, body: bytes, rec: RequestRecord, max_retries: int,
+                    on_text: Callable[[str, str], None] | None = None) -> None:
     clock = time.monotonic
     for attempt in range(max_retries + 1):
         rec.t_attempt = rec.t_send = clock()
         if attempt == 0:
             rec.t_first_send = rec.t_attempt
         answered = False
-        parser = SseParser(rec)
+        parser = SseParser(rec, on_text)
         try:
             async with http.post_stream(CHAT_PATH, body) as reply:
                 rec.t_headers = clock()

@@ -14,7 +14,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from moetune.bench.serve.dataset import (
 )
 from moetune.bench.serve.load import LoadMeter, LoadSpec, Prompt, RequestOptions, ServerGone, run_level
 from moetune.bench.serve.request import RequestRecord
+from moetune.bench.serve.sessions import SessionSpec
 from moetune.bench.server import model_ref, probe
 from moetune.bench.servers import PlanServers, RunningServer, ServerSource, why_gone
 from moetune.bench.target import resolve
@@ -65,6 +66,7 @@ class ServeBenchSpec:
     model: str | None = None
     label: str | None = None
     slo: dict[str, float] | None = None  # latency targets in ms (moetune.bench.analysis.slo): goodput per level
+    sessions: SessionSpec | None = None  # agent sessions (moetune.bench.serve.session_run) instead of levels
 
     def level_requests(self, c: int) -> int | None:
         if self.duration_s is not None:
@@ -119,6 +121,15 @@ async def _model_name(http: StreamingHttp) -> str:
 
 def check_context(spec: ServeBenchSpec, info: ServerInfo) -> None:
     """Synthetic prompts must fit a slot's context with their output; say how to make them fit."""
+    if spec.sessions is not None and info.n_ctx_slot is not None:
+        ss, slots = spec.sessions, info.slots or 1
+        if (need := ss.context_need()) > info.n_ctx_slot:
+            raise InputError(
+                f"--system-tokens {ss.system_tokens} + --turns {ss.turns} x (--turn-tokens {ss.turn_tokens} + "
+                f"--output-len {ss.output_len}) = {need} tokens do not fit the server's per-slot context of "
+                f"{info.n_ctx_slot} tokens ({slots} slot(s)), chat template aside",
+                hint=f"lower them, or restart llama-server with --parallel {slots} -c {slots * need * 5 // 4} or more")
+        return
     if spec.dataset is not None or info.n_ctx_slot is None:
         return
     need = spec.input_len + (spec.output_len or 64)
@@ -312,24 +323,31 @@ def stored_report(db: ResultsDB, run: Run, slo: dict[str, float] | None = None) 
     stored = {(lv["concurrency"], lv["rate"]): lv for lv in (run.summary or {}).get("levels", [])}
     for lv in levels:
         lv["server"] = stored.get((lv["concurrency"], lv["rate"]), {}).get("server", server)
+    ss = m.details.get("sessions")
     annotate(levels, slots=m.server.slots if m.server else None,
-             prefix_cache=bool(m.details.get("workload", {}).get("prefix_cache")))
+             prefix_cache=bool(ss or m.details.get("workload", {}).get("prefix_cache")))
     advice = [Warning.from_json(w) for w in (run.summary or {}).get("warnings") or []]
-    return report_doc(run, levels, advice, samples=len(samples), slo=slo)
+    sessions = None
+    if ss:
+        from moetune.bench.analysis.sessions import summarize_sessions
+
+        sessions = summarize_sessions(samples, ss, slots=m.server.slots if m.server else None)
+    return report_doc(run, levels, advice, samples=len(samples), slo=slo, sessions=sessions)
 
 
 def report_doc(run: Run, levels: list[dict[str, Any]], advice: list[Warning], *, samples: int,
-               slo: dict[str, float] | None = None) -> dict[str, Any]:
+               slo: dict[str, float] | None = None, sessions: dict[str, Any] | None = None) -> dict[str, Any]:
     """The document `serve-bench --json` and `serve-report --json` print: the run (as every
     command names it), what it measured with, its warnings, the latency targets its goodput is
-    judged by (``slo``, null without), and one entry per load level."""
+    judged by (``slo``, null without), and one entry per load level; an agent-sessions run adds
+    ``sessions`` (:func:`moetune.bench.analysis.sessions.summarize_sessions`)."""
     m = run.meta
     return {"run": {**run.header(), "server": None if m.server is None else m.server.to_json(),
                     "model": m.model.to_json(), "client": m.details.get("client"),
                     "workload": m.details.get("workload"), "warnings": [a.message for a in advice],
                     "advice": [a.to_json() for a in advice], "samples": samples,
                     "slo": dict(slo) if slo else None},
-            "levels": levels}
+            "levels": levels, **({"sessions": sessions} if sessions is not None else {})}
 
 
 def server_source(spec: ServeBenchSpec, target: str, *, match_slots: bool, server: str | None,
@@ -342,8 +360,10 @@ def server_source(spec: ServeBenchSpec, target: str, *, match_slots: bool, serve
                              "running one", hint="restart the server with --parallel N and -c N x per-slot context, "
                                                  "or give a plan")
         return RunningServer(t.url)
-    # each slot needs room for a synthetic prompt and its output; a dataset's vary (4096 then)
+    # each slot needs room for a synthetic prompt and its output (a whole session); a dataset's vary (4096 then)
     need = spec.input_len + (spec.output_len or 64) if spec.dataset is None else 4096
+    if spec.sessions is not None:
+        need = spec.sessions.context_need() * 5 // 4  # and the chat template's tokens
     return PlanServers(t, match=match_slots, need_per_slot=need, status=status)
 
 
@@ -354,18 +374,24 @@ def _watches(src: ServerSource) -> Callable[[], list[Watch]]:
     return watches_for_url(src.target)
 
 
+Workload = Callable[[ServeBenchSpec, ServerSource, ResultsDB, Callable[[str], None], RunMonitor, LoadMeter],
+                    Coroutine[Any, Any, dict[str, Any]]]
+
+
 def serve_bench(spec: ServeBenchSpec, db: ResultsDB, log: Callable[[str], None] = lambda s: None,
                 source: ServerSource | None = None,
-                on_snapshot: Callable[[Snapshot], None] | None = None) -> dict[str, Any]:
+                on_snapshot: Callable[[Snapshot], None] | None = None, workload: Workload | None = None) -> dict[str, Any]:
     """Run the benchmark against ``spec.url`` (or the servers ``source`` launches); store it in
     ``db`` (a ResultsDB); return the result document (``run`` and ``levels``). The machine and the
-    load are sampled throughout, stored with the run and given to ``on_snapshot`` (a live view)."""
+    load are sampled throughout, stored with the run and given to ``on_snapshot`` (a live view).
+    ``workload`` runs instead of the load levels (agent sessions:
+    :func:`moetune.bench.serve.session_run.serve_sessions`)."""
     if not spec.concurrency or min(spec.concurrency) < 1:
         raise InputError("--concurrency: give one or more positive integers, e.g. 1,2,4")
     src = source or RunningServer(spec.url)
     meter = LoadMeter()
     try:
         with RunMonitor(_watches(src), load=meter.figures, on_snapshot=on_snapshot) as monitor:
-            return run_loop(_bench(spec, src, db, log, monitor, meter))
+            return run_loop((workload or _bench)(spec, src, db, log, monitor, meter))
     finally:
         src.close()
