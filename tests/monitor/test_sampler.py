@@ -18,7 +18,7 @@ import pytest
 
 from moetune.kinds import RunKind
 from moetune.monitor.gpu import NvmlProbe
-from moetune.monitor.sampler import RunMonitor, Sampler, Watch
+from moetune.monitor.sampler import NoMetrics, RunMonitor, Sampler, Watch
 from moetune.monitor.snapshot import Snapshot
 from moetune.procfs import read_proc_stat
 from moetune.store.db import ResultsDB
@@ -55,8 +55,10 @@ def test_a_busy_process_reads_busy_and_an_idle_one_idle(busy_and_idle: Any) -> N
     time.sleep(1.0)
     snap = s.tick()
     by = {p.name: p for p in snap.procs}
-    assert by["busy"].cpu_pct is not None and by["busy"].cpu_pct > 40  # ~100 on an idle machine
-    assert by["idle"].cpu_pct is not None and by["idle"].cpu_pct < 10
+    busy_pct, idle_pct = by["busy"].cpu_pct, by["idle"].cpu_pct
+    assert busy_pct is not None and idle_pct is not None
+    # ~100 and ~0 on an idle machine; on a loaded one the busy loop gets less, the sleeper still none
+    assert busy_pct >= 5 and idle_pct < 2 and busy_pct > 5 * idle_pct
     assert by["idle"].rss_bytes is not None and by["idle"].rss_bytes > 64 << 20
     assert by["busy"].threads == 1 and by["busy"].alive
     assert snap.host.cpu_pct is not None and len(snap.host.cpu_pct) == os.cpu_count()
@@ -109,14 +111,20 @@ def test_server_metrics_are_scraped_and_a_server_without_them_is_not_asked_again
 
     def scraper(url: str) -> dict[str, float] | None:
         asked.append(url)
-        return {"llamacpp:requests_processing": 2.0} if "good" in url else None
+        if "bad" in url:
+            raise NoMetrics(url)
+        if "loading" in url and asked.count(url) < 3:
+            return None  # not answering yet
+        return {"llamacpp:requests_processing": 2.0}
 
     ws = [Watch("a", "server", pid=os.getpid(), metrics_url="http://good/metrics"),
-          Watch("b", "server", pid=os.getpid(), metrics_url="http://bad/metrics")]
+          Watch("b", "server", pid=os.getpid(), metrics_url="http://bad/metrics"),
+          Watch("c", "server", pid=os.getpid(), metrics_url="http://loading/metrics")]
     s = Sampler(watches=lambda: ws, gpus=False, scraper=scraper)
-    snaps = [s.tick() for _ in range(3)]
-    assert snaps[-1].servers == {"a": {"llamacpp:requests_processing": 2.0}}
-    assert asked.count("http://bad/metrics") == 1 and asked.count("http://good/metrics") == 3
+    snaps = [s.tick() for _ in range(4)]
+    assert set(snaps[0].servers) == {"a"} and set(snaps[-1].servers) == {"a", "c"}
+    assert asked.count("http://bad/metrics") == 1 and asked.count("http://good/metrics") == 4
+    assert asked.count("http://loading/metrics") == 4  # asked again until it answers
 
 
 def _fake_nvml(power_refused: bool) -> Any:
@@ -177,6 +185,6 @@ def test_a_process_on_another_node_is_read_over_one_ssh_session(tmp_path: Path, 
         snap = s.latest
     assert snap is not None
     p = snap.procs[0]
-    assert p.node == "node-b" and p.alive and p.cpu_pct is not None and p.cpu_pct > 40
+    assert p.node == "node-b" and p.alive and p.cpu_pct is not None and p.cpu_pct >= 5  # a busy loop
     assert p.gpu_mem_bytes is None
     assert log.read_text().count("start") == 1  # one session for every sample

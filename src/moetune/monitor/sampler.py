@@ -7,7 +7,8 @@ so processes relaunched in the middle of a run (serve-bench ``--match-slots``) a
 processes are read from /proc; a process on another node (an RPC worker started over ssh) from one
 long-lived ssh session per node that prints its /proc/PID/stat every second (no connection per
 sample). A watched llama-server's own ``/metrics`` is scraped when it answers (moetune launches
-servers with ``--metrics``); a server that answers 404/501 is not asked again.
+servers with ``--metrics``); a server that answers 404/501 is not asked again, one that does not
+answer yet (loading) is asked at the next tick.
 
 The thread's own CPU time is measured (:attr:`Sampler.cpu_seconds`): the overhead a benchmark pays
 for being watched, recorded by ``make bench`` (benchmarks/bench_sampler.py).
@@ -136,13 +137,22 @@ class _NodeStream:
         self.proc.wait()
 
 
+class NoMetrics(Exception):
+    """The server answers, but has no /metrics (started without --metrics, or not llama-server)."""
+
+
 def scrape(url: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> dict[str, float] | None:
-    """A server's ``/metrics`` as numbers by series name; None when it does not serve them."""
+    """A server's ``/metrics`` as numbers by series name; None while it does not answer (still
+    loading, or gone); :class:`NoMetrics` when it answers without them."""
     from moetune.monitor.exposition import parse_text
 
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
             return parse_text(r.read().decode("utf-8", "replace"))
+    except urllib.error.HTTPError as e:
+        if e.code in (404, 501):
+            raise NoMetrics(url) from None
+        return None
     except (urllib.error.URLError, OSError, ValueError):
         return None
 
@@ -300,10 +310,12 @@ class Sampler:
             url = w.metrics_url
             if url is None or url in self._no_metrics:
                 continue
-            got = self._scraper(url)
-            if got is None:
-                self._no_metrics.add(url)
-            else:
+            try:
+                got = self._scraper(url)
+            except NoMetrics:
+                self._no_metrics.add(url)  # not asked again
+                continue
+            if got is not None:
                 out[w.name] = got
         return out
 
