@@ -110,7 +110,7 @@ class SseParser:
         choices = obj.get("choices") or []
         for c in choices:
             d = c.get("delta") or {}
-            n_content += len(d.get("content") or "")
+            n_content += len(d.get("content") or "") + len(c.get("text") or "")  # chat; completions
             n_reason += len(d.get("reasoning_content") or d.get("reasoning") or "")
             tool = tool or bool(d.get("tool_calls"))
             if c.get("finish_reason"):
@@ -143,18 +143,19 @@ class SseParser:
 
 
 async def stream_chat(http: StreamingHttp, body: bytes, rec: RequestRecord, *, max_retries: int = 2,
-                      timeout_s: float | None = None) -> None:
-    """Send one streaming chat request and record it. Never raises for transport or HTTP errors;
-    a request not complete within ``timeout_s`` (retries included) ends as a ``timeout`` error."""
+                      timeout_s: float | None = None, path: str = CHAT_PATH) -> None:
+    """Send one streaming chat request (or, to another ``path``, a completion) and record it. Never
+    raises for transport or HTTP errors; a request not complete within ``timeout_s`` (retries
+    included) ends as a ``timeout`` error."""
     try:
         async with asyncio.timeout(timeout_s):
-            await _attempts(http, body, rec, max_retries)
+            await _attempts(http, body, rec, max_retries, path)
     except TimeoutError:
         rec.error, rec.detail = "timeout", f"no complete answer within {timeout_s} s"
     rec.t_end = time.monotonic()
 
 
-async def _attempts(http: StreamingHttp, body: bytes, rec: RequestRecord, max_retries: int) -> None:
+async def _attempts(http: StreamingHttp, body: bytes, rec: RequestRecord, max_retries: int, path: str) -> None:
     clock = time.monotonic
     for attempt in range(max_retries + 1):
         rec.t_attempt = rec.t_send = clock()
@@ -163,7 +164,7 @@ async def _attempts(http: StreamingHttp, body: bytes, rec: RequestRecord, max_re
         answered = False
         parser = SseParser(rec)
         try:
-            async with http.post_stream(CHAT_PATH, body) as reply:
+            async with http.post_stream(path, body) as reply:
                 rec.t_headers = clock()
                 answered = True
                 rec.status = reply.status
