@@ -37,6 +37,9 @@ def record_cmd(listen: str, upstream: str, output: Path | None, force: bool, red
     (streams event by event); each is appended to the session file when it ends: path, body,
     arrival time, timing, status, token counts, and the latency the proxy added. On exit it prints
     a summary (--json: as a document). Replay the file with `moetune serve-bench URL --replay FILE`.
+
+    Exit codes: 0 when stopped by a signal, 1 when the port is in use, 2 for a bad --listen,
+    --upstream or -o.
     """
     from moetune.bench.record.connections import Upstream
     from moetune.bench.record.proxy import RecordConfig, check_output, default_output, record
