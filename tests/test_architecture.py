@@ -213,7 +213,7 @@ def _top_level_imports(path: Path, known: set[str]) -> set[str]:
 
 
 # the command modules this layer owns; bench/serve/results/cluster/model commands are reorganised elsewhere
-THIN_COMMANDS = ("plan_cmds", "run_cmds", "engine_cmds", "doctor_cmds", "metrics_cmds")
+THIN_COMMANDS = ("plan_cmds", "run_cmds", "engine_cmds", "doctor_cmds", "metrics_cmds", "record_cmds")
 LIGHT = {"moetune.cli.common", "moetune.errors", "moetune.kinds", "moetune.engine.install"}
 
 

@@ -41,6 +41,7 @@ COMMANDS: dict[str, Entry] = {
     "sweep": Entry("bench_cmds", "Launch, bench and stop each plan in turn, then compare them."),
     "serve-bench": Entry("serve_cmds", "Concurrent streaming load on a server: TTFT, ITL, throughput."),
     "serve-report": Entry("serve_cmds", "Figures of a stored serve-bench run."),
+    "record": Entry("record_cmds", "A proxy that logs a client's requests to a server, for serve-bench --replay."),
     "results": Entry("results_cmds", "The history of benchmark runs: list, show, export."),
     "compare": Entry("results_cmds", "Compare runs with a baseline: medians, intervals, change in %."),
     "report": Entry("report_cmds", "One self-contained HTML page of a plan, its runs and their comparison."),

@@ -98,10 +98,12 @@ def _render(doc: dict[str, Any], plot_dir: Path | None, as_json: bool) -> None:
     if sessions:
         from moetune.cli.session_opts import describe
 
-        for w in sessions["warnings"]:
-            warn(w)
-    what = (describe(sessions) if sessions else run['workload'].get('dataset')
-            or str(run['workload'].get('input_len')) + ' prompt tokens')
+        for note in sessions["warnings"]:
+            warn(note)
+    w = run["workload"] or {}
+    what = (describe(sessions) if sessions
+            else f"replay of {w['replay']['file']} at {w['replay']['speed']}" if w.get("replay")
+            else w.get("dataset") or f"{w.get('input_len')} prompt tokens")
     out.print(f"run {run['id']} ({run['label']}) against {run['target']}, {what}, "
               f"context per slot: {', '.join(str(c) if c else '?' for c in ctx)}")
     # at its natural width when stdout is a file or pipe (rich would fold it to 80 columns)
@@ -152,6 +154,11 @@ def _log(line: str) -> None:
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write latency and throughput plots (PNG) into this directory.")
 @click.option("--slo", "slo_text", metavar="KEY=MS,...", help=SLO_HELP)
+@click.option("--replay", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Send the requests of a session `moetune record` wrote, in its order, as one level.")
+@click.option("--speed", default="1x", show_default=True,
+              help="With --replay: 1x at the recorded arrival times, Nx N times faster, max as fast as the client "
+              "slots allow; in flight at most the recorded concurrency, or --concurrency.")
 @session_options
 @db_option
 @json_option
@@ -159,14 +166,16 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
                     input_len: int | None, output_len: int | None, requests: int | None, duration: float | None,
                     warmup: int, seed: int, prefix_cache: bool, thinking: str, timeout_s: float, model: str | None,
                     label: str | None, match_slots: bool, server: str | None, plot_dir: Path | None,
-                    slo_text: str | None, db_path: Path | None, as_json: bool, **session_args: Any) -> None:
+                    slo_text: str | None, replay: Path | None, speed: str, db_path: Path | None,
+                    as_json: bool, **session_args: Any) -> None:
     """Measure a server under concurrent streaming load: TTFT, ITL, TPOT, throughput per level.
 
     TARGET is a server URL (http://127.0.0.1:8080) or a plan file whose server moetune starts
     (and stops afterwards); with --match-slots it is started again for each level with
     --parallel and -c matched to the level's concurrency.
     Every request is stored as a raw sample in the results history (compare runs with
-    `moetune compare`); the figures are derived from those samples.
+    `moetune compare`); the figures are derived from those samples. With --replay FILE it sends
+    the requests of a session `moetune record` wrote instead, as one level.
 
     With --sessions N, N agent sessions instead: conversations that grow turn by turn, each turn
     sending the whole history; per turn, TTFT, TG and the prompt tokens processed and reused
@@ -177,6 +186,13 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
 
     levels = _levels(concurrency)
     slo = _slo_option(slo_text)
+    if replay is not None or _given("speed"):
+        if any(v not in (None, False) for v in session_args.values()):
+            raise InputError("--replay sends the recorded requests; --sessions makes its own conversations",
+                             hint="drop one of them")
+        _replay(target, replay, speed, levels, model=model, label=label, timeout_s=timeout_s, slo=slo,
+                server=server, plot_dir=plot_dir, db_path=db_path, as_json=as_json)
+        return
     if dataset is not None and input_len is not None:
         raise InputError("--input-len sets synthetic prompts; a --dataset brings its own", hint="drop one of them")
     if requests is not None and duration is not None:
@@ -196,6 +212,48 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
             doc = serve_sessions(spec, db, log=_log, source=source, on_snapshot=live.machine)
         else:
             doc = serve_bench(spec, db, log=_log, source=source, on_snapshot=live.machine)
+    _render(doc, plot_dir, as_json)
+    if not as_json:
+        err.print(f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
+                  f"`moetune compare {doc['run']['id']} OTHER`", style="dim")
+
+
+def _given(*names: str) -> list[str]:
+    """The options of the running command that were given on the command line."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    return [n for n in names if ctx.get_parameter_source(n) not in (None, ParameterSource.DEFAULT)]
+
+
+# options that make prompts or shape the load; a replay sends the recorded requests as they came
+NOT_WITH_REPLAY = ("rate", "arrivals", "dataset", "input_len", "output_len", "requests", "duration", "warmup", "seed",
+                   "prefix_cache", "thinking", "match_slots")
+
+
+def _replay(target: str, replay: Path | None, speed: str, levels: tuple[int, ...], *, model: str | None,
+            label: str | None, timeout_s: float, slo: dict[str, float] | None, server: str | None,
+            plot_dir: Path | None, db_path: Path | None, as_json: bool) -> None:
+    from moetune.bench.record.replay import ReplaySpec, replay_bench
+    from moetune.bench.serve.run import ServeBenchSpec, server_source
+    from moetune.store.db import ResultsDB
+
+    if replay is None:
+        raise InputError("--speed paces a replay", hint="add --replay FILE, or drop --speed")
+    clash = _given(*NOT_WITH_REPLAY)
+    if clash:
+        names = ", ".join("--" + n.replace("_", "-") for n in clash)
+        raise InputError(f"--replay sends the recorded requests as they are: drop {names}",
+                         hint="--speed paces the replay, --concurrency bounds the requests in flight")
+    if len(levels) > 1:
+        raise InputError("--replay runs one level: give one --concurrency value")
+    spec = ReplaySpec(replay, speed=speed, concurrency=levels[0] if _given("concurrency") else None, model=model,
+                      timeout_s=timeout_s, label=label, slo=slo)
+    source = server_source(ServeBenchSpec(url=target), target, match_slots=False, server=server, status=_log)
+    from moetune.cli.bench_cmds import progress_bar
+
+    with ResultsDB.open(db_path) as db, progress_bar(not as_json, bars=False) as live:
+        doc = replay_bench(spec, db, source, log=_log, on_snapshot=live.machine)
     _render(doc, plot_dir, as_json)
     if not as_json:
         err.print(f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
 
-from moetune.errors import InputError, RuntimeFailure
+from moetune.errors import InputError, MoetuneError, RuntimeFailure
 from moetune.monitor.exposition import CONTENT_TYPE, LabelledSnapshot, render
 from moetune.monitor.snapshot import Snapshot
 
@@ -223,18 +223,24 @@ def bind(host: str, port: int, source: Source) -> MetricsServer:
     """The server, bound and listening (not yet serving); a clear error when it cannot be."""
     try:
         return MetricsServer((host, port), source)
-    except socket.gaierror as e:
-        raise InputError(f"--listen {host}:{port}: cannot resolve {host!r} ({e.strerror})",
-                         hint="give an address of this machine, e.g. 127.0.0.1") from None
     except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            raise RuntimeFailure(f"--listen {host}:{port}: the address is in use",
-                                 hint="stop what listens there, or choose another port (--listen HOST:PORT)") from None
-        if e.errno == errno.EADDRNOTAVAIL:
-            raise InputError(f"--listen {host}:{port}: {host} is not an address of this machine",
-                             hint="use 127.0.0.1, or one of this machine's addresses") from None
-        raise RuntimeFailure(f"--listen {host}:{port}: {e.strerror or e}",
-                             hint="choose another address or port (--listen HOST:PORT)") from None
+        raise listen_error(host, port, e) from None
+
+
+def listen_error(host: str, port: int, e: OSError) -> MoetuneError:
+    """What to tell a user whose ``--listen HOST:PORT`` could not be bound: a name that does not
+    resolve or an address not of this machine (input, exit 2), a port in use (exit 1)."""
+    if isinstance(e, socket.gaierror):
+        return InputError(f"--listen {host}:{port}: cannot resolve {host!r} ({e.strerror})",
+                          hint="give an address of this machine, e.g. 127.0.0.1")
+    if e.errno == errno.EADDRINUSE:
+        return RuntimeFailure(f"--listen {host}:{port}: the address is in use",
+                              hint="stop what listens there, or choose another port (--listen HOST:PORT)")
+    if e.errno == errno.EADDRNOTAVAIL:
+        return InputError(f"--listen {host}:{port}: {host} is not an address of this machine",
+                          hint="use 127.0.0.1, or one of this machine's addresses")
+    return RuntimeFailure(f"--listen {host}:{port}: {e.strerror or e}",
+                          hint="choose another address or port (--listen HOST:PORT)")
 
 
 def wait_listening(host: str, port: int, timeout_s: float) -> bool:

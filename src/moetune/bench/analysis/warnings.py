@@ -61,6 +61,7 @@ class Code(StrEnum):
     ITL_UNKNOWN = "itl_unknown"
     NO_USAGE = "no_usage"
     SKIPPED = "skipped_prompts"
+    REPLAY_TOKENS = "replay_tokens"  # a replay generated other token counts than its recording
 
 
 # what the single-stream codes say, and their remedies (serving warnings word theirs per level)

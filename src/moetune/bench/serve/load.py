@@ -5,7 +5,8 @@
 - Open loop (``rate`` requests/s, Poisson or constant arrivals): each request is due at its own
   arrival time, computed in advance, and waits for one of ``concurrency`` client slots. The due
   time is recorded, not the time the client got round to it, so queueing in the client shows up
-  in the queue-inclusive latency instead of vanishing (coordinated omission).
+  in the queue-inclusive latency instead of vanishing (coordinated omission). A replay gives the
+  due times itself (``LoadSpec.offsets``) and its requests as they are (:class:`Prepared`).
 
 Every finished request goes to ``on_sample`` at once (the caller stores it), errors included.
 A server that is evidently gone (as many requests in a row as there are streams, and at least
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from moetune.bench.http.client import StreamingHttp
-from moetune.bench.serve.request import RequestRecord, stream_chat
+from moetune.bench.serve.request import CHAT_PATH, RequestRecord, stream_chat
 from moetune.errors import RuntimeFailure
 
 ARRIVALS = ("poisson", "constant")
@@ -115,6 +116,17 @@ class ChatPrompt(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request sent as it is (a replayed one): its body, the path it goes to, its max_tokens and,
+    when it was counted before sending, its prompt's length."""
+
+    body: bytes
+    max_tokens: int
+    path: str = CHAT_PATH
+    prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class LoadSpec:
     concurrency: int
     requests: int | None = None  # stop after this many
@@ -122,6 +134,7 @@ class LoadSpec:
     rate: float | None = None  # requests/s; None: closed loop
     arrivals: str = "poisson"
     seed: int = 0
+    offsets: tuple[float, ...] | None = None  # open loop on these due times (s from the start), not a rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +178,7 @@ async def _sleep_until(t: float) -> None:
         await asyncio.sleep(delay)
 
 
-async def run_level(http: StreamingHttp, prompts: Sequence[Prompt], spec: LoadSpec, options: RequestOptions,
+async def run_level(http: StreamingHttp, prompts: Sequence[Prompt | Prepared], spec: LoadSpec, options: RequestOptions,
                     on_sample: Callable[[RequestRecord], None], *, first_index: int = 0,
                     progress: Callable[[int], None] | None = None, max_retries: int = 2,
                     meter: LoadMeter | None = None) -> list[RequestRecord]:
@@ -174,7 +187,7 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt], spec: LoadSp
         raise ValueError("no prompts")
     if spec.requests is None and spec.duration_s is None:
         raise ValueError("give requests or duration_s")
-    bodies = [request_body(p, options) for p in prompts]
+    bodies = [p.body if isinstance(p, Prepared) else request_body(p, options) for p in prompts]
     records: list[RequestRecord] = []
     t0 = time.monotonic()
     stop_at = t0 + spec.duration_s if spec.duration_s is not None else None
@@ -194,6 +207,7 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt], spec: LoadSp
 
     async def one(i: int, t_sched: float, t_slot: float | None) -> None:
         p = prompts[i % len(prompts)]
+        path = p.path if isinstance(p, Prepared) else CHAT_PATH
         rec = RequestRecord(index=first_index + i, concurrency=spec.concurrency, rate=spec.rate,
                             prompt_tokens=p.prompt_tokens, max_tokens=p.max_tokens, t_sched=t_sched)
         if t_slot is None:
@@ -202,13 +216,13 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt], spec: LoadSp
                 if meter:
                     meter.started()
                 await stream_chat(http, bodies[i % len(bodies)], rec, max_retries=max_retries,
-                                  timeout_s=options.timeout_s)
+                                  timeout_s=options.timeout_s, path=path)
         else:
             rec.t_slot = t_slot
             if meter:
                 meter.started()
             await stream_chat(http, bodies[i % len(bodies)], rec, max_retries=max_retries,
-                              timeout_s=options.timeout_s)
+                              timeout_s=options.timeout_s, path=path)
         if meter:
             meter.finished(rec)
         nonlocal in_a_row
@@ -219,7 +233,7 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt], spec: LoadSp
             progress(len(records))
 
     slots = asyncio.Semaphore(spec.concurrency)
-    if spec.rate is None:
+    if spec.rate is None and spec.offsets is None:
         async def worker() -> None:
             while (i := take()) is not None:
                 t = time.monotonic()
@@ -230,7 +244,9 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt], spec: LoadSp
                 tg.create_task(worker())
     else:
         async with asyncio.TaskGroup() as tg:
-            for i, offset in enumerate(arrival_offsets(spec.rate, spec.arrivals, spec.seed)):
+            due_times = spec.offsets if spec.offsets is not None else \
+                arrival_offsets(spec.rate or 0.0, spec.arrivals, spec.seed)
+            for i, offset in enumerate(due_times):
                 due = t0 + offset
                 if spec.requests is not None and i >= spec.requests:
                     break

@@ -112,7 +112,8 @@ class SseParser:
         choices = obj.get("choices") or []
         for c in choices:
             d = c.get("delta") or {}
-            content, reasoning = d.get("content") or "", d.get("reasoning_content") or d.get("reasoning") or ""
+            content = (d.get("content") or "") + (c.get("text") or "")  # chat; completions
+            reasoning = d.get("reasoning_content") or d.get("reasoning") or ""
             n_content += len(content)
             n_reason += len(reasoning)
             if self.on_text is not None and (content or reasoning):
@@ -148,19 +149,21 @@ class SseParser:
 
 
 async def stream_chat(http: StreamingHttp, body: bytes, rec: RequestRecord, *, max_retries: int = 2,
-                      timeout_s: float | None = None, on_text: Callable[[str, str], None] | None = None) -> None:
-    """Send one streaming chat request and record it. Never raises for transport or HTTP errors;
-    a request not complete within ``timeout_s`` (retries included) ends as a ``timeout`` error.
-    ``on_text`` gets the text of each event (content, reasoning) of the answered attempt."""
+                      timeout_s: float | None = None, path: str = CHAT_PATH,
+                      on_text: Callable[[str, str], None] | None = None) -> None:
+    """Send one streaming chat request (or, to another ``path``, a completion) and record it. Never
+    raises for transport or HTTP errors; a request not complete within ``timeout_s`` (retries
+    included) ends as a ``timeout`` error. ``on_text`` gets the text of each event (content,
+    reasoning) of the answered attempt."""
     try:
         async with asyncio.timeout(timeout_s):
-            await _attempts(http, body, rec, max_retries, on_text)
+            await _attempts(http, body, rec, max_retries, path, on_text)
     except TimeoutError:
         rec.error, rec.detail = "timeout", f"no complete answer within {timeout_s} s"
     rec.t_end = time.monotonic()
 
 
-async def _attempts(http: StreamingHttp, body: bytes, rec: RequestRecord, max_retries: int,
+async def _attempts(http: StreamingHttp, body: bytes, rec: RequestRecord, max_retries: int, path: str,
                     on_text: Callable[[str, str], None] | None = None) -> None:
     clock = time.monotonic
     for attempt in range(max_retries + 1):
@@ -170,7 +173,7 @@ async def _attempts(http: StreamingHttp, body: bytes, rec: RequestRecord, max_re
         answered = False
         parser = SseParser(rec, on_text)
         try:
-            async with http.post_stream(CHAT_PATH, body) as reply:
+            async with http.post_stream(path, body) as reply:
                 rec.t_headers = clock()
                 answered = True
                 rec.status = reply.status
