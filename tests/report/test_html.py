@@ -244,3 +244,19 @@ def test_a_run_without_samples_is_shown_and_left_out_of_the_comparison(tmp_path:
     page = render_page(data)
     assert "GPU utilisation" not in page  # no GPU in the snapshots: no GPU chart
     assert "Host CPU" in page and "no measured samples" in page
+
+
+def test_agent_sessions_are_drawn_turn_by_turn() -> None:
+    from moetune.report.html.serve_section import session_charts
+
+    def f(v: float) -> dict[str, float]:
+        return {"p50": v, "p90": v, "p99": v, "mean": v}
+
+    doc = {"spec": {"sessions": 4, "turns": 3, "strip_thinking": True},
+           "turns": [{"turn": n, "context_tokens": f(600 + 200 * n), "prompt_tokens_processed": f(p),
+                      "prompt_tokens_reused": f(r), "ttft_ms": f(20 + n), "tg_tok_s": f(50 - n)}
+                     for n, p, r in ((1, 640, 0), (2, 250, 600), (3, 248, 810))]}
+    html = session_charts(doc)
+    assert html.count("<figure") == 3 and "4 sessions x 3 turns, thinking stripped" in html
+    assert "reused from the cache" in html and "processed" in html
+    assert session_charts({"turns": []}) == ""

@@ -74,6 +74,36 @@ def levels_table(levels: Sequence[Mapping[str, Any]]) -> str:
                   "goodput", "errors"], rows, caption="per load level (latencies in ms)")
 
 
+def session_charts(sessions: Mapping[str, Any]) -> str:
+    """An agent-session run turn by turn: the prompt tokens each turn processed and reused from the
+    prefix cache, and its TTFT and decode speed, against the turn (`serve-bench --sessions`)."""
+    turns = sessions.get("turns") or []
+    if not turns:
+        return ""
+    xs = [float(t["turn"]) for t in turns]
+
+    def p50(key: str) -> tuple[tuple[float, float | None], ...]:
+        return tuple((x, (t.get(key) or {}).get("p50")) for x, t in zip(xs, turns, strict=True))
+
+    def chart(caption: str, series: list[Series], y_label: str) -> str:
+        return figure(caption, line_chart(series, x_label="turn", y_label=y_label, width=560, x_ticks=xs,
+                                          x_tick_labels=[tick_label(x) for x in xs]), legend(series))
+
+    tokens = [Series("processed", p50("prompt_tokens_processed"), PALETTE[1], unit="tokens"),
+              Series("reused from the cache", p50("prompt_tokens_reused"), PALETTE[2], unit="tokens"),
+              Series("context", p50("context_tokens"), PALETTE[0], dash=True, unit="tokens")]
+    speed = [Series("TTFT p50", p50("ttft_ms"), PALETTE[3], unit="ms")]
+    decode = [Series("decode p50", p50("tg_tok_s"), PALETTE[4], unit="tokens/s")]
+    spec = sessions.get("spec") or {}
+    what = (f'{spec.get("sessions")} sessions x {spec.get("turns")} turns'
+            + (", thinking stripped from the history" if spec.get("strip_thinking") else ""))
+    return (f'<p class="dim">agent sessions: {esc(what)}</p><div class="charts">'
+            + chart("Prompt tokens per turn (median)", [x for x in tokens if any(y is not None for _, y in x.points)],
+                    "tokens")
+            + chart("Time to first token per turn", speed, "TTFT (ms)")
+            + chart("Decode speed per turn", decode, "tokens/s") + "</div>")
+
+
 def serve_block(rr: RunReport) -> str:
     doc = rr.serve or {}
     levels = doc.get("levels") or []
@@ -86,7 +116,8 @@ def serve_block(rr: RunReport) -> str:
     slo = run.get("slo")
     slo_line = (f'<p class="dim">goodput targets: {esc(", ".join(f"{k} {v}" for k, v in slo.items()))}</p>'
                 if slo else "")
-    return (f'<div class="serve-run">{head}{level_charts(levels)}{levels_table(levels)}{slo_line}'
+    sessions = session_charts(doc["sessions"]) if doc.get("sessions") else ""
+    return (f'<div class="serve-run">{head}{sessions}{level_charts(levels)}{levels_table(levels)}{slo_line}'
             + (f'<ul class="warnings">{warns}</ul>' if warns else "") + "</div>")
 
 
