@@ -61,6 +61,12 @@ def _list(kind: str) -> Any:
 @click.option("--try-cache", callback=_list("cache"), help="Cache types K/V, e.g. f16/f16,q8_0/q8_0 (default both).")
 @click.option("--try-repack", callback=_list("bool"), help="CPU weight repacking (-rtr in ik_llama.cpp; -nr turns "
               "mainline's off): on,off (default both).")
+@click.option("--try-amb", callback=_list("int"), help="ik_llama.cpp -amb MiB to try, 0 = unbounded (default with "
+              "an ik engine: 0,512 where it bounds something: MLA models, or attention without flash attention).")
+@click.option("--try-mla", callback=_list("int"), help="ik_llama.cpp -mla modes to try on an MLA model (default 3,2).")
+@click.option("--try-fmoe", callback=_list("bool"), help="ik_llama.cpp fused MoE: on,off (default both with an ik engine).")
+@click.option("--try-muge", callback=_list("bool"), help="ik_llama.cpp -muge (up/gate experts merged): on,off "
+              "(default both with an ik engine).")
 @click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
               help="Seconds to wait for one request.")
@@ -72,11 +78,13 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
              try_strategy: tuple[str, ...] | None, try_threads: tuple[int, ...] | None,
              try_ubatch: tuple[int, ...] | None, try_fa: tuple[bool, ...] | None,
              try_cache: tuple[tuple[str, str], ...] | None, try_repack: tuple[bool, ...] | None,
-             launch_timeout_s: float, timeout_s: float,
+             try_amb: tuple[int, ...] | None, try_mla: tuple[int, ...] | None, try_fmoe: tuple[bool, ...] | None,
+             try_muge: tuple[bool, ...] | None, launch_timeout_s: float, timeout_s: float,
              output: Path | None, db_path: Path | None, as_json: bool, **settings_kw: Any) -> None:
     """Find the fastest plan for MODEL on the hardware in a budget of launches.
 
-    Every candidate (placement, threads, -ub, flash attention, cache types) is planned and checked
+    Every candidate (placement, threads, -ub, flash attention, cache types, repacking; with an
+    ik_llama.cpp engine also -amb, the MLA mode, fused MoE and -muge) is planned and checked
     against the memory ledger first; one that does not fit is never launched. The plan `moetune
     plan` would make with these options is launched first (the baseline); then each launch is
     benchmarked (with repeats and confidence intervals), the speed model is refitted to what was
@@ -102,7 +110,8 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     (workload,) = expand([], [], depths=[depth], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
     axes = {name: v for name, v in (("strategies", try_strategy), ("threads", try_threads),
                                     ("ubatches", try_ubatch), ("flash_attn", try_fa), ("cache_types", try_cache),
-                                    ("repack", try_repack))
+                                    ("repack", try_repack), ("amb_mib", try_amb), ("mla", try_mla),
+                                    ("fused_moe", try_fmoe), ("merge_up_gate", try_muge))
             if v is not None}
     req = TuneRequest(hw_path, model, plan_settings(settings_kw), workload,
                       BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,

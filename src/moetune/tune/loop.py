@@ -48,6 +48,7 @@ from moetune.plan.speed import SpeedConstants, Work, decode_seconds, prefill_tok
 from moetune.planfiles import absolute, calibration_for, document
 from moetune.store import calibrations
 from moetune.store.db import ResultsDB
+from moetune.tune.engine_axes import check_engine_axes, engine_options
 from moetune.tune.history import calibrate_and_save, gather
 
 Status = Callable[[str], None]
@@ -153,10 +154,12 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     calib = calibration_for(hw, kind)
     k = SpeedConstants.from_json(calib["constants"]) if calib else SpeedConstants()
     moe_layers = len({t.layer for t in profile.tensors if t.is_expert})
-    axes = core.default_axes(base, req.strategy, hw.local.cores, moe_layers, len(hw.accelerators()))
+    options = engine_options(engine, kind, profile.is_mla)
+    check_engine_axes(req.axes, base, options, kind)
+    axes = core.default_axes(base, req.strategy, hw.local.cores, moe_layers, len(hw.accelerators()), options)
     axes = replace(axes, **req.axes) if req.axes else axes
     baseline = core.Candidate.of(req.strategy, base)
-    cands = [baseline, *(c for c in core.space(axes, base) if c != baseline)]
+    cands = [baseline, *(c for c in core.space(axes, base, mla_model=profile.is_mla) if c != baseline)]
     status(f"planning {len(cands)} candidates")
     entries = []
     for c in cands:
