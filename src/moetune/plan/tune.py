@@ -21,7 +21,7 @@ import numpy as np
 
 from moetune.plan.settings import Settings
 
-OBJECTIVES = ("tg", "pp", "ttft")
+OBJECTIVES = ("tg", "pp", "ttft", "goodput")
 BIAS_SD = 0.35  # prior spread of the model's overall log error (before any measurement)
 LOCAL_SD = 0.25  # prior spread of its error that differs between candidates
 LENGTH = 0.6  # how far (in feature units) a measurement's correction reaches
@@ -221,12 +221,15 @@ def _phi(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def choose(b: Belief, best: float, open_: Sequence[int], noise: float) -> tuple[int | None, float]:
+def choose(b: Belief, best: float, open_: Sequence[int], noise: float,
+           gains: np.ndarray | None = None) -> tuple[int | None, float]:
     """The open candidate with the largest expected gain, and that gain; None when no candidate
-    expects to gain more than ``noise`` (a share of the best)."""
+    expects to gain more than ``noise`` (a share of the best). ``gains``: expected gains computed
+    otherwise (goodput's, :func:`moetune.plan.serving.expected_goodput`), else :func:`expected_gain`."""
     if not open_:
         return None, 0.0
-    gains = expected_gain(b, best)
+    if gains is None:
+        gains = expected_gain(b, best)
     i = max(open_, key=lambda j: (gains[j], b.mean[j]))
     g = float(gains[i])
     return (i if g > noise else None), g
