@@ -42,11 +42,13 @@ def test_known_facts_are_what_the_real_builds_answer(kind: EngineKind, bin_dir: 
 def test_an_older_ik_build_with_a_bare_fa() -> None:
     old = parse_help(EngineKind.IK, "  -fa,   --flash-attn             enable Flash Attention (default: disabled)\n"
                                     "  -mla,  --mla-use                enable MLA (default: 0)\n"
+                                    "  -fmoe, --fused-moe              enable fused MoE (default: disabled)\n"
                                     "         --n-cpu-moe N            keep MoE weights of the last N layers\n")
     assert not old.flash_attn_takes_value and old.n_cpu_moe == NCpuMoeRule.LAST
     d = dialect(EngineKind.IK, old)
     assert d.flash_attn_on == ("-fa",) and d.flash_attn_off == ()
-    assert d.mla == ("-mla", "3") and d.amb is None and d.repack == ()  # only what the build accepts
+    assert d.mla == "-mla" and d.amb is None and d.repack == () and d.merge_up_gate == ()  # only what it accepts
+    assert (d.fused_moe_on, d.fused_moe_off) == (("-fmoe",), ())  # fused MoE was opt-in then
 
 
 def test_the_dialect_follows_what_the_build_accepts() -> None:

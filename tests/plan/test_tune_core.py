@@ -4,15 +4,19 @@ gain and the stopping rule."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from moetune.kinds import EngineKind
 from moetune.plan.settings import Settings
 from moetune.plan.tune import (
+    AMB_TRY_MIB,
     BIAS_SD,
     LOCAL_SD,
     Candidate,
+    EngineOptions,
     Measured,
     belief,
     choose,
@@ -76,3 +80,75 @@ def test_expected_gain_is_zero_far_below_the_best_and_grows_with_spread() -> Non
     i, gain = choose(b, 100.0, [0, 1, 2], noise=0.01)
     assert i == 2 and gain == pytest.approx(g[2])
     assert choose(b, 100.0, [0, 1], noise=0.05) == (None, pytest.approx(g[1]))  # nothing worth a launch
+
+
+# --- ik_llama.cpp's own options -------------------------------------------------------------
+
+IK_ALL = EngineOptions(amb=True, mla_model=False, mla=False, fused_moe=True, merge_up_gate=True)
+IK_MLA = EngineOptions(amb=True, mla_model=True, mla=True, fused_moe=True, merge_up_gate=True)
+
+
+@pytest.mark.parametrize(("engine", "amb", "mla", "fmoe", "muge"), [
+    (EngineOptions(), (0,), (3,), (True,), (False,)),  # mainline: none of them
+    (IK_ALL, (0, AMB_TRY_MIB), (3,), (True, False), (False, True)),  # no MLA: the mode is not tried
+    (IK_MLA, (0, AMB_TRY_MIB), (3, 2), (True, False), (False, True)),
+    (EngineOptions(amb=True), (0, AMB_TRY_MIB), (3,), (True,), (False,)),  # a build without fused-MoE switches
+])
+def test_the_engine_axes_follow_what_the_build_renders_and_the_model_has(
+        engine: EngineOptions, amb: tuple[int, ...], mla: tuple[int, ...], fmoe: tuple[bool, ...],
+        muge: tuple[bool, ...]) -> None:
+    axes = default_axes(Settings(), "auto", 4, 8, 1, engine)
+    assert (axes.amb_mib, axes.mla, axes.fused_moe, axes.merge_up_gate) == (amb, mla, fmoe, muge)
+    # the user's own values come first (the baseline's), the alternative second
+    ax = default_axes(Settings(amb_mib=256, mla=2, fused_moe=False, merge_up_gate=True), "auto", 4, 8, 1, IK_MLA)
+    assert (ax.amb_mib, ax.mla, ax.fused_moe, ax.merge_up_gate) == ((256, 0), (2, 3), (False, True), (True, False))
+
+
+def test_mainline_spaces_and_labels_are_unchanged_by_the_engine_axes() -> None:
+    base = Settings()
+    cands = space(default_axes(base, "auto", 4, 8, 1), base)
+    assert all((c.amb_mib, c.mla, c.fused_moe, c.merge_up_gate) == (0, 3, True, False) for c in cands)
+    assert Candidate("auto", 2, 128, 2048, False).label == "auto t2 ub128 no-fa"
+    assert all(not f[6:].any() for f in (features(c, 0.5, 4) for c in cands))  # the distances stay as they were
+
+
+def test_amb_only_where_it_bounds_something_and_the_mla_mode_only_on_an_mla_model() -> None:
+    base = Settings()
+    axes = default_axes(base, "auto", 4, 8, 1, IK_ALL)
+    plain = space(axes, base)
+    assert {c.amb_mib for c in plain if c.flash_attn} == {0}  # flash attention on a GQA model: nothing to bound
+    assert {c.amb_mib for c in plain if not c.flash_attn} == {0, AMB_TRY_MIB}
+    forced = space(replace(axes, mla=(3, 2)), base)  # --try-mla on a model without MLA changes nothing
+    assert {c.mla for c in forced} == {3} and len(forced) == len(plain)
+    mla = space(default_axes(base, "auto", 4, 8, 1, IK_MLA), base, mla_model=True)
+    assert {(c.amb_mib, c.mla) for c in mla if c.flash_attn} == {(0, 3), (0, 2), (AMB_TRY_MIB, 3), (AMB_TRY_MIB, 2)}
+    # with flash attention both -amb values and both modes; without it, the same, where plain had -amb alone
+    assert len(mla) == 2 * len(plain) + len([c for c in plain if c.flash_attn]) * 2
+    assert len({c.label for c in mla}) == len(mla)
+
+
+@pytest.mark.parametrize(("cand", "label", "settings"), [
+    (Candidate("auto", 2, 512, amb_mib=512), "auto t2 ub512 fa amb512", {"amb_mib": 512}),
+    (Candidate("auto", 2, 512, mla=2), "auto t2 ub512 fa mla2", {"mla": 2}),
+    (Candidate("cpu-moe", None, 128, fused_moe=False), "cpu-moe t-default ub128 fa no-fmoe", {"fused_moe": False}),
+    (Candidate("auto", 2, 512, merge_up_gate=True), "auto t2 ub512 fa muge", {"merge_up_gate": True}),
+    (Candidate("auto", 1, 512, 2048, False, repack=True, amb_mib=256, mla=2, fused_moe=False, merge_up_gate=True),
+     "auto t1 ub512 no-fa repack amb256 mla2 no-fmoe muge",
+     {"amb_mib": 256, "mla": 2, "fused_moe": False, "merge_up_gate": True, "repack": True}),
+])
+def test_a_candidate_carries_the_ik_options_into_its_label_and_settings(cand: Candidate, label: str,
+                                                                       settings: dict[str, object]) -> None:
+    assert cand.label == label
+    s = cand.settings(Settings(engine=EngineKind.IK))
+    assert all(getattr(s, k) == v for k, v in settings.items())
+    assert Candidate.of(cand.strategy, s) == cand  # and back
+
+
+def test_the_ik_options_place_a_candidate_apart_from_its_neighbours() -> None:
+    a = features(Candidate("auto", 4, 512), 0.5, 4)
+    for other in (Candidate("auto", 4, 512, amb_mib=512), Candidate("auto", 4, 512, mla=2),
+                  Candidate("auto", 4, 512, fused_moe=False), Candidate("auto", 4, 512, merge_up_gate=True)):
+        d = features(other, 0.5, 4) - a
+        assert np.count_nonzero(d) == 1 and float(np.abs(d).sum()) == pytest.approx(0.5)
+    # a looser -amb bound sits closer to none
+    assert features(Candidate("auto", 4, 512, amb_mib=2048), 0.5, 4)[6] == pytest.approx(0.125)

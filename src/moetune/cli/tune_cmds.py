@@ -45,11 +45,21 @@ def _list(kind: str) -> Any:
 @click.option("--budget", type=click.IntRange(1, 100), default=5, show_default=True,
               help="Launches at most (the baseline's included).")
 @click.option("--objective", type=click.Choice(["tg", "pp", "ttft", "goodput"]), default="tg", show_default=True,
-              help="What to maximise: decode speed, prefill speed, or the first token's latency (prompt/PP + 1/TG).")
+              help="What to maximise: decode speed, prefill speed, the first token's latency (prompt/PP + 1/TG), "
+                   "or goodput: requests/s meeting --slo under --concurrency streams (serve-bench).")
+@click.option("--slo", help="Latency targets of --objective goodput, e.g. ttft_ms=500,itl_ms=100 (keys: ttft_ms, "
+              "itl_ms, tpot_ms, e2e_ms).")
+@click.option("--concurrency", type=click.IntRange(1), default=None,
+              help="Streams of --objective goodput (default 4); each candidate is planned with as many slots.")
+@click.option("--requests", type=click.IntRange(2), default=None,
+              help="Requests per candidate with --objective goodput (default 8 x --concurrency, at least 16; "
+                   "at least 2 x --concurrency).")
 @click.option("--depth", type=click.IntRange(0), default=0, show_default=True,
               help="Context depth of the measurement (tokens already in the cache).")
-@click.option("--pp-tokens", type=click.IntRange(1), default=512, show_default=True, help="Prompt tokens measured.")
-@click.option("--tg-tokens", type=click.IntRange(2), default=128, show_default=True, help="Tokens generated.")
+@click.option("--pp-tokens", type=click.IntRange(1), default=512, show_default=True,
+              help="Prompt tokens measured (with --objective goodput: each request's prompt).")
+@click.option("--tg-tokens", type=click.IntRange(2), default=128, show_default=True,
+              help="Tokens generated (with --objective goodput: by each request).")
 @click.option("-r", "--repeats", type=click.IntRange(2), default=3, show_default=True,
               help="Measured runs per launch (for the confidence intervals).")
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True)
@@ -61,6 +71,12 @@ def _list(kind: str) -> Any:
 @click.option("--try-cache", callback=_list("cache"), help="Cache types K/V, e.g. f16/f16,q8_0/q8_0 (default both).")
 @click.option("--try-repack", callback=_list("bool"), help="CPU weight repacking (-rtr in ik_llama.cpp; -nr turns "
               "mainline's off): on,off (default both).")
+@click.option("--try-amb", callback=_list("int"), help="ik_llama.cpp -amb MiB to try, 0 = unbounded (default with "
+              "an ik engine: 0,512 where it bounds something: MLA models, or attention without flash attention).")
+@click.option("--try-mla", callback=_list("int"), help="ik_llama.cpp -mla modes to try on an MLA model (default 3,2).")
+@click.option("--try-fmoe", callback=_list("bool"), help="ik_llama.cpp fused MoE: on,off (default both with an ik engine).")
+@click.option("--try-muge", callback=_list("bool"), help="ik_llama.cpp -muge (up/gate experts merged): on,off "
+              "(default both with an ik engine).")
 @click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
               help="Seconds to wait for one request.")
@@ -68,15 +84,18 @@ def _list(kind: str) -> Any:
 @db_option
 @json_option
 def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | None, port: int, budget: int,
-             objective: str, depth: int, pp_tokens: int, tg_tokens: int, repeats: int, warmup: int,
+             objective: str, slo: str | None, concurrency: int | None, requests: int | None, depth: int,
+             pp_tokens: int, tg_tokens: int, repeats: int, warmup: int,
              try_strategy: tuple[str, ...] | None, try_threads: tuple[int, ...] | None,
              try_ubatch: tuple[int, ...] | None, try_fa: tuple[bool, ...] | None,
              try_cache: tuple[tuple[str, str], ...] | None, try_repack: tuple[bool, ...] | None,
-             launch_timeout_s: float, timeout_s: float,
+             try_amb: tuple[int, ...] | None, try_mla: tuple[int, ...] | None, try_fmoe: tuple[bool, ...] | None,
+             try_muge: tuple[bool, ...] | None, launch_timeout_s: float, timeout_s: float,
              output: Path | None, db_path: Path | None, as_json: bool, **settings_kw: Any) -> None:
     """Find the fastest plan for MODEL on the hardware in a budget of launches.
 
-    Every candidate (placement, threads, -ub, flash attention, cache types) is planned and checked
+    Every candidate (placement, threads, -ub, flash attention, cache types, repacking; with an
+    ik_llama.cpp engine also -amb, the MLA mode, fused MoE and -muge) is planned and checked
     against the memory ledger first; one that does not fit is never launched. The plan `moetune
     plan` would make with these options is launched first (the baseline); then each launch is
     benchmarked (with repeats and confidence intervals), the speed model is refitted to what was
@@ -85,28 +104,30 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     A candidate that fails at launch is diagnosed, recorded and skipped. Run the same command again
     to resume after Ctrl-C or a crash. The winner must beat the baseline by the rule of `compare`;
     else the baseline stays.
+
+    --objective goodput measures each candidate with serve-bench instead: --concurrency closed-loop
+    streams (the plan gets as many slots), --requests requests of --pp-tokens prompt tokens and
+    --tg-tokens output tokens, and the rate of requests meeting every --slo target.
     """
     from moetune.bench.single.runner import BenchOptions
     from moetune.bench.single.workloads import expand
     from moetune.cli.bench_cmds import progress_bar
-    from moetune.errors import InputError
     from moetune.store.db import ResultsDB
     from moetune.tune.loop import TuneRequest, tune
     from moetune.tune.report import result_json, result_table
 
     require_hw(hw_path)
     assert hw_path is not None
-    if objective == "goodput":
-        raise InputError("--objective goodput needs a serving benchmark under concurrency, which tune does not run yet",
-                         hint="tune for ttft or tg, then measure the winner with `moetune serve-bench PLAN`")
+    serve = _serve_load(objective, slo, concurrency, requests, depth, pp_tokens, tg_tokens)
     (workload,) = expand([], [], depths=[depth], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
     axes = {name: v for name, v in (("strategies", try_strategy), ("threads", try_threads),
                                     ("ubatches", try_ubatch), ("flash_attn", try_fa), ("cache_types", try_cache),
-                                    ("repack", try_repack))
+                                    ("repack", try_repack), ("amb_mib", try_amb), ("mla", try_mla),
+                                    ("fused_moe", try_fmoe), ("merge_up_gate", try_muge))
             if v is not None}
     req = TuneRequest(hw_path, model, plan_settings(settings_kw), workload,
                       BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,
-                      port, objective, budget, axes, launch_timeout_s)
+                      port, objective, budget, axes, launch_timeout_s, serve)
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
         result = tune(db, req, status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars,
                       on_snapshot=bars.machine)
@@ -127,6 +148,31 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     out.print("command:", markup=False)
     print_text(json.loads(best_plan.read_text())["shell"])
     out.print(f"plan: {doc['plan']} (`moetune launch` or `moetune bench` it)", markup=False)
+
+
+def _serve_load(objective: str, slo: str | None, concurrency: int | None, requests: int | None, depth: int,
+                pp_tokens: int, tg_tokens: int) -> Any:
+    """The serving load of --objective goodput (None for the single-stream objectives)."""
+    from moetune.bench.analysis.slo import parse_slo
+    from moetune.errors import InputError
+    from moetune.plan.serving import ServeLoad
+
+    if objective != "goodput":
+        given = [n for n, v in (("--slo", slo), ("--concurrency", concurrency), ("--requests", requests)) if v is not None]
+        if given:
+            raise InputError(f"{', '.join(given)}: only with --objective goodput")
+        return None
+    if slo is None:
+        raise InputError("--objective goodput needs latency targets", hint="--slo ttft_ms=500,itl_ms=100")
+    if depth:
+        raise InputError("--depth: a single-stream workload; --objective goodput sends fresh prompts of --pp-tokens",
+                         hint="drop --depth")
+    c = concurrency or 4
+    n = requests if requests is not None else max(16, 8 * c)
+    if n < 2 * c:
+        raise InputError(f"--requests {n}: at least 2 x --concurrency ({2 * c}), two rounds of the streams, "
+                         "for the goodput's interval")
+    return ServeLoad(c, n, pp_tokens, tg_tokens, tuple(parse_slo(slo).items()))
 
 
 def register(cli: click.Group) -> None:

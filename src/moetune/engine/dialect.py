@@ -38,8 +38,11 @@ class Dialect:
     kv_unified: tuple[str, ...] = ("--kv-unified",)
     cpu_moe: str = "--cpu-moe"
     n_cpu_moe: NCpuMoeRule = NCpuMoeRule.FIRST  # which layers --n-cpu-moe N keeps on the CPU
-    amb: str | None = None
-    mla: tuple[str, ...] = ()
+    amb: str | None = None  # ik_llama.cpp: attention max batch, the value Settings.amb_mib
+    mla: str | None = None  # ik_llama.cpp: the MLA mode flag, the value Settings.mla (MLA models only)
+    fused_moe_on: tuple[str, ...] = ()  # ik_llama.cpp's fused MoE: opt-in (-fmoe) in older builds,
+    fused_moe_off: tuple[str, ...] = ()  # on by default and turned off (-no-fmoe) in newer ones
+    merge_up_gate: tuple[str, ...] = ()  # ik_llama.cpp -muge
     no_log_file: tuple[str, ...] = ()  # ik_llama.cpp writes llama.log into the working directory unless told
     version: str = ""  # the build whose facts shaped this dialect
 
@@ -57,7 +60,9 @@ IK_DIALECT = Dialect(
     kv_unified=(),
     n_cpu_moe=NCpuMoeRule.IK_SPLIT_TAIL,
     amb="-amb",
-    mla=("-mla", "3"),
+    mla="-mla",
+    fused_moe_off=("-no-fmoe",),
+    merge_up_gate=("-muge",),
     no_log_file=("--log-disable",),  # only the file: the log on stderr stays
 )
 
@@ -79,6 +84,9 @@ def dialect(kind: str, facts: EngineFacts | None = None) -> Dialect:
     else:  # an older build: a bare -fa turns it on, and off is the default (or -no-fa)
         fa_on, fa_off = ("-fa",), (("-no-fa",) if f.has("-no-fa") else ())
     no_mmap = ("-lm", "none") if f.has("-lm none") else ("--no-mmap",) if f.has("--no-mmap") else ()
+    fmoe: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    if base.kind == EngineKind.IK:
+        fmoe = ((), ("-no-fmoe",)) if f.has("-no-fmoe") else (("-fmoe",), ()) if f.has("-fmoe") else ((), ())
     return replace(
         base, flash_attn_on=fa_on, flash_attn_off=fa_off, n_cpu_moe=f.n_cpu_moe, version=f.version, no_mmap=no_mmap,
         fit_off=base.fit_off if f.has("-fit off") else (),
@@ -87,7 +95,9 @@ def dialect(kind: str, facts: EngineFacts | None = None) -> Dialect:
         kv_unified=base.kv_unified if f.has("--kv-unified") else (),
         jinja=base.jinja if f.has("--jinja") else (),
         amb=base.amb if base.amb and f.has(base.amb) else None,
-        mla=base.mla if base.mla and f.has(base.mla[0]) else (),
+        mla=base.mla if base.mla and f.has(base.mla) else None,
+        fused_moe_on=fmoe[0], fused_moe_off=fmoe[1],
+        merge_up_gate=base.merge_up_gate if base.merge_up_gate and f.has(base.merge_up_gate[0]) else (),
         no_log_file=base.no_log_file if base.no_log_file and f.has(base.no_log_file[0]) else (),
     )
 

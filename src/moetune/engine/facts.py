@@ -45,6 +45,7 @@ PROBES: tuple[tuple[str, ...], ...] = (
     ("-fa", "on"), ("-fa",), ("-no-fa",), ("-ot", "x=CPU"), ("--cpu-moe",), ("--n-cpu-moe", "1"), ("-ts", "1"),
     ("-dev", "none"), ("-nr",), ("-rtr",), ("-lm", "none"), ("--no-mmap",), ("-fit", "off"), ("--fit",),
     ("--dry-run",), ("--kv-unified",), ("--jinja",), ("-amb", "512"), ("-mla", "3"), ("-ger",), ("-muge",),
+    ("-fmoe",), ("-no-fmoe",),
     ("--merge-qkv",), ("-no-ooae",), ("-ooae",), ("-sm", "graph"), ("-khad",), ("--log-disable",),
 )
 
@@ -136,7 +137,7 @@ KNOWN: dict[EngineKind, EngineFacts] = {
         "--kv-unified", "--jinja", "--log-disable"}), NCpuMoeRule.FIRST),
     EngineKind.IK: EngineFacts(EngineKind.IK, "version: 0 (ik-llama-cpp-python-0.1.5)", frozenset({
         "-fa on", "-no-fa", "-ot", "--cpu-moe", "--n-cpu-moe", "-ts", "-dev", "-rtr", "--no-mmap", "--fit",
-        "--dry-run", "--jinja", "-amb", "-mla", "-ger", "-muge", "--merge-qkv", "-no-ooae", "-sm graph", "-khad",
+        "--dry-run", "--jinja", "-amb", "-mla", "-ger", "-muge", "-no-fmoe", "--merge-qkv", "-no-ooae", "-sm graph", "-khad",
         "--log-disable"}),
         NCpuMoeRule.IK_SPLIT_TAIL),
 }

@@ -127,8 +127,20 @@ def _tensor_split(p: ModelProfile, pl: Placement, s: Settings, d: Dialect,
     if any(n not in index for n in layers):
         raise InputError(f"layers on {sorted({n for n in layers if n not in index})} cannot be offloaded by -ts "
                          f"(ik_llama.cpp's devices: {', '.join(order)})")
-    sizes, mc = ik_split.layer_sizes(p, s, int(d.mla[1]) if p.is_mla and d.mla else 0)
+    sizes, mc = ik_split.layer_sizes(p, s, s.mla if p.is_mla and d.mla else 0)
     return ik_split.tensor_split(sizes, mc, [index[n] for n in layers], len(order))
+
+
+def ik_flags(p: ModelProfile, s: Settings, d: Dialect) -> list[str]:
+    """ik_llama.cpp's own options, as far as the build takes them (mainline's dialect has none):
+    ``-amb`` when set, the MLA mode on MLA models, fused MoE where it is not the build's default,
+    ``-muge``."""
+    if s.engine != d.kind:
+        return []
+    argv = [d.amb, str(s.amb_mib)] if d.amb and s.amb_mib else []
+    argv += [d.mla, str(s.mla)] if d.mla and p.is_mla else []
+    argv += list(d.fused_moe_on if s.fused_moe else d.fused_moe_off)
+    return argv + (list(d.merge_up_gate) if s.merge_up_gate else [])
 
 
 def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, host: str = "127.0.0.1",
@@ -153,9 +165,7 @@ def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, host
     if rules:
         check_rules(p, pl, rules)
         argv += [d.override, ",".join(str(r) for r in rules)]
-    if s.engine == d.kind and d.amb and s.amb_mib:
-        argv += [d.amb, str(s.amb_mib)]
-    argv += list(d.mla) if p.is_mla else []
+    argv += ik_flags(p, s, d)
     argv += list(d.fit_off)
     argv += list(d.repack if s.repack else d.no_repack)
     if not s.mmap:

@@ -1,7 +1,7 @@
 """The tuner's pure core: the candidates it may try, and which one to launch next.
 
 A candidate is one set of plan options (expert placement, threads, ubatch, flash attention, cache
-types). Its objective is predicted by the calibrated speed model; what that model still misses is
+types, CPU repacking; with ik_llama.cpp also -amb, the MLA mode, fused MoE and -muge). Its objective is predicted by the calibrated speed model; what that model still misses is
 learned from the candidates measured so far, as a smooth correction over the candidates' features
 (a Gaussian process on ``log(measured / predicted)``: a constant part, for a model that is off
 everywhere by the same factor, plus a part that fades with distance, so that a measurement corrects
@@ -12,6 +12,7 @@ more than the measurements' own noise. Everything here is a function of numbers:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -20,7 +21,7 @@ import numpy as np
 
 from moetune.plan.settings import Settings
 
-OBJECTIVES = ("tg", "pp", "ttft")
+OBJECTIVES = ("tg", "pp", "ttft", "goodput")
 BIAS_SD = 0.35  # prior spread of the model's overall log error (before any measurement)
 LOCAL_SD = 0.25  # prior spread of its error that differs between candidates
 LENGTH = 0.6  # how far (in feature units) a measurement's correction reaches
@@ -40,6 +41,11 @@ class Candidate:
     ctk: str = "f16"
     ctv: str = "f16"
     repack: bool = False  # CPU weight repacking (mainline's default, ik's -rtr): faster CPU matmuls for some types
+    # ik_llama.cpp's own options (Settings' fields of the same names; mainline leaves them at these defaults)
+    amb_mib: int = 0
+    mla: int = 3
+    fused_moe: bool = True
+    merge_up_gate: bool = False
 
     @property
     def label(self) -> str:
@@ -49,15 +55,26 @@ class Candidate:
             parts.append(f"k{self.ctk}-v{self.ctv}")
         if self.repack:
             parts.append("repack")
+        if self.amb_mib:
+            parts.append(f"amb{self.amb_mib}")
+        if self.mla != 3:
+            parts.append(f"mla{self.mla}")
+        if not self.fused_moe:
+            parts.append("no-fmoe")
+        if self.merge_up_gate:
+            parts.append("muge")
         return " ".join(parts)
 
     def settings(self, base: Settings) -> Settings:
         return replace(base, threads=self.threads, ubatch=self.ubatch, batch=max(self.batch, self.ubatch),
-                       flash_attn=self.flash_attn, ctk=self.ctk, ctv=self.ctv, repack=self.repack)
+                       flash_attn=self.flash_attn, ctk=self.ctk, ctv=self.ctv, repack=self.repack,
+                       amb_mib=self.amb_mib, mla=self.mla, fused_moe=self.fused_moe,
+                       merge_up_gate=self.merge_up_gate)
 
     @classmethod
     def of(cls, strategy: str, s: Settings) -> Candidate:
-        return cls(strategy, s.threads, s.ubatch, s.batch, s.flash_attn, s.ctk, s.ctv, s.repack)
+        return cls(strategy, s.threads, s.ubatch, s.batch, s.flash_attn, s.ctk, s.ctv, s.repack, s.amb_mib, s.mla,
+                   s.fused_moe, s.merge_up_gate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +87,34 @@ class Axes:
     flash_attn: tuple[bool, ...]
     cache_types: tuple[tuple[str, str], ...]
     repack: tuple[bool, ...] = (False,)
+    amb_mib: tuple[int, ...] = (0,)
+    mla: tuple[int, ...] = (3,)
+    fused_moe: tuple[bool, ...] = (True,)
+    merge_up_gate: tuple[bool, ...] = (False,)
 
 
-def default_axes(base: Settings, strategy: str, cores: int, moe_layers: int, accelerators: int) -> Axes:
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """The engine's own options worth searching, as far as the build renders them (its dialect) and
+    the model makes them matter: ik_llama.cpp's; mainline has none of them."""
+
+    amb: bool = False  # -amb: bounds the attention's scratch (MLA models, or attention without flash attention)
+    mla_model: bool = False  # the model uses MLA attention (where -amb also bounds it with flash attention)
+    mla: bool = False  # -mla N for an MLA model
+    fused_moe: bool = False  # the build can run the MoE up/gate fused and unfused
+    merge_up_gate: bool = False  # -muge
+
+
+AMB_TRY_MIB = 512  # the -amb ik_llama.cpp's users start from (its DeepSeek recipes)
+
+
+def default_axes(base: Settings, strategy: str, cores: int, moe_layers: int, accelerators: int,
+                 engine: EngineOptions = EngineOptions()) -> Axes:
     """The values worth trying around the user's options: every placement family (where there is an
     accelerator to place on), all cores and fewer, a quarter and four times the ubatch, flash
-    attention on and off, a q8_0 cache beside f16, and CPU weight repacking on and off."""
+    attention on and off, a q8_0 cache beside f16, and CPU weight repacking on and off; with
+    ik_llama.cpp, also -amb unbounded and 512 MiB, MLA modes 3 and 2 (MLA models), fused MoE on and
+    off, and -muge off and on."""
     strategies = [strategy]
     if accelerators:
         ladder = sorted({max(1, moe_layers * i // 4) for i in (1, 2, 3)})
@@ -85,33 +124,44 @@ def default_axes(base: Settings, strategy: str, cores: int, moe_layers: int, acc
     ubs = [base.ubatch, max(32, base.ubatch // 4), base.ubatch * 4]
     caches = [(base.ctk, base.ctv)] + ([("q8_0", "q8_0")] if (base.ctk, base.ctv) == ("f16", "f16") else [])
     return Axes(tuple(dict.fromkeys(strategies)), tuple(dict.fromkeys(threads)), tuple(dict.fromkeys(ubs)),
-                (base.flash_attn, not base.flash_attn), tuple(dict.fromkeys(caches)), (base.repack, not base.repack))
+                (base.flash_attn, not base.flash_attn), tuple(dict.fromkeys(caches)), (base.repack, not base.repack),
+                (base.amb_mib, AMB_TRY_MIB if base.amb_mib == 0 else 0) if engine.amb else (base.amb_mib,),
+                (base.mla, 2 if base.mla == 3 else 3) if engine.mla else (base.mla,),
+                (base.fused_moe, not base.fused_moe) if engine.fused_moe else (base.fused_moe,),
+                (base.merge_up_gate, not base.merge_up_gate) if engine.merge_up_gate else (base.merge_up_gate,))
 
 
-def space(axes: Axes, base: Settings) -> list[Candidate]:
+def space(axes: Axes, base: Settings, *, mla_model: bool = False) -> list[Candidate]:
     """Every combination the axes allow and the engine accepts (a quantized V cache needs flash
-    attention)."""
+    attention); -amb only where it bounds something (an MLA model, or attention without flash
+    attention) and the MLA mode only on an MLA model: elsewhere a candidate keeps the base's
+    value, so no two candidates differ by nothing."""
     out = []
-    for st in axes.strategies:
-        for t in axes.threads:
-            for ub in axes.ubatches:
-                for fa in axes.flash_attn:
-                    for ctk, ctv in axes.cache_types:
-                        if ctv != "f16" and not fa:
-                            continue
-                        for rp in axes.repack:
-                            out.append(Candidate(st, t, ub, max(base.batch, ub), fa, ctk, ctv, rp))
+    for st, t, ub, fa, (ctk, ctv), rp, amb, mla, fmoe, muge in itertools.product(
+            axes.strategies, axes.threads, axes.ubatches, axes.flash_attn, axes.cache_types, axes.repack,
+            axes.amb_mib, axes.mla, axes.fused_moe, axes.merge_up_gate):
+        if ctv != "f16" and not fa:
+            continue
+        if fa and not mla_model:
+            amb = base.amb_mib
+        if not mla_model:
+            mla = base.mla
+        out.append(Candidate(st, t, ub, max(base.batch, ub), fa, ctk, ctv, rp, amb, mla, fmoe, muge))
     return list(dict.fromkeys(out))
 
 
 def features(c: Candidate, cpu_expert_share: float, cores: int) -> np.ndarray:
     """Where a candidate sits, for judging which measurements say something about it: the share of
     expert bytes left on the CPU, the share of cores used (both weigh most: they move decode speed
-    in ways the model knows least), log ubatch, flash attention, cache bits, repacking."""
+    in ways the model knows least), log ubatch, flash attention, cache bits, repacking, and
+    ik_llama.cpp's options: how tightly -amb bounds the attention (512 MiB or less counts fully),
+    an MLA mode other than 3, fused MoE off, -muge (all 0 for mainline, whose distances they leave
+    alone)."""
     threads = c.threads or cores
     return np.array([2.0 * cpu_expert_share, 2.0 * min(1.0, threads / max(1, cores)), math.log2(c.ubatch) / 4,
                      0.5 if c.flash_attn else 0.0, 0.5 if c.ctk != "f16" or c.ctv != "f16" else 0.0,
-                     0.5 if c.repack else 0.0])
+                     0.5 if c.repack else 0.0, 0.5 * min(1.0, AMB_TRY_MIB / c.amb_mib) if c.amb_mib > 0 else 0.0,
+                     0.5 if c.mla != 3 else 0.0, 0.5 if not c.fused_moe else 0.0, 0.5 if c.merge_up_gate else 0.0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,12 +221,15 @@ def _phi(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def choose(b: Belief, best: float, open_: Sequence[int], noise: float) -> tuple[int | None, float]:
+def choose(b: Belief, best: float, open_: Sequence[int], noise: float,
+           gains: np.ndarray | None = None) -> tuple[int | None, float]:
     """The open candidate with the largest expected gain, and that gain; None when no candidate
-    expects to gain more than ``noise`` (a share of the best)."""
+    expects to gain more than ``noise`` (a share of the best). ``gains``: expected gains computed
+    otherwise (goodput's, :func:`moetune.plan.serving.expected_goodput`), else :func:`expected_gain`."""
     if not open_:
         return None, 0.0
-    gains = expected_gain(b, best)
+    if gains is None:
+        gains = expected_gain(b, best)
     i = max(open_, key=lambda j: (gains[j], b.mean[j]))
     g = float(gains[i])
     return (i if g > noise else None), g

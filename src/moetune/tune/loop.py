@@ -11,6 +11,12 @@ the stored calibration for this hardware, if any), and the search's belief is co
 the model still misses (:mod:`moetune.plan.tune`). The winner must beat the baseline by the
 comparison rule of `compare` (CI of the ratio of medians excludes 1, change at least 3%); when
 none does, the baseline stays.
+
+With ``--objective goodput`` each candidate is planned with one slot per stream and measured by
+serve-bench at the search's concurrency (:mod:`moetune.tune.goodput`: the samples are completion
+windows), and the search corrects the serving prediction of :mod:`moetune.plan.serving`. The speed
+constants are not refitted from those runs (the calibration reads single-stream benchmarks): the
+stored calibration, if any, is the prior, and the Gaussian process learns what it misses.
 """
 
 from __future__ import annotations
@@ -28,7 +34,6 @@ import numpy as np
 
 from moetune.bench.analysis.predicted import observations
 from moetune.bench.analysis.single import bench_metrics
-from moetune.bench.analysis.stats import FASTER, difference
 from moetune.bench.analysis.summary import run_summary
 from moetune.bench.single.runner import BenchOptions, Progress, bench_target
 from moetune.bench.single.workloads import Workload
@@ -43,12 +48,16 @@ from moetune.paths import data_dir
 from moetune.plan import tune as core
 from moetune.plan.calibrate import fit
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
+from moetune.plan.serving import ServeLoad, expected_goodput, predict_serving, slotted
 from moetune.plan.settings import Settings
 from moetune.plan.speed import SpeedConstants, Work, decode_seconds, prefill_tok_s
 from moetune.planfiles import absolute, calibration_for, document
 from moetune.store import calibrations
 from moetune.store.db import ResultsDB
+from moetune.tune import goodput as gp
+from moetune.tune.engine_axes import check_engine_axes, engine_options
 from moetune.tune.history import calibrate_and_save, gather
+from moetune.tune.verdict import measurements, verdicts
 
 Status = Callable[[str], None]
 MIN_NOISE = 0.01  # the search stops when no candidate expects to gain this share, at least
@@ -68,6 +77,7 @@ class TuneRequest:
     budget: int = 5
     axes: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # overrides of default_axes, by field name
     launch_timeout_s: float = 600.0
+    serve: ServeLoad | None = None  # the load of --objective goodput
 
 
 @dataclass
@@ -102,6 +112,8 @@ class TuneResult:
     verdicts: dict[int, str]
     plan_dir: Path
     workload: Workload
+    serve: ServeLoad | None = None
+    goodputs: dict[int, gp.Goodput] = field(default_factory=dict)  # measured, with --objective goodput
 
     def plan_path(self, i: int) -> Path:
         return self.plan_dir / f"{_slug(self.entries[i].candidate.label)}.json"
@@ -112,8 +124,8 @@ def _slug(label: str) -> str:
 
 
 def objective_value(objective: str, tg: float | None, pp: float | None, prompt_tokens: int) -> float | None:
-    """The objective as a rate, higher is better: TG or PP tokens/s; for ttft, first tokens per
-    second of a request (1 / (prompt/PP + 1/TG))."""
+    """A single-stream objective as a rate, higher is better: TG or PP tokens/s; for ttft, first
+    tokens per second of a request (1 / (prompt/PP + 1/TG)). (Goodput is serve-bench's.)"""
     if objective == "tg":
         return tg
     if objective == "pp":
@@ -132,6 +144,8 @@ def _tune_id(req: TuneRequest, plan: Plan, labels: list[str]) -> str:
            "engine": req.engine, "objective": req.objective, "base": asdict(req.base), "strategy": req.strategy,
            "workload": req.workload.to_json(), "port": req.port, "candidates": labels,
            "options": {k: v for k, v in asdict(req.options).items() if k in ("repeats", "warmup")}}
+    if req.serve is not None:
+        key["serve"] = req.serve.to_json()
     return "tu-" + hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -148,15 +162,19 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     hw = inventory.load(req.hw)
     engine, kind = registry.resolve(req.engine)
     base = replace(req.base, engine=kind)
+    if req.serve is not None:
+        base = slotted(base, req.serve)
     model = req.model if is_url(req.model) else absolute(req.model)
     profile = open_model(model)
     calib = calibration_for(hw, kind)
     k = SpeedConstants.from_json(calib["constants"]) if calib else SpeedConstants()
     moe_layers = len({t.layer for t in profile.tensors if t.is_expert})
-    axes = core.default_axes(base, req.strategy, hw.local.cores, moe_layers, len(hw.accelerators()))
+    options = engine_options(engine, kind, profile.is_mla)
+    check_engine_axes(req.axes, base, options, kind)
+    axes = core.default_axes(base, req.strategy, hw.local.cores, moe_layers, len(hw.accelerators()), options)
     axes = replace(axes, **req.axes) if req.axes else axes
     baseline = core.Candidate.of(req.strategy, base)
-    cands = [baseline, *(c for c in core.space(axes, base) if c != baseline)]
+    cands = [baseline, *(c for c in core.space(axes, base, mla_model=profile.is_mla) if c != baseline)]
     status(f"planning {len(cands)} candidates")
     entries = []
     for c in cands:
@@ -179,6 +197,9 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
          on_snapshot: Callable[[Snapshot], None] | None = None) -> TuneResult:
     if req.objective not in core.OBJECTIVES:
         raise InputError(f"--objective {req.objective}: choose {', '.join(core.OBJECTIVES)}")
+    if (req.objective == "goodput") != (req.serve is not None):
+        raise InputError("--objective goodput is measured under a serving load with latency targets, and only it is",
+                         hint="--objective goodput --slo ttft_ms=A,itl_ms=B [--concurrency C --requests N]")
     entries, prior = candidates(req, status)
     if not entries[0].fits:
         raise InputError(f"the baseline ({entries[0].candidate.label}) does not fit: "
@@ -192,7 +213,7 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     plan_dir.mkdir(parents=True, exist_ok=True)
     spec: dict[str, Any] = {"kind": "tune", "objective": req.objective, "hw": req.hw, "model": req.model,
                             "workload": req.workload.to_json(), "candidates": [e.candidate.label for e in entries],
-                            "failed": {}}
+                            "failed": {}, "serve": req.serve.to_json() if req.serve else None}
     if not db.create_sweep(tid, spec):
         spec = db.sweep(tid) or spec
         status(f"resuming tune {tid}")
@@ -206,24 +227,20 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
             entries[by_label[label]].failed = why
     values: dict[int, list[float]] = {}
     summaries: dict[int, dict[str, Any]] = {}
-    wname = req.workload.name
+    goodputs: dict[int, gp.Goodput] = {}
 
     def measured(i: int) -> None:
         run = entries[i].run
         assert run is not None
         samples = db.samples(run)
-        summaries[i] = run_summary(samples)
-        ms = bench_metrics(samples)
-        tg, pp = ms.get(f"tg:{wname}"), ms.get(f"pp:{wname}")
-        if req.objective == "tg":
-            values[i] = list(tg.values) if tg else []
-        elif req.objective == "pp":
-            values[i] = list(pp.values) if pp else []
+        if req.serve is not None:
+            goodputs[i] = gp.measured(samples, req.serve)
+            values[i] = list(goodputs[i].values)
         else:
-            values[i] = [v for a, b in zip(tg.values if tg else (), pp.values if pp else (), strict=False)
-                         if (v := objective_value("ttft", a, b, req.workload.pp_tokens)) is not None]
+            summaries[i] = run_summary(samples)
+            values[i] = _bench_values(samples, req)
 
-    def refit() -> SpeedConstants:
+    def refit() -> SpeedConstants:  # from single-stream benchmarks only (serve-bench runs: the GP alone)
         obs = [o for i in summaries for o in observations(entries[i].run or 0, summaries[i],
                                                           dict(db.run(entries[i].run or 0).meta.details))]
         return fit(obs, prior) if obs else prior
@@ -244,30 +261,33 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
         if entries[0].run is None and entries[0].failed is None:
             nxt = 0
         else:
-            meas = _measurements(values)
-            if not meas:
+            view = _view(entries, k, req, feats, values, goodputs)
+            if view is None:
                 nxt = max(open_, key=lambda j: _objective(entries[j], k, req))
             else:
-                preds = [_objective(e, k, req) for e in entries]
-                b = core.belief(preds, feats, meas)
-                best = max(statistics.median(v) for v in values.values() if v)
-                noise = max(MIN_NOISE, statistics.median(m.rel_se for m in meas))
-                choice, gain = core.choose(b, best, open_, noise)
+                choice, gain = core.choose(view.belief, view.best, open_, view.noise, view.gains)
                 if choice is None:
                     stopped = (f"no candidate expects to gain more than the noise ({gain * 100:.1f}% < "
-                               f"{noise * 100:.1f}%)")
+                               f"{view.noise * 100:.1f}%)")
                     break
                 nxt = choice
-                status(f"next: {entries[nxt].candidate.label} (expects {b.value(nxt):.4g}, gain {gain * 100:.1f}%)")
+                status(f"next: {entries[nxt].candidate.label} (expects {view.expect[nxt]:.4g}, "
+                       f"gain {gain * 100:.1f}%)")
         e = entries[nxt]
         path = plan_dir / f"{_slug(e.candidate.label)}.json"
         path.write_text(json.dumps(e.doc, indent=2))
         launches += 1
         status(f"launch {launches}/{req.budget}: {e.candidate.label}")
         try:
-            e.run = bench_target(db, plan_target(path), [req.workload], req.options, label=e.candidate.label,
-                                 sweep_id=tid, launch_timeout_s=req.launch_timeout_s, status=status,
-                                 progress_for=progress_for, on_snapshot=on_snapshot)
+            if req.serve is not None:
+                e.run = gp.serve_candidate(db, path, req.serve, label=e.candidate.label, sweep_id=tid,
+                                           launch_timeout_s=req.launch_timeout_s,
+                                           request_timeout_s=req.options.timeout_s, status=status,
+                                           on_snapshot=on_snapshot)
+            else:
+                e.run = bench_target(db, plan_target(path), [req.workload], req.options, label=e.candidate.label,
+                                     sweep_id=tid, launch_timeout_s=req.launch_timeout_s, status=status,
+                                     progress_for=progress_for, on_snapshot=on_snapshot)
         except MoetuneError as err:  # out of memory at launch, say: recorded, skipped, the search goes on
             e.failed = str(err)
             failed[e.candidate.label] = e.failed
@@ -276,67 +296,71 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
             continue
         measured(nxt)
         k = refit()
-    meas = _measurements(values)
-    smooth = core.belief([_objective(e, k, req) for e in entries], feats, meas) if meas else None
-    verdicts, best = _verdicts(entries, values, smooth)
-    result = TuneResult(tid, req.objective, entries, 0, best, launches, stopped, k, values, summaries, verdicts,
-                        plan_dir, req.workload)
+    view = _view(entries, k, req, feats, values, goodputs)
+    judged, best = verdicts(entries, values, None if view is None else view.expect)
+    result = TuneResult(tid, req.objective, entries, 0, best, launches, stopped, k, values, summaries, judged,
+                        plan_dir, req.workload, req.serve, goodputs)
     if not result.plan_path(best).exists():
         result.plan_path(best).write_text(json.dumps(entries[best].doc, indent=2))
     _save_calibration(db, calibrations.plan_key(entries[0].doc))
     return result
 
 
+def _bench_values(samples: list[dict[str, Any]], req: TuneRequest) -> list[float]:
+    """A single-stream objective's samples from a benchmark run: one per measured run."""
+    ms = bench_metrics(samples)
+    tg, pp = ms.get(f"tg:{req.workload.name}"), ms.get(f"pp:{req.workload.name}")
+    if req.objective == "tg":
+        return list(tg.values) if tg else []
+    if req.objective == "pp":
+        return list(pp.values) if pp else []
+    return [v for a, b in zip(tg.values if tg else (), pp.values if pp else (), strict=False)
+            if (v := objective_value("ttft", a, b, req.workload.pp_tokens)) is not None]
+
+
 def _objective(e: Entry, k: SpeedConstants, req: TuneRequest) -> float:
+    if req.serve is not None:
+        return predict_serving(e.work, k, req.serve).goodput_req_s
     tg, pp = predicted_rates(e, k, req.workload)
     return objective_value(req.objective, tg, pp, req.workload.pp_tokens) or 0.0
 
 
-def _measurements(values: dict[int, list[float]]) -> list[core.Measured]:
-    """Each measured candidate's median and its relative standard error (stdev / sqrt(n), over the median)."""
-    out = []
-    for i, v in values.items():
-        if not v:
-            continue
-        med = statistics.median(v)
-        se = statistics.stdev(v) / len(v) ** 0.5 / med if len(v) > 1 and med else 0.1
-        out.append(core.Measured(i, med, se))
-    return out
+@dataclass(frozen=True, slots=True)
+class _View:
+    """What the search believes after its measurements."""
+
+    belief: core.Belief  # of the single-stream objective, or of the request rate under the serving load
+    best: float  # the best measurement the gains are counted from
+    noise: float  # the measurements' relative standard error (median), at least MIN_NOISE
+    gains: np.ndarray | None  # expected gains (goodput's); None: the belief's own (core.expected_gain)
+    expect: np.ndarray  # each candidate's expected objective
 
 
-def _verdicts(entries: list[Entry], values: dict[int, list[float]],
-              smooth: core.Belief | None) -> tuple[dict[int, str], int]:
-    """Each candidate's verdict, and the best: of the measured candidates that beat the baseline (the
-    rule of `compare`), the one the search believes fastest (its measurement pooled with its
-    neighbours': one lucky launch does not win), else the baseline; with no baseline measured (it
-    failed), the one believed fastest."""
-    out: dict[int, str] = {}
-    base = values.get(0) or []
-    winners = []
-    for i, e in enumerate(entries):
-        if not e.fits:
-            sf = e.plan.shortfalls
-            out[i] = "does not fit" + (f": {sf[0].message}" if sf else "")
-        elif e.failed is not None:
-            out[i] = "failed: " + e.failed.splitlines()[0]
-        elif not values.get(i):
-            out[i] = "not launched"
-        elif i == 0:
-            out[i] = "baseline"
-        elif not base:
-            out[i] = "measured"
-            winners.append((float(smooth.mean[i]) if smooth else statistics.median(values[i]), i))
-        else:
-            d = difference(base, values[i], higher_is_better=True)
-            out[i] = f"{d.verdict} ({d.change_pct:+.1f}% vs baseline)"
-            if d.verdict == FASTER:
-                winners.append((float(smooth.mean[i]) if smooth else statistics.median(values[i]), i))
-    best = max(winners)[1] if winners else 0
-    if best != 0:
-        out[best] = f"best, {out[best]}"
-    elif base:
-        out[0] = "baseline, best (nothing beat it)" if len(values) > 1 else "baseline"
-    return out, best
+def _view(entries: list[Entry], k: SpeedConstants, req: TuneRequest, feats: np.ndarray,
+          values: dict[int, list[float]], goodputs: dict[int, gp.Goodput]) -> _View | None:
+    """The belief corrected by the measurements (None before any). For goodput the Gaussian process
+    corrects the predicted request rate with the measured one, and the targets are applied to that
+    belief (:func:`moetune.plan.serving.expected_goodput`); gains count from the best goodput
+    measured, or from the least one a level can tell (half a request over it) when none met."""
+    if req.serve is None:
+        meas = measurements(values)
+        if not meas:
+            return None
+        b = core.belief([_objective(e, k, req) for e in entries], feats, meas)
+        return _View(b, max(m.value for m in meas), _noise(meas), None, np.exp(b.mean))
+    meas = measurements({i: list(g.rates) for i, g in goodputs.items()})
+    if not meas:
+        return None
+    sps = [predict_serving(e.work, k, req.serve) for e in entries]
+    b = core.belief([p.request_s for p in sps], feats, meas)
+    best = max((statistics.median(v) for v in values.values() if v), default=0.0)
+    best = max(best, min(g.floor for g in goodputs.values()), 1e-9)
+    expect, gains = expected_goodput(sps, req.serve.targets, b.mean, b.sd, best)
+    return _View(b, best, _noise(meas), gains, expect)
+
+
+def _noise(meas: list[core.Measured]) -> float:
+    return max(MIN_NOISE, statistics.median(m.rel_se for m in meas))
 
 
 def _save_calibration(db: ResultsDB, key: tuple[str | None, str]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from moetune.bench.analysis.stats import summarize
+from moetune.plan.serving import predict_serving
 from moetune.tune.loop import TuneResult, predicted_rates
 
 ROWS_NOT_LAUNCHED = 5  # the table shows the launched candidates and this many of the rest
@@ -16,30 +18,78 @@ def _ci(stat: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"median": stat["median"], "ci_low": stat["ci_low"], "ci_high": stat["ci_high"]}
 
 
+def _goodput(r: TuneResult, i: int) -> dict[str, Any] | None:
+    """A candidate's measured goodput: the median of its completion windows with its 95% bootstrap
+    interval, and serve-bench's own figure of the level (met requests over its span)."""
+    g = r.goodputs.get(i)
+    if g is None or not g.values:
+        return None
+    s = summarize(g.values)
+    level = g.level.get("goodput") or {}
+    return {"median": s.median, "ci_low": s.ci_low, "ci_high": s.ci_high, "n": s.n, "level_req_s": g.level_req_s,
+            "share": level.get("share"), "met": level.get("met"), "of": level.get("of")}
+
+
+def _serve(r: TuneResult, i: int) -> dict[str, Any] | None:
+    g = r.goodputs.get(i)
+    if g is None:
+        return None
+    lv = g.level
+    return {"request_s": lv.get("request_s"), "output_tok_s": lv.get("output_tok_s"),
+            "ttft_ms_p50": (lv.get("ttft_ms") or {}).get("p50"), "itl_ms_p50": (lv.get("itl_ms") or {}).get("p50"),
+            "tpot_ms_p50": (lv.get("tpot_ms") or {}).get("p50"), "ok": lv.get("ok"), "requests": lv.get("requests")}
+
+
 def _measured(r: TuneResult, i: int) -> dict[str, Any] | None:
+    if i in r.goodputs:
+        return {"tg_tok_s": None, "pp_tok_s": None, "goodput_req_s": _goodput(r, i), "serve": _serve(r, i),
+                "run": r.entries[i].run}
     s = r.summaries.get(i)
     if s is None:
         return None
     w: dict[str, Any] = next(iter(s.get("workloads", {}).values()), {})
-    return {"tg_tok_s": _ci(w.get("tg")), "pp_tok_s": _ci(w.get("pp")), "run": r.entries[i].run}
+    return {"tg_tok_s": _ci(w.get("tg")), "pp_tok_s": _ci(w.get("pp")), "goodput_req_s": None,
+            "run": r.entries[i].run}
 
 
 def _head(r: TuneResult, i: int) -> dict[str, Any]:
     m = _measured(r, i) or {}
     return {"label": r.entries[i].candidate.label, "tg_tok_s": m.get("tg_tok_s"), "pp_tok_s": m.get("pp_tok_s"),
-            "run": r.entries[i].run}
+            "goodput_req_s": m.get("goodput_req_s"), "run": r.entries[i].run}
+
+
+def _predicted(r: TuneResult, i: int) -> dict[str, Any]:
+    e = r.entries[i]
+    tg, pp = predicted_rates(e, r.constants, r.workload)
+    out: dict[str, Any] = {"tg_tok_s": round(tg, 3), "pp_tok_s": round(pp, 3), "goodput_req_s": None}
+    if r.serve is not None:
+        sp = predict_serving(e.work, r.constants, r.serve)
+        out.update(goodput_req_s=round(sp.goodput_req_s, 4), serve=sp.to_json())
+    return out
 
 
 def result_json(r: TuneResult) -> dict[str, Any]:
     cands = []
     for i, e in enumerate(r.entries):
-        tg, pp = predicted_rates(e, r.constants, r.workload)
         cands.append({"label": e.candidate.label, "launched": e.run is not None or e.failed is not None,
-                      "fits": e.fits, "predicted": {"tg_tok_s": round(tg, 3), "pp_tok_s": round(pp, 3)},
-                      "measured": _measured(r, i), "verdict": r.verdicts.get(i, "")})
+                      "fits": e.fits, "predicted": _predicted(r, i), "measured": _measured(r, i),
+                      "verdict": r.verdicts.get(i, "")})
     return {"tune": r.tune_id, "objective": r.objective, "launches": r.launches, "stopped": r.stopped,
+            "serve": r.serve.to_json() if r.serve else None,
             "baseline": _head(r, r.baseline), "best": _head(r, r.best), "candidates": cands,
             "constants": asdict(r.constants)}
+
+
+def _cell(stat: dict[str, Any] | None) -> str:
+    from moetune.report.compare_view import fmt
+
+    return "" if not stat else f"{fmt(stat['median'])} [{fmt(stat['ci_low'])}-{fmt(stat['ci_high'])}]"
+
+
+def _opt(x: float | None) -> str:
+    from moetune.report.compare_view import fmt
+
+    return "" if x is None else fmt(x)
 
 
 def result_table(r: TuneResult) -> Any:
@@ -49,17 +99,26 @@ def result_table(r: TuneResult) -> Any:
 
     doc = result_json(r)
     t = Table(title=f"tune {r.tune_id}: objective {r.objective}", title_justify="left")
-    for c in ("candidate", "predicted TG", "predicted PP", "TG [95% CI]", "PP [95% CI]", "verdict"):
-        t.add_column(c)
+    key = {"tg": "tg_tok_s", "pp": "pp_tok_s", "ttft": "tg_tok_s", "goodput": "goodput_req_s"}[r.objective]
     launched = [c for c in doc["candidates"] if c["launched"]]
     rest = sorted((c for c in doc["candidates"] if not c["launched"] and c["fits"]),
-                  key=lambda c: -c["predicted"][f"{r.objective}_tok_s" if r.objective != "ttft" else "tg_tok_s"])
-    for c in [*launched, *rest[:ROWS_NOT_LAUNCHED]]:
+                  key=lambda c: -(c["predicted"][key] or 0.0))
+    rows = [*launched, *rest[:ROWS_NOT_LAUNCHED]]
+    if r.serve is not None:
+        for col in ("candidate", "predicted goodput/s", "predicted TTFT ms", "predicted ITL ms",
+                    "goodput/s [95% CI]", "met", "TTFT p50 ms", "ITL p50 ms", "verdict"):
+            t.add_column(col)
+        for c in rows:
+            m, p = c["measured"] or {}, c["predicted"]["serve"]
+            g, sv = m.get("goodput_req_s") or {}, m.get("serve") or {}
+            met = f"{g['met']}/{g['of']}" if g else ""
+            t.add_row(c["label"], fmt(p["goodput_req_s"]), fmt(p["ttft_ms"]), fmt(p["itl_ms"]), _cell(g or None), met,
+                      _opt(sv.get("ttft_ms_p50")), _opt(sv.get("itl_ms_p50")), c["verdict"])
+        return t
+    for col in ("candidate", "predicted TG", "predicted PP", "TG [95% CI]", "PP [95% CI]", "verdict"):
+        t.add_column(col)
+    for c in rows:
         m = c["measured"] or {}
-
-        def cell(stat: dict[str, Any] | None) -> str:
-            return "" if not stat else f"{fmt(stat['median'])} [{fmt(stat['ci_low'])}-{fmt(stat['ci_high'])}]"
-
         t.add_row(c["label"], fmt(c["predicted"]["tg_tok_s"]), fmt(c["predicted"]["pp_tok_s"]),
-                  cell(m.get("tg_tok_s")), cell(m.get("pp_tok_s")), c["verdict"])
+                  _cell(m.get("tg_tok_s")), _cell(m.get("pp_tok_s")), c["verdict"])
     return t

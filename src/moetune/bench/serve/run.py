@@ -195,7 +195,7 @@ class _Run:
 
 
 async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, source: ServerSource, db: ResultsDB,
-                 log: Callable[[str], None], monitor: RunMonitor) -> _Run:
+                 log: Callable[[str], None], monitor: RunMonitor, sweep_id: str | None = None) -> _Run:
     model = spec.model or await _model_name(http)
     counter = token_counter(http, info, model, spec.thinking)
     run_tag = os.urandom(2).hex()
@@ -221,7 +221,7 @@ async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, so
         details={"workload": workload, "client": {"library": "asyncio", "moetune": __version__},
                  "run_tag": run_tag, "skipped_overlong": skipped, "slo": dict(spec.slo) if spec.slo else None})
     label = spec.label or f"serve c={','.join(map(str, spec.concurrency))}"
-    run_id = db.create_run(meta, label=label, target=source.target)
+    run_id = db.create_run(meta, label=label, target=source.target, sweep_id=sweep_id)
     monitor.attach(db, run_id)
     options = RequestOptions(model=model, cache_prompt=spec.prefix_cache, thinking=spec.thinking,
                              timeout_s=spec.timeout_s)
@@ -247,7 +247,7 @@ async def _connect(spec: ServeBenchSpec, url: str) -> tuple[StreamingHttp, Serve
 
 
 async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log: Callable[[str], None],
-                 monitor: RunMonitor, meter: LoadMeter) -> dict[str, Any]:
+                 monitor: RunMonitor, meter: LoadMeter, sweep_id: str | None = None) -> dict[str, Any]:
     http: StreamingHttp | None = None
     run: _Run | None = None
     levels: list[dict[str, Any]] = []
@@ -264,7 +264,7 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
                 http, info = await _connect(spec, url)
             if run is None:
                 monitor.phase("prepare")
-                run = await _setup(spec, http, info, source, db, log, monitor)
+                run = await _setup(spec, http, info, source, db, log, monitor, sweep_id)
             if spec.warmup and (i == 0 or fresh):
                 monitor.phase(f"warmup c={c}")
                 await run_level(http, run.prompts[:spec.warmup], LoadSpec(1, requests=spec.warmup), run.options,
@@ -380,18 +380,22 @@ Workload = Callable[[ServeBenchSpec, ServerSource, ResultsDB, Callable[[str], No
 
 def serve_bench(spec: ServeBenchSpec, db: ResultsDB, log: Callable[[str], None] = lambda s: None,
                 source: ServerSource | None = None,
-                on_snapshot: Callable[[Snapshot], None] | None = None, workload: Workload | None = None) -> dict[str, Any]:
+                on_snapshot: Callable[[Snapshot], None] | None = None, workload: Workload | None = None,
+                sweep_id: str | None = None) -> dict[str, Any]:
     """Run the benchmark against ``spec.url`` (or the servers ``source`` launches); store it in
     ``db`` (a ResultsDB); return the result document (``run`` and ``levels``). The machine and the
     load are sampled throughout, stored with the run and given to ``on_snapshot`` (a live view).
     ``workload`` runs instead of the load levels (agent sessions:
-    :func:`moetune.bench.serve.session_run.serve_sessions`)."""
+    :func:`moetune.bench.serve.session_run.serve_sessions`); ``sweep_id`` files the run under a
+    sweep or a tune (`moetune tune --objective goodput`)."""
     if not spec.concurrency or min(spec.concurrency) < 1:
         raise InputError("--concurrency: give one or more positive integers, e.g. 1,2,4")
     src = source or RunningServer(spec.url)
     meter = LoadMeter()
     try:
         with RunMonitor(_watches(src), load=meter.figures, on_snapshot=on_snapshot) as monitor:
-            return run_loop((workload or _bench)(spec, src, db, log, monitor, meter))
+            if workload is not None:
+                return run_loop(workload(spec, src, db, log, monitor, meter))
+            return run_loop(_bench(spec, src, db, log, monitor, meter, sweep_id))
     finally:
         src.close()
