@@ -89,7 +89,9 @@ def test_a_plan_with_match_slots(bin_dir: Path, model: Path, tmp_path: Path) -> 
     assert [lv["server"]["slots"] for lv in doc["levels"]] == [1, 2]
     assert [lv["server"]["n_ctx_slot"] for lv in doc["levels"]] == [1024, 1024]  # the plan's share kept
     assert doc["levels"][1]["server"]["argv"][-4:] == ["--parallel", "2", "--ctx-size", "2048"]
-    assert all(lv["ok"] == 4 and not lv["warnings"] for lv in doc["levels"]), [lv["warnings"] for lv in doc["levels"]]
+    # a slot per stream: no queue (other warnings judge timings, which a loaded machine may upset)
+    assert all(lv["ok"] == 4 and not any("queue" in w for w in lv["warnings"]) for lv in doc["levels"]), \
+        [lv["warnings"] for lv in doc["levels"]]
     # without --match-slots the plan's one slot serves c=2: the queue warning
     doc = bench(str(plan), "--concurrency", "2", "--requests", "4")
     assert any("queue" in w for w in doc["levels"][0]["warnings"])
