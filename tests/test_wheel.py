@@ -1,5 +1,5 @@
 """What the package installs is what users run: build the wheel, install it in a clean venv (no
-dev extras, no clients extra) and run the commands from it.
+dev extras, no clients or tokenizers extra) and run the commands from it.
 
 The venv is built once per session; its dependencies come from PyPI or pip's cache.
 """
@@ -95,6 +95,10 @@ def test_installed_wheel_runs_without_dev_or_client_extras(venv_bin: Path, moetu
 
     for cmd in ("bench", "serve-bench"):
         assert "Usage: moetune " + cmd in moetune(cmd, "--help").stdout
+    # serve-bench --tokenizer needs the tokenizers extra, and says how to get it
+    (tmp_path / "tokenizer.json").write_text("{}")
+    r = moetune("serve-bench", "http://127.0.0.1:9", "--tokenizer", "tokenizer.json", check=False)
+    assert r.returncode == 2 and "pip install 'moetune[tokenizers]'" in r.stderr, r.stderr
     assert json.loads(moetune("metrics", "dashboard").stdout)["uid"] == "moetune"
 
 

@@ -25,7 +25,9 @@ What it serves, as vLLM does:
 
 Its tokenizer differs from the llama mock's byte tokenizer on purpose: a token is a word or a
 punctuation mark (:func:`count_tokens`) of the prompt as its chat template renders it
-(:func:`template`), plus one BOS. Generated token k is the text ``" w<k>"``, so characters never
+(:func:`template`), plus one BOS. With ``MockConfig.tokenizer`` (a Hugging Face ``tokenizer.json``)
+a real tokenizer counts the templated prompt instead, special tokens included (its BOS, when its
+post-processor adds one): what ``serve-bench --tokenizer`` predicts. Generated token k is the text ``" w<k>"``, so characters never
 count tokens. Timing: the first token comes ``ttft_ms + prompt tokens x pp_ms_per_token`` after
 the request arrived, each next one ``itl_ms`` later; a chunk is written when its last token is
 due. ``GET /mock/log`` (not vLLM's: the tests' window into the truth) lists each completion's
@@ -62,6 +64,7 @@ class MockConfig:
     report_cached: bool = False  # usage.prompt_tokens_details.cached_tokens (always 0: no prefix cache here)
     eos_after: int | None = None  # stop (finish_reason "stop") after this many tokens unless ignore_eos
     max_model_len: int = 8192
+    tokenizer: str | None = None  # a tokenizer.json that counts prompt tokens (else words and punctuation)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -122,6 +125,12 @@ class VllmMock:
     def __init__(self, cfg: MockConfig) -> None:
         self.cfg = cfg
         self.state = MockState()
+        self.count = count_tokens
+        if cfg.tokenizer is not None:
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(cfg.tokenizer)
+            self.count = lambda text: len(tok.encode(text, add_special_tokens=True).ids)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -167,9 +176,9 @@ class VllmMock:
         """The prompt as the model sees it, and its tokens."""
         if chat:
             text = template(req.get("messages") or [])
-            return text, count_tokens(text)
+            return text, self.count(text)
         prompt = req.get("prompt", "")
-        return (json.dumps(prompt), 1 + len(prompt)) if isinstance(prompt, list) else (prompt, count_tokens(prompt))
+        return (json.dumps(prompt), 1 + len(prompt)) if isinstance(prompt, list) else (prompt, self.count(prompt))
 
     async def complete(self, req: dict[str, Any], chat: bool, t_recv: float, w: asyncio.StreamWriter) -> None:
         cfg, st = self.cfg, self.state

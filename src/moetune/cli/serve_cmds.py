@@ -135,6 +135,9 @@ def _log(line: str) -> None:
 @click.option("--input-len", type=click.IntRange(1), help="Synthetic prompt length in tokens, chat template included "
               "[default: 128].")
 @click.option("--output-len", type=click.IntRange(1), help="Tokens to generate [default: 64, or the dataset reply's length].")
+@click.option("--tokenizer", type=click.Path(path_type=Path), metavar="FILE",
+              help="The served model's tokenizer.json: counts prompts for a server without /tokenize (vLLM, "
+              "SGLang...), the chat template's tokens measured by a probe request (needs moetune[tokenizers]).")
 @click.option("--requests", type=click.IntRange(1), help="Requests per level [default: 4 x concurrency, at least 8].")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), help="Seconds per level instead of --requests.")
 @click.option("--warmup", type=click.IntRange(0), default=2, show_default=True,
@@ -163,7 +166,8 @@ def _log(line: str) -> None:
 @db_option
 @json_option
 def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals: str, dataset: Path | None,
-                    input_len: int | None, output_len: int | None, requests: int | None, duration: float | None,
+                    input_len: int | None, output_len: int | None, tokenizer: Path | None,
+                    requests: int | None, duration: float | None,
                     warmup: int, seed: int, prefix_cache: bool, thinking: str, timeout_s: float, model: str | None,
                     label: str | None, match_slots: bool, server: str | None, plot_dir: Path | None,
                     slo_text: str | None, replay: Path | None, speed: str, db_path: Path | None,
@@ -201,7 +205,8 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
         url=target, concurrency=levels, rate=rate, arrivals=arrivals, dataset=dataset, input_len=input_len or 128,
         output_len=output_len, requests=requests, duration_s=duration, warmup=warmup, seed=seed,
         prefix_cache=prefix_cache, thinking={"on": True, "off": False}.get(thinking), timeout_s=timeout_s,
-        model=model, label=label, slo=slo, sessions=session_spec(session_args, output_len=output_len, thinking=thinking))
+        model=model, label=label, slo=slo, sessions=session_spec(session_args, output_len=output_len, thinking=thinking),
+        tokenizer=tokenizer)
     from moetune.cli.bench_cmds import progress_bar
 
     source = server_source(spec, target, match_slots=match_slots, server=server, status=_log)
@@ -228,7 +233,7 @@ def _given(*names: str) -> list[str]:
 
 # options that make prompts or shape the load; a replay sends the recorded requests as they came
 NOT_WITH_REPLAY = ("rate", "arrivals", "dataset", "input_len", "output_len", "requests", "duration", "warmup", "seed",
-                   "prefix_cache", "thinking", "match_slots")
+                   "prefix_cache", "thinking", "match_slots", "tokenizer")
 
 
 def _replay(target: str, replay: Path | None, speed: str, levels: tuple[int, ...], *, model: str | None,

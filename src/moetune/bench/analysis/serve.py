@@ -64,6 +64,7 @@ class RequestMetrics:
     max_tokens: int
     itl_known: bool = True  # tokens per event known (counted by the server, or one each as usage confirms)
     usage: bool = True  # the response carried usage.completion_tokens (else tokens are counted per event)
+    prompt_predicted: bool = False  # prompt_tokens is a local tokenizer's prediction (serve-bench --tokenizer)
 
     @property
     def ok(self) -> bool:
@@ -71,7 +72,10 @@ class RequestMetrics:
 
     @property
     def input_tokens(self) -> int | None:
-        """The prompt's length: as counted before sending, else as the server reported it."""
+        """The prompt's length: as counted before sending, else as the server reported it (which
+        also wins over a local tokenizer's prediction: the prediction's error is reported apart)."""
+        if self.prompt_predicted and self.server_prompt_tokens is not None:
+            return self.server_prompt_tokens
         return self.prompt_tokens if self.prompt_tokens is not None else self.server_prompt_tokens
 
 
@@ -151,7 +155,8 @@ def request_metrics(s: dict[str, Any]) -> RequestMetrics:
         prompt_tokens=s["prompt_tokens"] if isinstance(s.get("prompt_tokens"), int) else None,
         server_prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
         cached_tokens=cached, server_wait_s=server_wait, retries=len(s.get("retries") or []),
-        max_tokens=int(s.get("max_tokens") or 0), itl_known=itl_known, usage=isinstance(reported, int))
+        max_tokens=int(s.get("max_tokens") or 0), itl_known=itl_known, usage=isinstance(reported, int),
+        prompt_predicted=s.get("prompt_source") == "tokenizer")
 
 
 def percentiles_ms(values_s: Iterable[float | None]) -> dict[str, float | None]:
@@ -183,6 +188,21 @@ def slowest(samples: Sequence[dict[str, Any]], ms: Sequence[RequestMetrics]) -> 
     return {"index": samples[i].get("index"), "e2e_ms": round(e2e * 1000, 3), "outliers": outliers,
             "ttft_ms": None if m.ttft_s is None else round(m.ttft_s * 1000, 3), "output_tokens": m.output_tokens,
             "median_output_tokens": float(np.median([x.output_tokens for x in ms if x.ok]))}
+
+
+def prompt_token_error(ms: Sequence[RequestMetrics]) -> dict[str, Any] | None:
+    """How far the prompt lengths a local tokenizer predicted (serve-bench ``--tokenizer``) were from
+    the server's ``usage.prompt_tokens``, over the requests with both: the mean and largest error per
+    request and the bias of the total, in percent of the server's count. None without predictions."""
+    pairs = [(m.prompt_tokens, m.server_prompt_tokens) for m in ms
+             if m.prompt_predicted and m.prompt_tokens is not None and m.server_prompt_tokens]
+    if not pairs:
+        return None
+    errors = [100 * abs(p - s) / s for p, s in pairs]
+    served = sum(s for _, s in pairs)
+    return {"requests": len(pairs), "mismatched": sum(1 for p, s in pairs if p != s),
+            "mean_pct": round(sum(errors) / len(errors), 3), "max_pct": round(max(errors), 3),
+            "bias_pct": round(100 * (sum(p for p, _ in pairs) - served) / served, 3)}
 
 
 def level_span(samples: Sequence[dict[str, Any]]) -> float | None:
@@ -241,6 +261,7 @@ def summarize_level(samples: Sequence[dict[str, Any]], slo: Mapping[str, float] 
         "prompt_tokens_mean": round(sum(inputs) / len(inputs), 1) if inputs else None,
         "prompt_token_mismatches": sum(1 for m in ok if m.prompt_tokens is not None
                                        and m.server_prompt_tokens not in (None, m.prompt_tokens)),
+        "prompt_token_error": prompt_token_error(ok),
         "itl_unknown": sum(1 for m in ok if not m.itl_known),
         "no_usage": sum(1 for m in ok if not m.usage),
         "cached_tokens": sum(m.cached_tokens for m in ok),

@@ -30,6 +30,7 @@ MIN_DEVIATION = 0.05  # an outlier (or a slow first run) must also be this far f
 MIN_OUTLIER_N = 5  # below this many runs, "outliers" says little
 CLIENT_WAIT_MS = 10.0  # open loop: a p90 wait for a client slot above this is worth a look
 BEHIND_MARGIN = 0.1  # ... and requests finishing this much slower than they came due is falling behind
+PREDICTED_ERROR_PCT = 1.0  # serve-bench --tokenizer: a mean error of predicted prompt lengths above this is told
 BURST_WAIT_FACTOR, BURST_WAIT_MS = 2.0, 100.0  # waits this long with enough streams: arrivals bunch up
 
 
@@ -313,7 +314,16 @@ def level_warnings(level: dict[str, Any], *, slots: int | None, base: dict[str, 
         out.append(Warning(Code.NO_USAGE, f"c={c}: {level['no_usage']} of {ok} responses carried no usage, so their "
                                           "output tokens are counted as one per streamed chunk (an assumption)",
                            "use a server that honours stream_options.include_usage, or check the output lengths"))
-    if level.get("prompt_token_mismatches"):
+    predicted = level.get("prompt_token_error")
+    if predicted:
+        if predicted["mean_pct"] > PREDICTED_ERROR_PCT:
+            out.append(Warning(Code.PROMPT_MISMATCH, f"c={c}: the prompt lengths --tokenizer predicted were off by "
+                               f"{predicted['mean_pct']:.1f}% on average (at most {predicted['max_pct']:.1f}%, "
+                               f"{predicted['mismatched']} of {predicted['requests']} requests) from the server's "
+                               "usage.prompt_tokens; prompt_tokens_mean is the server's count",
+                               "give the served model's own tokenizer.json, or drop --tokenizer to fit prompts by "
+                               "probe requests"))
+    elif level.get("prompt_token_mismatches"):
         out.append(Warning(Code.PROMPT_MISMATCH, f"c={c}: for {level['prompt_token_mismatches']} request(s) the server "
                                            "counted a different prompt length than /tokenize gave",
                           "the chat template may depend on request fields; input lengths are approximate"))
@@ -398,7 +408,10 @@ def _error_remedy(errors: dict[str, int]) -> str:
     return "read the error details in the stored samples (moetune serve-report RUN --json)"
 
 
-def run_warnings(server: ServerInfo, concurrency: list[int], skipped_overlong: int) -> list[Warning]:
+def run_warnings(server: ServerInfo, concurrency: list[int], skipped_overlong: int, *,
+                 tokenizer: dict[str, Any] | None = None) -> list[Warning]:
+    """The warnings about the server as the run found it; ``tokenizer`` is what serve-bench
+    ``--tokenizer`` measured (:meth:`moetune.bench.serve.tokenizer.TokenizerCounter.describe`)."""
     out: list[Warning] = []
     if server.slots is None:
         out.append(Warning(Code.NO_SLOT_INFO, "the server does not report its slots (/props): queueing can only be "
@@ -411,14 +424,22 @@ def run_warnings(server: ServerInfo, concurrency: list[int], skipped_overlong: i
                                                    "client's clock only",
                            "compare these runs with runs against the same kind of server; llama-server gives the "
                            "server's side too"))
-    if not server.caps.exact_prompts:
+    tk = tokenizer or {}
+    check = tk.get("check_error_pct")
+    if check is not None and check > PREDICTED_ERROR_PCT:
+        out.append(Warning(Code.PROMPT_MISMATCH, f"--tokenizer predicted a probe prompt of {tk['check_tokens']} "
+                           f"tokens (by the server's usage.prompt_tokens) as {tk['check_predicted']}, "
+                           f"{check:.1f}% off: it is likely not the served model's tokenizer",
+                           "give the served model's own tokenizer.json, or drop --tokenizer to fit prompts by "
+                           "probe requests"))
+    if not server.caps.exact_prompts and tokenizer is None:
         out.append(Warning(Code.NO_TOKENIZER, "the server has no /tokenize and /apply-template: prompts are not "
                                               "counted before sending (synthetic ones are fitted to --input-len on "
                                               "one probe prompt, by the usage.prompt_tokens of requests for one "
                                               "token), and each request's length is the server's usage.prompt_tokens "
                                               "(prompt_tokens_mean)",
                            "read prompt_tokens_mean for the lengths sent; for lengths counted before sending, "
-                           "benchmark llama-server"))
+                           "give the served model's tokenizer.json with --tokenizer, or benchmark llama-server"))
     busy = server.busy_slots
     if busy:
         out.append(Warning(Code.SERVER_BUSY, f"{busy} server slot(s) were busy when the benchmark started: another "

@@ -100,6 +100,7 @@ class Prompt:
     content: str  # the user message
     prompt_tokens: int | None  # the templated prompt's length in the server's tokens; None: not counted before
     max_tokens: int
+    source: str | None = None  # "tokenizer": prompt_tokens is a local tokenizer's prediction; None: the server's
 
     def messages(self) -> list[dict[str, str]]:
         return [{"role": "user", "content": self.content}]
@@ -209,7 +210,8 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt | Prepared], s
         p = prompts[i % len(prompts)]
         path = p.path if isinstance(p, Prepared) else CHAT_PATH
         rec = RequestRecord(index=first_index + i, concurrency=spec.concurrency, rate=spec.rate,
-                            prompt_tokens=p.prompt_tokens, max_tokens=p.max_tokens, t_sched=t_sched)
+                            prompt_tokens=p.prompt_tokens, max_tokens=p.max_tokens, t_sched=t_sched,
+                            prompt_source=p.source if isinstance(p, Prompt) else None)
         if t_slot is None:
             async with slots:
                 rec.t_slot = time.monotonic()

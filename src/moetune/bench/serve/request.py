@@ -59,6 +59,7 @@ class RequestRecord:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None  # the server's last timings object
+    prompt_source: str | None = None  # "tokenizer": prompt_tokens was predicted by serve-bench --tokenizer
 
     def to_sample(self) -> dict[str, Any]:
         d = asdict(self)

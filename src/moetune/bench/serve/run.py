@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,7 @@ from moetune.bench.analysis.warnings import Warning, annotate, run_warnings
 from moetune.bench.http.client import StreamingHttp, connect
 from moetune.bench.http.clock import run as run_loop
 from moetune.bench.serve.dataset import (
-    ServerTokenCounter,
     TokenCounter,
-    UsageTokenCounter,
     dataset_prompts,
     load_sharegpt,
     probed_prompts,
@@ -36,6 +34,13 @@ from moetune.bench.serve.dataset import (
 from moetune.bench.serve.load import LoadMeter, LoadSpec, Prompt, RequestOptions, ServerGone, run_level
 from moetune.bench.serve.request import RequestRecord
 from moetune.bench.serve.sessions import SessionSpec
+from moetune.bench.serve.tokenizer import (
+    SOURCE,
+    TokenizerCounter,
+    load_tokenizer,
+    prepared_line,
+    token_counter,
+)
 from moetune.bench.server import model_ref, probe
 from moetune.bench.servers import PlanServers, RunningServer, ServerSource, why_gone
 from moetune.bench.target import resolve
@@ -67,6 +72,7 @@ class ServeBenchSpec:
     label: str | None = None
     slo: dict[str, float] | None = None  # latency targets in ms (moetune.bench.analysis.slo): goodput per level
     sessions: SessionSpec | None = None  # agent sessions (moetune.bench.serve.session_run) instead of levels
+    tokenizer: Path | None = None  # a tokenizer.json that counts prompts for a server without /tokenize
 
     def level_requests(self, c: int) -> int | None:
         if self.duration_s is not None:
@@ -141,26 +147,22 @@ def check_context(spec: ServeBenchSpec, info: ServerInfo) -> None:
             hint=f"lower them, or restart llama-server with --parallel {slots} -c {slots * need} or more")
 
 
-def token_counter(http: StreamingHttp, info: ServerInfo, model: str, thinking: bool | None
-                  ) -> ServerTokenCounter | UsageTokenCounter:
-    """llama-server's template and tokenizer where the server has them, else its answers' usage."""
-    if info.caps.exact_prompts:
-        return ServerTokenCounter(http, thinking)
-    return UsageTokenCounter(http, model, thinking)
-
-
 async def _prompts(spec: ServeBenchSpec, counter: TokenCounter, info: ServerInfo, n: int,
                    run_tag: str) -> tuple[list[Prompt], int]:
     unique = not spec.prefix_cache
-    exact = info.caps.exact_prompts
+    predicted = isinstance(counter, TokenizerCounter)
+    counted = info.caps.exact_prompts or predicted
     if spec.dataset is None:
-        fit = synthetic_prompts if exact else probed_prompts
-        return await fit(counter, n, spec.input_len, spec.output_len or 64, seed=spec.seed,
-                         run_tag=run_tag, unique=unique), 0
-    pick = await dataset_prompts(counter if exact else None, load_sharegpt(spec.dataset), n,
-                                 output_len=spec.output_len, n_ctx_slot=info.n_ctx_slot, seed=spec.seed,
-                                 run_tag=run_tag, unique=unique)
-    return pick.prompts, pick.skipped_overlong
+        fit = synthetic_prompts if counted else probed_prompts
+        prompts = await fit(counter, n, spec.input_len, spec.output_len or 64, seed=spec.seed,
+                            run_tag=run_tag, unique=unique)
+        skipped = 0
+    else:
+        pick = await dataset_prompts(counter if counted else None, load_sharegpt(spec.dataset), n,
+                                     output_len=spec.output_len, n_ctx_slot=info.n_ctx_slot, seed=spec.seed,
+                                     run_tag=run_tag, unique=unique)
+        prompts, skipped = pick.prompts, pick.skipped_overlong
+    return ([replace(p, source=SOURCE) for p in prompts] if predicted else prompts), skipped
 
 
 def _level_line(lv: dict[str, Any]) -> str:
@@ -170,7 +172,15 @@ def _level_line(lv: dict[str, Any]) -> str:
     errs = sum(lv["errors"].values())
     return (f"c={lv['concurrency']}: {lv['ok']}/{lv['requests']} ok{f', {errs} errors' if errs else ''}, "
             f"TTFT p50 {f(lv['ttft_ms']['p50'])} ms, ITL p50 {f(lv['itl_ms']['p50'])} ms, "
-            f"{f(lv['output_tok_s'])} tok/s ({f(lv['duration_s'])} s)" + _goodput_part(lv.get("goodput")))
+            f"{f(lv['output_tok_s'])} tok/s ({f(lv['duration_s'])} s)" + _goodput_part(lv.get("goodput"))
+            + _predicted_part(lv.get("prompt_token_error")))
+
+
+def _predicted_part(e: dict[str, Any] | None) -> str:
+    if not e:
+        return ""
+    return (f", prompt lengths predicted within {e['mean_pct']:.2f}% of the server's (mean; max "
+            f"{e['max_pct']:.2f}%, {e['mismatched']} of {e['requests']} off)")
 
 
 def _goodput_part(g: dict[str, Any] | None) -> str:
@@ -197,18 +207,17 @@ class _Run:
 async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, source: ServerSource, db: ResultsDB,
                  log: Callable[[str], None], monitor: RunMonitor, sweep_id: str | None = None) -> _Run:
     model = spec.model or await _model_name(http)
-    counter = token_counter(http, info, model, spec.thinking)
     run_tag = os.urandom(2).hex()
+    counter = token_counter(http, info, model, spec.thinking, tokenizer=spec.tokenizer, log=log,
+                            probe_tag=f"{run_tag}.probe", seed=spec.seed)
     pools = [spec.prompt_pool(c) for c in spec.concurrency]
     t = time.monotonic()
     prompts, skipped = await _prompts(spec, counter, info, spec.warmup + sum(pools), run_tag)
-    if info.caps.exact_prompts:
-        log(f"prepared {len(prompts)} prompts with exact token counts ({counter.calls} tokenizer calls, "
-            f"{time.monotonic() - t:.1f} s)")
-    else:
-        log(f"prepared {len(prompts)} prompts; the server has no /tokenize, so their lengths are its usage."
-            f"prompt_tokens ({counter.calls} probe requests, {time.monotonic() - t:.1f} s)")
-    advice = run_warnings(info, list(spec.concurrency), skipped)
+    if isinstance(counter, TokenizerCounter):
+        await counter.calibrate()  # done by the first count already
+    log(prepared_line(f"{len(prompts)} prompts", counter, time.monotonic() - t))
+    tokenizer = counter.describe() if isinstance(counter, TokenizerCounter) else None
+    advice = run_warnings(info, list(spec.concurrency), skipped, tokenizer=tokenizer)
     workload = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()
                 if k not in ("url", "label", "slo")}
     ln = source.current
@@ -219,7 +228,8 @@ async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, so
         plan=source.plan.doc if isinstance(source, PlanServers) else None,
         launch_run=ln.launch_run if ln else None,
         details={"workload": workload, "client": {"library": "asyncio", "moetune": __version__},
-                 "run_tag": run_tag, "skipped_overlong": skipped, "slo": dict(spec.slo) if spec.slo else None})
+                 "run_tag": run_tag, "skipped_overlong": skipped, "slo": dict(spec.slo) if spec.slo else None,
+                 **({"tokenizer": tokenizer} if tokenizer is not None else {})})
     label = spec.label or f"serve c={','.join(map(str, spec.concurrency))}"
     run_id = db.create_run(meta, label=label, target=source.target, sweep_id=sweep_id)
     monitor.attach(db, run_id)
@@ -339,14 +349,15 @@ def report_doc(run: Run, levels: list[dict[str, Any]], advice: list[Warning], *,
                slo: dict[str, float] | None = None, sessions: dict[str, Any] | None = None) -> dict[str, Any]:
     """The document `serve-bench --json` and `serve-report --json` print: the run (as every
     command names it), what it measured with, its warnings, the latency targets its goodput is
-    judged by (``slo``, null without), and one entry per load level; an agent-sessions run adds
-    ``sessions`` (:func:`moetune.bench.analysis.sessions.summarize_sessions`)."""
+    judged by (``slo``, null without), the ``--tokenizer`` that counted its prompts and the chat
+    template's tokens it measured (null without), and one entry per load level; an agent-sessions
+    run adds ``sessions`` (:func:`moetune.bench.analysis.sessions.summarize_sessions`)."""
     m = run.meta
     return {"run": {**run.header(), "server": None if m.server is None else m.server.to_json(),
                     "model": m.model.to_json(), "client": m.details.get("client"),
                     "workload": m.details.get("workload"), "warnings": [a.message for a in advice],
                     "advice": [a.to_json() for a in advice], "samples": samples,
-                    "slo": dict(slo) if slo else None},
+                    "slo": dict(slo) if slo else None, "tokenizer": m.details.get("tokenizer")},
             "levels": levels, **({"sessions": sessions} if sessions is not None else {})}
 
 
@@ -390,6 +401,8 @@ def serve_bench(spec: ServeBenchSpec, db: ResultsDB, log: Callable[[str], None] 
     sweep or a tune (`moetune tune --objective goodput`)."""
     if not spec.concurrency or min(spec.concurrency) < 1:
         raise InputError("--concurrency: give one or more positive integers, e.g. 1,2,4")
+    if spec.tokenizer is not None:
+        load_tokenizer(spec.tokenizer)  # a bad file is told before any server is started or probed
     src = source or RunningServer(spec.url)
     meter = LoadMeter()
     try:

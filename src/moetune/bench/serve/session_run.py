@@ -7,8 +7,9 @@ and recorded like every serve-bench request (:func:`moetune.bench.serve.request.
 :class:`RequestRecord`), stored as they end with their session and turn, and counted by the
 sampler's :class:`LoadMeter`; the sampler's phase says the turn the run has reached.
 
-Texts are sized in the server's tokens where it has ``/tokenize``: each system prompt and turn
-message has exactly the asked number of tokens as plain text (the chat template adds its own).
+Texts are sized in the server's tokens where it has ``/tokenize``, else in those of a
+``--tokenizer`` given: each system prompt and turn message has exactly the asked number of tokens
+as plain text (the chat template adds its own).
 Elsewhere one probe fits characters to tokens (two requests for one token, whose
 ``usage.prompt_tokens`` differ by the probe text's tokens), and texts are cut to that many
 characters: their lengths are then close, and the server's usage says the real ones.
@@ -50,9 +51,9 @@ from moetune.bench.serve.run import (
     _model_name,
     report_doc,
     serve_bench,
-    token_counter,
 )
 from moetune.bench.serve.sessions import Reply, SessionSpec, SessionTexts, Turn, session_tag, turn_request
+from moetune.bench.serve.tokenizer import TokenizerCounter, token_counter
 from moetune.bench.server import model_ref
 from moetune.bench.servers import PlanServers, ServerSource
 from moetune.errors import RuntimeFailure
@@ -68,7 +69,7 @@ PROBE_CHARS = 2000  # characters of the probe that fits characters to tokens on 
 class _TextTokens:
     """A :class:`TokenCounter` whose "chat" count is the plain text's: messages sized as text."""
 
-    def __init__(self, counter: ServerTokenCounter) -> None:
+    def __init__(self, counter: ServerTokenCounter | TokenizerCounter) -> None:
         self.counter = counter
 
     async def chat_tokens(self, content: str) -> int:
@@ -102,7 +103,7 @@ async def session_texts(counter: TokenCounter, spec: SessionSpec, run_tag: str, 
     """Each session's system prompt (unique: it starts with the session's tag) and turn messages
     (the same for every session: their histories differ from the first token already)."""
     if exact:
-        assert isinstance(counter, ServerTokenCounter)
+        assert isinstance(counter, ServerTokenCounter | TokenizerCounter)
         tc = _TextTokens(counter)
         per_char: float | None = None
         turns: list[str] = []
@@ -226,15 +227,17 @@ async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: Results
         slots = info.slots
         monitor.phase("prepare")
         model = spec.model or await _model_name(http)
-        counter = token_counter(http, info, model, spec.thinking)
         run_tag = os.urandom(2).hex()
+        counter = token_counter(http, info, model, spec.thinking, tokenizer=spec.tokenizer, log=log,
+                                probe_tag=f"{run_tag}.probe", seed=spec.seed)
         t = time.monotonic()
-        texts = await session_texts(counter, ss, run_tag, seed=spec.seed, exact=info.caps.tokenize)
-        how = ("exact token counts" if info.caps.tokenize else
+        local = counter.describe() if isinstance(counter, TokenizerCounter) else None
+        texts = await session_texts(counter, ss, run_tag, seed=spec.seed, exact=info.caps.tokenize or bool(local))
+        how = ("exact token counts" if info.caps.tokenize else "lengths counted by --tokenizer" if local else
                "lengths fitted to the server's usage.prompt_tokens (no /tokenize)")
         log(f"prepared {ss.sessions} sessions of {ss.turns} turns, {how} ({counter.calls} calls, "
             f"{time.monotonic() - t:.1f} s)")
-        advice = run_warnings(info, [ss.sessions], 0)
+        advice = run_warnings(info, [ss.sessions], 0, tokenizer=local)
         workload = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()
                     if k not in ("url", "label", "slo")}
         ln = source.current
@@ -246,7 +249,7 @@ async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: Results
             launch_run=ln.launch_run if ln else None,
             details={"workload": workload, "client": {"library": "asyncio", "moetune": __version__},
                      "run_tag": run_tag, "skipped_overlong": 0, "sessions": ss.to_json(),
-                     "slo": dict(spec.slo) if spec.slo else None})
+                     "slo": dict(spec.slo) if spec.slo else None, **({"tokenizer": local} if local else {})})
         label = spec.label or f"sessions {ss.sessions}x{ss.turns}" + (" stripped" if ss.strip_thinking else "")
         run_id = db.create_run(meta, label=label, target=source.target)
         monitor.attach(db, run_id)
