@@ -90,3 +90,14 @@ def test_llama_servers_own_counts_are_predicted(hidden: str, model: Path, tmp_pa
                         "--tokenizer", str(tok))
     ss = samples(ds)
     assert len(ss) == 8 and all(within_1pct(s["prompt_tokens"], s["usage"]["prompt_tokens"]) for s in ss)
+
+
+def test_without_a_tokenizer_the_probe_stays_within_a_small_context(bin_dir: Path, model: Path,
+                                                                    tmp_path: Path) -> None:
+    """A byte-level vocabulary makes a word five or six tokens: the probe that fits the prompt
+    length must not send many times --input-len (it once sent ~4800 tokens to a 2048-token slot)."""
+    with llama_server(bin_dir, model, tmp_path / "s.log", "-nr", "--parallel", "1", "-c", "2048") as s, \
+            hiding_proxy(s.url) as url:
+        doc, _ = serve_bench(url, "-C", "1", "--requests", "2", "--input-len", "256", "--output-len", "8")
+    lv = doc["levels"][0]
+    assert lv["ok"] == 2 and abs(lv["prompt_tokens_mean"] - 256) <= 3

@@ -186,9 +186,16 @@ async def fit_content(counter: TokenCounter, prefix: str, filler: str, target: i
 
 
 async def _filler(counter: TokenCounter, input_len: int, seed: int) -> str:
-    filler = filler_text(seed, max(64, input_len * 2))
+    """Text of at least ``input_len`` tokens, and not many times more: a count of 64 words gives the
+    tokens per word, and the text is sized to about 1.25 x ``input_len`` from it (a server that can
+    only count by answering must not be sent a probe beyond its context: with a byte-level
+    vocabulary a word is five or six tokens)."""
+    sample = filler_text(seed, 64)
+    per_word = max(0.5, await counter.chat_tokens(sample) / 64)
+    words = max(64, int(1.25 * input_len / per_word) + 8)
+    filler = filler_text(seed, words)
     while await counter.chat_tokens(filler) < input_len:
-        filler = filler + " " + filler_text(seed + len(filler), max(64, input_len))
+        filler = filler + " " + filler_text(seed + len(filler), max(16, words // 4))
     return filler
 
 
