@@ -212,7 +212,12 @@ def run_grammar(acc: Acc, rules: Sequence[Rule]) -> None:
         for pattern, action in rules:
             m = pattern.search(text)
             if m:
-                action(acc, m, n)
+                try:
+                    action(acc, m, n)
+                except ValueError:
+                    # a number the pattern admits but that does not read as one ("1.2.3", "." or thousands
+                    # of digits, from a damaged or interleaved log): the line is not one this rule reads
+                    continue
 
 
 def to_mib(size: str, unit: str) -> float:

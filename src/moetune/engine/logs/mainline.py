@@ -37,7 +37,7 @@ from moetune.engine.logs.types import (
 )
 from moetune.kinds import LogEra, LogPhase
 
-PREFIX = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ([IWEDT]) ")
+PREFIX = re.compile(r"^([0-9]{1,12})\.([0-9]{2})\.([0-9]{3})\.([0-9]{3}) ([IWEDT]) ")
 LEVEL_ONLY = re.compile(r"^([IWED]) ")
 # a request whose prompt drops more cached tokens than this counts as a prefix-cache miss
 # (ik_llama.cpp's own threshold for "Common part does not match fully")

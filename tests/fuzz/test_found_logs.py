@@ -1,0 +1,21 @@
+"""The bugs the fuzzers found in the log grammars, one regression test each, named after what broke. Each
+failed on the code before its fix and checks what the user sees now."""
+
+from __future__ import annotations
+
+import pytest
+
+from moetune.engine.logs import parse_log
+
+
+@pytest.mark.parametrize("line", [
+    "0.00.001.000 I llama_context: n_ctx = .", "prompt eval time = 1.2.3 ms / 5 tokens",
+    "Allocating . GiB of pinned host memory", f"graph splits = {'9' * 5000}",
+    f"{'1' * 5000}.00.000.000 I load_tensors: CPU model buffer size = 1.0 MiB",
+])
+def test_a_number_that_does_not_read_skips_the_line(line: str) -> None:
+    # float("1.2.3"), int("."), int() of 5000 digits: ValueError out of parse_log
+    for era in (None, "mainline", "legacy"):
+        log = parse_log(f"llm_load_tensors: CPU buffer size = 2.0 MiB\n{line}\n", era)
+        assert log.lines[1].endswith(line[-20:])
+
