@@ -103,18 +103,16 @@ class SseParser:
             rec.error = "stream_error" + (f":{kind}" if kind else "")
             rec.detail = str(e.get("message", e) if isinstance(e, dict) else e)[:300]
             return
+        choices = obj.get("choices") or []
+        deltas = _deltas(choices)
+        if deltas is None:  # JSON, but not a chat completion chunk
+            rec.error, rec.detail = "bad_event", payload[:200].decode(errors="replace")
+            return
+        n_content, n_reason, tool, finish = deltas
+        if finish is not None:
+            rec.finish_reason = finish
         if rec.response_id is None and isinstance(obj.get("id"), str):
             rec.response_id = obj["id"]
-        n_content = n_reason = 0
-        tool = False
-        choices = obj.get("choices") or []
-        for c in choices:
-            d = c.get("delta") or {}
-            n_content += len(d.get("content") or "")
-            n_reason += len(d.get("reasoning_content") or d.get("reasoning") or "")
-            tool = tool or bool(d.get("tool_calls"))
-            if c.get("finish_reason"):
-                rec.finish_reason = str(c["finish_reason"])
         usage = obj.get("usage")
         if isinstance(usage, dict):
             rec.usage = usage
@@ -140,6 +138,29 @@ class SseParser:
         if n or has_text:
             server_ms = timings.get("predicted_ms") if source == "timings" and isinstance(timings, dict) else None
             rec.chunks.append([t, n, n_content, n_reason, server_ms, self.t_min])
+
+
+def _deltas(choices: Any) -> tuple[int, int, bool, str | None] | None:
+    """Characters of content and of reasoning, whether a tool call came, and the last finish reason,
+    of an event's ``choices``; None where they are not shaped as a chat completion chunk's."""
+    if not isinstance(choices, list):
+        return None
+    n_content = n_reason = 0
+    tool = False
+    finish = None
+    for c in choices:
+        d = (c.get("delta") or {}) if isinstance(c, dict) else None
+        if not isinstance(d, dict):
+            return None
+        content, reason = d.get("content") or "", d.get("reasoning_content") or d.get("reasoning") or ""
+        if not isinstance(content, str) or not isinstance(reason, str):
+            return None
+        n_content += len(content)
+        n_reason += len(reason)
+        tool = tool or bool(d.get("tool_calls"))
+        if c.get("finish_reason"):
+            finish = str(c["finish_reason"])
+    return n_content, n_reason, tool, finish
 
 
 async def stream_chat(http: StreamingHttp, body: bytes, rec: RequestRecord, *, max_retries: int = 2,
