@@ -19,3 +19,15 @@ def test_a_number_that_does_not_read_skips_the_line(line: str) -> None:
         log = parse_log(f"llm_load_tensors: CPU buffer size = 2.0 MiB\n{line}\n", era)
         assert log.lines[1].endswith(line[-20:])
 
+
+
+def test_an_allocation_of_thousands_of_digits_is_not_infinite() -> None:
+    # float() of 5000 digits is inf: the out-of-memory advice took ceil(inf) (OverflowError)
+    from moetune.run import diagnose
+
+    log = parse_log(f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {'1' * 5000} MiB on device 0: "
+                    "cudaMalloc failed\n")
+    assert not log.alloc_failures
+    d = diagnose.server_exit("s", log, 1, loading=True, layers=[diagnose.LayerExperts(0, "CUDA0", 1.0)],
+                             uniform=(1.0, 4), n_ubatch=512)
+    assert d.message

@@ -40,3 +40,20 @@ def test_a_key_with_a_line_break_is_named_on_one_line(tmp_path: Path) -> None:
         inventory.load(p)
     assert "\n" not in str(e.value) and "x\\ny" in str(e.value)
 
+
+
+def test_a_path_with_a_line_break_prints_on_one_line(tmp_path: Path) -> None:
+    # a layout naming a model path with a line break: "no such GGUF file" printed on two lines
+    (tmp_path / "layout.yaml").write_text('services:\n  - {name: a, model: "x\\ny.gguf"}\n')
+    r = run_cli("plan", "--layout", str(tmp_path / "layout.yaml"), "--hw", "rtx-pro-6000x2")
+    assert r.exit_code == 2
+    assert r.stderr.splitlines()[0].startswith("Error: ") and "x\\ny.gguf" in r.stderr.splitlines()[0], r.stderr
+
+
+@pytest.mark.parametrize("value", [".inf", "1e309", ".nan"])
+def test_an_infinite_amount_in_a_hardware_file_is_refused(tmp_path: Path, value: str) -> None:
+    # `reserved_mib: 1e309` (YAML: infinity) passed `ge=0` and the plan took int() of it (OverflowError)
+    p = tmp_path / "hw.yaml"
+    p.write_text(f"nodes:\n  - name: a\n    cpu: {{cores: 2, ram_mib: 4096, ram_bw_gbs: 50, reserved_mib: {value}}}\n")
+    with pytest.raises(InputError, match="reserved_mib"):
+        inventory.load(p)

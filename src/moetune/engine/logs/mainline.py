@@ -23,6 +23,7 @@ from moetune.engine.logs.common import (
     Rule,
     classify_by_words,
     collect_tables,
+    num,
     phase_rule,
     rule,
     run_grammar,
@@ -72,12 +73,12 @@ def continued(acc: Acc, n: int, first: str) -> str:
 @rule(r"(?:^|\s-\s+)(" + BACKENDS + r")\s*: (.+?)\s*(?:\((\d+) MiB, (\d+) MiB free\)|\(\.\.\.\))?\s*$")
 def _device(acc: Acc, m: re.Match[str], n: int) -> None:
     if not any(d.name == m[1] for d in acc.devices):
-        acc.devices.append(Device(m[1], m[2], float(m[3]) if m[3] else None, float(m[4]) if m[4] else None, n))
+        acc.devices.append(Device(m[1], m[2], num(m[3]) if m[3] else None, num(m[4]) if m[4] else None, n))
 
 
 @rule(r"load_tensors:\s+(\S+) model buffer size =\s*([\d.]+) MiB")
 def _model_buffer(acc: Acc, m: re.Match[str], n: int) -> None:
-    acc.buffer(m[1], MODEL, float(m[2]), n)
+    acc.buffer(m[1], MODEL, num(m[2]), n)
 
 
 @rule(r"graph: nodes = (\d+), splits = (\d+)|graph nodes\s*=\s*(\d+)|graph splits\s*=\s*(\d+)")
