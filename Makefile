@@ -34,7 +34,7 @@ test: engine engine-ik
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not server and not netns and not slow"
 
-# The fuzzers with ten times the examples `make test` gives them (about 15 minutes on 2 cores).
+# The fuzzers with ten times the examples `make test` gives them (about 8 minutes on 2 cores).
 fuzz: $(STAMP)
 	MOETUNE_FUZZ=long $(BIN)/pytest -q -m fuzz tests/fuzz
 

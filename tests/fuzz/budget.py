@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis.control import currently_in_test_context
 
 RUN = os.environ.get("MOETUNE_FUZZ", "ci")
 if RUN not in ("ci", "long"):
@@ -26,4 +27,13 @@ def fuzz(n: int) -> settings:
         deadline=5000,  # ms: a shared 2-core CI machine is slow; a hang is caught by the CPU-time bound
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
         print_blob=True,
+        # no explain phase: it traces every line, ten times slower, and the CPU-time bound would fire
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
     )
+
+
+def note_event(what: str) -> None:
+    """An outcome for Hypothesis's statistics (``--hypothesis-show-statistics``), where a target runs
+    inside a Hypothesis test (the corpus replays it outside one)."""
+    if currently_in_test_context():
+        event(what)

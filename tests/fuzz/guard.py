@@ -5,8 +5,8 @@ forever never returns. Here a CPU-time timer (``ITIMER_VIRTUAL``, so pytest-time
 ``SIGALRM`` stays untouched) raises :class:`Hang` inside the example, and the address space is
 capped (``RLIMIT_AS``) a fixed margin above what the process holds, so an allocation sized by a
 corrupt count (2^60 elements) fails as ``MemoryError`` at once instead of taking the machine.
-Both are ``BaseException`` or outside ``Exception`` handlers' reach in the product: the test sees
-them and fails, naming the bound.
+The hang is a ``BaseException``, out of reach of the product's ``except Exception``; both become an
+AssertionError once out of the body, so Hypothesis shrinks and reports the example like any failure.
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ def bounded(cpu_s: float = CPU_S, memory_mib: int = MEMORY_MIB) -> Iterator[None
     signal.setitimer(signal.ITIMER_VIRTUAL, cpu_s)
     try:
         yield
+    except Hang as e:  # an ordinary failure past this point: Hypothesis shrinks and shows the example
+        raise AssertionError(str(e)) from None
+    except MemoryError:
+        raise AssertionError(f"the example allocated past its bound of {memory_mib} MiB") from None
     finally:
         signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

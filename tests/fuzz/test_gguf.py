@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import event, example, given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from moetune.errors import MoetuneError, RuntimeFailure
@@ -26,15 +26,13 @@ from moetune.model.gguf_read import GGUFFile, parse
 from moetune.model.profile import load_profile
 from moetune.planfiles import PlanRequest, plan_files
 from moetune.report.inspect_view import inspect_json
-from tests.fuzz.budget import fuzz
+from tests.fuzz.budget import fuzz, note_event
 from tests.fuzz.gguf_cases import (
     MetaCase,
     Mutated,
     bases,
-    corpus_files,
     mutated_bytes,
     mutated_metadata,
-    read_corpus_gguf,
     seeds,
 )
 from tests.fuzz.guard import bounded
@@ -64,9 +62,9 @@ def plan_or_clean_error(path: Path) -> str:
             plan_files(PlanRequest(hw="rtx-pro-6000x2", model=path))
     except MoetuneError as e:
         assert str(e) and "\n" not in str(e), f"not one line: {e!r}"
-        event(f"error: {_gist(str(e))}")
+        note_event(f"error: {_gist(str(e))}")
         return f"error: {e}"
-    event("planned")
+    note_event("planned")
     return "ok"
 
 
@@ -77,7 +75,7 @@ def _gist(message: str) -> str:
 
 
 @given(case=mutated_bytes(bases(), seeds()))
-@fuzz(400)
+@fuzz(1500)
 def test_a_mutated_header_gives_a_profile_or_a_clean_error(case: Mutated, workdir: Path) -> None:
     path = _fresh(workdir)
     path.write_bytes(case.data)
@@ -86,19 +84,12 @@ def test_a_mutated_header_gives_a_profile_or_a_clean_error(case: Mutated, workdi
 
 
 @given(case=mutated_metadata(bases()))
-@fuzz(300)
+@fuzz(800)
 def test_hostile_metadata_values_give_a_profile_or_a_clean_error(case: MetaCase, workdir: Path) -> None:
     path = _fresh(workdir)
     case.write(path)
     plan_or_clean_error(path)
     path.unlink()
-
-
-@pytest.mark.parametrize("path", corpus_files("gguf"), ids=lambda p: p.name)
-def test_corpus_file_gives_a_profile_or_a_clean_error(path: Path, workdir: Path) -> None:
-    target = _fresh(workdir)
-    target.write_bytes(read_corpus_gguf(path))
-    plan_or_clean_error(target)
 
 
 # ---- the remote reader against the local one ---------------------------------------------------
@@ -163,7 +154,7 @@ def _local(data: bytes, url: str) -> Iterator[GGUFFile]:
 
 
 @given(case=mutated_bytes(bases(), seeds()), first=st.integers(1, 1 << 18))
-@fuzz(200)
+@fuzz(500)
 def test_the_remote_reader_agrees_with_the_local_one(case: Mutated, first: int) -> None:
     raw = case.data
     url = "http://127.0.0.1:1/m.gguf"
@@ -171,7 +162,7 @@ def test_the_remote_reader_agrees_with_the_local_one(case: Mutated, first: int) 
 
 
 @given(value=st.one_of(st.none(), st.text(max_size=40), st.from_regex(r"\s*bytes\s+(\d{1,25}-\d{1,25}|\*)/(\d{1,25}|\*)\s*")))
-@fuzz(200)
+@fuzz(300)
 def test_a_content_range_header_parses_or_fails_cleanly(value: str | None) -> None:
     try:
         start, size = remote._content_range(value, "http://127.0.0.1:1/m.gguf")
@@ -182,6 +173,6 @@ def test_a_content_range_header_parses_or_fails_cleanly(value: str | None) -> No
 
 @example(b"")
 @given(raw=st.binary(max_size=64))
-@fuzz(100)
+@fuzz(200)
 def test_random_bytes_are_not_a_gguf_file(raw: bytes) -> None:
     assert _outcome(_local(raw, "random.gguf")).startswith("InputError: ")

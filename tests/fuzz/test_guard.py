@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fuzz.guard import Hang, bounded
+from tests.fuzz.guard import bounded
 
 
 def test_the_guard_stops_a_hang_and_an_allocation() -> None:
-    with pytest.raises(Hang), bounded(cpu_s=0.3):
+    with pytest.raises(AssertionError, match="CPU-time bound"), bounded(cpu_s=0.3):
         while True:
             pass
-    with pytest.raises(MemoryError), bounded():
+    with pytest.raises(AssertionError, match="allocated past"), bounded():
         bytearray(1 << 34)

@@ -66,13 +66,13 @@ def read_server_log(text: str, era: str | None = None) -> ServerLog:
 
 
 @given(log=mutated_logs(server_logs()), era=st.sampled_from([None, LogEra.MAINLINE, LogEra.LEGACY]))
-@fuzz(300)
+@fuzz(800)
 def test_a_mutated_server_log_parses_and_diagnoses(log: Log, era: str | None) -> None:
     read_server_log(log.text, era)
 
 
 @given(log=mutated_logs(worker_logs()))
-@fuzz(150)
+@fuzz(300)
 def test_a_mutated_worker_log_parses_and_diagnoses(log: Log) -> None:
     with bounded():
         wlog = parse_worker_log(log.text)
@@ -87,7 +87,7 @@ def test_a_mutated_worker_log_parses_and_diagnoses(log: Log) -> None:
 @example(text="\x1b[")
 @example(text="\u2028\x85\x0c")
 @given(text=st.text(max_size=400))
-@fuzz(200)
+@fuzz(300)
 def test_any_text_parses_as_every_kind_of_log(text: str) -> None:
     for era in (None, LogEra.MAINLINE, LogEra.LEGACY):
         read_server_log(text, era)
@@ -100,7 +100,7 @@ def _buffers(log: ServerLog) -> Counter[tuple[str, str, float]]:
 
 
 @given(case=removed_lines(server_logs()))
-@fuzz(150)
+@fuzz(300)
 def test_a_log_with_lines_removed_never_gains_a_buffer(case: tuple[str, tuple[int, ...]]) -> None:
     name, drop = case
     lines = server_logs()[name].splitlines()
@@ -115,7 +115,7 @@ def test_a_log_with_lines_removed_never_gains_a_buffer(case: tuple[str, tuple[in
 
 @given(case=st.sampled_from(sorted(server_logs())).flatmap(
     lambda n: st.tuples(st.just(n), st.integers(0, len(server_logs()[n].splitlines())))))
-@fuzz(100)
+@fuzz(200)
 def test_a_growing_log_only_gains_phases(case: tuple[str, int]) -> None:
     name, k = case
     lines = server_logs()[name].splitlines()

@@ -46,7 +46,7 @@ def serve_record(pieces: list[bytes]) -> str:
 @example(cut=Cut(b'data: {"choices": [null]}\n\n'))
 @example(cut=Cut(b'data: {"choices": [{"delta": {"content": 7}}]}\n\n'))
 @given(cut=cuts(ANY_STREAM))
-@fuzz(400)
+@fuzz(1000)
 def test_any_cut_of_a_stream_gives_the_serve_record_of_the_whole(cut: Cut) -> None:
     whole = serve_record([cut.data])
     assert serve_record(cut.pieces) == whole
@@ -96,7 +96,7 @@ def single_outcome(pieces: list[bytes], status: int = 200) -> str:
 
 @example(cut=Cut(b'data: [DONE]\n\ndata: {"choices": [{"delta": {"content": "x"}}]}\n\n', (14,)))
 @given(cut=cuts(ANY_STREAM))
-@fuzz(300)
+@fuzz(600)
 def test_any_cut_of_a_stream_gives_the_single_stream_sample_of_the_whole(cut: Cut) -> None:
     assert single_outcome(cut.pieces) == single_outcome([cut.data])
 
@@ -122,7 +122,7 @@ def conn_outcome(pieces: list[bytes], closed: bool) -> tuple[Any, ...]:
 
 
 @given(resp=http_responses(), at=st.lists(st.integers(0, 1 << 12), max_size=12))
-@fuzz(300)
+@fuzz(600)
 def test_any_cut_of_a_response_gives_its_body(resp: tuple[bytes, bytes, int], at: list[int]) -> None:
     wire, body, status = resp
     cut = Cut(wire, tuple(sorted(min(a, len(wire)) for a in at)))
@@ -152,7 +152,7 @@ def bad_responses(draw: st.DrawFn) -> bytes:
 
 
 @given(wire=bad_responses(), at=st.lists(st.integers(0, 200), max_size=8), closed=st.booleans())
-@fuzz(300)
+@fuzz(600)
 def test_a_bad_response_is_read_the_same_however_it_is_cut(wire: bytes, at: list[int], closed: bool) -> None:
     cut = Cut(wire, tuple(sorted(min(a, len(wire)) for a in at)))
     assert conn_outcome(cut.pieces, closed) == conn_outcome([wire], closed)

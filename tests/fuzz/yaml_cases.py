@@ -8,6 +8,7 @@ duplicated, the text itself cut, spliced or made invalid UTF-8.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from functools import cache
@@ -116,11 +117,22 @@ class Doc:
     text: bytes = field(repr=False)
 
 
+def _parsed(texts: dict[str, str]) -> dict[str, Any]:
+    out = {}
+    for name, text in texts.items():
+        with contextlib.suppress(yaml.YAMLError, RecursionError):  # not YAML: mangled_texts takes it
+            out[name] = yaml.safe_load(text)
+    return out
+
+
+def mutated_docs(texts: dict[str, str]) -> st.SearchStrategy[Doc]:
+    return _mutated_docs(_parsed(texts))
+
+
 @st.composite
-def mutated_docs(draw: st.DrawFn, texts: dict[str, str]) -> Doc:
-    name = draw(st.sampled_from(sorted(texts)))
-    text = texts[name]
-    doc = yaml.safe_load(text)
+def _mutated_docs(draw: st.DrawFn, docs: dict[str, Any]) -> Doc:
+    name = draw(st.sampled_from(sorted(docs)))
+    doc = copy.deepcopy(docs[name])
     ops: list[tuple[Any, ...]] = []
     for _ in range(draw(st.integers(1, 3))):
         op = draw(st.sampled_from(("replace", "replace", "replace", "delete", "add", "duplicate")))
