@@ -248,7 +248,7 @@ def load(path: str | Path) -> Inventory:
 
 # A file that validated once is kept, as the inventory it became, under the hash of its bytes: the
 # next plan reads it without YAML or pydantic (about 0.15 s of a 0.4 s plan on a 2-core machine).
-_CACHE_SALT = b"moetune-hardware-v1"
+_CACHE_SALT = b"moetune-hardware-v2"  # v2: infinite amounts refused
 
 
 def _read_cache(key: str) -> Inventory | None:
