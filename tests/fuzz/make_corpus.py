@@ -95,7 +95,8 @@ LOGS = {
     "unreadable-numbers.mainline.log": (
         "0.00.001.000 I llama_context: n_ctx = .\n0.00.001.001 I prompt eval time = 1.2.3 ms / 5 tokens\n"
         f"0.00.001.002 I graph splits = {'9' * 5000}\n{'1' * 5000}.00.000.000 I load_tensors: CPU model buffer "
-        "size = 1.0 MiB\n0.00.001.003 I load_tensors:   CPU_Mapped model buffer size = 10.5 MiB\n"),
+        "size = 1.0 MiB\n0.00.001.003 I load_tensors:   CPU_Mapped model buffer size = 10.5 MiB\n"
+        f"0.00.001.004 E failed to allocate CUDA0 buffer of size {'1' * 400}\n"),
     "unreadable-numbers.legacy.log": (
         "llm_load_tensors:  CUDA_Host buffer size = 1.2.3 MiB\nAllocating . GiB of pinned host memory\n"
         "llama_kv_cache_init:      CUDA0 KV buffer size =   784.15 MiB\n======== Cache: cache_size = 9, n_past0 = .\n"),

@@ -12,6 +12,7 @@ from moetune.engine.logs import parse_log
     "0.00.001.000 I llama_context: n_ctx = .", "prompt eval time = 1.2.3 ms / 5 tokens",
     "Allocating . GiB of pinned host memory", f"graph splits = {'9' * 5000}",
     f"{'1' * 5000}.00.000.000 I load_tensors: CPU model buffer size = 1.0 MiB",
+    f"failed to allocate CUDA0 buffer of size {'1' * 400}",  # an int too large for a float: OverflowError
 ])
 def test_a_number_that_does_not_read_skips_the_line(line: str) -> None:
     # float("1.2.3"), int("."), int() of 5000 digits: ValueError out of parse_log

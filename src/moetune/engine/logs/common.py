@@ -215,9 +215,10 @@ def run_grammar(acc: Acc, rules: Sequence[Rule]) -> None:
             if m:
                 try:
                     action(acc, m, n)
-                except ValueError:
+                except (ValueError, OverflowError):
                     # a number the pattern admits but that does not read as one ("1.2.3", "." or thousands
-                    # of digits, from a damaged or interleaved log): the line is not one this rule reads
+                    # of digits, too many for a float, from a damaged or interleaved log): the line is not
+                    # one this rule reads
                     continue
 
 
