@@ -24,3 +24,10 @@ class RuntimeFailure(MoetuneError):
     """Something failed while running: a build, a launch, a request. Exit code 1."""
 
     exit_code = 1
+
+
+def one_line(text: str, limit: int | None = 200) -> str:
+    """Text from a file or a peer as part of a one-line message: control characters and line breaks
+    escaped, cut to ``limit`` characters (None: not cut)."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return out if limit is None or len(out) <= limit else out[:limit] + "..."

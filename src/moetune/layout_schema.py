@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from moetune import yamlfile
 from moetune.errors import InputError
 
 
@@ -40,9 +40,10 @@ def read_layout(p: Path) -> LayoutIn:
 
     readable_file(p, "layout file")
     try:
-        return LayoutIn.model_validate(yaml.safe_load(p.read_text()))
-    except yaml.YAMLError as e:
-        raise InputError(f"{p}: not valid YAML ({e})") from None
+        data = p.read_bytes()
+    except OSError as e:
+        raise InputError(f"{p}: cannot read the layout file ({e.strerror})") from None
+    try:
+        return LayoutIn.model_validate(yamlfile.parse(data, str(p)))
     except ValidationError as e:
-        first = e.errors()[0]
-        raise InputError(f"{p}: {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+        raise yamlfile.schema_error(str(p), e) from None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from moetune.errors import MoetuneError
+from moetune.errors import MoetuneError, one_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -155,9 +155,10 @@ def run(group: click.Group) -> int:
         from rich.text import Text
 
         err = console(stderr=True)
-        err.print(Text.assemble(("Error: ", "red"), str(e)))
+        # one line, whatever the message quotes (a path or a name with a line break in it)
+        err.print(Text.assemble(("Error: ", "red"), one_line(str(e), None)))
         if e.hint:
-            err.print(Text("  hint: " + e.hint, style="dim"))
+            err.print(Text("  hint: " + one_line(e.hint, None), style="dim"))
         for line in e.details:
             err.print(Text("  " + line, style="dim"))
         return e.exit_code

@@ -191,14 +191,12 @@ def from_dict(doc: Any, source: str | None = None) -> Inventory:
     from pydantic import ValidationError
 
     from moetune.hardware.schema import HardwareIn
+    from moetune.yamlfile import schema_error
 
     try:
         hw = HardwareIn.model_validate(doc)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        raise InputError(f"{source or 'hardware'}: {loc}: {first['msg']}",
-                         hint="see `moetune hw example` for the accepted form") from None
+        raise schema_error(source or "hardware", e, hint="see `moetune hw example` for the accepted form") from None
     nodes = []
     names: set[str] = set()
     for i, n in enumerate(hw.nodes):
@@ -241,20 +239,16 @@ def load(path: str | Path) -> Inventory:
     cached = _read_cache(key)
     if cached is not None:
         return replace(cached, source=source)
-    import yaml
+    from moetune import yamlfile
 
-    try:
-        doc = yaml.safe_load(raw.decode())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise InputError(f"{p}: not valid YAML ({e})") from None
-    inv = from_dict(doc, source)
+    inv = from_dict(yamlfile.parse(raw, str(p)), source)
     _write_cache(key, inv)
     return inv
 
 
 # A file that validated once is kept, as the inventory it became, under the hash of its bytes: the
 # next plan reads it without YAML or pydantic (about 0.15 s of a 0.4 s plan on a 2-core machine).
-_CACHE_SALT = b"moetune-hardware-v1"
+_CACHE_SALT = b"moetune-hardware-v2"  # v2: infinite amounts refused
 
 
 def _read_cache(key: str) -> Inventory | None:

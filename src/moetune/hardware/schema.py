@@ -15,7 +15,7 @@ from moetune.hardware import DEFAULT_RPC_PORT
 
 
 class DeviceIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a number, not .inf or .nan
     name: str
     kind: Literal["gpu", "cpu", "rpc"] = "gpu"
     mem_mib: float = Field(gt=0)
@@ -26,7 +26,7 @@ class DeviceIn(BaseModel):
 
 
 class CpuIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a number, not .inf or .nan
     cores: int = Field(gt=0)
     ram_mib: float = Field(gt=0)
     ram_bw_gbs: float = Field(gt=0)
@@ -35,7 +35,7 @@ class CpuIn(BaseModel):
 
 
 class NodeIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a number, not .inf or .nan
     name: str
     cpu: CpuIn
     devices: list[DeviceIn] = []
@@ -65,6 +65,6 @@ class NodeIn(BaseModel):
 
 
 class HardwareIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a number, not .inf or .nan
     nodes: list[NodeIn] = Field(min_length=1)
     name: str | None = None

@@ -7,7 +7,7 @@ enough for the tensors it declares, and skips large arrays (the vocabulary) with
 Python objects for them.
 
 The parser reads from a :class:`ByteSource`: the header is read from byte 0 onwards, so a source is
-a growing prefix of the file. A local file is mapped whole; a remote one
+a growing prefix of the file. A local file is mapped (the first MAX_HEADER bytes); a remote one
 (:mod:`moetune.model.remote`) fetches more of its prefix as the parser asks for it. Both go through
 every line of the same parser.
 """
@@ -39,6 +39,10 @@ _U64 = struct.Struct("<Q")
 
 SHARD_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 MIN_HEADER = 24  # magic, version, tensor count, metadata count
+# The most of a file the reader reads: the largest real headers (a 256k-token vocabulary and its
+# merges) are tens of MiB. A damaged length beyond this would have it read, and over HTTP
+# download and hold, gigabytes of data region.
+MAX_HEADER = 128 << 20
 
 Buffer = mmap.mmap | bytes | bytearray
 
@@ -103,13 +107,16 @@ class _Cursor:
 
     def need(self, n: int, what: str) -> None:
         end = self.pos + n
-        if end <= len(self.buf):
+        if end <= len(self.buf) and end <= MAX_HEADER:
             return
         if end > self.size:
             raise InputError(
                 f"{self.path}: file is truncated (header ends at byte {self.size} while reading {what})",
                 hint="re-download or re-copy the file; compare its size with the source",
             )
+        if end > MAX_HEADER:
+            raise InputError(f"{self.path}: corrupt header (it runs past {MAX_HEADER >> 20} MiB while reading {what})",
+                             hint="a real header (vocabulary included) is tens of MiB; this one's lengths are damaged")
         self.buf = self.src.prefix(end)
 
     def unpack(self, fmt: str, what: str) -> Any:
@@ -149,16 +156,20 @@ class _Cursor:
             # The hot loop of reading a header (the vocabulary): no bound check per string, since
             # unpack_from raises once a length runs past the buffer; then the buffer grows (a
             # remote source) or the file is truncated (need says which).
-            buf, pos, unpack, i = self.buf, self.pos, _U64.unpack_from, 0
+            # The view stops at MAX_HEADER: a damaged count over a long run of zeros (a sparse
+            # replica's data region) would otherwise walk it 8 bytes at a time.
+            pos, unpack, i = self.pos, _U64.unpack_from, 0
             while i < n:
-                try:
-                    while i < n:
-                        pos += 8 + unpack(buf, pos)[0]
-                        i += 1
-                except (struct.error, OverflowError):
+                with memoryview(self.buf) as whole, whole[:MAX_HEADER] as buf:
+                    try:
+                        while i < n:
+                            pos += 8 + unpack(buf, pos)[0]
+                            i += 1
+                    except (struct.error, OverflowError):
+                        pass
+                if i < n:
                     self.pos = pos
                     self.need(8, what)
-                    buf = self.buf
             self.pos = pos
             self.need(0, what)
         else:
@@ -169,7 +180,8 @@ class _Cursor:
 
 @dataclass(frozen=True, slots=True)
 class _MappedFile:
-    """A local file as a ByteSource: mapped whole, so every prefix is already there."""
+    """A local file as a ByteSource: its first MAX_HEADER bytes mapped, so every prefix the parser
+    may ask for is already there."""
 
     path: Path
     size: int
@@ -192,10 +204,19 @@ def read_gguf(path: str | os.PathLike[str], file_index: int = 0) -> GGUFFile:
         size = os.fstat(fd).st_size
         if size < MIN_HEADER:
             return parse(_MappedFile(p, size, b""), file_index)  # says it is truncated
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+        # only the window a header may take: a 300 GiB model mapped whole fails under a limit on
+        # address space (ulimit -v), and the data region is never read
+        with mmap.mmap(fd, min(size, MAX_HEADER), access=mmap.ACCESS_READ) as mm:
             return parse(_MappedFile(p, size, mm), file_index)
     finally:
         os.close(fd)
+
+
+def shown(v: Any, limit: int = 60) -> str:
+    """A name or value from a header as a message shows it: quoted, control characters escaped (an
+    error is one line), cut to ``limit`` characters (a damaged length can make a name megabytes long)."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + f"...({len(r)} characters)"
 
 
 def parse(src: ByteSource, file_index: int = 0) -> GGUFFile:
@@ -219,21 +240,22 @@ def parse(src: ByteSource, file_index: int = 0) -> GGUFFile:
     meta: dict[str, Any] = {}
     for i in range(n_kv):
         key = c.string(f"metadata key #{i}")
-        vtype = c.unpack("<I", f"type of {key}")
-        meta[key] = c.value(vtype, key)
+        vtype = c.unpack("<I", f"type of {shown(key)}")
+        meta[key] = c.value(vtype, shown(key))
     raw: list[tuple[str, tuple[int, ...], int, int]] = []
     for i in range(n_tensors):
         name = c.string(f"tensor #{i} name")
-        n_dims = c.unpack("<I", f"dims of {name}")
+        what = f"tensor {shown(name)}"
+        n_dims = c.unpack("<I", f"dims of {what}")
         if n_dims > 8:
-            raise InputError(f"{path}: corrupt header (tensor {name!r} has {n_dims} dimensions)")
-        shape = tuple(c.unpack("<Q", f"shape of {name}") for _ in range(n_dims))
-        type_id = c.unpack("<I", f"type of {name}")
-        offset = c.unpack("<Q", f"offset of {name}")
+            raise InputError(f"{path}: corrupt header ({what} has {n_dims} dimensions)")
+        shape = tuple(c.unpack("<Q", f"shape of {what}") for _ in range(n_dims))
+        type_id = c.unpack("<I", f"type of {what}")
+        offset = c.unpack("<Q", f"offset of {what}")
         raw.append((name, shape, type_id, offset))
-    alignment = int(meta.get("general.alignment", DEFAULT_ALIGNMENT))
-    if alignment <= 0 or alignment & (alignment - 1):
-        raise InputError(f"{path}: corrupt header (alignment {alignment} is not a power of two)")
+    alignment = meta.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0 or alignment & (alignment - 1):
+        raise InputError(f"{path}: corrupt header (alignment {shown(alignment)} is not a power of two)")
     header_end = c.pos
     data_offset = (header_end + alignment - 1) // alignment * alignment
     tensors = []
@@ -242,17 +264,17 @@ def parse(src: ByteSource, file_index: int = 0) -> GGUFFile:
             qt = by_id(type_id)
         except UnknownQuantType:
             raise InputError(
-                f"{path}: tensor {name!r} has unknown type id {type_id}",
+                f"{path}: tensor {shown(name)} has unknown type id {type_id}",
                 hint="the file was written by a newer or different engine; update moetune",
             ) from None
         try:
             nbytes = qt.tensor_bytes(shape)
         except ValueError as e:
-            raise InputError(f"{path}: tensor {name!r}: {e}") from None
+            raise InputError(f"{path}: tensor {shown(name)}: {e}") from None
         start = data_offset + offset
         if start + nbytes > size:
             raise InputError(
-                f"{path}: file is truncated (tensor {name!r} ends at byte {start + nbytes}, file has {size})",
+                f"{path}: file is truncated (tensor {shown(name)} ends at byte {start + nbytes}, file has {size})",
                 hint="re-download or re-copy the file; compare its size with the source",
             )
         tensors.append(TensorInfo(name, shape, qt, start, nbytes, file_index))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile
 from moetune.model.quants import by_name
@@ -42,8 +43,14 @@ class KVShape:
 
     @staticmethod
     def layer_bytes_per_token(lk: LayerKV, ctk: str = "f16", ctv: str = "f16") -> int:
+        """InputError where a cache type cannot hold this layer's rows (a quantized type needs rows
+        that are whole blocks; llama.cpp refuses the context otherwise)."""
         tk, tv = by_name(ctk), by_name(ctv)
-        return sum(tk.row_bytes(n) for n in lk.k_rows) + sum(tv.row_bytes(n) for n in lk.v_rows)
+        try:
+            return sum(tk.row_bytes(n) for n in lk.k_rows) + sum(tv.row_bytes(n) for n in lk.v_rows)
+        except ValueError as e:
+            raise InputError(f"KV cache type {ctk}/{ctv} cannot hold layer {lk.layer}'s rows ({e})",
+                             hint="choose f16 for the cache (--ctk/--ctv)") from None
 
     def by_layer(self, ctk: str = "f16", ctv: str = "f16") -> dict[int, int]:
         return {lk.layer: self.layer_bytes_per_token(lk, ctk, ctv) for lk in self.layers}
@@ -63,13 +70,13 @@ def _per_layer(p: ModelProfile, key: str, default: int) -> list[int]:
 def kv_shape(p: ModelProfile, engine: str = EngineKind.MAINLINE) -> KVShape:
     n = p.n_layer
     if p.is_mla:
-        latent = int(p.hp("attention.kv_lora_rank", 0)) + int(p.hp("rope.dimension_count", 0))
-        idx = int(p.hp("attention.indexer.key_length", 0) or 0) if engine == EngineKind.MAINLINE else 0
+        latent = p.hp_int("attention.kv_lora_rank") + p.hp_int("rope.dimension_count")
+        idx = p.hp_int("attention.indexer.key_length") if engine == EngineKind.MAINLINE else 0
         idx_layers = set(range(n))
         types = p.hp("attention.indexer.types")
         if isinstance(types, list):
             idx_layers = {i for i, t in enumerate(types) if t}
-        elif p.arch == "glm-dsa" and int(p.hp("context_length", 0)) >= 1048576:
+        elif p.arch == "glm-dsa" and p.hp_int("context_length") >= 1048576:
             # GLM-5.2 defaults: indexers on layers 0, 1, then every fourth from 2
             idx_layers = {i for i in range(n) if i < 2 or (i - 2) % 4 == 0}
         layers = tuple(
@@ -80,20 +87,20 @@ def kv_shape(p: ModelProfile, engine: str = EngineKind.MAINLINE) -> KVShape:
     heads_kv = _per_layer(p, "attention.head_count_kv", heads[0] if heads else 0)
     if len(heads_kv) == 1:
         heads_kv = heads_kv * p.n_layer_all
-    hk = int(p.hp("attention.key_length", p.n_embd // max(1, heads[0] if heads else 1)))
-    hv = int(p.hp("attention.value_length", hk))
+    hk = p.hp_int("attention.key_length", p.n_embd // max(1, heads[0] if heads else 1))
+    hv = p.hp_int("attention.value_length", hk)
     if p.is_hybrid_recurrent:
         recr = p.hp("attention.recurrent_layers")
         if isinstance(recr, list):
             rec = [bool(x) for x in recr[:n]]
         else:
-            interval = int(p.hp("full_attention_interval", 4))
+            interval = p.hp_int("full_attention_interval", 4)
             rec = [(i + 1) % interval != 0 for i in range(n)]
         attn = [i for i in range(n) if not rec[i]]
-        d_conv = int(p.hp("ssm.conv_kernel", 0))
-        d_inner = int(p.hp("ssm.inner_size", 0))
-        d_state = int(p.hp("ssm.state_size", 0))
-        n_group = int(p.hp("ssm.group_count", 0))
+        d_conv = p.hp_int("ssm.conv_kernel")
+        d_inner = p.hp_int("ssm.inner_size")
+        d_state = p.hp_int("ssm.state_size")
+        n_group = p.hp_int("ssm.group_count")
         r = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
         s = d_state * d_inner
         layers = tuple(LayerKV(i, (heads_kv[i] * hk,), (heads_kv[i] * hv,)) for i in attn)

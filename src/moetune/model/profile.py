@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moetune.errors import InputError
-from moetune.model.gguf_read import GGUFFile, read_model_files
+from moetune.model.gguf_read import GGUFFile, SkippedArray, read_model_files, shown
 
 if TYPE_CHECKING:
     from moetune.model.remote import Client
@@ -34,7 +34,8 @@ OUTPUT = "output"
 OTHER = "other"
 
 EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
-_BLK = re.compile(r"^blk\.(\d+)\.(.+?)(?:\.(weight|bias|scale))?$")
+# the layer as llama.cpp formats it (ASCII digits; more than nine is no layer llama.cpp loads)
+_BLK = re.compile(r"^blk\.([0-9]{1,9})\.(.+?)(?:\.(weight|bias|scale))?$")
 
 # Architectures with recurrent (state-space / delta-net) layers between attention layers.
 HYBRID_RECURRENT = frozenset({"qwen3next", "qwen35moe", "qwen35"})
@@ -131,14 +132,22 @@ class ModelProfile:
         """An architecture hyperparameter (``block_count`` reads ``<arch>.block_count``)."""
         return self.metadata.get(f"{self.arch}.{key}", default)
 
+    def hp_int(self, key: str, default: int = 0) -> int:
+        """An integer hyperparameter (one of :data:`INT_HPARAMS`, checked when the profile was built);
+        of a per-layer array, its largest entry."""
+        v = self.hp(key)
+        if v is None:
+            return default
+        return int(max(v)) if isinstance(v, list) else int(v)
+
     # cached: asked once per tensor by the ledger and the speed model (the metadata never changes)
     @cached_property
     def n_layer_all(self) -> int:
-        return int(self.hp("block_count", 0))
+        return self.hp_int("block_count")
 
     @cached_property
     def n_nextn(self) -> int:
-        return int(self.hp("nextn_predict_layers", 0) or 0)
+        return self.hp_int("nextn_predict_layers")
 
     @cached_property
     def n_layer(self) -> int:
@@ -147,28 +156,28 @@ class ModelProfile:
 
     @property
     def n_expert(self) -> int:
-        return int(self.hp("expert_count", 0) or 0)
+        return self.hp_int("expert_count")
 
     @property
     def n_expert_used(self) -> int:
-        v = self.hp("expert_used_count", 0) or 0
-        return int(max(v) if isinstance(v, list) else v)
+        return self.hp_int("expert_used_count")
 
     @property
     def n_embd(self) -> int:
-        return int(self.hp("embedding_length", 0))
+        return self.hp_int("embedding_length")
 
     @property
     def n_vocab(self) -> int:
-        v = self.hp("vocab_size")
-        if v is None:
-            tokens = self.metadata.get("tokenizer.ggml.tokens")
-            v = getattr(tokens, "length", None) or (len(tokens) if isinstance(tokens, list) else 0)
-        return int(v)
+        if self.hp("vocab_size") is not None:
+            return self.hp_int("vocab_size")
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, SkippedArray):
+            return tokens.length
+        return len(tokens) if isinstance(tokens, list) else 0
 
     @property
     def n_dense_lead(self) -> int:
-        return int(self.hp("leading_dense_block_count", 0) or 0)
+        return self.hp_int("leading_dense_block_count")
 
     @property
     def is_mla(self) -> bool:
@@ -223,15 +232,75 @@ class ModelProfile:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+# The architecture's integer hyperparameters moetune reads (``<arch>.KEY``), and whether a key may
+# hold one value per layer (an array, as llama.cpp's get_key_or_arr reads it) instead of one value.
+INT_HPARAMS: dict[str, bool] = {
+    "block_count": False, "nextn_predict_layers": False, "leading_dense_block_count": False,
+    "context_length": False, "embedding_length": False, "vocab_size": False,
+    "expert_count": False, "expert_used_count": True, "expert_shared_count": False,
+    "feed_forward_length": True, "expert_feed_forward_length": True, "expert_shared_feed_forward_length": False,
+    "attention.head_count": True, "attention.head_count_kv": True, "attention.key_length": False,
+    "attention.value_length": False, "attention.key_length_mla": False, "attention.value_length_mla": False,
+    "attention.kv_lora_rank": False, "rope.dimension_count": False, "attention.indexer.key_length": False,
+    "attention.indexer.top_k": False, "full_attention_interval": False,
+    "ssm.conv_kernel": False, "ssm.inner_size": False, "ssm.state_size": False, "ssm.group_count": False,
+}
+# per-layer arrays of switches (any scalar: 0/1, bool)
+LAYER_FLAGS = ("attention.recurrent_layers", "attention.indexer.types")
+MAX_LAYERS = 1 << 16  # llama.cpp loads at most 512; more is a damaged header, and a plan would loop over them
+MAX_HPARAM = (1 << 32) - 1  # llama.cpp reads these as uint32
+
+
+def check_hparams(arch: str, meta: dict[str, Any], where: Path | str) -> None:
+    """InputError unless every hyperparameter moetune computes with is an integer it can use (a
+    damaged header or one from a tool that writes other types must not end in a traceback)."""
+
+    def bad(key: str, v: Any, want: str) -> InputError:
+        shown = repr(v)
+        return InputError(f"{where}: metadata {arch}.{key} is {shown[:60]}{'...' if len(shown) > 60 else ''}; "
+                          f"expected {want}", hint="the file's header is damaged, or was written by a tool that "
+                          "does not follow llama.cpp's types")
+
+    def is_count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_HPARAM
+
+    n_all = meta.get(f"{arch}.block_count", 0)
+    if not (is_count(n_all) and n_all <= MAX_LAYERS):
+        raise bad("block_count", n_all, f"a layer count from 0 to {MAX_LAYERS}")
+    for key, per_layer in INT_HPARAMS.items():
+        v = meta.get(f"{arch}.{key}")
+        if v is None or is_count(v):
+            continue
+        if not (per_layer and isinstance(v, list) and v and all(is_count(x) for x in v)):
+            raise bad(key, v, "an integer from 0 to 2^32-1" + (", or one per layer" if per_layer else ""))
+    n_nextn = meta.get(f"{arch}.nextn_predict_layers") or 0
+    if n_nextn > n_all:
+        raise bad("nextn_predict_layers", n_nextn, f"at most block_count ({n_all})")
+    if meta.get(f"{arch}.full_attention_interval") == 0:
+        raise bad("full_attention_interval", 0, "at least 1")
+    for key in (*[k for k, per_layer in INT_HPARAMS.items() if per_layer], *LAYER_FLAGS):
+        v = meta.get(f"{arch}.{key}")
+        # one value per layer (the trunk's or every block's); an array of one integer stands for all
+        if isinstance(v, list) and not (n_all - n_nextn <= len(v) <= n_all or (len(v) == 1 and key in INT_HPARAMS)):
+            raise bad(key, v, f"one value per layer ({n_all})")
+
+
 def profile_from_files(files: list[GGUFFile], remote: Remote | None = None) -> ModelProfile:
     meta: dict[str, Any] = {}
     for f in reversed(files):  # the first shard's metadata wins
         meta.update(f.metadata)
     arch = str(meta.get("general.architecture", "unknown"))
+    check_hparams(arch, meta, files[0].path)
     tensors = []
+    n_layer_all = meta.get(f"{arch}.block_count", 0)
     for f in files:
         for ti in f.tensors:
             layer, kind = tensor_kind(ti.name)
+            if layer is not None and layer >= n_layer_all:
+                raise InputError(f"{f.path}: tensor {shown(ti.name)} is in layer {layer}, but the model has "
+                                 f"{n_layer_all} layers ({arch}.block_count)",
+                                 hint="llama.cpp refuses a file with tensors it does not expect; the header is "
+                                 "damaged, or the file was cut from another model")
             tensors.append(Tensor(ti.name, layer, kind, tensor_role(kind), ti.qtype.name, ti.shape, ti.nbytes,
                                   ti.file_index, ti.offset))
     return ModelProfile(arch, tuple(f.path for f in files), meta, tuple(tensors), remote)
@@ -258,7 +327,7 @@ def load_profile(path: str | Path, *, timeout_s: float = 30.0) -> ModelProfile:
 # A local model's profile is kept under the identity of all its shards (path, size, mtime, inode):
 # the next plan or inspect builds its tensors from plain rows (~30 ms of a ~250 ms plan for the
 # 1,800 tensors of GLM-5.1), without reading a header. Any shard that changes gives a new key.
-_PROFILE_CACHE_VERSION = "1"
+_PROFILE_CACHE_VERSION = "2"  # 2: profiles whose hyperparameters were checked
 
 
 def _profile_key(path: str | Path) -> tuple[str | None, list[Path]]:

@@ -38,11 +38,12 @@ class QuantType:
         return self.row_meta_bytes + n_elements // self.block_size * self.type_size
 
     def tensor_bytes(self, shape: tuple[int, ...]) -> int:
-        """Bytes of a tensor with ggml shape (ne0 first: the row length)."""
+        """Bytes of a tensor with ggml shape (ne0 first: the row length). No dimension at all is one
+        element, as ggml reads a GGUF tensor of zero dimensions."""
         rows = 1
         for n in shape[1:]:
             rows *= n
-        return rows * self.row_bytes(shape[0])
+        return rows * self.row_bytes(shape[0] if shape else 1)
 
 
 # Mainline types the installed gguf package may not know yet: id -> (name, block, bytes).

@@ -90,32 +90,32 @@ class DeviceRole:
 def _ffn_width(p: ModelProfile, role: DeviceRole) -> int:
     w = 0
     if role.experts:
-        w = max(w, int(p.hp("expert_feed_forward_length", 0) or 0) * p.n_expert_used)
+        w = max(w, p.hp_int("expert_feed_forward_length") * p.n_expert_used)
     if role.layers:
-        shexp = int(p.hp("expert_shared_feed_forward_length", 0) or 0)
+        shexp = p.hp_int("expert_shared_feed_forward_length")
         if not shexp and p.hp("expert_shared_count"):
-            shexp = int(p.hp("expert_feed_forward_length", 0) or 0) * int(p.hp("expert_shared_count") or 0)
+            shexp = p.hp_int("expert_feed_forward_length") * p.hp_int("expert_shared_count")
         w = max(w, shexp)
     if role.dense and p.n_dense_lead:
-        w = max(w, int(p.hp("feed_forward_length", 0) or 0))
+        w = max(w, p.hp_int("feed_forward_length"))
     return w
 
 
 def _attn_phase_per_tok(p: ModelProfile, inp: ComputeInputs) -> int:
-    n_head = int(p.hp("attention.head_count", 0) or 0)
+    n_head = p.hp_int("attention.head_count")
     if p.is_mla:
-        lora = int(p.hp("attention.kv_lora_rank", 0))
-        rope = int(p.hp("rope.dimension_count", 0))
-        kmla = int(p.hp("attention.key_length_mla", 0))
-        vmla = int(p.hp("attention.value_length_mla", 0))
+        lora = p.hp_int("attention.kv_lora_rank")
+        rope = p.hp_int("rope.dimension_count")
+        kmla = p.hp_int("attention.key_length_mla")
+        vmla = p.hp_int("attention.value_length_mla")
         b = 4 * (2 * n_head * lora + lora + rope + n_head * (kmla + vmla))
     elif p.is_hybrid_recurrent:
-        d_inner = int(p.hp("ssm.inner_size", 0))
-        n_group = int(p.hp("ssm.group_count", 0))
-        d_state = int(p.hp("ssm.state_size", 0))
+        d_inner = p.hp_int("ssm.inner_size")
+        n_group = p.hp_int("ssm.group_count")
+        d_state = p.hp_int("ssm.state_size")
         b = 4 * (2 * (d_inner + 2 * n_group * d_state) + 2 * d_inner)
     else:
-        hk = int(p.hp("attention.key_length", p.n_embd // max(n_head, 1)))
+        hk = p.hp_int("attention.key_length", p.n_embd // max(n_head, 1))
         b = 4 * n_head * hk * 3
     if not inp.flash_attn:
         b += inp.n_kv * 4 * n_head
@@ -124,10 +124,10 @@ def _attn_phase_per_tok(p: ModelProfile, inp: ComputeInputs) -> int:
 
 def _recurrent_scratch(p: ModelProfile, inp: ComputeInputs) -> int:
     """Delta-net layers copy their per-sequence states through the graph (fitted: slots + 4 copies)."""
-    d_conv = int(p.hp("ssm.conv_kernel", 0))
-    d_inner = int(p.hp("ssm.inner_size", 0))
-    d_state = int(p.hp("ssm.state_size", 0))
-    n_group = int(p.hp("ssm.group_count", 0))
+    d_conv = p.hp_int("ssm.conv_kernel")
+    d_inner = p.hp_int("ssm.inner_size")
+    d_state = p.hp_int("ssm.state_size")
+    n_group = p.hp_int("ssm.group_count")
     per_seq = 4 * (max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state) + d_state * d_inner)
     return per_seq * (inp.slots + 4)
 
@@ -168,23 +168,23 @@ def _ik_compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> 
         return base
     phases = [n_tok * 16 * _ffn_width(p, role)]
     if role.layers:
-        n_head = int(p.hp("attention.head_count", 0) or 0)
+        n_head = p.hp_int("attention.head_count")
         if p.is_mla and inp.flash_attn and n_tok >= 128:
-            v_head = int(p.hp("attention.value_length_mla", 0) or 0)
-            lora = int(p.hp("attention.kv_lora_rank", 0))
-            rope = int(p.hp("rope.dimension_count", 0))
+            v_head = p.hp_int("attention.value_length_mla")
+            lora = p.hp_int("attention.kv_lora_rank")
+            rope = p.hp_int("rope.dimension_count")
             heads = mla_heads(n_head, 2 * v_head * n_head * n_kv * 4 / MIB, inp.amb_mib)
             phases.append(n_kv * 4 * (2 * v_head * heads + lora + rope) + n_tok * (10 if role.cpu else 24) * e)
         elif p.is_mla:
             phases.append(n_tok * (_attn_phase_per_tok(p, inp) + 8 * e))
         elif inp.flash_attn:
-            heads_kv = int(p.hp("attention.head_count_kv", n_head) or n_head)
-            hd = int(p.hp("attention.key_length", e // max(n_head, 1)))
+            heads_kv = p.hp_int("attention.head_count_kv", n_head) or n_head
+            hd = p.hp_int("attention.key_length", e // max(n_head, 1))
             phases.append(n_tok * (4 * (2 * n_head + 2 * heads_kv) * hd + 8 * e))
         else:
             phases.append(n_tok * n_kv * 4 * n_head + n_tok * 8 * e)
         if p.is_hybrid_recurrent:
-            phases.append(n_tok * (4 * e + 32 * int(p.hp("ssm.inner_size", 0))))
+            phases.append(n_tok * (4 * e + 32 * p.hp_int("ssm.inner_size")))
         if not role.experts and p.n_expert:
             phases.append(n_tok * (6 * p.n_expert_used + 4) * e)
     if role.output:
@@ -221,16 +221,16 @@ def _dsa_phases(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> int:
     GLM-5.2's shared indexer layers reuse a top-k from an earlier layer; the buffers do not change
     (measured)."""
     n_tok, n_kv = inp.n_tok, inp.n_kv
-    top_k = int(p.hp("attention.indexer.top_k", n_kv) or n_kv)
+    top_k = p.hp_int("attention.indexer.top_k", n_kv) or n_kv
     leafs = role.n_layers * 4 * min(n_kv, top_k) * n_tok
     masks = inp.copies * n_kv * n_tok * ((2 if inp.flash_attn else 4) + 2)
     scores = n_kv * n_tok * 4
     if not inp.flash_attn:
-        scores = max(scores, n_kv * n_tok * 4 * int(p.hp("attention.head_count", 0) or 0))
+        scores = max(scores, n_kv * n_tok * 4 * p.hp_int("attention.head_count"))
     e, used = p.n_embd, p.n_expert_used
     phases = [scores + 76 * e * n_tok]
     if role.experts:
-        n_ff_exp = int(p.hp("expert_feed_forward_length", 0) or 0)
+        n_ff_exp = p.hp_int("expert_feed_forward_length")
         phases.append(n_tok * (8 * e + 16 * n_ff_exp * used + 4 * e * used))
     logits = 4 * p.n_vocab * n_tok
     if role.output and leafs < logits + (0 if role.experts else 4 * e * used * n_tok):

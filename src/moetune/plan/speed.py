@@ -257,9 +257,8 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings) -> Work:
     kv_per_ctx: dict[str, float] = {}
     ctx_flop: dict[str, float] = {}
     kv: KVShape = kv_shape(p, s.engine)
-    heads = int(p.hp("attention.head_count", 1) or 1)
-    heads_kv = p.hp("attention.head_count_kv", heads) or heads
-    q_per_kv = heads / max(1, int(heads_kv if not isinstance(heads_kv, list) else max(heads_kv)))
+    heads = p.hp_int("attention.head_count", 1) or 1
+    q_per_kv = heads / max(1, p.hp_int("attention.head_count_kv", heads) or heads)
     for lk in kv.layers:
         d = pl.layer_device[lk.layer]
         kv_per_ctx[d] = kv_per_ctx.get(d, 0.0) + KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv)

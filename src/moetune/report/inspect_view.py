@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from moetune.errors import InputError
 from moetune.kinds import EngineKind
-from moetune.model.kv import CACHE_TYPES, kv_shape
+from moetune.model.kv import CACHE_TYPES, KVShape, kv_shape
 from moetune.model.profile import EXPERT_KINDS, ModelProfile
 
 if TYPE_CHECKING:
@@ -58,15 +59,27 @@ def inspect_json(p: ModelProfile) -> dict[str, Any]:
             for layer in p.layers
         ],
         "kv_layers": len(kv.layers),
-        "kv_bytes_per_token": {t: kv.bytes_per_token(t, t) for t in CACHE_TYPES},
-        "kv_bytes_per_token_by_engine": {
-            EngineKind.MAINLINE: {t: kv.bytes_per_token(t, t) for t in CACHE_TYPES},
-            EngineKind.IK: {t: kv_ik.bytes_per_token(t, t) for t in CACHE_TYPES},
-        },
+        "kv_bytes_per_token": _kv_bytes(kv),
+        "kv_bytes_per_token_by_engine": {EngineKind.MAINLINE: _kv_bytes(kv), EngineKind.IK: _kv_bytes(kv_ik)},
         "recurrent_layers": len(kv.recurrent_layers),
         "rs_bytes_per_seq": kv.rs_bytes_per_seq,
         **(_remote_json(p) if p.remote else {}),
     }
+
+
+def _kv_bytes(kv: KVShape) -> dict[str, int | None]:
+    """KV bytes per token by cache type; None for a type that cannot hold the model's rows."""
+    out: dict[str, int | None] = {}
+    for t in CACHE_TYPES:
+        try:
+            out[t] = kv.bytes_per_token(t, t)
+        except InputError:
+            out[t] = None
+    return out
+
+
+def _per_1k(n: int | None) -> str:
+    return "-" if n is None else f"{mib(n * 1024):.2f}"
 
 
 def _remote_json(p: ModelProfile) -> dict[str, Any]:
@@ -128,8 +141,8 @@ def print_inspect(p: ModelProfile, console: Console) -> None:
     kv.add_column(EngineKind.MAINLINE, justify="right")
     kv.add_column(EngineKind.IK, justify="right")
     for ty in CACHE_TYPES:
-        kv.add_row(ty, f"{mib(doc['kv_bytes_per_token_by_engine'][EngineKind.MAINLINE][ty] * 1024):.2f}",
-                   f"{mib(doc['kv_bytes_per_token_by_engine'][EngineKind.IK][ty] * 1024):.2f}")
+        kv.add_row(ty, _per_1k(doc["kv_bytes_per_token_by_engine"][EngineKind.MAINLINE][ty]),
+                   _per_1k(doc["kv_bytes_per_token_by_engine"][EngineKind.IK][ty]))
     console.print(kv)
     if doc["rs_bytes_per_seq"]:
         console.print(f"recurrent state: {mib(doc['rs_bytes_per_seq']):.2f} MiB per sequence "

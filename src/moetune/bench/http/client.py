@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import re
 import socket
 import ssl
 import time
@@ -40,6 +41,8 @@ from moetune.bench.http.clock import SO_TIMESTAMPNS, ProtocolReader, SockReader,
 
 T = TypeVar("T")
 RETRYABLE = frozenset({"disconnected", "connection_reset"})
+_DIGITS = re.compile(r"[0-9]{1,18}")
+_HEX = re.compile(rb"[0-9a-fA-F]{1,15}")
 
 # a piece of a body: (arrival time, earliest time it may have arrived, bytes); the two times
 # differ when the client read late and several writes came out of one read
@@ -136,6 +139,8 @@ class _Conn:
         return not self.lost and self.io is not None and not self.io.closing
 
     def feed(self, data: bytes, t: float, t_min: float | None = None) -> None:
+        if self.done:  # the response is complete, or failed: what comes after is not part of it
+            return
         self.buf += data
         try:
             self._parse(t, t if t_min is None else t_min)
@@ -171,7 +176,7 @@ class _Conn:
             lines = self.buf[:end].decode("latin-1").split("\r\n")
             self.buf = self.buf[end + 4:]
             parts = lines[0].split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+            if len(parts) < 2 or not parts[0].startswith("HTTP/") or not _DIGITS.fullmatch(parts[1]):
                 raise ValueError(f"not an HTTP response: {lines[0][:80]!r}")
             self.status = int(parts[1])
             for line in lines[1:]:
@@ -180,48 +185,56 @@ class _Conn:
             self.head_done = True
             self.chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
             if not self.chunked and "content-length" in self.headers:
-                self.remaining = int(self.headers["content-length"])
-        out = []
-        if self.chunked:
-            while True:
-                if self.chunk_left == -1:
-                    i = self.buf.find(b"\r\n")
-                    if i < 0:
-                        break
-                    size = int(self.buf[:i].split(b";", 1)[0].strip() or b"0", 16)
-                    self.buf = self.buf[i + 2:]
-                    self.chunk_left = size if size else -2
-                elif self.chunk_left == -2:  # trailers end with an empty line
-                    i = self.buf.find(b"\r\n")
-                    if i < 0:
-                        break
-                    trailer, self.buf = self.buf[:i], self.buf[i + 2:]
-                    if not trailer:
-                        self.done = True
-                        break
-                else:
-                    if len(self.buf) < self.chunk_left + 2:
-                        if len(self.buf) > self.chunk_left:
+                length = self.headers["content-length"]
+                if not _DIGITS.fullmatch(length):  # RFC 9112: 1*DIGIT; a sign or a space is a broken peer
+                    raise ValueError(f"bad Content-Length {length[:40]!r}")
+                self.remaining = int(length)
+        out: list[bytes] = []  # what this read adds to the body, kept when a later frame is broken
+        try:
+            if self.chunked:
+                while True:
+                    if self.chunk_left == -1:
+                        i = self.buf.find(b"\r\n")
+                        if i < 0:
                             break
-                        out.append(self.buf)
-                        self.chunk_left -= len(self.buf)
-                        self.buf = b""
-                        break
-                    out.append(self.buf[:self.chunk_left])
-                    self.buf = self.buf[self.chunk_left + 2:]
-                    self.chunk_left = -1
-        elif self.remaining is not None:
-            take = self.buf[:self.remaining]
-            self.buf = self.buf[len(take):]
-            self.remaining -= len(take)
-            out.append(take)
-            self.done = self.remaining == 0
-        else:
-            out.append(self.buf)
-            self.buf = b""
-        data = b"".join(out)
-        if data:
-            self.pieces.append((t, t_min, data))
+                        field = self.buf[:i].split(b";", 1)[0].strip()
+                        if not _HEX.fullmatch(field):  # RFC 9112: chunk-size = 1*HEXDIG
+                            raise ValueError(f"bad chunk size {field[:40]!r}")
+                        size = int(field, 16)
+                        self.buf = self.buf[i + 2:]
+                        self.chunk_left = size if size else -2
+                    elif self.chunk_left == -2:  # trailers end with an empty line
+                        i = self.buf.find(b"\r\n")
+                        if i < 0:
+                            break
+                        trailer, self.buf = self.buf[:i], self.buf[i + 2:]
+                        if not trailer:
+                            self.done = True
+                            break
+                    else:
+                        if len(self.buf) < self.chunk_left + 2:
+                            if len(self.buf) > self.chunk_left:
+                                break
+                            out.append(self.buf)
+                            self.chunk_left -= len(self.buf)
+                            self.buf = b""
+                            break
+                        out.append(self.buf[:self.chunk_left])
+                        self.buf = self.buf[self.chunk_left + 2:]
+                        self.chunk_left = -1
+            elif self.remaining is not None:
+                take = self.buf[:self.remaining]
+                self.buf = self.buf[len(take):]
+                self.remaining -= len(take)
+                out.append(take)
+                self.done = self.remaining == 0
+            else:
+                out.append(self.buf)
+                self.buf = b""
+        finally:
+            data = b"".join(out)
+            if data:
+                self.pieces.append((t, t_min, data))
 
     async def pieces_until_done(self) -> AsyncIterator[Arrival]:
         while True:

@@ -106,22 +106,19 @@ class SseParser:
             rec.error = "stream_error" + (f":{kind}" if kind else "")
             rec.detail = str(e.get("message", e) if isinstance(e, dict) else e)[:300]
             return
+        choices = obj.get("choices") or []
+        deltas = _deltas(choices)
+        if deltas is None:  # JSON, but not a chat completion chunk
+            rec.error, rec.detail = "bad_event", payload[:200].decode(errors="replace")
+            return
+        content, reasoning, tool, finish = deltas
+        n_content, n_reason = len(content), len(reasoning)
+        if self.on_text is not None and (content or reasoning):
+            self.on_text(content, reasoning)
+        if finish is not None:
+            rec.finish_reason = finish
         if rec.response_id is None and isinstance(obj.get("id"), str):
             rec.response_id = obj["id"]
-        n_content = n_reason = 0
-        tool = False
-        choices = obj.get("choices") or []
-        for c in choices:
-            d = c.get("delta") or {}
-            content = (d.get("content") or "") + (c.get("text") or "")  # chat; completions
-            reasoning = d.get("reasoning_content") or d.get("reasoning") or ""
-            n_content += len(content)
-            n_reason += len(reasoning)
-            if self.on_text is not None and (content or reasoning):
-                self.on_text(str(content), str(reasoning))
-            tool = tool or bool(d.get("tool_calls"))
-            if c.get("finish_reason"):
-                rec.finish_reason = str(c["finish_reason"])
         usage = obj.get("usage")
         if isinstance(usage, dict):
             rec.usage = usage
@@ -147,6 +144,31 @@ class SseParser:
         if n or has_text:
             server_ms = timings.get("predicted_ms") if source == "timings" and isinstance(timings, dict) else None
             rec.chunks.append([t, n, n_content, n_reason, server_ms, self.t_min])
+
+
+def _deltas(choices: Any) -> tuple[str, str, bool, str | None] | None:
+    """The content and the reasoning text of an event's ``choices`` (a chat chunk's ``delta``, a
+    completion chunk's ``text``), whether a tool call came, and the last finish reason; None where
+    they are not shaped as a chat or completion chunk's."""
+    if not isinstance(choices, list):
+        return None
+    contents: list[str] = []
+    reasons: list[str] = []
+    tool = False
+    finish = None
+    for c in choices:
+        if not isinstance(c, dict) or not isinstance(d := c.get("delta") or {}, dict):
+            return None
+        content, text = d.get("content") or "", c.get("text") or ""
+        reason = d.get("reasoning_content") or d.get("reasoning") or ""
+        if not all(isinstance(x, str) for x in (content, text, reason)):
+            return None
+        contents += [content, text]
+        reasons.append(reason)
+        tool = tool or bool(d.get("tool_calls"))
+        if c.get("finish_reason"):
+            finish = str(c["finish_reason"])
+    return "".join(contents), "".join(reasons), tool, finish
 
 
 async def stream_chat(http: StreamingHttp, body: bytes, rec: RequestRecord, *, max_retries: int = 2,

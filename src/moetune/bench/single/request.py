@@ -15,7 +15,7 @@ from typing import Any
 
 from moetune.bench.http.client import RETRYABLE, StreamingHttp, sse_payloads
 from moetune.bench.server import unreachable
-from moetune.errors import RuntimeFailure
+from moetune.errors import RuntimeFailure, one_line
 
 
 class _Collect:
@@ -33,12 +33,18 @@ class _Collect:
         if payload == b"[DONE]":
             self.done = True
             return
-        ev = json.loads(payload)
+        try:
+            ev = json.loads(payload)
+        except ValueError:
+            raise unreadable(where, payload, "not JSON") from None
         if not isinstance(ev, dict):
             return
         if "error" in ev:
-            raise RuntimeFailure(f"{where}: the server reported an error: {ev['error']}")
-        for ch in ev.get("choices") or []:  # OpenAI chat chunks
+            raise RuntimeFailure(f"{where}: the server reported an error: {one_line(str(ev['error']))}")
+        choices = ev.get("choices") or []
+        if not _chat_choices(choices) or not isinstance(ev.get("content") or "", str):
+            raise unreadable(where, payload, "not a chat or completion chunk")
+        for ch in choices:  # OpenAI chat chunks
             delta = ch.get("delta") or {}
             if delta.get("reasoning_content"):
                 self.reasoning_s.append(t)
@@ -52,6 +58,25 @@ class _Collect:
             self.content_chars += len(ev["content"])
         if "timings" in ev or "usage" in ev or ev.get("stop"):
             self.final.update(ev)
+
+
+def _chat_choices(choices: Any) -> bool:
+    """Whether an event's ``choices`` are shaped as a chat completion chunk's (deltas with text)."""
+    if not isinstance(choices, list):
+        return False
+    for ch in choices:
+        delta = (ch.get("delta") or {}) if isinstance(ch, dict) else None
+        if not isinstance(delta, dict):
+            return False
+        if not all(isinstance(delta.get(k) or "", str) for k in ("content", "reasoning_content")):
+            return False
+    return True
+
+
+def unreadable(where: str, payload: bytes, why: str) -> RuntimeFailure:
+    shown = payload[:80].decode(errors="replace")
+    return RuntimeFailure(f"{where}: the server sent an event moetune cannot read ({why}): {one_line(shown)}",
+                          hint="is this an OpenAI-compatible server? moetune reads its streamed chat chunks")
 
 
 async def stream(http: StreamingHttp, url: str, path: str, body: dict[str, Any], *, timeout_s: float,
@@ -97,6 +122,8 @@ async def _stream(http: StreamingHttp, url: str, path: str, body: dict[str, Any]
             payloads, buf = sse_payloads(buf, piece)
             for payload in payloads:
                 c.event(max(0.0, t - t0), payload, url + path)
+                if c.done:  # nothing after [DONE] counts, whether it came in the same piece or later
+                    break
             if c.done:
                 break
     end_s = time.monotonic() - t0

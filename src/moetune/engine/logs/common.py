@@ -7,6 +7,7 @@ A grammar is a list of rules ``(pattern, action)``; each line is tried against e
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -212,11 +213,26 @@ def run_grammar(acc: Acc, rules: Sequence[Rule]) -> None:
         for pattern, action in rules:
             m = pattern.search(text)
             if m:
-                action(acc, m, n)
+                try:
+                    action(acc, m, n)
+                except (ValueError, OverflowError):
+                    # a number the pattern admits but that does not read as one ("1.2.3", "." or thousands
+                    # of digits, too many for a float, from a damaged or interleaved log): the line is not
+                    # one this rule reads
+                    continue
+
+
+def num(text: str) -> float:
+    """A number of a log line; ValueError for one no real log prints (infinite: thousands of digits),
+    so that the rule skips the line (run_grammar)."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"not a finite number: {text[:20]}")
+    return v
 
 
 def to_mib(size: str, unit: str) -> float:
-    v = float(size)
+    v = num(size)
     return {"GiB": v * GIB, "MiB": v, "MB": v, "KiB": v / 1024, "B": v * MIB_PER_BYTE}[unit]
 
 
@@ -229,7 +245,7 @@ def _slot_task(acc: Acc, m: re.Match[str], n: int) -> None:
 
 @rule(r"\b(prompt eval|eval|total) time\s*=\s*([\d.]+) ms /\s*(\d+) (?:tokens|runs)")
 def _timing(acc: Acc, m: re.Match[str], n: int) -> None:
-    acc.timing(m[1], float(m[2]), int(m[3]), n)
+    acc.timing(m[1], num(m[2]), int(m[3]), n)
 
 
 @rule(r"failed to allocate (\S+) buffer of size (\d+)")
@@ -239,7 +255,7 @@ def _alloc_named(acc: Acc, m: re.Match[str], n: int) -> None:
 
 @rule(r"allocating ([\d.]+) MiB on device (\d+): cudaMalloc failed")
 def _alloc_cuda(acc: Acc, m: re.Match[str], n: int) -> None:
-    acc.alloc_failure(f"CUDA{m[2]}", float(m[1]), n)
+    acc.alloc_failure(f"CUDA{m[2]}", num(m[1]), n)
 
 
 @rule(r"unable to allocate (\S+) buffer")
@@ -260,7 +276,7 @@ def _alloc_was_kv(acc: Acc, m: re.Match[str], n: int) -> None:
 
 @rule(r"failed to allocate output buffer of size ([\d.]+) MiB")
 def _alloc_was_output(acc: Acc, m: re.Match[str], n: int) -> None:
-    acc.alloc_failure("output", float(m[1]), n)
+    acc.alloc_failure("output", num(m[1]), n)
     acc.alloc_failure_is(OUTPUT)
 
 
@@ -310,12 +326,12 @@ def _pinned(acc: Acc, m: re.Match[str], n: int) -> None:
 @rule(r"done allocating ([\d.]+) (GiB|MiB) in ([\d.]+) ms")
 def _pinned_done(acc: Acc, m: re.Match[str], n: int) -> None:
     if acc.pinned:
-        acc.pinned[-1] = replace(acc.pinned[-1], took_ms=float(m[3]))
+        acc.pinned[-1] = replace(acc.pinned[-1], took_ms=num(m[3]))
 
 
 @rule(r"(?:^|\s)(\S+)\s+(KV|RS|compute|output) buffer size =\s*([\d.]+) MiB")
 def _context_buffer(acc: Acc, m: re.Match[str], n: int) -> None:
-    acc.buffer(m[1], m[2].lower(), float(m[3]), n)
+    acc.buffer(m[1], m[2].lower(), num(m[3]), n)
     if m[2] == "compute":
         acc.phase(LogPhase.ALLOCATING_COMPUTE, n)
 

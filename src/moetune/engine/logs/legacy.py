@@ -12,6 +12,7 @@ lines like ``INFO [   launch_slot_with_task] slot is processing task | tid=... t
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -22,6 +23,7 @@ from moetune.engine.logs.common import (
     Rule,
     classify_by_words,
     collect_tables,
+    num,
     phase_rule,
     rule,
     run_grammar,
@@ -60,17 +62,17 @@ def _slot_task(acc: Acc, m: re.Match[str], n: int) -> None:
 
 @rule(r"^\s*Device (\d+): (.+?), compute capability .*?VRAM: (\d+) MiB")
 def _cuda_device(acc: Acc, m: re.Match[str], n: int) -> None:
-    acc.devices.append(Device(f"CUDA{m[1]}", m[2], float(m[3]), None, n))
+    acc.devices.append(Device(f"CUDA{m[1]}", m[2], num(m[3]), None, n))
 
 
 @rule(r"^llm_load_tensors:\s+(\S+) (?:model )?buffer size =\s*([\d.]+) MiB")
 def _model_buffer(acc: Acc, m: re.Match[str], n: int) -> None:
-    acc.buffer(m[1], MODEL, float(m[2]), n)
+    acc.buffer(m[1], MODEL, num(m[2]), n)
 
 
 @rule(r"KV self size\s*=\s*([\d.]+) MiB")
 def _kv_self(acc: Acc, m: re.Match[str], n: int) -> None:
-    acc.kv_self_mib = float(m[1])
+    acc.kv_self_mib = num(m[1])
 
 
 @rule(r"graph nodes\s*=\s*(\d+)|graph splits\s*=\s*(\d+)")
@@ -208,7 +210,8 @@ def parse(raw_lines: Sequence[str]) -> ServerLog:
     times: list[float | None] = []
     for raw in raw_lines:
         m = TIMESTAMP.search(raw)
-        times.append(float(m[1]) if m else None)
+        t = float(m[1]) if m else None
+        times.append(t if t is not None and math.isfinite(t) else None)  # thousands of digits: no time
     acc = Acc(LogEra.LEGACY, raw_lines, times)
     acc.era_state = _Cache()
     run_grammar(acc, RULES)

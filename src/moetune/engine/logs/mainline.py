@@ -23,6 +23,7 @@ from moetune.engine.logs.common import (
     Rule,
     classify_by_words,
     collect_tables,
+    num,
     phase_rule,
     rule,
     run_grammar,
@@ -37,7 +38,7 @@ from moetune.engine.logs.types import (
 )
 from moetune.kinds import LogEra, LogPhase
 
-PREFIX = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ([IWEDT]) ")
+PREFIX = re.compile(r"^([0-9]{1,12})\.([0-9]{2})\.([0-9]{3})\.([0-9]{3}) ([IWEDT]) ")
 LEVEL_ONLY = re.compile(r"^([IWED]) ")
 # a request whose prompt drops more cached tokens than this counts as a prefix-cache miss
 # (ik_llama.cpp's own threshold for "Common part does not match fully")
@@ -72,12 +73,12 @@ def continued(acc: Acc, n: int, first: str) -> str:
 @rule(r"(?:^|\s-\s+)(" + BACKENDS + r")\s*: (.+?)\s*(?:\((\d+) MiB, (\d+) MiB free\)|\(\.\.\.\))?\s*$")
 def _device(acc: Acc, m: re.Match[str], n: int) -> None:
     if not any(d.name == m[1] for d in acc.devices):
-        acc.devices.append(Device(m[1], m[2], float(m[3]) if m[3] else None, float(m[4]) if m[4] else None, n))
+        acc.devices.append(Device(m[1], m[2], num(m[3]) if m[3] else None, num(m[4]) if m[4] else None, n))
 
 
 @rule(r"load_tensors:\s+(\S+) model buffer size =\s*([\d.]+) MiB")
 def _model_buffer(acc: Acc, m: re.Match[str], n: int) -> None:
-    acc.buffer(m[1], MODEL, float(m[2]), n)
+    acc.buffer(m[1], MODEL, num(m[2]), n)
 
 
 @rule(r"graph: nodes = (\d+), splits = (\d+)|graph nodes\s*=\s*(\d+)|graph splits\s*=\s*(\d+)")
