@@ -157,7 +157,7 @@ def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConsta
                 reserved[dev] = reserved.get(dev, 0.0) + sum(it.mib for it in items)
         margins = _margins(hw, spec.settings)
         pl = place(spec.strategy, spec.model, shw, spec.settings, reserved, margins)
-        mem = service_memory(spec.model, shw, pl, spec.settings, spec.name)
+        mem = service_memory(spec.model, shw, pl, spec.settings, spec.name, dry_run=True)
         pred = predict(spec.model, shw, pl, spec.settings, k)
         planned[i] = ServicePlan(spec, shw, pl, mem, pred)
         mems.append(mem)
