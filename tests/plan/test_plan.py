@@ -8,6 +8,7 @@ import time
 import pytest
 
 from moetune.engine.command import plan_json
+from moetune.errors import InputError
 from moetune.hardware.inventory import load
 from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile
@@ -119,3 +120,16 @@ def test_shortfall_numbers_add_up(items: list[tuple[str, float]], capacity: floa
 
 def test_no_shortfall_when_everything_fits() -> None:
     assert DeviceLedger("CPU", "cpu", 100.0, (Item("weights", 60.0), Item("margin", 40.0))).shortfall() is None
+
+
+@pytest.mark.parametrize(("engine", "ctv", "refused"), [(EngineKind.MAINLINE, "f16", True),
+                                                        (EngineKind.MAINLINE, "q8_0", False),
+                                                        (EngineKind.IK, "f16", False)])
+def test_mainline_mla_needs_one_cache_type(glm51: ModelProfile, engine: EngineKind, ctv: str, refused: bool) -> None:
+    """llama_init_from_model refuses an MLA model with different K and V cache types (V is a view of K)."""
+    spec = ServiceSpec("t", glm51, Settings(ctx=8192, ctk="q8_0", ctv=ctv, engine=engine), "cpu-moe")
+    if refused:
+        with pytest.raises(InputError, match="--ctk q8_0 and --ctv f16 must match"):
+            make_plan([spec], load("rtx-pro-6000"))
+    else:
+        make_plan([spec], load("rtx-pro-6000"))

@@ -244,6 +244,7 @@ INT_HPARAMS: dict[str, bool] = {
     "attention.kv_lora_rank": False, "rope.dimension_count": False, "attention.indexer.key_length": False,
     "attention.indexer.top_k": False, "full_attention_interval": False,
     "ssm.conv_kernel": False, "ssm.inner_size": False, "ssm.state_size": False, "ssm.group_count": False,
+    "ssm.time_step_rank": False, "attention.q_lora_rank": False, "attention.indexer.head_count": False,
 }
 # per-layer arrays of switches (any scalar: 0/1, bool)
 LAYER_FLAGS = ("attention.recurrent_layers", "attention.indexer.types")

@@ -6,14 +6,15 @@ margin. Pure: a profile, a placement and settings in, numbers out.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from moetune.hardware.inventory import Inventory
 from moetune.kinds import DeviceKind, EngineKind
 from moetune.model.kv import KVShape, kv_shape
 from moetune.model.profile import ModelProfile, Tensor
-from moetune.plan.compute import KV_PAD, ComputeInputs, DeviceRole, compute_bytes
+from moetune.plan.compute import KV_PAD, ComputeInputs, DeviceRole, compute_bytes, reserve_bytes
+from moetune.plan.graph import Sites
 from moetune.plan.placement import CPU, Placement, tensor_device
 from moetune.plan.settings import Settings
 
@@ -111,6 +112,8 @@ class ServiceMemory:
     mapped_span_mib: dict[str, float] = field(default_factory=dict)  # CPU_Mapped buffer per file (log check)
     kv_cells: int = 0
     tensors_on: dict[str, list[str]] = field(default_factory=dict)
+    # mainline: the compute buffers as llama-fit-params projects them (every ubatch token an output)
+    dry_run_compute_mib: dict[str, float] = field(default_factory=dict)
 
 
 def kv_cells(s: Settings) -> int:
@@ -133,7 +136,10 @@ def loaded(p: ModelProfile, s: Settings) -> list[Tensor]:
     return ts
 
 
-def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, service: str = "main") -> ServiceMemory:
+def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, service: str = "main",
+                   dry_run: bool = False) -> ServiceMemory:
+    """``dry_run``: also the compute buffers as llama-fit-params projects them (mainline; for the
+    plan's document and ``--verify``, not for the placement search)."""
     has_gpu = any(d.kind == DeviceKind.GPU for d in hw.accelerators())
     experts = pl.experts()
     weights: dict[str, int] = defaultdict(int)
@@ -170,16 +176,37 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
         kv_by_dev[pl.layer_device[layer]] += kv.rs_bytes_per_layer_seq * s.slots
     for dev, kv_bytes in kv_by_dev.items():
         items[dev].append(Item("kv", kv_bytes / MIB, service))
-    # compute buffers by the role each device plays
-    pipeline = len(hw.accelerators()) > 1 and all(d == pl.layer_device[int(n.split(".")[1])] for n, d in experts.items())
-    inp = ComputeInputs(s.ubatch, s.ctx, s.slots, s.flash_attn, s.kv_unified, s.engine, s.amb_mib,
-                        copies=4 if pipeline and s.engine != EngineKind.IK else 1,
-                        layer_devices=len(set(pl.layer_device[: p.n_layer])))
-    for d, role in device_roles(p, pl, experts).items():
-        items[d].append(Item("compute", compute_bytes(p, inp, role) / MIB, service))
+    # compute buffers
+    inp = ComputeInputs(s.ubatch, s.ctx, s.slots, s.flash_attn, s.kv_unified, s.amb_mib, s.ctk, s.ctv)
+    projected: dict[str, float] = {}
+    if s.engine == EngineKind.IK:
+        for d, role in device_roles(p, pl, experts).items():
+            items[d].append(Item("compute", compute_bytes(p, inp, role) / MIB, service))
+    else:
+        # llama-server reserves the logits of one token per slot (tools/server/server-context.cpp,
+        # ``server_output_limits``: ``n_outputs_max = n_parallel``, no draft model in moetune's commands);
+        # llama-fit-params keeps llama_context's default, every token of the ubatch (``n_outputs_max = n_batch``)
+        for d, nbytes in mainline_compute(p, hw, pl, replace(inp, n_outputs=s.slots)).items():
+            if nbytes:
+                items[d].append(Item("compute", nbytes / MIB, service))
+        if dry_run:
+            projected = {d: b / MIB for d, b in mainline_compute(p, hw, pl, inp).items() if b}
     items[CPU].append(Item("output", p.n_vocab * 4 * s.slots / MIB, service))
     mapped = {} if not s.mmap else {str(p.files[i]): (hi - lo) / MIB for i, (lo, hi) in spans.items()}
-    return ServiceMemory(service, dict(items), mapped, cells, dict(on))
+    return ServiceMemory(service, dict(items), mapped, cells, dict(on), projected)
+
+
+def mainline_compute(p: ModelProfile, hw: Inventory, pl: Placement, inp: ComputeInputs) -> dict[str, int]:
+    """Mainline llama.cpp's compute buffer per device. A CUDA GPU runs the matmuls of host-resident
+    weights itself at 32 tokens or more (op offload: the first GPU in the engine's order, RPC
+    devices having no offload); several accelerators with every layer offloaded and no tensor
+    override turn on pipeline parallelism (``llama_context``: ``pipeline_parallel``)."""
+    experts = pl.experts()
+    sites = Sites(tuple(pl.layer_device[: p.n_layer]), experts, pl.output_device)
+    accs = hw.accelerators()
+    offload = next((d.name for d in accs if d.kind == DeviceKind.GPU), "")
+    pipeline = len(accs) > 1 and all(d == pl.layer_device[int(n.split(".")[1])] for n, d in experts.items())
+    return reserve_bytes(p, inp, sites, [d.name for d in hw.devices()], offload, 4 if pipeline else 1)
 
 
 def device_roles(p: ModelProfile, pl: Placement, experts: dict[str, str]) -> dict[str, DeviceRole]:
@@ -190,8 +217,7 @@ def device_roles(p: ModelProfile, pl: Placement, experts: dict[str, str]) -> dic
     for d in sorted(layer_devs | expert_devs | {pl.output_device, CPU}):
         host = d == CPU and bool(layer_devs - {CPU})
         roles[d] = DeviceRole(layers=d in layer_devs, experts=d in expert_devs, dense=d in dense_devs,
-                              output=d == pl.output_device, host=host, cpu=d == CPU,
-                              n_layers=sum(1 for x in pl.layer_device[: p.n_layer] if x == d))
+                              output=d == pl.output_device, host=host, cpu=d == CPU)
     return roles
 
 

@@ -122,6 +122,14 @@ def place(strategy: str, p: ModelProfile, hw: Inventory, s: Settings, reserved: 
                      "layers:CUDA0=3-14,CUDA1=68-77")
 
 
+def _check_cache_types(p: ModelProfile, s: Settings) -> None:
+    """Mainline llama.cpp refuses an MLA model whose K and V caches differ in type: its V is a view
+    of K (``llama_init_from_model``: "model does not support different K and V cache types")."""
+    if p.is_mla and s.engine == EngineKind.MAINLINE and s.ctk != s.ctv:
+        raise InputError(f"{p.arch} keeps V inside the K cache (MLA): --ctk {s.ctk} and --ctv {s.ctv} must match",
+                         hint=f"use --ctv {s.ctk} (a quantized cache needs flash attention) or --ctk {s.ctv}")
+
+
 def _margins(hw: Inventory, s: Settings) -> dict[str, float]:
     m = {d.name: s.margin_mib for d in hw.accelerators() if d.kind == DeviceKind.GPU}
     m["CPU"] = s.host_margin_mib
@@ -141,6 +149,7 @@ def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConsta
     for i in order:
         spec = services[i]
         spec.settings.validate()
+        _check_cache_types(spec.model, spec.settings)
         shw = replace(_restrict(hw, spec.devices), local_first=spec.settings.engine == EngineKind.IK)
         reserved: dict[str, float] = {}
         for m in mems:
@@ -148,7 +157,7 @@ def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConsta
                 reserved[dev] = reserved.get(dev, 0.0) + sum(it.mib for it in items)
         margins = _margins(hw, spec.settings)
         pl = place(spec.strategy, spec.model, shw, spec.settings, reserved, margins)
-        mem = service_memory(spec.model, shw, pl, spec.settings, spec.name)
+        mem = service_memory(spec.model, shw, pl, spec.settings, spec.name, dry_run=True)
         pred = predict(spec.model, shw, pl, spec.settings, k)
         planned[i] = ServicePlan(spec, shw, pl, mem, pred)
         mems.append(mem)

@@ -110,5 +110,7 @@ def print_verify(vs: list[Verification], out: Console) -> None:
                                             e.context_mib if e else 0.0, ours.compute_mib, e.compute_mib if e else 0.0)]
             t.add_row(ours.device, *cells, Text("differs", style="red") if ours.device in bad else Text("ok", "green"))
         out.print(t)
+        if v.note:
+            out.print(Text(v.note, style="dim"))
         for d in v.disagreements:
             out.print(f"  {d}", markup=False)

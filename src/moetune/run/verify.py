@@ -1,7 +1,11 @@
 """`plan --verify`: the engine's own allocation for the plan's exact command, beside the ledger.
 
 mainline llama.cpp: ``llama-fit-params`` with the service's arguments builds the model and context
-without loading weights and prints its ``memory breakdown`` per device (whole MiB); ik_llama.cpp:
+without loading weights and prints its ``memory breakdown`` per device (whole MiB). Its compute
+buffers are reserved for the logits of every ubatch token (``llama_context``'s default
+``n_outputs_max = n_batch``) where llama-server reserves one token's per slot
+(``server_output_limits``), so the plan's side of the comparison is its dry-run compute figure
+(``ServiceMemory.dry_run_compute_mib``), not the server's it plans with; ik_llama.cpp:
 ``llama-server --dry-run`` skips loading tensors and logs every buffer, and is stopped once it has
 reserved its compute buffers. Both need the plan's RPC workers listening, as the server would.
 Comparing is pure (``compare``); running the tools is the shell around it.
@@ -25,10 +29,12 @@ from moetune.plan.plan import ServicePlan
 from moetune.run.process import end
 
 # a device agrees when each figure is within these shares (or 1 MiB: mainline prints whole MiB);
-# the host's compute buffer beside accelerators is the model's known coarse spot (plan/compute.py)
+# ik_llama.cpp's compute model is fitted, and coarse for the host beside accelerators (plan/compute.py)
 TOLERANCE = {"model": 0.005, "context": 0.01, "compute": 0.10}
-HOST_COMPUTE_TOLERANCE = 0.40
+IK_HOST_COMPUTE_TOLERANCE = 0.40
 IK_RESERVED = "graph splits"  # ik's last line of the context's reserve
+FIT_PARAMS_NOTE = ("compute: llama-fit-params reserves the logits of every ubatch token, llama-server one per slot; "
+                   "both compute columns are llama-fit-params' case (the plan's own compute figures are llama-server's)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +57,7 @@ class Verification:
     engine: tuple[Figures, ...] = ()
     disagreements: tuple[str, ...] = ()
     why: str | None = None  # why there is no engine figure (no tool, the tool failed)
+    note: str | None = None  # what the figures compare, where it is not the obvious
 
     @property
     def agree(self) -> bool | None:
@@ -59,21 +66,26 @@ class Verification:
     def to_json(self) -> dict[str, Any]:
         return {"service": self.service, "tool": self.tool, "devices": [f.to_json() for f in self.engine],
                 "ledger": [f.to_json() for f in self.ledger], "agree": self.agree,
-                "disagreements": list(self.disagreements), "why": self.why}
+                "disagreements": list(self.disagreements), "why": self.why, "note": self.note}
 
 
-def ledger_figures(sp: ServicePlan) -> list[Figures]:
-    """The plan's own figures for its service, per device (accelerators, then the CPU)."""
+def ledger_figures(sp: ServicePlan, dry_run: bool = False) -> list[Figures]:
+    """The plan's own figures for its service, per device (accelerators, then the CPU). ``dry_run``:
+    the compute buffers as llama-fit-params projects them (the logits of every ubatch token, where
+    llama-server reserves one per slot), to compare with its breakdown."""
     out = []
     for d in [*sp.hw.accelerators(), sp.hw.cpu()]:
         items = {i.what: i.mib for i in sp.memory.items.get(d.name, [])}
-        out.append(Figures(d.name, items.get("weights", 0.0), items.get("kv", 0.0) + items.get("output", 0.0),
-                           items.get("compute", 0.0)))
+        compute = items.get("compute", 0.0)
+        if dry_run and sp.memory.dry_run_compute_mib:
+            compute = sp.memory.dry_run_compute_mib.get(d.name, 0.0)
+        out.append(Figures(d.name, items.get("weights", 0.0), items.get("kv", 0.0) + items.get("output", 0.0), compute))
     return out
 
 
-def compare(ledger: list[Figures], engine: list[Figures], slack_mib: float) -> list[str]:
-    """What disagrees beyond TOLERANCE (or ``slack_mib``, the engine's rounding)."""
+def compare(ledger: list[Figures], engine: list[Figures], slack_mib: float, host_compute_tol: float | None = None) -> list[str]:
+    """What disagrees beyond TOLERANCE (or ``slack_mib``, the engine's rounding); ``host_compute_tol``:
+    a wider bound for the CPU's compute beside accelerators."""
     theirs = {f.device: f for f in engine}
     hosting = len(ledger) > 1  # the CPU builds the inputs for accelerators
     out = []
@@ -84,8 +96,8 @@ def compare(ledger: list[Figures], engine: list[Figures], slack_mib: float) -> l
                 out.append(f"{ours.device}: the engine reports no buffer there")
             continue
         for what, tol in TOLERANCE.items():
-            if what == "compute" and hosting and ours.device == "CPU":
-                tol = HOST_COMPUTE_TOLERANCE
+            if what == "compute" and hosting and ours.device == "CPU" and host_compute_tol is not None:
+                tol = host_compute_tol
             a, b = getattr(ours, f"{what}_mib"), getattr(e, f"{what}_mib")
             if abs(a - b) > max(tol * b, slack_mib):
                 out.append(f"{ours.device} {what}: plan {a:,.1f} MiB, engine {b:,.1f} MiB ({(a - b) / max(b, 1e-9):+.0%})")
@@ -162,8 +174,8 @@ class Subject:
 
 
 def subject(sp: ServicePlan, argv: list[str]) -> Subject:
-    return Subject(sp.spec.name, tuple(ledger_figures(sp)), {v: k for k, v in sp.hw.engine_names().items()}, argv,
-                   sp.spec.engine or None, sp.spec.model.remote is not None)
+    return Subject(sp.spec.name, tuple(ledger_figures(sp, dry_run=True)), {v: k for k, v in sp.hw.engine_names().items()},
+                   argv, sp.spec.engine or None, sp.spec.model.remote is not None)
 
 
 def doc_subjects(doc: dict[str, Any]) -> list[Subject]:
@@ -179,12 +191,13 @@ def doc_subjects(doc: dict[str, Any]) -> list[Subject]:
     out = []
     for sj in doc.get("services") or []:
         figs = []
+        dry = sj.get("dry_run_compute_mib") or {}  # absent from plans written before it
         for dev in order:
             items: dict[str, float] = {}
             for i in (sj.get("devices") or {}).get(dev, []):
                 items[i["what"]] = items.get(i["what"], 0.0) + float(i["mib"])
             figs.append(Figures(dev, items.get("weights", 0.0), items.get("kv", 0.0) + items.get("output", 0.0),
-                                items.get("compute", 0.0)))
+                                float(dry.get(dev, 0.0)) if dry else items.get("compute", 0.0)))
         out.append(Subject(sj["name"], tuple(figs), names, list(sj.get("argv") or []), engines.get(sj["name"]),
                            is_url(str(sj.get("model", "")))))
     return out
@@ -224,7 +237,9 @@ def verify_service(sub: Subject, engine: Engine | None, timeout_s: float = 120.0
         return Verification(name, tool_name, ledger, tuple(figures),
                             why=f"the engine sees none of the plan's devices ({', '.join(missing)}) here: --verify "
                                 "needs the hardware the plan is for, with its RPC workers listening")
-    return Verification(name, tool_name, ledger, tuple(figures), tuple(compare(list(ledger), figures, slack)))
+    mainline = engine.kind == EngineKind.MAINLINE
+    said = compare(list(ledger), figures, slack, None if mainline else IK_HOST_COMPUTE_TOLERANCE)
+    return Verification(name, tool_name, ledger, tuple(figures), tuple(said), note=FIT_PARAMS_NOTE if mainline else None)
 
 
 def verify_subjects(subjects: list[Subject], timeout_s: float = 120.0) -> list[Verification]:
