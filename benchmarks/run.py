@@ -28,6 +28,7 @@ def main() -> int:
         spec = importlib.util.spec_from_file_location(path.stem, path)
         assert spec and spec.loader
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # a dataclass looks its module up there
         spec.loader.exec_module(mod)
         t0 = time.monotonic()
         print(f"== bench {name}", flush=True)

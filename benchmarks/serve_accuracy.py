@@ -72,6 +72,35 @@ class Accuracy:
         return asdict(self)
 
 
+@dataclass(frozen=True, slots=True)
+class RequestErrors:
+    """One request's timing error: what serve-bench reports (from its stored sample) against what the
+    mock did (its receipt of the request, the times it wrote each token, the times they were due)."""
+
+    lag_ms: list[float]  # per event: client's arrival stamp - mock's write
+    ttft_err_ms: float | None  # |reported TTFT - realized TTFT|
+    itl_err_ms: list[float]  # per gap: |reported ITL - mock's realized gap|
+    late_ms: list[float]  # per write: mock's write - its due time (the machine's jitter, not the client's)
+    intake_ms: float  # mock received the request - client sent it
+    real_ttft_ms: float | None
+    real_itl_ms: list[float]
+
+
+def request_errors(sample: dict[str, Any], recv: float, writes: list[float], due: list[float]) -> RequestErrors:
+    """:class:`RequestErrors` of one successful request, from its raw sample (as serve-bench stores it)."""
+    t_send = float(sample["t_send"])
+    ts = [float(c[0] or 0) for c in sample["chunks"] if (c[1] or 0) > 0]
+    m = request_metrics(sample)  # what serve-bench reports, against what the mock did
+    real_ttft = (writes[0] - t_send) * 1000 if writes else None
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(writes)]
+    return RequestErrors(
+        lag_ms=[(t - w) * 1000 for t, w in zip(ts, writes, strict=False)],
+        ttft_err_ms=abs(m.ttft_s * 1000 - real_ttft) if m.ttft_s is not None and real_ttft is not None else None,
+        itl_err_ms=[abs(x * 1000 - g) for x, g in zip(m.itl_s, gaps, strict=False)],
+        late_ms=[(w - d) * 1000 for w, d in zip(writes, due, strict=False)],
+        intake_ms=(recv - t_send) * 1000, real_ttft_ms=real_ttft, real_itl_ms=gaps)
+
+
 async def _collect(url: str, streams: int, requests: int, output_tokens: int, library: str
                    ) -> tuple[list[RequestRecord], dict[str, Any]]:
     http = make_client(url, library=library)
@@ -108,20 +137,17 @@ def measure(streams: int, *, ttft_ms: tuple[float, ...] = (60.0, 70.0, 80.0, 90.
         if r.error or entry is None:
             errors += 1
             continue
-        writes, due, recv = entry["writes"], entry["due"], entry["recv"]
         no = int((r.response_id or "mock-0").split("-")[1])
-        ts = [float(c[0] or 0) for c in r.chunks if (c[1] or 0) > 0]
-        lag += [(t - w) * 1000 for t, w in zip(ts, writes, strict=False)]
-        late += [(w - d) * 1000 for w, d in zip(writes, due, strict=False)]
-        intake.append((recv - r.t_send) * 1000)
-        m = request_metrics(r.to_sample())  # what serve-bench reports, against what the mock did
-        if m.ttft_s is not None and writes:
-            ttft_err.append(abs(m.ttft_s - (writes[0] - r.t_send)) * 1000)
-            real_ttft.append((writes[0] - r.t_send) * 1000)
+        e = request_errors(r.to_sample(), entry["recv"], entry["writes"], entry["due"])
+        lag += e.lag_ms
+        late += e.late_ms
+        intake.append(e.intake_ms)
+        if e.ttft_err_ms is not None and e.real_ttft_ms is not None:
+            ttft_err.append(e.ttft_err_ms)
+            real_ttft.append(e.real_ttft_ms)
         nom_ttft.append(cfg.ttft_ms[no % len(cfg.ttft_ms)])
-        gaps = [(b - a) * 1000 for a, b in itertools.pairwise(writes)]
-        itl_err += [abs(x * 1000 - g) for x, g in zip(m.itl_s, gaps, strict=False)]
-        real_itl += gaps
+        itl_err += e.itl_err_ms
+        real_itl += e.real_itl_ms
         nom_itl += [cfg.itl_ms[(k - 1) % len(cfg.itl_ms)] for k in range(1, output_tokens)]
     level = summarize_level([r.to_sample() for r in records])
     return Accuracy(

@@ -10,7 +10,9 @@ It speaks enough of llama-server's dialect for `moetune serve-bench` (``/health`
 - chunk j carries ``tokens_per_chunk[j % len]`` tokens and is written when its last token is due.
 
 It records when it wrote each chunk (``time.monotonic()``, the clock every process on the host
-shares), served at ``/mock/log``, so a client's timestamps can be checked event by event. It can
+shares), served at ``/mock/log``, so a client's timestamps can be checked event by event; a long
+run takes the finished requests' times from ``/mock/log/drain`` instead, which forgets what it
+hands over, so the mock's memory stays bounded. It can
 also misbehave the way real servers do: close keep-alive connections idle for ``idle_close_s``,
 drop every k-th request that arrives on a reused connection without answering (the race in which
 a server closes an idle connection just as the client sends on it), and answer HTTP 400 for a
@@ -30,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import selectors
 import socket
 import struct
@@ -79,6 +82,7 @@ class MockConfig:
 @dataclass(slots=True)
 class MockState:
     requests: int = 0  # completions received
+    completed: int = 0  # completions answered to the end ([DONE] written)
     dropped: int = 0
     idle_closed: int = 0
     rejected: int = 0
@@ -222,9 +226,14 @@ class MockServer:
             doc = [{"id": i, "n_ctx": cfg.n_ctx, "is_processing": False} for i in range(min(cfg.slots, 64))]
         elif method == "GET" and path == "/mock/stats":
             s = self.state
-            doc = {"requests": s.requests, "dropped": s.dropped, "idle_closed": s.idle_closed, "rejected": s.rejected}
+            doc = {"requests": s.requests, "completed": s.completed, "dropped": s.dropped,
+                   "idle_closed": s.idle_closed, "rejected": s.rejected, "pid": os.getpid()}
         elif method == "GET" and path == "/mock/log":
             doc = self.state.log
+        elif method == "GET" and path == "/mock/log/drain":  # finished requests: receipt and writes, then forgotten
+            log = self.state.log
+            done = [cid for cid, e in log.items() if e.get("done")]
+            doc = {cid: {"recv": log[cid]["recv"], "writes": log.pop(cid)["writes"]} for cid in done}
         elif method == "POST" and path == "/apply-template":
             doc = {"prompt": template(json.loads(body)["messages"])}
         elif method == "POST" and path == "/tokenize":
@@ -303,6 +312,9 @@ class MockServer:
                           "timings": {"prompt_n": n_prompt, "cache_n": 0, "predicted_n": n_out}})
         tail += b"data: [DONE]\n\n"
         w.write(_chunked(tail) + b"0\r\n\r\n")
+        st.completed += 0 if w.closed else 1
+        if cfg.record:
+            st.log[cid]["done"] = True
 
 
 async def serve(cfg: MockConfig, host: str, port: int, clock: Callable[[], float] = time.monotonic) -> None:

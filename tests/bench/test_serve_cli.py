@@ -133,3 +133,35 @@ def test_targets_that_are_not_servers(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "starts no server" in r.stderr
     r = run_cli("serve-bench", f"http://127.0.0.1:{free_port()}")
     assert r.exit_code == 1 and "cannot reach" in r.stderr and "hint" in r.stderr
+
+
+def test_a_long_level_keeps_no_records_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each request is stored as it ends and the level's figures are read back from the history, so a
+    level holds only the requests in flight: when it kept every record until its end, the 30-minute
+    soak at 256 streams (benchmarks/bench_soak.py) grew by about 38 KB a request, 4 GiB an hour."""
+    import weakref
+
+    from moetune.bench.serve import load
+    from moetune.bench.serve.request import RequestRecord
+    from moetune.bench.serve.run import ServeBenchSpec, serve_bench
+
+    live: weakref.WeakSet[RequestRecord] = weakref.WeakSet()
+
+    class Tracked(RequestRecord):
+        __hash__ = object.__hash__  # for the weak set (a dataclass with eq has none)
+
+        def __init__(self, *args: object, **kw: object) -> None:
+            super().__init__(*args, **kw)  # type: ignore[arg-type]
+            live.add(self)
+
+    monkeypatch.setattr(load, "RequestRecord", Tracked)
+    monkeypatch.setenv("MOETUNE_METRICS_INTERVAL", "0.1")
+    held: list[int] = []
+    with mock_server(MockConfig(ttft_ms=(5.0,), itl_ms=(2.0,))) as url, ResultsDB.open() as db:
+        doc = serve_bench(ServeBenchSpec(url=url, concurrency=(4,), duration_s=2.0, input_len=40, output_len=4,
+                                         warmup=0), db, on_snapshot=lambda s: held.append(len(live)))
+        samples = db.samples(doc["run"]["id"])
+    (lv,) = doc["levels"]
+    assert lv["requests"] == lv["ok"] == len(samples) > 100  # figures from every stored request
+    assert lv["output_tokens"] == 4 * len(samples)
+    assert len(held) >= 10 and max(held) <= 2 * 4, held  # the 4 in flight, not the hundreds done

@@ -237,6 +237,22 @@ class ResultsDB:
         """Raw sample data of a run in the order recorded; ``phase=None`` for every phase."""
         return [r.data for r in self.sample_rows(run_id, phase)]
 
+    def iter_samples(self, run_id: int, phase: str = "measure", *, from_seq: int = 0,
+                     batch: int = 256) -> Iterator[dict[str, Any]]:
+        """Raw sample data of one phase of a run, from its ``from_seq``-th sample on, read a batch at a
+        time: a long run's samples, streamed without holding them all (or the connection) at once."""
+        seq = from_seq
+        while True:
+            with self._lock:
+                rows = self._conn.execute(
+                    "SELECT seq, data FROM samples WHERE run_id = ? AND phase = ? AND seq >= ? ORDER BY seq LIMIT ?",
+                    (run_id, phase, seq, batch)).fetchall()
+            for _, data in rows:
+                yield json.loads(data)
+            if len(rows) < batch:
+                return
+            seq = rows[-1][0] + 1
+
     def sample_rows(self, run_id: int, phase: str | None = None) -> list[SampleRow]:
         q = "SELECT id, run_id, phase, seq, created_at, data FROM samples WHERE run_id = ?"
         args: list[Any] = [run_id]

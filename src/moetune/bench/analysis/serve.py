@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -160,10 +161,10 @@ def request_metrics(s: dict[str, Any]) -> RequestMetrics:
 
 
 def percentiles_ms(values_s: Iterable[float | None]) -> dict[str, float | None]:
-    xs = [v * 1000 for v in values_s if v is not None]
+    xs = np.fromiter((v for v in values_s if v is not None), dtype=float) * 1000
     out: dict[str, float | None] = dict.fromkeys([*(f"p{p}" for p in PERCENTILES), "mean"])
-    if xs:
-        qs = np.percentile(np.asarray(xs, dtype=float), PERCENTILES)
+    if xs.size:
+        qs = np.percentile(xs, PERCENTILES)
         out = {f"p{p}": round(float(q), 3) for p, q in zip(PERCENTILES, qs, strict=True)}
         out["mean"] = round(float(np.mean(xs)), 3)
     return out
@@ -217,21 +218,41 @@ def level_goodput(samples: Sequence[dict[str, Any]], slo: Mapping[str, float]) -
     return goodput([request_metrics(s) for s in samples], slo, level_span(samples))
 
 
-def summarize_level(samples: Sequence[dict[str, Any]], slo: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """One load level's figures from its raw samples (all of one concurrency and rate).
+# what a level's figures need of a sample beside its metrics: not its events, which a long level has millions of
+_HEAD = ("index", "concurrency", "rate", "t_sched", "t_end")
+
+
+def _gaps_taken(m: RequestMetrics, itl: array[float], server_itl: array[float]) -> RequestMetrics:
+    """``m`` with its per-token gaps moved into the level's arrays (8 bytes a gap, not a float object
+    and a pointer): it keeps only its largest ITL, which is what a latency target judges."""
+    if m.ok:
+        itl.extend(m.itl_s)
+        server_itl.extend(m.server_itl_s)
+    return replace(m, itl_s=(max(m.itl_s),) if m.itl_s else (), server_itl_s=())
+
+
+def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """One load level's figures from its raw samples (all of one concurrency and rate), read once:
+    each sample's events are let go once its metrics are taken, so a long level can be streamed from
+    the history.
 
     Open-loop levels add ``offered_request_s`` (the rate requests came due at) and
     ``completed_request_s`` (the rate they finished at): a client that keeps up finishes them as
     fast as they come; one that falls behind finishes them at what its streams can do. With
     latency targets (``slo``), ``goodput`` is the share and rate of requests that met them all
     (:mod:`moetune.bench.analysis.slo`); without, it is None."""
-    ms = [request_metrics(s) for s in samples]
+    ms: list[RequestMetrics] = []
+    heads: list[dict[str, Any]] = []
+    itl, server_itl = array("d"), array("d")  # every successful request's gaps, in order
+    for s in samples:
+        ms.append(_gaps_taken(request_metrics(s), itl, server_itl))
+        heads.append({k: s.get(k) for k in _HEAD})
     ok = [m for m in ms if m.ok]
-    starts = [_num(s.get("t_sched")) for s in samples]
-    ends = [_num(s.get("t_end")) for s in samples]
-    span = level_span(samples)
+    starts = [_num(s.get("t_sched")) for s in heads]
+    ends = [_num(s.get("t_end")) for s in heads]
+    span = level_span(heads)
     out_tokens = sum(m.output_tokens for m in ok)
-    first = samples[0] if samples else {}
+    first = heads[0] if heads else {}
     open_loop = bool(first.get("rate"))
     inputs = [n for m in ms if (n := m.input_tokens) is not None]
     return {
@@ -243,8 +264,8 @@ def summarize_level(samples: Sequence[dict[str, Any]], slo: Mapping[str, float] 
         "duration_s": round(span, 4) if span else None,
         "ttft_ms": percentiles_ms(m.ttft_s for m in ok),
         "ttfc_ms": percentiles_ms(m.ttfc_s for m in ok),
-        "itl_ms": percentiles_ms(x for m in ok for x in m.itl_s),
-        "server_itl_ms": percentiles_ms(x for m in ok for x in m.server_itl_s),
+        "itl_ms": percentiles_ms(itl),
+        "server_itl_ms": percentiles_ms(server_itl),
         "tpot_ms": percentiles_ms(m.tpot_s for m in ok),
         "e2e_ms": percentiles_ms(m.e2e_s for m in ok),
         "latency_ms": percentiles_ms(m.latency_s for m in ms if m.latency_s is not None),
@@ -257,7 +278,7 @@ def summarize_level(samples: Sequence[dict[str, Any]], slo: Mapping[str, float] 
         "goodput": goodput(ms, slo, span) if slo else None,
         "offered_request_s": _rate(starts) if open_loop else None,
         "completed_request_s": _rate(e for e, m in zip(ends, ms, strict=True) if m.ok) if open_loop else None,
-        "slowest": slowest(samples, ms),
+        "slowest": slowest(heads, ms),
         "prompt_tokens_mean": round(sum(inputs) / len(inputs), 1) if inputs else None,
         "prompt_token_mismatches": sum(1 for m in ok if m.prompt_tokens is not None
                                        and m.server_prompt_tokens not in (None, m.prompt_tokens)),

@@ -41,11 +41,12 @@ _UNANSWERED = ("connect_error", "connection_reset", "disconnected", "os_error", 
 class ServerGone(RuntimeFailure):
     """The server stopped answering during a level: its samples so far are stored, the rest unsent."""
 
-    def __init__(self, failed_in_a_row: int, last_error: str, records: list[RequestRecord]) -> None:
+    def __init__(self, failed_in_a_row: int, last_error: str, records: list[RequestRecord], done: int) -> None:
         super().__init__(f"the server stopped answering: {failed_in_a_row} requests in a row got no answer "
-                         f"({last_error}); the level was stopped, {len(records)} requests were measured",
+                         f"({last_error}); the level was stopped, {done} requests were measured",
                          hint="the server crashed or was stopped; its log says why (`moetune doctor` for a launch)")
-        self.records = records
+        self.records = records  # empty unless run_level kept them
+        self.done = done
 
 
 class LoadMeter:
@@ -182,8 +183,10 @@ async def _sleep_until(t: float) -> None:
 async def run_level(http: StreamingHttp, prompts: Sequence[Prompt | Prepared], spec: LoadSpec, options: RequestOptions,
                     on_sample: Callable[[RequestRecord], None], *, first_index: int = 0,
                     progress: Callable[[int], None] | None = None, max_retries: int = 2,
-                    meter: LoadMeter | None = None) -> list[RequestRecord]:
-    """Run one load level; return its records (each was also given to ``on_sample`` as it ended)."""
+                    meter: LoadMeter | None = None, keep: bool = True) -> list[RequestRecord]:
+    """Run one load level; return its records (each was also given to ``on_sample`` as it ended).
+    With ``keep=False`` none are kept and the list is empty: a caller that stores each sample as it
+    comes reads them back from there, and a long level does not pile its records up in memory."""
     if not prompts:
         raise ValueError("no prompts")
     if spec.requests is None and spec.duration_s is None:
@@ -194,6 +197,8 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt | Prepared], s
     stop_at = t0 + spec.duration_s if spec.duration_s is not None else None
     counter = itertools.count()
     in_a_row = 0
+    done = 0
+    last_error = ""
     gone_after = max(GONE_AFTER, spec.concurrency)
 
     def take() -> int | None:
@@ -227,12 +232,15 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt | Prepared], s
                               timeout_s=options.timeout_s, path=path)
         if meter:
             meter.finished(rec)
-        nonlocal in_a_row
+        nonlocal in_a_row, done, last_error
         in_a_row = in_a_row + 1 if _unanswered(rec) else 0
-        records.append(rec)
+        done += 1
+        last_error = rec.error or last_error
+        if keep:
+            records.append(rec)
         on_sample(rec)
         if progress:
-            progress(len(records))
+            progress(done)
 
     slots = asyncio.Semaphore(spec.concurrency)
     if spec.rate is None and spec.offsets is None:
@@ -259,6 +267,5 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt | Prepared], s
                     break
                 tg.create_task(one(i, due, None))
     if in_a_row >= gone_after:
-        last = next(r.error for r in reversed(records) if r.error)
-        raise ServerGone(in_a_row, last or "no answer", records)
+        raise ServerGone(in_a_row, last_error or "no answer", records, done)
     return records

@@ -92,6 +92,7 @@ class SampleWriter:
         self.q: queue.Queue[tuple[dict[str, Any], str] | None] = queue.Queue()
         self.error: BaseException | None = None
         self.count = 0
+        self.stored: dict[str, int] = {}  # samples stored, by phase
         self.thread = threading.Thread(target=self._loop, name="serve-bench-store", daemon=True)
         self.thread.start()
 
@@ -100,11 +101,20 @@ class SampleWriter:
             try:
                 self.db.add_sample(self.run_id, item[0], phase=item[1])
                 self.count += 1
-            except BaseException as e:  # reported by close(); keep draining
+                self.stored[item[1]] = self.stored.get(item[1], 0) + 1
+            except BaseException as e:  # reported by flush() and close(); keep draining
                 self.error = e
+            finally:
+                self.q.task_done()
 
     def add(self, data: dict[str, Any], phase: str = "measure") -> None:
         self.q.put((data, phase))
+
+    def flush(self) -> None:
+        """Return once every sample added so far is stored."""
+        self.q.join()
+        if self.error is not None:
+            raise RuntimeFailure(f"storing samples failed: {self.error}")
 
     def close(self) -> None:
         self.q.put(None)
@@ -245,6 +255,12 @@ def _gone_message(gone: ServerGone, concurrency: int, source: ServerSource) -> s
     return f"{msg}; {note}" if note else msg
 
 
+def _stored_level(run: _Run, db: ResultsDB, first_seq: int, slo: dict[str, float] | None) -> dict[str, Any]:
+    """The figures of the level whose samples are stored from ``first_seq`` on, once all are stored."""
+    run.writer.flush()
+    return summarize_level(db.iter_samples(run.run_id, "measure", from_seq=first_seq), slo)
+
+
 async def _connect(spec: ServeBenchSpec, url: str) -> tuple[StreamingHttp, ServerInfo]:
     http = connect(url, timeout_s=spec.timeout_s)
     try:
@@ -285,17 +301,20 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
             offset += pool
             load = LoadSpec(c, requests=spec.level_requests(c), duration_s=spec.duration_s, rate=spec.rate,
                             arrivals=spec.arrivals, seed=spec.seed + c)
+            before = run.writer.stored.get("measure", 0)
             try:
-                records = await run_level(http, level_prompts, load, run.options, _sink(run.writer, "measure"),
-                                          first_index=offset, meter=meter)
+                # the level's records are not kept: each is stored as it ends, and its figures are read
+                # back from the history (a long level's records would grow without bound)
+                await run_level(http, level_prompts, load, run.options, _sink(run.writer, "measure"),
+                                first_index=offset, meter=meter, keep=False)
             except ServerGone as gone:
-                level = summarize_level([r.to_sample() for r in gone.records], spec.slo)
+                level = _stored_level(run, db, before, spec.slo)
                 level["stopped"] = str(gone)
                 levels.append(level)
                 error = _gone_message(gone, c, source)
                 log(error)
                 raise RuntimeFailure(error, hint=gone.hint) from None
-            level = summarize_level([r.to_sample() for r in records], spec.slo)
+            level = _stored_level(run, db, before, spec.slo)
             level["server"] = {**info.to_json(), **source.level_info(c)}
             levels.append(level)
             log(_level_line(level))

@@ -170,7 +170,7 @@ async def run_sessions(http: StreamingHttp, texts: list[SessionTexts], spec: Ses
             tg.create_task(one(s))
     failed = [r for r in last.values() if r.error is not None and r.status is None]
     if last and len(failed) == len(last):
-        raise ServerGone(len(failed), failed[-1].error or "no answer", records)
+        raise ServerGone(len(failed), failed[-1].error or "no answer", records, len(records))
     return samples
 
 
