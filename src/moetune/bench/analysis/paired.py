@@ -29,11 +29,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from moetune.bench.analysis.stats import DEFAULT_CONF, DEFAULT_MIN_CHANGE, SAME, median, verdict
+from moetune.bench.analysis.stats import DEFAULT_CONF, DEFAULT_MIN_CHANGE, SAME, RatioChange, median, verdict
 
 
 @dataclass(frozen=True, slots=True)
-class PairedDifference:
+class PairedDifference(RatioChange):
     ratios: tuple[float, ...]  # per round: median(other) / median(baseline)
     ratio: float  # exp(mean log ratio)
     ratio_ci_low: float
@@ -43,14 +43,6 @@ class PairedDifference:
     @property
     def rounds(self) -> int:
         return len(self.ratios)
-
-    @property
-    def change_pct(self) -> float:
-        return (self.ratio - 1.0) * 100.0
-
-    @property
-    def change_ci_pct(self) -> tuple[float, float]:
-        return (self.ratio_ci_low - 1.0) * 100.0, (self.ratio_ci_high - 1.0) * 100.0
 
 
 def _t_two_sided(t: float, df: int) -> float:

@@ -72,12 +72,13 @@ class Summary:
                 "outliers": list(self.outliers)}
 
 
-@dataclass(frozen=True, slots=True)
-class Difference:
-    ratio: float  # median(other) / median(baseline)
+class RatioChange:
+    """A ratio with its interval, read as a change in percent (a verdict's figures)."""
+
+    __slots__ = ()
+    ratio: float
     ratio_ci_low: float
     ratio_ci_high: float
-    verdict: str  # faster | slower | same
 
     @property
     def change_pct(self) -> float:
@@ -86,6 +87,14 @@ class Difference:
     @property
     def change_ci_pct(self) -> tuple[float, float]:
         return (self.ratio_ci_low - 1.0) * 100.0, (self.ratio_ci_high - 1.0) * 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class Difference(RatioChange):
+    ratio: float  # median(other) / median(baseline)
+    ratio_ci_low: float
+    ratio_ci_high: float
+    verdict: str  # faster | slower | same
 
 
 def _arr(xs: Sequence[float]) -> np.ndarray:

@@ -28,7 +28,6 @@ import asyncio
 import collections
 import json
 import re
-import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
-from moetune.bench.http.clock import SO_TIMESTAMPNS, ProtocolReader, SockReader, arrival_window
+from moetune.bench.http.clock import ProtocolReader, SockReader, open_timestamped
 
 T = TypeVar("T")
 RETRYABLE = frozenset({"disconnected", "connection_reset"})
@@ -264,7 +263,7 @@ class RawClient:
         # llama-server advertises keep-alive but closes a connection after each streamed response;
         # once a connection that carried a stream dies on reuse, streams get fresh connections
         self.fresh_after_stream = False
-        self.addr: tuple[Any, Any, int, Any] | None = None
+        self.addrs: dict[tuple[str, int], tuple[Any, ...]] = {}  # resolved once
         self.idle: list[_Conn] = []
         self.all: set[_Conn] = set()
 
@@ -281,26 +280,8 @@ class RawClient:
         return c
 
     async def _connect(self) -> _Conn:
-        loop = asyncio.get_running_loop()
-        window = arrival_window()
         c = _Conn()
-        if self.ssl is not None or SO_TIMESTAMPNS is None:
-            _, c.io = await loop.create_connection(lambda: ProtocolReader(c, window), self.host, self.port, ssl=self.ssl)
-            return c
-        if self.addr is None:  # resolved once: a sweep opens hundreds of connections at the same time
-            infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-            self.addr = infos[0][0], infos[0][1], infos[0][2], infos[0][4]
-        family, kind, proto, addr = self.addr
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            await loop.sock_connect(sock, addr)
-        except BaseException:
-            sock.close()
-            raise
-        c.io = SockReader(sock, c, window)
+        c.io = await open_timestamped(c, self.host, self.port, self.ssl, self.addrs)
         return c
 
     def _release(self, c: _Conn, ok: bool) -> None:

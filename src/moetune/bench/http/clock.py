@@ -200,3 +200,29 @@ class ProtocolReader(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+async def open_timestamped(sink: Sink, host: str, port: int, ssl_ctx: Any,
+                           addrs: dict[tuple[str, int], tuple[Any, ...]]) -> SockReader | ProtocolReader:
+    """A connection to ``host:port`` whose reads go to ``sink`` with their arrival times: the
+    kernel's receive timestamps on plain TCP (``SO_TIMESTAMPNS``, read by :class:`SockReader`), the
+    loop's with TLS (``ssl_ctx``) or where the kernel has none. ``addrs`` keeps each address once
+    resolved: a resolver call runs on a thread, and a sweep opens hundreds of connections at once."""
+    loop = asyncio.get_running_loop()
+    window = arrival_window()
+    if ssl_ctx is not None or SO_TIMESTAMPNS is None:
+        _, reader = await loop.create_connection(lambda: ProtocolReader(sink, window), host, port, ssl=ssl_ctx)
+        return reader
+    if (host, port) not in addrs:
+        addrs[host, port] = (await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))[0]
+    family, kind, proto, _, addr = addrs[host, port]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        await loop.sock_connect(sock, addr)
+    except BaseException:
+        sock.close()
+        raise
+    return SockReader(sock, sink, window)

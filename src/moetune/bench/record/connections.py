@@ -6,14 +6,13 @@ kernel's receive time over plain TCP, read by the serving client's own
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from moetune.bench.http.clock import SO_TIMESTAMPNS, ProtocolReader, SockReader, arrival_window
+from moetune.bench.http.clock import ProtocolReader, SockReader, open_timestamped
 from moetune.bench.record.framing import Head, content_length, parse_head, render_head, request_line
 from moetune.errors import InputError
 
@@ -161,24 +160,7 @@ class UpstreamConn:
 async def open_upstream(up: Upstream, addrs: dict[tuple[str, int], tuple[Any, ...]]) -> UpstreamConn:
     """A connection whose reads carry the kernel's receive time (plain TCP) or the loop's (TLS);
     ``addrs`` keeps the upstream's address once resolved (a resolver call runs on a thread)."""
-    loop = asyncio.get_running_loop()
-    window = arrival_window()
     c = UpstreamConn()
-    if up.scheme == "https" or SO_TIMESTAMPNS is None:
-        ctx = ssl.create_default_context() if up.scheme == "https" else None
-        _, c.io = await loop.create_connection(lambda: ProtocolReader(c, window), up.host, up.port, ssl=ctx)
-        return c
-    if (up.host, up.port) not in addrs:
-        addrs[up.host, up.port] = (await loop.getaddrinfo(up.host, up.port, type=socket.SOCK_STREAM))[0]
-    family, kind, proto, _, addr = addrs[up.host, up.port]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        await loop.sock_connect(sock, addr)
-    except BaseException:
-        sock.close()
-        raise
-    c.io = SockReader(sock, c, window)
+    ctx = ssl.create_default_context() if up.scheme == "https" else None
+    c.io = await open_timestamped(c, up.host, up.port, ctx, addrs)
     return c
