@@ -53,7 +53,8 @@ def test_sweep_within_the_slots_then_queueing_with_one_slot(four_slots: Server, 
         assert lv["output_tokens"] == 8 * 16  # ignore_eos: exactly what was asked
         assert lv["prompt_token_mismatches"] == 0 and lv["prompt_tokens_mean"] == 64
         assert lv["cached_tokens"] == 0  # unique prompts, cache_prompt off
-        assert lv["ttft_ms"]["p50"] > 0 and lv["itl_ms"]["p50"] > 0
+        # on a quiet machine a tiny model's tokens may come several to a read (gaps of 0): the mean is > 0
+        assert lv["ttft_ms"]["p50"] > 0 and lv["itl_ms"]["mean"] > 0
         assert not any("queue" in w for w in lv["warnings"]), lv["warnings"]
     with ResultsDB.open() as db:
         samples = db.samples(run["id"])

@@ -64,8 +64,8 @@ def test_serve_bench_records_its_load_and_finds_the_server_by_its_port(bin_dir: 
                                                                       tmp_path: Path) -> None:
     m = model(models, "mon-qwen3moe", n_layer=2)
     with llama_server(bin_dir, m, tmp_path / "s.log", "-nr", "--parallel", "2", "-c", "1024", "--metrics") as srv:
-        r = run_cli("serve-bench", srv.url, "--json", "--concurrency", "2", "--requests", "12",
-                    "--input-len", "64", "--output-len", "48")
+        r = run_cli("serve-bench", srv.url, "--json", "--concurrency", "2", "--requests", "40",
+                    "--input-len", "64", "--output-len", "128")
         assert r.exit_code == 0, r.stderr
         pid = srv.proc.pid
     run_id = json.loads(r.stdout)["run"]["id"]
@@ -75,7 +75,7 @@ def test_serve_bench_records_its_load_and_finds_the_server_by_its_port(bin_dir: 
     assert measured
     assert max(s.load["requests_in_flight"] for s in measured) == 2
     done = [s.load["requests_done_total"] for s in snaps if s.load]
-    assert done == sorted(done) and done[-1] == 12  # the measured requests (warm-up ones are not load)
+    assert done == sorted(done) and done[-1] == 40  # the measured requests (warm-up ones are not load)
     assert any("itl_recent_median_seconds" in s.load for s in measured)
     assert any(s.servers.get("server", {}).get("llamacpp:requests_processing", 0) >= 1 for s in measured)
 
