@@ -20,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import moetune.run.diagnose as diagnose
 from moetune.engine.logs import CacheMiss, Evidence, ServerLog, WorkerLog
 from moetune.engine.logs.types import TEMPLATE_UNSUPPORTED
-from moetune.run import diagnose
 
 # a <think> tag, or the start of one cut off where the engine stopped printing the divergence
 THINK = re.compile(r"</?think|think>|</?t(?:h(?:i(?:n(?:k)?)?)?)?$")

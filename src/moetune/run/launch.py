@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import moetune.run.diagnose as diagnose
 from moetune.engine.launchspec import LaunchSpec
 from moetune.engine.logs import parse_log, parse_worker_log
 from moetune.errors import InputError
 from moetune.hardware.fingerprint import fingerprint, machine_facts
 from moetune.kinds import EngineKind, LaunchState, LogEra, LogPhase, ProcessRole, Transport
 from moetune.procfs import own_start_ticks
-from moetune.run import diagnose
 from moetune.run.diagnose import Diagnosis, LayerExperts
 from moetune.run.health import LogFollower, health, port_open
 from moetune.run.prepare import LaunchFailed, Prepared, model_paths, prepare, rpc_endpoints, ubatch

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import moetune.run.diagnose as diagnose
 from moetune.engine import registry
 from moetune.engine.formats import MODEL_FLAGS
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
@@ -23,7 +24,6 @@ from moetune.errors import InputError, RuntimeFailure
 from moetune.hardware.inventory import RPC_NO_AUTH, RPC_PUBLIC_BIND_REMEDY, bind_problem
 from moetune.kinds import EngineKind, ProcessRole
 from moetune.plan.ledger import Shortfall
-from moetune.run import diagnose
 from moetune.run.diagnose import Diagnosis
 from moetune.run.health import listener_of, port_free, port_open
 from moetune.run.remote import NodeProbe, RemoteError, probe_node, ssh_base
