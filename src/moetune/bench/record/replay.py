@@ -23,7 +23,7 @@ from typing import Any
 
 from moetune import __version__
 from moetune.bench.analysis.serve import request_metrics, summarize_level
-from moetune.bench.analysis.warnings import Code, Warning, annotate, run_warnings
+from moetune.bench.analysis.warnings import Code, Warning, run_warnings
 from moetune.bench.http.client import StreamingHttp, connect
 from moetune.bench.http.clock import run as run_loop
 from moetune.bench.record.schedule import (
@@ -38,7 +38,7 @@ from moetune.bench.record.schedule import (
 )
 from moetune.bench.record.session import Exchange
 from moetune.bench.serve.load import LoadMeter, LoadSpec, Prepared, RequestOptions, ServerGone, run_level
-from moetune.bench.serve.run import SampleWriter, report_doc
+from moetune.bench.serve.run import SampleWriter, finish_levels, report_doc
 from moetune.bench.server import model_ref, probe
 from moetune.bench.servers import PlanServers, ServerSource
 from moetune.errors import InputError, RuntimeFailure
@@ -196,12 +196,7 @@ async def _replay(spec: ReplaySpec, session: Session, source: ServerSource, db: 
     finally:
         await http.aclose()
         if run_id is not None and writer is not None:
-            try:
-                writer.close()
-            finally:
-                annotate(levels, slots=slots, prefix_cache=True)
-                db.finish_run(run_id, status, {"levels": levels, "warnings": [a.to_json() for a in advice],
-                                               **({"error": error} if error else {})})
+            finish_levels(db, run_id, writer, status, levels, advice, slots=slots, prefix_cache=True, error=error)
     assert run_id is not None and writer is not None
     return report_doc(db.run(run_id), levels, advice, samples=writer.count, slo=spec.slo)
 

@@ -326,15 +326,23 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
         if http is not None:
             await http.aclose()
         if run is not None:
-            try:
-                run.writer.close()
-            finally:
-                annotate(levels, slots=run.meta.server.slots if run.meta.server else None,
-                         prefix_cache=spec.prefix_cache)
-                db.finish_run(run.run_id, status, {"levels": levels, "warnings": [a.to_json() for a in run.advice],
-                                                   **({"error": error} if error else {})})
+            finish_levels(db, run.run_id, run.writer, status, levels, run.advice, error=error,
+                          slots=run.meta.server.slots if run.meta.server else None, prefix_cache=spec.prefix_cache)
     assert run is not None
     return report_doc(db.run(run.run_id), levels, run.advice, samples=run.writer.count, slo=spec.slo)
+
+
+def finish_levels(db: ResultsDB, run_id: int, writer: SampleWriter, status: RunStatus, levels: list[dict[str, Any]],
+                  advice: list[Warning], *, slots: int | None, prefix_cache: bool, error: str | None,
+                  extra: dict[str, Any] | None = None) -> None:
+    """The end of a serve-bench run, whatever ended it: its samples drained into the history, its
+    levels annotated with their warnings, its status and summary stored (``extra`` beside the levels)."""
+    try:
+        writer.close()
+    finally:
+        annotate(levels, slots=slots, prefix_cache=prefix_cache)
+        db.finish_run(run_id, status, {"levels": levels, "warnings": [a.to_json() for a in advice], **(extra or {}),
+                                       **({"error": error} if error else {})})
 
 
 def stored_report(db: ResultsDB, run: Run, slo: dict[str, float] | None = None) -> dict[str, Any]:

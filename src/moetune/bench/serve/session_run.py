@@ -30,7 +30,7 @@ from typing import Any
 from moetune import __version__
 from moetune.bench.analysis.serve import summarize_level
 from moetune.bench.analysis.sessions import summarize_sessions
-from moetune.bench.analysis.warnings import Warning, annotate, run_warnings
+from moetune.bench.analysis.warnings import Warning, run_warnings
 from moetune.bench.http.client import StreamingHttp
 from moetune.bench.serve.dataset import ServerTokenCounter, TokenCounter, filler_text, fit_content
 from moetune.bench.serve.load import (
@@ -49,6 +49,7 @@ from moetune.bench.serve.run import (
     _connect,
     _gone_message,
     _model_name,
+    finish_levels,
     report_doc,
     serve_bench,
 )
@@ -284,12 +285,8 @@ async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: Results
         if http is not None:
             await http.aclose()
         if writer is not None and run_id is not None:
-            try:
-                writer.close()
-            finally:
-                annotate(levels, slots=slots, prefix_cache=True)
-                db.finish_run(run_id, status, {"levels": levels, "warnings": [a.to_json() for a in advice],
-                                               "sessions": sessions_doc, **({"error": error} if error else {})})
+            finish_levels(db, run_id, writer, status, levels, advice, slots=slots, prefix_cache=True, error=error,
+                          extra={"sessions": sessions_doc})
     assert run_id is not None and writer is not None
     return report_doc(db.run(run_id), levels, advice, samples=writer.count, slo=spec.slo, sessions=sessions_doc)
 
