@@ -13,9 +13,8 @@ from benchmarks.http_adapters import make_client
 from moetune.bench.http.clock import run
 from moetune.bench.serve.load import Prompt, RequestOptions, request_body
 from moetune.bench.serve.request import RequestRecord, stream_chat
-from moetune.model.archs import Dims
-from moetune.model.testmodel import generate
 from moetune.store.db import ResultsDB
+from tests.bench import servers
 from tests.helpers import Server, llama_server, run_cli
 
 pytestmark = pytest.mark.server
@@ -23,10 +22,7 @@ pytestmark = pytest.mark.server
 
 @pytest.fixture(scope="module")
 def model(models: Path) -> Path:
-    p = models / "serve-qwen3moe.gguf"
-    if not p.exists():
-        generate(p, "qwen3moe", Dims(n_layer=2), "f16")
-    return p
+    return servers.model(models, "serve-qwen3moe", n_layer=2)
 
 
 @pytest.fixture(scope="module")

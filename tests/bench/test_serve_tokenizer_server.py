@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from moetune.model.archs import Dims
-from moetune.model.testmodel import generate
+from tests.bench import servers
 from tests.bench.hiding_proxy import hiding_proxy
 from tests.bench.test_serve_tokenizer import CONVERSATIONS, samples, serve_bench, within_1pct
 from tests.helpers import llama_server
@@ -53,10 +52,7 @@ def gguf_tokenizer_json(gguf: Path, out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def model(models: Path) -> Path:
-    p = models / "serve-qwen3moe.gguf"
-    if not p.exists():
-        generate(p, "qwen3moe", Dims(n_layer=2), "f16")
-    return p
+    return servers.model(models, "serve-qwen3moe", n_layer=2)
 
 
 @pytest.fixture(scope="module")
