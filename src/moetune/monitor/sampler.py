@@ -239,9 +239,10 @@ class Sampler:
             nvml = load_nvml()
             self._gpus = NvmlProbe(nvml) if nvml is not None else None
         now = time.monotonic()
+        watches = self.watches()  # asked once a tick: a launch's records are files
         snap = Snapshot(t=time.time(), host=self._host() if self._read_host else HostSample(),
-                        procs=self._proc_samples(now),
-                        gpus=self._gpu_samples(), servers=self._servers(),
+                        procs=self._proc_samples(now, watches),
+                        gpus=self._gpu_samples(), servers=self._servers(watches),
                         load=dict(self.load()) if self.load else {}, phase=self.phase)
         self.latest = snap
         self.count += 1
@@ -263,8 +264,8 @@ class Sampler:
     def _gpu_samples(self) -> tuple[GpuSample, ...]:
         return self._gpus.sample() if self._gpus is not None else ()
 
-    def _proc_samples(self, now: float) -> tuple[ProcSample, ...]:
-        watches = [w for w in self.watches() if w.pid is not None]
+    def _proc_samples(self, now: float, watched: list[Watch]) -> tuple[ProcSample, ...]:
+        watches = [w for w in watched if w.pid is not None]
         self._follow_remote(watches)
         gpu_mem = self._gpus.process_memory() if self._gpus is not None else {}
         out = []
@@ -304,9 +305,9 @@ class Sampler:
             if key not in self._streams:
                 self._streams[key] = _NodeStream(key[1], key[0], sorted(pids), self.interval_s)
 
-    def _servers(self) -> dict[str, dict[str, float]]:
+    def _servers(self, watches: list[Watch]) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
-        for w in self.watches():
+        for w in watches:
             url = w.metrics_url
             if url is None or url in self._no_metrics:
                 continue
