@@ -45,7 +45,7 @@ from tests.tune_testbed import (  # noqa: E402
 
 from moetune.bench.analysis.single import bench_metrics  # noqa: E402
 from moetune.bench.analysis.stats import difference  # noqa: E402
-from moetune.plan.calibrate import Observation, fit, predict_pp, predict_tg  # noqa: E402
+from moetune.plan.calibrate import NOISE_FLOOR_PCT, Observation, fit, predict_pp, predict_tg  # noqa: E402
 from moetune.plan.speed import SpeedConstants  # noqa: E402
 from moetune.store.db import ResultsDB  # noqa: E402
 from moetune.tune.history import gather  # noqa: E402
@@ -61,6 +61,17 @@ def _errors(obs: list[Observation], k: SpeedConstants) -> tuple[float, float]:
     return statistics.median(tg), statistics.median(pp)
 
 
+# the model before its RPC wake-up term and its noise-sized prior: a run's work without host threads
+# (the term then never applies) and a prior weight of 1e-5 (a doubling for a 0.2% gain)
+OLD_PRIOR_NOISE_PCT = 100 * math.expm1(math.sqrt(1e-5) * math.log(2))
+VARIANTS: dict[str, tuple[bool, float]] = {  # name: (work keeps the host's threads, noise_pct of the prior)
+    "this model": (True, NOISE_FLOOR_PCT),
+    "without the RPC wake-up term": (False, NOISE_FLOOR_PCT),
+    "prior weight 1e-5": (True, OLD_PRIOR_NOISE_PCT),
+    "both (the model before)": (False, OLD_PRIOR_NOISE_PCT),
+}
+
+
 def prediction_errors(db: Path, grid: dict[str, list[float]]) -> dict[str, Any]:
     """Each grid point's work (from its first launch's run) against its TG and PP over both launches."""
     with ResultsDB.open(db) as h:
@@ -69,19 +80,30 @@ def prediction_errors(db: Path, grid: dict[str, list[float]]) -> dict[str, Any]:
         pp = {r.label: bench_metrics(h.samples(r.id))["pp:d0"].values for r in h.runs()}
     by_run = {o.run: replace(o, measured_tg=statistics.median(grid[labels[o.run]]),
                              measured_pp=statistics.median(pp[labels[o.run]])) for o in obs}
-    obs = list(by_run.values())
-    before = _errors(obs, SpeedConstants())
+    before = _errors(list(by_run.values()), SpeedConstants())
+    out: dict[str, Any] = {"runs": len(by_run),
+                           "before": {"tg_median_abs_pct": round(before[0], 1), "pp_median_abs_pct": round(before[1], 1)}}
+    for name, (threads, noise) in VARIANTS.items():
+        runs = by_run if threads else {r: replace(o, work=replace(o.work, host_threads=0)) for r, o in by_run.items()}
+        pairs = _pair_errors(runs, labels, noise)
+        two = [p for p in pairs if len({x.split()[0] for x in p["pair"]}) == 2]
+        one = [p for p in pairs if len({x.split()[0] for x in p["pair"]}) == 1]
+        stats = {"after_pairs": _pair_stats(pairs), "after_pairs_of_two_placements": _pair_stats(two),
+                 "after_pairs_of_one_placement": _pair_stats(one)}
+        if name == "this model":
+            out.update(stats, pairs=pairs)
+        out.setdefault("variants", {})[name] = stats
+    return out
+
+
+def _pair_errors(by_run: dict[int, Observation], labels: dict[int, str], noise_pct: float) -> list[dict[str, Any]]:
     pairs = []
     for a, b in itertools.combinations(sorted(by_run), 2):
-        k = fit([by_run[a], by_run[b]])
+        k = fit([by_run[a], by_run[b]], noise_pct=noise_pct)
         tg, pp = _errors([o for r, o in by_run.items() if r not in (a, b)], k)
         pairs.append({"pair": [labels[a], labels[b]], "tg_median_abs_pct": round(tg, 1),
                       "pp_median_abs_pct": round(pp, 1)})
-    return {"runs": len(by_run), "before": {"tg_median_abs_pct": round(before[0], 1), "pp_median_abs_pct": round(before[1], 1)},
-            "after_pairs": _pair_stats(pairs),
-            "after_pairs_of_two_placements": _pair_stats([p for p in pairs if len({x.split()[0] for x in p["pair"]}) == 2]),
-            "after_pairs_of_one_placement": _pair_stats([p for p in pairs if len({x.split()[0] for x in p["pair"]}) == 1]),
-            "pairs": pairs}
+    return pairs
 
 
 def _pair_stats(pairs: list[dict[str, Any]]) -> dict[str, float]:
@@ -154,7 +176,15 @@ def main(results: Path) -> None:
         st = e[key]
         lines.append(f"| {name} | {st['n']} | {st['tg_median_abs_pct']}% | {st['pp_median_abs_pct']}% | "
                      f"{st['tg_worst_pct']}% | {st['pp_worst_pct']}% |")
-    lines += ["",               "## Launches", "", "| run | budget | launches | best found | its TG (grid) | grid best | its TG | ratio | vs grid best | within launch noise |",
+    lines += ["", "The same pairs fitted by the model without what this version added (one run, one grid):", "",
+              "| model | TG, any two | PP, any two | TG, two placements | TG, one placement |", "|---|---:|---:|---:|---:|"]
+    for name, st in e["variants"].items():
+        lines.append(f"| {name} | {st['after_pairs']['tg_median_abs_pct']}% | {st['after_pairs']['pp_median_abs_pct']}% | "
+                     f"{st['after_pairs_of_two_placements']['tg_median_abs_pct']}% | "
+                     f"{st['after_pairs_of_one_placement']['tg_median_abs_pct']}% |")
+    lines += ["", "The RPC wake-up term: with one host thread no thread of ggml's pool polls while the host waits for",
+              "an RPC reply, and each of cpu-moe's 17 hops a token wakes a sleeping core (`rpc_wake_us`).", "",
+              "## Launches", "", "| run | budget | launches | best found | its TG (grid) | grid best | its TG | ratio | vs grid best | within launch noise |",
               "|---|---:|---:|---|---:|---|---:|---:|---|---|"]
     for name, t in (("cold start", cold), ("after calibrating on 2 runs", warm)):
         lines.append(f"| {name} | {t['budget']} | {t['launches']} | {t['best']} | {t['best_tg']} | {t['grid_best']} | "

@@ -9,7 +9,9 @@ per token the graph splits (backend switches) and RPC hops. :func:`decode_second
 The work is stored with every prediction (``Prediction.to_json()["work"]``), so a calibration
 refits the constants to measured runs through these same two functions.
 
-Decode, per token: a fixed cost, a cost per split and per RPC hop, activations crossing RPC links,
+Decode, per token: a fixed cost, a cost per split and per RPC hop (plus the wake-up of a sleeping
+core when the host computes on one thread, so that no thread of its pool polls while it waits for
+the worker's reply), activations crossing RPC links,
 and per device its reads: on a GPU at its bandwidth times an efficiency; on CPU cores (the host, or
 an RPC worker's CPU backend) the larger, softly, of the bandwidth time and the time the threads need
 to dequantize and multiply what they read (so fewer threads cost speed where the cores, not the
@@ -50,6 +52,11 @@ class SpeedConstants:
     split_us: float = 25.0  # cost of one backend switch (sync, copy of the activations)
     rpc_hop_us: float = 150.0  # extra cost of a switch to or from an RPC device (network round trip)
     token_overhead_us: float = 300.0  # sampling, graph launch, bookkeeping per token
+    # a switch to or from an RPC device while the host computes on one thread: the host waits for the
+    # reply asleep (no thread of ggml's pool polls), and waking a sleeping core costs (measured on the
+    # testbed: cpu-moe on 1 thread, 17 hops a token, ran 1.7x faster beside a spinning process that
+    # kept the cores awake)
+    rpc_wake_us: float = 150.0
     # attention over the context while decoding, beyond reading the cache: small, latency-bound
     # kernels, far below matmul throughput (2.4-2.8 GFLOP/s on 2 cores of the test machine)
     cpu_ctx_gflops_per_core: float = 1.5
@@ -110,6 +117,7 @@ class Work:
     offload: bool = False  # a GPU build: CPU experts' prefill matmuls go to the first GPU, over its link
     offload_tflops: float | None = None  # that GPU's declared throughput
     offload_link_gbs: float = 25.0
+    host_threads: int = 0  # threads of the host's CPU backend (0: not recorded, by an earlier moetune)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "devices": [asdict(d) for d in self.devices]}
@@ -134,9 +142,15 @@ def device_decode_seconds(d: DeviceWork, depth: int, k: SpeedConstants) -> float
     return read / (d.bw_gbs * GB * k.gpu_bw_eff) + depth * d.ctx_flop_per_ctx / (k.gpu_ctx_tflops * 1e12)
 
 
+def hop_us(w: Work, k: SpeedConstants) -> float:
+    """The cost of one switch to or from an RPC device: a round trip, and where no thread of the
+    host's pool polls (one thread), the wake-up of a sleeping core."""
+    return k.rpc_hop_us + (k.rpc_wake_us if w.host_threads == 1 else 0.0)
+
+
 def decode_seconds(w: Work, depth: int, k: SpeedConstants) -> float:
     """Seconds per generated token at context depth ``depth``."""
-    t = (k.token_overhead_us + w.graph_splits * k.split_us + w.rpc_hops * k.rpc_hop_us) * 1e-6 + w.rpc_activation_s
+    t = (k.token_overhead_us + w.graph_splits * k.split_us + w.rpc_hops * hop_us(w, k)) * 1e-6 + w.rpc_activation_s
     return t + sum(device_decode_seconds(d, depth, k) for d in w.devices)
 
 
@@ -148,7 +162,7 @@ def touched_share(expert_share: float, tokens: int) -> float:
 
 def ubatch_seconds(w: Work, tokens: int, k: SpeedConstants) -> float:
     """Seconds to prefill one ubatch of ``tokens`` tokens."""
-    t = (k.ubatch_overhead_us + w.graph_splits * k.split_us + w.rpc_hops * k.rpc_hop_us) * 1e-6
+    t = (k.ubatch_overhead_us + w.graph_splits * k.split_us + w.rpc_hops * hop_us(w, k)) * 1e-6
     for d in w.devices:
         flop = 2 * d.active_params * tokens
         if d.device == CPU and w.offload and tokens >= k.offload_min_batch:
@@ -282,7 +296,7 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings) -> Work:
               if kinds.get(name) == DeviceKind.RPC)
     gpus = [d for d in hw.accelerators() if d.kind == DeviceKind.GPU]
     return Work(tuple(out), n_splits, rpc_hops, act, min(s.ubatch, s.batch), frac, bool(gpus),
-                gpus[0].tflops if gpus else None, gpus[0].link_gbs if gpus else 25.0)
+                gpus[0].tflops if gpus else None, gpus[0].link_gbs if gpus else 25.0, local_threads)
 
 
 def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
