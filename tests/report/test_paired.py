@@ -14,12 +14,14 @@ from moetune.bench.analysis.stats import MetricSamples
 from moetune.errors import InputError
 from moetune.kinds import RunKind, RunStatus
 from moetune.report.compare import RunMetrics
+from moetune.report.html.page import SECTIONS
 from moetune.report.paired import load_refs, load_sweep, paired_compare
 from moetune.report.paired_view import paired_csv, paired_markdown, paired_table
 from moetune.store.db import ResultsDB
 from moetune.store.record import RunMeta
 from tests.bench.synth import run_samples
 from tests.helpers import run_cli
+from tests.report.test_html import Elements, external_refs
 
 # per round, the machine's factor: both plans alike; B is 8 % faster within every round
 FACTORS = (1.0, 0.75, 1.1, 0.8)
@@ -155,3 +157,35 @@ def test_paired_inputs_that_cannot_be_paired(tmp_path: Path) -> None:
             load_refs(db, ["A"])
     r = run_cli("compare", "--paired", "A", "B", "--metric", "goodput", "--db", str(db_path))
     assert r.exit_code == 2 and "goodput" in r.stderr
+
+
+def test_report_of_an_interleaved_sweep_and_of_runs_paired_by_hand(tmp_path: Path) -> None:
+    """`moetune report --sweep` of an interleaved sweep shows every run of its complete rounds and
+    judges them round by round (the unpaired verdict beside); `report --paired` does so for runs
+    named by hand; what cannot be reported is refused with exit 2."""
+    db_path = tmp_path / "r.sqlite"
+    with ResultsDB.open(db_path) as db:
+        fill(db, "sw-test", ROUNDS, interrupt=4)  # round 4 did not complete: left out
+    page_path = tmp_path / "sweep.html"
+    r = run_cli("report", "--sweep", "sw-test", "-o", str(page_path), "--db", str(db_path))
+    assert r.exit_code == 0, r.stderr
+    page = page_path.read_text()
+    assert not external_refs(page) and [x["id"] for x in Elements(page).find("section")] == [sid for sid, _ in SECTIONS]
+    assert "paired over 3 rounds (sweep sw-test, a launch per plan per round); baseline A" in page
+    assert [f'id="run-{i}"' in page for i in range(1, 9)] == [True] * 6 + [False] * 2
+    assert "1.080 1.080 1.080" in page and "+8.0% [+8.0, +8.0] faster" in page
+    assert "tg:short-json: paired ratio to A" in page and "% of A" in page  # the chart
+    assert "unpaired" in page and "t interval" in page  # the other verdict, and how both are made
+    unpaired_head = "<th>run</th><th class=num>id</th>"  # the table of `compare`, runs apart
+    assert unpaired_head not in page
+    assert unpaired_head in run_cli("report", "1", "2", "-o", "-", "--db", str(db_path)).stdout
+    with ResultsDB.open(tmp_path / "h.sqlite") as db:
+        fill(db, None, ROUNDS)
+    r = run_cli("report", "--paired", "A", "B", "-o", "-", "--db", str(tmp_path / "h.sqlite"))
+    assert r.exit_code == 0, r.stderr
+    assert "paired over 4 rounds (runs paired in order); baseline A" in r.stdout and 'id="run-8"' in r.stdout
+    for args, said in ((["--sweep", "nope"], "no sweep 'nope'"), (["--sweep", "sw-test", "1"], "name no runs"),
+                       (["--paired", "A"], "two configurations")):
+        r = run_cli("report", *args, "-o", str(tmp_path / "x.html"), "--db", str(db_path))
+        assert r.exit_code == 2 and said in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "x.html").exists()

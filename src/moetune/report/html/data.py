@@ -15,6 +15,7 @@ from typing import Any
 
 from moetune.monitor.snapshot import Snapshot
 from moetune.report.compare import Comparison
+from moetune.report.paired import PairedComparison
 from moetune.store.db import Run, SampleRow
 
 
@@ -54,6 +55,7 @@ class ReportData:
     plans: tuple[PlanSource, ...] = ()
     runs: tuple[RunReport, ...] = ()
     comparison: Comparison | None = None
+    paired: PairedComparison | None = None  # runs made in alternation, judged round by round (instead)
     compare_notes: tuple[str, ...] = ()  # why runs were left out, noise warnings
     generated_at: str = ""
     version: str = ""

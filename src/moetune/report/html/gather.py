@@ -12,8 +12,9 @@ from typing import Any
 from moetune.errors import InputError
 from moetune.kinds import RunKind
 from moetune.monitor.snapshot import Snapshot
-from moetune.report.compare import Comparison
+from moetune.report.compare import Comparison, runs_to_compare
 from moetune.report.html.data import PlanSource, ReportData, RunReport, phases
+from moetune.report.paired import PairedComparison, load_refs, load_sweep
 from moetune.store.db import ResultsDB, Run, SampleRow
 
 PLAN_KEYS = ("services", "devices", "launch")
@@ -116,20 +117,43 @@ def _plans(files: Sequence[PlanSource], runs: Sequence[Run]) -> tuple[PlanSource
     return tuple(PlanSource(", ".join(titles[k]), docs[k]) for k in docs)
 
 
-def gather(args: Sequence[str], db_path: Path | None, *, generated_at: str, version: str = "") -> ReportData:
-    """Everything the page shows: the plans given, the runs named (by id, label or `latest`)."""
-    if not args:
-        raise InputError("name runs (id, label or `latest`) or a plan file to report on", hint=PLAN_HINT)
+def _runs(db: ResultsDB, refs: Sequence[str], sweep: str | None,
+          paired: bool) -> tuple[list[Run], PairedComparison | None]:
+    """The runs to show, and their paired comparison where they were made in alternation: an
+    interleaved sweep (every run of its complete rounds), or runs named with ``paired``."""
+    if sweep is not None:
+        if refs:
+            raise InputError("--sweep reports the sweep's runs; name no runs with it (plan files are fine)")
+        spec = db.sweep(sweep)
+        if spec is None:
+            raise InputError(f"no sweep {sweep!r}", hint="see `moetune results list` for sweep ids")
+        if not spec.get("interleave"):
+            return runs_to_compare(db, [], sweep_id=sweep), None
+        comp = load_sweep(db, sweep)
+    elif paired:
+        comp = load_refs(db, list(refs))
+    else:
+        return list({r.id: r for r in (db.resolve(ref) for ref in refs)}.values()), None
+    ids = [run for rnd in comp.rounds.values() for run in rnd.values()]
+    return [db.resolve(str(i)) for i in ids], comp
+
+
+def gather(args: Sequence[str], db_path: Path | None, *, generated_at: str, version: str = "",
+           sweep: str | None = None, paired: bool = False) -> ReportData:
+    """Everything the page shows: the plans given, the runs named (by id, label or `latest`) or a
+    sweep's; runs made in alternation (``paired``, an interleaved sweep) compared round by round."""
+    if not args and sweep is None:
+        raise InputError("name runs (id, label or `latest`), a --sweep or a plan file to report on", hint=PLAN_HINT)
     files = [read_plan(Path(a)) for a in args if is_plan_arg(a)]
     refs = [a for a in args if not is_plan_arg(a)]
-    if not refs:
+    if not refs and sweep is None:
         return ReportData(plans=_plans(files, []), generated_at=generated_at, version=version)
     with ResultsDB.open(db_path) as db:
-        runs = list({r.id: r for r in (db.resolve(ref) for ref in refs)}.values())
+        runs, pair = _runs(db, refs, sweep, paired)
         rows = {r.id: db.sample_rows(r.id) for r in runs}
         reports = tuple(run_report(db, r, rows[r.id]) for r in runs)
         samples = {r.id: [s.data for s in rows[r.id] if s.phase == "measure"] for r in runs}
-        comp, notes = comparison(runs, samples) if len(runs) > 1 else (None, [])
+        comp, notes = comparison(runs, samples) if len(runs) > 1 and pair is None else (None, [])
         path = str(db.path)
-    return ReportData(plans=_plans(files, runs), runs=reports, comparison=comp, compare_notes=tuple(notes),
-                      generated_at=generated_at, version=version, db_path=path)
+    return ReportData(plans=_plans(files, runs), runs=reports, comparison=comp, paired=pair,
+                      compare_notes=tuple(notes), generated_at=generated_at, version=version, db_path=path)

@@ -90,7 +90,7 @@ def render_page(data: ReportData) -> str:
         "runs": runs_section(data.runs),
         "timeseries": timeseries_section(data.runs),
         "serve": serve_section(data.runs),
-        "compare": compare_section(data.comparison, data.compare_notes, len(data.runs)),
+        "compare": compare_section(data.comparison, data.compare_notes, len(data.runs), data.paired),
     }
     what = []
     if data.plans:

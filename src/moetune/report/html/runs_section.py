@@ -4,6 +4,7 @@ rows and verdicts `moetune compare` prints)."""
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,6 +17,9 @@ from moetune.report.compare_view import families, legend, verdict_text
 from moetune.report.html.data import RunReport
 from moetune.report.html.markup import Cell, Raw, badge, esc, facts, fmt, note, table
 from moetune.report.html.svg import PALETTE, Interval, figure, interval_bars
+from moetune.report.paired import PairedComparison
+from moetune.report.paired_view import legend as paired_legend
+from moetune.report.paired_view import paired_cell, ratios_cell, title, unpaired_cell
 
 STATUS_TONE = {RunStatus.DONE: "good", RunStatus.RUNNING: "warn", RunStatus.INTERRUPTED: "warn",
                RunStatus.FAILED: "bad"}
@@ -185,9 +189,37 @@ def comparison_tables(c: Comparison) -> str:
     return "".join(out) + note(legend(c), "dim")
 
 
-def compare_section(c: Comparison | None, notes: Sequence[str], n_runs: int) -> str:
+def paired_tables(c: PairedComparison) -> str:
+    """`compare --paired`'s rows (the paired verdict, the unpaired one beside it) and, per metric, each
+    configuration's ratio to the baseline with its interval (100% = the baseline, round by round)."""
+    rows: list[list[Cell]] = [[r.label, r.metric, f"{fmt(r.baseline_median)} → {fmt(r.median)} {r.unit}", ratios_cell(r),
+             Raw(f'<span class="verdict-{"warn" if r.noisy else VERDICT_TONE.get(r.verdict, "dim")}">'
+                 f"{esc(paired_cell(r))}</span>"), Raw(f"<span class=dim>{esc(unpaired_cell(r))}</span>")]
+            for r in c.rows]
+    out = [f"<h4>{esc(title(c))}</h4>",
+           table(["configuration", "metric", "median (pooled)", "ratio per round", "paired change [CI]", "unpaired"],
+                 rows, cls="compare")]
+    order = {o.label: i + 1 for i, o in enumerate(c.others)}
+    for metric in c.metric_names():
+        bars = []
+        for r in c.rows:
+            if r.metric == metric:
+                lo, hi = r.paired.ratio_ci_low, r.paired.ratio_ci_high
+                if not (math.isfinite(lo) and math.isfinite(hi)):  # one round: no interval
+                    lo = hi = r.paired.ratio
+                bars.append(Interval(r.label, 100 * r.paired.ratio, 100 * lo, 100 * hi, run_color(order.get(r.label, 0))))
+        out.append(figure(f"{metric}: paired ratio to {c.baseline.label} and its {c.conf * 100:.0f}% interval",
+                          interval_bars(bars, unit=f"% of {c.baseline.label}", width=720, label_w=240)))
+    return "".join(out) + note(paired_legend(c), "dim")
+
+
+def compare_section(c: Comparison | None, notes: Sequence[str], n_runs: int,
+                    paired: PairedComparison | None = None) -> str:
     parts = []
-    if c is not None:
+    if paired is not None:
+        parts.append(paired_tables(paired))
+        notes = [*paired.notes, *notes]
+    elif c is not None:
         parts.append(comparison_tables(c))
     elif n_runs < 2:
         parts.append(note("no comparison: it needs two or more runs (the first is the baseline)"))
