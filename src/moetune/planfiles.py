@@ -114,6 +114,30 @@ def calibration_for(hw: inventory.Inventory, kind: EngineKind) -> dict[str, Any]
     return calibrations.find(hw.name or hw.source, str(kind))
 
 
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What every plan is made with, read once: the hardware, the engine (its name for launching,
+    its kind for the flags) and the speed constants of the calibration stored for the two, if any."""
+
+    hw: inventory.Inventory
+    engine: str
+    kind: EngineKind
+    calib: dict[str, Any] | None
+    constants: SpeedConstants
+
+
+def read_inputs(hw_path: str | Path, engine: str | None) -> Inputs:
+    hw = inventory.load(hw_path)
+    name, kind = registry.resolve(engine)
+    calib = calibration_for(hw, kind)
+    return Inputs(hw, name, kind, calib, SpeedConstants.from_json(calib["constants"]) if calib else SpeedConstants())
+
+
+def model_path(model: str | Path) -> str | Path:
+    """A URL as given; a file's path absolute (the plan is launched from anywhere)."""
+    return model if is_url(str(model)) else absolute(model)
+
+
 def document(p: Plan, engine: str, calib: dict[str, Any] | None, given: list[str]) -> dict[str, Any]:
     """The plan's JSON document: commands, ledgers, predictions, the calibration its speed came from,
     and each service's model as the user gave it."""
@@ -130,10 +154,10 @@ def plan_files(req: PlanRequest) -> Planned:
     """Read the files, plan, render the document (and write it to ``req.output``)."""
     if (req.model is None and req.hf is None) == (req.layout is None):
         raise InputError("give a MODEL (or --hf) or a --layout file (not both)")
-    hw = inventory.load(req.hw)
+    inputs = read_inputs(req.hw, req.engine)
+    hw, engine, kind = inputs.hw, inputs.engine, inputs.kind
     notices = [(f"node {node.name}: its RPC worker will listen on {why} (allow_public_bind); {inventory.RPC_NO_AUTH}",
                 inventory.RPC_PUBLIC_BIND_REMEDY) for node, why in inventory.public_binds(hw)]
-    engine, kind = registry.resolve(req.engine)
     base = replace(req.settings, engine=kind)
     if req.layout is not None:
         loaded = load_layout(req.layout, base, req.port)
@@ -145,14 +169,11 @@ def plan_files(req: PlanRequest) -> Planned:
             except InputError as e:
                 notices.append((f"{e} (`moetune launch` refuses it; the other formats carry it)", e.hint or ""))
     else:
-        model = None if req.model is None else req.model if is_url(req.model) else absolute(req.model)
-        profile = open_model(model, req.hf, timeout_s=req.http_timeout_s)
+        profile = open_model(None if req.model is None else model_path(req.model), req.hf, timeout_s=req.http_timeout_s)
         services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine)]
         given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]
-    calib = calibration_for(hw, kind)
-    base_k = SpeedConstants.from_json(calib["constants"]) if calib else SpeedConstants()
-    p = make_plan(services, hw, base_k.with_overrides(speed_overrides(req.speed)))
-    doc = document(p, engine, calib, given)
+    p = make_plan(services, hw, inputs.constants.with_overrides(speed_overrides(req.speed)))
+    doc = document(p, engine, inputs.calib, given)
     if req.output:
         req.output.write_text(json.dumps(doc, indent=2))
     return Planned(p, doc, notices)

@@ -38,11 +38,9 @@ from moetune.bench.analysis.summary import run_summary
 from moetune.bench.single.runner import BenchOptions, Progress, bench_target
 from moetune.bench.single.workloads import Workload
 from moetune.bench.target import plan_target
-from moetune.engine import registry
 from moetune.errors import InputError, MoetuneError
-from moetune.hardware import inventory
 from moetune.kinds import RunStatus
-from moetune.model.profile import is_url, open_model
+from moetune.model.profile import open_model
 from moetune.monitor.snapshot import Snapshot
 from moetune.paths import data_dir
 from moetune.plan import tune as core
@@ -51,7 +49,7 @@ from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.serving import ServeLoad, expected_goodput, predict_serving, slotted
 from moetune.plan.settings import Settings
 from moetune.plan.speed import SpeedConstants, Work, decode_seconds, prefill_tok_s
-from moetune.planfiles import absolute, calibration_for, document
+from moetune.planfiles import document, model_path, read_inputs
 from moetune.store import calibrations
 from moetune.store.db import ResultsDB
 from moetune.tune import goodput as gp
@@ -159,15 +157,12 @@ def _cpu_share(plan: Plan) -> float:
 def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedConstants]:
     """Every candidate planned (the baseline first), and the constants to start from (the stored
     calibration for this hardware, else the built-in ones)."""
-    hw = inventory.load(req.hw)
-    engine, kind = registry.resolve(req.engine)
+    inputs = read_inputs(req.hw, req.engine)
+    hw, engine, kind, calib, k = inputs.hw, inputs.engine, inputs.kind, inputs.calib, inputs.constants
     base = replace(req.base, engine=kind)
     if req.serve is not None:
         base = slotted(base, req.serve)
-    model = req.model if is_url(req.model) else absolute(req.model)
-    profile = open_model(model)
-    calib = calibration_for(hw, kind)
-    k = SpeedConstants.from_json(calib["constants"]) if calib else SpeedConstants()
+    profile = open_model(model_path(req.model))
     moe_layers = len({t.layer for t in profile.tensors if t.is_expert})
     options = engine_options(engine, kind, profile.is_mla)
     check_engine_axes(req.axes, base, options, kind)
