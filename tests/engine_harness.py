@@ -13,6 +13,7 @@ import it.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -27,10 +28,33 @@ from moetune.run.verify import run_until
 RESERVED = "sched_reserve: graph"
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_POOL_HIGH = _ephemeral_low()
+_POOL_LOW = max(1024, _POOL_HIGH - 12000)
+_next = [_POOL_LOW + (os.getpid() * 7919) % (_POOL_HIGH - _POOL_LOW)]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, below the kernel's ephemeral range and never handed out twice by
+    this process: a port the kernel gave out (bind to port 0) could be taken as the local end of
+    an outgoing connection before the server that was meant to bind it starts ("already in use")."""
+    span = _POOL_HIGH - _POOL_LOW
+    for _ in range(span):
+        port = _next[0]
+        _next[0] = _POOL_LOW + (port - _POOL_LOW + 1) % span
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {_POOL_LOW}-{_POOL_HIGH - 1}")
 
 
 def reserve_log(server: Path, argv: Sequence[str], timeout: float = 60.0, marker: str = RESERVED) -> tuple[bool, str]:
