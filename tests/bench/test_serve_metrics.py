@@ -12,7 +12,9 @@ from moetune.bench.analysis.serve import (
     request_metrics,
     serve_metric_samples,
     summarize_level,
+    summarize_levels,
 )
+from moetune.bench.analysis.sessions import serve_run_metrics, session_metric_samples
 from moetune.bench.analysis.stats import MetricSamples
 
 
@@ -225,3 +227,29 @@ def test_a_long_level_is_summarized_from_a_stream_in_little_memory() -> None:
     assert lv["itl_ms"]["p50"] == pytest.approx(60, abs=0.1) and lv["server_itl_ms"]["p50"] == pytest.approx(60, abs=0.1)
     # the two gap arrays (2 KB a request, twice that while one grows) and the small per-request figures
     assert peak < 8000 * n, f"{peak / n:.0f} bytes a request"
+
+
+class Once:
+    """Samples that can be read once, as a stream from the history is: a second pass fails."""
+
+    def __init__(self, samples: list[dict[str, Any]]) -> None:
+        self.samples, self.read = samples, False
+
+    def __iter__(self) -> Any:
+        assert not self.read, "read twice: a long run's samples would have to be held whole"
+        self.read = True
+        return iter(self.samples)
+
+
+def test_a_runs_levels_and_metrics_read_its_samples_once() -> None:
+    """serve-report, results show, compare and the HTML report stream a run's samples from the
+    history: every figure from one pass, equal to the figures of the samples held in a list, with
+    a level that came back later (c=4, c=1, c=4) merged as `group_levels` merges it."""
+    chunks = [[10.1, 1, 1, 0], [10.13, 1, 1, 0], [10.17, 1, 1, 0]]
+    s = [sample(chunks, c=4), sample(chunks, c=1, t_send=11.0, t_end=11.3), sample(chunks, c=4, error="timeout"),
+         {"session": 0, "turn": 1, **sample(chunks, c=1)}]
+    assert summarize_levels(Once(s)) == [summarize_level(g) for g in group_levels(s)]
+    streamed = serve_run_metrics(Once(s))
+    assert streamed.keys() == {**serve_metric_samples(s), **session_metric_samples(s)}.keys()
+    assert streamed["ttft:c=4"].values == serve_metric_samples(s)["ttft:c=4"].values == pytest.approx((100.0,))
+    assert "ttft:turn=1" in streamed

@@ -173,3 +173,29 @@ def test_every_kind_of_run_shows_and_exports(tmp_path: Path, run: str, kind: str
     assert rows and all(row["kind"] == kind for row in rows)
     listed = json.loads(run_cli("results", "list", "--db", str(path), "--json").stdout)
     assert {x["kind"] for x in listed} == {"bench", "serve-bench", "link-test"}
+
+
+def test_the_list_line_comes_from_what_a_run_stored_when_it_ended(tmp_path: Path) -> None:
+    """`results list` reads no samples of a run that ended (a 60,000-request serve-bench run took 20 s
+    to read); a run still running is summed up from its samples."""
+    from moetune.bench.analysis.summary import run_summary
+    from moetune.kinds import RunStatus
+    from moetune.report.results_view import headline
+
+    def unread(run_id: int) -> list[dict[str, object]]:
+        raise AssertionError(f"run {run_id}'s samples were read")
+
+    with ResultsDB.open(tmp_path / "h.sqlite") as db:
+        done = db.create_run(RunMeta(RunKind.BENCH), label="b", target="t")
+        for s in run_samples([20.0, 22.0, 21.0]):
+            db.add_sample(done, s)
+        db.finish_run(done, RunStatus.DONE, run_summary(db.samples(done)))
+        serve = db.create_run(RunMeta(RunKind.SERVE_BENCH), label="s", target="t")
+        db.finish_run(serve, RunStatus.DONE, {"levels": [{"concurrency": 4, "rate": None, "ttft_ms": {"p50": 123.4},
+                                                          "tpot_ms": {"p50": 45.6}}]})
+        running = db.create_run(RunMeta(RunKind.BENCH), label="r", target="t")
+        for s in run_samples([10.0, 12.0]):
+            db.add_sample(running, s)
+        assert headline(db.run(done), unread) == "tg:short-json 21.00, pp:short-json 25.00"
+        assert headline(db.run(serve), unread) == "ttft:c=4 123.4, tpot:c=4 45.60"
+        assert headline(db.run(running), db.iter_samples) == "tg:short-json 11.00, pp:short-json 25.00"

@@ -107,3 +107,19 @@ def test_bad_kind_status_and_values_are_refused(tmp_path: Path) -> None:
         with pytest.raises(ValueError):
             db.add_sample(rid, {"x": float("nan")})  # raw samples stay valid JSON
         assert db.samples(rid) == []
+
+
+def test_samples_stream_a_batch_at_a_time_as_they_were_stored(tmp_path: Path) -> None:
+    with ResultsDB.open(tmp_path / "h.sqlite") as db:
+        rid = db.create_run(RunMeta(RunKind.SERVE_BENCH), label="x", target="t")
+        other = db.create_run(RunMeta(RunKind.SERVE_BENCH), label="y", target="t")
+        for i in range(7):
+            db.add_sample(rid, {"i": i}, phase="warmup" if i == 2 else "measure")
+            db.add_sample(other, {"i": -i})
+        whole = db.sample_rows(rid)
+        assert [r.data["i"] for r in whole] == list(range(7))
+        for batch in (1, 2, 3, 7, 100):
+            assert list(db.iter_sample_rows(rid, batch=batch)) == whole
+            assert [r.data["i"] for r in db.iter_sample_rows(rid, "measure", batch=batch)] == [0, 1, 3, 4, 5, 6]
+            assert [s["i"] for s in db.iter_samples(rid, batch=batch)] == [0, 1, 3, 4, 5, 6]
+        assert db.sample_rows(rid, "warmup")[0].data == {"i": 2}

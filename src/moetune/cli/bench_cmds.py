@@ -198,7 +198,7 @@ def bench_cmd(target: str, label: str | None, server_name: str | None, launch_ti
                                       on_start=started.append, on_snapshot=bars.machine)
         except KeyboardInterrupt:
             if started:
-                n = len(db.samples(started[0]))
+                n = db.sample_counts(started[0]).get("measure", 0)
                 err.print(f"run {started[0]} interrupted: {n} measured samples kept in {db.path}")
             raise
         _print_run(db, run_id, as_json)
@@ -298,7 +298,7 @@ def sweep_cmd(plans: tuple[Path, ...], baseline: str | None, sid: str | None, se
             comparison_output(comp, "table")
             for o in ok:
                 assert o.run is not None
-                for message, remedy in grouped(run_noise(db.run(o.run), db.samples(o.run))):
+                for message, remedy in grouped(run_noise(db.run(o.run), db.iter_samples(o.run))):
                     warn(f"{o.label} (run {o.run}): {message}", remedy)
             out.print(f"sweep {sid}: {len(ok)} of {len(outcomes)} plans measured; re-run the same command to resume"
                       + (f"; plot: {plot_path}" if plot_path else ""))

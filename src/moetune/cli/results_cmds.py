@@ -58,7 +58,7 @@ def show_cmd(run_ref: str, db_path: Path | None, as_json: bool) -> None:
 
     with ResultsDB.open(db_path) as db:
         r = db.resolve(run_ref)
-        d = derived(r, db.samples(r.id))
+        d = derived(r, db.iter_samples(r.id))
         if as_json:
             print_json({"run": r.header(), **r.to_json(), "derived": d, "samples": db.sample_counts(r.id)})
             return
@@ -165,8 +165,8 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
             if r.status != RunStatus.DONE:
                 warn(f"run {r.id} ({r.label}) is {r.status}: comparing the samples it has")
         data = load(db, runs)
-        noise = {r.id: run_noise(r, db.samples(r.id)) for r in runs}
-        preds = {r.id: rep for r in runs if r.meta.details.get("predicted")
+        noise = {r.id: run_noise(r, db.iter_samples(r.id)) for r in runs}
+        preds = {r.id: rep for r in runs if r.kind == RunKind.BENCH and r.meta.details.get("predicted")
                  and (rep := report(run_summary(db.samples(r.id)), dict(r.meta.details)))}
     comp = compare(data[0], data[1:], conf=confidence, min_change=min_change / 100, seed=seed)
     require_rows(comp)

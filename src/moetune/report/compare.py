@@ -13,7 +13,7 @@ medians; "same" when it includes 1 or the change is under the practical threshol
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from moetune.errors import InputError
 from moetune.kinds import RunKind, RunStatus
 from moetune.store.db import ResultsDB, Run
 
-MetricExtractor = Callable[[list[dict[str, Any]]], dict[str, MetricSamples]]
+MetricExtractor = Callable[[Iterable[dict[str, Any]]], dict[str, MetricSamples]]  # reads the samples once
 METRIC_EXTRACTORS: dict[str, MetricExtractor] = {
     RunKind.BENCH: bench_metrics, RunKind.SERVE_BENCH: serve_run_metrics, RunKind.LINK_TEST: link_metric_samples}
 COMPARE_SCHEMA_VERSION = 1
@@ -105,7 +105,7 @@ class Comparison:
         }
 
 
-def extract(run: Run, samples: list[dict[str, Any]]) -> RunMetrics:
+def extract(run: Run, samples: Iterable[dict[str, Any]]) -> RunMetrics:
     fn = METRIC_EXTRACTORS.get(run.kind)
     if fn is None:
         raise InputError(f"run {run.id} is a {run.kind!r} run, which compare does not know how to read",
@@ -116,7 +116,7 @@ def extract(run: Run, samples: list[dict[str, Any]]) -> RunMetrics:
 def load(db: ResultsDB, runs: list[Run]) -> list[RunMetrics]:
     out = []
     for r in runs:
-        rm = extract(r, db.samples(r.id))
+        rm = extract(r, db.iter_samples(r.id))
         if not rm.metrics:
             raise InputError(f"run {r.id} ({r.label}) has no measured samples to compare",
                              hint="it may have been interrupted before its first sample; run it again")
@@ -190,11 +190,12 @@ def require_rows(c: Comparison) -> None:
     raise InputError(f"nothing to compare: {why}", hint=hint)
 
 
-def run_noise(run: Run, samples: list[dict[str, Any]]) -> list[Warning]:
-    """The warnings that make a run's verdicts less trustworthy (noise, cache state)."""
+def run_noise(run: Run, samples: Iterable[dict[str, Any]]) -> list[Warning]:
+    """The warnings that make a run's verdicts less trustworthy (noise, cache state): a bench
+    run's (the samples of another kind are not read)."""
     if run.kind != RunKind.BENCH:
         return []
-    return [w for w in bench_warnings(samples) if w.code in NOISE]
+    return [w for w in bench_warnings(list(samples)) if w.code in NOISE]
 
 
 def runs_to_compare(db: ResultsDB, refs: list[str], *, baseline: str | None = None,

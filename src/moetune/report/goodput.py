@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from moetune.bench.analysis.serve import group_levels, level_goodput
-from moetune.bench.analysis.slo import SLO_EXAMPLE, slo_text, wilson
+from moetune.bench.analysis.serve import LevelFigures, level_name, level_of, level_span
+from moetune.bench.analysis.slo import SLO_EXAMPLE, goodput, slo_text, wilson
 from moetune.errors import InputError
 from moetune.kinds import RunKind
 from moetune.store.db import ResultsDB, Run
@@ -63,17 +63,17 @@ class GoodputRanking:
                 "notes": self.notes}
 
 
-def level_key(concurrency: int, rate: Any) -> str:
-    return f"c={concurrency}" + (f"@{rate}/s" if rate else "")
-
-
-def run_goodput(run: Run, samples: list[dict[str, Any]], slo: Mapping[str, float]) -> RunGoodput:
+def run_goodput(run: Run, samples: Iterable[dict[str, Any]], slo: Mapping[str, float]) -> RunGoodput:
+    """Each level's goodput, the samples read once (a run of any length, streamed)."""
+    by: dict[tuple[int, Any], LevelFigures] = {}
+    for s in samples:
+        if "chunks" in s:
+            by.setdefault(level_of(s), LevelFigures()).add(s)
     levels = []
-    for group in group_levels(s for s in samples if "chunks" in s):
-        c, rate = int(group[0].get("concurrency") or 0), group[0].get("rate")
-        g = level_goodput(group, slo)
+    for (c, rate), f in by.items():
+        g = goodput(f.ms, slo, level_span(f.heads))
         ci = wilson(g["met"], g["of"])
-        levels.append({"level": level_key(c, rate), "concurrency": c, "rate": rate, "share": g["share"],
+        levels.append({"level": level_name(c, rate), "concurrency": c, "rate": rate, "share": g["share"],
                        "share_ci": None if ci is None else [round(ci[0], 4), round(ci[1], 4)],
                        **{k: v for k, v in g.items() if k not in ("slo", "share")}})
     return RunGoodput(run.id, run.label, levels)
@@ -110,7 +110,7 @@ def rank_goodput(db: ResultsDB, runs: list[Run], slo: dict[str, float] | None) -
     if len(serve) < 2:
         raise InputError("--metric goodput needs at least two serve-bench runs", hint="; ".join(notes) or None)
     targets, source = choose_slo(serve, slo)
-    data = [run_goodput(r, db.samples(r.id), targets) for r in serve]
+    data = [run_goodput(r, db.iter_samples(r.id), targets) for r in serve]
     for d in data:
         if not d.levels:
             raise InputError(f"run {d.run} ({d.label}) has no measured samples to judge",

@@ -204,7 +204,7 @@ def _load(db: ResultsDB, rounds: dict[int, dict[str, int]]) -> dict[int, RunMetr
     for runs in rounds.values():
         for run_id in runs.values():
             r = db.run(run_id)
-            rm = extract(r, db.samples(run_id))
+            rm = extract(r, db.iter_samples(run_id))
             if not rm.metrics:
                 raise InputError(f"run {run_id} ({r.label}) has no measured samples to compare")
             out[run_id] = rm

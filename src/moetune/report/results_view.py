@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import shlex
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -17,7 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from moetune.bench.analysis import single as m
-from moetune.bench.analysis.stats import DEFAULT_CONF, summarize
+from moetune.bench.analysis.serve import level_name
+from moetune.bench.analysis.stats import DEFAULT_CONF, median, summarize
 from moetune.bench.analysis.summary import run_summary
 from moetune.bench.analysis.warnings import Warning, grouped
 from moetune.kinds import RunKind
@@ -29,25 +31,39 @@ EXPORT_SCHEMA_VERSION = 1
 FORMATS = ("md", "csv", "json")
 
 
-def derived(run: Run, samples: list[dict[str, Any]], *, seed: int = 0) -> dict[str, Any]:
-    """A run's figures from its measured samples (bench: the full summary; other kinds: their metrics)."""
+def derived(run: Run, samples: Iterable[dict[str, Any]], *, seed: int = 0) -> dict[str, Any]:
+    """A run's figures from its measured samples (bench: the full summary; other kinds: their
+    metrics, the samples read once: a long serve-bench run is streamed, never held)."""
     if run.kind == RunKind.BENCH:
-        return run_summary(samples, seed=seed)
+        return run_summary(list(samples), seed=seed)
     fn = METRIC_EXTRACTORS.get(run.kind)
-    if fn is None or not samples:
+    if fn is None:
         return {"metrics": {}}
     return {"metrics": {k: {**summarize(v.values, seed=seed).to_json(), "unit": v.unit}
                         for k, v in fn(samples).items()}}
 
 
-def headline(run: Run, samples: list[dict[str, Any]]) -> str:
+def headline(run: Run, samples: Callable[[int], Iterable[dict[str, Any]]]) -> str:
+    """Two medians for a line of `results list`: TG and PP of a bench run's first workload, TTFT and
+    TPOT (ms) of a serve-bench run's first level, from the figures the run stored when it ended (a
+    long serve-bench run's samples take seconds to read); a run without them (still running, or
+    of another kind), from its samples."""
+    s = run.summary or {}
+    if run.kind == RunKind.BENCH and s.get("workloads"):
+        w, d = next(iter(s["workloads"].items()))
+        return ", ".join(f"{fam}:{w} {fmt(d[fam]['median'])}" for fam in ("tg", "pp") if (d.get(fam) or {}).get("median")
+                         is not None)
+    if run.kind == RunKind.SERVE_BENCH and s.get("levels"):
+        lv = s["levels"][0]
+        name = level_name(int(lv.get("concurrency") or 0), lv.get("rate"))
+        return ", ".join(f"{fam}:{name} {fmt(p50)}" for fam in ("ttft", "tpot")
+                         if (p50 := (lv.get(f"{fam}_ms") or {}).get("p50")) is not None)
     fn = METRIC_EXTRACTORS.get(run.kind)
-    if fn is None or not samples:
+    if fn is None:
         return ""
-    parts = []
-    for name, ms in list(fn(samples).items())[:2]:
-        parts.append(f"{name} {fmt(summarize(ms.values).median)}")
-    return ", ".join(parts)
+    ms = fn(samples(run.id))
+    names = [n for n in ms if n.split(":")[0] in ("tg", "pp", "ttft", "tpot")] or list(ms)
+    return ", ".join(f"{name} {fmt(median(ms[name].values))}" for name in names[:2])
 
 
 def runs_table(db: ResultsDB, runs: list[Run]) -> Table:
@@ -59,7 +75,7 @@ def runs_table(db: ResultsDB, runs: list[Run]) -> Table:
         status = "abandoned" if r.abandoned else str(r.status)
         style = {"done": "", "running": "yellow", "interrupted": "yellow", "failed": "red", "abandoned": "red"}[status]
         t.add_row(str(r.id), r.kind, r.label, Text(status, style=style), r.created_at[:19].replace("T", " "),
-                  str(counts.get("measure", 0)), headline(r, db.samples(r.id)), r.target)
+                  str(counts.get("measure", 0)), headline(r, db.iter_samples), r.target)
     return t
 
 

@@ -254,13 +254,24 @@ class ResultsDB:
             seq = rows[-1][0] + 1
 
     def sample_rows(self, run_id: int, phase: str | None = None) -> list[SampleRow]:
-        q = "SELECT id, run_id, phase, seq, created_at, data FROM samples WHERE run_id = ?"
-        args: list[Any] = [run_id]
-        if phase is not None:
-            q += " AND phase = ?"
-            args.append(phase)
-        q += " ORDER BY id"
-        return [SampleRow(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in self._conn.execute(q, args)]
+        return list(self.iter_sample_rows(run_id, phase, batch=1 << 30))
+
+    def iter_sample_rows(self, run_id: int, phase: str | None = None, *, batch: int = 256) -> Iterator[SampleRow]:
+        """A run's samples (of every phase, or of ``phase``) as stored, in the order stored, read a
+        batch at a time."""
+        after = 0
+        where = " AND phase = ?" if phase is not None else ""
+        while True:
+            with self._lock:
+                rows = self._conn.execute(
+                    "SELECT id, run_id, phase, seq, created_at, data FROM samples WHERE run_id = ? AND id > ?"
+                    f"{where} ORDER BY id LIMIT ?", (run_id, after, *((phase,) if phase is not None else ()), batch),
+                ).fetchall()
+            for r in rows:
+                yield SampleRow(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]))
+            if len(rows) < batch:
+                return
+            after = rows[-1][0]
 
     def sample_counts(self, run_id: int) -> dict[str, int]:
         return {r[0]: r[1] for r in self._conn.execute(

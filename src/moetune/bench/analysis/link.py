@@ -4,12 +4,13 @@ throughput of each bandwidth test. Pure, like the other kinds' extractors, so `r
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from moetune.bench.analysis.stats import MetricSamples
 
 
-def link_metric_samples(samples: list[dict[str, Any]]) -> dict[str, MetricSamples]:
+def link_metric_samples(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:
     out: dict[str, MetricSamples] = {}
     for s in samples:
         if s.get("test") == "latency" and s.get("rtt_s"):

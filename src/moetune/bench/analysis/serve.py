@@ -213,11 +213,6 @@ def level_span(samples: Sequence[dict[str, Any]]) -> float | None:
     return t1 - t0 if t0 is not None and t1 is not None and t1 > t0 else None
 
 
-def level_goodput(samples: Sequence[dict[str, Any]], slo: Mapping[str, float]) -> dict[str, Any]:
-    """:func:`moetune.bench.analysis.slo.goodput` of one level's raw samples."""
-    return goodput([request_metrics(s) for s in samples], slo, level_span(samples))
-
-
 # what a level's figures need of a sample beside its metrics: not its events, which a long level has millions of
 _HEAD = ("index", "concurrency", "rate", "t_sched", "t_end")
 
@@ -231,22 +226,50 @@ def _gaps_taken(m: RequestMetrics, itl: array[float], server_itl: array[float]) 
     return replace(m, itl_s=(max(m.itl_s),) if m.itl_s else (), server_itl_s=())
 
 
+class LevelFigures:
+    """One load level's figures, its raw samples taken one at a time: each sample's events are let
+    go once its metrics are taken (its per-token gaps move into the level's arrays), so a long
+    level can be streamed from the history."""
+
+    def __init__(self) -> None:
+        self.ms: list[RequestMetrics] = []
+        self.heads: list[dict[str, Any]] = []
+        self.itl, self.server_itl = array("d"), array("d")  # every successful request's gaps, in order
+
+    def add(self, s: dict[str, Any]) -> None:
+        self.ms.append(_gaps_taken(request_metrics(s), self.itl, self.server_itl))
+        self.heads.append({k: s.get(k) for k in _HEAD})
+
+    def summary(self, slo: Mapping[str, float] | None = None) -> dict[str, Any]:
+        """The figures (:func:`summarize_level`)."""
+        return _summary(self.ms, self.heads, self.itl, self.server_itl, slo)
+
+
 def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """One load level's figures from its raw samples (all of one concurrency and rate), read once:
-    each sample's events are let go once its metrics are taken, so a long level can be streamed from
-    the history.
+    """One load level's figures from its raw samples (all of one concurrency and rate), read once.
 
     Open-loop levels add ``offered_request_s`` (the rate requests came due at) and
     ``completed_request_s`` (the rate they finished at): a client that keeps up finishes them as
     fast as they come; one that falls behind finishes them at what its streams can do. With
     latency targets (``slo``), ``goodput`` is the share and rate of requests that met them all
     (:mod:`moetune.bench.analysis.slo`); without, it is None."""
-    ms: list[RequestMetrics] = []
-    heads: list[dict[str, Any]] = []
-    itl, server_itl = array("d"), array("d")  # every successful request's gaps, in order
+    f = LevelFigures()
     for s in samples:
-        ms.append(_gaps_taken(request_metrics(s), itl, server_itl))
-        heads.append({k: s.get(k) for k in _HEAD})
+        f.add(s)
+    return f.summary(slo)
+
+
+def summarize_levels(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+    """Every level of a run (samples grouped as :func:`group_levels` groups them), its samples read
+    once and never held: a run of any length, streamed from the history."""
+    levels: dict[tuple[int, Any], LevelFigures] = {}
+    for s in samples:
+        levels.setdefault(level_of(s), LevelFigures()).add(s)
+    return [f.summary(slo) for f in levels.values()]
+
+
+def _summary(ms: list[RequestMetrics], heads: list[dict[str, Any]], itl: array[float], server_itl: array[float],
+             slo: Mapping[str, float] | None) -> dict[str, Any]:
     ok = [m for m in ms if m.ok]
     starts = [_num(s.get("t_sched")) for s in heads]
     ends = [_num(s.get("t_end")) for s in heads]
@@ -292,34 +315,67 @@ def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] 
     }
 
 
+def level_of(s: Mapping[str, Any]) -> tuple[int, Any]:
+    """The load level a raw sample was measured at: (concurrency, rate)."""
+    return int(s.get("concurrency") or 0), s.get("rate")
+
+
+def level_name(concurrency: int, rate: Any) -> str:
+    """A level as metric names and tables say it: ``c=4``, ``c=8@2.0/s``."""
+    return f"c={concurrency}" + (f"@{rate}/s" if rate else "")
+
+
 def group_levels(samples: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Samples grouped by (concurrency, rate), in the order the levels ran."""
     groups: dict[tuple[int, Any], list[dict[str, Any]]] = {}
     for s in samples:
-        groups.setdefault((int(s.get("concurrency") or 0), s.get("rate")), []).append(s)
+        groups.setdefault(level_of(s), []).append(s)
     return list(groups.values())
 
 
-def serve_metric_samples(samples: list[dict[str, Any]]) -> dict[str, MetricSamples]:
+class LevelSeries:
+    """The "serve-bench" kind's per-request values by metric and level, taken a sample at a time."""
+
+    FAMILIES = ("ttft", "itl", "tpot", "e2e", "decode")
+
+    def __init__(self) -> None:
+        self.levels: dict[tuple[int, Any], dict[str, list[float]]] = {}
+
+    def add(self, s: dict[str, Any]) -> None:
+        if "chunks" not in s:
+            return
+        series = self.levels.setdefault(level_of(s), {f: [] for f in self.FAMILIES})
+        m = request_metrics(s)
+        if not m.ok:
+            return
+        for fam, v in (("ttft", None if m.ttft_s is None else m.ttft_s * 1000),
+                       ("itl", sum(m.itl_s) / len(m.itl_s) * 1000 if m.itl_s else None),
+                       ("tpot", None if m.tpot_s is None else m.tpot_s * 1000),
+                       ("e2e", None if m.e2e_s is None else m.e2e_s * 1000),
+                       ("decode", 1 / m.tpot_s if m.tpot_s else None)):
+            if v is not None:
+                series[fam].append(v)
+
+    def metrics(self) -> dict[str, MetricSamples]:
+        out: dict[str, MetricSamples] = {}
+        for (c, rate), series in self.levels.items():
+            for fam, values in series.items():
+                if values:
+                    higher = fam == "decode"
+                    out[f"{fam}:{level_name(c, rate)}"] = MetricSamples(
+                        tuple(values), higher, "tokens/s" if higher else "ms", fam, float(c), "concurrency")
+        return out
+
+
+def serve_metric_samples(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:
     """The "serve-bench" kind's extractor for `moetune compare`: per-request values by metric and
-    level, named ``FAMILY:c=N`` (``ttft:c=4``) and placed on the concurrency axis.
+    level, named ``FAMILY:c=N`` (``ttft:c=4``) and placed on the concurrency axis; the samples read
+    once (a run of any length, streamed from the history).
 
     Families: ttft, itl (each request's mean ITL), tpot and e2e in ms (lower is better), and
     decode in tokens/s (1 / TPOT, higher is better). Open-loop levels add ``@RATE/s`` to the name.
     """
-    out: dict[str, MetricSamples] = {}
-    for group in group_levels(s for s in samples if "chunks" in s):
-        c, rate = int(group[0].get("concurrency") or 0), group[0].get("rate")
-        key = f"c={c}" + (f"@{rate}/s" if rate else "")
-        ms = [m for m in (request_metrics(s) for s in group) if m.ok]
-        series: dict[str, tuple[list[float], bool, str]] = {
-            "ttft": ([m.ttft_s * 1000 for m in ms if m.ttft_s is not None], False, "ms"),
-            "itl": ([sum(m.itl_s) / len(m.itl_s) * 1000 for m in ms if m.itl_s], False, "ms"),
-            "tpot": ([m.tpot_s * 1000 for m in ms if m.tpot_s is not None], False, "ms"),
-            "e2e": ([m.e2e_s * 1000 for m in ms if m.e2e_s is not None], False, "ms"),
-            "decode": ([1 / m.tpot_s for m in ms if m.tpot_s], True, "tokens/s"),
-        }
-        for fam, (values, higher, unit) in series.items():
-            if values:
-                out[f"{fam}:{key}"] = MetricSamples(tuple(values), higher, unit, fam, float(c), "concurrency")
-    return out
+    series = LevelSeries()
+    for s in samples:
+        series.add(s)
+    return series.metrics()

@@ -28,10 +28,10 @@ import numpy as np
 
 from moetune.bench.analysis.serve import (
     PERCENTILES,
+    LevelSeries,
     RequestMetrics,
     percentiles_ms,
     request_metrics,
-    serve_metric_samples,
 )
 from moetune.bench.analysis.stats import MetricSamples
 
@@ -263,7 +263,13 @@ def session_metric_samples(samples: Iterable[Mapping[str, Any]]) -> dict[str, Me
     return out
 
 
-def serve_run_metrics(samples: list[dict[str, Any]]) -> dict[str, MetricSamples]:
+def serve_run_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:
     """A serve-bench run's metrics for `moetune compare`: its levels'
-    (:func:`moetune.bench.analysis.serve.serve_metric_samples`) and, for agent sessions, per turn."""
-    return {**serve_metric_samples(samples), **session_metric_samples(samples)}
+    (:func:`moetune.bench.analysis.serve.serve_metric_samples`) and, for agent sessions, per turn;
+    the samples read once (only an agent-sessions run's turns are held)."""
+    levels, turns = LevelSeries(), []
+    for s in samples:
+        levels.add(s)
+        if is_session_sample(s):
+            turns.append(s)
+    return {**levels.metrics(), **session_metric_samples(turns)}

@@ -19,6 +19,7 @@ the token counts from the response's ``usage``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from moetune.bench.analysis.stats import MetricSamples
@@ -143,14 +144,14 @@ def workload_names(samples: list[dict[str, Any]]) -> list[str]:
     return list(seen)
 
 
-def by_workload(samples: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def by_workload(samples: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for s in samples:
         out.setdefault(str(s.get("workload", "?")), []).append(s)
     return out
 
 
-def bench_metrics(samples: list[dict[str, Any]]) -> dict[str, MetricSamples]:
+def bench_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:
     """The "bench" kind's extractor: ``tg:WORKLOAD`` and ``pp:WORKLOAD`` in tokens/s, by the
     server's timings, or by the client's clock where the server has none (:func:`source`)."""
     out: dict[str, MetricSamples] = {}

@@ -116,9 +116,18 @@ def cv(xs: Sequence[float]) -> float:
     return float(a.std(ddof=1)) / abs(m) if m != 0 else math.inf
 
 
+BOOT_CELLS = 1 << 22  # resampled values held at once (32 MiB of float64, as much again of indices)
+
+
 def _boot_medians(a: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    idx = rng.integers(0, a.size, size=(n_boot, a.size))
-    meds: np.ndarray = np.median(a[idx], axis=1)
+    """The medians of ``n_boot`` resamples of ``a``, drawn a block of rows at a time so that a large
+    sample (a serve-bench level of 60,000 requests) needs tens of MiB, not gigabytes; the draws,
+    and so the medians, are those of one (n_boot, n) draw."""
+    rows = max(1, BOOT_CELLS // max(1, a.size))
+    meds = np.empty(n_boot)
+    for i in range(0, n_boot, rows):
+        k = min(rows, n_boot - i)
+        meds[i:i + k] = np.median(a[rng.integers(0, a.size, size=(k, a.size))], axis=1)
     return meds
 
 

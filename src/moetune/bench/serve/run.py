@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from moetune import __version__
-from moetune.bench.analysis.serve import group_levels, summarize_level
+from moetune.bench.analysis.serve import summarize_level, summarize_levels
 from moetune.bench.analysis.warnings import Warning, annotate, run_warnings
 from moetune.bench.http.client import StreamingHttp, connect
 from moetune.bench.http.clock import run as run_loop
@@ -352,11 +352,10 @@ def stored_report(db: ResultsDB, run: Run, slo: dict[str, float] | None = None) 
     if run.kind != RunKind.SERVE_BENCH:
         raise InputError(f"run {run.id} is a {run.kind} run, not {RunKind.SERVE_BENCH}",
                          hint="see `moetune results show`")
-    samples = db.samples(run.id)
     m = run.meta
     server = None if m.server is None else m.server.to_json()
     slo = slo or m.details.get("slo") or None
-    levels = [summarize_level(g, slo) for g in group_levels(samples)]
+    levels = summarize_levels(db.iter_samples(run.id), slo)  # streamed: a long run is never held whole
     stored = {(lv["concurrency"], lv["rate"]): lv for lv in (run.summary or {}).get("levels", [])}
     for lv in levels:
         lv["server"] = stored.get((lv["concurrency"], lv["rate"]), {}).get("server", server)
@@ -368,8 +367,8 @@ def stored_report(db: ResultsDB, run: Run, slo: dict[str, float] | None = None) 
     if ss:
         from moetune.bench.analysis.sessions import summarize_sessions
 
-        sessions = summarize_sessions(samples, ss, slots=m.server.slots if m.server else None)
-    return report_doc(run, levels, advice, samples=len(samples), slo=slo, sessions=sessions)
+        sessions = summarize_sessions(db.iter_samples(run.id), ss, slots=m.server.slots if m.server else None)
+    return report_doc(run, levels, advice, samples=sum(lv["requests"] for lv in levels), slo=slo, sessions=sessions)
 
 
 def report_doc(run: Run, levels: list[dict[str, Any]], advice: list[Warning], *, samples: int,

@@ -8,7 +8,7 @@ are worked out here, from the sampler's snapshots or else from the run's own sam
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -111,7 +111,7 @@ def _sample_span(row: SampleRow) -> tuple[float, float] | None:
     return stored - dur, stored
 
 
-def sample_phases(rows: Sequence[SampleRow]) -> list[PhaseBand]:
+def sample_phases(rows: Iterable[SampleRow]) -> list[PhaseBand]:
     """The run's workloads (bench) or load levels (serve-bench) in the order they ran, each from its
     first request's start to its last one's end; warm-up samples count toward their workload."""
     out: list[PhaseBand] = []
@@ -126,7 +126,7 @@ def sample_phases(rows: Sequence[SampleRow]) -> list[PhaseBand]:
     return out
 
 
-def phases(snaps: Sequence[Snapshot], rows: Sequence[SampleRow]) -> tuple[PhaseBand, ...]:
-    """The phases the snapshots name; where none does, those the samples tell."""
+def phases(snaps: Sequence[Snapshot], rows: Iterable[SampleRow]) -> tuple[PhaseBand, ...]:
+    """The phases the snapshots name; where none does, those the samples tell (read only then)."""
     from_snaps = snapshot_phases(snaps)
     return tuple(from_snaps or sample_phases(rows))

@@ -5,7 +5,7 @@ command uses, and hand :mod:`.page` one :class:`~.data.ReportData`."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from moetune.monitor.snapshot import Snapshot
 from moetune.report.compare import Comparison, runs_to_compare
 from moetune.report.html.data import PlanSource, ReportData, RunReport, phases
 from moetune.report.paired import PairedComparison, load_refs, load_sweep
-from moetune.store.db import ResultsDB, Run, SampleRow
+from moetune.store.db import ResultsDB, Run
 
 PLAN_KEYS = ("services", "devices", "launch")
 PLAN_HINT = ("write one with `moetune plan MODEL --hw HW -o plan.json`; runs are named by id, label or `latest` "
@@ -55,23 +55,25 @@ def read_snapshots(rows: Sequence[Mapping[str, Any]]) -> tuple[Snapshot, ...]:
     return tuple(sorted(out, key=lambda s: s.t))
 
 
-def run_report(db: ResultsDB, run: Run, rows: Sequence[SampleRow]) -> RunReport:
+def run_report(db: ResultsDB, run: Run) -> RunReport:
+    """One run's part of the page, its samples streamed from the history (a long serve-bench run
+    is read a batch at a time, never held whole)."""
     from moetune.bench.analysis.predicted import report
     from moetune.report.results_view import derived
 
-    measured = [r.data for r in rows if r.phase == "measure"]
-    figures = derived(run, measured)
+    counts = db.sample_counts(run.id)
+    figures = derived(run, db.iter_samples(run.id))
     prediction = report(figures, dict(run.meta.details)) if run.kind == RunKind.BENCH else None
     serve = None
-    if run.kind == RunKind.SERVE_BENCH and measured:
+    if run.kind == RunKind.SERVE_BENCH and counts.get("measure"):
         from moetune.bench.serve.run import stored_report
 
         serve = stored_report(db, run)
     snaps = read_snapshots(db.metrics(run.id))
-    return RunReport(run, db.sample_counts(run.id), figures, prediction, snaps, phases(snaps, rows), serve)
+    return RunReport(run, counts, figures, prediction, snaps, phases(snaps, db.iter_sample_rows(run.id)), serve)
 
 
-def comparison(runs: Sequence[Run], samples: Mapping[int, list[dict[str, Any]]]) -> tuple[Comparison | None, list[str]]:
+def comparison(runs: Sequence[Run], samples: Callable[[Run], Iterable[dict[str, Any]]]) -> tuple[Comparison | None, list[str]]:
     """`moetune compare`'s comparison of the runs against the first that has samples, and what to
     tell beside it (runs left out and why, noise warnings)."""
     from moetune.bench.analysis.warnings import grouped
@@ -83,7 +85,7 @@ def comparison(runs: Sequence[Run], samples: Mapping[int, list[dict[str, Any]]])
         if r.kind not in METRIC_EXTRACTORS:
             notes.append(f"run {r.id} ({r.label}) is a {r.kind} run, which compare does not read: not compared")
             continue
-        rm = extract(r, samples[r.id])
+        rm = extract(r, samples(r))
         if not rm.metrics:
             notes.append(f"run {r.id} ({r.label}) has no measured samples: not compared")
             continue
@@ -99,7 +101,7 @@ def comparison(runs: Sequence[Run], samples: Mapping[int, list[dict[str, Any]]])
     except InputError as e:
         return None, [*notes, str(e)]
     for r in runs:
-        for message, _remedy in grouped(run_noise(r, samples[r.id])):
+        for message, _remedy in grouped(run_noise(r, samples(r))):
             notes.append(f"run {r.id}: {message}")
     return c, notes
 
@@ -150,10 +152,9 @@ def gather(args: Sequence[str], db_path: Path | None, *, generated_at: str, vers
         return ReportData(plans=_plans(files, []), generated_at=generated_at, version=version)
     with ResultsDB.open(db_path) as db:
         runs, pair = _runs(db, refs, sweep, paired)
-        rows = {r.id: db.sample_rows(r.id) for r in runs}
-        reports = tuple(run_report(db, r, rows[r.id]) for r in runs)
-        samples = {r.id: [s.data for s in rows[r.id] if s.phase == "measure"] for r in runs}
-        comp, notes = comparison(runs, samples) if len(runs) > 1 and pair is None else (None, [])
+        reports = tuple(run_report(db, r) for r in runs)
+        comp, notes = (comparison(runs, lambda r: db.iter_samples(r.id)) if len(runs) > 1 and pair is None
+                       else (None, []))
         path = str(db.path)
     return ReportData(plans=_plans(files, runs), runs=reports, comparison=comp, paired=pair,
                       compare_notes=tuple(notes), generated_at=generated_at, version=version, db_path=path)
