@@ -10,6 +10,11 @@
    launched, benchmarked and stopped in turn, and the sweep ends with the comparison table and
    a plot (demo-out/compare.png)
 5. run the same sweep command again: it is complete, so every plan is skipped
+6. calibrate the speed model on the three runs (each kept its plan's prediction beside what it
+   measured), and write the HTML report of the three (demo-out/report.html)
+
+Everything the demo writes stays in ./demo-out/ (its data directory included: launches, the
+calibration); the engine build is cached outside the repository.
 
 On this testbed the differences come from backend switches: every CPU <-> RPC0 boundary is a
 round trip over loopback TCP per token, so placements with fewer splits decode faster.
@@ -18,6 +23,7 @@ round trip over loopback TCP per token, so placements with fewer splits decode f
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -100,7 +106,7 @@ def write_plans(model: Path) -> Path:
     for label, strategy in STRATEGIES:
         rport = free_port()  # a fresh port per plan: a worker's port may linger after it stops
         hw = plans / f"hw-{rport}.yaml"
-        hw.write_text(yaml.safe_dump({"nodes": [
+        hw.write_text(yaml.safe_dump({"name": "demo-loopback-rpc", "nodes": [  # one name: one calibration
             {"name": "local", "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20}},
             {"name": "rpc-worker", "link_addr": "127.0.0.1", "rpc_port": rport,
              "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20},
@@ -121,6 +127,7 @@ def main() -> None:
     if OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir()
+    os.environ["MOETUNE_DATA_DIR"] = str(OUT / "data")  # the demo's launches and calibration stay in demo-out
     model = OUT / "model.gguf"
     db = OUT / "results.sqlite"
 
@@ -150,8 +157,15 @@ def main() -> None:
 
     step("history")
     moetune("results", "list", "--db", str(db.relative_to(ROOT)))
+
+    step("6. calibrate the speed model on what the three runs measured, then the report of the three")
+    moetune("calibrate", "--db", str(db.relative_to(ROOT)))
+    report = OUT / "report.html"
+    moetune("report", *(str(p["run"]) for p in doc["plans"]), "-o", str(report.relative_to(ROOT)),
+            "--db", str(db.relative_to(ROOT)))
     print(f"\ndemo done in {time.monotonic() - t0:.0f} s; plot: {plot.relative_to(ROOT)}; "
-          f"results: {db.relative_to(ROOT)} (moetune results show RUN --db {db.relative_to(ROOT)})")
+          f"report: {report.relative_to(ROOT)}; results: {db.relative_to(ROOT)} "
+          f"(moetune results show RUN --db {db.relative_to(ROOT)})")
 
 
 if __name__ == "__main__":

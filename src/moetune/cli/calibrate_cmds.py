@@ -18,8 +18,8 @@ def calibrate_cmd(run_refs: tuple[str, ...], db_path: Path | None, as_json: bool
     """Fit the speed model's constants to measured runs (default: every benchmark of a plan).
 
     Each measured TG (at its context depth) and PP (over the prompt it processed) of a benchmarked
-    plan is one equation of the speed model; the fit (least squares on log ratios, pulled weakly
-    toward the current constants) is kept per hardware and engine kind, and `moetune plan` uses it
+    plan is one equation of the speed model; the fit (least squares on log ratios, pulled toward the
+    current constants: doubling one costs what a 3% miss does) is kept per hardware and engine kind, and `moetune plan` uses it
     for that hardware from then on (`--speed` still overrides). The error printed is
     leave-one-run-out, on the runs it was fitted on; the stated uncertainty is the band a
     measurement is checked against (`bench` flags a run outside it).
