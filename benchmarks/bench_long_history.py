@@ -1,4 +1,4 @@
-"""Reading back a long serve-bench run: `moetune serve-report` and `moetune report` of a run of
+"""Reading back a long serve-bench run: `moetune serve-report`, `report`, `results` of a run of
 60,000 requests (the soak's 30 minutes at 256 streams stored 59,166), each in its own process,
 their peak RSS and wall time.
 
@@ -89,6 +89,10 @@ def main(results: Path) -> None:
                                            "--db", str(db)], env),
             "results show": _child([*py, "results", "show", str(run_id), "--db", str(db)], env),
             "results list": _child([*py, "results", "list", "--db", str(db)], env),
+            "results export --format csv": _child([*py, "results", "export", str(run_id), "--format", "csv", "-o",
+                                                    str(Path(tmp) / "x.csv"), "--db", str(db)], env),
+            "results export --format json": _child([*py, "results", "export", str(run_id), "--format", "json", "-o",
+                                                     str(Path(tmp) / "x.json"), "--db", str(db)], env),
             "--version (the interpreter alone)": _child([*py, "--version"], env),
         }
     doc = {"requests": requests, "requests_measured": measured, "history_mib": round(size_mib, 1),

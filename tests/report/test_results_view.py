@@ -58,6 +58,25 @@ def test_export_csv_one_row_per_sample_in_si_units(db_path: Path, tmp_path: Path
     assert float(m["predicted_s"]) == pytest.approx(61 / (18.84 * 0.999))
     assert float(m["overhead_s"]) == pytest.approx(0.004)
     assert {"prompt_n", "cached_n", "wall_s", "client_ttft_s"} <= set(m)
+    assert [p.name for p in out.parent.iterdir()] == ["runs.csv"]  # written beside, renamed over: no .part left
+
+
+def test_an_export_that_fails_half_way_leaves_nothing(db_path: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    from typing import TextIO
+
+    import moetune.report.results_view as rv
+
+    def full_disk(db: object, runs: object, out: TextIO) -> None:
+        out.write('{"schema_version": 1, "runs": [')
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rv, "export_json", full_disk)
+    out = tmp_path / "runs.json"
+    r = run_cli("results", "export", "--all", "--format", "json", "-o", str(out), "--db", str(db_path))
+    assert r.exit_code == 2 and "cannot write the export" in r.stderr and "No space left" in r.stderr
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("runs.json")]
 
 
 def test_export_md_and_show_and_list(db_path: Path) -> None:

@@ -75,24 +75,31 @@ def show_cmd(run_ref: str, db_path: Path | None, as_json: bool) -> None:
 @db_option
 def export_cmd(run_refs: tuple[str, ...], fmt: str, all_runs: bool, output: Path | None, db_path: Path | None) -> None:
     """Runs with every raw sample: md (summary tables), csv (one row per sample, SI units), json (as stored)."""
-    import json
-
+    from moetune.errors import InputError
     from moetune.report.results_view import export_csv, export_json, export_md
     from moetune.store.db import ResultsDB
 
+    write = {"json": export_json, "csv": export_csv, "md": export_md}[fmt]
     with ResultsDB.open(db_path) as db:
         runs = _runs(db, run_refs, all_runs)
-        if fmt == "json":
-            text = json.dumps(export_json(db, runs), indent=2, default=str) + "\n"
-        elif fmt == "csv":
-            text = export_csv(db, runs)
-        else:
-            text = export_md(db, runs)
-    if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
-    else:
-        sys.stdout.write(text)
+        if not output:
+            write(db, runs, sys.stdout)
+            return
+        # written as the samples are read, into a file beside the output renamed over it at the end:
+        # an export that fails half-way leaves no half file under the name asked for
+        part = output.with_name(output.name + ".part")
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            with open(part, "w", newline="") as f:
+                write(db, runs, f)
+            part.replace(output)
+        except OSError as e:
+            part.unlink(missing_ok=True)
+            raise InputError(f"cannot write the export to {output}: {e.strerror or e}",
+                             hint="choose a writable path with -o, or leave -o out for stdout") from None
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
 
 
 def _runs(db: ResultsDB, refs: tuple[str, ...], all_runs: bool) -> list[Run]:

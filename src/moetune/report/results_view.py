@@ -8,10 +8,10 @@ readable summary. Figures are recomputed from the samples, never read from a cac
 from __future__ import annotations
 
 import csv
-import io
+import json
 import shlex
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TextIO
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -193,15 +193,19 @@ def show(run: Run, summary: dict[str, Any], counts: dict[str, int]) -> Renderabl
 
 # -- exports -----------------------------------------------------------------------------------
 
-def export_json(db: ResultsDB, runs: list[Run]) -> dict[str, Any]:
-    docs = []
-    for r in runs:
-        rows = db.sample_rows(r.id)
+def export_json(db: ResultsDB, runs: list[Run], out: TextIO) -> None:
+    """``{schema_version, db, runs: [{...run, derived, samples: [{phase, seq, created_at, data}]}]}``,
+    written a sample a line as the samples are read (a long run is never held whole)."""
+    out.write(f'{{"schema_version": {EXPORT_SCHEMA_VERSION}, "db": {json.dumps(str(db.path))}, "runs": [')
+    for i, r in enumerate(runs):
         d = r.to_json()
-        d["derived"] = derived(r, [s.data for s in rows if s.phase == "measure"])
-        d["samples"] = [{"phase": s.phase, "seq": s.seq, "created_at": s.created_at, "data": s.data} for s in rows]
-        docs.append(d)
-    return {"schema_version": EXPORT_SCHEMA_VERSION, "db": str(db.path), "runs": docs}
+        d["derived"] = derived(r, db.iter_samples(r.id))
+        out.write(("\n" if i == 0 else ",\n") + json.dumps(d, default=str)[:-1] + ', "samples": [')
+        for j, s in enumerate(db.iter_sample_rows(r.id)):
+            row = {"phase": s.phase, "seq": s.seq, "created_at": s.created_at, "data": s.data}
+            out.write(("\n" if j == 0 else ",\n") + json.dumps(row, default=str))
+        out.write("]}")
+    out.write("\n]}\n")
 
 
 BENCH_COLUMNS = ("workload", "depth", "thinking", "repeat", "t_unix_s", "prompt_n", "prompt_s", "predicted_n",
@@ -236,35 +240,34 @@ def _scalars(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def export_csv(db: ResultsDB, runs: list[Run]) -> str:
+def export_csv(db: ResultsDB, runs: list[Run], out: TextIO) -> None:
     """One row per sample of every phase: run columns, then the figures (bench) or the flattened
-    scalar raw values (other kinds)."""
-    rows: list[dict[str, Any]] = []
-    for r in runs:
-        for s in db.sample_rows(r.id):
-            base = {"run": r.id, "label": r.label, "kind": r.kind, "phase": s.phase, "seq": s.seq}
-            rows.append({**base, **(_bench_row(s.data) if r.kind == RunKind.BENCH else _scalars(s.data))})
+    scalar raw values (other kinds). The samples are read twice, a batch at a time: once for the
+    columns (every key any sample has), once for the rows."""
+    def rows() -> Iterator[dict[str, Any]]:
+        for r in runs:
+            for s in db.iter_sample_rows(r.id):
+                base = {"run": r.id, "label": r.label, "kind": r.kind, "phase": s.phase, "seq": s.seq}
+                yield {**base, **(_bench_row(s.data) if r.kind == RunKind.BENCH else _scalars(s.data))}
+
     cols: dict[str, None] = dict.fromkeys(("run", "label", "kind", "phase", "seq"))
     if any(r.kind == RunKind.BENCH for r in runs):
         cols.update(dict.fromkeys(BENCH_COLUMNS))
-    for row in rows:
+    for row in rows():
         cols.update(dict.fromkeys(row))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(cols), lineterminator="\n")
+    w = csv.DictWriter(out, fieldnames=list(cols), lineterminator="\n")
     w.writeheader()
-    for row in rows:
+    for row in rows():
         w.writerow({k: "" if v is None else v for k, v in row.items()})
-    return buf.getvalue()
 
 
-def export_md(db: ResultsDB, runs: list[Run]) -> str:
+def export_md(db: ResultsDB, runs: list[Run], sink: TextIO) -> None:
     out: list[str] = []
     for r in runs:
-        samples = db.samples(r.id)
-        d = derived(r, samples)
+        d = derived(r, db.iter_samples(r.id))
         out.append(f"## Run {r.id}: {r.label}\n")
         out += [f"- {line}" for line in _context_lines(r)[1:]]
-        out.append(f"- status: {r.status}; measured samples: {len(samples)}\n")
+        out.append(f"- status: {r.status}; measured samples: {db.sample_counts(r.id).get('measure', 0)}\n")
         if r.kind == RunKind.BENCH:
             out.append("| workload | TG tokens/s (median [95% CI]) | PP tokens/s | n | prompt | output | cached "
                        "| overhead ms |")
@@ -289,4 +292,4 @@ def export_md(db: ResultsDB, runs: list[Run]) -> str:
                 out.append(f"| {k} | {fmt(s['median'])} | [{fmt(s['ci_low'])}, {fmt(s['ci_high'])}] | {s['n']} | "
                            f"{s['unit']} |")
         out.append("")
-    return "\n".join(out) + "\n"
+    sink.write("\n".join(out) + "\n")
