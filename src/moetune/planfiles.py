@@ -38,7 +38,8 @@ from moetune.engine.launchspec import check_process_name
 from moetune.errors import InputError
 from moetune.hardware import inventory
 from moetune.kinds import EngineKind
-from moetune.model.profile import is_url, load_profile, open_model
+from moetune.model.profile import ModelProfile, is_url, load_profile, open_model
+from moetune.model.routing import Routing, read_routing
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.settings import Settings
 from moetune.plan.speed import SpeedConstants
@@ -83,6 +84,7 @@ class PlanRequest:
     output: Path | None = None  # also write the plan's JSON here
     hf: str | None = None  # OWNER/REPO[:QUANT] instead of ``model``
     http_timeout_s: float = 30.0  # for a remote model
+    routing: Path | None = None  # an imatrix GGUF: the model's measured expert routing
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,15 +140,26 @@ def model_path(model: str | Path) -> str | Path:
     return model if is_url(str(model)) else absolute(model)
 
 
+def routing_for(path: Path | None, profile: ModelProfile) -> Routing | None:
+    """The measured routing ``--routing`` names, for ``profile`` (None without one)."""
+    if path is None:
+        return None
+    if not profile.n_expert:
+        raise InputError(f"--routing {path}: the model ({profile.arch}) has no experts to route to",
+                         hint="leave --routing out for a dense model")
+    return read_routing(path, profile.n_expert, profile.n_expert_used)
+
+
 def document(p: Plan, engine: str, calib: dict[str, Any] | None, given: list[str]) -> dict[str, Any]:
     """The plan's JSON document: commands, ledgers, predictions, the calibration its speed came from,
-    and each service's model as the user gave it."""
+    the measured routing it used, and each service's model as the user gave it."""
     doc = plan_json(p, engine, facts=registry.facts_for({s.spec.engine for s in p.services if s.spec.engine}))
     doc["speed_calibration"] = None if calib is None else {
         "runs": calib["runs"], "error": calib["error"], "uncertainty": calib.get("uncertainty"),
         "created_unix": calib.get("created_unix")}
-    for sj, g in zip(doc["services"], given, strict=True):
+    for sj, g, sp in zip(doc["services"], given, p.services, strict=True):
         sj["model_given"] = g  # what the user wrote; "model" and the commands hold the absolute path
+        sj["routing"] = None if sp.spec.routing is None else sp.spec.routing.to_json()
     return doc
 
 
@@ -154,6 +167,9 @@ def plan_files(req: PlanRequest) -> Planned:
     """Read the files, plan, render the document (and write it to ``req.output``)."""
     if (req.model is None and req.hf is None) == (req.layout is None):
         raise InputError("give a MODEL (or --hf) or a --layout file (not both)")
+    if req.routing is not None and req.layout is not None:
+        raise InputError("--routing is one model's routing; a --layout plans several",
+                         hint="plan the MoE model alone with --routing, or leave it out")
     inputs = read_inputs(req.hw, req.engine)
     hw, engine, kind = inputs.hw, inputs.engine, inputs.kind
     notices = [(f"node {node.name}: its RPC worker will listen on {why} (allow_public_bind); {inventory.RPC_NO_AUTH}",
@@ -170,7 +186,8 @@ def plan_files(req: PlanRequest) -> Planned:
                 notices.append((f"{e} (`moetune launch` refuses it; the other formats carry it)", e.hint or ""))
     else:
         profile = open_model(None if req.model is None else model_path(req.model), req.hf, timeout_s=req.http_timeout_s)
-        services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine)]
+        services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine,
+                                routing=routing_for(req.routing, profile))]
         given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]
     p = make_plan(services, hw, inputs.constants.with_overrides(speed_overrides(req.speed)))
     doc = document(p, engine, inputs.calib, given)

@@ -92,6 +92,9 @@ def plan_options(f: F) -> F:
         click.option("--amb", type=int, default=0, help="ik_llama.cpp -amb MiB (attention max batch)."),
         click.option("-t", "--threads", type=click.IntRange(1, 1024), help="CPU threads for llama-server (-t)."),
         click.option("--port", type=int, default=8080, show_default=True),
+        click.option("--routing", type=click.Path(dir_okay=False, path_type=Path), metavar="IMATRIX.gguf",
+                     help="Measured expert routing (llama-imatrix's GGUF output): how often each expert is chosen, "
+                          "for the share of experts a prefill batch touches (else every expert alike)."),
     ]
     for o in reversed(opts):
         f = o(f)

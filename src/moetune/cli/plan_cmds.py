@@ -51,9 +51,10 @@ def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str 
 
     require_hw(hw_path)
     assert hw_path is not None
+    routing = settings_kw.pop("routing")
     settings = plan_settings(settings_kw)
     planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output,
-                                     hf=hf, http_timeout_s=http_timeout_s))
+                                     hf=hf, http_timeout_s=http_timeout_s, routing=routing))
     for message, remedy in planned.notices:
         warn(message, remedy)
     for sp in planned.plan.services:

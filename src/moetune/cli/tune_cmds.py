@@ -125,9 +125,10 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
                                     ("repack", try_repack), ("amb_mib", try_amb), ("mla", try_mla),
                                     ("fused_moe", try_fmoe), ("merge_up_gate", try_muge))
             if v is not None}
+    routing = settings_kw.pop("routing")
     req = TuneRequest(hw_path, model, plan_settings(settings_kw), workload,
                       BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,
-                      port, objective, budget, axes, launch_timeout_s, serve)
+                      port, objective, budget, axes, launch_timeout_s, serve, routing)
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
         result = tune(db, req, status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars,
                       on_snapshot=bars.machine)

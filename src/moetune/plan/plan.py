@@ -14,6 +14,7 @@ from moetune.errors import InputError
 from moetune.hardware.inventory import Inventory, Node
 from moetune.kinds import DeviceKind, EngineKind
 from moetune.model.profile import ModelProfile
+from moetune.model.routing import Routing
 from moetune.plan import placement as plc
 from moetune.plan.ledger import DeviceLedger, ServiceMemory, Shortfall, combine, service_memory
 from moetune.plan.optimize import auto
@@ -32,6 +33,7 @@ class ServiceSpec:
     port: int = 8080
     devices: tuple[str, ...] | None = None  # accelerators this service may use (None: all)
     engine: str = ""  # engine name for launching (moetune engine list)
+    routing: Routing | None = None  # measured expert routing (an imatrix), for prefill's touched experts
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +160,7 @@ def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConsta
         margins = _margins(hw, spec.settings)
         pl = place(spec.strategy, spec.model, shw, spec.settings, reserved, margins)
         mem = service_memory(spec.model, shw, pl, spec.settings, spec.name, dry_run=True)
-        pred = predict(spec.model, shw, pl, spec.settings, k)
+        pred = predict(spec.model, shw, pl, spec.settings, k, routing=spec.routing)
         planned[i] = ServicePlan(spec, shw, pl, mem, pred)
         mems.append(mem)
     ordered = [planned[i] for i in range(len(services))]

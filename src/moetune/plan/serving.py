@@ -41,8 +41,9 @@ from moetune.plan.speed import (
     Work,
     decode_seconds,
     device_decode_seconds,
+    held_touched,
     prefill_tok_s,
-    touched_share,
+    switch_seconds,
 )
 
 SLO_LOG_SD = 0.3  # spread (log scale) of one request's latency around the typical one
@@ -86,10 +87,10 @@ def step_seconds(w: Work, depth: int, k: SpeedConstants, streams: int) -> float:
     """Seconds for one decode step of ``streams`` sequences at context depth ``depth`` each."""
     if streams <= 1:
         return decode_seconds(w, depth, k)
-    t = (k.token_overhead_us + w.graph_splits * k.split_us + w.rpc_hops * k.rpc_hop_us) * 1e-6
+    t = k.token_overhead_us * 1e-6 + switch_seconds(w, k)
     t += w.rpc_activation_s * streams
-    share = touched_share(w.expert_share, streams)
     for d in w.devices:
+        share = held_touched(d, w.expert_share, streams)
         read = d.read_bytes - d.held_expert_bytes * w.expert_share + d.held_expert_bytes * share
         batched = replace(d, read_bytes=read, kv_bytes_per_ctx=d.kv_bytes_per_ctx * streams,
                           ctx_flop_per_ctx=d.ctx_flop_per_ctx * streams)

@@ -18,7 +18,8 @@ to dequantize and multiply what they read (so fewer threads cost speed where the
 memory, are the limit); plus attention over the context. Prefill, per ubatch of ``B`` tokens: a
 fixed cost, the splits, and matmul FLOPs on each device at its throughput; on a GPU build, expert
 weights left on the CPU are streamed over the host link once per ubatch (llama.cpp offloads batches
-of 32+ tokens to the GPU), the share of them a ubatch touches being ``1 - (1 - k/E)^B``.
+of 32+ tokens to the GPU), the share of them a ubatch touches being ``1 - (1 - k/E)^B``, or with
+measured routing (an imatrix, :mod:`moetune.model.routing`) what each layer's measured chances give.
 
 Every constant is printed with each prediction and overridable (``--speed K=V``).
 """
@@ -26,6 +27,7 @@ Every constant is printed with each prediction and overridable (``--speed K=V``)
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -34,6 +36,7 @@ from moetune.hardware.inventory import Device, Inventory
 from moetune.kinds import DeviceKind
 from moetune.model.kv import KVShape, kv_shape
 from moetune.model.profile import ModelProfile
+from moetune.model.routing import Routing, touched_by
 from moetune.plan.ledger import loaded
 from moetune.plan.placement import CPU, Placement, tensor_device
 from moetune.plan.settings import Settings
@@ -102,6 +105,9 @@ class DeviceWork:
     ctx_flop_per_ctx: float = 0.0  # attention FLOPs per token, per token of context
     active_params: float = 0.0  # weight parameters multiplied per token
     held_expert_bytes: float = 0.0  # expert tensors it holds (what a GPU streams from the host per ubatch)
+    # with measured routing (`--routing`): the share of those bytes a batch of 2^i tokens touches,
+    # i = 0..16; empty: every expert alike (``touched_share``)
+    touched: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +131,8 @@ class Work:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Work:
         names = {f.name for f in fields(DeviceWork)}
-        devs = tuple(DeviceWork(**{k: v for k, v in d.items() if k in names}) for d in doc["devices"])
+        devs = tuple(replace(dw, touched=tuple(dw.touched)) for dw in
+                     (DeviceWork(**{k: v for k, v in d.items() if k in names}) for d in doc["devices"]))
         return cls(**{**{k: v for k, v in doc.items() if k in {f.name for f in fields(cls)}}, "devices": devs})
 
 
@@ -148,26 +155,44 @@ def hop_us(w: Work, k: SpeedConstants) -> float:
     return k.rpc_hop_us + (k.rpc_wake_us if w.host_threads == 1 else 0.0)
 
 
+def switch_seconds(w: Work, k: SpeedConstants) -> float:
+    """The graph's backend switches, once per evaluation (a token of decode, a ubatch of prefill)."""
+    return (w.graph_splits * k.split_us + w.rpc_hops * hop_us(w, k)) * 1e-6
+
+
 def decode_seconds(w: Work, depth: int, k: SpeedConstants) -> float:
     """Seconds per generated token at context depth ``depth``."""
-    t = (k.token_overhead_us + w.graph_splits * k.split_us + w.rpc_hops * hop_us(w, k)) * 1e-6 + w.rpc_activation_s
+    t = k.token_overhead_us * 1e-6 + switch_seconds(w, k) + w.rpc_activation_s
     return t + sum(device_decode_seconds(d, depth, k) for d in w.devices)
 
 
 def touched_share(expert_share: float, tokens: int) -> float:
     """The share of a layer's experts that a batch of ``tokens`` tokens uses at least once, each token
     choosing ``k`` of ``E`` at random: ``1 - (1 - k/E)^tokens``."""
-    return 1.0 - (1.0 - min(1.0, expert_share)) ** max(1, tokens)
+    return touched_by((expert_share,), tokens)
+
+
+TOUCH_POINTS = tuple(2**i for i in range(17))  # batch sizes a device's measured-routing table is kept at
+
+
+def held_touched(d: DeviceWork, expert_share: float, tokens: int) -> float:
+    """The share of the expert bytes ``d`` holds that a batch of ``tokens`` tokens touches: from
+    its measured-routing table (interpolated in log2 of the batch), else every expert alike."""
+    if not d.touched:
+        return touched_share(expert_share, tokens)
+    x = min(math.log2(max(1, tokens)), len(d.touched) - 1.0)
+    i = min(int(x), len(d.touched) - 2)
+    return d.touched[i] + (d.touched[i + 1] - d.touched[i]) * (x - i)
 
 
 def ubatch_seconds(w: Work, tokens: int, k: SpeedConstants) -> float:
     """Seconds to prefill one ubatch of ``tokens`` tokens."""
-    t = (k.ubatch_overhead_us + w.graph_splits * k.split_us + w.rpc_hops * hop_us(w, k)) * 1e-6
+    t = k.ubatch_overhead_us * 1e-6 + switch_seconds(w, k)
     for d in w.devices:
         flop = 2 * d.active_params * tokens
         if d.device == CPU and w.offload and tokens >= k.offload_min_batch:
             # CPU-resident expert matmuls run on the GPU: the weights they touch cross the host link
-            t += d.held_expert_bytes * touched_share(w.expert_share, tokens) / (w.offload_link_gbs * GB)
+            t += d.held_expert_bytes * held_touched(d, w.expert_share, tokens) / (w.offload_link_gbs * GB)
             t += flop / ((w.offload_tflops or k.gpu_tflops) * 1e12)
         elif d.cpu:
             t += flop / (max(1, d.threads) * k.cpu_gflops_per_core * 1e9)
@@ -250,12 +275,27 @@ def _cpu_backed(hw: Inventory, dev: Device) -> bool:
     return node is not None and any(d.kind == DeviceKind.CPU for d in node.devices)
 
 
-def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings) -> Work:
-    """What the placement asks of each device (no constants involved)."""
+def _touched_table(by_layer: dict[int, float], routing: Routing, expert_share: float) -> tuple[float, ...]:
+    """A device's share of held expert bytes touched at each of :data:`TOUCH_POINTS`, its layers
+    weighted by their bytes (a layer the routing file lacks: every expert alike)."""
+    total = sum(by_layer.values())
+    if total <= 0:
+        return ()
+    out = []
+    for b in TOUCH_POINTS:
+        shares = ((routing.touched(layer, b), n) for layer, n in by_layer.items())
+        out.append(sum(n * (touched_share(expert_share, b) if s is None else s) for s, n in shares) / total)
+    return tuple(round(x, 6) for x in out)
+
+
+def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Routing | None = None) -> Work:
+    """What the placement asks of each device (no constants involved); with measured ``routing``,
+    the share of each device's experts a batch touches."""
     experts = pl.experts()
     frac = p.n_expert_used / p.n_expert if p.n_expert else 1.0
     read: dict[str, float] = {}
     held: dict[str, float] = {}
+    held_by_layer: dict[str, dict[int, float]] = {}
     active: dict[str, float] = {}
     for t in loaded(p, s):
         d = tensor_device(t, pl, experts)
@@ -264,6 +304,9 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings) -> Work:
         f = frac if t.is_expert else 1.0
         read[d] = read.get(d, 0.0) + t.nbytes * f
         held[d] = held.get(d, 0.0) + (t.nbytes if t.is_expert else 0.0)
+        if t.is_expert and t.layer is not None:
+            layers = held_by_layer.setdefault(d, {})
+            layers[t.layer] = layers.get(t.layer, 0.0) + t.nbytes
         n = 1
         for x in t.shape:
             n *= x
@@ -286,9 +329,10 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings) -> Work:
         cpu = _cpu_backed(hw, dev)
         node = next((n for n in hw.nodes if n.name == dev.node), hw.local)
         threads = (local_threads if dev.kind == DeviceKind.CPU else RPC_WORKER_THREADS) if cpu else 0
+        touched = _touched_table(held_by_layer.get(name, {}), routing, frac) if routing is not None else ()
         out.append(DeviceWork(name, cpu, dev.bw_gbs, threads, node.cores if cpu else 0, dev.tflops,
                               read.get(name, 0.0), kv_per_ctx.get(name, 0.0), ctx_flop.get(name, 0.0),
-                              active.get(name, 0.0), held.get(name, 0.0)))
+                              active.get(name, 0.0), held.get(name, 0.0), touched))
     n_splits, hops = graph_splits(p, pl, experts)
     kinds = {name: d.kind for name, d in devs.items()}
     rpc_hops = sum(1 for src, dst in hops if kinds.get(src) == DeviceKind.RPC or kinds.get(dst) == DeviceKind.RPC)
@@ -300,9 +344,9 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings) -> Work:
 
 
 def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
-            k: SpeedConstants | None = None, depth: int = 0) -> Prediction:
+            k: SpeedConstants | None = None, depth: int = 0, routing: Routing | None = None) -> Prediction:
     k = k or SpeedConstants()
-    w = work(p, hw, pl, s)
+    w = work(p, hw, pl, s, routing)
     return from_work(w, k, depth)
 
 

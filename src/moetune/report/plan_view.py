@@ -71,6 +71,11 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
         pr = sj["predicted"]
         out.print(f"predicted {sj['name']}: TG {pr['tg_tok_s']:.1f} tok/s, PP {pr['pp_tok_s']:.0f} tok/s "
                   f"({pr['graph_splits']} graph splits)", markup=False)
+        if r := sj.get("routing"):
+            out.print(Text(f"routing: measured over {r['tokens']:,} tokens ({r['source']}): 64 tokens touch "
+                           f"{100 * r['touched_at_64_tokens']:.0f}% of a layer's experts (every expert alike: "
+                           f"{100 * r['uniform_at_64_tokens']:.0f}%); it moves PP where experts stay on the host",
+                           style="dim"))
         for n in sj["notes"]:
             out.print(Text("note: " + n, style="dim"))
     if doc["fits"]:

@@ -49,7 +49,7 @@ from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.serving import ServeLoad, expected_goodput, predict_serving, slotted
 from moetune.plan.settings import Settings
 from moetune.plan.speed import SpeedConstants, Work, decode_seconds, prefill_tok_s
-from moetune.planfiles import document, model_path, read_inputs
+from moetune.planfiles import document, model_path, read_inputs, routing_for
 from moetune.store import calibrations
 from moetune.store.db import ResultsDB
 from moetune.tune import goodput as gp
@@ -76,6 +76,7 @@ class TuneRequest:
     axes: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # overrides of default_axes, by field name
     launch_timeout_s: float = 600.0
     serve: ServeLoad | None = None  # the load of --objective goodput
+    routing: Path | None = None  # an imatrix GGUF: the model's measured expert routing
 
 
 @dataclass
@@ -163,6 +164,7 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     if req.serve is not None:
         base = slotted(base, req.serve)
     profile = open_model(model_path(req.model))
+    routing = routing_for(req.routing, profile)
     moe_layers = len({t.layer for t in profile.tensors if t.is_expert})
     options = engine_options(engine, kind, profile.is_mla)
     check_engine_axes(req.axes, base, options, kind)
@@ -175,7 +177,8 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     for c in cands:
         try:
             s = c.settings(base)
-            plan = make_plan([ServiceSpec("main", profile, s, c.strategy, req.port, engine=engine)], hw, k)
+            plan = make_plan([ServiceSpec("main", profile, s, c.strategy, req.port, engine=engine, routing=routing)],
+                             hw, k)
         except InputError as e:
             if c == baseline:
                 raise

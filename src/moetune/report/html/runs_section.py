@@ -192,10 +192,12 @@ def comparison_tables(c: Comparison) -> str:
 def paired_tables(c: PairedComparison) -> str:
     """`compare --paired`'s rows (the paired verdict, the unpaired one beside it) and, per metric, each
     configuration's ratio to the baseline with its interval (100% = the baseline, round by round)."""
-    rows: list[list[Cell]] = [[r.label, r.metric, f"{fmt(r.baseline_median)} → {fmt(r.median)} {r.unit}", ratios_cell(r),
-             Raw(f'<span class="verdict-{"warn" if r.noisy else VERDICT_TONE.get(r.verdict, "dim")}">'
-                 f"{esc(paired_cell(r))}</span>"), Raw(f"<span class=dim>{esc(unpaired_cell(r))}</span>")]
-            for r in c.rows]
+    rows: list[list[Cell]] = []
+    for r in c.rows:
+        tone = "warn" if r.noisy else VERDICT_TONE.get(r.verdict, "dim")
+        rows.append([r.label, r.metric, f"{fmt(r.baseline_median)} → {fmt(r.median)} {r.unit}", ratios_cell(r),
+                     Raw(f'<span class="verdict-{tone}">{esc(paired_cell(r))}</span>'),
+                     Raw(f"<span class=dim>{esc(unpaired_cell(r))}</span>")])
     out = [f"<h4>{esc(title(c))}</h4>",
            table(["configuration", "metric", "median (pooled)", "ratio per round", "paired change [CI]", "unpaired"],
                  rows, cls="compare")]
