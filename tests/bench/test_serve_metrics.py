@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from moetune.bench.analysis.serve import (
-    group_levels,
     percentiles_ms,
     request_metrics,
     serve_metric_samples,
@@ -185,7 +184,7 @@ def test_level_summary_counts_errors_and_throughput() -> None:
 
 def test_levels_grouped_in_run_order() -> None:
     s = [sample([], c=4), sample([], c=1), sample([], c=4)]
-    assert [len(g) for g in group_levels(s)] == [2, 1]
+    assert [(lv["concurrency"], lv["requests"]) for lv in summarize_levels(s)] == [(4, 2), (1, 1)]
 
 
 def test_compare_extractor_families_on_the_concurrency_axis() -> None:
@@ -244,11 +243,11 @@ class Once:
 def test_a_runs_levels_and_metrics_read_its_samples_once() -> None:
     """serve-report, results show, compare and the HTML report stream a run's samples from the
     history: every figure from one pass, equal to the figures of the samples held in a list, with
-    a level that came back later (c=4, c=1, c=4) merged as `group_levels` merges it."""
+    a level that came back later (c=4, c=1, c=4) merged into the first."""
     chunks = [[10.1, 1, 1, 0], [10.13, 1, 1, 0], [10.17, 1, 1, 0]]
     s = [sample(chunks, c=4), sample(chunks, c=1, t_send=11.0, t_end=11.3), sample(chunks, c=4, error="timeout"),
          {"session": 0, "turn": 1, **sample(chunks, c=1)}]
-    assert summarize_levels(Once(s)) == [summarize_level(g) for g in group_levels(s)]
+    assert summarize_levels(Once(s)) == [summarize_level([s[0], s[2]]), summarize_level([s[1], s[3]])]
     streamed = serve_run_metrics(Once(s))
     assert streamed.keys() == {**serve_metric_samples(s), **session_metric_samples(s)}.keys()
     assert streamed["ttft:c=4"].values == serve_metric_samples(s)["ttft:c=4"].values == pytest.approx((100.0,))

@@ -260,8 +260,9 @@ def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] 
 
 
 def summarize_levels(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
-    """Every level of a run (samples grouped as :func:`group_levels` groups them), its samples read
-    once and never held: a run of any length, streamed from the history."""
+    """Every level of a run, in the order the levels first ran (samples grouped by concurrency and
+    rate, wherever they are), its samples read once and never held: a run of any length, streamed
+    from the history."""
     levels: dict[tuple[int, Any], LevelFigures] = {}
     for s in samples:
         levels.setdefault(level_of(s), LevelFigures()).add(s)
@@ -323,14 +324,6 @@ def level_of(s: Mapping[str, Any]) -> tuple[int, Any]:
 def level_name(concurrency: int, rate: Any) -> str:
     """A level as metric names and tables say it: ``c=4``, ``c=8@2.0/s``."""
     return f"c={concurrency}" + (f"@{rate}/s" if rate else "")
-
-
-def group_levels(samples: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Samples grouped by (concurrency, rate), in the order the levels ran."""
-    groups: dict[tuple[int, Any], list[dict[str, Any]]] = {}
-    for s in samples:
-        groups.setdefault(level_of(s), []).append(s)
-    return list(groups.values())
 
 
 class LevelSeries:
