@@ -21,6 +21,7 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from moetune.errors import InputError
@@ -42,7 +43,7 @@ class Routing:
         """The share of ``layer``'s experts a batch of ``tokens`` tokens touches; None for a layer
         the file has no counts of."""
         p = self.layers.get(layer)
-        return None if p is None else touched_by(p, tokens)
+        return None if p is None else _touched_cached(p, tokens)
 
     def to_json(self) -> dict[str, object]:
         """What a plan says of it: the file, how many tokens, how concentrated (the share of a
@@ -63,6 +64,12 @@ def touched_by(chances: Sequence[float], tokens: int) -> float:
         return 0.0
     b = max(1, tokens)
     return sum(1.0 - (1.0 - min(1.0, max(0.0, p))) ** b for p in chances) / len(chances)
+
+
+@lru_cache(maxsize=1 << 14)
+def _touched_cached(chances: tuple[float, ...], tokens: int) -> float:
+    """:func:`touched_by`, kept: a plan asks it per device and `tune` per candidate."""
+    return touched_by(chances, tokens)
 
 
 def read_routing(path: str | Path, n_expert: int, n_expert_used: int) -> Routing:
