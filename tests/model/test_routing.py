@@ -131,8 +131,12 @@ def test_plan_and_tune_take_it_from_the_command_line(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.stderr
     tokens = 600 // p.n_expert_used
     assert f"routing: measured over {tokens} tokens" in r.stdout and "every expert alike: 100%" in r.stdout
-    doc = json.loads(run_cli("plan", str(model), "--hw", "rtx-pro-6000", "--routing", str(hot), "--json").stdout)
+    out = tmp_path / "p.json"
+    doc = json.loads(run_cli("plan", str(model), "--hw", "rtx-pro-6000", "--routing", str(hot), "-o", str(out),
+                             "--json").stdout)
     assert doc["services"][0]["routing"]["tokens"] == tokens
+    page = run_cli("report", str(out), "-o", "-").stdout  # the HTML page says it beside the prediction
+    assert f"measured over {tokens} tokens" in page
     layout = tmp_path / "l.yaml"
     layout.write_text(f"services:\n  - name: a\n    model: {model}\n")
     r = run_cli("plan", "--layout", str(layout), "--hw", "rtx-pro-6000", "--routing", str(hot))

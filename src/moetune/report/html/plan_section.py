@@ -131,6 +131,13 @@ def layer_map(layers: Sequence[Mapping[str, Any]], colors: Mapping[str, str], *,
     return svg(w, h, "".join(parts), label="layer map", cls="layer-map") + legend(items, swatch="box")
 
 
+def _routing(r: Mapping[str, Any] | None) -> str | None:
+    if not r:
+        return None
+    return (f"measured over {r['tokens']:,} tokens ({r['source']}): 64 tokens touch "
+            f"{100 * r['touched_at_64_tokens']:.0f}% of a layer's experts (alike: {100 * r['uniform_at_64_tokens']:.0f}%)")
+
+
 def _prediction(sj: Mapping[str, Any]) -> str:
     pr = sj.get("predicted") or {}
     if not pr:
@@ -138,7 +145,8 @@ def _prediction(sj: Mapping[str, Any]) -> str:
     head = facts([("predicted TG", Raw(f"<b>{esc(fmt(pr.get('tg_tok_s')))}</b> tokens/s")),
                   ("predicted PP", Raw(f"<b>{esc(fmt(pr.get('pp_tok_s')))}</b> tokens/s")),
                   ("graph splits", pr.get("graph_splits")), ("RPC hops", pr.get("rpc_hops") or None),
-                  ("per token", f"{fmt(pr['ms_per_token'])} ms" if pr.get("ms_per_token") else None)])
+                  ("per token", f"{fmt(pr['ms_per_token'])} ms" if pr.get("ms_per_token") else None),
+                  ("routing", _routing(sj.get("routing")))])
     per = pr.get("per_device") or []
     rows = [(d.get("device"), d.get("read_mib_per_token"), d.get("decode_ms"), d.get("bw_gbs")) for d in per]
     return head + (table(["device", "read per token (MiB)", "decode time per token (ms)", "bandwidth (GB/s)"],
