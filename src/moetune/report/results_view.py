@@ -19,7 +19,7 @@ from rich.text import Text
 
 from moetune.bench.analysis import single as m
 from moetune.bench.analysis.serve import level_name
-from moetune.bench.analysis.stats import DEFAULT_CONF, median, summarize
+from moetune.bench.analysis.stats import DEFAULT_CONF, MetricSamples, median, summarize
 from moetune.bench.analysis.summary import run_summary
 from moetune.bench.analysis.warnings import Warning, grouped
 from moetune.kinds import RunKind
@@ -37,10 +37,12 @@ def derived(run: Run, samples: Iterable[dict[str, Any]], *, seed: int = 0) -> di
     if run.kind == RunKind.BENCH:
         return run_summary(list(samples), seed=seed)
     fn = METRIC_EXTRACTORS.get(run.kind)
-    if fn is None:
-        return {"metrics": {}}
-    return {"metrics": {k: {**summarize(v.values, seed=seed).to_json(), "unit": v.unit}
-                        for k, v in fn(samples).items()}}
+    return metric_figures(fn(samples) if fn is not None else {}, seed=seed)
+
+
+def metric_figures(metrics: dict[str, MetricSamples], *, seed: int = 0) -> dict[str, Any]:
+    """``{metrics: {name: {median, ci_low, ci_high, ..., unit}}}`` of a run that is not a bench run."""
+    return {"metrics": {k: {**summarize(v.values, seed=seed).to_json(), "unit": v.unit} for k, v in metrics.items()}}
 
 
 def headline(run: Run, samples: Callable[[int], Iterable[dict[str, Any]]]) -> str:

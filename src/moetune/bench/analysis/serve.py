@@ -29,7 +29,7 @@ import itertools
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -81,15 +81,23 @@ class RequestMetrics:
 
 
 def _num(x: Any) -> float | None:
+    t = type(x)
+    if t is float:  # the common case first: a long run calls this tens of millions of times
+        return x if math.isfinite(x) else None
+    if t is int:
+        return float(x)
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def event_times(tok: list[list[Any]]) -> list[float]:
+def event_times(tok: list[list[Any]], server: list[float | None] | None = None) -> list[float]:
     """Each token event's arrival time. Events read together share the kernel's time of the last
     of them; they arrived between the read's earliest time (6th field, or the previous event)
     and that time. They are placed in that interval by the server's own clock when every one of
     them carries it (llama-server's ``timings.predicted_ms``), else evenly. When the client read
-    at once, the interval is empty and they all keep the read's time."""
+    at once, the interval is empty and they all keep the read's time. ``server``: each event's
+    server time (ms), when the caller has them already."""
+    if server is None:
+        server = _server_ms(tok)
     out: list[float] = []
     i = 0
     while i < len(tok):
@@ -102,15 +110,20 @@ def event_times(tok: list[list[Any]]) -> list[float]:
         if out:
             lo = max(lo, out[-1])
         lo = min(lo, t)
-        group = tok[i:j + 1]
-        server = [_num(c[4]) if len(c) > 4 else None for c in group]
-        if len(group) > 1 and all(x is not None for x in server):
-            last = server[-1]
-            out += [min(max(t - (last - x) / 1000, lo), t) for x in server]  # type: ignore[operator]
+        n = j + 1 - i
+        group = server[i:j + 1]
+        if n > 1 and all(x is not None for x in group):
+            last = group[-1]
+            out += [min(max(t - (last - x) / 1000, lo), t) for x in group]  # type: ignore[operator]
         else:
-            out += [lo + (t - lo) * k / len(group) for k in range(1, len(group) + 1)]
+            out += [lo + (t - lo) * k / n for k in range(1, n + 1)]
         i = j + 1
     return out
+
+
+def _server_ms(tok: list[list[Any]]) -> list[float | None]:
+    """Each token event's server time (``timings.predicted_ms``, 5th field), where it has one."""
+    return [_num(c[4]) if len(c) > 4 else None for c in tok]
 
 
 def request_metrics(s: dict[str, Any]) -> RequestMetrics:
@@ -120,7 +133,8 @@ def request_metrics(s: dict[str, Any]) -> RequestMetrics:
     t_slot = _num(s.get("t_slot"))
     chunks = [c for c in s.get("chunks") or [] if c[1] > 0 or c[2] > 0 or c[3] > 0]
     tok = [c for c in chunks if c[1] > 0]  # events that brought new tokens
-    times = event_times(tok)
+    server_ms = _server_ms(tok)
+    times = event_times(tok, server_ms)
     first = times[0] if times else (chunks[0][0] if chunks else None)
     ttft = first - t_send if first is not None and t_send is not None else None
     ttfc = next((c[0] - t_send for c in chunks if c[2] > 0), None) if t_send is not None else None
@@ -134,8 +148,7 @@ def request_metrics(s: dict[str, Any]) -> RequestMetrics:
     if not itl_known:
         itl = []
     server_itl: list[float] = []
-    for prev, cur in itertools.pairwise(tok):
-        ms0, ms1 = (_num(prev[4]), _num(cur[4])) if len(prev) > 4 and len(cur) > 4 else (None, None)
+    for (ms0, ms1), cur in zip(itertools.pairwise(server_ms), tok[1:], strict=True):
         if ms0 is not None and ms1 is not None:
             server_itl.extend([(ms1 - ms0) / 1000 / int(cur[1])] * int(cur[1]))
     reasoning = sum(int(c[1]) for c in tok if c[3] > 0 and c[2] == 0)
@@ -236,8 +249,9 @@ class LevelFigures:
         self.heads: list[dict[str, Any]] = []
         self.itl, self.server_itl = array("d"), array("d")  # every successful request's gaps, in order
 
-    def add(self, s: dict[str, Any]) -> None:
-        self.ms.append(_gaps_taken(request_metrics(s), self.itl, self.server_itl))
+    def add(self, s: dict[str, Any], m: RequestMetrics | None = None) -> None:
+        """One sample (``m``: its metrics, when the caller has them)."""
+        self.ms.append(_gaps_taken(m or request_metrics(s), self.itl, self.server_itl))
         self.heads.append({k: s.get(k) for k in _HEAD})
 
     def summary(self, slo: Mapping[str, float] | None = None) -> dict[str, Any]:
@@ -259,13 +273,17 @@ def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] 
     return f.summary(slo)
 
 
-def summarize_levels(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+def summarize_levels(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None, *,
+                     tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None) -> list[dict[str, Any]]:
     """Every level of a run, in the order the levels first ran (samples grouped by concurrency and
     rate, wherever they are), its samples read once and never held: a run of any length, streamed
-    from the history."""
+    from the history. ``tap`` sees each sample and its metrics as they pass."""
     levels: dict[tuple[int, Any], LevelFigures] = {}
     for s in samples:
-        levels.setdefault(level_of(s), LevelFigures()).add(s)
+        m = request_metrics(s)
+        levels.setdefault(level_of(s), LevelFigures()).add(s, m)
+        if tap is not None:
+            tap(s, m)
     return [f.summary(slo) for f in levels.values()]
 
 
@@ -334,11 +352,12 @@ class LevelSeries:
     def __init__(self) -> None:
         self.levels: dict[tuple[int, Any], dict[str, list[float]]] = {}
 
-    def add(self, s: dict[str, Any]) -> None:
+    def add(self, s: dict[str, Any], m: RequestMetrics | None = None) -> None:
+        """One sample (``m``: its metrics, when the caller has them)."""
         if "chunks" not in s:
             return
         series = self.levels.setdefault(level_of(s), {f: [] for f in self.FAMILIES})
-        m = request_metrics(s)
+        m = m or request_metrics(s)
         if not m.ok:
             return
         for fam, v in (("ttft", None if m.ttft_s is None else m.ttft_s * 1000),

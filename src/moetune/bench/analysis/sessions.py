@@ -263,13 +263,26 @@ def session_metric_samples(samples: Iterable[Mapping[str, Any]]) -> dict[str, Me
     return out
 
 
-def serve_run_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:
-    """A serve-bench run's metrics for `moetune compare`: its levels'
-    (:func:`moetune.bench.analysis.serve.serve_metric_samples`) and, for agent sessions, per turn;
-    the samples read once (only an agent-sessions run's turns are held)."""
-    levels, turns = LevelSeries(), []
-    for s in samples:
-        levels.add(s)
+class ServeRunSeries:
+    """A serve-bench run's metrics, taken a sample at a time (only an agent-sessions run's turns are
+    held): its levels' (:class:`moetune.bench.analysis.serve.LevelSeries`) and per turn."""
+
+    def __init__(self) -> None:
+        self.levels = LevelSeries()
+        self.turns: list[dict[str, Any]] = []
+
+    def add(self, s: dict[str, Any], m: RequestMetrics | None = None) -> None:
+        self.levels.add(s, m)
         if is_session_sample(s):
-            turns.append(s)
-    return {**levels.metrics(), **session_metric_samples(turns)}
+            self.turns.append(s)
+
+    def metrics(self) -> dict[str, MetricSamples]:
+        return {**self.levels.metrics(), **session_metric_samples(self.turns)}
+
+
+def serve_run_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:
+    """A serve-bench run's metrics for `moetune compare` (:class:`ServeRunSeries`), the samples read once."""
+    series = ServeRunSeries()
+    for s in samples:
+        series.add(s)
+    return series.metrics()

@@ -14,13 +14,14 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from moetune import __version__
-from moetune.bench.analysis.serve import summarize_level, summarize_levels
+from moetune.bench.analysis.serve import RequestMetrics, summarize_level, summarize_levels
+from moetune.bench.analysis.sessions import is_session_sample, summarize_sessions
 from moetune.bench.analysis.warnings import Warning, annotate, run_warnings
 from moetune.bench.http.client import StreamingHttp, connect
 from moetune.bench.http.clock import run as run_loop
@@ -345,29 +346,37 @@ def finish_levels(db: ResultsDB, run_id: int, writer: SampleWriter, status: RunS
                                        **({"error": error} if error else {})})
 
 
-def stored_report(db: ResultsDB, run: Run, slo: dict[str, float] | None = None) -> dict[str, Any]:
+def stored_report(db: ResultsDB, run: Run, slo: dict[str, float] | None = None, *,
+                  tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None) -> dict[str, Any]:
     """:func:`report_doc` of a stored serve-bench run, its figures and warnings derived again from
     its samples (what each level ran on, a plan relaunched per level, is read from its summary).
-    Goodput is judged by ``slo`` when given, else by the targets the run was measured with."""
+    Goodput is judged by ``slo`` when given, else by the targets the run was measured with. The
+    samples are streamed once (a long run is never held whole); ``tap`` sees each as it passes."""
     if run.kind != RunKind.SERVE_BENCH:
         raise InputError(f"run {run.id} is a {run.kind} run, not {RunKind.SERVE_BENCH}",
                          hint="see `moetune results show`")
     m = run.meta
     server = None if m.server is None else m.server.to_json()
     slo = slo or m.details.get("slo") or None
-    levels = summarize_levels(db.iter_samples(run.id), slo)  # streamed: a long run is never held whole
+    ss = m.details.get("sessions")
+    turns: list[dict[str, Any]] = []  # an agent-sessions run's turns, for their figures
+
+    def stream() -> Iterator[dict[str, Any]]:
+        for s in db.iter_samples(run.id):
+            if ss and is_session_sample(s):
+                turns.append(s)
+            yield s
+
+    levels = summarize_levels(stream(), slo, tap=tap)
     stored = {(lv["concurrency"], lv["rate"]): lv for lv in (run.summary or {}).get("levels", [])}
     for lv in levels:
         lv["server"] = stored.get((lv["concurrency"], lv["rate"]), {}).get("server", server)
-    ss = m.details.get("sessions")
     annotate(levels, slots=m.server.slots if m.server else None,
              prefix_cache=bool(ss or m.details.get("workload", {}).get("prefix_cache")))
     advice = [Warning.from_json(w) for w in (run.summary or {}).get("warnings") or []]
     sessions = None
     if ss:
-        from moetune.bench.analysis.sessions import summarize_sessions
-
-        sessions = summarize_sessions(db.iter_samples(run.id), ss, slots=m.server.slots if m.server else None)
+        sessions = summarize_sessions(turns, ss, slots=m.server.slots if m.server else None)
     return report_doc(run, levels, advice, samples=sum(lv["requests"] for lv in levels), slo=slo, sessions=sessions)
 
 

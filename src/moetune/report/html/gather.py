@@ -62,13 +62,18 @@ def run_report(db: ResultsDB, run: Run) -> RunReport:
     from moetune.report.results_view import derived
 
     counts = db.sample_counts(run.id)
-    figures = derived(run, db.iter_samples(run.id))
-    prediction = report(figures, dict(run.meta.details)) if run.kind == RunKind.BENCH else None
     serve = None
     if run.kind == RunKind.SERVE_BENCH and counts.get("measure"):
+        from moetune.bench.analysis.sessions import ServeRunSeries
         from moetune.bench.serve.run import stored_report
+        from moetune.report.results_view import metric_figures
 
-        serve = stored_report(db, run)
+        series = ServeRunSeries()  # the run's figures taken in the same pass as its levels'
+        serve = stored_report(db, run, tap=series.add)
+        figures = metric_figures(series.metrics())
+    else:
+        figures = derived(run, db.iter_samples(run.id))
+    prediction = report(figures, dict(run.meta.details)) if run.kind == RunKind.BENCH else None
     snaps = read_snapshots(db.metrics(run.id))
     return RunReport(run, counts, figures, prediction, snaps, phases(snaps, db.iter_sample_rows(run.id)), serve)
 
