@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from moetune.bench.analysis.serve import LevelFigures, level_name, level_of, level_span
+from moetune.bench.analysis.serve import level_figures, level_name, level_span
 from moetune.bench.analysis.slo import SLO_EXAMPLE, goodput, slo_text, wilson
 from moetune.errors import InputError
 from moetune.kinds import RunKind
@@ -65,12 +65,8 @@ class GoodputRanking:
 
 def run_goodput(run: Run, samples: Iterable[dict[str, Any]], slo: Mapping[str, float]) -> RunGoodput:
     """Each level's goodput, the samples read once (a run of any length, streamed)."""
-    by: dict[tuple[int, Any], LevelFigures] = {}
-    for s in samples:
-        if "chunks" in s:
-            by.setdefault(level_of(s), LevelFigures()).add(s)
     levels = []
-    for (c, rate), f in by.items():
+    for (c, rate), f in level_figures(s for s in samples if "chunks" in s).items():
         g = goodput(f.ms, slo, level_span(f.heads))
         ci = wilson(g["met"], g["of"])
         levels.append({"level": level_name(c, rate), "concurrency": c, "rate": rate, "share": g["share"],

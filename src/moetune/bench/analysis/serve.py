@@ -273,18 +273,25 @@ def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] 
     return f.summary(slo)
 
 
-def summarize_levels(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None, *,
-                     tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None) -> list[dict[str, Any]]:
-    """Every level of a run, in the order the levels first ran (samples grouped by concurrency and
-    rate, wherever they are), its samples read once and never held: a run of any length, streamed
-    from the history. ``tap`` sees each sample and its metrics as they pass."""
+def level_figures(samples: Iterable[dict[str, Any]], *,
+                  tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
+                  ) -> dict[tuple[int, Any], LevelFigures]:
+    """Every level of a run by (concurrency, rate), in the order the levels first ran (a level that
+    came back later is merged into its first), its samples read once and never held: a run of any
+    length, streamed from the history. ``tap`` sees each sample and its metrics as they pass."""
     levels: dict[tuple[int, Any], LevelFigures] = {}
     for s in samples:
         m = request_metrics(s)
         levels.setdefault(level_of(s), LevelFigures()).add(s, m)
         if tap is not None:
             tap(s, m)
-    return [f.summary(slo) for f in levels.values()]
+    return levels
+
+
+def summarize_levels(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None, *,
+                     tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None) -> list[dict[str, Any]]:
+    """Every level's figures (:func:`level_figures`, :func:`summarize_level`)."""
+    return [f.summary(slo) for f in level_figures(samples, tap=tap).values()]
 
 
 def _summary(ms: list[RequestMetrics], heads: list[dict[str, Any]], itl: array[float], server_itl: array[float],
