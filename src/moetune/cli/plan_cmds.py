@@ -98,6 +98,9 @@ def hw() -> None:
 def hw_probe(output: Path | None, measure: bool, as_json: bool) -> None:
     """Write a hardware YAML for this machine (NVML via nvidia-smi, /proc/meminfo, lscpu).
 
+    A field nvidia-smi cannot give ([N/A], [Not Supported], missing) is a warning and an assumed
+    value, never a failure; a unified-memory GPU (GB10) gets the shared memory less the CPU's share.
+
     With --json the same document goes to stdout as JSON (and -o still writes the YAML).
     """
     import yaml
@@ -105,7 +108,10 @@ def hw_probe(output: Path | None, measure: bool, as_json: bool) -> None:
     from moetune.hardware import inventory
     from moetune.hardware.probe import probe
 
-    doc = inventory.to_dict(probe(measure=measure))
+    notes: list[str] = []
+    doc = inventory.to_dict(probe(measure=measure, notes=notes))
+    for note in notes:
+        warn(note, "check the values in the written file against the device's data sheet")
     text = yaml.safe_dump(doc, sort_keys=False)
     if output:
         output.write_text(text)

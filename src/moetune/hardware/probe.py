@@ -1,5 +1,12 @@
 """Probe this machine: GPUs through nvidia-smi (NVML), RAM from /proc/meminfo, cores from lscpu,
-RAM bandwidth measured with a large copy (or estimated when --no-measure)."""
+RAM bandwidth measured with a large copy (or estimated when --no-measure).
+
+nvidia-smi's answers are read by a pure function (``parse_gpus``) that never fails: a field it
+cannot read (``[N/A]``, ``[Not Supported]``, missing, not a number) becomes a note and a default.
+A GPU that reports no memory of its own while sharing the host's (a DGX Spark's GB10, whose
+nvidia-smi says ``[N/A]``) is one device holding the unified memory less the CPU's share, and the
+CPU keeps that share, as ``examples/dgx-spark-x2.yaml`` describes the same machine.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import re
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from moetune.hardware.inventory import DEFAULT_PCIE_GBS, Device, Inventory, Node
@@ -18,6 +26,73 @@ GPU_BANDWIDTH = {
     "H200": 4800, "H100 NVL": 3900, "H100": 3350, "A100": 2039, "L40S": 864, "RTX PRO 6000": 1790,
     "RTX 6000 Ada": 960, "RTX 5090": 1792, "RTX 4090": 1008, "RTX 3090": 936, "GB10": 273, "A6000": 768,
 }
+UNKNOWN_BANDWIDTH_GBS = 500.0
+# GPUs that share the host's memory (no memory.total of their own) and their CPU-GPU link (GB/s):
+# the GB10's NVLink-C2C
+UNIFIED_LINK_GBS = {"GB10": 200.0}
+UNIFIED_CPU_SHARE = 1 / 8  # of the unified memory, kept for the OS and the CPU's buffers (16 GiB of 128)
+QUERY = ("index", "name", "memory.total", "pcie.link.gen.max", "pcie.link.width.max")
+PCIE_GBS_PER_LANE = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+
+
+@dataclass(frozen=True, slots=True)
+class ProbedGpus:
+    devices: tuple[Device, ...]
+    unified: bool = False  # a device shares the host's memory: the CPU keeps cpu_share of it
+    notes: tuple[str, ...] = ()  # what could not be read, and what was assumed instead
+
+
+def _number(text: str) -> float | None:
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if v == v and v not in (float("inf"), float("-inf")) and v >= 0 else None
+
+
+def parse_gpus(text: str, ram_mib: float) -> ProbedGpus:
+    """The GPUs in ``nvidia-smi --query-gpu=index,name,memory.total,pcie.link.gen.max,pcie.link.width.max
+    --format=csv,noheader,nounits``'s output; ``ram_mib`` is the host's memory (MemTotal), which a
+    unified-memory GPU shares. Never raises: unreadable lines and fields are notes."""
+    devs: list[Device] = []
+    notes: list[str] = []
+    unified = False
+    for line in text.strip().splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) < 2 or not re.fullmatch(r"\d+", parts[0]):
+            if line.strip():
+                notes.append(f"nvidia-smi: skipped a line that names no GPU: {line.strip()[:120]!r}")
+            continue
+        idx, name = parts[0], parts[1] or "unknown GPU"
+        if any(d.name == f"CUDA{idx}" for d in devs):
+            notes.append(f"nvidia-smi: GPU index {idx} listed twice; the second line skipped: {line.strip()[:120]!r}")
+            continue
+        fields = dict(zip(QUERY, parts + [""] * (len(QUERY) - len(parts)), strict=False))
+        bw = next((float(v) for k, v in GPU_BANDWIDTH.items() if k in name), None)
+        if bw is None:
+            bw = UNKNOWN_BANDWIDTH_GBS
+            notes.append(f"CUDA{idx} ({name}): memory bandwidth unknown, {bw:g} GB/s assumed (set bw_gbs)")
+        mem = _number(fields["memory.total"])
+        link = DEFAULT_PCIE_GBS
+        shared = next((v for k, v in UNIFIED_LINK_GBS.items() if k in name), None)
+        if mem is None or mem == 0:
+            if shared is not None:
+                unified = True
+                mem = ram_mib * (1 - UNIFIED_CPU_SHARE)
+                link = shared
+                notes.append(f"CUDA{idx} ({name}) shares the host's {ram_mib:,.0f} MiB (unified memory): "
+                             f"{mem:,.0f} MiB given to the GPU, the rest kept for the CPU")
+            else:
+                notes.append(f"CUDA{idx} ({name}): nvidia-smi reports no memory size "
+                             f"({fields['memory.total'] or 'missing'}); 0 MiB assumed (set mem_mib)")
+                mem = 0.0
+        gen, width = _number(fields["pcie.link.gen.max"]), _number(fields["pcie.link.width.max"])
+        if shared is None and gen is not None and width is not None and int(gen) in PCIE_GBS_PER_LANE:
+            link = round(PCIE_GBS_PER_LANE[int(gen)] * int(width) * 0.8, 1)
+        elif shared is None:
+            notes.append(f"CUDA{idx} ({name}): PCIe link not reported, {link:g} GB/s assumed (set link_gbs)")
+        devs.append(Device(f"CUDA{idx}", DeviceKind.GPU, round(mem), bw, "local", link))
+    return ProbedGpus(tuple(devs), unified, tuple(notes))
 
 
 def _cores() -> int:
@@ -53,30 +128,30 @@ def measure_ram_bw_gbs(size_mib: int = 256, repeats: int = 3) -> float:
     return round(best, 1)
 
 
-def _gpus() -> list[Device]:
+def _nvidia_smi() -> tuple[str, str | None]:
+    """(its output, why it gave none) — ("", None) where there is no nvidia-smi at all."""
     if not shutil.which("nvidia-smi"):
-        return []
+        return "", None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,pcie.link.gen.max,pcie.link.width.max",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    devs = []
-    for line in out.strip().splitlines():
-        parts = [x.strip() for x in line.split(",")]
-        if len(parts) < 3:
-            continue
-        idx, name, mem = parts[0], parts[1], float(parts[2])
-        bw = next((v for k, v in GPU_BANDWIDTH.items() if k in name), 500)
-        link = DEFAULT_PCIE_GBS
-        if len(parts) >= 5 and re.fullmatch(r"\d+", parts[3]) and re.fullmatch(r"\d+", parts[4]):
-            link = round({3: 0.985, 4: 1.969, 5: 3.938}.get(int(parts[3]), 1.969) * int(parts[4]) * 0.8, 1)
-        devs.append(Device(f"CUDA{idx}", DeviceKind.GPU, mem, float(bw), "local", link))
-    return devs
+        r = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return "", f"nvidia-smi did not answer ({e}); no GPU described"
+    if r.returncode != 0:
+        said = (r.stdout.strip() or r.stderr.strip()).splitlines()[:1] or [f"exit {r.returncode}"]
+        return "", f"nvidia-smi failed: {said[0][:160]}; no GPU described"
+    return r.stdout, None
 
 
-def probe(measure: bool = True) -> Inventory:
+def probe(measure: bool = True, notes: list[str] | None = None) -> Inventory:
+    """This machine as an inventory; what could not be read is appended to ``notes``."""
     ram = _ram_mib()
+    text, failed = _nvidia_smi()
+    gpus = parse_gpus(text, ram)
+    if notes is not None:
+        notes += [failed] if failed else []
+        notes += gpus.notes
     bw = measure_ram_bw_gbs() if measure else 20.0 * _cores()
-    node = Node("local", _cores(), round(ram), bw, tuple(_gpus()))
+    cpu_ram = ram * UNIFIED_CPU_SHARE if gpus.unified else ram
+    node = Node("local", _cores(), round(cpu_ram), bw, gpus.devices)
     return Inventory((node,), name=os.uname().nodename)
