@@ -28,6 +28,10 @@ class ServiceIn(BaseModel):
     port: int | None = Field(default=None, gt=0, lt=65536)
     engine: str | None = None
     amb: int = 0
+    threads: int | None = Field(default=None, gt=0)
+    threads_batch: int | None = Field(default=None, gt=0)
+    args: list[str] = Field(default_factory=list)  # extra llama-server arguments, checked like --engine-arg
+    env: dict[str, str] = Field(default_factory=dict)  # the server's environment, besides moetune's own
 
 
 class LayoutIn(BaseModel):

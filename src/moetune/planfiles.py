@@ -35,6 +35,7 @@ from typing import Any
 from moetune.engine import registry
 from moetune.engine.command import plan_json
 from moetune.engine.launchspec import check_process_name
+from moetune.engine.server_args import own_flags
 from moetune.errors import InputError
 from moetune.hardware import inventory
 from moetune.kinds import EngineKind
@@ -60,8 +61,11 @@ def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list
     doc = read_layout(p)
     out = []
     for i, s in enumerate(doc.services):
+        server = replace(base.server, extra_args=(*base.server.extra_args, *s.args),
+                         env=(*base.server.env, *((str(k), str(v)) for k, v in s.env.items())))
         settings = replace(base, ctx=s.ctx, slots=s.parallel, batch=s.batch, ubatch=s.ubatch, ctk=s.ctk,
-                           ctv=s.ctv, flash_attn=s.flash_attn, amb_mib=s.amb)
+                           ctv=s.ctv, flash_attn=s.flash_attn, amb_mib=s.amb, threads=s.threads or base.threads,
+                           threads_batch=s.threads_batch or base.threads_batch, server=server)
         model = s.model if is_url(s.model) else absolute(p.parent / os.path.expanduser(s.model))
         spec = ServiceSpec(s.name, load_profile(model), settings,
                            s.strategy, s.port or base_port + i, tuple(s.devices) if s.devices else None, s.engine or "")
@@ -153,7 +157,9 @@ def routing_for(path: Path | None, profile: ModelProfile) -> Routing | None:
 def document(p: Plan, engine: str, calib: dict[str, Any] | None, given: list[str]) -> dict[str, Any]:
     """The plan's JSON document: commands, ledgers, predictions, the calibration its speed came from,
     the measured routing it used, and each service's model as the user gave it."""
-    doc = plan_json(p, engine, facts=registry.facts_for({s.spec.engine for s in p.services if s.spec.engine}))
+    engines = {s.spec.engine for s in p.services if s.spec.engine}
+    tried = {n: [w for s in p.services if s.spec.engine == n for w in own_flags(s.spec.settings)] for n in engines}
+    doc = plan_json(p, engine, facts=registry.facts_for(engines, tried))
     doc["speed_calibration"] = None if calib is None else {
         "runs": calib["runs"], "error": calib["error"], "uncertainty": calib.get("uncertainty"),
         "created_unix": calib.get("created_unix")}
@@ -161,6 +167,21 @@ def document(p: Plan, engine: str, calib: dict[str, Any] | None, given: list[str
         sj["model_given"] = g  # what the user wrote; "model" and the commands hold the absolute path
         sj["routing"] = None if sp.spec.routing is None else sp.spec.routing.to_json()
     return doc
+
+
+def listen_notices(services: list[ServiceSpec]) -> list[tuple[str, str]]:
+    """(message, remedy) for each server that will listen beyond this machine."""
+    out = []
+    for s in services:
+        o = s.settings.server
+        if not o.public:
+            continue
+        auth = ("clients must send a key from " + o.api_key_file if o.api_key_file else
+                "llama-server has no authentication without an API key: anyone who reaches it can use it")
+        out.append((f"service {s.name} will listen on {o.host}:{s.port}, reachable from the network; {auth}",
+                    "keep a firewall in front of it" if o.api_key_file else
+                    "add --api-key-file FILE (one key per line), or --listen 127.0.0.1 to keep it local"))
+    return out
 
 
 def plan_files(req: PlanRequest) -> Planned:
@@ -189,6 +210,7 @@ def plan_files(req: PlanRequest) -> Planned:
         services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine,
                                 routing=routing_for(req.routing, profile))]
         given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]
+    notices += listen_notices(services)
     p = make_plan(services, hw, inputs.constants.with_overrides(speed_overrides(req.speed)))
     doc = document(p, engine, inputs.calib, given)
     if req.output:

@@ -7,6 +7,7 @@ so `moetune --help` and `--json` output never load it.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -95,6 +96,26 @@ def plan_options(f: F) -> F:
         click.option("--routing", type=click.Path(dir_okay=False, path_type=Path), metavar="IMATRIX.gguf",
                      help="Measured expert routing (llama-imatrix's GGUF output): how often each expert is chosen, "
                           "for the share of experts a prefill batch touches (else every expert alike)."),
+        click.option("-tb", "--threads-batch", type=click.IntRange(1, 1024),
+                     help="CPU threads for prefill (-tb; default: the engine's, the same as -t)."),
+        click.option("--merge-qkv", is_flag=True, help="ik_llama.cpp: merge Q, K and V into one tensor at load."),
+        click.option("--muge", is_flag=True, help="ik_llama.cpp -muge: merge each layer's up and gate experts."),
+        click.option("--ger", is_flag=True, help="ik_llama.cpp -ger: grouped expert routing."),
+        click.option("--warmup-batch", is_flag=True, help="ik_llama.cpp: warm up with a whole batch."),
+        click.option("--alias", help="The model's name in the server's API (-a)."),
+        click.option("--thinking", type=click.Choice(["on", "off"]),
+                     help="The server's default for requests that do not say (--reasoning-budget -1 | 0)."),
+        click.option("--sampling", metavar="NAME=VALUE,...",
+                     help="The server's sampling defaults, e.g. temp=0.7,top_k=45,top_p=0.95,min_p=0.01."),
+        click.option("--engine-arg", "engine_args", multiple=True, metavar="ARG",
+                     help="An extra argument for llama-server, repeatable, checked against the engine "
+                          "(--engine-arg=--no-warmup). Flags moetune sets from the plan are refused."),
+        click.option("--listen", metavar="ADDR[:PORT]",
+                     help="Where the server listens (default 127.0.0.1 and --port). Another address makes it "
+                          "reachable from the network: say it on purpose, with --api-key-file."),
+        click.option("--api-key-file", type=click.Path(dir_okay=False, path_type=Path),
+                     help="A file of API keys (one per line) the server requires; moetune's own clients send the "
+                          "first. The plan keeps the path, never the key."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -104,11 +125,55 @@ def plan_options(f: F) -> F:
 
 def plan_settings(kw: dict[str, Any]) -> Any:
     """The :class:`~moetune.plan.settings.Settings` that :func:`plan_options`' values say."""
-    from moetune.plan.settings import Settings
+    from moetune.engine.server_args import parse_sampling
+    from moetune.plan.settings import ServerOptions, Settings
 
+    host, _ = parse_listen(kw["listen"])
+    key = kw["api_key_file"]
+    if key is not None:
+        from moetune.paths import readable_file
+
+        key = str(readable_file(key, "API key file").resolve())
+    server = ServerOptions(host=host, api_key_file=key, alias=kw["alias"],
+                           thinking=None if kw["thinking"] is None else kw["thinking"] == "on",
+                           sampling=parse_sampling(kw["sampling"] or ""), warmup_batch=kw["warmup_batch"],
+                           extra_args=tuple(kw["engine_args"]))
     return Settings(ctx=kw["ctx"], slots=kw["parallel"], batch=kw["batch"], ubatch=kw["ubatch"], ctk=kw["ctk"],
                     ctv=kw["ctv"], flash_attn=not kw["no_flash_attn"], mmap=not kw["no_mmap"], amb_mib=kw["amb"],
-                    threads=kw["threads"])
+                    threads=kw["threads"], threads_batch=kw["threads_batch"], merge_qkv=kw["merge_qkv"],
+                    merge_up_gate=kw["muge"], grouped_experts=kw["ger"], server=server)
+
+
+def parse_listen(listen: str | None) -> tuple[str, int | None]:
+    """``--listen ADDR[:PORT]`` as (address, port or None); no --listen is loopback."""
+    from moetune.errors import InputError
+    from moetune.plan.settings import LOOPBACK
+
+    if listen is None:
+        return LOOPBACK, None
+    text = listen.strip()
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?|([^:\[\]]+)(?::(\d+))?|([0-9A-Fa-f:]+)", text)
+    if m is None:
+        raise InputError(f"--listen {listen!r}: expected ADDR or ADDR:PORT ([ADDR]:PORT for IPv6)",
+                         hint="--listen 0.0.0.0:8000, --listen 127.0.0.1")
+    host = m[1] or m[3] or m[5]
+    port = m[2] or m[4]
+    if ":" in host:
+        import ipaddress
+
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise InputError(f"--listen {listen!r}: {host} is not an IPv6 address",
+                             hint="write an IPv6 address with a port as [ADDR]:PORT") from None
+    if port is not None and not 0 < int(port) < 65536:
+        raise InputError(f"--listen {listen!r}: port {port} is not between 1 and 65535")
+    return host, None if port is None else int(port)
+
+
+def plan_port(kw: dict[str, Any], port: int) -> int:
+    """The server's port: --listen's when it names one, else --port."""
+    return parse_listen(kw["listen"])[1] or port
 
 
 def require_hw(hw_path: str | None) -> None:

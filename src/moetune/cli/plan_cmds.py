@@ -11,6 +11,7 @@ from moetune.cli import common
 from moetune.cli.common import (
     json_option,
     plan_options,
+    plan_port,
     plan_settings,
     print_json,
     remote_notes,
@@ -52,6 +53,7 @@ def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str 
     require_hw(hw_path)
     assert hw_path is not None
     routing = settings_kw.pop("routing")
+    port = plan_port(settings_kw, port)
     settings = plan_settings(settings_kw)
     planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output,
                                      hf=hf, http_timeout_s=http_timeout_s, routing=routing))

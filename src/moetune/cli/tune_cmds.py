@@ -14,6 +14,7 @@ from moetune.cli.common import (
     json_option,
     out,
     plan_options,
+    plan_port,
     plan_settings,
     print_json,
     require_hw,
@@ -126,6 +127,7 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
                                     ("fused_moe", try_fmoe), ("merge_up_gate", try_muge))
             if v is not None}
     routing = settings_kw.pop("routing")
+    port = plan_port(settings_kw, port)
     req = TuneRequest(hw_path, model, plan_settings(settings_kw), workload,
                       BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,
                       port, objective, budget, axes, launch_timeout_s, serve, routing)

@@ -6,6 +6,7 @@ for (shell script, podman/docker, llama-swap). Pure: the same plan renders the s
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from moetune.engine.dialect import Dialect, dialect, engine_devices, n_cpu_moe_note
@@ -38,8 +39,8 @@ def service_argv(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     """The arguments after llama-server for one service of a plan."""
     spec = sp.spec
     extra = ["--device", ",".join(spec.devices)] if spec.devices else []
-    return server_argv(spec.model, sp.placement, spec.settings, service_dialect(sp, facts), port=spec.port,
-                       rpc=sp.hw.rpc_endpoints(), extra=extra, accelerators=_accelerators(sp))
+    return server_argv(spec.model, sp.placement, spec.settings, service_dialect(sp, facts), engine=spec.engine or "",
+                       port=spec.port, rpc=sp.hw.rpc_endpoints(), extra=extra, accelerators=_accelerators(sp))
 
 
 def _accelerators(sp: ServicePlan) -> list[tuple[str, bool]]:
@@ -81,7 +82,7 @@ def service_json(sp: ServicePlan, argv: list[str], facts: Facts | None = None) -
         "model": str(sp.spec.model.files[0]),
         "arch": sp.spec.model.arch,
         "strategy": sp.placement.strategy,
-        "settings": {k: getattr(sp.spec.settings, k) for k in sp.spec.settings.__slots__},
+        "settings": asdict(sp.spec.settings),
         "port": sp.spec.port,
         "devices": {dev: [{"what": i.what, "mib": round(i.mib, 2)} for i in items]
                     for dev, items in sp.memory.items.items()},
@@ -123,8 +124,9 @@ def launch_spec(plan: Plan, engine: str, argvs: list[list[str]] | None = None) -
                                  allow_public_bind=n.allow_public_bind))
         workers.append(name)
     for sp, argv in zip(plan.services, argvs, strict=True):
-        procs.append(ProcessSpec(sp.spec.name, ProcessRole.SERVER, sp.spec.engine or engine, tuple(argv), "127.0.0.1",
-                                 sp.spec.port, after=tuple(workers)))
+        procs.append(ProcessSpec(sp.spec.name, ProcessRole.SERVER, sp.spec.engine or engine, tuple(argv),
+                                 sp.spec.settings.server.host, sp.spec.port, env=dict(sp.spec.settings.server.env),
+                                 after=tuple(workers)))
     return LaunchSpec(tuple(procs))
 
 

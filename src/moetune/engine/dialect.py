@@ -43,6 +43,11 @@ class Dialect:
     fused_moe_on: tuple[str, ...] = ()  # ik_llama.cpp's fused MoE: opt-in (-fmoe) in older builds,
     fused_moe_off: tuple[str, ...] = ()  # on by default and turned off (-no-fmoe) in newer ones
     merge_up_gate: tuple[str, ...] = ()  # ik_llama.cpp -muge
+    merge_qkv: tuple[str, ...] = ()  # ik_llama.cpp --merge-qkv
+    grouped_experts: tuple[str, ...] = ()  # ik_llama.cpp -ger
+    # every option the build takes (its --help, and what its probes accepted); empty where the
+    # build's help is not known here, and then nothing is checked against it
+    flags: frozenset[str] = frozenset()
     no_log_file: tuple[str, ...] = ()  # ik_llama.cpp writes llama.log into the working directory unless told
     version: str = ""  # the build whose facts shaped this dialect
 
@@ -63,6 +68,8 @@ IK_DIALECT = Dialect(
     mla="-mla",
     fused_moe_off=("-no-fmoe",),
     merge_up_gate=("-muge",),
+    merge_qkv=("--merge-qkv",),
+    grouped_experts=("-ger",),
     no_log_file=("--log-disable",),  # only the file: the log on stderr stays
 )
 
@@ -99,6 +106,9 @@ def dialect(kind: str, facts: EngineFacts | None = None) -> Dialect:
         fused_moe_on=fmoe[0], fused_moe_off=fmoe[1],
         merge_up_gate=base.merge_up_gate if base.merge_up_gate and f.has(base.merge_up_gate[0]) else (),
         no_log_file=base.no_log_file if base.no_log_file and f.has(base.no_log_file[0]) else (),
+        merge_qkv=base.merge_qkv if not f.help_flags or f.has("--merge-qkv") else (),
+        grouped_experts=base.grouped_experts if not f.help_flags or f.has("-ger") else (),
+        flags=f.help_flags | {a.split()[0] for a in f.accepts} if f.help_flags else frozenset(),
     )
 
 

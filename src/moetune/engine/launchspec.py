@@ -48,7 +48,9 @@ class ProcessSpec:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """Where moetune's own clients reach it: a server on every interface through loopback."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else "[::1]" if self.host in ("::", "[::]") else self.host
+        return f"http://{host}:{self.port}"
 
 
 def _role(p: dict[str, Any]) -> ProcessRole:

@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,16 +151,32 @@ def get(name: str | None = None) -> Engine:
                      hint="see `moetune engine list`, or register one with `moetune engine add`")
 
 
-def facts_for(names: set[str]) -> dict[str, EngineFacts]:
-    """The facts of the named engines that are builds here (the others render in ``facts.KNOWN``)."""
+def facts_for(names: set[str], args: dict[str, list[tuple[str, ...]]] | None = None) -> dict[str, EngineFacts]:
+    """The facts of the named engines that are builds here (the others render in ``facts.KNOWN``).
+    ``args``: by engine, the flags (each with its value, if any) a plan adds of its own; one the
+    build's help does not list is tried on the build (its help is not complete), and counted as
+    taken when it parses."""
     engines = {e.name: e for e in all_engines()}
     out = {}
     for n in names:
         e = engines.get(n)
         f = e.facts() if e is not None else None
-        if f is not None:
-            out[n] = f
+        if f is None:
+            continue
+        tried = [a for a in (args or {}).get(n, []) if f.help_flags and a[0] not in f.help_flags]
+        if tried:
+            assert e is not None
+            f = replace(f, help_flags=f.help_flags | {a[0] for a in tried if accepts(e.binary("server"), a)})
+        out[n] = f
     return out
+
+
+def accepts(binary: Path, args: tuple[str, ...]) -> bool:
+    """Whether the build parses ``args`` (``llama-server ARGS --version`` exits 0; see engine.facts)."""
+    try:
+        return subprocess.run([str(binary), *args, "--version"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def resolve(name_or_kind: str | None) -> tuple[str, EngineKind]:

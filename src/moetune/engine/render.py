@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from moetune.engine import ik_split
 from moetune.engine.dialect import Dialect, engine_devices
+from moetune.engine.server_args import server_options
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile
@@ -143,7 +144,7 @@ def ik_flags(p: ModelProfile, s: Settings, d: Dialect) -> list[str]:
     return argv + (list(d.merge_up_gate) if s.merge_up_gate else [])
 
 
-def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, host: str = "127.0.0.1",
+def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, engine: str = "",
                 port: int = 8080, rpc: list[str] | None = None, model_path: str | None = None,
                 extra: list[str] | None = None, accelerators: list[tuple[str, bool]] | None = None) -> list[str]:
     """Arguments after the llama-server binary. ``accelerators``: the plan's (name, is an RPC
@@ -174,5 +175,5 @@ def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, host
     argv += list(d.no_log_file)
     if s.threads:
         argv += [d.threads, str(s.threads)]
-    argv += ["--host", host, "--port", str(port)]
-    return argv + list(extra or [])
+    argv += ["--host", s.server.host, "--port", str(port)]
+    return argv + list(extra or []) + server_options(s, d, engine)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moetune import procfs
+from moetune.engine import auth
 from moetune.monitor.gpu import NvmlProbe, load_nvml
 from moetune.monitor.snapshot import GpuSample, HostSample, ProcSample, Snapshot
 
@@ -147,7 +148,7 @@ def scrape(url: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> dict[str, float] | 
     from moetune.monitor.exposition import parse_text
 
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=auth.headers(url)), timeout=timeout_s) as r:
             return parse_text(r.read().decode("utf-8", "replace"))
     except urllib.error.HTTPError as e:
         if e.code in (404, 501):

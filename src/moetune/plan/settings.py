@@ -1,14 +1,48 @@
-"""Run settings that change memory and speed: context, slots, batches, cache types, engine."""
+"""Run settings that change memory and speed (context, slots, batches, cache types, engine), and
+how the server is run and reached (``ServerOptions``: listen address, API key file, alias,
+defaults for its requests, the user's own extra flags)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ipaddress
+from dataclasses import dataclass, field
 
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.model.kv import CACHE_TYPES
 
 IK_MLA_MODES = (2, 3)  # the -mla modes the ledger counts: both keep the latent cache alone
+
+
+LOOPBACK = "127.0.0.1"
+WILDCARDS = ("0.0.0.0", "::")
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """What the server is told besides memory and speed. None of it changes the ledger; all of it
+    is rendered into every command, kept in the plan and used by every launch."""
+
+    host: str = LOOPBACK  # the address llama-server listens on (--listen)
+    api_key_file: str | None = None  # llama-server reads its keys from it; the plan keeps the path, never the key
+    alias: str | None = None  # the model's name in the API (-a)
+    thinking: bool | None = None  # the default for requests that do not say (None: the template's own)
+    sampling: tuple[tuple[str, float], ...] = ()  # the server's sampling defaults: (temp, 0.7), (top_k, 45)
+    warmup_batch: bool = False  # ik_llama.cpp --warmup-batch: warm up with a whole batch
+    extra_args: tuple[str, ...] = ()  # the user's own flags, checked against the engine's (engine.server_args)
+    env: tuple[tuple[str, str], ...] = ()  # the server's environment, besides moetune's own
+
+    @property
+    def public(self) -> bool:
+        """Listening beyond this machine (every interface, or an address others can reach)."""
+        return not is_loopback(self.host)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +67,10 @@ class Settings:
     margin_mib: float = 1024.0  # head-room on each GPU for what grows after load (CUDA pools, graphs)
     host_margin_mib: float = 2048.0  # head-room kept free in host RAM
     threads: int | None = None
+    threads_batch: int | None = None  # -tb: threads for prefill (default: the engine's, = threads)
+    merge_qkv: bool = False  # ik_llama.cpp --merge-qkv: Q, K and V merged into one tensor at load
+    grouped_experts: bool = False  # ik_llama.cpp -ger: grouped expert routing
+    server: ServerOptions = field(default_factory=ServerOptions)
 
     def validate(self) -> None:
         if self.engine not in (EngineKind.MAINLINE, EngineKind.IK):
@@ -51,5 +89,7 @@ class Settings:
             raise InputError(f"-mla {self.mla}: moetune plans modes {' and '.join(map(str, IK_MLA_MODES))}",
                              hint="modes 0 and 1 keep another cache (full K/V, or a transposed V without flash "
                                   "attention), which the ledger does not count")
+        if self.threads_batch is not None and self.threads_batch < 1:
+            raise InputError(f"--threads-batch {self.threads_batch}: must be at least 1")
         if self.ctx // self.slots < 256:
             raise InputError(f"--ctx {self.ctx} over {self.slots} slots leaves under 256 tokens per slot")

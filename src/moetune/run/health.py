@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from moetune.engine import auth
 from moetune.engine.logs import detect_era, phases_in, split_lines
 from moetune.kinds import LogPhase
 
@@ -70,7 +71,7 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a serv
 def health(url: str, timeout_s: float = 2.0) -> int | None:
     """HTTP status of GET url/health (503 while loading), or None when nothing answers."""
     try:
-        with _DIRECT.open(url + "/health", timeout=timeout_s) as r:
+        with _DIRECT.open(urllib.request.Request(url + "/health", headers=auth.headers(url)), timeout=timeout_s) as r:
             return int(r.status)
     except urllib.error.HTTPError as e:  # 503 while loading: an answer, not a failure
         return int(e.code)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import moetune.run.diagnose as diagnose
+from moetune.engine import auth
 from moetune.engine.launchspec import LaunchSpec
 from moetune.engine.logs import parse_log, parse_worker_log
 from moetune.errors import InputError
@@ -29,7 +30,15 @@ from moetune.kinds import EngineKind, LaunchState, LogEra, LogPhase, ProcessRole
 from moetune.procfs import own_start_ticks
 from moetune.run.diagnose import Diagnosis, LayerExperts
 from moetune.run.health import LogFollower, health, port_open
-from moetune.run.prepare import LaunchFailed, Prepared, model_paths, prepare, rpc_endpoints, ubatch
+from moetune.run.prepare import (
+    LaunchFailed,
+    Prepared,
+    api_key_files,
+    model_paths,
+    prepare,
+    rpc_endpoints,
+    ubatch,
+)
 from moetune.run.process import NAME_ENV, RUN_ENV, LocalProcess, Process
 from moetune.run.record import (
     ProcRecord,
@@ -94,6 +103,9 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
     """
     emit = on_event or (lambda e: None)
     prepared = prepare(spec)
+    for p in prepared:  # a server that requires a key: this process's clients send it
+        for f in api_key_files(p.argv):
+            auth.use_key(p.spec.url, auth.read_key_file(f))
     envs = transport_envs(prepared, transport, rdma_dev)
     engines = {_engine_key(p): p for p in prepared}
     versions = {k: _version(p) for k, p in engines.items()}

@@ -24,6 +24,7 @@ from moetune.errors import InputError, RuntimeFailure
 from moetune.hardware.inventory import RPC_NO_AUTH, RPC_PUBLIC_BIND_REMEDY, bind_problem
 from moetune.kinds import EngineKind, ProcessRole
 from moetune.plan.ledger import Shortfall
+from moetune.plan.settings import is_loopback
 from moetune.run.diagnose import Diagnosis
 from moetune.run.health import listener_of, port_free, port_open
 from moetune.run.remote import NodeProbe, RemoteError, probe_node, ssh_base
@@ -124,6 +125,11 @@ def model_paths(argv: Sequence[str]) -> list[str]:
     return _flag_values(argv, MODEL_FLAGS)
 
 
+def api_key_files(argv: Sequence[str]) -> list[str]:
+    """The key files a server reads (``--api-key-file``); moetune's clients send their first key."""
+    return _flag_values(argv, ("--api-key-file",))
+
+
 def ubatch(argv: Sequence[str]) -> int | None:
     vals = _flag_values(argv, ("-ub", "--ubatch-size"))
     return int(vals[-1]) if vals and vals[-1].isdigit() else None
@@ -153,6 +159,13 @@ def public_bind_warnings(spec: LaunchSpec) -> list[tuple[str, str]]:
     """(message, remedy) for each worker allowed on a public address or every interface: said once
     more at each launch."""
     out = []
+    for p in spec.servers():
+        if not is_loopback(host := bind_host(p)):
+            auth = ("clients must send a key from " + ", ".join(keys) if (keys := api_key_files(p.argv)) else
+                    "llama-server has no authentication without --api-key-file: anyone who reaches it can use it")
+            out.append((f"server {p.name} will listen on {host}:{p.port}, reachable from the network; {auth}",
+                        "plan with --listen 127.0.0.1 to keep it on this machine" if keys else
+                        "plan with --api-key-file FILE, or --listen 127.0.0.1"))
     for p in spec.workers():
         with contextlib.suppress(ValueError):
             why = bind_problem(bind_host(p))

@@ -37,6 +37,7 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from moetune.bench.http.clock import ProtocolReader, SockReader, open_timestamped
+from moetune.engine import auth
 
 T = TypeVar("T")
 RETRYABLE = frozenset({"disconnected", "connection_reset"})
@@ -259,6 +260,7 @@ class RawClient:
         self.port = u.port or (443 if u.scheme == "https" else 80)
         self.ssl = ssl.create_default_context() if u.scheme == "https" else None
         self.prefix = u.path.rstrip("/")
+        self.auth = auth.headers(base_url)  # a server launched with --api-key-file
         self.connect_timeout_s = min(timeout_s, 30)
         # llama-server advertises keep-alive but closes a connection after each streamed response;
         # once a connection that carried a stream dies on reuse, streams get fresh connections
@@ -306,6 +308,7 @@ class RawClient:
         c._reset()
         head = (f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                 "Accept: text/event-stream, application/json\r\nConnection: keep-alive\r\n")
+        head += "".join(f"{k}: {v}\r\n" for k, v in self.auth.items())
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         assert c.io is not None

@@ -1,0 +1,166 @@
+"""The server's own options and the user's extra flags: rendered, and checked against the engine.
+
+moetune sets the flags that the ledger, the placement or the speed model depend on from the plan
+(``MANAGED``: each with the plan option to use instead); an extra flag that is one of them is
+refused, so the command never disagrees with the plan that sized it. Any other flag must be one
+the engine build takes (its ``--help``, with what its probes accepted: ``Dialect.flags``); where
+the build's help is not known here (an image, an engine not built), extra flags pass unchecked.
+Pure: arguments in, arguments out, or an InputError naming the flag and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from moetune.engine.dialect import Dialect
+from moetune.errors import InputError
+from moetune.plan.settings import Settings
+
+_STRATEGY = "--strategy (auto | cpu-moe | all-gpu | n-cpu-moe:N | layers:...)"
+_MANAGED: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"), "the MODEL argument"),
+    (("-c", "--ctx-size"), "--ctx"),
+    (("-np", "--parallel"), "--parallel"),
+    (("-b", "--batch-size"), "-b/--batch"),
+    (("-ub", "--ubatch-size"), "-ub/--ubatch"),
+    (("-ctk", "--cache-type-k"), "--ctk"),
+    (("-ctv", "--cache-type-v"), "--ctv"),
+    (("-fa", "--flash-attn", "-no-fa", "--no-flash-attn"), "--no-flash-attn"),
+    (("-ngl", "--gpu-layers", "--n-gpu-layers", "-ot", "--override-tensor", "-ts", "--tensor-split", "--cpu-moe",
+      "-cmoe", "--n-cpu-moe", "-ncmoe", "-sm", "--split-mode", "-mg", "--main-gpu", "-fit", "--fit", "-fitt",
+      "--fit-target"), _STRATEGY),
+    (("-dev", "--device"), "the hardware file's devices (a layout service's devices:)"),
+    (("--rpc",), "the hardware file's nodes"),
+    (("--host", "--port"), "--listen ADDR:PORT"),
+    (("--api-key",), "--api-key-file (a key on the command line would be kept in the plan and shown by ps)"),
+    (("--api-key-file",), "--api-key-file"),
+    (("-t", "--threads"), "-t/--threads"),
+    (("-tb", "--threads-batch"), "--threads-batch"),
+    (("-a", "--alias"), "--alias"),
+    (("--reasoning-budget",), "--thinking on|off"),
+    (("--temp", "--temperature", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
+      "--frequency-penalty"), "--sampling NAME=VALUE,..."),
+    (("-amb", "--attention-max-batch"), "--amb"),
+    (("-mla", "--mla-use"), "the plan (the MLA mode; tune's --try-mla)"),
+    (("-muge", "--merge-up-gate-experts"), "--muge"),
+    (("-mqkv", "--merge-qkv"), "--merge-qkv"),
+    (("-ger", "--grouped-expert-routing"), "--ger"),
+    (("--warmup-batch",), "--warmup-batch"),
+    (("-fmoe", "--fused-moe", "-no-fmoe", "--no-fused-moe"), "the plan (tune's --try-fmoe)"),
+    (("-nr", "--no-repack", "-rtr", "--run-time-repack", "--repack"), "the plan (tune's --try-repack)"),
+    (("--no-mmap", "--mmap", "-lm", "--load-mode"), "--no-mmap"),
+    (("-kvu", "--kv-unified"), "the plan"),
+)
+MANAGED: dict[str, str] = {flag: option for flags, option in _MANAGED for flag in flags}
+# --sampling's names and the flag each sets (both engines spell them so)
+SAMPLING_FLAGS = {"temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+                  "repeat_penalty": "--repeat-penalty", "presence_penalty": "--presence-penalty",
+                  "frequency_penalty": "--frequency-penalty"}
+_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def is_flag(word: str) -> bool:
+    return word.startswith("-") and len(word) > 1 and not _NUMBER.fullmatch(word)
+
+
+def flag_name(word: str) -> str:
+    """``--alias=X`` -> ``--alias``."""
+    return word.split("=", 1)[0]
+
+
+def check_extra(args: Sequence[str], engine: str, d: Dialect) -> None:
+    """The user's extra arguments, each flag neither one moetune sets nor one the build lacks."""
+    if args and not is_flag(args[0]):
+        raise InputError(f"--engine-arg {args[0]!r}: the extra arguments start with a flag",
+                         hint="give the flag first, then its value: --engine-arg=--alias --engine-arg=NAME")
+    for word in filter(is_flag, args):
+        name = flag_name(word)
+        if name in MANAGED:
+            raise InputError(f"--engine-arg {name}: moetune sets {name} from the plan; use {MANAGED[name]} instead",
+                             hint="the plan's options size the memory and the speed that its command must match")
+        if d.flags and name not in d.flags:
+            raise InputError(f"--engine-arg {name}: engine {engine} ({d.version or d.kind}) does not take {name} "
+                             "(its --help does not list it)",
+                             hint="check `llama-server --help` of that build, or choose another --engine")
+
+
+def flag_words(args: Sequence[str]) -> list[tuple[str, ...]]:
+    """Each flag of ``args`` with the value after it, if one follows (``--alias X`` -> (--alias, X))."""
+    out: list[tuple[str, ...]] = []
+    for i, a in enumerate(args):
+        if is_flag(a):
+            nxt = args[i + 1] if i + 1 < len(args) and not is_flag(args[i + 1]) else None
+            out.append((flag_name(a),) if "=" in a or nxt is None else (a, nxt))
+    return out
+
+
+def own_flags(s: Settings) -> list[tuple[str, ...]]:
+    """The flags (with a value) this plan's server options and extra arguments may add, to be
+    tried on a build whose help does not list them all."""
+    o = s.server
+    words: list[tuple[str, ...]] = [("-tb", "1")] if s.threads_batch else []
+    words += [("--warmup-batch",)] if o.warmup_batch else []
+    words += [("--alias", "x")] if o.alias else []
+    words += [("--reasoning-budget", "0")] if o.thinking is not None else []
+    words += [(SAMPLING_FLAGS[k], "1") for k, _ in o.sampling]
+    words += [("--api-key-file", o.api_key_file)] if o.api_key_file else []
+    return words + flag_words(o.extra_args)
+
+
+def parse_sampling(text: str) -> tuple[tuple[str, float], ...]:
+    """``temp=0.7,top_k=45`` -> ((temp, 0.7), (top_k, 45.0))."""
+    out: list[tuple[str, float]] = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in SAMPLING_FLAGS:
+            raise InputError(f"--sampling {item!r}: expected NAME=VALUE with NAME one of {', '.join(SAMPLING_FLAGS)}")
+        try:
+            out.append((key, float(value)))
+        except ValueError:
+            raise InputError(f"--sampling {item!r}: {value.strip()!r} is not a number") from None
+    return tuple(out)
+
+
+def _need(d: Dialect, engine: str, option: str, flag: str) -> None:
+    if d.flags and flag not in d.flags:
+        raise InputError(f"{option}: engine {engine} ({d.version or d.kind}) does not take {flag}",
+                         hint=f"leave {option} out, or choose an engine build that has {flag}")
+
+
+def server_options(s: Settings, d: Dialect, engine: str = "") -> list[str]:
+    """The first-class server options, in the engine's spelling, then the user's extra arguments;
+    InputError for one the engine build does not take."""
+    engine = engine or str(d.kind)
+    o = s.server
+    argv: list[str] = []
+
+    def add(option: str, *words: str) -> None:
+        _need(d, engine, option, words[0])
+        argv.extend(words)
+
+    if s.threads_batch:
+        add("--threads-batch", "-tb", str(s.threads_batch))
+    for option, on, words in (("--merge-qkv", s.merge_qkv, d.merge_qkv), ("--ger", s.grouped_experts, d.grouped_experts)):
+        if on and not words:
+            raise InputError(f"{option}: engine {engine} ({d.kind}) has no such option",
+                             hint="it is an ik_llama.cpp option: plan with --engine ik_llama.cpp, or leave it out")
+        if on:
+            add(option, *words)
+    if o.warmup_batch:
+        add("--warmup-batch", "--warmup-batch")
+    if o.alias:
+        add("--alias", "--alias", o.alias)
+    if o.thinking is not None:
+        if not d.flags or "--reasoning-budget" in d.flags:
+            add("--thinking", "--reasoning-budget", "-1" if o.thinking else "0")
+        else:
+            add("--thinking", "--chat-template-kwargs", json.dumps({"enable_thinking": o.thinking}))
+    for key, value in o.sampling:
+        add("--sampling", SAMPLING_FLAGS[key], f"{value:g}")
+    if o.api_key_file:
+        add("--api-key-file", "--api-key-file", o.api_key_file)
+    check_extra(o.extra_args, engine, d)
+    return argv + list(o.extra_args)

@@ -1,0 +1,149 @@
+"""The server's own options and the user's extra flags: rendered in the engine's spelling, refused
+when moetune sets the flag from the plan or the build does not take it (pure, and through the CLI)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moetune.cli.common import parse_listen
+from moetune.engine.dialect import dialect
+from moetune.engine.facts import KNOWN
+from moetune.engine.server_args import MANAGED, check_extra, flag_words, parse_sampling, server_options
+from moetune.errors import InputError
+from moetune.kinds import EngineKind
+from moetune.model.archs import Dims
+from moetune.model.testmodel import generate
+from moetune.plan.settings import ServerOptions, Settings
+from tests.helpers import run_cli
+
+MAIN = dialect(EngineKind.MAINLINE)
+IK = dialect(EngineKind.IK)
+# a build whose help is known: only these flags exist
+CHECKED = replace(MAIN, flags=frozenset({"--no-warmup", "--alias", "-tb", "--reasoning-budget", "--temp", "--top-k",
+                                         "--seed", "--api-key-file"}))
+
+
+@pytest.mark.parametrize(("settings", "d", "want"), [
+    (Settings(threads_batch=24), MAIN, ["-tb", "24"]),
+    (Settings(server=ServerOptions(alias="GLM-5.1", warmup_batch=True)), IK, ["--warmup-batch", "--alias", "GLM-5.1"]),
+    (Settings(merge_qkv=True, grouped_experts=True, engine=EngineKind.IK), IK, ["--merge-qkv", "-ger"]),
+    (Settings(server=ServerOptions(thinking=False)), MAIN, ["--reasoning-budget", "0"]),
+    (Settings(server=ServerOptions(thinking=True)), MAIN, ["--reasoning-budget", "-1"]),
+    # a build without --reasoning-budget: the template's switch instead
+    (Settings(server=ServerOptions(thinking=False)), replace(MAIN, flags=frozenset({"--chat-template-kwargs"})),
+     ["--chat-template-kwargs", '{"enable_thinking": false}']),
+    (Settings(server=ServerOptions(sampling=parse_sampling("temp=0.7,top_k=45,top_p=0.95,min_p=0.01"))), MAIN,
+     ["--temp", "0.7", "--top-k", "45", "--top-p", "0.95", "--min-p", "0.01"]),
+    (Settings(server=ServerOptions(api_key_file="/k", extra_args=("--seed", "-1", "--no-warmup"))), CHECKED,
+     ["--api-key-file", "/k", "--seed", "-1", "--no-warmup"]),
+])
+def test_options_render_in_the_engines_spelling(settings: Settings, d: object, want: list[str]) -> None:
+    assert server_options(settings, d) == want  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("args", "d", "match"), [
+    (("-ngl", "10"), MAIN, "use --strategy"),
+    (("--override-tensor=x=CPU",), MAIN, "use --strategy"),
+    (("-c", "8192"), MAIN, "use --ctx"),
+    (("--port", "9"), MAIN, "--listen"),
+    (("--api-key", "sk-1"), MAIN, "--api-key-file"),
+    (("-ub", "64"), MAIN, "-ub/--ubatch"),
+    (("--cache-type-k", "q4_0"), MAIN, "--ctk"),
+    (("--temp", "0.1"), MAIN, "--sampling"),
+    (("--bogus",), CHECKED, "does not take --bogus"),
+    (("GLM-5.1",), MAIN, "start with a flag"),
+])
+def test_extra_flags_that_are_refused(args: tuple[str, ...], d: object, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        check_extra(args, "e", d)  # type: ignore[arg-type]
+
+
+def test_an_unknown_help_checks_nothing_but_managed_flags() -> None:
+    check_extra(("--anything", "1"), "image", MAIN)  # the build's help is not known here
+    assert not MAIN.flags and not dialect(EngineKind.IK, KNOWN[EngineKind.IK]).flags
+
+
+def test_every_ledger_flag_is_managed() -> None:
+    for f in ("-m", "-c", "-ot", "-ngl", "-ts", "--rpc", "--port", "-ub", "-b", "-ctk", "-ctv", "--parallel", "-fa",
+              "--n-cpu-moe", "--cpu-moe", "-sm", "--host", "-t", "-dev"):
+        assert f in MANAGED
+
+
+def test_ik_options_on_mainline_are_refused() -> None:
+    with pytest.raises(InputError, match="has no such option"):
+        server_options(Settings(merge_qkv=True), MAIN)
+
+
+def test_flag_words_pair_each_flag_with_its_value() -> None:
+    assert flag_words(["--seed", "-1", "--no-warmup", "--alias=x", "--ctx-checkpoints", "4"]) == [
+        ("--seed", "-1"), ("--no-warmup",), ("--alias",), ("--ctx-checkpoints", "4")]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    (None, ("127.0.0.1", None)), ("0.0.0.0:8000", ("0.0.0.0", 8000)), ("192.168.1.5", ("192.168.1.5", None)),
+    ("[::]:8000", ("::", 8000)), ("::1", ("::1", None)), ("localhost:9", ("localhost", 9)),
+])
+def test_listen(text: str | None, want: tuple[str, int | None]) -> None:
+    assert parse_listen(text) == want
+
+
+@pytest.mark.parametrize("text", ["0.0.0.0:", "host:99999", "a:b:c:8", "[::1"])
+def test_bad_listen(text: str) -> None:
+    with pytest.raises(InputError, match="--listen"):
+        parse_listen(text)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate(tmp_path_factory.mktemp("sa") / "m.gguf", "qwen3moe", Dims(n_layer=2), "f16").files[0]
+
+
+@pytest.fixture
+def hw(tmp_path: Path) -> Path:
+    p = tmp_path / "hw.yaml"
+    p.write_text(yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]}))
+    return p
+
+
+def test_contract_engine_args_render_and_ngl_names_strategy(model: Path, hw: Path) -> None:
+    r = run_cli("plan", str(model), "--hw", str(hw), "--format", "argv", "--engine-arg=--no-warmup",
+                "--engine-arg=--seed", "--engine-arg=7")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.split()[-3:] == ["--no-warmup", "--seed", "7"]
+    r = run_cli("plan", str(model), "--hw", str(hw), "--engine-arg=-ngl", "--engine-arg=10")
+    assert r.exit_code == 2 and "--strategy" in r.stderr
+
+
+def test_contract_listen_and_key_file(model: Path, hw: Path, tmp_path: Path) -> None:
+    key = tmp_path / "key.txt"
+    key.write_text("sk-never-in-the-plan\n")
+    out = tmp_path / "p.json"
+    r = run_cli("plan", str(model), "--hw", str(hw), "--listen", "0.0.0.0:8000", "--api-key-file", str(key),
+                "--format", "argv", "-o", str(out))
+    assert r.exit_code == 0, r.stderr
+    argv = r.stdout.split()
+    assert argv[argv.index("--host") + 1] == "0.0.0.0" and argv[argv.index("--port") + 1] == "8000"
+    assert argv[argv.index("--api-key-file") + 1] == str(key.resolve())
+    assert "reachable from the network" in r.stderr
+    assert "sk-never-in-the-plan" not in out.read_text()
+    r = run_cli("plan", str(model), "--hw", str(hw), "--listen", "0.0.0.0:8000")
+    assert r.exit_code == 0 and "no authentication" in r.stderr
+
+
+def test_a_layout_service_sets_threads_args_and_env(model: Path, hw: Path, tmp_path: Path) -> None:
+    layout = tmp_path / "layout.yaml"
+    layout.write_text(yaml.safe_dump({"services": [{"name": "main", "model": str(model), "threads": 2,
+                                                    "threads_batch": 2, "args": ["--no-warmup"],
+                                                    "env": {"GGML_SCHED_MAX_COPIES": "1"}}]}))
+    r = run_cli("plan", "--layout", str(layout), "--hw", str(hw), "--json")
+    assert r.exit_code == 0, r.stderr
+    import json
+
+    doc = json.loads(r.stdout)
+    argv = doc["services"][0]["argv"]
+    assert argv[argv.index("-t") + 1] == "2" and argv[argv.index("-tb") + 1] == "2" and "--no-warmup" in argv
+    assert doc["launch"]["processes"][0]["env"] == {"GGML_SCHED_MAX_COPIES": "1"}
