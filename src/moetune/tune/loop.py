@@ -178,7 +178,7 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
             try:
                 planned(st, base)
             except InputError as e:
-                raise InputError(f"--try-strategy {st}: {e}", hint=e.hint) from None
+                raise InputError(f"--try-strategy: {e}", hint=e.hint) from None
     budget = 0
     if hw.accelerators() and "strategies" not in req.axes:  # the expert budget of the head/tail splits
         budget = accelerator_expert_layers(profile, planned("auto", base).main.placement)
