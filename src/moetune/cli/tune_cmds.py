@@ -71,7 +71,8 @@ def _list(kind: str) -> Any:
               help="Placements to try: repeat the option, or ';' between strategies (a comma list splits only "
                    "where a strategy starts: 'cpu-moe,layers:CUDA0=3-14,CUDA1=68-77' is two); default: every "
                    "family where there is an accelerator: auto, cpu-moe, n-cpu-moe at 1/4, 1/2, 3/4 of the MoE "
-                   "layers, and head-tail splits of auto's expert budget (H/2+H/2, 2H/5+2H/5+H/5).")
+                   "layers, and head-tail splits of the N layers' experts auto fits (head-tail:N/2+N/2, "
+                   "head-tail:2N/5+2N/5+N/5: the first, last and middle MoE layers).")
 @click.option("--try-threads", callback=_list("int"), help="Thread counts to try (default: all, 3/4 and half the cores).")
 @click.option("--try-ubatch", callback=_list("int"), help="Ubatch sizes to try (default: -ub, a quarter, four times).")
 @click.option("--try-fa", callback=_list("bool"), help="Flash attention: on,off (default both).")

@@ -21,6 +21,7 @@ stored calibration, if any, is the prior, and the Gaussian process learns what i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -181,7 +182,8 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
                 raise InputError(f"--try-strategy: {e}", hint=e.hint) from None
     budget = 0
     if hw.accelerators() and "strategies" not in req.axes:  # the expert budget of the head/tail splits
-        budget = accelerator_expert_layers(profile, planned("auto", base).main.placement)
+        with contextlib.suppress(InputError):  # `auto` is a candidate too: its own planning says why
+            budget = accelerator_expert_layers(profile, planned("auto", base).main.placement)
     axes = core.default_axes(base, req.strategy, hw.local.cores, moe_layers, len(hw.accelerators()), options,
                              budget)
     axes = replace(axes, **req.axes) if req.axes else axes
