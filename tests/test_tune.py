@@ -16,6 +16,7 @@ from moetune.bench.analysis.stats import SLOWER, difference
 from moetune.plan.settings import Settings
 from moetune.planfiles import PlanRequest, plan_files
 from moetune.run.prepare import read_plan
+from moetune.store.db import ResultsDB
 from tests.engine_harness import free_port
 from tests.helpers import run_cli
 from tests.tune_testbed import (
@@ -116,3 +117,54 @@ def test_tune_skips_what_does_not_fit_records_a_failed_launch_and_resumes(bin_di
     assert again.exit_code == 0, again.stderr
     assert "resuming tune" in again.stderr and "launch " not in again.stderr.replace("launches", "")
     assert json.loads(again.stdout)["launches"] == out["launches"] and len(run_ids(tmp_path / "t.db")) == n
+
+
+def test_a_two_device_layer_set_in_try_strategy_is_one_candidate_launched_on_both_devices(
+        bin_dir: Path, tmp_path: Path) -> None:
+    # issue #23: the comma list of the reference's syntax used to split inside the layer set
+    model, hw = make_testbed(tmp_path, rpc_devices=2)
+    layer_set = "layers:RPC0=0-3,RPC1=4-7"
+    db = tmp_path / "t.db"
+    r = run_cli("tune", str(model), "--hw", str(hw), "--strategy", "cpu-moe", "-t", "1", "-ub", "128",
+                "--try-strategy", f"cpu-moe,{layer_set}", "--try-threads", "1", "--try-ubatch", "128", "--try-fa", "on",
+                "--try-cache", "f16/f16", "--try-repack", "off", *WORKLOAD, "--port", str(free_port()),
+                "--budget", "2", "--db", str(db), "--json")
+    assert r.exit_code == 0, r.stderr
+    assert "skipped" not in r.stderr
+    doc = json.loads(r.stdout)
+    labels = [c["label"] for c in doc["candidates"]]
+    assert labels == ["cpu-moe t1 ub128 fa", f"{layer_set} t1 ub128 fa"]
+    assert doc["launches"] == 2 and all(c["launched"] and c["measured"] for c in doc["candidates"])
+    workers = yaml.safe_load(hw.read_text())["nodes"][1:]
+    ends = [f"127.0.0.1:{n['rpc_port']}" for n in workers]
+    with ResultsDB.open(db) as h:
+        (run,) = [x for x in h.runs() if x.label == labels[1]]
+        plan = h.run(run.id).meta.plan
+    assert plan is not None
+    (svc,) = plan["services"]
+    on = {layer["index"]: set(layer["experts"].values()) for layer in svc["layers"]}
+    assert all(on[i] == {f"RPC0[{ends[0]}]"} for i in range(4)), on
+    assert all(on[i] == {f"RPC0[{ends[1]}]"} for i in range(4, 8)), on
+    assert svc["argv"][svc["argv"].index("--rpc") + 1] == ",".join(ends)
+    assert [p["name"] for p in plan["launch"]["processes"] if p["role"] == "rpc"] == ["rpc0", "rpc1"]
+
+
+def test_a_baseline_that_fails_to_launch_is_never_the_best(bin_dir: Path, tmp_path: Path) -> None:
+    # as above: the RPC worker cannot allocate the compute buffer of -ub 65536 without flash attention
+    model, hw = make_testbed(tmp_path, rpc_mem_mib=200000, cpu_ram_mib=100000)
+    out = tmp_path / "best.json"
+    args = ["tune", str(model), "--hw", str(hw), "--ctx", "65536", "-b", "65536", "-ub", "65536", "--no-flash-attn",
+            "-t", "1", "--try-strategy", "auto", "--try-ubatch", "65536", "--try-fa", "off", "--try-threads", "1",
+            "--try-cache", "f16/f16", "--try-repack", "off", *WORKLOAD, "--port", str(free_port()),
+            "--budget", "1", "--db", str(tmp_path / "t.db"), "-o", str(out)]
+    r = run_cli(*args, "--json")
+    assert r.exit_code == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["best"] is None and doc["plan"] is None
+    (base,) = doc["candidates"]
+    assert base["launched"] and base["measured"] is None and base["verdict"].startswith("failed: ")
+    assert "no configuration was measured" in r.stderr and not out.exists()
+    again = run_cli(*args)  # resumed (the failure is not retried): the table says so too
+    assert again.exit_code == 1
+    assert "best: none (no configuration was measured)" in again.stdout and "resuming tune" in again.stderr
+    assert "launch 1/1" not in again.stderr

@@ -34,18 +34,20 @@ WORKLOAD_NAME = "d0"
 CALIBRATE_ON = ("cpu-moe t1 ub512 fa", "auto t2 ub128 no-fa")
 
 
-def make_testbed(d: Path, *, rpc_mem_mib: float = 16000, cpu_ram_mib: float = 16000) -> tuple[Path, Path]:
-    """The model (8 MoE layers, 16 experts, q8_0, 58 MiB) and a hardware file: 2 cores, and one RPC
-    worker (its CPU backend) on a free loopback port."""
+def make_testbed(d: Path, *, rpc_mem_mib: float = 16000, cpu_ram_mib: float = 16000,
+                 rpc_devices: int = 1) -> tuple[Path, Path]:
+    """The model (8 MoE layers, 16 experts, q8_0, 58 MiB) and a hardware file: 2 cores, and
+    ``rpc_devices`` RPC workers (their CPU backends: RPC0, RPC1, ...) on free loopback ports."""
     model = d / "tune-model.gguf"
     if not model.exists():
         generate(model, "qwen3moe", replace(small_dims("qwen3moe", True), n_layer=8), "q8_0")
     hw = d / "tune-hw.yaml"
     hw.write_text(yaml.safe_dump({"nodes": [
         {"name": "local", "cpu": {"cores": 2, "ram_mib": cpu_ram_mib, "ram_bw_gbs": 20}},
-        {"name": "w0", "link_addr": "127.0.0.1", "rpc_port": free_port(),
-         "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20},
-         "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": rpc_mem_mib, "bw_gbs": 20}]}]}))
+        *({"name": f"w{i}", "link_addr": "127.0.0.1", "rpc_port": free_port(),
+           "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20},
+           "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": rpc_mem_mib, "bw_gbs": 20}]}
+          for i in range(rpc_devices))]}))
     return model, hw
 
 

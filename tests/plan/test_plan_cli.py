@@ -172,3 +172,38 @@ def test_plans_store_paths_that_work_from_another_directory(tmp_path: Path, monk
         assert doc["hardware"] == str(work / "hw.yaml")
         assert [p.name for p in prepare(spec)] == [s["name"] for s in doc["services"]]  # the model files are found
         monkeypatch.chdir(tmp_path)
+
+
+HW2 = ("nodes: [{name: local, cpu: {cores: 16, ram_mib: 786432, ram_bw_gbs: 460}, devices: ["
+       "{name: CUDA0, kind: gpu, mem_mib: 97887, bw_gbs: 1790}, {name: CUDA1, kind: gpu, mem_mib: 97887, bw_gbs: 1790}]}]")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "cuda0", "cuda1"),
+    [
+        ("head-tail:12+10", set(range(3, 15)), set(range(68, 78))),  # reference 000's winner
+        ("head-tail:8+8+4", {*range(3, 11), 18, 33}, {47, 62, *range(70, 78)}),  # its 20-layer set
+    ],
+)
+def test_plan_renders_a_head_tail_strategy_as_ot_rules(glm51: ModelProfile, tmp_path: Path, strategy: str,
+                                                       cuda0: set[int], cuda1: set[int]) -> None:
+    hw = tmp_path / "hw2.yaml"
+    hw.write_text(HW2 + "\n")
+    r = run_cli("plan", str(glm51.files[0]), "--hw", str(hw), "--strategy", strategy, "--ctx", "32768",
+                "--ctk", "q8_0", "--ctv", "q8_0", "--json")
+    assert r.exit_code == 0, r.stderr
+    (svc,) = json.loads(r.stdout)["services"]
+    argv = svc["argv"]
+    rules = [argv[i + 1] for i, a in enumerate(argv) if a in ("-ot", "--override-tensor")]
+    assert rules == svc["override_rules"] and svc["strategy"] == strategy
+    on: dict[str, set[int]] = {}
+    for layer in svc["layers"]:
+        for dev in set(layer["experts"].values()):
+            on.setdefault(dev, set()).add(layer["index"])
+    assert on == {"CUDA0": cuda0, "CUDA1": cuda1, "CPU": set(range(3, 78)) - cuda0 - cuda1}
+    # the rules say it (llama.cpp searches each tensor's name for each pattern): the CPU's match exactly
+    # the layers whose experts stay there; the rest stay with their layer's GPU
+    cpu = [re.compile(rule.rsplit("=", 1)[0]) for rule in rules if rule.endswith("=CPU")]
+    assert cpu and len(cpu) == len(rules)
+    for i in range(3, 78):
+        assert any(p.search(f"blk.{i}.ffn_up_exps.weight") for p in cpu) == (i in on["CPU"]), i

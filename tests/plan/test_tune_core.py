@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.plan.settings import Settings
 from moetune.plan.tune import (
@@ -23,7 +24,9 @@ from moetune.plan.tune import (
     default_axes,
     expected_gain,
     features,
+    head_tail_splits,
     space,
+    split_strategies,
 )
 
 
@@ -152,3 +155,61 @@ def test_the_ik_options_place_a_candidate_apart_from_its_neighbours() -> None:
         assert np.count_nonzero(d) == 1 and float(np.abs(d).sum()) == pytest.approx(0.5)
     # a looser -amb bound sits closer to none
     assert features(Candidate("auto", 4, 512, amb_mib=2048), 0.5, 4)[6] == pytest.approx(0.125)
+
+
+@pytest.mark.parametrize(
+    ("values", "expect"),
+    [
+        (["cpu-moe,layers:CUDA0=3-14,CUDA1=68-77"], ("cpu-moe", "layers:CUDA0=3-14,CUDA1=68-77")),
+        (["auto,cpu-moe"], ("auto", "cpu-moe")),
+        (["layers:CUDA0=3-14,CUDA1=68-77,auto"], ("layers:CUDA0=3-14,CUDA1=68-77", "auto")),
+        (["layers:RPC0=0-3,RPC1=4-7;cpu-moe"], ("layers:RPC0=0-3,RPC1=4-7", "cpu-moe")),
+        (["layers:CUDA0=3-8+70-77,CUDA1=9", "head-tail:12+10", "auto"],
+         ("layers:CUDA0=3-8+70-77,CUDA1=9", "head-tail:12+10", "auto")),
+        (["n-cpu-moe:64, head-tail:8+8+4 ,all-gpu"], ("n-cpu-moe:64", "head-tail:8+8+4", "all-gpu")),
+        (["auto;auto", "auto"], ("auto",)),  # once each
+        (["cpu-moe;"], ("cpu-moe",)),
+    ],
+)
+def test_split_strategies(values: list[str], expect: tuple[str, ...]) -> None:
+    assert split_strategies(values) == expect
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["cpu-moe,CUDA1=68-77"], "--try-strategy 'cpu-moe,CUDA1=68-77'"),  # not split: no strategy starts there
+        (["auto;bogus"], "--try-strategy 'bogus'"),
+        (["head-tail:12"], "--try-strategy 'head-tail:12'"),
+        ([";"], "no strategy given"),
+    ],
+)
+def test_a_bad_strategy_is_one_error_naming_it(values: list[str], message: str) -> None:
+    with pytest.raises(InputError) as e:
+        split_strategies(values)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("budget", "moe_layers", "expect"),
+    [
+        (22, 75, ["head-tail:11+11", "head-tail:8+8+6"]),
+        (20, 75, ["head-tail:10+10", "head-tail:8+8+4"]),  # reference 000's 20-layer set
+        (3, 8, ["head-tail:2+1"]),
+        (1, 8, []),
+        (8, 8, []),  # every MoE layer: nothing to choose
+    ],
+)
+def test_head_tail_splits_of_the_expert_budget(budget: int, moe_layers: int, expect: list[str]) -> None:
+    assert head_tail_splits(budget, moe_layers) == expect
+
+
+def test_the_default_axes_split_autos_expert_budget_between_head_and_tail() -> None:
+    base = Settings()
+    gpu = default_axes(base, "auto", cores=16, moe_layers=40, accelerators=2, expert_budget=10)
+    assert gpu.strategies == ("auto", "cpu-moe", "n-cpu-moe:10", "n-cpu-moe:20", "n-cpu-moe:30",
+                              "head-tail:5+5", "head-tail:4+4+2")
+    assert default_axes(base, "auto", 16, 40, 0, expert_budget=10).strategies == ("auto",)
+    # a head/tail split sits apart from auto's layers of the same bytes, not far
+    d = features(Candidate("head-tail:5+5", 4), 0.75, 4) - features(Candidate("auto", 4), 0.75, 4)
+    assert float(np.linalg.norm(d)) == pytest.approx(0.5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,6 +19,10 @@ from moetune.cli.common import (
     print_json,
     require_hw,
 )
+from moetune.errors import RuntimeFailure
+
+if TYPE_CHECKING:
+    from moetune.tune.loop import TuneResult
 
 
 def _list(kind: str) -> Any:
@@ -64,8 +68,12 @@ def _list(kind: str) -> Any:
 @click.option("-r", "--repeats", type=click.IntRange(2), default=3, show_default=True,
               help="Measured runs per launch (for the confidence intervals).")
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True)
-@click.option("--try-strategy", callback=_list("str"), help="Placements to try (comma list; default: every family "
-              "where there is an accelerator: auto, cpu-moe, n-cpu-moe at 1/4, 1/2, 3/4 of the MoE layers).")
+@click.option("--try-strategy", "try_strategy_s", multiple=True,
+              help="Placements to try: repeat the option, or ';' between strategies (a comma list splits only "
+                   "where a strategy starts: 'cpu-moe,layers:CUDA0=3-14,CUDA1=68-77' is two); default: every "
+                   "family where there is an accelerator: auto, cpu-moe, n-cpu-moe at 1/4, 1/2, 3/4 of the MoE "
+                   "layers, and head-tail splits of the N layers' experts auto fits (head-tail:N/2+N/2, "
+                   "head-tail:2N/5+2N/5+N/5: the first, last and middle MoE layers).")
 @click.option("--try-threads", callback=_list("int"), help="Thread counts to try (default: all, 3/4 and half the cores).")
 @click.option("--try-ubatch", callback=_list("int"), help="Ubatch sizes to try (default: -ub, a quarter, four times).")
 @click.option("--try-fa", callback=_list("bool"), help="Flash attention: on,off (default both).")
@@ -87,7 +95,7 @@ def _list(kind: str) -> Any:
 def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | None, port: int, budget: int,
              objective: str, slo: str | None, concurrency: int | None, requests: int | None, depth: int,
              pp_tokens: int, tg_tokens: int, repeats: int, warmup: int,
-             try_strategy: tuple[str, ...] | None, try_threads: tuple[int, ...] | None,
+             try_strategy_s: tuple[str, ...], try_threads: tuple[int, ...] | None,
              try_ubatch: tuple[int, ...] | None, try_fa: tuple[bool, ...] | None,
              try_cache: tuple[tuple[str, str], ...] | None, try_repack: tuple[bool, ...] | None,
              try_amb: tuple[int, ...] | None, try_mla: tuple[int, ...] | None, try_fmoe: tuple[bool, ...] | None,
@@ -113,12 +121,14 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     from moetune.bench.single.runner import BenchOptions
     from moetune.bench.single.workloads import expand
     from moetune.cli.bench_cmds import progress_bar
+    from moetune.plan.tune import split_strategies
     from moetune.store.db import ResultsDB
     from moetune.tune.loop import TuneRequest, tune
-    from moetune.tune.report import result_json, result_table
+    from moetune.tune.report import result_json
 
     require_hw(hw_path)
     assert hw_path is not None
+    try_strategy = split_strategies(try_strategy_s) if try_strategy_s else None
     serve = _serve_load(objective, slo, concurrency, requests, depth, pp_tokens, tg_tokens)
     (workload,) = expand([], [], depths=[depth], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
     axes = {name: v for name, v in (("strategies", try_strategy), ("threads", try_threads),
@@ -135,21 +145,37 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
         result = tune(db, req, status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars,
                       on_snapshot=bars.machine)
         doc = result_json(result)
-    best_plan = result.plan_path(result.best)
-    if output:
-        output.write_text(best_plan.read_text())
-    doc["plan"] = str(output or best_plan)
+    if result.best is None:
+        doc["plan"] = None
+    else:
+        best_plan = result.plan_path(result.best)
+        if output:
+            output.write_text(best_plan.read_text())
+        doc["plan"] = str(output or best_plan)
     if as_json:
         print_json(doc)
-        return
+    else:
+        _print_result(result, doc)
+    if result.best is None:
+        raise RuntimeFailure(f"no configuration was measured: every launch of tune {result.tune_id} failed"
+                             + (f" (-o {output} not written)" if output else ""),
+                             hint="the table's verdicts say why; give options that launch (a smaller -ub or --ctx, "
+                                  "--strategy cpu-moe) and run it again")
+
+
+def _print_result(result: TuneResult, doc: dict[str, Any]) -> None:
     from moetune.cli.common import print_text, print_wide
+    from moetune.tune.report import result_table
 
     print_wide(result_table(result))
     out.print(f"stopped: {result.stopped}; {result.launches} launches; tune {result.tune_id}", markup=False)
+    if result.best is None:
+        out.print("best: none (no configuration was measured)", markup=False)
+        return
     out.print(f"best: {doc['best']['label']}" + ("" if result.best else " (the baseline: nothing beat it)"),
               markup=False)
     out.print("command:", markup=False)
-    print_text(json.loads(best_plan.read_text())["shell"])
+    print_text(json.loads(result.plan_path(result.best).read_text())["shell"])
     out.print(f"plan: {doc['plan']} (`moetune launch` or `moetune bench` it)", markup=False)
 
 

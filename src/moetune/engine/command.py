@@ -15,6 +15,7 @@ from moetune.engine.formats import Command, argv_lines, container_command, llama
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.engine.render import override_rules, server_argv
 from moetune.kinds import DeviceKind, EngineKind, ProcessRole
+from moetune.plan.placement import parse_strategy
 from moetune.plan.plan import Plan, ServicePlan
 
 PLAN_SCHEMA_VERSION = 1
@@ -50,9 +51,10 @@ def _accelerators(sp: ServicePlan) -> list[tuple[str, bool]]:
 def service_notes(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     """What a user comparing with the engines' own flags should know: what ``--n-cpu-moe N`` would
     keep on the CPU in each engine (the service's own engine in its build's rule)."""
-    if not sp.spec.strategy.startswith("n-cpu-moe:"):
+    st = parse_strategy(sp.spec.strategy)
+    if st.kind != "n-cpu-moe":
         return []
-    n = int(sp.spec.strategy.split(":", 1)[1])
+    n = st.n
     own = service_dialect(sp, facts)
     dialects = [own, *(dialect(k) for k in EngineKind if k != own.kind)]
     devs = list(sp.placement.layer_device)

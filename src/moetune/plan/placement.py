@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from moetune.errors import InputError
@@ -18,6 +19,51 @@ from moetune.hardware.inventory import Inventory
 from moetune.model.profile import ModelProfile, Tensor
 
 CPU = "CPU"
+STRATEGY_SYNTAX = "auto, cpu-moe, all-gpu, n-cpu-moe:N, layers:CUDA0=3-14,CUDA1=68-77 or head-tail:H+T[+M]"
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """A strategy string, parsed (:func:`parse_strategy`): the one reading of it that planning and
+    rendering share."""
+
+    kind: str  # auto | cpu-moe | all-gpu | n-cpu-moe | layers | head-tail
+    n: int = 0  # n-cpu-moe:N
+    spec: str = ""  # layers:SPEC
+    head: int = 0  # head-tail:H+T+M: the first H, the last T and M middle MoE layers' experts on the accelerators
+    tail: int = 0
+    middle: int = 0
+
+
+_HEAD_TAIL = re.compile(r"^\s*(\d+)\s*\+\s*(\d+)\s*(?:\+\s*(\d+)\s*)?$")
+
+
+def parse_strategy(text: str, what: str = "--strategy") -> Strategy:
+    """``auto``, ``cpu-moe``, ``all-gpu``, ``n-cpu-moe:N``, ``layers:CUDA0=3-14,CUDA1=68-77`` or
+    ``head-tail:H+T[+M]`` (syntax only: a layer set's devices and layers are checked against the
+    model and the hardware when placed). ``what``: the option the text came from, for the errors."""
+    s = text.strip()
+    if s in ("auto", "cpu-moe", "all-gpu"):
+        return Strategy(s)
+    head, sep, arg = s.partition(":")
+    if sep and head == "n-cpu-moe":
+        try:
+            return Strategy("n-cpu-moe", n=int(arg))
+        except ValueError:
+            raise InputError(f"{what} {s!r}: N must be an integer", hint="n-cpu-moe:64") from None
+    if sep and head == "layers" and arg.strip():
+        return Strategy("layers", spec=arg.strip())
+    if sep and head == "head-tail":
+        m = _HEAD_TAIL.match(arg)
+        if not m:
+            raise InputError(f"{what} {s!r}: expected head-tail:H+T or head-tail:H+T+M (layer counts)",
+                             hint="head-tail:12+10 (first 12, last 10 MoE layers), head-tail:8+8+4 (and 4 middle)")
+        return Strategy("head-tail", head=int(m[1]), tail=int(m[2]), middle=int(m[3] or 0))
+    raise InputError(f"{what} {s!r}: choose {STRATEGY_SYNTAX}")
+
+
+def head_tail_name(head: int, tail: int, middle: int = 0) -> str:
+    return f"head-tail:{head}+{tail}" + (f"+{middle}" if middle else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +201,49 @@ def parse_layer_sets(spec: str, p: ModelProfile, hw: Inventory) -> dict[int, str
 
 def layer_sets(p: ModelProfile, hw: Inventory, spec: str) -> Placement:
     return _make(f"layers:{spec}", p, hw, None, parse_layer_sets(spec, p, hw))
+
+
+def moe_layers(p: ModelProfile) -> list[int]:
+    """The trunk layers with routed experts, in order."""
+    return sorted({t.layer for t in expert_tensors(p) if t.layer is not None})
+
+
+def spread(layers: Sequence[int], n: int) -> list[int]:
+    """``n`` of ``layers`` evenly spaced (the middle of each of n equal stretches)."""
+    return [layers[(2 * k + 1) * len(layers) // (2 * n)] for k in range(n)] if n else []
+
+
+def head_tail_layers(p: ModelProfile, head: int, tail: int, middle: int = 0) -> set[int]:
+    """The MoE layers of ``head-tail:H+T+M``: the first H, the last T, and M spread evenly over the
+    ones between (reference 000's 20-layer set: head 8, tail 8, middle 4)."""
+    moe = moe_layers(p)
+    name = head_tail_name(head, tail, middle)
+    if head + tail + middle > len(moe):
+        raise InputError(f"{name}: {head + tail + middle} layers, the model has {len(moe)} MoE layers "
+                         f"({moe[0]}-{moe[-1]})" if moe else f"{name}: the model has no MoE layers")
+    between = moe[head:len(moe) - tail]
+    return {*moe[:head], *moe[len(moe) - tail:], *spread(between, middle)}
+
+
+def head_tail(p: ModelProfile, hw: Inventory, head: int, tail: int, middle: int = 0) -> Placement:
+    """The experts of the first H and last T MoE layers (and M middle ones) on the accelerators,
+    each with its layer (the layer split spreads the layers over the accelerators by their memory:
+    with two, the head's experts land on the first, the tail's on the last), the rest on the CPU."""
+    keep = head_tail_layers(p, head, tail, middle)
+    return _make(head_tail_name(head, tail, middle), p, hw, set(moe_layers(p)) - keep)
+
+
+def accelerator_expert_layers(p: ModelProfile, pl: Placement) -> int:
+    """How many MoE layers' worth of expert bytes a placement keeps off the CPU (whole layers, at
+    the model's mean expert bytes per MoE layer): the expert budget a head/tail split can share."""
+    ts = expert_tensors(p)
+    n = len(moe_layers(p))
+    total = sum(t.nbytes for t in ts)
+    if not total or not n:
+        return 0
+    ex = pl.experts()
+    off = sum(t.nbytes for t in ts if ex.get(t.name, CPU) != CPU)
+    return int(off * n / total + 1e-9)
 
 
 def with_experts(pl: Placement, experts: dict[str, str], strategy: str) -> Placement:

@@ -106,22 +106,18 @@ def _restrict(hw: Inventory, devices: tuple[str, ...] | None) -> Inventory:
 
 def place(strategy: str, p: ModelProfile, hw: Inventory, s: Settings, reserved: dict[str, float],
           margins: dict[str, float]) -> plc.Placement:
-    if strategy == "auto":
+    st = plc.parse_strategy(strategy)
+    if st.kind == "auto":
         return auto(p, hw, s, reserved, margins)
-    if strategy == "cpu-moe":
+    if st.kind == "cpu-moe":
         return plc.cpu_moe(p, hw)
-    if strategy == "all-gpu":
+    if st.kind == "all-gpu":
         return plc.gpu_layers(p, hw)
-    if strategy.startswith("n-cpu-moe:"):
-        try:
-            n = int(strategy.split(":", 1)[1])
-        except ValueError:
-            raise InputError(f"--strategy {strategy}: N must be an integer") from None
-        return plc.n_cpu_moe(p, hw, n)
-    if strategy.startswith("layers:"):
-        return plc.layer_sets(p, hw, strategy.split(":", 1)[1])
-    raise InputError(f"--strategy {strategy!r}: choose auto, cpu-moe, all-gpu, n-cpu-moe:N or "
-                     "layers:CUDA0=3-14,CUDA1=68-77")
+    if st.kind == "n-cpu-moe":
+        return plc.n_cpu_moe(p, hw, st.n)
+    if st.kind == "head-tail":
+        return plc.head_tail(p, hw, st.head, st.tail, st.middle)
+    return plc.layer_sets(p, hw, st.spec)
 
 
 def _check_cache_types(p: ModelProfile, s: Settings) -> None:

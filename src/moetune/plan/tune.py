@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from moetune.errors import InputError
+from moetune.plan.placement import head_tail_name, parse_strategy
 from moetune.plan.settings import Settings
 
 OBJECTIVES = ("tg", "pp", "ttft", "goodput")
@@ -105,20 +108,56 @@ class EngineOptions:
     merge_up_gate: bool = False  # -muge
 
 
+# a comma that starts another strategy (one of a layer set's own commas starts a DEVICE=RANGE)
+_NEXT_STRATEGY = re.compile(r",(?=\s*(?:(?:auto|cpu-moe|all-gpu)\s*(?:[,;]|$)|(?:n-cpu-moe|layers|head-tail):))")
+
+
+def split_strategies(values: Sequence[str]) -> tuple[str, ...]:
+    """The strategies of ``--try-strategy`` (the option repeated, or ``;`` between strategies, or a
+    comma list where each comma starts a known strategy: ``cpu-moe,layers:CUDA0=3-14,CUDA1=68-77``
+    is two). Each one's syntax is checked: a bad one is one error naming it."""
+    out: list[str] = []
+    for value in values:
+        for part in value.split(";"):
+            for item in _NEXT_STRATEGY.split(part):
+                if item.strip():
+                    parse_strategy(item, "--try-strategy")
+                    out.append(item.strip())
+    if not out:
+        raise InputError("--try-strategy: no strategy given", hint="--try-strategy 'cpu-moe;head-tail:12+10'")
+    return tuple(dict.fromkeys(out))
+
+
+def head_tail_splits(budget: int, moe_layers: int) -> list[str]:
+    """Head/tail placements of an expert budget of ``budget`` MoE layers (what `auto` fits on the
+    accelerators): half the head, half the tail; and 2/5 head, 2/5 tail, 1/5 spread over the middle
+    (reference 000: head 12 + tail 10 beat `auto`'s tail-only set by 15%; its 20-layer set is
+    8 + 8 + 4). None where the budget is every MoE layer (nothing to choose) or under two."""
+    if budget < 2 or budget >= moe_layers:
+        return []
+    out = [head_tail_name(budget - budget // 2, budget // 2)]
+    if budget >= 5:
+        edge = 2 * budget // 5
+        out.append(head_tail_name(edge, edge, budget - 2 * edge))
+    return out
+
+
 AMB_TRY_MIB = 512  # the -amb ik_llama.cpp's users start from (its DeepSeek recipes)
 
 
 def default_axes(base: Settings, strategy: str, cores: int, moe_layers: int, accelerators: int,
-                 engine: EngineOptions = EngineOptions()) -> Axes:
+                 engine: EngineOptions = EngineOptions(), expert_budget: int = 0) -> Axes:
     """The values worth trying around the user's options: every placement family (where there is an
-    accelerator to place on), all cores and fewer, a quarter and four times the ubatch, flash
+    accelerator to place on; the head/tail splits of ``expert_budget``, the MoE layers' worth of
+    experts `auto` puts on the accelerators: :func:`head_tail_splits`), all cores and fewer, a quarter and four times the ubatch, flash
     attention on and off, a q8_0 cache beside f16, and CPU weight repacking on and off; with
     ik_llama.cpp, also -amb unbounded and 512 MiB, MLA modes 3 and 2 (MLA models), fused MoE on and
     off, and -muge off and on."""
     strategies = [strategy]
     if accelerators:
         ladder = sorted({max(1, moe_layers * i // 4) for i in (1, 2, 3)})
-        strategies += ["auto", "cpu-moe", *(f"n-cpu-moe:{n}" for n in ladder)]
+        strategies += ["auto", "cpu-moe", *(f"n-cpu-moe:{n}" for n in ladder),
+                       *head_tail_splits(expert_budget, moe_layers)]
     threads: list[int | None] = [base.threads, *(t for t in (max(1, cores // 2), max(1, cores * 3 // 4))
                                                  if t != (base.threads or cores))]
     ubs = [base.ubatch, max(32, base.ubatch // 4), base.ubatch * 4]
@@ -156,12 +195,15 @@ def features(c: Candidate, cpu_expert_share: float, cores: int) -> np.ndarray:
     in ways the model knows least), log ubatch, flash attention, cache bits, repacking, and
     ik_llama.cpp's options: how tightly -amb bounds the attention (512 MiB or less counts fully),
     an MLA mode other than 3, fused MoE off, -muge (all 0 for mainline, whose distances they leave
-    alone)."""
+    alone), and a head/tail placement (which experts stay off the CPU, beside how many: the
+    model's speed does not tell a head/tail split from `auto`'s layers of the same bytes, so a
+    measurement of one says less of the other)."""
     threads = c.threads or cores
     return np.array([2.0 * cpu_expert_share, 2.0 * min(1.0, threads / max(1, cores)), math.log2(c.ubatch) / 4,
                      0.5 if c.flash_attn else 0.0, 0.5 if c.ctk != "f16" or c.ctv != "f16" else 0.0,
                      0.5 if c.repack else 0.0, 0.5 * min(1.0, AMB_TRY_MIB / c.amb_mib) if c.amb_mib > 0 else 0.0,
-                     0.5 if c.mla != 3 else 0.0, 0.5 if not c.fused_moe else 0.0, 0.5 if c.merge_up_gate else 0.0])
+                     0.5 if c.mla != 3 else 0.0, 0.5 if not c.fused_moe else 0.0, 0.5 if c.merge_up_gate else 0.0,
+                     0.5 if parse_strategy(c.strategy).kind == "head-tail" else 0.0])
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ stored calibration, if any, is the prior, and the Gaussian process learns what i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -45,6 +46,7 @@ from moetune.monitor.snapshot import Snapshot
 from moetune.paths import data_dir
 from moetune.plan import tune as core
 from moetune.plan.calibrate import fit
+from moetune.plan.placement import accelerator_expert_layers
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.serving import ServeLoad, expected_goodput, predict_serving, slotted
 from moetune.plan.settings import Settings
@@ -102,7 +104,7 @@ class TuneResult:
     objective: str
     entries: list[Entry]
     baseline: int  # index into entries
-    best: int
+    best: int | None  # None: nothing was measured (every launch failed)
     launches: int
     stopped: str
     constants: SpeedConstants
@@ -168,7 +170,22 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     moe_layers = len({t.layer for t in profile.tensors if t.is_expert})
     options = engine_options(engine, kind, profile.is_mla)
     check_engine_axes(req.axes, base, options, kind)
-    axes = core.default_axes(base, req.strategy, hw.local.cores, moe_layers, len(hw.accelerators()), options)
+
+    def planned(strategy: str, s: Settings) -> Plan:
+        return make_plan([ServiceSpec("main", profile, s, strategy, req.port, engine=engine, routing=routing)], hw, k)
+
+    for st in req.axes.get("strategies", ()):  # a strategy the hardware or the model refuses: one error
+        if st != "auto":
+            try:
+                planned(st, base)
+            except InputError as e:
+                raise InputError(f"--try-strategy: {e}", hint=e.hint) from None
+    budget = 0
+    if hw.accelerators() and "strategies" not in req.axes:  # the expert budget of the head/tail splits
+        with contextlib.suppress(InputError):  # `auto` is a candidate too: its own planning says why
+            budget = accelerator_expert_layers(profile, planned("auto", base).main.placement)
+    axes = core.default_axes(base, req.strategy, hw.local.cores, moe_layers, len(hw.accelerators()), options,
+                             budget)
     axes = replace(axes, **req.axes) if req.axes else axes
     baseline = core.Candidate.of(req.strategy, base)
     cands = [baseline, *(c for c in core.space(axes, base, mla_model=profile.is_mla) if c != baseline)]
@@ -176,9 +193,7 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     entries = []
     for c in cands:
         try:
-            s = c.settings(base)
-            plan = make_plan([ServiceSpec("main", profile, s, c.strategy, req.port, engine=engine, routing=routing)],
-                             hw, k)
+            plan = planned(c.strategy, c.settings(base))
         except InputError as e:
             if c == baseline:
                 raise
@@ -298,7 +313,7 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     judged, best = verdicts(entries, values, None if view is None else view.expect)
     result = TuneResult(tid, req.objective, entries, 0, best, launches, stopped, k, values, summaries, judged,
                         plan_dir, req.workload, req.serve, goodputs)
-    if not result.plan_path(best).exists():
+    if best is not None and not result.plan_path(best).exists():
         result.plan_path(best).write_text(json.dumps(entries[best].doc, indent=2))
     _save_calibration(db, calibrations.plan_key(entries[0].doc))
     return result

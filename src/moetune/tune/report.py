@@ -76,7 +76,7 @@ def result_json(r: TuneResult) -> dict[str, Any]:
                       "verdict": r.verdicts.get(i, "")})
     return {"tune": r.tune_id, "objective": r.objective, "launches": r.launches, "stopped": r.stopped,
             "serve": r.serve.to_json() if r.serve else None,
-            "baseline": _head(r, r.baseline), "best": _head(r, r.best), "candidates": cands,
+            "baseline": _head(r, r.baseline), "best": None if r.best is None else _head(r, r.best), "candidates": cands,
             "constants": asdict(r.constants)}
 
 

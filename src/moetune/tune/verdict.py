@@ -71,11 +71,12 @@ def _ratio_ci(base: list[float], other: list[float], n_boot: int = DEFAULT_N_BOO
 
 
 def verdicts(entries: Sequence[Judged], values: dict[int, list[float]],
-              expect: np.ndarray | None) -> tuple[dict[int, str], int]:
+              expect: np.ndarray | None) -> tuple[dict[int, str], int | None]:
     """Each candidate's verdict, and the best: of the measured candidates that beat the baseline (the
     rule of `compare`), the one the search believes fastest (its measurement pooled with its
     neighbours': one lucky launch does not win), else the baseline; with no baseline measured (it
-    failed), the one believed fastest."""
+    failed), the one believed fastest of those measured; None when nothing was measured (a baseline
+    that failed is never the best)."""
     out: dict[int, str] = {}
     base = values.get(0) or []
     winners = []
@@ -96,9 +97,9 @@ def verdicts(entries: Sequence[Judged], values: dict[int, list[float]],
             verdict, out[i] = compare(base, values[i])
             if verdict == FASTER:
                 winners.append((float(expect[i]) if expect is not None else statistics.median(values[i]), i))
-    best = max(winners)[1] if winners else 0
-    if best != 0:
+    best = max(winners)[1] if winners else 0 if base else None
+    if best:
         out[best] = f"best, {out[best]}"
-    elif base:
+    elif best == 0:
         out[0] = "baseline, best (nothing beat it)" if len(values) > 1 else "baseline"
     return out, best
