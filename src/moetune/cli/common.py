@@ -78,7 +78,7 @@ def plan_options(f: F) -> F:
         click.option("--hw", "hw_path", help="Hardware YAML, or a built-in example name (moetune hw example).  "
                      "[required]"),
         click.option("--strategy", default="auto", show_default=True,
-                     help="auto | cpu-moe | all-gpu | n-cpu-moe:N | layers:CUDA0=3-14,CUDA1=68-77"),
+                     help="auto | cpu-moe | all-gpu | n-cpu-moe:N | head-tail:H+T[+M] | layers:CUDA0=3-14,CUDA1=68-77"),
         click.option("--ctx", type=int, default=4096, show_default=True, help="Total context (-c), shared by the slots."),
         click.option("--parallel", type=int, default=1, show_default=True),
         click.option("-b", "--batch", type=int, default=2048, show_default=True),

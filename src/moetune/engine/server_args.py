@@ -18,7 +18,7 @@ from moetune.engine.dialect import Dialect
 from moetune.errors import InputError
 from moetune.plan.settings import Settings
 
-_STRATEGY = "--strategy (auto | cpu-moe | all-gpu | n-cpu-moe:N | layers:...)"
+_STRATEGY = "--strategy (auto | cpu-moe | all-gpu | n-cpu-moe:N | head-tail:H+T | layers:...)"
 _MANAGED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"), "the MODEL argument"),
     (("-c", "--ctx-size"), "--ctx"),
