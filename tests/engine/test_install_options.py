@@ -80,6 +80,7 @@ def test_configure_flags(recipe: Recipe, opts: Options, tk: Toolkit | None, want
     (MAINLINE, Options("cuda", cuda_arch="9.0"), "--cuda-arch '9.0'"),
     (MAINLINE, Options("cuda", cuda_arch="90 -DX=1"), "--cuda-arch"),
     (MAINLINE, Options("rocm"), "--backend 'rocm'"),
+    (MAINLINE, Options(cuda_arch="90"), "--cuda-arch 90: only for --backend cuda"),
 ])
 def test_bad_options_are_input_errors(recipe: Recipe, opts: Options, says: str) -> None:
     with pytest.raises(InputError) as e:

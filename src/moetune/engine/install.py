@@ -142,6 +142,8 @@ def variant_flags(recipe: Recipe, opts: Options) -> tuple[str, ...]:
                          hint="build llama.cpp (--kind llama.cpp) for RDMA, or leave --rpc-rdma off")
     if opts.backend not in BACKENDS:
         raise InputError(f"--backend {opts.backend!r}: choose {' or '.join(BACKENDS)}")
+    if opts.backend != "cuda" and opts.cuda_arch != "native":
+        raise InputError(f"--cuda-arch {opts.cuda_arch}: only for --backend cuda")
     flags: list[str] = []
     if opts.backend == "cuda":
         if not re.fullmatch(r"native|all|all-major|[0-9]+[a-z]?(-real|-virtual)?(;[0-9]+[a-z]?(-real|-virtual)?)*",
