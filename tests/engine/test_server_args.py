@@ -147,3 +147,18 @@ def test_a_layout_service_sets_threads_args_and_env(model: Path, hw: Path, tmp_p
     argv = doc["services"][0]["argv"]
     assert argv[argv.index("-t") + 1] == "2" and argv[argv.index("-tb") + 1] == "2" and "--no-warmup" in argv
     assert doc["launch"]["processes"][0]["env"] == {"GGML_SCHED_MAX_COPIES": "1"}
+
+
+def test_a_context_past_the_trained_length_warns_and_rope_scaling_renders(tmp_path: Path, hw: Path) -> None:
+    m = generate(tmp_path / "m.gguf", "qwen3moe", Dims(n_layer=2, n_ctx_train=4096), "f16").files[0]
+    r = run_cli("plan", str(m), "--hw", str(hw), "--ctx", "16384", "--format", "argv")
+    assert r.exit_code == 0 and "past the 4,096 the model was trained for" in r.stderr
+    assert "--rope-scaling yarn --rope-scale 4.00 --yarn-orig-ctx 4096" in r.stderr
+    r = run_cli("plan", str(m), "--hw", str(hw), "--ctx", "16384", "--parallel", "2", "--rope-scaling", "yarn",
+                "--format", "argv")
+    assert r.exit_code == 0 and "trained for" not in r.stderr
+    assert r.stdout.split()[-6:] == ["--rope-scaling", "yarn", "--rope-scale", "2", "--yarn-orig-ctx", "4096"]
+    r = run_cli("plan", str(m), "--hw", str(hw), "--ctx", "4096", "--format", "argv")
+    assert r.exit_code == 0 and "trained for" not in r.stderr
+    r = run_cli("plan", str(m), "--hw", str(hw), "--engine-arg=--rope-scale", "--engine-arg=2")
+    assert r.exit_code == 2 and "--rope-scaling" in r.stderr

@@ -107,6 +107,9 @@ def plan_options(f: F) -> F:
                      help="The server's default for requests that do not say (--reasoning-budget -1 | 0)."),
         click.option("--sampling", metavar="NAME=VALUE,...",
                      help="The server's sampling defaults, e.g. temp=0.7,top_k=45,top_p=0.95,min_p=0.01."),
+        click.option("--rope-scaling", type=click.Choice(["yarn", "linear"]),
+                     help="Stretch positions past the model's trained context (--rope-scale follows --ctx per slot, "
+                          "--yarn-orig-ctx is the trained length)."),
         click.option("--engine-arg", "engine_args", multiple=True, metavar="ARG",
                      help="An extra argument for llama-server, repeatable, checked against the engine "
                           "(--engine-arg=--no-warmup). Flags moetune sets from the plan are refused."),
@@ -137,7 +140,7 @@ def plan_settings(kw: dict[str, Any]) -> Any:
     server = ServerOptions(host=host, api_key_file=key, alias=kw["alias"],
                            thinking=None if kw["thinking"] is None else kw["thinking"] == "on",
                            sampling=parse_sampling(kw["sampling"] or ""), warmup_batch=kw["warmup_batch"],
-                           extra_args=tuple(kw["engine_args"]))
+                           extra_args=tuple(kw["engine_args"]), rope_scaling=kw["rope_scaling"])
     return Settings(ctx=kw["ctx"], slots=kw["parallel"], batch=kw["batch"], ubatch=kw["ubatch"], ctk=kw["ctk"],
                     ctv=kw["ctv"], flash_attn=not kw["no_flash_attn"], mmap=not kw["no_mmap"], amb_mib=kw["amb"],
                     threads=kw["threads"], threads_batch=kw["threads_batch"], merge_qkv=kw["merge_qkv"],

@@ -176,4 +176,4 @@ def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, engi
     if s.threads:
         argv += [d.threads, str(s.threads)]
     argv += ["--host", s.server.host, "--port", str(port)]
-    return argv + list(extra or []) + server_options(s, d, engine)
+    return argv + list(extra or []) + server_options(s, d, engine, p.hp_int("context_length"))

@@ -52,6 +52,7 @@ _MANAGED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-nr", "--no-repack", "-rtr", "--run-time-repack", "--repack"), "the plan (tune's --try-repack)"),
     (("--no-mmap", "--mmap", "-lm", "--load-mode"), "--no-mmap"),
     (("-kvu", "--kv-unified"), "the plan"),
+    (("--rope-scaling", "--rope-scale", "--yarn-orig-ctx"), "--rope-scaling yarn|linear (the factor follows --ctx)"),
 )
 MANAGED: dict[str, str] = {flag: option for flags, option in _MANAGED for flag in flags}
 # --sampling's names and the flag each sets (both engines spell them so)
@@ -106,6 +107,7 @@ def own_flags(s: Settings) -> list[tuple[str, ...]]:
     words += [("--reasoning-budget", "0")] if o.thinking is not None else []
     words += [(SAMPLING_FLAGS[k], "1") for k, _ in o.sampling]
     words += [("--api-key-file", o.api_key_file)] if o.api_key_file else []
+    words += [("--rope-scaling", o.rope_scaling), ("--yarn-orig-ctx", "1")] if o.rope_scaling else []
     return words + flag_words(o.extra_args)
 
 
@@ -130,9 +132,15 @@ def _need(d: Dialect, engine: str, option: str, flag: str) -> None:
                          hint=f"leave {option} out, or choose an engine build that has {flag}")
 
 
-def server_options(s: Settings, d: Dialect, engine: str = "") -> list[str]:
+def rope_factor(ctx_per_slot: int, trained: int) -> float:
+    """How far positions are stretched to reach ``ctx_per_slot`` from the ``trained`` context (at least 1)."""
+    return max(1.0, round(ctx_per_slot / trained, 2)) if trained else 1.0
+
+
+def server_options(s: Settings, d: Dialect, engine: str = "", trained_ctx: int = 0) -> list[str]:
     """The first-class server options, in the engine's spelling, then the user's extra arguments;
-    InputError for one the engine build does not take."""
+    InputError for one the engine build does not take. ``trained_ctx``: the model's
+    ``context_length``, which rope scaling stretches to the context per slot."""
     engine = engine or str(d.kind)
     o = s.server
     argv: list[str] = []
@@ -160,6 +168,11 @@ def server_options(s: Settings, d: Dialect, engine: str = "") -> list[str]:
             add("--thinking", "--chat-template-kwargs", json.dumps({"enable_thinking": o.thinking}))
     for key, value in o.sampling:
         add("--sampling", SAMPLING_FLAGS[key], f"{value:g}")
+    if o.rope_scaling:
+        add("--rope-scaling", "--rope-scaling", o.rope_scaling,
+            "--rope-scale", f"{rope_factor(s.ctx // s.slots, trained_ctx):g}")
+        if trained_ctx:
+            add("--rope-scaling", "--yarn-orig-ctx", str(trained_ctx))
     if o.api_key_file:
         add("--api-key-file", "--api-key-file", o.api_key_file)
     check_extra(o.extra_args, engine, d)

@@ -75,6 +75,16 @@ class Plan:
                             "full: a driver update or another process can tip it over",
                             "remedy": "lower -ub or the context, or move one more layer's experts to the CPU"})
         for sp in self.services:
+            s, trained = sp.spec.settings, sp.spec.model.hp_int("context_length")
+            per_slot = s.ctx // s.slots
+            if trained and per_slot > trained and s.server.rope_scaling is None:
+                who = f"{sp.spec.name}: " if len(self.services) > 1 else ""
+                out.append({"device": None, "message": f"{who}--ctx {s.ctx} over {s.slots} slot(s) gives each "
+                            f"{per_slot:,} tokens, past the {trained:,} the model was trained for "
+                            f"({sp.spec.model.arch}.context_length): positions beyond it degrade the answers",
+                            "remedy": f"plan with --rope-scaling yarn (renders --rope-scaling yarn --rope-scale "
+                            f"{per_slot / trained:.2f} --yarn-orig-ctx {trained}; both engines take it), or "
+                            f"--ctx {trained * s.slots} or less"})
             r = sp.spec.model.remote
             if r is not None:
                 who = f"{sp.spec.name}: " if len(self.services) > 1 else ""

@@ -15,6 +15,7 @@ IK_MLA_MODES = (2, 3)  # the -mla modes the ledger counts: both keep the latent 
 
 
 LOOPBACK = "127.0.0.1"
+ROPE_SCALINGS = ("yarn", "linear")  # llama-server's --rope-scaling choices that stretch the context
 WILDCARDS = ("0.0.0.0", "::")
 
 
@@ -38,6 +39,7 @@ class ServerOptions:
     warmup_batch: bool = False  # ik_llama.cpp --warmup-batch: warm up with a whole batch
     extra_args: tuple[str, ...] = ()  # the user's own flags, checked against the engine's (engine.server_args)
     env: tuple[tuple[str, str], ...] = ()  # the server's environment, besides moetune's own
+    rope_scaling: str | None = None  # "yarn" | "linear": stretch the positions past the trained context
 
     @property
     def public(self) -> bool:
@@ -89,6 +91,8 @@ class Settings:
             raise InputError(f"-mla {self.mla}: moetune plans modes {' and '.join(map(str, IK_MLA_MODES))}",
                              hint="modes 0 and 1 keep another cache (full K/V, or a transposed V without flash "
                                   "attention), which the ledger does not count")
+        if self.server.rope_scaling not in (None, *ROPE_SCALINGS):
+            raise InputError(f"--rope-scaling {self.server.rope_scaling}: choose {' or '.join(ROPE_SCALINGS)}")
         if self.threads_batch is not None and self.threads_batch < 1:
             raise InputError(f"--threads-batch {self.threads_batch}: must be at least 1")
         if self.ctx // self.slots < 256:
