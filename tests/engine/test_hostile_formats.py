@@ -229,13 +229,14 @@ def _formats(args: list[str], tmp: Path, case: str) -> None:
     for runtime in ("podman", "docker"):
         image = "reg.example/it's $(x):1"
         rendered = text(runtime, "--image", image)
-        expect = [list(container_command(runtime, image, Command(s["name"], s["port"], tuple(w)), gpus=True).argv)
+        expect = [list(container_command(runtime, image, Command(s["name"], s["port"], tuple(w)),
+                                                 gpus=("CUDA0",)).argv)
                   for s, w in zip(doc["services"], want, strict=True)]
         for sh in ("sh", "bash"):
             assert _in_order(run_shell(rendered, tmp, sh), ports) == expect
         for call, s in zip(expect, doc["services"], strict=True):
             model = Path(s["model"])
-            assert f"{model.parent}:/models:ro" in call and f"/models/{model.name}" in call
+            assert f"{model.parent}:/models:ro,Z" in call and f"/models/{model.name}" in call
     r = run_cli("plan", *args, "--format", "llama-swap")
     if case in SWAP_REFUSES:
         assert r.exit_code == 2 and r.stdout == ""
