@@ -61,8 +61,9 @@ def containers() -> list[str]:
 
 
 def rootfs_tar(bin_dir: Path, out: Path) -> Path:
-    """The two binaries in /usr/local/bin and each shared library `ldd` lists, at its own path."""
-    bins = [bin_dir / "llama-server", bin_dir / "ggml-rpc-server"]
+    """The server, the RPC server and llama-fit-params (`--verify`) in /usr/local/bin, and each
+    shared library `ldd` lists, at its own path."""
+    bins = [bin_dir / "llama-server", bin_dir / "ggml-rpc-server", bin_dir / "llama-fit-params"]
     libs: set[str] = set()
     for b in bins:
         for line in subprocess.run(["ldd", str(b)], capture_output=True, text=True, check=True).stdout.splitlines():
@@ -136,9 +137,12 @@ def test_launch_bench_serve_bench_and_stop_in_containers(testbed: tuple[Path, Pa
     assert [x["engine"] for x in doc["launch"]["processes"]] == [ENGINE, ENGINE]
     assert "-nr" in doc["argv"]  # the dialect the image's facts gave (probed by running it)
 
-    r = run_cli("launch", str(p), "--detach", "--json")
+    r = run_cli("launch", str(p), "--detach", "--verify", "--json")
     assert r.exit_code == 0, r.stderr
     run_id, url = json.loads(r.stdout)["run"], json.loads(r.stdout)["url"]
+    verify = json.loads(r.stdout)["verify"]  # the image's llama-fit-params, in a container of its own
+    assert verify["tool"] == "llama-fit-params" and verify["why"] is None, verify
+    assert verify["agree"] is not None and {d["name"] for d in verify["devices"]} >= {"CPU"}
     names = {"rpc0": f"moetune-{run_id}-rpc0", "main": f"moetune-{run_id}-main"}
     assert sorted(containers()) == sorted(names.values())
     ps = json.loads(run_cli("ps", "--json").stdout)
