@@ -12,6 +12,7 @@ each step no container is left in that storage and no process of the run is aliv
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -24,6 +25,7 @@ import yaml
 from moetune.model.archs import Dims
 from moetune.model.testmodel import generate
 from moetune.paths import runs_dir
+from moetune.run import LaunchFailed, launch, read_plan
 from moetune.store.db import ResultsDB
 from tests.helpers import free_port, run_cli
 from tests.run.conftest import assert_nothing_left, moetune, record, survivors
@@ -127,7 +129,7 @@ def assert_clean(run_id: str | None = None) -> None:
         assert_nothing_left(rid)
 
 
-def test_launch_bench_serve_bench_and_stop_in_containers(testbed: tuple[Path, Path], tmp_path: Path,
+def test_launch_bench_serve_bench_and_stop_in_containers(testbed: tuple[Path, Path], tmp_path: Path, image: str,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     model, hw = testbed
     monkeypatch.setenv("COLUMNS", "300")
@@ -153,6 +155,15 @@ def test_launch_bench_serve_bench_and_stop_in_containers(testbed: tuple[Path, Pa
     assert isinstance(argv, list) and argv[:5] == ["podman", "run", "--rm", "--name", names["main"]]
     assert f"{model.parent}:/models:ro,Z" in argv and f"/models/{model.name}" in argv
     assert "--cap-add=SYS_NICE" in argv and "--network" in argv  # -t 1; loopback workers
+    # what ran is what `plan --format podman` prints, with the name, the run's environment and the
+    # flags launch adds to every server (-lv 4, --metrics)
+    text = run_cli("plan", str(model), "--hw", str(hw), "--engine", ENGINE, "--strategy", "cpu-moe", "-t", "1",
+                   "--ctx", "1024", "--port", str(main["port"]), "--format", "podman").stdout
+    printed = shlex.split(text.split("exec ", 1)[1].replace("\\\n", " "))
+    ran = [a for i, a in enumerate(argv) if a not in ("--name", "-e") and argv[i - 1] not in ("--name", "-e")]
+    assert ran == [*printed, "-lv", "4", "--metrics"]
+    info = json.loads((runs_dir() / run_id / "run.json").read_text())
+    assert info["engines"][ENGINE].endswith(f"(podman image {image})") and "version: " in info["engines"][ENGINE]
     # the server's own process, as the sampler and the doctor read it
     pid = main["container_pid"]
     assert isinstance(pid, int) and pid != main["pid"]
@@ -196,8 +207,14 @@ def test_a_failed_launch_and_a_tune_leave_no_container(testbed: tuple[Path, Path
     bad.write_text(json.dumps(doc))
     r = run_cli("launch", str(bad), "--detach")
     assert r.exit_code == 1, r.stderr
+    assert "main: the engine rejected an argument: --no-such-flag" in r.stderr, r.stderr  # read from its log
     assert_clean()
-    assert survivors(next(iter(runs_dir().iterdir())).name) == []
+    # the health wait given up at once: the server's container is stopped while podman still creates it
+    spec, pdoc = read_plan(p)
+    with pytest.raises(LaunchFailed, match="health"):
+        launch(spec, pdoc, detached=True, timeout_s=0.05)
+    assert_clean()
+    assert all(survivors(d.name) == [] for d in runs_dir().iterdir())
 
     r = run_cli("tune", str(model), "--hw", str(hw), "--engine", ENGINE, "--strategy", "cpu-moe", "-t", "1",
                 "--try-strategy", "cpu-moe", "--try-threads", "1", "--try-ubatch", "128,256", "--try-cache", "f16/f16",
