@@ -1,7 +1,8 @@
 """A container engine end to end, with real podman: an image the test builds from moetune's own
 llama-server and ggml-rpc-server (a root filesystem of the two binaries and the libraries `ldd`
 lists, imported with `podman import`: no registry), registered with `moetune engine add --image`,
-then planned, launched, benchmarked, serve-benchmarked, tuned and stopped through it.
+then planned, launched (with --verify), benchmarked, serve-benchmarked, swept, tuned, interrupted,
+failed and stopped through it.
 
 Podman runs with the test's own configuration and storage under a temporary directory
 (``CONTAINERS_CONF``, ``CONTAINERS_STORAGE_CONF``), never the system's: runc (crun refuses this
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import signal
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -28,7 +30,7 @@ from moetune.paths import runs_dir
 from moetune.run import LaunchFailed, launch, read_plan
 from moetune.store.db import ResultsDB
 from tests.helpers import free_port, run_cli
-from tests.run.conftest import assert_nothing_left, moetune, record, survivors
+from tests.run.conftest import assert_nothing_left, moetune, record, run_state, survivors, wait_for
 
 pytestmark = [pytest.mark.server, pytest.mark.skipif(shutil.which("podman") is None or shutil.which("runc") is None,
                                                       reason="needs podman and runc (.ci/run installs them)")]
@@ -198,9 +200,18 @@ def test_launch_bench_serve_bench_and_stop_in_containers(testbed: tuple[Path, Pa
     assert_clean()
 
 
-def test_a_failed_launch_and_a_tune_leave_no_container(testbed: tuple[Path, Path], tmp_path: Path) -> None:
+def test_ctrl_c_a_failed_launch_a_sweep_and_a_tune_leave_no_container(testbed: tuple[Path, Path],
+                                                                       tmp_path: Path) -> None:
     model, hw = testbed
     p = plan(model, hw, tmp_path / "p.json")
+    # a foreground launch, Ctrl-C once it serves: stopped in order, containers removed
+    fg = moetune("launch", str(p))
+    wait_for(lambda: runs_dir().is_dir() and any(run_state(d.name) == "healthy" for d in runs_dir().iterdir()),
+             120, "the launch to be healthy")
+    fg.send_signal(signal.SIGINT)
+    _, err = fg.communicate(timeout=120)
+    assert fg.returncode == 130, err
+    assert_clean()
     doc = json.loads(p.read_text())
     doc["launch"]["processes"][-1]["argv"].append("--no-such-flag")  # the server exits at once
     bad = tmp_path / "bad.json"
@@ -215,6 +226,13 @@ def test_a_failed_launch_and_a_tune_leave_no_container(testbed: tuple[Path, Path
         launch(spec, pdoc, detached=True, timeout_s=0.05)
     assert_clean()
     assert all(survivors(d.name) == [] for d in runs_dir().iterdir())
+
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "in containers", "plans": [{"label": "a", "plan": p.name}]}))
+    r = run_cli("sweep", str(sweep), "--depth", "0", "--pp-tokens", "32", "--tg-tokens", "8", "-r", "2", "--warmup",
+                "0", "--db", str(tmp_path / "s.db"), "--json")
+    assert r.exit_code == 0, r.stderr
+    assert_clean()
 
     r = run_cli("tune", str(model), "--hw", str(hw), "--engine", ENGINE, "--strategy", "cpu-moe", "-t", "1",
                 "--try-strategy", "cpu-moe", "--try-threads", "1", "--try-ubatch", "128,256", "--try-cache", "f16/f16",
