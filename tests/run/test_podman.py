@@ -27,7 +27,7 @@ import yaml
 from moetune.model.archs import Dims
 from moetune.model.testmodel import generate
 from moetune.paths import runs_dir
-from moetune.run import LaunchFailed, launch, read_plan
+from moetune.run import LaunchFailed, RunDir, launch, read_plan
 from moetune.store.db import ResultsDB
 from tests.helpers import free_port, run_cli
 from tests.run.conftest import assert_nothing_left, moetune, record, run_state, survivors, wait_for
@@ -177,10 +177,17 @@ def test_launch_bench_serve_bench_and_stop_in_containers(testbed: tuple[Path, Pa
     assert "listening on" in log  # the container's output is the run's log
     doctor = run_cli("doctor", run_id, "--json")
     assert doctor.exit_code == 0, doctor.stderr
+    # as if stopped before the worker was up: its main process is looked up at the stop
+    RunDir.open(run_id).update_proc("rpc0", container_pid=None, container_start_ticks=None)
     stop = moetune("stop", run_id, "--json")  # from another process
     out, err = stop.communicate(timeout=120)
     assert stop.returncode == 0, err
-    assert [x["container"] for x in json.loads(out)[0]["processes"]] == [names["rpc0"], names["main"]]
+    stopped = {x["name"]: x for x in json.loads(out)[0]["processes"]}
+    assert {n: x["container"] for n, x in stopped.items()} == names
+    # ggml-rpc-server has no SIGTERM handler, which a container's first process needs: killed at once,
+    # not after the 30 s grace; llama-server ends on the SIGTERM podman passes on
+    assert stopped["rpc0"]["kill_sent_at"] is not None and stopped["main"]["kill_sent_at"] is None
+    assert stopped["rpc0"]["exited_at"] - stopped["rpc0"]["stop_sent_at"] < 10
     assert_clean(run_id)
 
     db = tmp_path / "r.db"

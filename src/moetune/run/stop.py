@@ -93,8 +93,11 @@ def _stop_group(rd: RunDir, recs: list[ProcRecord], grace_s: float, say: Notify)
         procs[r.name] = p
         rd.update_proc(r.name, stop_sent_at=time.time())
         p.signal(TERM)
-        if r.container is not None and container.end_if_deaf(r.container_pid, r.container_start_ticks):
-            rd.update_proc(r.name, kill_sent_at=time.time())
+        if r.container is not None and r.runtime is not None:
+            main = ((r.container_pid, r.container_start_ticks) if r.container_pid is not None else  # up, or still loading
+                    container.main_pid(r.runtime, r.container) or (None, None))
+            if container.end_if_deaf(*main):
+                rd.update_proc(r.name, kill_sent_at=time.time())
         say(r.name, "stopping")
     try:
         _wait_gone(rd, procs, grace_s, say)
