@@ -242,9 +242,9 @@ def test_ctrl_c_a_failed_launch_a_sweep_and_a_tune_leave_no_container(testbed: t
     assert_clean()
 
     r = run_cli("tune", str(model), "--hw", str(hw), "--engine", ENGINE, "--strategy", "cpu-moe", "-t", "1",
-                "--try-strategy", "cpu-moe", "--try-threads", "1", "--try-ubatch", "128,256", "--try-cache", "f16/f16",
+                "--try-strategy", "cpu-moe", "--try-threads", "1,2", "--try-ubatch", "512", "--try-cache", "f16/f16",
                 "--try-repack", "off", "--depth", "0", "--pp-tokens", "32", "--tg-tokens", "8", "-r", "2",
                 "--warmup", "0", "--budget", "2", "--port", str(free_port()), "--db", str(tmp_path / "t.db"), "--json")
     assert r.exit_code == 0, r.stderr
-    assert json.loads(r.stdout)["launches"] == 2
+    assert json.loads(r.stdout)["launches"] == 2, r.stdout + r.stderr
     assert_clean()

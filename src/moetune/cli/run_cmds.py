@@ -159,23 +159,33 @@ def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_
 
     with _signals_interrupt():
         sampler.start()
+        launched: Launched | None = None
         try:
             launched = launch(spec, doc, plan_file=str(plan.resolve()), detached=detach, timeout_s=timeout_s,
                               on_event=on_event, transport=transport, rdma_dev=rdma_dev,
                               preflight=preflight if verify else None, run_id=run_id)
+            sampler.stop()  # its last sample (up to a second): a Ctrl-C meanwhile stops the run below
+            display.close()
+            if metrics_port is not None:
+                _serve_metrics(launched, metrics_port, as_json)
+            _print_launched(launched, as_json, verified)
+            if not detach:
+                _foreground(launched, display)
         except LaunchFailed as e:
             display.close()
             _show_failure(e, as_json)
             raise
+        except KeyboardInterrupt:
+            from moetune.kinds import LaunchState
+
+            if launched is not None and launched.run.info().state == LaunchState.HEALTHY:  # not yet watched
+                from moetune.run.stop import stop_run
+
+                stop_run(launched.run, notify=display.notify)
+            raise
         finally:
             sampler.stop()
             display.close()
-        if metrics_port is not None:
-            _serve_metrics(launched, metrics_port, as_json)
-        _print_launched(launched, as_json, verified)
-        if detach:
-            return
-        _foreground(launched, display)
 
 
 def _serve_metrics(launched: Launched, port: int, as_json: bool) -> None:

@@ -135,6 +135,12 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
             else:
                 _wait_server(rd, p, procs, timeout_s, plan_doc, emit)
                 _confirm_transport(rd, p, prepared, transport, emit)
+        rd.update(state=LaunchState.HEALTHY)  # inside: a Ctrl-C as it returns stops the run too
+        recs = {r.name: r for r in rd.procs()}
+        return Launched(rd, {p.name: p.spec.url for p in prepared if p.spec.role != ProcessRole.RPC},
+                        {n: pid for n, r in recs.items() if (pid := r.remote_pid if r.remote else r.pid) is not None},
+                        {p.name: p.spec.node for p in prepared},
+                        {n: r.transport for n, r in recs.items() if r.role == ProcessRole.RPC})
     except LaunchFailed as e:
         stop_run(rd, final_state=LaunchState.FAILED, notify=notify)
         rd.update(diagnosis=e.diagnosis.to_json())
@@ -143,12 +149,6 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
     except BaseException:  # Ctrl-C while loading, or a bug: leave nothing behind
         stop_run(rd, final_state=LaunchState.STOPPED, notify=notify)
         raise
-    rd.update(state=LaunchState.HEALTHY)
-    recs = {r.name: r for r in rd.procs()}
-    return Launched(rd, {p.name: p.spec.url for p in prepared if p.spec.role != ProcessRole.RPC},
-                    {n: pid for n, r in recs.items() if (pid := r.remote_pid if r.remote else r.pid) is not None},
-                    {p.name: p.spec.node for p in prepared},
-                    {n: r.transport for n, r in recs.items() if r.role == ProcessRole.RPC})
 
 
 def _engine_key(p: Prepared) -> str:
