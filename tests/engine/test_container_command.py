@@ -120,3 +120,10 @@ def test_name_nice_environment_entrypoint_and_cpu_only() -> None:
                                                                         "50052", "-t", "4")), host_network=True)
     assert worker.argv[3:6] == ("--network", "host", "--cap-add=SYS_NICE")
     assert worker.argv[-6:] == ("img", "-H", "10.0.0.2", "-p", "50052", "-t", "4")[-6:]
+
+
+def test_a_container_is_named_after_the_run_and_the_process() -> None:
+    from moetune.run.container import container_name
+
+    assert container_name("20260721-093015-3fa2", "main") == "moetune-20260721-093015-3fa2-main"
+    assert container_name("20260721-093015-3fa2", "coder 1: é") == "moetune-20260721-093015-3fa2-coder-1---"
