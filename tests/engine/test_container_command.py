@@ -17,7 +17,7 @@ from moetune.model.archs import PRESET_RECIPES, PRESETS
 from moetune.model.profile import load_profile
 from moetune.model.testmodel import generate
 from moetune.plan.plan import ServiceSpec, make_plan
-from moetune.plan.settings import Settings
+from moetune.plan.settings import ServerOptions, Settings
 
 IMAGE = "registry.home.arpa/ik_llama.cpp:latest"
 REPO = "models--ubergarm--GLM-5.1-GGUF"
@@ -39,7 +39,7 @@ def test_the_reference_base_command_from_a_plan_on_one_gpu_of_two(tmp_path: Path
     arch, dims = PRESETS["glm-5.1"]
     g = generate(d / "GLM-5.1-IQ3_KS.gguf", arch, dims, PRESET_RECIPES["glm-5.1"], shards=8, sparse=True)
     s = Settings(ctx=32768, ctk="q8_0", ctv="q8_0", batch=8192, ubatch=8192, engine=EngineKind.IK, amb_mib=512,
-                 threads=15)
+                 threads=15, threads_batch=24, server=ServerOptions(host="0.0.0.0"))  # plan --listen 0.0.0.0
     plan = make_plan([ServiceSpec("glm", load_profile(g.files[0]), s, "cpu-moe", port=8000, devices=("CUDA1",))],
                      load("rtx-pro-6000x2"))
     sp = plan.main
@@ -47,7 +47,7 @@ def test_the_reference_base_command_from_a_plan_on_one_gpu_of_two(tmp_path: Path
     assert list(plan_json(plan, "ik")["launch"]["processes"][0]["gpus"]) == ["CUDA1"]  # what launch passes
     argv = service_argv(sp)
     assert "CUDA1" in argv  # --device CUDA1: the service's GPU, as the host numbers it
-    argv[argv.index("--host") + 1] = "0.0.0.0"  # `plan --listen 0.0.0.0:8000`
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
     got = container_command("podman", IMAGE, Command("glm", 8000, ("llama-server", *argv)), gpus=service_gpus(sp)).argv
     image_at = got.index(IMAGE)
     ref = shlex.split(REFERENCE_000)
@@ -127,3 +127,11 @@ def test_a_container_is_named_after_the_run_and_the_process() -> None:
 
     assert container_name("20260721-093015-3fa2", "main") == "moetune-20260721-093015-3fa2-main"
     assert container_name("20260721-093015-3fa2", "coder 1: é") == "moetune-20260721-093015-3fa2-coder-1---"
+
+
+def test_a_key_file_is_mounted_alone_read_only() -> None:
+    got = _run("--api-key-file", "/home/me/keys/llm.txt", "--host", "0.0.0.0", "--port", "8080")
+    assert "/home/me/keys/llm.txt:/moetune/files/0-llm.txt:ro,Z" in got and "/home/me/keys:" not in " ".join(got)
+    assert got[got.index("--api-key-file") + 1] == "/moetune/files/0-llm.txt"
+    with pytest.raises(InputError, match="absolute path"):
+        _run("--api-key-file", "keys.txt")

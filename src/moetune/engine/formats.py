@@ -20,6 +20,9 @@ from moetune.errors import InputError
 
 MODEL_FLAGS = ("-m", "--model", "-md", "--model-draft", "-mm", "--mmproj")  # flags whose value is a model file
 CONTAINER_MODELS = "/models"  # where the first model directory is mounted in a container (then /models2, ...)
+# files a server reads besides the models (an API key): each mounted read-only on its own, under this directory
+FILE_FLAGS = ("--api-key-file", "--chat-template-file", "--ssl-key-file", "--ssl-cert-file")
+CONTAINER_FILES = "/moetune/files"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 # flags whose value names devices: a container renumbers its GPUs (renumber_gpus)
 DEVICE_FLAGS = ("-dev", "--device", "-ot", "--override-tensor", "-devd", "--device-draft", "-otd",
@@ -132,7 +135,8 @@ def container_command(runtime: str, image: str, cmd: Command, *, gpus: Sequence[
 
     - Each model file's directory (absolute; a Hugging Face cache's repository directory) is mounted
       read-only at /models (the next one at /models2, ...), with the SELinux ``label`` (``Z``), and
-      the paths rewritten to match.
+      the paths rewritten to match; a key file (``--api-key-file``) and the like alone, read-only,
+      under /moetune/files.
     - Only ``gpus`` (the host's GPUs the service uses, ``CUDA<N>``) are passed: ``--device
       nvidia.com/gpu=N`` (podman, CDI) or ``--gpus '"device=N,M"'`` (docker); the arguments'
       device names are renumbered to what the container sees (``renumber_gpus``).
@@ -158,6 +162,14 @@ def container_command(runtime: str, image: str, cmd: Command, *, gpus: Sequence[
                              hint="move or link the model to a directory without ':' and plan again")
         target = mounts.setdefault(str(source), CONTAINER_MODELS + (str(len(mounts) + 1) if mounts else ""))
         argv[i + 1] = f"{target}/{path.relative_to(source)}"
+    files: dict[str, str] = {}  # other files the server reads, each mounted alone (not its directory)
+    for i, a in enumerate(argv[:-1]):
+        if a in FILE_FLAGS:
+            path = PurePosixPath(argv[i + 1])
+            if not path.is_absolute() or ":" in str(path):
+                raise InputError(f"{a} {path}: a container mounts the file by its absolute path, without ':'",
+                                 hint="give the file's absolute path (move it out of a directory with ':')")
+            argv[i + 1] = files.setdefault(str(path), f"{CONTAINER_FILES}/{len(files)}-{path.name}")
     run = [runtime, "run", "--rm", *(["--name", name] if name else [])]
     if gpus:
         idx = sorted(gpu_index(g) for g in gpus)
@@ -175,7 +187,7 @@ def container_command(runtime: str, image: str, cmd: Command, *, gpus: Sequence[
         run.append("--cap-add=SYS_NICE")
     for k, v in (env or {}).items():
         run += ["-e", f"{k}={v}"]
-    for src, target in mounts.items():
+    for src, target in [*mounts.items(), *files.items()]:
         run += ["-v", f"{src}:{target}:ro" + (f",{label}" if label else "")]
     if entrypoint:
         run += ["--entrypoint", entrypoint]
