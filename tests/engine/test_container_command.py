@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moetune.engine.command import plan_json, service_argv, service_gpus
-from moetune.engine.formats import Command, container_command, renumber_gpus
+from moetune.engine.formats import Command, container_command, mount_labels, renumber_gpus
 from moetune.errors import InputError
 from moetune.hardware.inventory import load
 from moetune.kinds import EngineKind
@@ -135,3 +135,11 @@ def test_a_key_file_is_mounted_alone_read_only() -> None:
     assert got[got.index("--api-key-file") + 1] == "/moetune/files/0-llm.txt"
     with pytest.raises(InputError, match="absolute path"):
         _run("--api-key-file", "keys.txt")
+
+
+def test_a_directory_two_services_mount_is_labelled_shared() -> None:
+    a, b, c = (["-m", "/m/a.gguf"], ["-m", "/m/b.gguf", "-md", "/d/x.gguf"], ["-m", "/other/c.gguf"])
+    assert mount_labels([a, b, c]) == ["z", "z", "Z"]
+    hf = "/hub/models--o--n/snapshots/r/{}/m.gguf"
+    assert mount_labels([["-m", hf.format("Q4")], ["-m", hf.format("Q8")]]) == ["z", "z"]  # one repository
+    assert mount_labels([a]) == ["Z"]

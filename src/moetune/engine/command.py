@@ -11,7 +11,14 @@ from typing import Any
 
 from moetune.engine.dialect import Dialect, dialect, engine_devices, n_cpu_moe_note
 from moetune.engine.facts import EngineFacts
-from moetune.engine.formats import Command, argv_lines, container_command, llama_swap_config, shell_script
+from moetune.engine.formats import (
+    Command,
+    argv_lines,
+    container_command,
+    llama_swap_config,
+    mount_labels,
+    shell_script,
+)
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.engine.render import override_rules, server_argv
 from moetune.kinds import DeviceKind, EngineKind, ProcessRole
@@ -188,8 +195,9 @@ def render_text(plan: Plan, doc: dict[str, Any], fmt: str, image: str | None = N
         def image_of(sp: ServicePlan) -> str:
             own = (images or {}).get(sp.spec.engine)
             return image or own or DEFAULT_IMAGES[EngineKind(sp.spec.settings.engine), has_gpus(sp)]
-        return shell_script([container_command(fmt, image_of(sp), c, gpus=service_gpus(sp))
-                             for sp, c in zip(plan.services, cmds, strict=True)])
+        labels = mount_labels([c.argv for c in cmds])
+        return shell_script([container_command(fmt, image_of(sp), c, gpus=service_gpus(sp), label=label)
+                             for sp, c, label in zip(plan.services, cmds, labels, strict=True)])
     if fmt == "llama-swap":
         return llama_swap_config(cmds)
     raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")

@@ -123,6 +123,16 @@ def renumber_gpus(argv: Sequence[str], gpus: Sequence[str]) -> list[str]:
     return [GPU_REF.sub(sub, a) if i > 0 and argv[i - 1] in DEVICE_FLAGS else a for i, a in enumerate(argv)]
 
 
+def mount_labels(argvs: Sequence[Sequence[str]]) -> list[str]:
+    """The SELinux label of each command's mounts: ``Z`` (private to its container, as reference 000
+    mounts), or ``z`` (shared) where another command of the plan mounts the same directory; a
+    private label would take it from the container that had it first."""
+    def sources(argv: Sequence[str]) -> set[PurePosixPath]:
+        return {_mount_source(PurePosixPath(argv[i + 1])) for i in range(len(argv) - 1) if argv[i] in MODEL_FLAGS}
+    each = [sources(a) for a in argvs]
+    return ["z" if any(mine & other for j, other in enumerate(each) if j != i) else "Z" for i, mine in enumerate(each)]
+
+
 def _flag(argv: Sequence[str], flags: Sequence[str]) -> str | None:
     return next((argv[i + 1] for i in range(len(argv) - 2, -1, -1) if argv[i] in flags), None)
 

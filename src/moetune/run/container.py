@@ -40,12 +40,14 @@ class ContainerRun:
     entrypoint: str | None = None  # None: the image's own (llama-server)
     gpus: tuple[str, ...] = ()  # the host's GPUs it is given
     host_network: bool = False  # an RPC worker: listens on the host's address
+    label: str = "Z"  # the mounts' SELinux label (formats.mount_labels)
 
     def argv(self, engine_argv: tuple[str, ...], port: int, name: str, env: dict[str, str]) -> tuple[str, ...]:
         """The ``RUNTIME run`` command of ``engine_argv`` (binary first; the binary is the image's)."""
         cmd = Command(name, port, engine_argv)
         return container_command(self.runtime, self.image, cmd, gpus=self.gpus, name=name,
-                                 entrypoint=self.entrypoint, env=env, host_network=self.host_network).argv
+                                 entrypoint=self.entrypoint, env=env, host_network=self.host_network,
+                                 label=self.label).argv
 
 
 def _run(argv: list[str], timeout_s: float = 30.0) -> subprocess.CompletedProcess[str] | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import moetune.run.diagnose as diagnose
 from moetune.engine import registry
-from moetune.engine.formats import MODEL_FLAGS
+from moetune.engine.formats import MODEL_FLAGS, mount_labels
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.engine.registry import BINARIES, Engine
 from moetune.errors import InputError, RuntimeFailure
@@ -243,7 +243,7 @@ def _remote(p: ProcessSpec, e: Engine) -> Prepared:
     return Prepared(p, e, final_argv(p, PurePosixPath(node.binary_path), e.kind), node.rdma, node)
 
 
-def _in_container(p: ProcessSpec, e: Engine) -> Prepared:
+def _in_container(p: ProcessSpec, e: Engine, label: str) -> Prepared:
     """A process of an image engine: the engine's argv as the image's binary takes it (host paths,
     checked here; the container's are rendered at the start), and how the container runs."""
     assert e.image is not None and e.runtime is not None
@@ -251,13 +251,14 @@ def _in_container(p: ProcessSpec, e: Engine) -> Prepared:
         raise LaunchFailed(diagnose.binary_missing(p.name, f"engine {e.name}: {e.missing}"))
     entry = e.entrypoint(p.role)
     name = PurePosixPath(entry or BINARIES[p.role][0]).name
-    run = ContainerRun(e.runtime, e.image, entry, p.gpus, host_network=p.role == ProcessRole.RPC)
+    run = ContainerRun(e.runtime, e.image, entry, p.gpus, host_network=p.role == ProcessRole.RPC, label=label)
     return Prepared(p, e, final_argv(p, PurePosixPath(name), e.kind), container=run)
 
 
 def prepare(spec: LaunchSpec) -> list[Prepared]:
     """The processes in start order with their exact argv; raises LaunchFailed when a check fails."""
     out = []
+    labels = dict(zip((p.name for p in spec.processes), mount_labels([p.argv for p in spec.processes]), strict=True))
     for p in start_order(spec):
         if p.role == ProcessRole.RPC:
             check_bind(p)
@@ -266,7 +267,7 @@ def prepare(spec: LaunchSpec) -> list[Prepared]:
             out.append(_remote(p, e))
             continue
         if e.image:
-            out.append(_in_container(p, e))
+            out.append(_in_container(p, e, labels[p.name]))
             continue
         binary = _binary(p, e)
         out.append(Prepared(p, e, final_argv(p, binary, e.kind), rdma_capable(engine_files(binary))))
