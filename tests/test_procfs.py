@@ -84,3 +84,18 @@ def test_listening_pid_finds_a_server_moetune_did_not_start() -> None:
         p.kill()
         p.wait()
     assert procfs.listening_pid(port) is None
+
+
+def test_catches_signal_reads_the_handlers_of_a_process() -> None:
+    import signal
+
+    code = "import signal,time; signal.signal(signal.SIGTERM, lambda *a: None); print('up', flush=True); time.sleep(30)"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "up"
+        assert procfs.catches_signal(p.pid, signal.SIGTERM) is True
+        assert procfs.catches_signal(p.pid, signal.SIGUSR2) is False
+    finally:
+        p.kill()
+        p.wait()
+    assert procfs.catches_signal(2**22 + 12345, signal.SIGTERM) is None

@@ -125,6 +125,15 @@ def read_proc_stat(pid: int) -> ProcStat | None:
     return parse_proc_stat(_read(PROC / str(pid) / "stat"))
 
 
+def catches_signal(pid: int, sig: int) -> bool | None:
+    """Whether the process has a handler for ``sig`` (``SigCgt`` in /proc/PID/status); None when it
+    cannot be read (gone)."""
+    for line in _read(PROC / str(pid) / "status").splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return None
+
+
 def own_start_ticks() -> int | None:
     """This process's start time (clock ticks after boot): with the pid, what tells it from a
     later process that reuses the pid."""

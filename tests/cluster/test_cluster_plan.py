@@ -48,8 +48,8 @@ def test_reference_rig_two_sparks(big_moe: Path) -> None:
     worker, server = procs
     assert worker == {"name": "rpc0", "role": "rpc", "engine": worker["engine"], "argv": ["-H", "192.168.100.2", "-p",
                       "50052"], "host": "192.168.100.2", "port": 50052, "node": "spark2", "ssh": "spark2",
-                      "bin_dir": None, "env": {}, "after": [], "allow_public_bind": False}
-    assert server["after"] == ["rpc0"] and server["node"] == "local"
+                      "bin_dir": None, "env": {}, "after": [], "allow_public_bind": False, "gpus": []}
+    assert server["after"] == ["rpc0"] and server["node"] == "local" and server["gpus"] == ["CUDA0"]
 
 
 def test_three_nodes(big_moe: Path, tmp_path: Path) -> None:

@@ -112,14 +112,17 @@ def _check_formats(tmp: Path, args: list[str], gpus: bool) -> None:
         for call, w, model in zip(calls, want, models, strict=True):
             run, inside = call[: call.index("img:1")], call[call.index("img:1") + 1:]
             assert run[:3] == [runtime, "run", "--rm"]
-            assert run[run.index("-v") + 1] == f"{model.parent}:/models:ro"
+            # private to its container, shared where another service mounts the same directory
+            shared = sum(m.parent == model.parent for m in models) > 1
+            assert run[run.index("-v") + 1] == f"{model.parent}:/models:ro,{'z' if shared else 'Z'}"
             assert inside[inside.index("-m") + 1] == f"/models/{model.name}"
-            gpu_flags = ["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"]
+            # the rig's one GPU, by its index (CDI for podman)
+            gpu_flags = ["--device", "nvidia.com/gpu=0"] if runtime == "podman" else ["--gpus", '"device=0"']
             assert (" ".join(gpu_flags) in " ".join(run)) == gpus
-            port = w[w.index("--port") + 1]
-            assert run[run.index("-p") + 1] == f"127.0.0.1:{port}:{port}"
-            expect = [("/models/" + model.name if w[i - 1] == "-m" else "0.0.0.0" if w[i - 1] == "--host" else a)
-                      for i, a in enumerate(w)][1:]
+            assert "nvidia.com/gpu=all" not in run and "all" not in run
+            # a server on loopback shares the host's network, its address as planned
+            assert run[run.index("--network") + 1] == "host" and "-p" not in run
+            expect = [("/models/" + model.name if w[i - 1] == "-m" else a) for i, a in enumerate(w)][1:]
             assert inside == expect
 
 
@@ -184,10 +187,10 @@ def test_container_image_and_flags_follow_the_engine(tmp_path: Path, engine: str
 def test_container_refuses_a_directory_it_cannot_mount_and_shares_the_network_for_loopback_rpc() -> None:
     cmd = Command("main", 8080, ("llama-server", "-m", "/a:b/m.gguf", "--host", "127.0.0.1", "--port", "8080"))
     with pytest.raises(InputError, match="cannot be mounted"):
-        container_command("podman", "img", cmd, gpus=False)
+        container_command("podman", "img", cmd)
     cmd = Command("main", 8080, ("llama-server", "-m", "/m/x.gguf", "-md", "/d/y.gguf", "--rpc", "127.0.0.1:50052",
                                  "--host", "127.0.0.1", "--port", "8080"))
-    got = container_command("docker", "img", cmd, gpus=True).argv
-    assert got == ("docker", "run", "--rm", "--network", "host", "-v", "/m:/models:ro", "-v", "/d:/models2:ro",
-                   "--gpus", "all", "img", "-m", "/models/x.gguf", "-md", "/models2/y.gguf", "--rpc", "127.0.0.1:50052",
-                   "--host", "127.0.0.1", "--port", "8080")
+    got = container_command("docker", "img", cmd, gpus=("CUDA0",)).argv
+    assert got == ("docker", "run", "--rm", "--gpus", '"device=0"', "--network", "host", "-v", "/m:/models:ro,Z",
+                   "-v", "/d:/models2:ro,Z", "img", "-m", "/models/x.gguf", "-md", "/models2/y.gguf",
+                   "--rpc", "127.0.0.1:50052", "--host", "127.0.0.1", "--port", "8080")

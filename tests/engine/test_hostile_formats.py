@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from moetune.engine.formats import Command, container_command, llama_swap_config
+from moetune.engine.formats import Command, container_command, llama_swap_config, mount_labels
 from moetune.errors import InputError
 from moetune.model.archs import Dims
 from moetune.model.testmodel import generate
@@ -229,13 +229,16 @@ def _formats(args: list[str], tmp: Path, case: str) -> None:
     for runtime in ("podman", "docker"):
         image = "reg.example/it's $(x):1"
         rendered = text(runtime, "--image", image)
-        expect = [list(container_command(runtime, image, Command(s["name"], s["port"], tuple(w)), gpus=True).argv)
-                  for s, w in zip(doc["services"], want, strict=True)]
+        labels = mount_labels(want)  # both services mount the one model's directory: shared
+        assert labels == (["z", "z"] if len(want) > 1 else ["Z"])
+        expect = [list(container_command(runtime, image, Command(s["name"], s["port"], tuple(w)),
+                                         gpus=("CUDA0",), label=label).argv)
+                  for s, w, label in zip(doc["services"], want, labels, strict=True)]
         for sh in ("sh", "bash"):
             assert _in_order(run_shell(rendered, tmp, sh), ports) == expect
         for call, s in zip(expect, doc["services"], strict=True):
             model = Path(s["model"])
-            assert f"{model.parent}:/models:ro" in call and f"/models/{model.name}" in call
+            assert f"{model.parent}:/models:ro,{labels[0]}" in call and f"/models/{model.name}" in call
     r = run_cli("plan", *args, "--format", "llama-swap")
     if case in SWAP_REFUSES:
         assert r.exit_code == 2 and r.stdout == ""

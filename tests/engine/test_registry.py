@@ -91,6 +91,8 @@ def test_an_image_engine_is_ready_only_where_its_runtime_is_installed(podman: Pa
     assert run_cli("engine", "add", "ik-podman", "--kind", "ik_llama.cpp", "--image", "ik:latest",
                    "--runtime", "podman").exit_code == 0
     (podman / "podman").unlink()  # podman uninstalled after registering
+    monkeypatch.setenv("PATH", str(podman))  # (this machine may have a real one in /usr/bin)
+    monkeypatch.setenv("COLUMNS", "200")  # the table on one line per engine
     doc = {e["name"]: e for e in json.loads(run_cli("engine", "list", "--json").stdout)}
     assert doc["ik-podman"]["available"] is False and doc["ik-podman"]["missing"] == "podman is not installed"
     (row,) = [line for line in run_cli("engine", "list").stdout.splitlines() if "ik-podman" in line]

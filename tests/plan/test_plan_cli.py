@@ -91,7 +91,7 @@ def test_formats(tmp_path: Path, hw: Path) -> None:
     joined = sh.split("exec ", 1)[1].replace("\\\n", " ")
     assert shlex.split(joined) == argv  # the script quotes the path with its quote safely
     pod = run_cli(*base, "--format", "podman", "--image", "ik:latest").stdout
-    assert "nvidia.com/gpu=all" in pod and "/models:ro" in pod and "0.0.0.0" in pod
+    assert "nvidia.com/gpu=0" in pod and "/models:ro,Z" in pod and "--network host" in pod.replace(" \\\n  ", " ")
     swap = yaml.safe_load(run_cli(*base, "--format", "llama-swap").stdout)
     assert "${PORT}" in swap["models"]["main"]["cmd"]
     ik = json.loads(run_cli(*base, "--engine", "ik_llama.cpp", "--json").stdout)

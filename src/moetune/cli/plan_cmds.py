@@ -30,8 +30,9 @@ from moetune.errors import InputError
 @click.option("--speed", "speed", multiple=True, metavar="NAME=VALUE", help="Override a speed-model constant.")
 @click.option("--format", "fmt", type=click.Choice(["table", "argv", "shell", "podman", "docker", "llama-swap"]),
               default="table", show_default=True, help="What to print besides the JSON.")
-@click.option("--image", help="Container image for --format podman/docker (default: the engine's server image, "
-              "ghcr.io/ggml-org/llama.cpp:server-cuda or ik_llama.cpp:latest; the flags always follow --engine).")
+@click.option("--image", help="Container image for --format podman/docker (default: the engine's image when it was "
+              "registered with one, else ghcr.io/ggml-org/llama.cpp:server-cuda or ik_llama.cpp:latest; the flags "
+              "always follow --engine).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the plan JSON to this file.")
 @click.option("--verify", is_flag=True, help="Also run the engine's own dry run with each service's exact command "
               "(llama-fit-params; ik_llama.cpp's --dry-run) and print its figures beside the plan's.")
@@ -79,7 +80,10 @@ def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str 
 
         print_plan(planned.plan, planned.doc, common.out)
     else:
-        common.print_text(render_text(planned.plan, planned.doc, fmt, image))
+        from moetune.engine import registry
+
+        images = {e.name: e.image for e in registry.load_user() if e.image}
+        common.print_text(render_text(planned.plan, planned.doc, fmt, image, images))
     for w in planned.doc["warnings"]:
         warn(w["message"], w["remedy"])
     if verify:

@@ -159,23 +159,33 @@ def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_
 
     with _signals_interrupt():
         sampler.start()
+        launched: Launched | None = None
         try:
             launched = launch(spec, doc, plan_file=str(plan.resolve()), detached=detach, timeout_s=timeout_s,
                               on_event=on_event, transport=transport, rdma_dev=rdma_dev,
                               preflight=preflight if verify else None, run_id=run_id)
+            sampler.stop()  # its last sample (up to a second): a Ctrl-C meanwhile stops the run below
+            display.close()
+            if metrics_port is not None:
+                _serve_metrics(launched, metrics_port, as_json)
+            _print_launched(launched, as_json, verified)
+            if not detach:
+                _foreground(launched, display)
         except LaunchFailed as e:
             display.close()
             _show_failure(e, as_json)
             raise
+        except KeyboardInterrupt:
+            from moetune.kinds import LaunchState
+
+            if launched is not None and launched.run.info().state == LaunchState.HEALTHY:  # not yet watched
+                from moetune.run.stop import stop_run
+
+                stop_run(launched.run, notify=display.notify)
+            raise
         finally:
             sampler.stop()
             display.close()
-        if metrics_port is not None:
-            _serve_metrics(launched, metrics_port, as_json)
-        _print_launched(launched, as_json, verified)
-        if detach:
-            return
-        _foreground(launched, display)
 
 
 def _serve_metrics(launched: Launched, port: int, as_json: bool) -> None:
@@ -246,15 +256,16 @@ def ps_cmd(show_all: bool, as_json: bool) -> None:
         out.print("no live launches" + ("" if show_all else " (--all lists stopped ones)"))
         return
     t = Table()
-    for c in ("run", "state", "age", "servers", "processes"):
-        t.add_column(c, no_wrap=c == "run")
+    boxed = any(r["containers"] for r in rows)
+    for c in ("run", "state", "age", "servers", "processes", *(["containers"] if boxed else [])):
+        t.add_column(c, no_wrap=c == "run", overflow="fold")
     now = time.time()
     for r in rows:
         procs = " ".join(f"{n}{'' if r['nodes'][n] == 'local' else '@' + r['nodes'][n]}:{p}"
                          + ("" if r["alive"][n] else "(gone)") for n, p in r["pids"].items())
         age = now - r["created_at"]
         t.add_row(r["run"], f"{r['state']}, orphaned" if r["orphaned"] else r["state"], f"{age / 60:.0f} min" if age >= 60 else f"{age:.0f} s",
-                  " ".join(r["urls"].values()), procs)
+                  " ".join(r["urls"].values()), procs, *([" ".join(r["containers"].values())] if boxed else []))
     out.print(t)
     for r in rows:
         if r["orphaned"]:
@@ -283,7 +294,8 @@ def stop_cmd(runs: tuple[str, ...], stop_all: bool, grace_s: float, as_json: boo
         for r in sorted(st.records, key=lambda r: r.exited_at or 0):
             took = (f"gone {r.exited_at - r.stop_sent_at:.2f} s after SIGTERM" if r.exited_at and r.stop_sent_at
                     else "already gone")
-            pid = f"pid {r.remote_pid} on {r.node}" if r.remote else f"pid {r.pid}"
+            pid = (f"pid {r.remote_pid} on {r.node}" if r.remote else
+                   f"pid {r.pid}, container {r.container} removed" if r.container else f"pid {r.pid}")
             out.print(f"  {r.name} ({r.role}, {pid}): {took}" + (" (killed)" if r.kill_sent_at else ""))
     if as_json:
         print_json(docs)

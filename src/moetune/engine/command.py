@@ -11,7 +11,14 @@ from typing import Any
 
 from moetune.engine.dialect import Dialect, dialect, engine_devices, n_cpu_moe_note
 from moetune.engine.facts import EngineFacts
-from moetune.engine.formats import Command, argv_lines, container_command, llama_swap_config, shell_script
+from moetune.engine.formats import (
+    Command,
+    argv_lines,
+    container_command,
+    llama_swap_config,
+    mount_labels,
+    shell_script,
+)
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.engine.render import override_rules, server_argv
 from moetune.kinds import DeviceKind, EngineKind, ProcessRole
@@ -128,7 +135,7 @@ def launch_spec(plan: Plan, engine: str, argvs: list[list[str]] | None = None) -
     for sp, argv in zip(plan.services, argvs, strict=True):
         procs.append(ProcessSpec(sp.spec.name, ProcessRole.SERVER, sp.spec.engine or engine, tuple(argv),
                                  sp.spec.settings.server.host, sp.spec.port, env=dict(sp.spec.settings.server.env),
-                                 after=tuple(workers)))
+                                 after=tuple(workers), gpus=service_gpus(sp)))
     return LaunchSpec(tuple(procs))
 
 
@@ -164,21 +171,33 @@ def commands(doc: dict[str, Any], binary: str = "llama-server") -> list[Command]
     return [Command(sj["name"], sj["port"], (binary, *sj["argv"])) for sj in doc["services"]]
 
 
+def service_gpus(sp: ServicePlan) -> tuple[str, ...]:
+    """The local GPUs a service may use (its ``devices``, else all): what a container is given."""
+    return tuple(d.name for d in sp.hw.local.devices if d.kind == DeviceKind.GPU)
+
+
 def has_gpus(sp: ServicePlan) -> bool:
-    return any(d.kind == DeviceKind.GPU for d in sp.hw.local.devices)
+    return bool(service_gpus(sp))
 
 
-def render_text(plan: Plan, doc: dict[str, Any], fmt: str, image: str | None = None) -> str:
+def render_text(plan: Plan, doc: dict[str, Any], fmt: str, image: str | None = None,
+                images: Mapping[str, str] | None = None) -> str:
     """Every service's command in one of FORMATS (``doc`` is ``plan_json(plan, ...)``). A container's
-    flags follow the engine the service is planned for, its image too unless ``image`` is given."""
+    flags follow the engine the service is planned for, its image too unless ``image`` is given:
+    the image of its engine (``images``, by engine name, for the engines registered with one), else
+    the engine kind's published image."""
     cmds = commands(doc, doc["argv"][0])
     if fmt == "argv":
         return argv_lines(cmds)
     if fmt == "shell":
         return shell_script(cmds)
     if fmt in ("podman", "docker"):
-        return shell_script([container_command(fmt, image or DEFAULT_IMAGES[EngineKind(sp.spec.settings.engine), has_gpus(sp)],
-                                               c, gpus=has_gpus(sp)) for sp, c in zip(plan.services, cmds, strict=True)])
+        def image_of(sp: ServicePlan) -> str:
+            own = (images or {}).get(sp.spec.engine)
+            return image or own or DEFAULT_IMAGES[EngineKind(sp.spec.settings.engine), has_gpus(sp)]
+        labels = mount_labels([c.argv for c in cmds])
+        return shell_script([container_command(fmt, image_of(sp), c, gpus=service_gpus(sp), label=label)
+                             for sp, c, label in zip(plan.services, cmds, labels, strict=True)])
     if fmt == "llama-swap":
         return llama_swap_config(cmds)
     raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")

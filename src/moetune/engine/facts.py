@@ -8,7 +8,8 @@ does not list all it accepts (ik_llama.cpp 0.1.5 omits ``-ot`` and ``-rtr``), so
 tried: ``llama-server FLAG [VALUE] --version`` exits 0 only when the arguments before
 ``--version`` parse (both engines parse in order and exit at ``--version``). The help still tells
 ``--n-cpu-moe``'s rule. Parsing is pure; ``probe`` runs the binary (about 30 short runs, a second
-or two) and caches the answer by the binary's path, size and time.
+or two) and caches the answer by the binary's path, size and time, or a container image (the same
+runs, each in a container) by the image's id.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import json
 import math
 import re
 import subprocess
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +51,9 @@ PROBES: tuple[tuple[str, ...], ...] = (
     ("-fmoe",), ("-no-fmoe",),
     ("--merge-qkv",), ("-no-ooae",), ("-ooae",), ("-sm", "graph"), ("-khad",), ("--log-disable",),
 )
+
+
+CONTAINER_PROBES_AT_ONCE = 4
 
 
 def probe_name(args: tuple[str, ...]) -> str:
@@ -143,12 +149,23 @@ KNOWN: dict[EngineKind, EngineFacts] = {
 }
 
 
-def probe(binary: Path, kind: EngineKind, cache: Path | None = None) -> EngineFacts:
+def probe(binary: Path | Sequence[str], kind: EngineKind, cache: Path | None = None, *,
+          key: str | None = None) -> EngineFacts:
     """Ask the build (``--help``, ``--version``, and each of PROBES before ``--version``); the
-    answer is kept in ``cache`` (a directory) by the binary's path, size and modification time."""
-    st = binary.stat()
-    key = hashlib.sha256(f"{binary.resolve()}|{st.st_size}|{st.st_mtime_ns}|{kind}|{PROBES}".encode()).hexdigest()[:16]
-    path = cache / f"facts-{key}.json" if cache else None
+    answer is kept in ``cache`` (a directory).
+
+    ``binary`` is the server binary (cached by its path, size and modification time), or the
+    command that runs it: ``podman run --rm IMAGE`` for a container image, cached by ``key`` (the
+    image's id). Each run of an image starts a container (a third of a second), so those run a few
+    at a time."""
+    if isinstance(binary, Path):
+        st = binary.stat()
+        key = f"{binary.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        command: tuple[str, ...] = (str(binary),)
+    else:
+        command = tuple(binary)
+    digest = hashlib.sha256(f"{key}|{kind}|{PROBES}".encode()).hexdigest()[:16]
+    path = cache / f"facts-{digest}.json" if cache and key else None
     if path is not None and path.exists():
         try:
             return EngineFacts.from_json(json.loads(path.read_text()))
@@ -157,7 +174,8 @@ def probe(binary: Path, kind: EngineKind, cache: Path | None = None) -> EngineFa
 
     def run(*args: str) -> tuple[int, str]:
         try:
-            r = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=30)
+            r = subprocess.run([*command, *args], capture_output=True, text=True, timeout=60,
+                               stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired):
             return -1, ""
         return r.returncode, r.stdout + r.stderr
@@ -165,7 +183,9 @@ def probe(binary: Path, kind: EngineKind, cache: Path | None = None) -> EngineFa
     rc, version = run("--version")
     if rc != 0:
         return parse_help(kind, run("--help")[1], version)
-    accepts = frozenset(probe_name(args) for args in PROBES if run(*args, "--version")[0] == 0)
+    with ThreadPoolExecutor(1 if isinstance(binary, Path) else CONTAINER_PROBES_AT_ONCE) as pool:
+        codes = list(pool.map(lambda args: run(*args, "--version")[0], PROBES))
+    accepts = frozenset(probe_name(args) for args, code in zip(PROBES, codes, strict=True) if code == 0)
     facts = parse_help(kind, run("--help")[1], version, accepts)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

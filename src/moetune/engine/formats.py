@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -20,7 +20,18 @@ from moetune.errors import InputError
 
 MODEL_FLAGS = ("-m", "--model", "-md", "--model-draft", "-mm", "--mmproj")  # flags whose value is a model file
 CONTAINER_MODELS = "/models"  # where the first model directory is mounted in a container (then /models2, ...)
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+# files a server reads besides the models (an API key): each mounted read-only on its own, under this directory
+FILE_FLAGS = ("--api-key-file", "--chat-template-file", "--ssl-key-file", "--ssl-cert-file")
+CONTAINER_FILES = "/moetune/files"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+# flags whose value names devices: a container renumbers its GPUs (renumber_gpus)
+DEVICE_FLAGS = ("-dev", "--device", "-ot", "--override-tensor", "-devd", "--device-draft", "-otd",
+                "--override-tensor-draft")
+GPU_NAME = re.compile(r"CUDA(\d+)")
+GPU_REF = re.compile(r"(?<![A-Za-z0-9_])CUDA\d+(?![A-Za-z0-9_])")
+# flags that set threads, the CPUs they run on or their priority: a container needs CAP_SYS_NICE for them
+NICE_FLAGS = ("-t", "--threads", "-tb", "--threads-batch", "--prio", "--prio-batch", "-C", "--cpu-mask", "-Cr",
+              "--cpu-range", "-Cb", "--cpu-mask-batch", "-Crb", "--cpu-range-batch", "--cpu-strict", "--numa")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +87,76 @@ def shell_script(cmds: Sequence[Command]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def container_command(runtime: str, image: str, cmd: Command, *, gpus: bool) -> Command:
-    """`podman run` / `docker run` of a service: each model file's directory (absolute) mounted
-    read-only at /models (the next one at /models2, ...) and the file name kept; the GPUs passed only
-    when the service has some. The server listens on every interface inside and is published on
-    the address the plan gives it, unless its RPC workers are on this host's loopback: then the
-    container shares the host's network and the arguments stay as planned."""
-    argv = list(cmd.argv[1:])
+def _mount_source(path: PurePosixPath) -> PurePosixPath:
+    """The directory to mount for a model file: its own, or, for a file in a Hugging Face cache
+    (``models--OWNER--NAME/snapshots/REV/...``, whose files link to ``../../blobs``), the repository's
+    directory, so that the links resolve inside the container (reference 000 mounts it so)."""
+    parts = path.parts
+    for i in range(len(parts) - 2):
+        if parts[i].startswith("models--") and parts[i + 1] == "snapshots":
+            return PurePosixPath(*parts[: i + 1])
+    return path.parent
+
+
+def gpu_index(name: str) -> int:
+    """A GPU's index on the host (``CUDA1`` -> 1), as CDI (``nvidia.com/gpu=1``) and docker number it."""
+    m = GPU_NAME.fullmatch(name)
+    if m is None:
+        raise InputError(f"GPU {name!r}: a container is given GPUs by their CUDA index, and this name has none",
+                         hint="name the GPUs CUDA0, CUDA1, ... in the hardware file, as nvidia-smi numbers them")
+    return int(m[1])
+
+
+def renumber_gpus(argv: Sequence[str], gpus: Sequence[str]) -> list[str]:
+    """The arguments as a container given only ``gpus`` sees them: it numbers its GPUs from 0 in
+    host order (given CUDA1 and CUDA3, it has CUDA0 and CUDA1), so every ``CUDA<N>`` in a device
+    list (``--device``) or a tensor override (``-ot ...=CUDA1``) is renumbered. A GPU the arguments
+    name that the container is not given is refused. ``-ts`` and ``-mg`` count the devices in use
+    and stay as they are."""
+    order = {n: i for i, n in enumerate(sorted(gpus, key=gpu_index))}
+
+    def sub(m: re.Match[str]) -> str:
+        if m[0] not in order:
+            raise InputError(f"the command places tensors on {m[0]}, which the container is not given "
+                             f"(given: {', '.join(gpus) or 'no GPU'})", hint="plan again for the GPUs the service uses")
+        return f"CUDA{order[m[0]]}"
+    return [GPU_REF.sub(sub, a) if i > 0 and argv[i - 1] in DEVICE_FLAGS else a for i, a in enumerate(argv)]
+
+
+def mount_labels(argvs: Sequence[Sequence[str]]) -> list[str]:
+    """The SELinux label of each command's mounts: ``Z`` (private to its container, as reference 000
+    mounts), or ``z`` (shared) where another command of the plan mounts the same directory; a
+    private label would take it from the container that had it first."""
+    def sources(argv: Sequence[str]) -> set[PurePosixPath]:
+        return {_mount_source(PurePosixPath(argv[i + 1])) for i in range(len(argv) - 1) if argv[i] in MODEL_FLAGS}
+    each = [sources(a) for a in argvs]
+    return ["z" if any(mine & other for j, other in enumerate(each) if j != i) else "Z" for i, mine in enumerate(each)]
+
+
+def _flag(argv: Sequence[str], flags: Sequence[str]) -> str | None:
+    return next((argv[i + 1] for i in range(len(argv) - 2, -1, -1) if argv[i] in flags), None)
+
+
+def container_command(runtime: str, image: str, cmd: Command, *, gpus: Sequence[str] = (), name: str | None = None,
+                      entrypoint: str | None = None, env: Mapping[str, str] | None = None,
+                      host_network: bool = False, label: str = "Z") -> Command:
+    """`podman run` / `docker run` of a service (`moetune launch` runs exactly this; `plan --format
+    podman` prints it without the name and the environment).
+
+    - Each model file's directory (absolute; a Hugging Face cache's repository directory) is mounted
+      read-only at /models (the next one at /models2, ...), with the SELinux ``label`` (``Z``), and
+      the paths rewritten to match; a key file (``--api-key-file``) and the like alone, read-only,
+      under /moetune/files.
+    - Only ``gpus`` (the host's GPUs the service uses, ``CUDA<N>``) are passed: ``--device
+      nvidia.com/gpu=N`` (podman, CDI) or ``--gpus '"device=N,M"'`` (docker); the arguments'
+      device names are renumbered to what the container sees (``renumber_gpus``).
+    - A server on a loopback address, one whose RPC workers are on loopback, and ``host_network``
+      (RPC workers) share the host's network, the arguments as planned; a server on another
+      address listens on every interface inside and is published on that address (``-p
+      PORT:PORT`` for 0.0.0.0).
+    - ``--cap-add=SYS_NICE`` where the arguments set threads, their CPUs or a priority.
+    """
+    argv = renumber_gpus(cmd.argv[1:], gpus)
     mounts: dict[str, str] = {}
     for i, a in enumerate(argv[:-1]):
         if a not in MODEL_FLAGS:
@@ -92,23 +166,41 @@ def container_command(runtime: str, image: str, cmd: Command, *, gpus: bool) -> 
             raise InputError(f"model path {path} is not absolute: a container mounts the model's directory",
                              hint="download the model and plan the local file (a plan from a URL says -m where "
                              "the download puts it, relative to the download directory)")
-        if ":" in str(path.parent):
-            raise InputError(f"{path.parent}: a directory with ':' cannot be mounted with -v",
+        source = _mount_source(path)
+        if ":" in str(source):
+            raise InputError(f"{source}: a directory with ':' cannot be mounted with -v",
                              hint="move or link the model to a directory without ':' and plan again")
-        target = mounts.setdefault(str(path.parent), CONTAINER_MODELS + (str(len(mounts) + 1) if mounts else ""))
-        argv[i + 1] = f"{target}/{path.name}"
+        target = mounts.setdefault(str(source), CONTAINER_MODELS + (str(len(mounts) + 1) if mounts else ""))
+        argv[i + 1] = f"{target}/{path.relative_to(source)}"
+    files: dict[str, str] = {}  # other files the server reads, each mounted alone (not its directory)
+    for i, a in enumerate(argv[:-1]):
+        if a in FILE_FLAGS:
+            path = PurePosixPath(argv[i + 1])
+            if not path.is_absolute() or ":" in str(path):
+                raise InputError(f"{a} {path}: a container mounts the file by its absolute path, without ':'",
+                                 hint="give the file's absolute path (move it out of a directory with ':')")
+            argv[i + 1] = files.setdefault(str(path), f"{CONTAINER_FILES}/{len(files)}-{path.name}")
+    run = [runtime, "run", "--rm", *(["--name", name] if name else [])]
+    if gpus:
+        idx = sorted(gpu_index(g) for g in gpus)
+        run += ([w for n in idx for w in ("--device", f"nvidia.com/gpu={n}")] if runtime == "podman" else
+                ["--gpus", f'"device={",".join(map(str, idx))}"'])
     rpc = [ep for i, a in enumerate(argv[:-1]) if a == "--rpc" for ep in argv[i + 1].split(",")]
-    run = [runtime, "run", "--rm"]
-    if any(ep.rpartition(":")[0] in LOOPBACK_HOSTS for ep in rpc):
+    host = _flag(argv, ("--host",)) or "127.0.0.1"
+    if host_network or host in LOOPBACK_HOSTS or any(ep.rpartition(":")[0] in LOOPBACK_HOSTS for ep in rpc):
         run += ["--network", "host"]
     else:
-        host = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--host"), "127.0.0.1")
-        run += ["-p", f"{f'[{host}]' if ':' in host else host}:{cmd.port}:{cmd.port}"]
+        every = host in ("0.0.0.0", "::", "[::]")
+        run += ["-p", f"{cmd.port}:{cmd.port}" if every else f"{f'[{host}]' if ':' in host else host}:{cmd.port}:{cmd.port}"]
         argv = ["0.0.0.0" if i > 0 and argv[i - 1] == "--host" else a for i, a in enumerate(argv)]
-    for source, target in mounts.items():
-        run += ["-v", f"{source}:{target}:ro"]
-    if gpus:
-        run += ["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"]
+    if any(a in NICE_FLAGS or a.split("=", 1)[0] in NICE_FLAGS for a in argv):
+        run.append("--cap-add=SYS_NICE")
+    for k, v in (env or {}).items():
+        run += ["-e", f"{k}={v}"]
+    for src, target in [*mounts.items(), *files.items()]:
+        run += ["-v", f"{src}:{target}:ro" + (f",{label}" if label else "")]
+    if entrypoint:
+        run += ["--entrypoint", entrypoint]
     return Command(cmd.name, cmd.port, (*run, image, *argv))
 
 

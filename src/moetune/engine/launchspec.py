@@ -45,6 +45,7 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)
     after: tuple[str, ...] = ()  # processes that must be up first (a server's RPC workers)
     allow_public_bind: bool = False  # an RPC worker may listen on 0.0.0.0 or a public address (the node says so)
+    gpus: tuple[str, ...] = ()  # this node's GPUs it uses (CUDA1, ...): all a container engine passes it
 
     @property
     def url(self) -> str:
@@ -84,7 +85,8 @@ class LaunchSpec:
                     node=str(p.get("node", "local")), ssh=p.get("ssh"), bin_dir=p.get("bin_dir"),
                     env={str(k): str(v) for k, v in (p.get("env") or {}).items()},
                     after=tuple(str(a) for a in p.get("after", ())),
-                    allow_public_bind=bool(p.get("allow_public_bind", False))))
+                    allow_public_bind=bool(p.get("allow_public_bind", False)),
+                    gpus=tuple(str(g) for g in p.get("gpus", ()))))
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"plan: the launch section is malformed ({e!r})",
                              hint="regenerate it with `moetune plan ... --json`") from None

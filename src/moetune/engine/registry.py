@@ -104,12 +104,16 @@ class Engine:
     def version(self) -> str:
         """What moetune records as the engine's version: for its own build, the llama.cpp build and the
         sdist it came from (the binary itself says ``build 0, commit unknown``); otherwise the
-        engine's own version line (``version: 0.6.0-dev (build 11434, commit ...)``)."""
+        engine's own version line (``version: 0.6.0-dev (build 11434, commit ...)``), for an image
+        with the image's name."""
         if self.release:
             recipe = RECIPES[self.kind]
             return release_version(self.release, recipe, self.name.removeprefix(recipe.build_name(self.release)))
-        if self.image or not self.available:
-            return self.image or "not built"
+        if self.image:
+            f = self.facts()
+            return f"{f.version} ({self.runtime} image {self.image})" if f else self.image
+        if not self.available:
+            return "not built"
         try:
             out = subprocess.run([str(self.binary("server")), "--version"], capture_output=True, text=True, timeout=20)
         except (OSError, subprocess.TimeoutExpired):
@@ -119,11 +123,59 @@ class Engine:
 
 
     def facts(self) -> EngineFacts | None:
-        """What the build says it accepts (its --help), when it is a build here; None otherwise
-        (a container image, or not built: the dialect then follows ``facts.KNOWN``)."""
-        if self.bin_dir is None or not self.available:
+        """What the build says it accepts (its --help), asked of the binary here or of the image (each
+        question a container of it, cached by the image's id); None when neither is here (not built,
+        the runtime missing, the image not pulled: the dialect then follows ``facts.KNOWN``)."""
+        if not self.available:
             return None
+        if self.image:
+            iid = self.image_id()
+            return None if iid is None else probe(self.image_command(), self.kind, cache_dir() / "facts",
+                                                  key=f"{self.runtime}|{iid}")
         return probe(self.binary("server"), self.kind, cache_dir() / "facts")
+
+    def image_command(self, entrypoint: str | None = None) -> list[str]:
+        """``RUNTIME run --rm --network none [--entrypoint E] IMAGE``: the image's binary, run once
+        with no network (the engine's facts, which binaries it holds)."""
+        assert self.image is not None and self.runtime is not None
+        return [self.runtime, "run", "--rm", "--network", "none", *(["--entrypoint", entrypoint] if entrypoint else []),
+                self.image]
+
+    def _image_inspect(self, fmt: str) -> str | None:
+        assert self.image is not None and self.runtime is not None
+        try:
+            r = subprocess.run([self.runtime, "image", "inspect", "--format", fmt, self.image], capture_output=True,
+                               text=True, timeout=60, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    def image_id(self) -> str | None:
+        """The image's id, when the runtime has it here (None: not pulled or built yet)."""
+        return self._image_inspect("{{.Id}}") or None
+
+    def entrypoint(self, role: str) -> str | None:
+        """What a container of the image runs for ``role``: the image's own entrypoint for the server
+        (None), else the first of the role's binaries the image has, beside its entrypoint or on its
+        PATH (a worker: ``ggml-rpc-server``, or ``rpc-server`` in older builds)."""
+        if role == "server":
+            return None
+        try:
+            given = json.loads(self._image_inspect("{{json .Config.Entrypoint}}") or "null") or []
+        except json.JSONDecodeError:
+            given = []
+        where = str(Path(given[0]).parent) if given and given[0].startswith("/") else None
+        names = BINARIES[role]
+        for cand in [*(f"{where}/{n}" for n in names if where), *names]:
+            try:
+                r = subprocess.run([*self.image_command(cand), "--help"], capture_output=True, timeout=60,
+                                   stdin=subprocess.DEVNULL)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            if r.returncode == 0:
+                return cand
+        raise InputError(f"engine {self.name}: image {self.image} has no {' or '.join(names)}",
+                         hint="build the image with the RPC server in it, or give the worker's node a bin_dir")
 
 
 # the libraries a build's backend brings (in its directory, or named by llama-server's dynamic

@@ -64,19 +64,17 @@ class Watch:
 
 
 def watches_of_launch(launch_run: str) -> list[Watch]:
-    """The processes of a launch (its run directory's records)."""
+    """The processes of a launch (its run directory's records; in a container, its main process)."""
     from moetune.run.record import RunDir
 
     try:
         procs = RunDir.open(launch_run).procs()
     except Exception:  # a launch being written or removed: nothing to watch this tick
         return []
-    return [Watch(name=r.name, role=str(r.role), node=r.node,
-                  pid=r.remote_pid if r.remote else r.pid,
-                  start_ticks=r.remote_start_ticks if r.remote else r.start_ticks,
+    return [Watch(name=r.name, role=str(r.role), node=r.node, pid=r.engine_pid[0], start_ticks=r.engine_pid[1],
                   ssh=tuple(r.ssh) if r.ssh else None, ssh_target=r.ssh_target,
                   metrics_url=f"{r.url}/metrics" if str(r.role) == "server" else None)
-            for r in procs if (r.remote_pid if r.remote else r.pid) is not None and r.exited_at is None]
+            for r in procs if r.engine_pid[0] is not None and r.exited_at is None]
 
 
 def watches_for_url(url: str) -> Callable[[], list[Watch]]:

@@ -28,6 +28,8 @@ from moetune.errors import InputError
 from moetune.hardware.fingerprint import fingerprint, machine_facts
 from moetune.kinds import EngineKind, LaunchState, LogEra, LogPhase, ProcessRole, Transport
 from moetune.procfs import own_start_ticks
+from moetune.run.container import container_name
+from moetune.run.container import main_pid as container_main_pid
 from moetune.run.diagnose import Diagnosis, LayerExperts
 from moetune.run.health import LogFollower, health, port_open
 from moetune.run.prepare import (
@@ -126,12 +128,19 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
                 preflight()
                 preflight = None
             procs[p.name] = _start(rd, p, envs.get(p.name, {}))
-            emit(Event(p.name, "start", 0.0, (f"on {p.spec.node} over ssh: " if p.remote else "") + shlex.join(p.argv)))
+            started = shlex.join(rd.proc(p.name).argv)
+            emit(Event(p.name, "start", 0.0, (f"on {p.spec.node} over ssh: " if p.remote else "") + started))
             if p.spec.role == ProcessRole.RPC:
                 _wait_worker(rd, p, procs[p.name], emit)
             else:
                 _wait_server(rd, p, procs, timeout_s, plan_doc, emit)
                 _confirm_transport(rd, p, prepared, transport, emit)
+        rd.update(state=LaunchState.HEALTHY)  # inside: a Ctrl-C as it returns stops the run too
+        recs = {r.name: r for r in rd.procs()}
+        return Launched(rd, {p.name: p.spec.url for p in prepared if p.spec.role != ProcessRole.RPC},
+                        {n: pid for n, r in recs.items() if (pid := r.remote_pid if r.remote else r.pid) is not None},
+                        {p.name: p.spec.node for p in prepared},
+                        {n: r.transport for n, r in recs.items() if r.role == ProcessRole.RPC})
     except LaunchFailed as e:
         stop_run(rd, final_state=LaunchState.FAILED, notify=notify)
         rd.update(diagnosis=e.diagnosis.to_json())
@@ -140,12 +149,6 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
     except BaseException:  # Ctrl-C while loading, or a bug: leave nothing behind
         stop_run(rd, final_state=LaunchState.STOPPED, notify=notify)
         raise
-    rd.update(state=LaunchState.HEALTHY)
-    recs = {r.name: r for r in rd.procs()}
-    return Launched(rd, {p.name: p.spec.url for p in prepared if p.spec.role != ProcessRole.RPC},
-                    {n: pid for n, r in recs.items() if (pid := r.remote_pid if r.remote else r.pid) is not None},
-                    {p.name: p.spec.node for p in prepared},
-                    {n: r.transport for n, r in recs.items() if r.role == ProcessRole.RPC})
 
 
 def _engine_key(p: Prepared) -> str:
@@ -209,15 +212,34 @@ def _start(rd: RunDir, p: Prepared, extra_env: dict[str, str]) -> Process:
         rd.update_proc(p.name, remote_pid=remote.remote_pid, remote_start_ticks=remote.remote_start_ticks)
         return remote
     full_env = {**os.environ, **env}
-    rec = ProcRecord(p.name, p.spec.role, p.spec.node, p.spec.host, p.spec.port, list(p.argv), env,
+    argv = run_argv(rd, p, env)
+    rec = ProcRecord(p.name, p.spec.role, p.spec.node, p.spec.host, p.spec.port, list(argv), env,
                      recorded_env({k: v for k, v in os.environ.items() if k not in env}), rd.log_path(p.name).name,
-                     os.getcwd())
+                     os.getcwd(), container=container_name(rd.run_id, p.name) if p.container else None,
+                     runtime=p.container.runtime if p.container else None)
     rd.add_proc(rec)
-    proc = LocalProcess.start(p.name, p.argv, full_env, rd.log_path(p.name))
+    proc = LocalProcess.start(p.name, argv, full_env, rd.log_path(p.name))
     pgid = getattr(proc, "pgid", proc.pid)
     rd.update_proc(p.name, pid=proc.pid, pgid=pgid, start_ticks=getattr(proc, "start_ticks", None),
                    started_at=time.time())
     return proc
+
+
+def run_argv(rd: RunDir, p: Prepared, env: dict[str, str]) -> tuple[str, ...]:
+    """What starts: the prepared argv, or for an image engine the container's command (named after
+    the run and the process; the environment passed in)."""
+    if p.container is None:
+        return p.argv
+    return p.container.argv(p.argv, p.spec.port, container_name(rd.run_id, p.name), env)
+
+
+def _record_container(rd: RunDir, p: Prepared) -> None:
+    """Once it is up, the container's main process: what the sampler reads."""
+    if p.container is None:
+        return
+    found = container_main_pid(p.container.runtime, container_name(rd.run_id, p.name))
+    if found is not None:
+        rd.update_proc(p.name, container_pid=found[0], container_start_ticks=found[1])
 
 
 def _wait_worker(rd: RunDir, p: Prepared, proc: Process, emit: Observer) -> None:
@@ -235,6 +257,7 @@ def _wait_worker(rd: RunDir, p: Prepared, proc: Process, emit: Observer) -> None
             raise LaunchFailed(diagnose.worker_exit(p.name, wlog, proc.returncode, p.endpoint + where))
         if port_open(p.spec.host, p.spec.port, timeout_s=0.5):
             rd.update_proc(p.name, ready_at=time.time())
+            _record_container(rd, p)
             pid = f", pid {proc.remote_pid}" if isinstance(proc, RemoteProcess) else ""
             emit(Event(p.name, "ready", elapsed, f"listening on {p.endpoint}{where}{pid}"))
             return
@@ -280,6 +303,7 @@ def _wait_server(rd: RunDir, p: Prepared, procs: dict[str, Process], timeout_s: 
         if health(p.spec.url, timeout_s=2.0) == 200:
             read_phases(elapsed)  # the phases the log gained since the last look
             rd.update_proc(p.name, ready_at=time.time())
+            _record_container(rd, p)
             emit(Event(p.name, "ready", elapsed, p.spec.url))
             return
         if elapsed > timeout_s:

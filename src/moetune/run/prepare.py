@@ -17,7 +17,7 @@ from typing import Any
 
 import moetune.run.diagnose as diagnose
 from moetune.engine import registry
-from moetune.engine.formats import MODEL_FLAGS
+from moetune.engine.formats import MODEL_FLAGS, mount_labels
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.engine.registry import BINARIES, Engine
 from moetune.errors import InputError, RuntimeFailure
@@ -25,6 +25,7 @@ from moetune.hardware.inventory import RPC_NO_AUTH, RPC_PUBLIC_BIND_REMEDY, bind
 from moetune.kinds import EngineKind, ProcessRole
 from moetune.plan.ledger import Shortfall
 from moetune.plan.settings import is_loopback
+from moetune.run.container import ContainerRun
 from moetune.run.diagnose import Diagnosis
 from moetune.run.health import listener_of, port_free, port_open
 from moetune.run.remote import NodeProbe, RemoteError, probe_node, ssh_base
@@ -50,9 +51,10 @@ class LaunchFailed(RuntimeFailure):
 class Prepared:
     spec: ProcessSpec
     engine: Engine
-    argv: tuple[str, ...]  # binary first: exactly what runs (on its node)
+    argv: tuple[str, ...]  # binary first: exactly what runs (on its node); in a container, what the image runs
     rdma: bool = False  # its build has the RDMA transport
     node: NodeProbe | None = None  # what ssh found on its node, for a process started there
+    container: ContainerRun | None = None  # its engine is an image: how it runs in a container
 
     @property
     def name(self) -> str:
@@ -241,15 +243,31 @@ def _remote(p: ProcessSpec, e: Engine) -> Prepared:
     return Prepared(p, e, final_argv(p, PurePosixPath(node.binary_path), e.kind), node.rdma, node)
 
 
+def _in_container(p: ProcessSpec, e: Engine, label: str) -> Prepared:
+    """A process of an image engine: the engine's argv as the image's binary takes it (host paths,
+    checked here; the container's are rendered at the start), and how the container runs."""
+    assert e.image is not None and e.runtime is not None
+    if e.missing:
+        raise LaunchFailed(diagnose.binary_missing(p.name, f"engine {e.name}: {e.missing}"))
+    entry = e.entrypoint(p.role)
+    name = PurePosixPath(entry or BINARIES[p.role][0]).name
+    run = ContainerRun(e.runtime, e.image, entry, p.gpus, host_network=p.role == ProcessRole.RPC, label=label)
+    return Prepared(p, e, final_argv(p, PurePosixPath(name), e.kind), container=run)
+
+
 def prepare(spec: LaunchSpec) -> list[Prepared]:
     """The processes in start order with their exact argv; raises LaunchFailed when a check fails."""
     out = []
+    labels = dict(zip((p.name for p in spec.processes), mount_labels([p.argv for p in spec.processes]), strict=True))
     for p in start_order(spec):
         if p.role == ProcessRole.RPC:
             check_bind(p)
         e = _engine(p)
         if p.ssh:
             out.append(_remote(p, e))
+            continue
+        if e.image:
+            out.append(_in_container(p, e, labels[p.name]))
             continue
         binary = _binary(p, e)
         out.append(Prepared(p, e, final_argv(p, binary, e.kind), rdma_capable(engine_files(binary))))

@@ -7,7 +7,9 @@
         <name>.log      its stdout and stderr
 
 A process on another node (an RPC worker started over ssh) is recorded with the local ssh client
-as ``pid`` and the worker's own pid on its node as ``remote_pid``; ``argv`` is what ran there.
+as ``pid`` and the worker's own pid on its node as ``remote_pid``; ``argv`` is what ran there. A
+process in a container is recorded with the `podman run` client as ``pid``, the container's name,
+and its main process as ``container_pid``; ``argv`` is the ``podman run`` command.
 
 Times are wall-clock seconds (``time.time()``). Files are replaced atomically under a lock, so a
 launcher and a `moetune stop` in another process can both write.
@@ -65,6 +67,20 @@ class ProcRecord:
     remote_pid: int | None = None  # its pid on that node
     remote_start_ticks: int | None = None
     transport: str | None = None  # an RPC worker's transport, as its log showed it: TCP | RDMA
+    container: str | None = None  # in a container of this name (``pid``: the `podman run` client)
+    runtime: str | None = None  # the container's runtime: podman | docker
+    container_pid: int | None = None  # the container's main process (the engine) on this machine
+    container_start_ticks: int | None = None
+
+    @property
+    def engine_pid(self) -> tuple[int | None, int | None]:
+        """The engine's own process on its node (pid, start ticks): where the sampler and the doctor
+        look (a worker on another node: its pid there; in a container: its main process)."""
+        if self.remote:
+            return self.remote_pid, self.remote_start_ticks
+        if self.container_pid is not None:
+            return self.container_pid, self.container_start_ticks
+        return self.pid, self.start_ticks
 
     @property
     def url(self) -> str:

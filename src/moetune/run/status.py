@@ -3,7 +3,7 @@ now (a run recorded as starting or healthy whose processes are all gone has exit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from moetune.kinds import LaunchState, ProcessRole
@@ -26,6 +26,7 @@ class LaunchStatus:
     dir: str
     diagnosis: str | None
     orphaned: bool = False  # a foreground launch whose launcher is gone (killed): nobody will stop it
+    containers: dict[str, str] = field(default_factory=dict)  # process name -> its container's name
 
 
     @property
@@ -36,7 +37,7 @@ class LaunchStatus:
         return {"run": self.run, "state": self.state, "created_at": self.created_at, "detached": self.detached,
                 "urls": self.urls, "pids": self.pids, "alive": self.alive, "nodes": self.nodes,
                 "transport": self.transport, "transports": self.transports, "dir": self.dir,
-                "diagnosis": self.diagnosis, "orphaned": self.orphaned}
+                "diagnosis": self.diagnosis, "orphaned": self.orphaned, "containers": self.containers}
 
 
 def run_status(rd: RunDir) -> LaunchStatus:
@@ -54,7 +55,8 @@ def run_status(rd: RunDir) -> LaunchStatus:
         transports={r.name: r.transport for r in procs if r.role == ProcessRole.RPC}, dir=str(rd.path),
         diagnosis=(info.diagnosis or {}).get("message"),
         orphaned=not info.detached and any(alive.values())
-        and not pid_alive(info.launcher_pid, info.launcher_start_ticks))
+        and not pid_alive(info.launcher_pid, info.launcher_start_ticks),
+        containers={r.name: r.container for r in procs if r.container})
 
 
 def runs(show_all: bool = False) -> list[LaunchStatus]:

@@ -2,7 +2,8 @@
 its port closes; then the RPC workers. A worker stopped while a client still frees its remote
 buffers can crash that client (the RDMA transport does, reference report 004), so the order holds
 even when a server must be killed after its grace period. A worker on another node is signalled
-by its pid there, over ssh (``remote.RemoteProcess``).
+by its pid there, over ssh (``remote.RemoteProcess``). A process in a container is its `podman run`
+client, which passes the signal on; once the client is gone the container is removed by name.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from moetune.errors import RuntimeFailure
 from moetune.kinds import LaunchState, ProcessRole
+from moetune.run import container
 from moetune.run.process import KILL, RUN_ENV, TERM, LocalProcess, Process, group_members, with_env
 from moetune.run.record import ProcRecord, RunDir
 from moetune.run.status import runs
@@ -65,7 +67,8 @@ class Stopped:
     def to_json(self) -> dict[str, Any]:
         return {"run": self.run_id, "processes": [
             {"name": r.name, "role": r.role, "node": r.node, "pid": r.remote_pid if r.remote else r.pid,
-             "stop_sent_at": r.stop_sent_at, "kill_sent_at": r.kill_sent_at, "exited_at": r.exited_at}
+             "stop_sent_at": r.stop_sent_at, "kill_sent_at": r.kill_sent_at, "exited_at": r.exited_at,
+             "container": r.container}
             for r in self.records]}
 
 
@@ -90,8 +93,27 @@ def _stop_group(rd: RunDir, recs: list[ProcRecord], grace_s: float, say: Notify)
         procs[r.name] = p
         rd.update_proc(r.name, stop_sent_at=time.time())
         p.signal(TERM)
+        if r.container is not None and r.runtime is not None:
+            main = ((r.container_pid, r.container_start_ticks) if r.container_pid is not None else  # up, or still loading
+                    container.main_pid(r.runtime, r.container) or (None, None))
+            if container.end_if_deaf(*main):
+                rd.update_proc(r.name, kill_sent_at=time.time())
         say(r.name, "stopping")
-    _wait_gone(rd, procs, grace_s, say)
+    try:
+        _wait_gone(rd, procs, grace_s, say)
+    finally:
+        _remove_containers(recs)
+
+
+def _remove_containers(recs: list[ProcRecord]) -> None:
+    """The group's containers removed (killed first if a client's end left one running), before the
+    next group stops: nothing of a server outlives its stop, nor a container its run."""
+    for r in recs:
+        if r.container is None or r.runtime is None:
+            continue
+        if not container.remove(r.runtime, r.container):
+            raise RuntimeFailure(f"could not remove container {r.container} of {r.name}",
+                                 hint=f"remove it by hand: {r.runtime} rm -f {r.container}")
 
 
 def _wait_gone(rd: RunDir, procs: dict[str, Process], grace_s: float, say: Notify) -> None:
@@ -133,7 +155,7 @@ def _where(p: Process) -> str:
 
 def _stop_strays(rd: RunDir, grace_s: float, say: Notify) -> None:
     """Processes that carry the run's id but no record (started as Ctrl-C arrived, or children)."""
-    known = {r.pid for r in rd.procs()}
+    known = {pid for r in rd.procs() for pid in (r.pid, r.container_pid)}
     strays = {f"pid {pid}": LocalProcess.attach(f"pid {pid}", pid, pid, None)
               for pid in with_env(RUN_ENV, rd.run_id) if pid not in known}
     if not strays:

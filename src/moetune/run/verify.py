@@ -13,11 +13,13 @@ Comparing is pure (``compare``); running the tools is the shell around it.
 
 from __future__ import annotations
 
+import secrets
 import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 from moetune.engine.argv import strip_flags
@@ -171,11 +173,14 @@ class Subject:
     argv: list[str]
     engine: str | None = None  # engine name (moetune engine list); None: the default
     remote_model: bool = False  # planned from a URL: no files to dry-run
+    gpus: tuple[str, ...] = ()  # the local GPUs the service uses (what a container is given)
 
 
 def subject(sp: ServicePlan, argv: list[str]) -> Subject:
+    from moetune.engine.command import service_gpus
+
     return Subject(sp.spec.name, tuple(ledger_figures(sp, dry_run=True)), {v: k for k, v in sp.hw.engine_names().items()},
-                   argv, sp.spec.engine or None, sp.spec.model.remote is not None)
+                   argv, sp.spec.engine or None, sp.spec.model.remote is not None, service_gpus(sp))
 
 
 def doc_subjects(doc: dict[str, Any]) -> list[Subject]:
@@ -187,7 +192,9 @@ def doc_subjects(doc: dict[str, Any]) -> list[Subject]:
     order = [d["name"] for d in doc.get("devices") or []]
     kinds = {d["name"]: d.get("kind") for d in doc.get("devices") or []}
     names = {f"RPC{k}": n for k, n in enumerate(n for n in order if kinds[n] == "rpc")}
-    engines = {p["name"]: p.get("engine") for p in (doc.get("launch") or {}).get("processes", [])}
+    procs = (doc.get("launch") or {}).get("processes", [])
+    engines = {p["name"]: p.get("engine") for p in procs}
+    gpus = {p["name"]: tuple(p.get("gpus") or ()) for p in procs}
     out = []
     for sj in doc.get("services") or []:
         figs = []
@@ -199,7 +206,7 @@ def doc_subjects(doc: dict[str, Any]) -> list[Subject]:
             figs.append(Figures(dev, items.get("weights", 0.0), items.get("kv", 0.0) + items.get("output", 0.0),
                                 float(dry.get(dev, 0.0)) if dry else items.get("compute", 0.0)))
         out.append(Subject(sj["name"], tuple(figs), names, list(sj.get("argv") or []), engines.get(sj["name"]),
-                           is_url(str(sj.get("model", "")))))
+                           is_url(str(sj.get("model", ""))), gpus.get(sj["name"], ())))
     return out
 
 
@@ -209,23 +216,23 @@ def verify_service(sub: Subject, engine: Engine | None, timeout_s: float = 120.0
     if sub.remote_model:
         return Verification(name, None, ledger, why="the model is planned from its headers and not downloaded yet: "
                                                     "--verify needs the files (download them, then plan the local copy)")
-    if engine is None or engine.bin_dir is None or not engine.available:
-        why = "the engine is not built here" if engine is None or engine.image is None else "a container image"
+    if engine is None or not engine.available:
+        why = "the engine is not built here" if engine is None or engine.image is None else engine.missing
         return Verification(name, None, ledger, why=f"{why}: nothing to dry-run (moetune engine list)")
+    role = "fit" if engine.kind == EngineKind.MAINLINE else "server"
+    try:
+        tool = engine.binary(role) if engine.image is None else PurePosixPath(engine.entrypoint(role) or "llama-server")
+    except InputError:  # a registered build or image without llama-fit-params
+        return Verification(name, None, ledger, why=f"engine {engine.name} has no llama-fit-params")
     if engine.kind == EngineKind.MAINLINE:
-        try:
-            tool = engine.binary("fit")
-        except InputError:  # a registered build without llama-fit-params
-            return Verification(name, None, ledger, why=f"engine {engine.name} has no llama-fit-params")
         cmd = [str(tool), *strip_flags(argv), "-lv", "4"]
-        rc, out = run_until(cmd, None, timeout_s)
+        rc, out = _dry_run(engine, sub, cmd, None, timeout_s)
         figures = mainline_figures(out, sub.names)
         slack = 1.0
     else:
-        tool = engine.binary("server")
         cmd = [str(tool), *strip_flags(argv, {"--host", "--port"}, ()), "--dry-run", "--host", "127.0.0.1",
                "--port", str(_free_port()), "--no-warmup"]
-        rc, out = run_until(cmd, IK_RESERVED, timeout_s)
+        rc, out = _dry_run(engine, sub, cmd, IK_RESERVED, timeout_s)
         figures = ik_figures(out) if rc is None else []
         slack = 0.02
     tool_name = tool.name
@@ -240,6 +247,25 @@ def verify_service(sub: Subject, engine: Engine | None, timeout_s: float = 120.0
     mainline = engine.kind == EngineKind.MAINLINE
     said = compare(list(ledger), figures, slack, None if mainline else IK_HOST_COMPUTE_TOLERANCE)
     return Verification(name, tool_name, ledger, tuple(figures), tuple(said), note=FIT_PARAMS_NOTE if mainline else None)
+
+
+def _dry_run(engine: Engine, sub: Subject, cmd: list[str], marker: str | None, timeout_s: float
+             ) -> tuple[int | None, str]:
+    """``run_until`` of the tool here, or, for an image engine, in a container of it (the image's
+    ``cmd[0]``, the service's GPUs, the host's network for its RPC workers), removed afterwards."""
+    if engine.image is None or engine.runtime is None:
+        return run_until(cmd, marker, timeout_s)
+    from moetune.engine.formats import Command, container_command
+    from moetune.run import container
+
+    box = container.container_name(f"verify-{secrets.token_hex(3)}", sub.service)
+    entry = None if cmd[0] == "llama-server" else cmd[0]  # the image runs llama-server itself
+    run = container_command(engine.runtime, engine.image, Command(sub.service, 0, tuple(cmd)), gpus=sub.gpus,
+                            name=box, entrypoint=entry, host_network=True)
+    try:
+        return run_until(list(run.argv), marker, timeout_s)
+    finally:
+        container.remove(engine.runtime, box)
 
 
 def verify_subjects(subjects: list[Subject], timeout_s: float = 120.0) -> list[Verification]:
