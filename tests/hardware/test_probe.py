@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from moetune.hardware.probe import UNIFIED_CPU_SHARE, parse_gpus
+from moetune.hardware.inventory import Inventory, from_dict, to_dict
+from moetune.hardware.probe import UNIFIED_CPU_SHARE, local_node, parse_gpus
 from tests.helpers import run_cli
 
 RAM = 122_000.0  # MiB, a DGX Spark's MemTotal is about this
@@ -25,13 +26,23 @@ CASES = [
     ("0, NVIDIA GB10, [Not Supported], [Not Supported], [Not Supported]\n",
      [("CUDA0", round(RAM * (1 - UNIFIED_CPU_SHARE)), 273, 200)], True, 1),
     ("0, NVIDIA H100 PCIe, 81559, [N/A], [N/A]\n", [("CUDA0", 81559, 3350, 25.0)], False, 1),
-    ("0, NVIDIA H100 PCIe, [N/A], 5, 16\n", [("CUDA0", 0, 3350, 50.4)], False, 1),
-    ("0, NVIDIA A100-SXM4-80GB\n", [("CUDA0", 0, 2039, 25.0)], False, 2),  # missing columns
+    # a discrete GPU whose size is unknown is left out (a 0 MiB device is not a valid file)
+    ("0, NVIDIA H100 PCIe, [N/A], 5, 16\n1, NVIDIA H100 PCIe, 81559, 5, 16\n", [("CUDA1", 81559, 3350, 50.4)],
+     False, 1),
+    ("0, NVIDIA A100-SXM4-80GB\n", [], False, 1),  # missing columns
     ("0, Mystery Accelerator, 24576, 4, 16\n", [("CUDA0", 24576, 500, 25.2)], False, 1),
+    # an integrated GPU moetune does not know (no memory and no PCIe link of its own): unified
+    ("0, NVIDIA Thor, [N/A], [N/A], [N/A]\n", [("CUDA0", round(RAM * (1 - UNIFIED_CPU_SHARE)), 500, 25.0)], True, 3),
+    # two unified GPUs split the shared memory, never count it twice
+    ("0, NVIDIA GB10, [N/A], [N/A], [N/A]\n1, NVIDIA GB10, [N/A], [N/A], [N/A]\n",
+     [("CUDA0", round(RAM * (1 - UNIFIED_CPU_SHARE) / 2), 273, 200), ("CUDA1", round(RAM * (1 - UNIFIED_CPU_SHARE) / 2),
+                                                                     273, 200)], True, 2),
+    ("0, NVIDIA H200, 143771 MiB, 5, 16\n", [("CUDA0", 143771, 4800, 50.4)], False, 0),  # units left in
     ("", [], False, 0),
     ("No devices were found\n", [], False, 1),
     ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", [], False, 1),
-    ("0, NVIDIA H200, inf, 5, 16\n0, , -5, x, y\n", [("CUDA0", 0, 4800, 50.4)], False, 2),
+    ("0, NVIDIA H200, inf, 5, 16\n0, , -5, x, y\n1, NVIDIA H200, 143771, x, y\n", [("CUDA1", 143771, 4800, 25.0)],
+     False, 3),
 ]
 
 
@@ -41,6 +52,16 @@ def test_every_answer_parses(text: str, want: list[tuple[str, int, float, float]
     assert [(d.name, d.mem_mib, d.bw_gbs, d.link_gbs) for d in got.devices] == want
     assert got.unified == unified
     assert len(got.notes) == n_notes, got.notes
+
+
+@pytest.mark.parametrize(("text", "want", "unified", "n_notes"), CASES)
+def test_every_answer_makes_a_valid_file_counting_memory_once(text: str, want: object, unified: bool,
+                                                             n_notes: int) -> None:
+    got = parse_gpus(text, RAM)
+    node = local_node(got, RAM, 20, 273.0)
+    again = from_dict(yaml.safe_load(yaml.safe_dump(to_dict(Inventory((node,), name="probed")))))
+    assert again.nodes[0] == node
+    assert node.ram_mib + sum(d.mem_mib for d in node.devices if unified) <= RAM + len(node.devices)
 
 
 def test_gb10_is_one_device_with_the_unified_memory() -> None:
@@ -60,6 +81,7 @@ def _fake_smi(tmp_path: Path, text: str, rc: int = 0) -> Path:
 
 
 @pytest.mark.parametrize(("text", "rc"), [("0, NVIDIA GB10, [N/A], [N/A], [N/A]\n", 0),
+                                          ("0, NVIDIA H100 PCIe, [N/A], 5, 16\n", 0),
                                           ("NVIDIA-SMI has failed because it couldn't communicate with the "
                                            "NVIDIA driver.\n", 9)])
 def test_probe_command_warns_and_writes_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str,
@@ -73,5 +95,5 @@ def test_probe_command_warns_and_writes_yaml(tmp_path: Path, monkeypatch: pytest
     assert "warning:" in r.stderr
     doc = yaml.safe_load(out.read_text())
     devices = doc["nodes"][0].get("devices") or []
-    assert len(devices) == (1 if rc == 0 else 0)
+    assert len(devices) == (1 if "GB10" in text else 0)
     assert run_cli("hw", "show", str(out)).exit_code == 0

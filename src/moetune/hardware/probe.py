@@ -5,7 +5,8 @@ nvidia-smi's answers are read by a pure function (``parse_gpus``) that never fai
 cannot read (``[N/A]``, ``[Not Supported]``, missing, not a number) becomes a note and a default.
 A GPU that reports no memory of its own while sharing the host's (a DGX Spark's GB10, whose
 nvidia-smi says ``[N/A]``) is one device holding the unified memory less the CPU's share, and the
-CPU keeps that share, as ``examples/dgx-spark-x2.yaml`` describes the same machine.
+CPU keeps that share, as ``examples/dgx-spark-x2.yaml`` describes the same machine. A discrete GPU
+whose size nvidia-smi cannot give is left out, with a note: the file written is always valid.
 """
 
 from __future__ import annotations
@@ -43,56 +44,82 @@ class ProbedGpus:
 
 
 def _number(text: str) -> float | None:
-    try:
-        v = float(text)
-    except ValueError:
-        return None
-    return v if v == v and v not in (float("inf"), float("-inf")) and v >= 0 else None
+    """A non-negative number, with or without the unit nvidia-smi adds when ``nounits`` is not
+    honoured (``97887 MiB``); None for ``[N/A]``, ``[Not Supported]``, empty or anything else."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*(?:MiB)?", text.strip())
+    return float(m[1]) if m else None
+
+
+def _unavailable(text: str) -> bool:
+    """nvidia-smi's own word that a field has no value on this device (not a missing column)."""
+    return text.strip().lower() in ("[n/a]", "[not supported]", "n/a", "not supported")
 
 
 def parse_gpus(text: str, ram_mib: float) -> ProbedGpus:
     """The GPUs in ``nvidia-smi --query-gpu=index,name,memory.total,pcie.link.gen.max,pcie.link.width.max
     --format=csv,noheader,nounits``'s output; ``ram_mib`` is the host's memory (MemTotal), which a
-    unified-memory GPU shares. Never raises: unreadable lines and fields are notes."""
-    devs: list[Device] = []
+    unified-memory GPU shares. Never raises: unreadable lines and fields are notes.
+
+    A GPU without a memory size of its own shares the host's when it is one moetune knows to
+    (``UNIFIED_LINK_GBS``: the GB10), or when nvidia-smi says it has neither memory nor a PCIe link
+    (an integrated GPU); the unified GPUs then split the host's memory less the CPU's share, so that
+    no MiB is counted twice. Any other GPU whose size is unknown is left out (a device of 0 MiB is
+    not a valid hardware file), with a note saying how to add it."""
+    rows: list[tuple[str, str, dict[str, str]]] = []
     notes: list[str] = []
-    unified = False
     for line in text.strip().splitlines():
         parts = [x.strip() for x in line.split(",")]
         if len(parts) < 2 or not re.fullmatch(r"\d+", parts[0]):
             if line.strip():
                 notes.append(f"nvidia-smi: skipped a line that names no GPU: {line.strip()[:120]!r}")
             continue
-        idx, name = parts[0], parts[1] or "unknown GPU"
-        if any(d.name == f"CUDA{idx}" for d in devs):
-            notes.append(f"nvidia-smi: GPU index {idx} listed twice; the second line skipped: {line.strip()[:120]!r}")
+        if any(r[0] == parts[0] for r in rows):
+            notes.append(f"nvidia-smi: GPU index {parts[0]} listed twice; the second line skipped: "
+                         f"{line.strip()[:120]!r}")
             continue
-        fields = dict(zip(QUERY, parts + [""] * (len(QUERY) - len(parts)), strict=False))
+        rows.append((parts[0], parts[1] or "unknown GPU",
+                     dict(zip(QUERY, parts + [""] * (len(QUERY) - len(parts)), strict=False))))
+
+    def shares_host(name: str, f: dict[str, str]) -> bool:
+        if _number(f["memory.total"]):
+            return False
+        return any(k in name for k in UNIFIED_LINK_GBS) or (
+            _unavailable(f["memory.total"]) and _unavailable(f["pcie.link.gen.max"]))
+
+    n_unified = sum(shares_host(name, f) for _, name, f in rows)
+    devs: list[Device] = []
+    for idx, name, f in rows:
         bw = next((float(v) for k, v in GPU_BANDWIDTH.items() if k in name), None)
         if bw is None:
             bw = UNKNOWN_BANDWIDTH_GBS
             notes.append(f"CUDA{idx} ({name}): memory bandwidth unknown, {bw:g} GB/s assumed (set bw_gbs)")
-        mem = _number(fields["memory.total"])
+        mem = _number(f["memory.total"]) or None
         link = DEFAULT_PCIE_GBS
         shared = next((v for k, v in UNIFIED_LINK_GBS.items() if k in name), None)
-        if mem is None or mem == 0:
-            if shared is not None:
-                unified = True
-                mem = ram_mib * (1 - UNIFIED_CPU_SHARE)
-                link = shared
-                notes.append(f"CUDA{idx} ({name}) shares the host's {ram_mib:,.0f} MiB (unified memory): "
-                             f"{mem:,.0f} MiB given to the GPU, the rest kept for the CPU")
-            else:
-                notes.append(f"CUDA{idx} ({name}): nvidia-smi reports no memory size "
-                             f"({fields['memory.total'] or 'missing'}); 0 MiB assumed (set mem_mib)")
-                mem = 0.0
-        gen, width = _number(fields["pcie.link.gen.max"]), _number(fields["pcie.link.width.max"])
+        if mem is None and shares_host(name, f):
+            mem = ram_mib * (1 - UNIFIED_CPU_SHARE) / n_unified
+            link = shared or link
+            notes.append(f"CUDA{idx} ({name}) shares the host's {ram_mib:,.0f} MiB (unified memory): "
+                         f"{mem:,.0f} MiB given to the GPU, the rest kept for the CPU (RAM and GPU "
+                         "memory are the same memory: the file counts it once)")
+        elif mem is None:
+            notes.append(f"CUDA{idx} ({name}): nvidia-smi reports no memory size "
+                         f"({f['memory.total'] or 'missing'}); left out of the file (add it under devices "
+                         f"with its mem_mib: {{name: CUDA{idx}, kind: gpu, mem_mib: ..., bw_gbs: {bw:g}}})")
+            continue
+        gen, width = _number(f["pcie.link.gen.max"]), _number(f["pcie.link.width.max"])
         if shared is None and gen is not None and width is not None and int(gen) in PCIE_GBS_PER_LANE:
             link = round(PCIE_GBS_PER_LANE[int(gen)] * int(width) * 0.8, 1)
         elif shared is None:
             notes.append(f"CUDA{idx} ({name}): PCIe link not reported, {link:g} GB/s assumed (set link_gbs)")
         devs.append(Device(f"CUDA{idx}", DeviceKind.GPU, round(mem), bw, "local", link))
-    return ProbedGpus(tuple(devs), unified, tuple(notes))
+    return ProbedGpus(tuple(devs), n_unified > 0, tuple(notes))
+
+
+def local_node(gpus: ProbedGpus, ram_mib: float, cores: int, ram_bw_gbs: float) -> Node:
+    """This machine as a node: where a GPU shares the host's memory, the CPU keeps only its share."""
+    cpu_ram = ram_mib * UNIFIED_CPU_SHARE if gpus.unified else ram_mib
+    return Node("local", cores, round(cpu_ram), ram_bw_gbs, gpus.devices)
 
 
 def _cores() -> int:
@@ -152,6 +179,4 @@ def probe(measure: bool = True, notes: list[str] | None = None) -> Inventory:
         notes += [failed] if failed else []
         notes += gpus.notes
     bw = measure_ram_bw_gbs() if measure else 20.0 * _cores()
-    cpu_ram = ram * UNIFIED_CPU_SHARE if gpus.unified else ram
-    node = Node("local", _cores(), round(cpu_ram), bw, gpus.devices)
-    return Inventory((node,), name=os.uname().nodename)
+    return Inventory((local_node(gpus, ram, _cores(), bw),), name=os.uname().nodename)
