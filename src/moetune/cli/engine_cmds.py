@@ -22,9 +22,8 @@ def engine() -> None:
               f"whose number is llama.cpp's build; ik-llama-cpp-python {IK.default_version}).")
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cuda: the CUDA backend (-DGGML_CUDA=ON), which needs the CUDA toolkit (nvcc, cuBLAS).")
-@click.option("--cuda-arch", default="native", show_default=True,
-              help="With --backend cuda: CMAKE_CUDA_ARCHITECTURES (native: the GPUs here; 90 for H100/H200; "
-              "'86;89' for several).")
+@click.option("--cuda-arch", help="With --backend cuda: CMAKE_CUDA_ARCHITECTURES (default: $CUDAARCHS, else "
+              "native: the GPUs here; 90 for H100/H200, 120 RTX PRO 6000 Blackwell, 121 GB10; '86;89' for several).")
 @click.option("--rpc-rdma", type=click.Choice(["on", "off"]), default="off", show_default=True,
               help="llama.cpp only: compile ggml-rpc's RDMA transport (-DGGML_RPC_RDMA=ON, needs libibverbs-dev); "
               "off builds RPC over TCP only.")
@@ -33,7 +32,7 @@ def engine() -> None:
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Parallel compile jobs (default: all cores).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build exists.")
 @json_option
-def install_cmd(kind: str, version: str | None, backend: str, cuda_arch: str, rpc_rdma: str, sdist: str | None,
+def install_cmd(kind: str, version: str | None, backend: str, cuda_arch: str | None, rpc_rdma: str, sdist: str | None,
                 jobs: int | None, force: bool, as_json: bool) -> None:
     """Build an engine (with RPC; CPU backend, or CUDA with --backend cuda) from source, cached in
     the user cache directory. A CUDA or RDMA build is an engine of its own
@@ -44,6 +43,7 @@ def install_cmd(kind: str, version: str | None, backend: str, cuda_arch: str, rp
     llama-server, rpc-server, llama-sweep-bench and llama-quantize (its flash-attention kernels for
     F16 and Q8_0 caches only: GGML_IQK_FA_ALL_QUANTS=OFF).
     """
+    import os
     from pathlib import Path
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -51,7 +51,9 @@ def install_cmd(kind: str, version: str | None, backend: str, cuda_arch: str, rp
     from moetune.engine.install import RECIPES, Options, install
 
     recipe = RECIPES[EngineKind(kind)]
-    opts = Options(backend, rpc_rdma == "on", cuda_arch)
+    # CUDAARCHS is CMake's own default for the architectures; it means nothing to a CPU build
+    arch = cuda_arch or (os.environ.get("CUDAARCHS") if backend == "cuda" else None) or "native"
+    opts = Options(backend, rpc_rdma == "on", arch)
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn(), TextColumn("[dim]{task.fields[detail]}"), console=err,

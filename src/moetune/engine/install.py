@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moetune.engine.toolchain import Toolkit, find_cuda, find_verbs, include_dirs
+from moetune.engine.toolchain import Toolkit, check_native_gpu, find_cuda, find_verbs, include_dirs
 from moetune.errors import InputError, RuntimeFailure
 from moetune.kinds import EngineKind
 from moetune.paths import cache_dir
@@ -170,10 +170,12 @@ def configure_flags(recipe: Recipe, opts: Options, toolkit: Toolkit | None = Non
 
 def preflight(recipe: Recipe, opts: Options) -> Toolkit | None:
     """What a build with ``opts`` needs beyond cmake and a C++ compiler, checked before anything is
-    downloaded: the CUDA toolkit (returned) and the RDMA headers."""
+    downloaded: the CUDA toolkit (returned), a GPU here for ``--cuda-arch native``, the RDMA headers."""
     variant_flags(recipe, opts)
     toolkit = (find_cuda(os.environ.get("PATH", ""), os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"))
                if opts.backend == "cuda" else None)
+    if opts.backend == "cuda" and opts.cuda_arch == "native":
+        check_native_gpu()
     if opts.rpc_rdma:
         find_verbs(include_dirs())
     return toolkit
@@ -318,6 +320,26 @@ def sdist_version(recipe: Recipe, path: Path, version: str | None) -> str:
     return found
 
 
+def _extract(recipe: Recipe, tarball: Path, dest: Path, given: bool) -> Path:
+    """Unpack the sdist; the source tree in it. A copy the user gave (``--sdist``) that is no
+    readable archive, or lacks the tree, is their input's fault (InputError)."""
+    import lzma
+    import zlib
+
+    fail = InputError if given else RuntimeFailure
+    try:
+        with tarfile.open(tarball) as tf:
+            tf.extractall(dest, filter="data")
+    except (tarfile.TarError, EOFError, lzma.LZMAError, zlib.error) as e:
+        raise fail(f"{tarball}: not a readable source archive ({e})",
+                   hint="download it again (or leave --sdist out: moetune downloads it)") from None
+    src = next(dest.glob(recipe.source), None)
+    if src is None:
+        raise fail(f"{tarball}: no {recipe.source} source tree in it",
+                   hint=f"give the {recipe.package} sdist itself ({recipe.sdist_name(recipe.default_version)})")
+    return src
+
+
 def install(version: str | None = None, *, recipe: Recipe = MAINLINE, opts: Options = Options(),
             sdist: Path | None = None, jobs: int | None = None, force: bool = False,
             progress: Progress | None = None) -> tuple[Build, bool]:
@@ -353,9 +375,7 @@ def install(version: str | None = None, *, recipe: Recipe = MAINLINE, opts: Opti
         else:
             url, sha, tarball = sdist.resolve().as_uri(), _sha256(sdist), sdist
         prog("extract", None, tarball.name)
-        with tarfile.open(tarball) as tf:
-            tf.extractall(work / "src", filter="data")
-        src = next((work / "src").glob(recipe.source))
+        src = _extract(recipe, tarball, work / "src", given=sdist is not None)
         if recipe.prepare is not None:
             recipe.prepare(src, version)
         logpath = work / "build.log"

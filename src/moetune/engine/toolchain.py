@@ -69,3 +69,18 @@ def include_dirs() -> tuple[Path, ...]:
     env = [p for v in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH") for p in os.environ.get(v, "").split(":") if p]
     return tuple(Path(p) for p in dict.fromkeys([*env, "/usr/local/include", "/usr/include",
                                                  f"/usr/include/{platform.machine()}-linux-gnu"]))
+
+
+ARCH_HINT = ("give the target GPUs' compute capability without the dot: --cuda-arch 90 (H100, H200), 120 "
+             "(RTX PRO 6000 Blackwell, RTX 5090), 121 (GB10), 89 (RTX 4090, L40S), '86;90' for several "
+             "(or set CUDAARCHS)")
+
+
+def check_native_gpu(dev: Path = Path("/dev"), proc: Path = Path("/proc/driver/nvidia/gpus")) -> None:
+    """``--cuda-arch native`` compiles for the GPUs CMake finds here, and CMake stops with "no NVIDIA
+    GPU was detected" where there is none (a build machine, a container without the GPU): say so
+    before the build, with the architectures to give instead."""
+    if any(dev.glob("nvidia[0-9]*")) or (proc.is_dir() and any(proc.iterdir())):
+        return
+    raise InputError(f"--cuda-arch native builds for this machine's GPUs, and none is visible here "
+                     f"(no {dev / 'nvidia0'})", hint=ARCH_HINT)
