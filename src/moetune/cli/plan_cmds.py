@@ -105,7 +105,8 @@ def hw_probe(output: Path | None, measure: bool, as_json: bool) -> None:
     """Write a hardware YAML for this machine (NVML via nvidia-smi, /proc/meminfo, lscpu).
 
     A field nvidia-smi cannot give ([N/A], [Not Supported], missing) is a warning and an assumed
-    value, never a failure; a unified-memory GPU (GB10) gets the shared memory less the CPU's share.
+    value, never a failure; a unified-memory GPU (GB10) gets the shared memory less the CPU's share,
+    and a discrete GPU whose size nvidia-smi cannot give is left out (the file stays valid).
 
     With --json the same document goes to stdout as JSON (and -o still writes the YAML).
     """
