@@ -83,7 +83,9 @@ def _fake_smi(tmp_path: Path, text: str, rc: int = 0) -> Path:
 @pytest.mark.parametrize(("text", "rc"), [("0, NVIDIA GB10, [N/A], [N/A], [N/A]\n", 0),
                                           ("0, NVIDIA H100 PCIe, [N/A], 5, 16\n", 0),
                                           ("NVIDIA-SMI has failed because it couldn't communicate with the "
-                                           "NVIDIA driver.\n", 9)])
+                                           "NVIDIA driver.\n", 9),
+                                          ("0, NVIDIA H200, 143771, 5, 16\nUnable to determine the device handle "
+                                           "for GPU1: 0000:41:00.0: Unknown Error\n", 15)])
 def test_probe_command_warns_and_writes_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str,
                                              rc: int) -> None:
     """The real command, with a stand-in nvidia-smi on PATH (no GPU here): exit 0, warnings on
@@ -95,5 +97,7 @@ def test_probe_command_warns_and_writes_yaml(tmp_path: Path, monkeypatch: pytest
     assert "warning:" in r.stderr
     doc = yaml.safe_load(out.read_text())
     devices = doc["nodes"][0].get("devices") or []
-    assert len(devices) == (1 if "GB10" in text else 0)
+    assert len(devices) == (1 if "GB10" in text or "H200" in text else 0)
+    if rc:
+        assert f"nvidia-smi failed (exit {rc})" in r.stderr
     assert run_cli("hw", "show", str(out)).exit_code == 0

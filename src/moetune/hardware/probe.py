@@ -165,8 +165,11 @@ def _nvidia_smi() -> tuple[str, str | None]:
     except (OSError, subprocess.TimeoutExpired) as e:
         return "", f"nvidia-smi did not answer ({e}); no GPU described"
     if r.returncode != 0:
-        said = (r.stdout.strip() or r.stderr.strip()).splitlines()[:1] or [f"exit {r.returncode}"]
-        return "", f"nvidia-smi failed: {said[0][:160]}; no GPU described"
+        # a GPU in trouble fails the command while the others are still listed: keep those
+        rows = "".join(x for x in r.stdout.splitlines(keepends=True) if re.match(r"\s*\d+\s*,", x))
+        said = [x for x in (r.stdout + "\n" + r.stderr).splitlines() if x.strip() and x not in rows]
+        return rows, (f"nvidia-smi failed (exit {r.returncode}): {(said or ['no message'])[0].strip()[:160]}; "
+                      + ("only the GPUs it listed described" if rows else "no GPU described"))
     return r.stdout, None
 
 
