@@ -35,7 +35,7 @@ from typing import Any
 from moetune.engine import registry
 from moetune.engine.command import plan_json
 from moetune.engine.launchspec import check_process_name
-from moetune.engine.server_args import own_flags
+from moetune.engine.server_args import lift_extra, own_flags
 from moetune.errors import InputError
 from moetune.hardware import inventory
 from moetune.kinds import EngineKind
@@ -66,6 +66,7 @@ def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list
         settings = replace(base, ctx=s.ctx, slots=s.parallel, batch=s.batch, ubatch=s.ubatch, ctk=s.ctk,
                            ctv=s.ctv, flash_attn=s.flash_attn, amb_mib=s.amb, threads=s.threads or base.threads,
                            threads_batch=s.threads_batch or base.threads_batch, server=server)
+        settings = lift_extra(settings)  # the service's args: flags a plan option says, taken as it
         model = s.model if is_url(s.model) else absolute(p.parent / os.path.expanduser(s.model))
         spec = ServiceSpec(s.name, load_profile(model), settings,
                            s.strategy, s.port or base_port + i, tuple(s.devices) if s.devices else None, s.engine or "")
