@@ -225,3 +225,24 @@ def test_a_layout_services_args_are_taken_as_its_options(model: Path, hw: Path, 
 
     server = json.loads(r.stdout)["services"][0]["settings"]["server"]
     assert server["alias"] == "svc" and server["sampling"] == [["temp", 0.6]] and server["extra_args"] == []
+
+
+def test_extra_flags_an_image_engine_cannot_check_are_said_unchecked(model: Path, hw: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = tmp_path / "runtime-bin"
+    runtime.mkdir()
+    (runtime / "podman").write_text("#!/bin/sh\nexit 0\n")  # engine add needs only that podman exists
+    (runtime / "podman").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{runtime}:/usr/bin:/bin")
+    r = run_cli("engine", "add", "img", "--kind", "llama.cpp", "--image", "img:latest", "--runtime", "podman")
+    assert r.exit_code == 0, r.stderr
+    r = run_cli("plan", str(model), "--hw", str(hw), "--engine", "img", "--engine-arg=--no-such-flag",
+                "--format", "argv")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.split()[-1] == "--no-such-flag" and "--no-such-flag not checked" in r.stderr
+    r = run_cli("plan", str(model), "--hw", str(hw), "--engine", "img", "--engine-arg=-ngl", "--engine-arg=1")
+    assert r.exit_code == 2 and "--strategy" in r.stderr  # the managed flags still are
+    r = run_cli("plan", str(model), "--hw", str(hw), "--engine-arg=--no-warmup")  # a build here: checked, no notice
+    assert r.exit_code == 0 and "not checked" not in r.stderr
+    r = run_cli("plan", str(model), "--hw", str(hw), "--engine-arg=--bogus")
+    assert r.exit_code == 2 and "does not take --bogus" in r.stderr and "llama.cpp" in r.stderr, r.stderr
