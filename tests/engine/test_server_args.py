@@ -246,3 +246,19 @@ def test_extra_flags_an_image_engine_cannot_check_are_said_unchecked(model: Path
     assert r.exit_code == 0 and "not checked" not in r.stderr
     r = run_cli("plan", str(model), "--hw", str(hw), "--engine-arg=--bogus")
     assert r.exit_code == 2 and "does not take --bogus" in r.stderr and "llama.cpp" in r.stderr, r.stderr
+
+
+def test_threads_batch_speeds_the_predicted_prefill_alone(model: Path, tmp_path: Path) -> None:
+    hw = tmp_path / "hw16.yaml"
+    hw.write_text(yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 16, "ram_mib": 16000,
+                                                                       "ram_bw_gbs": 200}}]}))
+    import json
+
+    def predicted(*opts: str) -> dict[str, float]:
+        r = run_cli("plan", str(model), "--hw", str(hw), "-t", "2", "--json", *opts)
+        assert r.exit_code == 0, r.stderr
+        return dict(json.loads(r.stdout)["predicted"])
+
+    base, batch = predicted(), predicted("--threads-batch", "16")
+    assert batch["tg_tok_s"] == base["tg_tok_s"] and batch["pp_tok_s"] > base["pp_tok_s"] * 1.5, (base, batch)
+    assert predicted("--engine-arg=-tb", "--engine-arg=16") == batch  # the same option, said as a flag
