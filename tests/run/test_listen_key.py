@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from moetune.engine import auth
 from moetune.run.launch import launched
 from moetune.run.prepare import read_plan
 from tests.helpers import free_port, run_cli
@@ -38,7 +39,8 @@ def _bound(port: int) -> set[str]:
 @pytest.mark.server
 @pytest.mark.parametrize(("host", "bound"), [("127.0.0.1", "0100007F"), ("0.0.0.0", "00000000")])
 def test_key_required_sent_by_moetune_and_stored_nowhere(bin_dir: Path, tiny_model: Path, tmp_path: Path,
-                                                         moetune_home: Path, host: str, bound: str) -> None:
+                                                         moetune_home: Path, host: str, bound: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     key = f"sk-moetune-{secrets.token_hex(8)}"
     key_file = tmp_path / "keys.txt"
     key_file.write_text(f"# the project's key\n{key}\n")
@@ -58,6 +60,14 @@ def test_key_required_sent_by_moetune_and_stored_nowhere(bin_dir: Path, tiny_mod
         assert _get(ln.url + "/v1/chat/completions", None)[0] == 401  # not without the key
         status, body = _get(ln.url + "/v1/models", key)
         assert status == 200 and "tiny-alias" in body
+        if host == "127.0.0.1":  # a client that moetune did not give the key: told how to, then $MOETUNE_API_KEY
+            bench = ("bench", ln.url, "-r", "1", "--warmup", "0", "--max-tokens", "4", "--json")
+            monkeypatch.setattr(auth, "_keys", {})
+            r = run_cli(*bench)
+            assert r.exit_code != 0 and "HTTP 401" in r.stderr and auth.KEY_ENV in r.stderr, r.stderr
+            monkeypatch.setenv(auth.KEY_ENV, key)
+            assert run_cli(*bench).exit_code == 0
+            monkeypatch.delenv(auth.KEY_ENV)
     r = run_cli("bench", str(plan), "-r", "2", "--warmup", "0", "--max-tokens", "8", "--ignore-eos", "--json")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)  # measured through the key
