@@ -62,6 +62,9 @@ def test_options_render_in_the_engines_spelling(settings: Settings, d: object, w
     (("--cache-type-k", "q4_0"), MAIN, "--ctk"),
     (("--temp", "0.1"), MAIN, "--sampling"),
     (("--bogus",), CHECKED, "does not take --bogus"),
+    (("--swa-full",), MAIN, "moetune does not model"),
+    (("-nkvo",), MAIN, "moetune does not model"),
+    (("-md", "/d.gguf"), MAIN, "moetune does not model"),
     (("GLM-5.1",), MAIN, "start with a flag"),
 ])
 def test_extra_flags_that_are_refused(args: tuple[str, ...], d: object, match: str) -> None:

@@ -47,6 +47,11 @@ _MANAGED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--no-mmap", "--mmap", "-lm", "--load-mode"), "--no-mmap"),
     (("-kvu", "--kv-unified"), "the plan"),
 )
+_UNMODELED = "nothing: it changes the memory the plan counts, which the ledger does not model; leave it out"
+_MANAGED += (
+    (("-nkvo", "--no-kv-offload", "--swa-full", "-md", "--model-draft", "-mm", "--mmproj", "-mmu", "--mmproj-url"),
+     _UNMODELED),
+)
 MANAGED: dict[str, str] = {flag: option for flags, option in _MANAGED for flag in flags}
 # extra flags that say what a first-class option says: taken as that option (so the ledger and the
 # speed model see them) and rendered in its place. Flag -> (the option, the Settings field, and for
@@ -87,6 +92,9 @@ def check_extra(args: Sequence[str], engine: str, d: Dialect) -> None:
         if name in LIFTED or name in SAMPLING_FLAGS.values():
             raise InputError(f"--engine-arg {name}: say it with {LIFTED[name][0] if name in LIFTED else '--sampling'}",
                              hint="the plan's own option puts it where the ledger and the speed model see it")
+        if MANAGED.get(name) == _UNMODELED:
+            raise InputError(f"--engine-arg {name}: it changes the memory the plan counts, which moetune does not "
+                             "model", hint="leave it out: the plan's ledger would not match what the server allocates")
         if name in MANAGED:
             raise InputError(f"--engine-arg {name}: moetune sets {name} from the plan; use {MANAGED[name]} instead",
                              hint="the plan's options size the memory and the speed that its command must match")
