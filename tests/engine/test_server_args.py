@@ -99,6 +99,7 @@ def test_extra_flags_a_plan_option_says_are_taken_as_it() -> None:
     (Settings(server=ServerOptions(sampling=(("temp", 0.5),))), ("--temp", "0.7"), "already says --sampling temp=0.5"),
     (Settings(), ("-t", "many"), "expected a whole number"),
     (Settings(), ("--alias",), "expected a value"),
+    (Settings(), ("--alias", "--no-warmup"), "expected a value"),
     (Settings(), ("--reasoning-budget", "100"), "--thinking"),
 ])
 def test_lifted_flags_that_are_refused(settings: Settings, args: tuple[str, ...], match: str) -> None:

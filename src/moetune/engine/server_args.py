@@ -131,7 +131,7 @@ def _value(args: Sequence[str], i: int, name: str, option: str, kind: type) -> t
     """The value of the flag at ``args[i]`` (``--flag=V`` or ``--flag V``) and the index after it."""
     word = args[i]
     text, nxt = (word.split("=", 1)[1], i + 1) if "=" in word else (
-        (args[i + 1], i + 2) if i + 1 < len(args) else (None, i + 1))
+        (args[i + 1], i + 2) if i + 1 < len(args) and not is_flag(args[i + 1]) else (None, i + 1))
     try:
         if text is None:
             raise ValueError
