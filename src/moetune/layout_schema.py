@@ -4,9 +4,9 @@ layout file is read, so a plan of one model does not pay for pydantic and yaml."
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from moetune import yamlfile
 from moetune.errors import InputError
@@ -31,7 +31,17 @@ class ServiceIn(BaseModel):
     threads: int | None = Field(default=None, gt=0)
     threads_batch: int | None = Field(default=None, gt=0)
     args: list[str] = Field(default_factory=list)  # extra llama-server arguments, checked like --engine-arg
-    env: dict[str, str] = Field(default_factory=dict)  # the server's environment, besides moetune's own
+    # the server's environment, besides moetune's own
+    env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_leaves_devices(cls, env: dict[str, str]) -> dict[str, str]:
+        for k in env:
+            if k.endswith("_VISIBLE_DEVICES") or k.startswith("MOETUNE_"):
+                raise ValueError(f"{k} is set by moetune (the service's devices: and the hardware file decide "
+                                 "which GPUs it sees)")
+        return env
 
 
 class LayoutIn(BaseModel):

@@ -34,8 +34,9 @@ from typing import Any
 
 from moetune.engine import registry
 from moetune.engine.command import plan_json
+from moetune.engine.facts import EngineFacts
 from moetune.engine.launchspec import check_process_name
-from moetune.engine.server_args import own_flags
+from moetune.engine.server_args import lift_extra, own_flags
 from moetune.errors import InputError
 from moetune.hardware import inventory
 from moetune.kinds import EngineKind
@@ -66,6 +67,7 @@ def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list
         settings = replace(base, ctx=s.ctx, slots=s.parallel, batch=s.batch, ubatch=s.ubatch, ctk=s.ctk,
                            ctv=s.ctv, flash_attn=s.flash_attn, amb_mib=s.amb, threads=s.threads or base.threads,
                            threads_batch=s.threads_batch or base.threads_batch, server=server)
+        settings = lift_extra(settings)  # the service's args: flags a plan option says, taken as it
         model = s.model if is_url(s.model) else absolute(p.parent / os.path.expanduser(s.model))
         spec = ServiceSpec(s.name, load_profile(model), settings,
                            s.strategy, s.port or base_port + i, tuple(s.devices) if s.devices else None, s.engine or "")
@@ -154,12 +156,30 @@ def routing_for(path: Path | None, profile: ModelProfile) -> Routing | None:
     return read_routing(path, profile.n_expert, profile.n_expert_used)
 
 
-def document(p: Plan, engine: str, calib: dict[str, Any] | None, given: list[str]) -> dict[str, Any]:
-    """The plan's JSON document: commands, ledgers, predictions, the calibration its speed came from,
-    the measured routing it used, and each service's model as the user gave it."""
+def plan_facts(p: Plan) -> dict[str, EngineFacts]:
+    """The facts of the plan's engines that are builds here, with the flags its services add tried."""
     engines = {s.spec.engine for s in p.services if s.spec.engine}
     tried = {n: [w for s in p.services if s.spec.engine == n for w in own_flags(s.spec.settings)] for n in engines}
-    doc = plan_json(p, engine, facts=registry.facts_for(engines, tried))
+    return registry.facts_for(engines, tried)
+
+
+def unchecked_notices(p: Plan, facts: dict[str, EngineFacts]) -> list[tuple[str, str]]:
+    """(message, remedy) for each service whose extra flags no build's help could check."""
+    out = []
+    for sp in p.services:
+        extra, f = sp.spec.settings.server.extra_args, facts.get(sp.spec.engine or "")
+        if extra and (f is None or not f.help_flags):
+            out.append((f"service {sp.spec.name}: extra engine arguments {' '.join(extra)} not checked: engine "
+                        f"{sp.spec.engine or sp.spec.settings.engine} is not a build here, its --help is unknown",
+                        "install or register the build (`moetune engine install | add`) and plan again"))
+    return out
+
+
+def document(p: Plan, engine: str, calib: dict[str, Any] | None, given: list[str],
+             facts: dict[str, EngineFacts] | None = None) -> dict[str, Any]:
+    """The plan's JSON document: commands, ledgers, predictions, the calibration its speed came from,
+    the measured routing it used, and each service's model as the user gave it."""
+    doc = plan_json(p, engine, facts=plan_facts(p) if facts is None else facts)
     doc["speed_calibration"] = None if calib is None else {
         "runs": calib["runs"], "error": calib["error"], "uncertainty": calib.get("uncertainty"),
         "created_unix": calib.get("created_unix")}
@@ -212,7 +232,9 @@ def plan_files(req: PlanRequest) -> Planned:
         given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]
     notices += listen_notices(services)
     p = make_plan(services, hw, inputs.constants.with_overrides(speed_overrides(req.speed)))
-    doc = document(p, engine, inputs.calib, given)
+    facts = plan_facts(p)
+    notices += unchecked_notices(p, facts)
+    doc = document(p, engine, inputs.calib, given, facts)
     if req.output:
         req.output.write_text(json.dumps(doc, indent=2))
     return Planned(p, doc, notices)

@@ -65,7 +65,8 @@ def ik_part(argv: list[str]) -> list[str]:
     ("qwen3moe", EngineKind.IK, ALL, ["-amb", "512", "-no-fmoe", "-muge"]),  # no MLA: no -mla
     ("deepseek2", EngineKind.IK, {}, ["-mla", "3"]),
     ("deepseek2", EngineKind.IK, ALL, ["-amb", "512", "-mla", "2", "-no-fmoe", "-muge"]),
-    ("deepseek2", EngineKind.MAINLINE, ALL, []),  # mainline has none of them
+    # mainline has none of them (and -muge is refused there: tests/engine/test_server_args.py)
+    ("deepseek2", EngineKind.MAINLINE, {**ALL, "merge_up_gate": False}, []),
 ])
 def test_each_option_renders_from_the_settings_in_the_engines_dialect(sparse: dict[str, ModelProfile], arch: str,
                                                                       kind: EngineKind, kw: dict[str, Any],

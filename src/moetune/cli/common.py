@@ -128,7 +128,7 @@ def plan_options(f: F) -> F:
 
 def plan_settings(kw: dict[str, Any]) -> Any:
     """The :class:`~moetune.plan.settings.Settings` that :func:`plan_options`' values say."""
-    from moetune.engine.server_args import parse_sampling
+    from moetune.engine.server_args import lift_extra, parse_sampling
     from moetune.plan.settings import ServerOptions, Settings
 
     host, _ = parse_listen(kw["listen"])
@@ -141,10 +141,11 @@ def plan_settings(kw: dict[str, Any]) -> Any:
                            thinking=None if kw["thinking"] is None else kw["thinking"] == "on",
                            sampling=parse_sampling(kw["sampling"] or ""), warmup_batch=kw["warmup_batch"],
                            extra_args=tuple(kw["engine_args"]), rope_scaling=kw["rope_scaling"])
-    return Settings(ctx=kw["ctx"], slots=kw["parallel"], batch=kw["batch"], ubatch=kw["ubatch"], ctk=kw["ctk"],
-                    ctv=kw["ctv"], flash_attn=not kw["no_flash_attn"], mmap=not kw["no_mmap"], amb_mib=kw["amb"],
-                    threads=kw["threads"], threads_batch=kw["threads_batch"], merge_qkv=kw["merge_qkv"],
-                    merge_up_gate=kw["muge"], grouped_experts=kw["ger"], server=server)
+    settings = Settings(ctx=kw["ctx"], slots=kw["parallel"], batch=kw["batch"], ubatch=kw["ubatch"], ctk=kw["ctk"],
+                        ctv=kw["ctv"], flash_attn=not kw["no_flash_attn"], mmap=not kw["no_mmap"],
+                        amb_mib=kw["amb"], threads=kw["threads"], threads_batch=kw["threads_batch"],
+                        merge_qkv=kw["merge_qkv"], merge_up_gate=kw["muge"], grouped_experts=kw["ger"], server=server)
+    return lift_extra(settings)  # --engine-arg=--alias X: the same as --alias X
 
 
 def parse_listen(listen: str | None) -> tuple[str, int | None]:

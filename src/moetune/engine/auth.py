@@ -49,3 +49,11 @@ def headers(url: str) -> dict[str, str]:
     """The ``Authorization`` header for ``url``, or none."""
     key = key_for(url)
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def refused_hint(status: int, otherwise: str) -> str:
+    """The hint for a server's refusal: how to send a key where it wants one (HTTP 401)."""
+    if status != 401:
+        return otherwise
+    return (f"the server requires an API key: bench its plan (moetune sends the key of its --api-key-file), "
+            f"or set {KEY_ENV}")

@@ -157,7 +157,7 @@ def plan_json(plan: Plan, engine: str, binary: str = "llama-server", facts: Fact
         "warnings": plan.warnings(),
         "predicted": {"tg_tok_s": round(main.prediction.tg_tok_s, 3), "pp_tok_s": round(main.prediction.pp_tok_s, 3)},
         "argv": [binary, *argvs[0]],
-        "shell": shell_script([Command(sp.spec.name, sp.spec.port, (binary, *argv))
+        "shell": shell_script([Command(sp.spec.name, sp.spec.port, (binary, *argv), sp.spec.settings.server.env)
                                for sp, argv in zip(plan.services, argvs, strict=True)]),
         "services": [service_json(sp, argv, facts) for sp, argv in zip(plan.services, argvs, strict=True)],
         "hardware": plan.hw.name or plan.hw.source,
@@ -168,7 +168,9 @@ def plan_json(plan: Plan, engine: str, binary: str = "llama-server", facts: Fact
 
 def commands(doc: dict[str, Any], binary: str = "llama-server") -> list[Command]:
     """Every service's command, from the plan's document."""
-    return [Command(sj["name"], sj["port"], (binary, *sj["argv"])) for sj in doc["services"]]
+    return [Command(sj["name"], sj["port"], (binary, *sj["argv"]),
+                    tuple((str(k), str(v)) for k, v in sj["settings"].get("server", {}).get("env", ())))
+            for sj in doc["services"]]
 
 
 def service_gpus(sp: ServicePlan) -> tuple[str, ...]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 from moetune.engine.dialect import Dialect
 from moetune.errors import InputError
@@ -36,25 +38,35 @@ _MANAGED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--host", "--port"), "--listen ADDR:PORT"),
     (("--api-key",), "--api-key-file (a key on the command line would be kept in the plan and shown by ps)"),
     (("--api-key-file",), "--api-key-file"),
-    (("-t", "--threads"), "-t/--threads"),
-    (("-tb", "--threads-batch"), "--threads-batch"),
-    (("-a", "--alias"), "--alias"),
     (("--reasoning-budget",), "--thinking on|off"),
-    (("--temp", "--temperature", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
-      "--frequency-penalty"), "--sampling NAME=VALUE,..."),
+    (("--temperature",), "--sampling temp=VALUE"),
     (("-amb", "--attention-max-batch"), "--amb"),
     (("-mla", "--mla-use"), "the plan (the MLA mode; tune's --try-mla)"),
-    (("-muge", "--merge-up-gate-experts"), "--muge"),
-    (("-mqkv", "--merge-qkv"), "--merge-qkv"),
-    (("-ger", "--grouped-expert-routing"), "--ger"),
-    (("--warmup-batch",), "--warmup-batch"),
     (("-fmoe", "--fused-moe", "-no-fmoe", "--no-fused-moe"), "the plan (tune's --try-fmoe)"),
     (("-nr", "--no-repack", "-rtr", "--run-time-repack", "--repack"), "the plan (tune's --try-repack)"),
     (("--no-mmap", "--mmap", "-lm", "--load-mode"), "--no-mmap"),
     (("-kvu", "--kv-unified"), "the plan"),
     (("--rope-scaling", "--rope-scale", "--yarn-orig-ctx"), "--rope-scaling yarn|linear (the factor follows --ctx)"),
 )
+_UNMODELED = "nothing: it changes the memory the plan counts, which the ledger does not model; leave it out"
+_MANAGED += (
+    (("-nkvo", "--no-kv-offload", "--swa-full", "-md", "--model-draft", "-mm", "--mmproj", "-mmu", "--mmproj-url"),
+     _UNMODELED),
+)
 MANAGED: dict[str, str] = {flag: option for flags, option in _MANAGED for flag in flags}
+# extra flags that say what a first-class option says: taken as that option (so the ledger and the
+# speed model see them) and rendered in its place. Flag -> (the option, the Settings field, and for
+# a flag with a value, how it is read: int, str or float)
+_LIFTED: tuple[tuple[tuple[str, ...], str, str, type | None], ...] = (
+    (("-t", "--threads"), "-t/--threads", "threads", int),
+    (("-tb", "--threads-batch"), "--threads-batch", "threads_batch", int),
+    (("-mqkv", "--merge-qkv"), "--merge-qkv", "merge_qkv", None),
+    (("-muge", "--merge-up-gate-experts"), "--muge", "merge_up_gate", None),
+    (("-ger", "--grouped-expert-routing"), "--ger", "grouped_experts", None),
+    (("--warmup-batch",), "--warmup-batch", "server.warmup_batch", None),
+    (("-a", "--alias"), "--alias", "server.alias", str),
+)
+LIFTED = {flag: (option, field, kind) for flags, option, field, kind in _LIFTED for flag in flags}
 # --sampling's names and the flag each sets (both engines spell them so)
 SAMPLING_FLAGS = {"temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
                   "repeat_penalty": "--repeat-penalty", "presence_penalty": "--presence-penalty",
@@ -78,6 +90,12 @@ def check_extra(args: Sequence[str], engine: str, d: Dialect) -> None:
                          hint="give the flag first, then its value: --engine-arg=--alias --engine-arg=NAME")
     for word in filter(is_flag, args):
         name = flag_name(word)
+        if name in LIFTED or name in SAMPLING_FLAGS.values():
+            raise InputError(f"--engine-arg {name}: say it with {LIFTED[name][0] if name in LIFTED else '--sampling'}",
+                             hint="the plan's own option puts it where the ledger and the speed model see it")
+        if MANAGED.get(name) == _UNMODELED:
+            raise InputError(f"--engine-arg {name}: it changes the memory the plan counts, which moetune does not "
+                             "model", hint="leave it out: the plan's ledger would not match what the server allocates")
         if name in MANAGED:
             raise InputError(f"--engine-arg {name}: moetune sets {name} from the plan; use {MANAGED[name]} instead",
                              hint="the plan's options size the memory and the speed that its command must match")
@@ -109,6 +127,69 @@ def own_flags(s: Settings) -> list[tuple[str, ...]]:
     words += [("--api-key-file", o.api_key_file)] if o.api_key_file else []
     words += [("--rope-scaling", o.rope_scaling), ("--yarn-orig-ctx", "1")] if o.rope_scaling else []
     return words + flag_words(o.extra_args)
+
+
+def _value(args: Sequence[str], i: int, name: str, option: str, kind: type) -> tuple[Any, int]:
+    """The value of the flag at ``args[i]`` (``--flag=V`` or ``--flag V``) and the index after it."""
+    word = args[i]
+    text, nxt = (word.split("=", 1)[1], i + 1) if "=" in word else (
+        (args[i + 1], i + 2) if i + 1 < len(args) and not is_flag(args[i + 1]) else (None, i + 1))
+    try:
+        if text is None:
+            raise ValueError
+        return kind(text), nxt
+    except ValueError:
+        what = {int: "a whole number", float: "a number"}.get(kind, "a value")
+        raise InputError(f"--engine-arg {name}: expected {what} after it, got {text!r}",
+                         hint=f"or say it with {option}") from None
+
+
+def _set(s: Settings, field: str, value: Any, option: str, name: str) -> Settings:
+    """``s`` with ``field`` (``server.x`` for a server option) set; InputError when the plan's
+    option already says another value."""
+    server = field.startswith("server.")
+    key = field.removeprefix("server.")
+    holder: Any = s.server if server else s
+    now, default = getattr(holder, key), getattr(type(holder)(), key)
+    if now != default and now != value:
+        raise InputError(f"--engine-arg {name} {value}: the plan already says {option} {now}",
+                         hint=f"give it once, as {option}")
+    change: dict[str, Any] = {key: value}
+    return replace(s, server=replace(s.server, **change)) if server else replace(s, **change)
+
+
+def lift_extra(s: Settings) -> Settings:
+    """``s`` with the extra flags that a first-class option says taken as that option (``LIFTED``,
+    the sampling flags, ``--reasoning-budget 0|-1``), so the ledger, the speed model and the plan
+    see them; the other extra arguments stay as they are."""
+    args, rest, i = s.server.extra_args, [], 0
+    sampling = dict(s.server.sampling)
+    flag_of = {f: k for k, f in SAMPLING_FLAGS.items()}
+    while i < len(args):
+        word = args[i]
+        name = flag_name(word) if is_flag(word) else ""
+        if name in LIFTED:
+            option, field, kind = LIFTED[name]
+            value, i = (True, i + 1) if kind is None else _value(args, i, name, option, kind)
+            if kind is int and value < 1:
+                raise InputError(f"--engine-arg {name} {value}: must be at least 1")
+            s = _set(s, field, value, option, name)
+        elif name in flag_of:
+            value, i = _value(args, i, name, "--sampling", float)
+            if sampling.get(key := flag_of[name], value) != value:
+                raise InputError(f"--engine-arg {name} {value:g}: the plan already says --sampling "
+                                 f"{key}={sampling[key]:g}", hint="give it once, in --sampling")
+            sampling[key] = value
+        elif name == "--reasoning-budget":
+            value, i = _value(args, i, name, "--thinking on|off", int)
+            if value not in (0, -1):
+                raise InputError(f"--engine-arg --reasoning-budget {value}: moetune plans -1 or 0 (--thinking on|off)",
+                                 hint="say it with --thinking on|off")
+            s = _set(s, "server.thinking", value == -1, "--thinking", name)
+        else:
+            rest.append(word)
+            i += 1
+    return replace(s, server=replace(s.server, extra_args=tuple(rest), sampling=tuple(sampling.items())))
 
 
 def parse_sampling(text: str) -> tuple[tuple[str, float], ...]:
@@ -151,11 +232,12 @@ def server_options(s: Settings, d: Dialect, engine: str = "", trained_ctx: int =
 
     if s.threads_batch:
         add("--threads-batch", "-tb", str(s.threads_batch))
-    for option, on, words in (("--merge-qkv", s.merge_qkv, d.merge_qkv), ("--ger", s.grouped_experts, d.grouped_experts)):
+    for option, on, words in (("--merge-qkv", s.merge_qkv, d.merge_qkv), ("--ger", s.grouped_experts, d.grouped_experts),
+                              ("--muge", s.merge_up_gate, d.merge_up_gate)):
         if on and not words:
-            raise InputError(f"{option}: engine {engine} ({d.kind}) has no such option",
+            raise InputError(f"{option}: engine {engine} ({d.version or d.kind}) has no such option",
                              hint="it is an ik_llama.cpp option: plan with --engine ik_llama.cpp, or leave it out")
-        if on:
+        if on and option != "--muge":  # -muge: rendered with ik_llama.cpp's other options (render.ik_flags)
             add(option, *words)
     if o.warmup_batch:
         add("--warmup-batch", "--warmup-batch")

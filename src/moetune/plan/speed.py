@@ -108,6 +108,11 @@ class DeviceWork:
     # with measured routing (`--routing`): the share of those bytes a batch of 2^i tokens touches,
     # i = 0..16; empty: every expert alike (``touched_share``)
     touched: tuple[float, ...] = ()
+    batch_threads: int = 0  # threads for prefill (the plan's --threads-batch); 0: the same as ``threads``
+
+    @property
+    def prefill_threads(self) -> int:
+        return max(1, self.batch_threads or self.threads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +200,7 @@ def ubatch_seconds(w: Work, tokens: int, k: SpeedConstants) -> float:
             t += d.held_expert_bytes * held_touched(d, w.expert_share, tokens) / (w.offload_link_gbs * GB)
             t += flop / ((w.offload_tflops or k.gpu_tflops) * 1e12)
         elif d.cpu:
-            t += flop / (max(1, d.threads) * k.cpu_gflops_per_core * 1e9)
+            t += flop / (d.prefill_threads * k.cpu_gflops_per_core * 1e9)
         else:
             t += flop / ((d.tflops or k.gpu_tflops) * 1e12)
     return t
@@ -323,6 +328,7 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
         ctx_flop[d] = ctx_flop.get(d, 0.0) + 2 * q_per_kv * (sum(lk.k_rows) + (sum(lk.v_rows) or sum(lk.k_rows)))
     devs = {d.name: d for d in hw.devices()}
     local_threads = min(s.threads or hw.local.cores, hw.local.cores)
+    local_batch_threads = min(s.threads_batch, hw.local.cores) if s.threads_batch else 0
     out = []
     for name in sorted(set(read) | set(ctx_flop)):
         dev = devs.get(name) or hw.cpu()
@@ -332,7 +338,8 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
         touched = _touched_table(held_by_layer.get(name, {}), routing, frac) if routing is not None else ()
         out.append(DeviceWork(name, cpu, dev.bw_gbs, threads, node.cores if cpu else 0, dev.tflops,
                               read.get(name, 0.0), kv_per_ctx.get(name, 0.0), ctx_flop.get(name, 0.0),
-                              active.get(name, 0.0), held.get(name, 0.0), touched))
+                              active.get(name, 0.0), held.get(name, 0.0), touched,
+                              local_batch_threads if cpu and dev.kind == DeviceKind.CPU else 0))
     n_splits, hops = graph_splits(p, pl, experts)
     kinds = {name: d.kind for name, d in devs.items()}
     rpc_hops = sum(1 for src, dst in hops if kinds.get(src) == DeviceKind.RPC or kinds.get(dst) == DeviceKind.RPC)

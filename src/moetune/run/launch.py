@@ -211,7 +211,7 @@ def _start(rd: RunDir, p: Prepared, extra_env: dict[str, str]) -> Process:
         remote = RemoteProcess.start(p.name, p.spec.ssh, p.argv, env, rd.log_path(p.name), rec.ssh, on_spawn=spawned)
         rd.update_proc(p.name, remote_pid=remote.remote_pid, remote_start_ticks=remote.remote_start_ticks)
         return remote
-    full_env = {**os.environ, **env}
+    full_env = {**{k: v for k, v in os.environ.items() if k != auth.KEY_ENV}, **env}  # the key: moetune's alone
     argv = run_argv(rd, p, env)
     rec = ProcRecord(p.name, p.spec.role, p.spec.node, p.spec.host, p.spec.port, list(argv), env,
                      recorded_env({k: v for k, v in os.environ.items() if k not in env}), rd.log_path(p.name).name,

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from moetune.engine import auth
 from moetune.engine.launchspec import check_process_name
 from moetune.errors import InputError
 from moetune.kinds import LaunchState, ProcessRole
@@ -238,4 +239,4 @@ class RunDir:
 
 
 def recorded_env(environ: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in sorted(environ.items()) if RECORDED_ENV.match(k)}
+    return {k: v for k, v in sorted(environ.items()) if RECORDED_ENV.match(k) and k != auth.KEY_ENV}

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from moetune.bench.http.client import StreamingHttp
 from moetune.bench.serve.load import Prompt
 from moetune.bench.serve.request import CHAT_PATH
+from moetune.engine import auth
 from moetune.errors import InputError, RuntimeFailure
 
 # filler words; a few are multi-byte in UTF-8, so the fitting is exercised on them too
@@ -114,9 +115,10 @@ class UsageTokenCounter:
         n = usage.get("prompt_tokens") if isinstance(usage, dict) else None
         if status != 200 or not isinstance(n, int):
             raise RuntimeFailure(f"{CHAT_PATH} answered HTTP {status} without usage.prompt_tokens: {str(body)[:200]}",
-                                 hint="serve-bench sizes prompts by the server's own count: without /tokenize it "
-                                      "needs usage in chat responses (every OpenAI-compatible server sends it; check "
-                                      "--model and the server's log)")
+                                 hint=auth.refused_hint(status, "serve-bench sizes prompts by the server's own "
+                                                        "count: without /tokenize it needs usage in chat responses "
+                                                        "(every OpenAI-compatible server sends it; check --model and "
+                                                        "the server's log)"))
         return n
 
     async def text_tokens(self, text: str) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 
 from moetune.bench.http.client import RETRYABLE, StreamingHttp, sse_payloads
 from moetune.bench.server import unreachable
+from moetune.engine import auth
 from moetune.errors import RuntimeFailure, one_line
 
 
@@ -117,7 +118,8 @@ async def _stream(http: StreamingHttp, url: str, path: str, body: dict[str, Any]
         if reply.status != 200:
             text = b"".join([p async for _, _, p in reply.pieces]).decode(errors="replace")[:500]
             raise RuntimeFailure(f"{url}{path}: HTTP {reply.status}: {text}",
-                                 hint="the server refused the request; its message says why")
+                                 hint=auth.refused_hint(reply.status, "the server refused the request; its message "
+                                                                      "says why"))
         async for t, _, piece in reply.pieces:
             payloads, buf = sse_payloads(buf, piece)
             for payload in payloads:
