@@ -52,6 +52,7 @@ _MANAGED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-nr", "--no-repack", "-rtr", "--run-time-repack", "--repack"), "the plan (tune's --try-repack)"),
     (("--no-mmap", "--mmap", "-lm", "--load-mode"), "--no-mmap"),
     (("-kvu", "--kv-unified"), "the plan"),
+    (("--swa-full",), "plan --swa-full"),
     (("--rope-scaling", "--rope-scale", "--yarn-orig-ctx"), "--rope-scaling yarn|linear (the factor follows --ctx)"),
 )
 MANAGED: dict[str, str] = {flag: option for flags, option in _MANAGED for flag in flags}
