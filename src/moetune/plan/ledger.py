@@ -191,7 +191,9 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
     for dev, kv_bytes in kv_by_dev.items():
         items[dev].append(Item("kv", kv_bytes / MIB, service))
     # compute buffers
-    inp = ComputeInputs(s.ubatch, s.ctx, s.slots, s.flash_attn, s.kv_unified, s.amb_mib, s.ctk, s.ctv)
+    streams = 1 if s.kv_unified or s.slots <= 1 else s.slots
+    inp = ComputeInputs(s.ubatch, s.ctx, s.slots, s.flash_attn, s.kv_unified, s.amb_mib, s.ctk, s.ctv,
+                        n_kv_swa=cells_swa // streams if kv.n_swa else 0)
     projected: dict[str, float] = {}
     if s.engine == EngineKind.IK:
         for d, role in device_roles(p, pl, experts).items():
