@@ -24,6 +24,7 @@ import yaml
 from moetune.engine.command import service_argv
 from moetune.engine.logs import parse_log
 from moetune.hardware.inventory import from_dict
+from moetune.kinds import EngineKind
 from moetune.model.archs import small_dims
 from moetune.model.kv import kv_shape
 from moetune.model.profile import ModelProfile, load_profile
@@ -137,3 +138,42 @@ def test_full_scale_replica_context_equals_llama_fit_params(bin_dir: Path, tmp_p
     kv = sum(i["mib"] for i in doc["services"][0]["devices"]["CPU"] if i["what"] == "kv")
     assert kv == pytest.approx(1179.0, abs=0.01)  # 18 full layers x 32768 cells + 18 windowed x 768, f16
     assert cpu["context_mib"] == pytest.approx(kv, abs=1.0)
+
+
+def test_ik_llama_cpp_keeps_every_layers_context(ik_bin_dir: Path, models: dict[bool, ModelProfile]) -> None:
+    """ik_llama.cpp (0.1.5) loads gpt-oss but has no split cache: its KV is every layer's context,
+    as the ledger counts it for that engine."""
+    p = models[False]
+    s = Settings(ctx=4096, engine=EngineKind.IK)
+    sp = make_plan([ServiceSpec("t", p, s, "cpu-moe")], from_dict(loopback_hw([]))).main
+    assert sp.memory.swa_cells == 0
+    ok, log = reserve_log(ik_bin_dir / "llama-server", [*strip_endpoint(service_argv(sp))], timeout=60,
+                          marker="compute buffer size")
+    assert ok, log[-2000:]
+    m = re.search(r"KV self size += +([\d.]+) MiB", log)
+    assert m, log[-2000:]
+    assert float(m[1]) == pytest.approx(kv_shape(p, EngineKind.IK).bytes_per_token() * 4096 / MIB, abs=0.01)
+    kv = sum(i.mib for i in sp.memory.items["CPU"] if i.what == "kv")
+    assert float(m[1]) == pytest.approx(kv, abs=0.01)
+
+
+def test_mxfp4_experts_load_and_generate(bin_dir: Path, tmp_path: Path) -> None:
+    """gpt-oss with MXFP4 experts, as published: the real llama-server (-nr: repacking crashes on
+    this machine's CPU, DESIGN.md section 5) holds exactly the bytes the profile counts, and serves."""
+    import httpx
+
+    from tests.helpers import llama_server
+
+    g = generate(tmp_path / "mx.gguf", "gpt-oss", small_dims("gpt-oss"),
+                 "ffn_gate_exps=mxfp4,ffn_up_exps=mxfp4,ffn_down_exps=mxfp4,other=f16")
+    assert g.servable and g.types["MXFP4"] > 0
+    p = load_profile(g.files[0])
+    ok, log = reserve_log(bin_dir / "llama-server", ["-m", str(g.files[0]), "-nr", "-lm", "none", "-c", "1024",
+                                                     "-lv", "4", "-fit", "off"])
+    assert ok, log[-2000:]
+    assert parse_log(log).device_buffers()["CPU"].model_mib * MIB == pytest.approx(p.loaded_bytes(), rel=0.001,
+                                                                                    abs=4096)
+    with llama_server(bin_dir, g.files[0], tmp_path / "server.log", "-nr", "-c", "512", "--parallel", "1") as srv:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "ignore_eos": True, "temperature": 0}
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert r["usage"]["completion_tokens"] == 8
