@@ -67,3 +67,24 @@ def test_cells_per_cache(ctx: int, par: int, ub: int, unified: bool, full: bool,
     s = Settings(ctx=ctx, slots=par, ubatch=ub, batch=max(ub, 2048), kv_unified=unified, swa_full=full)
     assert (kv_cells(s), swa_cells(s, 128)) == (want_full, want_swa)
     assert swa_cells(s, 0) == kv_cells(s)
+
+
+def test_decode_reads_at_most_a_window_of_the_windowed_layers(tmp_path: Any) -> None:
+    """The speed model: the full-attention layers' KV read grows with the depth, the sliding-window
+    layers' stops at the window (with --swa-full their cache spans the context, and is read as such)."""
+    from moetune.hardware.inventory import from_dict
+    from moetune.model.archs import small_dims
+    from moetune.model.profile import load_profile
+    from moetune.model.testmodel import generate
+    from moetune.plan.plan import ServiceSpec, make_plan
+    from tests.helpers import loopback_hw
+
+    p = load_profile(generate(tmp_path / "g.gguf", "gpt-oss", small_dims("gpt-oss"), "f16").files[0])
+    sp = make_plan([ServiceSpec("t", p, Settings(ctx=8192), "cpu-moe")], from_dict(loopback_hw([]))).main
+    d = next(x for x in sp.prediction.work.devices if x.kv_bytes_windowed)
+    full, windowed = kv_shape(p).bytes_per_token_split()
+    assert (d.kv_bytes_per_ctx, d.kv_bytes_windowed, d.window) == (full, windowed, 128)
+    assert d.kv_read(100)[0] == 100 * (full + windowed)
+    assert d.kv_read(4096)[0] == 4096 * full + 128 * windowed
+    sp = make_plan([ServiceSpec("t", p, Settings(ctx=8192, swa_full=True), "cpu-moe")], from_dict(loopback_hw([]))).main
+    assert all(x.window == 0 for x in sp.prediction.work.devices)
