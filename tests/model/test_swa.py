@@ -88,3 +88,34 @@ def test_decode_reads_at_most_a_window_of_the_windowed_layers(tmp_path: Any) -> 
     assert d.kv_read(4096)[0] == 4096 * full + 128 * windowed
     sp = make_plan([ServiceSpec("t", p, Settings(ctx=8192, swa_full=True), "cpu-moe")], from_dict(loopback_hw([]))).main
     assert all(x.window == 0 for x in sp.prediction.work.devices)
+
+
+def test_gpt_oss_placement_moves_expert_biases_with_their_weights(tmp_path: Any) -> None:
+    """gpt-oss's expert tensors have biases (``blk.N.ffn_up_exps.bias``): they are expert tensors of
+    the same kind, follow their weights under every strategy's -ot rules, and count k/E of their
+    bytes per decoded token like the MXFP4 weights (17 bytes per 32 weights)."""
+    from moetune.engine.render import check_rules, override_rules
+    from moetune.hardware.inventory import from_dict
+    from moetune.model.archs import PRESET_RECIPES, PRESETS
+    from moetune.model.profile import load_profile
+    from moetune.model.testmodel import generate
+    from moetune.plan.plan import ServiceSpec, make_plan
+    from tests.helpers import loopback_hw
+
+    arch, dims = PRESETS["gpt-oss-120b"]
+    p = load_profile(generate(tmp_path / "g.gguf", arch, dims, PRESET_RECIPES["gpt-oss-120b"], sparse=True).files[0])
+    up = next(t for t in p.tensors if t.name == "blk.0.ffn_up_exps.weight")
+    assert up.type_name == "MXFP4" and up.nbytes == 2880 * 2880 * 128 // 32 * 17
+    assert next(t for t in p.tensors if t.name == "blk.0.ffn_up_exps.bias").is_expert
+    assert p.layers[0].experts["ffn_up_exps"] == ("MXFP4", up.nbytes + 2880 * 128 * 4)
+    hw = from_dict(loopback_hw([], mem_mib=1e7, cpu_ram_mib=1e8))
+    for strategy in ("cpu-moe", "n-cpu-moe:10"):
+        sp = make_plan([ServiceSpec("t", p, Settings(ctx=8192), strategy)], hw).main
+        rules = override_rules(p, sp.placement)
+        check_rules(p, sp.placement, rules)  # every expert tensor, biases included, where the plan says
+        ex = sp.placement.experts()
+        assert ex["blk.0.ffn_down_exps.bias"] == ex["blk.0.ffn_down_exps.weight"]
+    read = sum(d.read_bytes for d in sp.prediction.work.devices)
+    experts = sum(t.nbytes for t in p.tensors if t.is_expert)
+    embd = next(t.nbytes for t in p.tensors if t.name == "token_embd.weight")  # one row per token: not counted
+    assert read == pytest.approx(p.loaded_bytes() - embd - experts + experts * 4 / 128, rel=1e-6)
