@@ -119,3 +119,16 @@ def test_gpt_oss_placement_moves_expert_biases_with_their_weights(tmp_path: Any)
     experts = sum(t.nbytes for t in p.tensors if t.is_expert)
     embd = next(t.nbytes for t in p.tensors if t.name == "token_embd.weight")  # one row per token: not counted
     assert read == pytest.approx(p.loaded_bytes() - embd - experts + experts * 4 / 128, rel=1e-6)
+
+
+def test_testmodel_window_option(tmp_path: Any) -> None:
+    import json
+
+    from tests.helpers import run_cli
+
+    r = run_cli("testmodel", str(tmp_path / "g.gguf"), "--arch", "gpt-oss", "--window", "1024", "--layers", "2")
+    assert r.exit_code == 0, r.stderr
+    r = run_cli("inspect", str(tmp_path / "g.gguf"), "--json", "--ctx", "4096", "-ub", "512")
+    doc = json.loads(r.stdout)
+    assert doc["sliding_window"] == 1024 and doc["swa_layers"] == [0]
+    assert doc["kv_at"]["swa_cells"] == 1536 and doc["kv_at"]["full_cells"] == 4096

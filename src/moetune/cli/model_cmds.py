@@ -61,6 +61,8 @@ def inspect(path: str | None, hf: str | None, http_timeout_s: float, ctx: int, p
 @click.option("--dense-lead", "n_dense_lead", type=click.IntRange(0, 512), help="Leading dense (non-MoE) layers.")
 @click.option("--nextn", "n_nextn", type=click.IntRange(0, 4), help="NextN/MTP blocks after the trunk.")
 @click.option("--vocab", "n_vocab", type=click.IntRange(259, 1 << 20), help="Vocabulary size (byte tokens + padding).")
+@click.option("--window", "n_swa", type=click.IntRange(1, 1 << 20),
+              help="Sliding window of the windowed layers (gpt-oss; default 128).")
 @click.option("--type", "type_spec",
               help="One type (q8_0) or a recipe: ffn_gate_exps=iq3_ks,ffn_down_exps=iq4_ks,other=q8_0 "
               "(default f16; a preset's published recipe with --preset)")
