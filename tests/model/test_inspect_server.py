@@ -1,7 +1,7 @@
 """The inspector against what the real llama-server allocates, for every generated architecture:
 total tensor bytes vs the model buffer it logs (with -lm none, so the CPU buffer holds exactly the
-loaded tensors), and KV bytes per token (plus recurrent state per sequence) vs its KV and RS
-buffers divided by the cells it allocated, for f16 and q8_0 caches."""
+loaded tensors), and KV bytes at a context (full and sliding-window layers' caches; plus recurrent
+state per sequence) vs its KV and RS buffers, for f16 and q8_0 caches."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ CTX = 4096
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_inspector_matches_llama_server(arch: str, bin_dir: Path, tmp_path: Path) -> None:
     g = generate(tmp_path / f"{arch}.gguf", arch, ARCHS[arch], "f16")
-    r = run_cli("inspect", str(g.files[0]), "--json")
-    assert r.exit_code == 0, r.stderr
-    doc = json.loads(r.stdout)
     for ct in ("f16", "q8_0"):
+        r = run_cli("inspect", str(g.files[0]), "--json", "--ctx", str(CTX), "--ctk", ct)
+        assert r.exit_code == 0, r.stderr
+        doc = json.loads(r.stdout)
         # -nr: CPU weight repacking crashes on this machine's CPU (DESIGN.md section 5)
         ok, log = reserve_log(bin_dir / "llama-server", ["-m", str(g.files[0]), "-nr", "-lm", "none", "-c", str(CTX),
                                                          "--parallel", "1", "-ctk", ct, "-ctv", ct, "-lv", "4", "-fit", "off"])
@@ -37,8 +37,14 @@ def test_inspector_matches_llama_server(arch: str, bin_dir: Path, tmp_path: Path
         bufs = parse_log(log).device_buffers()["CPU"]
         # mainline loads everything but the NextN blocks (and, for glm-dsa, their expert bias)
         assert bufs.model_mib * (1 << 20) == pytest.approx(doc["loaded_bytes"], rel=0.001, abs=4096)
-        kv_per_token = doc["kv_bytes_per_token"][ct]
-        assert bufs.kv_mib * (1 << 20) / CTX == pytest.approx(kv_per_token, rel=0.01)
+        # sliding-window layers (gpt-oss) keep a cache of about a window, the others one of the context
+        at = doc["kv_at"]
+        assert bufs.kv_mib * (1 << 20) == pytest.approx(at["total_bytes"], rel=0.01)
+        assert at["full_bytes"] == doc["kv_bytes_per_token_full"][ct] * CTX
+        if doc["sliding_window"]:
+            assert at["swa_cells"] < CTX and at["swa_bytes"] == doc["kv_bytes_per_token_swa"][ct] * at["swa_cells"]
+        else:
+            assert at["total_bytes"] == doc["kv_bytes_per_token"][ct] * CTX
         if doc["rs_bytes_per_seq"]:
             assert bufs.rs_mib * (1 << 20) == pytest.approx(doc["rs_bytes_per_seq"], rel=0.01)
     assert doc["n_layer"] == len(doc["layers"])

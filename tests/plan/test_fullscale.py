@@ -40,6 +40,9 @@ CASES = [
     ("qwen3-coder-next", 32768, 512, "f16", True),
     ("glm-5.1", 131072, 2048, "f16", True),  # DSA indexer: its scores and every layer's top-k scratch
     ("glm-5.1", 4096, 512, "q8_0", True),  # the logits on top of that scratch
+    ("gpt-oss-120b", 32768, 512, "f16", True),  # sliding window: 18 layers' cache of 768 cells
+    ("gpt-oss-120b", 131072, 2048, "q8_0", True),
+    ("gpt-oss-120b", 8192, 512, "f16", False),  # without flash attention: the windowed layers' own scores
 ]
 
 

@@ -67,6 +67,9 @@ CASES = [
     ("glm-dsa", False, 8192, 256, "q8_0", "n-cpu-moe:2", 1),
     ("qwen3moe", True, 4096, 256, "f16", "cpu-only", 0),
     ("glm4moe", True, 8192, 512, "q8_0", "cpu-only", 0),
+    ("gpt-oss", False, 4096, 512, "f16", "all-gpu", 1),  # sliding window: tests/plan/test_swa_server.py has more
+    ("gpt-oss", True, 8192, 256, "q8_0", "cpu-moe", 1),
+    ("gpt-oss", False, 2048, 512, "f16", "cpu-only", 0),
 ]
 
 

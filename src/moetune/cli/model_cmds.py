@@ -13,15 +13,24 @@ import click
 from moetune.cli import common
 from moetune.cli.common import json_option, print_json, remote_notes, remote_options
 from moetune.model.archs import ARCHS, PRESET_RECIPES, PRESETS, Dims, with_overrides
+from moetune.model.kv import CACHE_TYPES
 from moetune.model.profile import open_model
+from moetune.plan.settings import Settings
 from moetune.report.inspect_view import inspect_json, mib, print_inspect
 
 
 @click.command()
 @click.argument("path", required=False)
 @remote_options
+@click.option("--ctx", type=click.IntRange(256), default=32768, show_default=True,
+              help="Context for the KV cache total (sliding-window layers hold about a window of it).")
+@click.option("--parallel", type=click.IntRange(1), default=1, show_default=True, help="Slots sharing the context.")
+@click.option("-ub", "--ubatch", type=click.IntRange(1), default=512, show_default=True, help="Micro-batch (-ub).")
+@click.option("--ctk", type=click.Choice(CACHE_TYPES), default="f16", show_default=True, help="Cache type (K and V).")
+@click.option("--swa-full", is_flag=True, help="Size the sliding-window layers' cache for the whole context.")
 @json_option
-def inspect(path: str | None, hf: str | None, http_timeout_s: float, as_json: bool) -> None:
+def inspect(path: str | None, hf: str | None, http_timeout_s: float, ctx: int, parallel: int, ubatch: int,
+            ctk: str, swa_full: bool, as_json: bool) -> None:
     """Show a GGUF model's tensors, layers, sizes and KV cache cost (reads headers only).
 
     PATH may be any shard of a split model; the other shards are found beside it. PATH may also be
@@ -29,10 +38,12 @@ def inspect(path: str | None, hf: str | None, http_timeout_s: float, as_json: bo
     """
     p = open_model(path, hf, timeout_s=http_timeout_s)
     remote_notes(p)
+    at = Settings(ctx=ctx, slots=parallel, ubatch=ubatch, batch=max(ubatch, 2048), ctk=ctk, ctv=ctk, swa_full=swa_full)
+    at.validate()
     if as_json:
-        print_json(inspect_json(p))
+        print_json(inspect_json(p, at))
     else:
-        print_inspect(p, common.out)
+        print_inspect(p, common.out, at)
 
 
 @click.command()
@@ -50,6 +61,8 @@ def inspect(path: str | None, hf: str | None, http_timeout_s: float, as_json: bo
 @click.option("--dense-lead", "n_dense_lead", type=click.IntRange(0, 512), help="Leading dense (non-MoE) layers.")
 @click.option("--nextn", "n_nextn", type=click.IntRange(0, 4), help="NextN/MTP blocks after the trunk.")
 @click.option("--vocab", "n_vocab", type=click.IntRange(259, 1 << 20), help="Vocabulary size (byte tokens + padding).")
+@click.option("--window", "n_swa", type=click.IntRange(1, 1 << 20),
+              help="Sliding window of the windowed layers (gpt-oss; default 128).")
 @click.option("--type", "type_spec",
               help="One type (q8_0) or a recipe: ffn_gate_exps=iq3_ks,ffn_down_exps=iq4_ks,other=q8_0 "
               "(default f16; a preset's published recipe with --preset)")

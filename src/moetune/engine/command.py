@@ -96,6 +96,7 @@ def service_json(sp: ServicePlan, argv: list[str], facts: Facts | None = None) -
         "devices": {dev: [{"what": i.what, "mib": round(i.mib, 2)} for i in items]
                     for dev, items in sp.memory.items.items()},
         "kv_cells": sp.memory.kv_cells,
+        **({"kv_cells_swa": sp.memory.swa_cells} if sp.memory.swa_cells else {}),
         **({"dry_run_compute_mib": {d: round(v, 2) for d, v in sp.memory.dry_run_compute_mib.items()}}
            if sp.memory.dry_run_compute_mib else {}),
         "cpu_mapped_span_mib": {f: round(v, 2) for f, v in sp.memory.mapped_span_mib.items()},

@@ -36,6 +36,7 @@ class Dialect:
     fit_off: tuple[str, ...] = ("-fit", "off")  # keep --fit from second-guessing the plan
     jinja: tuple[str, ...] = ()  # mainline applies the model's template by default
     kv_unified: tuple[str, ...] = ("--kv-unified",)
+    swa_full: tuple[str, ...] = ("--swa-full",)  # sliding-window layers' cache for the whole context
     cpu_moe: str = "--cpu-moe"
     n_cpu_moe: NCpuMoeRule = NCpuMoeRule.FIRST  # which layers --n-cpu-moe N keeps on the CPU
     amb: str | None = None  # ik_llama.cpp: attention max batch, the value Settings.amb_mib
@@ -63,6 +64,7 @@ IK_DIALECT = Dialect(
     fit_off=(),  # --fit is opt-in
     jinja=("--jinja",),
     kv_unified=(),
+    swa_full=(),  # no split cache to make full: every layer's holds the context already
     n_cpu_moe=NCpuMoeRule.IK_SPLIT_TAIL,
     amb="-amb",
     mla="-mla",

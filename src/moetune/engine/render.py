@@ -154,6 +154,8 @@ def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, engi
     argv += list(d.flash_attn_on if s.flash_attn else d.flash_attn_off)
     if s.kv_unified:
         argv += list(d.kv_unified)
+    if s.swa_full and p.hp_int("attention.sliding_window"):
+        argv += list(d.swa_full)
     argv += [d.ngl, d.ngl_all]
     if rpc:
         argv += [d.rpc, ",".join(rpc)]

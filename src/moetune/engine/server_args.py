@@ -46,6 +46,7 @@ _MANAGED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-nr", "--no-repack", "-rtr", "--run-time-repack", "--repack"), "the plan (tune's --try-repack)"),
     (("--no-mmap", "--mmap", "-lm", "--load-mode"), "--no-mmap"),
     (("-kvu", "--kv-unified"), "the plan"),
+    (("--swa-full",), "plan --swa-full"),
     (("--rope-scaling", "--rope-scale", "--yarn-orig-ctx"), "--rope-scaling yarn|linear (the factor follows --ctx)"),
 )
 _UNMODELED = "nothing: it changes the memory the plan counts, which the ledger does not model; leave it out"

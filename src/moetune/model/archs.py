@@ -47,6 +47,8 @@ class Dims:
     ssm_n_group: int = 2
     ssm_dt_rank: int = 2
     full_attention_interval: int = 2
+    # sliding-window attention (gpt-oss: every other layer)
+    n_swa: int = 128
 
     @property
     def n_blocks(self) -> int:
@@ -322,12 +324,43 @@ def qwen35moe(d: Dims) -> Layout:
     return Layout(meta, t.out)
 
 
+def gpt_oss(d: Dims) -> Layout:
+    """llama.cpp's ``gpt-oss`` (src/models/openai-moe.cpp): attention with biases and a learned sink
+    per head, even layers on a sliding window (the engine's default pattern of period 2: published
+files carry no pattern key, and neither do these), a
+    router with a bias, and routed experts with biases (SwiGLU-OAI); no shared expert."""
+    arch = "gpt-oss"
+    meta = _common_meta(arch, d)
+    meta.update({
+        f"{arch}.attention.key_length": d.head_dim,
+        f"{arch}.attention.value_length": d.head_dim,
+        f"{arch}.rope.dimension_count": d.head_dim,
+        f"{arch}.attention.sliding_window": d.n_swa,
+        f"{arch}.expert_weights_scale": 1.0,
+    })
+    t = _T()
+    _head(t, d)
+    for i in range(d.n_layer):
+        t.add(f"blk.{i}.attn_norm.weight", d.n_embd)
+        _gqa_attn(t, d, i, qk_norm=False, qkv_bias=True)
+        t.add(f"blk.{i}.attn_output.bias", d.n_embd)
+        t.add(f"blk.{i}.attn_sinks.weight", d.n_head)
+        t.add(f"blk.{i}.post_attention_norm.weight", d.n_embd)
+        _experts(t, d, i)
+        t.add(f"blk.{i}.ffn_gate_inp.bias", d.n_expert)
+        t.add(f"blk.{i}.ffn_gate_exps.bias", d.n_ff_exp, d.n_expert, f32=True)
+        t.add(f"blk.{i}.ffn_down_exps.bias", d.n_embd, d.n_expert, f32=True)
+        t.add(f"blk.{i}.ffn_up_exps.bias", d.n_ff_exp, d.n_expert, f32=True)
+    return Layout(meta, t.out)
+
+
 ARCHS: dict[str, Callable[[Dims], Layout]] = {
     "qwen3moe": qwen3moe,
     "glm4moe": glm4moe,
     "deepseek2": deepseek2,
     "qwen35moe": qwen35moe,
     "glm-dsa": glm_dsa,
+    "gpt-oss": gpt_oss,
 }
 
 # Replicas of published models, for sparse header-exact files (`testmodel --preset NAME --sparse`).
@@ -345,8 +378,9 @@ ARCHS: dict[str, Callable[[Dims], Layout]] = {
 # | qwen3-coder-480b-a35b | qwen3moe | 62             | 6144 | 96/8 (128)          | 160 (8)        | 2560   | -        | -               | 151936 | 262144 | zyzshishui/miles scripts/models/qwen3-coder-480B-A35B.sh |
 # | glm-4.6             | glm4moe   | 92 (+1)         | 5120 | 96/8 (128), qkv bias | 160 (8)       | 1536   | 1536     | 3 (12288)       | 151552 | 202752 | zyzshishui/slime scripts/models/glm4.5-355B-A32B.sh (GLM-4.5, the same network); xorbitsai/inference doc/source/models/builtin/llm/glm-4.6.rst (ctx) |
 #
-# Not generated: gpt-oss-120b (llama.cpp arch `gpt-oss`: attention sinks, alternating sliding window,
-# MXFP4 experts with biases) is not one of the families above. Qwen3-Coder-Next is llama.cpp's
+# | gpt-oss-120b        | gpt-oss   | 36              | 2880 | 64/8 (64), qkv/out bias, sinks; even layers slide over 128 tokens | 128 (4) | 2880 | - | - | 201088 | 131072 | openai/gpt-oss-120b config.json (as quoted by llama.cpp's convert_hf_to_gguf.py GptOssModel and test-llama-archs.cpp) |
+#
+# Qwen3-Coder-Next is llama.cpp's
 # `qwen3next` in published GGUFs; its replica uses `qwen35moe`, the same layers and state with the
 # delta-net input projections split in two (the same bytes per layer, within the row padding).
 # DeepSeek-V3's GGUFs carry no MTP block (the converter drops layer 61), so neither does the replica.
@@ -380,6 +414,9 @@ PRESETS: dict[str, tuple[str, Dims]] = {
     "glm-4.6": ("glm4moe", Dims(
         n_layer=92, n_nextn=1, n_embd=5120, n_head=96, n_head_kv=8, head_dim=128, n_ff=12288, n_expert=160,
         n_expert_used=8, n_ff_exp=1536, n_expert_shared=1, n_dense_lead=3, n_vocab=151552, n_ctx_train=202752)),
+    "gpt-oss-120b": ("gpt-oss", Dims(
+        n_layer=36, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_ff=2880, n_expert=128, n_expert_used=4,
+        n_ff_exp=2880, n_vocab=201088, n_ctx_train=131072, n_swa=128)),
 }
 
 
@@ -398,6 +435,7 @@ PRESETS: dict[str, tuple[str, Dims]] = {
 # | qwen3-235b-a22b       | Q4_K_M                   | 145,386,366,976     | about 142.7 GB (Hugging Face listings), +2% |
 # | qwen3-coder-480b-a35b | Q4_K_M                   | 295,114,416,128     | 290 GB (unsloth's table as quoted in public notes), +1.8% |
 # | glm-4.6               | UD-Q4_K_XL               | 208,863,270,144     | 204 GB (unsloth's announcement), +2.4% |
+# | gpt-oss-120b          | MXFP4 (experts), Q8_0    | 63,374,323,968      | 59.02 GiB (llama-bench's model size in llama.cpp's published gpt-oss benchmarks), 0.0% |
 _Q4_K_M = "ffn_gate_exps=q4_k,ffn_up_exps=q4_k,ffn_down_exps=q5_k,token_embd=q4_k,output=q6_k,other=q8_0"
 PRESET_RECIPES: dict[str, str] = {
     # GLM-5.1: the reference's IQ3_KS routed experts (gate/up iq3_ks, down iq4_ks: 1225 + 1225 + 1638
@@ -413,6 +451,7 @@ PRESET_RECIPES: dict[str, str] = {
     "qwen3-235b-a22b": _Q4_K_M,
     "qwen3-coder-480b-a35b": _Q4_K_M,
     "glm-4.6": "ffn_gate_exps=q4_k,ffn_up_exps=q4_k,ffn_down_exps=q4_k,token_embd=q4_k,output=q6_k,other=q8_0",
+    "gpt-oss-120b": "ffn_gate_exps=mxfp4,ffn_up_exps=mxfp4,ffn_down_exps=mxfp4,other=q8_0",
 }
 
 # Other typical recipes: `mainline` where the default uses ik_llama.cpp types (what mainline
@@ -439,6 +478,7 @@ _SMALL: dict[str, Dims] = {
     "deepseek2": Dims(n_dense_lead=1, n_head=2, n_head_kv=1),
     "qwen35moe": Dims(),
     "glm-dsa": Dims(n_dense_lead=1, n_nextn=1, n_head=2, n_head_kv=1),
+    "gpt-oss": Dims(n_swa=128),
 }
 
 

@@ -7,6 +7,13 @@
 - Hybrid recurrent (Qwen3-Next, Qwen3.5): KV only on the full-attention layers, plus a fixed F32
   state per sequence on the recurrent layers (convolution rows and the delta-net state).
 
+Sliding-window attention (gpt-oss, Gemma-2/3, Cohere2, EXAONE-4 ...): the GGUF declares the window
+(``attention.sliding_window``) and which layers use it (``attention.sliding_window_pattern``: one
+switch per layer, or a period; without it the architecture's own default period). llama.cpp then
+keeps two caches (``llama_kv_cache_iswa``): the full-attention layers' of the whole context, the
+windowed layers' of about a window per sequence (``moetune.plan.ledger.swa_cells``); ik_llama.cpp
+sizes every layer's cache for the context.
+
 NextN/MTP blocks carry no KV. Checked against llama-server's own ``llama_kv_cache: size =`` and
 ``RS buffer size`` lines by the test suite.
 """
@@ -29,6 +36,7 @@ class LayerKV:
     layer: int
     k_rows: tuple[int, ...]  # elements per token of each K row (MLA latent, indexer key)
     v_rows: tuple[int, ...]
+    swa: bool = False  # a sliding-window layer: its cache holds about a window, not the context
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +45,12 @@ class KVShape:
     layers: tuple[LayerKV, ...]
     recurrent_layers: tuple[int, ...] = ()
     rs_bytes_per_layer_seq: int = 0  # F32 recurrent state per recurrent layer and sequence
+    n_swa: int = 0  # the sliding window (tokens) of the layers flagged ``swa``; 0: none
+
+    def bytes_per_token_split(self, ctk: str = "f16", ctv: str = "f16") -> tuple[int, int]:
+        """KV bytes per cached token of the full-attention layers and of the sliding-window ones."""
+        full = sum(self.layer_bytes_per_token(lk, ctk, ctv) for lk in self.layers if not lk.swa)
+        return full, self.bytes_per_token(ctk, ctv) - full
 
     def bytes_per_token(self, ctk: str = "f16", ctv: str = "f16") -> int:
         return sum(self.layer_bytes_per_token(lk, ctk, ctv) for lk in self.layers)
@@ -65,6 +79,44 @@ def _per_layer(p: ModelProfile, key: str, default: int) -> list[int]:
     if isinstance(v, list):
         return [int(x) for x in v]
     return [int(v)] * p.n_layer_all
+
+
+# Architectures with interleaved sliding-window attention in llama.cpp (src/models/<arch>.cpp,
+# ``load_swa_pattern(ml, n_pattern, dense_first)``): the period used when the GGUF has no
+# ``sliding_window_pattern`` key, and whether the full-attention layer opens the period.
+SWA_DEFAULT_PATTERN: dict[str, tuple[int, bool]] = {
+    "gpt-oss": (2, False), "gemma2": (2, False), "gemma3": (6, False), "cohere2": (4, False),
+    "cohere2moe": (4, True), "exaone4": (4, False), "exaone-moe": (4, False), "afmoe": (4, False),
+    "olmo2": (4, False), "mellum": (4, False), "muse-glimmer": (4, False),
+}
+
+
+def swa_layers(p: ModelProfile) -> tuple[int, frozenset[int]]:
+    """The sliding window and the trunk layers that use it, as llama.cpp reads them
+    (``llama_hparams::set_swa_pattern``): a per-layer switch array wins; otherwise a period ``n``
+    (the key's, else the architecture's default) makes layer ``il`` windowed unless it is the last
+    of its period (``il % n < n - 1``), or, where the full layer comes first, the first
+    (``il % n != 0``); ``n = 0`` windows every layer. No window, or an architecture llama.cpp
+    gives no pattern and the GGUF none: no windowed layers."""
+    n_swa = p.hp_int("attention.sliding_window")
+    pat = p.hp("attention.sliding_window_pattern")
+    known = SWA_DEFAULT_PATTERN.get(p.arch)
+    if n_swa <= 0 or (pat is None and known is None):
+        return 0, frozenset()
+    n = p.n_layer
+    if isinstance(pat, list):
+        return n_swa, frozenset(i for i, on in enumerate(pat[:n]) if on)
+    if pat is not None and (isinstance(pat, bool) or not isinstance(pat, int) or pat < 0):
+        raise InputError(f"metadata {p.arch}.attention.sliding_window_pattern is {pat!r}; expected a period "
+                         "or one switch per layer", hint="the file's header is damaged")
+    period, dense_first = known or (2, False)
+    if pat is not None:
+        period = int(pat)
+    if period == 0:
+        return n_swa, frozenset(range(n))
+    if dense_first:
+        return n_swa, frozenset(i for i in range(n) if i % period != 0)
+    return n_swa, frozenset(i for i in range(n) if i % period < period - 1)
 
 
 def kv_shape(p: ModelProfile, engine: str = EngineKind.MAINLINE) -> KVShape:
@@ -105,5 +157,7 @@ def kv_shape(p: ModelProfile, engine: str = EngineKind.MAINLINE) -> KVShape:
         s = d_state * d_inner
         layers = tuple(LayerKV(i, (heads_kv[i] * hk,), (heads_kv[i] * hv,)) for i in attn)
         return KVShape("hybrid", layers, tuple(i for i in range(n) if rec[i]), (r + s) * F32_BYTES)
-    layers = tuple(LayerKV(i, (heads_kv[i] * hk,), (heads_kv[i] * hv,)) for i in range(n) if heads_kv[i])
-    return KVShape("gqa", layers)
+    # ik_llama.cpp (0.1.5) has no split cache: it masks the window but keeps every layer's context
+    n_swa, swa = swa_layers(p) if engine == EngineKind.MAINLINE else (0, frozenset[int]())
+    layers = tuple(LayerKV(i, (heads_kv[i] * hk,), (heads_kv[i] * hv,), i in swa) for i in range(n) if heads_kv[i])
+    return KVShape("gqa", layers, n_swa=n_swa if swa else 0)

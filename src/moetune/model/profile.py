@@ -218,7 +218,11 @@ class ModelProfile:
         out = []
         for i in range(self.n_layer_all):
             ts = by_layer.get(i, [])
-            experts = {t.kind: (t.type_name, t.nbytes) for t in ts if t.is_expert}
+            experts: dict[str, tuple[str, int]] = {}
+            for t in ts:
+                if t.is_expert:  # a kind's bytes include its bias (gpt-oss); its type is the weight's
+                    ty, b = experts.get(t.kind, (t.type_name, 0))
+                    experts[t.kind] = (ty if t.name.endswith(".bias") else t.type_name, b + t.nbytes)
             kind = "nextn" if i >= self.n_layer else ("moe" if experts else "dense")
             eb = sum(b for _, b in experts.values())
             out.append(Layer(i, kind, eb, sum(t.nbytes for t in ts) - eb, experts))
@@ -245,9 +249,10 @@ INT_HPARAMS: dict[str, bool] = {
     "attention.indexer.top_k": False, "full_attention_interval": False,
     "ssm.conv_kernel": False, "ssm.inner_size": False, "ssm.state_size": False, "ssm.group_count": False,
     "ssm.time_step_rank": False, "attention.q_lora_rank": False, "attention.indexer.head_count": False,
+    "attention.sliding_window": False,
 }
 # per-layer arrays of switches (any scalar: 0/1, bool)
-LAYER_FLAGS = ("attention.recurrent_layers", "attention.indexer.types")
+LAYER_FLAGS = ("attention.recurrent_layers", "attention.indexer.types", "attention.sliding_window_pattern")
 MAX_LAYERS = 1 << 16  # llama.cpp loads at most 512; more is a damaged header, and a plan would loop over them
 MAX_HPARAM = (1 << 32) - 1  # llama.cpp reads these as uint32
 

@@ -35,6 +35,7 @@ class ComputeInputs:
     ctk: str = "f16"
     ctv: str = "f16"
     n_outputs: int = 0  # tokens of the reserve graph that reach the output layer; 0: the whole ubatch
+    n_kv_swa: int = 0  # cells per stream of the sliding-window layers' cache (mainline); 0: none
 
     @property
     def n_tok(self) -> int:
@@ -159,7 +160,7 @@ def reserve_bytes(p: ModelProfile, inp: ComputeInputs, sites: Sites, devices: Se
     CPU last): the reserve graph replayed (see the module docstring)."""
     plain = ("f16", "bf16", "f32")  # the other cache types are quantized (attention rotation)
     nodes = build(p, Shape(inp.n_tok, inp.n_kv, inp.flash_attn, inp.ctk not in plain, inp.ctv not in plain,
-                           inp.n_outputs), sites)
+                           inp.n_outputs, inp.n_kv_swa), sites)
     return buffer_sizes(nodes, devices, offload_to, n_copies)
 
 

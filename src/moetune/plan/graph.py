@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moetune.model.kv import swa_layers
 from moetune.model.profile import ModelProfile
 from moetune.plan.galloc import CPU, Node
 
@@ -36,6 +37,7 @@ class Shape:
     k_quant: bool = False  # a quantized K cache (q8_0, q4_0): attention rotation on
     v_quant: bool = False
     n_out: int = 0  # tokens whose logits the graph computes; 0: all of them
+    n_kv_swa: int = 0  # cells per stream of the sliding-window layers' cache; 0: the model has none
 
     @property
     def outputs(self) -> int:
@@ -58,6 +60,7 @@ class _Graph:
         self.skipped_leafs: list[str] = []  # top-k leafs of layers left out (``_kept_layers``), freed by the next one
         self.sizes = {t.name: t.nbytes for t in p.tensors}
         self.e = F32 * p.n_embd * sh.n_tok  # one row of the residual stream per token
+        self.swa = swa_layers(p)[1] if sh.n_kv_swa else frozenset()
 
     def add(self, name: str, nbytes: int, srcs: tuple[str, ...] = (), *, weight: str = "", weight_bytes: int = 0,
             batch: int = 0, inplace: bool = False, leaf: bool = False, is_input: bool = False, pinned: bool = False,
@@ -89,6 +92,9 @@ def _inputs(g: _Graph) -> str:
     if g.p.arch == "glm-dsa":  # the lightning indexer's own mask, F16 (glm-dsa.cpp, fused)
         g.add("kq_mask_lid", t * n_kv * 2, leaf=True, is_input=True)
     g.add("kq_mask", mask, leaf=True, is_input=True)
+    if g.sh.n_kv_swa:  # the sliding-window layers' own indices and mask (build_attn_inp_kv_iswa)
+        g.add("k_idxs_swa", 8 * t, leaf=True, is_input=True)
+        g.add("kq_mask_swa", t * g.sh.n_kv_swa * (2 if g.sh.flash_attn else F32), leaf=True, is_input=True)
     g.add("out_ids", F32 * g.sh.outputs, leaf=True, is_input=True)
     embd = g.add("embd", g.e, ("inp_tokens",), weight=CPU)  # token_embd stays on the CPU; GET_ROWS is never offloaded
     g.add("mixed_rows", g.e, ("inp_mixed_tokens",), weight=CPU)
@@ -116,25 +122,30 @@ def _attn_gqa(g: _Graph, il: int, x: str, dev: str, gated: bool) -> str:
     n_kv_head = g.hp("attention.head_count_kv", n_head)
     q, kv, qv = F32 * n_head * hk * t, F32 * n_kv_head * hk * t, F32 * n_head * hv * t
     rot_k, rot_v = g.sh.k_quant and hk % 64 == 0, g.sh.v_quant and hv % 64 == 0
+    windowed = il in g.swa  # a sliding-window layer attends over its own, smaller cache
+    mask, n_kv = ("kq_mask_swa", g.sh.n_kv_swa) if windowed else ("kq_mask", g.sh.n_kv)
+    idxs = "k_idxs_swa" if windowed else "k_idxs"
+    # a Q/K norm is a new tensor; without one, a bias (gpt-oss) is added in place
+    normed = f"blk.{il}.attn_q_norm.weight" in g.sizes or f"blk.{il}.attn_q.bias" not in g.sizes
     qfull = _matmul(g, f"Qcur-{il}", 2 * q if gated else q, x, dev)
-    qr = g.add(f"Qnorm-{il}", q, (qfull,), weight=dev)
+    qr = g.add(f"Qnorm-{il}", q, (qfull,), weight=dev, inplace=not normed)
     qr = g.add(f"Qrope-{il}", q, (qr, "inp_pos"), inplace=True)
     if rot_k:
         qr = g.add(f"Q_rot-{il}", q, (qr,))
     v = _matmul(g, f"Vcur-{il}", kv, x, dev)
     if rot_v:
         v = g.add(f"V_rot-{il}", kv, (v,))
-    g.add(f"v_set-{il}", 0, (v, "k_idxs"), view_of=v)
+    g.add(f"v_set-{il}", 0, (v, idxs), view_of=v)
     k = _matmul(g, f"Kcur-{il}", kv, x, dev)
-    k = g.add(f"Knorm-{il}", kv, (k,), weight=dev)
+    k = g.add(f"Knorm-{il}", kv, (k,), weight=dev, inplace=not normed)
     k = g.add(f"Krope-{il}", kv, (k, "inp_pos"), inplace=True)
     if rot_k:
         k = g.add(f"K_rot-{il}", kv, (k,))
-    g.add(f"k_set-{il}", 0, (k, "k_idxs"), view_of=k)
+    g.add(f"k_set-{il}", 0, (k, idxs), view_of=k)
     if g.sh.flash_attn:
-        o = g.add(f"fattn-{il}", qv, (qr, "kq_mask"))
+        o = g.add(f"fattn-{il}", qv, (qr, mask))
     else:
-        kq = g.add(f"kq-{il}", F32 * g.sh.n_kv * n_head * t, (qr, "kq_mask"))
+        kq = g.add(f"kq-{il}", F32 * n_kv * n_head * t, (qr, mask))
         o = g.add(f"kqv-{il}", qv, (kq,))
         o = g.add(f"kqv_out-{il}", qv, (o,))  # the heads merged (``ggml_cont``)
     if rot_v:
@@ -227,6 +238,8 @@ def _ffn_moe(g: _Graph, il: int, x: str, dev: str, t: int) -> str:
     used, n_exp, e = g.p.n_expert_used, g.p.n_expert, F32 * g.p.n_embd * t
     n_ff = g.hp("expert_feed_forward_length")
     logits = _matmul(g, f"ffn_moe_logits-{il}", F32 * n_exp * t, x, dev, batch=t)
+    if f"blk.{il}.ffn_gate_inp.bias" in g.sizes:  # gpt-oss: the router's bias (ggml_add, a new tensor)
+        logits = g.add(f"ffn_moe_logits_biased-{il}", F32 * n_exp * t, (logits,), weight=dev, inplace=True)
     probs = g.add(f"ffn_moe_probs-{il}", F32 * n_exp * t, (logits,), inplace=True)
     sel = probs
     if f"blk.{il}.exp_probs_b.bias" in g.sizes:  # the selection bias (deepseek2, glm4moe, glm-dsa)
@@ -239,9 +252,12 @@ def _ffn_moe(g: _Graph, il: int, x: str, dev: str, t: int) -> str:
     site = {k: g.sites.experts.get(f"blk.{il}.ffn_{k}_exps.weight", dev) for k in ("gate", "up", "down")}
     gate = _matmul(g, f"ffn_moe_gate-{il}", F32 * n_ff * used * t, x, site["gate"], f"blk.{il}.ffn_gate_exps.weight",
                    (arg,), t)
+    gate = _expert_bias(g, il, "gate", gate, F32 * n_ff * used * t, site["gate"], arg)
     up = _matmul(g, f"ffn_moe_up-{il}", F32 * n_ff * used * t, x, site["up"], f"blk.{il}.ffn_up_exps.weight", (arg,), t)
+    up = _expert_bias(g, il, "up", up, F32 * n_ff * used * t, site["up"], arg)
     act = g.add(f"ffn_moe_swiglu-{il}", F32 * n_ff * used * t, (gate, up))
     down = _matmul(g, f"ffn_moe_down-{il}", e * used, act, site["down"], f"blk.{il}.ffn_down_exps.weight", (arg,), t)
+    down = _expert_bias(g, il, "down", down, e * used, site["down"], arg)
     wd = g.add(f"ffn_moe_weighted-{il}", e * used, (down, w), inplace=True)
     out = g.add(f"ffn_moe_out-{il}", e, (wd,))
     shexp = g.hp("expert_shared_feed_forward_length") or (n_ff * g.hp("expert_shared_count"))
@@ -252,6 +268,14 @@ def _ffn_moe(g: _Graph, il: int, x: str, dev: str, t: int) -> str:
         sd = _matmul(g, f"ffn_shexp-{il}", e, sa, dev, batch=t)
         out = g.add(f"ffn_out-{il}", e, (out, sd), inplace=True)
     return out
+
+
+def _expert_bias(g: _Graph, il: int, kind: str, cur: str, nbytes: int, dev: str, arg: str) -> str:
+    """gpt-oss's expert biases: ``ggml_add_id`` of the selected experts' rows on the experts' device
+    (where the bias lives with its weight), which the allocator runs in place."""
+    if f"blk.{il}.ffn_{kind}_exps.bias" not in g.sizes:
+        return cur
+    return g.add(f"ffn_moe_{kind}_biased-{il}", nbytes, (cur, arg), weight=dev, inplace=True)
 
 
 def _recurrent(p: ModelProfile, il: int) -> bool:
@@ -291,6 +315,8 @@ def build(p: ModelProfile, sh: Shape, sites: Sites, every_layer: bool = False) -
     cur = _inputs(g)
     last, rows, e_out = p.n_layer - 1, sh.outputs, F32 * p.n_embd * sh.outputs
     kept = set(range(p.n_layer)) if every_layer else set(_kept_layers(p, sites))
+    # qwen35moe selects the output rows after the final norm, gpt-oss after the last layer
+    late_rows = p.is_hybrid_recurrent or p.arch == "gpt-oss"
     for il in range(p.n_layer):
         if il not in kept:
             if p.arch == "glm-dsa":  # its top-k leaf is still allocated with the others
@@ -305,7 +331,7 @@ def build(p: ModelProfile, sh: Shape, sites: Sites, every_layer: bool = False) -
             a = _attn_mla(g, il, x, dev)
         else:
             a = _attn_gqa(g, il, x, dev, gated=p.is_hybrid_recurrent)
-        selects = il == last and not p.is_hybrid_recurrent  # the last layer keeps only the output rows
+        selects = il == last and not late_rows  # the last layer keeps only the output rows
         t = rows if selects else sh.n_tok
         e = F32 * p.n_embd * t
         if selects:
@@ -320,6 +346,8 @@ def build(p: ModelProfile, sh: Shape, sites: Sites, every_layer: bool = False) -
         cur = g.add(f"l_out-{il}", e, (f, res), inplace=True)
     # the graph's outputs are never freed (``llm_graph_result::set_outputs`` flags the logits, the
     # final hidden state ``t_embd`` and the MTP seed ``t_h_nextn``, the normed hidden state)
+    if p.arch == "gpt-oss":
+        cur = g.add("out_rows", e_out, (cur, "out_ids"))
     norm = g.add("result_norm", F32 * p.n_embd * (sh.n_tok if p.is_hybrid_recurrent else rows), (cur,),
                  weight=sites.output, inplace=True, pinned=True)
     if p.is_hybrid_recurrent:  # qwen35moe selects the output rows after the final norm

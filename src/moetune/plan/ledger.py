@@ -114,6 +114,7 @@ class ServiceMemory:
     tensors_on: dict[str, list[str]] = field(default_factory=dict)
     # mainline: the compute buffers as llama-fit-params projects them (every ubatch token an output)
     dry_run_compute_mib: dict[str, float] = field(default_factory=dict)
+    swa_cells: int = 0  # cells of the sliding-window layers' cache (0: the model has none)
 
 
 def kv_cells(s: Settings) -> int:
@@ -122,6 +123,18 @@ def kv_cells(s: Settings) -> int:
         return -(-s.ctx // KV_PAD) * KV_PAD
     per = -(-(s.ctx // s.slots) // KV_PAD) * KV_PAD
     return per * s.slots
+
+
+def swa_cells(s: Settings, n_swa: int) -> int:
+    """Cells of the sliding-window layers' cache (``llama_kv_cache_iswa``): per stream the window
+    times the sequences it is shared by (all of them in a unified cache, one otherwise) plus one
+    ubatch, at most the full cache's, padded to 256; the full cache's with ``--swa-full``."""
+    full = kv_cells(s)
+    if n_swa <= 0 or s.swa_full:
+        return full
+    streams = 1 if s.kv_unified or s.slots <= 1 else s.slots
+    per = min(full // streams, n_swa * (s.slots if s.kv_unified else 1) + s.ubatch)
+    return -(-per // KV_PAD) * KV_PAD * streams
 
 
 def loaded(p: ModelProfile, s: Settings) -> list[Tensor]:
@@ -168,16 +181,19 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
         items[CPU].append(Item("repack", repack / MIB, service))
     # KV cache and recurrent state follow their layer
     kv: KVShape = kv_shape(p, s.engine)
-    cells = kv_cells(s)
+    cells, cells_swa = kv_cells(s), swa_cells(s, kv.n_swa)
     kv_by_dev: dict[str, float] = defaultdict(float)
     for lk in kv.layers:
-        kv_by_dev[pl.layer_device[lk.layer]] += KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv) * cells
+        kv_by_dev[pl.layer_device[lk.layer]] += KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv) * (
+            cells_swa if lk.swa else cells)
     for layer in kv.recurrent_layers:
         kv_by_dev[pl.layer_device[layer]] += kv.rs_bytes_per_layer_seq * s.slots
     for dev, kv_bytes in kv_by_dev.items():
         items[dev].append(Item("kv", kv_bytes / MIB, service))
     # compute buffers
-    inp = ComputeInputs(s.ubatch, s.ctx, s.slots, s.flash_attn, s.kv_unified, s.amb_mib, s.ctk, s.ctv)
+    streams = 1 if s.kv_unified or s.slots <= 1 else s.slots
+    inp = ComputeInputs(s.ubatch, s.ctx, s.slots, s.flash_attn, s.kv_unified, s.amb_mib, s.ctk, s.ctv,
+                        n_kv_swa=cells_swa // streams if kv.n_swa else 0)
     projected: dict[str, float] = {}
     if s.engine == EngineKind.IK:
         for d, role in device_roles(p, pl, experts).items():
@@ -193,7 +209,8 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
             projected = {d: b / MIB for d, b in mainline_compute(p, hw, pl, inp).items() if b}
     items[CPU].append(Item("output", p.n_vocab * 4 * s.slots / MIB, service))
     mapped = {} if not s.mmap else {str(p.files[i]): (hi - lo) / MIB for i, (lo, hi) in spans.items()}
-    return ServiceMemory(service, dict(items), mapped, cells, dict(on), projected)
+    return ServiceMemory(service, dict(items), mapped, cells, dict(on), projected,
+                         cells_swa if kv.n_swa else 0)
 
 
 def mainline_compute(p: ModelProfile, hw: Inventory, pl: Placement, inp: ComputeInputs) -> dict[str, int]:

@@ -93,7 +93,8 @@ def step_seconds(w: Work, depth: int, k: SpeedConstants, streams: int) -> float:
         share = held_touched(d, w.expert_share, streams)
         read = d.read_bytes - d.held_expert_bytes * w.expert_share + d.held_expert_bytes * share
         batched = replace(d, read_bytes=read, kv_bytes_per_ctx=d.kv_bytes_per_ctx * streams,
-                          ctx_flop_per_ctx=d.ctx_flop_per_ctx * streams)
+                          ctx_flop_per_ctx=d.ctx_flop_per_ctx * streams,
+                          kv_bytes_windowed=d.kv_bytes_windowed * streams, ctx_flop_windowed=d.ctx_flop_windowed * streams)
         t += device_decode_seconds(batched, depth, k)
         flop = 2 * d.active_params * (streams - 1)
         rate = max(1, d.threads) * k.cpu_gflops_per_core * 1e9 if d.cpu else (d.tflops or k.gpu_tflops) * 1e12

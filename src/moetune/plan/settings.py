@@ -61,6 +61,7 @@ class Settings:
     repack: bool = False  # CPU weight repacking (extra CPU_REPACK buffer); off by default on this project
     mtp: bool = False  # load NextN/MTP blocks (speculative drafting)
     kv_unified: bool = False
+    swa_full: bool = False  # --swa-full: sliding-window layers get a cache of the whole context
     amb_mib: int = 0  # ik_llama.cpp -amb: attention max batch (MiB), bounds the attention's scratch; 0 = unbounded
     mla: int = 3  # ik_llama.cpp -mla mode on MLA models (2 and 3 keep the latent cache alone; 3 is ik's default)
     fused_moe: bool = True  # ik_llama.cpp's fused MoE up/gate kernels (on by default; -no-fmoe turns them off)

@@ -109,10 +109,21 @@ class DeviceWork:
     # i = 0..16; empty: every expert alike (``touched_share``)
     touched: tuple[float, ...] = ()
     batch_threads: int = 0  # threads for prefill (the plan's --threads-batch); 0: the same as ``threads``
+    # sliding-window layers: KV bytes and attention FLOPs per token of context, up to ``window`` tokens
+    kv_bytes_windowed: float = 0.0
+    ctx_flop_windowed: float = 0.0
+    window: int = 0
 
     @property
     def prefill_threads(self) -> int:
         return max(1, self.batch_threads or self.threads)
+
+    def kv_read(self, depth: int) -> tuple[float, float]:
+        """KV bytes read and attention FLOPs per token at context depth ``depth``: every cached token
+        of the full-attention layers, at most a window of the sliding-window ones."""
+        w = min(depth, self.window)
+        return (depth * self.kv_bytes_per_ctx + w * self.kv_bytes_windowed,
+                depth * self.ctx_flop_per_ctx + w * self.ctx_flop_windowed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,12 +157,13 @@ def _soft_max(a: float, b: float) -> float:
 
 
 def device_decode_seconds(d: DeviceWork, depth: int, k: SpeedConstants) -> float:
-    read = d.read_bytes + depth * d.kv_bytes_per_ctx
+    kv, flop = d.kv_read(depth)
+    read = d.read_bytes + kv
     if d.cpu:
         threads = max(1, d.threads)
         t = _soft_max(read / (d.bw_gbs * GB * k.cpu_bw_eff), read / (threads * k.cpu_core_gbs * GB))
-        return t + depth * d.ctx_flop_per_ctx / (threads * k.cpu_ctx_gflops_per_core * 1e9)
-    return read / (d.bw_gbs * GB * k.gpu_bw_eff) + depth * d.ctx_flop_per_ctx / (k.gpu_ctx_tflops * 1e12)
+        return t + flop / (threads * k.cpu_ctx_gflops_per_core * 1e9)
+    return read / (d.bw_gbs * GB * k.gpu_bw_eff) + flop / (k.gpu_ctx_tflops * 1e12)
 
 
 def hop_us(w: Work, k: SpeedConstants) -> float:
@@ -321,16 +333,22 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
     kv: KVShape = kv_shape(p, s.engine)
     heads = p.hp_int("attention.head_count", 1) or 1
     q_per_kv = heads / max(1, p.hp_int("attention.head_count_kv", heads) or heads)
+    kv_win: dict[str, float] = {}
+    flop_win: dict[str, float] = {}
     for lk in kv.layers:
         d = pl.layer_device[lk.layer]
-        kv_per_ctx[d] = kv_per_ctx.get(d, 0.0) + KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv)
+        # a sliding-window layer reads at most a window of its cache (with --swa-full the attention
+        # runs over a cache of the whole context, the masked cells included)
+        windowed = lk.swa and not s.swa_full
+        kv_d, flop_d = (kv_win, flop_win) if windowed else (kv_per_ctx, ctx_flop)
+        kv_d[d] = kv_d.get(d, 0.0) + KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv)
         # q.k and p.v over every cached row, for every query head sharing it
-        ctx_flop[d] = ctx_flop.get(d, 0.0) + 2 * q_per_kv * (sum(lk.k_rows) + (sum(lk.v_rows) or sum(lk.k_rows)))
+        flop_d[d] = flop_d.get(d, 0.0) + 2 * q_per_kv * (sum(lk.k_rows) + (sum(lk.v_rows) or sum(lk.k_rows)))
     devs = {d.name: d for d in hw.devices()}
     local_threads = min(s.threads or hw.local.cores, hw.local.cores)
     local_batch_threads = min(s.threads_batch, hw.local.cores) if s.threads_batch else 0
     out = []
-    for name in sorted(set(read) | set(ctx_flop)):
+    for name in sorted(set(read) | set(ctx_flop) | set(flop_win)):
         dev = devs.get(name) or hw.cpu()
         cpu = _cpu_backed(hw, dev)
         node = next((n for n in hw.nodes if n.name == dev.node), hw.local)
@@ -339,7 +357,8 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
         out.append(DeviceWork(name, cpu, dev.bw_gbs, threads, node.cores if cpu else 0, dev.tflops,
                               read.get(name, 0.0), kv_per_ctx.get(name, 0.0), ctx_flop.get(name, 0.0),
                               active.get(name, 0.0), held.get(name, 0.0), touched,
-                              local_batch_threads if cpu and dev.kind == DeviceKind.CPU else 0))
+                              local_batch_threads if cpu and dev.kind == DeviceKind.CPU else 0,
+                              kv_win.get(name, 0.0), flop_win.get(name, 0.0), kv.n_swa if name in flop_win else 0))
     n_splits, hops = graph_splits(p, pl, experts)
     kinds = {name: d.kind for name, d in devs.items()}
     rpc_hops = sum(1 for src, dst in hops if kinds.get(src) == DeviceKind.RPC or kinds.get(dst) == DeviceKind.RPC)
@@ -358,7 +377,7 @@ def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
 
 
 def from_work(w: Work, k: SpeedConstants, depth: int = 0, prompt_tokens: int | None = None) -> Prediction:
-    loads = tuple(DeviceLoad(d.device, round((d.read_bytes + depth * d.kv_bytes_per_ctx) / MIB, 3),
+    loads = tuple(DeviceLoad(d.device, round((d.read_bytes + d.kv_read(depth)[0]) / MIB, 3),
                              round(device_decode_seconds(d, depth, k) * 1e3, 4), d.bw_gbs) for d in w.devices)
     return Prediction(1.0 / decode_seconds(w, depth, k), prefill_tok_s(w, k, prompt_tokens), w, k, depth, loads)
 

@@ -11,6 +11,7 @@ from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.model.kv import CACHE_TYPES, KVShape, kv_shape
 from moetune.model.profile import EXPERT_KINDS, ModelProfile
+from moetune.plan.settings import Settings
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -23,9 +24,24 @@ def mib(n: int | float) -> float:
     return round(n / MIB, 2)
 
 
-def inspect_json(p: ModelProfile) -> dict[str, Any]:
+def kv_at(p: ModelProfile, s: Settings) -> dict[str, Any]:
+    """KV cells and bytes at the settings' context, slots and ubatch, as llama.cpp sizes them (the
+    ledger's rule): the full-attention layers' cache and the sliding-window layers'."""
+    from moetune.plan.ledger import kv_cells, swa_cells
+
+    kv = kv_shape(p, s.engine)
+    full, windowed = kv.bytes_per_token_split(s.ctk, s.ctv)
+    cells, cells_swa = kv_cells(s), swa_cells(s, kv.n_swa)
+    return {"ctx": s.ctx, "parallel": s.slots, "ubatch": s.ubatch, "swa_full": s.swa_full, "cache_type": s.ctk,
+            "full_cells": cells, "swa_cells": cells_swa if kv.n_swa else 0,
+            "full_bytes": full * cells, "swa_bytes": windowed * cells_swa,
+            "total_bytes": full * cells + windowed * cells_swa}
+
+
+def inspect_json(p: ModelProfile, at: Settings | None = None) -> dict[str, Any]:
     kv = kv_shape(p)
     kv_ik = kv_shape(p, EngineKind.IK)
+    swa = [lk.layer for lk in kv.layers if lk.swa]
     return {
         "schema_version": SCHEMA_VERSION,
         "arch": p.arch,
@@ -60,6 +76,13 @@ def inspect_json(p: ModelProfile) -> dict[str, Any]:
         ],
         "kv_layers": len(kv.layers),
         "kv_bytes_per_token": _kv_bytes(kv),
+        "sliding_window": kv.n_swa,
+        "swa_layers": swa,
+        # mainline's per token of the full-attention layers and of the windowed ones (whose cache
+        # holds about a window per sequence, not the context)
+        "kv_bytes_per_token_full": _kv_bytes(kv, swa=False),
+        "kv_bytes_per_token_swa": _kv_bytes(kv, swa=True),
+        "kv_at": kv_at(p, at or Settings()),
         "kv_bytes_per_token_by_engine": {EngineKind.MAINLINE: _kv_bytes(kv), EngineKind.IK: _kv_bytes(kv_ik)},
         "recurrent_layers": len(kv.recurrent_layers),
         "rs_bytes_per_seq": kv.rs_bytes_per_seq,
@@ -67,12 +90,13 @@ def inspect_json(p: ModelProfile) -> dict[str, Any]:
     }
 
 
-def _kv_bytes(kv: KVShape) -> dict[str, int | None]:
-    """KV bytes per token by cache type; None for a type that cannot hold the model's rows."""
+def _kv_bytes(kv: KVShape, swa: bool | None = None) -> dict[str, int | None]:
+    """KV bytes per token by cache type (of every layer, or of the windowed or full ones only);
+    None for a type that cannot hold the model's rows."""
     out: dict[str, int | None] = {}
     for t in CACHE_TYPES:
         try:
-            out[t] = kv.bytes_per_token(t, t)
+            out[t] = kv.bytes_per_token(t, t) if swa is None else kv.bytes_per_token_split(t, t)[int(swa)]
         except InputError:
             out[t] = None
     return out
@@ -110,10 +134,10 @@ def _compress_rows(p: ModelProfile) -> list[tuple[str, list[Any]]]:
     return rows
 
 
-def print_inspect(p: ModelProfile, console: Console) -> None:
+def print_inspect(p: ModelProfile, console: Console, at: Settings | None = None) -> None:
     from rich.table import Table  # here, so that --json never imports rich
 
-    doc = inspect_json(p)
+    doc = inspect_json(p, at)
     console.print(f"[bold]{p.arch}[/]  {doc['name'] or ''}  ({len(p.files)} file{'s' if len(p.files) > 1 else ''})")
     hp = Table.grid(padding=(0, 2))
     for k in ("n_layer", "n_layer_trunk", "n_nextn", "n_dense_lead", "n_expert", "n_expert_used",
@@ -139,11 +163,25 @@ def print_inspect(p: ModelProfile, console: Console) -> None:
     kv = Table(title="KV cache per 1k tokens (MiB)")
     kv.add_column("cache type")
     kv.add_column(EngineKind.MAINLINE, justify="right")
+    if doc["sliding_window"]:
+        n_swa = len(doc["swa_layers"])
+        kv.add_column(f"{doc['kv_layers'] - n_swa} full layers", justify="right")
+        kv.add_column(f"{n_swa} windowed ({doc['sliding_window']} tokens)", justify="right")
     kv.add_column(EngineKind.IK, justify="right")
     for ty in CACHE_TYPES:
-        kv.add_row(ty, _per_1k(doc["kv_bytes_per_token_by_engine"][EngineKind.MAINLINE][ty]),
-                   _per_1k(doc["kv_bytes_per_token_by_engine"][EngineKind.IK][ty]))
+        row = [_per_1k(doc["kv_bytes_per_token_by_engine"][EngineKind.MAINLINE][ty])]
+        if doc["sliding_window"]:
+            row += [_per_1k(doc["kv_bytes_per_token_full"][ty]), _per_1k(doc["kv_bytes_per_token_swa"][ty])]
+        kv.add_row(ty, *row, _per_1k(doc["kv_bytes_per_token_by_engine"][EngineKind.IK][ty]))
     console.print(kv)
+    a = doc["kv_at"]
+    text = (f"KV cache at --ctx {a['ctx']} --parallel {a['parallel']} ({a['cache_type']}, llama.cpp): "
+            f"{mib(a['total_bytes']):,.2f} MiB")
+    if doc["sliding_window"]:
+        text += (f" = full layers {mib(a['full_bytes']):,.2f} MiB ({a['full_cells']} cells) + windowed "
+                 f"{mib(a['swa_bytes']):,.2f} MiB ({a['swa_cells']} cells at -ub {a['ubatch']}"
+                 f"{', --swa-full' if a['swa_full'] else ''})")
+    console.print(text, markup=False)
     if doc["rs_bytes_per_seq"]:
         console.print(f"recurrent state: {mib(doc['rs_bytes_per_seq']):.2f} MiB per sequence "
                       f"({doc['recurrent_layers']} recurrent layers, F32)")
