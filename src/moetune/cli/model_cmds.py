@@ -12,11 +12,11 @@ import click
 
 from moetune.cli import common
 from moetune.cli.common import json_option, print_json, remote_notes, remote_options
+from moetune.errors import InputError
 from moetune.model.archs import ARCHS, PRESET_RECIPES, PRESETS, Dims, with_overrides
 from moetune.model.kv import CACHE_TYPES
 from moetune.model.profile import open_model
-from moetune.plan.settings import Settings
-from moetune.report.inspect_view import inspect_json, mib, print_inspect
+from moetune.report.inspect_view import KvQuery, inspect_json, mib, print_inspect
 
 
 @click.command()
@@ -38,8 +38,9 @@ def inspect(path: str | None, hf: str | None, http_timeout_s: float, ctx: int, p
     """
     p = open_model(path, hf, timeout_s=http_timeout_s)
     remote_notes(p)
-    at = Settings(ctx=ctx, slots=parallel, ubatch=ubatch, batch=max(ubatch, 2048), ctk=ctk, ctv=ctk, swa_full=swa_full)
-    at.validate()
+    if ctx // parallel < 256:
+        raise InputError(f"--ctx {ctx} over {parallel} slots leaves under 256 tokens per slot")
+    at = KvQuery(ctx=ctx, slots=parallel, ubatch=ubatch, cache_type=ctk, swa_full=swa_full)
     if as_json:
         print_json(inspect_json(p, at))
     else:

@@ -31,6 +31,29 @@ CACHE_TYPES = ("f16", "q8_0", "q4_0")
 F32_BYTES = 4
 
 
+KV_PAD = 256  # llama.cpp pads a cache's cells per stream to this
+
+
+def full_cells(ctx: int, slots: int, unified: bool = False) -> int:
+    """KV cells llama.cpp allocates: per stream ``ctx / slots`` padded to 256, times the streams
+    (one stream for one slot or a unified cache)."""
+    if unified or slots <= 1:
+        return -(-ctx // KV_PAD) * KV_PAD
+    return -(-(ctx // slots) // KV_PAD) * KV_PAD * slots
+
+
+def swa_cells(ctx: int, slots: int, ubatch: int, n_swa: int, unified: bool = False, swa_full: bool = False) -> int:
+    """Cells of the sliding-window layers' cache (``llama_kv_cache_iswa``): per stream the window
+    times the sequences it is shared by (all of them in a unified cache, one otherwise) plus one
+    ubatch, at most the full cache's, padded to 256; the full cache's with ``--swa-full``."""
+    full = full_cells(ctx, slots, unified)
+    if n_swa <= 0 or swa_full:
+        return full
+    streams = 1 if unified or slots <= 1 else slots
+    per = min(full // streams, n_swa * (slots if unified else 1) + ubatch)
+    return -(-per // KV_PAD) * KV_PAD * streams
+
+
 @dataclass(frozen=True, slots=True)
 class LayerKV:
     layer: int

@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from moetune.model.kv import KV_PAD
 from moetune.model.profile import ModelProfile
 from moetune.plan.galloc import buffer_sizes
 from moetune.plan.graph import Shape, Sites, build
 
 MIB = 1 << 20
-KV_PAD = 256
 
 
 @dataclass(frozen=True, slots=True)

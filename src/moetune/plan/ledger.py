@@ -11,9 +11,10 @@ from typing import Any
 
 from moetune.hardware.inventory import Inventory
 from moetune.kinds import DeviceKind, EngineKind
-from moetune.model.kv import KVShape, kv_shape
+from moetune.model import kv
+from moetune.model.kv import KVShape, full_cells, kv_shape
 from moetune.model.profile import ModelProfile, Tensor
-from moetune.plan.compute import KV_PAD, ComputeInputs, DeviceRole, compute_bytes, reserve_bytes
+from moetune.plan.compute import ComputeInputs, DeviceRole, compute_bytes, reserve_bytes
 from moetune.plan.graph import Sites
 from moetune.plan.placement import CPU, Placement, tensor_device
 from moetune.plan.settings import Settings
@@ -118,23 +119,13 @@ class ServiceMemory:
 
 
 def kv_cells(s: Settings) -> int:
-    """KV cells llama.cpp allocates: per stream ``ctx / slots`` padded to 256, times the streams."""
-    if s.kv_unified or s.slots <= 1:
-        return -(-s.ctx // KV_PAD) * KV_PAD
-    per = -(-(s.ctx // s.slots) // KV_PAD) * KV_PAD
-    return per * s.slots
+    """KV cells llama.cpp allocates for the full-attention layers (``model.kv.full_cells``)."""
+    return full_cells(s.ctx, s.slots, s.kv_unified)
 
 
 def swa_cells(s: Settings, n_swa: int) -> int:
-    """Cells of the sliding-window layers' cache (``llama_kv_cache_iswa``): per stream the window
-    times the sequences it is shared by (all of them in a unified cache, one otherwise) plus one
-    ubatch, at most the full cache's, padded to 256; the full cache's with ``--swa-full``."""
-    full = kv_cells(s)
-    if n_swa <= 0 or s.swa_full:
-        return full
-    streams = 1 if s.kv_unified or s.slots <= 1 else s.slots
-    per = min(full // streams, n_swa * (s.slots if s.kv_unified else 1) + s.ubatch)
-    return -(-per // KV_PAD) * KV_PAD * streams
+    """Cells of the sliding-window layers' cache (``model.kv.swa_cells``)."""
+    return kv.swa_cells(s.ctx, s.slots, s.ubatch, n_swa, s.kv_unified, s.swa_full)
 
 
 def loaded(p: ModelProfile, s: Settings) -> list[Tensor]:

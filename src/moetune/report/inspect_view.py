@@ -5,13 +5,13 @@ rich is imported only to print tables, so `inspect --json` does not load it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
-from moetune.model.kv import CACHE_TYPES, KVShape, kv_shape
+from moetune.model.kv import CACHE_TYPES, KVShape, full_cells, kv_shape, swa_cells
 from moetune.model.profile import EXPERT_KINDS, ModelProfile
-from moetune.plan.settings import Settings
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -24,21 +24,30 @@ def mib(n: int | float) -> float:
     return round(n / MIB, 2)
 
 
-def kv_at(p: ModelProfile, s: Settings) -> dict[str, Any]:
-    """KV cells and bytes at the settings' context, slots and ubatch, as llama.cpp sizes them (the
-    ledger's rule): the full-attention layers' cache and the sliding-window layers'."""
-    from moetune.plan.ledger import kv_cells, swa_cells
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KvQuery:
+    """The context `inspect` totals the KV cache at (its --ctx, --parallel, -ub, --ctk, --swa-full)."""
 
-    kv = kv_shape(p, s.engine)
-    full, windowed = kv.bytes_per_token_split(s.ctk, s.ctv)
-    cells, cells_swa = kv_cells(s), swa_cells(s, kv.n_swa)
-    return {"ctx": s.ctx, "parallel": s.slots, "ubatch": s.ubatch, "swa_full": s.swa_full, "cache_type": s.ctk,
+    ctx: int = 4096
+    slots: int = 1
+    ubatch: int = 512
+    cache_type: str = "f16"
+    swa_full: bool = False
+
+
+def kv_at(p: ModelProfile, q: KvQuery) -> dict[str, Any]:
+    """KV cells and bytes at the query's context, slots and ubatch, as llama.cpp sizes them (the
+    ledger's rule, ``model.kv``): the full-attention layers' cache and the sliding-window layers'."""
+    kv = kv_shape(p)
+    full, windowed = kv.bytes_per_token_split(q.cache_type, q.cache_type)
+    cells, cells_swa = full_cells(q.ctx, q.slots), swa_cells(q.ctx, q.slots, q.ubatch, kv.n_swa, swa_full=q.swa_full)
+    return {"ctx": q.ctx, "parallel": q.slots, "ubatch": q.ubatch, "swa_full": q.swa_full, "cache_type": q.cache_type,
             "full_cells": cells, "swa_cells": cells_swa if kv.n_swa else 0,
             "full_bytes": full * cells, "swa_bytes": windowed * cells_swa,
             "total_bytes": full * cells + windowed * cells_swa}
 
 
-def inspect_json(p: ModelProfile, at: Settings | None = None) -> dict[str, Any]:
+def inspect_json(p: ModelProfile, at: KvQuery | None = None) -> dict[str, Any]:
     kv = kv_shape(p)
     kv_ik = kv_shape(p, EngineKind.IK)
     swa = [lk.layer for lk in kv.layers if lk.swa]
@@ -82,7 +91,7 @@ def inspect_json(p: ModelProfile, at: Settings | None = None) -> dict[str, Any]:
         # holds about a window per sequence, not the context)
         "kv_bytes_per_token_full": _kv_bytes(kv, swa=False),
         "kv_bytes_per_token_swa": _kv_bytes(kv, swa=True),
-        "kv_at": kv_at(p, at or Settings()),
+        "kv_at": kv_at(p, at or KvQuery()),
         "kv_bytes_per_token_by_engine": {EngineKind.MAINLINE: _kv_bytes(kv), EngineKind.IK: _kv_bytes(kv_ik)},
         "recurrent_layers": len(kv.recurrent_layers),
         "rs_bytes_per_seq": kv.rs_bytes_per_seq,
@@ -134,7 +143,7 @@ def _compress_rows(p: ModelProfile) -> list[tuple[str, list[Any]]]:
     return rows
 
 
-def print_inspect(p: ModelProfile, console: Console, at: Settings | None = None) -> None:
+def print_inspect(p: ModelProfile, console: Console, at: KvQuery | None = None) -> None:
     from rich.table import Table  # here, so that --json never imports rich
 
     doc = inspect_json(p, at)
