@@ -354,11 +354,14 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
         node = next((n for n in hw.nodes if n.name == dev.node), hw.local)
         threads = (local_threads if dev.kind == DeviceKind.CPU else RPC_WORKER_THREADS) if cpu else 0
         touched = _touched_table(held_by_layer.get(name, {}), routing, frac) if routing is not None else ()
-        out.append(DeviceWork(name, cpu, dev.bw_gbs, threads, node.cores if cpu else 0, dev.tflops,
-                              read.get(name, 0.0), kv_per_ctx.get(name, 0.0), ctx_flop.get(name, 0.0),
-                              active.get(name, 0.0), held.get(name, 0.0), touched,
-                              local_batch_threads if cpu and dev.kind == DeviceKind.CPU else 0,
-                              kv_win.get(name, 0.0), flop_win.get(name, 0.0), kv.n_swa if name in flop_win else 0))
+        out.append(DeviceWork(
+            name, cpu, dev.bw_gbs, threads=threads, cores=node.cores if cpu else 0, tflops=dev.tflops,
+            read_bytes=read.get(name, 0.0), kv_bytes_per_ctx=kv_per_ctx.get(name, 0.0),
+            ctx_flop_per_ctx=ctx_flop.get(name, 0.0), active_params=active.get(name, 0.0),
+            held_expert_bytes=held.get(name, 0.0), touched=touched,
+            batch_threads=local_batch_threads if cpu and dev.kind == DeviceKind.CPU else 0,
+            kv_bytes_windowed=kv_win.get(name, 0.0), ctx_flop_windowed=flop_win.get(name, 0.0),
+            window=kv.n_swa if name in flop_win else 0))
     n_splits, hops = graph_splits(p, pl, experts)
     kinds = {name: d.kind for name, d in devs.items()}
     rpc_hops = sum(1 for src, dst in hops if kinds.get(src) == DeviceKind.RPC or kinds.get(dst) == DeviceKind.RPC)
