@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import moetune.run.container as container
 from moetune.errors import RuntimeFailure
 from moetune.kinds import LaunchState, ProcessRole
-from moetune.run import container
 from moetune.run.process import KILL, RUN_ENV, TERM, LocalProcess, Process, group_members, with_env
 from moetune.run.record import ProcRecord, RunDir
 from moetune.run.status import runs

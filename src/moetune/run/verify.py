@@ -255,8 +255,8 @@ def _dry_run(engine: Engine, sub: Subject, cmd: list[str], marker: str | None, t
     ``cmd[0]``, the service's GPUs, the host's network for its RPC workers), removed afterwards."""
     if engine.image is None or engine.runtime is None:
         return run_until(cmd, marker, timeout_s)
+    import moetune.run.container as container
     from moetune.engine.formats import Command, container_command
-    from moetune.run import container
 
     box = container.container_name(f"verify-{secrets.token_hex(3)}", sub.service)
     entry = None if cmd[0] == "llama-server" else cmd[0]  # the image runs llama-server itself
