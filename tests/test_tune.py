@@ -37,10 +37,12 @@ pytestmark = pytest.mark.server
 def close_to(best: list[float], reached: list[float], sigma: float) -> bool:
     """Within 3% of the grid's best, or statistically indistinguishable from it: by the comparison
     rule on the samples, or within the launch-to-launch noise (each side pools two launches, so
-    their log difference has spread ``sigma``; 1.96 sigma is the 95% band)."""
+    their log difference has spread ``sigma``). The band is 99% (2.576 sigma), not 95%: the test
+    makes two such checks per run, and at 95% a tuner that always reached the best would still fail
+    about one CI run in ten (seen: a gap of 0.146 against a 95% band of 0.140)."""
     gap = math.log(statistics.median(best) / statistics.median(reached))
     return (gap <= math.log(1 / 0.97) or difference(best, reached, higher_is_better=True).verdict != SLOWER
-            or gap <= 1.96 * sigma)
+            or gap <= 2.576 * sigma)
 
 
 def test_tune_reaches_the_grid_best_in_five_launches_cold_and_three_calibrated(bin_dir: Path, tmp_path: Path) -> None:
