@@ -125,7 +125,7 @@ def test_ik_accepts_the_plan_and_places_it(ik_bin_dir: Path, workers: list[str],
     argv = service_argv(sp, facts)
     assert argv[argv.index("-fa") + 1] == "on"  # the build's -fa takes a value
     assert "--log-disable" in argv  # else ik writes llama.log into whatever directory it starts in
-    ok, log = reserve_log(ik_bin_dir / "llama-server", strip_endpoint(argv), timeout=120, marker=IK_RESERVED)
+    ok, log = reserve_log(ik_bin_dir / "llama-server", strip_endpoint(argv), timeout=300, marker=IK_RESERVED)
     assert ok, log[-3000:]
     assert "invalid parameter" not in log and "error:" not in log.lower(), log[-3000:]
     # every expert the plan moves off its layer's device is overridden there, and no other
@@ -176,7 +176,7 @@ def test_the_n_cpu_moe_note_is_the_builds_rule(ik_bin_dir: Path, workers: list[s
     plan = ik_plan(p, loopback_hw(workers[:n_rpc]), "all-gpu")
     sp = plan.main
     argv = [*strip_endpoint(service_argv(sp, facts)), "--n-cpu-moe", str(n)]
-    ok, log = reserve_log(ik_bin_dir / "llama-server", argv, timeout=120, marker=IK_RESERVED)
+    ok, log = reserve_log(ik_bin_dir / "llama-server", argv, timeout=300, marker=IK_RESERVED)
     assert ok, log[-3000:]
     on_cpu = sorted({int(k.split(".")[1]) for k, v in overrides_in(log).items() if v.startswith("CPU")})
     d = dialect(EngineKind.IK, facts[ENGINE])
@@ -218,7 +218,7 @@ def test_a_layout_of_two_services_on_ik(ik_bin_dir: Path, workers: list[str], ik
     plan = make_plan(services, from_dict(loopback_hw(workers[:1])))
     for sp in plan.services:
         argv = service_argv(sp, facts)
-        ok, log = reserve_log(ik_bin_dir / "llama-server", strip_endpoint(argv), timeout=120, marker=IK_RESERVED)
+        ok, log = reserve_log(ik_bin_dir / "llama-server", strip_endpoint(argv), timeout=300, marker=IK_RESERVED)
         assert ok, (sp.spec.name, log[-3000:])
         bufs = parse_log(log).device_buffers()
         items = {(d, i.what): i.mib for d, its in sp.memory.items.items() for i in its}
