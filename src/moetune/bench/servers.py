@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from moetune.bench.target import CTX, PARALLEL, Target, flag_value, match_slots
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
+from moetune.store.record import NO_RPC, LaunchRef
 
 Status = Callable[[str], None]
 
@@ -26,6 +27,7 @@ class Launched:
     logs: dict[str, Path]
     engine_build: str
     model_path: str | None
+    facts: LaunchRef = field(default_factory=LaunchRef)  # the transport asked and confirmed, the load time
 
 
 def model_arg(argv: tuple[str, ...] | list[str]) -> str | None:
@@ -33,6 +35,27 @@ def model_arg(argv: tuple[str, ...] | list[str]) -> str | None:
         if a in ("-m", "--model"):
             return argv[i + 1]
     return None
+
+
+def launch_facts(server: ProcessSpec, transport: str, workers: dict[str, str | None],
+                 started_at: float | None, ready_at: float | None) -> LaunchRef:
+    """What a run records of the launch behind its server: the transport asked (``none`` when the
+    server uses no RPC worker), what the logs of the workers it uses showed (``workers``: every
+    RPC worker of the launch), and its load time (process start to healthy)."""
+    from moetune.run.prepare import rpc_endpoints
+
+    own = {w: workers.get(w) for w in server.after if w in workers}
+    uses_rpc = bool(own) or bool(rpc_endpoints(server.argv))
+    load_s = ready_at - started_at if started_at is not None and ready_at is not None else None
+    return LaunchRef(transport if uses_rpc else NO_RPC, own, load_s)
+
+
+def check_transport(target: Target) -> None:
+    """Refuse the target's transport before anything starts when its builds cannot give it (RDMA)."""
+    if target.spec is not None:
+        from moetune.run.launch import check_transport as check
+
+        check(target.spec, target.transport, target.rdma_dev)
 
 
 def new_launch_id() -> str:
@@ -67,9 +90,14 @@ def launched(target: Target, *, spec: LaunchSpec | None = None, timeout_s: float
                    f"{e.detail if e.kind != 'start' else ''}".rstrip())
 
     with run_launched(spec, target.doc, plan_file=target.name, timeout_s=timeout_s, on_event=on_event,
-                      run_id=launch_id) as ln:
+                      run_id=launch_id, transport=target.transport, rdma_dev=target.rdma_dev) as ln:
+        rec = ln.run.proc(chosen.name)
+        facts = launch_facts(chosen, target.transport, ln.transports, rec.started_at, rec.ready_at)
+        if status:
+            status(f"{chosen.name}: " + (f"transport {facts.describe()}" if facts.transport != NO_RPC
+                                         else f"loaded in {facts.load_s or 0:.1f} s"))
         yield Launched(ln.urls[chosen.name], chosen, ln.run.run_id, {p.name: ln.log(p.name) for p in spec.processes},
-                       registry.get(chosen.engine).version(), model_arg(chosen.argv))
+                       registry.get(chosen.engine).version(), model_arg(chosen.argv), facts)
     if status:
         status(f"stopped {', '.join(p.name for p in [*spec.servers(), *spec.workers()])}")
 
@@ -144,6 +172,7 @@ class PlanServers:
         self.current: Launched | None = None
         self._stack: ExitStack | None = None
         self.argv: dict[int, list[str]] = {}
+        self.facts: dict[int, LaunchRef] = {}  # each launch's, by the level it was made for
         self.launch_id: str | None = None  # the launch being started or served (its processes are sampled)
 
     def url_for(self, concurrency: int) -> tuple[str, bool]:
@@ -165,10 +194,13 @@ class PlanServers:
             self._stack = None
             raise
         self.argv[concurrency] = list(argv)
+        self.facts[concurrency] = self.current.facts
         return self.current.url, True
 
     def level_info(self, concurrency: int) -> dict[str, Any]:
-        return {"argv": self.argv[concurrency]} if concurrency in self.argv else {}
+        if concurrency not in self.argv:
+            return {}
+        return {"argv": self.argv[concurrency], "launch": self.facts[concurrency].to_json()}
 
     def close(self) -> None:
         if self._stack is not None:

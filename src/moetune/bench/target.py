@@ -2,6 +2,10 @@
 a plan file whose server moetune starts. A plan that starts several servers (a layout) needs
 ``--server NAME``; a plan with one server needs nothing (:func:`choose_server`, the one rule).
 
+A plan is launched with an RPC transport (``transport``, ``rdma_dev``: `launch --transport`'s,
+tcp unless asked; :func:`with_transport` sets them), which every run records with what the
+workers' logs confirmed.
+
 For a plan, serve-bench's ``--match-slots`` gives the server as many slots as the level's
 concurrency, and a context that keeps each slot's share: :func:`match_slots` rewrites the
 server's ``--parallel`` and ``-c`` (pure: a LaunchSpec in, a LaunchSpec out).
@@ -16,6 +20,7 @@ from typing import Any
 
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.errors import InputError
+from moetune.kinds import Transport
 
 PARALLEL = ("--parallel", "-np")
 CTX = ("--ctx-size", "-c")
@@ -32,6 +37,8 @@ class Target:
     spec: LaunchSpec | None = None
     doc: dict[str, Any] | None = None
     server: str | None = None
+    transport: str = Transport.TCP  # how a plan's server talks to its RPC workers (launch --transport)
+    rdma_dev: str | None = None  # GGML_RDMA_DEV for --transport rdma
 
     @property
     def name(self) -> str:
@@ -88,6 +95,19 @@ def resolve(target: str, server: str | None = None) -> Target:
         readable_file(path, "plan file")  # says what it is instead (a directory, a FIFO, a loop)
     raise InputError(f"TARGET {target!r} is neither a server URL nor a plan file",
                      hint="give http://HOST:PORT of a running server, or a plan JSON file")
+
+
+def with_transport(t: Target, transport: str | None, rdma_dev: str | None = None) -> Target:
+    """The target launched with this RPC transport (None: as it is, tcp unless set). A URL has no
+    launch to choose it for."""
+    if transport is None and rdma_dev is None:
+        return t
+    if t.url is not None:
+        raise InputError("--transport chooses how moetune launches a plan's RPC workers; TARGET is a running "
+                         "server's URL", hint="drop --transport and --rdma-dev, or give the plan file as TARGET")
+    if transport is not None and transport not in tuple(Transport):
+        raise InputError(f"--transport {transport!r}: choose {', '.join(Transport)}")
+    return replace(t, transport=transport or t.transport, rdma_dev=rdma_dev or t.rdma_dev)
 
 
 def flag_value(argv: tuple[str, ...], names: tuple[str, ...]) -> str | None:

@@ -19,12 +19,14 @@ from moetune.cli.common import (
     out,
     print_json,
     print_wide,
+    transport_options,
     warn,
 )
 
 if TYPE_CHECKING:
     from moetune.bench.single.runner import BenchOptions
     from moetune.bench.single.runner import Progress as ProgressFn
+    from moetune.bench.single.sweep import SweepSpec
     from moetune.bench.single.workloads import Workload
     from moetune.monitor.snapshot import Snapshot
     from moetune.store.db import ResultsDB
@@ -168,10 +170,12 @@ def _print_run(db: ResultsDB, run_id: int, as_json: bool) -> None:
               "instead of requests to a server: PP and TG at every ubatch step of the context, stored as depth "
               "workloads d0, d512, ... (comparable with --depth runs).")
 @click.option("--sweep-ctx", type=click.IntRange(1), help="--sweep: the depth to sweep to (default: the plan's -c).")
+@transport_options(what="`moetune sweep PLAN --transport tcp,rdma` measures both")
 @db_option
 @json_option
 def bench_cmd(target: str, label: str | None, server_name: str | None, launch_timeout_s: float, sweep: bool,
-              sweep_ctx: int | None, db_path: Path | None, as_json: bool, **kw: Any) -> None:
+              sweep_ctx: int | None, transport: str | None, rdma_dev: str | None, db_path: Path | None,
+              as_json: bool, **kw: Any) -> None:
     """Single-stream PP/TG of TARGET: a running server's URL, or a plan file (launched, measured, stopped).
 
     The server's own timings are the figures (PP = prompt_n/prompt_ms, TG = predicted_n/predicted_ms);
@@ -181,14 +185,20 @@ def bench_cmd(target: str, label: str | None, server_name: str | None, launch_ti
     is measured by llama-sweep-bench (one sweep unless --repeats is given; --tg-tokens sets its TG).
     """
     from moetune.bench.single.runner import bench_target
-    from moetune.bench.target import resolve
+    from moetune.bench.target import resolve, with_transport
     from moetune.store.db import ResultsDB
 
     if sweep:
+        if transport is not None or rdma_dev is not None:
+            from moetune.errors import InputError
+
+            raise InputError("--transport with --sweep: llama-sweep-bench runs outside the launcher, whose "
+                             "transport it does not take", hint="drop --transport (the workers use tcp), or bench "
+                             "the plan through its server (without --sweep)")
         _sweep_bench(target, server_name, label, launch_timeout_s, sweep_ctx, db_path, as_json, kw)
         return
     workloads, options = build_workloads(kw)
-    t = resolve(target, server_name)
+    t = with_transport(resolve(target, server_name), transport, rdma_dev)
     with ResultsDB.open(db_path) as db:
         started: list[int] = []
         try:
@@ -251,19 +261,24 @@ class _ModeChoice(click.Choice[str]):
                    "and rounds alternate request batches.")
 @click.option("--rounds", type=click.IntRange(1), default=4, show_default=True,
               help="--interleave: rounds (an even number balances the order); more rounds extend a sweep.")
+@transport_options(several=True)
 @db_option
 @json_option
 def sweep_cmd(plans: tuple[Path, ...], baseline: str | None, sid: str | None, server_name: str | None,
               launch_timeout_s: float, plot_path: Path | None, min_change: float, interleave: str | None,
-              rounds: int, db_path: Path | None, as_json: bool, **kw: Any) -> None:
+              rounds: int, transport: tuple[str, ...] | None, rdma_dev: str | None, db_path: Path | None,
+              as_json: bool, **kw: Any) -> None:
     """Launch, bench and stop each plan in turn, then compare them. Resumable: run the same command
     again after an interruption and completed plans are skipped.
 
     PLANS are plan JSON files, or one sweep YAML file listing them with labels. With --interleave,
     rounds instead of plans: a round complete in every plan is skipped.
     """
+    from moetune.bench.single.sweep import load_sweep
+
+    spec = load_sweep(list(plans), server_name, transport, rdma_dev)
     if interleave is not None:
-        _sweep_interleaved(plans, baseline, sid, server_name, launch_timeout_s, plot_path, min_change, interleave,
+        _sweep_interleaved(spec, baseline, sid, launch_timeout_s, plot_path, min_change, interleave,
                            rounds, db_path, as_json, kw)
         return
     from click.core import ParameterSource
@@ -271,14 +286,13 @@ def sweep_cmd(plans: tuple[Path, ...], baseline: str | None, sid: str | None, se
     if click.get_current_context().get_parameter_source("rounds") != ParameterSource.DEFAULT:
         raise click.UsageError("--rounds counts the rounds of --interleave; add --interleave")
     from moetune.bench.analysis.warnings import grouped
-    from moetune.bench.single.sweep import FAILED, baseline_of, load_sweep, run_sweep
+    from moetune.bench.single.sweep import FAILED, baseline_of, run_sweep
     from moetune.errors import RuntimeFailure
     from moetune.report.compare import compare, load, run_noise
     from moetune.report.plot import plot_runs
     from moetune.store.db import ResultsDB
 
     workloads, options = build_workloads(kw)
-    spec = load_sweep(list(plans), server_name)
     with ResultsDB.open(db_path) as db:
         with progress_bar(not as_json) as bars:
             sid, outcomes = run_sweep(db, spec, workloads, options, sid=sid, launch_timeout_s=launch_timeout_s,
@@ -309,11 +323,10 @@ def sweep_cmd(plans: tuple[Path, ...], baseline: str | None, sid: str | None, se
                                  hint="fix them and run the same command again: completed plans are skipped")
 
 
-def _sweep_interleaved(plans: tuple[Path, ...], baseline: str | None, sid: str | None, server_name: str | None,
-                       launch_timeout_s: float, plot_path: Path | None, min_change: float, mode: str, rounds: int,
-                       db_path: Path | None, as_json: bool, kw: dict[str, Any]) -> None:
+def _sweep_interleaved(spec: SweepSpec, baseline: str | None, sid: str | None, launch_timeout_s: float,
+                       plot_path: Path | None, min_change: float, mode: str, rounds: int, db_path: Path | None,
+                       as_json: bool, kw: dict[str, Any]) -> None:
     from moetune.bench.single.interleave import run_interleaved
-    from moetune.bench.single.sweep import load_sweep
     from moetune.errors import MoetuneError, RuntimeFailure
     from moetune.report.paired import load_sweep as load_paired
     from moetune.report.paired_view import VIEWS
@@ -321,7 +334,6 @@ def _sweep_interleaved(plans: tuple[Path, ...], baseline: str | None, sid: str |
     from moetune.store.db import ResultsDB
 
     workloads, options = build_workloads(kw)
-    spec = load_sweep(list(plans), server_name)
     with ResultsDB.open(db_path) as db:
         with progress_bar(not as_json) as bars:
             res = run_interleaved(db, spec, workloads, options, mode=mode, rounds=rounds, sid=sid,

@@ -189,6 +189,40 @@ def require_hw(hw_path: str | None) -> None:
                               "ready-made ones (--hw rtx-pro-6000x2)")
 
 
+TRANSPORTS = ("tcp", "rdma", "auto")  # moetune.kinds.Transport's values (not imported: --help stays light)
+TRANSPORT_HELP = ("RPC transport of a plan's workers: tcp (RDMA switched off where the build has it; the default), "
+                  "rdma (refused before anything starts unless the builds have it), auto (the build decides). "
+                  "The one used is read from each worker's log and stored with the run.")
+
+
+def transport_options(*, several: bool = False, what: str = "") -> Callable[[F], F]:
+    """``--transport`` and ``--rdma-dev``, the same on every command that launches a plan
+    (``launch``, ``bench``, ``sweep``, ``serve-bench``, ``tune``). With ``several``, a comma list
+    (a tuple comes back; None when not given), else one value (a string, or None)."""
+
+    def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        if value is None:
+            return None
+        items = [x.strip().lower() for x in value.split(",") if x.strip()]
+        bad = [x for x in items if x not in TRANSPORTS]
+        if bad or not items:
+            raise click.BadParameter(f"{value!r}: choose {', '.join(TRANSPORTS)}" + (" (a comma list)" if several else ""))
+        if not several:
+            if len(items) > 1:
+                raise click.BadParameter(f"{value!r}: one transport here" + (f" ({what})" if what else ""))
+            return items[0]
+        return tuple(dict.fromkeys(items))
+
+    def deco(f: F) -> F:
+        f = click.option("--rdma-dev", metavar="DEV",
+                         help="RoCE device for --transport rdma (GGML_RDMA_DEV), e.g. rocep1s0f1.")(f)
+        return click.option("--transport", metavar="tcp|rdma|auto" + (",..." if several else ""), callback=parse,
+                            help=TRANSPORT_HELP + (" A comma list measures each plan with each transport (labels "
+                                                   "'PLAN (tcp)', 'PLAN (rdma)')." if several else ""))(f)
+
+    return deco
+
+
 def db_option(f: F) -> F:
     """``--db PATH``: the results database, for every command that reads or writes the history."""
     return click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path),

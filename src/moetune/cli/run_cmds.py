@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from moetune.cli.common import err, json_option, out, print_json, warn
+from moetune.cli.common import err, json_option, out, print_json, transport_options, warn
 from moetune.kinds import Transport
 
 if TYPE_CHECKING:
@@ -94,10 +94,7 @@ def _show_failure(e: LaunchFailed, as_json: bool) -> None:
 @click.option("--detach", is_flag=True, help="Return once every server is healthy (stop it with `moetune stop RUN`).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=1800.0, show_default=True,
               help="Seconds to wait for each server's /health.")
-@click.option("--transport", type=click.Choice([t.value for t in Transport]), default=Transport.TCP.value, show_default=True,
-              help="RPC transport: tcp (RDMA switched off where the build has it), rdma (refused unless the "
-              "builds have it), auto (the build decides). The one used is read from each worker's log.")
-@click.option("--rdma-dev", metavar="DEV", help="RoCE device for --transport rdma (GGML_RDMA_DEV), e.g. rocep1s0f1.")
+@transport_options()
 @click.option("--force", is_flag=True, help="Launch a plan whose verdict is that it does not fit (refused otherwise).")
 @click.option("--verify", is_flag=True, help="Preflight: once the RPC workers listen, run the engine's own dry run "
               "of each server's exact command (llama-fit-params; ik_llama.cpp's --dry-run) and say where it "
@@ -106,7 +103,7 @@ def _show_failure(e: LaunchFailed, as_json: bool) -> None:
               help="Serve this launch's metrics for Prometheus on 127.0.0.1:PORT/metrics while it lives "
               "(`moetune metrics serve --launch RUN`, started once the servers are healthy).")
 @json_option
-def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_dev: str | None, force: bool,
+def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str | None, rdma_dev: str | None, force: bool,
                verify: bool, metrics_port: int | None, as_json: bool) -> None:
     """Start a plan's RPC workers (over ssh on other nodes), then its servers; wait until every
     server is healthy. A plan whose verdict is that it does not fit is refused (exit 2) unless --force.
@@ -162,7 +159,7 @@ def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str, rdma_
         launched: Launched | None = None
         try:
             launched = launch(spec, doc, plan_file=str(plan.resolve()), detached=detach, timeout_s=timeout_s,
-                              on_event=on_event, transport=transport, rdma_dev=rdma_dev,
+                              on_event=on_event, transport=transport or Transport.TCP, rdma_dev=rdma_dev,
                               preflight=preflight if verify else None, run_id=run_id)
             sampler.stop()  # its last sample (up to a second): a Ctrl-C meanwhile stops the run below
             display.close()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from moetune.bench.serve.load import ARRIVALS
-from moetune.cli.common import db_option, err, json_option, out, print_json, warn
+from moetune.cli.common import db_option, err, json_option, out, print_json, transport_options, warn
 from moetune.cli.session_opts import session_options, session_spec
 from moetune.errors import InputError
 
@@ -163,6 +163,7 @@ def _log(line: str) -> None:
               help="With --replay: 1x at the recorded arrival times, Nx N times faster, max as fast as the client "
               "slots allow; in flight at most the recorded concurrency, or --concurrency.")
 @session_options
+@transport_options()
 @db_option
 @json_option
 def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals: str, dataset: Path | None,
@@ -170,8 +171,8 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
                     requests: int | None, duration: float | None,
                     warmup: int, seed: int, prefix_cache: bool, thinking: str, timeout_s: float, model: str | None,
                     label: str | None, match_slots: bool, server: str | None, plot_dir: Path | None,
-                    slo_text: str | None, replay: Path | None, speed: str, db_path: Path | None,
-                    as_json: bool, **session_args: Any) -> None:
+                    slo_text: str | None, replay: Path | None, speed: str, transport: str | None,
+                    rdma_dev: str | None, db_path: Path | None, as_json: bool, **session_args: Any) -> None:
     """Measure a server under concurrent streaming load: TTFT, ITL, TPOT, throughput per level.
 
     TARGET is a server URL (http://127.0.0.1:8080) or a plan file whose server moetune starts
@@ -195,7 +196,8 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
             raise InputError("--replay sends the recorded requests; --sessions makes its own conversations",
                              hint="drop one of them")
         _replay(target, replay, speed, levels, model=model, label=label, timeout_s=timeout_s, slo=slo,
-                server=server, plot_dir=plot_dir, db_path=db_path, as_json=as_json)
+                server=server, plot_dir=plot_dir, db_path=db_path, as_json=as_json, transport=transport,
+                rdma_dev=rdma_dev)
         return
     if dataset is not None and input_len is not None:
         raise InputError("--input-len sets synthetic prompts; a --dataset brings its own", hint="drop one of them")
@@ -209,7 +211,8 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
         tokenizer=tokenizer)
     from moetune.cli.bench_cmds import progress_bar
 
-    source = server_source(spec, target, match_slots=match_slots, server=server, status=_log)
+    source = server_source(spec, target, match_slots=match_slots, server=server, status=_log, transport=transport,
+                           rdma_dev=rdma_dev)
     with ResultsDB.open(db_path) as db, progress_bar(not as_json, bars=False) as live:
         if spec.sessions is not None:
             from moetune.bench.serve.session_run import serve_sessions
@@ -238,7 +241,8 @@ NOT_WITH_REPLAY = ("rate", "arrivals", "dataset", "input_len", "output_len", "re
 
 def _replay(target: str, replay: Path | None, speed: str, levels: tuple[int, ...], *, model: str | None,
             label: str | None, timeout_s: float, slo: dict[str, float] | None, server: str | None,
-            plot_dir: Path | None, db_path: Path | None, as_json: bool) -> None:
+            plot_dir: Path | None, db_path: Path | None, as_json: bool, transport: str | None = None,
+            rdma_dev: str | None = None) -> None:
     from moetune.bench.record.replay import ReplaySpec, replay_bench
     from moetune.bench.serve.run import ServeBenchSpec, server_source
     from moetune.store.db import ResultsDB
@@ -254,7 +258,8 @@ def _replay(target: str, replay: Path | None, speed: str, levels: tuple[int, ...
         raise InputError("--replay runs one level: give one --concurrency value")
     spec = ReplaySpec(replay, speed=speed, concurrency=levels[0] if _given("concurrency") else None, model=model,
                       timeout_s=timeout_s, label=label, slo=slo)
-    source = server_source(ServeBenchSpec(url=target), target, match_slots=False, server=server, status=_log)
+    source = server_source(ServeBenchSpec(url=target), target, match_slots=False, server=server, status=_log,
+                           transport=transport, rdma_dev=rdma_dev)
     from moetune.cli.bench_cmds import progress_bar
 
     with ResultsDB.open(db_path) as db, progress_bar(not as_json, bars=False) as live:

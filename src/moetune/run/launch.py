@@ -167,6 +167,15 @@ def _uses_rpc(p: Prepared, workers: set[str]) -> bool:
     return p.spec.role == ProcessRole.RPC or bool(workers & set(p.spec.after)) or bool(rpc_endpoints(p.argv))
 
 
+def check_transport(spec: LaunchSpec, transport: str, rdma_dev: str | None = None) -> None:
+    """Refuse a transport the plan's builds cannot give, before anything starts (what
+    :func:`launch` does first; a sweep or a tune asks it of every plan before the first launch)."""
+    if transport not in tuple(Transport):
+        raise InputError(f"--transport {transport!r}: choose {', '.join(Transport)}")
+    if transport == Transport.RDMA:  # the builds are read (over ssh for another node's) only for RDMA
+        transport_envs(prepare(spec), transport, rdma_dev)
+
+
 def transport_envs(prepared: list[Prepared], transport: str, rdma_dev: str | None) -> dict[str, dict[str, str]]:
     """The transport's variables for each process that speaks RPC; refuses RDMA where a build lacks it."""
     if transport not in tuple(Transport):
@@ -188,10 +197,12 @@ def transport_envs(prepared: list[Prepared], transport: str, rdma_dev: str | Non
 
 @contextmanager
 def launched(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None = None, timeout_s: float = 1800.0,
-             on_event: Observer | None = None, run_id: str | None = None) -> Iterator[Launched]:
+             on_event: Observer | None = None, run_id: str | None = None, transport: str = Transport.TCP,
+             rdma_dev: str | None = None) -> Iterator[Launched]:
     """``with launched(spec, doc) as ln:`` serve on ``ln.url``; on leaving (an exception or Ctrl-C
     included) everything stops in order."""
-    ln = launch(spec, plan_doc, plan_file=plan_file, timeout_s=timeout_s, on_event=on_event, run_id=run_id)
+    ln = launch(spec, plan_doc, plan_file=plan_file, timeout_s=timeout_s, on_event=on_event, run_id=run_id,
+                transport=transport, rdma_dev=rdma_dev)
     try:
         yield ln
     finally:

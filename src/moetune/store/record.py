@@ -148,6 +148,49 @@ class HostRef:
             f", hardware file {self.hardware_file}" if self.hardware_file else "")
 
 
+NO_RPC = "none"  # the transport of a server that uses no RPC worker
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRef:
+    """How moetune launched the measured server: the RPC transport asked for (``none`` when the
+    server uses no RPC worker), the one each of its workers' logs showed, and the seconds from the
+    server's process start to its first healthy answer (``load_s``: loading the weights, over the
+    RPC link for a worker's share)."""
+
+    transport: str = NO_RPC  # asked: tcp | rdma | auto, or none
+    workers: Mapping[str, str | None] = field(default_factory=dict)  # RPC worker -> TCP | RDMA, from its log
+    load_s: float | None = None
+
+    @property
+    def confirmed(self) -> str:
+        """What the workers' logs showed: TCP, RDMA (both joined when they differ), ``unknown``
+        when no log told, ``none`` without RPC."""
+        if self.transport == NO_RPC:
+            return NO_RPC
+        seen = sorted({w or "unknown" for w in self.workers.values()}) or ["unknown"]
+        return "+".join(seen)
+
+    def describe(self) -> str:
+        """``TCP (asked tcp; rpc0 TCP), loaded in 3.2 s``."""
+        what = ("none (no RPC worker)" if self.transport == NO_RPC else
+                f"{self.confirmed} (asked {self.transport}"
+                + "".join(f"; {w} {t or 'unknown'}" for w, t in self.workers.items()) + ")")
+        return what + ("" if self.load_s is None else f", loaded in {self.load_s:.1f} s")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"transport": self.transport, "confirmed": self.confirmed, "workers": dict(self.workers),
+                "load_s": self.load_s}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> LaunchRef:
+        workers = d.get("workers")
+        load = d.get("load_s")
+        return cls(str(d.get("transport") or NO_RPC),
+                   {str(k): _opt_str(v) for k, v in workers.items()} if isinstance(workers, Mapping) else {},
+                   float(load) if isinstance(load, int | float) and not isinstance(load, bool) else None)
+
+
 @dataclass(frozen=True, slots=True)
 class RunMeta:
     """Everything a run records about its context. ``details`` holds the kind's own settings as
@@ -166,6 +209,7 @@ class RunMeta:
     plan: Mapping[str, Any] | None = None  # the plan document a launched server came from
     launch_run: str | None = None  # `moetune launch`'s run id: its directory holds the logs
     details: Mapping[str, Any] = field(default_factory=dict)
+    launch: LaunchRef | None = None  # the transport and load time of the launch behind the server
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": META_SCHEMA, "kind": str(self.kind), "moetune_version": self.moetune_version,
@@ -173,7 +217,7 @@ class RunMeta:
                 "server": None if self.server is None else self.server.to_json(),
                 "model": self.model.to_json(), "host": self.host.to_json(), "engine_build": self.engine_build,
                 "plan": None if self.plan is None else dict(self.plan), "launch_run": self.launch_run,
-                "details": dict(self.details)}
+                "details": dict(self.details), "launch": None if self.launch is None else self.launch.to_json()}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], kind: str) -> RunMeta:
@@ -191,4 +235,5 @@ class RunMeta:
                    model=ModelRef.from_json(obj("model")), host=HostRef.from_json(obj("host")),
                    engine_build=_opt_str(d.get("engine_build")),
                    plan=dict(obj("plan")) if d.get("plan") is not None else None,
-                   launch_run=_opt_str(d.get("launch_run")), details=dict(obj("details")))
+                   launch_run=_opt_str(d.get("launch_run")), details=dict(obj("details")),
+                   launch=LaunchRef.from_json(obj("launch")) if obj("launch") else None)

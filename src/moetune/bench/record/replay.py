@@ -166,6 +166,7 @@ async def _replay(spec: ReplaySpec, session: Session, source: ServerSource, db: 
             server=info, model=model_ref(info.model_path, name=spec.model or (served[0] if served else None)),
             host=HostRef.here(), engine_build=(ln.engine_build if ln else None) or info.build,
             plan=source.plan.doc if isinstance(source, PlanServers) else None, launch_run=ln.launch_run if ln else None,
+            launch=ln.facts if ln else None,
             details={"workload": _workload(spec, session, reqs, skipped, c, spec.model),
                      "client": {"library": "asyncio", "moetune": __version__}, "run_tag": None,
                      "skipped_overlong": 0, "slo": dict(spec.slo) if spec.slo else None})

@@ -44,7 +44,7 @@ from moetune.bench.serve.tokenizer import (
 )
 from moetune.bench.server import model_ref, probe
 from moetune.bench.servers import PlanServers, RunningServer, ServerSource, why_gone
-from moetune.bench.target import resolve
+from moetune.bench.target import resolve, with_transport
 from moetune.errors import InputError, RuntimeFailure
 from moetune.kinds import RunKind, RunStatus
 from moetune.monitor.sampler import RunMonitor, Watch, watches_for_url, watches_of_launch
@@ -238,6 +238,7 @@ async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, so
         host=HostRef.here(), engine_build=(ln.engine_build if ln else None) or info.build,
         plan=source.plan.doc if isinstance(source, PlanServers) else None,
         launch_run=ln.launch_run if ln else None,
+        launch=ln.facts if ln else None,
         details={"workload": workload, "client": {"library": "asyncio", "moetune": __version__},
                  "run_tag": run_tag, "skipped_overlong": skipped, "slo": dict(spec.slo) if spec.slo else None,
                  **({"tokenizer": tokenizer} if tokenizer is not None else {})})
@@ -397,9 +398,10 @@ def report_doc(run: Run, levels: list[dict[str, Any]], advice: list[Warning], *,
 
 
 def server_source(spec: ServeBenchSpec, target: str, *, match_slots: bool, server: str | None,
-                  status: Callable[[str], None]) -> ServerSource:
-    """TARGET (a URL, or a plan moetune launches) as the source of each level's server."""
-    t = resolve(target, server)
+                  status: Callable[[str], None], transport: str | None = None,
+                  rdma_dev: str | None = None) -> ServerSource:
+    """TARGET (a URL, or a plan moetune launches with ``transport``) as the source of each level's server."""
+    t = with_transport(resolve(target, server), transport, rdma_dev)
     if t.url is not None:
         if match_slots:
             raise InputError("--match-slots resizes a server moetune starts from a plan; it cannot change a "

@@ -248,6 +248,7 @@ async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: Results
             engine_build=(ln.engine_build if ln else None) or info.build,
             plan=source.plan.doc if isinstance(source, PlanServers) else None,
             launch_run=ln.launch_run if ln else None,
+            launch=ln.facts if ln else None,
             details={"workload": workload, "client": {"library": "asyncio", "moetune": __version__},
                      "run_tag": run_tag, "skipped_overlong": 0, "sessions": ss.to_json(),
                      "slo": dict(spec.slo) if spec.slo else None, **({"tokenizer": local} if local else {})})

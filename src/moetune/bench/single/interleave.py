@@ -25,7 +25,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from moetune.bench.analysis.rounds import (
@@ -39,7 +39,16 @@ from moetune.bench.analysis.rounds import (
     tagged_runs,
 )
 from moetune.bench.single.runner import BenchOptions, Launch, Progress, bench, bench_target
-from moetune.bench.single.sweep import FAILED, MEASURED, RESUMED, SweepEntry, SweepSpec, sweep_id
+from moetune.bench.single.sweep import (
+    FAILED,
+    MEASURED,
+    RESUMED,
+    SweepEntry,
+    SweepSpec,
+    check_transports,
+    plan_record,
+    sweep_id,
+)
 from moetune.bench.single.workloads import Workload
 from moetune.errors import InputError, MoetuneError
 from moetune.monitor.snapshot import Snapshot
@@ -129,10 +138,11 @@ def run_interleaved(db: ResultsDB, spec: SweepSpec, workloads: list[Workload], o
     if rounds < 1:
         raise InputError("--rounds must be at least 1")
     say: Status = status or (lambda _s: None)
+    check_transports(spec)
     sid = sid or sweep_id(spec, workloads, options, interleave=mode)
+
     def record(n: int) -> dict[str, Any]:
-        return {"name": spec.name, "baseline": spec.baseline,
-                "plans": [{"label": e.label, "path": str(e.path)} for e in spec.entries],
+        return {"name": spec.name, "baseline": spec.baseline, "plans": plan_record(spec),
                 "workloads": [w.to_json() for w in workloads], "options": asdict(options),
                 "interleave": {"mode": mode, "rounds": n}}
 
@@ -230,8 +240,10 @@ def _measure(db: ResultsDB, e: SweepEntry, up: _Up, workloads: list[Workload], o
                                   on_snapshot=on_snapshot, details=details)
             return RoundOutcome(tag.round, e.label, run_id, MEASURED, launch_s=ready[0] if ready else None)
         assert e.target.doc is not None
+        facts = replace(srv.facts, load_s=None)  # one launch for every round: its load time is no round's
         run_id = bench(db, srv.url, workloads, options, label=e.label, target=e.target.name, sweep_id=tag.sweep,
-                       launch=Launch(e.target.doc, srv.engine_build, srv.model_path, srv.launch_run, e.target.server),
+                       launch=Launch(e.target.doc, srv.engine_build, srv.model_path, srv.launch_run, e.target.server,
+                                     facts),
                        progress=progress, on_snapshot=on_snapshot, details=details)
         return RoundOutcome(tag.round, e.label, run_id, MEASURED)
     except MoetuneError as err:

@@ -33,7 +33,7 @@ from moetune.kinds import RunKind, RunStatus
 from moetune.monitor.sampler import RunMonitor, watches_for_url, watches_of_launch
 from moetune.monitor.snapshot import Snapshot
 from moetune.store.db import ResultsDB
-from moetune.store.record import HostRef, RunMeta, ServerInfo
+from moetune.store.record import HostRef, LaunchRef, RunMeta, ServerInfo
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -56,6 +56,7 @@ class Launch:
     model_path: str | None
     launch_run: str
     service: str | None = None  # the plan's service the benchmark measures
+    facts: LaunchRef | None = None  # the transport asked and confirmed, the load time
 
     def uncertainty(self) -> dict[str, float]:
         """The stated band of the plan's prediction, in percent (its calibration's, else the built-in one)."""
@@ -80,7 +81,7 @@ def run_meta(info: ServerInfo, workloads: list[Workload], options: BenchOptions,
         model=model_ref((launch.model_path if launch else None) or info.model_path, name=info.model_alias),
         host=HostRef.here(), engine_build=(launch.engine_build if launch else None) or info.build,
         plan=launch.plan if launch else None, launch_run=launch.launch_run if launch else None,
-        details={"workloads": [w.to_json() for w in workloads], "options": asdict(options),
+        launch=launch.facts if launch else None, details={"workloads": [w.to_json() for w in workloads], "options": asdict(options),
                  **_expected(launch, workloads), **(details or {})})
 
 
@@ -258,7 +259,7 @@ def bench_target(db: ResultsDB, t: Target, workloads: list[Workload], options: B
             launched(t, timeout_s=launch_timeout_s, status=status, launch_id=launch_id) as srv:
         try:
             return bench(db, srv.url, workloads, options, label=lab, target=t.name, sweep_id=sweep_id,
-                         launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run, t.server),
+                         launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run, t.server, srv.facts),
                          progress=progress_for(lab) if progress_for else None, on_start=on_start, monitor=monitor,
                          explain=lambda: why_gone(srv), details=details)
         finally:

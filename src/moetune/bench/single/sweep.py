@@ -11,13 +11,19 @@ A sweep file (YAML) lists the plans with labels, paths relative to the file::
     plans:
       - {label: cpu-moe, plan: cpu-moe.json}
       - {label: n-cpu-moe 4, plan: ncm4.json}
+      - {label: ncm4 rdma, plan: ncm4.json, transport: rdma}   # the same plan over RDMA
+
+A plan's ``transport`` (tcp, rdma, auto; default tcp) is how its server talks to its RPC workers
+(`launch --transport`); ``--transport tcp,rdma`` on the command line measures every plan with
+each transport instead, labelled ``LABEL (tcp)``, ``LABEL (rdma)``. An RDMA plan whose builds
+lack RDMA is refused before the first launch.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,9 +31,9 @@ import yaml
 
 from moetune.bench.single.runner import BenchOptions, Progress, bench_target
 from moetune.bench.single.workloads import Workload
-from moetune.bench.target import Target, plan_target
+from moetune.bench.target import Target, plan_target, with_transport
 from moetune.errors import InputError, MoetuneError, RuntimeFailure
-from moetune.kinds import RunStatus
+from moetune.kinds import RunStatus, Transport
 from moetune.monitor.snapshot import Snapshot
 from moetune.store.db import ResultsDB
 
@@ -60,9 +66,11 @@ class Outcome:
     error: str | None = None
 
 
-def load_sweep(paths: list[Path], server: str | None = None) -> SweepSpec:
+def load_sweep(paths: list[Path], server: str | None = None, transports: Sequence[str] | None = None,
+               rdma_dev: str | None = None) -> SweepSpec:
     """Plan files (labels from their "label" or file name), or one sweep YAML file; each plan's
-    server to measure chosen by the one rule (:func:`moetune.bench.target.choose_server`)."""
+    server to measure chosen by the one rule (:func:`moetune.bench.target.choose_server`).
+    ``transports`` (``--transport``): one sets every plan's, several measure every plan with each."""
     if not paths:
         raise InputError("give plan files or a sweep file", hint="moetune sweep a.json b.json, or sweep.yaml")
     name = baseline = None
@@ -84,10 +92,16 @@ def load_sweep(paths: list[Path], server: str | None = None) -> SweepSpec:
                 if not isinstance(item, dict) or "plan" not in item:
                     raise InputError(f"sweep file {p}: each plan needs a \"plan\" path ({item!r})")
                 t = plan_target((p.parent / str(item["plan"])).resolve(), server)
+                if item.get("transport") is not None:
+                    if transports:
+                        raise InputError(f"sweep file {p}: plan {item.get('label') or t.label!r} sets its transport; "
+                                         "--transport sets every plan's", hint="drop one of them")
+                    t = _entry_transport(t, item["transport"], p)
                 entries.append(SweepEntry(str(item.get("label") or t.label), t))
         else:
             t = plan_target(p.resolve(), server)
             entries.append(SweepEntry(str(t.label), t))
+    entries = _with_transports(entries, transports, rdma_dev)
     labels = [e.label for e in entries]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
@@ -97,11 +111,53 @@ def load_sweep(paths: list[Path], server: str | None = None) -> SweepSpec:
     return SweepSpec(name, baseline, tuple(entries))
 
 
+def _entry_transport(t: Target, value: object, path: Path) -> Target:
+    if str(value) not in tuple(Transport):
+        raise InputError(f"sweep file {path}: transport {value!r}: choose {', '.join(Transport)}")
+    return with_transport(t, str(value))
+
+
+def _with_transports(entries: list[SweepEntry], transports: Sequence[str] | None,
+                     rdma_dev: str | None) -> list[SweepEntry]:
+    """One transport: every plan launched with it; several: every plan once per transport."""
+    if not transports:
+        return [SweepEntry(e.label, with_transport(e.target, None, rdma_dev)) for e in entries]
+    if len(transports) == 1:
+        return [SweepEntry(e.label, with_transport(e.target, transports[0], rdma_dev)) for e in entries]
+    return [SweepEntry(f"{e.label} ({tr})", with_transport(e.target, tr, rdma_dev))
+            for e in entries for tr in transports]
+
+
+def check_transports(spec: SweepSpec) -> None:
+    """Every plan's transport the builds can give, before the first launch (RDMA: refused when a
+    build lacks it)."""
+    from moetune.bench.servers import check_transport
+
+    for e in spec.entries:
+        check_transport(e.target)
+
+
+def plan_record(spec: SweepSpec) -> list[dict[str, str]]:
+    """The sweep's plans as its record lists them: label, path, and a transport other than tcp."""
+    return [{"label": e.label, "path": str(e.path),
+             **({"transport": e.target.transport} if e.target.transport != Transport.TCP else {})}
+            for e in spec.entries]
+
+
+def _entry_key(e: SweepEntry) -> dict[str, object]:
+    key: dict[str, object] = {"label": e.label, "plan": e.target.doc}
+    if e.target.transport != Transport.TCP:  # tcp as before transports were chosen: older sweeps resume
+        key["transport"] = e.target.transport
+    if e.target.rdma_dev:
+        key["rdma_dev"] = e.target.rdma_dev
+    return key
+
+
 def sweep_id(spec: SweepSpec, workloads: list[Workload], options: BenchOptions, interleave: str | None = None) -> str:
     """The sweep's id: a hash of its plans, workloads and repeat settings (and, for an interleaved
     sweep, its mode; not its number of rounds, so that more rounds extend it)."""
     key: dict[str, object] = {
-        "entries": [{"label": e.label, "plan": e.target.doc} for e in spec.entries],
+        "entries": [_entry_key(e) for e in spec.entries],
         "workloads": [w.to_json() for w in workloads],
         "options": {k: v for k, v in asdict(options).items() if k in ("repeats", "warmup", "cache_bust")}}
     if interleave is not None:
@@ -115,9 +171,9 @@ def run_sweep(db: ResultsDB, spec: SweepSpec, workloads: list[Workload], options
               progress_for: Callable[[str], Progress | None] | None = None,
               on_snapshot: Callable[[Snapshot], None] | None = None) -> tuple[str, list[Outcome]]:
     """Run every plan not yet complete in this sweep; return the sweep id and one outcome per plan."""
+    check_transports(spec)
     sid = sid or sweep_id(spec, workloads, options)
-    db.create_sweep(sid, {"name": spec.name, "baseline": spec.baseline,
-                          "plans": [{"label": e.label, "path": str(e.path)} for e in spec.entries],
+    db.create_sweep(sid, {"name": spec.name, "baseline": spec.baseline, "plans": plan_record(spec),
                           "workloads": [w.to_json() for w in workloads], "options": asdict(options)})
     outcomes: list[Outcome] = []
     for e in spec.entries:
