@@ -7,6 +7,11 @@ better). Add a kind by adding an entry::
     from moetune.report.compare import METRIC_EXTRACTORS
     METRIC_EXTRACTORS["serve-bench"] = serve_metrics   # list[dict] -> dict[str, MetricSamples]
 
+Beside what the samples give, a run that moetune launched has its launch's ``load_s`` (seconds from
+the server's start to healthy; lower is better: one value per launch, so two single runs are never
+told apart by it, while an interleaved sweep's rounds pair it) and the RPC transport its workers'
+logs confirmed, shown per run.
+
 The verdict rule is :func:`moetune.bench.analysis.stats.difference`'s (bootstrap CI of the ratio of
 medians; "same" when it includes 1 or the change is under the practical threshold).
 """
@@ -33,6 +38,7 @@ from moetune.bench.analysis.warnings import NOISE, Warning, bench_warnings
 from moetune.errors import InputError
 from moetune.kinds import RunKind, RunStatus
 from moetune.store.db import ResultsDB, Run
+from moetune.store.record import LaunchRef
 
 MetricExtractor = Callable[[Iterable[dict[str, Any]]], dict[str, MetricSamples]]  # reads the samples once
 METRIC_EXTRACTORS: dict[str, MetricExtractor] = {
@@ -47,6 +53,7 @@ class RunMetrics:
     kind: str
     status: str
     metrics: dict[str, MetricSamples]
+    transport: str | None = None  # the RPC transport confirmed at launch (none without RPC); None: not launched
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +107,20 @@ class Comparison:
                          "metrics": {k: {**s.to_json(), "unit": self.baseline.metrics[k].unit}
                                      for k, s in self.baseline_stats.items()}},
             "rows": [r.to_json() for r in self.rows],
+            "transports": {str(r.run): r.transport for r in [self.baseline, *self.others]},
             "not_compared": [{"run": o.run, "label": o.label, "kind": o.kind} for o in self.not_compared],
             "notes": self.notes,
         }
+
+
+LOAD_METRIC = "load_s"
+
+
+def load_metric(launch: LaunchRef | None) -> dict[str, MetricSamples]:
+    """``load_s`` of a launched run: the server's start to healthy, in seconds (lower is better)."""
+    if launch is None or launch.load_s is None:
+        return {}
+    return {LOAD_METRIC: MetricSamples((launch.load_s,), higher_is_better=False, unit="s", family="load")}
 
 
 def extract(run: Run, samples: Iterable[dict[str, Any]]) -> RunMetrics:
@@ -110,7 +128,12 @@ def extract(run: Run, samples: Iterable[dict[str, Any]]) -> RunMetrics:
     if fn is None:
         raise InputError(f"run {run.id} is a {run.kind!r} run, which compare does not know how to read",
                          hint=f"compare runs of kinds: {', '.join(sorted(METRIC_EXTRACTORS))}")
-    return RunMetrics(run.id, run.label, run.kind, run.status, fn(samples))
+    metrics = fn(samples)
+    launch = run.meta.launch
+    if metrics:  # a run without measured samples stays empty: nothing to compare it by
+        metrics.update(load_metric(launch))
+    return RunMetrics(run.id, run.label, run.kind, run.status, metrics,
+                      launch.confirmed if launch is not None else None)
 
 
 def load(db: ResultsDB, runs: list[Run]) -> list[RunMetrics]:

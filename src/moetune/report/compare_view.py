@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from moetune.bench.analysis.stats import FASTER, SAME, SLOWER
-from moetune.report.compare import CompareRow, Comparison
+from moetune.report.compare import CompareRow, Comparison, RunMetrics
 
 VERDICT_TEXT = {FASTER: "faster", SLOWER: "slower", SAME: "same"}
 VERDICT_STYLE = {FASTER: "green", SLOWER: "red", SAME: "dim"}
@@ -36,6 +36,21 @@ def families(c: Comparison) -> dict[str, list[str]]:
 
 def _short(name: str) -> str:
     return name.split(":", 1)[-1]
+
+
+def transports(runs: list[RunMetrics]) -> dict[int, str] | None:
+    """Each run's RPC transport as its launch confirmed it (``none`` without RPC, ``-`` for a run
+    moetune did not launch); None when no run was launched by moetune (no column then)."""
+    if not any(r.transport for r in runs):
+        return None
+    return {r.run: r.transport or "-" for r in runs}
+
+
+def transport_line(runs: list[RunMetrics]) -> str | None:
+    """``transport (confirmed at launch): A TCP, B RDMA``, for views with a row per metric."""
+    if not any(r.transport for r in runs):
+        return None
+    return "transport (confirmed at launch): " + ", ".join(f"{r.label} {r.transport or '-'}" for r in runs)
 
 
 def _cells(c: Comparison, names: list[str]) -> list[tuple[str, int, dict[str, tuple[str, CompareRow | None]]]]:
@@ -68,14 +83,17 @@ def legend(c: Comparison) -> str:
 def comparison_table(c: Comparison) -> Group:
     """One table per metric family (TG, PP…): a row per configuration, a column per workload."""
     tables: list[RenderableType] = []
+    tr = transports([c.baseline, *c.others])
     for fam, names in families(c).items():
         t = Table(title=f"{fam.upper()} ({_unit(c, names)})", title_justify="left")
         t.add_column("configuration")
         t.add_column("run", justify="right")
+        if tr is not None:
+            t.add_column("transport")
         for n in names:
             t.add_column(_short(n), justify="right")
         for i, (label, run, cells) in enumerate(_cells(c, names)):
-            row: list[str | Text] = [label, str(run)]
+            row: list[str | Text] = [label, str(run), *([tr[run]] if tr is not None else [])]
             for n in names:
                 text, r = cells[n]
                 cell = Text(text)
@@ -93,8 +111,9 @@ def comparison_table(c: Comparison) -> Group:
 
 def comparison_markdown(c: Comparison) -> str:
     out: list[str] = []
+    tr = transports([c.baseline, *c.others])
     for fam, names in families(c).items():
-        head = ["configuration", "run", *[_short(n) for n in names]]
+        head = ["configuration", "run", *(["transport"] if tr is not None else []), *[_short(n) for n in names]]
         out += [f"**{fam.upper()}** ({_unit(c, names)})", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for i, (label, run, cells) in enumerate(_cells(c, names)):
             vals = []
@@ -105,7 +124,7 @@ def comparison_markdown(c: Comparison) -> str:
                 elif r is not None:
                     text += f" {r.change_pct:+.1f}% {verdict_text(r)}"
                 vals.append(text)
-            out.append("| " + " | ".join([label, str(run), *vals]) + " |")
+            out.append("| " + " | ".join([label, str(run), *([tr[run]] if tr is not None else []), *vals]) + " |")
         out.append("")
     return "\n".join(out) + legend(c) + "\n"
 

@@ -125,6 +125,7 @@ class PairedComparison:
                                      for k, s in self.baseline_stats.items()}},
             "rounds": [{"round": k, "runs": dict(v)} for k, v in self.rounds.items()],
             "rows": [r.to_json() for r in self.rows],
+            "transports": {r.label: r.transport for r in [self.baseline, *self.others]},
             "notes": self.notes,
         }
 
@@ -133,7 +134,9 @@ def _pooled(label: str, runs: list[RunMetrics]) -> RunMetrics:
     names = [n for n in runs[0].metrics if all(n in r.metrics for r in runs)]
     metrics = {n: replace(runs[0].metrics[n], values=tuple(v for r in runs for v in r.metrics[n].values))
                for n in names}
-    return RunMetrics(runs[0].run, label, runs[0].kind, str(RunStatus.DONE), metrics)
+    transports = sorted({r.transport for r in runs if r.transport})
+    return RunMetrics(runs[0].run, label, runs[0].kind, str(RunStatus.DONE), metrics,
+                      "+".join(transports) if transports else None)
 
 
 def paired_compare(rounds: dict[int, dict[str, int]], metrics: dict[int, RunMetrics], baseline: str, *,

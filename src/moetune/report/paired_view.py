@@ -11,7 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from moetune.report.compare_view import VERDICT_STYLE, VERDICT_TEXT, fmt
+from moetune.report.compare_view import VERDICT_STYLE, VERDICT_TEXT, fmt, transport_line
 from moetune.report.paired import PairedComparison, PairedRow
 
 
@@ -64,7 +64,8 @@ def paired_table(c: PairedComparison) -> Group:
         t.add_row(r.label, r.metric, f"{fmt(r.baseline_median)} → {fmt(r.median)} {r.unit}", ratios_cell(r),
                   Text(paired_cell(r), style="yellow" if r.noisy else VERDICT_STYLE[r.verdict]),
                   Text(unpaired_cell(r), style="dim"))
-    return Group(t, Text(legend(c), style="dim"))
+    tr = transport_line([c.baseline, *c.others])
+    return Group(t, *([Text(tr)] if tr else []), Text(legend(c), style="dim"))
 
 
 def paired_markdown(c: PairedComparison) -> str:
@@ -73,7 +74,8 @@ def paired_markdown(c: PairedComparison) -> str:
     for r in c.rows:
         out.append("| " + " | ".join([r.label, r.metric, f"{fmt(r.baseline_median)} → {fmt(r.median)} {r.unit}",
                                       ratios_cell(r), paired_cell(r), unpaired_cell(r)]) + " |")
-    return "\n".join(out) + "\n\n" + legend(c) + "\n"
+    tr = transport_line([c.baseline, *c.others])
+    return "\n".join(out) + "\n\n" + (f"{tr}\n\n" if tr else "") + legend(c) + "\n"
 
 
 def paired_csv(c: PairedComparison) -> str:

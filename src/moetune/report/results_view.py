@@ -112,6 +112,8 @@ def _context_lines(run: Run) -> list[str]:
                      f"({d.get('tool', '?')}, {d.get('duration_s', '?')} s per test)")
     if m.launch_run:
         lines.append(f"launched: run {m.launch_run} (`moetune ps`; its logs: `moetune doctor {m.launch_run}`)")
+    if m.launch is not None:
+        lines.append(f"transport: {m.launch.describe()}")
     lines.append(f"host: {m.host.describe()}")
     lines.append(f"command: {shlex.join(m.argv) or '-'}")  # quoted: it pastes back into a shell
     return lines

@@ -60,7 +60,8 @@ class Run:
         """The run as every command's ``--json`` names it (``"run": {...}``)."""
         return {"id": self.id, "kind": str(self.kind), "label": self.label, "target": self.target,
                 "status": str(self.status), "created_at": self.created_at, "finished_at": self.finished_at,
-                "sweep_id": self.sweep_id, "abandoned": self.abandoned}
+                "sweep_id": self.sweep_id, "abandoned": self.abandoned,
+                **({"launch": self.meta.launch.to_json()} if self.meta.launch is not None else {})}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.header(), "meta": self.meta.to_json(), "summary": self.summary}
