@@ -18,6 +18,7 @@ from moetune.cli.common import (
     plan_settings,
     print_json,
     require_hw,
+    transport_options,
 )
 from moetune.errors import RuntimeFailure
 
@@ -37,6 +38,13 @@ def _list(kind: str) -> Any:
                 return tuple({"on": True, "off": False}[x] for x in items)
             if kind == "cache":
                 return tuple((x.split("/")[0], x.split("/")[-1]) for x in items)
+            if kind == "transport":
+                from moetune.cli.common import TRANSPORTS
+
+                bad = [x for x in items if x not in TRANSPORTS]
+                if bad:
+                    raise KeyError(bad[0])
+                return tuple(dict.fromkeys(items))
         except (ValueError, KeyError):
             raise click.BadParameter(f"{value!r}: expected a comma list ({param.help})") from None
         return tuple(items)
@@ -86,6 +94,9 @@ def _list(kind: str) -> Any:
 @click.option("--try-fmoe", callback=_list("bool"), help="ik_llama.cpp fused MoE: on,off (default both with an ik engine).")
 @click.option("--try-muge", callback=_list("bool"), help="ik_llama.cpp -muge (up/gate experts merged): on,off "
               "(default both with an ik engine).")
+@click.option("--try-transport", callback=_list("transport"), help="RPC transports to try: tcp,rdma (only where "
+              "the hardware file sets `rdma: true` on every RPC node; rdma refused unless the builds have it).")
+@transport_options()
 @click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
               help="Seconds to wait for one request.")
@@ -99,7 +110,8 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
              try_ubatch: tuple[int, ...] | None, try_fa: tuple[bool, ...] | None,
              try_cache: tuple[tuple[str, str], ...] | None, try_repack: tuple[bool, ...] | None,
              try_amb: tuple[int, ...] | None, try_mla: tuple[int, ...] | None, try_fmoe: tuple[bool, ...] | None,
-             try_muge: tuple[bool, ...] | None, launch_timeout_s: float, timeout_s: float,
+             try_muge: tuple[bool, ...] | None, try_transport: tuple[str, ...] | None, transport: str | None,
+             rdma_dev: str | None, launch_timeout_s: float, timeout_s: float,
              output: Path | None, db_path: Path | None, as_json: bool, **settings_kw: Any) -> None:
     """Find the fastest plan for MODEL on the hardware in a budget of launches.
 
@@ -113,6 +125,10 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     A candidate that fails at launch is diagnosed, recorded and skipped. Run the same command again
     to resume after Ctrl-C or a crash. The winner must beat the baseline by the rule of `compare`;
     else the baseline stays.
+
+    With an RPC link that carries RDMA (`rdma: true` on the node in the hardware file),
+    --try-transport tcp,rdma makes the transport an axis: each candidate is then the same plan
+    launched over each transport (the load time is stored with every run; `moetune compare`).
 
     --objective goodput measures each candidate with serve-bench instead: --concurrency closed-loop
     streams (the plan gets as many slots), --requests requests of --pp-tokens prompt tokens and
@@ -134,13 +150,14 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     axes = {name: v for name, v in (("strategies", try_strategy), ("threads", try_threads),
                                     ("ubatches", try_ubatch), ("flash_attn", try_fa), ("cache_types", try_cache),
                                     ("repack", try_repack), ("amb_mib", try_amb), ("mla", try_mla),
-                                    ("fused_moe", try_fmoe), ("merge_up_gate", try_muge))
+                                    ("fused_moe", try_fmoe), ("merge_up_gate", try_muge),
+                                    ("transports", try_transport))
             if v is not None}
     routing = settings_kw.pop("routing")
     port = plan_port(settings_kw, port)
     req = TuneRequest(hw_path, model, plan_settings(settings_kw), workload,
                       BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,
-                      port, objective, budget, axes, launch_timeout_s, serve, routing)
+                      port, objective, budget, axes, launch_timeout_s, serve, routing, transport or "tcp", rdma_dev)
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
         result = tune(db, req, status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars,
                       on_snapshot=bars.machine)

@@ -74,6 +74,7 @@ class Node:
     bin_dir: str | None = None
     ram_reserved_mib: float = 0.0
     allow_public_bind: bool = False
+    rdma: bool = False  # the link to this node carries RDMA (RoCE) beside TCP
 
     @property
     def remote(self) -> bool:
@@ -214,7 +215,7 @@ def from_dict(doc: Any, source: str | None = None) -> Inventory:
         devs = tuple(Device(d.name, DeviceKind(d.kind), d.mem_mib, d.bw_gbs, n.name, d.link_gbs or DEFAULT_PCIE_GBS,
                             d.reserved_mib, d.tflops) for d in n.devices)
         nodes.append(Node(n.name, n.cpu.cores, n.cpu.ram_mib, n.cpu.ram_bw_gbs, devs, n.ssh, n.link_addr,
-                          n.rpc_port, n.link_gbs, n.bin_dir, n.cpu.reserved_mib, n.allow_public_bind))
+                          n.rpc_port, n.link_gbs, n.bin_dir, n.cpu.reserved_mib, n.allow_public_bind, n.rdma))
     return Inventory(tuple(nodes), hw.name, source)
 
 
@@ -294,6 +295,8 @@ def to_dict(inv: Inventory) -> dict[str, Any]:
             node["rpc_port"] = n.rpc_port
         if n.allow_public_bind:
             node["allow_public_bind"] = True
+        if n.rdma:
+            node["rdma"] = True
         nodes.append(node)
     out: dict[str, Any] = {"nodes": nodes}
     if inv.name:

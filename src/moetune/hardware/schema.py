@@ -45,6 +45,7 @@ class NodeIn(BaseModel):
     link_gbs: float | None = Field(default=None, gt=0)
     bin_dir: str | None = None
     allow_public_bind: bool = False  # let the worker listen on 0.0.0.0 or a public address (warned about)
+    rdma: bool = False  # the link to this node also carries RDMA (RoCE): tune may try --transport rdma
 
     @field_validator("ssh")
     @classmethod

@@ -49,6 +49,7 @@ class Candidate:
     mla: int = 3
     fused_moe: bool = True
     merge_up_gate: bool = False
+    transport: str = "tcp"  # how the server talks to its RPC workers (a launch option, not the plan's)
 
     @property
     def label(self) -> str:
@@ -66,6 +67,8 @@ class Candidate:
             parts.append("no-fmoe")
         if self.merge_up_gate:
             parts.append("muge")
+        if self.transport != "tcp":
+            parts.append(self.transport)
         return " ".join(parts)
 
     def settings(self, base: Settings) -> Settings:
@@ -94,6 +97,7 @@ class Axes:
     mla: tuple[int, ...] = (3,)
     fused_moe: tuple[bool, ...] = (True,)
     merge_up_gate: tuple[bool, ...] = (False,)
+    transports: tuple[str, ...] = ("tcp",)  # RPC transports (``--try-transport``, where the link has RDMA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +189,8 @@ def space(axes: Axes, base: Settings, *, mla_model: bool = False) -> list[Candid
             amb = base.amb_mib
         if not mla_model:
             mla = base.mla
-        out.append(Candidate(st, t, ub, max(base.batch, ub), fa, ctk, ctv, rp, amb, mla, fmoe, muge))
+        out += [Candidate(st, t, ub, max(base.batch, ub), fa, ctk, ctv, rp, amb, mla, fmoe, muge, tr)
+                for tr in axes.transports]
     return list(dict.fromkeys(out))
 
 
@@ -197,13 +202,15 @@ def features(c: Candidate, cpu_expert_share: float, cores: int) -> np.ndarray:
     an MLA mode other than 3, fused MoE off, -muge (all 0 for mainline, whose distances they leave
     alone), and a head/tail placement (which experts stay off the CPU, beside how many: the
     model's speed does not tell a head/tail split from `auto`'s layers of the same bytes, so a
-    measurement of one says less of the other)."""
+    measurement of one says less of the other), and the RDMA transport (the same plan, launched
+    over another link protocol)."""
     threads = c.threads or cores
     return np.array([2.0 * cpu_expert_share, 2.0 * min(1.0, threads / max(1, cores)), math.log2(c.ubatch) / 4,
                      0.5 if c.flash_attn else 0.0, 0.5 if c.ctk != "f16" or c.ctv != "f16" else 0.0,
                      0.5 if c.repack else 0.0, 0.5 * min(1.0, AMB_TRY_MIB / c.amb_mib) if c.amb_mib > 0 else 0.0,
                      0.5 if c.mla != 3 else 0.0, 0.5 if not c.fused_moe else 0.0, 0.5 if c.merge_up_gate else 0.0,
-                     0.5 if parse_strategy(c.strategy).kind == "head-tail" else 0.0])
+                     0.5 if parse_strategy(c.strategy).kind == "head-tail" else 0.0,
+                     0.5 if c.transport == "rdma" else 0.0])
 
 
 @dataclass(frozen=True, slots=True)

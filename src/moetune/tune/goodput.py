@@ -95,17 +95,18 @@ def measured(samples: Sequence[dict[str, Any]], load: ServeLoad) -> Goodput:
 
 def serve_candidate(db: ResultsDB, path: Path, load: ServeLoad, *, label: str, sweep_id: str,
                     launch_timeout_s: float, request_timeout_s: float, status: Status,
-                    on_snapshot: Callable[[Snapshot], None] | None = None) -> int:
+                    on_snapshot: Callable[[Snapshot], None] | None = None, transport: str = "tcp",
+                    rdma_dev: str | None = None) -> int:
     """Launch the plan at ``path`` with one slot per stream, run serve-bench's closed loop on it,
     store the run under the tune's id; its run id."""
     from moetune.bench.serve.run import ServeBenchSpec, serve_bench
     from moetune.bench.servers import PlanServers
-    from moetune.bench.target import plan_target
+    from moetune.bench.target import plan_target, with_transport
 
     spec = ServeBenchSpec(url=str(path), concurrency=(load.concurrency,), input_len=load.input_len,
                           output_len=load.output_len, requests=load.requests, timeout_s=request_timeout_s,
                           label=label, slo=load.targets)
-    source = PlanServers(plan_target(path), match=True, need_per_slot=load.per_slot, status=status,
+    source = PlanServers(with_transport(plan_target(path), transport, rdma_dev), match=True, need_per_slot=load.per_slot, status=status,
                          timeout_s=launch_timeout_s)
     doc = serve_bench(spec, db, log=status, source=source, on_snapshot=on_snapshot, sweep_id=sweep_id)
     return int(doc["run"]["id"])

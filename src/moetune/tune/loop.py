@@ -38,7 +38,7 @@ from moetune.bench.analysis.single import bench_metrics
 from moetune.bench.analysis.summary import run_summary
 from moetune.bench.single.runner import BenchOptions, Progress, bench_target
 from moetune.bench.single.workloads import Workload
-from moetune.bench.target import plan_target
+from moetune.bench.target import plan_target, with_transport
 from moetune.errors import InputError, MoetuneError
 from moetune.kinds import RunStatus
 from moetune.model.profile import open_model
@@ -57,6 +57,7 @@ from moetune.store.db import ResultsDB
 from moetune.tune import goodput as gp
 from moetune.tune.engine_axes import check_engine_axes, engine_options
 from moetune.tune.history import calibrate_and_save, gather
+from moetune.tune.transport_axis import check_transport_axis, refuse_unbuilt
 from moetune.tune.verdict import measurements, verdicts
 
 Status = Callable[[str], None]
@@ -79,6 +80,8 @@ class TuneRequest:
     launch_timeout_s: float = 600.0
     serve: ServeLoad | None = None  # the load of --objective goodput
     routing: Path | None = None  # an imatrix GGUF: the model's measured expert routing
+    transport: str = "tcp"  # the baseline's RPC transport (``--transport``; the axis: axes["transports"])
+    rdma_dev: str | None = None
 
 
 @dataclass
@@ -187,7 +190,9 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     axes = core.default_axes(base, req.strategy, hw.local.cores, moe_layers, len(hw.accelerators()), options,
                              budget)
     axes = replace(axes, **req.axes) if req.axes else axes
-    baseline = core.Candidate.of(req.strategy, base)
+    baseline = replace(core.Candidate.of(req.strategy, base), transport=req.transport)
+    axes = replace(axes, transports=tuple(dict.fromkeys((req.transport, *req.axes.get("transports", ())))))
+    check_transport_axis(axes.transports, hw)
     cands = [baseline, *(c for c in core.space(axes, base, mla_model=profile.is_mla) if c != baseline)]
     status(f"planning {len(cands)} candidates")
     entries = []
@@ -219,6 +224,7 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
                          f"{entries[0].plan.shortfalls[0].message}",
                          hint="`moetune plan` with the same options shows why; give options that fit "
                               "(a smaller --ctx or -ub, --strategy cpu-moe) as the baseline")
+    refuse_unbuilt([e.doc for e in entries], [e.candidate.transport for e in entries], req.rdma_dev)
     tid = _tune_id(req, entries[0].plan, [e.candidate.label for e in entries])
     feats = np.array([core.features(e.candidate, e.cpu_expert_share, entries[0].plan.hw.local.cores)
                       for e in entries])
@@ -294,11 +300,13 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
         try:
             if req.serve is not None:
                 e.run = gp.serve_candidate(db, path, req.serve, label=e.candidate.label, sweep_id=tid,
+                                           transport=e.candidate.transport, rdma_dev=req.rdma_dev,
                                            launch_timeout_s=req.launch_timeout_s,
                                            request_timeout_s=req.options.timeout_s, status=status,
                                            on_snapshot=on_snapshot)
             else:
-                e.run = bench_target(db, plan_target(path), [req.workload], req.options, label=e.candidate.label,
+                target = with_transport(plan_target(path), e.candidate.transport, req.rdma_dev)
+                e.run = bench_target(db, target, [req.workload], req.options, label=e.candidate.label,
                                      sweep_id=tid, launch_timeout_s=req.launch_timeout_s, status=status,
                                      progress_for=progress_for, on_snapshot=on_snapshot)
         except MoetuneError as err:  # out of memory at launch, say: recorded, skipped, the search goes on
