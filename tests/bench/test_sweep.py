@@ -38,10 +38,15 @@ def tiny(models: Path, bin_dir: Path) -> Path:
 def test_bench_a_plan_launches_measures_and_stops(tiny: Path, tmp_path: Path) -> None:
     plan = write_plan(tmp_path / "cpu.json", tiny, "-ngl", "0", label="all on CPU", rpc=True)
     ports = [p["port"] for p in json.loads(plan.read_text())["launch"]["processes"]]
-    r = run_cli("bench", str(plan), *FAST, "--json")
+    r = run_cli("bench", str(plan), *FAST, "--transport", "tcp", "--json")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["run"]["label"] == "all on CPU" and doc["tg"]["n"] == 2
+    # the transport asked and the one the worker's log confirmed, and the load time, stored with the run
+    launch = doc["run"]["launch"]
+    assert launch["transport"] == "tcp" and launch["confirmed"] == "TCP" and launch["workers"] == {"rpc0": "TCP"}
+    assert 0 < launch["load_s"] < 600
+    assert "main: transport TCP (asked tcp; rpc0 TCP), loaded in" in r.stderr
     assert r.stderr.index("rpc0: starting") < r.stderr.index("rpc0: ready") < r.stderr.index("main: starting")
     assert "stopped main, rpc0" in r.stderr
     assert not any(listening(p) for p in ports)  # stopped in order by the launcher
@@ -54,6 +59,11 @@ def test_bench_a_plan_launches_measures_and_stops(tiny: Path, tmp_path: Path) ->
         assert run.meta.server is not None and run.meta.server.build
         assert run.meta.model.path == str(tiny)
         assert run.meta.launch_run and (runs_dir() / run.meta.launch_run).is_dir()  # the launcher's logs
+        assert run.meta.launch is not None and run.meta.launch.load_s == launch["load_s"]
+        main = json.loads((runs_dir() / run.meta.launch_run / "main.json").read_text())
+        assert launch["load_s"] == pytest.approx(main["ready_at"] - main["started_at"])  # the server's start to healthy
+    show = run_cli("results", "show", str(doc["run"]["id"]))
+    assert show.exit_code == 0 and "transport: TCP (asked tcp; rpc0 TCP), loaded in" in show.stdout
 
 
 def test_sweep_resumes_and_ends_with_the_comparison(tiny: Path, tmp_path: Path) -> None:

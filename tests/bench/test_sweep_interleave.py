@@ -86,6 +86,33 @@ def test_interleaved_batches_keep_both_servers_up(tiny: Path, tmp_path: Path) ->
                                       for x in runs)
         launches = {x.meta.launch_run for x in runs}
         assert len(launches) == 2  # two launches served the four runs
+        # no RPC worker: transport none; one launch for every round: no round's load time
+        assert all(x.meta.launch is not None and x.meta.launch.transport == "none" and x.meta.launch.load_s is None
+                   for x in runs)
+
+
+def test_interleaved_launches_over_two_transports_give_a_paired_verdict(tiny: Path, tmp_path: Path) -> None:
+    """One plan with an RPC worker, launched over tcp and over auto (which this build without RDMA
+    resolves to TCP) in alternating rounds: the paired verdict covers load_s, and each run's
+    transport is the one the worker's log confirmed."""
+    plan = write_plan(tmp_path / "rpc.json", tiny, "-ngl", "99", label="rpc", rpc=True)
+    r = run_cli("sweep", str(plan), *FAST, "--transport", "tcp,auto", "--interleave", "--rounds", "2", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [(p["round"], p["label"]) for p in doc["plans"]] == [
+        (1, "rpc (tcp)"), (1, "rpc (auto)"), (2, "rpc (auto)"), (2, "rpc (tcp)")]
+    comp = doc["comparison"]
+    assert comp["baseline"]["label"] == "rpc (tcp)" and comp["transports"] == {"rpc (tcp)": "TCP", "rpc (auto)": "TCP"}
+    load = next(x for x in comp["rows"] if x["metric"] == "load_s")
+    assert not load["higher_is_better"] and len(load["per_round"]) == 2
+    assert load["verdict"] in ("faster", "slower", "same") and all(c["median"] > 0 for c in load["per_round"])
+    with ResultsDB.open() as db:
+        runs = db.runs(sweep_id=doc["sweep"])
+        assert sorted(str(x.meta.launch.transport) for x in runs if x.meta.launch) == ["auto", "auto", "tcp", "tcp"]
+        assert all(x.meta.launch and x.meta.launch.workers == {"rpc0": "TCP"} for x in runs)
+    table = run_cli("compare", "--sweep", doc["sweep"])
+    assert table.exit_code == 0, table.stderr
+    assert "load_s" in table.stdout and "transport (confirmed at launch): rpc (tcp) TCP, rpc (auto) TCP" in table.stdout
 
 
 def test_interleave_usage_errors(tiny: Path, tmp_path: Path) -> None:
