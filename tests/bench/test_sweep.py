@@ -75,7 +75,7 @@ def test_sweep_resumes_and_ends_with_the_comparison(tiny: Path, tmp_path: Path) 
     doc = json.loads(r.stdout)
     assert [(p["label"], p["status"]) for p in doc["plans"]] == [("one thread", "measured"), ("two threads", "measured")]
     assert doc["comparison"]["baseline"]["run"] == doc["plans"][0]["run"]
-    assert {row["metric"] for row in doc["comparison"]["rows"]} == {"tg:short-json", "pp:short-json"}
+    assert {row["metric"] for row in doc["comparison"]["rows"]} == {"tg:short-json", "pp:short-json", "load_s"}
     assert all(row["verdict"] in ("faster", "slower", "same") for row in doc["comparison"]["rows"])
     assert png.read_bytes()[:4] == b"\x89PNG"
 
