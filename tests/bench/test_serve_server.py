@@ -82,8 +82,13 @@ def test_a_plan_with_match_slots(bin_dir: Path, model: Path, tmp_path: Path) -> 
                        argv=("-m", str(model), "-nr", "--parallel", "1", "-c", "1024"))
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"launch": LaunchSpec((main,)).to_json()}))
-    doc = bench(str(plan), "--concurrency", "1,2", "--requests", "4", "--match-slots", "--thinking", "off")
+    doc = bench(str(plan), "--concurrency", "1,2", "--requests", "4", "--match-slots", "--thinking", "off",
+                "--transport", "tcp")
     assert [lv["server"]["slots"] for lv in doc["levels"]] == [1, 2]
+    # a launch per level, each with its load time; no RPC worker: transport none, whatever was asked
+    launches = [lv["server"]["launch"] for lv in doc["levels"]]
+    assert all(x["transport"] == "none" and x["confirmed"] == "none" and x["load_s"] > 0 for x in launches)
+    assert doc["run"]["launch"] == launches[0]
     assert [lv["server"]["n_ctx_slot"] for lv in doc["levels"]] == [1024, 1024]  # the plan's share kept
     assert doc["levels"][1]["server"]["argv"][-4:] == ["--parallel", "2", "--ctx-size", "2048"]
     # a slot per stream: no queue (other warnings judge timings, which a loaded machine may upset)
