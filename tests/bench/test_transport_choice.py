@@ -174,6 +174,12 @@ def test_compare_has_load_s_and_the_transport(tmp_path: Path) -> None:
     md = comparison_markdown(comp)
     assert "| configuration | run | transport | load_s |" in md and f"| rdma | {b} | RDMA |" in md
     assert f"| url | {c} | - |" in md
+    plain = compare(rc, [launched_as(ra, NO_RPC)])
+    assert "transport" not in comparison_markdown(plain)  # no run used RPC: no column
+
+
+def launched_as(r: RunMetrics, transport: str) -> RunMetrics:
+    return RunMetrics(r.run, r.label, r.kind, r.status, r.metrics, transport)
 
 
 def test_paired_load_s_over_rounds_gives_a_verdict() -> None:

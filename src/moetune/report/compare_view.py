@@ -12,6 +12,7 @@ from rich.text import Text
 
 from moetune.bench.analysis.stats import FASTER, SAME, SLOWER
 from moetune.report.compare import CompareRow, Comparison, RunMetrics
+from moetune.store.record import NO_RPC
 
 VERDICT_TEXT = {FASTER: "faster", SLOWER: "slower", SAME: "same"}
 VERDICT_STYLE = {FASTER: "green", SLOWER: "red", SAME: "dim"}
@@ -38,17 +39,22 @@ def _short(name: str) -> str:
     return name.split(":", 1)[-1]
 
 
+def _rpc(runs: list[RunMetrics]) -> bool:
+    return any(r.transport not in (None, NO_RPC) for r in runs)
+
+
 def transports(runs: list[RunMetrics]) -> dict[int, str] | None:
     """Each run's RPC transport as its launch confirmed it (``none`` without RPC, ``-`` for a run
-    moetune did not launch); None when no run was launched by moetune (no column then)."""
-    if not any(r.transport for r in runs):
+    moetune did not launch); None when no run used RPC (no column then)."""
+    if not _rpc(runs):
         return None
     return {r.run: r.transport or "-" for r in runs}
 
 
 def transport_line(runs: list[RunMetrics]) -> str | None:
-    """``transport (confirmed at launch): A TCP, B RDMA``, for views with a row per metric."""
-    if not any(r.transport for r in runs):
+    """``transport (confirmed at launch): A TCP, B RDMA``, for views with a row per metric; None
+    when no run used RPC."""
+    if not _rpc(runs):
         return None
     return "transport (confirmed at launch): " + ", ".join(f"{r.label} {r.transport or '-'}" for r in runs)
 
