@@ -52,6 +52,13 @@ def check(p: ModelProfile, hw: Inventory, s: Settings) -> None:
         raise InputError(f"--split-mode graph needs two or more GPUs on this machine; the hardware has {len(gpus)}",
                          hint="ik_llama.cpp refuses it (\"not possible to use split mode 'graph' with less than 2 "
                               "devices\"): leave --split-mode at layer")
+    groups = p.hp_int("ssm.group_count") if p.is_hybrid_recurrent else 0
+    thin = [g for g, f in shares(hw).items() if groups and f * groups <= 0.5]
+    if thin:
+        raise InputError(f"--split-mode graph: ik_llama.cpp divides the delta-net layers by their {groups} key heads, "
+                         f"and {', '.join(thin)}'s share would get none (ik aborts: \"a single GPU participating in "
+                         "the delta-net tensor split\")", hint="plan layer split, or graph split over GPUs of more "
+                                                              "equal memory")
     if any(d.kind == DeviceKind.RPC for d in hw.accelerators()):
         raise InputError("--split-mode graph divides layers across the local GPUs (a CUDA_Split buffer); the hardware "
                          "has RPC devices too", hint="plan graph split for the local GPUs alone, or layer split")
