@@ -137,3 +137,16 @@ def test_both_engines_parse_the_rendered_flag(kind: str) -> None:
 def test_cpu_only_hardware_file_has_the_item(small: dict[str, ModelProfile]) -> None:
     sp = make_plan([ServiceSpec("t", small["qwen35moe"], Settings(), "cpu-moe")], from_dict(loopback_hw([]))).main
     assert any(i.what == "checkpoints" for i in sp.memory.items["CPU"])
+
+
+def test_a_layout_service_sets_its_own_checkpoints(small: dict[str, ModelProfile], tmp_path: Path) -> None:
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps(loopback_hw([])))
+    layout = tmp_path / "layout.yaml"
+    layout.write_text(f"services:\n  - {{name: a, model: {small['qwen35moe'].files[0]}, ctx_checkpoints: 3}}\n"
+                      f"  - {{name: b, model: {small['qwen35moe'].files[0]}}}\n")
+    r = run_cli("plan", "--layout", str(layout), "--hw", str(hw), "--ctx-checkpoints", "5", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    said = {sj["name"]: sj["argv"][sj["argv"].index("--ctx-checkpoints") + 1] for sj in doc["services"]}
+    assert said == {"a": "3", "b": "5"}
