@@ -66,7 +66,9 @@ def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list
                          env=(*base.server.env, *((str(k), str(v)) for k, v in s.env.items())))
         settings = replace(base, ctx=s.ctx, slots=s.parallel, batch=s.batch, ubatch=s.ubatch, ctk=s.ctk,
                            ctv=s.ctv, flash_attn=s.flash_attn, amb_mib=s.amb, threads=s.threads or base.threads,
-                           threads_batch=s.threads_batch or base.threads_batch, server=server)
+                           threads_batch=s.threads_batch or base.threads_batch, server=server,
+                           ctx_checkpoints=base.ctx_checkpoints if s.ctx_checkpoints is None else s.ctx_checkpoints,
+                           split_mode=s.split_mode or base.split_mode)
         settings = lift_extra(settings)  # the service's args: flags a plan option says, taken as it
         model = s.model if is_url(s.model) else absolute(p.parent / os.path.expanduser(s.model))
         spec = ServiceSpec(s.name, load_profile(model), settings,

@@ -110,6 +110,12 @@ def plan_options(f: F) -> F:
         click.option("--rope-scaling", type=click.Choice(["yarn", "linear"]),
                      help="Stretch positions past the model's trained context (--rope-scale follows --ctx per slot, "
                           "--yarn-orig-ctx is the trained length)."),
+        click.option("--ctx-checkpoints", type=click.IntRange(0, 4096), metavar="N",
+                     help="Context checkpoints each slot keeps (hybrid recurrent and sliding-window models; "
+                          "default: the engine's 32). The ledger counts their host RAM."),
+        click.option("--split-mode", type=click.Choice(["layer", "graph"]), default="layer", show_default=True,
+                     help="graph (ik_llama.cpp, two or more GPUs): divide every offloaded layer across the GPUs "
+                          "(-sm graph) instead of giving each layer to one."),
         click.option("--engine-arg", "engine_args", multiple=True, metavar="ARG",
                      help="An extra argument for llama-server, repeatable, checked against the engine "
                           "(--engine-arg=--no-warmup). Flags moetune sets from the plan are refused."),
@@ -144,7 +150,8 @@ def plan_settings(kw: dict[str, Any]) -> Any:
     settings = Settings(ctx=kw["ctx"], slots=kw["parallel"], batch=kw["batch"], ubatch=kw["ubatch"], ctk=kw["ctk"],
                         ctv=kw["ctv"], flash_attn=not kw["no_flash_attn"], mmap=not kw["no_mmap"],
                         amb_mib=kw["amb"], threads=kw["threads"], threads_batch=kw["threads_batch"],
-                        merge_qkv=kw["merge_qkv"], merge_up_gate=kw["muge"], grouped_experts=kw["ger"], server=server)
+                        merge_qkv=kw["merge_qkv"], merge_up_gate=kw["muge"], grouped_experts=kw["ger"],
+                        ctx_checkpoints=kw["ctx_checkpoints"], split_mode=kw["split_mode"], server=server)
     return lift_extra(settings)  # --engine-arg=--alias X: the same as --alias X
 
 

@@ -22,7 +22,8 @@ def doctor(inputs: tuple[str, ...], ram_gib: float | None, db_path: Path | None,
     `compare` and `results` take them): the launch that benchmark measured.
 
     Looks for prefix-cache misses (and a <think> block as their cause), -sm graph falling back to
-    layer, requests queued behind too few --parallel slots, RDMA negotiated without being asked,
+    layer, requests queued behind too few --parallel slots, context checkpoint restores (hybrid and
+    sliding-window models) and the re-processing they avoided, RDMA negotiated without being asked,
     thinking tokens dominating the output (in captured responses), pinned host memory close to
     the RAM, and failed loads. Exit 0 whether or not it finds anything.
     """

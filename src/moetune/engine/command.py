@@ -59,15 +59,22 @@ def service_notes(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     """What a user comparing with the engines' own flags should know: what ``--n-cpu-moe N`` would
     keep on the CPU in each engine (the service's own engine in its build's rule)."""
     st = parse_strategy(sp.spec.strategy)
+    graph = []
+    if sp.spec.settings.split_mode == "graph":
+        gpus = sorted({d for d in sp.placement.layer_device[: sp.spec.model.n_layer] if d in sp.memory.items}
+                      - {"CPU"})
+        graph = [f"-sm graph: every layer on {' or '.join(gpus)} is divided across the GPUs by -ts "
+                 f"{','.join(map(str, sp.placement.tensor_split))} (the ledger's weights (split)); the layer map "
+                 "shows where each would sit in layer split"]
     if st.kind != "n-cpu-moe":
-        return []
+        return graph
     n = st.n
     own = service_dialect(sp, facts)
     dialects = [own, *(dialect(k) for k in EngineKind if k != own.kind)]
     devs = list(sp.placement.layer_device)
     notes = [n_cpu_moe_note(d, n, sp.spec.model.n_layer, devs, len(engine_devices(d, _accelerators(sp))))
              for d in dialects]
-    return [*notes, "rendered as explicit -ot overrides, which mean the same in every engine"]
+    return [*graph, *notes, "rendered as explicit -ot overrides, which mean the same in every engine"]
 
 
 def _layer_map(sp: ServicePlan) -> list[dict[str, Any]]:
@@ -151,7 +158,8 @@ def plan_json(plan: Plan, engine: str, binary: str = "llama-server", facts: Fact
         "devices": [
             {"name": led.device, "kind": led.kind, "capacity_mib": round(led.capacity_mib, 1),
              "used_mib": round(led.used_mib, 1), "free_mib": round(led.free_mib, 1),
-             "items": [{"what": it.what, "mib": round(it.mib, 2), "service": it.service} for it in led.items]}
+             "items": [{"what": it.what, "mib": round(it.mib, 2), "service": it.service,
+                        **({"note": it.note} if it.note else {})} for it in led.items]}
             for led in plan.ledgers
         ],
         "shortfalls": [sf.to_json() for sf in plan.shortfalls],

@@ -37,6 +37,8 @@ class Dialect:
     jinja: tuple[str, ...] = ()  # mainline applies the model's template by default
     kv_unified: tuple[str, ...] = ("--kv-unified",)
     swa_full: tuple[str, ...] = ("--swa-full",)  # sliding-window layers' cache for the whole context
+    ctx_checkpoints: str = "--ctx-checkpoints"  # both engines: checkpoints per slot
+    split_mode: str = "-sm"
     cpu_moe: str = "--cpu-moe"
     n_cpu_moe: NCpuMoeRule = NCpuMoeRule.FIRST  # which layers --n-cpu-moe N keeps on the CPU
     amb: str | None = None  # ik_llama.cpp: attention max batch, the value Settings.amb_mib

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from moetune.engine import ik_split
 from moetune.engine.dialect import Dialect, engine_devices
-from moetune.engine.server_args import server_options
+from moetune.engine.server_args import need_flag, server_options
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile
@@ -121,6 +121,8 @@ def _tensor_split(p: ModelProfile, pl: Placement, s: Settings, d: Dialect,
     """-ts in the engine's terms: mainline takes the plan's layer counts; ik_llama.cpp, which splits
     by bytes over its own device numbering, the shares that give the plan's layers (ik_split)."""
     order = engine_devices(d, accelerators or [])
+    if s.split_mode == "graph":  # the share of every split layer each GPU gets (plan.graph_split.percents)
+        return pl.tensor_split
     if accelerators is None or d.kind != EngineKind.IK or len(order) < 2:
         return pl.tensor_split
     index = {n: i for i, n in enumerate(order)}
@@ -156,7 +158,13 @@ def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, engi
         argv += list(d.kv_unified)
     if s.swa_full and p.hp_int("attention.sliding_window"):
         argv += list(d.swa_full)
+    if s.ctx_checkpoints is not None:
+        need_flag(d, engine or d.kind, "--ctx-checkpoints", d.ctx_checkpoints)
+        argv += [d.ctx_checkpoints, str(s.ctx_checkpoints)]
     argv += [d.ngl, d.ngl_all]
+    if s.split_mode != "layer":
+        need_flag(d, engine or d.kind, "--split-mode", d.split_mode)
+        argv += [d.split_mode, s.split_mode]
     if rpc:
         argv += [d.rpc, ",".join(rpc)]
     if ts := _tensor_split(p, pl, s, d, accelerators):

@@ -31,8 +31,10 @@ _MANAGED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-ctv", "--cache-type-v"), "--ctv"),
     (("-fa", "--flash-attn", "-no-fa", "--no-flash-attn"), "--no-flash-attn"),
     (("-ngl", "--gpu-layers", "--n-gpu-layers", "-ot", "--override-tensor", "-ts", "--tensor-split", "--cpu-moe",
-      "-cmoe", "--n-cpu-moe", "-ncmoe", "-sm", "--split-mode", "-mg", "--main-gpu", "-fit", "--fit", "-fitt",
+      "-cmoe", "--n-cpu-moe", "-ncmoe", "-mg", "--main-gpu", "-fit", "--fit", "-fitt",
       "--fit-target"), _STRATEGY),
+    (("-sm", "--split-mode"), "--split-mode layer|graph (graph: ik_llama.cpp, divided across the GPUs in the ledger)"),
+    (("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"), "--ctx-checkpoints N (the ledger counts their host memory)"),
     (("-dev", "--device"), "the hardware file's devices (a layout service's devices:)"),
     (("--rpc",), "the hardware file's nodes"),
     (("--host", "--port"), "--listen ADDR:PORT"),
@@ -208,7 +210,8 @@ def parse_sampling(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
-def _need(d: Dialect, engine: str, option: str, flag: str) -> None:
+def need_flag(d: Dialect, engine: str, option: str, flag: str) -> None:
+    """InputError where the build's help is known and lacks ``flag`` (which ``option`` renders)."""
     if d.flags and flag not in d.flags:
         raise InputError(f"{option}: engine {engine} ({d.version or d.kind}) does not take {flag}",
                          hint=f"leave {option} out, or choose an engine build that has {flag}")
@@ -228,7 +231,7 @@ def server_options(s: Settings, d: Dialect, engine: str = "", trained_ctx: int =
     argv: list[str] = []
 
     def add(option: str, *words: str) -> None:
-        _need(d, engine, option, words[0])
+        need_flag(d, engine, option, words[0])
         argv.extend(words)
 
     if s.threads_batch:

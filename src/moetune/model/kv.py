@@ -184,3 +184,37 @@ def kv_shape(p: ModelProfile, engine: str = EngineKind.MAINLINE) -> KVShape:
     n_swa, swa = swa_layers(p) if engine == EngineKind.MAINLINE else (0, frozenset[int]())
     layers = tuple(LayerKV(i, (heads_kv[i] * hk,), (heads_kv[i] * hv,), i in swa) for i in range(n) if heads_kv[i])
     return KVShape("gqa", layers, n_swa=n_swa if swa else 0)
+
+
+def checkpoint_bytes(kv: KVShape, engine: str, ctk: str = "f16", ctv: str = "f16", tokens_per_slot: int = 0,
+                     swa_full: bool = False, streams: int = 1) -> int:
+    """Bytes of one context checkpoint: the part of a sequence's state that cannot be rolled back,
+    which the server copies to host memory (``llama_state_seq_get_size_ext(ctx, seq,
+    LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)``); 0 where the server keeps none.
+
+    Mainline (``tools/server/server-context.cpp``, ``create_checkpoint``) keeps them for hybrid
+    recurrent models and for sliding-window ones without ``--swa-full``. A hybrid model's is the
+    recurrent state of one sequence (``llama_memory_recurrent::state_write``: one cell, every
+    recurrent layer's conv and delta-net rows, with their small headers), the same size at any
+    depth. A sliding-window model's is the windowed layers' K and V of the ``n_swa`` cells inside
+    the window (``llama_kv_cache::state_write`` skips masked cells): at most this, once a prompt is
+    longer than the window. ik_llama.cpp 0.1.5 keeps them for recurrent models only; its state
+    (``llama_data_write::write_kv_cache``) also lists every cached cell's position, so this is its
+    size for a slot filled to ``tokens_per_slot``. ``streams``: the KV cache's (one per slot, or
+    one when unified), each of which the sliding-window state names."""
+    if kv.recurrent_layers:
+        n_rec = len(kv.recurrent_layers)
+        if engine == EngineKind.IK:
+            n_layer = len(kv.layers) + n_rec
+            return 16 + 8 * tokens_per_slot + 40 * n_layer + kv.rs_bytes_per_seq
+        # magic and seq id, the cell count, the cell's pos and seq count, s_trans and the layer
+        # count; per recurrent layer a type and a row size before each of its two rows
+        return 28 + 24 * n_rec + kv.rs_bytes_per_seq
+    if engine != EngineKind.MAINLINE or not kv.n_swa or swa_full:
+        return 0
+    swa = [lk for lk in kv.layers if lk.swa]
+    rows = sum(KVShape.layer_bytes_per_token(lk, ctk, ctv) for lk in swa)
+    cells = kv.n_swa if not tokens_per_slot else min(kv.n_swa, tokens_per_slot)
+    # magic and seq id, the stream count and each stream's cell count, each cell's pos, seq count
+    # and seq id, the v_trans / layer / rope headers, a type and row size before each layer's K and V
+    return 8 + 4 + 4 * streams + 12 * cells + 16 + 24 * len(swa) + cells * rows

@@ -12,8 +12,9 @@ from typing import Any
 from moetune.hardware.inventory import Inventory
 from moetune.kinds import DeviceKind, EngineKind
 from moetune.model import kv
-from moetune.model.kv import KVShape, full_cells, kv_shape
+from moetune.model.kv import KVShape, checkpoint_bytes, full_cells, kv_shape
 from moetune.model.profile import ModelProfile, Tensor
+from moetune.plan import graph_split
 from moetune.plan.compute import ComputeInputs, DeviceRole, compute_bytes, reserve_bytes
 from moetune.plan.graph import Sites
 from moetune.plan.placement import CPU, Placement, tensor_device
@@ -26,9 +27,11 @@ REPACKABLE = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "Q8_0", "MXFP4", "IQ4_XS", "Q2
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    what: str  # weights | weights (pinned) | weights (mapped) | repack | kv | rs | compute | output | overhead | margin
+    what: str  # weights | weights (pinned) | weights (mapped) | weights (split) | repack | kv | rs | compute | output
+    #            | checkpoints | overhead | margin
     mib: float
     service: str = ""
+    note: str = ""  # how the figure arises, where the name alone does not say
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,10 +153,16 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
     on: dict[str, list[str]] = defaultdict(list)
     spans: dict[int, list[int]] = {}
     repack = 0
+    share = graph_split.shares(hw) if s.split_mode == "graph" else {}
+    split: dict[str, float] = defaultdict(float)  # graph split: each GPU's part of the CUDA_Split buffer
     for t in loaded(p, s):
         d = tensor_device(t, pl, experts)
-        weights[d] += t.nbytes
         on[d].append(t.name)
+        if graph_split.is_split(t, d, pl.layer_device, p.n_layer, share):
+            for g, b in graph_split.parts(t, share).items():
+                split[g] += b
+            continue
+        weights[d] += t.nbytes
         if d == CPU:
             lo, hi = spans.get(t.file_index, [t.offset, t.offset + t.nbytes])
             spans[t.file_index] = [min(lo, t.offset), max(hi, t.offset + t.nbytes)]
@@ -168,17 +177,25 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
         if dev == CPU:
             label = "weights (pinned)" if has_gpu and (s.engine == EngineKind.IK or not s.mmap) else "weights"
         items[dev].append(Item(label, nbytes / MIB, service))
+    for dev, nbytes_f in split.items():
+        items[dev].append(Item("weights (split)", nbytes_f / MIB, service,
+                               note=f"{share[dev]:.0%} of each offloaded layer (-sm graph), norms and routers whole"))
     if repack:
         items[CPU].append(Item("repack", repack / MIB, service))
     # KV cache and recurrent state follow their layer
     kv: KVShape = kv_shape(p, s.engine)
     cells, cells_swa = kv_cells(s), swa_cells(s, kv.n_swa)
     kv_by_dev: dict[str, float] = defaultdict(float)
+
+    def add_kv(layer: int, nbytes: float) -> None:
+        dev = pl.layer_device[layer]
+        for d, f in (share.items() if dev in share else ((dev, 1.0),)):  # graph split: divided with the heads
+            kv_by_dev[d] += nbytes * f
+
     for lk in kv.layers:
-        kv_by_dev[pl.layer_device[lk.layer]] += KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv) * (
-            cells_swa if lk.swa else cells)
+        add_kv(lk.layer, KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv) * (cells_swa if lk.swa else cells))
     for layer in kv.recurrent_layers:
-        kv_by_dev[pl.layer_device[layer]] += kv.rs_bytes_per_layer_seq * s.slots
+        add_kv(layer, kv.rs_bytes_per_layer_seq * s.slots)
     for dev, kv_bytes in kv_by_dev.items():
         items[dev].append(Item("kv", kv_bytes / MIB, service))
     # compute buffers
@@ -199,9 +216,25 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
         if dry_run:
             projected = {d: b / MIB for d, b in mainline_compute(p, hw, pl, inp).items() if b}
     items[CPU].append(Item("output", p.n_vocab * 4 * s.slots / MIB, service))
+    if ckpt := checkpoints_item(kv, s, service):
+        items[CPU].append(ckpt)
     mapped = {} if not s.mmap else {str(p.files[i]): (hi - lo) / MIB for i, (lo, hi) in spans.items()}
     return ServiceMemory(service, dict(items), mapped, cells, dict(on), projected,
                          cells_swa if kv.n_swa else 0)
+
+
+def checkpoints_item(kv: KVShape, s: Settings, service: str = "") -> Item | None:
+    """The context checkpoints' host memory: each slot keeps up to ``--ctx-checkpoints`` copies of
+    the state that cannot be rolled back (``model.kv.checkpoint_bytes``); None where the server
+    makes none. The server allocates them as prompts are processed, not at load."""
+    streams = 1 if s.kv_unified or s.slots <= 1 else s.slots
+    each = checkpoint_bytes(kv, s.engine, s.ctk, s.ctv, s.ctx // s.slots, s.swa_full, streams)
+    n = s.checkpoints_per_slot
+    if not each or not n:
+        return None
+    return Item("checkpoints", s.slots * n * each / MIB, service,
+                note=f"{s.slots} slot(s) x up to {n} x {each / MIB:.3f} MiB: host RAM the server takes as prompts "
+                     "are processed, not at load (--ctx-checkpoints)")
 
 
 def mainline_compute(p: ModelProfile, hw: Inventory, pl: Placement, inp: ComputeInputs) -> dict[str, int]:

@@ -15,6 +15,7 @@ from moetune.hardware.inventory import Inventory, Node
 from moetune.kinds import DeviceKind, EngineKind
 from moetune.model.profile import ModelProfile
 from moetune.model.routing import Routing
+from moetune.plan import graph_split
 from moetune.plan import placement as plc
 from moetune.plan.ledger import DeviceLedger, ServiceMemory, Shortfall, combine, service_memory
 from moetune.plan.optimize import auto
@@ -159,12 +160,15 @@ def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConsta
         spec.settings.validate()
         _check_cache_types(spec.model, spec.settings)
         shw = replace(_restrict(hw, spec.devices), local_first=spec.settings.engine == EngineKind.IK)
+        graph_split.check(spec.model, shw, spec.settings)
         reserved: dict[str, float] = {}
         for m in mems:
             for dev, items in m.items.items():
                 reserved[dev] = reserved.get(dev, 0.0) + sum(it.mib for it in items)
         margins = _margins(hw, spec.settings)
         pl = place(spec.strategy, spec.model, shw, spec.settings, reserved, margins)
+        if spec.settings.split_mode == "graph":  # -ts: the GPUs' shares of every split layer
+            pl = replace(pl, tensor_split=graph_split.percents(shw))
         mem = service_memory(spec.model, shw, pl, spec.settings, spec.name, dry_run=True)
         pred = predict(spec.model, shw, pl, spec.settings, k, routing=spec.routing)
         planned[i] = ServicePlan(spec, shw, pl, mem, pred)

@@ -16,6 +16,11 @@ IK_MLA_MODES = (2, 3)  # the -mla modes the ledger counts: both keep the latent 
 
 LOOPBACK = "127.0.0.1"
 ROPE_SCALINGS = ("yarn", "linear")  # llama-server's --rope-scaling choices that stretch the context
+# -sm values moetune plans: layer (every engine's default) and ik_llama.cpp's graph, which divides each
+# offloaded layer's tensors across the GPUs (plan.graph_split); mainline's row and tensor put every
+# layer's KV and experts on the main GPU and divide only its matrices, which the ledger does not model
+SPLIT_MODES = ("layer", "graph")
+ENGINE_CTX_CHECKPOINTS = 32  # both engines' default --ctx-checkpoints (mainline common.h, ik 0.1.5 common.h)
 WILDCARDS = ("0.0.0.0", "::")
 
 
@@ -73,7 +78,14 @@ class Settings:
     threads_batch: int | None = None  # -tb: threads for prefill (default: the engine's, = threads)
     merge_qkv: bool = False  # ik_llama.cpp --merge-qkv: Q, K and V merged into one tensor at load
     grouped_experts: bool = False  # ik_llama.cpp -ger: grouped expert routing
+    ctx_checkpoints: int | None = None  # --ctx-checkpoints: per slot at most (None: the engine's default, 32)
+    split_mode: str = "layer"  # -sm: layer, or ik_llama.cpp's graph (SPLIT_MODES)
     server: ServerOptions = field(default_factory=ServerOptions)
+
+    @property
+    def checkpoints_per_slot(self) -> int:
+        """Context checkpoints each slot may keep (``--ctx-checkpoints``, else the engines' default)."""
+        return ENGINE_CTX_CHECKPOINTS if self.ctx_checkpoints is None else self.ctx_checkpoints
 
     def validate(self) -> None:
         if self.engine not in (EngineKind.MAINLINE, EngineKind.IK):
@@ -94,6 +106,15 @@ class Settings:
                                   "attention), which the ledger does not count")
         if self.server.rope_scaling not in (None, *ROPE_SCALINGS):
             raise InputError(f"--rope-scaling {self.server.rope_scaling}: choose {' or '.join(ROPE_SCALINGS)}")
+        if self.ctx_checkpoints is not None and self.ctx_checkpoints < 0:
+            raise InputError(f"--ctx-checkpoints {self.ctx_checkpoints}: must be 0 (none) or more")
+        if self.split_mode not in SPLIT_MODES:
+            raise InputError(f"--split-mode {self.split_mode}: moetune plans {' or '.join(SPLIT_MODES)}",
+                             hint="row and tensor (mainline) keep every layer's KV cache and experts on the main GPU "
+                                  "and divide only its matrices, which the ledger does not model")
+        if self.split_mode == "graph" and self.engine != EngineKind.IK:
+            raise InputError(f"--split-mode graph: engine {self.engine} has no graph split (its -sm takes none, layer, "
+                             "row, tensor)", hint="plan with --engine ik_llama.cpp, or leave --split-mode at layer")
         if self.threads_batch is not None and self.threads_batch < 1:
             raise InputError(f"--threads-batch {self.threads_batch}: must be at least 1")
         if self.ctx // self.slots < 256:

@@ -50,10 +50,13 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
     t.add_column("MiB", justify="right")
     t.add_column("capacity", justify="right")
     t.add_column("free", justify="right")
+    notes: list[str] = []  # what an item's figure means, where its name alone does not say
     for d in doc["devices"]:
         first = True
         for it in d["items"]:
             service = [Text(it["service"] or "(all)")] if several else []
+            if it.get("note"):
+                notes.append(f"{d['name']} {it['what']}: {it['note']}")
             t.add_row(d["name"] if first else "", *service, Text(it["what"]), f"{it['mib']:,.1f}", "", "")
             first = False
         free = whole_mib(d["capacity_mib"]) - whole_mib(d["used_mib"])  # as the verdict says it
@@ -61,6 +64,8 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
                   f"{whole_mib(d['capacity_mib']):,}", Text(f"{free:,}", style="red" if d["free_mib"] < 0 else "green"),
                   end_section=True)
     out.print(t)
+    for n in dict.fromkeys(notes):
+        out.print(Text(n, style="dim"))
     for sj in doc["services"]:
         lm = Table(title=f"layer map: {sj['name']} ({sj['strategy']})")
         lm.add_column("layers")

@@ -7,6 +7,9 @@ Each finding has a one-line title with the numbers, a remedy, and the log lines 
                       that asked for no cache, ``cache_prompt: false``, are not misses)
 - split_mode_fallback ``-sm graph`` (ik_llama.cpp) fell back to ``layer``
 - slot_queueing       requests waited because every ``--parallel`` slot was busy
+- checkpoint_restores context checkpoints (hybrid recurrent, sliding-window models) that spared
+                      requests a full prompt re-processing, the cached tokens they kept, the
+                      requests that re-processed anyway, and the host memory the checkpoints held
 - rdma_unrequested    an RPC connection switched to RDMA although nothing asked for it
 - thinking_dominant   reasoning tokens are most of the output (from response captures)
 - pinned_near_ram     pinned host memory close to the machine's RAM
@@ -116,6 +119,8 @@ def _server(s: Source, log: ServerLog, ram_mib: float | None) -> list[Finding]:
                                                                                "actual": c.actual}))
     if log.slot_waits:
         out.append(_queueing(s.name, log))
+    if log.checkpoint_restores or (log.checkpoints_created and log.full_reprocessing):
+        out.append(_checkpoints(s.name, log))
     pinned = log.pinned_host_mib()
     cpu = log.device("CPU")
     ram = ram_mib if ram_mib is not None else (cpu.total_mib if cpu else None)
@@ -163,6 +168,35 @@ def _cache_misses(name: str, log: ServerLog, misses: Sequence[CacheMiss]) -> Fin
     return Finding("prefix_cache_miss", name, title, remedy, tuple(log.evidence(n) for n in lines[:MAX_EVIDENCE * 2]),
                    {"misses": len(misses), "reevaluated_tokens": reeval, "discarded_tokens": discarded,
                     "think_misses": len(think), "uncached_requests": len(log.uncached_requests)})
+
+
+def _checkpoints(name: str, log: ServerLog) -> Finding:
+    """Restores: each one a prompt the server went on with from a checkpoint, where without it the
+    whole prompt is evaluated again (``forcing full prompt re-processing``)."""
+    restores, forced = log.checkpoint_restores, log.full_reprocessing
+    kept = sum(c.tokens_kept for c in restores)
+    peak: dict[int | None, int] = {}
+    for c in log.checkpoints_created:
+        peak[c.slot] = max(peak.get(c.slot, 0), c.index or 1)
+    size = max((c.size_mib for c in (*log.checkpoints_created, *restores)), default=0.0)
+    held = sum(peak.values()) * size
+    title = (f"{len(restores)} context checkpoint restore{'' if len(restores) == 1 else 's'} avoided as many full "
+             f"prompt re-processings ({kept:,} cached tokens reused)")
+    if forced:
+        title += f"; {len(forced)} request{' was' if len(forced) == 1 else 's were'} re-processed in full anyway"
+    if peak:
+        title += f"; checkpoints of {size:.3f} MiB held up to {held:,.1f} MiB of host RAM ({max(peak.values())} per slot)"
+    if forced:
+        remedy = ("a prompt diverged before the earliest checkpoint its slot kept: keep the stable part of prompts "
+                  "first, raise --ctx-checkpoints (the plan counts their host RAM), and on mainline lower "
+                  "--checkpoint-min-step so that checkpoints lie closer together")
+    else:
+        remedy = ("nothing to fix: the checkpoints work; they take host RAM as prompts are processed, which the "
+                  "plan's ledger counts (its checkpoints item, --ctx-checkpoints N)")
+    lines = [c.line for c in restores[:MAX_EVIDENCE // 2]] + list(forced[:MAX_EVIDENCE // 2])
+    return Finding("checkpoint_restores", name, title, remedy, tuple(log.evidence(n) for n in sorted(lines)),
+                   {"restores": len(restores), "tokens_kept": kept, "full_reprocessing": len(forced),
+                    "created": len(log.checkpoints_created), "checkpoint_mib": size, "held_mib": round(held, 3)})
 
 
 def _queueing(name: str, log: ServerLog) -> Finding:

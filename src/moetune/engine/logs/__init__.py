@@ -31,6 +31,7 @@ from moetune.engine.logs.types import (
     AllocFailure,
     Buffer,
     CacheMiss,
+    Checkpoint,
     ContextParams,
     Device,
     DeviceBuffers,
@@ -50,7 +51,7 @@ from moetune.engine.logs.types import (
 from moetune.kinds import LogEra, LogPhase
 
 __all__ = [
-    "BUFFER_KINDS", "AllocFailure", "Buffer", "CacheMiss", "ContextParams",
+    "BUFFER_KINDS", "AllocFailure", "Buffer", "CacheMiss", "Checkpoint", "ContextParams",
     "Device", "DeviceBuffers", "Evidence", "Failure", "MemoryBreakdown", "MemoryRow", "PhaseMark", "PinnedAlloc",
     "RequestTiming", "ServerLog", "SlotWait", "SplitModeChange", "WorkerLog", "detect_era", "device_key",
     "is_worker_log", "parse_log", "parse_worker_log", "phases_in", "split_lines",

@@ -28,6 +28,7 @@ from moetune.engine.logs.types import (
     AllocFailure,
     Buffer,
     CacheMiss,
+    Checkpoint,
     ContextParams,
     Device,
     Evidence,
@@ -107,6 +108,9 @@ class Acc:
         self.misses: list[CacheMiss] = []
         self.uncached: list[int] = []
         self.waits: list[SlotWait] = []
+        self.ckpt_created: list[Checkpoint] = []
+        self.ckpt_restored: list[Checkpoint] = []
+        self.full_reprocessing: list[int] = []
         self.phases: list[PhaseMark] = []
         self.listening: str | None = None
         # state shared between lines
@@ -205,7 +209,9 @@ class Acc:
             alloc_failures=tuple(self.alloc_failures), failures=tuple(self.failures),
             split_mode_changes=tuple(self.split_changes), cache_misses=tuple(self.misses),
             uncached_requests=tuple(self.uncached),
-            slot_waits=tuple(self.waits), phases=tuple(self.phases), listening=self.listening)
+            slot_waits=tuple(self.waits), checkpoints_created=tuple(self.ckpt_created),
+            checkpoint_restores=tuple(self.ckpt_restored), full_reprocessing=tuple(self.full_reprocessing),
+            phases=tuple(self.phases), listening=self.listening)
 
 
 def run_grammar(acc: Acc, rules: Sequence[Rule]) -> None:

@@ -34,6 +34,7 @@ from moetune.engine.logs.types import (
     SPLIT_DEVICES,
     TEMPLATE_UNSUPPORTED,
     CacheMiss,
+    Checkpoint,
     Device,
     ServerLog,
     SplitModeChange,
@@ -182,6 +183,28 @@ def _cache_text(acc: Acc, m: re.Match[str], n: int) -> None:
                                      miss.cache_text, text, lines)
 
 
+# -- context checkpoints (ik_llama.cpp's server, for recurrent models) ---------------------------
+
+_SLOT = r"(?:id\s+(\d+) \| task -?\d+ \| )?"
+
+
+@rule(_SLOT + r"created context checkpoint (\d+) of \d+ \(pos_min = -?\d+, pos_max = (-?\d+), size = ([\d.]+) MiB")
+def _checkpoint_created(acc: Acc, m: re.Match[str], n: int) -> None:
+    slot = int(m[1]) if m[1] else acc.slot_task[0]
+    acc.ckpt_created.append(Checkpoint(n, slot, int(m[3]), num(m[4]), index=int(m[2])))
+
+
+@rule(_SLOT + r"restored context checkpoint took\s+[\d.]+ ms \(pos_min = -?\d+, pos_max = (-?\d+), size = ([\d.]+) MiB")
+def _checkpoint_restored(acc: Acc, m: re.Match[str], n: int) -> None:
+    slot = int(m[1]) if m[1] else acc.slot_task[0]
+    acc.ckpt_restored.append(Checkpoint(n, slot, int(m[2]), num(m[3])))
+
+
+@rule(r"forcing full prompt re-processing")
+def _full_reprocessing(acc: Acc, m: re.Match[str], n: int) -> None:
+    acc.full_reprocessing.append(n)
+
+
 # -- slots ----------------------------------------------------------------------------------
 
 @rule(r"no slot is available")
@@ -196,7 +219,7 @@ def _slot_start(acc: Acc, m: re.Match[str], n: int) -> None:
 
 RULES: tuple[Rule, ...] = (*SHARED_RULES, _slot_task, _cuda_device, _model_buffer, _kv_self, _graph, _ctx_param, _slots,
                            *PHASE_RULES, _listening, _bind, _split_devices, _template, _split_mode, _cache_report, _cache_miss, _cache_text,
-                           _no_slot, _slot_start)
+                           _no_slot, _slot_start, _checkpoint_created, _checkpoint_restored, _full_reprocessing)
 
 # the rules a progress display needs: which phase the new lines reach
 PHASE_ONLY_RULES: tuple[Rule, ...] = (*PHASE_RULES, _listening, *PHASE_SHARED_RULES)

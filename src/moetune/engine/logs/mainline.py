@@ -32,6 +32,7 @@ from moetune.engine.logs.types import (
     BIND_FAILED,
     MODEL,
     CacheMiss,
+    Checkpoint,
     Device,
     Evidence,
     ServerLog,
@@ -179,6 +180,19 @@ def _slot_similarity(acc: Acc, m: re.Match[str], n: int) -> None:
 @rule(r"id\s+(\d+) \| task -?\d+ \| forcing full prompt re-processing")
 def _slot_forced(acc: Acc, m: re.Match[str], n: int) -> None:
     _slots_state(acc).forced.add(int(m[1]))
+    acc.full_reprocessing.append(n)
+
+
+@rule(r"id\s+(\d+) \| task -?\d+ \| created context checkpoint (\d+) of \d+ \(pos_min = -?\d+, pos_max = (-?\d+),"
+      r" n_tokens = \d+, size = ([\d.]+) MiB\)")
+def _checkpoint_created(acc: Acc, m: re.Match[str], n: int) -> None:
+    acc.ckpt_created.append(Checkpoint(n, int(m[1]), int(m[3]), num(m[4]), index=int(m[2])))
+
+
+@rule(r"id\s+(\d+) \| task -?\d+ \| restored context checkpoint \(pos_min = -?\d+, pos_max = (-?\d+), n_tokens = \d+,"
+      r" n_past = (\d+), size = ([\d.]+) MiB\)")
+def _checkpoint_restored(acc: Acc, m: re.Match[str], n: int) -> None:
+    acc.ckpt_restored.append(Checkpoint(n, int(m[1]), int(m[2]), num(m[4]), n_past=int(m[3])))
 
 
 @rule(r"id\s+(\d+) \| task -?\d+ \| new prompt, ")
@@ -195,7 +209,9 @@ def _slot_debug(acc: Acc, m: re.Match[str], n: int) -> None:
 def _slot_cached(acc: Acc, m: re.Match[str], n: int) -> None:
     st = _slots_state(acc)
     slot, common = int(m[1]), int(m[2])
-    before = None if st.restored else st.cached.get(slot)
+    # the slot's tokens before this request; read once: a prompt processed in several batches (as
+    # around a context checkpoint) logs this line again for each, with the tokens done so far
+    before = None if st.restored else st.cached.pop(slot, None)
     st.restored = False
     matched, forced = st.common.pop(slot, 0), slot in st.forced
     st.forced.discard(slot)
@@ -212,7 +228,8 @@ def _slot_cached(acc: Acc, m: re.Match[str], n: int) -> None:
 
 
 SLOT_RULES: tuple[Rule, ...] = (_slot_search, _slot_launch, _slot_release, _prompt_restored, _slot_similarity,
-                                _slot_forced, _slot_new_prompt, _slot_debug, _slot_cached)
+                                _slot_forced, _slot_new_prompt, _slot_debug, _slot_cached, _checkpoint_created,
+                                _checkpoint_restored)
 
 RULES: tuple[Rule, ...] = (*SHARED_RULES, _device, _model_buffer, _graph, _ctx_param, _slots, *PHASE_RULES,
                            _listening, _bind, *SLOT_RULES)

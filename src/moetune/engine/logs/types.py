@@ -181,6 +181,24 @@ class CacheMiss:
 
 
 @dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A context checkpoint the server created or restored (hybrid recurrent and sliding-window
+    models keep them: their state cannot be rolled back to an earlier token otherwise)."""
+
+    line: int
+    slot: int | None
+    pos_max: int  # the last position the checkpoint covers
+    size_mib: float
+    index: int | None = None  # created: how many the slot holds with it ("created context checkpoint 3 of 32")
+    n_past: int | None = None  # restored: the cached tokens the request went on from (mainline says it)
+
+    @property
+    def tokens_kept(self) -> int:
+        """Restored: the cached tokens not evaluated again (ik_llama.cpp resumes at about ``pos_max``)."""
+        return self.n_past if self.n_past is not None else self.pos_max
+
+
+@dataclass(frozen=True, slots=True)
 class SlotWait:
     """A request that found every slot busy and waited in the queue."""
 
@@ -231,6 +249,9 @@ class ServerLog:
     # as benchmarks send): the engine found a common prefix and reused none of it; not misses
     uncached_requests: tuple[int, ...] = ()
     slot_waits: tuple[SlotWait, ...] = ()
+    checkpoints_created: tuple[Checkpoint, ...] = ()
+    checkpoint_restores: tuple[Checkpoint, ...] = ()
+    full_reprocessing: tuple[int, ...] = ()  # lines: no cache data nor checkpoint to go on from (SWA, hybrid)
     phases: tuple[PhaseMark, ...] = ()
     listening: str | None = None  # the URL the server said it listens on
 
