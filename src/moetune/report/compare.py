@@ -47,6 +47,13 @@ class RunMetrics:
     kind: str
     status: str
     metrics: dict[str, MetricSamples]
+    flags: tuple[str, ...] = ()  # contended, noisy (moetune.contention.RunFlags)
+    flag_notes: tuple[str, ...] = ()  # what they say
+
+    @property
+    def marked(self) -> str:
+        """The label with its flags: ``auto t2 [contended]``."""
+        return self.label + (f" [{', '.join(self.flags)}]" if self.flags else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +108,7 @@ class Comparison:
                                      for k, s in self.baseline_stats.items()}},
             "rows": [r.to_json() for r in self.rows],
             "not_compared": [{"run": o.run, "label": o.label, "kind": o.kind} for o in self.not_compared],
+            "run_flags": {str(o.run): list(o.flags) for o in [self.baseline, *self.others] if o.flags},
             "notes": self.notes,
         }
 
@@ -110,7 +118,9 @@ def extract(run: Run, samples: Iterable[dict[str, Any]]) -> RunMetrics:
     if fn is None:
         raise InputError(f"run {run.id} is a {run.kind!r} run, which compare does not know how to read",
                          hint=f"compare runs of kinds: {', '.join(sorted(METRIC_EXTRACTORS))}")
-    return RunMetrics(run.id, run.label, run.kind, run.status, fn(samples))
+    f = run.flags()
+    return RunMetrics(run.id, run.label, run.kind, run.status, fn(samples), f.markers,
+                      tuple(f"run {run.id} ({run.label}): {m}" for m, _ in f.warnings()))
 
 
 def load(db: ResultsDB, runs: list[Run]) -> list[RunMetrics]:
@@ -133,6 +143,7 @@ def compare(baseline: RunMetrics, others: list[RunMetrics], *, conf: float = DEF
     notes: list[str] = []
     compared: list[RunMetrics] = []
     skipped: list[RunMetrics] = []
+    notes += [n for r in [baseline, *others] for n in r.flag_notes]
     for o in others:
         if not any(n in baseline.metrics for n in o.metrics):
             skipped.append(o)

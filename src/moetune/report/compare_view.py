@@ -44,13 +44,13 @@ def _cells(c: Comparison, names: list[str]) -> list[tuple[str, int, dict[str, tu
     for n in names:
         s = c.baseline_stats[n]
         base[n] = (f"{fmt(s.median)} [{fmt(s.ci_low)}–{fmt(s.ci_high)}]", None)
-    lines = [(c.baseline.label, c.baseline.run, base)]
+    lines = [(c.baseline.marked, c.baseline.run, base)]
     for o in c.others:
         row: dict[str, tuple[str, CompareRow | None]] = {}
         for n in names:
             r = by.get((o.run, n))
             row[n] = (f"{fmt(r.median)} [{fmt(r.ci_low)}–{fmt(r.ci_high)}]", r) if r else ("–", None)
-        lines.append((o.label, o.run, row))
+        lines.append((o.marked, o.run, row))
     return lines
 
 

@@ -443,7 +443,12 @@ def serve_bench(spec: ServeBenchSpec, db: ResultsDB, log: Callable[[str], None] 
     try:
         with RunMonitor(_watches(src), load=meter.figures, on_snapshot=on_snapshot) as monitor:
             if workload is not None:
-                return run_loop(workload(spec, src, db, log, monitor, meter))
-            return run_loop(_bench(spec, src, db, log, monitor, meter, sweep_id))
+                doc = run_loop(workload(spec, src, db, log, monitor, meter))
+            else:
+                doc = run_loop(_bench(spec, src, db, log, monitor, meter, sweep_id))
     finally:
         src.close()
+    run = db.run(doc["run"]["id"])  # its CPU accounting, stored as the monitor closed
+    flags = run.flags()
+    doc["run"].update(contended=flags.contended, noisy=bool(flags.noisy), flags=flags.to_json())
+    return doc

@@ -1,0 +1,202 @@
+"""The CPU accounting of a run (moetune.contention) on readings in the kernel's own format: the engine's
+time (its processes and their children), moetune's own, and everything else; the thresholds; the
+flags a run carries; and the tune's gate on a machine that is or is not busy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from moetune import contention as c
+from moetune import procfs
+from moetune.errors import InputError, MachineBusy
+from moetune.kinds import RunKind
+from moetune.store.db import ResultsDB
+from moetune.store.record import RunMeta
+from moetune.tune.quiet import QuietGate, foreign_load
+
+TCK = 100
+
+
+def stat_line(pid: int, comm: str, ppid: int, ticks: int, start: int = 1000) -> str:
+    """A /proc/PID/stat line: utime ``ticks``, stime 0."""
+    rest = ["R", str(ppid), str(pid), str(pid), "0", "-1", "4194304", "10", "0", "2", "0", str(ticks), "0", "0", "0",
+            "20", "0", "4", "0", str(start), "1000000", "250"]
+    return f"{pid} ({comm}) " + " ".join(rest)
+
+
+def census(t: float, busy: int, procs: dict[int, tuple[str, int, int]], cores: int = 2,
+           start: dict[int, int] | None = None) -> c.Census:
+    """``busy`` ticks over all cores; ``procs``: pid -> (comm, ppid, cpu ticks)."""
+    stats: dict[int, procfs.ProcStat] = {}
+    for pid, (comm, ppid, ticks) in procs.items():
+        st = procfs.parse_proc_stat(stat_line(pid, comm, ppid, ticks, (start or {}).get(pid, 1000)))
+        assert st is not None
+        stats[pid] = st
+    return c.Census(t, busy, cores, stats)
+
+
+def test_proc_stat_reads_the_command_and_parent() -> None:
+    st = procfs.parse_proc_stat(stat_line(42, "llama (srv) x", 7, 55))
+    assert st is not None and (st.comm, st.ppid, st.cpu_ticks) == ("llama (srv) x", 7, 55)
+
+
+def test_split_counts_the_engine_with_its_children_moetune_apart_and_the_rest_as_foreign() -> None:
+    # over 2 s on 2 cores (400 ticks): the server 150 ticks (its child 30), moetune 20, a hog 160,
+    # and 10 ticks the kernel spent in interrupts (in no process)
+    before = census(0.0, 1000, {1: ("systemd", 0, 5), 100: ("moetune", 1, 50), 200: ("llama-server", 100, 400),
+                                300: ("python3", 1, 0)})
+    after = census(2.0, 1000 + 370, {1: ("systemd", 0, 5), 100: ("moetune", 1, 70), 200: ("llama-server", 100, 550),
+                                     201: ("child", 200, 30), 300: ("python3", 1, 160)})
+    s = c.split(before, after, engine_roots=[200], client=[100], clk_tck=TCK)
+    assert s.seconds == 2.0 and s.machine == pytest.approx(3.7)
+    assert s.engine == pytest.approx(1.8)  # 150 + the child's 30 (new since the last reading: all of its time)
+    assert s.client == pytest.approx(0.2)  # moetune's own process, not its child the server
+    assert s.foreign == pytest.approx(1.7)  # the hog's 1.6 and 0.1 that no process carries
+    assert s.by_process == {("python3", 300): pytest.approx(1.6)}
+
+
+def test_a_reused_pid_is_a_new_process() -> None:
+    before = census(0.0, 0, {300: ("old", 1, 500)})
+    after = census(1.0, 80, {300: ("new", 1, 80)}, start={300: 2000})
+    s = c.split(before, after, (), (), clk_tck=TCK)
+    assert s.by_process == {("new", 300): pytest.approx(0.8)}
+
+
+def test_foreign_load_is_never_negative() -> None:
+    # the process counters ran a little ahead of /proc/stat
+    before = census(0.0, 0, {200: ("llama-server", 1, 0)})
+    after = census(1.0, 95, {200: ("llama-server", 1, 100)})
+    assert c.split(before, after, [200], (), clk_tck=TCK).foreign == 0.0
+
+
+def tally_of(*intervals: tuple[float, dict[tuple[str, int], float], float]) -> c.Tally:
+    t = c.Tally()
+    for seconds, by, engine in intervals:
+        t.add(c.Split(seconds, 2, engine + sum(by.values()), engine, 0.05, sum(by.values()), by))
+    return t
+
+
+def test_a_run_is_contended_above_the_threshold_and_names_the_top_commands() -> None:
+    t = tally_of((1.0, {("python3", 11): 0.9, ("python3", 12): 0.8, ("cc1", 40): 0.1}, 1.0),
+                 (1.0, {("python3", 11): 0.9, ("python3", 12): 0.9}, 1.0))
+    r = t.result(0.5)
+    assert r is not None and r.contended
+    assert r.foreign_cores == pytest.approx(1.8) and r.foreign_peak_cores == pytest.approx(1.8)
+    assert r.top[0].comm == "python3" and r.top[0].pids == (11, 12) and r.top[0].cores == pytest.approx(1.75)
+    assert r.top[1] == c.ForeignLoad("cc1", (40,), pytest.approx(0.05))
+    msg = r.message()
+    assert "foreign load 1.80 cores" in msg and "python3 (pids 11, 12) 1.75 cores (88% of the machine)" in msg
+    assert c.Contention.from_json(r.to_json()) == r  # as stored with the run
+    assert not t.result(2.0).contended and not t.result(None).contended  # type: ignore[union-attr]
+    assert c.Tally().result(0.5) is None  # nothing measured
+
+
+@pytest.mark.parametrize(("raw", "cores", "limit"), [
+    ("", 2, 0.5), ("1.5", 2, 1.5), ("25%", 16, 4.0), ("off", 2, None), ("OFF", 8, None)])
+def test_the_threshold_in_cores_or_a_share_of_the_machine(raw: str, cores: int, limit: float | None) -> None:
+    assert c.max_foreign_cores(cores, raw) == limit
+
+
+@pytest.mark.parametrize("raw", ["lots", "-1", "x%"])
+def test_a_bad_threshold_is_an_input_error(raw: str) -> None:
+    with pytest.raises(InputError, match="MOETUNE_MAX_FOREIGN_CORES"):
+        c.max_foreign_cores(2, raw)
+
+
+def summary(tg: tuple[float, float, float], pp: tuple[float, float, float]) -> dict[str, Any]:
+    def s(x: tuple[float, float, float]) -> dict[str, float]:
+        return {"median": x[0], "ci_low": x[1], "ci_high": x[2]}
+    return {"workloads": {"d0": {"tg": s(tg), "pp": s(pp)}}}
+
+
+def test_noisy_when_an_interval_is_wider_than_the_limit() -> None:
+    # the issue's busy run: TG 9.3 tok/s, interval 5.6-21.1
+    assert c.noisy_figures(summary((9.3, 5.6, 21.1), (1000, 990, 1010)), 10) == ("tg:d0 +/-83%",)
+    assert c.noisy_figures(summary((325, 320, 331), (1000, 990, 1010)), 10) == ()
+    assert c.noisy_limit_pct("") == 10.0 and c.noisy_limit_pct("25") == 25.0
+    flags = c.run_flags(None, summary((9.3, 5.6, 21.1), (1000, 990, 1010)), 10)
+    assert flags.markers == ("noisy",) and not flags.contended
+
+
+def test_the_flags_of_a_stored_run(tmp_path: Any) -> None:
+    busy = tally_of((2.0, {("python3", 11): 3.0}, 1.0)).result(0.5)
+    with ResultsDB.open(tmp_path / "r.db") as db:
+        rid = db.create_run(RunMeta(RunKind.BENCH), label="x", target="t")
+        db.finish_run(rid, summary=summary((100, 99, 101), (500, 499, 501)))
+        assert db.run(rid).contention is None and db.run(rid).flags().markers == ()
+        db.set_contention(rid, busy)
+        run = db.run(rid)
+        assert run.contention == busy and run.flags().markers == ("contended",)
+        assert run.header()["contended"] is True and run.to_json()["flags"]["contention"]["top"][0]["pids"] == [11]
+
+
+HOG = "import ctypes; ctypes.CDLL(None).prctl(15, b'cpu-hog', 0, 0, 0)\nwhile True: pass"  # PR_SET_NAME
+
+
+def hogs(n: int) -> list[subprocess.Popen[bytes]]:
+    """``n`` processes spinning on a core each, named ``cpu-hog``; the caller kills them."""
+    return [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(n)]
+
+
+def kill(ps: list[subprocess.Popen[bytes]]) -> None:
+    for p in ps:
+        p.kill()
+        p.wait()
+
+
+def wait_for_quiet_background(limit: float, seconds: float = 30.0) -> None:
+    """Skip unless the machine's other jobs leave it under ``limit`` foreign cores for a second
+    within ``seconds`` (this suite shares its machine: a build on both cores is never quiet)."""
+    ends, seen = time.monotonic() + seconds, 0.0
+    while time.monotonic() < ends:
+        got = foreign_load(1.0)
+        assert got is not None
+        if got.foreign_cores < limit:
+            return
+        seen = got.foreign_cores
+    pytest.skip(f"the machine's other jobs keep it busy ({seen:.2f} cores): a quiet machine cannot be waited for")
+
+
+def test_the_gate_stops_a_search_on_a_busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOETUNE_MAX_FOREIGN_CORES", "0.5")
+    hog = hogs(2)
+    try:
+        time.sleep(0.3)
+        with pytest.raises(MachineBusy) as e:
+            QuietGate(print, window_s=1.0).before_launch()
+        assert e.value.exit_code == 3 and "cpu-hog (pids" in str(e.value) and str(hog[0].pid) in str(e.value)
+        assert "--wait-quiet" in (e.value.hint or "")
+    finally:
+        kill(hog)
+
+
+def test_with_wait_quiet_the_gate_waits_for_the_hog_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOETUNE_MAX_FOREIGN_CORES", "0.5")
+    wait_for_quiet_background(0.5)
+    said: list[str] = []
+    hog = hogs(2)
+    try:
+        ends = time.monotonic() + 2.5
+
+        def sleep(s: float) -> None:  # the hogs end while the search waits
+            time.sleep(s)
+            if time.monotonic() > ends:
+                kill(hog)
+
+        QuietGate(said.append, wait_s=30.0, window_s=1.0, sleep=sleep).before_launch()
+        assert any("waiting for the machine to go quiet" in s and "cpu-hog" in s for s in said), said
+        assert "the machine is quiet" in said[-1]
+    finally:
+        kill(hog)
+
+
+def test_the_gate_is_open_when_the_threshold_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOETUNE_MAX_FOREIGN_CORES", "off")
+    QuietGate(print, sleep=lambda s: pytest.fail("no window is measured")).before_launch()
+    assert os.environ["MOETUNE_MAX_FOREIGN_CORES"] == "off"
