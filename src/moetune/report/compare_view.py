@@ -75,7 +75,7 @@ def comparison_table(c: Comparison) -> Group:
         for n in names:
             t.add_column(_short(n), justify="right")
         for i, (label, run, cells) in enumerate(_cells(c, names)):
-            row: list[str | Text] = [label, str(run)]
+            row: list[str | Text] = [Text(label), str(run)]  # a label's [brackets] are not markup
             for n in names:
                 text, r = cells[n]
                 cell = Text(text)
