@@ -75,10 +75,10 @@ def test_foreign_load_is_never_negative() -> None:
     assert c.split(before, after, [200], (), clk_tck=TCK).foreign == 0.0
 
 
-def tally_of(*intervals: tuple[float, dict[tuple[str, int], float], float]) -> c.Tally:
+def tally_of(*intervals: tuple[float, dict[tuple[str, int], float], float], seen: bool = True) -> c.Tally:
     t = c.Tally()
     for seconds, by, engine in intervals:
-        t.add(c.Split(seconds, 2, engine + sum(by.values()), engine, 0.05, sum(by.values()), by))
+        t.add(c.Split(seconds, 2, engine + sum(by.values()), engine, 0.05, sum(by.values()), by, seen))
     return t
 
 
@@ -95,6 +95,15 @@ def test_a_run_is_contended_above_the_threshold_and_names_the_top_commands() -> 
     assert c.Contention.from_json(r.to_json()) == r  # as stored with the run
     assert not t.result(2.0).contended and not t.result(None).contended  # type: ignore[union-attr]
     assert c.Tally().result(0.5) is None  # nothing measured
+
+
+def test_a_run_whose_engine_is_not_on_this_machine_is_not_judged() -> None:
+    # a URL served elsewhere (or by a process this user cannot see): its time would read as foreign
+    t = tally_of((2.0, {("python3", 11): 3.0}, 0.0), seen=False)
+    r = t.result(0.5)
+    assert r is not None and not r.judged and not r.contended and "not seen on this machine" in r.message()
+    assert c.Contention.from_json(r.to_json()) == r
+    assert t.result(0.5, engine=False).contended  # type: ignore[union-attr]  # no engine expected: the gate's
 
 
 @pytest.mark.parametrize(("raw", "cores", "limit"), [

@@ -123,6 +123,7 @@ class Split:
     client: float
     foreign: float
     by_process: Mapping[tuple[str, int], float] = field(default_factory=dict)  # (comm, pid): foreign ones
+    engine_seen: bool = False  # one of the engine's processes was on this machine
 
 
 def split(before: Census, after: Census, engine_roots: Collection[int], client: Collection[int],
@@ -145,7 +146,8 @@ def split(before: Census, after: Census, engine_roots: Collection[int], client: 
     c = sum(used(p) for p in own)
     by = {(st.comm, pid): u for pid, st in after.procs.items()
           if pid not in engine and pid not in own and (u := used(pid)) > 0}
-    return Split(max(0.0, after.t - before.t), after.cores, machine, e, c, max(0.0, machine - e - c), by)
+    return Split(max(0.0, after.t - before.t), after.cores, machine, e, c, max(0.0, machine - e - c), by,
+                 bool(engine))
 
 
 # -- a run's verdict ---------------------------------------------------------------------------
@@ -176,13 +178,19 @@ class Contention:
     foreign_peak_cores: float  # the busiest interval's (about a second)
     max_foreign_cores: float | None  # the threshold it was judged by (None: off)
     top: tuple[ForeignLoad, ...] = ()
+    # False when no process of the engine was seen on this machine (a server elsewhere, or one this
+    # user cannot see): its CPU time cannot be told from the rest, and the run is not judged
+    judged: bool = True
 
     @property
     def contended(self) -> bool:
-        return self.max_foreign_cores is not None and self.foreign_cores > self.max_foreign_cores
+        return self.judged and self.max_foreign_cores is not None and self.foreign_cores > self.max_foreign_cores
 
     def message(self) -> str:
         """What a person reads: the foreign load, the threshold, the programs."""
+        if not self.judged:
+            return (f"the engine's processes were not seen on this machine: {self.foreign_cores:.2f} cores of other "
+                    "work (the engine's among it, if it runs here) not judged")
         limit = "" if self.max_foreign_cores is None else f", more than the {self.max_foreign_cores:g} allowed"
         top = "; ".join(f.describe(self.cores) for f in self.top) or "no process named (short-lived ones)"
         return (f"foreign load {self.foreign_cores:.2f} cores on average over {self.seconds:.1f} s "
@@ -193,7 +201,7 @@ class Contention:
         return {"contended": self.contended, "seconds": round(self.seconds, 3), "cores": self.cores,
                 "engine_cores": round(self.engine_cores, 3), "client_cores": round(self.client_cores, 3),
                 "foreign_cores": round(self.foreign_cores, 3), "foreign_peak_cores": round(self.foreign_peak_cores, 3),
-                "max_foreign_cores": self.max_foreign_cores,
+                "max_foreign_cores": self.max_foreign_cores, "judged": self.judged,
                 "foreign_share_pct": round(100 * self.foreign_cores / max(1, self.cores), 1),
                 "top": [{"comm": f.comm, "pids": list(f.pids), "cores": round(f.cores, 3),
                          "share_pct": round(100 * f.cores / max(1, self.cores), 1)} for f in self.top]}
@@ -208,7 +216,8 @@ class Contention:
         return cls(num("seconds"), int(num("cores")), num("engine_cores"), num("client_cores"), num("foreign_cores"),
                    num("foreign_peak_cores"), float(limit) if isinstance(limit, int | float) else None,
                    tuple(ForeignLoad(str(t.get("comm") or "?"), tuple(int(p) for p in t.get("pids") or ()),
-                                     float(t.get("cores") or 0.0)) for t in d.get("top") or ()))
+                                     float(t.get("cores") or 0.0)) for t in d.get("top") or ()),
+                   d.get("judged") is not False)
 
 
 class Tally:
@@ -219,6 +228,7 @@ class Tally:
         self.cores = 1
         self.engine = self.client = self.foreign = 0.0
         self.peak = 0.0
+        self.engine_seen = False
         self.by_comm: dict[str, float] = {}
         self.pids: dict[str, dict[int, float]] = {}
 
@@ -231,13 +241,15 @@ class Tally:
         self.client += s.client
         self.foreign += s.foreign
         self.peak = max(self.peak, s.foreign / s.seconds)
+        self.engine_seen |= s.engine_seen
         for (comm, pid), used in s.by_process.items():
             self.by_comm[comm] = self.by_comm.get(comm, 0.0) + used
             per = self.pids.setdefault(comm, {})
             per[pid] = per.get(pid, 0.0) + used
 
-    def result(self, max_foreign: float | None) -> Contention | None:
-        """The span's verdict; None when nothing was measured."""
+    def result(self, max_foreign: float | None, *, engine: bool = True) -> Contention | None:
+        """The span's verdict; None when nothing was measured. ``engine``: an engine ran (a run
+        whose engine was never seen on this machine is not judged)."""
         if self.seconds <= 0:
             return None
         t = self.seconds
@@ -246,7 +258,8 @@ class Tally:
                                                      [:PIDS_NAMED])), round(used / t, 3))
                       for comm, used in top if used / t >= 0.01)
         return Contention(round(t, 3), self.cores, round(self.engine / t, 3), round(self.client / t, 3),
-                          round(self.foreign / t, 3), round(self.peak, 3), max_foreign, named)
+                          round(self.foreign / t, 3), round(self.peak, 3), max_foreign, named,
+                          self.engine_seen or not engine)
 
 
 # -- noise -------------------------------------------------------------------------------------

@@ -117,7 +117,8 @@ def _context_lines(run: Run) -> list[str]:
     if (c := run.contention) is not None:
         lines.append(f"CPU while measuring: the engine {c.engine_cores:.2f} cores, moetune {c.client_cores:.2f}, "
                      f"foreign {c.foreign_cores:.2f} (peak {c.foreign_peak_cores:.2f}) of {c.cores}"
-                     + (" (contended)" if c.contended else ""))
+                     + (" (contended)" if c.contended else "" if c.judged else
+                        " (not judged: the engine's processes were not seen on this machine)"))
     lines.append(f"command: {shlex.join(m.argv) or '-'}")  # quoted: it pastes back into a shell
     return lines
 

@@ -38,7 +38,7 @@ def foreign_load(window_s: float = WINDOW_S, sleep: Callable[[float], None] = ti
     sleep(window_s)
     t = contention.Tally()
     t.add(contention.split(first, contention.census(), (), (os.getpid(),)))
-    return t.result(limit)
+    return t.result(limit, engine=False)  # no engine runs: everything but moetune is foreign
 
 
 def _busy(c: Contention, what: str, waited_s: float | None = None) -> MachineBusy:
