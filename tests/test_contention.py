@@ -209,3 +209,30 @@ def test_the_gate_is_open_when_the_threshold_is_off(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("MOETUNE_MAX_FOREIGN_CORES", "off")
     QuietGate(print, sleep=lambda s: pytest.fail("no window is measured")).before_launch()
     assert os.environ["MOETUNE_MAX_FOREIGN_CORES"] == "off"
+
+
+def test_compare_marks_a_flagged_run_and_says_why() -> None:
+    from moetune.bench.analysis.stats import MetricSamples
+    from moetune.report.compare import RunMetrics, compare
+    from moetune.report.compare_view import comparison_markdown
+
+    ms = {"tg:d0": MetricSamples((100.0, 101.0, 99.0), True)}
+    base = RunMetrics(1, "quiet", "bench", "done", ms)
+    busy = RunMetrics(2, "busy", "bench", "done", {"tg:d0": MetricSamples((50.0, 60.0, 40.0), True)},
+                      ("contended",), ("run 2 (busy): contended: foreign load 1.80 cores ...",))
+    comp = compare(base, [busy])
+    assert comp.to_json()["run_flags"] == {"2": ["contended"]}
+    assert "run 2 (busy): contended: foreign load" in comp.notes[0]
+    assert "| busy [contended] | 2 |" in comparison_markdown(comp)
+
+
+def test_a_calibration_worse_than_the_built_in_constants_is_not_applied() -> None:
+    from moetune.plan.calibrate import UNCALIBRATED_PCT, Calibration, not_applicable
+    from moetune.plan.speed import SpeedConstants
+
+    def cal(tg: float, pp: float) -> Calibration:
+        return Calibration(SpeedConstants(), (1, 2), 4, 80.0, 10.0, 30.0, 30.0, tg, pp)
+
+    assert not_applicable(cal(12.0, UNCALIBRATED_PCT)) is None  # no PP measured: the built-in band
+    why = not_applicable(cal(160.0, 20.0))
+    assert why is not None and "TG +/-160%" in why and "+/-50%" in why

@@ -43,10 +43,12 @@ def foreign_load(window_s: float = WINDOW_S, sleep: Callable[[float], None] = ti
 
 def _busy(c: Contention, what: str, waited_s: float | None = None) -> MachineBusy:
     after = "" if waited_s is None else f" (still, after waiting {waited_s:.0f} s)"
+    wait = ("; or give --wait-quiet [SECONDS] to wait for the machine to go quiet" if waited_s is None
+            else "; or wait longer (--wait-quiet SECONDS)")
     return MachineBusy(f"the machine is too busy to rank candidates{after}: {what}: {c.message()}",
                        hint="stop the programs named (or wait for them) and run the same command again: measured "
-                            "candidates are kept; or give --wait-quiet [SECONDS] to wait for the machine to go "
-                            "quiet; MOETUNE_MAX_FOREIGN_CORES sets the threshold (cores, N% of the machine, or off)")
+                            f"candidates are kept{wait}; MOETUNE_MAX_FOREIGN_CORES sets the threshold (cores, N% of "
+                            "the machine, or off)")
 
 
 class QuietGate:

@@ -392,7 +392,8 @@ def report_doc(run: Run, levels: list[dict[str, Any]], advice: list[Warning], *,
                     "model": m.model.to_json(), "client": m.details.get("client"),
                     "workload": m.details.get("workload"), "warnings": [a.message for a in advice],
                     "advice": [a.to_json() for a in advice], "samples": samples,
-                    "slo": dict(slo) if slo else None, "tokenizer": m.details.get("tokenizer")},
+                    "slo": dict(slo) if slo else None, "tokenizer": m.details.get("tokenizer"),
+                    "flags": run.flags().to_json()},
             "levels": levels, **({"sessions": sessions} if sessions is not None else {})}
 
 
