@@ -236,3 +236,22 @@ def test_a_calibration_worse_than_the_built_in_constants_is_not_applied() -> Non
     assert not_applicable(cal(12.0, UNCALIBRATED_PCT)) is None  # no PP measured: the built-in band
     why = not_applicable(cal(160.0, 20.0))
     assert why is not None and "TG +/-160%" in why and "+/-50%" in why
+
+
+def test_a_contended_measurement_stops_the_search_or_is_measured_again(tmp_path: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOETUNE_MAX_FOREIGN_CORES", "off")  # the window before the next launch: quiet
+    busy = tally_of((2.0, {("cpu-hog", 11): 3.0}, 1.0)).result(0.5)
+    with ResultsDB.open(tmp_path / "r.db") as db:
+        rid = db.create_run(RunMeta(RunKind.BENCH), label="x", target="t")
+        quiet = db.create_run(RunMeta(RunKind.BENCH), label="y", target="t")
+        db.set_contention(rid, busy)
+        with pytest.raises(MachineBusy, match=rf"run {rid} was contended while it measured: .*cpu-hog \(pid 11\)"):
+            QuietGate(print).accept(db, rid)
+        said: list[str] = []
+        gate = QuietGate(said.append, wait_s=10.0)
+        assert gate.accept(db, quiet) and gate.accept(db, None)
+        assert [gate.accept(db, rid) for _ in range(3)] == [False] * 3  # measured again, each time
+        assert "it is measured again once the machine is quiet" in said[0]
+        with pytest.raises(MachineBusy):  # but not for ever
+            gate.accept(db, rid)
