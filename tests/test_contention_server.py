@@ -18,7 +18,7 @@ import yaml
 from moetune.model.archs import small_dims
 from moetune.model.testmodel import generate
 from tests.helpers import free_port, run_cli
-from tests.test_contention import hogs, kill, wait_for_quiet_background
+from tests.test_contention import hogs, kill, threshold_above_the_background
 
 pytestmark = pytest.mark.server
 FAST = ("--depth", "0", "--pp-tokens", "64", "--tg-tokens", "16", "-r", "2", "--warmup", "0")
@@ -80,7 +80,7 @@ def test_a_bench_beside_a_hog_is_contended_names_it_and_calibrate_leaves_it_out(
 
 
 def test_tune_beside_a_hog_stops_with_exit_3_or_waits_with_wait_quiet(
-        bin_dir: Path, testbed: tuple[Path, Path], tmp_path: Path) -> None:
+        bin_dir: Path, testbed: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model, hw = testbed
     tune = ["tune", str(model), "--hw", str(hw), "--ctx", "1024", "--budget", "1", *FAST, "--port", str(free_port()),
             "--db", str(tmp_path / "t.db")]
@@ -93,7 +93,7 @@ def test_tune_beside_a_hog_stops_with_exit_3_or_waits_with_wait_quiet(
     assert "too busy to rank candidates" in r.stderr and "cpu-hog (pids" in r.stderr and "--wait-quiet" in r.stderr
     assert "launch 1/1" not in r.stderr  # nothing was launched
 
-    wait_for_quiet_background(0.5)
+    threshold_above_the_background(monkeypatch)
     hog = hogs(2)
     timer = threading.Timer(3.0, kill, [hog])
     timer.start()
