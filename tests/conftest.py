@@ -20,6 +20,10 @@ from tests.process_guard import SESSION_ENV, find_strays, kill, report, run_ids
 def pytest_configure(config: pytest.Config) -> None:
     # every process the tests start inherits this; the session's end looks for it
     os.environ[SESSION_ENV] = f"{os.getpid()}-{secrets.token_hex(6)}"
+    # the suite shares its machine with other jobs (and its own servers run side by side): their load
+    # would flag every run contended and stop every tune; the tests of that set it back themselves
+    # (tests/test_contention_server.py)
+    os.environ.setdefault("MOETUNE_MAX_FOREIGN_CORES", "off")
     # a suite started in the background of a script without job control inherits SIGINT ignored, and
     # so would every process it starts: the Ctrl-C tests would then see nothing stop. A handler is
     # reset to the default at exec, so the children get a working SIGINT again.

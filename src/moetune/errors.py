@@ -26,6 +26,12 @@ class RuntimeFailure(MoetuneError):
     exit_code = 1
 
 
+class MachineBusy(MoetuneError):
+    """Other programs keep the machine too busy to measure (`tune`: to rank configurations). Exit code 3."""
+
+    exit_code = 3
+
+
 def one_line(text: str, limit: int | None = 200) -> str:
     """Text from a file or a peer as part of a one-line message: control characters and line breaks
     escaped, cut to ``limit`` characters (None: not cut)."""

@@ -181,10 +181,18 @@ def document(p: Plan, engine: str, calib: dict[str, Any] | None, given: list[str
              facts: dict[str, EngineFacts] | None = None) -> dict[str, Any]:
     """The plan's JSON document: commands, ledgers, predictions, the calibration its speed came from,
     the measured routing it used, and each service's model as the user gave it."""
+    from moetune.plan.calibrate import UNCALIBRATED_PCT
+
     doc = plan_json(p, engine, facts=plan_facts(p) if facts is None else facts)
     doc["speed_calibration"] = None if calib is None else {
-        "runs": calib["runs"], "error": calib["error"], "uncertainty": calib.get("uncertainty"),
-        "created_unix": calib.get("created_unix")}
+        "runs": calib["runs"], "placements": calib.get("placements"), "error": calib["error"],
+        "uncertainty": calib.get("uncertainty"), "created_unix": calib.get("created_unix"),
+        "hardware": calib.get("hardware"), "engine": calib.get("engine"),
+        "left_out_contended": calib.get("left_out_contended")}
+    band = (calib or {}).get("uncertainty") or {}
+    doc["speed_uncertainty"] = {"source": "calibration" if calib else "built-in",
+                                "tg_pct": band.get("tg_pct") or UNCALIBRATED_PCT,
+                                "pp_pct": band.get("pp_pct") or UNCALIBRATED_PCT}
     for sj, g, sp in zip(doc["services"], given, p.services, strict=True):
         sj["model_given"] = g  # what the user wrote; "model" and the commands hold the absolute path
         sj["routing"] = None if sp.spec.routing is None else sp.spec.routing.to_json()

@@ -179,7 +179,7 @@ def test_compare_has_load_s_and_the_transport(tmp_path: Path) -> None:
 
 
 def launched_as(r: RunMetrics, transport: str) -> RunMetrics:
-    return RunMetrics(r.run, r.label, r.kind, r.status, r.metrics, transport)
+    return RunMetrics(r.run, r.label, r.kind, r.status, r.metrics, transport=transport)
 
 
 def test_paired_load_s_over_rounds_gives_a_verdict() -> None:
@@ -187,7 +187,7 @@ def test_paired_load_s_over_rounds_gives_a_verdict() -> None:
     def rm(run: int, label: str, load_s: float, transport: str) -> RunMetrics:
         return RunMetrics(run, label, "bench", "done",
                           {"tg:short-json": MetricSamples((20.0, 20.1, 19.9), True, "tokens/s", "tg"),
-                           LOAD_METRIC: MetricSamples((load_s,), False, "s", "load")}, transport)
+                           LOAD_METRIC: MetricSamples((load_s,), False, "s", "load")}, transport=transport)
 
     loads = {1: (64.0, 80.0), 2: (63.0, 81.0), 3: (65.0, 79.5)}
     metrics = {}

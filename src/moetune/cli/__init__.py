@@ -59,6 +59,10 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("MOETUNE_ENGINE", "the engine used when a command gets no --engine (default: moetune's own build)"),
     ("MOETUNE_SSH_COMMAND", "replaces `ssh` for nodes of a hardware file, as GIT_SSH_COMMAND does for git"),
     ("MOETUNE_METRICS_INTERVAL", "seconds between samples of the machine during launches and runs (default 1; 0: off)"),
+    ("MOETUNE_MAX_FOREIGN_CORES", "other programs' CPU load (cores averaged over a run, or N% of the machine) "
+     "above which a run is contended and tune stops (default 0.5; off: never)"),
+    ("MOETUNE_NOISY_PCT", "a run whose 95% interval of TG or PP is wider than +/- this % of its median is noisy "
+     "(default 10)"),
     ("MOETUNE_PYPI_SIMPLE", "the package index `engine install` downloads from (default: https://pypi.org/simple)"),
 )
 

@@ -149,12 +149,12 @@ def _print_run(db: ResultsDB, run_id: int, as_json: bool) -> None:
     summary = run_summary(db.samples(run_id))
     rep = report(summary, dict(r.meta.details))
     if as_json:
-        print_json({"run": {**r.header(), "db": str(db.path)}, **summary, **(rep or {})})
+        print_json({"run": {**r.header(), "db": str(db.path)}, **summary, **(rep or {}), "flags": r.flags().to_json()})
         return
     print_wide(workloads_table(summary))
     for line in prediction_lines(rep):
         out.print(line, markup=False, highlight=False)
-    for message, remedy in grouped([Warning.from_json(w) for w in summary["warnings"]]):
+    for message, remedy in grouped([Warning.from_json(w) for w in summary["warnings"]]) + r.flags().warnings():
         warn(message, remedy)
     out.print(f"run {run_id} ({r.label}) stored in {db.path}; `moetune results show {run_id}` for details")
 
@@ -312,7 +312,8 @@ def sweep_cmd(plans: tuple[Path, ...], baseline: str | None, sid: str | None, se
             comparison_output(comp, "table")
             for o in ok:
                 assert o.run is not None
-                for message, remedy in grouped(run_noise(db.run(o.run), db.iter_samples(o.run))):
+                run = db.run(o.run)
+                for message, remedy in grouped(run_noise(run, db.iter_samples(o.run))) + run.flags().warnings():
                     warn(f"{o.label} (run {o.run}): {message}", remedy)
             out.print(f"sweep {sid}: {len(ok)} of {len(outcomes)} plans measured; re-run the same command to resume"
                       + (f"; plot: {plot_path}" if plot_path else ""))

@@ -63,7 +63,7 @@ def show_cmd(run_ref: str, db_path: Path | None, as_json: bool) -> None:
             print_json({"run": r.header(), **r.to_json(), "derived": d, "samples": db.sample_counts(r.id)})
             return
         print_wide(show(r, d, db.sample_counts(r.id)))
-        for message, remedy in grouped([Warning.from_json(w) for w in d.get("warnings", [])]):
+        for message, remedy in grouped([Warning.from_json(w) for w in d.get("warnings", [])]) + r.flags().warnings():
             warn(message, remedy)
 
 

@@ -82,7 +82,7 @@ def _render(doc: dict[str, Any], plot_dir: Path | None, as_json: bool) -> None:
         paths = plot_sweep(doc["levels"], plot_dir, title=f"run {run['id']}: {run['label']}")
         doc["run"]["plots"] = [str(p) for p in paths]
         err.print("plots: " + ", ".join(str(p) for p in paths))
-    for a in run.get("advice", []):
+    for a in [*run.get("advice", []), *(run.get("flags") or {}).get("warnings", [])]:
         warn(a["message"], a["remedy"])
     for lv in doc["levels"]:
         for a in lv.get("advice", []):

@@ -100,6 +100,11 @@ def _list(kind: str) -> Any:
 @click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
               help="Seconds to wait for one request.")
+@click.option("--wait-quiet", "wait_quiet_s", type=click.FloatRange(1), is_flag=False, flag_value=600.0,
+              default=None, metavar="[SECONDS]",
+              help="When other programs keep the machine busy (foreign load over MOETUNE_MAX_FOREIGN_CORES, "
+                   "0.5 cores by default), wait up to SECONDS (600 if not given) for it to go quiet, then go on; "
+                   "without it the search stops with exit code 3.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the winning plan here.")
 @db_option
 @json_option
@@ -111,7 +116,7 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
              try_cache: tuple[tuple[str, str], ...] | None, try_repack: tuple[bool, ...] | None,
              try_amb: tuple[int, ...] | None, try_mla: tuple[int, ...] | None, try_fmoe: tuple[bool, ...] | None,
              try_muge: tuple[bool, ...] | None, try_transport: tuple[str, ...] | None, transport: str | None,
-             rdma_dev: str | None, launch_timeout_s: float, timeout_s: float,
+             rdma_dev: str | None, launch_timeout_s: float, timeout_s: float, wait_quiet_s: float | None,
              output: Path | None, db_path: Path | None, as_json: bool, **settings_kw: Any) -> None:
     """Find the fastest plan for MODEL on the hardware in a budget of launches.
 
@@ -133,6 +138,10 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     --objective goodput measures each candidate with serve-bench instead: --concurrency closed-loop
     streams (the plan gets as many slots), --requests requests of --pp-tokens prompt tokens and
     --tg-tokens output tokens, and the rate of requests meeting every --slo target.
+
+    A machine too busy to rank candidates (other programs' CPU load over MOETUNE_MAX_FOREIGN_CORES
+    for 2 s before a launch, or during a measurement) stops the search with exit code 3, naming
+    the programs; --wait-quiet waits for it instead (a contended candidate is measured again).
     """
     from moetune.bench.single.runner import BenchOptions
     from moetune.bench.single.workloads import expand
@@ -140,6 +149,7 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     from moetune.plan.tune import split_strategies
     from moetune.store.db import ResultsDB
     from moetune.tune.loop import TuneRequest, tune
+    from moetune.tune.quiet import QuietGate
     from moetune.tune.report import result_json
 
     require_hw(hw_path)
@@ -159,8 +169,11 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
                       BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,
                       port, objective, budget, axes, launch_timeout_s, serve, routing, transport or "tcp", rdma_dev)
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
-        result = tune(db, req, status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars,
-                      on_snapshot=bars.machine)
+        def status(s: str) -> None:
+            err.print(f"[dim]{s}[/]")
+
+        result = tune(db, req, status=status, progress_for=bars, on_snapshot=bars.machine,
+                      quiet=QuietGate(status, wait_quiet_s))
         doc = result_json(result)
     if result.best is None:
         doc["plan"] = None

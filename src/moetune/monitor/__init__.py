@@ -8,5 +8,7 @@ runs, stored beside each run, exported to Prometheus and drawn in the HTML repor
     serve.py      `moetune metrics serve`: /metrics over HTTP on loopback, from composable sources
     grafana/      the Grafana dashboard over exposition.py's names (`moetune metrics dashboard`)
 
-/proc is read through ``moetune.procfs``, shared with the launcher's liveness checks.
+/proc is read through ``moetune.procfs``, shared with the launcher's liveness checks. A run's
+sampler also counts every process's CPU time (``moetune.contention``): the engine's, moetune's own
+and the foreign load that flags a run contended.
 """

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from moetune import procfs
+from moetune import contention, procfs
 from moetune.engine import auth
 from moetune.monitor.gpu import NvmlProbe, load_nvml
 from moetune.monitor.snapshot import GpuSample, HostSample, ProcSample, Snapshot
@@ -57,10 +57,18 @@ class Watch:
     ssh: tuple[str, ...] | None = None  # the ssh client and options, for a process on another node
     ssh_target: str | None = None
     metrics_url: str | None = None  # a server's /metrics
+    # this machine's processes of it, besides ``pid``: a container's `podman run` client, a remote
+    # worker's ssh client (the engine's side of the CPU accounting, :mod:`moetune.contention`)
+    local_pids: tuple[int, ...] = ()
 
     @property
     def remote(self) -> bool:
         return self.ssh_target is not None
+
+    @property
+    def engine_roots(self) -> tuple[int, ...]:
+        """Its processes on this machine (their descendants count as the engine's too)."""
+        return (*((self.pid,) if self.pid is not None and not self.remote else ()), *self.local_pids)
 
 
 def watches_of_launch(launch_run: str) -> list[Watch]:
@@ -73,7 +81,8 @@ def watches_of_launch(launch_run: str) -> list[Watch]:
         return []
     return [Watch(name=r.name, role=str(r.role), node=r.node, pid=r.engine_pid[0], start_ticks=r.engine_pid[1],
                   ssh=tuple(r.ssh) if r.ssh else None, ssh_target=r.ssh_target,
-                  metrics_url=f"{r.url}/metrics" if str(r.role) == "server" else None)
+                  metrics_url=f"{r.url}/metrics" if str(r.role) == "server" else None,
+                  local_pids=tuple(p for p in (r.pid, r.container_pid) if p is not None))
             for r in procs if r.engine_pid[0] is not None and r.exited_at is None]
 
 
@@ -166,7 +175,8 @@ class Sampler:
     def __init__(self, sink: Callable[[Snapshot], None] | None = None, *,
                  watches: Callable[[], list[Watch]] = list, load: Callable[[], Mapping[str, float]] | None = None,
                  interval_s: float = DEFAULT_INTERVAL_S, gpus: NvmlProbe | bool | None = True,
-                 scraper: Callable[[str], dict[str, float] | None] = scrape, host: bool = True) -> None:
+                 scraper: Callable[[str], dict[str, float] | None] = scrape, host: bool = True,
+                 census: bool = False) -> None:
         self.sink = sink
         self.watches = watches
         self.load = load
@@ -186,6 +196,12 @@ class Sampler:
         self._cpu: tuple[procfs.CpuTimes, ...] | None = None
         self._procs: dict[tuple[str, int], tuple[float, procfs.ProcStat | None]] = {}
         self._streams: dict[tuple[str, tuple[str, ...]], _NodeStream] = {}
+        # the CPU accounting (moetune.contention): a census of every process at each tick, the
+        # intervals added to ``tally`` while one is set (a run measuring)
+        self._census = census
+        self._census_lock = threading.Lock()
+        self._last_census: contention.Census | None = None
+        self.tally: contention.Tally | None = None
 
     # -- life ------------------------------------------------------------------------------
     def start(self) -> Sampler:
@@ -239,6 +255,8 @@ class Sampler:
             self._gpus = NvmlProbe(nvml) if nvml is not None else None
         now = time.monotonic()
         watches = self.watches()  # asked once a tick: a launch's records are files
+        if self._census:
+            self.count_cpu(watches)
         snap = Snapshot(t=time.time(), host=self._host() if self._read_host else HostSample(),
                         procs=self._proc_samples(now, watches),
                         gpus=self._gpu_samples(), servers=self._servers(watches),
@@ -248,6 +266,19 @@ class Sampler:
         if self.sink is not None:
             self.sink(snap)
         return snap
+
+    def count_cpu(self, watches: list[Watch] | None = None) -> None:
+        """Read every process's CPU time now and add the interval since the last reading to
+        :attr:`tally` (when one is set): the engine's (``watches``), moetune's own, the rest."""
+        with self._census_lock:
+            now = contention.census()
+            prev, self._last_census = self._last_census, now
+            if prev is None or self.tally is None:
+                return
+            ws = self.watches() if watches is None else watches
+            engine = {p for w in ws for p in w.engine_roots}
+            client = {os.getpid(), *(s.proc.pid for s in self._streams.values())}
+            self.tally.add(contention.split(prev, now, engine, client))
 
     def _host(self) -> HostSample:
         cpu = procfs.read_cpu_times()
@@ -380,10 +411,13 @@ class RunMonitor:
     def __init__(self, watches: Callable[[], list[Watch]], *, load: Callable[[], Mapping[str, float]] | None = None,
                  interval_s: float | None = None, phase: str | None = None,
                  on_snapshot: Callable[[Snapshot], None] | None = None) -> None:
+        contention.max_foreign_cores(1)  # a bad MOETUNE_MAX_FOREIGN_CORES is told before anything starts
+        self._run: tuple[Any, int] | None = None  # (db, run id) once attached, until close stores its contention
+        self.counted: contention.Contention | None = None  # what close stored
         self.sink = RunSink()
         self.on_snapshot = on_snapshot
         self.sampler = Sampler(self._take, watches=watches, load=load,
-                               interval_s=interval_from_env() if interval_s is None else interval_s)
+                               interval_s=interval_from_env() if interval_s is None else interval_s, census=True)
         self.sampler.phase = phase
 
     def _take(self, snap: Snapshot) -> None:
@@ -399,11 +433,36 @@ class RunMonitor:
         self.close()
 
     def close(self) -> None:
-        """Stop sampling (a last sample first); again is a no-op."""
+        """Stop sampling (a last sample first) and store where the CPU went while the run measured
+        (:meth:`cpu_contention`); again is a no-op."""
+        run, self._run = self._run, None
+        counted = None
+        if run is not None:
+            try:
+                counted = self.cpu_contention()
+            except Exception as e:  # an accounting that fails never takes the run down
+                self.sampler.errors.append(f"contention: {type(e).__name__}: {e}")
         self.sampler.stop()
+        if run is not None and counted is not None:
+            run[0].set_contention(run[1], counted)
+            self.counted = counted
 
     def attach(self, db: Any, run_id: int) -> None:
+        """The run exists: its snapshots go to it, and its CPU accounting starts now (stored with it
+        by :meth:`close`)."""
         self.sink.attach(db, run_id)
+        self.sampler.count_cpu()  # the reading the run's first interval starts from
+        self.sampler.tally = contention.Tally()
+        self._run = (db, run_id)
+
+    def cpu_contention(self) -> contention.Contention | None:
+        """Where the CPU went since :meth:`attach` (a last reading now), judged by the threshold;
+        None before attach."""
+        tally = self.sampler.tally
+        if tally is None:
+            return None
+        self.sampler.count_cpu()
+        return tally.result(contention.max_foreign_cores(tally.cores))
 
     def phase(self, name: str | None) -> None:
         self.sampler.phase = name

@@ -176,3 +176,14 @@ def calibrate(obs: list[Observation], prior: SpeedConstants | None = None) -> Ca
     before_tg, before_pp = _errors(obs, prior)
     return Calibration(k, runs, len(obs), _median(loo_tg), _median(loo_pp), _median(before_tg), _median(before_pp),
                        _band(loo_tg) or UNCALIBRATED_PCT, _band(loo_pp) or UNCALIBRATED_PCT)
+
+
+def not_applicable(cal: Calibration) -> str | None:
+    """Why a calibration must not replace the built-in constants for a hardware: its stated
+    uncertainty is worse than theirs (:data:`UNCALIBRATED_PCT`); None when it may."""
+    worse = [f"{fam} +/-{u:g}%" for fam, u in (("TG", cal.uncertainty_tg_pct), ("PP", cal.uncertainty_pp_pct))
+             if u > UNCALIBRATED_PCT]
+    if not worse:
+        return None
+    return (f"its stated uncertainty ({', '.join(worse)}) is worse than the built-in constants' "
+            f"(+/-{UNCALIBRATED_PCT:g}%)")

@@ -19,7 +19,7 @@ medians; "same" when it includes 1 or the change is under the practical threshol
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from moetune.bench.analysis.link import link_metric_samples
@@ -53,7 +53,15 @@ class RunMetrics:
     kind: str
     status: str
     metrics: dict[str, MetricSamples]
+    _: KW_ONLY
     transport: str | None = None  # the RPC transport confirmed at launch (none without RPC); None: not launched
+    flags: tuple[str, ...] = ()  # contended, noisy (moetune.contention.RunFlags)
+    flag_notes: tuple[str, ...] = ()  # what they say
+
+    @property
+    def marked(self) -> str:
+        """The label with its flags: ``auto t2 [contended]``."""
+        return self.label + (f" [{', '.join(self.flags)}]" if self.flags else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +117,7 @@ class Comparison:
             "rows": [r.to_json() for r in self.rows],
             "transports": {str(r.run): r.transport for r in [self.baseline, *self.others]},
             "not_compared": [{"run": o.run, "label": o.label, "kind": o.kind} for o in self.not_compared],
+            "run_flags": {str(o.run): list(o.flags) for o in [self.baseline, *self.others] if o.flags},
             "notes": self.notes,
         }
 
@@ -132,8 +141,10 @@ def extract(run: Run, samples: Iterable[dict[str, Any]]) -> RunMetrics:
     launch = run.meta.launch
     if metrics:  # a run without measured samples stays empty: nothing to compare it by
         metrics.update(load_metric(launch))
+    f = run.flags()
     return RunMetrics(run.id, run.label, run.kind, run.status, metrics,
-                      launch.confirmed if launch is not None else None)
+                      transport=launch.confirmed if launch is not None else None, flags=f.markers,
+                      flag_notes=tuple(f"run {run.id} ({run.label}): {m}" for m, _ in f.warnings()))
 
 
 def load(db: ResultsDB, runs: list[Run]) -> list[RunMetrics]:
@@ -156,6 +167,7 @@ def compare(baseline: RunMetrics, others: list[RunMetrics], *, conf: float = DEF
     notes: list[str] = []
     compared: list[RunMetrics] = []
     skipped: list[RunMetrics] = []
+    notes += [n for r in [baseline, *others] for n in r.flag_notes]
     for o in others:
         if not any(n in baseline.metrics for n in o.metrics):
             skipped.append(o)

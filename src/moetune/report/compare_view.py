@@ -65,13 +65,13 @@ def _cells(c: Comparison, names: list[str]) -> list[tuple[str, int, dict[str, tu
     for n in names:
         s = c.baseline_stats[n]
         base[n] = (f"{fmt(s.median)} [{fmt(s.ci_low)}–{fmt(s.ci_high)}]", None)
-    lines = [(c.baseline.label, c.baseline.run, base)]
+    lines = [(c.baseline.marked, c.baseline.run, base)]
     for o in c.others:
         row: dict[str, tuple[str, CompareRow | None]] = {}
         for n in names:
             r = by.get((o.run, n))
             row[n] = (f"{fmt(r.median)} [{fmt(r.ci_low)}–{fmt(r.ci_high)}]", r) if r else ("–", None)
-        lines.append((o.label, o.run, row))
+        lines.append((o.marked, o.run, row))
     return lines
 
 
@@ -99,7 +99,8 @@ def comparison_table(c: Comparison) -> Group:
         for n in names:
             t.add_column(_short(n), justify="right")
         for i, (label, run, cells) in enumerate(_cells(c, names)):
-            row: list[str | Text] = [label, str(run), *([tr[run]] if tr is not None else [])]
+            # Text(label): a label's [brackets] are not markup
+            row: list[str | Text] = [Text(label), str(run), *([tr[run]] if tr is not None else [])]
             for n in names:
                 text, r = cells[n]
                 cell = Text(text)

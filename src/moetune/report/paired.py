@@ -136,7 +136,7 @@ def _pooled(label: str, runs: list[RunMetrics]) -> RunMetrics:
                for n in names}
     transports = sorted({r.transport for r in runs if r.transport})
     return RunMetrics(runs[0].run, label, runs[0].kind, str(RunStatus.DONE), metrics,
-                      "+".join(transports) if transports else None)
+                      transport="+".join(transports) if transports else None)
 
 
 def paired_compare(rounds: dict[int, dict[str, int]], metrics: dict[int, RunMetrics], baseline: str, *,

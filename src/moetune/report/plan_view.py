@@ -91,14 +91,30 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
     out.print(Text("command:", style="bold"))
     out.print(doc["shell"], markup=False, end="")
     c = doc["speed_constants"]
+    out.print(Text(calibration_line(doc), style="dim"))
+    out.print(Text("speed constants: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                   for k, v in c.items()), style="dim"))
+
+
+def calibration_line(doc: dict[str, Any]) -> str:
+    """Which calibration the plan's speed came from: how many runs and placements, when, and its
+    stated uncertainty (the built-in constants' when there is none)."""
     cal = doc.get("speed_calibration")
-    band = (cal or {}).get("uncertainty") or {}
-    said = "" if not cal else (f" (calibrated on {cal['runs']} runs; leave-one-out error TG "
-                               f"{cal['error']['tg_median_abs_pct']}%, PP {cal['error'].get('pp_median_abs_pct')}%; "
-                               f"stated uncertainty TG +/-{band.get('tg_pct')}%, PP +/-{band.get('pp_pct')}%)"
-                               if cal["error"]["tg_median_abs_pct"] is not None
-                               else f" (calibrated on {cal['runs']} run)")
-    out.print(Text("speed constants" + said + ": " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.items()), style="dim"))
+    band = doc.get("speed_uncertainty") or (cal or {}).get("uncertainty") or {}
+    unc = f"stated uncertainty TG +/-{band.get('tg_pct')}%, PP +/-{band.get('pp_pct')}%"
+    if not cal:
+        return f"calibration: none, the built-in constants ({unc}; `moetune calibrate` fits them to benchmarks)"
+    import datetime
+
+    when = ("" if not cal.get("created_unix") else " of " + datetime.datetime.fromtimestamp(
+        cal["created_unix"], datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"))
+    places = f" over {cal['placements']} placements" if cal.get("placements") else ""
+    err = cal.get("error") or {}
+    loo = ("" if err.get("tg_median_abs_pct") is None else
+           f"; leave-one-run-out error TG {err['tg_median_abs_pct']}%, PP {err.get('pp_median_abs_pct')}%")
+    left = f"; {cal['left_out_contended']} contended runs left out" if cal.get("left_out_contended") else ""
+    return (f"calibration{when}: {cal.get('hardware') or 'this hardware'} / {cal.get('engine') or 'engine'}, from "
+            f"{cal['runs']} runs{places} ({unc}{loo}{left})")
 
 
 def print_verify(vs: list[Verification], out: Console) -> None:

@@ -70,14 +70,15 @@ def headline(run: Run, samples: Callable[[int], Iterable[dict[str, Any]]]) -> st
 
 def runs_table(db: ResultsDB, runs: list[Run]) -> Table:
     t = Table()
-    for c in ("run", "kind", "label", "status", "started (UTC)", "samples", "median", "target"):
+    for c in ("run", "kind", "label", "status", "flags", "started (UTC)", "samples", "median", "target"):
         t.add_column(c, justify="right" if c in ("run", "samples") else "left")
     for r in runs:
         counts = db.sample_counts(r.id)
         status = "abandoned" if r.abandoned else str(r.status)
         style = {"done": "", "running": "yellow", "interrupted": "yellow", "failed": "red", "abandoned": "red"}[status]
-        t.add_row(str(r.id), r.kind, r.label, Text(status, style=style), r.created_at[:19].replace("T", " "),
-                  str(counts.get("measure", 0)), headline(r, db.iter_samples), r.target)
+        t.add_row(str(r.id), r.kind, r.label, Text(status, style=style), Text(" ".join(r.flags().markers), "yellow"),
+                  r.created_at[:19].replace("T", " "), str(counts.get("measure", 0)), headline(r, db.iter_samples),
+                  r.target)
     return t
 
 
@@ -115,6 +116,11 @@ def _context_lines(run: Run) -> list[str]:
     if m.launch is not None:
         lines.append(f"transport: {m.launch.describe()}")
     lines.append(f"host: {m.host.describe()}")
+    if (c := run.contention) is not None:
+        lines.append(f"CPU while measuring: the engine {c.engine_cores:.2f} cores, moetune {c.client_cores:.2f}, "
+                     f"foreign {c.foreign_cores:.2f} (peak {c.foreign_peak_cores:.2f}) of {c.cores}"
+                     + (" (contended)" if c.contended else "" if c.judged else
+                        " (not judged: the engine's processes were not seen on this machine)"))
     lines.append(f"command: {shlex.join(m.argv) or '-'}")  # quoted: it pastes back into a shell
     return lines
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from moetune.contention import Contention, RunFlags, run_flags
 from moetune.errors import InputError, RuntimeFailure
 from moetune.kinds import RunKind, RunStatus
 from moetune.paths import default_db
@@ -45,6 +46,11 @@ class Run:
     summary: dict[str, Any] | None
     sweep_id: str | None
     writer: dict[str, Any] | None = None  # the process writing it: pid, start_ticks, host
+    contention: Contention | None = None  # where the CPU went while it measured (None: not counted)
+
+    def flags(self) -> RunFlags:
+        """Contended (stored) and noisy (from the summary it stored)."""
+        return run_flags(self.contention, self.summary if self.kind == RunKind.BENCH else None)
 
     @property
     def abandoned(self) -> bool:
@@ -60,11 +66,15 @@ class Run:
         """The run as every command's ``--json`` names it (``"run": {...}``)."""
         return {"id": self.id, "kind": str(self.kind), "label": self.label, "target": self.target,
                 "status": str(self.status), "created_at": self.created_at, "finished_at": self.finished_at,
-                "sweep_id": self.sweep_id, "abandoned": self.abandoned,
+                "sweep_id": self.sweep_id, "abandoned": self.abandoned, **self._flag_fields(),
                 **({"launch": self.meta.launch.to_json()} if self.meta.launch is not None else {})}
 
+    def _flag_fields(self) -> dict[str, Any]:
+        f = self.flags()
+        return {"contended": f.contended, "noisy": bool(f.noisy)}
+
     def to_json(self) -> dict[str, Any]:
-        return {**self.header(), "meta": self.meta.to_json(), "summary": self.summary}
+        return {**self.header(), "meta": self.meta.to_json(), "summary": self.summary, "flags": self.flags().to_json()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +167,12 @@ class ResultsDB:
             assert cur.lastrowid is not None
             return cur.lastrowid
 
+    def set_contention(self, run_id: int, c: Contention | None) -> None:
+        """Store where the CPU went while the run measured (``moetune.contention``)."""
+        with self._lock, self._writing():
+            self._conn.execute("UPDATE runs SET contention = ? WHERE id = ?",
+                               (None if c is None else _dumps(c.to_json()), run_id))
+
     def finish_run(self, run_id: int, status: RunStatus = RunStatus.DONE,
                    summary: dict[str, Any] | None = None) -> None:
         status = RunStatus(status)
@@ -183,14 +199,16 @@ class ResultsDB:
 
     # -- reading ---------------------------------------------------------------------------
 
-    _RUN_COLS = "id, kind, label, target, meta, status, created_at, finished_at, summary, sweep_id, writer"
+    _RUN_COLS = ("id, kind, label, target, meta, status, created_at, finished_at, summary, sweep_id, writer, "
+                 "contention")
 
     @staticmethod
     def _run(row: tuple[Any, ...]) -> Run:
         kind = RunKind(row[1])
         return Run(int(row[0]), kind, row[2], row[3], RunMeta.from_json(json.loads(row[4]), kind),
                    RunStatus(row[5]), row[6], row[7], None if row[8] is None else json.loads(row[8]), row[9],
-                   None if row[10] is None else json.loads(row[10]))
+                   None if row[10] is None else json.loads(row[10]),
+                   None if row[11] is None else Contention.from_json(json.loads(row[11])))
 
     def run(self, run_id: int) -> Run:
         row = self._conn.execute(f"SELECT {self._RUN_COLS} FROM runs WHERE id = ?", (run_id,)).fetchone()

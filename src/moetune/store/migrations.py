@@ -124,8 +124,14 @@ def m005_run_writer(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE runs ADD COLUMN writer TEXT")
 
 
+def m006_run_contention(db: sqlite3.Connection) -> None:
+    """Where the machine's CPU went while each run measured (``moetune.contention.Contention``):
+    the engine's, moetune's, and the foreign load that flags a run contended."""
+    db.execute("ALTER TABLE runs ADD COLUMN contention TEXT")
+
+
 MIGRATIONS: list[Migration] = [m001_runs_and_samples, m002_sweeps, m003_one_run_record, m004_metrics,
-                               m005_run_writer]
+                               m005_run_writer, m006_run_contention]
 
 
 def now_iso() -> str:

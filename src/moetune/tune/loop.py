@@ -56,7 +56,8 @@ from moetune.store import calibrations
 from moetune.store.db import ResultsDB
 from moetune.tune import goodput as gp
 from moetune.tune.engine_axes import check_engine_axes, engine_options
-from moetune.tune.history import calibrate_and_save, gather
+from moetune.tune.history import calibrate_and_save, gather, placements
+from moetune.tune.quiet import QuietGate
 from moetune.tune.transport_axis import check_transport_axis, refuse_unbuilt
 from moetune.tune.verdict import measurements, verdicts
 
@@ -212,7 +213,10 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
 
 def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
          progress_for: Callable[[str], Progress | None] | None = None,
-         on_snapshot: Callable[[Snapshot], None] | None = None) -> TuneResult:
+         on_snapshot: Callable[[Snapshot], None] | None = None, quiet: QuietGate | None = None) -> TuneResult:
+    """The search. ``quiet`` says whether the machine is quiet enough to rank candidates, before each
+    launch and after each measurement (default: a busy machine stops it, :class:`MachineBusy`)."""
+    gate = quiet or QuietGate(status)
     if req.objective not in core.OBJECTIVES:
         raise InputError(f"--objective {req.objective}: choose {', '.join(core.OBJECTIVES)}")
     if (req.objective == "goodput") != (req.serve is not None):
@@ -239,7 +243,8 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     failed: dict[str, str] = dict(spec.get("failed") or {})
     by_label = {e.candidate.label: i for i, e in enumerate(entries)}
     for r in db.runs(sweep_id=tid):
-        if r.status == RunStatus.DONE and r.label in by_label and entries[by_label[r.label]].run is None:
+        if (r.status == RunStatus.DONE and r.label in by_label and entries[by_label[r.label]].run is None
+                and not (r.contention and r.contention.contended)):  # a contended one is measured again
             entries[by_label[r.label]].run = r.id
     for label, why in failed.items():
         if label in by_label:
@@ -296,6 +301,7 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
         path = plan_dir / f"{_slug(e.candidate.label)}.json"
         path.write_text(json.dumps(e.doc, indent=2))
         launches += 1
+        gate.before_launch()  # a busy machine: MachineBusy, or a wait with --wait-quiet
         status(f"launch {launches}/{req.budget}: {e.candidate.label}")
         try:
             if req.serve is not None:
@@ -314,6 +320,9 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
             failed[e.candidate.label] = e.failed
             db.update_sweep(tid, {**spec, "failed": failed})
             status(f"{e.candidate.label}: failed: {str(err).splitlines()[0]}")
+            continue
+        if not gate.accept(db, e.run):  # contended, and the machine waited for: measure it again
+            e.run, launches = None, launches - 1
             continue
         measured(nxt)
         k = refit()
@@ -388,5 +397,6 @@ def _save_calibration(db: ResultsDB, key: tuple[str | None, str]) -> None:
     """Every measurement of this hardware in the history, this search's included, as its calibration
     (what `moetune calibrate` would keep), so the next `plan` on it predicts from them."""
     obs = gather(db).get(key, [])
-    if len({o.run for o in obs}) >= 2:
-        calibrate_and_save(key, obs)
+    runs = tuple(sorted({o.run for o in obs}))
+    if len(runs) >= 2:
+        calibrate_and_save(key, obs, placements=placements(db, runs))

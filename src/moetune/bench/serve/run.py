@@ -393,7 +393,8 @@ def report_doc(run: Run, levels: list[dict[str, Any]], advice: list[Warning], *,
                     "model": m.model.to_json(), "client": m.details.get("client"),
                     "workload": m.details.get("workload"), "warnings": [a.message for a in advice],
                     "advice": [a.to_json() for a in advice], "samples": samples,
-                    "slo": dict(slo) if slo else None, "tokenizer": m.details.get("tokenizer")},
+                    "slo": dict(slo) if slo else None, "tokenizer": m.details.get("tokenizer"),
+                    "flags": run.flags().to_json()},
             "levels": levels, **({"sessions": sessions} if sessions is not None else {})}
 
 
@@ -445,7 +446,12 @@ def serve_bench(spec: ServeBenchSpec, db: ResultsDB, log: Callable[[str], None] 
     try:
         with RunMonitor(_watches(src), load=meter.figures, on_snapshot=on_snapshot) as monitor:
             if workload is not None:
-                return run_loop(workload(spec, src, db, log, monitor, meter))
-            return run_loop(_bench(spec, src, db, log, monitor, meter, sweep_id))
+                doc = run_loop(workload(spec, src, db, log, monitor, meter))
+            else:
+                doc = run_loop(_bench(spec, src, db, log, monitor, meter, sweep_id))
     finally:
         src.close()
+    run = db.run(doc["run"]["id"])  # its CPU accounting, stored as the monitor closed
+    flags = run.flags()
+    doc["run"].update(contended=flags.contended, noisy=bool(flags.noisy), flags=flags.to_json())
+    return doc
