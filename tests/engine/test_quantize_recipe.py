@@ -89,3 +89,16 @@ def test_a_type_the_engine_lacks_exits_2_with_the_fix(source: Path, tmp_path: Pa
     r = run_cli("quantize", str(source), "--recipe", str(recipe), "--engine", "llama.cpp", "--dry-run")
     assert r.exit_code == 2
     assert "iq4_ks is not one llama.cpp has" in r.stderr and "--engine ik_llama.cpp" in r.stderr
+
+
+def test_progress_follows_the_quantizers_tensor_lines(source: Path, tmp_path: Path, bin_dir: Path) -> None:
+    from moetune.run.quantize import run_quantize
+
+    recipe = tmp_path / "mix.yaml"
+    recipe.write_text(RECIPES["llama.cpp"])
+    dry = run_cli("quantize", str(source), "--recipe", str(recipe), "-o", str(tmp_path / "o.gguf"), "--dry-run", "--json")
+    doc = json.loads(dry.stdout)
+    seen: list[tuple[int, int, str]] = []
+    run_quantize(doc["command"], tmp_path / "q.log", lambda i, n, name: seen.append((i, n, name)))
+    assert [i for i, _, _ in seen] == list(range(1, len(doc["tensors"]) + 1))
+    assert {name for _, _, name in seen} == {t["name"] for t in doc["tensors"]}

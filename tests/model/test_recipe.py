@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moetune.engine.dialect import quantize_argv
-from moetune.engine.quantize import plan_quantize, quantizable
+from moetune.engine.quantize import plan_quantize, progress_of, quantizable
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.model.archs import Dims
@@ -148,3 +148,12 @@ def test_each_dialect_spells_the_rules_its_way() -> None:
 ])
 def test_which_tensors_each_engine_quantizes(name: str, shape: tuple[int, ...], main: bool, ik: bool) -> None:
     assert (quantizable(MAIN, name, shape), quantizable(IK, name, shape)) == (main, ik)
+
+
+@pytest.mark.parametrize("line", [
+    "[   7/  51] blk.0.ffn_up_exps.weight             - [   256,    128,      8,      1], type =    f16, ",  # mainline
+    "[   7/  51]             blk.0.ffn_up_exps.weight - [  256,   128,     8,     1], type =    f16, ",  # ik
+])
+def test_the_quantizers_tensor_lines_are_progress(line: str) -> None:
+    assert progress_of(line) == (7, 51, "blk.0.ffn_up_exps.weight")
+    assert progress_of("llama_model_quantize_impl: quant size  =     3.14 MiB") is None

@@ -255,7 +255,7 @@ def output_profile(profile: ModelProfile, qp: QuantPlan, out: Path) -> ModelProf
 
 
 # the quantizer's per-tensor line (both engines): "[   5/  51]  blk.0.ffn_up_exps.weight - [  512, ..."
-PROGRESS_LINE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+) - \[")
+PROGRESS_LINE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)\s+-\s+\[")
 
 
 def progress_of(line: str) -> tuple[int, int, str] | None:
