@@ -92,6 +92,7 @@ class PlanRequest:
     http_timeout_s: float = 30.0  # for a remote model
     routing: Path | None = None  # an imatrix GGUF: the model's measured expert routing
     recipe: Path | None = None  # plan the model this quant recipe makes of MODEL (`moetune quantize`)
+    recipe_output: Path | None = None  # where that model will be written (default: recipe.default_output)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +210,8 @@ def _size(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.2f} MiB"
 
 
-def recipe_profile(profile: ModelProfile, recipe_path: Path, kind: EngineKind) -> tuple[ModelProfile, tuple[str, str]]:
+def recipe_profile(profile: ModelProfile, recipe_path: Path, kind: EngineKind,
+                   output: Path | None = None) -> tuple[ModelProfile, tuple[str, str]]:
     """The model a quant recipe makes of ``profile`` (not written yet), and the notice that says so."""
     from moetune.engine.quantize import output_profile, plan_quantize
     from moetune.model.recipe import default_output, load_recipe
@@ -218,7 +220,7 @@ def recipe_profile(profile: ModelProfile, recipe_path: Path, kind: EngineKind) -
         raise InputError("--recipe plans the quantized copy of one local GGUF file",
                          hint="download (and merge) the model first")
     qp = plan_quantize(profile, load_recipe(recipe_path), kind, imatrix=True, allow_requantize=True)
-    out = absolute(default_output(profile.files[0], recipe_path))
+    out = absolute(output or default_output(profile.files[0], recipe_path))
     return output_profile(profile, qp, out), (
         f"planned as {out}, the output of recipe {recipe_path} ({_size(qp.nbytes)} of tensors, from "
         f"{_size(profile.total_bytes)}); it is not written yet",
@@ -253,7 +255,7 @@ def plan_files(req: PlanRequest) -> Planned:
     else:
         profile = open_model(None if req.model is None else model_path(req.model), req.hf, timeout_s=req.http_timeout_s)
         if req.recipe is not None:
-            profile, note = recipe_profile(profile, req.recipe, kind)
+            profile, note = recipe_profile(profile, req.recipe, kind, req.recipe_output)
             notices.append(note)
         services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine,
                                 routing=routing_for(req.routing, profile))]

@@ -157,3 +157,20 @@ def test_which_tensors_each_engine_quantizes(name: str, shape: tuple[int, ...], 
 def test_the_quantizers_tensor_lines_are_progress(line: str) -> None:
     assert progress_of(line) == (7, 51, "blk.0.ffn_up_exps.weight")
     assert progress_of("llama_model_quantize_impl: quant size  =     3.14 MiB") is None
+
+
+def test_quantize_plans_its_output_on_the_hardware_before_it_runs(model: ModelProfile, tmp_path: Path) -> None:
+    import json
+
+    from tests.helpers import run_cli
+
+    r = tmp_path / "r.yaml"
+    r.write_text("default: q8_0\nrules:\n  - {role: expert, layers: 2-, type: q4_0}\n")
+    out = run_cli("quantize", str(model.files[0]), "--recipe", str(r), "--hw", "rtx-pro-6000", "--dry-run", "--json",
+                  "-o", str(tmp_path / "o.gguf"))
+    assert out.exit_code == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["plan"]["fits"] and not (tmp_path / "o.gguf").exists()
+    weights = sum(d["weights_mib"] for d in doc["plan"]["devices"])
+    assert weights == pytest.approx(doc["bytes"] / 2**20, abs=0.05)  # the plan holds the predicted tensors
+    assert doc["command"][-3:] == [str(model.files[0]), str(tmp_path / "o.gguf"), "Q8_0"]

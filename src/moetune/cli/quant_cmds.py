@@ -28,6 +28,17 @@ def prediction_json(qp: Any, source_bytes: int, argv: list[str], source: str, ou
     }
 
 
+def _plan_on(hw: str, source: Path, recipe: Path, out: Path, engine: str) -> dict[str, Any]:
+    """The output planned on the hardware with the default settings (`moetune plan --recipe`)."""
+    from moetune.planfiles import PlanRequest, plan_files
+
+    doc = plan_files(PlanRequest(hw, source, engine=engine, recipe=recipe, recipe_output=out)).doc
+    return {"fits": doc["fits"], "predicted": doc["predicted"],
+            "devices": [{"name": d["name"], "capacity_mib": d["capacity_mib"], "used_mib": d["used_mib"],
+                         "weights_mib": sum(i["mib"] for i in d["items"] if i["what"] == "weights")}
+                        for d in doc["devices"]]}
+
+
 @click.command()
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("--recipe", "recipe_path", required=True, type=click.Path(path_type=Path),
@@ -39,12 +50,14 @@ def prediction_json(qp: Any, source_bytes: int, argv: list[str], source: str, ou
 @click.option("--imatrix", type=click.Path(path_type=Path), help="Importance matrix (llama-imatrix's output).")
 @click.option("--allow-requantize", is_flag=True, help="Let the engine requantize a source that is quantized already.")
 @click.option("--threads", type=click.IntRange(1, 4096), help="Threads for llama-quantize (default: all cores).")
+@click.option("--hw", "hw_path", help="Also plan the output on this hardware (a file or a built-in example): what "
+              "fits and how fast, before quantizing.")
 @click.option("--force", is_flag=True, help="Overwrite OUTPUT if it exists.")
 @click.option("--dry-run", is_flag=True, help="Predict the output and print the exact llama-quantize command; run "
               "nothing.")
 @json_option
 def quantize(source: Path, recipe_path: Path, output: Path | None, engine_name: str | None, imatrix: Path | None,
-             allow_requantize: bool, threads: int | None, force: bool, dry_run: bool, as_json: bool) -> None:
+             allow_requantize: bool, threads: int | None, hw_path: str | None, force: bool, dry_run: bool, as_json: bool) -> None:
     """Quantize SOURCE with a recipe, through the engine's own llama-quantize.
 
     The output's type and bytes are predicted per tensor before it runs (the engine's fallbacks
@@ -72,18 +85,31 @@ def quantize(source: Path, recipe_path: Path, output: Path | None, engine_name: 
     out = output or default_output(source, recipe_path)
     if imatrix is not None:
         readable_file(imatrix, "imatrix")
-    binary = str(engine.binary("quantize")) if engine.bin_dir else "llama-quantize"
+    try:
+        binary = str(engine.binary("quantize"))
+    except InputError:
+        if not dry_run:
+            raise
+        binary = "llama-quantize"  # a dry run needs no build: the command names the tool
     argv = quantize_argv(engine.kind, binary, str(source), str(out), qp.ftype,
                          [(p, t.name) for p, t in qp.rules], imatrix=str(imatrix) if imatrix else None,
                          allow_requantize=qp.requantize, threads=threads)
     doc = prediction_json(qp, profile.total_bytes, argv, str(source), str(out))
     for m, r in qp.warnings:
         warn(m, r)
+    if hw_path is not None:
+        doc["plan"] = _plan_on(hw_path, source, recipe_path, out, engine.name)
     if not as_json:
         common.out.print(f"{source}: {_mib(profile.total_bytes)} -> {out}: {_mib(qp.nbytes)} predicted "
                          f"({engine.kind}, {len(qp.rules)} rules)", markup=False)
         for ty, n in qp.bytes_by_type().items():
             common.out.print(f"  {ty:<10} {_mib(n):>16}", markup=False)
+        if hw_path is not None:
+            pl = doc["plan"]
+            common.out.print(f"  on {hw_path}: {'fits' if pl['fits'] else 'does NOT fit'}; weights "
+                             + ", ".join(f"{d['name']} {d['weights_mib']:,.1f} MiB" for d in pl["devices"])
+                             + f"; predicted TG {pl['predicted'].get('tg_tok_s', 0):,.1f} tok/s (`moetune plan "
+                             f"{source} --recipe {recipe_path} --hw {hw_path}` for the whole plan)", markup=False)
         fb = [t for t in qp.tensors if t.fallback]
         if fb:
             common.out.print(f"  {len(fb)} tensors fall back: {fb[0].name}: {fb[0].fallback}"
