@@ -102,3 +102,24 @@ def test_progress_follows_the_quantizers_tensor_lines(source: Path, tmp_path: Pa
     run_quantize(doc["command"], tmp_path / "q.log", lambda i, n, name: seen.append((i, n, name)))
     assert [i for i, _, _ in seen] == list(range(1, len(doc["tensors"]) + 1))
     assert {name for _, _, name in seen} == {t["name"] for t in doc["tensors"]}
+
+
+def test_an_imatrix_lets_the_2_bit_types_through(source: Path, tmp_path: Path, bin_dir: Path) -> None:
+    import subprocess
+
+    recipe = tmp_path / "two-bit.yaml"
+    recipe.write_text("default: q8_0\nrules:\n  - {kind: [ffn_up_exps, ffn_gate_exps], type: iq2_xxs}\n")
+    out = tmp_path / "o.gguf"
+    refused = run_cli("quantize", str(source), "--recipe", str(recipe), "-o", str(out))
+    assert refused.exit_code == 2 and "--imatrix" in refused.stderr and not out.exists()
+    text = tmp_path / "t.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 60)
+    imatrix = tmp_path / "imatrix.gguf"
+    subprocess.run([str(bin_dir / "llama-imatrix"), "-m", str(source), "-f", str(text), "-c", "128", "--chunks", "2",
+                    "-o", str(imatrix), "-t", "1", "-nr"], check=True, capture_output=True, timeout=300)
+    r = run_cli("quantize", str(source), "--recipe", str(recipe), "-o", str(out), "--imatrix", str(imatrix),
+                "--threads", "1", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["written"]["matches_prediction"] and "--imatrix" in doc["command"]
+    assert {t.qtype.name for t in read_gguf(out).tensors if "_exps" in t.name and "down" not in t.name} == {"IQ2_XXS"}
