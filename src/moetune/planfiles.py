@@ -93,6 +93,8 @@ class PlanRequest:
     hf: str | None = None  # OWNER/REPO[:QUANT] instead of ``model``
     http_timeout_s: float = 30.0  # for a remote model
     routing: Path | None = None  # an imatrix GGUF: the model's measured expert routing
+    recipe: Path | None = None  # plan the model this quant recipe makes of MODEL (`moetune quantize`)
+    recipe_output: Path | None = None  # where that model will be written (default: recipe.default_output)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,10 +216,35 @@ def listen_notices(services: list[ServiceSpec]) -> list[tuple[str, str]]:
     return out
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.2f} MiB"
+
+
+def recipe_profile(profile: ModelProfile, recipe_path: Path, kind: EngineKind,
+                   output: Path | None = None) -> tuple[ModelProfile, tuple[str, str]]:
+    """The model a quant recipe makes of ``profile`` (not written yet), and the notice that says so."""
+    from moetune.engine.quantize import output_profile, plan_quantize
+    from moetune.model.recipe import default_output, load_recipe
+
+    if profile.remote is not None or len(profile.files) > 1:
+        raise InputError("--recipe plans the quantized copy of one local GGUF file",
+                         hint="download (and merge) the model first")
+    qp = plan_quantize(profile, load_recipe(recipe_path), kind, imatrix=True, allow_requantize=True)
+    out = absolute(output or default_output(profile.files[0], recipe_path))
+    return output_profile(profile, qp, out), (
+        f"planned as {out}, the output of recipe {recipe_path} ({_size(qp.nbytes)} of tensors, from "
+        f"{_size(profile.total_bytes)}); it is not written yet",
+        f"moetune quantize {profile.files[0]} --recipe {recipe_path}" + ("" if kind == EngineKind.MAINLINE else
+                                                                          f" --engine {kind}"))
+
+
 def plan_files(req: PlanRequest) -> Planned:
     """Read the files, plan, render the document (and write it to ``req.output``)."""
     if (req.model is None and req.hf is None) == (req.layout is None):
         raise InputError("give a MODEL (or --hf) or a --layout file (not both)")
+    if req.recipe is not None and req.layout is not None:
+        raise InputError("--recipe is one model's quant recipe; a --layout plans several",
+                         hint="plan the model alone with --recipe")
     if req.routing is not None and req.layout is not None:
         raise InputError("--routing is one model's routing; a --layout plans several",
                          hint="plan the MoE model alone with --routing, or leave it out")
@@ -237,6 +264,9 @@ def plan_files(req: PlanRequest) -> Planned:
                 notices.append((f"{e} (`moetune launch` refuses it; the other formats carry it)", e.hint or ""))
     else:
         profile = open_model(None if req.model is None else model_path(req.model), req.hf, timeout_s=req.http_timeout_s)
+        if req.recipe is not None:
+            profile, note = recipe_profile(profile, req.recipe, kind, req.recipe_output)
+            notices.append(note)
         services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine,
                                 routing=routing_for(req.routing, profile))]
         given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]

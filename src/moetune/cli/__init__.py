@@ -30,6 +30,7 @@ class Entry(NamedTuple):
 COMMANDS: dict[str, Entry] = {
     "inspect": Entry("model_cmds", "Show a GGUF model's tensors, layers, sizes and KV cache cost."),
     "testmodel": Entry("model_cmds", "Write a random-weight MoE model, or a sparse replica to plan."),
+    "quantize": Entry("quant_cmds", "Quantize a model with a per-tensor recipe; its size predicted first."),
     "engine": Entry("engine_cmds", "Build, list and register engines (llama.cpp, ik_llama.cpp)."),
     "plan": Entry("plan_cmds", "Place a model on the hardware: memory, layers, speed, command."),
     "hw": Entry("plan_cmds", "Describe the hardware: probe this machine or use an example."),

@@ -37,12 +37,14 @@ from moetune.errors import InputError
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the plan JSON to this file.")
 @click.option("--swa-full", is_flag=True, help="Sliding-window layers keep a cache of the whole context "
               "(llama.cpp's --swa-full), not of about a window.")
+@click.option("--recipe", "recipe", type=click.Path(path_type=Path), help="Plan the model this quant recipe "
+              "(`moetune quantize --recipe`) makes of MODEL, without quantizing: its predicted tensor types and sizes.")
 @click.option("--verify", is_flag=True, help="Also run the engine's own dry run with each service's exact command "
               "(llama-fit-params; ik_llama.cpp's --dry-run) and print its figures beside the plan's.")
 @json_option
 def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str | None, layout: Path | None,
          strategy: str, engine_name: str | None, port: int, speed: tuple[str, ...], fmt: str, image: str | None,
-         output: Path | None, swa_full: bool, verify: bool, as_json: bool, **settings_kw: Any) -> None:
+         output: Path | None, swa_full: bool, recipe: Path | None, verify: bool, as_json: bool, **settings_kw: Any) -> None:
     """Place MODEL on the hardware: memory per device, layer map, predicted speed, exact command.
 
     MODEL is a GGUF file (any shard), an http(s) URL of one, or --hf OWNER/REPO[:QUANT]: a remote
@@ -56,11 +58,14 @@ def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str 
 
     require_hw(hw_path)
     assert hw_path is not None
+    if verify and recipe is not None:
+        raise InputError("--verify runs the engine on the model's file, and a --recipe's output is not written yet",
+                         hint="quantize it first (`moetune quantize`), then plan the written file with --verify")
     routing = settings_kw.pop("routing")
     port = plan_port(settings_kw, port)
     settings = replace(plan_settings(settings_kw), swa_full=swa_full)
     planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output,
-                                     hf=hf, http_timeout_s=http_timeout_s, routing=routing))
+                                     hf=hf, http_timeout_s=http_timeout_s, routing=routing, recipe=recipe))
     for message, remedy in planned.notices:
         warn(message, remedy)
     for sp in planned.plan.services:

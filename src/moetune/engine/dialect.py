@@ -149,3 +149,33 @@ def _ranges(xs: list[int]) -> str:
         else:
             runs.append([x, x])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+# ---- llama-quantize ----------------------------------------------------------------------------
+# Both take the rules as std::regex patterns over tensor names, the first match winning; the
+# recipe's default comes last as a catch-all, so the file type argument's own mixture never applies.
+
+
+def mainline_quantize_args(rules: list[tuple[str, str]]) -> list[str]:
+    """Mainline: one ``--tensor-type PATTERN=TYPE`` per rule (the tool lowercases the pattern and
+    matches type names in any case)."""
+    return [a for p, t in rules for a in ("--tensor-type", f"{p}={t.lower()}")]
+
+
+def ik_quantize_args(rules: list[tuple[str, str]]) -> list[str]:
+    """ik_llama.cpp: ``--custom-q P1=t1,P2=t2`` (split on commas; type names as ggml spells them,
+    in lower case, compared exactly)."""
+    return ["--custom-q", ",".join(f"{p}={t.lower()}" for p, t in rules)] if rules else []
+
+
+def quantize_argv(kind: str, binary: str, source: str, output: str, ftype: str, rules: list[tuple[str, str]], *,
+                  imatrix: str | None = None, allow_requantize: bool = False, threads: int | None = None) -> list[str]:
+    """The llama-quantize command of a recipe: its rules in the engine's dialect, then SOURCE OUT FTYPE."""
+    if kind == EngineKind.MAINLINE:
+        flags = mainline_quantize_args(rules)
+    elif kind == EngineKind.IK:
+        flags = ik_quantize_args(rules)
+    else:
+        raise ValueError(f"unknown engine kind {kind!r}")
+    return [binary, *(["--imatrix", imatrix] if imatrix else []), *(["--allow-requantize"] if allow_requantize else []),
+            *flags, source, output, ftype, *([str(threads)] if threads else [])]

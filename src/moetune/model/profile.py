@@ -33,6 +33,9 @@ EMBED = "embedding"
 OUTPUT = "output"
 OTHER = "other"
 
+# every role, as recipes (`moetune quantize --recipe`) name them
+ROLES = (EXPERT, SHARED, ATTENTION, DENSE_FFN, ROUTER, NORM, RECURRENT, NEXTN, EMBED, OUTPUT, OTHER)
+
 EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
 # the layer as llama.cpp formats it (ASCII digits; more than nine is no layer llama.cpp loads)
 _BLK = re.compile(r"^blk\.([0-9]{1,9})\.(.+?)(?:\.(weight|bias|scale))?$")

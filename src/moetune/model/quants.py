@@ -217,3 +217,20 @@ def by_name(name: str) -> QuantType:
     except KeyError:
         known = ", ".join(sorted(t.name.lower() for t in quant_types().values()))
         raise UnknownQuantType(f"unknown tensor type {name!r} (known: {known})") from None
+
+
+_INTERLEAVED_ROWS = {"Q4_0_4_4": 4, "Q4_0_4_8": 4, "Q4_0_8_8": 8}
+
+
+def interleaved(t: QuantType) -> tuple[QuantType, int] | None:
+    """(base type, rows interleaved) of an ik_llama.cpp row-interleaved type (``IQ4_KS_R4`` ->
+    (IQ4_KS, 4)); None for a plain type. From ik's ``interleaved_properties``."""
+    if t.name in _INTERLEAVED_ROWS:
+        return by_name("q4_0"), _INTERLEAVED_ROWS[t.name]
+    for tid, (name, base, _meta) in _IK_REPACKED.items():
+        if tid == t.id:
+            return by_id(base), int(name.rsplit("_R", 1)[1])
+    for tid, (name, _b, _s, _m) in _IK_OWN_BLOCKS.items():
+        if tid == t.id:
+            return by_name(name.removesuffix("_R4")), 4
+    return None
