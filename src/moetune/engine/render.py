@@ -152,6 +152,24 @@ def repack_flags(s: Settings, d: Dialect) -> list[str]:
     return list(d.repack if s.repack else d.no_repack)
 
 
+def defaults_argv(p: ModelProfile, s: Settings, d: Dialect, *, port: int = 8080, rpc: list[str] | None = None,
+                  model_path: str | None = None) -> list[str]:
+    """The engine run with the model and no tuning flags (tune's "engine defaults" baseline): the
+    model, the context, the devices (``--rpc``) and what the plan's own server needs to run: the
+    repacking it turns off (where the engine would crash with it), ik_llama.cpp's ``--jinja`` and
+    no log file, the address and the API key file. Placement, threads, batches, flash attention
+    and cache types are the engine's own."""
+    argv = ["-m", model_path or p.server_path, d.ctx, str(s.ctx)]
+    if rpc:
+        argv += [d.rpc, ",".join(rpc)]
+    if s.repack is False:
+        argv += repack_flags(s, d)
+    argv += [*d.jinja, *d.no_log_file, "--host", s.server.host, "--port", str(port)]
+    if s.server.api_key_file:
+        argv += ["--api-key-file", s.server.api_key_file]
+    return argv
+
+
 def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, engine: str = "",
                 port: int = 8080, rpc: list[str] | None = None, model_path: str | None = None,
                 extra: list[str] | None = None, accelerators: list[tuple[str, bool]] | None = None) -> list[str]:
