@@ -24,7 +24,8 @@ def doctor(inputs: tuple[str, ...], ram_gib: float | None, db_path: Path | None,
     Looks for prefix-cache misses (and a <think> block as their cause), -sm graph falling back to
     layer, requests queued behind too few --parallel slots, RDMA negotiated without being asked,
     thinking tokens dominating the output (in captured responses), pinned host memory close to
-    the RAM, and failed loads. Exit 0 whether or not it finds anything.
+    the RAM, and failed loads (a crash at load with repacked CPU weights is named: plan with
+    --repack off). Exit 0 whether or not it finds anything.
     """
     from rich.text import Text
 

@@ -10,7 +10,9 @@ measurement the speed constants are refitted to every measurement of this search
 the stored calibration for this hardware, if any), and the search's belief is corrected by what
 the model still misses (:mod:`moetune.plan.tune`). The winner must beat the baseline by the
 comparison rule of `compare` (CI of the ratio of medians excludes 1, change at least 3%); when
-none does, the baseline stays.
+none does, the baseline stays. Beside the baseline the engine with no tuning flags is measured once
+(:mod:`moetune.tune.defaults`), and with ``--objective tg`` a candidate that loses more than
+``--max-pp-loss`` of either baseline's PP cannot win.
 
 With ``--objective goodput`` each candidate is planned with one slot per stream and measured by
 serve-bench at the search's concurrency (:mod:`moetune.tune.goodput`: the samples are completion
