@@ -66,8 +66,11 @@ def test_an_ik_search_tries_iks_options_and_keeps_the_fastest(tmp_path: Path,
     by_label = {c["label"]: c for c in doc["candidates"]}
     assert by_label[doc["best"]["label"]]["verdict"].startswith("best, faster")
     # every launched plan says in its command what its label says
-    assert len(fake_bench) == doc["launches"] >= 2
-    for label, argv in fake_bench:
+    defaults = [argv for label, argv in fake_bench if label == "engine defaults"]  # the second baseline
+    assert len(defaults) == 1 and "--jinja" in defaults[0] and not {"-muge", "-no-fmoe", "-amb", "-t"} & set(defaults[0])
+    launched = [(label, argv) for label, argv in fake_bench if label != "engine defaults"]
+    assert len(launched) == doc["launches"] >= 2
+    for label, argv in launched:
         words = label.split()
         assert ("-muge" in argv) == ("muge" in words) and ("-no-fmoe" in argv) == ("no-fmoe" in words)
         assert ("-amb" in argv) == ("amb512" in words) and (argv[argv.index("-amb") + 1] == "512" if "-amb" in argv

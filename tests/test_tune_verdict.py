@@ -38,3 +38,15 @@ def test_the_best_is_measured(entries: list[_Entry], values: dict[int, list[floa
     assert got == best and out[0] == verdict0
     if best:
         assert out[best].startswith("best, ")
+
+
+def test_a_rejected_candidate_cannot_win_and_says_why() -> None:
+    from moetune.tune.defaults import pp_rejections
+
+    why = pp_rejections({1: 80.0, 2: 95.0}, {"baseline": 100.0, "engine defaults": 90.0}, 0.10)
+    assert list(why) == [1] and why[1] == "rejected: PP 80 tok/s is 20% below the baseline's 100 (--max-pp-loss 10%)"
+    entries = [_Entry(), _Entry(), _Entry()]
+    out, best = verdicts(entries, {0: SLOW, 1: FAST, 2: SLOW}, None, why)  # type: ignore[arg-type]
+    assert best == 0 and out[1].startswith("rejected: PP 80") and "faster" in out[1]
+    out, best = verdicts(entries, {0: SLOW, 1: FAST, 2: [v * 1.5 for v in SLOW]}, None, why)  # type: ignore[arg-type]
+    assert best == 2

@@ -180,12 +180,13 @@ def unchecked_notices(p: Plan, facts: dict[str, EngineFacts]) -> list[tuple[str,
 
 
 def document(p: Plan, engine: str, calib: dict[str, Any] | None, given: list[str],
-             facts: dict[str, EngineFacts] | None = None) -> dict[str, Any]:
+             facts: dict[str, EngineFacts] | None = None, argvs: list[list[str]] | None = None) -> dict[str, Any]:
     """The plan's JSON document: commands, ledgers, predictions, the calibration its speed came from,
-    the measured routing it used, and each service's model as the user gave it."""
+    the measured routing it used, and each service's model as the user gave it (``argvs``: other
+    commands than the plan's own, as tune's engine-defaults baseline runs)."""
     from moetune.plan.calibrate import UNCALIBRATED_PCT
 
-    doc = plan_json(p, engine, facts=plan_facts(p) if facts is None else facts)
+    doc = plan_json(p, engine, facts=plan_facts(p) if facts is None else facts, argvs=argvs)
     doc["speed_calibration"] = None if calib is None else {
         "runs": calib["runs"], "placements": calib.get("placements"), "error": calib["error"],
         "uncertainty": calib.get("uncertainty"), "created_unix": calib.get("created_unix"),

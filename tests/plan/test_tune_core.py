@@ -38,7 +38,10 @@ def test_the_axes_try_every_placement_family_only_where_there_is_an_accelerator(
     assert gpu.strategies == ("auto", "cpu-moe", "n-cpu-moe:10", "n-cpu-moe:20", "n-cpu-moe:30")
     assert gpu.threads == (None, 8, 12)  # the engine's default (every core) is not tried twice
     assert gpu.ubatches == (512, 128, 2048) and gpu.flash_attn == (True, False)
-    assert gpu.cache_types == (("f16", "f16"), ("q8_0", "q8_0")) and gpu.repack == (False, True)
+    assert gpu.cache_types == (("f16", "f16"), ("q8_0", "q8_0"))
+    assert gpu.repack == (True, False)  # mainline repacks by default: the base's own value first
+    ik = Settings(engine=EngineKind.IK)
+    assert default_axes(ik, "auto", cores=16, moe_layers=40, accelerators=2).repack == (False, True)
     assert default_axes(base, "auto", cores=2, moe_layers=8, accelerators=1).threads == (None, 1)
 
 
@@ -49,7 +52,9 @@ def test_the_space_leaves_out_what_the_engine_refuses() -> None:
     assert len(cands) == len(set(cands))
     big = next(c for c in cands if c.ubatch == 2048 and not c.repack)
     assert big.settings(base).batch >= 2048 and big.label.endswith("ub2048 fa")
-    assert next(c for c in cands if c.repack).settings(base).repack  # labelled "... repack"
+    on = next(c for c in cands if c.repack)  # labelled "... repack"
+    assert on.settings(base).repacks and on.settings(base).repack is None  # the engine's default, kept as auto
+    assert next(c for c in cands if not c.repack).settings(base).repack is False  # rendered -nr
     assert len({c.label for c in cands}) == len(cands)
 
 

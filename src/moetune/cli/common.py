@@ -86,6 +86,10 @@ def plan_options(f: F) -> F:
         click.option("--ctk", default="f16", show_default=True),
         click.option("--ctv", default="f16", show_default=True),
         click.option("--no-flash-attn", is_flag=True),
+        click.option("--repack", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+                     envvar="MOETUNE_REPACK", show_envvar=True,
+                     help="CPU weight repacking: auto follows the engine (mainline repacks CPU-resident weights, "
+                          "ik_llama.cpp only with -rtr); off where the engine crashes at load with repacked weights."),
         click.option("--no-mmap", is_flag=True,
                      help="Load weights into (pinned, with a GPU) memory instead of mapping the file."),
         click.option("--engine", "engine_name",
@@ -135,7 +139,7 @@ def plan_options(f: F) -> F:
 def plan_settings(kw: dict[str, Any]) -> Any:
     """The :class:`~moetune.plan.settings.Settings` that :func:`plan_options`' values say."""
     from moetune.engine.server_args import lift_extra, parse_sampling
-    from moetune.plan.settings import ServerOptions, Settings
+    from moetune.plan.settings import REPACK_CHOICES, ServerOptions, Settings
 
     host, _ = parse_listen(kw["listen"])
     key = kw["api_key_file"]
@@ -149,6 +153,7 @@ def plan_settings(kw: dict[str, Any]) -> Any:
                            extra_args=tuple(kw["engine_args"]), rope_scaling=kw["rope_scaling"])
     settings = Settings(ctx=kw["ctx"], slots=kw["parallel"], batch=kw["batch"], ubatch=kw["ubatch"], ctk=kw["ctk"],
                         ctv=kw["ctv"], flash_attn=not kw["no_flash_attn"], mmap=not kw["no_mmap"],
+                        repack=REPACK_CHOICES[kw["repack"]],
                         amb_mib=kw["amb"], threads=kw["threads"], threads_batch=kw["threads_batch"],
                         merge_qkv=kw["merge_qkv"], merge_up_gate=kw["muge"], grouped_experts=kw["ger"],
                         ctx_checkpoints=kw["ctx_checkpoints"], split_mode=kw["split_mode"], server=server)

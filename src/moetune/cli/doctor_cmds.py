@@ -25,7 +25,8 @@ def doctor(inputs: tuple[str, ...], ram_gib: float | None, db_path: Path | None,
     layer, requests queued behind too few --parallel slots, context checkpoint restores (hybrid and
     sliding-window models) and the re-processing they avoided, RDMA negotiated without being asked,
     thinking tokens dominating the output (in captured responses), pinned host memory close to
-    the RAM, and failed loads. Exit 0 whether or not it finds anything.
+    the RAM, and failed loads (a crash at load with repacked CPU weights is named: plan with
+    --repack off). Exit 0 whether or not it finds anything.
     """
     from rich.text import Text
 

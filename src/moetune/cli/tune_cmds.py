@@ -56,7 +56,7 @@ def _list(kind: str) -> Any:
 @click.argument("model")
 @plan_options
 @click.option("--budget", type=click.IntRange(1, 100), default=5, show_default=True,
-              help="Launches at most (the baseline's included).")
+              help="Launches at most (the baseline's included; the engine-defaults run is not counted).")
 @click.option("--objective", type=click.Choice(["tg", "pp", "ttft", "goodput"]), default="tg", show_default=True,
               help="What to maximise: decode speed, prefill speed, the first token's latency (prompt/PP + 1/TG), "
                    "or goodput: requests/s meeting --slo under --concurrency streams (serve-bench).")
@@ -97,6 +97,9 @@ def _list(kind: str) -> Any:
 @click.option("--try-transport", callback=_list("transport"), help="RPC transports to try: tcp,rdma (only where "
               "the hardware file sets `rdma: true` on every RPC node; rdma refused unless the builds have it).")
 @transport_options()
+@click.option("--max-pp-loss", type=click.FloatRange(0, 100), default=10.0, show_default=True,
+              help="--objective tg: the most prefill speed (percent of the baseline's and the engine defaults') a "
+                   "winner may give up; a faster candidate that loses more is rejected, with the reason.")
 @click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
               help="Seconds to wait for one request.")
@@ -116,7 +119,8 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
              try_cache: tuple[tuple[str, str], ...] | None, try_repack: tuple[bool, ...] | None,
              try_amb: tuple[int, ...] | None, try_mla: tuple[int, ...] | None, try_fmoe: tuple[bool, ...] | None,
              try_muge: tuple[bool, ...] | None, try_transport: tuple[str, ...] | None, transport: str | None,
-             rdma_dev: str | None, launch_timeout_s: float, timeout_s: float, wait_quiet_s: float | None,
+             rdma_dev: str | None, max_pp_loss: float, launch_timeout_s: float, timeout_s: float,
+             wait_quiet_s: float | None,
              output: Path | None, db_path: Path | None, as_json: bool, **settings_kw: Any) -> None:
     """Find the fastest plan for MODEL on the hardware in a budget of launches.
 
@@ -129,7 +133,10 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     stops when the budget is spent or no candidate expects to gain more than the measurement noise.
     A candidate that fails at launch is diagnosed, recorded and skipped. Run the same command again
     to resume after Ctrl-C or a crash. The winner must beat the baseline by the rule of `compare`;
-    else the baseline stays.
+    else the baseline stays. Beside the baseline, the engine is measured once with the model and no
+    tuning flags (the "engine defaults", not counted in --budget), and the winner is reported
+    against it, TG and PP. With --objective tg a candidate that gives up more than --max-pp-loss
+    of either baseline's PP cannot win.
 
     With an RPC link that carries RDMA (`rdma: true` on the node in the hardware file),
     --try-transport tcp,rdma makes the transport an axis: each candidate is then the same plan
@@ -167,7 +174,8 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     port = plan_port(settings_kw, port)
     req = TuneRequest(hw_path, model, plan_settings(settings_kw), workload,
                       BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,
-                      port, objective, budget, axes, launch_timeout_s, serve, routing, transport or "tcp", rdma_dev)
+                      port, objective, budget, axes, launch_timeout_s, serve, routing, transport or "tcp", rdma_dev,
+                      max_pp_loss / 100)
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
         def status(s: str) -> None:
             err.print(f"[dim]{s}[/]")
@@ -207,6 +215,10 @@ def _print_result(result: TuneResult, doc: dict[str, Any]) -> None:
     out.print("command:", markup=False)
     print_text(json.loads(result.plan_path(result.best).read_text())["shell"])
     out.print(f"plan: {doc['plan']} (`moetune launch` or `moetune bench` it)", markup=False)
+    from moetune.tune.report import defaults_lines
+
+    for line in defaults_lines(doc):
+        out.print(line, markup=False)
 
 
 def _serve_load(objective: str, slo: str | None, concurrency: int | None, requests: int | None, depth: int,

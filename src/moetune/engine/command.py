@@ -20,7 +20,7 @@ from moetune.engine.formats import (
     shell_script,
 )
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
-from moetune.engine.render import override_rules, server_argv
+from moetune.engine.render import defaults_argv, override_rules, server_argv
 from moetune.kinds import DeviceKind, EngineKind, ProcessRole
 from moetune.plan.placement import parse_strategy
 from moetune.plan.plan import Plan, ServicePlan
@@ -49,6 +49,12 @@ def service_argv(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     extra = ["--device", ",".join(spec.devices)] if spec.devices else []
     return server_argv(spec.model, sp.placement, spec.settings, service_dialect(sp, facts), engine=spec.engine or "",
                        port=spec.port, rpc=sp.hw.rpc_endpoints(), extra=extra, accelerators=_accelerators(sp))
+
+
+def defaults_service_argv(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
+    """The service's engine with the model and no tuning flags (:func:`moetune.engine.render.defaults_argv`)."""
+    return defaults_argv(sp.spec.model, sp.spec.settings, service_dialect(sp, facts), port=sp.spec.port,
+                         rpc=sp.hw.rpc_endpoints())
 
 
 def _accelerators(sp: ServicePlan) -> list[tuple[str, bool]]:
@@ -147,10 +153,11 @@ def launch_spec(plan: Plan, engine: str, argvs: list[list[str]] | None = None) -
     return LaunchSpec(tuple(procs))
 
 
-def plan_json(plan: Plan, engine: str, binary: str = "llama-server", facts: Facts | None = None) -> dict[str, Any]:
+def plan_json(plan: Plan, engine: str, binary: str = "llama-server", facts: Facts | None = None,
+              argvs: list[list[str]] | None = None) -> dict[str, Any]:
     """The plan's document: verdict, ledgers, prediction, commands and what to launch (in the
     dialect of each service's engine build, from ``facts``)."""
-    argvs = [service_argv(sp, facts) for sp in plan.services]
+    argvs = argvs if argvs is not None else [service_argv(sp, facts) for sp in plan.services]
     main = plan.main
     return {
         "schema_version": PLAN_SCHEMA_VERSION,

@@ -16,7 +16,7 @@ from moetune.kinds import EngineKind
 from moetune.model.layer_regex import layers_regex
 from moetune.model.profile import ModelProfile
 from moetune.plan.placement import CPU, Placement
-from moetune.plan.settings import Settings
+from moetune.plan.settings import Settings, engine_repacks
 
 MAX_OVERRIDES = 4096  # llama.cpp's limit on tensor buffer overrides
 EXPERT_SUFFIX = {"ffn_gate_exps": "gate", "ffn_up_exps": "up", "ffn_down_exps": "down", "ffn_gate_up_exps": "gate_up"}
@@ -100,6 +100,32 @@ def ik_flags(p: ModelProfile, s: Settings, d: Dialect) -> list[str]:
     return argv + (list(d.merge_up_gate) if s.merge_up_gate else [])
 
 
+def repack_flags(s: Settings, d: Dialect) -> list[str]:
+    """Repacking's flag, only where the plan differs from the engine's default (mainline repacks
+    unless ``-nr``; ik_llama.cpp only with ``-rtr``): nothing when the plan follows the engine."""
+    if s.repack is None or s.repack == engine_repacks(d.kind):
+        return []
+    return list(d.repack if s.repack else d.no_repack)
+
+
+def defaults_argv(p: ModelProfile, s: Settings, d: Dialect, *, port: int = 8080, rpc: list[str] | None = None,
+                  model_path: str | None = None) -> list[str]:
+    """The engine run with the model and no tuning flags (tune's "engine defaults" baseline): the
+    model, the context, the devices (``--rpc``) and what the plan's own server needs to run: the
+    repacking it turns off (where the engine would crash with it), ik_llama.cpp's ``--jinja`` and
+    no log file, the address and the API key file. Placement, threads, batches, flash attention
+    and cache types are the engine's own."""
+    argv = ["-m", model_path or p.server_path, d.ctx, str(s.ctx)]
+    if rpc:
+        argv += [d.rpc, ",".join(rpc)]
+    if s.repack is False:
+        argv += repack_flags(s, d)
+    argv += [*d.jinja, *d.no_log_file, "--host", s.server.host, "--port", str(port)]
+    if s.server.api_key_file:
+        argv += ["--api-key-file", s.server.api_key_file]
+    return argv
+
+
 def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, engine: str = "",
                 port: int = 8080, rpc: list[str] | None = None, model_path: str | None = None,
                 extra: list[str] | None = None, accelerators: list[tuple[str, bool]] | None = None) -> list[str]:
@@ -132,7 +158,7 @@ def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, engi
         argv += [d.override, ",".join(str(r) for r in rules)]
     argv += ik_flags(p, s, d)
     argv += list(d.fit_off)
-    argv += list(d.repack if s.repack else d.no_repack)
+    argv += repack_flags(s, d)
     if not s.mmap:
         argv += list(d.no_mmap)
     argv += list(d.jinja)

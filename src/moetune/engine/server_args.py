@@ -45,7 +45,7 @@ _MANAGED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-amb", "--attention-max-batch"), "--amb"),
     (("-mla", "--mla-use"), "the plan (the MLA mode; tune's --try-mla)"),
     (("-fmoe", "--fused-moe", "-no-fmoe", "--no-fused-moe"), "the plan (tune's --try-fmoe)"),
-    (("-nr", "--no-repack", "-rtr", "--run-time-repack", "--repack"), "the plan (tune's --try-repack)"),
+    (("-nr", "--no-repack", "-rtr", "--run-time-repack", "--repack"), "--repack on|off (tune's --try-repack)"),
     (("--no-mmap", "--mmap", "-lm", "--load-mode"), "--no-mmap"),
     (("-kvu", "--kv-unified"), "the plan"),
     (("--swa-full",), "plan --swa-full"),

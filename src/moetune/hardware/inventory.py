@@ -75,6 +75,9 @@ class Node:
     ram_reserved_mib: float = 0.0
     allow_public_bind: bool = False
     rdma: bool = False  # the link to this node carries RDMA (RoCE) beside TCP
+    # the CPU's vector extensions the engine's repacked kernels test (plan.repack.ISA_WORDS: avx2,
+    # avx512, amx, dotprod, i8mm); None: not said (an x86 CPU with AVX2 is assumed)
+    cpu_isa: tuple[str, ...] | None = None
 
     @property
     def remote(self) -> bool:
@@ -215,7 +218,8 @@ def from_dict(doc: Any, source: str | None = None) -> Inventory:
         devs = tuple(Device(d.name, DeviceKind(d.kind), d.mem_mib, d.bw_gbs, n.name, d.link_gbs or DEFAULT_PCIE_GBS,
                             d.reserved_mib, d.tflops) for d in n.devices)
         nodes.append(Node(n.name, n.cpu.cores, n.cpu.ram_mib, n.cpu.ram_bw_gbs, devs, n.ssh, n.link_addr,
-                          n.rpc_port, n.link_gbs, n.bin_dir, n.cpu.reserved_mib, n.allow_public_bind, n.rdma))
+                          n.rpc_port, n.link_gbs, n.bin_dir, n.cpu.reserved_mib, n.allow_public_bind, n.rdma,
+                          None if n.cpu.isa is None else tuple(n.cpu.isa)))
     return Inventory(tuple(nodes), hw.name, source)
 
 
@@ -249,7 +253,7 @@ def load(path: str | Path) -> Inventory:
 
 # A file that validated once is kept, as the inventory it became, under the hash of its bytes: the
 # next plan reads it without YAML or pydantic (about 0.15 s of a 0.4 s plan on a 2-core machine).
-_CACHE_SALT = b"moetune-hardware-v2"  # v2: infinite amounts refused
+_CACHE_SALT = b"moetune-hardware-v3"  # v2: infinite amounts refused; v3: cpu isa
 
 
 def _read_cache(key: str) -> Inventory | None:
@@ -261,7 +265,9 @@ def _read_cache(key: str) -> Inventory | None:
     try:
         doc = json.loads(data)
         nodes = tuple(Node(**{**n, "devices": tuple(Device(**{**d, "kind": DeviceKind(d["kind"])})
-                                                       for d in n["devices"])}) for n in doc["nodes"])
+                                                       for d in n["devices"]),
+                               "cpu_isa": None if n.get("cpu_isa") is None else tuple(n["cpu_isa"])})
+                      for n in doc["nodes"])
         return Inventory(nodes, doc.get("name"))
     except (ValueError, KeyError, TypeError):  # written by another version
         return None
@@ -284,6 +290,8 @@ def to_dict(inv: Inventory) -> dict[str, Any]:
                                                         "ram_bw_gbs": n.ram_bw_gbs}}
         if n.ram_reserved_mib:
             node["cpu"]["reserved_mib"] = n.ram_reserved_mib
+        if n.cpu_isa is not None:
+            node["cpu"]["isa"] = list(n.cpu_isa)
         node["devices"] = [{k: v for k, v in (("name", d.name), ("kind", str(d.kind)), ("mem_mib", d.mem_mib),
                                                ("bw_gbs", d.bw_gbs), ("link_gbs", d.link_gbs),
                                                ("reserved_mib", d.reserved_mib), ("tflops", d.tflops)) if v}

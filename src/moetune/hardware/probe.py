@@ -116,10 +116,25 @@ def parse_gpus(text: str, ram_mib: float) -> ProbedGpus:
     return ProbedGpus(tuple(devs), n_unified > 0, tuple(notes))
 
 
-def local_node(gpus: ProbedGpus, ram_mib: float, cores: int, ram_bw_gbs: float) -> Node:
+def local_node(gpus: ProbedGpus, ram_mib: float, cores: int, ram_bw_gbs: float,
+               cpu_isa: tuple[str, ...] | None = None) -> Node:
     """This machine as a node: where a GPU shares the host's memory, the CPU keeps only its share."""
     cpu_ram = ram_mib * UNIFIED_CPU_SHARE if gpus.unified else ram_mib
-    return Node("local", cores, round(cpu_ram), ram_bw_gbs, gpus.devices)
+    return Node("local", cores, round(cpu_ram), ram_bw_gbs, gpus.devices, cpu_isa=cpu_isa)
+
+
+# /proc/cpuinfo's flags (x86 "flags", Arm "Features") -> the words of the hardware file's cpu.isa
+_ISA_FLAGS = (("avx2", ("avx2",)), ("avx512", ("avx512f",)), ("amx", ("amx_int8", "avx512_vnni")),
+              ("dotprod", ("asimddp",)), ("i8mm", ("i8mm",)))
+
+
+def parse_isa(cpuinfo: str) -> tuple[str, ...] | None:
+    """The vector extensions the engine's repacked kernels use, from /proc/cpuinfo (None: no flags line)."""
+    line = next((x for x in cpuinfo.splitlines() if x.split(":")[0].strip() in ("flags", "Features")), None)
+    if line is None:
+        return None
+    flags = set(line.split(":", 1)[1].split())
+    return tuple(word for word, need in _ISA_FLAGS if all(f in flags for f in need))
 
 
 def _cores() -> int:
@@ -182,4 +197,8 @@ def probe(measure: bool = True, notes: list[str] | None = None) -> Inventory:
         notes += [failed] if failed else []
         notes += gpus.notes
     bw = measure_ram_bw_gbs() if measure else 20.0 * _cores()
-    return Inventory((local_node(gpus, ram, _cores(), bw),), name=os.uname().nodename)
+    try:
+        isa = parse_isa(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        isa = None
+    return Inventory((local_node(gpus, ram, _cores(), bw, isa),), name=os.uname().nodename)

@@ -32,6 +32,8 @@ class CpuIn(BaseModel):
     ram_bw_gbs: float = Field(gt=0)
     reserved_mib: float = Field(default=0, ge=0)  # left for the OS and other programs
     name: str | None = None
+    # vector extensions the engine's repacked kernels use (plan.repack); absent: AVX2 assumed
+    isa: list[Literal["avx2", "avx512", "amx", "dotprod", "i8mm"]] | None = None
 
 
 class NodeIn(BaseModel):

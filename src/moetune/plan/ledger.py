@@ -18,11 +18,10 @@ from moetune.plan import graph_split
 from moetune.plan.compute import ComputeInputs, DeviceRole, compute_bytes, reserve_bytes
 from moetune.plan.graph import Sites
 from moetune.plan.placement import CPU, Placement, tensor_device
+from moetune.plan.repack import Repacked, in_place, repacked
 from moetune.plan.settings import Settings
 
 MIB = 1 << 20
-# Types llama.cpp's CPU backend repacks into interleaved layouts (the CPU_REPACK extra buffer).
-REPACKABLE = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "Q8_0", "MXFP4", "IQ4_XS", "Q2_K", "Q6_K"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,36 +151,38 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
     weights: dict[str, int] = defaultdict(int)
     on: dict[str, list[str]] = defaultdict(list)
     spans: dict[int, list[int]] = {}
-    repack = 0
+    tensors = loaded(p, s)
+    rp = repack_buffers(tensors, hw, pl, s, experts)
     share = graph_split.shares(hw) if s.split_mode == "graph" else {}
     split: dict[str, float] = defaultdict(float)  # graph split: each GPU's part of the CUDA_Split buffer
-    for t in loaded(p, s):
+    for t in tensors:
         d = tensor_device(t, pl, experts)
         on[d].append(t.name)
         if graph_split.is_split(t, d, pl.layer_device, p.n_layer, share):
             for g, b in graph_split.parts(t, share).items():
                 split[g] += b
             continue
+        if t.name in rp.names:  # moved into the repack buffer: neither mapped nor loaded as it is
+            continue
         weights[d] += t.nbytes
         if d == CPU:
             lo, hi = spans.get(t.file_index, [t.offset, t.offset + t.nbytes])
             spans[t.file_index] = [min(lo, t.offset), max(hi, t.offset + t.nbytes)]
-            if s.repack and t.type_name in REPACKABLE and len(t.shape) >= 2:
-                repack += t.nbytes
     items: dict[str, list[Item]] = defaultdict(list)
     for acc in hw.accelerators():
         if acc.kind == DeviceKind.GPU:
             items[acc.name].append(Item("overhead", s.gpu_overhead_mib, service))
+    mmap = s.mmap and not in_place(s.engine, s.repacks)  # ik's -rtr reads the weights instead of mapping them
     for dev, nbytes in weights.items():
         label = "weights"
         if dev == CPU:
-            label = "weights (pinned)" if has_gpu and (s.engine == EngineKind.IK or not s.mmap) else "weights"
+            label = "weights (pinned)" if has_gpu and (s.engine == EngineKind.IK or not mmap) else "weights"
         items[dev].append(Item(label, nbytes / MIB, service))
     for dev, nbytes_f in split.items():
         items[dev].append(Item("weights (split)", nbytes_f / MIB, service,
                                note=f"{share[dev]:.0%} of each offloaded layer (-sm graph), norms and routers whole"))
-    if repack:
-        items[CPU].append(Item("repack", repack / MIB, service))
+    if rp.nbytes:
+        items[CPU].append(Item("repack", rp.nbytes / MIB, service))
     # KV cache and recurrent state follow their layer
     kv: KVShape = kv_shape(p, s.engine)
     cells, cells_swa = kv_cells(s), swa_cells(s, kv.n_swa)
@@ -218,7 +219,7 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
     items[CPU].append(Item("output", p.n_vocab * 4 * s.slots / MIB, service))
     if ckpt := checkpoints_item(kv, s, service):
         items[CPU].append(ckpt)
-    mapped = {} if not s.mmap else {str(p.files[i]): (hi - lo) / MIB for i, (lo, hi) in spans.items()}
+    mapped = {} if not mmap else {str(p.files[i]): (hi - lo) / MIB for i, (lo, hi) in spans.items()}
     return ServiceMemory(service, dict(items), mapped, cells, dict(on), projected,
                          cells_swa if kv.n_swa else 0)
 
@@ -235,6 +236,15 @@ def checkpoints_item(kv: KVShape, s: Settings, service: str = "") -> Item | None
     return Item("checkpoints", s.slots * n * each / MIB, service,
                 note=f"{s.slots} slot(s) x up to {n} x {each / MIB:.3f} MiB: host RAM the server takes as prompts "
                      "are processed, not at load (--ctx-checkpoints)")
+
+
+def repack_buffers(tensors: list[Tensor], hw: Inventory, pl: Placement, s: Settings,
+                   experts: dict[str, str]) -> Repacked:
+    """The CPU-resident weights mainline moves into its repack buffers (AMX, CPU_REPACK) where the
+    plan repacks (:mod:`moetune.plan.repack`): the ledger's ``repack`` line, beside the mapped file."""
+    cpu = [t for t in tensors if tensor_device(t, pl, experts) == CPU]
+    return repacked(cpu, engine=s.engine, repack=s.repacks, isa=hw.local.cpu_isa,
+                    local_gpu=any(d.kind == DeviceKind.GPU for d in hw.local.devices))
 
 
 def mainline_compute(p: ModelProfile, hw: Inventory, pl: Placement, inp: ComputeInputs) -> dict[str, int]:

@@ -52,6 +52,20 @@ class ServerOptions:
         return not is_loopback(self.host)
 
 
+def engine_repacks(engine: str) -> bool:
+    """The engine's default with no repacking flag: mainline llama.cpp repacks (``--no-repack``/``-nr``
+    turns it off; common/arg.cpp), ik_llama.cpp does not (``-rtr`` turns it on)."""
+    return engine == EngineKind.MAINLINE
+
+
+REPACK_CHOICES = {"auto": None, "on": True, "off": False}  # plan --repack
+
+
+def repack_word(repack: bool | None) -> str:
+    """``--repack``'s word for a setting (None: auto, the engine's default)."""
+    return next(k for k, v in REPACK_CHOICES.items() if v is repack)
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     ctx: int = 4096  # total context (-c), shared by the slots
@@ -63,7 +77,9 @@ class Settings:
     flash_attn: bool = True
     engine: EngineKind = EngineKind.MAINLINE
     mmap: bool = True
-    repack: bool = False  # CPU weight repacking (extra CPU_REPACK buffer); off by default on this project
+    # CPU weight repacking: None follows the engine (mainline repacks CPU-resident weights into its
+    # CPU_REPACK/AMX buffers unless -nr; ik_llama.cpp repacks in place only with -rtr); True/False say it
+    repack: bool | None = None
     mtp: bool = False  # load NextN/MTP blocks (speculative drafting)
     kv_unified: bool = False
     swa_full: bool = False  # --swa-full: sliding-window layers get a cache of the whole context
@@ -86,6 +102,12 @@ class Settings:
     def checkpoints_per_slot(self) -> int:
         """Context checkpoints each slot may keep (``--ctx-checkpoints``, else the engines' default)."""
         return ENGINE_CTX_CHECKPOINTS if self.ctx_checkpoints is None else self.ctx_checkpoints
+
+    @property
+    def repacks(self) -> bool:
+        """Whether the engine repacks CPU-resident weights under these settings: the option where it
+        is given, else the engine's own default (:func:`engine_repacks`)."""
+        return engine_repacks(self.engine) if self.repack is None else self.repack
 
     def validate(self) -> None:
         if self.engine not in (EngineKind.MAINLINE, EngineKind.IK):

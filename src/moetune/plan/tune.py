@@ -72,14 +72,17 @@ class Candidate:
         return " ".join(parts)
 
     def settings(self, base: Settings) -> Settings:
+        """The base's settings with this candidate's options (repacking stays the base's own word,
+        auto included, where it agrees)."""
+        repack = base.repack if self.repack == base.repacks else self.repack
         return replace(base, threads=self.threads, ubatch=self.ubatch, batch=max(self.batch, self.ubatch),
-                       flash_attn=self.flash_attn, ctk=self.ctk, ctv=self.ctv, repack=self.repack,
+                       flash_attn=self.flash_attn, ctk=self.ctk, ctv=self.ctv, repack=repack,
                        amb_mib=self.amb_mib, mla=self.mla, fused_moe=self.fused_moe,
                        merge_up_gate=self.merge_up_gate)
 
     @classmethod
     def of(cls, strategy: str, s: Settings) -> Candidate:
-        return cls(strategy, s.threads, s.ubatch, s.batch, s.flash_attn, s.ctk, s.ctv, s.repack, s.amb_mib, s.mla,
+        return cls(strategy, s.threads, s.ubatch, s.batch, s.flash_attn, s.ctk, s.ctv, s.repacks, s.amb_mib, s.mla,
                    s.fused_moe, s.merge_up_gate)
 
 
@@ -167,7 +170,7 @@ def default_axes(base: Settings, strategy: str, cores: int, moe_layers: int, acc
     ubs = [base.ubatch, max(32, base.ubatch // 4), base.ubatch * 4]
     caches = [(base.ctk, base.ctv)] + ([("q8_0", "q8_0")] if (base.ctk, base.ctv) == ("f16", "f16") else [])
     return Axes(tuple(dict.fromkeys(strategies)), tuple(dict.fromkeys(threads)), tuple(dict.fromkeys(ubs)),
-                (base.flash_attn, not base.flash_attn), tuple(dict.fromkeys(caches)), (base.repack, not base.repack),
+                (base.flash_attn, not base.flash_attn), tuple(dict.fromkeys(caches)), (base.repacks, not base.repacks),
                 (base.amb_mib, AMB_TRY_MIB if base.amb_mib == 0 else 0) if engine.amb else (base.amb_mib,),
                 (base.mla, 2 if base.mla == 3 else 3) if engine.mla else (base.mla,),
                 (base.fused_moe, not base.fused_moe) if engine.fused_moe else (base.fused_moe,),

@@ -39,6 +39,10 @@ EXITED_DURING_LOAD = "exited_during_load"
 EXITED = "exited"
 NOT_HEALTHY = "not_healthy"
 SSH_FAILED = "ssh_failed"
+REPACK_CRASH = "repack_crash"
+REPACK_BUFFERS = ("CPU_REPACK", "AMX")  # mainline's extra CPU buffers of repacked weights
+CRASH_CODES = (139, -11)  # SIGSEGV: a shell's 128 + 11, a Popen's -11
+SCHED_ASSERT = "cur_backend_id != -1"  # the scheduler's assert with repacked F16 weights (DESIGN.md section 5)
 
 HOST_DEVICES = ("CPU", "Host")  # memory moetune cannot move experts off (only to)
 MIN_UBATCH = 32  # below this the GPU no longer takes over CPU-resident expert matmuls for prefill
@@ -160,6 +164,38 @@ _PLAIN_FAILURES = (
 )
 
 
+def repack_evidence(log: ServerLog) -> list[int]:
+    """The lines that say the server put weights in a repack buffer (none: it repacked nothing)."""
+    return [b.line for b in log.buffers if b.kind == "model" and b.device in REPACK_BUFFERS]
+
+
+def crashed_repacking(log: ServerLog, exit_code: int | None, *, loading: bool) -> bool:
+    """The engine died at load with repacked weights: a segmentation fault (or the scheduler's
+    assert) after logging a repack buffer, and no other failure that says why. ``exit_code`` None
+    (a log file alone): the log just ends while loading, after the repack buffer."""
+    if not loading or not repack_evidence(log) or log.alloc_failures:
+        return False
+    others = [f for f in log.failures if not (f.kind == ABORTED and SCHED_ASSERT in (f.subject or ""))]
+    if others:
+        return False
+    if any(f.kind == ABORTED for f in log.failures):
+        return True
+    return exit_code in CRASH_CODES if exit_code is not None else not log.errors
+
+
+def repack_crash(name: str, log: ServerLog, exit_code: int | None) -> Diagnosis:
+    code = "" if exit_code is None else f" (exit {exit_code}{', a segmentation fault' if exit_code in CRASH_CODES else ''})"
+    lines = repack_evidence(log)
+    aborted = [f.line for f in log.failures if f.kind == ABORTED]
+    return Diagnosis(REPACK_CRASH, name,
+                     f"{name}: the engine crashed at load with repacked CPU weights{code}: its CPU's repacking "
+                     f"(the {'/'.join(sorted({b.device for b in log.buffers if b.line in lines}))} buffer) fails "
+                     "on this machine",
+                     "plan with --repack off (mainline's -nr; MOETUNE_REPACK=off for every plan): the weights stay "
+                     "in the mapped file, at some CPU speed",
+                     _ev(log, [*lines, *aborted, len(log.lines)]))
+
+
 def server_exit(name: str, log: ServerLog, exit_code: int | None, *, loading: bool,
                 layers: Sequence[LayerExperts] = (), uniform: tuple[float, int] | None = None,
                 n_ubatch: int | None = None) -> Diagnosis:
@@ -195,6 +231,8 @@ def server_exit(name: str, log: ServerLog, exit_code: int | None, *, loading: bo
                     "an RPC device's exists only once --rpc comes before the -ot that names it")
         return Diagnosis(BAD_ARGS, name, f"{name}: the engine rejected an argument: {f.subject}", hint,
                          _ev(log, [f.line]))
+    if crashed_repacking(log, exit_code, loading=loading):
+        return repack_crash(name, log, exit_code)
     last = [e.line for e in log.errors][-4:]
     if ABORTED in kinds:
         last = [kinds[ABORTED].line, *last]

@@ -14,6 +14,7 @@ Each finding has a one-line title with the numbers, a remedy, and the log lines 
 - thinking_dominant   reasoning tokens are most of the output (from response captures)
 - pinned_near_ram     pinned host memory close to the machine's RAM
 - load_failed         the log ends in a failed load (the launch diagnosis)
+- repack_crash        the engine crashed at load with repacked CPU weights (remedy: --repack off)
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Source:
     response_lines: tuple[str, ...] = ()
     env: Mapping[str, str] | None = None  # the process's environment, when read from a run
     ram_mib: float | None = None  # the machine's RAM, when the run recorded it
+    exit_code: int | None = None  # how the process ended, when the run recorded it
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +99,13 @@ def examine(sources: Sequence[Source], *, ram_mib: float | None = None) -> list[
 
 def _server(s: Source, log: ServerLog, ram_mib: float | None) -> list[Finding]:
     out = []
-    if log.failed:
-        d = diagnose.server_exit(s.name.rsplit("/", 1)[-1], log, None, loading=log.phase != "ready")
+    loading = log.phase != "ready"
+    if diagnose.crashed_repacking(log, s.exit_code, loading=loading):
+        d = diagnose.repack_crash(s.name.rsplit("/", 1)[-1], log, s.exit_code)
+        out.append(Finding(diagnose.REPACK_CRASH, s.name, d.message, d.hint, d.evidence[:MAX_EVIDENCE],
+                           {"cause": d.cause, "exit_code": s.exit_code}))
+    elif log.failed:
+        d = diagnose.server_exit(s.name.rsplit("/", 1)[-1], log, s.exit_code, loading=loading)
         out.append(Finding("load_failed", s.name, d.message, d.hint, d.evidence[:MAX_EVIDENCE], {"cause": d.cause}))
     for f in log.failures:
         if f.kind == TEMPLATE_UNSUPPORTED:

@@ -78,7 +78,7 @@ def run_sources(rd: RunDir) -> list[Source]:
         path = rd.log_path(r.name)
         if path.exists():
             src = file_source(path, env={**r.env_inherited, **r.env}, ram_mib=ram)
-            out.append(replace(src, name=f"{rd.run_id}/{r.name}"))
+            out.append(replace(src, name=f"{rd.run_id}/{r.name}", exit_code=r.exit_code))
     return out
 
 

@@ -81,7 +81,7 @@ def ledger_figures(sp: ServicePlan, dry_run: bool = False) -> list[Figures]:
         compute = items.get("compute", 0.0)
         if dry_run and sp.memory.dry_run_compute_mib:
             compute = sp.memory.dry_run_compute_mib.get(d.name, 0.0)
-        weights = items.get("weights", 0.0) + items.get("weights (split)", 0.0)  # -sm graph: the GPU's part too
+        weights = items.get("weights", 0.0) + items.get("weights (split)", 0.0) + items.get("repack", 0.0)
         out.append(Figures(d.name, weights, items.get("kv", 0.0) + items.get("output", 0.0), compute))
     return out
 
@@ -204,7 +204,8 @@ def doc_subjects(doc: dict[str, Any]) -> list[Subject]:
             items: dict[str, float] = {}
             for i in (sj.get("devices") or {}).get(dev, []):
                 items[i["what"]] = items.get(i["what"], 0.0) + float(i["mib"])
-            figs.append(Figures(dev, items.get("weights", 0.0) + items.get("weights (split)", 0.0),
+            figs.append(Figures(dev, items.get("weights", 0.0) + items.get("weights (split)", 0.0)
+                                + items.get("repack", 0.0),
                                 items.get("kv", 0.0) + items.get("output", 0.0),
                                 float(dry.get(dev, 0.0)) if dry else items.get("compute", 0.0)))
         out.append(Subject(sj["name"], tuple(figs), names, list(sj.get("argv") or []), engines.get(sj["name"]),

@@ -10,7 +10,9 @@ measurement the speed constants are refitted to every measurement of this search
 the stored calibration for this hardware, if any), and the search's belief is corrected by what
 the model still misses (:mod:`moetune.plan.tune`). The winner must beat the baseline by the
 comparison rule of `compare` (CI of the ratio of medians excludes 1, change at least 3%); when
-none does, the baseline stays.
+none does, the baseline stays. Beside the baseline the engine with no tuning flags is measured once
+(:mod:`moetune.tune.defaults`), and with ``--objective tg`` a candidate that loses more than
+``--max-pp-loss`` of either baseline's PP cannot win.
 
 With ``--objective goodput`` each candidate is planned with one slot per stream and measured by
 serve-bench at the search's concurrency (:mod:`moetune.tune.goodput`: the samples are completion
@@ -54,6 +56,7 @@ from moetune.plan.speed import SpeedConstants, Work, decode_seconds, prefill_tok
 from moetune.planfiles import document, model_path, read_inputs, routing_for
 from moetune.store import calibrations
 from moetune.store.db import ResultsDB
+from moetune.tune import defaults as dflt
 from moetune.tune import goodput as gp
 from moetune.tune.engine_axes import check_engine_axes, engine_options
 from moetune.tune.history import calibrate_and_save, gather, placements
@@ -83,6 +86,7 @@ class TuneRequest:
     routing: Path | None = None  # an imatrix GGUF: the model's measured expert routing
     transport: str = "tcp"  # the baseline's RPC transport (``--transport``; the axis: axes["transports"])
     rdma_dev: str | None = None
+    max_pp_loss: float = dflt.MAX_PP_LOSS  # --objective tg: the share of the baselines' PP a winner may lose
 
 
 @dataclass
@@ -119,6 +123,10 @@ class TuneResult:
     workload: Workload
     serve: ServeLoad | None = None
     goodputs: dict[int, gp.Goodput] = field(default_factory=dict)  # measured, with --objective goodput
+    defaults: dflt.Defaults | None = None  # the engine-defaults baseline (single-stream objectives)
+    rates: dict[int, dflt.Rates] = field(default_factory=dict)  # measured TG and PP, per entry
+    defaults_rates: dflt.Rates = field(default_factory=dflt.Rates)
+    max_pp_loss: float = dflt.MAX_PP_LOSS
 
     def plan_path(self, i: int) -> Path:
         return self.plan_dir / f"{_slug(self.entries[i].candidate.label)}.json"
@@ -249,6 +257,7 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     for label, why in failed.items():
         if label in by_label:
             entries[by_label[label]].failed = why
+    defaults = _defaults(db, req, entries[0], tid, failed)
     values: dict[int, list[float]] = {}
     summaries: dict[int, dict[str, Any]] = {}
     goodputs: dict[int, gp.Goodput] = {}
@@ -276,6 +285,8 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     launches = sum(1 for e in entries if e.run is not None or e.failed is not None)
     stopped = "budget spent"
     while True:
+        if defaults is not None and defaults.pending and entries[0].run is not None:  # beside the baseline
+            _launch_defaults(db, req, defaults, plan_dir, tid, spec, failed, status, progress_for, on_snapshot)
         if launches >= req.budget:
             break
         open_ = [i for i, e in enumerate(entries) if e.fits and e.run is None and e.failed is None]
@@ -327,13 +338,56 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
         measured(nxt)
         k = refit()
     view = _view(entries, k, req, feats, values, goodputs)
-    judged, best = verdicts(entries, values, None if view is None else view.expect)
+    rates = {i: dflt.rates(db, e.run, req.workload) for i, e in enumerate(entries) if e.run is not None}
+    d_rates = dflt.rates(db, defaults.run if defaults else None, req.workload)
+    rejected = _pp_rejections(req, rates, d_rates)
+    judged, best = verdicts(entries, values, None if view is None else view.expect, rejected)
     result = TuneResult(tid, req.objective, entries, 0, best, launches, stopped, k, values, summaries, judged,
-                        plan_dir, req.workload, req.serve, goodputs)
+                        plan_dir, req.workload, req.serve, goodputs, defaults, rates, d_rates, req.max_pp_loss)
     if best is not None and not result.plan_path(best).exists():
         result.plan_path(best).write_text(json.dumps(entries[best].doc, indent=2))
     _save_calibration(db, calibrations.plan_key(entries[0].doc))
     return result
+
+
+def _defaults(db: ResultsDB, req: TuneRequest, baseline: Entry, tid: str,
+              failed: dict[str, str]) -> dflt.Defaults | None:
+    """The engine-defaults baseline of a single-stream search (resumed: its run, or why it failed)."""
+    if req.serve is not None:
+        return None
+    d = dflt.Defaults(dflt.defaults_doc(baseline.plan, baseline.plan.main.spec.engine or req.engine or "", req.model))
+    d.run = next((r.id for r in db.runs(sweep_id=tid) if r.label == dflt.LABEL and r.status == RunStatus.DONE), None)
+    d.failed = failed.get(dflt.LABEL) if d.run is None else None
+    return d
+
+
+def _launch_defaults(db: ResultsDB, req: TuneRequest, d: dflt.Defaults, plan_dir: Path, tid: str,
+                     spec: dict[str, Any], failed: dict[str, str], status: Status,
+                     progress_for: Callable[[str], Progress | None] | None,
+                     on_snapshot: Callable[[Snapshot], None] | None) -> None:
+    """Measure the engine with the model and no tuning flags, as every candidate is measured; not a
+    launch of the budget."""
+    path = plan_dir / "engine_defaults.json"
+    path.write_text(json.dumps(d.doc, indent=2))
+    status(f"engine defaults: {' '.join(d.argv)}")
+    try:
+        d.run = bench_target(db, plan_target(path), [req.workload], req.options, label=dflt.LABEL, sweep_id=tid,
+                             launch_timeout_s=req.launch_timeout_s, status=status, progress_for=progress_for,
+                             on_snapshot=on_snapshot)
+    except MoetuneError as err:
+        d.failed = failed[dflt.LABEL] = str(err)
+        db.update_sweep(tid, {**spec, "failed": failed})
+        status(f"{dflt.LABEL}: failed: {str(err).splitlines()[0]}")
+
+
+def _pp_rejections(req: TuneRequest, rates: dict[int, dflt.Rates], d_rates: dflt.Rates) -> dict[int, str]:
+    """--objective tg: the candidates that lose more than --max-pp-loss of a baseline's PP."""
+    if req.objective != "tg":
+        return {}
+    refs = {name: pp for name, pp in (("baseline", rates[0].median("pp") if 0 in rates else None),
+                                      (dflt.LABEL, d_rates.median("pp"))) if pp}
+    pps = {i: pp for i, r in rates.items() if i != 0 and (pp := r.median("pp")) is not None}
+    return dflt.pp_rejections(pps, refs, req.max_pp_loss)
 
 
 def _bench_values(samples: list[dict[str, Any]], req: TuneRequest) -> list[float]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from moetune.bench.analysis.stats import summarize
 from moetune.plan.serving import predict_serving
+from moetune.tune import defaults as dflt
 from moetune.tune.loop import TuneResult, predicted_rates
 
 ROWS_NOT_LAUNCHED = 5  # the table shows the launched candidates and this many of the rest
@@ -75,9 +76,36 @@ def result_json(r: TuneResult) -> dict[str, Any]:
                       "fits": e.fits, "predicted": _predicted(r, i), "measured": _measured(r, i),
                       "verdict": r.verdicts.get(i, "")})
     return {"tune": r.tune_id, "objective": r.objective, "launches": r.launches, "stopped": r.stopped,
+            "workload": None if r.serve else _workload(r),
             "serve": r.serve.to_json() if r.serve else None,
             "baseline": _head(r, r.baseline), "best": None if r.best is None else _head(r, r.best), "candidates": cands,
+            "engine_defaults": _defaults(r), "max_pp_loss": r.max_pp_loss if r.objective == "tg" else None,
             "constants": asdict(r.constants)}
+
+
+def _workload(r: TuneResult) -> dict[str, Any]:
+    """What the single-stream objective measured: the depth, the prompt and the output lengths."""
+    w = r.workload
+    return {"name": w.name, "depth": w.depth, "pp_tokens": w.pp_tokens, "tg_tokens": w.max_tokens,
+            "text": dflt.workload_text(w)}
+
+
+def _rate_ci(v: tuple[float, ...]) -> dict[str, Any] | None:
+    if not v:
+        return None
+    s = summarize(list(v))
+    return {"median": s.median, "ci_low": s.ci_low, "ci_high": s.ci_high}
+
+
+def _defaults(r: TuneResult) -> dict[str, Any] | None:
+    """The engine-defaults baseline: its command, what it measured, and the winner against it."""
+    d = r.defaults
+    if d is None:
+        return None
+    best = r.rates.get(r.best) if r.best is not None else None
+    return {"label": dflt.LABEL, "argv": d.argv, "run": d.run, "failed": d.failed,
+            "tg_tok_s": _rate_ci(r.defaults_rates.tg), "pp_tok_s": _rate_ci(r.defaults_rates.pp),
+            "best_vs_defaults": dflt.versus(r.defaults_rates, best) if best and d.run is not None else None}
 
 
 def _cell(stat: dict[str, Any] | None) -> str:
@@ -98,7 +126,8 @@ def result_table(r: TuneResult) -> Any:
     from moetune.report.compare_view import fmt
 
     doc = result_json(r)
-    t = Table(title=f"tune {r.tune_id}: objective {r.objective}", title_justify="left")
+    wl = f" ({dflt.workload_text(r.workload)})" if r.serve is None else ""
+    t = Table(title=f"tune {r.tune_id}: objective {r.objective}{wl}", title_justify="left")
     key = {"tg": "tg_tok_s", "pp": "pp_tok_s", "ttft": "tg_tok_s", "goodput": "goodput_req_s"}[r.objective]
     launched = [c for c in doc["candidates"] if c["launched"]]
     rest = sorted((c for c in doc["candidates"] if not c["launched"] and c["fits"]),
@@ -121,4 +150,20 @@ def result_table(r: TuneResult) -> Any:
         m = c["measured"] or {}
         t.add_row(c["label"], fmt(c["predicted"]["tg_tok_s"]), fmt(c["predicted"]["pp_tok_s"]),
                   _cell(m.get("tg_tok_s")), _cell(m.get("pp_tok_s")), c["verdict"])
+    d = doc["engine_defaults"]
+    if d is not None:
+        t.add_row(dflt.LABEL, "", "", _cell(d["tg_tok_s"]), _cell(d["pp_tok_s"]),
+                  "failed: " + d["failed"].splitlines()[0] if d["failed"] else "the engine with no tuning flags")
     return t
+
+
+def defaults_lines(doc: dict[str, Any]) -> list[str]:
+    """The winner against the engine's defaults, TG and PP, as lines to print."""
+    d = doc.get("engine_defaults")
+    if not d or not d.get("best_vs_defaults"):
+        return []
+    out = [f"engine defaults: {' '.join(d['argv'])}"]
+    for what, v in d["best_vs_defaults"].items():
+        if v:
+            out.append(f"  best vs engine defaults, {what.upper()}: {v['text'].replace('baseline', 'engine defaults')}")
+    return out

@@ -71,12 +71,13 @@ def _ratio_ci(base: list[float], other: list[float], n_boot: int = DEFAULT_N_BOO
 
 
 def verdicts(entries: Sequence[Judged], values: dict[int, list[float]],
-              expect: np.ndarray | None) -> tuple[dict[int, str], int | None]:
+              expect: np.ndarray | None, rejected: dict[int, str] | None = None) -> tuple[dict[int, str], int | None]:
     """Each candidate's verdict, and the best: of the measured candidates that beat the baseline (the
     rule of `compare`), the one the search believes fastest (its measurement pooled with its
     neighbours': one lucky launch does not win), else the baseline; with no baseline measured (it
     failed), the one believed fastest of those measured; None when nothing was measured (a baseline
-    that failed is never the best)."""
+    that failed is never the best). ``rejected``: candidates that may not win, each with its reason
+    (a TG winner that gives up more PP than --max-pp-loss), said in place of a win."""
     out: dict[int, str] = {}
     base = values.get(0) or []
     winners = []
@@ -90,12 +91,16 @@ def verdicts(entries: Sequence[Judged], values: dict[int, list[float]],
             out[i] = "not launched"
         elif i == 0:
             out[i] = "baseline"
+        elif not base and rejected and i in rejected:
+            out[i] = rejected[i]
         elif not base:
             out[i] = "measured"
             winners.append((float(expect[i]) if expect is not None else statistics.median(values[i]), i))
         else:
             verdict, out[i] = compare(base, values[i])
-            if verdict == FASTER:
+            if rejected and i in rejected:
+                out[i] = f"{rejected[i]}; {out[i]}"
+            elif verdict == FASTER:
                 winners.append((float(expect[i]) if expect is not None else statistics.median(values[i]), i))
     best = max(winners)[1] if winners else 0 if base else None
     if best:

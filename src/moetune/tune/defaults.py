@@ -1,0 +1,105 @@
+"""tune's second baseline: the engine run with the model and no tuning flags ("engine defaults"),
+measured with the same workload as every candidate, and the winner judged against it (TG and PP);
+and the guard of ``--objective tg``: a candidate that loses more than ``--max-pp-loss`` of the
+baselines' prefill speed cannot win.
+
+The engine-defaults run is stored under the tune's id like a candidate, but its plan document
+carries no prediction (its placement is the engine's, not the plan's), so no calibration reads it.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from moetune.bench.analysis.single import bench_metrics
+from moetune.bench.single.workloads import Workload
+from moetune.engine.command import defaults_service_argv
+from moetune.plan.plan import Plan
+from moetune.planfiles import document
+from moetune.store.db import ResultsDB
+from moetune.tune.verdict import compare
+
+LABEL = "engine defaults"
+MAX_PP_LOSS = 0.10  # --max-pp-loss's default: the share of the baselines' PP a TG winner may give up
+
+
+@dataclass
+class Defaults:
+    """The engine-defaults baseline: its document, its run (or why it failed)."""
+
+    doc: dict[str, Any]
+    run: int | None = None
+    failed: str | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.run is None and self.failed is None
+
+    @property
+    def argv(self) -> list[str]:
+        return list(self.doc["argv"])
+
+
+def defaults_doc(plan: Plan, engine: str, model: str) -> dict[str, Any]:
+    """The baseline plan's document with the engine's no-flag command in place of the plan's."""
+    doc = document(plan, engine, None, [model], argvs=[defaults_service_argv(sp) for sp in plan.services])
+    doc = copy.deepcopy(doc)
+    doc["label"] = LABEL
+    doc["engine_defaults"] = True
+    for sj in doc["services"]:
+        sj["predicted"] = None  # the engine places the weights itself: the plan's prediction is not its
+    return doc
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """A run's measured TG and PP samples (tokens/s) for the tune's workload."""
+
+    tg: tuple[float, ...] = ()
+    pp: tuple[float, ...] = ()
+
+    def median(self, what: str) -> float | None:
+        v = self.tg if what == "tg" else self.pp
+        return statistics.median(v) if v else None
+
+
+def rates(db: ResultsDB, run: int | None, w: Workload) -> Rates:
+    if run is None:
+        return Rates()
+    ms = bench_metrics(db.samples(run))
+    tg, pp = ms.get(f"tg:{w.name}"), ms.get(f"pp:{w.name}")
+    return Rates(tuple(tg.values) if tg else (), tuple(pp.values) if pp else ())
+
+
+def versus(base: Rates, other: Rates) -> dict[str, Any]:
+    """``other`` against ``base``, TG and PP, by the rule of `compare`: ratio of medians and verdict."""
+    out: dict[str, Any] = {}
+    for what in ("tg", "pp"):
+        a, b = (base.tg, other.tg) if what == "tg" else (base.pp, other.pp)
+        if len(a) < 2 or len(b) < 2:
+            out[what] = None
+            continue
+        verdict, text = compare(list(a), list(b))
+        out[what] = {"ratio": round(statistics.median(b) / statistics.median(a), 4), "verdict": verdict, "text": text}
+    return out
+
+
+def pp_rejections(pp_medians: dict[int, float], references: dict[str, float], max_loss: float) -> dict[int, str]:
+    """The candidates whose PP median lies more than ``max_loss`` below a baseline's (``references``:
+    name -> PP median), each with the reason (the first baseline it falls short of)."""
+    out: dict[int, str] = {}
+    for i, pp in pp_medians.items():
+        for name, ref in references.items():
+            if ref > 0 and pp < (1 - max_loss) * ref:
+                out[i] = (f"rejected: PP {pp:.4g} tok/s is {(1 - pp / ref) * 100:.0f}% below the {name}'s "
+                          f"{ref:.4g} (--max-pp-loss {max_loss * 100:g}%)")
+                break
+    return out
+
+
+def workload_text(w: Workload) -> str:
+    """What a single-stream objective measured, in words."""
+    return f"depth {w.depth}, prompt {w.pp_tokens} tokens, output {w.max_tokens} tokens"

@@ -1,0 +1,57 @@
+"""`moetune tune`'s second baseline on the testbed (tests/tune_testbed.py): the engine run with the
+model and no tuning flags, measured with the candidates' workload, the winner reported against it
+(TG and PP); the workload named in the result; and --max-pp-loss refusing a TG winner that gives
+up prefill."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moetune.store.db import ResultsDB
+from tests.engine_harness import free_port
+from tests.helpers import run_cli
+from tests.tune_testbed import make_testbed
+
+pytestmark = pytest.mark.server
+
+WORKLOAD = ["--depth", "0", "--pp-tokens", "128", "--tg-tokens", "32", "-r", "3", "--warmup", "1"]
+# the baseline (one thread, -ub 512) and one candidate the model expects to decode faster (two
+# threads) that prefills in small batches (-ub 32)
+TRY = ["--try-strategy", "cpu-moe", "--try-threads", "2", "--try-ubatch", "32", "--try-fa", "on",
+       "--try-cache", "f16/f16", "--try-repack", "off"]
+
+
+def test_tune_measures_the_engine_defaults_and_names_its_workload(bin_dir: Path, tmp_path: Path) -> None:
+    model, hw = make_testbed(tmp_path)
+    db = tmp_path / "t.db"
+    r = run_cli("tune", str(model), "--hw", str(hw), "--strategy", "cpu-moe", "-t", "1", *TRY, *WORKLOAD,
+                "--port", str(free_port()), "--budget", "2", "--db", str(db), "--max-pp-loss", "0", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["workload"] == {"name": "d0", "depth": 0, "pp_tokens": 128, "tg_tokens": 32,
+                               "text": "depth 0, prompt 128 tokens, output 32 tokens"}
+    d = doc["engine_defaults"]
+    argv = d["argv"][1:]
+    assert argv[0] == "-m" and argv[2:4] == ["-c", "4096"]
+    assert "-nr" in argv  # the suite's --repack off (MOETUNE_REPACK): what it needs to run on an AMX CPU
+    assert "--rpc" in argv and not {"-ot", "-t", "-ub", "-b", "-fa", "-ngl", "-ctk", "--parallel"} & set(argv)
+    assert d["run"] and d["tg_tok_s"]["median"] > 0 and d["pp_tok_s"]["median"] > 0
+    vs = d["best_vs_defaults"]
+    assert vs["tg"]["ratio"] > 0 and vs["pp"]["ratio"] > 0 and vs["tg"]["verdict"] in ("faster", "slower", "same")
+    assert doc["max_pp_loss"] == 0.0
+    with ResultsDB.open(db) as store:  # the defaults run carries no prediction: no calibration reads it
+        run = store.run(d["run"])
+        assert run.label == "engine defaults" and "predicted" not in dict(run.meta.details)
+        assert len(store.runs(sweep_id=doc["tune"])) == doc["launches"] + 1  # not one of the budget's
+    # --max-pp-loss 0: a candidate whose PP is below either baseline's cannot win, and says so
+    (cand,) = [c for c in doc["candidates"] if c["label"] != doc["baseline"]["label"]]
+    assert cand["launched"], doc["stopped"]
+    pp = cand["measured"]["pp_tok_s"]["median"]
+    refs = (doc["baseline"]["pp_tok_s"]["median"], d["pp_tok_s"]["median"])
+    lost = pp < max(refs)
+    assert cand["verdict"].startswith("rejected: PP ") == lost, (cand["verdict"], pp, refs)
+    if lost:
+        assert "--max-pp-loss 0%" in cand["verdict"] and doc["best"]["label"] == doc["baseline"]["label"]
