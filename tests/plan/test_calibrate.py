@@ -106,7 +106,10 @@ def test_calibrate_then_plan_uses_it(bin_dir: Path, tmp_path: Path) -> None:
         r = run_cli("bench", str(plan(ctx)), "--depth", f"0,{ctx // 2}", "-r", "2", "--warmup", "0",
                     "--tg-tokens", "16", "--pp-tokens", "64", "--json")
         assert r.exit_code == 0, r.stderr
-    r = run_cli("calibrate", "--json")
+    # --force: what is tested here is that plan uses a stored calibration; whether a noisy one is
+    # stored at all (the apply rule) is tests/test_contention.py's, and on a loaded machine two
+    # short benches can state an uncertainty past the built-in one
+    r = run_cli("calibrate", "--json", "--force")
     assert r.exit_code == 0, r.stderr
     cal = json.loads(r.stdout)
     assert cal["runs"] == 2 and cal["observations"] == 4 and cal["error"]["tg_median_abs_pct"] is not None
@@ -114,7 +117,7 @@ def test_calibrate_then_plan_uses_it(bin_dir: Path, tmp_path: Path) -> None:
     doc = json.loads(run_cli("plan", str(model), "--hw", str(hw), "--ctx", "8192", "--json").stdout)
     assert doc["speed_calibration"]["runs"] == 2
     assert doc["speed_constants"]["cpu_bw_eff"] == pytest.approx(cal["constants"]["cpu_bw_eff"])
-    assert "calibrated on 2 runs" in run_cli("plan", str(model), "--hw", str(hw)).stdout
+    assert "from 2 runs" in run_cli("plan", str(model), "--hw", str(hw)).stdout
 
 
 def test_a_host_on_one_thread_pays_a_wake_up_per_rpc_hop() -> None:
