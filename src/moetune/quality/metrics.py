@@ -20,3 +20,10 @@ def quality_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSample
                 values[name].append(float(v))
     return {name: MetricSamples(tuple(values[name]), hib, unit, family="quality")
             for name, hib, unit in _METRICS if values[name]}
+
+
+def qa_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:
+    """A soak's per-question latency (seconds). Its accuracy is not a median's business: two soaks
+    are judged question by question, paired (`moetune quality --qa`, McNemar's exact test)."""
+    lat = [float(s["latency_s"]) for s in samples if isinstance(s.get("latency_s"), int | float)]
+    return {"qa_latency": MetricSamples(tuple(lat), False, "s", family="qa")} if lat else {}
