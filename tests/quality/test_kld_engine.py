@@ -68,6 +68,11 @@ def test_placement_cache_and_quant_ordered(bin_dir: Path, tmp_path: Path) -> Non
     r3 = run_cli("compare", str(c["kv8"]["run"]), str(c["q4"]["run"]), "--json")
     assert r3.exit_code == 0, r3.stderr
     assert {row["metric"] for row in json.loads(r3.stdout)["rows"]} >= {"kld", "top1_agree", "ppl"}
+    # and so does the HTML report
+    page = tmp_path / "r.html"
+    r4 = run_cli("report", str(c["kv8"]["run"]), str(c["q4"]["run"]), "-o", str(page))
+    assert r4.exit_code == 0, r4.stderr
+    assert "top1_agree" in page.read_text() and "kld" in page.read_text()
 
 
 def test_text_too_short_is_an_input_error(bin_dir: Path, tmp_path: Path) -> None:

@@ -38,6 +38,10 @@ def test_random_is_worse_than_right_and_a_repeat_is_the_same(tmp_path: Path) -> 
         run = db.run(runs["random"]["run"])
         assert run.kind == "qa" and len(db.samples(run.id)) == 60
         assert db.samples(run.id)[0].keys() >= {"id", "answer", "expected", "right", "reply"}
+    shown = run_cli("results", "show", str(runs["random"]["run"]))
+    assert shown.exit_code == 0, shown.stderr
+    listed = run_cli("results", "list", "--kind", "qa", "--json")
+    assert listed.exit_code == 0 and len(json.loads(listed.stdout)) == 4
 
 
 def test_thinking_off_by_default_and_jcommonsenseqa(tmp_path: Path) -> None:
