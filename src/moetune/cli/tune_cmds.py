@@ -89,6 +89,9 @@ def _list(kind: str) -> Any:
 @click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
               help="Seconds to wait for one request.")
+@click.option("--max-kld", type=click.FloatRange(0), help="Quality guard: a best that changes the numerics (cache "
+              "types, engine, model) is measured against the baseline by `moetune quality` and rejected when its "
+              "mean KL divergence is above this (e.g. 0.001).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the winning plan here.")
 @db_option
 @json_option
@@ -99,7 +102,7 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
              try_ubatch: tuple[int, ...] | None, try_fa: tuple[bool, ...] | None,
              try_cache: tuple[tuple[str, str], ...] | None, try_repack: tuple[bool, ...] | None,
              try_amb: tuple[int, ...] | None, try_mla: tuple[int, ...] | None, try_fmoe: tuple[bool, ...] | None,
-             try_muge: tuple[bool, ...] | None, launch_timeout_s: float, timeout_s: float,
+             try_muge: tuple[bool, ...] | None, launch_timeout_s: float, timeout_s: float, max_kld: float | None,
              output: Path | None, db_path: Path | None, as_json: bool, **settings_kw: Any) -> None:
     """Find the fastest plan for MODEL on the hardware in a budget of launches.
 
@@ -144,7 +147,14 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
         result = tune(db, req, status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars,
                       on_snapshot=bars.machine)
+        checked: dict[int, dict[str, Any]] = {}
+        if max_kld is not None:
+            from moetune.tune.quality_guard import guard
+
+            result, checked = guard(db, result, max_kld, status=lambda s: err.print(f"[dim]{s}[/]"))
         doc = result_json(result)
+        doc["quality_guard"] = None if max_kld is None else {
+            "max_kld": max_kld, "checked": {result.entries[i].candidate.label: q for i, q in checked.items()}}
     if result.best is None:
         doc["plan"] = None
     else:
