@@ -81,6 +81,8 @@ class RunKind(StrEnum):
     BENCH = "bench"  # single-stream PP/TG, also each plan of a sweep
     SERVE_BENCH = "serve-bench"  # concurrent load
     LINK_TEST = "link-test"  # bandwidth and latency between two nodes
+    QUALITY = "quality"  # llama-perplexity: PPL of a plan, or its KLD and top-1 agreement against a reference
+    QA = "qa"  # a multiple-choice soak against a server: one answer per question
 
 
 class RunStatus(StrEnum):

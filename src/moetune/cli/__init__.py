@@ -46,6 +46,7 @@ COMMANDS: dict[str, Entry] = {
     "results": Entry("results_cmds", "The history of benchmark runs: list, show, export."),
     "compare": Entry("results_cmds", "Compare runs with a baseline: medians, intervals, change in %."),
     "report": Entry("report_cmds", "One self-contained HTML page of a plan, its runs and their comparison."),
+    "quality": Entry("quality_cmds", "Does a plan change the answers? KLD against a reference, or a multiple-choice soak."),
     "calibrate": Entry("calibrate_cmds", "Fit the speed model to benchmarks of plans; plan uses the fit."),
     "tune": Entry("tune_cmds", "Search for the fastest plan in a budget of launches, measured."),
     "link-test": Entry("cluster_cmds", "Bandwidth and latency from one node to another's link address."),

@@ -108,6 +108,9 @@ def _list(kind: str) -> Any:
               help="When other programs keep the machine busy (foreign load over MOETUNE_MAX_FOREIGN_CORES, "
                    "0.5 cores by default), wait up to SECONDS (600 if not given) for it to go quiet, then go on; "
                    "without it the search stops with exit code 3.")
+@click.option("--max-kld", type=click.FloatRange(0), help="Quality guard: a best that changes the numerics (cache "
+              "types, engine, model) is measured against the baseline by `moetune quality` and rejected when its "
+              "mean KL divergence is above this (e.g. 0.001).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the winning plan here.")
 @db_option
 @json_option
@@ -120,7 +123,7 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
              try_amb: tuple[int, ...] | None, try_mla: tuple[int, ...] | None, try_fmoe: tuple[bool, ...] | None,
              try_muge: tuple[bool, ...] | None, try_transport: tuple[str, ...] | None, transport: str | None,
              rdma_dev: str | None, max_pp_loss: float, launch_timeout_s: float, timeout_s: float,
-             wait_quiet_s: float | None,
+             wait_quiet_s: float | None, max_kld: float | None,
              output: Path | None, db_path: Path | None, as_json: bool, **settings_kw: Any) -> None:
     """Find the fastest plan for MODEL on the hardware in a budget of launches.
 
@@ -182,7 +185,14 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
 
         result = tune(db, req, status=status, progress_for=bars, on_snapshot=bars.machine,
                       quiet=QuietGate(status, wait_quiet_s))
+        checked: dict[int, dict[str, Any]] = {}
+        if max_kld is not None:
+            from moetune.tune.quality_guard import guard
+
+            result, checked = guard(db, result, max_kld, status=status)
         doc = result_json(result)
+        doc["quality_guard"] = None if max_kld is None else {
+            "max_kld": max_kld, "checked": {result.entries[i].candidate.label: q for i, q in checked.items()}}
     if result.best is None:
         doc["plan"] = None
     else:

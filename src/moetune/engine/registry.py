@@ -42,6 +42,7 @@ BINARIES = {
     "fit": ("llama-fit-params",),
     "sweep": ("llama-sweep-bench",),
     "quantize": ("llama-quantize",),
+    "perplexity": ("llama-perplexity",),
 }
 
 

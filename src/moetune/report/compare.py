@@ -37,12 +37,14 @@ from moetune.bench.analysis.stats import (
 from moetune.bench.analysis.warnings import NOISE, Warning, bench_warnings
 from moetune.errors import InputError
 from moetune.kinds import RunKind, RunStatus
+from moetune.quality.metrics import qa_metrics, quality_metrics
 from moetune.store.db import ResultsDB, Run
 from moetune.store.record import LaunchRef
 
 MetricExtractor = Callable[[Iterable[dict[str, Any]]], dict[str, MetricSamples]]  # reads the samples once
 METRIC_EXTRACTORS: dict[str, MetricExtractor] = {
-    RunKind.BENCH: bench_metrics, RunKind.SERVE_BENCH: serve_run_metrics, RunKind.LINK_TEST: link_metric_samples}
+    RunKind.BENCH: bench_metrics, RunKind.SERVE_BENCH: serve_run_metrics, RunKind.LINK_TEST: link_metric_samples,
+    RunKind.QUALITY: quality_metrics, RunKind.QA: qa_metrics}
 COMPARE_SCHEMA_VERSION = 1
 
 

@@ -197,7 +197,18 @@ class ResultsDB:
         with self._lock, self._writing():
             self._conn.execute("UPDATE sweeps SET spec = ? WHERE id = ?", (_dumps(spec), sweep_id))
 
+    def put_kld_base(self, key: str, path: Path, size_bytes: int, run_id: int) -> None:
+        """Record the reference logits a quality run saved (replacing an older record of the key)."""
+        with self._lock, self._writing():
+            self._conn.execute("INSERT OR REPLACE INTO kld_bases (key, path, size_bytes, run_id, created_at) "
+                               "VALUES (?, ?, ?, ?, ?)", (key, str(path), size_bytes, run_id, now_iso()))
+
     # -- reading ---------------------------------------------------------------------------
+
+    def kld_base(self, key: str) -> tuple[Path, int, int | None] | None:
+        """(file, size in bytes, the reference's run) of saved reference logits, if recorded."""
+        row = self._conn.execute("SELECT path, size_bytes, run_id FROM kld_bases WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (Path(row[0]), int(row[1]), None if row[2] is None else int(row[2]))
 
     _RUN_COLS = ("id, kind, label, target, meta, status, created_at, finished_at, summary, sweep_id, writer, "
                  "contention")

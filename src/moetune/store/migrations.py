@@ -130,8 +130,21 @@ def m006_run_contention(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE runs ADD COLUMN contention TEXT")
 
 
+def m007_kld_bases(db: sqlite3.Connection) -> None:
+    """The reference logits `moetune quality` saved (``llama-perplexity --kl-divergence-base``):
+    one file per reference plan, evaluation text and chunking, reused by every candidate."""
+    db.execute("""
+        CREATE TABLE kld_bases (
+            key TEXT PRIMARY KEY,          -- hash of the reference's perplexity argv, model file, text, engine
+            path TEXT NOT NULL,            -- the logits file
+            size_bytes INTEGER NOT NULL,
+            run_id INTEGER REFERENCES runs(id),  -- the reference's quality run that wrote it
+            created_at TEXT NOT NULL
+        )""")
+
+
 MIGRATIONS: list[Migration] = [m001_runs_and_samples, m002_sweeps, m003_one_run_record, m004_metrics,
-                               m005_run_writer, m006_run_contention]
+                               m005_run_writer, m006_run_contention, m007_kld_bases]
 
 
 def now_iso() -> str:
