@@ -42,6 +42,7 @@ from moetune.hardware import inventory
 from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile, is_url, load_profile, open_model
 from moetune.model.routing import Routing, read_routing
+from moetune.plan.attention import Choose
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.settings import Settings
 from moetune.plan.speed import SpeedConstants
@@ -91,6 +92,7 @@ class PlanRequest:
     hf: str | None = None  # OWNER/REPO[:QUANT] instead of ``model``
     http_timeout_s: float = 30.0  # for a remote model
     routing: Path | None = None  # an imatrix GGUF: the model's measured expert routing
+    choose: Choose = field(default_factory=Choose)  # flash attention / cache type left to the speed model
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +230,7 @@ def plan_files(req: PlanRequest) -> Planned:
     else:
         profile = open_model(None if req.model is None else model_path(req.model), req.hf, timeout_s=req.http_timeout_s)
         services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine,
-                                routing=routing_for(req.routing, profile))]
+                                routing=routing_for(req.routing, profile), choose=req.choose)]
         given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]
     notices += listen_notices(services)
     p = make_plan(services, hw, inputs.constants.with_overrides(speed_overrides(req.speed)))

@@ -61,19 +61,23 @@ class SpeedConstants:
     # kept the cores awake)
     rpc_wake_us: float = 150.0
     # attention over the context while decoding, beyond reading the cache: small, latency-bound
-    # kernels, far below matmul throughput (2.4-2.8 GFLOP/s on 2 cores of the test machine)
-    cpu_ctx_gflops_per_core: float = 1.5  # with flash attention and an f16 cache (the engine's CPU FA kernel)
+    # kernels, far below matmul throughput. With flash attention and an f16 cache (the engine's CPU
+    # FA kernel): from the testbed's 654 tok/s at depth 0 and 354 at depth 512 (issue #25), less
+    # the cache's bytes, 9 GFLOP/s on 2 cores (an earlier guess: 1.5 per core)
+    cpu_ctx_gflops_per_core: float = 4.5
     # without flash attention the CPU runs attention as two matmuls (K.q, then V.softmax) that share each
     # cached row across the query heads of a GQA group and take the softmax in one pass; its FA kernel
     # (ggml-cpu ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk) walks the cache once per
     # query head, with an expf and an F16 accumulate (ggml_vec_mad_f16) per cached token: measured on
-    # the testbed at depth 512, FA off decodes 455 tok/s, FA on 354 (issue #25), attention ~2x faster
-    cpu_noflash_ctx_factor: float = 2.0
+    # the testbed at depth 512, FA off decodes 455 tok/s, FA on 354 (issue #25): less the cache's
+    # bytes, attention 3.2x faster
+    cpu_noflash_ctx_factor: float = 3.0
     # attention over quantized cache rows (q8_0, q4_0): the engine quantizes q once to the K type's
     # vec_dot type and dots int8 blocks (ggml_vec_dot_q8_0_q8_0), and dequantizes V rows to F32
     # (v_to_float + ggml_vec_mad_f32) instead of the F16 accumulate: measured on the testbed at depth
-    # 512 with flash attention, a q8_0/q8_0 cache decodes 510 tok/s against f16's 354, attention ~3x faster
-    cpu_ctx_quant_factor: float = 3.0
+    # 512 with flash attention, a q8_0/q8_0 cache decodes 510 tok/s against f16's 354: less the
+    # cache's bytes (17/32 of f16's), attention 4x faster
+    cpu_ctx_quant_factor: float = 4.0
     # CPU weight repacking (mainline's CPU_REPACK/AMX extra buffers, ik's -rtr): the weights in the
     # interleaved layout the GEMV/GEMM kernels read several rows per block of quantized activations
     # from (ggml-cpu repack.cpp): decode and prefill matmuls on the CPU are this much faster;
