@@ -45,6 +45,7 @@ from moetune.tune.history import gather  # noqa: E402
 DEPTH = 512
 WORKLOAD = ["--depth", str(DEPTH), "--pp-tokens", "256", "--tg-tokens", "32", "-r", "2", "--warmup", "1"]
 CACHES = (("f16", "f16"), ("q8_0", "q8_0"))
+QUIET_LOAD = 1.5  # a load average above it on 2 cores: other work competes with the engine's threads
 
 
 def grid() -> list[tuple[str, int, int, bool, tuple[str, str]]]:
@@ -133,6 +134,9 @@ def main(results: Path) -> None:
              "`python benchmarks/run.py speed_axes`: " + str(len(measured)) + " configurations of the tuning "
              f"testbed's model on this machine's 2 cores, `moetune sweep` {' '.join(WORKLOAD)}; load average "
              f"{out['load_average_before_after'][0]} before, {out['load_average_before_after'][1]} after.", "",
+             *([f"**Contended**: the load average passed {QUIET_LOAD} on {os.cpu_count()} cores; these numbers "
+                "measure the other work on the machine, not the model. Rerun on a quiet machine.", ""]
+               if max(out["load_average_before_after"]) > QUIET_LOAD else []),
              "| constants | TG median error | PP median error | TG rank corr. | PP rank corr. |", "|---|---:|---:|---:|---:|",
              f"| built-in | {before['tg_median_abs_pct']}% | {before['pp_median_abs_pct']}% | {before['tg_spearman']} | "
              f"{before['pp_spearman']} |",
