@@ -62,8 +62,9 @@ def plan_grid(d: Path, model: Path, hw: Path, port: int) -> Path:
     for c in grid():
         out = d / f"grid-{len(plans)}.json"
         args = ["plan", str(model), "--hw", str(hw), "--strategy", c.strategy, "-t", str(c.threads),
-                "-ub", str(c.ubatch), "--repack", "off", "--port", str(port), "-o", str(out), "--json"]
-        r = run_cli(*args, *([] if c.flash_attn else ["--no-flash-attn"]))
+                "-ub", str(c.ubatch), "--repack", "off", "--port", str(port), "-o", str(out), "--json",
+                "--ctk", c.ctk, "--ctv", c.ctv]
+        r = run_cli(*args, "--flash-attn", "on" if c.flash_attn else "off")  # as the candidate says, not the plan's pick
         assert r.exit_code == 0, r.stderr
         plans.append({"label": c.label, "plan": out.name})
     sweep = d / "grid.yaml"

@@ -42,6 +42,7 @@ from moetune.hardware import inventory
 from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile, is_url, load_profile, open_model
 from moetune.model.routing import Routing, read_routing
+from moetune.plan.attention import Choose
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.settings import Settings
 from moetune.plan.speed import SpeedConstants
@@ -95,6 +96,7 @@ class PlanRequest:
     routing: Path | None = None  # an imatrix GGUF: the model's measured expert routing
     recipe: Path | None = None  # plan the model this quant recipe makes of MODEL (`moetune quantize`)
     recipe_output: Path | None = None  # where that model will be written (default: recipe.default_output)
+    choose: Choose = field(default_factory=Choose)  # flash attention / cache type left to the speed model
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +271,7 @@ def plan_files(req: PlanRequest) -> Planned:
             profile, note = recipe_profile(profile, req.recipe, kind, req.recipe_output)
             notices.append(note)
         services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine,
-                                routing=routing_for(req.routing, profile))]
+                                routing=routing_for(req.routing, profile), choose=req.choose)]
         given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]
     notices += listen_notices(services)
     p = make_plan(services, hw, inputs.constants.with_overrides(speed_overrides(req.speed)))

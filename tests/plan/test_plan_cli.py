@@ -97,7 +97,8 @@ def test_formats(tmp_path: Path, hw: Path) -> None:
     ik = json.loads(run_cli(*base, "--engine", "ik_llama.cpp", "--json").stdout)
     assert ik["argv"][ik["argv"].index("-fa") + 1] == "on"  # ik 0.1.5's -fa takes a value
     assert "--jinja" in ik["argv"] and "-nr" not in ik["argv"]
-    notes = ik["services"][0]["notes"]
+    attention, *notes = ik["services"][0]["notes"]  # first: why flash attention and the cache type
+    assert attention.startswith("flash attention on, f16/f16 cache: no variant predicted")  # a GPU: the default
     # one device: both engines keep the first N layers' experts (ik shares N among devices only with two or more)
     assert [n.split(":")[0] for n in notes[:2]] == ["ik_llama.cpp", "llama.cpp"]
     assert all("layers 0-1 on the CPU" in n for n in notes[:2]), notes

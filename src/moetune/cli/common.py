@@ -83,9 +83,13 @@ def plan_options(f: F) -> F:
         click.option("--parallel", type=int, default=1, show_default=True),
         click.option("-b", "--batch", type=int, default=2048, show_default=True),
         click.option("-ub", "--ubatch", type=int, default=512, show_default=True),
-        click.option("--ctk", default="f16", show_default=True),
-        click.option("--ctv", default="f16", show_default=True),
-        click.option("--no-flash-attn", is_flag=True),
+        click.option("--ctk", help="K cache type (f16 | q8_0 | q4_0; default: `plan` picks f16 or q8_0 by the speed "
+                     "model, `tune` starts from f16)."),
+        click.option("--ctv", help="V cache type (as --ctk; a quantized V needs flash attention)."),
+        click.option("--flash-attn", "flash_attn", type=click.Choice(["on", "off", "auto"]), default="auto",
+                     show_default=True, help="auto: `plan` picks what the speed model predicts faster at the plan's "
+                     "context (`tune` starts from on)."),
+        click.option("--no-flash-attn", is_flag=True, help="The same as --flash-attn off."),
         click.option("--repack", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
                      envvar="MOETUNE_REPACK", show_envvar=True,
                      help="CPU weight repacking: auto follows the engine (mainline repacks CPU-resident weights, "
@@ -136,6 +140,25 @@ def plan_options(f: F) -> F:
 
 
 
+def flash_attn_given(kw: dict[str, Any]) -> bool | None:
+    """--flash-attn / --no-flash-attn as the user gave them: on, off, or None (left to the plan)."""
+    from moetune.errors import InputError
+
+    if kw["no_flash_attn"]:
+        if kw["flash_attn"] == "on":
+            raise InputError("--flash-attn on and --no-flash-attn contradict", hint="give one of them")
+        return False
+    return None if kw["flash_attn"] == "auto" else kw["flash_attn"] == "on"
+
+
+def attention_left_open(kw: dict[str, Any]) -> Any:
+    """What of flash attention and the cache type the user left to the plan
+    (:class:`~moetune.plan.attention.Choose`)."""
+    from moetune.plan.attention import Choose
+
+    return Choose(flash_attn=flash_attn_given(kw) is None, cache=kw["ctk"] is None and kw["ctv"] is None)
+
+
 def plan_settings(kw: dict[str, Any]) -> Any:
     """The :class:`~moetune.plan.settings.Settings` that :func:`plan_options`' values say."""
     from moetune.engine.server_args import lift_extra, parse_sampling
@@ -151,9 +174,10 @@ def plan_settings(kw: dict[str, Any]) -> Any:
                            thinking=None if kw["thinking"] is None else kw["thinking"] == "on",
                            sampling=parse_sampling(kw["sampling"] or ""), warmup_batch=kw["warmup_batch"],
                            extra_args=tuple(kw["engine_args"]), rope_scaling=kw["rope_scaling"])
-    settings = Settings(ctx=kw["ctx"], slots=kw["parallel"], batch=kw["batch"], ubatch=kw["ubatch"], ctk=kw["ctk"],
-                        ctv=kw["ctv"], flash_attn=not kw["no_flash_attn"], mmap=not kw["no_mmap"],
-                        repack=REPACK_CHOICES[kw["repack"]],
+    fa = flash_attn_given(kw)
+    settings = Settings(ctx=kw["ctx"], slots=kw["parallel"], batch=kw["batch"], ubatch=kw["ubatch"],
+                        ctk=kw["ctk"] or "f16", ctv=kw["ctv"] or "f16", flash_attn=True if fa is None else fa,
+                        mmap=not kw["no_mmap"], repack=REPACK_CHOICES[kw["repack"]],
                         amb_mib=kw["amb"], threads=kw["threads"], threads_batch=kw["threads_batch"],
                         merge_qkv=kw["merge_qkv"], merge_up_gate=kw["muge"], grouped_experts=kw["ger"],
                         ctx_checkpoints=kw["ctx_checkpoints"], split_mode=kw["split_mode"], server=server)

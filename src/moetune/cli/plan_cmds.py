@@ -10,6 +10,7 @@ import click
 
 from moetune.cli import common
 from moetune.cli.common import (
+    attention_left_open,
     json_option,
     plan_options,
     plan_port,
@@ -65,7 +66,8 @@ def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str 
     port = plan_port(settings_kw, port)
     settings = replace(plan_settings(settings_kw), swa_full=swa_full)
     planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output,
-                                     hf=hf, http_timeout_s=http_timeout_s, routing=routing, recipe=recipe))
+                                     hf=hf, http_timeout_s=http_timeout_s, routing=routing, recipe=recipe,
+                                     choose=attention_left_open(settings_kw)))
     for message, remedy in planned.notices:
         warn(message, remedy)
     for sp in planned.plan.services:

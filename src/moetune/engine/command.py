@@ -63,7 +63,9 @@ def _accelerators(sp: ServicePlan) -> list[tuple[str, bool]]:
 
 def service_notes(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     """What a user comparing with the engines' own flags should know: what ``--n-cpu-moe N`` would
-    keep on the CPU in each engine (the service's own engine in its build's rule)."""
+    keep on the CPU in each engine (the service's own engine in its build's rule); why the plan
+    chose its flash attention and cache type, where it chose them."""
+    chosen = [] if sp.attention_note is None else [sp.attention_note]
     st = parse_strategy(sp.spec.strategy)
     graph = []
     if sp.spec.settings.split_mode == "graph":
@@ -73,14 +75,14 @@ def service_notes(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
                  f"{','.join(map(str, sp.placement.tensor_split))} (the ledger's weights (split)); the layer map "
                  "shows where each would sit in layer split"]
     if st.kind != "n-cpu-moe":
-        return graph
+        return [*chosen, *graph]
     n = st.n
     own = service_dialect(sp, facts)
     dialects = [own, *(dialect(k) for k in EngineKind if k != own.kind)]
     devs = list(sp.placement.layer_device)
     notes = [n_cpu_moe_note(d, n, sp.spec.model.n_layer, devs, len(engine_devices(d, _accelerators(sp))))
              for d in dialects]
-    return [*graph, *notes, "rendered as explicit -ot overrides, which mean the same in every engine"]
+    return [*chosen, *graph, *notes, "rendered as explicit -ot overrides, which mean the same in every engine"]
 
 
 def _layer_map(sp: ServicePlan) -> list[dict[str, Any]]:

@@ -27,7 +27,8 @@ from moetune.plan.speed import SpeedConstants, Work, decode_seconds, prefill_tok
 NOISE_FLOOR_PCT = 3.0  # no calibration claims to predict closer than a run repeats on a quiet machine
 UNCALIBRATED_PCT = 50.0  # the stated uncertainty of the built-in constants
 FITTED = ("token_overhead_us", "cpu_bw_eff", "gpu_bw_eff", "cpu_core_gbs", "split_us", "rpc_hop_us", "rpc_wake_us",
-          "cpu_ctx_gflops_per_core", "gpu_ctx_tflops", "gpu_tflops", "cpu_gflops_per_core", "ubatch_overhead_us")
+          "cpu_ctx_gflops_per_core", "gpu_ctx_tflops", "gpu_tflops", "cpu_gflops_per_core", "ubatch_overhead_us",
+          "cpu_noflash_ctx_factor", "cpu_ctx_quant_factor", "cpu_repack_gain")
 AT_MOST = {"cpu_bw_eff": 1.0, "gpu_bw_eff": 1.0}  # a share of the bandwidth
 
 

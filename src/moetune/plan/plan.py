@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import moetune.plan.attention as attention
 from moetune.errors import InputError
 from moetune.hardware.inventory import Inventory, Node
 from moetune.kinds import DeviceKind, EngineKind
@@ -35,6 +36,7 @@ class ServiceSpec:
     devices: tuple[str, ...] | None = None  # accelerators this service may use (None: all)
     engine: str = ""  # engine name for launching (moetune engine list)
     routing: Routing | None = None  # measured expert routing (an imatrix), for prefill's touched experts
+    choose: attention.Choose = field(default_factory=attention.Choose)  # flash attention / cache type left to the speed model
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,7 @@ class ServicePlan:
     placement: plc.Placement
     memory: ServiceMemory
     prediction: Prediction
+    attention_note: str | None = None  # why the plan chose its flash attention and cache type
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +148,21 @@ def _margins(hw: Inventory, s: Settings) -> dict[str, float]:
     return m
 
 
+def _choose_attention(spec: ServiceSpec, shw: Inventory, hw: Inventory, k: SpeedConstants,
+                      reserved: dict[str, float], margins: dict[str, float],
+                      mems: list[ServiceMemory]) -> attention.Choice:
+    """Each variant placed, its memory checked beside the services planned before it, its TG
+    predicted at the plan's decision depth (:mod:`moetune.plan.attention`)."""
+    depth = attention.decision_depth(spec.settings)
+    scored = []
+    for s in attention.variants(spec.settings, spec.choose):
+        pl = place(spec.strategy, spec.model, shw, s, reserved, margins)
+        mem = service_memory(spec.model, shw, pl, s, spec.name, dry_run=True)
+        fits = all(led.shortfall() is None for led in combine(hw, [*mems, mem], margins))
+        scored.append((s, predict(spec.model, shw, pl, s, k, depth=depth, routing=spec.routing).tg_tok_s, fits))
+    return attention.pick(scored, depth)
+
+
 def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConstants | None = None) -> Plan:
     if not services:
         raise InputError("a plan needs at least one service")
@@ -166,12 +184,16 @@ def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConsta
             for dev, items in m.items.items():
                 reserved[dev] = reserved.get(dev, 0.0) + sum(it.mib for it in items)
         margins = _margins(hw, spec.settings)
+        note = None
+        if spec.choose:
+            choice = _choose_attention(spec, shw, hw, k, reserved, margins, mems)
+            spec, note = replace(spec, settings=choice.settings), choice.note()
         pl = place(spec.strategy, spec.model, shw, spec.settings, reserved, margins)
         if spec.settings.split_mode == "graph":  # -ts: the GPUs' shares of every split layer
             pl = replace(pl, tensor_split=graph_split.percents(shw))
         mem = service_memory(spec.model, shw, pl, spec.settings, spec.name, dry_run=True)
         pred = predict(spec.model, shw, pl, spec.settings, k, routing=spec.routing)
-        planned[i] = ServicePlan(spec, shw, pl, mem, pred)
+        planned[i] = ServicePlan(spec, shw, pl, mem, pred, note)
         mems.append(mem)
     ordered = [planned[i] for i in range(len(services))]
     margins = _margins(hw, services[0].settings)

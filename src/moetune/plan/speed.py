@@ -34,7 +34,7 @@ from typing import Any
 from moetune.errors import InputError
 from moetune.hardware.inventory import Device, Inventory
 from moetune.kinds import DeviceKind
-from moetune.model.kv import KVShape, kv_shape
+from moetune.model.kv import CACHE_TYPES, KVShape, kv_shape
 from moetune.model.profile import ModelProfile
 from moetune.model.routing import Routing, touched_by
 from moetune.plan.ledger import loaded
@@ -61,8 +61,28 @@ class SpeedConstants:
     # kept the cores awake)
     rpc_wake_us: float = 150.0
     # attention over the context while decoding, beyond reading the cache: small, latency-bound
-    # kernels, far below matmul throughput (2.4-2.8 GFLOP/s on 2 cores of the test machine)
-    cpu_ctx_gflops_per_core: float = 1.5
+    # kernels, far below matmul throughput. With flash attention and an f16 cache (the engine's CPU
+    # FA kernel): from the testbed's 654 tok/s at depth 0 and 354 at depth 512 (issue #25), less
+    # the cache's bytes, 9 GFLOP/s on 2 cores (an earlier guess: 1.5 per core)
+    cpu_ctx_gflops_per_core: float = 4.5
+    # without flash attention the CPU runs attention as two matmuls (K.q, then V.softmax) that share each
+    # cached row across the query heads of a GQA group and take the softmax in one pass; its FA kernel
+    # (ggml-cpu ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk) walks the cache once per
+    # query head, with an expf and an F16 accumulate (ggml_vec_mad_f16) per cached token: measured on
+    # the testbed at depth 512, FA off decodes 455 tok/s, FA on 354 (issue #25): less the cache's
+    # bytes, attention 3.2x faster
+    cpu_noflash_ctx_factor: float = 3.0
+    # attention over quantized cache rows (q8_0, q4_0): the engine quantizes q once to the K type's
+    # vec_dot type and dots int8 blocks (ggml_vec_dot_q8_0_q8_0), and dequantizes V rows to F32
+    # (v_to_float + ggml_vec_mad_f32) instead of the F16 accumulate: measured on the testbed at depth
+    # 512 with flash attention, a q8_0/q8_0 cache decodes 510 tok/s against f16's 354: less the
+    # cache's bytes (17/32 of f16's), attention 4x faster
+    cpu_ctx_quant_factor: float = 4.0
+    # CPU weight repacking (mainline's CPU_REPACK/AMX extra buffers, ik's -rtr): the weights in the
+    # interleaved layout the GEMV/GEMM kernels read several rows per block of quantized activations
+    # from (ggml-cpu repack.cpp): decode and prefill matmuls on the CPU are this much faster;
+    # measured with llama-bench on the testbed's F16 model, tg 591 tok/s with --repack 0, 681 with 1
+    cpu_repack_gain: float = 1.15
     gpu_ctx_tflops: float = 20.0
     gpu_tflops: float = 80.0  # effective matmul throughput of a GPU without a declared figure (prefill)
     cpu_gflops_per_core: float = 40.0  # effective matmul throughput per CPU thread (prefill)
@@ -113,6 +133,9 @@ class DeviceWork:
     kv_bytes_windowed: float = 0.0
     ctx_flop_windowed: float = 0.0
     window: int = 0
+    flash_attn: bool = True  # attention by the engine's flash-attention kernel (stored works before: on)
+    ctx_quant_share: float = 0.0  # the share of its attention FLOPs over quantized cache rows (K, V)
+    repacked: bool = False  # its CPU-resident weights are repacked (the host's CPU backend, Settings.repacks)
 
     @property
     def prefill_threads(self) -> int:
@@ -156,13 +179,25 @@ def _soft_max(a: float, b: float) -> float:
     return float((a**SOFT_MAX_P + b**SOFT_MAX_P) ** (1 / SOFT_MAX_P))
 
 
+def cpu_ctx_gflops(d: DeviceWork, k: SpeedConstants) -> float:
+    """Attention FLOP/s per CPU thread over the cache: the FA kernel's rate on an f16 cache, times
+    the non-FA path's factor without flash attention, the share over quantized rows at the quantized
+    rate (a harmonic mean: each share takes its own time)."""
+    rate = k.cpu_ctx_gflops_per_core * (1.0 if d.flash_attn else k.cpu_noflash_ctx_factor) * 1e9
+    q = min(1.0, max(0.0, d.ctx_quant_share))
+    return rate / ((1.0 - q) + q / k.cpu_ctx_quant_factor)
+
+
 def device_decode_seconds(d: DeviceWork, depth: int, k: SpeedConstants) -> float:
     kv, flop = d.kv_read(depth)
     read = d.read_bytes + kv
     if d.cpu:
         threads = max(1, d.threads)
+        # repacked weights stream as if they were that much fewer bytes (both limits: measured on a
+        # model that fits neither; the engine's interleaved blocks feed its SIMD rows without gathers)
+        read = d.read_bytes / (k.cpu_repack_gain if d.repacked else 1.0) + kv
         t = _soft_max(read / (d.bw_gbs * GB * k.cpu_bw_eff), read / (threads * k.cpu_core_gbs * GB))
-        return t + flop / (threads * k.cpu_ctx_gflops_per_core * 1e9)
+        return t + flop / (threads * cpu_ctx_gflops(d, k))
     return read / (d.bw_gbs * GB * k.gpu_bw_eff) + flop / (k.gpu_ctx_tflops * 1e12)
 
 
@@ -212,7 +247,13 @@ def ubatch_seconds(w: Work, tokens: int, k: SpeedConstants) -> float:
             t += d.held_expert_bytes * held_touched(d, w.expert_share, tokens) / (w.offload_link_gbs * GB)
             t += flop / ((w.offload_tflops or k.gpu_tflops) * 1e12)
         elif d.cpu:
-            t += flop / (d.prefill_threads * k.cpu_gflops_per_core * 1e9)
+            gain = k.cpu_repack_gain if d.repacked else 1.0
+            t += flop / (d.prefill_threads * k.cpu_gflops_per_core * gain * 1e9)
+            # each ubatch reads the weights it multiplies once more from RAM (the experts its tokens
+            # touch): a smaller -ub reads them more often per prompt token
+            if d.bw_gbs > 0:
+                t += (d.read_bytes - d.held_expert_bytes * w.expert_share
+                      + d.held_expert_bytes * held_touched(d, w.expert_share, tokens)) / (d.bw_gbs * GB * k.cpu_bw_eff)
         else:
             t += flop / ((d.tflops or k.gpu_tflops) * 1e12)
     return t
@@ -284,6 +325,13 @@ def graph_splits(p: ModelProfile, pl: Placement, experts: dict[str, str]) -> tup
     return len(hops) + 1, hops
 
 
+QUANT_CACHE = tuple(t for t in CACHE_TYPES if t not in ("f16", "bf16", "f32"))  # the CPU attends to them by int8 dots
+
+
+def _share(part: float, whole: float) -> float:
+    return round(part / whole, 6) if whole > 0 else 0.0
+
+
 def _cpu_backed(hw: Inventory, dev: Device) -> bool:
     """An RPC device that is a worker's CPU backend (loopback test rigs, CPU-only nodes)."""
     if dev.kind != DeviceKind.RPC:
@@ -335,6 +383,7 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
     q_per_kv = heads / max(1, p.hp_int("attention.head_count_kv", heads) or heads)
     kv_win: dict[str, float] = {}
     flop_win: dict[str, float] = {}
+    quant_flop: dict[str, float] = {}
     for lk in kv.layers:
         d = pl.layer_device[lk.layer]
         # a sliding-window layer reads at most a window of its cache (with --swa-full the attention
@@ -343,7 +392,11 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
         kv_d, flop_d = (kv_win, flop_win) if windowed else (kv_per_ctx, ctx_flop)
         kv_d[d] = kv_d.get(d, 0.0) + KVShape.layer_bytes_per_token(lk, s.ctk, s.ctv)
         # q.k and p.v over every cached row, for every query head sharing it
-        flop_d[d] = flop_d.get(d, 0.0) + 2 * q_per_kv * (sum(lk.k_rows) + (sum(lk.v_rows) or sum(lk.k_rows)))
+        k_flop = 2 * q_per_kv * sum(lk.k_rows)
+        v_flop = 2 * q_per_kv * (sum(lk.v_rows) or sum(lk.k_rows))
+        flop_d[d] = flop_d.get(d, 0.0) + k_flop + v_flop
+        quant_flop[d] = quant_flop.get(d, 0.0) + (k_flop if s.ctk in QUANT_CACHE else 0.0) + \
+            (v_flop if s.ctv in QUANT_CACHE else 0.0)
     devs = {d.name: d for d in hw.devices()}
     local_threads = min(s.threads or hw.local.cores, hw.local.cores)
     local_batch_threads = min(s.threads_batch, hw.local.cores) if s.threads_batch else 0
@@ -361,7 +414,9 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
             held_expert_bytes=held.get(name, 0.0), touched=touched,
             batch_threads=local_batch_threads if cpu and dev.kind == DeviceKind.CPU else 0,
             kv_bytes_windowed=kv_win.get(name, 0.0), ctx_flop_windowed=flop_win.get(name, 0.0),
-            window=kv.n_swa if name in flop_win else 0))
+            window=kv.n_swa if name in flop_win else 0, flash_attn=s.flash_attn,
+            ctx_quant_share=_share(quant_flop.get(name, 0.0), ctx_flop.get(name, 0.0) + flop_win.get(name, 0.0)),
+            repacked=s.repacks and dev.kind == DeviceKind.CPU))
     n_splits, hops = graph_splits(p, pl, experts)
     kinds = {name: d.kind for name, d in devs.items()}
     rpc_hops = sum(1 for src, dst in hops if kinds.get(src) == DeviceKind.RPC or kinds.get(dst) == DeviceKind.RPC)

@@ -1,0 +1,107 @@
+"""The speed model's engine axes: flash attention on the CPU, the KV cache type, weight repacking,
+threads for batches and the ubatch each move the prediction in the direction, and roughly by the
+size, the engine moves on the testbed (issue #25: at depth 512 FA on with an f16 cache 354 tok/s,
+FA off 455, a q8_0 cache 510; repacking the F16 model 591 -> 681; -ub 128 cost prefill)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from moetune.hardware.inventory import Inventory, load
+from moetune.model.archs import small_dims
+from moetune.model.profile import ModelProfile, load_profile
+from moetune.model.testmodel import generate
+from moetune.plan.calibrate import FITTED, Observation, fit
+from moetune.plan.placement import cpu_moe
+from moetune.plan.settings import Settings
+from moetune.plan.speed import SpeedConstants, Work, decode_seconds, predict, prefill_tok_s
+
+
+@pytest.fixture(scope="module")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelProfile, Inventory]:
+    d = tmp_path_factory.mktemp("axes")
+    model = generate(d / "m.gguf", "qwen3moe", replace(small_dims("qwen3moe", True), n_layer=8), "q8_0").files[0]
+    hw = d / "hw.yaml"
+    hw.write_text("nodes:\n- name: local\n  cpu: {cores: 2, ram_mib: 16000, ram_bw_gbs: 20}\n")
+    return load_profile(model), load(hw)
+
+
+def tg(tb: tuple[ModelProfile, Inventory], depth: int = 512, **kw: object) -> float:
+    p, hw = tb
+    return predict(p, hw, cpu_moe(p, hw), replace(Settings(threads=2), **kw), depth=depth).tg_tok_s
+
+
+def test_flash_attention_on_the_cpu_decodes_slower_at_depth(testbed: tuple[ModelProfile, Inventory]) -> None:
+    on, off = tg(testbed, flash_attn=True), tg(testbed, flash_attn=False)
+    assert 1.1 < off / on < 1.8  # the engine: 455 / 354 = 1.29
+    assert tg(testbed, 0, flash_attn=False) == pytest.approx(tg(testbed, 0, flash_attn=True))  # no context: alike
+
+
+def test_a_quantized_cache_decodes_faster_at_depth(testbed: tuple[ModelProfile, Inventory]) -> None:
+    f16 = tg(testbed)
+    q8 = tg(testbed, ctk="q8_0", ctv="q8_0")
+    q4 = tg(testbed, ctk="q4_0", ctv="q4_0")
+    assert 1.2 < q8 / f16 < 2.0  # the engine: 510 / 354 = 1.44
+    assert q4 >= q8  # fewer bytes a cached token, the same int8 dots
+    assert f16 < tg(testbed, ctk="q8_0") < q8  # a quantized K alone: half the attention at the fast rate
+
+
+def test_repacked_weights_multiply_faster(testbed: tuple[ModelProfile, Inventory]) -> None:
+    plain, packed = tg(testbed, 0, repack=False), tg(testbed, 0, repack=True)
+    assert 1.02 < packed / plain < 1.3  # the engine, F16 model: 681 / 591 = 1.15
+    p, hw = testbed
+    pp = [predict(p, hw, cpu_moe(p, hw), Settings(threads=2, repack=r)).pp_tok_s for r in (False, True)]
+    assert pp[1] > pp[0]
+
+
+def test_a_small_ubatch_rereads_the_weights_and_costs_prefill(testbed: tuple[ModelProfile, Inventory]) -> None:
+    p, hw = testbed
+    w128, w512 = (predict(p, hw, cpu_moe(p, hw), Settings(threads=2, ubatch=ub)).work for ub in (128, 512))
+    k = SpeedConstants()
+    assert prefill_tok_s(w512, k, 512) > prefill_tok_s(w128, k, 512)
+    # the re-read alone, without the fixed cost per ubatch
+    k0 = replace(k, ubatch_overhead_us=1e-9)
+    assert prefill_tok_s(w512, k0, 512) > prefill_tok_s(w128, k0, 512)
+
+
+def test_threads_for_batches_move_prefill_not_decode(testbed: tuple[ModelProfile, Inventory]) -> None:
+    p, hw = testbed
+    one, two = (predict(p, hw, cpu_moe(p, hw), Settings(threads=2, threads_batch=tb)) for tb in (1, 2))
+    assert two.pp_tok_s > 1.5 * one.pp_tok_s
+    assert two.tg_tok_s == pytest.approx(one.tg_tok_s)
+
+
+def test_a_work_stored_before_these_axes_predicts_as_it_did() -> None:
+    """A stored work without the new fields reads as flash attention on, f16 cache, no repack: the
+    rate the model had for it."""
+    doc = {"devices": [{"device": "CPU", "cpu": True, "bw_gbs": 20.0, "threads": 2, "cores": 2,
+                        "read_bytes": 4e7, "kv_bytes_per_ctx": 8192.0, "ctx_flop_per_ctx": 16384.0}],
+           "graph_splits": 1, "rpc_hops": 0}
+    w = Work.from_json(doc)
+    assert w.devices[0].flash_attn and w.devices[0].ctx_quant_share == 0.0 and not w.devices[0].repacked
+
+
+def test_calibration_fits_the_attention_factors_from_runs_that_vary_them(
+        testbed: tuple[ModelProfile, Inventory]) -> None:
+    """Runs measured under a machine whose FA penalty and cache gain differ from the prior: the
+    fit moves both constants toward the truth."""
+    assert {"cpu_noflash_ctx_factor", "cpu_ctx_quant_factor", "cpu_repack_gain"} <= set(FITTED)
+    p, hw = testbed
+    true = replace(SpeedConstants(), cpu_noflash_ctx_factor=4.0, cpu_ctx_quant_factor=5.0)
+    obs = []
+    for i, kw in enumerate(({}, {"flash_attn": False}, {"ctk": "q8_0", "ctv": "q8_0"})):
+        w = predict(p, hw, cpu_moe(p, hw), replace(Settings(threads=2), **kw)).work
+        for depth in (0, 512, 2048):
+            o = Observation(i, w, depth, None)
+            obs.append(replace(o, measured_tg=1.0 / decode_seconds(w, depth, true)))
+    k = fit(obs, noise_pct=1.0)
+    prior = SpeedConstants()
+    assert abs(k.cpu_noflash_ctx_factor - 4.0) < abs(prior.cpu_noflash_ctx_factor - 4.0)
+    assert abs(k.cpu_ctx_quant_factor - 5.0) < abs(prior.cpu_ctx_quant_factor - 5.0)
+
+
+def test_an_old_calibration_without_the_new_constants_reads() -> None:
+    k = SpeedConstants.from_json({"cpu_bw_eff": 0.3, "cpu_ctx_gflops_per_core": 2.0})
+    assert k.cpu_bw_eff == 0.3 and k.cpu_noflash_ctx_factor == SpeedConstants().cpu_noflash_ctx_factor
