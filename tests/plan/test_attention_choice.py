@@ -4,15 +4,12 @@ context, within memory; what the user gives wins; the plan says why in one line.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from moetune.hardware.inventory import Inventory, load
-from moetune.model.archs import small_dims
 from moetune.model.profile import ModelProfile, load_profile
-from moetune.model.testmodel import generate
 from moetune.plan.attention import MIN_GAIN, Choose, decision_depth, pick, variants
 from moetune.plan.plan import ServiceSpec, make_plan
 from moetune.plan.settings import Settings
@@ -20,12 +17,8 @@ from tests.helpers import run_cli
 
 
 @pytest.fixture(scope="module")
-def bed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    d = tmp_path_factory.mktemp("attn")
-    model = generate(d / "m.gguf", "qwen3moe", replace(small_dims("qwen3moe", True), n_layer=8), "q8_0").files[0]
-    hw = d / "hw.yaml"
-    hw.write_text("nodes:\n- name: local\n  cpu: {cores: 2, ram_mib: 16000, ram_bw_gbs: 20}\n")
-    return model, hw
+def bed(axes_bed: tuple[Path, Path]) -> tuple[Path, Path]:
+    return axes_bed
 
 
 def planned(bed: tuple[Path, Path], s: Settings, choose: Choose) -> tuple[Settings, str | None]:

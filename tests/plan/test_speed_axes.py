@@ -6,13 +6,12 @@ FA off 455, a q8_0 cache 510; repacking the F16 model 591 -> 681; -ub 128 cost p
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from moetune.hardware.inventory import Inventory, load
-from moetune.model.archs import small_dims
 from moetune.model.profile import ModelProfile, load_profile
-from moetune.model.testmodel import generate
 from moetune.plan.calibrate import FITTED, Observation, fit
 from moetune.plan.placement import cpu_moe
 from moetune.plan.settings import Settings
@@ -20,11 +19,8 @@ from moetune.plan.speed import SpeedConstants, Work, decode_seconds, predict, pr
 
 
 @pytest.fixture(scope="module")
-def testbed(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelProfile, Inventory]:
-    d = tmp_path_factory.mktemp("axes")
-    model = generate(d / "m.gguf", "qwen3moe", replace(small_dims("qwen3moe", True), n_layer=8), "q8_0").files[0]
-    hw = d / "hw.yaml"
-    hw.write_text("nodes:\n- name: local\n  cpu: {cores: 2, ram_mib: 16000, ram_bw_gbs: 20}\n")
+def testbed(axes_bed: tuple[Path, Path]) -> tuple[ModelProfile, Inventory]:
+    model, hw = axes_bed
     return load_profile(model), load(hw)
 
 
