@@ -252,7 +252,7 @@ class _Runner:
                 tokens = int(s.get("tokens") or 0)
             self.say(f"reference logits reused: {path} ({size / 2**20:.1f} MiB)")
             return Reference(p.target.name, p.label, rid, ppl, tokens, str(path), size, True)
-        path = self.db.path.parent / "quality-logits" / f"{key}.kld"  # beside the history that records it
+        path = self.db.path.parent.resolve() / "quality-logits" / f"{key}.kld"  # beside the history that records it
         path.parent.mkdir(parents=True, exist_ok=True)
         n_vocab = _n_vocab(p.server.argv)
         if n_vocab is not None:  # a token is at least a byte: the text's size bounds the chunks
