@@ -84,15 +84,19 @@ def test_text_too_short_is_an_input_error(bin_dir: Path, tmp_path: Path) -> None
     assert r.exit_code == 2 and "--ctx" in r.stderr
 
 
-def test_ik_llama_cpp_plans(ik_bin_dir: Path, bin_dir: Path, tmp_path: Path) -> None:
+def test_ik_llama_cpp_plans(ik_bin_dir: Path, bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe"), "f16").files[0]
     q4 = tmp_path / "m-q4.gguf"
     subprocess.run([str(ik_bin_dir / "llama-quantize"), str(model), str(q4), "q4_0"], check=True, capture_output=True)
     cpu = loopback_hw([])
     ref = _plan(tmp_path, model, cpu, "ref", "--engine", "ik_llama.cpp")
     cand = _plan(tmp_path, q4, cpu, "q4", "--engine", "ik_llama.cpp")
-    r = run_cli("quality", str(ref), str(cand), "--ctx", "128", "--chunks", "6", "--json")
+    # a relative --db (as `make demo` gives it): the logits file beside it, though the engine runs
+    # in a scratch directory
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("quality", str(ref), str(cand), "--ctx", "128", "--chunks", "6", "--json", "--db", "history.db")
     assert r.exit_code == 0, r.stderr
+    assert len(list((tmp_path / "quality-logits").glob("*.kld"))) == 1
     (c,) = json.loads(r.stdout)["candidates"]
     assert c["complete"] and c["kld"]["mean"] > 5e-4 and c["kld"]["p99"] > c["kld"]["mean"]
     assert 0.5 < c["top1_agree"]["mean"] < 0.999 and c["tokens"] == 6 * 63
