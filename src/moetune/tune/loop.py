@@ -340,7 +340,7 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     view = _view(entries, k, req, feats, values, goodputs)
     rates = {i: dflt.rates(db, e.run, req.workload) for i, e in enumerate(entries) if e.run is not None}
     d_rates = dflt.rates(db, defaults.run if defaults else None, req.workload)
-    rejected = _pp_rejections(req, rates, d_rates)
+    rejected = pp_rejections(req.objective, req.max_pp_loss, rates, d_rates)
     judged, best = verdicts(entries, values, None if view is None else view.expect, rejected)
     result = TuneResult(tid, req.objective, entries, 0, best, launches, stopped, k, values, summaries, judged,
                         plan_dir, req.workload, req.serve, goodputs, defaults, rates, d_rates, req.max_pp_loss)
@@ -380,14 +380,15 @@ def _launch_defaults(db: ResultsDB, req: TuneRequest, d: dflt.Defaults, plan_dir
         status(f"{dflt.LABEL}: failed: {str(err).splitlines()[0]}")
 
 
-def _pp_rejections(req: TuneRequest, rates: dict[int, dflt.Rates], d_rates: dflt.Rates) -> dict[int, str]:
+def pp_rejections(objective: str, max_pp_loss: float, rates: dict[int, dflt.Rates],
+                  d_rates: dflt.Rates) -> dict[int, str]:
     """--objective tg: the candidates that lose more than --max-pp-loss of a baseline's PP."""
-    if req.objective != "tg":
+    if objective != "tg":
         return {}
     refs = {name: pp for name, pp in (("baseline", rates[0].median("pp") if 0 in rates else None),
                                       (dflt.LABEL, d_rates.median("pp"))) if pp}
     pps = {i: pp for i, r in rates.items() if i != 0 and (pp := r.median("pp")) is not None}
-    return dflt.pp_rejections(pps, refs, req.max_pp_loss)
+    return dflt.pp_rejections(pps, refs, max_pp_loss)
 
 
 def _bench_values(samples: list[dict[str, Any]], req: TuneRequest) -> list[float]:

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from moetune.store.db import ResultsDB
-from moetune.tune.loop import Entry, TuneResult
+from moetune.tune.loop import Entry, TuneResult, pp_rejections
 from moetune.tune.verdict import verdicts
 
 
@@ -52,8 +52,10 @@ def guard(db: ResultsDB, result: TuneResult, max_kld: float, *, status: Callable
         if cand.kld.mean <= max_kld:
             break
         rejected.add(best)
+        # the PP rejections (--max-pp-loss) stand: a candidate they keep from winning stays out
+        pp_out = pp_rejections(result.objective, result.max_pp_loss, result.rates, result.defaults_rates)
         judged, new_best = verdicts(result.entries, {i: v for i, v in result.values.items() if i not in rejected},
-                                    None)
+                                    None, pp_out)
         for i in rejected:
             judged[i] = f"rejected: KLD {checked[i]['kld']['mean']:.6f} above --max-kld {max_kld:g}"
         if new_best is not None and new_best != 0:
