@@ -66,7 +66,10 @@ def worker(bin_dir: Path) -> Iterator[list[str]]:
 def test_ledger_matches_llama_fit_params_at_full_scale(bin_dir: Path, worker: list[str], replicas: dict[str, ModelProfile],
                                                         preset: str, ctx: int, ub: int, cache: str, fa: bool) -> None:
     hw = from_dict(loopback_hw(worker, mem_mib=1e7, cpu_ram_mib=1e8))
-    s = Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=cache, ctv=cache if fa else "f16", flash_attn=fa)
+    # repack=False: mainline's default would copy the CPU experts into a CPU_REPACK buffer (41 GiB
+    # here, refused: the sparse replica's weights only fit as a mapping)
+    s = Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=cache, ctv=cache if fa else "f16", flash_attn=fa,
+                 repack=False)
     sp = make_plan([ServiceSpec("t", replicas[preset], s, "cpu-moe")], hw).main
     r = subprocess.run([str(bin_dir / "llama-fit-params"), *strip_flags(service_argv(sp)), "-lv", "4"],
                        capture_output=True, text=True, timeout=120)
@@ -86,7 +89,7 @@ def test_ledger_matches_llama_servers_own_reserve_at_full_scale(bin_dir: Path, t
     p = load_profile(generate(tmp_path / "next.gguf", arch, dims, mainline_recipe("qwen3-coder-next"), shards=2,
                               sparse=True).files[0])
     with rpc_workers(bin_dir, 2) as ends:
-        s = Settings(ctx=65536, ubatch=2048, ctk="f16", ctv="f16", slots=4)
+        s = Settings(ctx=65536, ubatch=2048, ctk="f16", ctv="f16", slots=4, repack=False)
         sp = make_plan([ServiceSpec("t", p, s, "cpu-moe")], from_dict(loopback_hw(ends, mem_mib=1e7, cpu_ram_mib=1e8))).main
         ok, log = reserve_log(bin_dir / "llama-server", [*strip_endpoint(service_argv(sp)), "-lv", "4"], timeout=300)
     assert ok, log[-2000:]

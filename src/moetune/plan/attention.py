@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from moetune.kinds import EngineKind
 from moetune.plan.settings import Settings
 
 MIN_GAIN = 0.02  # a variant replaces the default only if predicted at least this much faster
@@ -38,7 +39,11 @@ def decision_depth(s: Settings) -> int:
 
 def variants(s: Settings, choose: Choose) -> list[Settings]:
     """The settings to compare, the default first (flash attention on, the given or an f16 cache);
-    only combinations the engine accepts (a quantized V cache needs flash attention)."""
+    only combinations the engine accepts (a quantized V cache needs flash attention). The terms
+    were measured on mainline: ik_llama.cpp keeps its defaults (seen: ik's RPC worker crashed on a
+    q8_0 cache the choice had picked, in llama-sweep-bench)."""
+    if s.engine != EngineKind.MAINLINE:
+        return [s]
     fas = (True, False) if choose.flash_attn else (s.flash_attn,)
     caches = CACHES if choose.cache else ((s.ctk, s.ctv),)
     out = [replace(s, flash_attn=fa, ctk=k, ctv=v) for fa in fas for k, v in caches if fa or v == "f16"]
