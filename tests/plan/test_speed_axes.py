@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from moetune.hardware.inventory import Inventory, load
+from moetune.hardware.inventory import Inventory, from_dict, load
+from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile, load_profile
 from moetune.plan.calibrate import FITTED, Observation, fit
 from moetune.plan.placement import cpu_moe
@@ -50,6 +51,19 @@ def test_repacked_weights_multiply_faster(testbed: tuple[ModelProfile, Inventory
     p, hw = testbed
     pp = [predict(p, hw, cpu_moe(p, hw), Settings(threads=2, repack=r)).pp_tok_s for r in (False, True)]
     assert pp[1] > pp[0]
+
+
+def test_beside_a_local_gpu_mainline_does_not_repack_so_neither_does_the_prediction(
+        testbed: tuple[ModelProfile, Inventory]) -> None:
+    # the CUDA host buffer type comes before the repack buffers (the ledger's repack line is empty
+    # there too); ik's -rtr repacks in place all the same
+    p, _ = testbed
+    hw = from_dict({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20},
+                               "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 24000, "bw_gbs": 900}]}]})
+    for engine, gains in ((EngineKind.MAINLINE, False), (EngineKind.IK, True)):
+        tg = [predict(p, hw, cpu_moe(p, hw), Settings(threads=2, repack=r, engine=engine)).tg_tok_s
+              for r in (False, True)]
+        assert (tg[1] > tg[0] * 1.02) is gains, (engine, tg)
 
 
 def test_a_small_ubatch_rereads_the_weights_and_costs_prefill(testbed: tuple[ModelProfile, Inventory]) -> None:

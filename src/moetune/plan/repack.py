@@ -92,6 +92,12 @@ def cpu_repack_ok(t: Tensor, isa: Iterable[str]) -> bool:
     return rule is not None and t.shape[1] % rule[1] == 0
 
 
+def repacks_cpu_weights(engine: str, repack: bool, local_gpu: bool) -> bool:
+    """Whether the CPU-resident weights run repacked at all: ik's ``-rtr`` in place, mainline's
+    buffers unless a local CUDA GPU's host buffer comes first (:func:`repacked` says which)."""
+    return repack and not (engine == EngineKind.MAINLINE and local_gpu)
+
+
 def repacked(cpu_tensors: Iterable[Tensor], *, engine: str, repack: bool, isa: Iterable[str] | None,
              local_gpu: bool) -> Repacked:
     """What mainline moves into its repack buffers, of the CPU-resident tensors (``isa``: the CPU's

@@ -39,6 +39,7 @@ from moetune.model.profile import ModelProfile
 from moetune.model.routing import Routing, touched_by
 from moetune.plan.ledger import loaded
 from moetune.plan.placement import CPU, Placement, tensor_device
+from moetune.plan.repack import repacks_cpu_weights
 from moetune.plan.settings import Settings
 
 GB = 1e9
@@ -400,6 +401,7 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
     devs = {d.name: d for d in hw.devices()}
     local_threads = min(s.threads or hw.local.cores, hw.local.cores)
     local_batch_threads = min(s.threads_batch, hw.local.cores) if s.threads_batch else 0
+    local_gpu = any(d.kind == DeviceKind.GPU for d in hw.local.devices)
     out = []
     for name in sorted(set(read) | set(ctx_flop) | set(flop_win)):
         dev = devs.get(name) or hw.cpu()
@@ -416,7 +418,7 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
             kv_bytes_windowed=kv_win.get(name, 0.0), ctx_flop_windowed=flop_win.get(name, 0.0),
             window=kv.n_swa if name in flop_win else 0, flash_attn=s.flash_attn,
             ctx_quant_share=_share(quant_flop.get(name, 0.0), ctx_flop.get(name, 0.0) + flop_win.get(name, 0.0)),
-            repacked=s.repacks and dev.kind == DeviceKind.CPU))
+            repacked=dev.kind == DeviceKind.CPU and repacks_cpu_weights(s.engine, s.repacks, local_gpu)))
     n_splits, hops = graph_splits(p, pl, experts)
     kinds = {name: d.kind for name, d in devs.items()}
     rpc_hops = sum(1 for src, dst in hops if kinds.get(src) == DeviceKind.RPC or kinds.get(dst) == DeviceKind.RPC)
