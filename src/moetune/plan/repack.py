@@ -103,7 +103,7 @@ def repacked(cpu_tensors: Iterable[Tensor], *, engine: str, repack: bool, isa: I
     """What mainline moves into its repack buffers, of the CPU-resident tensors (``isa``: the CPU's
     extensions, None: :data:`X86_DEFAULT_ISA`; ``local_gpu``: a CUDA host buffer comes first, and
     nothing is repacked). ik_llama.cpp's ``-rtr`` repacks in place: no buffer here."""
-    if engine != EngineKind.MAINLINE or not repack or local_gpu:
+    if engine != EngineKind.MAINLINE or not repacks_cpu_weights(engine, repack, local_gpu):
         return Repacked()
     has = tuple(X86_DEFAULT_ISA if isa is None else isa)
     sizes: dict[str, int] = {}
