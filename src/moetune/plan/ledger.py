@@ -151,12 +151,11 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
     weights: dict[str, int] = defaultdict(int)
     on: dict[str, list[str]] = defaultdict(list)
     spans: dict[int, list[int]] = {}
-    tensors = loaded(p, s)
-    rp = repack_buffers(tensors, hw, pl, s, experts)
+    placed = [(t, tensor_device(t, pl, experts)) for t in loaded(p, s)]
+    rp = repack_buffers([t for t, d in placed if d == CPU], hw, s)
     share = graph_split.shares(hw) if s.split_mode == "graph" else {}
     split: dict[str, float] = defaultdict(float)  # graph split: each GPU's part of the CUDA_Split buffer
-    for t in tensors:
-        d = tensor_device(t, pl, experts)
+    for t, d in placed:
         on[d].append(t.name)
         if graph_split.is_split(t, d, pl.layer_device, p.n_layer, share):
             for g, b in graph_split.parts(t, share).items():
@@ -238,11 +237,10 @@ def checkpoints_item(kv: KVShape, s: Settings, service: str = "") -> Item | None
                      "are processed, not at load (--ctx-checkpoints)")
 
 
-def repack_buffers(tensors: list[Tensor], hw: Inventory, pl: Placement, s: Settings,
-                   experts: dict[str, str]) -> Repacked:
-    """The CPU-resident weights mainline moves into its repack buffers (AMX, CPU_REPACK) where the
-    plan repacks (:mod:`moetune.plan.repack`): the ledger's ``repack`` line, beside the mapped file."""
-    cpu = [t for t in tensors if tensor_device(t, pl, experts) == CPU]
+def repack_buffers(cpu: list[Tensor], hw: Inventory, s: Settings) -> Repacked:
+    """Of the CPU-resident weights, those mainline moves into its repack buffers (AMX, CPU_REPACK)
+    where the plan repacks (:mod:`moetune.plan.repack`): the ledger's ``repack`` line, beside the
+    mapped file."""
     return repacked(cpu, engine=s.engine, repack=s.repacks, isa=hw.local.cpu_isa,
                     local_gpu=any(d.kind == DeviceKind.GPU for d in hw.local.devices))
 
