@@ -25,6 +25,16 @@ def test_max_kld_never_returns_a_candidate_above_the_limit(bin_dir: Path, tmp_pa
         q8 = next((i for i, e in enumerate(entries) if e.candidate.ctk == "q8_0" and values.get(i)), best)
         return judged, q8
 
+    import moetune.tune.report as report
+
+    seen: list[Any] = []
+    real_json = report.result_json
+
+    def keep(result: Any, kld: Any = None) -> Any:  # the result, to render the table the text output prints
+        seen.append((result, kld))
+        return real_json(result, kld)
+
+    monkeypatch.setattr(report, "result_json", keep)
     monkeypatch.setattr(loop, "verdicts", q8_wins)
     monkeypatch.setattr(loop.core, "choose", lambda belief, best, open_, noise, gains: (open_[0], 1.0))
     model, hw = make_testbed(tmp_path)
@@ -41,3 +51,14 @@ def test_max_kld_never_returns_a_candidate_above_the_limit(bin_dir: Path, tmp_pa
     assert "--max-kld: checking" in r.stderr
     assert checked[q8]["kld"]["mean"] > 0 and checked[q8]["verdict"] in ("same", "close", "worse")
     assert by[q8]["verdict"].startswith("rejected: KLD") and doc["best"]["label"] != q8
+    # the candidates carry the KLD measured, and the table has its column
+    assert by[q8]["kld"] == checked[q8]["kld"]["mean"]
+    assert all(c["kld"] is None for label, c in by.items() if label != q8)
+    from rich.console import Console
+
+    from moetune.tune.report import result_table
+
+    console = Console(width=400, record=True)
+    console.print(result_table(*seen[-1]))
+    text = console.export_text()
+    assert "KLD" in text and f"{checked[q8]['kld']['mean']:.6f}" in text and "baseline" in text

@@ -180,3 +180,23 @@ def test_plot_panels_are_titled_by_their_axis_with_a_tick_at_each_level() -> Non
     assert dp.title == "TG vs context depth" and dp.xticks == (0.0, 4096.0) and not dp.log_x
     (bar,) = panels([rm(1, "a", BASE)])
     assert (bar.style, bar.title) == ("bar", "TG")
+
+
+def test_quality_rows_are_worded_better_or_worse_not_faster() -> None:
+    """A lower KLD is better, not faster: the views word quality verdicts by their family, while the
+    JSON keeps the verdict's code and says the family."""
+    from moetune.quality.metrics import quality_metrics
+
+    def q(run: int, label: str, klds: list[float]) -> RunMetrics:
+        return RunMetrics(run, label, RunKind.QUALITY, "done", quality_metrics({"kld": k} for k in klds))
+
+    c = compare(q(1, "f16", [0.010, 0.011, 0.012, 0.011, 0.010]),
+                [q(2, "q4", [0.050, 0.052, 0.051, 0.049, 0.050]), q(3, "q8", [0.002, 0.002, 0.003, 0.002, 0.002])])
+    md = comparison_markdown(c)
+    assert "worse" in md and "better" in md and "faster" not in md.split("median [")[0]
+    assert "better/worse for quality" in md
+    assert [r["verdict"] for r in c.to_json()["rows"]] == ["slower", "faster"]
+    assert {r["family"] for r in c.to_json()["rows"]} == {"quality"}
+    # a speed comparison keeps its words and its legend
+    s = comparison_markdown(compare(rm(1, "a", BASE), [rm(2, "b", [21.73, 21.75, 21.77, 21.74, 21.76])]))
+    assert "faster" in s and "better/worse" not in s

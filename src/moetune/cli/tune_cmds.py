@@ -190,7 +190,8 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
             from moetune.tune.quality_guard import guard
 
             result, checked = guard(db, result, max_kld, status=status)
-        doc = result_json(result)
+        kld = None if max_kld is None else {i: float(q["kld"]["mean"]) for i, q in checked.items()}
+        doc = result_json(result, kld)
         doc["quality_guard"] = None if max_kld is None else {
             "max_kld": max_kld, "checked": {result.entries[i].candidate.label: q for i, q in checked.items()}}
     if result.best is None:
@@ -203,7 +204,7 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     if as_json:
         print_json(doc)
     else:
-        _print_result(result, doc)
+        _print_result(result, doc, kld)
     if result.best is None:
         raise RuntimeFailure(f"no configuration was measured: every launch of tune {result.tune_id} failed"
                              + (f" (-o {output} not written)" if output else ""),
@@ -211,11 +212,11 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
                                   "--strategy cpu-moe) and run it again")
 
 
-def _print_result(result: TuneResult, doc: dict[str, Any]) -> None:
+def _print_result(result: TuneResult, doc: dict[str, Any], kld: dict[int, float] | None) -> None:
     from moetune.cli.common import print_text, print_wide
     from moetune.tune.report import result_table
 
-    print_wide(result_table(result))
+    print_wide(result_table(result, kld))
     out.print(f"stopped: {result.stopped}; {result.launches} launches; tune {result.tune_id}", markup=False)
     if result.best is None:
         out.print("best: none (no configuration was measured)", markup=False)

@@ -19,7 +19,7 @@ medians; "same" when it includes 1 or the change is under the practical threshol
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 from moetune.bench.analysis.link import link_metric_samples
@@ -38,6 +38,7 @@ from moetune.bench.analysis.warnings import NOISE, Warning, bench_warnings
 from moetune.errors import InputError
 from moetune.kinds import RunKind, RunStatus
 from moetune.quality.metrics import qa_metrics, quality_metrics
+from moetune.report.quality_beside import QualityBeside, quality_of
 from moetune.store.db import ResultsDB, Run
 from moetune.store.record import LaunchRef
 
@@ -59,6 +60,7 @@ class RunMetrics:
     transport: str | None = None  # the RPC transport confirmed at launch (none without RPC); None: not launched
     flags: tuple[str, ...] = ()  # contended, noisy (moetune.contention.RunFlags)
     flag_notes: tuple[str, ...] = ()  # what they say
+    quality: QualityBeside | None = None  # `moetune quality`'s newest run of the same plan
 
     @property
     def marked(self) -> str:
@@ -81,15 +83,17 @@ class CompareRow:
     change_pct: float
     change_ci_low_pct: float
     change_ci_high_pct: float
-    verdict: str  # faster | slower | same
+    verdict: str  # faster | slower | same (better and worse in the metric's direction, whatever it measures)
     noisy: bool = False  # "same" only because the interval is wide: the medians differ by more than the threshold
+    family: str = ""  # the metric's family (tg, pp, quality…): the views word a verdict by it
 
     def to_json(self) -> dict[str, Any]:
         return {"run": self.run, "label": self.label, "metric": self.metric, "unit": self.unit,
                 "higher_is_better": self.higher_is_better, "n": self.n, "median": self.median,
                 "ci_low": self.ci_low, "ci_high": self.ci_high, "baseline_median": self.baseline_median,
                 "change_pct": self.change_pct, "change_ci_low_pct": self.change_ci_low_pct,
-                "change_ci_high_pct": self.change_ci_high_pct, "verdict": self.verdict, "noisy": self.noisy}
+                "change_ci_high_pct": self.change_ci_high_pct, "verdict": self.verdict, "noisy": self.noisy,
+                "family": self.family}
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +124,7 @@ class Comparison:
             "transports": {str(r.run): r.transport for r in [self.baseline, *self.others]},
             "not_compared": [{"run": o.run, "label": o.label, "kind": o.kind} for o in self.not_compared],
             "run_flags": {str(o.run): list(o.flags) for o in [self.baseline, *self.others] if o.flags},
+            "quality": {str(o.run): o.quality.to_json() for o in [self.baseline, *self.others] if o.quality},
             "notes": self.notes,
         }
 
@@ -150,9 +155,11 @@ def extract(run: Run, samples: Iterable[dict[str, Any]]) -> RunMetrics:
 
 
 def load(db: ResultsDB, runs: list[Run]) -> list[RunMetrics]:
+    """The runs' metrics, each with the quality measured of its plan, where there is one."""
     out = []
+    quality = quality_of(db, runs)
     for r in runs:
-        rm = extract(r, db.iter_samples(r.id))
+        rm = replace(extract(r, db.iter_samples(r.id)), quality=quality.get(r.id))
         if not rm.metrics:
             raise InputError(f"run {r.id} ({r.label}) has no measured samples to compare",
                              hint="it may have been interrupted before its first sample; run it again")
@@ -196,7 +203,7 @@ def compare(baseline: RunMetrics, others: list[RunMetrics], *, conf: float = DEF
             lo, hi = d.change_ci_pct
             noisy = d.verdict == SAME and abs(d.ratio - 1.0) >= min_change
             rows.append(CompareRow(o.run, o.label, name, ms.unit, ms.higher_is_better, s.n, s.median, s.ci_low,
-                                   s.ci_high, base_stats[name].median, d.change_pct, lo, hi, d.verdict, noisy))
+                                   s.ci_high, base_stats[name].median, d.change_pct, lo, hi, d.verdict, noisy, ms.family))
     return Comparison(baseline, base_stats, compared, rows, conf, min_change, notes, skipped)
 
 

@@ -16,10 +16,12 @@ from moetune.store.record import NO_RPC
 
 VERDICT_TEXT = {FASTER: "faster", SLOWER: "slower", SAME: "same"}
 VERDICT_STYLE = {FASTER: "green", SLOWER: "red", SAME: "dim"}
+# families whose metrics measure something other than speed: a lower KLD is better, not faster
+FAMILY_WORDS = {"quality": {FASTER: "better", SLOWER: "worse", SAME: "same"}}
 
 
 def verdict_text(r: CompareRow) -> str:
-    return VERDICT_TEXT[r.verdict] + (" (noisy)" if r.noisy else "")
+    return FAMILY_WORDS.get(r.family, VERDICT_TEXT)[r.verdict] + (" (noisy)" if r.noisy else "")
 
 
 def fmt(x: float) -> str:
@@ -79,9 +81,20 @@ def _unit(c: Comparison, names: list[str]) -> str:
     return c.baseline.metrics[names[0]].unit if names else ""
 
 
+def quality_line(c: Comparison) -> str | None:
+    """``quality of the same plans (moetune quality): A reference…; B KLD …``; None when no run has one."""
+    runs = [c.baseline, *c.others]
+    if not any(r.quality for r in runs):
+        return None
+    return "quality of the same plans (moetune quality): " + "; ".join(
+        f"{r.label} {r.quality.text() if r.quality else 'not measured'}" for r in runs)
+
+
 def legend(c: Comparison) -> str:
+    worded = sorted({r.family for r in c.rows if r.family in FAMILY_WORDS})
+    words = "faster/slower" + (f" (better/worse for {', '.join(worded)})" if worded else "")
     return (f"median [{c.conf * 100:.0f}% CI]; change vs baseline {c.baseline.label} (run {c.baseline.run}): "
-            f"faster/slower when the {c.conf * 100:.0f}% CI of the ratio of medians excludes 1 and the change is "
+            f"{words} when the {c.conf * 100:.0f}% CI of the ratio of medians excludes 1 and the change is "
             f"at least {c.min_change * 100:g}%, else same (no significant difference); same (noisy): the medians "
             f"differ more than that, but the runs are too noisy to tell")
 
@@ -112,6 +125,8 @@ def comparison_table(c: Comparison) -> Group:
                 row.append(cell)
             t.add_row(*row)
         tables.append(t)
+    if q := quality_line(c):
+        tables.append(Text(q))
     tables.append(Text(legend(c), style="dim"))
     return Group(*tables)
 
@@ -133,6 +148,8 @@ def comparison_markdown(c: Comparison) -> str:
                 vals.append(text)
             out.append("| " + " | ".join([label, str(run), *([tr[run]] if tr is not None else []), *vals]) + " |")
         out.append("")
+    if q := quality_line(c):
+        out += [q, ""]
     return "\n".join(out) + legend(c) + "\n"
 
 

@@ -69,12 +69,14 @@ def _predicted(r: TuneResult, i: int) -> dict[str, Any]:
     return out
 
 
-def result_json(r: TuneResult) -> dict[str, Any]:
+def result_json(r: TuneResult, kld: dict[int, float] | None = None) -> dict[str, Any]:
+    """The result as a document; ``kld``: the mean KLD from the baseline of the candidates
+    ``--max-kld`` measured, by candidate index (a candidate's ``kld`` is null where none was)."""
     cands = []
     for i, e in enumerate(r.entries):
         cands.append({"label": e.candidate.label, "launched": e.run is not None or e.failed is not None,
                       "fits": e.fits, "predicted": _predicted(r, i), "measured": _measured(r, i),
-                      "verdict": r.verdicts.get(i, "")})
+                      "verdict": r.verdicts.get(i, ""), "kld": (kld or {}).get(i)})
     return {"tune": r.tune_id, "objective": r.objective, "launches": r.launches, "stopped": r.stopped,
             "workload": None if r.serve else _workload(r),
             "serve": r.serve.to_json() if r.serve else None,
@@ -120,12 +122,29 @@ def _opt(x: float | None) -> str:
     return "" if x is None else fmt(x)
 
 
-def result_table(r: TuneResult) -> Any:
+def _kld_cell(r: TuneResult, c: dict[str, Any]) -> str:
+    from moetune.tune.quality_guard import changes_numerics
+
+    if c["kld"] is not None:
+        return f"{c['kld']:.6f}"
+    if not c["launched"]:
+        return ""
+    i = next(i for i, e in enumerate(r.entries) if e.candidate.label == c["label"])
+    if i == r.baseline:
+        return "baseline"
+    return "not checked" if changes_numerics(r.entries[r.baseline], r.entries[i]) else "same numerics"
+
+
+def result_table(r: TuneResult, kld: dict[int, float] | None = None) -> Any:
+    """The candidates as a table; with ``kld`` (``--max-kld``'s measurements) a KLD column: the mean
+    KLD from the baseline where it was measured; "same numerics" for a launched candidate that moves the
+    baseline's arithmetic elsewhere (placement, threads), "not checked" for one that changes it but was
+    never the best."""
     from rich.table import Table
 
     from moetune.report.compare_view import fmt
 
-    doc = result_json(r)
+    doc = result_json(r, kld)
     wl = f" ({dflt.workload_text(r.workload)})" if r.serve is None else ""
     t = Table(title=f"tune {r.tune_id}: objective {r.objective}{wl}", title_justify="left")
     key = {"tg": "tg_tok_s", "pp": "pp_tok_s", "ttft": "tg_tok_s", "goodput": "goodput_req_s"}[r.objective]
@@ -144,15 +163,18 @@ def result_table(r: TuneResult) -> Any:
             t.add_row(c["label"], fmt(p["goodput_req_s"]), fmt(p["ttft_ms"]), fmt(p["itl_ms"]), _cell(g or None), met,
                       _opt(sv.get("ttft_ms_p50")), _opt(sv.get("itl_ms_p50")), c["verdict"])
         return t
-    for col in ("candidate", "predicted TG", "predicted PP", "TG [95% CI]", "PP [95% CI]", "verdict"):
+    quality = kld is not None
+    for col in ("candidate", "predicted TG", "predicted PP", "TG [95% CI]", "PP [95% CI]",
+                *(["KLD"] if quality else []), "verdict"):
         t.add_column(col)
     for c in rows:
         m = c["measured"] or {}
+        q = [] if not quality else [_kld_cell(r, c)]
         t.add_row(c["label"], fmt(c["predicted"]["tg_tok_s"]), fmt(c["predicted"]["pp_tok_s"]),
-                  _cell(m.get("tg_tok_s")), _cell(m.get("pp_tok_s")), c["verdict"])
+                  _cell(m.get("tg_tok_s")), _cell(m.get("pp_tok_s")), *q, c["verdict"])
     d = doc["engine_defaults"]
     if d is not None:
-        t.add_row(dflt.LABEL, "", "", _cell(d["tg_tok_s"]), _cell(d["pp_tok_s"]),
+        t.add_row(dflt.LABEL, "", "", _cell(d["tg_tok_s"]), _cell(d["pp_tok_s"]), *([""] if quality else []),
                   "failed: " + d["failed"].splitlines()[0] if d["failed"] else "the engine with no tuning flags")
     return t
 
