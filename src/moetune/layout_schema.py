@@ -32,6 +32,7 @@ class ServiceIn(BaseModel):
     threads_batch: int | None = Field(default=None, gt=0)
     ctx_checkpoints: int | None = Field(default=None, ge=0)  # --ctx-checkpoints (None: the plan's, else the engine's)
     split_mode: Literal["layer", "graph"] | None = None  # --split-mode (None: the plan's)
+    cache_ram: int | None = Field(default=None, ge=-1)  # --cache-ram MiB (None: the plan's)
     args: list[str] = Field(default_factory=list)  # extra llama-server arguments, checked like --engine-arg
     # the server's environment, besides moetune's own
     env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(default_factory=dict)

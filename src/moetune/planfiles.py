@@ -69,7 +69,8 @@ def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list
                            ctv=s.ctv, flash_attn=s.flash_attn, amb_mib=s.amb, threads=s.threads or base.threads,
                            threads_batch=s.threads_batch or base.threads_batch, server=server,
                            ctx_checkpoints=base.ctx_checkpoints if s.ctx_checkpoints is None else s.ctx_checkpoints,
-                           split_mode=s.split_mode or base.split_mode)
+                           split_mode=s.split_mode or base.split_mode,
+                           cache_ram_mib=base.cache_ram_mib if s.cache_ram is None else s.cache_ram)
         settings = lift_extra(settings)  # the service's args: flags a plan option says, taken as it
         model = s.model if is_url(s.model) else absolute(p.parent / os.path.expanduser(s.model))
         spec = ServiceSpec(s.name, load_profile(model), settings,
@@ -121,6 +122,14 @@ def _with_engine(s: ServiceSpec, engine: str, kind: EngineKind) -> ServiceSpec:
     if s.engine:
         engine, kind = registry.resolve(s.engine)
     return replace(s, engine=engine, settings=replace(s.settings, engine=kind))
+
+
+def layout_services(path: str | Path, base: Settings, base_port: int, engine: str,
+                    kind: EngineKind) -> tuple[list[ServiceSpec], list[str]]:
+    """A layout file's services on their engines (each its own, else the plan's), and their models
+    as the file gives them."""
+    loaded = load_layout(path, base, base_port)
+    return [_with_engine(s, engine, kind) for s, _ in loaded], [g for _, g in loaded]
 
 
 def calibration_for(hw: inventory.Inventory, kind: EngineKind) -> dict[str, Any] | None:
@@ -257,9 +266,7 @@ def plan_files(req: PlanRequest) -> Planned:
                 inventory.RPC_PUBLIC_BIND_REMEDY) for node, why in inventory.public_binds(hw)]
     base = replace(req.settings, engine=kind)
     if req.layout is not None:
-        loaded = load_layout(req.layout, base, req.port)
-        services = [_with_engine(s, engine, kind) for s, _ in loaded]
-        given = [g for _, g in loaded]
+        services, given = layout_services(req.layout, base, req.port, engine, kind)
         for s in services:
             try:
                 check_process_name(s.name)

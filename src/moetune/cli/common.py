@@ -121,6 +121,9 @@ def plan_options(f: F) -> F:
         click.option("--ctx-checkpoints", type=click.IntRange(0, 4096), metavar="N",
                      help="Context checkpoints each slot keeps (hybrid recurrent and sliding-window models; "
                           "default: the engine's 32). The ledger counts their host RAM."),
+        click.option("--cache-ram", "cache_ram", type=click.IntRange(-1), metavar="MIB",
+                     help="Host RAM mainline's prompt cache may hold (-1 no limit, 0 none; default: the engine's "
+                          "8192 where the host has it left, else what is left). The ledger counts it."),
         click.option("--split-mode", type=click.Choice(["layer", "graph"]), default="layer", show_default=True,
                      help="graph (ik_llama.cpp, two or more GPUs): divide every offloaded layer across the GPUs "
                           "(-sm graph) instead of giving each layer to one."),
@@ -180,7 +183,8 @@ def plan_settings(kw: dict[str, Any]) -> Any:
                         mmap=not kw["no_mmap"], repack=REPACK_CHOICES[kw["repack"]],
                         amb_mib=kw["amb"], threads=kw["threads"], threads_batch=kw["threads_batch"],
                         merge_qkv=kw["merge_qkv"], merge_up_gate=kw["muge"], grouped_experts=kw["ger"],
-                        ctx_checkpoints=kw["ctx_checkpoints"], split_mode=kw["split_mode"], server=server)
+                        ctx_checkpoints=kw["ctx_checkpoints"], split_mode=kw["split_mode"],
+                        cache_ram_mib=kw["cache_ram"], server=server)
     return lift_extra(settings)  # --engine-arg=--alias X: the same as --alias X
 
 

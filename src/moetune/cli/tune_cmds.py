@@ -53,7 +53,11 @@ def _list(kind: str) -> Any:
 
 
 @click.command("tune")
-@click.argument("model")
+@click.argument("model", required=False)
+@click.option("--layout", "layout", type=click.Path(path_type=Path),
+              help="Tune one service of this layout file (`moetune plan --layout`) instead of MODEL alone: the "
+                   "others keep their placements, planned first, so no candidate takes their memory.")
+@click.option("--service", help="With --layout: the service to tune.")
 @plan_options
 @click.option("--budget", type=click.IntRange(1, 100), default=5, show_default=True,
               help="Launches at most (the baseline's included; the engine-defaults run is not counted).")
@@ -114,7 +118,7 @@ def _list(kind: str) -> Any:
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the winning plan here.")
 @db_option
 @json_option
-def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | None, port: int, budget: int,
+def tune_cmd(model: str | None, layout: Path | None, service: str | None, hw_path: str | None, strategy: str, engine_name: str | None, port: int, budget: int,
              objective: str, slo: str | None, concurrency: int | None, requests: int | None, depth: int,
              pp_tokens: int, tg_tokens: int, repeats: int, warmup: int,
              try_strategy_s: tuple[str, ...], try_threads: tuple[int, ...] | None,
@@ -145,6 +149,12 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     --try-transport tcp,rdma makes the transport an axis: each candidate is then the same plan
     launched over each transport (the load time is stored with every run; `moetune compare`).
 
+    With --layout FILE --service NAME, one service of a layout is tuned while the others keep the
+    placements `moetune plan --layout` gives them: they are planned first, so a candidate that would
+    take their memory does not fit and is never launched. Each candidate is the whole layout (the
+    winner written with -o is the layout's plan) and is launched whole; NAME's server is measured
+    while the others stand idle. The engine-defaults run is NAME's model alone.
+
     --objective goodput measures each candidate with serve-bench instead: --concurrency closed-loop
     streams (the plan gets as many slots), --requests requests of --pp-tokens prompt tokens and
     --tg-tokens output tokens, and the rate of requests meeting every --slo target.
@@ -164,6 +174,10 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
 
     require_hw(hw_path)
     assert hw_path is not None
+    if (model is None) == (layout is None):
+        raise click.UsageError("give a MODEL, or --layout FILE --service NAME (not both)")
+    if (layout is None) != (service is None):
+        raise click.UsageError("--service names the layout's service to tune: give --layout and --service together")
     try_strategy = split_strategies(try_strategy_s) if try_strategy_s else None
     serve = _serve_load(objective, slo, concurrency, requests, depth, pp_tokens, tg_tokens)
     (workload,) = expand([], [], depths=[depth], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
@@ -175,10 +189,10 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
             if v is not None}
     routing = settings_kw.pop("routing")
     port = plan_port(settings_kw, port)
-    req = TuneRequest(hw_path, model, plan_settings(settings_kw), workload,
+    req = TuneRequest(hw_path, model or "", plan_settings(settings_kw), workload,
                       BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,
                       port, objective, budget, axes, launch_timeout_s, serve, routing, transport or "tcp", rdma_dev,
-                      max_pp_loss / 100)
+                      max_pp_loss / 100, layout, service)
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
         def status(s: str) -> None:
             err.print(f"[dim]{s}[/]")

@@ -46,7 +46,9 @@ def service_dialect(sp: ServicePlan, facts: Facts | None = None) -> Dialect:
 def service_argv(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     """The arguments after llama-server for one service of a plan."""
     spec = sp.spec
-    extra = ["--device", ",".join(spec.devices)] if spec.devices else []
+    # the devices as the engine names them: RPC devices numbered across the service's own endpoints
+    names = sp.hw.engine_names()
+    extra = ["--device", ",".join(names[d.name] for d in sp.hw.accelerators())] if spec.devices else []
     return server_argv(spec.model, sp.placement, spec.settings, service_dialect(sp, facts), engine=spec.engine or "",
                        port=spec.port, rpc=sp.hw.rpc_endpoints(), extra=extra, accelerators=_accelerators(sp))
 

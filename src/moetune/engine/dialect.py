@@ -38,6 +38,7 @@ class Dialect:
     kv_unified: tuple[str, ...] = ("--kv-unified",)
     swa_full: tuple[str, ...] = ("--swa-full",)  # sliding-window layers' cache for the whole context
     ctx_checkpoints: str = "--ctx-checkpoints"  # both engines: checkpoints per slot
+    cache_ram: str | None = "--cache-ram"  # mainline's prompt cache in host RAM (MiB)
     split_mode: str = "-sm"
     cpu_moe: str = "--cpu-moe"
     n_cpu_moe: NCpuMoeRule = NCpuMoeRule.FIRST  # which layers --n-cpu-moe N keeps on the CPU
@@ -67,6 +68,7 @@ IK_DIALECT = Dialect(
     jinja=("--jinja",),
     kv_unified=(),
     swa_full=(),  # no split cache to make full: every layer's holds the context already
+    cache_ram=None,  # ik_llama.cpp 0.1.5 has no host prompt cache
     n_cpu_moe=NCpuMoeRule.IK_SPLIT_TAIL,
     amb="-amb",
     mla="-mla",

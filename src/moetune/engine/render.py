@@ -141,6 +141,12 @@ def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, engi
     if s.ctx_checkpoints is not None:
         need_flag(d, engine or d.kind, "--ctx-checkpoints", d.ctx_checkpoints)
         argv += [d.ctx_checkpoints, str(s.ctx_checkpoints)]
+    if s.cache_ram_mib is not None and d.cache_ram:
+        need_flag(d, engine or d.kind, "--cache-ram", d.cache_ram)
+        argv += [d.cache_ram, str(s.cache_ram_mib)]
+    elif s.cache_ram_mib:  # 0 says what an engine without a prompt cache does anyway
+        raise InputError(f"--cache-ram: engine {engine or d.kind} keeps no prompt cache in host RAM",
+                         hint="leave --cache-ram out")
     argv += [d.ngl, d.ngl_all]
     if s.split_mode != "layer":
         need_flag(d, engine or d.kind, "--split-mode", d.split_mode)

@@ -35,6 +35,7 @@ _MANAGED: tuple[tuple[tuple[str, ...], str], ...] = (
       "--fit-target"), _STRATEGY),
     (("-sm", "--split-mode"), "--split-mode layer|graph (graph: ik_llama.cpp, divided across the GPUs in the ledger)"),
     (("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"), "--ctx-checkpoints N (the ledger counts their host memory)"),
+    (("-cram", "--cache-ram"), "--cache-ram MIB (the ledger counts the prompt cache's host memory)"),
     (("-dev", "--device"), "the hardware file's devices (a layout service's devices:)"),
     (("--rpc",), "the hardware file's nodes"),
     (("--host", "--port"), "--listen ADDR:PORT"),

@@ -27,7 +27,7 @@ MIB = 1 << 20
 @dataclass(frozen=True, slots=True)
 class Item:
     what: str  # weights | weights (pinned) | weights (mapped) | weights (split) | repack | kv | rs | compute | output
-    #            | checkpoints | overhead | margin
+    #            | checkpoints | prompt cache | overhead | margin
     mib: float
     service: str = ""
     note: str = ""  # how the figure arises, where the name alone does not say
@@ -235,6 +235,44 @@ def checkpoints_item(kv: KVShape, s: Settings, service: str = "") -> Item | None
     return Item("checkpoints", s.slots * n * each / MIB, service,
                 note=f"{s.slots} slot(s) x up to {n} x {each / MIB:.3f} MiB: host RAM the server takes as prompts "
                      "are processed, not at load (--ctx-checkpoints)")
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCache:
+    """Mainline's prompt cache in host RAM (``server_prompt_cache``): the ledger's item, and the
+    ``--cache-ram`` the command says (None: the engine's default stands)."""
+
+    item: Item | None
+    cache_ram_mib: int | None
+
+
+def prompt_cache(s: Settings, kv_mib: float, room_mib: float, service: str = "") -> PromptCache:
+    """The prompt cache a service's server may fill as requests come (states of finished prompts,
+    their checkpoints with them, oldest dropped first), bounded by ``--cache-ram`` MiB; with -1 by
+    the context's tokens (``n_ctx``: about ``kv_mib``, one full cache). Left to the engine (None),
+    it is mainline's 8 GiB where the host has that much left (``room_mib``, after every service's
+    weights and caches), else what is left: the plan then says ``--cache-ram`` with it, so the cache
+    never takes the RAM the weights need. ik_llama.cpp keeps none."""
+    from moetune.plan.settings import ENGINE_CACHE_RAM_MIB
+
+    v = s.cache_ram_mib
+    if s.engine != EngineKind.MAINLINE or v == 0:
+        return PromptCache(None, v)
+    grows = "host RAM the server takes as prompts are cached, not at load"
+    if v == -1:
+        return PromptCache(Item("prompt cache", kv_mib, service, f"--cache-ram -1 (no limit): up to the context's "
+                                                                  f"tokens of cached prompts; {grows}"), v)
+    if v is not None:
+        return PromptCache(Item("prompt cache", float(v), service, f"--cache-ram {v}: {grows}"), v)
+    cap = int(max(0.0, min(float(ENGINE_CACHE_RAM_MIB), room_mib)))
+    if cap >= ENGINE_CACHE_RAM_MIB:
+        return PromptCache(Item("prompt cache", float(ENGINE_CACHE_RAM_MIB), service,
+                                f"the engine's default --cache-ram {ENGINE_CACHE_RAM_MIB}: {grows}"), None)
+    if cap == 0:
+        return PromptCache(None, 0)  # no room left: --cache-ram 0, the server caches no prompts
+    return PromptCache(Item("prompt cache", float(cap), service,
+                            f"--cache-ram {cap}: the host RAM left of the engine's {ENGINE_CACHE_RAM_MIB}; {grows}"),
+                       cap)
 
 
 def repack_buffers(cpu: list[Tensor], hw: Inventory, s: Settings) -> Repacked:

@@ -8,17 +8,18 @@ orchestrator's experts take the memory the workers do not need (the reference's 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import moetune.plan.attention as attention
 from moetune.errors import InputError
-from moetune.hardware.inventory import Inventory, Node
+from moetune.hardware.inventory import Inventory, Node, rpc_name
 from moetune.kinds import DeviceKind, EngineKind
 from moetune.model.profile import ModelProfile
 from moetune.model.routing import Routing
 from moetune.plan import graph_split
 from moetune.plan import placement as plc
-from moetune.plan.ledger import DeviceLedger, ServiceMemory, Shortfall, combine, service_memory
+from moetune.plan.ledger import DeviceLedger, ServiceMemory, Shortfall, combine, prompt_cache, service_memory
 from moetune.plan.optimize import auto
 from moetune.plan.settings import Settings
 from moetune.plan.speed import Prediction, SpeedConstants, predict
@@ -97,14 +98,31 @@ class Plan:
                             "download puts it",
                             "remedy": f"download it first ({r.download}) and run the commands from that directory, "
                             "or plan the downloaded file"})
+        out += _shared_rpc_workers(self.services)
         return out
+
+
+def _shared_rpc_workers(services: list[ServicePlan]) -> list[dict[str, str | None]]:
+    """Services that would use the same RPC worker: the rpc-server builds moetune installs (llama.cpp
+    11434, ik_llama.cpp 0.1.5) serve one client at a time (``ggml_backend_rpc_start_server`` accepts
+    the next connection when the last closes), so the second server waits at load until the first stops."""
+    users: dict[str, list[str]] = {}
+    for sp in services:
+        for node in sp.hw.nodes[1:]:
+            if node.devices:
+                users.setdefault(node.name, []).append(sp.spec.name)
+    return [{"device": None, "message": f"services {', '.join(names)} all use the RPC worker on node {node}: "
+             "ggml-rpc-server serves one client at a time, so only the first of them loads; the others wait until "
+             "it stops", "remedy": "give each service its own RPC devices (a layout service's devices: list), or "
+                                   "a worker node per service"}
+            for node, names in users.items() if len(names) > 1]
 
 
 def _restrict(hw: Inventory, devices: tuple[str, ...] | None) -> Inventory:
     if devices is None:
         return hw
     keep = set(devices)
-    known = {d.name for d in hw.accelerators()} | {d.name.split("[", 1)[0] for d in hw.accelerators()}
+    known = {d.name for d in hw.accelerators()} | {f"RPC{i}" for i, n in enumerate(hw.nodes[1:]) if n.devices}
     missing = keep - known
     if missing:
         raise InputError(f"devices {sorted(missing)} are not in the hardware file")
@@ -113,8 +131,10 @@ def _restrict(hw: Inventory, devices: tuple[str, ...] | None) -> Inventory:
                   tuple(d for d in local.devices if d.name in keep), local.ssh, local.link_addr, local.rpc_port,
                   local.link_gbs, local.bin_dir, local.ram_reserved_mib)]
     for i, n in enumerate(hw.nodes[1:]):
-        name = f"RPC{i}"
-        nodes.append(n if name in keep or any(k.startswith(name + "[") for k in keep) else replace(n, devices=()))
+        # a worker by its node's number (RPC1: the second worker) or by a device's full name
+        # (RPC0[10.0.0.2:50052]: each worker numbers its devices from 0); its devices all stay
+        full = {rpc_name(j, n) for j in range(len(n.devices))}
+        nodes.append(n if f"RPC{i}" in keep or full & keep else replace(n, devices=()))
     return Inventory(tuple(nodes), hw.name, hw.source)
 
 
@@ -163,14 +183,23 @@ def _choose_attention(spec: ServiceSpec, shw: Inventory, hw: Inventory, k: Speed
     return attention.pick(scored, depth)
 
 
-def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConstants | None = None) -> Plan:
+def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConstants | None = None, *,
+              pinned: Mapping[str, plc.Placement] | None = None) -> Plan:
+    """Place the services, each beside the memory of those placed before it: services with a fixed
+    placement (any strategy but ``auto``) first, in their order, then the ``auto`` ones, which fill
+    what is left. ``pinned``: services placed exactly so, before all others (another plan's
+    placements, kept while one service of a layout is tuned: ``tune --layout``); their settings are
+    taken as given (nothing chosen for them again)."""
     if not services:
         raise InputError("a plan needs at least one service")
     names = [s.name for s in services]
     if len(set(names)) != len(names):
         raise InputError(f"service names must be unique: {names}")
+    pinned = pinned or {}
+    if unknown := sorted(set(pinned) - set(names)):
+        raise InputError(f"pinned placements of services the plan does not have: {', '.join(unknown)}")
     k = constants or SpeedConstants()
-    order = sorted(range(len(services)), key=lambda i: services[i].strategy == "auto")
+    order = sorted(range(len(services)), key=lambda i: (services[i].name not in pinned, services[i].strategy == "auto"))
     planned: dict[int, ServicePlan] = {}
     mems: list[ServiceMemory] = []
     for i in order:
@@ -185,17 +214,29 @@ def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConsta
                 reserved[dev] = reserved.get(dev, 0.0) + sum(it.mib for it in items)
         margins = _margins(hw, spec.settings)
         note = None
-        if spec.choose:
+        if spec.choose and spec.name not in pinned:
             choice = _choose_attention(spec, shw, hw, k, reserved, margins, mems)
             spec, note = replace(spec, settings=choice.settings), choice.note()
-        pl = place(spec.strategy, spec.model, shw, spec.settings, reserved, margins)
+        pl = pinned.get(spec.name) or place(spec.strategy, spec.model, shw, spec.settings, reserved, margins)
         if spec.settings.split_mode == "graph":  # -ts: the GPUs' shares of every split layer
             pl = replace(pl, tensor_split=graph_split.percents(shw))
         mem = service_memory(spec.model, shw, pl, spec.settings, spec.name, dry_run=True)
         pred = predict(spec.model, shw, pl, spec.settings, k, routing=spec.routing)
         planned[i] = ServicePlan(spec, shw, pl, mem, pred, note)
         mems.append(mem)
-    ordered = [planned[i] for i in range(len(services))]
     margins = _margins(hw, services[0].settings)
+    room = next((led.free_mib for led in combine(hw, mems, margins) if led.device == plc.CPU), 0.0)
+    for i in order:  # prompt caches last: they grow as requests come, into what the load left
+        sp = planned[i]
+        kv_mib = sum(it.mib for items in sp.memory.items.values() for it in items if it.what in ("kv", "rs"))
+        pc = prompt_cache(sp.spec.settings, kv_mib, room, sp.spec.name)
+        if pc.item is not None:
+            room -= pc.item.mib
+            by_dev = {**sp.memory.items, plc.CPU: [*sp.memory.items.get(plc.CPU, []), pc.item]}
+            sp = replace(sp, memory=replace(sp.memory, items=by_dev))
+        if pc.cache_ram_mib != sp.spec.settings.cache_ram_mib:
+            sp = replace(sp, spec=replace(sp.spec, settings=replace(sp.spec.settings, cache_ram_mib=pc.cache_ram_mib)))
+        planned[i] = sp
+    ordered = [planned[i] for i in range(len(services))]
     ledgers = combine(hw, [planned[i].memory for i in order], margins)
     return Plan(hw, ordered, ledgers, k)

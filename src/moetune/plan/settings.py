@@ -21,6 +21,8 @@ ROPE_SCALINGS = ("yarn", "linear")  # llama-server's --rope-scaling choices that
 # layer's KV and experts on the main GPU and divide only its matrices, which the ledger does not model
 SPLIT_MODES = ("layer", "graph")
 ENGINE_CTX_CHECKPOINTS = 32  # both engines' default --ctx-checkpoints (mainline common.h, ik 0.1.5 common.h)
+# mainline's default --cache-ram (common.h ``cache_ram_mib``): the host RAM its prompt cache may take
+ENGINE_CACHE_RAM_MIB = 8192
 WILDCARDS = ("0.0.0.0", "::")
 
 
@@ -96,6 +98,9 @@ class Settings:
     grouped_experts: bool = False  # ik_llama.cpp -ger: grouped expert routing
     ctx_checkpoints: int | None = None  # --ctx-checkpoints: per slot at most (None: the engine's default, 32)
     split_mode: str = "layer"  # -sm: layer, or ik_llama.cpp's graph (SPLIT_MODES)
+    # --cache-ram: the host RAM (MiB) mainline's prompt cache may hold (-1 no limit, 0 none); None: the
+    # engine's 8 GiB where the host has it left, else what it has left (the plan then renders it)
+    cache_ram_mib: int | None = None
     server: ServerOptions = field(default_factory=ServerOptions)
 
     @property
@@ -128,6 +133,8 @@ class Settings:
                                   "attention), which the ledger does not count")
         if self.server.rope_scaling not in (None, *ROPE_SCALINGS):
             raise InputError(f"--rope-scaling {self.server.rope_scaling}: choose {' or '.join(ROPE_SCALINGS)}")
+        if self.cache_ram_mib is not None and self.cache_ram_mib < -1:
+            raise InputError(f"--cache-ram {self.cache_ram_mib}: give MiB, 0 (no prompt cache) or -1 (no limit)")
         if self.ctx_checkpoints is not None and self.ctx_checkpoints < 0:
             raise InputError(f"--ctx-checkpoints {self.ctx_checkpoints}: must be 0 (none) or more")
         if self.split_mode not in SPLIT_MODES:

@@ -42,18 +42,19 @@ from moetune.bench.single.runner import BenchOptions, Progress, bench_target
 from moetune.bench.single.workloads import Workload
 from moetune.bench.target import plan_target, with_transport
 from moetune.errors import InputError, MoetuneError
-from moetune.kinds import RunStatus
+from moetune.hardware.inventory import Inventory
+from moetune.kinds import EngineKind, RunStatus
 from moetune.model.profile import open_model
 from moetune.monitor.snapshot import Snapshot
 from moetune.paths import data_dir
 from moetune.plan import tune as core
 from moetune.plan.calibrate import fit
-from moetune.plan.placement import accelerator_expert_layers
+from moetune.plan.placement import Placement, accelerator_expert_layers
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.serving import ServeLoad, expected_goodput, predict_serving, slotted
 from moetune.plan.settings import Settings
 from moetune.plan.speed import SpeedConstants, Work, decode_seconds, prefill_tok_s
-from moetune.planfiles import document, model_path, read_inputs, routing_for
+from moetune.planfiles import document, layout_services, model_path, read_inputs, routing_for
 from moetune.store import calibrations
 from moetune.store.db import ResultsDB
 from moetune.tune import defaults as dflt
@@ -87,6 +88,8 @@ class TuneRequest:
     transport: str = "tcp"  # the baseline's RPC transport (``--transport``; the axis: axes["transports"])
     rdma_dev: str | None = None
     max_pp_loss: float = dflt.MAX_PP_LOSS  # --objective tg: the share of the baselines' PP a winner may lose
+    layout: Path | None = None  # tune one service of this layout (``service``), the others' placements kept
+    service: str | None = None
 
 
 @dataclass
@@ -154,6 +157,7 @@ def predicted_rates(e: Entry, k: SpeedConstants, w: Workload) -> tuple[float, fl
 
 def _tune_id(req: TuneRequest, plan: Plan, labels: list[str]) -> str:
     key = {"model": [str(f) for f in plan.main.spec.model.files], "hw": plan.hw.name or plan.hw.source or req.hw,
+           "layout": None if req.layout is None else [hashlib.sha256(req.layout.read_bytes()).hexdigest(), req.service],
            "engine": req.engine, "objective": req.objective, "base": asdict(req.base), "strategy": req.strategy,
            "workload": req.workload.to_json(), "port": req.port, "candidates": labels,
            "options": {k: v for k, v in asdict(req.options).items() if k in ("repeats", "warmup")}}
@@ -169,22 +173,68 @@ def _cpu_share(plan: Plan) -> float:
     return sum(b for n, b in sizes.items() if experts[n] == "CPU") / total if total else 0.0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tuned:
+    """The service a search tunes: alone (MODEL), or one of a layout's beside the others, which keep
+    the placements `moetune plan --layout` gives them (their memory reserved first)."""
+
+    spec: ServiceSpec  # the baseline: its settings and strategy
+    given: str  # its model as the user gave it
+    others: tuple[ServiceSpec, ...] = ()
+    others_given: tuple[str, ...] = ()
+    pinned: dict[str, Placement] = field(default_factory=dict)
+
+    def services(self, strategy: str, s: Settings) -> list[ServiceSpec]:
+        return [replace(self.spec, settings=s, strategy=strategy), *self.others]
+
+    @property
+    def given_models(self) -> list[str]:
+        return [self.given, *self.others_given]
+
+
+def tuned_service(req: TuneRequest, hw: Inventory, engine: str, kind: EngineKind, k: SpeedConstants) -> Tuned:
+    """What ``req`` tunes. With a layout: the named service, the others as the layout's plan places them."""
+    base = replace(req.base, engine=kind)
+    if req.layout is None:
+        profile = open_model(model_path(req.model))
+        spec = ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine,
+                           routing=routing_for(req.routing, profile))
+        return Tuned(spec=spec, given=req.model)
+    if req.serve is not None:
+        raise InputError("--layout tunes one service's single-stream speed (--objective tg, pp or ttft)",
+                         hint="drop --objective goodput, or tune the model alone")
+    services, given = layout_services(req.layout, base, req.port, engine, kind)
+    names = [s.name for s in services]
+    if req.service not in names:
+        raise InputError(f"--service {req.service}: {req.layout} has no such service (services: {', '.join(names)})",
+                         hint=f"--service {names[0]}")
+    layout = make_plan(services, hw, k)  # as `moetune plan --layout` places it
+    at = names.index(req.service)
+    others = [sp.spec for sp in layout.services if sp.spec.name != req.service]
+    tuned = services[at]
+    if req.routing is not None:
+        tuned = replace(tuned, routing=routing_for(req.routing, tuned.model))
+    return Tuned(spec=tuned, given=given[at], others=tuple(others),
+                 others_given=tuple(g for i, g in enumerate(given) if i != at),
+                 pinned={sp.spec.name: sp.placement for sp in layout.services if sp.spec.name != req.service})
+
+
 def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedConstants]:
     """Every candidate planned (the baseline first), and the constants to start from (the stored
     calibration for this hardware, else the built-in ones)."""
     inputs = read_inputs(req.hw, req.engine)
-    hw, engine, kind, calib, k = inputs.hw, inputs.engine, inputs.kind, inputs.calib, inputs.constants
-    base = replace(req.base, engine=kind)
+    hw, calib, k = inputs.hw, inputs.calib, inputs.constants
+    tuned = tuned_service(req, hw, inputs.engine, inputs.kind, k)
+    engine, kind, profile = tuned.spec.engine, tuned.spec.settings.engine, tuned.spec.model
+    base = tuned.spec.settings
     if req.serve is not None:
         base = slotted(base, req.serve)
-    profile = open_model(model_path(req.model))
-    routing = routing_for(req.routing, profile)
     moe_layers = len({t.layer for t in profile.tensors if t.is_expert})
     options = engine_options(engine, kind, profile.is_mla)
     check_engine_axes(req.axes, base, options, kind)
 
     def planned(strategy: str, s: Settings) -> Plan:
-        return make_plan([ServiceSpec("main", profile, s, strategy, req.port, engine=engine, routing=routing)], hw, k)
+        return make_plan(tuned.services(strategy, s), hw, k, pinned=tuned.pinned)
 
     for st in req.axes.get("strategies", ()):  # a strategy the hardware or the model refuses: one error
         if st != "auto":
@@ -196,10 +246,10 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     if hw.accelerators() and "strategies" not in req.axes:  # the expert budget of the head/tail splits
         with contextlib.suppress(InputError):  # `auto` is a candidate too: its own planning says why
             budget = accelerator_expert_layers(profile, planned("auto", base).main.placement)
-    axes = core.default_axes(base, req.strategy, hw.local.cores, moe_layers, len(hw.accelerators()), options,
-                             budget)
+    axes = core.default_axes(base, tuned.spec.strategy, hw.local.cores, moe_layers, len(hw.accelerators()),
+                             options, budget)
     axes = replace(axes, **req.axes) if req.axes else axes
-    baseline = replace(core.Candidate.of(req.strategy, base), transport=req.transport)
+    baseline = replace(core.Candidate.of(tuned.spec.strategy, base), transport=req.transport)
     axes = replace(axes, transports=tuple(dict.fromkeys((req.transport, *req.axes.get("transports", ())))))
     check_transport_axis(axes.transports, hw)
     cands = [baseline, *(c for c in core.space(axes, base, mla_model=profile.is_mla) if c != baseline)]
@@ -213,7 +263,7 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
                 raise
             status(f"{c.label}: skipped ({e})")
             continue
-        doc = document(plan, engine, calib, [req.model])
+        doc = document(plan, engine, calib, tuned.given_models)
         doc["label"] = c.label
         entries.append(Entry(c, plan, doc, plan.main.prediction.work, _cpu_share(plan)))
     return entries, k
@@ -322,7 +372,8 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
                                            request_timeout_s=req.options.timeout_s, status=status,
                                            on_snapshot=on_snapshot)
             else:
-                target = with_transport(plan_target(path), e.candidate.transport, req.rdma_dev)
+                target = with_transport(plan_target(path, e.plan.main.spec.name), e.candidate.transport,
+                                        req.rdma_dev)
                 e.run = bench_target(db, target, [req.workload], req.options, label=e.candidate.label,
                                      sweep_id=tid, launch_timeout_s=req.launch_timeout_s, status=status,
                                      progress_for=progress_for, on_snapshot=on_snapshot)
@@ -355,7 +406,11 @@ def _defaults(db: ResultsDB, req: TuneRequest, baseline: Entry, tid: str,
     """The engine-defaults baseline of a single-stream search (resumed: its run, or why it failed)."""
     if req.serve is not None:
         return None
-    d = dflt.Defaults(dflt.defaults_doc(baseline.plan, baseline.plan.main.spec.engine or req.engine or "", req.model))
+    plan = baseline.plan
+    if len(plan.services) > 1:  # a layout's service: the engine's own choices for its model, measured alone
+        plan = make_plan([plan.main.spec], plan.hw, plan.constants)
+    model = baseline.doc["services"][0].get("model_given") or req.model
+    d = dflt.Defaults(dflt.defaults_doc(plan, plan.main.spec.engine or req.engine or "", str(model)))
     d.run = next((r.id for r in db.runs(sweep_id=tid) if r.label == dflt.LABEL and r.status == RunStatus.DONE), None)
     d.failed = failed.get(dflt.LABEL) if d.run is None else None
     return d

@@ -19,10 +19,10 @@ CPU_COLOR = "#a3a3a3"
 NONE_COLOR = "#f3f4f6"
 MEMORY_COLORS = {"weights": "#4e79a7", "weights (pinned)": "#3b5f86", "kv": "#f28e2b", "compute": "#e15759",
                  "overhead": "#9c755f", "output": "#76b7b2", "repack": "#b07aa1", "margin": "#d4d4d8",
-                 "weights (split)": "#6a8fc0", "checkpoints": "#edc948"}
+                 "weights (split)": "#6a8fc0", "checkpoints": "#edc948", "prompt cache": "#ff9da7"}
 WHAT_NAMES = {"kv": "KV cache", "compute": "compute buffer", "overhead": "backend overhead",
               "output": "output buffer", "margin": "safety margin", "repack": "repacked weights",
-              "checkpoints": "context checkpoints"}
+              "checkpoints": "context checkpoints", "prompt cache": "prompt cache (grows as prompts are cached)"}
 EXPERT_ORDER = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
 
 
