@@ -90,6 +90,7 @@ def test_the_replicas_weigh_what_the_published_files_do(table: priors.Table,
     (lambda d: d["rows"][2].update(preset="kimi-k9"), "not a moetune preset"),
     (lambda d: d["rows"][2].update(tg_tok_s=0), "tg_tok_s 0: must be a number above 0"),
     (lambda d: d["rows"][2].update(threds=4), "unknown key 'threds'"),
+    (lambda d: d["rows"][2].update(repack="yes"), "repack 'yes': expected true or false"),
     (lambda d: d["rigs"][0]["memory"].update(bw_gbs=460), "the table gives the peak"),
     (lambda d: d["rigs"].append(copy.deepcopy(d["rigs"][0])), "id 'loftllc-epyc9175f' is used twice"),
 ])

@@ -134,11 +134,11 @@ def _fail(where: str, what: str, hint: str | None = None) -> InputError:
     return InputError(f"{where}: {what}", hint=hint)
 
 
-def _keys(doc: Any, where: str, cls: type, required: Iterable[str], skip: Iterable[str] = ()) -> dict[str, Any]:
+def _keys(doc: Any, where: str, cls: type, required: Iterable[str]) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise _fail(where, f"expected a mapping, got {type(doc).__name__}")
-    known = {f.name for f in fields(cls)} - set(skip)
-    unknown = sorted(set(doc) - known - set(skip))
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(doc) - known)
     if unknown:
         raise _fail(where, f"unknown key {unknown[0]!r}", hint=f"known keys: {', '.join(sorted(known))}")
     missing = [k for k in required if doc.get(k) in (None, "")]
@@ -191,6 +191,7 @@ def _rig(doc: Any, where: str) -> Rig:
                   "gpus": tuple(_gpu(g, f"{where}.gpus[{i}]") for i, g in enumerate(gpus))})
 
 
+BOOL_FIELDS = ("reference", "fit", "flash_attn", "repack", "merge_up_gate", "merge_qkv", "grouped_experts")
 REQUIRED_ROW = ("id", "rig", "source", "engine", "tool", "model", "preset", "quant", "command", "placement",
                 "threads", "tg_tok_s")
 
@@ -230,6 +231,9 @@ def _row(doc: Any, where: str, rigs: Mapping[str, Rig]) -> Row:
     for k in ("command", "note", "quant", "model", "tool"):
         if k in d and not isinstance(d[k], str):
             raise _fail(where, f"{k}: expected text")
+    for k in BOOL_FIELDS:
+        if k in d and not isinstance(d[k], bool):
+            raise _fail(where, f"{k} {d[k]!r}: expected true or false")
     return Row(**d)
 
 
