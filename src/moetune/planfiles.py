@@ -42,6 +42,7 @@ from moetune.hardware import inventory
 from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile, is_url, load_profile, open_model
 from moetune.model.routing import Routing, read_routing
+from moetune.plan import priors
 from moetune.plan.attention import Choose
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.settings import Settings
@@ -288,3 +289,32 @@ def plan_files(req: PlanRequest) -> Planned:
     if req.output:
         req.output.write_text(json.dumps(doc, indent=2))
     return Planned(p, doc, notices)
+
+
+def published_priors(path: str | Path | None = None) -> priors.Table:
+    """The table of published measurements shipped with moetune (``moetune/plan/priors/published.yaml``),
+    or the one at ``path``; InputError where it does not parse or a row is incomplete."""
+    from moetune import yamlfile
+
+    where = Path(path) if path is not None else Path(priors.__file__).parent / priors.TABLE_FILE
+    try:
+        data = where.read_bytes()
+    except OSError as e:
+        raise InputError(f"{where}: cannot read the table of published measurements ({e.strerror})") from None
+    return priors.parse_table(yamlfile.parse(data, str(where)), str(where))
+
+
+def preset_profile(preset: str, recipe: str, workdir: Path) -> ModelProfile:
+    """The profile of a preset's sparse replica in ``recipe`` (every tensor's header, no weights:
+    ``moetune testmodel --preset NAME --sparse``), written under ``workdir`` once per recipe."""
+    import hashlib
+
+    from moetune.model.archs import PRESETS
+    from moetune.model.testmodel import generate
+
+    arch, dims = PRESETS[preset]
+    tag = hashlib.sha256(recipe.encode()).hexdigest()[:12]
+    path = workdir / f"{preset}-{tag}.gguf"
+    if not path.exists():
+        generate(path, arch, dims, recipe, sparse=True)
+    return load_profile(path)

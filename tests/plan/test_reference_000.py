@@ -7,6 +7,10 @@ The rig: 2x RTX PRO 6000 Max-Q + EPYC 9175F (16 cores, 15 threads), GLM-5.1 IQ3_
 those placements (a sparse replica of the model: the same tensors, no weights), `moetune calibrate`
 fits the speed model on two of them, and the third is predicted.
 
+The built-in constants come from other rigs (the published table, moetune/plan/priors, which holds
+these rows out of its fit) and predict each row within 20%; a calibration on two rows predicts the
+third within 5%.
+
 The model reads every MoE layer's experts alike (k of E per token), so it interpolates (the middle
 row from the outer two, within 5%) better than it extrapolates: the report itself measured the
 head layers as hotter than the tail on this CPU (22 layers on the GPUs gave 2.5x the gain of 14),
@@ -84,7 +88,9 @@ def test_the_middle_row_is_predicted_within_5_percent_from_the_outer_two(glm51: 
     before = 1000.0 / held["tg_tok_s"]
     after = 1000.0 / at_depth({**held, "constants": cal["constants"]}, 0)["tg_tok_s"]  # type: ignore[index]
     assert abs(after - 50.16) / 50.16 < 0.05, f"predicted {after:.2f} ms/token, measured 50.16"
-    assert abs(before - 50.16) / 50.16 > 0.2  # the built-in constants were far off: the fit did the work
+    # the built-in constants, fitted to other rigs' published rows (moetune/plan/priors), were already
+    # near (before them: 12.0 tok/s predicted for cpu-moe, 36% off)
+    assert abs(before - 50.16) / 50.16 < 0.2
     assert k.cpu_bw_eff != SpeedConstants().cpu_bw_eff
 
 

@@ -27,7 +27,8 @@ from moetune.plan.speed import SpeedConstants, Work, decode_seconds, prefill_tok
 NOISE_FLOOR_PCT = 3.0  # no calibration claims to predict closer than a run repeats on a quiet machine
 UNCALIBRATED_PCT = 50.0  # the stated uncertainty of the built-in constants
 FITTED = ("token_overhead_us", "cpu_bw_eff", "gpu_bw_eff", "cpu_core_gbs", "split_us", "rpc_hop_us", "rpc_wake_us",
-          "cpu_ctx_gflops_per_core", "gpu_ctx_tflops", "gpu_tflops", "cpu_gflops_per_core", "ubatch_overhead_us",
+          "cpu_ctx_gflops_per_core", "gpu_ctx_tflops", "gpu_tflops", "cpu_gflops_per_core", "ik_cpu_gflops_per_core",
+          "ubatch_overhead_us",
           "cpu_noflash_ctx_factor", "cpu_ctx_quant_factor", "cpu_repack_gain")
 AT_MOST = {"cpu_bw_eff": 1.0, "gpu_bw_eff": 1.0}  # a share of the bandwidth
 
@@ -50,8 +51,8 @@ def predict_pp(o: Observation, k: SpeedConstants) -> float:
     return prefill_tok_s(o.work, k, o.prompt_tokens)
 
 
-def _with(base: SpeedConstants, logs: np.ndarray) -> SpeedConstants:
-    vals: dict[str, Any] = {n: min(math.exp(float(v)), AT_MOST.get(n, math.inf)) for n, v in zip(FITTED, logs, strict=True)}
+def _with(base: SpeedConstants, logs: np.ndarray, names: tuple[str, ...] = FITTED) -> SpeedConstants:
+    vals: dict[str, Any] = {n: min(math.exp(float(v)), AT_MOST.get(n, math.inf)) for n, v in zip(names, logs, strict=True)}
     return replace(base, **vals)
 
 
@@ -77,15 +78,16 @@ def prior_weight(noise_pct: float) -> float:
 
 
 def fit(obs: list[Observation], prior: SpeedConstants | None = None, iterations: int = 60,
-        noise_pct: float = NOISE_FLOOR_PCT) -> SpeedConstants:
+        noise_pct: float = NOISE_FLOOR_PCT, names: tuple[str, ...] = FITTED) -> SpeedConstants:
     """The constants that best explain the measurements (Levenberg-Marquardt on log constants),
-    measurements being off by ``noise_pct`` as runs repeat."""
+    measurements being off by ``noise_pct`` as runs repeat; ``names``: the constants it may move
+    (the rest stay at the prior's)."""
     prior = prior or SpeedConstants()
-    th0 = np.array([math.log(getattr(prior, n)) for n in FITTED])
+    th0 = np.array([math.log(getattr(prior, n)) for n in names])
     w = math.sqrt(prior_weight(noise_pct))
 
     def res(th: np.ndarray) -> np.ndarray:
-        return np.concatenate([_residuals(obs, _with(prior, th)), w * (th - th0)])
+        return np.concatenate([_residuals(obs, _with(prior, th, names)), w * (th - th0)])
 
     th, lam = th0.copy(), 1e-2
     r = res(th)
@@ -104,7 +106,7 @@ def fit(obs: list[Observation], prior: SpeedConstants | None = None, iterations:
             step = np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-12), -g)
             cand = th + step
             # a share of the bandwidth cannot pass 1: hold the log there
-            for j, n in enumerate(FITTED):
+            for j, n in enumerate(names):
                 if n in AT_MOST:
                     cand[j] = min(cand[j], math.log(AT_MOST[n]))
             rc = res(cand)
@@ -115,7 +117,7 @@ def fit(obs: list[Observation], prior: SpeedConstants | None = None, iterations:
             lam *= 4
         if not improved or float(np.max(np.abs(step))) < 1e-7:
             break
-    return _with(prior, th)
+    return _with(prior, th, names)
 
 
 def _abs_pct(pred: float, meas: float) -> float:

@@ -18,8 +18,9 @@ to dequantize and multiply what they read (so fewer threads cost speed where the
 memory, are the limit); plus attention over the context. Prefill, per ubatch of ``B`` tokens: a
 fixed cost, the splits, and matmul FLOPs on each device at its throughput; on a GPU build, expert
 weights left on the CPU are streamed over the host link once per ubatch (llama.cpp offloads batches
-of 32+ tokens to the GPU), the share of them a ubatch touches being ``1 - (1 - k/E)^B``, or with
-measured routing (an imatrix, :mod:`moetune.model.routing`) what each layer's measured chances give.
+of 32+ tokens to the GPU, ik_llama.cpp batches of 32 E/k+; smaller ones the CPU computes), the share
+of them a ubatch touches being ``1 - (1 - k/E)^B``, or with measured routing
+(an imatrix, :mod:`moetune.model.routing`) what each layer's measured chances give.
 
 Every constant is printed with each prediction and overridable (``--speed K=V``).
 """
@@ -33,7 +34,7 @@ from typing import Any
 
 from moetune.errors import InputError
 from moetune.hardware.inventory import Device, Inventory
-from moetune.kinds import DeviceKind
+from moetune.kinds import DeviceKind, EngineKind
 from moetune.model.kv import CACHE_TYPES, KVShape, kv_shape
 from moetune.model.profile import ModelProfile
 from moetune.model.routing import Routing, touched_by
@@ -50,12 +51,26 @@ SOFT_MAX_P = 4.0  # how sharply the CPU's time follows the larger of its memory 
 
 @dataclass(frozen=True, slots=True)
 class SpeedConstants:
-    gpu_bw_eff: float = 0.75  # share of a GPU's memory bandwidth a decode step reaches
-    cpu_bw_eff: float = 0.55  # share of RAM bandwidth the CPU expert matmuls reach
-    cpu_core_gbs: float = 10.0  # weight bytes one CPU thread dequantizes and multiplies per second (decode)
+    # Marked "published": fitted to the table of published measurements shipped with moetune
+    # (moetune/plan/priors/published.yaml: 15 rows on 7 rigs, EPYC/Threadripper + one GPU and CPU-only,
+    # ik_llama.cpp, DeepSeek-V3/R1, GLM-5.1 and Qwen3-235B; the fit saw 11 rows on 5 rigs, not the
+    # references' 3 nor the dual-Xeon row) by calibrate's own fit, from the guesses before it
+    # (priors.GUESSES), rounded; `python benchmarks/run.py priors` refits them and reports the
+    # leave-one-rig-out error (tests/plan/test_priors.py checks these are the refit). Memory
+    # bandwidths there are the theoretical peaks (channels x MT/s x 8), so a hardware file's
+    # ram_bw_gbs should be the peak.
+    gpu_bw_eff: float = 0.87  # share of a GPU's memory bandwidth a decode step reaches (published; guess 0.75)
+    cpu_bw_eff: float = 0.38  # share of peak RAM bandwidth the CPU expert matmuls reach (published; guess 0.55)
+    # weight bytes one CPU thread dequantizes and multiplies per second (decode): published; guess 10.
+    # Seen only where few threads share many memory channels: one row, another owner's EPYC 9175F
+    # (16 threads read ~250 GB/s; without that row the fit keeps ~10); the 24-32-thread rigs are bound
+    # by bandwidth
+    cpu_core_gbs: float = 30.0
     split_us: float = 25.0  # cost of one backend switch (sync, copy of the activations)
     rpc_hop_us: float = 150.0  # extra cost of a switch to or from an RPC device (network round trip)
-    token_overhead_us: float = 300.0  # sampling, graph launch, bookkeeping per token
+    # sampling, graph launch, bookkeeping per token (published; guess 300: the published rows, all
+    # with ~110-150 splits, cannot tell it from split_us, which stays at its guess)
+    token_overhead_us: float = 400.0
     # a switch to or from an RPC device while the host computes on one thread: the host waits for the
     # reply asleep (no thread of ggml's pool polls), and waking a sleeping core costs (measured on the
     # testbed: cpu-moe on 1 thread, 17 hops a token, ran 1.7x faster beside a spinning process that
@@ -85,9 +100,14 @@ class SpeedConstants:
     # measured with llama-bench on the testbed's F16 model, tg 591 tok/s with --repack 0, 681 with 1
     cpu_repack_gain: float = 1.15
     gpu_ctx_tflops: float = 20.0
-    gpu_tflops: float = 80.0  # effective matmul throughput of a GPU without a declared figure (prefill)
-    cpu_gflops_per_core: float = 40.0  # effective matmul throughput per CPU thread (prefill)
-    ubatch_overhead_us: float = 2000.0  # fixed cost of one ubatch of prefill (graph build, scheduling)
+    # effective matmul throughput of a GPU without a declared figure (prefill; published: the
+    # attention of the rows' 512-token ubatches, guess 80)
+    gpu_tflops: float = 160.0
+    cpu_gflops_per_core: float = 40.0  # effective matmul throughput per CPU thread (prefill), mainline (a guess)
+    # the same with ik_llama.cpp's CPU kernels (iqk_mul_mat): published, on Zen 4/5 with repacked
+    # weights (the rows' 512-token prefill runs on the CPU: ik offloads from 32 E/k tokens)
+    ik_cpu_gflops_per_core: float = 230.0
+    ubatch_overhead_us: float = 2000.0  # fixed cost of one ubatch of prefill (graph build, scheduling; refit 1971)
     offload_min_batch: int = 32  # llama.cpp moves CPU-resident matmuls to the GPU for batches this big
 
     def with_overrides(self, pairs: dict[str, str]) -> SpeedConstants:
@@ -164,6 +184,15 @@ class Work:
     offload_tflops: float | None = None  # that GPU's declared throughput
     offload_link_gbs: float = 25.0
     host_threads: int = 0  # threads of the host's CPU backend (0: not recorded, by an earlier moetune)
+    engine: str = EngineKind.MAINLINE  # the engine that runs it (its prefill offload rule and CPU kernels)
+
+    @property
+    def offload_batch_scale(self) -> float:
+        """How much larger than ``offload_min_batch`` a batch must be for the engine to offload the
+        CPU-resident expert matmuls: ik_llama.cpp offloads one only when each expert gets that many
+        tokens on average, batch * k >= min_batch * E (ggml-cuda.cu, ggml_backend_cuda_offload_op;
+        DeepSeek-V3: 1024 tokens), mainline from ``offload_min_batch`` tokens whatever the experts."""
+        return 1.0 / self.expert_share if self.engine == EngineKind.IK and 0 < self.expert_share < 1 else 1.0
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "devices": [asdict(d) for d in self.devices]}
@@ -238,18 +267,24 @@ def held_touched(d: DeviceWork, expert_share: float, tokens: int) -> float:
     return d.touched[i] + (d.touched[i + 1] - d.touched[i]) * (x - i)
 
 
+def cpu_gflops(w: Work, k: SpeedConstants) -> float:
+    """Prefill matmul GFLOP/s per CPU thread: ik_llama.cpp's own CPU kernels (iqk_mul_mat) or
+    mainline's."""
+    return k.ik_cpu_gflops_per_core if w.engine == EngineKind.IK else k.cpu_gflops_per_core
+
+
 def ubatch_seconds(w: Work, tokens: int, k: SpeedConstants) -> float:
     """Seconds to prefill one ubatch of ``tokens`` tokens."""
     t = k.ubatch_overhead_us * 1e-6 + switch_seconds(w, k)
     for d in w.devices:
         flop = 2 * d.active_params * tokens
-        if d.device == CPU and w.offload and tokens >= k.offload_min_batch:
+        if d.device == CPU and w.offload and tokens >= k.offload_min_batch * w.offload_batch_scale:
             # CPU-resident expert matmuls run on the GPU: the weights they touch cross the host link
             t += d.held_expert_bytes * held_touched(d, w.expert_share, tokens) / (w.offload_link_gbs * GB)
             t += flop / ((w.offload_tflops or k.gpu_tflops) * 1e12)
         elif d.cpu:
             gain = k.cpu_repack_gain if d.repacked else 1.0
-            t += flop / (d.prefill_threads * k.cpu_gflops_per_core * gain * 1e9)
+            t += flop / (d.prefill_threads * cpu_gflops(w, k) * gain * 1e9)
             # each ubatch reads the weights it multiplies once more from RAM (the experts its tokens
             # touch): a smaller -ub reads them more often per prompt token
             if d.bw_gbs > 0:
@@ -426,7 +461,7 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
               if kinds.get(name) == DeviceKind.RPC)
     gpus = [d for d in hw.accelerators() if d.kind == DeviceKind.GPU]
     return Work(tuple(out), n_splits, rpc_hops, act, min(s.ubatch, s.batch), frac, bool(gpus),
-                gpus[0].tflops if gpus else None, gpus[0].link_gbs if gpus else 25.0, local_threads)
+                gpus[0].tflops if gpus else None, gpus[0].link_gbs if gpus else 25.0, local_threads, s.engine)
 
 
 def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
