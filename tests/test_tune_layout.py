@@ -85,10 +85,9 @@ def test_tune_one_service_of_a_running_layout(bin_dir: Path, tmp_path: Path) -> 
     on its own RPC device); the winner written with -o is the whole layout's plan."""
     import json
 
+    from moetune.hardware.inventory import load
     from tests.engine_harness import free_port
     from tests.tune_testbed import WORKLOAD
-
-    from moetune.hardware.inventory import load
 
     model, hw = make_testbed(tmp_path, rpc_mem_mib=110, rpc_devices=2)
     first, second = (d.name for d in load(hw).accelerators())  # RPC0[127.0.0.1:PORT] of each worker
