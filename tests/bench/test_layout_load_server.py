@@ -1,0 +1,125 @@
+"""`serve-bench LAYOUT_PLAN --load SERVICE=SPEC ...` on the testbed: a layout of two services (an
+orchestrator whose experts run on this machine's CPU, a worker whose whole model is on a loopback
+ggml-rpc-server device) launched once, every service measured alone and all at once, stored as one
+run. The CPU-heavy orchestrator slows down while the worker is busy on the same two cores, and does
+not when the worker is idle; `serve-report`, `results show`, `compare` and the report show it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moetune.model.archs import Dims, small_dims
+from moetune.model.testmodel import generate
+from moetune.store.db import ResultsDB
+from tests.helpers import free_port, run_cli
+
+pytestmark = pytest.mark.server
+# the orchestrator: one stream, its TPOT measured; the worker: four streams of long replies
+MAIN = "main=concurrency:1,requests:6,input-len:32,output-len:48,warmup:1"
+WORKER = "worker0=c:4,requests:8,prompt:256,output:96,warmup:1"
+
+
+@pytest.fixture(scope="module")
+def layout(models: Path, bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("layout")
+    main = models / "layout-main.gguf"
+    if not main.exists():
+        generate(main, "qwen3moe", replace(small_dims("qwen3moe", True), n_layer=4), "f16")
+    worker = models / "layout-worker.gguf"
+    if not worker.exists():
+        generate(worker, "qwen3moe", Dims(n_layer=2), "f16")
+    hw = d / "hw.yaml"
+    hw.write_text(yaml.safe_dump({"nodes": [
+        {"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}},
+        {"name": "w0", "link_addr": "127.0.0.1", "rpc_port": free_port(),
+         "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20},
+         "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": 16000, "bw_gbs": 20}]}]}))
+    spec = d / "layout.yaml"
+    spec.write_text(yaml.safe_dump({"services": [
+        {"name": "main", "model": str(main), "strategy": "cpu-moe", "threads": 2, "ctx": 1024,
+         "port": free_port()},
+        {"name": "worker0", "model": str(worker), "devices": ["RPC0"], "strategy": "all-gpu", "parallel": 4,
+         "ctx": 4 * 512, "port": free_port()}]}))
+    plan = d / "plan.json"
+    r = run_cli("plan", "--layout", str(spec), "--hw", str(hw), "-o", str(plan))
+    assert r.exit_code == 0, r.stderr
+    return plan
+
+
+def _bench(plan: Path, *loads: str, label: str) -> dict:  # type: ignore[type-arg]
+    r = run_cli("serve-bench", str(plan), *(a for ld in loads for a in ("--load", ld)), "--label", label, "--json")
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+def _row(doc: dict, service: str, metric: str) -> dict:  # type: ignore[type-arg]
+    return next(r for r in doc["layout"]["contention"] if r["service"] == service and r["metric"] == metric)
+
+
+def test_the_orchestrator_slows_down_while_the_worker_is_busy_and_not_while_it_is_idle(layout: Path) -> None:
+    loaded = _bench(layout, MAIN, WORKER, label="both loaded")
+    run = loaded["run"]
+    assert [(lv["service"], lv["load"], lv["concurrency"], lv["ok"]) for lv in loaded["levels"]] == [
+        ("main", "shared", 1, 6), ("main", "alone", 1, 6), ("worker0", "shared", 4, 8), ("worker0", "alone", 4, 8)]
+    assert all(lv["errors"] == {} and lv["output_tokens"] == lv["ok"] * (48 if lv["service"] == "main" else 96)
+               for lv in loaded["levels"])
+    services = {s["name"]: s for s in loaded["layout"]["services"]}
+    assert services["main"]["server"]["slots"] == 1 and services["worker0"]["server"]["slots"] == 4
+    assert services["worker0"]["launch"]["transport"] == "tcp"
+    tpot = _row(loaded, "main", "tpot")
+    # both on the same two cores: the orchestrator's experts and the worker's rpc-server share them
+    assert tpot["slowdown"] > 1.5 and tpot["slowdown_ci"][0] > 1.2 and tpot["verdict"] == "slower", tpot
+    assert tpot["n_alone"] == tpot["n_shared"] == 6
+    # the sampler saw who was busy: the worker's rpc-server while shared, hardly while main ran alone
+    busy = {b["phase"]: b for b in loaded["layout"]["busy"]}
+    assert busy["shared"]["snapshots"] >= 1 and busy["alone main"]["snapshots"] >= 1
+    assert busy["shared"]["cpu_cores"]["rpc0"] > busy["alone main"]["cpu_cores"].get("rpc0", 0)
+
+    idle = _bench(layout, MAIN, label="worker idle")
+    assert [(lv["service"], lv["load"]) for lv in idle["levels"]] == [("main", "shared"), ("main", "alone")]
+    quiet = _row(idle, "main", "tpot")
+    assert quiet["slowdown"] < 1.3 and quiet["slowdown"] < tpot["slowdown"] / 1.3, (quiet, tpot)
+    assert idle["run"]["target"] == run["target"]
+
+    # stored as one run, its services recorded, shown again from its samples
+    with ResultsDB.open() as db:
+        assert [s.name for s in db.services(run["id"])] == ["main", "worker0"]
+        stored = db.run(run["id"])
+        assert stored.summary is not None and stored.summary["layout"]["contention"]
+    again = run_cli("serve-report", str(run["id"]), "--json")
+    assert again.exit_code == 0, again.stderr
+    assert _row(json.loads(again.stdout), "main", "tpot")["slowdown"] == pytest.approx(tpot["slowdown"])
+    text = run_cli("serve-report", str(run["id"]))
+    assert "contention" in text.stdout and "slower" in text.stdout and "worker0" in text.stdout
+
+    shown = run_cli("results", "show", str(run["id"]))
+    assert shown.exit_code == 0, shown.stderr
+    assert "service worker0:" in shown.stdout and "contention" in shown.stdout
+    assert "tpot:main:c=1:alone" in shown.stdout and "tpot:worker0:c=4" in shown.stdout
+    listed = run_cli("results", "list")
+    assert "tpot:main:c=1" in listed.stdout
+
+    compared = run_cli("compare", str(idle["run"]["id"]), str(run["id"]), "--json")
+    assert compared.exit_code == 0, compared.stderr
+    rows = {r["metric"]: r for r in json.loads(compared.stdout)["rows"]}
+    assert rows["tpot:main:c=1"]["verdict"] == "slower"  # main under the worker's load against beside it idle
+    assert "tpot:main:c=1:alone" in rows
+
+    page = layout.parent / "report.html"
+    r = run_cli("report", str(run["id"]), "-o", str(page))
+    assert r.exit_code == 0, r.stderr
+    html = page.read_text()
+    assert "contention: the shared load against alone" in html and "worker0" in html and "rpc0 (cores)" in html
+
+
+def test_a_load_for_a_service_the_plan_lacks_is_refused_before_launching(layout: Path) -> None:
+    r = run_cli("serve-bench", str(layout), "--load", "coder=c:1")
+    assert r.exit_code == 2 and "--server coder" not in r.stderr
+    assert "no such server" in r.stderr and "main, worker0" in r.stderr
+    r = run_cli("serve-bench", str(layout), "--load", "main=c:1", "--match-slots")
+    assert r.exit_code == 2 and "--match-slots does not apply with --load" in r.stderr
