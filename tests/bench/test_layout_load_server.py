@@ -123,3 +123,23 @@ def test_a_load_for_a_service_the_plan_lacks_is_refused_before_launching(layout:
     assert "no such server" in r.stderr and "main, worker0" in r.stderr
     r = run_cli("serve-bench", str(layout), "--load", "main=c:1", "--match-slots")
     assert r.exit_code == 2 and "--match-slots does not apply with --load" in r.stderr
+
+
+def test_sessions_and_a_replay_as_the_loads_of_a_layout(layout: Path) -> None:
+    from moetune.bench.record.session import Exchange
+
+    session = layout.parent / "recorded.jsonl"
+    body = {"model": "x", "messages": [{"role": "user", "content": "say something"}], "max_tokens": 16,
+            "ignore_eos": True, "stream": True}
+    session.write_text("".join(json.dumps(Exchange(seq=i, method="POST", path="/v1/chat/completions",
+                                                   t_start_s=0.05 * i, body=body, status=200, stream=True,
+                                                   completion_tokens=16).to_json()) + "\n" for i in range(6)))
+    doc = _bench(layout, "main=sessions:2,turns:2,system-tokens:32,turn-tokens:16,output:16,warmup:0",
+                 f"worker0=replay:{session},speed:max,concurrency:2", label="sessions and replay")
+    levels = {(lv["service"], lv["load"]): lv for lv in doc["levels"]}
+    assert set(levels) == {("main", "shared"), ("main", "alone"), ("worker0", "shared"), ("worker0", "alone")}
+    assert all(lv["ok"] == 4 for k, lv in levels.items() if k[0] == "main")  # 2 sessions x 2 turns
+    assert all(lv["ok"] == 6 and lv["errors"] == {} for k, lv in levels.items() if k[0] == "worker0")
+    kinds = {s["name"]: s["workload"]["kind"] for s in doc["layout"]["services"]}
+    assert kinds == {"main": "sessions", "worker0": "replay"}
+    assert {(r["service"], r["metric"]) for r in doc["layout"]["contention"]} >= {("main", "tpot"), ("worker0", "ttft")}

@@ -152,3 +152,22 @@ def test_busy_says_which_process_was_busy_in_each_phase() -> None:
     assert rows["alone worker"].snapshots == 0
     shared = rows["shared"]
     assert shared.cpu_cores == {"main": 1.0, "worker": 0.95} and shared.host_cpu_pct == 85.0
+
+
+def test_a_layout_runs_services_are_stored_with_it(tmp_path: Path) -> None:
+    from moetune.kinds import RunKind
+    from moetune.store.db import ResultsDB
+    from moetune.store.record import LaunchRef, RunMeta, ServerInfo, ServiceRecord
+
+    with ResultsDB.open(tmp_path / "h.db") as db:
+        rid = db.create_run(RunMeta(kind=RunKind.SERVE_BENCH, details={"layout": {"services": ["b", "a"]}}),
+                            label="l", target="plan.json")
+        recs = [ServiceRecord(name="b", position=0, server=ServerInfo(url="http://127.0.0.1:1", slots=2),
+                              launch=LaunchRef("tcp", {"rpc0": "TCP"}, 1.5), argv=("-m", "x.gguf"),
+                              workload={"kind": "synthetic"}),
+                ServiceRecord(name="a", position=1, server=ServerInfo(url="http://127.0.0.1:2"))]
+        for r in recs:
+            db.add_service(rid, r)
+        assert db.services(rid) == recs
+        other = db.create_run(RunMeta(kind=RunKind.SERVE_BENCH), label="one", target="u")
+        assert db.services(other) == []

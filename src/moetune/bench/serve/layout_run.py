@@ -135,9 +135,9 @@ async def _prepare(ld: ServiceLoad, ln: Launched, passes: int, log: Log) -> _Ser
     http = connect(ln.url, timeout_s=spec.timeout_s)
     try:
         info = await probe(http, ln.url)
-        check_context(spec, info)
-        if ld.kind == REPLAY:
+        if ld.kind == REPLAY:  # the recorded requests, as they are
             return await _prepare_replay(ld, ln, http, info, log)
+        check_context(spec, info)
         from moetune.bench.serve.tokenizer import TokenizerCounter, token_counter
 
         model = spec.model or await _model_name(http)
