@@ -73,7 +73,7 @@ def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list
         settings = lift_extra(settings)  # the service's args: flags a plan option says, taken as it
         model = s.model if is_url(s.model) else absolute(p.parent / os.path.expanduser(s.model))
         spec = ServiceSpec(s.name, load_profile(model), settings,
-                           s.strategy, s.port or base_port + i, tuple(s.devices) if s.devices else None, s.engine or "")
+                           s.strategy, s.port or base_port + i, tuple(s.devices) if s.devices is not None else None, s.engine or "")
         out.append((spec, s.model))
     return out
 

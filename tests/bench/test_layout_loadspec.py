@@ -150,6 +150,7 @@ def test_busy_says_which_process_was_busy_in_each_phase() -> None:
     alone = rows["alone main"]
     assert alone.snapshots == 2 and alone.cpu_cores["main"] == pytest.approx(1.8) and alone.cpu_cores["worker"] == 0.01
     assert rows["alone worker"].snapshots == 0
+    assert busy([snap(0, "shared", 10, 10)], ["shared"])[0].snapshots == 0  # its interval began before the phase
     shared = rows["shared"]
     assert shared.cpu_cores == {"main": 1.0, "worker": 0.95} and shared.host_cpu_pct == 85.0
 

@@ -151,9 +151,10 @@ def _mean(xs: Sequence[float]) -> float:
 
 def busy(snapshots: Iterable[Snapshot], phases: Sequence[str]) -> list[Busy]:
     """Per phase named in ``phases`` (in that order), the snapshots taken during it, averaged: which
-    process and which device was busy. A snapshot's rates cover the interval before it, so the
-    first snapshot of each stretch of a phase (mostly the previous phase's) is left out when the
-    stretch has more."""
+    process and which device was busy. A snapshot's rates cover the interval since the one before
+    it, so a snapshot counts for its phase only when the one before was taken in the same phase
+    too (the first of each stretch covers the end of the previous phase): a phase shorter than the
+    sampling interval has none."""
     stretches: dict[str, list[list[Snapshot]]] = {p: [] for p in phases}
     previous: str | None = None
     for snap in snapshots:
@@ -164,7 +165,7 @@ def busy(snapshots: Iterable[Snapshot], phases: Sequence[str]) -> list[Busy]:
         previous = snap.phase
     out = []
     for phase in phases:
-        snaps = [s for st in stretches[phase] for s in (st[1:] if len(st) > 1 else st)]
+        snaps = [s for st in stretches[phase] for s in st[1:]]
         cpu: dict[str, list[float]] = {}
         gpu: dict[str, list[float]] = {}
         host: list[float] = []

@@ -165,6 +165,9 @@ async def _prepare(ld: ServiceLoad, ln: Launched, passes: int, log: Log) -> _Ser
             log(f"{ld.service}: prepared {len(prompts)} prompts ({time.monotonic() - t:.1f} s)")
         svc.advice = run_warnings(info, [svc.concurrency], svc.skipped, tokenizer=local)
         return svc
+    except InputError as e:  # its workload does not suit its server: say which service
+        await http.aclose()
+        raise InputError(f"--load {ld.service}: {e}", hint=e.hint) from None
     except BaseException:
         await http.aclose()
         raise
