@@ -92,7 +92,8 @@ def test_the_orchestrator_slows_down_while_the_worker_is_busy_and_not_while_it_i
     # beside the idle worker, alone and "shared" are the same condition: no large, significant slowdown
     assert quiet["slowdown"] < 1.5 and quiet["slowdown_ci"][0] < 1.25 and quiet["slowdown"] < tpot["slowdown"] / 1.5, (
         quiet, tpot)
-    assert idle["run"]["target"] == run["target"]
+    assert idle["run"]["target"] == run["target"] and idle["layout"]["idle"] == ["worker0"]
+    assert "up and idle: worker0" in run_cli("serve-report", str(idle["run"]["id"])).stdout
 
     # stored as one run, its services recorded, shown again from its samples
     with ResultsDB.open() as db:

@@ -318,8 +318,10 @@ def _render_layout(doc: dict[str, Any], as_json: bool) -> None:
     from moetune.report.layout_view import layout_tables
 
     run = doc["run"]
+    idle = doc["layout"].get("idle") or []
     out.print(f"run {run['id']} ({run['label']}) against {run['target']}: "
-              + "; ".join(f"{s['name']}: {s['workload'].get('describe')}" for s in doc["layout"]["services"]))
+              + "; ".join(f"{s['name']}: {s['workload'].get('describe')}" for s in doc["layout"]["services"])
+              + (f"; up and idle: {', '.join(idle)}" if idle else ""))
     console = out if out.is_terminal else Console(width=160, highlight=False, soft_wrap=True)
     for t in layout_tables(doc):
         console.print(t)

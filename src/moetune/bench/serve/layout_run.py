@@ -20,7 +20,6 @@ contention: each service's slowdown under the shared load with its interval.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sys
 import time
@@ -235,8 +234,10 @@ async def _shared(services: list[_Service], n: int, rnd: int, writer: SampleWrit
         await asyncio.wait({fill, waiter}, return_when=asyncio.FIRST_COMPLETED)
         fill.cancel()
         waiter.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ServerGone):
-            await fill
+        await asyncio.wait({fill, waiter})  # gone, without taking a cancellation of this task for theirs
+        e = None if fill.cancelled() else fill.exception()
+        if e is not None and not isinstance(e, ServerGone):  # a fill that stops for its server is no error
+            raise e
 
     try:
         async with asyncio.TaskGroup() as tg:
@@ -376,7 +377,9 @@ def layout_doc(run: Run, levels: list[dict[str, Any]], layout: dict[str, Any], a
     """serve-bench's document (:func:`moetune.bench.serve.run.report_doc`) with the ``layout``
     section: each service (its record), its contention and what was busy."""
     doc = report_doc(run, levels, advice, samples=samples, slo=slo)
-    doc["layout"] = {**layout, "services": [s.to_json() for s in services]}
+    doc["layout"] = {**layout, "services": [s.to_json() for s in services],
+                     "idle": (run.meta.details.get("layout") or {}).get("idle") or [], "rounds":
+                     (run.meta.details.get("layout") or {}).get("rounds")}
     return doc
 
 
