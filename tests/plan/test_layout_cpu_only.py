@@ -32,3 +32,6 @@ def test_an_empty_device_list_keeps_a_service_off_every_accelerator(tmp_path: Pa
     assert "--rpc" not in argv["main"] and "--device" not in argv["main"]
     assert "--rpc" in argv["worker"] and argv["worker"][argv["worker"].index("--device") + 1] == "RPC0"
     assert "--rpc" in argv["any"]  # no list at all: every device
+    # worker and any both use the one rpc-server: the plan says only one of them would start
+    assert "services worker, any all use the RPC worker 127.0.0.1:50999" in r.stderr, r.stderr
+    assert "main" not in r.stderr.split("all use the RPC worker")[0].split("services")[-1]
