@@ -172,3 +172,37 @@ def test_a_layout_runs_services_are_stored_with_it(tmp_path: Path) -> None:
         assert db.services(rid) == recs
         other = db.create_run(RunMeta(kind=RunKind.SERVE_BENCH), label="one", target="u")
         assert db.services(other) == []
+
+
+def _two_servers(path: Path) -> Path:
+    from moetune.engine.launchspec import LaunchSpec, ProcessSpec
+
+    procs = (ProcessSpec("main", "server", "llama.cpp", ("-m", "/m.gguf"), "127.0.0.1", 1),
+             ProcessSpec("worker0", "server", "llama.cpp", ("-m", "/w.gguf"), "127.0.0.1", 2))
+    path.write_text(json.dumps({"launch": LaunchSpec(procs).to_json()}))
+    return path
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--load", "main=conc:1"], "--load main=conc:1: unknown key 'conc'"),
+    (["--load", "coder=c:1"], "--load coder=: PLAN has no such server (servers: main, worker0)"),
+    (["--rounds", "2"], "--rounds counts the rounds of a layout's --load"),
+    (["--concurrency", "1,2", "--load", "main=c:1"], "with --load each service runs one level"),
+    (["--load", "main=c:1", "--server", "main"], "--server does not apply with --load"),
+    (["--load", "main=c:1", "--load", "main=c:2"], "--load main= is given twice"),
+])
+def test_serve_bench_refuses_a_bad_load_before_launching(tmp_path: Path, args: list[str], says: str) -> None:
+    from tests.helpers import run_cli
+
+    plan = _two_servers(tmp_path / "plan.json")
+    r = run_cli("serve-bench", str(plan), *args)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert says.replace("PLAN", str(plan.resolve())) in r.stderr, r.stderr
+    assert "starting" not in r.stderr
+
+
+def test_a_load_needs_a_plan_not_a_url() -> None:
+    from tests.helpers import run_cli
+
+    r = run_cli("serve-bench", "http://127.0.0.1:9", "--load", "main=c:1")
+    assert r.exit_code == 2 and "TARGET is a server URL" in r.stderr, r.stderr
