@@ -44,7 +44,7 @@ from moetune.bench.serve.load import (
 )
 from moetune.bench.serve.loadspec import REPLAY, SESSIONS, ServiceLoad
 from moetune.bench.serve.request import RequestRecord
-from moetune.bench.serve.run import SampleWriter, _model_name, _prompts, check_context, report_doc
+from moetune.bench.serve.run import SampleWriter, _model_name, check_context, level_prompts, report_doc
 from moetune.bench.serve.sessions import SessionTexts
 from moetune.bench.server import model_ref, probe
 from moetune.bench.servers import Launched, launched_servers, new_launch_id
@@ -157,7 +157,7 @@ async def _prepare(ld: ServiceLoad, ln: Launched, passes: int, log: Log) -> _Ser
             log(f"{ld.service}: prepared {passes} x {spec.sessions.sessions} sessions ({time.monotonic() - t:.1f} s)")
         else:
             c = spec.concurrency[0]
-            prompts, skipped = await _prompts(spec, counter, info, spec.warmup + spec.prompt_pool(c), run_tag)
+            prompts, skipped = await level_prompts(spec, counter, info, spec.warmup + spec.prompt_pool(c), run_tag)
             options = RequestOptions(model=model, cache_prompt=spec.prefix_cache, thinking=spec.thinking,
                                      timeout_s=spec.timeout_s)
             svc = _Service(ld, ln, http, info, model, options, c, prompts=prompts, skipped=skipped)
@@ -173,7 +173,7 @@ async def _prepare(ld: ServiceLoad, ln: Launched, passes: int, log: Log) -> _Ser
 
 
 async def _prepare_replay(ld: ServiceLoad, ln: Launched, http: StreamingHttp, info: ServerInfo, log: Log) -> _Service:
-    from moetune.bench.record.replay import _served_models, load_session
+    from moetune.bench.record.replay import load_session, served_models
     from moetune.bench.record.schedule import (
         choose_model,
         due_offsets,
@@ -189,7 +189,7 @@ async def _prepare_replay(ld: ServiceLoad, ln: Launched, http: StreamingHttp, in
     if not reqs:
         raise InputError(f"--load {ld.service}=replay:{ld.replay}: it records no chat or completions request "
                          "to replay", hint="record a client's POST /v1/chat/completions or /v1/completions traffic")
-    served = await _served_models(http)
+    served = await served_models(http)
     models = [choose_model(r.body.get("model"), served, ld.spec.model) for r in reqs]
     prepared = [Prepared(replay_body(r, m), r.max_tokens, r.target) for r, m in zip(reqs, models, strict=True)]
     offsets = due_offsets(reqs, parse_speed(ld.speed))
