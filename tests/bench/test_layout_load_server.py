@@ -52,8 +52,9 @@ def layout(models: Path, bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
     return plan
 
 
-def _bench(plan: Path, *loads: str, label: str) -> dict:  # type: ignore[type-arg]
-    r = run_cli("serve-bench", str(plan), *(a for ld in loads for a in ("--load", ld)), "--label", label, "--json")
+def _bench(plan: Path, *loads: str, label: str, more: tuple[str, ...] = ()) -> dict:  # type: ignore[type-arg]
+    r = run_cli("serve-bench", str(plan), *(a for ld in loads for a in ("--load", ld)), "--label", label, "--json",
+                *more)
     assert r.exit_code == 0, r.stderr
     return json.loads(r.stdout)  # type: ignore[no-any-return]
 
@@ -86,8 +87,10 @@ def test_the_orchestrator_slows_down_while_the_worker_is_busy_and_not_while_it_i
     assert busy["shared"]["snapshots"] >= 1 and busy["alone main"]["snapshots"] >= 1
     assert busy["shared"]["cpu_cores"]["rpc0"] > busy["alone main"]["cpu_cores"].get("rpc0", 0)
 
-    idle = _bench(layout, MAIN, label="worker idle")
-    assert [(lv["service"], lv["load"]) for lv in idle["levels"]] == [("main", "shared"), ("main", "alone")]
+    # two rounds (alone, shared, shared, alone): a drift of the machine's other load falls on both
+    idle = _bench(layout, MAIN, label="worker idle", more=("--rounds", "2"))
+    assert [(lv["service"], lv["load"], lv["ok"]) for lv in idle["levels"]] == [("main", "shared", 18),
+                                                                                ("main", "alone", 18)]
     quiet = _row(idle, "main", "tpot")
     # beside the idle worker, alone and "shared" are the same condition: no large, significant slowdown
     assert quiet["slowdown"] < 1.5 and quiet["slowdown_ci"][0] < 1.25 and quiet["slowdown"] < tpot["slowdown"] / 1.5, (
