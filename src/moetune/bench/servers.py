@@ -73,16 +73,28 @@ def launched(target: Target, *, spec: LaunchSpec | None = None, timeout_s: float
              status: Status | None = None, launch_id: str | None = None) -> Iterator[Launched]:
     """Start the target's plan (or ``spec``, a rewritten launch of it), yield its chosen server,
     stop everything on leaving. ``launch_id`` names its run directory (a new one by default)."""
+    assert target.server is not None
+    with launched_servers(target, (target.server,), spec=spec, timeout_s=timeout_s, status=status,
+                          launch_id=launch_id) as servers:
+        yield servers[target.server]
+
+
+@contextmanager
+def launched_servers(target: Target, names: tuple[str, ...], *, spec: LaunchSpec | None = None,
+                     timeout_s: float = 600.0, status: Status | None = None,
+                     launch_id: str | None = None) -> Iterator[dict[str, Launched]]:
+    """Start the target's whole plan (a layout: every server and RPC worker), yield the servers
+    ``names`` by name, stop everything on leaving."""
     from moetune.engine import registry
     from moetune.run.launch import Event
     from moetune.run.launch import launched as run_launched
 
-    assert target.spec is not None and target.doc is not None and target.server is not None
+    assert target.spec is not None and target.doc is not None
     from moetune.run.prepare import check_fits
 
     check_fits(target.doc, Path(target.name), force=False)  # a plan that says it does not fit is not started
     spec = spec or target.spec
-    chosen = next(s for s in spec.servers() if s.name == target.server)
+    chosen = [next(s for s in spec.servers() if s.name == n) for n in names]
 
     def on_event(e: Event) -> None:
         if status and e.kind in ("start", "ready", "exited"):
@@ -91,13 +103,17 @@ def launched(target: Target, *, spec: LaunchSpec | None = None, timeout_s: float
 
     with run_launched(spec, target.doc, plan_file=target.name, timeout_s=timeout_s, on_event=on_event,
                       run_id=launch_id, transport=target.transport, rdma_dev=target.rdma_dev) as ln:
-        rec = ln.run.proc(chosen.name)
-        facts = launch_facts(chosen, target.transport, ln.transports, rec.started_at, rec.ready_at)
-        if status:
-            status(f"{chosen.name}: " + (f"transport {facts.describe()}" if facts.transport != NO_RPC
-                                         else f"loaded in {facts.load_s or 0:.1f} s"))
-        yield Launched(ln.urls[chosen.name], chosen, ln.run.run_id, {p.name: ln.log(p.name) for p in spec.processes},
-                       registry.get(chosen.engine).version(), model_arg(chosen.argv), facts)
+        out: dict[str, Launched] = {}
+        logs = {p.name: ln.log(p.name) for p in spec.processes}
+        for c in chosen:
+            rec = ln.run.proc(c.name)
+            facts = launch_facts(c, target.transport, ln.transports, rec.started_at, rec.ready_at)
+            if status:
+                status(f"{c.name}: " + (f"transport {facts.describe()}" if facts.transport != NO_RPC
+                                        else f"loaded in {facts.load_s or 0:.1f} s"))
+            out[c.name] = Launched(ln.urls[c.name], c, ln.run.run_id, logs, registry.get(c.engine).version(),
+                                   model_arg(c.argv), facts)
+        yield out
     if status:
         status(f"stopped {', '.join(p.name for p in [*spec.servers(), *spec.workers()])}")
 

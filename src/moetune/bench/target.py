@@ -77,6 +77,20 @@ def plan_target(path: Path, server: str | None = None) -> Target:
     return Target(plan_path=path, spec=spec, doc=doc, server=choose_server(spec, server, str(path)).name)
 
 
+def layout_target(target: str) -> Target:
+    """A plan file as a layout: every server of it, none chosen (`serve-bench PLAN --load ...`)."""
+    path = Path(target)
+    if not path.is_file():
+        if target.startswith(("http://", "https://")) or _HOSTPORT.match(target):
+            raise InputError("--load drives the services of a layout plan; TARGET is a server URL",
+                             hint="give the plan `moetune plan --layout` wrote, or drop --load")
+        resolve(target)  # says what it is instead
+    from moetune.run.prepare import read_plan
+
+    spec, doc = read_plan(path)
+    return Target(plan_path=path, spec=spec, doc=doc)
+
+
 def resolve(target: str, server: str | None = None) -> Target:
     """TARGET as the user typed it: an existing plan file, or a server URL (``host:port`` and an
     OpenAI base URL ending in ``/v1`` name the same server)."""

@@ -59,6 +59,11 @@ def show_cmd(run_ref: str, db_path: Path | None, as_json: bool) -> None:
     with ResultsDB.open(db_path) as db:
         r = db.resolve(run_ref)
         d = derived(r, db.iter_samples(r.id))
+        from moetune.bench.serve.layout_run import is_layout_run, stored_layout_report
+
+        if is_layout_run(r):  # its services' levels, their contention, what was busy
+            lay = stored_layout_report(db, r)
+            d["layout"] = {**lay["layout"], "levels": lay["levels"]}
         if as_json:
             print_json({"run": r.header(), **r.to_json(), "derived": d, "samples": db.sample_counts(r.id)})
             return

@@ -162,6 +162,13 @@ def _log(line: str) -> None:
 @click.option("--speed", default="1x", show_default=True,
               help="With --replay: 1x at the recorded arrival times, Nx N times faster, max as fast as the client "
               "slots allow; in flight at most the recorded concurrency, or --concurrency.")
+@click.option("--load", "loads", multiple=True, metavar="SERVICE=SPEC",
+              help="For a layout plan TARGET: drive SERVICE with the workload SPEC, every --load at once, each also "
+              "measured alone: KEY:VALUE pairs of these options' names, e.g. main=concurrency:1,requests:8,"
+              "input-len:512,output-len:64 or worker0=replay:FILE,speed:max (the options given here are the "
+              "defaults). Reports each service's slowdown under the shared load.")
+@click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
+              help="With --load: rounds of alone then shared (alternating order).")
 @session_options
 @transport_options()
 @db_option
@@ -171,8 +178,9 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
                     requests: int | None, duration: float | None,
                     warmup: int, seed: int, prefix_cache: bool, thinking: str, timeout_s: float, model: str | None,
                     label: str | None, match_slots: bool, server: str | None, plot_dir: Path | None,
-                    slo_text: str | None, replay: Path | None, speed: str, transport: str | None,
-                    rdma_dev: str | None, db_path: Path | None, as_json: bool, **session_args: Any) -> None:
+                    slo_text: str | None, replay: Path | None, speed: str, loads: tuple[str, ...], rounds: int,
+                    transport: str | None, rdma_dev: str | None, db_path: Path | None, as_json: bool,
+                    **session_args: Any) -> None:
     """Measure a server under concurrent streaming load: TTFT, ITL, TPOT, throughput per level.
 
     TARGET is a server URL (http://127.0.0.1:8080) or a plan file whose server moetune starts
@@ -185,12 +193,21 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
     With --sessions N, N agent sessions instead: conversations that grow turn by turn, each turn
     sending the whole history; per turn, TTFT, TG and the prompt tokens processed and reused
     from the server's prefix cache (--strip-thinking shows what dropping the reasoning costs).
+
+    With --load SERVICE=SPEC (repeated), TARGET is a layout plan: moetune launches all of it and
+    drives every named service at once, each with its own workload, then each alone, and reports
+    every service's figures under the shared load beside its figures alone (the slowdown, with its
+    interval) and which process and device was busy, as one run.
     """
     from moetune.bench.serve.run import ServeBenchSpec, serve_bench, server_source
     from moetune.store.db import ResultsDB
 
-    levels = _levels(concurrency)
     slo = _slo_option(slo_text)
+    if loads or _given("rounds"):
+        _layout(target, loads, rounds, label=label, slo=slo, plot_dir=plot_dir, db_path=db_path, as_json=as_json,
+                transport=transport, rdma_dev=rdma_dev, match_slots=match_slots, server=server)
+        return
+    levels = _levels(concurrency)
     if replay is not None or _given("speed"):
         if any(v not in (None, False) for v in session_args.values()):
             raise InputError("--replay sends the recorded requests; --sessions makes its own conversations",
@@ -224,6 +241,90 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
     if not as_json:
         err.print(f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
                   f"`moetune compare {doc['run']['id']} OTHER`", style="dim")
+
+
+# serve-bench's options that are every --load's defaults, by their SPEC key
+LOAD_DEFAULTS = {"concurrency": "concurrency", "rate": "rate", "arrivals": "arrivals", "dataset": "dataset",
+                 "input_len": "input-len", "output_len": "output-len", "tokenizer": "tokenizer",
+                 "requests": "requests", "duration": "duration", "warmup": "warmup", "seed": "seed",
+                 "prefix_cache": "prefix-cache", "thinking": "thinking", "timeout_s": "timeout", "model": "model",
+                 "replay": "replay", "speed": "speed", "sessions": "sessions", "turns": "turns",
+                 "system_tokens": "system-tokens", "turn_tokens": "turn-tokens", "think_time": "think-time",
+                 "strip_thinking": "strip-thinking"}
+
+
+def _load_defaults() -> dict[str, Any]:
+    """The options given on the command line, as --load SPEC keys with their values read."""
+    from moetune.bench.serve.loadspec import KEYS
+
+    ctx = click.get_current_context()
+    out: dict[str, Any] = {}
+    for name in _given(*LOAD_DEFAULTS):
+        key, v = LOAD_DEFAULTS[name], ctx.params[name]
+        if key == "concurrency":
+            v = _levels(str(v))
+            if len(v) > 1:
+                raise InputError(f"--concurrency {ctx.params[name]}: with --load each service runs one level",
+                                 hint="give one value, or each service its own: --load NAME=concurrency:N")
+            v = v[0]
+        elif key == "thinking" or isinstance(v, Path):
+            v = KEYS[key](str(v))
+        out[key] = v
+    return out
+
+
+def _layout(target: str, loads: tuple[str, ...], rounds: int, *, label: str | None, slo: dict[str, float] | None,
+            plot_dir: Path | None, db_path: Path | None, as_json: bool, transport: str | None,
+            rdma_dev: str | None, match_slots: bool, server: str | None) -> None:
+    from moetune.bench.serve.layout_run import LayoutSpec, layout_bench
+    from moetune.bench.serve.loadspec import parse_loads, with_slo
+    from moetune.bench.target import layout_target, with_transport
+    from moetune.store.db import ResultsDB
+
+    if not loads:
+        raise InputError("--rounds counts the rounds of a layout's --load", hint="add --load SERVICE=SPEC")
+    for flag, given in (("--match-slots", match_slots), ("--server", server is not None),
+                        ("--plot", plot_dir is not None)):
+        if given:
+            raise InputError(f"{flag} does not apply with --load", hint=f"drop {flag}: --load names the services")
+    parsed = with_slo(parse_loads(loads, _load_defaults()), slo)
+    t = with_transport(layout_target(target), transport, rdma_dev)
+    from moetune.bench.servers import check_transport
+    from moetune.cli.bench_cmds import progress_bar
+
+    check_transport(t)
+    spec = LayoutSpec(loads=tuple(parsed), rounds=rounds, label=label, slo=slo)
+    with ResultsDB.open(db_path) as db, progress_bar(not as_json, bars=False) as live:
+        doc = layout_bench(t, spec, db, log=_log, on_snapshot=live.machine)
+    _render_layout(doc, as_json)
+    if not as_json:
+        err.print(f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
+                  f"`moetune results show {doc['run']['id']}`, `moetune compare {doc['run']['id']} OTHER`",
+                  style="dim")
+
+
+def _render_layout(doc: dict[str, Any], as_json: bool) -> None:
+    for a in [*doc["run"].get("advice", []), *(doc["run"].get("flags") or {}).get("warnings", [])]:
+        warn(a["message"], a["remedy"])
+    for lv in doc["levels"]:
+        for a in lv.get("advice", []):
+            if a["code"] != "retries":
+                warn(f"{lv.get('service')} ({lv.get('load')}): {a['message']}", a["remedy"])
+    if as_json:
+        print_json(doc)
+        return
+    from rich.console import Console
+
+    from moetune.report.layout_view import layout_tables
+
+    run = doc["run"]
+    idle = doc["layout"].get("idle") or []
+    out.print(f"run {run['id']} ({run['label']}) against {run['target']}: "
+              + "; ".join(f"{s['name']}: {s['workload'].get('describe')}" for s in doc["layout"]["services"])
+              + (f"; up and idle: {', '.join(idle)}" if idle else ""))
+    console = out if out.is_terminal else Console(width=160, highlight=False, soft_wrap=True)
+    for t in layout_tables(doc):
+        console.print(t)
 
 
 def _given(*names: str) -> list[str]:
@@ -287,7 +388,13 @@ def serve_report_cmd(run_ref: str, plot_dir: Path | None, slo_text: str | None, 
 
     slo = _slo_option(slo_text)
     with ResultsDB.open(db_path) as db:
-        doc = stored_report(db, db.resolve(run_ref), slo)
+        run = db.resolve(run_ref)
+        from moetune.bench.serve.layout_run import is_layout_run, stored_layout_report
+
+        if is_layout_run(run):
+            _render_layout(stored_layout_report(db, run, slo), as_json)
+            return
+        doc = stored_report(db, run, slo)
     _render(doc, plot_dir, as_json)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from moetune.bench.analysis.serve import level_figures, level_name, level_span
+from moetune.bench.analysis.serve import key_name, level_figures, level_span
 from moetune.bench.analysis.slo import SLO_EXAMPLE, goodput, slo_text, wilson
 from moetune.errors import InputError
 from moetune.kinds import RunKind
@@ -66,10 +66,11 @@ class GoodputRanking:
 def run_goodput(run: Run, samples: Iterable[dict[str, Any]], slo: Mapping[str, float]) -> RunGoodput:
     """Each level's goodput, the samples read once (a run of any length, streamed)."""
     levels = []
-    for (c, rate), f in level_figures(s for s in samples if "chunks" in s).items():
+    for key, f in level_figures(s for s in samples if "chunks" in s).items():
+        c, rate = key[2], key[3]
         g = goodput(f.ms, slo, level_span(f.heads))
         ci = wilson(g["met"], g["of"])
-        levels.append({"level": level_name(c, rate), "concurrency": c, "rate": rate, "share": g["share"],
+        levels.append({"level": key_name(key), "concurrency": c, "rate": rate, "share": g["share"],
                        "share_ci": None if ci is None else [round(ci[0], 4), round(ci[1], 4)],
                        **{k: v for k, v in g.items() if k not in ("slo", "share")}})
     return RunGoodput(run.id, run.label, levels)

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from moetune.bench.analysis import single as m
-from moetune.bench.analysis.serve import level_name
+from moetune.bench.analysis.serve import key_name
 from moetune.bench.analysis.stats import DEFAULT_CONF, MetricSamples, median, summarize
 from moetune.bench.analysis.summary import run_summary
 from moetune.bench.analysis.warnings import Warning, grouped
@@ -57,7 +57,7 @@ def headline(run: Run, samples: Callable[[int], Iterable[dict[str, Any]]]) -> st
                          is not None)
     if run.kind == RunKind.SERVE_BENCH and s.get("levels"):
         lv = s["levels"][0]
-        name = level_name(int(lv.get("concurrency") or 0), lv.get("rate"))
+        name = key_name((lv.get("service"), lv.get("load"), int(lv.get("concurrency") or 0), lv.get("rate")))
         return ", ".join(f"{fam}:{name} {fmt(p50)}" for fam in ("ttft", "tpot")
                          if (p50 := (lv.get(f"{fam}_ms") or {}).get("p50")) is not None)
     fn = METRIC_EXTRACTORS.get(run.kind)
@@ -192,6 +192,12 @@ def show(run: Run, summary: dict[str, Any], counts: dict[str, int]) -> Renderabl
         if lines:
             parts.append(Text("\n".join(lines)))
     else:
+        if summary.get("layout"):
+            from moetune.report.layout_view import layout_tables, service_lines
+
+            lay = summary["layout"]
+            parts.append(Text("\n".join(service_lines(lay["services"]))))
+            parts += layout_tables({"levels": lay["levels"], "layout": lay})
         t = Table()
         for c in ("metric", "median", "CI", "n", "unit"):
             t.add_column(c)

@@ -30,7 +30,7 @@ from moetune.kinds import RunKind, RunStatus
 from moetune.paths import default_db
 from moetune.procfs import own_start_ticks, read_proc_stat
 from moetune.store.migrations import migrate, now_iso
-from moetune.store.record import RunMeta
+from moetune.store.record import RunMeta, ServiceRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +167,12 @@ class ResultsDB:
             assert cur.lastrowid is not None
             return cur.lastrowid
 
+    def add_service(self, run_id: int, rec: ServiceRecord) -> None:
+        """Record one service of a layout run (``run_services``)."""
+        with self._lock, self._writing():
+            self._conn.execute("INSERT INTO run_services (run_id, name, position, meta) VALUES (?, ?, ?, ?)",
+                               (run_id, rec.name, rec.position, _dumps(rec.to_json())))
+
     def set_contention(self, run_id: int, c: Contention | None) -> None:
         """Store where the CPU went while the run measured (``moetune.contention``)."""
         with self._lock, self._writing():
@@ -302,6 +308,13 @@ class ResultsDB:
             if len(rows) < batch:
                 return
             after = rows[-1][0]
+
+    def services(self, run_id: int) -> list[ServiceRecord]:
+        """The services of a layout run in their order; none for a run of one server."""
+        with self._lock:
+            rows = self._conn.execute("SELECT meta FROM run_services WHERE run_id = ? ORDER BY position, name",
+                                      (run_id,)).fetchall()
+        return [ServiceRecord.from_json(json.loads(r[0])) for r in rows]
 
     def sample_counts(self, run_id: int) -> dict[str, int]:
         return {r[0]: r[1] for r in self._conn.execute(

@@ -143,8 +143,22 @@ def m007_kld_bases(db: sqlite3.Connection) -> None:
         )""")
 
 
+def m008_run_services(db: sqlite3.Connection) -> None:
+    """The services of a layout run (`serve-bench LAYOUT_PLAN --load SERVICE=SPEC`): one row per
+    service it drove, with what that service is (its server's answers, model, launch) and its
+    workload; the run's samples name their service (``data.service``)."""
+    db.execute("""
+        CREATE TABLE run_services (
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            name TEXT NOT NULL,            -- the plan's server name
+            position INTEGER NOT NULL,     -- in the order the --load options gave them
+            meta TEXT NOT NULL,            -- JSON: moetune.store.record.ServiceRecord
+            PRIMARY KEY (run_id, name)
+        )""")
+
+
 MIGRATIONS: list[Migration] = [m001_runs_and_samples, m002_sweeps, m003_one_run_record, m004_metrics,
-                               m005_run_writer, m006_run_contention, m007_kld_bases]
+                               m005_run_writer, m006_run_contention, m007_kld_bases, m008_run_services]
 
 
 def now_iso() -> str:

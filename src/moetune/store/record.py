@@ -237,3 +237,34 @@ class RunMeta:
                    plan=dict(obj("plan")) if d.get("plan") is not None else None,
                    launch_run=_opt_str(d.get("launch_run")), details=dict(obj("details")),
                    launch=LaunchRef.from_json(obj("launch")) if obj("launch") else None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceRecord:
+    """One service of a layout run (a ``run_services`` row): the plan's server it is, what that
+    server answered, its model, how it was launched, and the workload it was given (``workload``:
+    :meth:`moetune.bench.serve.loadspec.ServiceLoad.to_json`)."""
+
+    name: str
+    position: int
+    server: ServerInfo
+    model: ModelRef = field(default_factory=ModelRef)
+    launch: LaunchRef | None = None
+    argv: tuple[str, ...] = ()  # the server's argv as launched
+    workload: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "position": self.position, "server": self.server.to_json(),
+                "model": self.model.to_json(), "launch": None if self.launch is None else self.launch.to_json(),
+                "argv": list(self.argv), "workload": dict(self.workload)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ServiceRecord:
+        def obj(key: str) -> Mapping[str, Any]:
+            v = d.get(key)
+            return v if isinstance(v, Mapping) else {}
+
+        return cls(name=str(d.get("name") or ""), position=int(d.get("position") or 0),
+                   server=ServerInfo.from_json(obj("server")), model=ModelRef.from_json(obj("model")),
+                   launch=LaunchRef.from_json(obj("launch")) if obj("launch") else None,
+                   argv=tuple(str(a) for a in d.get("argv") or ()), workload=dict(obj("workload")))

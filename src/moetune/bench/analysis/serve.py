@@ -227,7 +227,13 @@ def level_span(samples: Sequence[dict[str, Any]]) -> float | None:
 
 
 # what a level's figures need of a sample beside its metrics: not its events, which a long level has millions of
-_HEAD = ("index", "concurrency", "rate", "t_sched", "t_end")
+_HEAD = ("index", "concurrency", "rate", "t_sched", "t_end", "service", "load")
+
+# a layout run's samples (`serve-bench LAYOUT_PLAN --load SERVICE=SPEC`) say which service they were
+# sent to and whether the others were loaded at the time: part of their level, beside concurrency and rate
+SERVICE, LOAD = "service", "load"
+ALONE, SHARED = "alone", "shared"
+LevelKey = tuple[str | None, str | None, int, Any]  # (service, load, concurrency, rate)
 
 
 def _gaps_taken(m: RequestMetrics, itl: array[float], server_itl: array[float]) -> RequestMetrics:
@@ -275,14 +281,15 @@ def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] 
 
 def level_figures(samples: Iterable[dict[str, Any]], *,
                   tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
-                  ) -> dict[tuple[int, Any], LevelFigures]:
-    """Every level of a run by (concurrency, rate), in the order the levels first ran (a level that
-    came back later is merged into its first), its samples read once and never held: a run of any
-    length, streamed from the history. ``tap`` sees each sample and its metrics as they pass."""
-    levels: dict[tuple[int, Any], LevelFigures] = {}
+                  ) -> dict[LevelKey, LevelFigures]:
+    """Every level of a run by (service, load, concurrency, rate) (:func:`level_key`), in the order
+    the levels first ran (a level that came back later is merged into its first), its samples read
+    once and never held: a run of any length, streamed from the history. ``tap`` sees each sample
+    and its metrics as they pass."""
+    levels: dict[LevelKey, LevelFigures] = {}
     for s in samples:
         m = request_metrics(s)
-        levels.setdefault(level_of(s), LevelFigures()).add(s, m)
+        levels.setdefault(level_key(s), LevelFigures()).add(s, m)
         if tap is not None:
             tap(s, m)
     return levels
@@ -305,6 +312,7 @@ def _summary(ms: list[RequestMetrics], heads: list[dict[str, Any]], itl: array[f
     open_loop = bool(first.get("rate"))
     inputs = [n for m in ms if (n := m.input_tokens) is not None]
     return {
+        **({SERVICE: first[SERVICE], LOAD: first.get(LOAD)} if first.get(SERVICE) else {}),
         "concurrency": int(first.get("concurrency") or 0),
         "rate": first.get("rate"),
         "requests": len(ms),
@@ -346,9 +354,24 @@ def level_of(s: Mapping[str, Any]) -> tuple[int, Any]:
     return int(s.get("concurrency") or 0), s.get("rate")
 
 
+def level_key(s: Mapping[str, Any]) -> LevelKey:
+    """The level a raw sample was measured at, with its service and load in a layout run (None, None
+    in a run of one server)."""
+    return s.get(SERVICE), s.get(LOAD), *level_of(s)
+
+
 def level_name(concurrency: int, rate: Any) -> str:
     """A level as metric names and tables say it: ``c=4``, ``c=8@2.0/s``."""
     return f"c={concurrency}" + (f"@{rate}/s" if rate else "")
+
+
+def key_name(key: LevelKey) -> str:
+    """A level of any run as metric names say it: ``c=4``; in a layout run ``main:c=1`` (under the
+    shared load) and ``main:c=1:alone`` (the others idle)."""
+    service, load, c, rate = key
+    if service is None:
+        return level_name(c, rate)
+    return f"{service}:{level_name(c, rate)}" + (f":{ALONE}" if load == ALONE else "")
 
 
 class LevelSeries:
@@ -357,13 +380,13 @@ class LevelSeries:
     FAMILIES = ("ttft", "itl", "tpot", "e2e", "decode")
 
     def __init__(self) -> None:
-        self.levels: dict[tuple[int, Any], dict[str, list[float]]] = {}
+        self.levels: dict[LevelKey, dict[str, list[float]]] = {}
 
     def add(self, s: dict[str, Any], m: RequestMetrics | None = None) -> None:
         """One sample (``m``: its metrics, when the caller has them)."""
         if "chunks" not in s:
             return
-        series = self.levels.setdefault(level_of(s), {f: [] for f in self.FAMILIES})
+        series = self.levels.setdefault(level_key(s), {f: [] for f in self.FAMILIES})
         m = m or request_metrics(s)
         if not m.ok:
             return
@@ -377,11 +400,12 @@ class LevelSeries:
 
     def metrics(self) -> dict[str, MetricSamples]:
         out: dict[str, MetricSamples] = {}
-        for (c, rate), series in self.levels.items():
+        for key, series in self.levels.items():
+            c = key[2]
             for fam, values in series.items():
                 if values:
                     higher = fam == "decode"
-                    out[f"{fam}:{level_name(c, rate)}"] = MetricSamples(
+                    out[f"{fam}:{key_name(key)}"] = MetricSamples(
                         tuple(values), higher, "tokens/s" if higher else "ms", fam, float(c), "concurrency")
         return out
 

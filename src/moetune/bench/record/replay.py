@@ -92,7 +92,7 @@ def load_session(path: Path) -> Session:
     return Session(path, hashlib.sha256(data).hexdigest(), out, torn)
 
 
-async def _served_models(http: StreamingHttp) -> list[str]:
+async def served_models(http: StreamingHttp) -> list[str]:
     with contextlib.suppress(Exception):
         status, doc = await http.get_json("/v1/models")
         if status == 200 and isinstance(doc, dict) and isinstance(doc.get("data"), list):
@@ -149,7 +149,7 @@ async def _replay(spec: ReplaySpec, session: Session, source: ServerSource, db: 
     try:
         info = await probe(http, url)
         slots = info.slots
-        served = await _served_models(http)
+        served = await served_models(http)
         models = [choose_model(r.body.get("model"), served, spec.model) for r in reqs]
         swapped = {(str(r.body.get("model")), m) for r, m in zip(reqs, models, strict=True) if m is not None}
         for old, new in sorted(swapped):

@@ -158,8 +158,10 @@ def check_context(spec: ServeBenchSpec, info: ServerInfo) -> None:
             hint=f"lower them, or restart llama-server with --parallel {slots} -c {slots * need} or more")
 
 
-async def _prompts(spec: ServeBenchSpec, counter: TokenCounter, info: ServerInfo, n: int,
-                   run_tag: str) -> tuple[list[Prompt], int]:
+async def level_prompts(spec: ServeBenchSpec, counter: TokenCounter, info: ServerInfo, n: int,
+                        run_tag: str) -> tuple[list[Prompt], int]:
+    """``n`` prompts of the spec's workload (synthetic, or from its dataset), counted exactly where
+    the server or a tokenizer can; and how many dataset entries were too long for a slot."""
     unique = not spec.prefix_cache
     predicted = isinstance(counter, TokenizerCounter)
     counted = info.caps.exact_prompts or predicted
@@ -223,7 +225,7 @@ async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, so
                             probe_tag=f"{run_tag}.probe", seed=spec.seed)
     pools = [spec.prompt_pool(c) for c in spec.concurrency]
     t = time.monotonic()
-    prompts, skipped = await _prompts(spec, counter, info, spec.warmup + sum(pools), run_tag)
+    prompts, skipped = await level_prompts(spec, counter, info, spec.warmup + sum(pools), run_tag)
     if isinstance(counter, TokenizerCounter):
         await counter.calibrate()  # done by the first count already
     log(prepared_line(f"{len(prompts)} prompts", counter, time.monotonic() - t))
@@ -299,7 +301,7 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
                                 _sink(run.writer, "warmup"), first_index=-spec.warmup)
             monitor.phase(f"c={c}")
             pool = run.pools[i]
-            level_prompts = run.prompts[offset:offset + pool] or run.prompts
+            pass_prompts = run.prompts[offset:offset + pool] or run.prompts
             offset += pool
             load = LoadSpec(c, requests=spec.level_requests(c), duration_s=spec.duration_s, rate=spec.rate,
                             arrivals=spec.arrivals, seed=spec.seed + c)
@@ -307,7 +309,7 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
             try:
                 # the level's records are not kept: each is stored as it ends, and its figures are read
                 # back from the history (a long level's records would grow without bound)
-                await run_level(http, level_prompts, load, run.options, _sink(run.writer, "measure"),
+                await run_level(http, pass_prompts, load, run.options, _sink(run.writer, "measure"),
                                 first_index=offset, meter=meter, keep=False)
             except ServerGone as gone:
                 level = _stored_level(run, db, before, spec.slo)

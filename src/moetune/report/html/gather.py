@@ -65,12 +65,17 @@ def run_report(db: ResultsDB, run: Run) -> RunReport:
     serve = None
     if run.kind == RunKind.SERVE_BENCH and counts.get("measure"):
         from moetune.bench.analysis.sessions import ServeRunSeries
+        from moetune.bench.serve.layout_run import is_layout_run, stored_layout_report
         from moetune.bench.serve.run import stored_report
         from moetune.report.results_view import metric_figures
 
-        series = ServeRunSeries()  # the run's figures taken in the same pass as its levels'
-        serve = stored_report(db, run, tap=series.add)
-        figures = metric_figures(series.metrics())
+        if is_layout_run(run):  # its services alone and under the shared load
+            serve = stored_layout_report(db, run)
+            figures = derived(run, db.iter_samples(run.id))
+        else:
+            series = ServeRunSeries()  # the run's figures taken in the same pass as its levels'
+            serve = stored_report(db, run, tap=series.add)
+            figures = metric_figures(series.metrics())
     else:
         figures = derived(run, db.iter_samples(run.id))
     prediction = report(figures, dict(run.meta.details)) if run.kind == RunKind.BENCH else None

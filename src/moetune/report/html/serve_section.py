@@ -104,12 +104,54 @@ def session_charts(sessions: Mapping[str, Any]) -> str:
             + chart("Decode speed per turn", decode, "tokens/s") + "</div>")
 
 
+def _slowdown(r: Mapping[str, Any]) -> str:
+    lo, hi = r["slowdown_ci"]
+    return f"{r['slowdown']:.2f}x [{lo:.2f}, {hi:.2f}]"
+
+
+def layout_block(doc: Mapping[str, Any]) -> str:
+    """A layout run (`serve-bench LAYOUT_PLAN --load ...`): each service alone and under the shared
+    load, its slowdown with the interval, its throughput, and what was busy phase by phase."""
+    lay = doc.get("layout") or {}
+    levels = doc.get("levels") or []
+    services = "".join(f"<li>{esc(s['name'])}: {esc((s.get('workload') or {}).get('describe', ''))}</li>"
+                       for s in lay.get("services") or [])
+    rows = [[lv.get("service"), lv.get("load"), lv.get("concurrency"), f"{lv.get('ok')}/{lv.get('requests')}",
+             *((lv.get(k) or {}).get("p50") for k in ("ttft_ms", "itl_ms", "tpot_ms")), lv.get("output_tok_s"),
+             lv.get("request_s")] for lv in levels]
+    out = (f'<p class="dim">layout: every service alone (the others idle), then all at once</p><ul>{services}</ul>'
+           + table(["service", "load", "c", "ok", "TTFT p50", "ITL p50", "TPOT p50", "output tok/s", "requests/s"],
+                   rows, numeric_from=2, caption="per service and load (latencies in ms)"))
+    cont = lay.get("contention") or []
+    if cont:
+        out += table(["service", "metric", "alone", "shared", "unit", "slowdown [95% CI]", "verdict"],
+                     [[r["service"], r["metric"], r["alone_median"], r["shared_median"], r["unit"], _slowdown(r),
+                       r["verdict"]] for r in cont], numeric_from=2,
+                     caption="contention: the shared load against alone (medians; > 1x is slower)")
+    thr = lay.get("throughput") or []
+    if thr:
+        out += table(["service", "output tok/s alone", "shared", "shared/alone"],
+                     [[r["service"], r["alone_output_tok_s"], r["shared_output_tok_s"], r["ratio"]] for r in thr],
+                     caption="throughput per service")
+    seen = [b for b in lay.get("busy") or [] if b.get("snapshots")]
+    if seen:
+        procs = list(dict.fromkeys(p for b in seen for p in b.get("cpu_cores") or {}))
+        gpus = list(dict.fromkeys(g for b in seen for g in b.get("gpu_util_pct") or {}))
+        out += table(["phase", "host CPU %", *(f"{p} (cores)" for p in procs), *(f"{g} %" for g in gpus)],
+                     [[b["phase"], b.get("host_cpu_pct"), *((b.get("cpu_cores") or {}).get(p) for p in procs),
+                       *((b.get("gpu_util_pct") or {}).get(g) for g in gpus)] for b in seen],
+                     caption="busy while measuring (the sampler): which process and device")
+    return out
+
+
 def serve_block(rr: RunReport) -> str:
     doc = rr.serve or {}
     levels = doc.get("levels") or []
     head = f"<h3>Run {rr.run.id} · {esc(rr.run.label)}</h3>"
     if not levels:
         return f'<div class="serve-run">{head}{note("no measured levels")}</div>'
+    if doc.get("layout"):
+        return f'<div class="serve-run">{head}{layout_block(doc)}</div>'
     run = doc.get("run") or {}
     warns = "".join(f"<li>{esc(w)}</li>" for w in run.get("warnings") or [])
     warns += "".join(f"<li>{esc(w)}</li>" for lv in levels for w in lv.get("warnings") or [])
