@@ -229,24 +229,6 @@ def listen_notices(services: list[ServiceSpec]) -> list[tuple[str, str]]:
     return out
 
 
-def shared_rpc_notices(doc: dict[str, Any]) -> list[tuple[str, str]]:
-    """(message, remedy) for each RPC worker that several services of a layout use: an rpc-server
-    serves one client at a time, so the second server waits for its device and never starts."""
-    users: dict[str, list[str]] = {}
-    for sj in doc.get("services") or []:
-        argv = list(sj.get("argv") or [])
-        for i, a in enumerate(argv[:-1]):
-            if a == "--rpc":
-                for ep in argv[i + 1].split(","):
-                    if ep.strip():
-                        users.setdefault(ep.strip(), []).append(str(sj.get("name")))
-    return [(f"services {', '.join(names)} all use the RPC worker {ep}: an rpc-server serves one client at a time, "
-             f"so only the first of them will start (the others wait for the device until the launch times out)",
-             "give each service its own RPC worker (`devices:` in the layout, one RPC node each), or keep one on "
-             "this machine's CPU with `devices: []`")
-            for ep, names in users.items() if len(set(names)) > 1]
-
-
 def _size(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.2f} MiB"
 
@@ -304,7 +286,6 @@ def plan_files(req: PlanRequest) -> Planned:
     facts = plan_facts(p)
     notices += unchecked_notices(p, facts)
     doc = document(p, engine, inputs.calib, given, facts)
-    notices += shared_rpc_notices(doc)
     if req.output:
         req.output.write_text(json.dumps(doc, indent=2))
     return Planned(p, doc, notices)

@@ -28,10 +28,11 @@ def test_an_empty_device_list_keeps_a_service_off_every_accelerator(tmp_path: Pa
         {"name": "any", "model": str(model), "port": 9102}]}))
     r = run_cli("plan", "--layout", str(layout), "--hw", str(hw), "--json")
     assert r.exit_code == 0, r.stderr
-    argv = {s["name"]: s["argv"] for s in json.loads(r.stdout)["services"]}
+    doc = json.loads(r.stdout)
+    argv = {s["name"]: s["argv"] for s in doc["services"]}
     assert "--rpc" not in argv["main"] and "--device" not in argv["main"]
     assert "--rpc" in argv["worker"] and argv["worker"][argv["worker"].index("--device") + 1] == "RPC0"
     assert "--rpc" in argv["any"]  # no list at all: every device
     # worker and any both use the one rpc-server: the plan says only one of them would start
-    assert "services worker, any all use the RPC worker 127.0.0.1:50999" in r.stderr, r.stderr
-    assert "main" not in r.stderr.split("all use the RPC worker")[0].split("services")[-1]
+    shared = [w["message"] for w in doc["warnings"] if "all use the RPC worker" in w["message"]]
+    assert len(shared) == 1 and shared[0].startswith("services worker, any all use the RPC worker 127.0.0.1:50999")

@@ -106,16 +106,17 @@ def _shared_rpc_workers(services: list[ServicePlan]) -> list[dict[str, str | Non
     """Services that would use the same RPC worker: the rpc-server builds moetune installs (llama.cpp
     11434, ik_llama.cpp 0.1.5) serve one client at a time (``ggml_backend_rpc_start_server`` accepts
     the next connection when the last closes), so the second server waits at load until the first stops."""
-    users: dict[str, list[str]] = {}
+    users: dict[tuple[str, str], list[str]] = {}
     for sp in services:
         for node in sp.hw.nodes[1:]:
             if node.devices:
-                users.setdefault(node.name, []).append(sp.spec.name)
-    return [{"device": None, "message": f"services {', '.join(names)} all use the RPC worker on node {node}: "
-             "ggml-rpc-server serves one client at a time, so only the first of them loads; the others wait until "
-             "it stops", "remedy": "give each service its own RPC devices (a layout service's devices: list), or "
-                                   "a worker node per service"}
-            for node, names in users.items() if len(names) > 1]
+                users.setdefault((f"{node.link_addr or '127.0.0.1'}:{node.rpc_port}", node.name), []).append(sp.spec.name)
+    return [{"device": None, "message": f"services {', '.join(names)} all use the RPC worker {ep} (node {node}): "
+             "an rpc-server serves one client at a time, so only the first of them will start (the others wait for "
+             "the device until the launch times out)",
+             "remedy": "give each service its own RPC worker (`devices:` in the layout, one RPC node each), or keep "
+                       "one on this machine's CPU with `devices: []`"}
+            for (ep, node), names in users.items() if len(names) > 1]
 
 
 def _restrict(hw: Inventory, devices: tuple[str, ...] | None) -> Inventory:
