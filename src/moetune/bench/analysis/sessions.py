@@ -194,7 +194,8 @@ def tg_vs_context(ts: Sequence[TurnSample]) -> dict[str, Any] | None:
             "slope_tok_s_per_1k_tokens": round(slope * 1000, 3)}
 
 
-def session_warnings(ts: Sequence[TurnSample], *, strip: bool, slots: int | None, sessions: int) -> list[str]:
+def session_warnings(ts: Sequence[TurnSample], *, strip: bool, slots: int | None, sessions: int,
+                     sequential: bool = False) -> list[str]:
     """What makes the session figures less than they seem, read off the samples."""
     out: list[str] = []
     ok = [t for t in ts if t.ok]
@@ -206,7 +207,7 @@ def session_warnings(ts: Sequence[TurnSample], *, strip: bool, slots: int | None
     if later and not any(t.cache.reused for t in later):
         out.append("the server reused no prompt tokens between turns: every turn evaluated the whole history "
                    "(its prefix cache is off, or the slot was given to another conversation)")
-    if slots is not None and sessions > slots:
+    if slots is not None and sessions > slots and not sequential:
         out.append(f"{sessions} sessions on {slots} slot(s): a slot holds one conversation's cache at a time, so "
                    "turns wait for a slot and may find another session's prefix there")
     if strip and ok and not any(t.stripped_chars for t in ts):
@@ -235,7 +236,8 @@ def summarize_sessions(samples: Iterable[Mapping[str, Any]], spec: Mapping[str, 
         "per_session": per_session(ts),
         "tg_vs_context": tg_vs_context(ts),
         "warnings": session_warnings(ts, strip=bool(spec.get("strip_thinking")), slots=slots,
-                                     sessions=int(spec.get("sessions") or 0)),
+                                     sessions=int(spec.get("sessions") or 0),
+                                     sequential=bool(spec.get("sequential"))),
     }
 
 

@@ -64,11 +64,11 @@ def run_report(db: ResultsDB, run: Run) -> RunReport:
     counts = db.sample_counts(run.id)
     serve = None
     if run.kind == RunKind.SERVE_BENCH and counts.get("measure"):
-        from moetune.bench.analysis.sessions import ServeRunSeries
+        from moetune.bench.analysis.objective import WorkloadRunSeries
         from moetune.bench.serve.run import stored_report
         from moetune.report.results_view import metric_figures
 
-        series = ServeRunSeries()  # the run's figures taken in the same pass as its levels'
+        series = WorkloadRunSeries()  # the run's figures taken in the same pass as its levels'
         serve = stored_report(db, run, tap=series.add)
         figures = metric_figures(series.metrics())
     else:
