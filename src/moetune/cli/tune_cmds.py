@@ -21,6 +21,7 @@ from moetune.cli.common import (
     transport_options,
 )
 from moetune.errors import RuntimeFailure
+from moetune.tune.workload import DEFAULT_SYSTEM_TOKENS, DEFAULT_TURNS
 
 if TYPE_CHECKING:
     from moetune.tune.loop import TuneResult
@@ -57,9 +58,18 @@ def _list(kind: str) -> Any:
 @plan_options
 @click.option("--budget", type=click.IntRange(1, 100), default=5, show_default=True,
               help="Launches at most (the baseline's included; the engine-defaults run is not counted).")
-@click.option("--objective", type=click.Choice(["tg", "pp", "ttft", "goodput"]), default="tg", show_default=True,
-              help="What to maximise: decode speed, prefill speed, the first token's latency (prompt/PP + 1/TG), "
-                   "or goodput: requests/s meeting --slo under --concurrency streams (serve-bench).")
+@click.option("--objective", default="tg", show_default=True, metavar="tg|pp|ttft|goodput|turn|replay:FILE",
+              help="What to optimise: decode speed, prefill speed, the first token's latency (prompt/PP + 1/TG), "
+                   "goodput (requests/s meeting --slo under --concurrency streams, serve-bench); turn: the time of "
+                   "an agent's turn (--turns turns of --pp-tokens in and --tg-tokens out after a --depth-token "
+                   "system prompt, the prefix cache on); replay:FILE: the total time of a session `moetune record` "
+                   "wrote, replayed (--replay-speed).")
+@click.option("--replay-speed", default=None, metavar="max|1x|Nx",
+              help="--objective replay:FILE: max sends each request as soon as a client slot frees (back to back, "
+                   "at most the recorded concurrency in flight), 1x at the recorded arrival times, Nx N times "
+                   "faster (serve-bench's --speed) [default: max].")
+@click.option("--turns", type=click.IntRange(1), default=None,
+              help=f"--objective turn: turns per session [default: {DEFAULT_TURNS}].")
 @click.option("--slo", help="Latency targets of --objective goodput, e.g. ttft_ms=500,itl_ms=100 (keys: ttft_ms, "
               "itl_ms, tpot_ms, e2e_ms).")
 @click.option("--concurrency", type=click.IntRange(1), default=None,
@@ -67,8 +77,9 @@ def _list(kind: str) -> Any:
 @click.option("--requests", type=click.IntRange(2), default=None,
               help="Requests per candidate with --objective goodput (default 8 x --concurrency, at least 16; "
                    "at least 2 x --concurrency).")
-@click.option("--depth", type=click.IntRange(0), default=0, show_default=True,
-              help="Context depth of the measurement (tokens already in the cache).")
+@click.option("--depth", type=click.IntRange(0), default=None,
+              help="Context depth of the measurement (tokens already in the cache) [default: 0]; with --objective "
+                   f"turn the system prompt each session starts with [default: {DEFAULT_SYSTEM_TOKENS}].")
 @click.option("--pp-tokens", type=click.IntRange(1), default=512, show_default=True,
               help="Prompt tokens measured (with --objective goodput: each request's prompt).")
 @click.option("--tg-tokens", type=click.IntRange(2), default=128, show_default=True,
@@ -115,7 +126,8 @@ def _list(kind: str) -> Any:
 @db_option
 @json_option
 def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | None, port: int, budget: int,
-             objective: str, slo: str | None, concurrency: int | None, requests: int | None, depth: int,
+             objective: str, replay_speed: str | None, turns: int | None, slo: str | None,
+             concurrency: int | None, requests: int | None, depth: int | None,
              pp_tokens: int, tg_tokens: int, repeats: int, warmup: int,
              try_strategy_s: tuple[str, ...], try_threads: tuple[int, ...] | None,
              try_ubatch: tuple[int, ...] | None, try_fa: tuple[bool, ...] | None,
@@ -165,8 +177,9 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     require_hw(hw_path)
     assert hw_path is not None
     try_strategy = split_strategies(try_strategy_s) if try_strategy_s else None
-    serve = _serve_load(objective, slo, concurrency, requests, depth, pp_tokens, tg_tokens)
-    (workload,) = expand([], [], depths=[depth], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
+    objective, work = _work(objective, replay_speed, turns, depth, pp_tokens, tg_tokens, repeats)
+    serve = _serve_load(objective, slo, concurrency, requests, depth or 0, pp_tokens, tg_tokens)
+    (workload,) = expand([], [], depths=[0 if work else depth or 0], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
     axes = {name: v for name, v in (("strategies", try_strategy), ("threads", try_threads),
                                     ("ubatches", try_ubatch), ("flash_attn", try_fa), ("cache_types", try_cache),
                                     ("repack", try_repack), ("amb_mib", try_amb), ("mla", try_mla),
@@ -178,7 +191,7 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     req = TuneRequest(hw_path, model, plan_settings(settings_kw), workload,
                       BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,
                       port, objective, budget, axes, launch_timeout_s, serve, routing, transport or "tcp", rdma_dev,
-                      max_pp_loss / 100)
+                      max_pp_loss / 100, work)
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
         def status(s: str) -> None:
             err.print(f"[dim]{s}[/]")
@@ -225,10 +238,33 @@ def _print_result(result: TuneResult, doc: dict[str, Any]) -> None:
     out.print("command:", markup=False)
     print_text(json.loads(result.plan_path(result.best).read_text())["shell"])
     out.print(f"plan: {doc['plan']} (`moetune launch` or `moetune bench` it)", markup=False)
-    from moetune.tune.report import defaults_lines
+    from moetune.tune.report import defaults_lines, work_lines
 
-    for line in defaults_lines(doc):
+    for line in [*work_lines(doc), *defaults_lines(doc)]:
         out.print(line, markup=False)
+
+
+def _work(objective: str, replay_speed: str | None, turns: int | None, depth: int | None, pp_tokens: int,
+          tg_tokens: int, repeats: int) -> tuple[str, Any]:
+    """--objective's name, and the workload of replay:FILE and turn (None for the others)."""
+    from moetune.errors import InputError
+    from moetune.tune import workload as wl
+
+    name, path = wl.parse(objective)
+    if replay_speed is not None and name != "replay":
+        raise InputError("--replay-speed paces --objective replay:FILE", hint="drop --replay-speed")
+    if turns is not None and name != "turn":
+        raise InputError("--turns: only with --objective turn", hint="drop --turns")
+    if name == "replay":
+        assert path is not None
+        if depth:
+            raise InputError("--depth: the replay sends the recorded requests as they are", hint="drop --depth")
+        return name, wl.replay_objective(path, replay_speed or "max")
+    if name == "turn":
+        return name, wl.turn_objective(system_tokens=DEFAULT_SYSTEM_TOKENS if depth is None else max(1, depth),
+                                       turns=turns or DEFAULT_TURNS, turn_tokens=pp_tokens, output_len=tg_tokens,
+                                       repeats=repeats)
+    return name, None
 
 
 def _serve_load(objective: str, slo: str | None, concurrency: int | None, requests: int | None, depth: int,
