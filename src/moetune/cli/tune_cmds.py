@@ -161,6 +161,14 @@ def tune_cmd(model: str, hw_path: str | None, strategy: str, engine_name: str | 
     streams (the plan gets as many slots), --requests requests of --pp-tokens prompt tokens and
     --tg-tokens output tokens, and the rate of requests meeting every --slo target.
 
+    --objective replay:FILE replays a session `moetune record` wrote on each candidate (planned with
+    a slot per request the recording had in flight): --warmup passes, then -r measured passes over
+    the whole session, each request generating the recorded number of tokens; the objective is a
+    pass's total time (--replay-speed max: back to back; 1x: at the recorded pace). --objective turn
+    runs -r agent sessions one after another (a --depth-token system prompt, --turns turns of
+    --pp-tokens in and --tg-tokens out, the history resent, the prefix cache on); the objective is a
+    session's mean turn time. Both report the prompt tokens the server processed and reused.
+
     A machine too busy to rank candidates (other programs' CPU load over MOETUNE_MAX_FOREIGN_CORES
     for 2 s before a launch, or during a measurement) stops the search with exit code 3, naming
     the programs; --wait-quiet waits for it instead (a contended candidate is measured again).
