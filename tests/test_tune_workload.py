@@ -174,3 +174,21 @@ def test_a_pass_sends_its_salt_and_the_recorded_counts() -> None:
     sent = json.loads(replay_body(r, None, salt="t.r0", pin=True))
     assert sent["max_tokens"] == 7 and sent["ignore_eos"] and sent["messages"][0]["content"] == "t.r0 sys"
     assert json.loads(replay_body(r, None))["messages"] == body["messages"]  # a plain replay: as recorded
+
+
+def test_a_time_objective_reads_as_the_times_change() -> None:
+    from moetune.tune.verdict import compare as judge
+
+    base, other = [1 / 10.0, 1 / 10.1, 1 / 9.9, 1 / 10.0], [1 / 8.0, 1 / 8.1, 1 / 7.9, 1 / 8.0]
+    assert judge(base, other, as_time=True)[1] == "faster (-20.0% time vs baseline)"
+    assert judge(base, other)[1] == "faster (+25.0% vs baseline)"
+
+
+def test_a_workload_whose_every_pass_failed_says_why() -> None:
+    w = wl.ReplayObjective(file=Path("s.jsonl"), sha256=SHA, speed="max", concurrency=1, per_slot=0, calls=(),
+                           counted=False)
+    m = wl.measured([pass_sample(0, 0.0, 1.0, error="http_400"), pass_sample(0, 1.0, 2.0)], w)
+    assert m.seconds == () and m.totals.failed == 1
+    assert m.problem() == ("no pass of the workload ended without a failed request (1 of 2 requests failed: "
+                           "http_400 x1); `moetune serve-report RUN` shows them")
+    assert wl.measured([pass_sample(0, 0.0, 1.0)], w).problem() is None

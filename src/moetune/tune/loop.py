@@ -284,6 +284,8 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
         if req.work is not None:
             works[i] = wl.measured(samples, req.work)
             values[i] = works[i].values
+            if (why := works[i].problem()) is not None:
+                entries[i].failed = why
         elif req.serve is not None:
             goodputs[i] = gp.measured(samples, req.serve)
             values[i] = list(goodputs[i].values)
@@ -366,7 +368,8 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     rates = {i: dflt.rates(db, e.run, req.workload) for i, e in enumerate(entries) if e.run is not None}
     d_rates = dflt.rates(db, defaults.run if defaults else None, req.workload)
     rejected = pp_rejections(req.objective, req.max_pp_loss, rates, d_rates)
-    judged, best = verdicts(entries, values, None if view is None else view.expect, rejected)
+    judged, best = verdicts(entries, values, None if view is None else view.expect, rejected,
+                            as_time=req.work is not None)
     d_work = (wl.measured(db.samples(defaults.run), req.work) if req.work is not None and defaults is not None
               and defaults.run is not None else None)
     result = TuneResult(tid, req.objective, entries, 0, best, launches, stopped, k, values, summaries, judged,

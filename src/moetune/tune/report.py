@@ -136,7 +136,7 @@ def _defaults(r: TuneResult) -> dict[str, Any] | None:
         theirs = r.defaults_work
         vs = None
         if mine is not None and theirs is not None and len(mine.values) >= 2 and len(theirs.values) >= 2:
-            verdict, text = compare(theirs.values, mine.values)
+            verdict, text = compare(theirs.values, mine.values, as_time=True)
             ratio = statistics.median(mine.seconds) / statistics.median(theirs.seconds)
             vs = {r.objective: {"ratio_s": round(ratio, 4), "verdict": verdict, "text": text}}
         return {"label": dflt.LABEL, "argv": d.argv, "run": d.run, "failed": d.failed, "tg_tok_s": None,

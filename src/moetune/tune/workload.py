@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -205,6 +206,15 @@ class Measured:
     cache: Cache
     requests: int
     ok: int
+    errors: tuple[tuple[str, int], ...] = ()  # the failed requests' errors and how many of each
+
+    def problem(self) -> str | None:
+        """Why there is nothing to rank (every pass, or session, had a failed request); None when there is."""
+        if self.seconds:
+            return None
+        errs = ", ".join(f"{e} x{n}" for e, n in self.errors) or "none recorded"
+        return (f"no pass of the workload ended without a failed request ({self.requests - self.ok} of "
+                f"{self.requests} requests failed: {errs}); `moetune serve-report RUN` shows them")
 
     @property
     def seconds(self) -> tuple[float, ...]:
@@ -226,8 +236,9 @@ def measured(samples: Sequence[dict[str, Any]], w: WorkObjective) -> Measured:
         totals = replay_totals(samples).get(w.sha256[:16], Totals())
     else:
         totals = turn_times(samples)
+    errors = Counter(str(s["error"]) for s in samples if s.get("error"))
     return Measured(totals=totals, cache=cache_of(samples), requests=len(samples),
-                    ok=sum(1 for s in samples if not s.get("error")))
+                    ok=sum(1 for s in samples if not s.get("error")), errors=tuple(sorted(errors.items())))
 
 
 def run_candidate(db: ResultsDB, path: Path, w: WorkObjective, *, label: str, sweep_id: str, repeats: int,
