@@ -60,7 +60,7 @@ def test_a_session_file_is_checked_before_anything_is_planned(tmp_path: Path) ->
         wl.replay_objective(tmp_path / "none.jsonl", "max")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"seq": 0}\nnot json\n{"seq": 1}\n')
-    with pytest.raises(InputError, match=r"--objective replay: .*bad.jsonl: line 1 is not a recorded request"):
+    with pytest.raises(InputError, match=r"--objective replay:\S*bad.jsonl: line 1 is not a recorded request"):
         wl.replay_objective(bad, "max")
     gets = write(tmp_path / "gets.jsonl", [{"seq": 0, "method": "GET", "path": "/v1/models", "t_start_s": 0}])
     with pytest.raises(InputError, match="records no chat or completions request"):

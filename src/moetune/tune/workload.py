@@ -128,7 +128,7 @@ def replay_objective(path: Path, speed: str) -> ReplayObjective:
     try:
         session = load_session(path)
     except InputError as e:
-        raise InputError(str(e).replace("--replay", "--objective replay:", 1), hint=e.hint) from None
+        raise InputError(str(e).replace("--replay ", "--objective replay:", 1), hint=e.hint) from None
     reqs, _ = replay_requests(session.exchanges)
     if not reqs:
         raise InputError(f"--objective replay:{path}: it records no chat or completions request to replay",
