@@ -19,6 +19,12 @@ serve-bench at the search's concurrency (:mod:`moetune.tune.goodput`: the sample
 windows), and the search corrects the serving prediction of :mod:`moetune.plan.serving`. The speed
 constants are not refitted from those runs (the calibration reads single-stream benchmarks): the
 stored calibration, if any, is the prior, and the Gaussian process learns what it misses.
+
+With ``--objective replay:FILE`` or ``turn`` (:mod:`moetune.tune.workload`) each candidate, and the
+engine defaults, is planned with a slot per request the workload has in flight, launched, and
+measured on the user's workload: a pass's total time over a recorded session, or an agent turn's
+time. The search ranks the reciprocals (passes or turns per second), the speed model's expected
+time is the prior, and the constants are not refitted from those runs either.
 """
 
 from __future__ import annotations
