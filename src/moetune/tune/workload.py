@@ -165,7 +165,9 @@ def _request_s(work: Work, k: SpeedConstants, prompt: int, context: int, reply: 
 def predicted_seconds(w: WorkObjective, work: Work, k: SpeedConstants) -> float:
     """A pass's total time (replay) or a turn's mean time, as the speed model expects it: a replay's
     requests whole prompts each (the model knows no cache), started at their due times on the
-    slots free then; a turn's prompt the new message only (the history cached), but the first."""
+    slots free then; a turn's prompt the new message and the last reply (the history before it
+    cached; a reply sent back as text often tokenizes otherwise than it was generated), but the
+    first, which evaluates the system prompt too."""
     if isinstance(w, TurnObjective):
         ss = w.session
         total, ctx = 0.0, ss.system_tokens
