@@ -269,7 +269,11 @@ def _work(objective: str, replay_speed: str | None, turns: int | None, depth: in
             raise InputError("--depth: the replay sends the recorded requests as they are", hint="drop --depth")
         return name, wl.replay_objective(path, replay_speed or "max")
     if name == "turn":
-        return name, wl.turn_objective(system_tokens=DEFAULT_SYSTEM_TOKENS if depth is None else max(1, depth),
+        if depth is not None and depth < wl.MIN_SYSTEM_TOKENS:
+            raise InputError(f"--depth {depth}: with --objective turn the system prompt each session starts with, "
+                             f"at least {wl.MIN_SYSTEM_TOKENS} tokens (it begins with the session's own tag, so no "
+                             "session reuses another's cache)", hint=f"--depth {DEFAULT_SYSTEM_TOKENS}, or drop it")
+        return name, wl.turn_objective(system_tokens=DEFAULT_SYSTEM_TOKENS if depth is None else depth,
                                        turns=turns or DEFAULT_TURNS, turn_tokens=pp_tokens, output_len=tg_tokens,
                                        repeats=repeats)
     return name, None
