@@ -85,7 +85,8 @@ def _list(kind: str) -> Any:
 @click.option("--tg-tokens", type=click.IntRange(2), default=128, show_default=True,
               help="Tokens generated (with --objective goodput: by each request).")
 @click.option("-r", "--repeats", type=click.IntRange(2), default=3, show_default=True,
-              help="Measured runs per launch (for the confidence intervals).")
+              help="Measured runs per launch (for the confidence intervals; with --objective replay:FILE passes over "
+                   "the session, with turn sessions).")
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True)
 @click.option("--try-strategy", "try_strategy_s", multiple=True,
               help="Placements to try: repeat the option, or ';' between strategies (a comma list splits only "
