@@ -65,11 +65,19 @@ def test_a_session_file_is_checked_before_anything_is_planned(tmp_path: Path) ->
     gets = write(tmp_path / "gets.jsonl", [{"seq": 0, "method": "GET", "path": "/v1/models", "t_start_s": 0}])
     with pytest.raises(InputError, match="records no chat or completions request"):
         wl.replay_objective(gets, "max")
-    good = write(tmp_path / "good.jsonl", [chat(0, 0.0, "a"), chat(1, 1.0, "b", prompt=300, completion=40)])
+    good = write(tmp_path / "good.jsonl", [chat(0, 0.0, "a"), chat(1, 1.0, "b", prompt=300, completion=40),
+                                           {**chat(2, 2.0, "c"), "status": 400, "prompt_tokens": None,
+                                            "completion_tokens": None, "tokens_from": None}])
     with pytest.raises(InputError, match=r"--replay-speed 'fast': give max"):
         wl.replay_objective(good, "fast")
     w = wl.replay_objective(good, "1X")
-    assert (w.speed, w.concurrency, w.counted, len(w.calls)) == ("1x", 1, True, 2)
+    assert (w.speed, w.concurrency, w.counted, len(w.calls), w.excused) == ("1x", 1, True, 3, (2,))
+    assert w.per_slot == 340 + wl.TEMPLATE_TOKENS  # the longest request and its reply, and the template's
+    uncounted = write(tmp_path / "uncounted.jsonl", [{**chat(0, 0.0, "a"), "prompt_tokens": None}])
+    assert wl.replay_objective(uncounted, "max").per_slot == 0  # not counted: the slots get the user's --ctx
+    w = wl.replay_objective(write(tmp_path / "counted.jsonl", [chat(0, 0.0, "a"), chat(1, 1.0, "b", prompt=300,
+                                                                                     completion=40)]), "max")
+    assert (w.counted, w.excused) == (True, ())
     assert w.per_slot == 340 + wl.TEMPLATE_TOKENS  # the longest request and its reply, and the template's
     assert wl.slotted(Settings(ctx=4096, slots=1), w).ctx == 4096  # the user's --ctx is larger: kept
     assert wl.slotted(Settings(ctx=256, slots=1), w).ctx == 404
@@ -95,9 +103,9 @@ def test_what_tune_refuses_of_the_workload_objectives(tmp_path: Path) -> None:
 
 
 def pass_sample(repeat: int, t0: float, t1: float, *, error: str | None = None, sha: str = SHA[:16],
-                processed: int = 10, reused: int = 0) -> dict[str, Any]:
+                processed: int = 10, reused: int = 0, request: int = 0) -> dict[str, Any]:
     return {"index": 0, "concurrency": 1, "rate": None, "t_sched": t0, "t_send": t0, "t_end": t1, "error": error,
-            "chunks": [], "replay": {"sha256": sha, "repeat": repeat},
+            "chunks": [], "replay": {"sha256": sha, "repeat": repeat, "request": request},
             "timings": {"prompt_n": processed, "cache_n": reused}}
 
 
@@ -108,6 +116,8 @@ def test_a_pass_total_is_its_span_and_a_failed_pass_has_none() -> None:
          pass_sample(2, 16.0, 17.0), pass_sample(2, 16.5, 18.0, reused=8)]
     t = replay_totals(s)[SHA[:16]]
     assert t.seconds == pytest.approx((2.5, 2.0)) and t.failed == 1
+    # a request the recording failed too may fail again without failing its pass
+    assert replay_totals(s, excused=(0,))[SHA[:16]].seconds == pytest.approx((2.5, 2.0, 2.0))
     c = cache_of([x for x in s if x["replay"]["repeat"] >= 0])
     assert (c.processed, c.reused) == (50, 16)  # the failed request's counts left out
     assert c.reused_share == pytest.approx(16 / 66)

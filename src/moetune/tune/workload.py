@@ -68,6 +68,7 @@ class ReplayObjective:
     per_slot: int  # tokens a slot needs: the longest recorded prompt and its reply, and the template's
     calls: tuple[Call, ...]
     counted: bool  # the recording counted every request's tokens (else the prediction guesses 0 for them)
+    excused: tuple[int, ...] = ()  # the requests (positions) the recording got no whole answer to
 
     name = "replay"
 
@@ -136,11 +137,13 @@ def replay_objective(path: Path, speed: str) -> ReplayObjective:
                          hint="record a client's POST /v1/chat/completions or /v1/completions traffic")
     calls = tuple(Call(offset_s=r.offset_s, prompt_tokens=r.recorded_prompt_tokens or 0,
                        completion_tokens=r.recorded_completion_tokens or r.max_tokens) for r in reqs)
-    counted = all(r.recorded_prompt_tokens is not None and r.recorded_completion_tokens is not None for r in reqs)
+    counted = all(r.recorded_prompt_tokens is not None and r.recorded_completion_tokens is not None
+                  for r in reqs if r.recorded_ok)  # one the recording failed has no counts to give
     longest = max((c.prompt_tokens + c.completion_tokens for c in calls), default=0)
     return ReplayObjective(file=path.resolve(), sha256=session.sha256, speed=speed.strip().lower(),
                            concurrency=replay_concurrency(session.exchanges),
-                           per_slot=longest + TEMPLATE_TOKENS if counted else 0, calls=calls, counted=counted)
+                           per_slot=longest + TEMPLATE_TOKENS if counted else 0, calls=calls, counted=counted,
+                           excused=tuple(i for i, r in enumerate(reqs) if not r.recorded_ok))
 
 
 def turn_objective(*, system_tokens: int, turns: int, turn_tokens: int, output_len: int, repeats: int) -> TurnObjective:
@@ -236,7 +239,7 @@ def measured(samples: Sequence[dict[str, Any]], w: WorkObjective) -> Measured:
     from moetune.bench.analysis.objective import Totals, cache_of, replay_totals, turn_times
 
     if isinstance(w, ReplayObjective):
-        totals = replay_totals(samples).get(w.sha256[:16], Totals())
+        totals = replay_totals(samples, w.excused).get(w.sha256[:16], Totals())
     else:
         totals = turn_times(samples)
     errors = Counter(str(s["error"]) for s in samples if s.get("error"))

@@ -2,9 +2,10 @@
 session (pure: raw serve-bench samples in, seconds out).
 
 - A replay pass (``serve-bench --replay`` measured several times, `tune --objective replay:FILE`):
-  its samples carry ``replay: {sha256, repeat}``; the pass's total time is its span, from its first
-  request due to its last one ended (:func:`moetune.bench.analysis.serve.level_span`). A pass with
-  a failed request has no total: it did less than the session.
+  its samples carry ``replay: {sha256, repeat, request}``; the pass's total time is its span, from
+  its first request due to its last one ended (:func:`moetune.bench.analysis.serve.level_span`). A
+  pass with a failed request has no total (it did less than the session), unless the recording
+  failed that request too (``excused``: its positions in the session).
 - An agent turn (`tune --objective turn`, serve-bench's sessions run one after another): each
   session's turn time is the mean end-to-end time of its turns, from a turn's request sent to its
   reply's last token, prompt processing included as the server's prefix cache really served it
@@ -17,7 +18,7 @@ with another run's passes of the same file only) and ``turn_s``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,8 +59,9 @@ def replay_key(s: Mapping[str, Any]) -> tuple[str, int] | None:
     return r["sha256"], int(r["repeat"])
 
 
-def replay_totals(samples: Iterable[Mapping[str, Any]]) -> dict[str, Totals]:
-    """Per replayed file (its sha256's first 16 digits), each measured pass's total time (s), in pass order."""
+def replay_totals(samples: Iterable[Mapping[str, Any]], excused: Collection[int] = ()) -> dict[str, Totals]:
+    """Per replayed file (its sha256's first 16 digits), each measured pass's total time (s), in
+    pass order; a request at a position in ``excused`` may fail without failing its pass."""
     passes: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for s in samples:
         if (key := replay_key(s)) is not None and key[1] >= 0:
@@ -68,7 +70,7 @@ def replay_totals(samples: Iterable[Mapping[str, Any]]) -> dict[str, Totals]:
     for (sha, _), ss in sorted(passes.items()):
         seconds, failed = out.setdefault(sha, ([], 0))
         span = level_span(ss)
-        if span is None or any(s.get("error") for s in ss):
+        if span is None or any(s.get("error") and s["replay"].get("request") not in excused for s in ss):
             out[sha] = (seconds, failed + 1)
         else:
             seconds.append(span)

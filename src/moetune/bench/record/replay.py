@@ -205,8 +205,8 @@ async def _replay(spec: ReplaySpec, session: Session, source: ServerSource, db: 
                 f" pass {k + 1}/{spec.repeats}" if spec.repeats > 1 else ""))
             mark = {"replay": {"sha256": session.sha256[:16], "repeat": k}} if spec.passes > 1 else {}
 
-            def store(r: Any, mark: dict[str, Any] = mark, phase: str = phase) -> None:
-                sink.add({**r.to_sample(), **mark}, phase)
+            def store(r: Any, mark: dict[str, Any] = mark, phase: str = phase, k: int = k) -> None:
+                sink.add({**r.to_sample(), **_at(mark, r.index - k * len(reqs))}, phase)
 
             try:
                 records = await run_level(http, prepared(p), load, RequestOptions(timeout_s=spec.timeout_s),
@@ -218,7 +218,7 @@ async def _replay(spec: ReplaySpec, session: Session, source: ServerSource, db: 
                 error = f"replay: {gone}"
                 raise RuntimeFailure(error, hint=gone.hint) from None
             if k >= 0:
-                done = [{**r.to_sample(), **mark} for r in records]
+                done = [{**r.to_sample(), **_at(mark, r.index - k * len(reqs))} for r in records]
                 samples += done
                 first = first or [{**d, "index": d["index"] - k * len(reqs)} for d in done]
         level = summarize_level(samples, spec.slo)
@@ -235,6 +235,11 @@ async def _replay(spec: ReplaySpec, session: Session, source: ServerSource, db: 
             finish_levels(db, run_id, writer, status, levels, advice, slots=slots, prefix_cache=True, error=error)
     assert run_id is not None and writer is not None
     return report_doc(db.run(run_id), levels, advice, samples=writer.count, slo=spec.slo)
+
+
+def _at(mark: dict[str, Any], position: int) -> dict[str, Any]:
+    """A pass's mark with the request's position in the session."""
+    return {"replay": {**mark["replay"], "request": position}} if mark else {}
 
 
 def replay_bench(spec: ReplaySpec, db: ResultsDB, source: ServerSource, log: Callable[[str], None] = lambda s: None,

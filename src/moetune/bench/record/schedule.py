@@ -36,6 +36,7 @@ class ReplayRequest:
     max_tokens: int  # 0: not set
     recorded_completion_tokens: int | None  # as the upstream counted them (usage, timings); None: not counted
     recorded_prompt_tokens: int | None
+    recorded_ok: bool = True  # the recording got a 2xx answer to it, whole (a replay may fail it again)
 
 
 def replayable(e: Exchange) -> bool:
@@ -68,7 +69,8 @@ def replay_requests(exchanges: Sequence[Exchange]) -> tuple[list[ReplayRequest],
     keep = sorted((e for e in exchanges if replayable(e)), key=lambda e: (e.t_start_s, e.seq))
     t0 = keep[0].t_start_s if keep else 0.0
     reqs = [ReplayRequest(e.seq, e.target, e.body, e.t_start_s - t0, _max_tokens(e.body),
-                          e.completion_tokens if e.tokens_from in ("usage", "timings") else None, e.prompt_tokens)
+                          e.completion_tokens if e.tokens_from in ("usage", "timings") else None, e.prompt_tokens,
+                          e.status is not None and 200 <= e.status < 300 and e.error is None)
             for e in keep]
     return reqs, len(exchanges) - len(keep)
 
