@@ -6,7 +6,9 @@ these build on. A session's sample is a serve-bench request sample with ``sessio
 Prompt tokens of a turn, as the server reports them (never guessed):
 
 - llama-server: ``timings.prompt_n`` tokens processed, ``timings.cache_n`` reused from the slot's
-  prefix cache; the context is their sum (= ``usage.prompt_tokens``);
+  prefix cache; the context is their sum (= ``usage.prompt_tokens``); ik_llama.cpp's timings have
+  no ``cache_n``: there the reused tokens are ``usage.prompt_tokens`` (the whole prompt, its
+  ``slot.n_prompt_tokens``) minus ``timings.prompt_n``;
 - an OpenAI-style server that reports ``usage.prompt_tokens_details.cached_tokens`` (vLLM with
   ``--enable-prompt-tokens-details``, SGLang): reused = cached, processed = prompt_tokens - cached;
 - otherwise processed and reused are null (the context is ``usage.prompt_tokens`` where given), and
@@ -58,6 +60,8 @@ def prompt_cache(s: Mapping[str, Any]) -> PromptCache:
     n, cached = _int(timings.get("prompt_n")), _int(timings.get("cache_n"))
     if n is not None and cached is not None:
         return PromptCache(n + cached, n, cached, "timings")
+    if n is not None and prompt_tokens is not None and prompt_tokens >= n:  # ik_llama.cpp: no cache_n
+        return PromptCache(prompt_tokens, n, prompt_tokens - n, "timings")
     details = usage.get("prompt_tokens_details")
     cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
     if cached is not None and prompt_tokens is not None:
