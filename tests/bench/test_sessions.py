@@ -144,6 +144,8 @@ def sample(session: int, turn: int, *, processed: int | None, reused: int | None
 @pytest.mark.parametrize(("s", "expect"), [
     # llama-server: timings
     ({"timings": {"prompt_n": 40, "cache_n": 600}, "usage": {"prompt_tokens": 640}}, (640, 40, 600, "timings")),
+    # ik_llama.cpp: timings without cache_n, the whole prompt in usage
+    ({"timings": {"prompt_n": 40}, "usage": {"prompt_tokens": 640}}, (640, 40, 600, "timings")),
     # OpenAI-style with cached_tokens (vLLM --enable-prompt-tokens-details)
     ({"usage": {"prompt_tokens": 640, "prompt_tokens_details": {"cached_tokens": 512}}}, (640, 128, 512, "usage")),
     # usage alone: the context, nothing about the cache

@@ -21,6 +21,7 @@ from moetune.cli.common import (
     transport_options,
 )
 from moetune.errors import RuntimeFailure
+from moetune.tune.workload import DEFAULT_SYSTEM_TOKENS, DEFAULT_TURNS
 
 if TYPE_CHECKING:
     from moetune.tune.loop import TuneResult
@@ -61,9 +62,18 @@ def _list(kind: str) -> Any:
 @plan_options
 @click.option("--budget", type=click.IntRange(1, 100), default=5, show_default=True,
               help="Launches at most (the baseline's included; the engine-defaults run is not counted).")
-@click.option("--objective", type=click.Choice(["tg", "pp", "ttft", "goodput"]), default="tg", show_default=True,
-              help="What to maximise: decode speed, prefill speed, the first token's latency (prompt/PP + 1/TG), "
-                   "or goodput: requests/s meeting --slo under --concurrency streams (serve-bench).")
+@click.option("--objective", default="tg", show_default=True, metavar="tg|pp|ttft|goodput|turn|replay:FILE",
+              help="What to optimise: decode speed, prefill speed, the first token's latency (prompt/PP + 1/TG), "
+                   "goodput (requests/s meeting --slo under --concurrency streams, serve-bench); turn: the time of "
+                   "an agent's turn (--turns turns of --pp-tokens in and --tg-tokens out after a --depth-token "
+                   "system prompt, the prefix cache on); replay:FILE: the total time of a session `moetune record` "
+                   "wrote, replayed (--replay-speed).")
+@click.option("--replay-speed", default=None, metavar="max|1x|Nx",
+              help="--objective replay:FILE: max sends each request as soon as a client slot frees (back to back, "
+                   "at most the recorded concurrency in flight), 1x at the recorded arrival times, Nx N times "
+                   "faster (serve-bench's --speed) [default: max].")
+@click.option("--turns", type=click.IntRange(1), default=None,
+              help=f"--objective turn: turns per session [default: {DEFAULT_TURNS}].")
 @click.option("--slo", help="Latency targets of --objective goodput, e.g. ttft_ms=500,itl_ms=100 (keys: ttft_ms, "
               "itl_ms, tpot_ms, e2e_ms).")
 @click.option("--concurrency", type=click.IntRange(1), default=None,
@@ -71,14 +81,16 @@ def _list(kind: str) -> Any:
 @click.option("--requests", type=click.IntRange(2), default=None,
               help="Requests per candidate with --objective goodput (default 8 x --concurrency, at least 16; "
                    "at least 2 x --concurrency).")
-@click.option("--depth", type=click.IntRange(0), default=0, show_default=True,
-              help="Context depth of the measurement (tokens already in the cache).")
+@click.option("--depth", type=click.IntRange(0), default=None,
+              help="Context depth of the measurement (tokens already in the cache) [default: 0]; with --objective "
+                   f"turn the system prompt each session starts with [default: {DEFAULT_SYSTEM_TOKENS}].")
 @click.option("--pp-tokens", type=click.IntRange(1), default=512, show_default=True,
               help="Prompt tokens measured (with --objective goodput: each request's prompt).")
 @click.option("--tg-tokens", type=click.IntRange(2), default=128, show_default=True,
               help="Tokens generated (with --objective goodput: by each request).")
 @click.option("-r", "--repeats", type=click.IntRange(2), default=3, show_default=True,
-              help="Measured runs per launch (for the confidence intervals).")
+              help="Measured runs per launch (for the confidence intervals; with --objective replay:FILE passes over "
+                   "the session, with turn sessions).")
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True)
 @click.option("--try-strategy", "try_strategy_s", multiple=True,
               help="Placements to try: repeat the option, or ';' between strategies (a comma list splits only "
@@ -118,8 +130,10 @@ def _list(kind: str) -> Any:
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the winning plan here.")
 @db_option
 @json_option
-def tune_cmd(model: str | None, layout: Path | None, service: str | None, hw_path: str | None, strategy: str, engine_name: str | None, port: int, budget: int,
-             objective: str, slo: str | None, concurrency: int | None, requests: int | None, depth: int,
+def tune_cmd(model: str | None, layout: Path | None, service: str | None, hw_path: str | None, strategy: str,
+             engine_name: str | None, port: int, budget: int,
+             objective: str, replay_speed: str | None, turns: int | None, slo: str | None,
+             concurrency: int | None, requests: int | None, depth: int | None,
              pp_tokens: int, tg_tokens: int, repeats: int, warmup: int,
              try_strategy_s: tuple[str, ...], try_threads: tuple[int, ...] | None,
              try_ubatch: tuple[int, ...] | None, try_fa: tuple[bool, ...] | None,
@@ -159,6 +173,14 @@ def tune_cmd(model: str | None, layout: Path | None, service: str | None, hw_pat
     streams (the plan gets as many slots), --requests requests of --pp-tokens prompt tokens and
     --tg-tokens output tokens, and the rate of requests meeting every --slo target.
 
+    --objective replay:FILE replays a session `moetune record` wrote on each candidate (planned with
+    a slot per request the recording had in flight): --warmup passes, then -r measured passes over
+    the whole session, each request generating the recorded number of tokens; the objective is a
+    pass's total time (--replay-speed max: back to back; 1x: at the recorded pace). --objective turn
+    runs -r agent sessions one after another (a --depth-token system prompt, --turns turns of
+    --pp-tokens in and --tg-tokens out, the history resent, the prefix cache on); the objective is a
+    session's mean turn time. Both report the prompt tokens the server processed and reused.
+
     A machine too busy to rank candidates (other programs' CPU load over MOETUNE_MAX_FOREIGN_CORES
     for 2 s before a launch, or during a measurement) stops the search with exit code 3, naming
     the programs; --wait-quiet waits for it instead (a contended candidate is measured again).
@@ -179,8 +201,9 @@ def tune_cmd(model: str | None, layout: Path | None, service: str | None, hw_pat
     if (layout is None) != (service is None):
         raise click.UsageError("--service names the layout's service to tune: give --layout and --service together")
     try_strategy = split_strategies(try_strategy_s) if try_strategy_s else None
-    serve = _serve_load(objective, slo, concurrency, requests, depth, pp_tokens, tg_tokens)
-    (workload,) = expand([], [], depths=[depth], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
+    objective, work = _work(objective, replay_speed, turns, depth, pp_tokens, tg_tokens, repeats)
+    serve = _serve_load(objective, slo, concurrency, requests, depth or 0, pp_tokens, tg_tokens)
+    (workload,) = expand([], [], depths=[0 if work else depth or 0], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
     axes = {name: v for name, v in (("strategies", try_strategy), ("threads", try_threads),
                                     ("ubatches", try_ubatch), ("flash_attn", try_fa), ("cache_types", try_cache),
                                     ("repack", try_repack), ("amb_mib", try_amb), ("mla", try_mla),
@@ -192,7 +215,7 @@ def tune_cmd(model: str | None, layout: Path | None, service: str | None, hw_pat
     req = TuneRequest(hw_path, model or "", plan_settings(settings_kw), workload,
                       BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,
                       port, objective, budget, axes, launch_timeout_s, serve, routing, transport or "tcp", rdma_dev,
-                      max_pp_loss / 100, layout, service)
+                      max_pp_loss / 100, layout=layout, service=service, work=work)
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
         def status(s: str) -> None:
             err.print(f"[dim]{s}[/]")
@@ -240,10 +263,37 @@ def _print_result(result: TuneResult, doc: dict[str, Any], kld: dict[int, float]
     out.print("command:", markup=False)
     print_text(json.loads(result.plan_path(result.best).read_text())["shell"])
     out.print(f"plan: {doc['plan']} (`moetune launch` or `moetune bench` it)", markup=False)
-    from moetune.tune.report import defaults_lines
+    from moetune.tune.report import defaults_lines, work_lines
 
-    for line in defaults_lines(doc):
+    for line in [*work_lines(doc), *defaults_lines(doc)]:
         out.print(line, markup=False)
+
+
+def _work(objective: str, replay_speed: str | None, turns: int | None, depth: int | None, pp_tokens: int,
+          tg_tokens: int, repeats: int) -> tuple[str, Any]:
+    """--objective's name, and the workload of replay:FILE and turn (None for the others)."""
+    from moetune.errors import InputError
+    from moetune.tune import workload as wl
+
+    name, path = wl.parse(objective)
+    if replay_speed is not None and name != "replay":
+        raise InputError("--replay-speed paces --objective replay:FILE", hint="drop --replay-speed")
+    if turns is not None and name != "turn":
+        raise InputError("--turns: only with --objective turn", hint="drop --turns")
+    if name == "replay":
+        assert path is not None
+        if depth:
+            raise InputError("--depth: the replay sends the recorded requests as they are", hint="drop --depth")
+        return name, wl.replay_objective(path, replay_speed or "max")
+    if name == "turn":
+        if depth is not None and depth < wl.MIN_SYSTEM_TOKENS:
+            raise InputError(f"--depth {depth}: with --objective turn the system prompt each session starts with, "
+                             f"at least {wl.MIN_SYSTEM_TOKENS} tokens (it begins with the session's own tag, so no "
+                             "session reuses another's cache)", hint=f"--depth {DEFAULT_SYSTEM_TOKENS}, or drop it")
+        return name, wl.turn_objective(system_tokens=DEFAULT_SYSTEM_TOKENS if depth is None else depth,
+                                       turns=turns or DEFAULT_TURNS, turn_tokens=pp_tokens, output_len=tg_tokens,
+                                       repeats=repeats)
+    return name, None
 
 
 def _serve_load(objective: str, slo: str | None, concurrency: int | None, requests: int | None, depth: int,

@@ -23,7 +23,7 @@ from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 from moetune.bench.analysis.link import link_metric_samples
-from moetune.bench.analysis.sessions import serve_run_metrics
+from moetune.bench.analysis.objective import serve_bench_metrics
 from moetune.bench.analysis.single import bench_metrics
 from moetune.bench.analysis.stats import (
     DEFAULT_CONF,
@@ -44,7 +44,7 @@ from moetune.store.record import LaunchRef
 
 MetricExtractor = Callable[[Iterable[dict[str, Any]]], dict[str, MetricSamples]]  # reads the samples once
 METRIC_EXTRACTORS: dict[str, MetricExtractor] = {
-    RunKind.BENCH: bench_metrics, RunKind.SERVE_BENCH: serve_run_metrics, RunKind.LINK_TEST: link_metric_samples,
+    RunKind.BENCH: bench_metrics, RunKind.SERVE_BENCH: serve_bench_metrics, RunKind.LINK_TEST: link_metric_samples,
     RunKind.QUALITY: quality_metrics, RunKind.QA: qa_metrics}
 COMPARE_SCHEMA_VERSION = 1
 

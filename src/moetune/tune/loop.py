@@ -19,6 +19,12 @@ serve-bench at the search's concurrency (:mod:`moetune.tune.goodput`: the sample
 windows), and the search corrects the serving prediction of :mod:`moetune.plan.serving`. The speed
 constants are not refitted from those runs (the calibration reads single-stream benchmarks): the
 stored calibration, if any, is the prior, and the Gaussian process learns what it misses.
+
+With ``--objective replay:FILE`` or ``turn`` (:mod:`moetune.tune.workload`) each candidate, and the
+engine defaults, is planned with a slot per request the workload has in flight, launched, and
+measured on the user's workload: a pass's total time over a recorded session, or an agent turn's
+time. The search ranks the reciprocals (passes or turns per second), the speed model's expected
+time is the prior, and the constants are not refitted from those runs either.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from moetune.store import calibrations
 from moetune.store.db import ResultsDB
 from moetune.tune import defaults as dflt
 from moetune.tune import goodput as gp
+from moetune.tune import workload as wl
 from moetune.tune.engine_axes import check_engine_axes, engine_options
 from moetune.tune.history import calibrate_and_save, gather, placements
 from moetune.tune.quiet import QuietGate
@@ -90,6 +97,7 @@ class TuneRequest:
     max_pp_loss: float = dflt.MAX_PP_LOSS  # --objective tg: the share of the baselines' PP a winner may lose
     layout: Path | None = None  # tune one service of this layout (``service``), the others' placements kept
     service: str | None = None
+    work: wl.WorkObjective | None = None  # the workload of --objective replay:FILE and turn
 
 
 @dataclass
@@ -130,6 +138,9 @@ class TuneResult:
     rates: dict[int, dflt.Rates] = field(default_factory=dict)  # measured TG and PP, per entry
     defaults_rates: dflt.Rates = field(default_factory=dflt.Rates)
     max_pp_loss: float = dflt.MAX_PP_LOSS
+    work: wl.WorkObjective | None = None  # --objective replay:FILE or turn
+    works: dict[int, wl.Measured] = field(default_factory=dict)  # measured, with a workload objective
+    defaults_work: wl.Measured | None = None  # the engine defaults' measurement of the workload
 
     def plan_path(self, i: int) -> Path:
         return self.plan_dir / f"{_slug(self.entries[i].candidate.label)}.json"
@@ -163,6 +174,8 @@ def _tune_id(req: TuneRequest, plan: Plan, labels: list[str]) -> str:
            "options": {k: v for k, v in asdict(req.options).items() if k in ("repeats", "warmup")}}
     if req.serve is not None:
         key["serve"] = req.serve.to_json()
+    if req.work is not None:
+        key["work"] = req.work.key()
     return "tu-" + hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -229,6 +242,8 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     base = tuned.spec.settings
     if req.serve is not None:
         base = slotted(base, req.serve)
+    if req.work is not None:
+        base = wl.slotted(base, req.work)
     moe_layers = len({t.layer for t in profile.tensors if t.is_expert})
     options = engine_options(engine, kind, profile.is_mla)
     check_engine_axes(req.axes, base, options, kind)
@@ -280,6 +295,10 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     if (req.objective == "goodput") != (req.serve is not None):
         raise InputError("--objective goodput is measured under a serving load with latency targets, and only it is",
                          hint="--objective goodput --slo ttft_ms=A,itl_ms=B [--concurrency C --requests N]")
+    if (req.objective in ("replay", "turn")) != (req.work is not None) or (
+            req.work is not None and req.work.name != req.objective):
+        raise InputError(f"--objective {req.objective}: the workload objectives replay:FILE and turn measure a "
+                         "workload, and only they do")
     entries, prior = candidates(req, status)
     if not entries[0].fits:
         raise InputError(f"the baseline ({entries[0].candidate.label}) does not fit: "
@@ -294,7 +313,8 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     plan_dir.mkdir(parents=True, exist_ok=True)
     spec: dict[str, Any] = {"kind": "tune", "objective": req.objective, "hw": req.hw, "model": req.model,
                             "workload": req.workload.to_json(), "candidates": [e.candidate.label for e in entries],
-                            "failed": {}, "serve": req.serve.to_json() if req.serve else None}
+                            "failed": {}, "serve": req.serve.to_json() if req.serve else None,
+                            "work": req.work.key() if req.work else None}
     if not db.create_sweep(tid, spec):
         spec = db.sweep(tid) or spec
         status(f"resuming tune {tid}")
@@ -311,12 +331,18 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     values: dict[int, list[float]] = {}
     summaries: dict[int, dict[str, Any]] = {}
     goodputs: dict[int, gp.Goodput] = {}
+    works: dict[int, wl.Measured] = {}
 
     def measured(i: int) -> None:
         run = entries[i].run
         assert run is not None
         samples = db.samples(run)
-        if req.serve is not None:
+        if req.work is not None:
+            works[i] = wl.measured(samples, req.work)
+            values[i] = works[i].values
+            if (why := works[i].problem()) is not None:
+                entries[i].failed = why
+        elif req.serve is not None:
             goodputs[i] = gp.measured(samples, req.serve)
             values[i] = list(goodputs[i].values)
         else:
@@ -365,7 +391,15 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
         gate.before_launch()  # a busy machine: MachineBusy, or a wait with --wait-quiet
         status(f"launch {launches}/{req.budget}: {e.candidate.label}")
         try:
-            if req.serve is not None:
+            if req.work is not None:
+                e.run = wl.run_candidate(db, path, req.work, label=e.candidate.label, sweep_id=tid,
+                                         repeats=req.options.repeats, warmup=req.options.warmup,
+                                         transport=e.candidate.transport, rdma_dev=req.rdma_dev,
+                                         server=e.plan.main.spec.name,
+                                         launch_timeout_s=req.launch_timeout_s,
+                                         request_timeout_s=req.options.timeout_s, status=status,
+                                         on_snapshot=on_snapshot)
+            elif req.serve is not None:
                 e.run = gp.serve_candidate(db, path, req.serve, label=e.candidate.label, sweep_id=tid,
                                            transport=e.candidate.transport, rdma_dev=req.rdma_dev,
                                            launch_timeout_s=req.launch_timeout_s,
@@ -392,9 +426,13 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     rates = {i: dflt.rates(db, e.run, req.workload) for i, e in enumerate(entries) if e.run is not None}
     d_rates = dflt.rates(db, defaults.run if defaults else None, req.workload)
     rejected = pp_rejections(req.objective, req.max_pp_loss, rates, d_rates)
-    judged, best = verdicts(entries, values, None if view is None else view.expect, rejected)
+    judged, best = verdicts(entries, values, None if view is None else view.expect, rejected,
+                            as_time=req.work is not None)
+    d_work = (wl.measured(db.samples(defaults.run), req.work) if req.work is not None and defaults is not None
+              and defaults.run is not None else None)
     result = TuneResult(tid, req.objective, entries, 0, best, launches, stopped, k, values, summaries, judged,
-                        plan_dir, req.workload, req.serve, goodputs, defaults, rates, d_rates, req.max_pp_loss)
+                        plan_dir, req.workload, req.serve, goodputs, defaults, rates, d_rates, req.max_pp_loss,
+                        req.work, works, d_work)
     if best is not None and not result.plan_path(best).exists():
         result.plan_path(best).write_text(json.dumps(entries[best].doc, indent=2))
     _save_calibration(db, calibrations.plan_key(entries[0].doc))
@@ -426,9 +464,15 @@ def _launch_defaults(db: ResultsDB, req: TuneRequest, d: dflt.Defaults, plan_dir
     path.write_text(json.dumps(d.doc, indent=2))
     status(f"engine defaults: {' '.join(d.argv)}")
     try:
-        d.run = bench_target(db, plan_target(path), [req.workload], req.options, label=dflt.LABEL, sweep_id=tid,
-                             launch_timeout_s=req.launch_timeout_s, status=status, progress_for=progress_for,
-                             on_snapshot=on_snapshot)
+        if req.work is not None:
+            d.run = wl.run_candidate(db, path, req.work, label=dflt.LABEL, sweep_id=tid, repeats=req.options.repeats,
+                                     warmup=req.options.warmup, transport=req.transport, rdma_dev=req.rdma_dev,
+                                     launch_timeout_s=req.launch_timeout_s, request_timeout_s=req.options.timeout_s,
+                                     status=status, on_snapshot=on_snapshot)
+        else:
+            d.run = bench_target(db, plan_target(path), [req.workload], req.options, label=dflt.LABEL,
+                                 sweep_id=tid, launch_timeout_s=req.launch_timeout_s, status=status,
+                                 progress_for=progress_for, on_snapshot=on_snapshot)
     except MoetuneError as err:
         d.failed = failed[dflt.LABEL] = str(err)
         db.update_sweep(tid, {**spec, "failed": failed})
@@ -459,6 +503,8 @@ def _bench_values(samples: list[dict[str, Any]], req: TuneRequest) -> list[float
 
 
 def _objective(e: Entry, k: SpeedConstants, req: TuneRequest) -> float:
+    if req.work is not None:
+        return 1.0 / max(wl.predicted_seconds(req.work, e.work, k), 1e-9)
     if req.serve is not None:
         return predict_serving(e.work, k, req.serve).goodput_req_s
     tg, pp = predicted_rates(e, k, req.workload)

@@ -55,7 +55,7 @@ def guard(db: ResultsDB, result: TuneResult, max_kld: float, *, status: Callable
         # the PP rejections (--max-pp-loss) stand: a candidate they keep from winning stays out
         pp_out = pp_rejections(result.objective, result.max_pp_loss, result.rates, result.defaults_rates)
         judged, new_best = verdicts(result.entries, {i: v for i, v in result.values.items() if i not in rejected},
-                                    None, pp_out)
+                                    None, pp_out, as_time=result.work is not None)
         for i in rejected:
             judged[i] = f"rejected: KLD {checked[i]['kld']['mean']:.6f} above --max-kld {max_kld:g}"
         if new_best is not None and new_best != 0:

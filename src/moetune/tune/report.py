@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict
 from typing import Any
 
 from moetune.bench.analysis.stats import summarize
 from moetune.plan.serving import predict_serving
 from moetune.tune import defaults as dflt
+from moetune.tune import workload as wl
 from moetune.tune.loop import TuneResult, predicted_rates
+from moetune.tune.verdict import compare
 
 ROWS_NOT_LAUNCHED = 5  # the table shows the launched candidates and this many of the rest
 
@@ -41,7 +44,25 @@ def _serve(r: TuneResult, i: int) -> dict[str, Any] | None:
             "tpot_ms_p50": (lv.get("tpot_ms") or {}).get("p50"), "ok": lv.get("ok"), "requests": lv.get("requests")}
 
 
+def work_json(m: wl.Measured | None) -> dict[str, Any] | None:
+    """A workload objective's measurement: the seconds per pass (turn) with their median's 95%
+    bootstrap interval, the passes that failed, and the prompt tokens the server processed and
+    reused over them, as it reported them."""
+    if m is None:
+        return None
+    s = summarize(list(m.seconds)) if m.seconds else None
+    share = m.cache.reused_share
+    return {"median_s": s.median if s else None, "ci_low_s": s.ci_low if s else None,
+            "ci_high_s": s.ci_high if s else None, "n": len(m.seconds), "seconds": list(m.seconds),
+            "failed": m.totals.failed, "requests": m.requests, "ok": m.ok,
+            "prompt_tokens_processed": m.cache.processed, "prompt_tokens_reused": m.cache.reused,
+            "reused_share": None if share is None else round(share, 4)}
+
+
 def _measured(r: TuneResult, i: int) -> dict[str, Any] | None:
+    if i in r.works:
+        return {"tg_tok_s": None, "pp_tok_s": None, "goodput_req_s": None, r.objective: work_json(r.works[i]),
+                "run": r.entries[i].run}
     if i in r.goodputs:
         return {"tg_tok_s": None, "pp_tok_s": None, "goodput_req_s": _goodput(r, i), "serve": _serve(r, i),
                 "run": r.entries[i].run}
@@ -55,8 +76,11 @@ def _measured(r: TuneResult, i: int) -> dict[str, Any] | None:
 
 def _head(r: TuneResult, i: int) -> dict[str, Any]:
     m = _measured(r, i) or {}
-    return {"label": r.entries[i].candidate.label, "tg_tok_s": m.get("tg_tok_s"), "pp_tok_s": m.get("pp_tok_s"),
-            "goodput_req_s": m.get("goodput_req_s"), "run": r.entries[i].run}
+    out = {"label": r.entries[i].candidate.label, "tg_tok_s": m.get("tg_tok_s"), "pp_tok_s": m.get("pp_tok_s"),
+           "goodput_req_s": m.get("goodput_req_s"), "run": r.entries[i].run}
+    if r.work is not None:
+        out[r.objective] = m.get(r.objective)
+    return out
 
 
 def _predicted(r: TuneResult, i: int) -> dict[str, Any]:
@@ -66,6 +90,8 @@ def _predicted(r: TuneResult, i: int) -> dict[str, Any]:
     if r.serve is not None:
         sp = predict_serving(e.work, r.constants, r.serve)
         out.update(goodput_req_s=round(sp.goodput_req_s, 4), serve=sp.to_json())
+    if r.work is not None:
+        out[f"{r.objective}_s"] = round(wl.predicted_seconds(r.work, e.work, r.constants), 4)
     return out
 
 
@@ -78,7 +104,10 @@ def result_json(r: TuneResult, kld: dict[int, float] | None = None) -> dict[str,
                       "fits": e.fits, "predicted": _predicted(r, i), "measured": _measured(r, i),
                       "verdict": r.verdicts.get(i, ""), "kld": (kld or {}).get(i)})
     return {"tune": r.tune_id, "objective": r.objective, "launches": r.launches, "stopped": r.stopped,
-            "workload": None if r.serve else _workload(r),
+            "workload": None if r.serve or r.work else _workload(r),
+            "work": None if r.work is None else {**r.work.key(), "text": wl.describe(r.work),
+                                                 **({"file": str(r.work.file)} if isinstance(r.work, wl.ReplayObjective)
+                                                    else {})},
             "serve": r.serve.to_json() if r.serve else None,
             "baseline": _head(r, r.baseline), "best": None if r.best is None else _head(r, r.best), "candidates": cands,
             "engine_defaults": _defaults(r), "max_pp_loss": r.max_pp_loss if r.objective == "tg" else None,
@@ -104,6 +133,16 @@ def _defaults(r: TuneResult) -> dict[str, Any] | None:
     d = r.defaults
     if d is None:
         return None
+    if r.work is not None:
+        mine = r.works.get(r.best) if r.best is not None else None
+        theirs = r.defaults_work
+        vs = None
+        if mine is not None and theirs is not None and len(mine.values) >= 2 and len(theirs.values) >= 2:
+            verdict, text = compare(theirs.values, mine.values, as_time=True)
+            ratio = statistics.median(mine.seconds) / statistics.median(theirs.seconds)
+            vs = {r.objective: {"ratio_s": round(ratio, 4), "verdict": verdict, "text": text}}
+        return {"label": dflt.LABEL, "argv": d.argv, "run": d.run, "failed": d.failed, "tg_tok_s": None,
+                "pp_tok_s": None, r.objective: work_json(theirs), "best_vs_defaults": vs}
     best = r.rates.get(r.best) if r.best is not None else None
     return {"label": dflt.LABEL, "argv": d.argv, "run": d.run, "failed": d.failed,
             "tg_tok_s": _rate_ci(r.defaults_rates.tg), "pp_tok_s": _rate_ci(r.defaults_rates.pp),
@@ -145,10 +184,15 @@ def result_table(r: TuneResult, kld: dict[int, float] | None = None) -> Any:
     from moetune.report.compare_view import fmt
 
     doc = result_json(r, kld)
-    wl = f" ({dflt.workload_text(r.workload)})" if r.serve is None else ""
-    t = Table(title=f"tune {r.tune_id}: objective {r.objective}{wl}", title_justify="left")
-    key = {"tg": "tg_tok_s", "pp": "pp_tok_s", "ttft": "tg_tok_s", "goodput": "goodput_req_s"}[r.objective]
+    text = f" ({dflt.workload_text(r.workload)})" if r.serve is None and r.work is None else ""
+    text = f" ({wl.describe(r.work)})" if r.work is not None else text
+    t = Table(title=f"tune {r.tune_id}: objective {r.objective}{text}", title_justify="left")
     launched = [c for c in doc["candidates"] if c["launched"]]
+    if r.work is not None:
+        rest = sorted((c for c in doc["candidates"] if not c["launched"] and c["fits"]),
+                      key=lambda c: c["predicted"][f"{r.objective}_s"] or 0.0)
+        return _work_table(t, r, doc, [*launched, *rest[:ROWS_NOT_LAUNCHED]])
+    key = {"tg": "tg_tok_s", "pp": "pp_tok_s", "ttft": "tg_tok_s", "goodput": "goodput_req_s"}[r.objective]
     rest = sorted((c for c in doc["candidates"] if not c["launched"] and c["fits"]),
                   key=lambda c: -(c["predicted"][key] or 0.0))
     rows = [*launched, *rest[:ROWS_NOT_LAUNCHED]]
@@ -179,6 +223,38 @@ def result_table(r: TuneResult, kld: dict[int, float] | None = None) -> Any:
     return t
 
 
+def _seconds(m: dict[str, Any] | None) -> str:
+    from moetune.report.compare_view import fmt
+
+    if not m or m.get("median_s") is None:
+        return ""
+    return f"{fmt(m['median_s'])} [{fmt(m['ci_low_s'])}-{fmt(m['ci_high_s'])}]"
+
+
+def _cache_cell(m: dict[str, Any] | None) -> str:
+    if not m or m.get("prompt_tokens_reused") is None:
+        return ""
+    return f"{m['prompt_tokens_processed']} / {m['prompt_tokens_reused']} ({m['reused_share'] or 0:.0%})"
+
+
+def _work_table(t: Any, r: TuneResult, doc: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
+    """The table of a workload objective: predicted and measured seconds, and the prefix cache as the
+    server reported it (prompt tokens processed / reused, over every measured pass)."""
+    from moetune.report.compare_view import fmt
+
+    what = "total s" if r.objective == "replay" else "turn s"
+    for col in ("candidate", f"predicted {what}", f"{what} [95% CI]", "prompt processed / reused", "verdict"):
+        t.add_column(col)
+    for c in rows:
+        m = (c["measured"] or {}).get(r.objective)
+        t.add_row(c["label"], fmt(c["predicted"][f"{r.objective}_s"]), _seconds(m), _cache_cell(m), c["verdict"])
+    d = doc["engine_defaults"]
+    if d is not None:
+        t.add_row(dflt.LABEL, "", _seconds(d.get(r.objective)), _cache_cell(d.get(r.objective)),
+                  "failed: " + d["failed"].splitlines()[0] if d["failed"] else "the engine with no tuning flags")
+    return t
+
+
 def defaults_lines(doc: dict[str, Any]) -> list[str]:
     """The winner against the engine's defaults, TG and PP, as lines to print."""
     d = doc.get("engine_defaults")
@@ -188,4 +264,29 @@ def defaults_lines(doc: dict[str, Any]) -> list[str]:
     for what, v in d["best_vs_defaults"].items():
         if v:
             out.append(f"  best vs engine defaults, {what.upper()}: {v['text'].replace('baseline', 'engine defaults')}")
+    return out
+
+
+def work_lines(doc: dict[str, Any]) -> list[str]:
+    """A workload objective's seconds for the baseline, the engine defaults and the winner, as lines."""
+    name = doc.get("objective")
+    if not doc.get("work") or name not in ("replay", "turn"):
+        return []
+    what = "replay total" if name == "replay" else "turn time"
+
+    def line(who: str, m: dict[str, Any] | None) -> str:
+        if not m or m.get("median_s") is None:
+            return f"  {who}: not measured"
+        cache = "" if m.get("prompt_tokens_reused") is None else (
+            f"; prompt tokens processed {m['prompt_tokens_processed']}, reused {m['prompt_tokens_reused']} "
+            f"from the cache")
+        return (f"  {who}: {m['median_s']:.4g} s [{m['ci_low_s']:.4g}-{m['ci_high_s']:.4g}] over {m['n']} "
+                f"{'passes' if name == 'replay' else 'sessions'}{cache}")
+
+    d = doc.get("engine_defaults") or {}
+    out = [f"{what} ({doc['work']['text']}):", line(f"baseline ({doc['baseline']['label']})", doc["baseline"].get(name))]
+    if d:
+        out.append(line(dflt.LABEL, d.get(name)) if not d.get("failed") else f"  {dflt.LABEL}: failed")
+    if doc.get("best") is not None and doc["best"]["label"] != doc["baseline"]["label"]:
+        out.append(line(f"best ({doc['best']['label']})", doc["best"].get(name)))
     return out

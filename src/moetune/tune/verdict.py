@@ -39,11 +39,13 @@ def measurements(values: dict[int, list[float]]) -> list[core.Measured]:
     return out
 
 
-def compare(base: list[float], other: list[float]) -> tuple[str, str]:
+def compare(base: list[float], other: list[float], *, as_time: bool = False) -> tuple[str, str]:
     """The rule of `compare` (verdict, and how it reads). Goodput windows may be zero (no request of
     the window met the targets), and so may a resampled median: a baseline whose median is zero is
     beaten by a candidate whose median's interval stays above zero, and otherwise the ratio's
-    interval counts a zero baseline median as an infinite ratio (:func:`_ratio_ci`)."""
+    interval counts a zero baseline median as an infinite ratio (:func:`_ratio_ci`). ``as_time``:
+    the values are rates of a time (passes per second of a replay), and the change reads as the
+    time's (1 / the ratio of medians)."""
     if statistics.median(base) > 0:
         if min(base) > 0:
             d = difference(base, other, higher_is_better=True)
@@ -51,6 +53,8 @@ def compare(base: list[float], other: list[float]) -> tuple[str, str]:
         else:
             ratio, ci = statistics.median(other) / statistics.median(base), _ratio_ci(base, other)
         v = verdict(ratio, ci, higher_is_better=True)
+        if as_time:
+            return v, f"{v} ({(1 / ratio - 1) * 100:+.1f}% time vs baseline)"
         return v, f"{v} ({(ratio - 1) * 100:+.1f}% vs baseline)"
     if statistics.median(other) > 0 and bootstrap_ci(other)[0] > 0:
         return FASTER, f"{FASTER} (the baseline met no target)"
@@ -71,7 +75,8 @@ def _ratio_ci(base: list[float], other: list[float], n_boot: int = DEFAULT_N_BOO
 
 
 def verdicts(entries: Sequence[Judged], values: dict[int, list[float]],
-              expect: np.ndarray | None, rejected: dict[int, str] | None = None) -> tuple[dict[int, str], int | None]:
+              expect: np.ndarray | None, rejected: dict[int, str] | None = None, *,
+              as_time: bool = False) -> tuple[dict[int, str], int | None]:
     """Each candidate's verdict, and the best: of the measured candidates that beat the baseline (the
     rule of `compare`), the one the search believes fastest (its measurement pooled with its
     neighbours': one lucky launch does not win), else the baseline; with no baseline measured (it
@@ -97,7 +102,7 @@ def verdicts(entries: Sequence[Judged], values: dict[int, list[float]],
             out[i] = "measured"
             winners.append((float(expect[i]) if expect is not None else statistics.median(values[i]), i))
         else:
-            verdict, out[i] = compare(base, values[i])
+            verdict, out[i] = compare(base, values[i], as_time=as_time)
             if rejected and i in rejected:
                 out[i] = f"{rejected[i]}; {out[i]}"
             elif verdict == FASTER:

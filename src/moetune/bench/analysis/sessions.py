@@ -6,7 +6,9 @@ these build on. A session's sample is a serve-bench request sample with ``sessio
 Prompt tokens of a turn, as the server reports them (never guessed):
 
 - llama-server: ``timings.prompt_n`` tokens processed, ``timings.cache_n`` reused from the slot's
-  prefix cache; the context is their sum (= ``usage.prompt_tokens``);
+  prefix cache; the context is their sum (= ``usage.prompt_tokens``); ik_llama.cpp's timings have
+  no ``cache_n``: there the reused tokens are ``usage.prompt_tokens`` (the whole prompt, its
+  ``slot.n_prompt_tokens``) minus ``timings.prompt_n``;
 - an OpenAI-style server that reports ``usage.prompt_tokens_details.cached_tokens`` (vLLM with
   ``--enable-prompt-tokens-details``, SGLang): reused = cached, processed = prompt_tokens - cached;
 - otherwise processed and reused are null (the context is ``usage.prompt_tokens`` where given), and
@@ -58,6 +60,8 @@ def prompt_cache(s: Mapping[str, Any]) -> PromptCache:
     n, cached = _int(timings.get("prompt_n")), _int(timings.get("cache_n"))
     if n is not None and cached is not None:
         return PromptCache(n + cached, n, cached, "timings")
+    if n is not None and prompt_tokens is not None and prompt_tokens >= n:  # ik_llama.cpp: no cache_n
+        return PromptCache(prompt_tokens, n, prompt_tokens - n, "timings")
     details = usage.get("prompt_tokens_details")
     cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
     if cached is not None and prompt_tokens is not None:
@@ -194,7 +198,8 @@ def tg_vs_context(ts: Sequence[TurnSample]) -> dict[str, Any] | None:
             "slope_tok_s_per_1k_tokens": round(slope * 1000, 3)}
 
 
-def session_warnings(ts: Sequence[TurnSample], *, strip: bool, slots: int | None, sessions: int) -> list[str]:
+def session_warnings(ts: Sequence[TurnSample], *, strip: bool, slots: int | None, sessions: int,
+                     sequential: bool = False) -> list[str]:
     """What makes the session figures less than they seem, read off the samples."""
     out: list[str] = []
     ok = [t for t in ts if t.ok]
@@ -206,7 +211,7 @@ def session_warnings(ts: Sequence[TurnSample], *, strip: bool, slots: int | None
     if later and not any(t.cache.reused for t in later):
         out.append("the server reused no prompt tokens between turns: every turn evaluated the whole history "
                    "(its prefix cache is off, or the slot was given to another conversation)")
-    if slots is not None and sessions > slots:
+    if slots is not None and sessions > slots and not sequential:
         out.append(f"{sessions} sessions on {slots} slot(s): a slot holds one conversation's cache at a time, so "
                    "turns wait for a slot and may find another session's prefix there")
     if strip and ok and not any(t.stripped_chars for t in ts):
@@ -235,7 +240,8 @@ def summarize_sessions(samples: Iterable[Mapping[str, Any]], spec: Mapping[str, 
         "per_session": per_session(ts),
         "tg_vs_context": tg_vs_context(ts),
         "warnings": session_warnings(ts, strip=bool(spec.get("strip_thinking")), slots=slots,
-                                     sessions=int(spec.get("sessions") or 0)),
+                                     sessions=int(spec.get("sessions") or 0),
+                                     sequential=bool(spec.get("sequential"))),
     }
 
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -58,6 +59,15 @@ class ReplaySpec:
     timeout_s: float = 600
     label: str | None = None
     slo: dict[str, float] | None = None
+    repeats: int = 1  # passes over the whole session measured, one after another
+    warmup: int = 0  # passes before them, stored apart (phase warmup)
+    pin_tokens: bool = False  # each request generates exactly the recorded completion tokens
+    sweep_id: str | None = None  # files the run under a sweep or a tune (`tune --objective replay:FILE`)
+    objective: str | None = None  # the tune objective it measures, stored with the run (details.objective)
+
+    @property
+    def passes(self) -> int:
+        return self.warmup + self.repeats
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +119,8 @@ def _watches(src: ServerSource) -> Callable[[], list[Watch]]:
 def _workload(spec: ReplaySpec, session: Session, reqs: list[ReplayRequest], skipped: int, concurrency: int,
               model: str | None) -> dict[str, Any]:
     return {"replay": {"file": str(session.path.resolve()), "sha256": session.sha256, "speed": spec.speed,
-                       "requests": len(reqs), "skipped": skipped,
+                       "requests": len(reqs), "skipped": skipped, "repeats": spec.repeats, "warmup": spec.warmup,
+                       "pin_tokens": spec.pin_tokens,
                        "recorded_concurrency": replay_concurrency(session.exchanges),
                        "recorded_span_s": round(reqs[-1].offset_s, 3) if reqs else 0.0,
                        "redacted": any(e.redacted for e in session.exchanges), "model": model},
@@ -154,8 +165,16 @@ async def _replay(spec: ReplaySpec, session: Session, source: ServerSource, db: 
         swapped = {(str(r.body.get("model")), m) for r, m in zip(reqs, models, strict=True) if m is not None}
         for old, new in sorted(swapped):
             log(f"model {old!r} is sent as {new!r}" + ("" if spec.model else f" (the model {url} serves)"))
-        prepared = [Prepared(replay_body(r, m), r.max_tokens, r.target) for r, m in zip(reqs, models, strict=True)]
+        tag = os.urandom(2).hex()
+
+        def prepared(p: int) -> list[Prepared]:  # one pass; several passes: each its own salt
+            salt = f"{tag}.r{p}" if spec.passes > 1 else None
+            return [Prepared(replay_body(r, m, salt=salt, pin=spec.pin_tokens),
+                             (r.recorded_completion_tokens or r.max_tokens) if spec.pin_tokens else r.max_tokens,
+                             r.target) for r, m in zip(reqs, models, strict=True)]
+
         log(f"replaying {len(reqs)} requests from {session.path} at {spec.speed} with up to {c} in flight"
+            + (f", {spec.repeats} times after {spec.warmup} warmup pass(es)" if spec.passes > 1 else "")
             + (f" ({skipped} other recorded requests skipped)" if skipped else ""))
         if session.torn_tail:
             log(f"{session.path}: its last line was cut off (the recorder was killed while writing it); left out")
@@ -169,27 +188,43 @@ async def _replay(spec: ReplaySpec, session: Session, source: ServerSource, db: 
             launch=ln.facts if ln else None,
             details={"workload": _workload(spec, session, reqs, skipped, c, spec.model),
                      "client": {"library": "asyncio", "moetune": __version__}, "run_tag": None,
-                     "skipped_overlong": 0, "slo": dict(spec.slo) if spec.slo else None})
+                     "skipped_overlong": 0, "slo": dict(spec.slo) if spec.slo else None,
+                     **({"objective": {"name": spec.objective, "file": str(session.path.resolve()),
+                                       "sha256": session.sha256}} if spec.objective else {})})
         run_id = db.create_run(meta, label=spec.label or f"replay {session.path.name} {spec.speed}",
-                               target=source.target)
+                               target=source.target, sweep_id=spec.sweep_id)
         monitor.attach(db, run_id)
         writer = sink = SampleWriter(db, run_id)
-        monitor.phase(f"replay c={c}")
-        load = LoadSpec(c, requests=len(prepared), offsets=offsets)
-        try:
-            records = await run_level(http, prepared, load, RequestOptions(timeout_s=spec.timeout_s),
-                                      lambda r: sink.add(r.to_sample()), meter=meter)
-        except ServerGone as gone:
-            level = summarize_level([r.to_sample() for r in gone.records], spec.slo)
-            level["stopped"] = str(gone)
-            levels.append(level)
-            error = f"replay: {gone}"
-            raise RuntimeFailure(error, hint=gone.hint) from None
-        samples = [r.to_sample() for r in records]
+        load = LoadSpec(c, requests=len(reqs), offsets=offsets)
+        samples: list[dict[str, Any]] = []
+        first: list[dict[str, Any]] = []
+        for p in range(spec.passes):
+            k = p - spec.warmup  # the measured pass's number; negative: a warmup pass
+            phase = "warmup" if k < 0 else "measure"
+            monitor.phase(f"replay warmup {p + 1}" if k < 0 else f"replay c={c}" + (
+                f" pass {k + 1}/{spec.repeats}" if spec.repeats > 1 else ""))
+            mark = {"replay": {"sha256": session.sha256[:16], "repeat": k}} if spec.passes > 1 else {}
+
+            def store(r: Any, mark: dict[str, Any] = mark, phase: str = phase, k: int = k) -> None:
+                sink.add({**r.to_sample(), **_at(mark, r.index - k * len(reqs))}, phase)
+
+            try:
+                records = await run_level(http, prepared(p), load, RequestOptions(timeout_s=spec.timeout_s),
+                                          store, meter=meter, first_index=k * len(reqs))
+            except ServerGone as gone:
+                level = summarize_level([*samples, *({**r.to_sample(), **mark} for r in gone.records)], spec.slo)
+                level["stopped"] = str(gone)
+                levels.append(level)
+                error = f"replay: {gone}"
+                raise RuntimeFailure(error, hint=gone.hint) from None
+            if k >= 0:
+                done = [{**r.to_sample(), **_at(mark, r.index - k * len(reqs))} for r in records]
+                samples += done
+                first = first or [{**d, "index": d["index"] - k * len(reqs)} for d in done]
         level = summarize_level(samples, spec.slo)
         level["server"] = {**info.to_json(), **source.level_info(c)}
         levels.append(level)
-        advice += _token_advice(reqs, samples)
+        advice += _token_advice(reqs, first)
         status = RunStatus.DONE
     except (KeyboardInterrupt, asyncio.CancelledError):
         status = RunStatus.INTERRUPTED
@@ -200,6 +235,11 @@ async def _replay(spec: ReplaySpec, session: Session, source: ServerSource, db: 
             finish_levels(db, run_id, writer, status, levels, advice, slots=slots, prefix_cache=True, error=error)
     assert run_id is not None and writer is not None
     return report_doc(db.run(run_id), levels, advice, samples=writer.count, slo=spec.slo)
+
+
+def _at(mark: dict[str, Any], position: int) -> dict[str, Any]:
+    """A pass's mark with the request's position in the session."""
+    return {"replay": {**mark["replay"], "request": position}} if mark else {}
 
 
 def replay_bench(spec: ReplaySpec, db: ResultsDB, source: ServerSource, log: Callable[[str], None] = lambda s: None,

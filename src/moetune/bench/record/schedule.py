@@ -36,6 +36,7 @@ class ReplayRequest:
     max_tokens: int  # 0: not set
     recorded_completion_tokens: int | None  # as the upstream counted them (usage, timings); None: not counted
     recorded_prompt_tokens: int | None
+    recorded_ok: bool = True  # the recording got a 2xx answer to it, whole (a replay may fail it again)
 
 
 def replayable(e: Exchange) -> bool:
@@ -68,7 +69,8 @@ def replay_requests(exchanges: Sequence[Exchange]) -> tuple[list[ReplayRequest],
     keep = sorted((e for e in exchanges if replayable(e)), key=lambda e: (e.t_start_s, e.seq))
     t0 = keep[0].t_start_s if keep else 0.0
     reqs = [ReplayRequest(e.seq, e.target, e.body, e.t_start_s - t0, _max_tokens(e.body),
-                          e.completion_tokens if e.tokens_from in ("usage", "timings") else None, e.prompt_tokens)
+                          e.completion_tokens if e.tokens_from in ("usage", "timings") else None, e.prompt_tokens,
+                          e.status is not None and 200 <= e.status < 300 and e.error is None)
             for e in keep]
     return reqs, len(exchanges) - len(keep)
 
@@ -94,9 +96,48 @@ def choose_model(recorded: Any, served: Sequence[str], override: str | None) -> 
     return served[0]
 
 
-def replay_body(r: ReplayRequest, model: str | None) -> bytes:
-    """The recorded body, streamed with usage asked for, with ``model`` when given."""
+def salted(body: Mapping[str, Any], salt: str) -> dict[str, Any]:
+    """The body with ``salt`` and a space before its first text: the first message's content (a
+    string, or its first text part) or a completion's prompt. Every request of one pass of a replay
+    gets the same salt, so the prefixes they share stay shared, while a pass shares none with
+    another: each pass meets the prefix cache as the session filled it, not as the last pass left it."""
+    doc = dict(body)
+    msgs = doc.get("messages")
+    if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict):
+        first = dict(msgs[0])
+        content = first.get("content")
+        if isinstance(content, str):
+            first["content"] = f"{salt} {content}"
+        elif isinstance(content, list):
+            at = next((i for i, p in enumerate(content) if isinstance(p, dict) and isinstance(p.get("text"), str)), None)
+            if at is not None:
+                content = list(content)
+                content[at] = {**content[at], "text": f"{salt} {content[at]['text']}"}
+                first["content"] = content
+        doc["messages"] = [first, *msgs[1:]]
+    elif isinstance(doc.get("prompt"), str):
+        doc["prompt"] = f"{salt} {doc['prompt']}"
+    return doc
+
+
+def pinned(body: Mapping[str, Any], tokens: int) -> dict[str, Any]:
+    """The body asking for exactly ``tokens`` tokens (``max_tokens`` and ``ignore_eos``), so that a
+    replay does the recorded work whatever the model now says."""
+    doc = {k: v for k, v in body.items() if k not in ("max_completion_tokens", "n_predict")}
+    doc["max_tokens"] = tokens
+    doc["ignore_eos"] = True
+    return doc
+
+
+def replay_body(r: ReplayRequest, model: str | None, *, salt: str | None = None, pin: bool = False) -> bytes:
+    """The recorded body, streamed with usage asked for, with ``model`` when given; ``salt`` before
+    its first text (:func:`salted`); with ``pin``, exactly the recorded completion tokens asked for
+    where the recording counted them (:func:`pinned`)."""
     doc = dict(r.body)
+    if salt is not None:
+        doc = salted(doc, salt)
+    if pin and r.recorded_completion_tokens:
+        doc = pinned(doc, r.recorded_completion_tokens)
     doc["stream"] = True
     options = doc.get("stream_options")
     doc["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True,

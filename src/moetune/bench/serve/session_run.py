@@ -166,9 +166,13 @@ async def run_sessions(http: StreamingHttp, texts: list[SessionTexts], spec: Ses
             replies.append(reply)
             due = rec.t_end + spec.think_time_s
 
-    async with asyncio.TaskGroup() as tg:
+    if spec.sequential:
         for s in range(len(texts)):
-            tg.create_task(one(s))
+            await one(s)
+    else:
+        async with asyncio.TaskGroup() as tg:
+            for s in range(len(texts)):
+                tg.create_task(one(s))
     failed = [r for r in last.values() if r.error is not None and r.status is None]
     if last and len(failed) == len(last):
         raise ServerGone(len(failed), failed[-1].error or "no answer", records, len(records))
@@ -177,7 +181,7 @@ async def run_sessions(http: StreamingHttp, texts: list[SessionTexts], spec: Ses
 
 async def _send(http: StreamingHttp, turn: Turn, spec: SessionSpec, options: RequestOptions, index: int, due: float,
                 meter: LoadMeter | None, max_retries: int) -> tuple[RequestRecord, Reply]:
-    rec = RequestRecord(index=index, concurrency=spec.sessions, rate=None, prompt_tokens=None,
+    rec = RequestRecord(index=index, concurrency=spec.streams, rate=None, prompt_tokens=None,
                         max_tokens=turn.max_tokens, t_sched=due)
     rec.t_slot = time.monotonic()
     content: list[str] = []
@@ -207,9 +211,11 @@ def _turn_line(doc: dict[str, Any]) -> str:
 
 
 async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log: Callable[[str], None],
-                         monitor: RunMonitor, meter: LoadMeter) -> dict[str, Any]:
+                         monitor: RunMonitor, meter: LoadMeter, *, sweep_id: str | None = None,
+                         details: dict[str, Any] | None = None) -> dict[str, Any]:
     """The sessions workload (``spec.sessions``) as one serve-bench run: its requests are one load
-    level (concurrency = sessions), and the ``sessions`` section gives them per turn and session."""
+    level (concurrency = sessions), and the ``sessions`` section gives them per turn and session;
+    ``sweep_id`` files it under a sweep or a tune, ``details`` adds to what the run records."""
     ss = spec.sessions
     assert ss is not None
     http: StreamingHttp | None = None
@@ -222,8 +228,8 @@ async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: Results
     error: str | None = None
     slots: int | None = None
     try:
-        monitor.phase(f"launch c={ss.sessions}" if isinstance(source, PlanServers) else None)
-        url, _ = source.url_for(ss.sessions)
+        monitor.phase(f"launch c={ss.streams}" if isinstance(source, PlanServers) else None)
+        url, _ = source.url_for(ss.streams)
         http, info = await _connect(spec, url)
         slots = info.slots
         monitor.phase("prepare")
@@ -238,7 +244,7 @@ async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: Results
                "lengths fitted to the server's usage.prompt_tokens (no /tokenize)")
         log(f"prepared {ss.sessions} sessions of {ss.turns} turns, {how} ({counter.calls} calls, "
             f"{time.monotonic() - t:.1f} s)")
-        advice = run_warnings(info, [ss.sessions], 0, tokenizer=local)
+        advice = run_warnings(info, [ss.streams], 0, tokenizer=local)
         workload = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()
                     if k not in ("url", "label", "slo")}
         ln = source.current
@@ -251,9 +257,10 @@ async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: Results
             launch=ln.facts if ln else None,
             details={"workload": workload, "client": {"library": "asyncio", "moetune": __version__},
                      "run_tag": run_tag, "skipped_overlong": 0, "sessions": ss.to_json(),
-                     "slo": dict(spec.slo) if spec.slo else None, **({"tokenizer": local} if local else {})})
+                     "slo": dict(spec.slo) if spec.slo else None, **({"tokenizer": local} if local else {}),
+                     **(details or {})})
         label = spec.label or f"sessions {ss.sessions}x{ss.turns}" + (" stripped" if ss.strip_thinking else "")
-        run_id = db.create_run(meta, label=label, target=source.target)
+        run_id = db.create_run(meta, label=label, target=source.target, sweep_id=sweep_id)
         monitor.attach(db, run_id)
         writer = w = SampleWriter(db, run_id)
         options = RequestOptions(model=model, cache_prompt=True, thinking=spec.thinking, timeout_s=spec.timeout_s)
@@ -269,11 +276,11 @@ async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: Results
             level = summarize_level([r.to_sample() for r in gone.records], spec.slo)
             level["stopped"] = str(gone)
             levels.append(level)
-            error = _gone_message(gone, ss.sessions, source)
+            error = _gone_message(gone, ss.streams, source)
             log(error)
             raise RuntimeFailure(error, hint=gone.hint) from None
         level = summarize_level(samples, spec.slo)
-        level["server"] = {**info.to_json(), **source.level_info(ss.sessions)}
+        level["server"] = {**info.to_json(), **source.level_info(ss.streams)}
         levels.append(level)
         sessions_doc = summarize_sessions(samples, ss.to_json(), slots=slots)
         for turn in sessions_doc["turns"]:

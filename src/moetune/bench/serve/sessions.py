@@ -45,6 +45,7 @@ class SessionSpec:
     output_len: int = 64
     think_time_s: float = 0.0  # the client's pause between a reply and the next turn (a tool runs, a user reads)
     strip_thinking: bool = False
+    sequential: bool = False  # the sessions one after another (`tune --objective turn`), not all at once
 
     def __post_init__(self) -> None:
         if self.sessions < 1 or self.turns < 1:
@@ -54,6 +55,11 @@ class SessionSpec:
         if self.think_time_s < 0:
             raise ValueError("think time must not be negative")
 
+    @property
+    def streams(self) -> int:
+        """Requests in flight at once: one per session, or one with ``sequential``."""
+        return 1 if self.sequential else self.sessions
+
     def context_need(self) -> int:
         """Tokens the last turn's prompt and reply take, chat template aside: what a slot must hold."""
         return self.system_tokens + self.turns * (self.turn_tokens + self.output_len)
@@ -61,7 +67,8 @@ class SessionSpec:
     def to_json(self) -> dict[str, int | float | bool]:
         return {"sessions": self.sessions, "turns": self.turns, "system_tokens": self.system_tokens,
                 "turn_tokens": self.turn_tokens, "output_len": self.output_len,
-                "think_time_s": self.think_time_s, "strip_thinking": self.strip_thinking}
+                "think_time_s": self.think_time_s, "strip_thinking": self.strip_thinking,
+                **({"sequential": True} if self.sequential else {})}
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,7 @@ def run_report(db: ResultsDB, run: Run) -> RunReport:
     counts = db.sample_counts(run.id)
     serve = None
     if run.kind == RunKind.SERVE_BENCH and counts.get("measure"):
-        from moetune.bench.analysis.sessions import ServeRunSeries
+        from moetune.bench.analysis.objective import WorkloadRunSeries
         from moetune.bench.serve.layout_run import is_layout_run, stored_layout_report
         from moetune.bench.serve.run import stored_report
         from moetune.report.results_view import metric_figures
@@ -73,7 +73,7 @@ def run_report(db: ResultsDB, run: Run) -> RunReport:
             serve = stored_layout_report(db, run)
             figures = derived(run, db.iter_samples(run.id))
         else:
-            series = ServeRunSeries()  # the run's figures taken in the same pass as its levels'
+            series = WorkloadRunSeries()  # the run's figures taken in the same pass as its levels'
             serve = stored_report(db, run, tap=series.add)
             figures = metric_figures(series.metrics())
     else:
