@@ -185,6 +185,26 @@ def test_readme_is_short() -> None:
     assert size <= README_MAX_BYTES, f"README.md is {size} bytes, more than {README_MAX_BYTES}: move detail into docs/"
 
 
+def slug(heading: str) -> str:
+    """The anchor mkdocs' toc extension gives a heading (its default slugify)."""
+    text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_readme_links_resolve() -> None:
+    """mkdocs checks the site's links; the README is outside it, so here: each file and anchor exists."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", README.read_text()):
+        if "://" in target:
+            continue
+        path, _, anchor = target.partition("#")
+        f = ROOT / path
+        anchors = {slug(h.lstrip("#")) for h in f.read_text().splitlines() if h.startswith("#")} if f.exists() else set()
+        if not f.exists() or (anchor and anchor not in anchors):
+            broken.append(target)
+    assert not broken, f"README.md links to what is not there: {', '.join(broken)}"
+
+
 # -- every example runs or says why not ---------------------------------------------------------
 
 
