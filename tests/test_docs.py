@@ -12,6 +12,10 @@ The markers, each on the line right before a fenced block:
   (stdout or stderr), after runs of spaces are squeezed to one, the example directory's path is
   dropped, and ``…`` or ``...`` stand for anything. An excerpt with an ``Error:`` line expects
   the command to fail (a non-zero exit), any other a zero one.
+  A command may start with environment assignments; ``PORT`` in them is the port of a Hugging
+  Face-style hub on the loopback that serves ubergarm/GLM-5.1-GGUF's IQ3_KS files as the replica
+  (``HF_ENDPOINT=http://127.0.0.1:PORT moetune inspect --hf ...``), and its address in the output
+  reads ``127.0.0.1:PORT``.
 - ``<!-- needs: WHAT (REASON) -->``: the block's examples do not run here, because they need WHAT
   (a GPU, a launched server, the network, ...); REASON says what they show that this machine cannot.
 - ``<!-- file: NAME -->`` (before a YAML or text block): the block's text is written to NAME in
@@ -22,12 +26,15 @@ A block with a ``$ moetune`` line and neither marker fails the test that names i
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +42,7 @@ import click
 import pytest
 
 from moetune.cli import cli
+from tests.gguf_http import Hub, serve
 from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +59,7 @@ _MENTION = re.compile(r"moetune ([a-z][a-z-]*(?:\|[a-z][a-z-]*)*)(?: ([a-z][a-z-
 _ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 README_MAX_BYTES = 15 * 1024
 COLUMNS = "100"  # the width the documented tables were printed at
+HF_REPO = "ubergarm/GLM-5.1-GGUF"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,10 +124,29 @@ def is_moetune(cmd: str) -> bool:
     return (bool(words) and words[0] == "moetune") or " moetune " in f" {cmd} "
 
 
-def argv(cmd: str) -> list[str]:
+def argv(cmd: str) -> tuple[dict[str, str], list[str]]:
+    """A command's environment assignments (``HF_ENDPOINT=...``) and its arguments after ``moetune``."""
     words = shlex.split(cmd, comments=True)
-    assert words[0] == "moetune", f"a runnable example starts with moetune (no variables): {cmd}"
-    return words[1:]
+    env = {}
+    while words and _ENV.match(words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    assert words and words[0] == "moetune", f"a runnable example runs moetune: {cmd}"
+    return env, words[1:]
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def squeeze(s: str) -> str:
@@ -252,8 +280,24 @@ def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def run_page(page: Path, d: Path) -> list[str]:
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    """A Hugging Face-style hub on the loopback (tests/gguf_http.py) holding ubergarm/GLM-5.1-GGUF's
+    IQ3_KS files as the sparse replica, answering file requests itself (no CDN redirect, so the
+    documented request counts are the hub's own): the examples' ``HF_ENDPOINT=http://127.0.0.1:PORT``
+    points at it (PORT is its port)."""
+    root = tmp_path_factory.mktemp("hub")
+    quant = root / HF_REPO / "IQ3_KS"
+    quant.mkdir(parents=True)
+    r = run_cli("testmodel", str(quant / "GLM-5.1-IQ3_KS.gguf"), "--preset", "glm-5.1", "--shards", "8", "--sparse")
+    assert r.exit_code == 0, r.stderr
+    with serve(Hub(root, repos={HF_REPO: root / HF_REPO})) as h:
+        yield h
+
+
+def run_page(page: Path, d: Path, hub_url: str) -> list[str]:
     """Run a page's runnable blocks in order; the problems found."""
+    port = hub_url.rsplit(":", 1)[1]
     problems = []
     for b in blocks(page):
         m = _FILE.match(b.marker)
@@ -265,8 +309,11 @@ def run_page(page: Path, d: Path) -> list[str]:
         for cmd, expected in b.commands():
             if not is_moetune(cmd):
                 continue
-            r = run_cli(*argv(cmd))
+            env, args = argv(cmd)
+            with environment({k: v.replace("PORT", port) for k, v in env.items()}):
+                r = run_cli(*args)
             out = (r.stdout + "\n" + r.stderr).replace(f"{d}/", "").replace(str(d), ".")
+            out = out.replace(f"127.0.0.1:{port}", "127.0.0.1:PORT")
             actual = [squeeze(a) for a in out.splitlines()]
             fails = any(e.startswith("Error:") for e in expected)
             if fails != (r.exit_code != 0):
@@ -282,10 +329,10 @@ def run_page(page: Path, d: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if runs_blocks(p)], ids=lambda p: str(p.relative_to(ROOT)))
-def test_examples_run(page: Path, example_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_examples_run(page: Path, example_dir: Path, hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(example_dir)
     monkeypatch.setenv("COLUMNS", COLUMNS)
-    problems = run_page(page, example_dir)
+    problems = run_page(page, example_dir, hub.url)
     assert not problems, "\n\n".join(problems)
 
 
