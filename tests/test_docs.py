@@ -357,7 +357,7 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     """`make docs`: every page in the nav, every link and anchor resolves."""
     if importlib.util.find_spec("mkdocs") is None:
         pytest.skip("mkdocs is not installed (pip install -e '.[dev]')")
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(ROOT / "mkdocs.yml"),
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                         "-d", str(tmp_path / "site")], capture_output=True, text=True, env={
                             "PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1"}, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
