@@ -21,7 +21,8 @@ The markers, each on the line right before a fenced block:
 - ``<!-- file: NAME -->`` (before a YAML or text block): the block's text is written to NAME in
   the example directory, at that point of the page, for the examples after it.
 
-A block with a ``$ moetune`` line and neither marker fails the test that names it.
+A block with a ``$ moetune`` line and neither marker fails the test that names it; every example,
+run or not, must name a command and options it has (click parses it).
 """
 
 from __future__ import annotations
@@ -252,6 +253,45 @@ def test_every_example_is_marked() -> None:
     assert not bad, "a needs marker is <!-- needs: WHAT (REASON) -->:\n" + "\n".join(bad)
     assert not unmarked, (f"these blocks show `$ moetune` but neither run ({RUNS_MARK}) nor say what they "
                           "need (<!-- needs: WHAT (REASON) -->):\n" + "\n".join(unmarked))
+
+
+def parse_problem(cmd: str) -> str | None:
+    """Why CMD would not parse (an unknown command or option, a bad choice), or None. Files need not
+    exist and required arguments may be elided: an example that does not run still names only what
+    the command takes."""
+    _, words = argv(cmd)
+    args = [w for w in words if w not in ("…", "...")]
+    ctx = click.Context(cli, info_name="moetune")
+    cmd_obj: click.Command = cli
+    while isinstance(cmd_obj, click.Group) and args:
+        sub = cmd_obj.get_command(ctx, args[0])
+        if sub is None:
+            return f"no command {args[0]!r}"
+        ctx = click.Context(sub, info_name=args.pop(0), parent=ctx)
+        cmd_obj = sub
+    try:
+        cmd_obj.make_context(ctx.info_name, args, parent=ctx.parent)
+    except click.MissingParameter:
+        return None
+    except click.BadParameter as e:
+        return None if "does not exist" in e.format_message() else e.format_message()
+    except click.UsageError as e:
+        return e.format_message()
+    return None
+
+
+def test_every_example_parses() -> None:
+    """Also the examples that cannot run here: each names a command and options it has."""
+    bad = []
+    for page in PAGES:
+        for b in blocks(page):
+            for cmd in b.examples():
+                if re.search(r"[|>;`]|\$[A-Za-z({]|\bfor\b", cmd):
+                    continue  # shell around the command (a pipe, a redirect, a loop, a variable)
+                why = parse_problem(cmd)
+                if why:
+                    bad.append(f"{b.where}: $ {cmd}\n  {why}")
+    assert not bad, "\n".join(bad)
 
 
 def test_the_markers_mark_blocks() -> None:
