@@ -261,16 +261,21 @@ def parse_problem(cmd: str) -> str | None:
     the command takes."""
     _, words = argv(cmd)
     args = [w for w in words if w not in ("…", "...")]
-    ctx = click.Context(cli, info_name="moetune")
+    # contexts as click makes them (context_settings, -h and --help inherited): click caches each
+    # command's help option from the first context that asks, and the CLI reference reads it
+    parent = cli.make_context("moetune", [], resilient_parsing=True)
     cmd_obj: click.Command = cli
+    name = "moetune"
     while isinstance(cmd_obj, click.Group) and args:
-        sub = cmd_obj.get_command(ctx, args[0])
+        sub = cmd_obj.get_command(parent, args[0])
         if sub is None:
             return f"no command {args[0]!r}"
-        ctx = click.Context(sub, info_name=args.pop(0), parent=ctx)
+        name = args.pop(0)
+        if isinstance(sub, click.Group) and args:
+            parent = sub.make_context(name, [], parent=parent, resilient_parsing=True)
         cmd_obj = sub
     try:
-        cmd_obj.make_context(ctx.info_name, args, parent=ctx.parent)
+        cmd_obj.make_context(name, args, parent=parent)
     except click.MissingParameter:
         return None
     except click.BadParameter as e:
