@@ -35,6 +35,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -384,7 +385,7 @@ def test_examples_run(page: Path, example_dir: Path, hub: Hub, monkeypatch: pyte
 # -- the CLI reference and the site -------------------------------------------------------------
 
 
-def load_script(name: str) -> object:
+def load_script(name: str) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
@@ -395,7 +396,7 @@ def load_script(name: str) -> object:
 def test_cli_reference_is_current() -> None:
     gen = load_script("gen_cli_reference")
     current = (DOCS / "reference" / "cli.md").read_text()
-    assert current == gen.render(), "docs/reference/cli.md is not current: run `python scripts/gen_cli_reference.py`"  # type: ignore[attr-defined]
+    assert current == gen.render(), "docs/reference/cli.md is not current: run `python scripts/gen_cli_reference.py`"
 
 
 def test_site_builds_strict(tmp_path: Path) -> None:
