@@ -1,4 +1,4 @@
-# moetune: `make demo` runs the main job end to end, `make test` runs the suite.
+# moetune: `make demo` runs the main job end to end, `make test` runs the suite, `make docs` builds the site.
 # Both start from nothing: they create .venv, install moetune, and build llama.cpp (and, for the
 # tests, ik_llama.cpp) when missing, cached in ~/.cache/moetune, outside the repository.
 
@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: all venv engine engine-ik demo test test-fast fuzz lint bench clean
+.PHONY: all venv engine engine-ik demo test test-fast fuzz lint docs cli-reference bench clean
 
 all: test
 
@@ -42,8 +42,17 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts benchmarks
 	$(BIN)/mypy
 
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor, or a page
+# left out of the nav, fails it. tests/test_docs.py builds it too, and runs or explains every example.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# docs/reference/cli.md from the click commands (tests/test_docs.py fails when it is not current)
+cli-reference: $(STAMP)
+	$(BIN)/python scripts/gen_cli_reference.py
+
 bench: engine
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis demo-out
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis demo-out site

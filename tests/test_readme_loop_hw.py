@@ -1,4 +1,4 @@
-"""The loopback hardware file the README's RPC examples use is shown, and is what they say."""
+"""The loopback hardware file the docs' RPC examples use (docs/launch.md) is shown, and is what they say."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import yaml
 from moetune.hardware.inventory import from_dict
 from tests.engine_harness import loopback_hw
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "launch.md"
 
 
 def readme_loop_yaml() -> dict[str, object]:
     m = re.search(r"^```yaml\n(# loop\.yaml:.*?)^```", README.read_text(), re.S | re.M)
-    assert m, "README.md shows no ```yaml block starting with '# loop.yaml:'"
+    assert m, "docs/launch.md shows no ```yaml block starting with '# loop.yaml:'"
     doc: dict[str, object] = yaml.safe_load(m[1])
     return doc
 
