@@ -20,8 +20,8 @@ def test_max_kld_never_returns_a_candidate_above_the_limit(bin_dir: Path, tmp_pa
     import moetune.tune.loop as loop
     from moetune.tune.verdict import verdicts
 
-    def q8_wins(entries: Any, values: Any, expect: Any, rejected: Any = None) -> Any:  # the pick: q8_0 cache
-        judged, best = verdicts(entries, values, expect, rejected)
+    def q8_wins(entries: Any, values: Any, expect: Any, rejected: Any = None, **kw: Any) -> Any:  # the pick: q8_0
+        judged, best = verdicts(entries, values, expect, rejected, **kw)
         q8 = next((i for i, e in enumerate(entries) if e.candidate.ctk == "q8_0" and values.get(i)), best)
         return judged, q8
 
