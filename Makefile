@@ -40,6 +40,7 @@ fuzz: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts benchmarks
+	$(BIN)/ruff format --check src tests scripts benchmarks
 	$(BIN)/mypy
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor, or a page

@@ -78,7 +78,7 @@ def measure(cmds: dict[str, list[str]], rounds: int = ROUNDS) -> dict[str, list[
     names = list(cmds)
     times: dict[str, list[float]] = {n: [] for n in names}
     for i in range(rounds):
-        for n in names[i % len(names):] + names[: i % len(names)]:
+        for n in names[i % len(names) :] + names[: i % len(names)]:
             times[n].append(wall_s(cmds[n]))
     return times
 
@@ -92,8 +92,11 @@ def summarize(times: dict[str, list[float]]) -> dict[str, object]:
         "min_s": {n: round(min(ts), 3) for n, ts in times.items()},
         "plan_over_fit_params": ratio,
         "goals": GOALS,
-        "meets": {"help_s": med["help"] <= GOALS["help_s"], "inspect_s": med["inspect"] <= GOALS["inspect_s"],
-                  "plan_over_fit_params": ratio <= GOALS["plan_over_fit_params"]},
+        "meets": {
+            "help_s": med["help"] <= GOALS["help_s"],
+            "inspect_s": med["inspect"] <= GOALS["inspect_s"],
+            "plan_over_fit_params": ratio <= GOALS["plan_over_fit_params"],
+        },
         "samples_s": {n: [round(t, 4) for t in ts] for n, ts in times.items()},
     }
 
@@ -102,8 +105,12 @@ def write(results: Path, doc: dict[str, object], cmds: dict[str, list[str]]) -> 
     (results / "cli.json").write_text(json.dumps(doc, indent=2) + "\n")
     med, mins, meets = doc["median_s"], doc["min_s"], doc["meets"]
     assert isinstance(med, dict) and isinstance(mins, dict) and isinstance(meets, dict)
-    goal = {"help": f"<= {GOALS['help_s']} s", "inspect": f"<= {GOALS['inspect_s']} s",
-            "plan": f"<= {GOALS['plan_over_fit_params']} x fit-params", "fit_params": ""}
+    goal = {
+        "help": f"<= {GOALS['help_s']} s",
+        "inspect": f"<= {GOALS['inspect_s']} s",
+        "plan": f"<= {GOALS['plan_over_fit_params']} x fit-params",
+        "fit_params": "",
+    }
     ok = {"help": meets["help_s"], "inspect": meets["inspect_s"], "plan": meets["plan_over_fit_params"]}
     lines = [
         "# Command-line wall time",

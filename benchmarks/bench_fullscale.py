@@ -94,8 +94,15 @@ class Point(NamedTuple):  # a NamedTuple: run.py loads benches without registeri
         model's K and V caches share one type (its V is a view of K), so without flash attention
         an MLA model's cache is f16."""
         ck = "f16" if p.is_mla and not self.fa else self.cache
-        return Settings(ctx=self.ctx, ubatch=self.ub, batch=max(self.ub, 2048), ctk=ck,
-                        ctv=ck if self.fa else "f16", flash_attn=self.fa, repack=REPACK)
+        return Settings(
+            ctx=self.ctx,
+            ubatch=self.ub,
+            batch=max(self.ub, 2048),
+            ctk=ck,
+            ctv=ck if self.fa else "f16",
+            flash_attn=self.fa,
+            repack=REPACK,
+        )
 
 
 def sample_points(presets: list[str], n_ctx_train: dict[str, int], per_config: int = 4) -> list[Point]:
@@ -108,8 +115,11 @@ def sample_points(presets: list[str], n_ctx_train: dict[str, int], per_config: i
         ctxs = sorted({min(c, n_ctx_train[preset]) for c in CTXS})
         for n_rpc in (0, 1, 2):
             for _ in range(per_config):
-                out.append(Point(preset, n_rpc, ctxs[k % len(ctxs)], UBS[(k // 2) % len(UBS)], CACHES[k % 2],
-                                 (k // 3) % 4 != 3))
+                out.append(
+                    Point(
+                        preset, n_rpc, ctxs[k % len(ctxs)], UBS[(k // 2) % len(UBS)], CACHES[k % 2], (k // 3) % 4 != 3
+                    )
+                )
                 k += 1
     return out
 
@@ -147,11 +157,22 @@ def compare_rows(p: Point, cache: str, ours: list[Figures], theirs: list[Figures
         e = by.get(f.device)
         if e is None:
             continue
-        row: dict[str, Any] = {"preset": p.preset, "rpc_devices": p.n_rpc, "ctx": p.ctx, "ub": p.ub, "cache": cache,
-                               "fa": p.fa, "device": f.device.split("[")[0]}
+        row: dict[str, Any] = {
+            "preset": p.preset,
+            "rpc_devices": p.n_rpc,
+            "ctx": p.ctx,
+            "ub": p.ub,
+            "cache": cache,
+            "fa": p.fa,
+            "device": f.device.split("[")[0],
+        }
         for what in TOL:
             a, b = getattr(f, f"{what}_mib"), getattr(e, f"{what}_mib")
-            row[f"{what}_pred"], row[f"{what}_meas"], row[f"{what}_err"] = round(a, 1), round(b, 1), round(_err(a, b), 4)
+            row[f"{what}_pred"], row[f"{what}_meas"], row[f"{what}_err"] = (
+                round(a, 1),
+                round(b, 1),
+                round(_err(a, b), 4),
+            )
         rows.append(row)
     return rows
 
@@ -165,7 +186,9 @@ def verdicts(fit: Path, p: ModelProfile, point: Point, ends: list[str]) -> list[
     hw_big = from_dict(loopback_hw(ends, mem_mib=1e7, cpu_ram_mib=1e8))
     sp = make_plan([ServiceSpec("t", p, point.settings(p), "cpu-moe")], hw_big).main
     free = {m[1]: int(m[2]) for m in _FREE.finditer(engine_run(fit, sp, []).text)}
-    need = max(f.model_mib + f.context_mib + f.compute_mib for f in ledger_figures(sp, dry_run=True) if f.device != "CPU")
+    need = max(
+        f.model_mib + f.context_mib + f.compute_mib for f in ledger_figures(sp, dry_run=True) if f.device != "CPU"
+    )
     out = []
     for factor in (0.93, 1.07):
         cap = need * factor
@@ -177,8 +200,14 @@ def verdicts(fit: Path, p: ModelProfile, point: Point, ends: list[str]) -> list[
         assert ours.main.placement == sp.placement, "equal capacities keep the layer split"
         fitt = ",".join(str(int(free[e] - cap)) for e in sorted(free))  # RPC0, RPC1 in endpoint order
         theirs = engine_run(fit, ours.main, ["-fitt", fitt])
-        out.append({"factor": factor, "ours": fits_as_projected(ours, accelerators=True), "engine": theirs.fits,
-                    "devices": [d.name.split("[")[0] for d in hw.accelerators()]})
+        out.append(
+            {
+                "factor": factor,
+                "ours": fits_as_projected(ours, accelerators=True),
+                "engine": theirs.fits,
+                "devices": [d.name.split("[")[0] for d in hw.accelerators()],
+            }
+        )
     return out
 
 
@@ -220,15 +249,32 @@ def run_grid(d: Path, points: list[Point]) -> tuple[list[dict[str, Any]], list[d
                 run = engine_run(fit, plan.main, [])
                 theirs = mainline_figures(run.text, {v: k for k, v in plan.main.hw.engine_names().items()})
                 if not theirs:
-                    rows.append({"preset": pt.preset, "rpc_devices": n_rpc, "ctx": pt.ctx, "ub": pt.ub, "error": run.text[-400:]})
+                    rows.append(
+                        {
+                            "preset": pt.preset,
+                            "rpc_devices": n_rpc,
+                            "ctx": pt.ctx,
+                            "ub": pt.ub,
+                            "error": run.text[-400:],
+                        }
+                    )
                     continue
                 rows.extend(compare_rows(pt, s.ctk, ledger_figures(plan.main, dry_run=True), theirs))
                 if n_rpc:
                     for v in verdicts(fit, models[pt.preset], pt, ends):
                         fits.append({"preset": pt.preset, "rpc_devices": n_rpc, "ctx": pt.ctx, "ub": pt.ub, **v})
                 else:  # CPU only: the host verdict (llama-fit-params checks host memory when there is no device)
-                    fits.append({"preset": pt.preset, "rpc_devices": 0, "ctx": pt.ctx, "ub": pt.ub, "factor": None,
-                                 "ours": fits_as_projected(plan, accelerators=False), "engine": run.fits})
+                    fits.append(
+                        {
+                            "preset": pt.preset,
+                            "rpc_devices": 0,
+                            "ctx": pt.ctx,
+                            "ub": pt.ub,
+                            "factor": None,
+                            "ours": fits_as_projected(plan, accelerators=False),
+                            "engine": run.fits,
+                        }
+                    )
                 timing["points"] += 1
     timing["seconds"] = round(time.monotonic() - t0, 1)
     return rows, fits, {"sizes": sizes, **timing}
@@ -250,9 +296,20 @@ def server_rows(d: Path) -> list[dict[str, Any]]:
         for dev, items in sp.memory.items.items():
             pred = sum(i.mib for i in items if i.what == "compute")
             meas = theirs[dev].compute_mib if dev in theirs else float("nan")
-            rows.append({"preset": preset, "rpc_devices": n_rpc, "ctx": ctx, "ub": ub, "cache": cache, "slots": slots,
-                         "device": dev.split("[")[0], "compute_pred": round(pred, 1), "compute_meas": round(meas, 1),
-                         "compute_err": round(_err(pred, meas), 4)})
+            rows.append(
+                {
+                    "preset": preset,
+                    "rpc_devices": n_rpc,
+                    "ctx": ctx,
+                    "ub": ub,
+                    "cache": cache,
+                    "slots": slots,
+                    "device": dev.split("[")[0],
+                    "compute_pred": round(pred, 1),
+                    "compute_meas": round(meas, 1),
+                    "compute_err": round(_err(pred, meas), 4),
+                }
+            )
     return rows
 
 
@@ -260,14 +317,33 @@ def summarize(rows: list[dict[str, Any]], fits: list[dict[str, Any]]) -> dict[st
     ok = [r for r in rows if "error" not in r]
     out: dict[str, Any] = {"device_rows": len(ok), "failed_points": len(rows) - len(ok)}
     for what, tol in TOL.items():
-        for label, sel in (("accelerators", [r for r in ok if r["device"] != "CPU"]), ("host", [r for r in ok if r["device"] == "CPU"])):
+        for label, sel in (
+            ("accelerators", [r for r in ok if r["device"] != "CPU"]),
+            ("host", [r for r in ok if r["device"] == "CPU"]),
+        ):
             errs = [abs(r[f"{what}_err"]) for r in sel if r[f"{what}_meas"] > 0 or r[f"{what}_pred"] > SLACK_MIB]
             out[f"{what}_within_{tol:.1%}_{label}"] = round(sum(e <= tol for e in errs) / max(len(errs), 1), 3)
             if what == "compute":
                 out[f"compute_max_abs_err_{label}"] = round(max(errs, default=0.0), 4)
     worst = sorted(ok, key=lambda r: -abs(r["compute_err"]))[:8]
-    out["worst_compute"] = [{k: r[k] for k in ("preset", "rpc_devices", "ctx", "ub", "cache", "fa", "device", "compute_pred",
-                                               "compute_meas", "compute_err")} for r in worst]
+    out["worst_compute"] = [
+        {
+            k: r[k]
+            for k in (
+                "preset",
+                "rpc_devices",
+                "ctx",
+                "ub",
+                "cache",
+                "fa",
+                "device",
+                "compute_pred",
+                "compute_meas",
+                "compute_err",
+            )
+        }
+        for r in worst
+    ]
     judged = [f for f in fits if "ours" in f]
     out["verdicts"] = len(judged)
     out["verdicts_differing"] = [f for f in judged if f["ours"] != f["engine"]]
@@ -275,50 +351,120 @@ def summarize(rows: list[dict[str, Any]], fits: list[dict[str, Any]]) -> dict[st
     return out
 
 
-def write(results: Path, rows: list[dict[str, Any]], fits: list[dict[str, Any]], meta: dict[str, Any],
-          served: list[dict[str, Any]]) -> dict[str, Any]:
+def write(
+    results: Path,
+    rows: list[dict[str, Any]],
+    fits: list[dict[str, Any]],
+    meta: dict[str, Any],
+    served: list[dict[str, Any]],
+) -> dict[str, Any]:
     summary = summarize(rows, fits)
-    summary["server_compute_within_10.0%"] = round(sum(abs(r["compute_err"]) <= TOL["compute"] for r in served)
-                                                   / max(len(served), 1), 3)
-    (results / "fullscale.json").write_text(json.dumps({"summary": summary, "meta": meta, "rows": rows, "verdicts": fits,
-                                                        "server_rows": served}, indent=1) + "\n")
-    lines = ["# Ledger vs llama-fit-params at full scale (MiB)", "",
-             "Generated by `make bench` (`python benchmarks/run.py fullscale`): sparse replicas of the presets in their "
-             "mainline recipes, planned with `cpu-moe` (layers on the loopback RPC devices, experts on the CPU; CPU only "
-             "when there is none), projected by `llama-fit-params -lv 4` with the plan's arguments. The compute figures "
-             "are the plan's dry-run ones: llama-fit-params reserves the logits of every ubatch token, llama-server one "
-             "per slot (its own reserve is checked below).", "",
-             f"{meta['points']} points in {meta['seconds']} s. Tolerances: model {TOL['model']:.1%}, KV {TOL['context']:.0%}, "
-             f"compute {TOL['compute']:.0%} (or 1 MiB: the engine prints whole MiB).", "",
-             "## Summary", ""]
+    summary["server_compute_within_10.0%"] = round(
+        sum(abs(r["compute_err"]) <= TOL["compute"] for r in served) / max(len(served), 1), 3
+    )
+    (results / "fullscale.json").write_text(
+        json.dumps({"summary": summary, "meta": meta, "rows": rows, "verdicts": fits, "server_rows": served}, indent=1)
+        + "\n"
+    )
+    lines = [
+        "# Ledger vs llama-fit-params at full scale (MiB)",
+        "",
+        "Generated by `make bench` (`python benchmarks/run.py fullscale`): sparse replicas of the presets in their "
+        "mainline recipes, planned with `cpu-moe` (layers on the loopback RPC devices, experts on the CPU; CPU only "
+        "when there is none), projected by `llama-fit-params -lv 4` with the plan's arguments. The compute figures "
+        "are the plan's dry-run ones: llama-fit-params reserves the logits of every ubatch token, llama-server one "
+        "per slot (its own reserve is checked below).",
+        "",
+        f"{meta['points']} points in {meta['seconds']} s. Tolerances: model {TOL['model']:.1%}, KV {TOL['context']:.0%}, "
+        f"compute {TOL['compute']:.0%} (or 1 MiB: the engine prints whole MiB).",
+        "",
+        "## Summary",
+        "",
+    ]
     for k, v in summary.items():
         if k not in ("worst_compute", "verdicts_differing"):
             lines.append(f"- {k}: {v}")
     lines.append(f"- verdicts differing from llama-fit-params: {len(summary['verdicts_differing'])}")
     for f in summary["verdicts_differing"]:
         lines.append(f"  - {f}")
-    lines += ["", "Worst compute points:", "", "| preset | rpc | ctx | ub | cache | fa | device | pred | meas | err |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Worst compute points:",
+        "",
+        "| preset | rpc | ctx | ub | cache | fa | device | pred | meas | err |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in summary["worst_compute"]:
-        lines.append("| " + " | ".join(str(r[k]) for k in ("preset", "rpc_devices", "ctx", "ub", "cache", "fa", "device",
-                                                            "compute_pred", "compute_meas")) + f" | {r['compute_err']:+.1%} |")
-    lines += ["", "## llama-server's own reserve", "",
-              "The plan's compute buffers (llama-server reserves one output token per slot) against the server's log, "
-              "at full size.", "", "| preset | rpc | ctx | ub | cache | slots | device | pred | meas | err |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            "| "
+            + " | ".join(
+                str(r[k])
+                for k in ("preset", "rpc_devices", "ctx", "ub", "cache", "fa", "device", "compute_pred", "compute_meas")
+            )
+            + f" | {r['compute_err']:+.1%} |"
+        )
+    lines += [
+        "",
+        "## llama-server's own reserve",
+        "",
+        "The plan's compute buffers (llama-server reserves one output token per slot) against the server's log, "
+        "at full size.",
+        "",
+        "| preset | rpc | ctx | ub | cache | slots | device | pred | meas | err |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in served:
-        lines.append("| " + " | ".join(str(r[k]) for k in ("preset", "rpc_devices", "ctx", "ub", "cache", "slots", "device",
-                                                            "compute_pred", "compute_meas")) + f" | {r['compute_err']:+.1%} |")
-    lines += ["", "## Every point", "",
-              "| preset | rpc | ctx | ub | cache | fa | device | model pred | model meas | ctx pred | ctx meas | compute pred | compute meas | compute err |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            "| "
+            + " | ".join(
+                str(r[k])
+                for k in (
+                    "preset",
+                    "rpc_devices",
+                    "ctx",
+                    "ub",
+                    "cache",
+                    "slots",
+                    "device",
+                    "compute_pred",
+                    "compute_meas",
+                )
+            )
+            + f" | {r['compute_err']:+.1%} |"
+        )
+    lines += [
+        "",
+        "## Every point",
+        "",
+        "| preset | rpc | ctx | ub | cache | fa | device | model pred | model meas | ctx pred | ctx meas | compute pred | compute meas | compute err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['preset']} | {r['rpc_devices']} | {r['ctx']} | {r['ub']} | error | | | | | | | | | |")
             continue
-        lines.append("| " + " | ".join(str(r[k]) for k in ("preset", "rpc_devices", "ctx", "ub", "cache", "fa", "device",
-                                                            "model_pred", "model_meas", "context_pred", "context_meas",
-                                                            "compute_pred", "compute_meas")) + f" | {r['compute_err']:+.1%} |")
+        lines.append(
+            "| "
+            + " | ".join(
+                str(r[k])
+                for k in (
+                    "preset",
+                    "rpc_devices",
+                    "ctx",
+                    "ub",
+                    "cache",
+                    "fa",
+                    "device",
+                    "model_pred",
+                    "model_meas",
+                    "context_pred",
+                    "context_meas",
+                    "compute_pred",
+                    "compute_meas",
+                )
+            )
+            + f" | {r['compute_err']:+.1%} |"
+        )
     (results / "fullscale.md").write_text("\n".join(lines) + "\n")
     return summary
 

@@ -17,8 +17,23 @@ def main(results: Path) -> None:
     moetune = [sys.executable, "-m", "moetune"]
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "GLM-5.1-IQ3_KS.gguf"
-        subprocess.run([*moetune, "testmodel", str(out), "--preset", "glm-5.1", "--type", RECIPE,
-                        "--shards", "8", "--sparse", "--json"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                *moetune,
+                "testmodel",
+                str(out),
+                "--preset",
+                "glm-5.1",
+                "--type",
+                RECIPE,
+                "--shards",
+                "8",
+                "--sparse",
+                "--json",
+            ],
+            check=True,
+            capture_output=True,
+        )
         shard = Path(d) / "GLM-5.1-IQ3_KS-00004-of-00008.gguf"
         times = []
         for _ in range(5):

@@ -101,9 +101,15 @@ def _row(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(results: Path) -> None:
     assert engine_bin_dir() is not None, "llama.cpp is not built: make engine"
-    out: dict[str, Any] = {"rounds": ROUNDS, "repeats": REPEATS, "metric": METRIC, "cores": os.cpu_count(),
-                           "hog_loops": HOG_PER_CORE * (os.cpu_count() or 2), "max_tokens": MAX_TOKENS,
-                           "load_before": os.getloadavg()[0]}
+    out: dict[str, Any] = {
+        "rounds": ROUNDS,
+        "repeats": REPEATS,
+        "metric": METRIC,
+        "cores": os.cpu_count(),
+        "hog_loops": HOG_PER_CORE * (os.cpu_count() or 2),
+        "max_tokens": MAX_TOKENS,
+        "load_before": os.getloadavg()[0],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         os.environ["MOETUNE_DATA_DIR"] = str(d / "data")
@@ -112,32 +118,55 @@ def main(results: Path) -> None:
         a = write_plan(d / "a.json", model, label="A")
         b = write_plan(d / "b.json", model, label="B")  # the same server: only the port differs
         spec = load_sweep([a, b])
-        workloads = expand(["short-json"], [], thinking=None, max_tokens=MAX_TOKENS, ignore_eos=True, depths=[],
-                           pp_tokens=512, tg_tokens=128)
+        workloads = expand(
+            ["short-json"],
+            [],
+            thinking=None,
+            max_tokens=MAX_TOKENS,
+            ignore_eos=True,
+            depths=[],
+            pp_tokens=512,
+            tg_tokens=128,
+        )
         with ResultsDB.open(d / "r.sqlite") as db:
             print("1. plain sweep, the hog from B's launch", flush=True)
             with hog_on(nth("main: starting", 2)) as (_, status):
-                sid, outcomes = run_sweep(db, spec, workloads, BenchOptions(repeats=ROUNDS * REPEATS, warmup=1),
-                                          status=status)
+                sid, outcomes = run_sweep(
+                    db, spec, workloads, BenchOptions(repeats=ROUNDS * REPEATS, warmup=1), status=status
+                )
             runs = load(db, [db.run(o.run) for o in outcomes if o.run is not None])
             c = compare(runs[0], runs[1:])
             out["plain"] = {"sweep": sid, "unpaired": _row([r.to_json() for r in c.rows])}
             for mode in ("launches", "batches"):
                 print(f"{2 if mode == 'launches' else 3}. interleaved ({mode}), the hog from round 3", flush=True)
                 with hog_on(nth(f"round 3/{ROUNDS}", 1)) as (_, status):
-                    res = run_interleaved(db, spec, workloads, BenchOptions(repeats=REPEATS, warmup=1), mode=mode,
-                                          rounds=ROUNDS, status=status)
+                    res = run_interleaved(
+                        db,
+                        spec,
+                        workloads,
+                        BenchOptions(repeats=REPEATS, warmup=1),
+                        mode=mode,
+                        rounds=ROUNDS,
+                        status=status,
+                    )
                 pc = load_paired(db, res.sweep)
                 row = _row(pc.to_json()["rows"])
-                out[mode] = {"sweep": res.sweep, "launches": res.launches, "launch_s": res.launch_s,
-                             "wall_s": res.wall_s, "per_round": [c["ratio"] for c in row["per_round"]],
-                             "baseline_medians": [c["baseline_median"] for c in row["per_round"]],
-                             "paired": {k: row[k] for k in ("change_pct", "change_ci_low_pct", "change_ci_high_pct",
-                                                            "verdict", "noisy")},
-                             "unpaired": row["unpaired"]}
+                out[mode] = {
+                    "sweep": res.sweep,
+                    "launches": res.launches,
+                    "launch_s": res.launch_s,
+                    "wall_s": res.wall_s,
+                    "per_round": [c["ratio"] for c in row["per_round"]],
+                    "baseline_medians": [c["baseline_median"] for c in row["per_round"]],
+                    "paired": {
+                        k: row[k] for k in ("change_pct", "change_ci_low_pct", "change_ci_high_pct", "verdict", "noisy")
+                    },
+                    "unpaired": row["unpaired"],
+                }
     out["load_after"] = os.getloadavg()[0]
-    out["goal_met"] = (out["plain"]["unpaired"]["verdict"] != "same"
-                       and all(out[m]["paired"]["verdict"] == "same" for m in ("launches", "batches")))
+    out["goal_met"] = out["plain"]["unpaired"]["verdict"] != "same" and all(
+        out[m]["paired"]["verdict"] == "same" for m in ("launches", "batches")
+    )
     (results / "interleave.json").write_text(json.dumps(out, indent=2) + "\n")
     (results / "interleave.md").write_text(markdown(out))
     print(markdown(out))
@@ -145,8 +174,9 @@ def main(results: Path) -> None:
 
 def _fmt(x: dict[str, Any]) -> str:
     noisy = " (noisy)" if x.get("noisy") else ""
-    return (f"{x['change_pct']:+.1f}% [{x['change_ci_low_pct']:+.1f}, {x['change_ci_high_pct']:+.1f}] "
-            f"{x['verdict']}{noisy}")
+    return (
+        f"{x['change_pct']:+.1f}% [{x['change_ci_low_pct']:+.1f}, {x['change_ci_high_pct']:+.1f}] {x['verdict']}{noisy}"
+    )
 
 
 def markdown(o: dict[str, Any]) -> str:
@@ -166,24 +196,34 @@ def markdown(o: dict[str, Any]) -> str:
     ]
     for mode in ("launches", "batches"):
         m = o[mode]
-        lines.append(f"| interleave {mode} | A B, B A, A B (hog), B A (hog) | {_fmt(m['paired'])} | "
-                     f"{_fmt(m['unpaired'])} | {' '.join(f'{r:.3f}' for r in m['per_round'])} |")
-    lines += ["", "A's median TG per round (the hog's effect): "
-              + "; ".join(f"{mode} " + ", ".join(f"{x:.0f}" for x in o[mode]["baseline_medians"])
-                          for mode in ("launches", "batches")),
-              "", f"Launches: {o['launches']['launches']} ({o['launches']['launch_s']:.1f} s of "
-              f"{o['launches']['wall_s']:.1f} s) with launches, {o['batches']['launches']} "
-              f"({o['batches']['launch_s']:.1f} s of {o['batches']['wall_s']:.1f} s) with batches.",
-              "", f"Load average (1 min) {o['load_before']:.1f} before, {o['load_after']:.1f} after: other "
-              "programs shared the machine.",
-              "", "Reading: in the plain sweep every request of B ran under the hog and none of A's did, so the "
-              "unpaired rule sees the machine's change as B's. In the interleaved sweeps each round saw the hog on "
-              "both plans or on neither, so the per-round ratios stay near 1 on average; how far they scatter "
-              f"(here {min(r for m in ('launches', 'batches') for r in o[m]['per_round']):.2f} to "
-              f"{max(r for m in ('launches', 'batches') for r in o[m]['per_round']):.2f}) is the run-to-run noise "
-              "of this machine, which sets the width of the paired interval.",
-              "", f"Goal (plain sweep not \"same\", both paired verdicts \"same\"): "
-              f"{'met' if o['goal_met'] else 'NOT met'}.", ""]
+        lines.append(
+            f"| interleave {mode} | A B, B A, A B (hog), B A (hog) | {_fmt(m['paired'])} | "
+            f"{_fmt(m['unpaired'])} | {' '.join(f'{r:.3f}' for r in m['per_round'])} |"
+        )
+    lines += [
+        "",
+        "A's median TG per round (the hog's effect): "
+        + "; ".join(
+            f"{mode} " + ", ".join(f"{x:.0f}" for x in o[mode]["baseline_medians"]) for mode in ("launches", "batches")
+        ),
+        "",
+        f"Launches: {o['launches']['launches']} ({o['launches']['launch_s']:.1f} s of "
+        f"{o['launches']['wall_s']:.1f} s) with launches, {o['batches']['launches']} "
+        f"({o['batches']['launch_s']:.1f} s of {o['batches']['wall_s']:.1f} s) with batches.",
+        "",
+        f"Load average (1 min) {o['load_before']:.1f} before, {o['load_after']:.1f} after: other "
+        "programs shared the machine.",
+        "",
+        "Reading: in the plain sweep every request of B ran under the hog and none of A's did, so the "
+        "unpaired rule sees the machine's change as B's. In the interleaved sweeps each round saw the hog on "
+        "both plans or on neither, so the per-round ratios stay near 1 on average; how far they scatter "
+        f"(here {min(r for m in ('launches', 'batches') for r in o[m]['per_round']):.2f} to "
+        f"{max(r for m in ('launches', 'batches') for r in o[m]['per_round']):.2f}) is the run-to-run noise "
+        "of this machine, which sets the width of the paired interval.",
+        "",
+        f'Goal (plain sweep not "same", both paired verdicts "same"): {"met" if o["goal_met"] else "NOT met"}.',
+        "",
+    ]
     return "\n".join(lines)
 
 

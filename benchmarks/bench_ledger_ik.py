@@ -42,50 +42,103 @@ def main(results: Path) -> None:
             for ctx, ub, ct in SETTINGS:
                 for strategy, n_rpc in STRATEGIES:
                     with rpc_workers(server.parent, 2, binary="rpc-server") as ends:
-                        s = replace(Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=ct, ctv=ct), engine=EngineKind.IK)
-                        plan = make_plan([ServiceSpec("t", p, s, strategy, engine="ik")], from_dict(loopback_hw(ends[:n_rpc])))
+                        s = replace(
+                            Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=ct, ctv=ct), engine=EngineKind.IK
+                        )
+                        plan = make_plan(
+                            [ServiceSpec("t", p, s, strategy, engine="ik")], from_dict(loopback_hw(ends[:n_rpc]))
+                        )
                         sp = plan.main
-                        ok, log = reserve_log(server, strip_endpoint(service_argv(sp, facts)), timeout=120,
-                                              marker=IK_RESERVED)
+                        ok, log = reserve_log(
+                            server, strip_endpoint(service_argv(sp, facts)), timeout=120, marker=IK_RESERVED
+                        )
                     bufs = parse_log(log).device_buffers() if ok else {}
                     items = {(d, i.what): i.mib for d, its in sp.memory.items.items() for i in its}
                     for d in ["CPU", *(a.name for a in plan.hw.accelerators())]:
                         b = bufs.get(d)
-                        rows.append({"arch": arch, "ctx": ctx, "ub": ub, "ct": ct, "strategy": strategy, "rpc": n_rpc,
-                                     "device": d.split("[")[0], "ok": ok,
-                                     "model_pred": round(items.get((d, "weights"), 0.0), 2),
-                                     "model_meas": b.model_mib if b else None,
-                                     "kv_pred": round(items.get((d, "kv"), 0.0), 2), "kv_meas": b.kv_mib if b else None,
-                                     "compute_pred": round(items.get((d, "compute"), 0.0), 2),
-                                     "compute_meas": b.compute_mib if b else None})
+                        rows.append(
+                            {
+                                "arch": arch,
+                                "ctx": ctx,
+                                "ub": ub,
+                                "ct": ct,
+                                "strategy": strategy,
+                                "rpc": n_rpc,
+                                "device": d.split("[")[0],
+                                "ok": ok,
+                                "model_pred": round(items.get((d, "weights"), 0.0), 2),
+                                "model_meas": b.model_mib if b else None,
+                                "kv_pred": round(items.get((d, "kv"), 0.0), 2),
+                                "kv_meas": b.kv_mib if b else None,
+                                "compute_pred": round(items.get((d, "compute"), 0.0), 2),
+                                "compute_meas": b.compute_mib if b else None,
+                            }
+                        )
             print(arch, sum(r["ok"] for r in rows), len(rows), flush=True)
 
     def share(sel: list[dict], key: str, tol: float) -> float | None:
         vals = [r for r in sel if r["ok"] and r[f"{key}_meas"] is not None and r[f"{key}_meas"] > 0.05]
         if not vals:
             return None
-        return round(sum(abs(r[f"{key}_pred"] - r[f"{key}_meas"]) <= tol * r[f"{key}_meas"] + 0.02 for r in vals)
-                     / len(vals), 3)
+        return round(
+            sum(abs(r[f"{key}_pred"] - r[f"{key}_meas"]) <= tol * r[f"{key}_meas"] + 0.02 for r in vals) / len(vals), 3
+        )
 
     single = [r for r in rows if (r["rpc"] <= 1 and r["device"] != "CPU") or r["rpc"] == 0]
-    summary = {"points": len(rows), "failed_starts": sum(not r["ok"] for r in rows),
-               "model_within_0.5pct": share(rows, "model", 0.005), "kv_within_1pct": share(rows, "kv", 0.01),
-               "compute_within_10pct_all": share(rows, "compute", 0.10),
-               "compute_within_10pct_single_device": share(single, "compute", 0.10),
-               "compute_within_10pct_single_device_by_arch": {a: share([r for r in single if r["arch"] == a], "compute", 0.10)
-                                                              for a in ARCHS},
-               "compute_median_abs_err": round(statistics.median(
-                   abs(r["compute_pred"] - r["compute_meas"]) / r["compute_meas"] for r in rows
-                   if r["ok"] and r["compute_meas"]), 3)}
+    summary = {
+        "points": len(rows),
+        "failed_starts": sum(not r["ok"] for r in rows),
+        "model_within_0.5pct": share(rows, "model", 0.005),
+        "kv_within_1pct": share(rows, "kv", 0.01),
+        "compute_within_10pct_all": share(rows, "compute", 0.10),
+        "compute_within_10pct_single_device": share(single, "compute", 0.10),
+        "compute_within_10pct_single_device_by_arch": {
+            a: share([r for r in single if r["arch"] == a], "compute", 0.10) for a in ARCHS
+        },
+        "compute_median_abs_err": round(
+            statistics.median(
+                abs(r["compute_pred"] - r["compute_meas"]) / r["compute_meas"]
+                for r in rows
+                if r["ok"] and r["compute_meas"]
+            ),
+            3,
+        ),
+    }
     (results / "ledger-ik.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
-    lines = ["# Ledger against ik_llama.cpp: predicted vs measured (MiB)", "",
-             "Generated by `make bench` (benchmarks/bench_ledger_ik.py): the ik llama-server `moetune engine install "
-             "--kind ik_llama.cpp` builds, on generated models, loopback ik rpc-servers, flash attention on "
-             "(ik's default).", "", "Summary: " + json.dumps(summary), "",
-             "| arch | ctx | ub | cache | strategy | rpc | device | model pred | model meas | kv pred | kv meas | "
-             "compute pred | compute meas |", "|" + "---|" * 13]
+    lines = [
+        "# Ledger against ik_llama.cpp: predicted vs measured (MiB)",
+        "",
+        "Generated by `make bench` (benchmarks/bench_ledger_ik.py): the ik llama-server `moetune engine install "
+        "--kind ik_llama.cpp` builds, on generated models, loopback ik rpc-servers, flash attention on "
+        "(ik's default).",
+        "",
+        "Summary: " + json.dumps(summary),
+        "",
+        "| arch | ctx | ub | cache | strategy | rpc | device | model pred | model meas | kv pred | kv meas | "
+        "compute pred | compute meas |",
+        "|" + "---|" * 13,
+    ]
     for r in rows:
-        lines.append("| " + " | ".join(str(r[k]) for k in ("arch", "ctx", "ub", "ct", "strategy", "rpc", "device",
-                                                           "model_pred", "model_meas", "kv_pred", "kv_meas",
-                                                           "compute_pred", "compute_meas")) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                str(r[k])
+                for k in (
+                    "arch",
+                    "ctx",
+                    "ub",
+                    "ct",
+                    "strategy",
+                    "rpc",
+                    "device",
+                    "model_pred",
+                    "model_meas",
+                    "kv_pred",
+                    "kv_meas",
+                    "compute_pred",
+                    "compute_meas",
+                )
+            )
+            + " |"
+        )
     (results / "ledger-ik.md").write_text("\n".join(lines) + "\n")

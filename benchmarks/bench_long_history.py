@@ -51,16 +51,20 @@ def _child(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
 def _grow(db: Path, run_id: int, target: int) -> int:
     """Copy the run's measured samples after themselves until it holds ``target``."""
     con = sqlite3.connect(db)
-    rows = con.execute("SELECT phase, data FROM samples WHERE run_id = ? AND phase = 'measure' ORDER BY seq",
-                       (run_id,)).fetchall()
-    (seq,) = con.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM samples WHERE run_id = ? AND phase = 'measure'",
-                         (run_id,)).fetchone()
+    rows = con.execute(
+        "SELECT phase, data FROM samples WHERE run_id = ? AND phase = 'measure' ORDER BY seq", (run_id,)
+    ).fetchall()
+    (seq,) = con.execute(
+        "SELECT COALESCE(MAX(seq), -1) + 1 FROM samples WHERE run_id = ? AND phase = 'measure'", (run_id,)
+    ).fetchone()
     n = len(rows)
     with con:
         while n < target:
             batch = rows[: target - n]
-            con.executemany("INSERT INTO samples (run_id, phase, seq, created_at, data) VALUES (?, ?, ?, datetime('now'), ?)",
-                            [(run_id, ph, seq + i, data) for i, (ph, data) in enumerate(batch)])
+            con.executemany(
+                "INSERT INTO samples (run_id, phase, seq, created_at, data) VALUES (?, ?, ?, datetime('now'), ?)",
+                [(run_id, ph, seq + i, data) for i, (ph, data) in enumerate(batch)],
+            )
             seq += len(batch)
             n += len(batch)
     (count,) = con.execute("SELECT COUNT(*) FROM samples WHERE run_id = ? AND phase = 'measure'", (run_id,)).fetchone()
@@ -71,12 +75,37 @@ def _grow(db: Path, run_id: int, target: int) -> int:
 def main(results: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="moetune-long-") as tmp, mock_server(MOCK) as url:
         db = Path(tmp) / "long.sqlite"
-        env = {**os.environ, "MOETUNE_DATA_DIR": str(Path(tmp) / "data"), "MOETUNE_CACHE_DIR": str(Path(tmp) / "cache"),
-               "MOETUNE_METRICS_INTERVAL": "0"}
+        env = {
+            **os.environ,
+            "MOETUNE_DATA_DIR": str(Path(tmp) / "data"),
+            "MOETUNE_CACHE_DIR": str(Path(tmp) / "cache"),
+            "MOETUNE_METRICS_INTERVAL": "0",
+        }
         py = [sys.executable, "-m", "moetune"]
-        made = subprocess.run([*py, "serve-bench", url, "--concurrency", str(STREAMS), "--duration", str(SECONDS),
-                               "--input-len", "64", "--output-len", "128", "--label", "long", "--db", str(db), "--json"],
-                              capture_output=True, text=True, env=env, check=False)
+        made = subprocess.run(
+            [
+                *py,
+                "serve-bench",
+                url,
+                "--concurrency",
+                str(STREAMS),
+                "--duration",
+                str(SECONDS),
+                "--input-len",
+                "64",
+                "--output-len",
+                "128",
+                "--label",
+                "long",
+                "--db",
+                str(db),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
         if made.returncode != 0:
             raise RuntimeError(f"serve-bench exited {made.returncode}: {made.stderr[-1500:]}")
         run_id = int(json.loads(made.stdout)["run"]["id"])
@@ -85,25 +114,63 @@ def main(results: Path) -> None:
         size_mib = db.stat().st_size / (1 << 20)
         readers = {
             "serve-report --json": _child([*py, "serve-report", str(run_id), "--json", "--db", str(db)], env),
-            "report -o page.html": _child([*py, "report", str(run_id), "-o", str(Path(tmp) / "page.html"),
-                                           "--db", str(db)], env),
+            "report -o page.html": _child(
+                [*py, "report", str(run_id), "-o", str(Path(tmp) / "page.html"), "--db", str(db)], env
+            ),
             "results show": _child([*py, "results", "show", str(run_id), "--db", str(db)], env),
             "results list": _child([*py, "results", "list", "--db", str(db)], env),
-            "results export --format csv": _child([*py, "results", "export", str(run_id), "--format", "csv", "-o",
-                                                    str(Path(tmp) / "x.csv"), "--db", str(db)], env),
-            "results export --format json": _child([*py, "results", "export", str(run_id), "--format", "json", "-o",
-                                                     str(Path(tmp) / "x.json"), "--db", str(db)], env),
+            "results export --format csv": _child(
+                [
+                    *py,
+                    "results",
+                    "export",
+                    str(run_id),
+                    "--format",
+                    "csv",
+                    "-o",
+                    str(Path(tmp) / "x.csv"),
+                    "--db",
+                    str(db),
+                ],
+                env,
+            ),
+            "results export --format json": _child(
+                [
+                    *py,
+                    "results",
+                    "export",
+                    str(run_id),
+                    "--format",
+                    "json",
+                    "-o",
+                    str(Path(tmp) / "x.json"),
+                    "--db",
+                    str(db),
+                ],
+                env,
+            ),
             "--version (the interpreter alone)": _child([*py, "--version"], env),
         }
-    doc = {"requests": requests, "requests_measured": measured, "history_mib": round(size_mib, 1),
-           "streams": STREAMS, "seconds": SECONDS, "readers": readers,
-           "self_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    doc = {
+        "requests": requests,
+        "requests_measured": measured,
+        "history_mib": round(size_mib, 1),
+        "streams": STREAMS,
+        "seconds": SECONDS,
+        "readers": readers,
+        "self_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
     (results / "long_history.json").write_text(json.dumps(doc, indent=2))
-    lines = ["# reading back a long serve-bench run", "",
-             f"`python benchmarks/run.py long_history`: a serve-bench run against the mock ({STREAMS} streams, "
-             f"{SECONDS} s, {measured:,} requests measured), its samples copied until the run holds {requests:,} "
-             f"requests ({size_mib:,.0f} MiB of history); each reader in its own process.", "",
-             "| command | wall s | peak RSS MiB |", "|---|---:|---:|"]
+    lines = [
+        "# reading back a long serve-bench run",
+        "",
+        f"`python benchmarks/run.py long_history`: a serve-bench run against the mock ({STREAMS} streams, "
+        f"{SECONDS} s, {measured:,} requests measured), its samples copied until the run holds {requests:,} "
+        f"requests ({size_mib:,.0f} MiB of history); each reader in its own process.",
+        "",
+        "| command | wall s | peak RSS MiB |",
+        "|---|---:|---:|",
+    ]
     lines += [f"| `moetune {k}` | {v['wall_s']} | {v['peak_rss_mib']} |" for k, v in readers.items()]
     (results / "long_history.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

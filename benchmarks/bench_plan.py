@@ -47,11 +47,28 @@ def _median_ms(fn: object, n: int = 20) -> float:
 
 def plan_timing(d: Path) -> dict[str, object]:
     arch, dims = PRESETS["glm-5.1"]
-    glm = load_profile(generate(d / "GLM-5.1.gguf", arch, dims, PRESET_RECIPES["glm-5.1"], shards=8, sparse=True).files[0])
-    coder = load_profile(generate(d / "coder.gguf", "qwen35moe", Dims(n_layer=48, n_embd=2048, n_head=16, n_head_kv=2,
-                                                                      head_dim=256, n_expert=512, n_expert_used=10,
-                                                                      n_ff_exp=512, full_attention_interval=4),
-                                  "ffn_gate_exps=q4_0,ffn_up_exps=q4_0,ffn_down_exps=q4_0,other=q8_0", sparse=True).files[0])
+    glm = load_profile(
+        generate(d / "GLM-5.1.gguf", arch, dims, PRESET_RECIPES["glm-5.1"], shards=8, sparse=True).files[0]
+    )
+    coder = load_profile(
+        generate(
+            d / "coder.gguf",
+            "qwen35moe",
+            Dims(
+                n_layer=48,
+                n_embd=2048,
+                n_head=16,
+                n_head_kv=2,
+                head_dim=256,
+                n_expert=512,
+                n_expert_used=10,
+                n_ff_exp=512,
+                full_attention_interval=4,
+            ),
+            "ffn_gate_exps=q4_0,ffn_up_exps=q4_0,ffn_down_exps=q4_0,other=q8_0",
+            sparse=True,
+        ).files[0]
+    )
     hw = load("rtx-pro-6000x2")
     worker = Settings(ctx=2 * 131072, slots=2, ctk="q8_0", ctv="q8_0")
     services = [
@@ -62,8 +79,13 @@ def plan_timing(d: Path) -> dict[str, object]:
     layout_ms = _median_ms(lambda: make_plan(services, hw))
     single_ms = _median_ms(lambda: make_plan([services[0]], hw))
     p = make_plan(services, hw)
-    return {"layout_plan_ms": round(layout_ms, 1), "single_plan_ms": round(single_ms, 1), "goal_ms": 200,
-            "layout_fits": p.fits, "grandpa_tg_tok_s": round(p.main.prediction.tg_tok_s, 2)}
+    return {
+        "layout_plan_ms": round(layout_ms, 1),
+        "single_plan_ms": round(single_ms, 1),
+        "goal_ms": 200,
+        "layout_fits": p.fits,
+        "grandpa_tg_tok_s": round(p.main.prediction.tg_tok_s, 2),
+    }
 
 
 def fit_params_side_by_side(d: Path) -> dict[str, object]:
@@ -81,9 +103,13 @@ def fit_params_side_by_side(d: Path) -> dict[str, object]:
     hw = from_dict({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 24000, "ram_bw_gbs": 20}}]})
     s = Settings(ctx=32768, ctk="q8_0", ctv="q8_0")
     ours = _median_ms(lambda: (load_profile(g.files[0]), make_plan([ServiceSpec("m", prof, s, "cpu-moe")], hw)), 5)
-    return {"llama_fit_params_s": round(statistics.median(ts), 3), "llama_fit_params_rc": r.returncode,
-            "llama_fit_params_projection": r.stdout.strip().splitlines()[-2:],
-            "moetune_inspect_and_plan_ms": round(ours, 1), "command": " ".join(cmd[1:])}
+    return {
+        "llama_fit_params_s": round(statistics.median(ts), 3),
+        "llama_fit_params_rc": r.returncode,
+        "llama_fit_params_projection": r.stdout.strip().splitlines()[-2:],
+        "moetune_inspect_and_plan_ms": round(ours, 1),
+        "command": " ".join(cmd[1:]),
+    }
 
 
 CASES = [
@@ -102,7 +128,9 @@ def ledger_table(d: Path) -> list[dict[str, object]]:
     models = {}
     for arch in ARCHS:
         for wide in (False, True):
-            models[(arch, wide)] = load_profile(generate(d / f"{arch}-{int(wide)}.gguf", arch, small_dims(arch, wide), "f16").files[0])
+            models[(arch, wide)] = load_profile(
+                generate(d / f"{arch}-{int(wide)}.gguf", arch, small_dims(arch, wide), "f16").files[0]
+            )
     for arch, wide, ctx, ub, ct, strat, n_rpc in CASES:
         with rpc_workers(server.parent, n_rpc) as ends:
             hw = from_dict(loopback_hw(ends))
@@ -118,13 +146,26 @@ def ledger_table(d: Path) -> list[dict[str, object]]:
                 got = parsed.get(dev)
                 if got is None:
                     continue
-                pred_model = sum(sp.memory.mapped_span_mib.values()) if dev == "CPU" else items.get((dev, "weights"), 0.0)
+                pred_model = (
+                    sum(sp.memory.mapped_span_mib.values()) if dev == "CPU" else items.get((dev, "weights"), 0.0)
+                )
                 got_model = parsed["CPU_Mapped"].model_mib if dev == "CPU" and "CPU_Mapped" in parsed else got.model_mib
-                rows.append({"arch": arch + ("-w" if wide else ""), "ctx": ctx, "ub": ub, "strategy": strat,
-                             "rpc_devices": n_rpc, "device": dev.split("[")[0],
-                             "model_pred": round(pred_model, 2), "model_meas": got_model,
-                             "kv_pred": round(items.get((dev, "kv"), 0.0), 2), "kv_meas": round(got.kv_mib + got.rs_mib, 2),
-                             "compute_pred": round(items.get((dev, "compute"), 0.0), 2), "compute_meas": got.compute_mib})
+                rows.append(
+                    {
+                        "arch": arch + ("-w" if wide else ""),
+                        "ctx": ctx,
+                        "ub": ub,
+                        "strategy": strat,
+                        "rpc_devices": n_rpc,
+                        "device": dev.split("[")[0],
+                        "model_pred": round(pred_model, 2),
+                        "model_meas": got_model,
+                        "kv_pred": round(items.get((dev, "kv"), 0.0), 2),
+                        "kv_meas": round(got.kv_mib + got.rs_mib, 2),
+                        "compute_pred": round(items.get((dev, "compute"), 0.0), 2),
+                        "compute_meas": got.compute_mib,
+                    }
+                )
     return rows
 
 
@@ -135,12 +176,16 @@ def _err(p: float, m: float) -> float:
 def write_ledger(results: Path, rows: list[dict[str, object]]) -> dict[str, object]:
     ok = [r for r in rows if "error" not in r]
     comp = [abs(_err(float(r["compute_pred"]), float(r["compute_meas"]))) for r in ok if float(r["compute_meas"]) >= 1]  # type: ignore[arg-type]
-    single = [abs(_err(float(r["compute_pred"]), float(r["compute_meas"]))) for r in ok  # type: ignore[arg-type]
-              if float(r["compute_meas"]) >= 1 and r["rpc_devices"] != 2 and r["device"] != "CPU"]  # type: ignore[arg-type]
+    single = [
+        abs(_err(float(r["compute_pred"]), float(r["compute_meas"])))
+        for r in ok  # type: ignore[arg-type]
+        if float(r["compute_meas"]) >= 1 and r["rpc_devices"] != 2 and r["device"] != "CPU"
+    ]  # type: ignore[arg-type]
     model = [abs(_err(float(r["model_pred"]), float(r["model_meas"]))) for r in ok if float(r["model_meas"]) > 0.05]  # type: ignore[arg-type]
     kv = [abs(_err(float(r["kv_pred"]), float(r["kv_meas"]))) for r in ok if float(r["kv_meas"]) > 0]  # type: ignore[arg-type]
     summary = {
-        "points": len(ok), "failed_starts": len(rows) - len(ok),
+        "points": len(ok),
+        "failed_starts": len(rows) - len(ok),
         "model_within_0.5pct": round(sum(e <= 0.005 for e in model) / max(len(model), 1), 3),
         "kv_within_1pct": round(sum(e <= 0.01 for e in kv) / max(len(kv), 1), 3),
         "compute_within_10pct_all": round(sum(e <= 0.10 for e in comp) / max(len(comp), 1), 3),
@@ -148,14 +193,38 @@ def write_ledger(results: Path, rows: list[dict[str, object]]) -> dict[str, obje
         "compute_median_abs_err": round(statistics.median(comp), 3) if comp else None,
     }
     (results / "ledger.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
-    lines = ["# Ledger: predicted vs measured (MiB)", "",
-             "Generated by `make bench` (benchmarks/bench_plan.py): llama-server -lv 4 on generated models, loopback RPC devices.", "",
-             "Summary: " + ", ".join(f"{k} = {v}" for k, v in summary.items()), "",
-             "| arch | ctx | ub | strategy | rpc | device | model pred | model meas | kv pred | kv meas | compute pred | compute meas |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Ledger: predicted vs measured (MiB)",
+        "",
+        "Generated by `make bench` (benchmarks/bench_plan.py): llama-server -lv 4 on generated models, loopback RPC devices.",
+        "",
+        "Summary: " + ", ".join(f"{k} = {v}" for k, v in summary.items()),
+        "",
+        "| arch | ctx | ub | strategy | rpc | device | model pred | model meas | kv pred | kv meas | compute pred | compute meas |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in ok:
-        lines.append("| " + " | ".join(str(r[k]) for k in ("arch", "ctx", "ub", "strategy", "rpc_devices", "device", "model_pred",
-                                                          "model_meas", "kv_pred", "kv_meas", "compute_pred", "compute_meas")) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                str(r[k])
+                for k in (
+                    "arch",
+                    "ctx",
+                    "ub",
+                    "strategy",
+                    "rpc_devices",
+                    "device",
+                    "model_pred",
+                    "model_meas",
+                    "kv_pred",
+                    "kv_meas",
+                    "compute_pred",
+                    "compute_meas",
+                )
+            )
+            + " |"
+        )
     (results / "ledger.md").write_text("\n".join(lines) + "\n")
     return summary
 

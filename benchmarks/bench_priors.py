@@ -60,8 +60,9 @@ def build(workdir: Path) -> tuple[priors.Table, priors.Report]:
 def summary(rep: priors.Report) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for which in ("guessed", "shipped", "held_out"):
-        out[which] = {part: asdict(rep.errors(which, reference=part == "references"))
-                      for part in ("fitted_rows", "references")}
+        out[which] = {
+            part: asdict(rep.errors(which, reference=part == "references")) for part in ("fitted_rows", "references")
+        }
     return out
 
 
@@ -69,25 +70,57 @@ def to_json(table: priors.Table, rep: priors.Report, load: tuple[float, float], 
     by = {name: {p.row: p for p in getattr(rep, name)} for name in ("guessed", "shipped", "held_out")}
     rows = []
     for r in table.rows:
-        rows.append({"id": r.id, "rig": r.rig, "source": r.source, "engine": r.engine, "tool": r.tool,
-                     "model": r.model, "quant": r.quant, "preset": r.preset, "recipe": r.quant_recipe,
-                     "placement": r.placement, "threads": r.threads, "command": r.command, "reference": r.reference,
-                     "fit": priors.fitted(r), "depth": r.depth, "measured": {"tg": r.tg_tok_s, "pp": r.pp_tok_s},
-                     **{name: {"tg": round(by[name][r.id].tg, 3),
-                               "pp": None if by[name][r.id].pp is None else round(by[name][r.id].pp or 0.0, 3),
-                               "tg_err_pct": round(by[name][r.id].tg_err_pct, 2),
-                               "pp_err_pct": None if by[name][r.id].pp_err_pct is None
-                               else round(by[name][r.id].pp_err_pct or 0.0, 2)} for name in by}})
+        rows.append(
+            {
+                "id": r.id,
+                "rig": r.rig,
+                "source": r.source,
+                "engine": r.engine,
+                "tool": r.tool,
+                "model": r.model,
+                "quant": r.quant,
+                "preset": r.preset,
+                "recipe": r.quant_recipe,
+                "placement": r.placement,
+                "threads": r.threads,
+                "command": r.command,
+                "reference": r.reference,
+                "fit": priors.fitted(r),
+                "depth": r.depth,
+                "measured": {"tg": r.tg_tok_s, "pp": r.pp_tok_s},
+                **{
+                    name: {
+                        "tg": round(by[name][r.id].tg, 3),
+                        "pp": None if by[name][r.id].pp is None else round(by[name][r.id].pp or 0.0, 3),
+                        "tg_err_pct": round(by[name][r.id].tg_err_pct, 2),
+                        "pp_err_pct": None
+                        if by[name][r.id].pp_err_pct is None
+                        else round(by[name][r.id].pp_err_pct or 0.0, 2),
+                    }
+                    for name in by
+                },
+            }
+        )
     return {
-        "command": COMMAND, "seconds": round(seconds, 2),
+        "command": COMMAND,
+        "seconds": round(seconds, 2),
         "load_average": {"start": round(load[0], 2), "end": round(load[1], 2)},
-        "rigs": len(table.rigs), "rows": len(table.rows),
+        "rigs": len(table.rigs),
+        "rows": len(table.rows),
         "fitted_rows": sum(1 for r in table.rows if priors.fitted(r)),
         "errors_median_abs_pct": summary(rep),
-        "constants": {n: {"guess": getattr(priors.GUESSES, n), "refit": round(getattr(rep.refit, n), 4),
-                          "shipped": getattr(SpeedConstants(), n)} for n in priors.ADOPTED},
-        "leave_one_rig_out": [{"rig": ro.rig, "fitted_on": list(ro.fitted_on),
-                               **asdict(priors.Errors.of(ro.predictions))} for ro in rep.rig_outs],
+        "constants": {
+            n: {
+                "guess": getattr(priors.GUESSES, n),
+                "refit": round(getattr(rep.refit, n), 4),
+                "shipped": getattr(SpeedConstants(), n),
+            }
+            for n in priors.ADOPTED
+        },
+        "leave_one_rig_out": [
+            {"rig": ro.rig, "fitted_on": list(ro.fitted_on), **asdict(priors.Errors.of(ro.predictions))}
+            for ro in rep.rig_outs
+        ],
         "table": rows,
     }
 
@@ -112,26 +145,43 @@ def to_md(table: priors.Table, rep: priors.Report, doc: dict[str, Any]) -> str:
         "| constants | TG, fitted rows | PP, fitted rows | TG, references' rows | PP, references' rows |",
         "|---|---:|---:|---:|---:|",
     ]
-    names = {"guessed": "guesses (before the table)", "shipped": "shipped (built-in)",
-             "held_out": "leave-one-rig-out"}
+    names = {"guessed": "guesses (before the table)", "shipped": "shipped (built-in)", "held_out": "leave-one-rig-out"}
     for k, label in names.items():
         f, ref = s[k]["fitted_rows"], s[k]["references"]
         lines.append(f"| {label} | {_med(f['tg'])} | {_med(f['pp'])} | {_med(ref['tg'])} | {_med(ref['pp'])} |")
-    lines += ["", "The references' rows are held out of every fit: their leave-one-rig-out line is the fit on "
-              "every other rig's rows (the refit below).", "",
-              "## Constants", "", "| constant | guess | refit | shipped |", "|---|---:|---:|---:|"]
+    lines += [
+        "",
+        "The references' rows are held out of every fit: their leave-one-rig-out line is the fit on "
+        "every other rig's rows (the refit below).",
+        "",
+        "## Constants",
+        "",
+        "| constant | guess | refit | shipped |",
+        "|---|---:|---:|---:|",
+    ]
     for n, v in doc["constants"].items():
         lines.append(f"| `{n}` | {v['guess']:g} | {v['refit']:g} | {v['shipped']:g} |")
-    lines += ["", "## Leave-one-rig-out, per rig", "",
-              "| rig | rows | TG | PP | fitted on |", "|---|---:|---:|---:|---|"]
+    lines += [
+        "",
+        "## Leave-one-rig-out, per rig",
+        "",
+        "| rig | rows | TG | PP | fitted on |",
+        "|---|---:|---:|---:|---|",
+    ]
     for ro in doc["leave_one_rig_out"]:
-        lines.append(f"| {ro['rig']} | {ro['rows']} | {_med(ro['tg'])} | {_med(ro['pp'])} | "
-                     f"{len(ro['fitted_on'])} rigs |")
-    lines += ["", "## Rows", "",
-              "TG and PP in tok/s; the errors are predicted against measured. Placement and threads as the "
-              "command gave them (the full command in priors.json and the table).", "",
-              "| row | model, quant | rig | engine, tool | placement, -t | measured TG (PP) | guesses | shipped "
-              "| held out |", "|---|---|---|---|---|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {ro['rig']} | {ro['rows']} | {_med(ro['tg'])} | {_med(ro['pp'])} | {len(ro['fitted_on'])} rigs |"
+        )
+    lines += [
+        "",
+        "## Rows",
+        "",
+        "TG and PP in tok/s; the errors are predicted against measured. Placement and threads as the "
+        "command gave them (the full command in priors.json and the table).",
+        "",
+        "| row | model, quant | rig | engine, tool | placement, -t | measured TG (PP) | guesses | shipped | held out |",
+        "|---|---|---|---|---|---:|---:|---:|---:|",
+    ]
     by = {name: {p.row: p for p in getattr(rep, name)} for name in ("guessed", "shipped", "held_out")}
     for r in table.rows:
         mark = " (reference)" if r.reference else ("" if r.fit else " (not fitted)")
@@ -139,9 +189,12 @@ def to_md(table: priors.Table, rep: priors.Report, doc: dict[str, Any]) -> str:
         for name in ("guessed", "shipped", "held_out"):
             p = by[name][r.id]
             cells.append(f"{_num(p.tg)} {_pct(p.tg_err_pct)} ({_num(p.pp)} {_pct(p.pp_err_pct)})")
-        lines.append(f"| {r.id}{mark} | {r.model} {r.quant} | {_rig_words(table.rig(r.rig), r.gpus_used)} | "
-                     f"{r.engine} {r.tool} | {r.placement} -t {r.threads} | {r.tg_tok_s:g} ({_num(r.pp_tok_s)}) | "
-                     + " | ".join(cells) + " |")
+        lines.append(
+            f"| {r.id}{mark} | {r.model} {r.quant} | {_rig_words(table.rig(r.rig), r.gpus_used)} | "
+            f"{r.engine} {r.tool} | {r.placement} -t {r.threads} | {r.tg_tok_s:g} ({_num(r.pp_tok_s)}) | "
+            + " | ".join(cells)
+            + " |"
+        )
     lines += ["", "## Sources", ""]
     for r in table.rows:
         lines.append(f"- {r.id}: {r.source}" + (f" ({r.copy})" if r.copy else ""))
@@ -157,10 +210,12 @@ def main(results: Path) -> None:
     (results / "priors.json").write_text(json.dumps(doc, indent=1) + "\n")
     (results / "priors.md").write_text(to_md(table, rep, doc))
     s = doc["errors_median_abs_pct"]
-    print(f"priors: {doc['rows']} rows, {doc['rigs']} rigs; TG median error, references' rows: "
-          f"guesses {_med(s['guessed']['references']['tg'])}, shipped {_med(s['shipped']['references']['tg'])}; "
-          f"leave-one-rig-out over the fitted rows: TG {_med(s['held_out']['fitted_rows']['tg'])}, "
-          f"PP {_med(s['held_out']['fitted_rows']['pp'])}")
+    print(
+        f"priors: {doc['rows']} rows, {doc['rigs']} rigs; TG median error, references' rows: "
+        f"guesses {_med(s['guessed']['references']['tg'])}, shipped {_med(s['shipped']['references']['tg'])}; "
+        f"leave-one-rig-out over the fitted rows: TG {_med(s['held_out']['fitted_rows']['tg'])}, "
+        f"PP {_med(s['held_out']['fitted_rows']['pp'])}"
+    )
 
 
 if __name__ == "__main__":

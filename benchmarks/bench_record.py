@@ -49,9 +49,18 @@ from moetune.run.process import end  # noqa: E402
 
 ROUNDS = 200  # each a direct and a proxied request, in ABBA order
 TOKENS = 64
-BODY = json.dumps({"messages": [{"role": "user", "content": "Tell me a story about a proxy."}], "stream": True,
-                   "max_tokens": TOKENS, "temperature": 1.0, "seed": 1, "ignore_eos": True, "cache_prompt": False,
-                   "timings_per_token": True}).encode()
+BODY = json.dumps(
+    {
+        "messages": [{"role": "user", "content": "Tell me a story about a proxy."}],
+        "stream": True,
+        "max_tokens": TOKENS,
+        "temperature": 1.0,
+        "seed": 1,
+        "ignore_eos": True,
+        "cache_prompt": False,
+        "timings_per_token": True,
+    }
+).encode()
 
 
 def _events(rec: RequestRecord) -> list[tuple[float, float | None]]:
@@ -73,8 +82,9 @@ async def _rounds(direct_url: str, proxy_url: str) -> list[dict[str, Any]]:
             pair: dict[str, list[tuple[float, float | None]]] = {}
             order = ("direct", "proxy") if r % 4 in (0, 3) else ("proxy", "direct")
             for which in order:
-                rec = RequestRecord(index=r, concurrency=1, rate=None, prompt_tokens=None, max_tokens=TOKENS,
-                                    t_sched=time.monotonic())
+                rec = RequestRecord(
+                    index=r, concurrency=1, rate=None, prompt_tokens=None, max_tokens=TOKENS, t_sched=time.monotonic()
+                )
                 await stream_chat(direct if which == "direct" else proxied, BODY, rec)
                 assert rec.error is None, (which, rec.error, rec.detail)
                 pair[which] = _events(rec)
@@ -97,10 +107,14 @@ def _differences(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             chunk.append(tb - ta)
             if i and None not in (sa, sb, sa0, sb0):
                 later.append(((tb - tb0) - (sb - sb0)) - ((ta - ta0) - (sa - sa0)))  # type: ignore[operator]
-    return {"ttft_ms": percentiles(ttft), "chunk_ms": percentiles(chunk), "later_chunk_ms": percentiles(later),
-            "direct_ttft_ms": percentiles([p["direct"][0][0] for p in rounds]),
-            "proxy_ttft_ms": percentiles([p["proxy"][0][0] for p in rounds]),
-            "events_per_answer": percentiles([float(len(p["direct"])) for p in rounds])}
+    return {
+        "ttft_ms": percentiles(ttft),
+        "chunk_ms": percentiles(chunk),
+        "later_chunk_ms": percentiles(later),
+        "direct_ttft_ms": percentiles([p["direct"][0][0] for p in rounds]),
+        "proxy_ttft_ms": percentiles([p["proxy"][0][0] for p in rounds]),
+        "events_per_answer": percentiles([float(len(p["direct"])) for p in rounds]),
+    }
 
 
 def main(results: Path) -> None:
@@ -115,9 +129,23 @@ def main(results: Path) -> None:
         with llama_server(bin_dir, model, d / "s.log", "-nr", "-c", "2048", "--parallel", "1", "-t", "1") as srv:
             err = d / "record.err"
             with open(err, "wb") as f:
-                proc = subprocess.Popen([sys.executable, "-m", "moetune", "record", "--listen", "127.0.0.1:0",
-                                         "--upstream", srv.url, "-o", str(session), "--json"],
-                                        stdout=subprocess.PIPE, stderr=f)
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "moetune",
+                        "record",
+                        "--listen",
+                        "127.0.0.1:0",
+                        "--upstream",
+                        srv.url,
+                        "-o",
+                        str(session),
+                        "--json",
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=f,
+                )
             try:
                 deadline = time.monotonic() + 30
                 while not (m := re.search(r"recording (http://\S+) ->", err.read_text())):
@@ -133,43 +161,58 @@ def main(results: Path) -> None:
     diff = _differences(rounds)
     connect = percentiles([c for x in lines if (c := x["proxy"]["connect_ms"]) is not None])
     rest = percentiles([x["proxy"]["forward_ms"] - (x["proxy"]["connect_ms"] or 0) for x in lines])
-    doc = {"rounds": ROUNDS, "tokens": TOKENS, "load_before": load0, "load_after": os.getloadavg(),
-           "difference_proxy_minus_direct": diff, "proxy_own_ms": {**own["proxy_ms"], "connect": connect, "forward_not_connecting": rest}, "session": {
-               k: own[k] for k in ("requests", "completion_tokens", "errors")}}
+    doc = {
+        "rounds": ROUNDS,
+        "tokens": TOKENS,
+        "load_before": load0,
+        "load_after": os.getloadavg(),
+        "difference_proxy_minus_direct": diff,
+        "proxy_own_ms": {**own["proxy_ms"], "connect": connect, "forward_not_connecting": rest},
+        "session": {k: own[k] for k in ("requests", "completion_tokens", "errors")},
+    }
     (results / "record.json").write_text(json.dumps(doc, indent=2))
 
     def row(name: str, p: dict[str, Any]) -> str:
         return f"| {name} | {p['p50']:.3f} | {p['p99']:.3f} | {p['n']} |"
 
     px = own["proxy_ms"]
-    (results / "record.md").write_text("\n".join([
-        "# What the recording proxy adds (`make bench`, benchmarks/bench_record.py)",
-        "",
-        f"A llama-server (generated qwen3moe, 4 layers, `-nr --parallel 1 -t 1`) answered {ROUNDS} rounds of the same "
-        f"streamed chat request ({TOKENS} tokens, seeded sampling, ignore_eos, no prompt cache), each round once directly and "
-        "once through `moetune record` (its own process), in ABBA order, timed by serve-bench's client (kernel "
-        f"receive stamps); {diff['events_per_answer']['p50']:.0f} events per answer. 2 shared CPUs, load average "
-        f"{load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after.",
-        "",
-        "## Through the proxy minus direct, paired by round (ms)",
-        "",
-        "| | p50 | p99 | n |",
-        "|---|---:|---:|---:|",
-        row("TTFT", diff["ttft_ms"]),
-        row("each chunk's arrival after sending", diff["chunk_ms"]),
-        row("each chunk after the first, beyond what the first got (net of the server's time)", diff["later_chunk_ms"]),
-        "",
-        f"TTFT direct p50 {diff['direct_ttft_ms']['p50']:.3f} ms, through the proxy {diff['proxy_ttft_ms']['p50']:.3f} ms.",
-        "",
-        "## The proxy's own figures, from its session file (ms)",
-        "",
-        "| | p50 | p99 | n |",
-        "|---|---:|---:|---:|",
-        row("forwarding a request (connecting to the upstream included)", px["forward"]),
-        row("of which connecting to the upstream (llama-server closes a connection after each stream)", connect),
-        row("forwarding a request, connecting not counted (per request)", rest),
-        row("first byte of an answer: in (kernel time) to written", px["first_byte"]),
-        row("each relayed piece: in (kernel time) to written", px["piece"]),
-        "",
-    ]))
+    (results / "record.md").write_text(
+        "\n".join(
+            [
+                "# What the recording proxy adds (`make bench`, benchmarks/bench_record.py)",
+                "",
+                f"A llama-server (generated qwen3moe, 4 layers, `-nr --parallel 1 -t 1`) answered {ROUNDS} rounds of the same "
+                f"streamed chat request ({TOKENS} tokens, seeded sampling, ignore_eos, no prompt cache), each round once directly and "
+                "once through `moetune record` (its own process), in ABBA order, timed by serve-bench's client (kernel "
+                f"receive stamps); {diff['events_per_answer']['p50']:.0f} events per answer. 2 shared CPUs, load average "
+                f"{load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after.",
+                "",
+                "## Through the proxy minus direct, paired by round (ms)",
+                "",
+                "| | p50 | p99 | n |",
+                "|---|---:|---:|---:|",
+                row("TTFT", diff["ttft_ms"]),
+                row("each chunk's arrival after sending", diff["chunk_ms"]),
+                row(
+                    "each chunk after the first, beyond what the first got (net of the server's time)",
+                    diff["later_chunk_ms"],
+                ),
+                "",
+                f"TTFT direct p50 {diff['direct_ttft_ms']['p50']:.3f} ms, through the proxy {diff['proxy_ttft_ms']['p50']:.3f} ms.",
+                "",
+                "## The proxy's own figures, from its session file (ms)",
+                "",
+                "| | p50 | p99 | n |",
+                "|---|---:|---:|---:|",
+                row("forwarding a request (connecting to the upstream included)", px["forward"]),
+                row(
+                    "of which connecting to the upstream (llama-server closes a connection after each stream)", connect
+                ),
+                row("forwarding a request, connecting not counted (per request)", rest),
+                row("first byte of an answer: in (kernel time) to written", px["first_byte"]),
+                row("each relayed piece: in (kernel time) to written", px["piece"]),
+                "",
+            ]
+        )
+    )
     print(json.dumps(doc, indent=2))

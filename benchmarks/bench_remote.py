@@ -51,7 +51,9 @@ def main(results: Path) -> None:
             inspect = [*moetune, "inspect", url, "--json"]
             plan_runs = [_timed(plan) for _ in range(RUNS)]
             inspect_runs = [_timed(inspect) for _ in range(RUNS)]
-        local_plan = [_timed([*moetune, "plan", str(g.files[0]), "--hw", "rtx-pro-6000", "--json"])[0] for _ in range(RUNS)]
+        local_plan = [
+            _timed([*moetune, "plan", str(g.files[0]), "--hw", "rtx-pro-6000", "--json"])[0] for _ in range(RUNS)
+        ]
     fetched = p.remote.bytes_fetched
     res = {
         "what": "the 8-shard GLM-5.1 IQ3_KS replica over loopback HTTP with Range: headers only",
@@ -72,7 +74,9 @@ def main(results: Path) -> None:
         "plan_fits": plan_runs[-1][1]["fits"],
     }
     (results / "remote.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(f"remote: fetched {fetched / 1024:,.0f} KiB in {res['requests']} requests "
-          f"({res['fetched_pct_of_one_shard']:.3f}% of one shard, goal < 1%); plan command median "
-          f"{res['plan_command_median_s']:.2f} s (local {res['plan_local_command_median_s']:.2f} s), "
-          f"in-process read {res['load_profile_median_s']:.2f} s, goal < 2 s")
+    print(
+        f"remote: fetched {fetched / 1024:,.0f} KiB in {res['requests']} requests "
+        f"({res['fetched_pct_of_one_shard']:.3f}% of one shard, goal < 1%); plan command median "
+        f"{res['plan_command_median_s']:.2f} s (local {res['plan_local_command_median_s']:.2f} s), "
+        f"in-process read {res['load_profile_median_s']:.2f} s, goal < 2 s"
+    )

@@ -45,8 +45,9 @@ REPEATS = 4
 
 def _watch(pid: int, url: str) -> list[Watch]:
     st = read_proc_stat(pid)
-    return [Watch("server", "server", pid=pid, start_ticks=st.start_ticks if st else None,
-                  metrics_url=f"{url}/metrics")]
+    return [
+        Watch("server", "server", pid=pid, start_ticks=st.start_ticks if st else None, metrics_url=f"{url}/metrics")
+    ]
 
 
 def main(results: Path) -> None:
@@ -64,10 +65,14 @@ def main(results: Path) -> None:
             time.sleep(OVERHEAD_S)
             s.stop()
             wall = time.monotonic() - t0
-            overhead = {"seconds": round(wall, 1), "samples": s.count, "cpu_seconds": round(s.cpu_seconds, 4),
-                        "pct_of_one_core": round(100 * s.cpu_seconds / wall, 3),
-                        "ms_per_sample": round(1000 * s.cpu_seconds / max(1, s.count), 2),
-                        "server_metrics_scraped": bool(s.latest and s.latest.servers)}
+            overhead = {
+                "seconds": round(wall, 1),
+                "samples": s.count,
+                "cpu_seconds": round(s.cpu_seconds, 4),
+                "pct_of_one_core": round(100 * s.cpu_seconds / wall, 3),
+                "ms_per_sample": round(1000 * s.cpu_seconds / max(1, s.count), 2),
+                "server_metrics_scraped": bool(s.latest and s.latest.servers),
+            }
             print(f"sampler: {overhead}", flush=True)
 
             w = expand([], [], depths=[0], pp_tokens=64, tg_tokens=64)
@@ -83,11 +88,18 @@ def main(results: Path) -> None:
                     blocks.append((mode, round(statistics.median(m["tg:d0"].values), 2)))
                     print(f"  {mode}: TG {blocks[-1][1]} tok/s", flush=True)
     diff = difference(tg["off"], tg["on"], higher_is_better=True)
-    effect: dict[str, Any] = {"workload": w[0].name, "blocks": blocks, "repeats": REPEATS,
-                              "tg_off_median": round(statistics.median(tg["off"]), 2),
-                              "tg_on_median": round(statistics.median(tg["on"]), 2),
-                              "difference": {"ratio": round(diff.ratio, 4), "ci": [round(diff.ratio_ci_low, 4),
-                                             round(diff.ratio_ci_high, 4)], "verdict": diff.verdict}}
+    effect: dict[str, Any] = {
+        "workload": w[0].name,
+        "blocks": blocks,
+        "repeats": REPEATS,
+        "tg_off_median": round(statistics.median(tg["off"]), 2),
+        "tg_on_median": round(statistics.median(tg["on"]), 2),
+        "difference": {
+            "ratio": round(diff.ratio, 4),
+            "ci": [round(diff.ratio_ci_low, 4), round(diff.ratio_ci_high, 4)],
+            "verdict": diff.verdict,
+        },
+    }
     doc = {"overhead": overhead, "effect": effect}
     (results / "sampler.json").write_text(json.dumps(doc, indent=2, default=str))
     (results / "sampler.md").write_text(
@@ -97,5 +109,6 @@ def main(results: Path) -> None:
         f"**{overhead['pct_of_one_core']}% of one core** ({overhead['ms_per_sample']} ms per sample; goal < 1%).\n\n"
         f"TG ({effect['workload']}, 64 tokens) in {len(ORDER)} runs of {REPEATS} in ABBA order: sampler off "
         f"{effect['tg_off_median']} tok/s, on {effect['tg_on_median']} tok/s: ratio {diff.ratio:.3f} "
-        f"(95% CI {diff.ratio_ci_low:.3f}-{diff.ratio_ci_high:.3f}), verdict: {diff.verdict}.\n")
+        f"(95% CI {diff.ratio_ci_low:.3f}-{diff.ratio_ci_high:.3f}), verdict: {diff.verdict}.\n"
+    )
     print(json.dumps(doc, indent=2, default=str))

@@ -39,10 +39,20 @@ def _best(**kw: Any) -> Accuracy:
 
 
 def _row(a: Accuracy) -> dict[str, Any]:
-    return {"library": a.library, "streams": a.streams, "events_per_s": a.event_rate_per_s,
-            "lag_ms": a.lag_ms, "ttft_err_ms": a.ttft_err_ms, "itl_err_ms": a.itl_err_ms,
-            "intake_ms": a.intake_ms, "mock_late_ms": a.mock_late_ms, "client_error_p99_ms": _client_error(a),
-            "errors": a.errors, "gaps_realized_ms": a.gaps_ms("realized"), "gaps_nominal_ms": a.gaps_ms("nominal")}
+    return {
+        "library": a.library,
+        "streams": a.streams,
+        "events_per_s": a.event_rate_per_s,
+        "lag_ms": a.lag_ms,
+        "ttft_err_ms": a.ttft_err_ms,
+        "itl_err_ms": a.itl_err_ms,
+        "intake_ms": a.intake_ms,
+        "mock_late_ms": a.mock_late_ms,
+        "client_error_p99_ms": _client_error(a),
+        "errors": a.errors,
+        "gaps_realized_ms": a.gaps_ms("realized"),
+        "gaps_nominal_ms": a.gaps_ms("nominal"),
+    }
 
 
 def main(results: Path) -> None:
@@ -53,9 +63,12 @@ def main(results: Path) -> None:
         for n in STREAMS:
             a = _best(streams=n, library=lib)
             sweep.append({**_row(a), "load1": os.getloadavg()[0]})
-            print(f"{lib:8s} {n:4d} streams {a.event_rate_per_s:8.0f} ev/s  lag p50 {a.lag_ms['p50']:.3f} "
-                  f"p99 {a.lag_ms['p99']:.3f}  TTFT err p99 {a.ttft_err_ms['p99']:.3f}  "
-                  f"ITL err p99 {a.itl_err_ms['p99']:.3f} ms", flush=True)
+            print(
+                f"{lib:8s} {n:4d} streams {a.event_rate_per_s:8.0f} ev/s  lag p50 {a.lag_ms['p50']:.3f} "
+                f"p99 {a.lag_ms['p99']:.3f}  TTFT err p99 {a.ttft_err_ms['p99']:.3f}  "
+                f"ITL err p99 {a.itl_err_ms['p99']:.3f} ms",
+                flush=True,
+            )
     rate: list[dict[str, Any]] = []
     max_rate: dict[str, float | None] = {}
     bound_reached: dict[str, bool] = {}
@@ -67,8 +80,11 @@ def main(results: Path) -> None:
             row = {**_row(a), "itl_ms_schedule": itl, "load1": os.getloadavg()[0]}
             rate.append(row)
             err = _client_error(a)
-            print(f"{lib:8s} {RATE_STREAMS} streams ITL {itl:5.2f} ms: {a.event_rate_per_s:8.0f} ev/s, "
-                  f"client error p99 {err:.3f} ms", flush=True)
+            print(
+                f"{lib:8s} {RATE_STREAMS} streams ITL {itl:5.2f} ms: {a.event_rate_per_s:8.0f} ev/s, "
+                f"client error p99 {err:.3f} ms",
+                flush=True,
+            )
             if err > BOUND_MS or a.errors:
                 bound_reached[lib] = True
                 break
@@ -78,17 +94,32 @@ def main(results: Path) -> None:
     doc = {
         "what": "serve-bench client timing error against the mock SSE server (benchmarks.serve_accuracy)",
         "command": "make bench  (python benchmarks/run.py serve_client)",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_before": load0,
-                    "loadavg_after": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_before": load0,
+            "loadavg_after": os.getloadavg(),
+        },
         "tries_per_point": TRIES,
-        "schedule": {"ttft_ms": [60, 70, 80, 90, 100], "itl_ms": [20, 30, 40, 50, 60], "output_tokens": 41,
-                     "requests_per_stream": 2},
+        "schedule": {
+            "ttft_ms": [60, 70, 80, 90, 100],
+            "itl_ms": [20, 30, 40, 50, 60],
+            "output_tokens": 41,
+            "requests_per_stream": 2,
+        },
         "sweep": sweep,
-        "rate_search": {"streams": RATE_STREAMS, "bound_ms": BOUND_MS, "rows": rate, "max_events_per_s": max_rate,
-                        "bound_reached": bound_reached},
-        "spread_64_streams": {"library": DEFAULT_LIBRARY,
-                              "worst_realized_gap_ms": [max(a.gaps_ms("realized").values()) for a in spread],
-                              "nominal_gap_ms": [a.gaps_ms("nominal") for a in spread]},
+        "rate_search": {
+            "streams": RATE_STREAMS,
+            "bound_ms": BOUND_MS,
+            "rows": rate,
+            "max_events_per_s": max_rate,
+            "bound_reached": bound_reached,
+        },
+        "spread_64_streams": {
+            "library": DEFAULT_LIBRARY,
+            "worst_realized_gap_ms": [max(a.gaps_ms("realized").values()) for a in spread],
+            "nominal_gap_ms": [a.gaps_ms("nominal") for a in spread],
+        },
         "chosen_library": DEFAULT_LIBRARY,
         "seconds": round(time.monotonic() - t0, 1),
     }
@@ -123,26 +154,43 @@ def _markdown(doc: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["sweep"]:
-        lines.append(f"| {r['library']} | {r['streams']} | {r['events_per_s']:.0f} | {_f(r['lag_ms']['p50'])} | "
-                     f"{_f(r['lag_ms']['p99'])} | {_f(r['ttft_err_ms']['p99'])} | {_f(r['itl_err_ms']['p99'])} | "
-                     f"{_f(r['mock_late_ms']['p99'])} | {r['load1']:.2f} |")
+        lines.append(
+            f"| {r['library']} | {r['streams']} | {r['events_per_s']:.0f} | {_f(r['lag_ms']['p50'])} | "
+            f"{_f(r['lag_ms']['p99'])} | {_f(r['ttft_err_ms']['p99'])} | {_f(r['itl_err_ms']['p99'])} | "
+            f"{_f(r['mock_late_ms']['p99'])} | {r['load1']:.2f} |"
+        )
     rs = doc["rate_search"]
-    lines += ["", f"## Highest event rate timed within {rs['bound_ms']} ms ({rs['streams']} streams)", "",
-              "Token interval shrinks until the client's error (p99 of TTFT and ITL errors) passes the bound.", "",
-              "| library | ITL (ms) | events/s | client error p99 (ms) | mock late p50 (ms) |",
-              "|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"## Highest event rate timed within {rs['bound_ms']} ms ({rs['streams']} streams)",
+        "",
+        "Token interval shrinks until the client's error (p99 of TTFT and ITL errors) passes the bound.",
+        "",
+        "| library | ITL (ms) | events/s | client error p99 (ms) | mock late p50 (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for r in rs["rows"]:
-        lines.append(f"| {r['library']} | {r['itl_ms_schedule']} | {r['events_per_s']:.0f} | "
-                     f"{_f(r['client_error_p99_ms'])} | {_f(r['mock_late_ms']['p50'])} |")
+        lines.append(
+            f"| {r['library']} | {r['itl_ms_schedule']} | {r['events_per_s']:.0f} | "
+            f"{_f(r['client_error_p99_ms'])} | {_f(r['mock_late_ms']['p50'])} |"
+        )
     lines += ["", "| library | max events/s within the bound |", "|---|---:|"]
     for lib, v in rs["max_events_per_s"].items():
         note = "" if rs["bound_reached"][lib] else " (bound not reached: the mock could not write faster)"
         lines.append(f"| {lib} | {'none' if v is None else f'{v:.0f}'}{note} |")
     sp = doc["spread_64_streams"]
-    lines += ["", "## Spread of the 64-stream check in `make test` (5 runs)", "",
-              f"Worst |reported - realized| over TTFT/ITL p50/p90/p99 (ms): "
-              f"{', '.join(f'{x:.3f}' for x in sp['worst_realized_gap_ms'])} (bound 2 ms).", "",
-              "Against the nominal schedule, TTFT p50 / ITL p50 (ms): "
-              + ", ".join(f"{g['ttft_ms p50']:.3f} / {g['itl_ms p50']:.3f}" for g in sp["nominal_gap_ms"]) + ".",
-              "", f"Chosen client: **{doc['chosen_library']}** (`moetune.bench.http.client`).", ""]
+    lines += [
+        "",
+        "## Spread of the 64-stream check in `make test` (5 runs)",
+        "",
+        f"Worst |reported - realized| over TTFT/ITL p50/p90/p99 (ms): "
+        f"{', '.join(f'{x:.3f}' for x in sp['worst_realized_gap_ms'])} (bound 2 ms).",
+        "",
+        "Against the nominal schedule, TTFT p50 / ITL p50 (ms): "
+        + ", ".join(f"{g['ttft_ms p50']:.3f} / {g['itl_ms p50']:.3f}" for g in sp["nominal_gap_ms"])
+        + ".",
+        "",
+        f"Chosen client: **{doc['chosen_library']}** (`moetune.bench.http.client`).",
+        "",
+    ]
     return "\n".join(lines)

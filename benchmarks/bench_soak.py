@@ -88,11 +88,19 @@ class Window:
         return self.done
 
     def _figures(self) -> dict[str, Any]:
-        return {"start_s": round(self.start_s, 1), "end_s": round(self.end_s, 1), "requests": self.requests,
-                "errors": self.errors, "events": len(self.lag),
-                "ttft_err_over_1ms": sum(1 for x in self.ttft if x > 1.0),
-                "itl_err_over_1ms": sum(1 for x in self.itl if x > 1.0), "ttft_err_ms": _dist(self.ttft), "itl_err_ms": _dist(self.itl), "lag_ms": _dist(self.lag),
-                "mock_late_ms": _dist(self.late)}
+        return {
+            "start_s": round(self.start_s, 1),
+            "end_s": round(self.end_s, 1),
+            "requests": self.requests,
+            "errors": self.errors,
+            "events": len(self.lag),
+            "ttft_err_over_1ms": sum(1 for x in self.ttft if x > 1.0),
+            "itl_err_over_1ms": sum(1 for x in self.itl if x > 1.0),
+            "ttft_err_ms": _dist(self.ttft),
+            "itl_err_ms": _dist(self.itl),
+            "lag_ms": _dist(self.lag),
+            "mock_late_ms": _dist(self.late),
+        }
 
 
 def _dist(xs: array) -> dict[str, float | None]:
@@ -100,8 +108,12 @@ def _dist(xs: array) -> dict[str, float | None]:
         return {"p50": None, "p90": None, "p99": None, "max": None}
     a = np.frombuffer(xs, dtype=float)
     q = np.percentile(a, (50, 90, 99))
-    return {"p50": round(float(q[0]), 4), "p90": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
-            "max": round(float(a.max()), 4)}
+    return {
+        "p50": round(float(q[0]), 4),
+        "p90": round(float(q[1]), 4),
+        "p99": round(float(q[2]), 4),
+        "max": round(float(a.max()), 4),
+    }
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -119,8 +131,12 @@ def _proc(pid: int) -> dict[str, float] | None:
     if "VmRSS" not in fields:  # a zombie: exited, not yet reaped
         return None
     rest = stat.rsplit(")", 1)[1].split()
-    return {"rss_mib": int(fields["VmRSS"].split()[0]) / 1024, "fds": fds, "threads": int(fields["Threads"]),
-            "cpu_s": (int(rest[11]) + int(rest[12])) / CLK_TCK}
+    return {
+        "rss_mib": int(fields["VmRSS"].split()[0]) / 1024,
+        "fds": fds,
+        "threads": int(fields["Threads"]),
+        "cpu_s": (int(rest[11]) + int(rest[12])) / CLK_TCK,
+    }
 
 
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the mock is on 127.0.0.1: no proxy
@@ -156,7 +172,9 @@ class Scorer:
         self.no_response_id = 0
         self.run_id: int | None = None
         self.last_send = 0.0  # the latest send time stored, from the level's start
-        self.worst: list[dict[str, Any]] = []  # the requests with the largest TTFT error: what the client saw and the mock did
+        self.worst: list[
+            dict[str, Any]
+        ] = []  # the requests with the largest TTFT error: what the client saw and the mock did
 
     def add_mock(self, log: dict[str, dict[str, Any]]) -> None:
         for cid, e in log.items():
@@ -171,8 +189,9 @@ class Scorer:
                 return
             self.conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=30)
         try:
-            rows = self.conn.execute("SELECT id, run_id, phase, data FROM samples WHERE id > ? ORDER BY id",
-                                     (self.last_row,)).fetchall()
+            rows = self.conn.execute(
+                "SELECT id, run_id, phase, data FROM samples WHERE id > ? ORDER BY id", (self.last_row,)
+            ).fetchall()
         except sqlite3.OperationalError:  # not migrated yet
             return
         for row_id, run_id, phase, data in rows:
@@ -220,11 +239,22 @@ class Scorer:
             w.ttft.append(e.ttft_err_ms)
             if len(self.worst) < WORST or e.ttft_err_ms > self.worst[-1]["ttft_err_ms"]:
                 events = [c for c in s["chunks"] if (c[1] or 0) > 0][:6]
-                self.worst = sorted([*self.worst, {
-                    "ttft_err_ms": round(e.ttft_err_ms, 3), "response_id": cid, "t_send": s["t_send"],
-                    "mock_recv": recv, "mock_writes": writes[:6],
-                    "client_events": [{"t": c[0], "earliest": c[5] if len(c) > 5 else None, "server_ms": c[4]}
-                                      for c in events]}], key=lambda x: -x["ttft_err_ms"])[:WORST]
+                self.worst = sorted(
+                    [
+                        *self.worst,
+                        {
+                            "ttft_err_ms": round(e.ttft_err_ms, 3),
+                            "response_id": cid,
+                            "t_send": s["t_send"],
+                            "mock_recv": recv,
+                            "mock_writes": writes[:6],
+                            "client_events": [
+                                {"t": c[0], "earliest": c[5] if len(c) > 5 else None, "server_ms": c[4]} for c in events
+                            ],
+                        },
+                    ],
+                    key=lambda x: -x["ttft_err_ms"],
+                )[:WORST]
         w.itl.extend(e.itl_err_ms)
         w.lag.extend(e.lag_ms)
         w.late.extend(e.late_ms)
@@ -232,8 +262,9 @@ class Scorer:
     def last_snapshot(self) -> dict[str, Any] | None:
         if self.conn is None or self.run_id is None:
             return None
-        row = self.conn.execute("SELECT data FROM metrics WHERE run_id = ? ORDER BY t DESC, id DESC LIMIT 1",
-                                (self.run_id,)).fetchone()
+        row = self.conn.execute(
+            "SELECT data FROM metrics WHERE run_id = ? ORDER BY t DESC, id DESC LIMIT 1", (self.run_id,)
+        ).fetchone()
         return None if row is None else dict(json.loads(row[0]))
 
     def close(self) -> None:
@@ -249,9 +280,28 @@ def soak(minutes: float, streams: int, log: Any = print) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="moetune-soak-") as tmp, mock_server(MOCK) as url:
         db = Path(tmp) / "soak.sqlite"
         env = {**os.environ, "MOETUNE_DATA_DIR": str(Path(tmp) / "data"), "MOETUNE_CACHE_DIR": str(Path(tmp) / "cache")}
-        argv = [sys.executable, "-m", "moetune", "serve-bench", url, "--concurrency", str(streams),
-                "--duration", f"{duration_s:g}", "--input-len", str(INPUT_TOKENS), "--output-len", str(OUTPUT_TOKENS),
-                "--timeout", "120", "--label", "soak", "--db", str(db), "--json"]
+        argv = [
+            sys.executable,
+            "-m",
+            "moetune",
+            "serve-bench",
+            url,
+            "--concurrency",
+            str(streams),
+            "--duration",
+            f"{duration_s:g}",
+            "--input-len",
+            str(INPUT_TOKENS),
+            "--output-len",
+            str(OUTPUT_TOKENS),
+            "--timeout",
+            "120",
+            "--label",
+            "soak",
+            "--db",
+            str(db),
+            "--json",
+        ]
         mock_pid = int(_get(url + "/mock/stats")["pid"])
         out_path, err_path = Path(tmp) / "stdout.json", Path(tmp) / "stderr.txt"
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -277,16 +327,25 @@ def soak(minutes: float, streams: int, log: Any = print) -> dict[str, Any]:
                 scorer.read_samples()
                 stats = _get(url + "/mock/stats")
                 if p is not None:
-                    row = {"t_s": round(now - t0, 2), "rss_mib": round(p["rss_mib"], 2), "fds": int(p["fds"]),
-                           "threads": int(p["threads"]), "cpu_pct": cpu_pct(client.pid, p, now),
-                           "mock_cpu_pct": cpu_pct(mock_pid, m, now), "mock_rss_mib": m and round(m["rss_mib"], 1),
-                           "stored": sum(scorer.stored.values()), "mock_completed": stats["completed"],
-                           "load1": round(os.getloadavg()[0], 2)}
+                    row = {
+                        "t_s": round(now - t0, 2),
+                        "rss_mib": round(p["rss_mib"], 2),
+                        "fds": int(p["fds"]),
+                        "threads": int(p["threads"]),
+                        "cpu_pct": cpu_pct(client.pid, p, now),
+                        "mock_cpu_pct": cpu_pct(mock_pid, m, now),
+                        "mock_rss_mib": m and round(m["rss_mib"], 1),
+                        "stored": sum(scorer.stored.values()),
+                        "mock_completed": stats["completed"],
+                        "load1": round(os.getloadavg()[0], 2),
+                    }
                     series.append(row)
                     if len(series) % max(1, int(60 / SAMPLE_S)) == 1:
-                        log(f"soak {row['t_s']:7.0f} s: RSS {row['rss_mib']:7.1f} MiB, {row['fds']} fds, "
+                        log(
+                            f"soak {row['t_s']:7.0f} s: RSS {row['rss_mib']:7.1f} MiB, {row['fds']} fds, "
                             f"{row['threads']} threads, CPU {row['cpu_pct']}%, mock CPU {row['mock_cpu_pct']}%, "
-                            f"{row['stored']} stored / {row['mock_completed']} answered, load {row['load1']}")
+                            f"{row['stored']} stored / {row['mock_completed']} answered, load {row['load1']}"
+                        )
                 if client.poll() is not None:
                     break
                 next_t += SAMPLE_S
@@ -321,17 +380,30 @@ def soak(minutes: float, streams: int, log: Any = print) -> dict[str, Any]:
         "duplicates": scorer.duplicates,
         "no_response_id": scorer.no_response_id,
     }
-    lost = (counts["mock_without_sample"] + counts["sample_without_mock"] + counts["duplicates"]
-            + abs(counts["client_done"] - counts["stored_measure"])
-            + abs(counts["mock_completed"] - counts["stored_measure"] - counts["stored_warmup"]))
+    lost = (
+        counts["mock_without_sample"]
+        + counts["sample_without_mock"]
+        + counts["duplicates"]
+        + abs(counts["client_done"] - counts["stored_measure"])
+        + abs(counts["mock_completed"] - counts["stored_measure"] - counts["stored_warmup"])
+    )
     assert scorer.level_t0 is not None
-    return {"duration_s": duration_s, "wall_s": round(wall_s, 1), "window_s": window_s, "series": series,
-            "level_start_s": round(scorer.level_t0 - t0, 2),
-            "windows": [w.close() for w in scorer.windows], "samples": {**counts, "lost": lost},
-            "worst_ttft": scorer.worst,
-            "db_bytes": db_bytes, "level": {k: level.get(k) for k in (
-                "requests", "ok", "errors", "duration_s", "ttft_ms", "itl_ms", "output_tok_s", "request_s")},
-            "client_argv": ["moetune", *argv[3:]]}
+    return {
+        "duration_s": duration_s,
+        "wall_s": round(wall_s, 1),
+        "window_s": window_s,
+        "series": series,
+        "level_start_s": round(scorer.level_t0 - t0, 2),
+        "windows": [w.close() for w in scorer.windows],
+        "samples": {**counts, "lost": lost},
+        "worst_ttft": scorer.worst,
+        "db_bytes": db_bytes,
+        "level": {
+            k: level.get(k)
+            for k in ("requests", "ok", "errors", "duration_s", "ttft_ms", "itl_ms", "output_tok_s", "request_s")
+        },
+        "client_argv": ["moetune", *argv[3:]],
+    }
 
 
 def _summary(r: dict[str, Any]) -> dict[str, Any]:
@@ -342,17 +414,29 @@ def _summary(r: dict[str, Any]) -> dict[str, Any]:
     steady_from = t_start + max(STEADY_MIN_S, STEADY_AFTER * r["duration_s"])
     steady = [s for s in series if s["t_s"] >= steady_from] or series
     ts = [s["t_s"] for s in steady]
-    out: dict[str, Any] = {"level_start_s": t_start, "steady_from_s": round(steady_from, 1), "thresholds": {
-        "rss_mib_per_h": RSS_FLAT_MIB_PER_H, "fds_per_h": FDS_FLAT_PER_H, "threads_per_h": THREADS_FLAT_PER_H,
-        "error_ms_per_h": ERROR_DRIFT_MS_PER_H}}
+    out: dict[str, Any] = {
+        "level_start_s": t_start,
+        "steady_from_s": round(steady_from, 1),
+        "thresholds": {
+            "rss_mib_per_h": RSS_FLAT_MIB_PER_H,
+            "fds_per_h": FDS_FLAT_PER_H,
+            "threads_per_h": THREADS_FLAT_PER_H,
+            "error_ms_per_h": ERROR_DRIFT_MS_PER_H,
+        },
+    }
     for key, limit in (("rss_mib", RSS_FLAT_MIB_PER_H), ("fds", FDS_FLAT_PER_H), ("threads", THREADS_FLAT_PER_H)):
         ys = [s[key] for s in steady]
         slope = _slope_per_h(ts, ys)
-        out[key] = {"first": series[0][key] if series else None, "steady_start": ys[0] if ys else None,
-                    "end": ys[-1] if ys else None, "min": min(ys, default=None), "max": max(ys, default=None),
-                    "slope_per_h": None if slope is None else round(slope, 3),
-                    "tail_max": max((s[key] for s in tail), default=None),
-                    "verdict": "too short" if slope is None else "flat" if abs(slope) <= limit else "GROWS"}
+        out[key] = {
+            "first": series[0][key] if series else None,
+            "steady_start": ys[0] if ys else None,
+            "end": ys[-1] if ys else None,
+            "min": min(ys, default=None),
+            "max": max(ys, default=None),
+            "slope_per_h": None if slope is None else round(slope, 3),
+            "tail_max": max((s[key] for s in tail), default=None),
+            "verdict": "too short" if slope is None else "flat" if abs(slope) <= limit else "GROWS",
+        }
     cpu = [s["cpu_pct"] for s in steady if s["cpu_pct"] is not None]
     mcpu = [s["mock_cpu_pct"] for s in steady if s["mock_cpu_pct"] is not None]
     out["cpu_pct_mean"] = round(float(np.mean(cpu)), 1) if cpu else None
@@ -368,12 +452,20 @@ def _summary(r: dict[str, Any]) -> dict[str, Any]:
         for q in ("p50", "p99"):
             ys = [w[metric][q] for w in wins]
             slope = _slope_per_h(mid, ys)
-            row[q] = {"first": ys[0] if ys else None, "last": ys[-1] if ys else None,
-                      "slope_ms_per_h": None if slope is None else round(slope, 4)}
+            row[q] = {
+                "first": ys[0] if ys else None,
+                "last": ys[-1] if ys else None,
+                "slope_ms_per_h": None if slope is None else round(slope, 4),
+            }
         out[metric] = row
     drift = [out[m]["p50"]["slope_ms_per_h"] for m in ("ttft_err_ms", "itl_err_ms")]
-    out["error_verdict"] = ("too short" if None in drift else "no drift"
-                            if all(abs(d) <= ERROR_DRIFT_MS_PER_H for d in drift if d is not None) else "DRIFTS")
+    out["error_verdict"] = (
+        "too short"
+        if None in drift
+        else "no drift"
+        if all(abs(d) <= ERROR_DRIFT_MS_PER_H for d in drift if d is not None)
+        else "DRIFTS"
+    )
     out["tokens_per_s"] = r["level"]["output_tok_s"]  # as the client reports it
     per_request_s = float(np.mean([MOCK.token_times(i, OUTPUT_TOKENS)[-1] for i in range(len(MOCK.ttft_ms))]))
     out["nominal_tokens_per_s"] = round(OUTPUT_TOKENS / per_request_s * r["streams"], 1)  # the schedule's, no overhead
@@ -393,13 +485,24 @@ def main(results: Path, minutes: float | None = None, streams: int | None = None
     summary = _summary(r)
     doc = {
         "what": "serve-bench soak: the client process's memory, descriptors, threads and timing error over a long "
-                "run against the mock server, and every request accounted for",
+        "run against the mock server, and every request accounted for",
         "command": f"make bench  (SOAK_MINUTES={minutes:g} python benchmarks/run.py soak)",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_before": load0,
-                    "loadavg_after": os.getloadavg()},
-        "config": {"streams": streams, "minutes": minutes, "sample_s": SAMPLE_S, "window_s": r["window_s"],
-                   "input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS,
-                   "mock": {"ttft_ms": MOCK.ttft_ms, "itl_ms": MOCK.itl_ms}, "client_argv": r["client_argv"]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_before": load0,
+            "loadavg_after": os.getloadavg(),
+        },
+        "config": {
+            "streams": streams,
+            "minutes": minutes,
+            "sample_s": SAMPLE_S,
+            "window_s": r["window_s"],
+            "input_tokens": INPUT_TOKENS,
+            "output_tokens": OUTPUT_TOKENS,
+            "mock": {"ttft_ms": MOCK.ttft_ms, "itl_ms": MOCK.itl_ms},
+            "client_argv": r["client_argv"],
+        },
         "summary": summary,
         "samples": r["samples"],
         "level": r["level"],
@@ -426,8 +529,10 @@ def _contention(windows: list[dict[str, Any]]) -> str:
     n = [float(w["ttft_err_over_1ms"]) for w in ws]
     slope = _slope_per_h([(w["start_s"] + w["end_s"]) / 2 for w in ws], n)
     r = np.corrcoef(n, [w["load1_mean"] for w in ws])[0, 1] if np.std(n) > 0 else float("nan")
-    return (f" Per window, their count's slope over the run is {_f(slope, 1)} requests/h, and its correlation with "
-            f"the window's load average {r:.2f}.")
+    return (
+        f" Per window, their count's slope over the run is {_f(slope, 1)} requests/h, and its correlation with "
+        f"the window's load average {r:.2f}."
+    )
 
 
 def _markdown(doc: dict[str, Any]) -> str:
@@ -450,13 +555,17 @@ def _markdown(doc: dict[str, Any]) -> str:
         "| client process | first sample | steady start | end | slope per hour | verdict |",
         "|---|---:|---:|---:|---:|---|",
     ]
-    for key, name, unit, limit in (("rss_mib", "RSS (MiB)", "MiB", th["rss_mib_per_h"]),
-                                   ("fds", "open file descriptors", "", th["fds_per_h"]),
-                                   ("threads", "threads", "", th["threads_per_h"])):
+    for key, name, unit, limit in (
+        ("rss_mib", "RSS (MiB)", "MiB", th["rss_mib_per_h"]),
+        ("fds", "open file descriptors", "", th["fds_per_h"]),
+        ("threads", "threads", "", th["threads_per_h"]),
+    ):
         v = s[key]
         nd = 1 if key == "rss_mib" else 0
-        lines.append(f"| {name} | {_f(v['first'], nd)} | {_f(v['steady_start'], nd)} | {_f(v['end'], nd)} | "
-                     f"{_f(v['slope_per_h'], 2)} | {v['verdict']} (\\|slope\\| <= {limit:g}{' ' + unit if unit else ''}/h) |")
+        lines.append(
+            f"| {name} | {_f(v['first'], nd)} | {_f(v['steady_start'], nd)} | {_f(v['end'], nd)} | "
+            f"{_f(v['slope_per_h'], 2)} | {v['verdict']} (\\|slope\\| <= {limit:g}{' ' + unit if unit else ''}/h) |"
+        )
     lines += [
         "",
         f"RSS slope per request: {_f(s['rss_bytes_per_request'], 1)} bytes. After the level (the last requests "
@@ -479,19 +588,31 @@ def _markdown(doc: dict[str, Any]) -> str:
         "| error (ms) | first window p50 | last window p50 | p50 slope (ms/h) | first p99 | last p99 | p99 slope (ms/h) |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for metric, name in (("ttft_err_ms", "TTFT error"), ("itl_err_ms", "ITL error"), ("lag_ms", "lag (arrival - write)"),
-                         ("mock_late_ms", "mock late (its own jitter)")):
+    for metric, name in (
+        ("ttft_err_ms", "TTFT error"),
+        ("itl_err_ms", "ITL error"),
+        ("lag_ms", "lag (arrival - write)"),
+        ("mock_late_ms", "mock late (its own jitter)"),
+    ):
         v = s[metric]
-        lines.append(f"| {name} | {_f(v['p50']['first'])} | {_f(v['p50']['last'])} | {_f(v['p50']['slope_ms_per_h'])} | "
-                     f"{_f(v['p99']['first'])} | {_f(v['p99']['last'])} | {_f(v['p99']['slope_ms_per_h'])} |")
-    lines += ["", "| window (s) | requests | errors | tokens | TTFT err p50 / p99 / max | TTFT err > 1 ms | "
-              "ITL err p50 / p99 / max | mock late p99 | load |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {name} | {_f(v['p50']['first'])} | {_f(v['p50']['last'])} | {_f(v['p50']['slope_ms_per_h'])} | "
+            f"{_f(v['p99']['first'])} | {_f(v['p99']['last'])} | {_f(v['p99']['slope_ms_per_h'])} |"
+        )
+    lines += [
+        "",
+        "| window (s) | requests | errors | tokens | TTFT err p50 / p99 / max | TTFT err > 1 ms | "
+        "ITL err p50 / p99 / max | mock late p99 | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for w in doc["windows"]:
         t, i = w["ttft_err_ms"], w["itl_err_ms"]
-        lines.append(f"| {w['start_s']:g}-{w['end_s']:g} | {w['requests']} | {w['errors']} | {w['events']} | "
-                     f"{_f(t['p50'])} / {_f(t['p99'])} / {_f(t['max'], 1)} | {w['ttft_err_over_1ms']} | "
-                     f"{_f(i['p50'])} / {_f(i['p99'])} / {_f(i['max'], 1)} | {_f(w['mock_late_ms']['p99'], 1)} | "
-                     f"{_f(w['load1_mean'], 2)} |")
+        lines.append(
+            f"| {w['start_s']:g}-{w['end_s']:g} | {w['requests']} | {w['errors']} | {w['events']} | "
+            f"{_f(t['p50'])} / {_f(t['p99'])} / {_f(t['max'], 1)} | {w['ttft_err_over_1ms']} | "
+            f"{_f(i['p50'])} / {_f(i['p99'])} / {_f(i['max'], 1)} | {_f(w['mock_late_ms']['p99'], 1)} | "
+            f"{_f(w['load1_mean'], 2)} |"
+        )
     over = sum(w["ttft_err_over_1ms"] for w in doc["windows"])
     total = sum(w["requests"] - w["errors"] for w in doc["windows"])
     worst = doc["worst_ttft"][0] if doc["worst_ttft"] else None
@@ -506,9 +627,14 @@ def _markdown(doc: dict[str, Any]) -> str:
             "when the client thread is kept off the CPU between the kernel's readiness check and that stamp (the "
             "machine's load average above its 2 cores), the bound is later than the bytes' arrival, and the first "
             "token is reported late by up to the time the client did not run: the client's error under CPU "
-            "contention." + _contention(doc["windows"])]
-    lines += ["", f"History written: {doc['history_bytes'] / 2**20:.0f} MiB. The series (every sample) and the "
-              "windows are in soak.json.", ""]
+            "contention." + _contention(doc["windows"])
+        ]
+    lines += [
+        "",
+        f"History written: {doc['history_bytes'] / 2**20:.0f} MiB. The series (every sample) and the "
+        "windows are in soak.json.",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -49,8 +49,11 @@ QUIET_LOAD = 1.5  # a load average above it on 2 cores: other work competes with
 
 
 def grid() -> list[tuple[str, int, int, bool, tuple[str, str]]]:
-    return [(st, t, ub, fa, c) for st, t, ub, fa, c in itertools.product(
-        ("auto", "cpu-moe"), (1, 2), (128, 512), (True, False), CACHES) if fa or c[1] == "f16"]
+    return [
+        (st, t, ub, fa, c)
+        for st, t, ub, fa, c in itertools.product(("auto", "cpu-moe"), (1, 2), (128, 512), (True, False), CACHES)
+        if fa or c[1] == "f16"
+    ]
 
 
 def label(st: str, t: int, ub: int, fa: bool, c: tuple[str, str]) -> str:
@@ -66,9 +69,29 @@ def plan_grid(d: Path, model: Path, hw: Path, port: int) -> Path:
     plans = []
     for i, (st, t, ub, fa, (ctk, ctv)) in enumerate(grid()):
         out = d / f"g{i}.json"
-        r = run_cli("plan", str(model), "--hw", str(hw), "--strategy", st, "-t", str(t), "-ub", str(ub),
-                    "--flash-attn", "on" if fa else "off", "--ctk", ctk, "--ctv", ctv, "--port", str(port),
-                    "-o", str(out), "--json")
+        r = run_cli(
+            "plan",
+            str(model),
+            "--hw",
+            str(hw),
+            "--strategy",
+            st,
+            "-t",
+            str(t),
+            "-ub",
+            str(ub),
+            "--flash-attn",
+            "on" if fa else "off",
+            "--ctk",
+            ctk,
+            "--ctv",
+            ctv,
+            "--port",
+            str(port),
+            "-o",
+            str(out),
+            "--json",
+        )
         if r.exit_code != 0:
             raise RuntimeError(r.stderr)
         plans.append({"label": label(st, t, ub, fa, (ctk, ctv)), "plan": out.name})
@@ -80,10 +103,12 @@ def plan_grid(d: Path, model: Path, hw: Path, port: int) -> Path:
 def scores(obs: list[Observation], k: SpeedConstants) -> dict[str, float]:
     tg = [(predict_tg(o, k), o.measured_tg) for o in obs if o.measured_tg]
     pp = [(predict_pp(o, k), o.measured_pp) for o in obs if o.measured_pp]
-    return {"tg_median_abs_pct": round(statistics.median(abs(p - m) / m * 100 for p, m in tg), 1),
-            "pp_median_abs_pct": round(statistics.median(abs(p - m) / m * 100 for p, m in pp), 1),
-            "tg_spearman": round(spearman(*map(list, zip(*tg, strict=True))), 3),
-            "pp_spearman": round(spearman(*map(list, zip(*pp, strict=True))), 3)}
+    return {
+        "tg_median_abs_pct": round(statistics.median(abs(p - m) / m * 100 for p, m in tg), 1),
+        "pp_median_abs_pct": round(statistics.median(abs(p - m) / m * 100 for p, m in pp), 1),
+        "tg_spearman": round(spearman(*map(list, zip(*tg, strict=True))), 3),
+        "pp_spearman": round(spearman(*map(list, zip(*pp, strict=True))), 3),
+    }
 
 
 def main(results: Path) -> None:
@@ -110,41 +135,96 @@ def main(results: Path) -> None:
             if labels[a].split()[0] == labels[b].split()[0]:
                 continue  # two placements
             k = fit([by_run[a], by_run[b]])
-            pairs.append({"pair": [labels[a], labels[b]],
-                          **scores([o for r_, o in by_run.items() if r_ not in (a, b)], k)})
+            pairs.append(
+                {"pair": [labels[a], labels[b]], **scores([o for r_, o in by_run.items() if r_ not in (a, b)], k)}
+            )
         after = {key: round(statistics.median(p[key] for p in pairs), 3) for key in pairs[0] if key != "pair"}
         measured = {labels[o.run]: round(o.measured_tg or 0.0, 1) for o in obs}
         best = max(measured, key=lambda x: measured[x])
         t1 = time.monotonic()
-        tr = run_cli("tune", str(model), "--hw", str(hw), "--strategy", "cpu-moe", "-t", "1",
-                     "--try-strategy", "auto,cpu-moe", "--try-threads", "1,2", "--try-ubatch", "128,512",
-                     "--try-fa", "on,off", "--try-cache", "f16/f16,q8_0/q8_0", "--try-repack", "off", *WORKLOAD,
-                     "--port", str(port), "--budget", "4", "--db", str(d / "tune.db"), "--json")
+        tr = run_cli(
+            "tune",
+            str(model),
+            "--hw",
+            str(hw),
+            "--strategy",
+            "cpu-moe",
+            "-t",
+            "1",
+            "--try-strategy",
+            "auto,cpu-moe",
+            "--try-threads",
+            "1,2",
+            "--try-ubatch",
+            "128,512",
+            "--try-fa",
+            "on,off",
+            "--try-cache",
+            "f16/f16,q8_0/q8_0",
+            "--try-repack",
+            "off",
+            *WORKLOAD,
+            "--port",
+            str(port),
+            "--budget",
+            "4",
+            "--db",
+            str(d / "tune.db"),
+            "--json",
+        )
         tune: dict[str, Any] = {"exit_code": tr.exit_code, "wall_s": round(time.monotonic() - t1, 1)}
         if tr.exit_code == 0:
             doc = json.loads(tr.stdout)
             found = doc["best"]["label"]
-            tune.update(launches=doc["launches"], best=found, grid_best=best,
-                        ratio_to_grid_best=round(measured.get(_grid_label(found), 0.0) / measured[best], 3))
-    out = {"workload": " ".join(WORKLOAD), "configurations": len(measured), "grid_wall_s": round(grid_s, 1),
-           "load_average_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
-           "measured_tg": measured, "before": before, "after_two_placements": after, "pairs": pairs, "tune": tune}
+            tune.update(
+                launches=doc["launches"],
+                best=found,
+                grid_best=best,
+                ratio_to_grid_best=round(measured.get(_grid_label(found), 0.0) / measured[best], 3),
+            )
+    out = {
+        "workload": " ".join(WORKLOAD),
+        "configurations": len(measured),
+        "grid_wall_s": round(grid_s, 1),
+        "load_average_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
+        "measured_tg": measured,
+        "before": before,
+        "after_two_placements": after,
+        "pairs": pairs,
+        "tune": tune,
+    }
     (results / "speed_axes.json").write_text(json.dumps(out, indent=2))
-    lines = ["# speed model over the engine axes (flash attention, cache type, threads, ubatch)", "",
-             "`python benchmarks/run.py speed_axes`: " + str(len(measured)) + " configurations of the tuning "
-             f"testbed's model on this machine's 2 cores, `moetune sweep` {' '.join(WORKLOAD)}; load average "
-             f"{out['load_average_before_after'][0]} before, {out['load_average_before_after'][1]} after.", "",
-             *([f"**Contended**: the load average passed {QUIET_LOAD} on {os.cpu_count()} cores; these numbers "
-                "measure the other work on the machine, not the model. Rerun on a quiet machine.", ""]
-               if max(out["load_average_before_after"]) > QUIET_LOAD else []),
-             "| constants | TG median error | PP median error | TG rank corr. | PP rank corr. |", "|---|---:|---:|---:|---:|",
-             f"| built-in | {before['tg_median_abs_pct']}% | {before['pp_median_abs_pct']}% | {before['tg_spearman']} | "
-             f"{before['pp_spearman']} |",
-             f"| calibrated on 2 runs of two placements (median of {len(pairs)} pairs, the rest predicted) | "
-             f"{after['tg_median_abs_pct']}% | {after['pp_median_abs_pct']}% | {after['tg_spearman']} | "
-             f"{after['pp_spearman']} |", "",
-             "Targets (issue #25): TG <= 10%, PP <= 15%, TG rank correlation >= 0.8 after calibration.", "",
-             f"tune (budget 4, from cpu-moe t1): {json.dumps(tune)}", "", "| configuration | TG tok/s |", "|---|---:|"]
+    lines = [
+        "# speed model over the engine axes (flash attention, cache type, threads, ubatch)",
+        "",
+        "`python benchmarks/run.py speed_axes`: " + str(len(measured)) + " configurations of the tuning "
+        f"testbed's model on this machine's 2 cores, `moetune sweep` {' '.join(WORKLOAD)}; load average "
+        f"{out['load_average_before_after'][0]} before, {out['load_average_before_after'][1]} after.",
+        "",
+        *(
+            [
+                f"**Contended**: the load average passed {QUIET_LOAD} on {os.cpu_count()} cores; these numbers "
+                "measure the other work on the machine, not the model. Rerun on a quiet machine.",
+                "",
+            ]
+            if max(out["load_average_before_after"]) > QUIET_LOAD
+            else []
+        ),
+        "| constants | TG median error | PP median error | TG rank corr. | PP rank corr. |",
+        "|---|---:|---:|---:|---:|",
+        f"| built-in | {before['tg_median_abs_pct']}% | {before['pp_median_abs_pct']}% | {before['tg_spearman']} | "
+        f"{before['pp_spearman']} |",
+        f"| calibrated on 2 runs of two placements (median of {len(pairs)} pairs, the rest predicted) | "
+        f"{after['tg_median_abs_pct']}% | {after['pp_median_abs_pct']}% | {after['tg_spearman']} | "
+        f"{after['pp_spearman']} |",
+        "",
+        "Targets (issue #25): TG <= 10%, PP <= 15%, TG rank correlation >= 0.8 after calibration.",
+        "",
+        f"tune (budget 4, from cpu-moe t1): {json.dumps(tune)}",
+        "",
+        "| configuration | TG tok/s |",
+        "|---|---:|",
+    ]
     lines += [f"| {k} | {v} |" for k, v in sorted(measured.items())]
     (results / "speed_axes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

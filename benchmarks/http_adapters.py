@@ -47,9 +47,11 @@ class AiohttpClient:
     def __init__(self, base_url: str, timeout_s: float) -> None:
         # no connection limit: the load generator bounds concurrency itself
         self._s = aiohttp.ClientSession(
-            base_url.rstrip("/"), connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
+            base_url.rstrip("/"),
+            connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
             timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, 30)),
-            auto_decompress=False)
+            auto_decompress=False,
+        )
 
     async def _json(self, method: str, path: str, data: bytes | None) -> tuple[int, Any]:
         async with self._s.request(method, path, data=data, headers=_JSON) as r:
@@ -93,8 +95,10 @@ class HttpxClient:
 
     def __init__(self, base_url: str, timeout_s: float) -> None:
         self._c = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30)),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+            base_url=base_url.rstrip("/"),
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30)),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
 
     async def _json(self, method: str, path: str, data: bytes | None) -> tuple[int, Any]:
         r = await self._c.request(method, path, content=data, headers=_JSON)

@@ -40,17 +40,46 @@ def main(out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for arch, wide, model in calibration_models(Path(tmp)):
             with rpc_workers(server.parent, 1) as (rpc,):
-                for ub, ctx, fa, pl, par in itertools.product((32, 128, 512, 1024), (512, 4096, 16384), ("on", "off"),
-                                                              ("rpc", "rpc-exps-cpu", "cpu"), (1, 4)):
+                for ub, ctx, fa, pl, par in itertools.product(
+                    (32, 128, 512, 1024), (512, 4096, 16384), ("on", "off"), ("rpc", "rpc-exps-cpu", "cpu"), (1, 4)
+                ):
                     # -nr: CPU weight repacking crashes on some CPUs (DESIGN.md section 5)
-                    args = ["-m", str(model), "-nr", "-lv", "4", "-c", str(ctx), "-ub", str(ub), "-b", str(max(ub, 512)),
-                            "--parallel", str(par), "-fit", "off", "-fa", fa]
+                    args = [
+                        "-m",
+                        str(model),
+                        "-nr",
+                        "-lv",
+                        "4",
+                        "-c",
+                        str(ctx),
+                        "-ub",
+                        str(ub),
+                        "-b",
+                        str(max(ub, 512)),
+                        "--parallel",
+                        str(par),
+                        "-fit",
+                        "off",
+                        "-fa",
+                        fa,
+                    ]
                     args += ["--rpc", rpc] if pl != "cpu" else []
                     args += ["-ot", "exps=CPU"] if pl == "rpc-exps-cpu" else []
                     ok, log = reserve_log(server, args)
                     bufs = {d: asdict(b) for d, b in parse_log(log).device_buffers().items()} if ok else {}
-                    points.append({"arch": arch, "wide": wide, "ub": ub, "ctx": ctx, "fa": fa, "placement": pl,
-                                   "slots": par, "ok": ok, "buffers": bufs})
+                    points.append(
+                        {
+                            "arch": arch,
+                            "wide": wide,
+                            "ub": ub,
+                            "ctx": ctx,
+                            "fa": fa,
+                            "placement": pl,
+                            "slots": par,
+                            "ok": ok,
+                            "buffers": bufs,
+                        }
+                    )
             print(arch, wide, sum(p["ok"] for p in points), len(points), flush=True)
     out.write_text(json.dumps(points))
 

@@ -26,9 +26,13 @@ from benchmarks.measure_buffers import calibration_models
 from tests.engine_harness import reserve_log, rpc_workers
 
 # (ubatch, ctx, flash attention, cache type, -amb, placement)
-GRID = [g for g in itertools.product((64, 256, 1024), (512, 4096, 16384), ("on", "off"), ("f16", "q8_0"), (0, 16),
-                                     ("rpc", "rpc-exps-cpu", "cpu"))
-        if not (g[4] and g[2] == "on") and not (g[3] == "q8_0" and g[2] == "off")]  # -amb acts without FA
+GRID = [
+    g
+    for g in itertools.product(
+        (64, 256, 1024), (512, 4096, 16384), ("on", "off"), ("f16", "q8_0"), (0, 16), ("rpc", "rpc-exps-cpu", "cpu")
+    )
+    if not (g[4] and g[2] == "on") and not (g[3] == "q8_0" and g[2] == "off")
+]  # -amb acts without FA
 
 
 def main(out: Path) -> None:
@@ -39,8 +43,25 @@ def main(out: Path) -> None:
         for arch, wide, model in calibration_models(Path(tmp)):
             with rpc_workers(server.parent, 1, binary="rpc-server") as (rpc,):
                 for ub, ctx, fa, ct, amb, pl in GRID:
-                    args = ["-m", str(model), "-c", str(ctx), "-ub", str(ub), "-b", str(max(ub, 512)),
-                            "--parallel", "1", "-fa", fa, "-ctk", ct, "-ctv", ct, "--jinja"]
+                    args = [
+                        "-m",
+                        str(model),
+                        "-c",
+                        str(ctx),
+                        "-ub",
+                        str(ub),
+                        "-b",
+                        str(max(ub, 512)),
+                        "--parallel",
+                        "1",
+                        "-fa",
+                        fa,
+                        "-ctk",
+                        ct,
+                        "-ctv",
+                        ct,
+                        "--jinja",
+                    ]
                     args += ["-amb", str(amb)] if amb else []
                     args += ["-mla", "3"] if arch in ("deepseek2", "glm-dsa") else []
                     # a CPU-only build counts the CPU as device 0: -ts 0,1 puts the layers on the RPC device
@@ -48,8 +69,21 @@ def main(out: Path) -> None:
                     args += ["-ot", "exps=CPU"] if pl == "rpc-exps-cpu" else []
                     ok, log = reserve_log(server, args, marker=IK_RESERVED)
                     bufs = {d: asdict(b) for d, b in parse_log(log).device_buffers().items()} if ok else {}
-                    points.append({"arch": arch, "wide": wide, "ub": ub, "ctx": ctx, "fa": fa, "ct": ct, "amb": amb,
-                                   "placement": pl, "slots": 1, "ok": ok, "buffers": bufs})
+                    points.append(
+                        {
+                            "arch": arch,
+                            "wide": wide,
+                            "ub": ub,
+                            "ctx": ctx,
+                            "fa": fa,
+                            "ct": ct,
+                            "amb": amb,
+                            "placement": pl,
+                            "slots": 1,
+                            "ok": ok,
+                            "buffers": bufs,
+                        }
+                    )
             print(arch, wide, sum(p["ok"] for p in points), len(points), flush=True)
     out.write_text(json.dumps(points))
 

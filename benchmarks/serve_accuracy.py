@@ -36,8 +36,12 @@ def _dist(xs: list[float]) -> dict[str, float | None]:
         return {"p50": None, "p90": None, "p99": None, "max": None}
     a = np.asarray(xs, dtype=float)
     q = np.percentile(a, PERCENTILES)
-    return {"p50": round(float(q[0]), 4), "p90": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
-            "max": round(float(a.max()), 4)}
+    return {
+        "p50": round(float(q[0]), 4),
+        "p90": round(float(q[1]), 4),
+        "p99": round(float(q[2]), 4),
+        "max": round(float(a.max()), 4),
+    }
 
 
 def _pct(xs: list[float]) -> dict[str, float]:
@@ -65,8 +69,11 @@ class Accuracy:
     def gaps_ms(self, against: str = "realized") -> dict[str, float]:
         """|reported - truth| for TTFT and ITL p50/p90/p99 (``ttft_ms p99``: ...)."""
         truth = self.realized if against == "realized" else self.nominal
-        return {f"{m} {q}": round(abs(float(self.reported[m][q] or 0) - truth[m][q]), 4)
-                for m in ("ttft_ms", "itl_ms") for q in ("p50", "p90", "p99")}
+        return {
+            f"{m} {q}": round(abs(float(self.reported[m][q] or 0) - truth[m][q]), 4)
+            for m in ("ttft_ms", "itl_ms")
+            for q in ("p50", "p90", "p99")
+        }
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,25 +105,34 @@ def request_errors(sample: dict[str, Any], recv: float, writes: list[float], due
         ttft_err_ms=abs(m.ttft_s * 1000 - real_ttft) if m.ttft_s is not None and real_ttft is not None else None,
         itl_err_ms=[abs(x * 1000 - g) for x, g in zip(m.itl_s, gaps, strict=False)],
         late_ms=[(w - d) * 1000 for w, d in zip(writes, due, strict=False)],
-        intake_ms=(recv - t_send) * 1000, real_ttft_ms=real_ttft, real_itl_ms=gaps)
+        intake_ms=(recv - t_send) * 1000,
+        real_ttft_ms=real_ttft,
+        real_itl_ms=gaps,
+    )
 
 
-async def _collect(url: str, streams: int, requests: int, output_tokens: int, library: str
-                   ) -> tuple[list[RequestRecord], dict[str, Any]]:
+async def _collect(
+    url: str, streams: int, requests: int, output_tokens: int, library: str
+) -> tuple[list[RequestRecord], dict[str, Any]]:
     http = make_client(url, library=library)
     try:
         prompts = [Prompt("hello", 0, output_tokens)]
-        records = await run_level(http, prompts, LoadSpec(streams, requests=requests), RequestOptions(),
-                                  lambda r: None)
+        records = await run_level(http, prompts, LoadSpec(streams, requests=requests), RequestOptions(), lambda r: None)
         _, log = await http.get_json("/mock/log")
     finally:
         await http.aclose()
     return records, log
 
 
-def measure(streams: int, *, ttft_ms: tuple[float, ...] = (60.0, 70.0, 80.0, 90.0, 100.0),
-            itl_ms: tuple[float, ...] = (20.0, 30.0, 40.0, 50.0, 60.0), output_tokens: int = 41, rounds: int = 2,
-            library: str = DEFAULT_LIBRARY) -> Accuracy:
+def measure(
+    streams: int,
+    *,
+    ttft_ms: tuple[float, ...] = (60.0, 70.0, 80.0, 90.0, 100.0),
+    itl_ms: tuple[float, ...] = (20.0, 30.0, 40.0, 50.0, 60.0),
+    output_tokens: int = 41,
+    rounds: int = 2,
+    library: str = DEFAULT_LIBRARY,
+) -> Accuracy:
     """Run ``streams`` concurrent streams, ``rounds`` requests each, against a mock with this schedule."""
     cfg = MockConfig(ttft_ms=ttft_ms, itl_ms=itl_ms)
     requests = streams * rounds
@@ -151,10 +167,21 @@ def measure(streams: int, *, ttft_ms: tuple[float, ...] = (60.0, 70.0, 80.0, 90.
         nom_itl += [cfg.itl_ms[(k - 1) % len(cfg.itl_ms)] for k in range(1, output_tokens)]
     level = summarize_level([r.to_sample() for r in records])
     return Accuracy(
-        library=library, streams=streams, requests=len(records), events=len(lag),
-        event_rate_per_s=round(len(lag) / (t1 - t0), 1) if t1 > t0 else 0.0, errors=errors,
-        lag_ms=_dist(lag), ttft_err_ms=_dist(ttft_err), itl_err_ms=_dist(itl_err), intake_ms=_dist(intake), mock_late_ms=_dist(late),
-        reported={"ttft_ms": {q: level["ttft_ms"][q] for q in ("p50", "p90", "p99")},
-                  "itl_ms": {q: level["itl_ms"][q] for q in ("p50", "p90", "p99")}},
+        library=library,
+        streams=streams,
+        requests=len(records),
+        events=len(lag),
+        event_rate_per_s=round(len(lag) / (t1 - t0), 1) if t1 > t0 else 0.0,
+        errors=errors,
+        lag_ms=_dist(lag),
+        ttft_err_ms=_dist(ttft_err),
+        itl_err_ms=_dist(itl_err),
+        intake_ms=_dist(intake),
+        mock_late_ms=_dist(late),
+        reported={
+            "ttft_ms": {q: level["ttft_ms"][q] for q in ("p50", "p90", "p99")},
+            "itl_ms": {q: level["itl_ms"][q] for q in ("p50", "p90", "p99")},
+        },
         realized={"ttft_ms": _pct(real_ttft), "itl_ms": _pct(real_itl)},
-        nominal={"ttft_ms": _pct(nom_ttft), "itl_ms": _pct(nom_itl)})
+        nominal={"ttft_ms": _pct(nom_ttft), "itl_ms": _pct(nom_itl)},
+    )

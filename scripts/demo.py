@@ -43,16 +43,31 @@ from tests.engine_harness import free_port
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "demo-out"
 MOETUNE = [sys.executable, "-m", "moetune"]
-QUESTION = ("Write a JSON object with 5 fields describing a software project. Include name, language, version, "
-            "description, and license.")
+QUESTION = (
+    "Write a JSON object with 5 fields describing a software project. Include name, language, version, "
+    "description, and license."
+)
 STRATEGIES = [  # label, moetune plan --strategy
     ("cpu-moe", "cpu-moe"),
     ("n-cpu-moe 4", "n-cpu-moe:4"),
     ("auto (fills RPC0)", "auto"),
 ]
 PLAN_ARGS = ["--ctx", "1024", "--threads", "1"]
-BENCH = ["-w", "reference", "--max-tokens", "64", "--ignore-eos", "-r", "5",
-         "--depth", "0,512", "--pp-tokens", "128", "--tg-tokens", "32"]
+BENCH = [
+    "-w",
+    "reference",
+    "--max-tokens",
+    "64",
+    "--ignore-eos",
+    "-r",
+    "5",
+    "--depth",
+    "0,512",
+    "--pp-tokens",
+    "128",
+    "--tg-tokens",
+    "32",
+]
 
 
 def step(title: str) -> None:
@@ -71,10 +86,23 @@ def ask_one_question(model: Path) -> None:
     """Plan the model for this machine alone, launch it with moetune (waits for /health), ask one
     question, print the server's own timings, stop it in order."""
     hw = OUT / "hw-this-machine.yaml"
-    hw.write_text(yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20}}]}))
+    hw.write_text(
+        yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20}}]})
+    )
     plan = OUT / "serve-plan.json"
-    moetune("plan", str(model.relative_to(ROOT)), "--hw", str(hw.relative_to(ROOT)), *PLAN_ARGS,
-            "--port", str(free_port()), "-o", str(plan.relative_to(ROOT)), "--format", "argv")
+    moetune(
+        "plan",
+        str(model.relative_to(ROOT)),
+        "--hw",
+        str(hw.relative_to(ROOT)),
+        *PLAN_ARGS,
+        "--port",
+        str(free_port()),
+        "-o",
+        str(plan.relative_to(ROOT)),
+        "--format",
+        "argv",
+    )
     launch = ["launch", str(plan.relative_to(ROOT)), "--detach", "--json"]
     print("$ moetune " + " ".join(launch), flush=True)
     r = subprocess.run([*MOETUNE, *launch], cwd=ROOT, capture_output=True, text=True)
@@ -84,17 +112,22 @@ def ask_one_question(model: Path) -> None:
     print(json.dumps(run))
     url = run["url"]
     try:
-        body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 64,
-                "chat_template_kwargs": {"enable_thinking": False}}
+        body = {
+            "messages": [{"role": "user", "content": QUESTION}],
+            "max_tokens": 64,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
         print(f"$ curl {url}/v1/chat/completions -d '{json.dumps(body)[:80]}...'", flush=True)
         resp = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()
         answer = resp["choices"][0]["message"]["content"]
         t = resp["timings"]
         print(f"answer (random weights, so garbage): {answer[:60]!r}...")
-        print(f"server timings: prompt {t['prompt_n']} tokens in {t['prompt_ms']:.1f} ms "
-              f"({t['prompt_n'] / t['prompt_ms'] * 1000:.1f} tokens/s), "
-              f"generated {t['predicted_n']} tokens in {t['predicted_ms']:.1f} ms "
-              f"({t['predicted_n'] / t['predicted_ms'] * 1000:.1f} tokens/s), cached {t.get('cache_n', 0)}")
+        print(
+            f"server timings: prompt {t['prompt_n']} tokens in {t['prompt_ms']:.1f} ms "
+            f"({t['prompt_n'] / t['prompt_ms'] * 1000:.1f} tokens/s), "
+            f"generated {t['predicted_n']} tokens in {t['predicted_ms']:.1f} ms "
+            f"({t['predicted_n'] / t['predicted_ms'] * 1000:.1f} tokens/s), cached {t.get('cache_n', 0)}"
+        )
     finally:
         moetune("stop", str(run["run"]))
 
@@ -109,19 +142,45 @@ def write_plans(model: Path) -> Path:
     for label, strategy in STRATEGIES:
         rport = free_port()  # a fresh port per plan: a worker's port may linger after it stops
         hw = plans / f"hw-{rport}.yaml"
-        hw.write_text(yaml.safe_dump({"name": "demo-loopback-rpc", "nodes": [  # one name: one calibration
-            {"name": "local", "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20}},
-            {"name": "rpc-worker", "link_addr": "127.0.0.1", "rpc_port": rport,
-             "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20},
-             "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": 80, "bw_gbs": 20}]}]}, sort_keys=False))
+        hw.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "demo-loopback-rpc",
+                    "nodes": [  # one name: one calibration
+                        {"name": "local", "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20}},
+                        {
+                            "name": "rpc-worker",
+                            "link_addr": "127.0.0.1",
+                            "rpc_port": rport,
+                            "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20},
+                            "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": 80, "bw_gbs": 20}],
+                        },
+                    ],
+                },
+                sort_keys=False,
+            )
+        )
         name = strategy.replace(":", "-") + ".json"
         show = ["--format", "table"] if strategy == "auto" else ["--format", "argv"]
-        moetune("plan", str(model.relative_to(ROOT)), "--hw", str(hw.relative_to(ROOT)), "--strategy", strategy,
-                *PLAN_ARGS, "--port", str(free_port()), "-o", str((plans / name).relative_to(ROOT)), *show)
+        moetune(
+            "plan",
+            str(model.relative_to(ROOT)),
+            "--hw",
+            str(hw.relative_to(ROOT)),
+            "--strategy",
+            strategy,
+            *PLAN_ARGS,
+            "--port",
+            str(free_port()),
+            "-o",
+            str((plans / name).relative_to(ROOT)),
+            *show,
+        )
         entries.append({"label": label, "plan": name})
     sweep = plans / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump({"name": "demo placements", "baseline": STRATEGIES[0][0], "plans": entries},
-                                    sort_keys=False))
+    sweep.write_text(
+        yaml.safe_dump({"name": "demo placements", "baseline": STRATEGIES[0][0], "plans": entries}, sort_keys=False)
+    )
     return sweep
 
 
@@ -147,8 +206,15 @@ def main() -> None:
     sweep = write_plans(model)
     print(f"plans: {', '.join(str(p.relative_to(ROOT)) for p in sorted(sweep.parent.glob('*.json')))}")
     plot = OUT / "compare.png"
-    args = ["sweep", str(sweep.relative_to(ROOT)), *BENCH, "--plot", str(plot.relative_to(ROOT)),
-            "--db", str(db.relative_to(ROOT))]
+    args = [
+        "sweep",
+        str(sweep.relative_to(ROOT)),
+        *BENCH,
+        "--plot",
+        str(plot.relative_to(ROOT)),
+        "--db",
+        str(db.relative_to(ROOT)),
+    ]
     moetune(*args)
 
     step("5. the same command again resumes the sweep: every plan is complete, so none is re-run")
@@ -166,16 +232,32 @@ def main() -> None:
     # (exit 2, saying so): the demo goes on, with the built-in constants
     moetune("calibrate", "--db", str(db.relative_to(ROOT)), check=False)
     report = OUT / "report.html"
-    moetune("report", *(str(p["run"]) for p in doc["plans"]), "-o", str(report.relative_to(ROOT)),
-            "--db", str(db.relative_to(ROOT)))
+    moetune(
+        "report",
+        *(str(p["run"]) for p in doc["plans"]),
+        "-o",
+        str(report.relative_to(ROOT)),
+        "--db",
+        str(db.relative_to(ROOT)),
+    )
 
     step("7. quality: do the faster placements change the answers? KL divergence from the baseline's logits")
     plans = [sweep.parent / (strategy.replace(":", "-") + ".json") for _, strategy in STRATEGIES]
-    moetune("quality", *(str(p.relative_to(ROOT)) for p in plans), "--ctx", "128", "--chunks", "6",
-            "--db", str(db.relative_to(ROOT)))
-    print(f"\ndemo done in {time.monotonic() - t0:.0f} s; plot: {plot.relative_to(ROOT)}; "
-          f"report: {report.relative_to(ROOT)}; results: {db.relative_to(ROOT)} "
-          f"(moetune results show RUN --db {db.relative_to(ROOT)})")
+    moetune(
+        "quality",
+        *(str(p.relative_to(ROOT)) for p in plans),
+        "--ctx",
+        "128",
+        "--chunks",
+        "6",
+        "--db",
+        str(db.relative_to(ROOT)),
+    )
+    print(
+        f"\ndemo done in {time.monotonic() - t0:.0f} s; plot: {plot.relative_to(ROOT)}; "
+        f"report: {report.relative_to(ROOT)}; results: {db.relative_to(ROOT)} "
+        f"(moetune results show RUN --db {db.relative_to(ROOT)})"
+    )
 
 
 if __name__ == "__main__":

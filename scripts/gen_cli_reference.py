@@ -30,8 +30,9 @@ failure, 2 bad input or usage, 130 interrupted; `tune` exits 3 on a busy machine
 def walk(cmd: click.Command, name: str, parent: click.Context | None) -> list[tuple[str, str]]:
     """(path, help text) of CMD and, for a group, of every subcommand, depth first in listing order."""
     # as click makes it (the command's context_settings, help option names inherited), without parsing
-    ctx = cmd.make_context(name, [], parent=parent, resilient_parsing=True, terminal_width=WIDTH,
-                           max_content_width=WIDTH)
+    ctx = cmd.make_context(
+        name, [], parent=parent, resilient_parsing=True, terminal_width=WIDTH, max_content_width=WIDTH
+    )
     path = ctx.command_path
     pages = [(path, cmd.get_help(ctx))]
     if isinstance(cmd, click.Group):

@@ -78,8 +78,13 @@ def rpc_workers(bin_dir: Path, n: int, binary: str = "ggml-rpc-server") -> Itera
     try:
         for _ in range(n):
             port = free_port()
-            procs.append(subprocess.Popen([str(bin_dir / binary), "-H", "127.0.0.1", "-p", str(port)],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [str(bin_dir / binary), "-H", "127.0.0.1", "-p", str(port)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             ends.append(f"127.0.0.1:{port}")
         for e in ends:
             host, port_s = e.split(":")
@@ -108,7 +113,13 @@ def loopback_hw(endpoints: list[str], mem_mib: float = 24000, cpu_ram_mib: float
     nodes: list[dict[str, Any]] = [{"name": "local", "cpu": {"cores": 2, "ram_mib": cpu_ram_mib, "ram_bw_gbs": 20}}]
     for i, e in enumerate(endpoints):
         host, port = e.split(":")
-        nodes.append({"name": f"w{i}", "link_addr": host, "rpc_port": int(port),
-                      "cpu": {"cores": 2, "ram_mib": cpu_ram_mib, "ram_bw_gbs": 20},
-                      "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": mem_mib, "bw_gbs": 20}]})
+        nodes.append(
+            {
+                "name": f"w{i}",
+                "link_addr": host,
+                "rpc_port": int(port),
+                "cpu": {"cores": 2, "ram_mib": cpu_ram_mib, "ram_bw_gbs": 20},
+                "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": mem_mib, "bw_gbs": 20}],
+            }
+        )
     return {"nodes": nodes}

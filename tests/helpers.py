@@ -72,8 +72,11 @@ def llama_server(bin_dir: Path, model: Path, log: Path, *args: str, timeout: flo
     """Start llama-server on a free port and wait for /health. `-nr` is the caller's choice."""
     port = free_port()
     with open(log, "wb") as f:
-        proc = subprocess.Popen([str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
-                                 "--port", str(port), *args], stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -91,4 +94,3 @@ def llama_server(bin_dir: Path, model: Path, log: Path, *args: str, timeout: flo
         yield Server(proc, url, log)
     finally:
         end(proc, 20)
-

@@ -150,8 +150,24 @@ def test_no_import_cycles() -> None:
 
 
 # every package but the command line, which sits above them all
-CORE_PACKAGES = ("kinds", "errors", "paths", "procfs", "model", "hardware", "plan", "engine", "run", "store", "monitor",
-                 "bench", "report", "cluster", "planfiles", "tune")
+CORE_PACKAGES = (
+    "kinds",
+    "errors",
+    "paths",
+    "procfs",
+    "model",
+    "hardware",
+    "plan",
+    "engine",
+    "run",
+    "store",
+    "monitor",
+    "bench",
+    "report",
+    "cluster",
+    "planfiles",
+    "tune",
+)
 
 
 def test_no_cycles_between_core_packages() -> None:
@@ -161,8 +177,12 @@ def test_no_cycles_between_core_packages() -> None:
 
 @pytest.mark.parametrize("package", ["engine", "run", "bench", "cli", "store", "report", "cluster"])
 def test_plan_does_not_import_the_layers_above_it(package: str) -> None:
-    bad = {f"{m} imports {d}" for m, deps in _under(GRAPH, "moetune.plan").items() for d in deps
-           if d == f"moetune.{package}" or d.startswith(f"moetune.{package}.")}
+    bad = {
+        f"{m} imports {d}"
+        for m, deps in _under(GRAPH, "moetune.plan").items()
+        for d in deps
+        if d == f"moetune.{package}" or d.startswith(f"moetune.{package}.")
+    }
     assert not bad, "\n".join(sorted(bad))
 
 
@@ -187,13 +207,18 @@ IMPURE = {
 @pytest.mark.parametrize("what", IMPURE)
 def test_plan_does_no_io(what: str) -> None:
     rx = re.compile(IMPURE[what])
-    bad = [f"{p.relative_to(SRC)}:{i}: {line.strip()}" for p in sorted((PKG / "plan").rglob("*.py"))
-           for i, line in enumerate(p.read_text().splitlines(), 1) if rx.search(line)]
+    bad = [
+        f"{p.relative_to(SRC)}:{i}: {line.strip()}"
+        for p in sorted((PKG / "plan").rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if rx.search(line)
+    ]
     assert not bad, f"{what} in the planning core:\n" + "\n".join(bad)
 
 
 def _top_level_imports(path: Path, known: set[str]) -> set[str]:
     """What a module imports when it is imported: its body, not function bodies or TYPE_CHECKING blocks."""
+
     def executed(nodes: list[ast.stmt]) -> Iterator[ast.stmt]:
         for n in nodes:
             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):

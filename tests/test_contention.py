@@ -25,13 +25,36 @@ TCK = 100
 
 def stat_line(pid: int, comm: str, ppid: int, ticks: int, start: int = 1000) -> str:
     """A /proc/PID/stat line: utime ``ticks``, stime 0."""
-    rest = ["R", str(ppid), str(pid), str(pid), "0", "-1", "4194304", "10", "0", "2", "0", str(ticks), "0", "0", "0",
-            "20", "0", "4", "0", str(start), "1000000", "250"]
+    rest = [
+        "R",
+        str(ppid),
+        str(pid),
+        str(pid),
+        "0",
+        "-1",
+        "4194304",
+        "10",
+        "0",
+        "2",
+        "0",
+        str(ticks),
+        "0",
+        "0",
+        "0",
+        "20",
+        "0",
+        "4",
+        "0",
+        str(start),
+        "1000000",
+        "250",
+    ]
     return f"{pid} ({comm}) " + " ".join(rest)
 
 
-def census(t: float, busy: int, procs: dict[int, tuple[str, int, int]], cores: int = 2,
-           start: dict[int, int] | None = None) -> c.Census:
+def census(
+    t: float, busy: int, procs: dict[int, tuple[str, int, int]], cores: int = 2, start: dict[int, int] | None = None
+) -> c.Census:
     """``busy`` ticks over all cores; ``procs``: pid -> (comm, ppid, cpu ticks)."""
     stats: dict[int, procfs.ProcStat] = {}
     for pid, (comm, ppid, ticks) in procs.items():
@@ -49,10 +72,22 @@ def test_proc_stat_reads_the_command_and_parent() -> None:
 def test_split_counts_the_engine_with_its_children_moetune_apart_and_the_rest_as_foreign() -> None:
     # over 2 s on 2 cores (400 ticks): the server 150 ticks (its child 30), moetune 20, a hog 160,
     # and 10 ticks the kernel spent in interrupts (in no process)
-    before = census(0.0, 1000, {1: ("systemd", 0, 5), 100: ("moetune", 1, 50), 200: ("llama-server", 100, 400),
-                                300: ("python3", 1, 0)})
-    after = census(2.0, 1000 + 370, {1: ("systemd", 0, 5), 100: ("moetune", 1, 70), 200: ("llama-server", 100, 550),
-                                     201: ("child", 200, 30), 300: ("python3", 1, 160)})
+    before = census(
+        0.0,
+        1000,
+        {1: ("systemd", 0, 5), 100: ("moetune", 1, 50), 200: ("llama-server", 100, 400), 300: ("python3", 1, 0)},
+    )
+    after = census(
+        2.0,
+        1000 + 370,
+        {
+            1: ("systemd", 0, 5),
+            100: ("moetune", 1, 70),
+            200: ("llama-server", 100, 550),
+            201: ("child", 200, 30),
+            300: ("python3", 1, 160),
+        },
+    )
     s = c.split(before, after, engine_roots=[200], client=[100], clk_tck=TCK)
     assert s.seconds == 2.0 and s.machine == pytest.approx(3.7)
     assert s.engine == pytest.approx(1.8)  # 150 + the child's 30 (new since the last reading: all of its time)
@@ -83,8 +118,10 @@ def tally_of(*intervals: tuple[float, dict[tuple[str, int], float], float], seen
 
 
 def test_a_run_is_contended_above_the_threshold_and_names_the_top_commands() -> None:
-    t = tally_of((1.0, {("python3", 11): 0.9, ("python3", 12): 0.8, ("cc1", 40): 0.1}, 1.0),
-                 (1.0, {("python3", 11): 0.9, ("python3", 12): 0.9}, 1.0))
+    t = tally_of(
+        (1.0, {("python3", 11): 0.9, ("python3", 12): 0.8, ("cc1", 40): 0.1}, 1.0),
+        (1.0, {("python3", 11): 0.9, ("python3", 12): 0.9}, 1.0),
+    )
     r = t.result(0.5)
     assert r is not None and r.contended
     assert r.foreign_cores == pytest.approx(1.8) and r.foreign_peak_cores == pytest.approx(1.8)
@@ -106,8 +143,9 @@ def test_a_run_whose_engine_is_not_on_this_machine_is_not_judged() -> None:
     assert t.result(0.5, engine=False).contended  # type: ignore[union-attr]  # no engine expected: the gate's
 
 
-@pytest.mark.parametrize(("raw", "cores", "limit"), [
-    ("", 2, 0.5), ("1.5", 2, 1.5), ("25%", 16, 4.0), ("off", 2, None), ("OFF", 8, None)])
+@pytest.mark.parametrize(
+    ("raw", "cores", "limit"), [("", 2, 0.5), ("1.5", 2, 1.5), ("25%", 16, 4.0), ("off", 2, None), ("OFF", 8, None)]
+)
 def test_the_threshold_in_cores_or_a_share_of_the_machine(raw: str, cores: int, limit: float | None) -> None:
     assert c.max_foreign_cores(cores, raw) == limit
 
@@ -121,6 +159,7 @@ def test_a_bad_threshold_is_an_input_error(raw: str) -> None:
 def summary(tg: tuple[float, float, float], pp: tuple[float, float, float]) -> dict[str, Any]:
     def s(x: tuple[float, float, float]) -> dict[str, float]:
         return {"median": x[0], "ci_low": x[1], "ci_high": x[2]}
+
     return {"workloads": {"d0": {"tg": s(tg), "pp": s(pp)}}}
 
 
@@ -221,8 +260,15 @@ def test_compare_marks_a_flagged_run_and_says_why() -> None:
 
     ms = {"tg:d0": MetricSamples((100.0, 101.0, 99.0), True)}
     base = RunMetrics(1, "quiet", "bench", "done", ms)
-    busy = RunMetrics(2, "busy", "bench", "done", {"tg:d0": MetricSamples((50.0, 60.0, 40.0), True)},
-                      flags=("contended",), flag_notes=("run 2 (busy): contended: foreign load 1.80 cores ...",))
+    busy = RunMetrics(
+        2,
+        "busy",
+        "bench",
+        "done",
+        {"tg:d0": MetricSamples((50.0, 60.0, 40.0), True)},
+        flags=("contended",),
+        flag_notes=("run 2 (busy): contended: foreign load 1.80 cores ...",),
+    )
     comp = compare(base, [busy])
     assert comp.to_json()["run_flags"] == {"2": ["contended"]}
     assert "run 2 (busy): contended: foreign load" in comp.notes[0]
@@ -241,8 +287,9 @@ def test_a_calibration_worse_than_the_built_in_constants_is_not_applied() -> Non
     assert why is not None and "TG +/-160%" in why and "+/-50%" in why
 
 
-def test_a_contended_measurement_stops_the_search_or_is_measured_again(tmp_path: Any,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_contended_measurement_stops_the_search_or_is_measured_again(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MOETUNE_MAX_FOREIGN_CORES", "off")  # the window before the next launch: quiet
     busy = tally_of((2.0, {("cpu-hog", 11): 3.0}, 1.0)).result(0.5)
     with ResultsDB.open(tmp_path / "r.db") as db:

@@ -29,17 +29,23 @@ def testbed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[P
     monkeypatch.setenv("MOETUNE_MAX_FOREIGN_CORES", "0.5")
     model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe"), "f16").files[0]
     hw = tmp_path / "hw.yaml"
-    hw.write_text(yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000,
-                                                                     "ram_bw_gbs": 20}}]}))
+    hw.write_text(
+        yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]})
+    )
     yield model, hw
 
 
 def test_a_bench_beside_a_hog_is_contended_names_it_and_calibrate_leaves_it_out(
-        bin_dir: Path, testbed: tuple[Path, Path], tmp_path: Path) -> None:
+    bin_dir: Path, testbed: tuple[Path, Path], tmp_path: Path
+) -> None:
     model, hw = testbed
     plan = tmp_path / "p.json"
-    assert run_cli("plan", str(model), "--hw", str(hw), "--ctx", "1024", "--port", str(free_port()),
-                   "-o", str(plan)).exit_code == 0
+    assert (
+        run_cli(
+            "plan", str(model), "--hw", str(hw), "--ctx", "1024", "--port", str(free_port()), "-o", str(plan)
+        ).exit_code
+        == 0
+    )
     hog = hogs(2)
     try:
         r = run_cli("bench", str(plan), *FAST, "--json")
@@ -80,10 +86,24 @@ def test_a_bench_beside_a_hog_is_contended_names_it_and_calibrate_leaves_it_out(
 
 
 def test_tune_beside_a_hog_stops_with_exit_3_or_waits_with_wait_quiet(
-        bin_dir: Path, testbed: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir: Path, testbed: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model, hw = testbed
-    tune = ["tune", str(model), "--hw", str(hw), "--ctx", "1024", "--budget", "1", *FAST, "--port", str(free_port()),
-            "--db", str(tmp_path / "t.db")]
+    tune = [
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        "--ctx",
+        "1024",
+        "--budget",
+        "1",
+        *FAST,
+        "--port",
+        str(free_port()),
+        "--db",
+        str(tmp_path / "t.db"),
+    ]
     hog = hogs(2)
     try:
         r = run_cli(*tune)

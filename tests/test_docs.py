@@ -229,7 +229,9 @@ def test_readme_links_resolve() -> None:
             continue
         path, _, anchor = target.partition("#")
         f = ROOT / path
-        anchors = {slug(h.lstrip("#")) for h in f.read_text().splitlines() if h.startswith("#")} if f.exists() else set()
+        anchors = (
+            {slug(h.lstrip("#")) for h in f.read_text().splitlines() if h.startswith("#")} if f.exists() else set()
+        )
         if not f.exists() or (anchor and anchor not in anchors):
             broken.append(target)
     assert not broken, f"README.md links to what is not there: {', '.join(broken)}"
@@ -252,8 +254,10 @@ def test_every_example_is_marked() -> None:
                 continue
             unmarked.append(f"{b.where}: {b.examples()[0]}")
     assert not bad, "a needs marker is <!-- needs: WHAT (REASON) -->:\n" + "\n".join(bad)
-    assert not unmarked, (f"these blocks show `$ moetune` but neither run ({RUNS_MARK}) nor say what they "
-                          "need (<!-- needs: WHAT (REASON) -->):\n" + "\n".join(unmarked))
+    assert not unmarked, (
+        f"these blocks show `$ moetune` but neither run ({RUNS_MARK}) nor say what they "
+        "need (<!-- needs: WHAT (REASON) -->):\n" + "\n".join(unmarked)
+    )
 
 
 def parse_problem(cmd: str) -> str | None:
@@ -307,7 +311,8 @@ def test_the_markers_mark_blocks() -> None:
         lines = page.read_text().splitlines()
         for i, line in enumerate(lines):
             if (line == RUNS_MARK or _NEEDS.match(line) or _FILE.match(line)) and not (
-                    i + 1 < len(lines) and lines[i + 1].startswith("```")):
+                i + 1 < len(lines) and lines[i + 1].startswith("```")
+            ):
                 stray.append(f"{page.relative_to(ROOT)}:{i + 1}")
     assert not stray, "a marker must come right before a fenced block: " + ", ".join(stray)
 
@@ -315,10 +320,12 @@ def test_the_markers_mark_blocks() -> None:
 @pytest.fixture(scope="module")
 def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("docs")
-    for args in (("GLM-5.1.gguf", "--preset", "glm-5.1", "--shards", "8", "--sparse"),
-                 ("coder.gguf", "--preset", "qwen3-coder-next", "--sparse"),
-                 ("tiny.gguf", "--arch", "glm4moe", "--layers", "4", "--dense-lead", "1", "--nextn", "1"),
-                 ("tiny4.gguf", "--arch", "qwen3moe", "--layers", "4")):
+    for args in (
+        ("GLM-5.1.gguf", "--preset", "glm-5.1", "--shards", "8", "--sparse"),
+        ("coder.gguf", "--preset", "qwen3-coder-next", "--sparse"),
+        ("tiny.gguf", "--arch", "glm4moe", "--layers", "4", "--dense-lead", "1", "--nextn", "1"),
+        ("tiny4.gguf", "--arch", "qwen3moe", "--layers", "4"),
+    ):
         r = run_cli("testmodel", str(d / args[0]), *args[1:])
         assert r.exit_code == 0, r.stderr
     for log in LOGS.glob("*.log"):
@@ -363,14 +370,19 @@ def run_page(page: Path, d: Path, hub_url: str) -> list[str]:
             actual = [squeeze(a) for a in out.splitlines()]
             fails = any(e.startswith("Error:") for e in expected)
             if fails != (r.exit_code != 0):
-                problems.append(f"{b.where}: $ {cmd}\n  exit {r.exit_code} (expected {'non-zero' if fails else 0})"
-                                f"\n  stderr: {r.stderr.strip()[-2000:]}")
+                problems.append(
+                    f"{b.where}: $ {cmd}\n  exit {r.exit_code} (expected {'non-zero' if fails else 0})"
+                    f"\n  stderr: {r.stderr.strip()[-2000:]}"
+                )
                 continue
-            missing = [e for e in expected if squeeze(e) and squeeze(e) not in ("...", "…")
-                       and not matches(e, actual)]
+            missing = [e for e in expected if squeeze(e) and squeeze(e) not in ("...", "…") and not matches(e, actual)]
             if missing:
-                problems.append(f"{b.where}: $ {cmd}\n  not in its output:\n    " + "\n    ".join(missing)
-                                + "\n  output:\n    " + "\n    ".join(out.splitlines()[:200]))
+                problems.append(
+                    f"{b.where}: $ {cmd}\n  not in its output:\n    "
+                    + "\n    ".join(missing)
+                    + "\n  output:\n    "
+                    + "\n    ".join(out.splitlines()[:200])
+                )
     return problems
 
 
@@ -403,7 +415,21 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     """`make docs`: every page in the nav, every link and anchor resolves."""
     if importlib.util.find_spec("mkdocs") is None:
         pytest.skip("mkdocs is not installed (pip install -e '.[dev]')")
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
-                        "-d", str(tmp_path / "site")], capture_output=True, text=True, env={
-                            "PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1"}, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(ROOT / "mkdocs.yml"),
+            "-d",
+            str(tmp_path / "site"),
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1"},
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr

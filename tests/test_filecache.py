@@ -22,13 +22,25 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
-def test_a_hardware_file_is_validated_once_and_again_when_it_changes(cache: Path, tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hardware_file_is_validated_once_and_again_when_it_changes(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     hw = tmp_path / "hw.yaml"
-    doc = {"nodes": [{"name": "local", "cpu": {"cores": 8, "ram_mib": 64000, "ram_bw_gbs": 80},
-                      "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 24000, "bw_gbs": 900, "tflops": 80}]},
-                     {"name": "w", "link_addr": "10.0.0.2", "cpu": {"cores": 4, "ram_mib": 32000, "ram_bw_gbs": 40},
-                      "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 12000, "bw_gbs": 500}]}]}
+    doc = {
+        "nodes": [
+            {
+                "name": "local",
+                "cpu": {"cores": 8, "ram_mib": 64000, "ram_bw_gbs": 80},
+                "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 24000, "bw_gbs": 900, "tflops": 80}],
+            },
+            {
+                "name": "w",
+                "link_addr": "10.0.0.2",
+                "cpu": {"cores": 4, "ram_mib": 32000, "ram_bw_gbs": 40},
+                "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 12000, "bw_gbs": 500}],
+            },
+        ]
+    }
     hw.write_text(yaml.safe_dump(doc))
     first = inventory.load(hw)
     assert len(list((cache / "hardware").iterdir())) == 1
@@ -56,8 +68,9 @@ def test_each_kind_keeps_its_newest_entries(cache: Path, monkeypatch: pytest.Mon
     assert filecache.get("k", "e5") == b"y" and filecache.get("k", "e0") is None
 
 
-def test_a_profile_is_built_once_and_spelled_as_the_command_spells_it(cache: Path, tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_profile_is_built_once_and_spelled_as_the_command_spells_it(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from moetune.model import profile
 
     files = generate(tmp_path / "s.gguf", "qwen3moe", small_dims("qwen3moe"), "f16", shards=2).files

@@ -35,8 +35,10 @@ def test_a_process_left_with_the_session_token_is_found_and_killed(sleepers: lis
     p = sleeper(sleepers, **{SESSION_ENV: token})
     (s,) = find_strays(token)
     assert (s.pid, s.cmdline, s.marker) == (p.pid, "sleep 300", f"{SESSION_ENV}={token}")
-    assert report([s], "this test") == f"this test left 1 process(es) running (now killed):\n  pid {p.pid} " \
-                                       f"({SESSION_ENV}={token}): sleep 300"
+    assert (
+        report([s], "this test") == f"this test left 1 process(es) running (now killed):\n  pid {p.pid} "
+        f"({SESSION_ENV}={token}): sleep 300"
+    )
     kill([s])
     assert p.wait(5) == -9 or p.returncode is not None
     assert not pid_alive(p.pid) and find_strays(token) == []
@@ -49,8 +51,9 @@ def test_every_process_the_tests_start_carries_the_session_token(sleepers: list[
     assert p.wait(5) is not None
 
 
-def test_a_launch_s_processes_are_found_by_the_run_ids_under_a_home(tmp_path: Path,
-                                                                    sleepers: list[subprocess.Popen[bytes]]) -> None:
+def test_a_launch_s_processes_are_found_by_the_run_ids_under_a_home(
+    tmp_path: Path, sleepers: list[subprocess.Popen[bytes]]
+) -> None:
     run_id = f"20990101-000000-{secrets.token_hex(3)}"
     (tmp_path / "moetune-data0" / "runs" / run_id).mkdir(parents=True)
     (tmp_path / "moetune-data0" / "runs" / run_id / "run.json").write_text("{}")
@@ -64,7 +67,7 @@ def test_a_launch_s_processes_are_found_by_the_run_ids_under_a_home(tmp_path: Pa
     assert p.wait(5) is not None and find_strays(None, [run_id]) == []
 
 
-LEAKY = '''
+LEAKY = """
 import os, subprocess
 from pathlib import Path
 
@@ -77,7 +80,7 @@ def test_leaves_a_launch(moetune_home):
 def test_leaves_a_plain_process():
     subprocess.Popen(["sleep", "302"])
     assert False, "failed with a process running"
-'''
+"""
 
 
 def test_a_session_that_leaves_processes_fails_naming_them(tmp_path: Path) -> None:
@@ -85,9 +88,24 @@ def test_a_session_that_leaves_processes_fails_naming_them(tmp_path: Path) -> No
     (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
     (tmp_path / "test_leaky.py").write_text(LEAKY)
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-                        str(tmp_path / "test_leaky.py")], cwd=tmp_path, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_leaky.py"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=120,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "this test left 1 process(es) running (now killed)" in out and "sleep 301" in out

@@ -35,20 +35,31 @@ def test_iowait_counts_as_idle() -> None:
 
 
 def test_meminfo_in_bytes() -> None:
-    m = procfs.parse_meminfo("MemTotal:       24000000 kB\nMemAvailable:   20000000 kB\nMlocked:  1024 kB\n"
-                             "HugePages_Total:       0\n")
+    m = procfs.parse_meminfo(
+        "MemTotal:       24000000 kB\nMemAvailable:   20000000 kB\nMlocked:  1024 kB\nHugePages_Total:       0\n"
+    )
     assert m["MemTotal"] == 24000000 * 1024 and m["Mlocked"] == 1024 * 1024
     assert m["HugePages_Total"] == 0  # a count, not kB
 
 
 def test_proc_stat_with_a_hostile_comm() -> None:
     # comm may hold spaces and parentheses: the fields start after the last ")"
-    line = ("4242 (llama (srv) x) S 1 4242 4242 0 -1 4194304 9000 0 7 0 300 100 0 0 20 0 12 0 555 "
-            "1000000 2560 18446744073709551615")
+    line = (
+        "4242 (llama (srv) x) S 1 4242 4242 0 -1 4194304 9000 0 7 0 300 100 0 0 20 0 12 0 555 "
+        "1000000 2560 18446744073709551615"
+    )
     st = procfs.parse_proc_stat(line)
     assert st is not None
-    assert (st.state, st.pgrp, st.minflt, st.majflt, st.cpu_ticks, st.threads, st.start_ticks, st.rss_pages) == \
-        ("S", 4242, 9000, 7, 400, 12, 555, 2560)
+    assert (st.state, st.pgrp, st.minflt, st.majflt, st.cpu_ticks, st.threads, st.start_ticks, st.rss_pages) == (
+        "S",
+        4242,
+        9000,
+        7,
+        400,
+        12,
+        555,
+        2560,
+    )
     assert procfs.parse_proc_stat("") is None and procfs.parse_proc_stat("12 (x) S 1") is None
 
 
@@ -74,8 +85,10 @@ def test_listening_pid_finds_a_server_moetune_did_not_start() -> None:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    code = (f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); s.listen(); "
-            "print('up', flush=True); time.sleep(30)")
+    code = (
+        f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); s.listen(); "
+        "print('up', flush=True); time.sleep(30)"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "up"

@@ -41,8 +41,11 @@ def close_to(best: list[float], reached: list[float], sigma: float) -> bool:
     makes two such checks per run, and at 95% a tuner that always reached the best would still fail
     about one CI run in ten (seen: a gap of 0.146 against a 95% band of 0.140)."""
     gap = math.log(statistics.median(best) / statistics.median(reached))
-    return (gap <= math.log(1 / 0.97) or difference(best, reached, higher_is_better=True).verdict != SLOWER
-            or gap <= 2.576 * sigma)
+    return (
+        gap <= math.log(1 / 0.97)
+        or difference(best, reached, higher_is_better=True).verdict != SLOWER
+        or gap <= 2.576 * sigma
+    )
 
 
 def test_tune_reaches_the_grid_best_in_five_launches_cold_and_three_calibrated(bin_dir: Path, tmp_path: Path) -> None:
@@ -56,8 +59,23 @@ def test_tune_reaches_the_grid_best_in_five_launches_cold_and_three_calibrated(b
     # while other jobs loaded it); past 0.5 nothing could be judged
     assert sigma < 0.5
     best = max(grid, key=lambda k: statistics.median(grid[k]))
-    tune = ["tune", str(model), "--hw", str(hw), "--strategy", "cpu-moe", "-t", "1", *TRY, *WORKLOAD,
-            "--port", str(port), "--json", "--max-pp-loss", "100"]  # the question is TG alone
+    tune = [
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        "--strategy",
+        "cpu-moe",
+        "-t",
+        "1",
+        *TRY,
+        *WORKLOAD,
+        "--port",
+        str(port),
+        "--json",
+        "--max-pp-loss",
+        "100",
+    ]  # the question is TG alone
 
     # from nothing: the baseline is the slowest corner (every expert on the CPU, one thread)
     cold_db, out = tmp_path / "cold.db", tmp_path / "best.json"
@@ -68,7 +86,11 @@ def test_tune_reaches_the_grid_best_in_five_launches_cold_and_three_calibrated(b
     # the configuration reached, as the grid measured it (two launches; its own launch in the search
     # is one more draw of the same noise)
     reached = doc["best"]["label"]
-    assert close_to(grid[best], grid[reached], sigma), (reached, best, {k: round(statistics.median(v)) for k, v in grid.items()})
+    assert close_to(grid[best], grid[reached], sigma), (
+        reached,
+        best,
+        {k: round(statistics.median(v)) for k, v in grid.items()},
+    )
     launched = [c for c in doc["candidates"] if c["launched"]]
     assert len(launched) == doc["launches"] and all(c["measured"] for c in launched)
     assert {c["label"] for c in doc["candidates"]} == set(grid)  # the search space is the grid
@@ -86,7 +108,11 @@ def test_tune_reaches_the_grid_best_in_five_launches_cold_and_three_calibrated(b
     doc = json.loads(r.stdout)
     assert doc["launches"] <= 3
     reached = doc["best"]["label"]
-    assert close_to(grid[best], grid[reached], sigma), (reached, best, {k: round(statistics.median(v)) for k, v in grid.items()})
+    assert close_to(grid[best], grid[reached], sigma), (
+        reached,
+        best,
+        {k: round(statistics.median(v)) for k, v in grid.items()},
+    )
 
 
 def test_tune_skips_what_does_not_fit_records_a_failed_launch_and_resumes(bin_dir: Path, tmp_path: Path) -> None:
@@ -95,21 +121,55 @@ def test_tune_skips_what_does_not_fit_records_a_failed_launch_and_resumes(bin_di
     # fails at launch; the host is given just enough RAM for `auto` at that ubatch, not for cpu-moe
     model, hw = make_testbed(tmp_path, rpc_mem_mib=200000, cpu_ram_mib=100000)
     s = Settings(ctx=65536, batch=65536, ubatch=65536, flash_attn=False, threads=1)
-    auto_cpu = next(led for led in plan_files(PlanRequest(str(hw), str(model), None, "auto", s)).plan.ledgers
-                    if led.device == "CPU")
+    auto_cpu = next(
+        led for led in plan_files(PlanRequest(str(hw), str(model), None, "auto", s)).plan.ledgers if led.device == "CPU"
+    )
     doc = yaml.safe_load(hw.read_text())
     doc["nodes"][0]["cpu"]["ram_mib"] = auto_cpu.used_mib - auto_cpu.capacity_mib + 100000 + 25
     hw.write_text(yaml.safe_dump(doc))
-    args = ["tune", str(model), "--hw", str(hw), "--ctx", "65536", "-b", "65536", "-ub", "65536", "--no-flash-attn",
-            "-t", "1", "--try-strategy", "auto,cpu-moe", "--try-ubatch", "65536,256", "--try-fa", "off",
-            "--try-threads", "1", "--try-cache", "f16/f16", "--try-repack", "off", *WORKLOAD, "--port", str(free_port()),
-            "--budget", "4", "--db", str(tmp_path / "t.db"), "--json"]
+    args = [
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        "--ctx",
+        "65536",
+        "-b",
+        "65536",
+        "-ub",
+        "65536",
+        "--no-flash-attn",
+        "-t",
+        "1",
+        "--try-strategy",
+        "auto,cpu-moe",
+        "--try-ubatch",
+        "65536,256",
+        "--try-fa",
+        "off",
+        "--try-threads",
+        "1",
+        "--try-cache",
+        "f16/f16",
+        "--try-repack",
+        "off",
+        *WORKLOAD,
+        "--port",
+        str(free_port()),
+        "--budget",
+        "4",
+        "--db",
+        str(tmp_path / "t.db"),
+        "--json",
+    ]
     r = run_cli(*args)
     assert r.exit_code == 0, r.stderr
     out = json.loads(r.stdout)
     by = {c["label"]: c for c in out["candidates"]}
-    assert by["cpu-moe t1 ub65536 no-fa"]["verdict"].startswith("does not fit") \
+    assert (
+        by["cpu-moe t1 ub65536 no-fa"]["verdict"].startswith("does not fit")
         and not by["cpu-moe t1 ub65536 no-fa"]["launched"]
+    )
     base = by["auto t1 ub65536 no-fa"]
     assert base["launched"] and base["measured"] is None
     assert base["verdict"].startswith("failed: ") and "out of memory" in base["verdict"]
@@ -123,15 +183,44 @@ def test_tune_skips_what_does_not_fit_records_a_failed_launch_and_resumes(bin_di
 
 
 def test_a_two_device_layer_set_in_try_strategy_is_one_candidate_launched_on_both_devices(
-        bin_dir: Path, tmp_path: Path) -> None:
+    bin_dir: Path, tmp_path: Path
+) -> None:
     # issue #23: the comma list of the reference's syntax used to split inside the layer set
     model, hw = make_testbed(tmp_path, rpc_devices=2)
     layer_set = "layers:RPC0=0-3,RPC1=4-7"
     db = tmp_path / "t.db"
-    r = run_cli("tune", str(model), "--hw", str(hw), "--strategy", "cpu-moe", "-t", "1", "-ub", "128",
-                "--try-strategy", f"cpu-moe,{layer_set}", "--try-threads", "1", "--try-ubatch", "128", "--try-fa", "on",
-                "--try-cache", "f16/f16", "--try-repack", "off", *WORKLOAD, "--port", str(free_port()),
-                "--budget", "2", "--db", str(db), "--json")
+    r = run_cli(
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        "--strategy",
+        "cpu-moe",
+        "-t",
+        "1",
+        "-ub",
+        "128",
+        "--try-strategy",
+        f"cpu-moe,{layer_set}",
+        "--try-threads",
+        "1",
+        "--try-ubatch",
+        "128",
+        "--try-fa",
+        "on",
+        "--try-cache",
+        "f16/f16",
+        "--try-repack",
+        "off",
+        *WORKLOAD,
+        "--port",
+        str(free_port()),
+        "--budget",
+        "2",
+        "--db",
+        str(db),
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     assert "skipped" not in r.stderr
     doc = json.loads(r.stdout)
@@ -156,10 +245,42 @@ def test_a_baseline_that_fails_to_launch_is_never_the_best(bin_dir: Path, tmp_pa
     # as above: the RPC worker cannot allocate the compute buffer of -ub 65536 without flash attention
     model, hw = make_testbed(tmp_path, rpc_mem_mib=200000, cpu_ram_mib=100000)
     out = tmp_path / "best.json"
-    args = ["tune", str(model), "--hw", str(hw), "--ctx", "65536", "-b", "65536", "-ub", "65536", "--no-flash-attn",
-            "-t", "1", "--try-strategy", "auto", "--try-ubatch", "65536", "--try-fa", "off", "--try-threads", "1",
-            "--try-cache", "f16/f16", "--try-repack", "off", *WORKLOAD, "--port", str(free_port()),
-            "--budget", "1", "--db", str(tmp_path / "t.db"), "-o", str(out)]
+    args = [
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        "--ctx",
+        "65536",
+        "-b",
+        "65536",
+        "-ub",
+        "65536",
+        "--no-flash-attn",
+        "-t",
+        "1",
+        "--try-strategy",
+        "auto",
+        "--try-ubatch",
+        "65536",
+        "--try-fa",
+        "off",
+        "--try-threads",
+        "1",
+        "--try-cache",
+        "f16/f16",
+        "--try-repack",
+        "off",
+        *WORKLOAD,
+        "--port",
+        str(free_port()),
+        "--budget",
+        "1",
+        "--db",
+        str(tmp_path / "t.db"),
+        "-o",
+        str(out),
+    ]
     r = run_cli(*args, "--json")
     assert r.exit_code == 1, r.stderr
     doc = json.loads(r.stdout)

@@ -20,19 +20,55 @@ pytestmark = pytest.mark.server
 WORKLOAD = ["--depth", "0", "--pp-tokens", "128", "--tg-tokens", "32", "-r", "3", "--warmup", "1"]
 # the baseline (one thread, -ub 512) and one candidate the model expects to decode faster (two
 # threads) that prefills in small batches (-ub 32)
-TRY = ["--try-strategy", "cpu-moe", "--try-threads", "2", "--try-ubatch", "32", "--try-fa", "on",
-       "--try-cache", "f16/f16", "--try-repack", "off"]
+TRY = [
+    "--try-strategy",
+    "cpu-moe",
+    "--try-threads",
+    "2",
+    "--try-ubatch",
+    "32",
+    "--try-fa",
+    "on",
+    "--try-cache",
+    "f16/f16",
+    "--try-repack",
+    "off",
+]
 
 
 def test_tune_measures_the_engine_defaults_and_names_its_workload(bin_dir: Path, tmp_path: Path) -> None:
     model, hw = make_testbed(tmp_path)
     db = tmp_path / "t.db"
-    r = run_cli("tune", str(model), "--hw", str(hw), "--strategy", "cpu-moe", "-t", "1", *TRY, *WORKLOAD,
-                "--port", str(free_port()), "--budget", "2", "--db", str(db), "--max-pp-loss", "0", "--json")
+    r = run_cli(
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        "--strategy",
+        "cpu-moe",
+        "-t",
+        "1",
+        *TRY,
+        *WORKLOAD,
+        "--port",
+        str(free_port()),
+        "--budget",
+        "2",
+        "--db",
+        str(db),
+        "--max-pp-loss",
+        "0",
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["workload"] == {"name": "d0", "depth": 0, "pp_tokens": 128, "tg_tokens": 32,
-                               "text": "depth 0, prompt 128 tokens, output 32 tokens"}
+    assert doc["workload"] == {
+        "name": "d0",
+        "depth": 0,
+        "pp_tokens": 128,
+        "tg_tokens": 32,
+        "text": "depth 0, prompt 128 tokens, output 32 tokens",
+    }
     d = doc["engine_defaults"]
     argv = d["argv"][1:]
     assert argv[0] == "-m" and argv[2:4] == ["-c", "4096"]

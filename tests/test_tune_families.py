@@ -19,8 +19,13 @@ from tests.tune_testbed import make_testbed
 def _request(tmp_path: Path, rpc_mem_mib: float, **axes: tuple[object, ...]) -> TuneRequest:
     model, hw = make_testbed(tmp_path, rpc_devices=2, rpc_mem_mib=rpc_mem_mib)
     (w,) = expand([], [], depths=[0], pp_tokens=64, tg_tokens=16)
-    small = {"threads": (1,), "ubatches": (512,), "flash_attn": (True,), "cache_types": (("f16", "f16"),),
-             "repack": (False,)}
+    small = {
+        "threads": (1,),
+        "ubatches": (512,),
+        "flash_attn": (True,),
+        "cache_types": (("f16", "f16"),),
+        "repack": (False,),
+    }
     return TuneRequest(str(hw), str(model), Settings(threads=1), w, BenchOptions(), axes={**small, **axes})
 
 
@@ -28,11 +33,20 @@ def test_the_default_families_split_autos_expert_budget_between_head_and_tail(tm
     # 70 MiB a device: `auto` fits 7 of the 8 MoE layers' experts on the two devices
     entries, _ = candidates(_request(tmp_path, 70), lambda s: None)
     by = {e.candidate.strategy: e for e in entries}
-    assert list(by) == ["auto", "cpu-moe", "n-cpu-moe:2", "n-cpu-moe:4", "n-cpu-moe:6", "head-tail:4+3",
-                        "head-tail:2+2+3"]
+    assert list(by) == [
+        "auto",
+        "cpu-moe",
+        "n-cpu-moe:2",
+        "n-cpu-moe:4",
+        "n-cpu-moe:6",
+        "head-tail:4+3",
+        "head-tail:2+2+3",
+    ]
     ht = by["head-tail:4+3"].plan
-    devs = {layer: set(d for n, d in ht.main.placement.experts().items() if int(n.split(".")[1]) == layer)
-            for layer in range(8)}
+    devs = {
+        layer: set(d for n, d in ht.main.placement.experts().items() if int(n.split(".")[1]) == layer)
+        for layer in range(8)
+    }
     first, last = (d.name for d in ht.hw.accelerators())
     assert devs == {0: {first}, 1: {first}, 2: {first}, 3: {first}, 4: {"CPU"}, 5: {last}, 6: {last}, 7: {last}}
     assert by["head-tail:2+2+3"].plan.main.placement.experts()["blk.0.ffn_up_exps.weight"] == first

@@ -37,8 +37,16 @@ def req(t_send: float, ttft: float, end: float, *, error: str | None = None) -> 
 def test_completion_windows_are_rounds_of_the_streams() -> None:
     # two streams in step: rounds end at 0.5, 1.0, 1.5, 2.0 s; in the second round one request is slow
     # to its first token (150 ms), in the third one fails
-    s = [req(0.0, 0.05, 0.5), req(0.0, 0.05, 0.5), req(0.5, 0.15, 1.0), req(0.5, 0.05, 1.0),
-         req(1.0, 0.05, 1.5), req(1.0, 0.0, 1.5, error="http_500"), req(1.5, 0.05, 2.0), req(1.5, 0.05, 2.0)]
+    s = [
+        req(0.0, 0.05, 0.5),
+        req(0.0, 0.05, 0.5),
+        req(0.5, 0.15, 1.0),
+        req(0.5, 0.05, 1.0),
+        req(1.0, 0.05, 1.5),
+        req(1.0, 0.0, 1.5, error="http_500"),
+        req(1.5, 0.05, 2.0),
+        req(1.5, 0.05, 2.0),
+    ]
     good, rates = windows(s, SLO, 2)
     assert good == pytest.approx([4.0, 2.0, 2.0, 4.0])  # met requests / 0.5 s
     assert rates == pytest.approx([4.0, 4.0, 2.0, 4.0])  # completed requests / 0.5 s
@@ -60,15 +68,20 @@ def test_a_baseline_that_met_nothing_is_beaten_by_a_candidate_whose_interval_sta
     assert compare([4.0, 4.1, 3.9, 4.0], [0.0, 0.0, 0.0, 0.0])[1].startswith("slower")
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--objective", "goodput"], "--objective goodput needs latency targets"),
-    (["--slo", "ttft_ms=100"], "--slo: only with --objective goodput"),
-    (["--objective", "goodput", "--slo", "ttft=1"], "unknown key 'ttft'"),
-    (["--objective", "goodput", "--slo", "ttft_ms=100", "--concurrency", "4", "--requests", "6"],
-     "--requests 6: at least 2 x --concurrency (8)"),
-    (["--objective", "goodput", "--slo", "ttft_ms=100", "--depth", "512"], "--depth: a single-stream workload"),
-    (["--try-muge", "on,off"], "--try-muge: an ik_llama.cpp option; this search runs llama.cpp"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--objective", "goodput"], "--objective goodput needs latency targets"),
+        (["--slo", "ttft_ms=100"], "--slo: only with --objective goodput"),
+        (["--objective", "goodput", "--slo", "ttft=1"], "unknown key 'ttft'"),
+        (
+            ["--objective", "goodput", "--slo", "ttft_ms=100", "--concurrency", "4", "--requests", "6"],
+            "--requests 6: at least 2 x --concurrency (8)",
+        ),
+        (["--objective", "goodput", "--slo", "ttft_ms=100", "--depth", "512"], "--depth: a single-stream workload"),
+        (["--try-muge", "on,off"], "--try-muge: an ik_llama.cpp option; this search runs llama.cpp"),
+    ],
+)
 def test_what_tune_refuses(tmp_path: Path, args: list[str], says: str) -> None:
     model, hw = make_testbed(tmp_path)
     r = run_cli("tune", str(model), "--hw", str(hw), *args, "--db", str(tmp_path / "t.db"))
@@ -79,17 +92,59 @@ def test_what_tune_refuses(tmp_path: Path, args: list[str], says: str) -> None:
 def test_a_goodput_search_on_the_testbed(bin_dir: Path, tmp_path: Path) -> None:
     model, hw = make_testbed(tmp_path)
     db = tmp_path / "t.db"
-    args = ["tune", str(model), "--hw", str(hw), "--ctx", "512", "--objective", "goodput", "--slo",
-            "ttft_ms=2000,itl_ms=500", "--concurrency", "2", "--requests", "8", "--pp-tokens", "64", "--tg-tokens", "16",
-            "--strategy", "cpu-moe", "-t", "1", "--try-strategy", "auto,cpu-moe", "--try-threads", "1",
-            "--try-ubatch", "512", "--try-fa", "on", "--try-cache", "f16/f16", "--try-repack", "off", "--budget", "2",
-            "--port", str(free_port()), "--db", str(db), "--json"]
+    args = [
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        "--ctx",
+        "512",
+        "--objective",
+        "goodput",
+        "--slo",
+        "ttft_ms=2000,itl_ms=500",
+        "--concurrency",
+        "2",
+        "--requests",
+        "8",
+        "--pp-tokens",
+        "64",
+        "--tg-tokens",
+        "16",
+        "--strategy",
+        "cpu-moe",
+        "-t",
+        "1",
+        "--try-strategy",
+        "auto,cpu-moe",
+        "--try-threads",
+        "1",
+        "--try-ubatch",
+        "512",
+        "--try-fa",
+        "on",
+        "--try-cache",
+        "f16/f16",
+        "--try-repack",
+        "off",
+        "--budget",
+        "2",
+        "--port",
+        str(free_port()),
+        "--db",
+        str(db),
+        "--json",
+    ]
     r = run_cli(*args)
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["objective"] == "goodput" and doc["serve"] == {
-        "concurrency": 2, "requests": 8, "input_len": 64, "output_len": 16,
-        "slo": {"ttft_ms": 2000.0, "itl_ms": 500.0}}
+        "concurrency": 2,
+        "requests": 8,
+        "input_len": 64,
+        "output_len": 16,
+        "slo": {"ttft_ms": 2000.0, "itl_ms": 500.0},
+    }
     assert doc["baseline"]["label"] == "cpu-moe t1 ub512 fa" and 1 <= doc["launches"] <= 2
     base = doc["baseline"]["goodput_req_s"]
     # targets every request meets on this machine: the goodput is the request rate, judged by windows

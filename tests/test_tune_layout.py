@@ -16,26 +16,53 @@ from moetune.tune.loop import TuneRequest, candidates
 from tests.helpers import run_cli
 from tests.tune_testbed import make_testbed
 
-SMALL = {"threads": (1,), "ubatches": (128,), "flash_attn": (True,), "cache_types": (("f16", "f16"),),
-         "repack": (False,), "strategies": ("cpu-moe", "auto", "all-gpu")}
+SMALL = {
+    "threads": (1,),
+    "ubatches": (128,),
+    "flash_attn": (True,),
+    "cache_types": (("f16", "f16"),),
+    "repack": (False,),
+    "strategies": ("cpu-moe", "auto", "all-gpu"),
+}
 
 
 def layout(tmp_path: Path, model: Path, worker_strategy: str, devices: tuple[str, str] | None = None) -> Path:
     """Two services of the testbed's model; ``devices``: each its own RPC device (main's, worker's)."""
     p = tmp_path / "layout.yaml"
     own = ({"devices": [devices[0]]}, {"devices": [devices[1]]}) if devices else ({}, {})
-    p.write_text(yaml.safe_dump({"services": [
-        {"name": "main", "model": str(model), "strategy": "cpu-moe", "ctx": 512, "ubatch": 128, **own[0]},
-        {"name": "worker", "model": str(model), "strategy": worker_strategy, "ctx": 512, "ubatch": 128, **own[1]}]}))
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "services": [
+                    {"name": "main", "model": str(model), "strategy": "cpu-moe", "ctx": 512, "ubatch": 128, **own[0]},
+                    {
+                        "name": "worker",
+                        "model": str(model),
+                        "strategy": worker_strategy,
+                        "ctx": 512,
+                        "ubatch": 128,
+                        **own[1],
+                    },
+                ]
+            }
+        )
+    )
     return p
 
 
-def request(tmp_path: Path, rpc_mem_mib: float, worker_strategy: str = "all-gpu",
-            service: str = "main") -> TuneRequest:
+def request(tmp_path: Path, rpc_mem_mib: float, worker_strategy: str = "all-gpu", service: str = "main") -> TuneRequest:
     model, hw = make_testbed(tmp_path, rpc_mem_mib=rpc_mem_mib)
     (w,) = expand([], [], depths=[0], pp_tokens=64, tg_tokens=16)
-    return TuneRequest(str(hw), "", Settings(threads=1), w, BenchOptions(), axes=SMALL,
-                       layout=layout(tmp_path, model, worker_strategy), service=service)
+    return TuneRequest(
+        str(hw),
+        "",
+        Settings(threads=1),
+        w,
+        BenchOptions(),
+        axes=SMALL,
+        layout=layout(tmp_path, model, worker_strategy),
+        service=service,
+    )
 
 
 def test_no_candidate_takes_the_others_memory(tmp_path: Path) -> None:
@@ -45,15 +72,28 @@ def test_no_candidate_takes_the_others_memory(tmp_path: Path) -> None:
     by = {e.candidate.strategy: e for e in entries}
     assert set(by) == {"cpu-moe", "auto", "all-gpu"}
     worker = by["cpu-moe"].plan.services[1]
-    assert worker.spec.name == "worker" and set(worker.placement.experts().values()) != {"CPU"} and len(set(worker.placement.experts().values())) == 1
+    assert (
+        worker.spec.name == "worker"
+        and set(worker.placement.experts().values()) != {"CPU"}
+        and len(set(worker.placement.experts().values())) == 1
+    )
     for e in entries:  # the worker's placement never moves, whatever the candidate
         assert [sp.spec.name for sp in e.plan.services] == ["main", "worker"]
         assert e.plan.services[1].placement == worker.placement
     assert not by["all-gpu"].fits
     assert by["cpu-moe"].fits and by["auto"].fits
-    alone, _ = candidates(TuneRequest(request(tmp_path, 110).hw, str(tmp_path / "tune-model.gguf"),
-                                      Settings(threads=1), request(tmp_path, 110).workload, BenchOptions(),
-                                      strategy="cpu-moe", axes=SMALL), lambda s: None)
+    alone, _ = candidates(
+        TuneRequest(
+            request(tmp_path, 110).hw,
+            str(tmp_path / "tune-model.gguf"),
+            Settings(threads=1),
+            request(tmp_path, 110).workload,
+            BenchOptions(),
+            strategy="cpu-moe",
+            axes=SMALL,
+        ),
+        lambda s: None,
+    )
     alone_by = {e.candidate.strategy: e for e in alone}
     assert alone_by["all-gpu"].fits  # the reservation, not the device, is what keeps it out
     on_rpc = sum(1 for d in by["auto"].plan.main.placement.experts().values() if d != "CPU")
@@ -62,7 +102,9 @@ def test_no_candidate_takes_the_others_memory(tmp_path: Path) -> None:
     # the candidates' documents are the whole layout: the winner's plan launches both services
     assert [sj["name"] for sj in by["auto"].doc["services"]] == ["main", "worker"]
     # one rpc-server serves one client at a time: the plan says the two would share it
-    assert any("all use the RPC worker" in w["message"] and "(node w0)" in w["message"] for w in by["auto"].doc["warnings"])
+    assert any(
+        "all use the RPC worker" in w["message"] and "(node w0)" in w["message"] for w in by["auto"].doc["warnings"]
+    )
 
 
 def test_an_unknown_service_is_named_with_the_layouts(tmp_path: Path) -> None:
@@ -93,11 +135,43 @@ def test_tune_one_service_of_a_running_layout(bin_dir: Path, tmp_path: Path) -> 
     first, second = (d.name for d in load(hw).accelerators())  # RPC0[127.0.0.1:PORT] of each worker
     lay = layout(tmp_path, model, "all-gpu", devices=(first, second))  # an rpc-server serves one client
     out = tmp_path / "best.json"
-    r = run_cli("tune", "--layout", str(lay), "--service", "main", "--hw", str(hw), "-t", "1",
-                "--try-strategy", "cpu-moe,auto,all-gpu", "--try-threads", "1", "--try-ubatch", "128",
-                "--try-fa", "on", "--try-cache", "f16/f16", "--try-repack", "off", "--repack", "off", *WORKLOAD,
-                "--port", str(free_port()), "--budget", "2", "--max-pp-loss", "100", "-o", str(out),
-                "--db", str(tmp_path / "t.db"), "--json")
+    r = run_cli(
+        "tune",
+        "--layout",
+        str(lay),
+        "--service",
+        "main",
+        "--hw",
+        str(hw),
+        "-t",
+        "1",
+        "--try-strategy",
+        "cpu-moe,auto,all-gpu",
+        "--try-threads",
+        "1",
+        "--try-ubatch",
+        "128",
+        "--try-fa",
+        "on",
+        "--try-cache",
+        "f16/f16",
+        "--try-repack",
+        "off",
+        "--repack",
+        "off",
+        *WORKLOAD,
+        "--port",
+        str(free_port()),
+        "--budget",
+        "2",
+        "--max-pp-loss",
+        "100",
+        "-o",
+        str(out),
+        "--db",
+        str(tmp_path / "t.db"),
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     by = {c["label"]: c for c in doc["candidates"]}

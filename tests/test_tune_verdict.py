@@ -32,8 +32,9 @@ FAST, SLOW = [20.0, 20.2, 19.9, 20.1], [10.0, 10.1, 9.9, 10.05]
         ([_Entry(), _Entry()], {}, None, "not launched"),
     ],
 )
-def test_the_best_is_measured(entries: list[_Entry], values: dict[int, list[float]], best: int | None,
-                              verdict0: str) -> None:
+def test_the_best_is_measured(
+    entries: list[_Entry], values: dict[int, list[float]], best: int | None, verdict0: str
+) -> None:
     out, got = verdicts(entries, values, None)  # type: ignore[arg-type]
     assert got == best and out[0] == verdict0
     if best:

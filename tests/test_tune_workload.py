@@ -25,10 +25,19 @@ SHA = "ab" * 32
 
 def chat(seq: int, t: float, content: str, *, prompt: int = 20, completion: int = 8) -> dict[str, Any]:
     """A recorded line: a chat request with its counts."""
-    return {"schema": 1, "seq": seq, "method": "POST", "path": "/v1/chat/completions", "t_start_s": t,
-            "t_end_s": t + 0.5, "status": 200, "body": {"messages": [{"role": "user", "content": content}],
-                                                        "max_tokens": completion},
-            "prompt_tokens": prompt, "completion_tokens": completion, "tokens_from": "usage"}
+    return {
+        "schema": 1,
+        "seq": seq,
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "t_start_s": t,
+        "t_end_s": t + 0.5,
+        "status": 200,
+        "body": {"messages": [{"role": "user", "content": content}], "max_tokens": completion},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "tokens_from": "usage",
+    }
 
 
 def write(path: Path, lines: list[dict[str, Any]]) -> Path:
@@ -36,19 +45,28 @@ def write(path: Path, lines: list[dict[str, Any]]) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("text", "want"), [
-    ("tg", ("tg", None)), ("goodput", ("goodput", None)), ("turn", ("turn", None)),
-    ("replay:s.jsonl", ("replay", Path("s.jsonl"))), (" replay: a/b.jsonl", ("replay", Path("a/b.jsonl"))),
-])
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("tg", ("tg", None)),
+        ("goodput", ("goodput", None)),
+        ("turn", ("turn", None)),
+        ("replay:s.jsonl", ("replay", Path("s.jsonl"))),
+        (" replay: a/b.jsonl", ("replay", Path("a/b.jsonl"))),
+    ],
+)
 def test_objective_names(text: str, want: tuple[str, Path | None]) -> None:
     assert wl.parse(text) == want
 
 
-@pytest.mark.parametrize(("text", "says"), [
-    ("replay", "--objective replay needs the session file: --objective replay:FILE"),
-    ("replay:", "give the session file"),
-    ("speed", "--objective 'speed': choose one of tg, pp, ttft, goodput, turn, replay:FILE"),
-])
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("replay", "--objective replay needs the session file: --objective replay:FILE"),
+        ("replay:", "give the session file"),
+        ("speed", "--objective 'speed': choose one of tg, pp, ttft, goodput, turn, replay:FILE"),
+    ],
+)
 def test_objective_refused(text: str, says: str) -> None:
     with pytest.raises(InputError) as e:
         wl.parse(text)
@@ -65,9 +83,14 @@ def test_a_session_file_is_checked_before_anything_is_planned(tmp_path: Path) ->
     gets = write(tmp_path / "gets.jsonl", [{"seq": 0, "method": "GET", "path": "/v1/models", "t_start_s": 0}])
     with pytest.raises(InputError, match="records no chat or completions request"):
         wl.replay_objective(gets, "max")
-    good = write(tmp_path / "good.jsonl", [chat(0, 0.0, "a"), chat(1, 1.0, "b", prompt=300, completion=40),
-                                           {**chat(2, 2.0, "c"), "status": 400, "prompt_tokens": None,
-                                            "completion_tokens": None, "tokens_from": None}])
+    good = write(
+        tmp_path / "good.jsonl",
+        [
+            chat(0, 0.0, "a"),
+            chat(1, 1.0, "b", prompt=300, completion=40),
+            {**chat(2, 2.0, "c"), "status": 400, "prompt_tokens": None, "completion_tokens": None, "tokens_from": None},
+        ],
+    )
     with pytest.raises(InputError, match=r"--replay-speed 'fast': give max"):
         wl.replay_objective(good, "fast")
     w = wl.replay_objective(good, "1X")
@@ -75,8 +98,9 @@ def test_a_session_file_is_checked_before_anything_is_planned(tmp_path: Path) ->
     assert w.per_slot == 340 + wl.TEMPLATE_TOKENS  # the longest request and its reply, and the template's
     uncounted = write(tmp_path / "uncounted.jsonl", [{**chat(0, 0.0, "a"), "prompt_tokens": None}])
     assert wl.replay_objective(uncounted, "max").per_slot == 0  # not counted: the slots get the user's --ctx
-    w = wl.replay_objective(write(tmp_path / "counted.jsonl", [chat(0, 0.0, "a"), chat(1, 1.0, "b", prompt=300,
-                                                                                     completion=40)]), "max")
+    w = wl.replay_objective(
+        write(tmp_path / "counted.jsonl", [chat(0, 0.0, "a"), chat(1, 1.0, "b", prompt=300, completion=40)]), "max"
+    )
     assert (w.counted, w.excused) == (True, ())
     assert w.per_slot == 340 + wl.TEMPLATE_TOKENS  # the longest request and its reply, and the template's
     assert wl.slotted(Settings(ctx=4096, slots=1), w).ctx == 4096  # the user's --ctx is larger: kept
@@ -102,18 +126,41 @@ def test_what_tune_refuses_of_the_workload_objectives(tmp_path: Path) -> None:
         assert r.exit_code == 2 and says in r.stderr, (args, r.stderr)
 
 
-def pass_sample(repeat: int, t0: float, t1: float, *, error: str | None = None, sha: str = SHA[:16],
-                processed: int = 10, reused: int = 0, request: int = 0) -> dict[str, Any]:
-    return {"index": 0, "concurrency": 1, "rate": None, "t_sched": t0, "t_send": t0, "t_end": t1, "error": error,
-            "chunks": [], "replay": {"sha256": sha, "repeat": repeat, "request": request},
-            "timings": {"prompt_n": processed, "cache_n": reused}}
+def pass_sample(
+    repeat: int,
+    t0: float,
+    t1: float,
+    *,
+    error: str | None = None,
+    sha: str = SHA[:16],
+    processed: int = 10,
+    reused: int = 0,
+    request: int = 0,
+) -> dict[str, Any]:
+    return {
+        "index": 0,
+        "concurrency": 1,
+        "rate": None,
+        "t_sched": t0,
+        "t_send": t0,
+        "t_end": t1,
+        "error": error,
+        "chunks": [],
+        "replay": {"sha256": sha, "repeat": repeat, "request": request},
+        "timings": {"prompt_n": processed, "cache_n": reused},
+    }
 
 
 def test_a_pass_total_is_its_span_and_a_failed_pass_has_none() -> None:
-    s = [pass_sample(-1, 0.0, 9.0),  # a warmup pass: not measured
-         pass_sample(0, 10.0, 11.0), pass_sample(0, 11.0, 12.5, reused=8),
-         pass_sample(1, 13.0, 14.0), pass_sample(1, 14.0, 15.0, error="http_500"),
-         pass_sample(2, 16.0, 17.0), pass_sample(2, 16.5, 18.0, reused=8)]
+    s = [
+        pass_sample(-1, 0.0, 9.0),  # a warmup pass: not measured
+        pass_sample(0, 10.0, 11.0),
+        pass_sample(0, 11.0, 12.5, reused=8),
+        pass_sample(1, 13.0, 14.0),
+        pass_sample(1, 14.0, 15.0, error="http_500"),
+        pass_sample(2, 16.0, 17.0),
+        pass_sample(2, 16.5, 18.0, reused=8),
+    ]
     t = replay_totals(s)[SHA[:16]]
     assert t.seconds == pytest.approx((2.5, 2.0)) and t.failed == 1
     # a request the recording failed too may fail again without failing its pass
@@ -125,13 +172,31 @@ def test_a_pass_total_is_its_span_and_a_failed_pass_has_none() -> None:
 
 
 def turn(session: int, n: int, e2e: float, *, error: str | None = None) -> dict[str, Any]:
-    return {"index": n, "concurrency": 1, "rate": None, "t_sched": 0.0, "t_send": 0.0, "t_end": e2e, "error": error,
-            "chunks": [], "session": session, "turn": n}
+    return {
+        "index": n,
+        "concurrency": 1,
+        "rate": None,
+        "t_sched": 0.0,
+        "t_send": 0.0,
+        "t_end": e2e,
+        "error": error,
+        "chunks": [],
+        "session": session,
+        "turn": n,
+    }
 
 
 def test_a_sessions_turn_time_is_its_turns_mean() -> None:
-    s = [turn(0, 1, 2.0), turn(0, 2, 1.0), turn(0, 3, 1.5), turn(1, 1, 2.2), turn(1, 2, 1.0, error="timeout"),
-         turn(2, 1, 1.8), turn(2, 2, 1.2), turn(2, 3, 1.2)]
+    s = [
+        turn(0, 1, 2.0),
+        turn(0, 2, 1.0),
+        turn(0, 3, 1.5),
+        turn(1, 1, 2.2),
+        turn(1, 2, 1.0, error="timeout"),
+        turn(2, 1, 1.8),
+        turn(2, 2, 1.2),
+        turn(2, 3, 1.2),
+    ]
     t = turn_times(s)
     assert t.seconds == pytest.approx((1.5, 1.4)) and t.failed == 1
 
@@ -142,9 +207,13 @@ def test_compare_pairs_the_passes_of_one_file_only() -> None:
     other = [pass_sample(k, 0.0, 1.0, sha="cd" * 8) for k in range(4)]
     ma, mb = objective_metrics(a), objective_metrics(b)
     assert set(ma) == {f"replay_s:{SHA[:16]}"} and not ma[f"replay_s:{SHA[:16]}"].higher_is_better
-    c = compare(RunMetrics(1, "a", "serve-bench", "done", ma), [RunMetrics(2, "b", "serve-bench", "done", mb),
-                                                                RunMetrics(3, "c", "serve-bench", "done",
-                                                                           objective_metrics(other))])
+    c = compare(
+        RunMetrics(1, "a", "serve-bench", "done", ma),
+        [
+            RunMetrics(2, "b", "serve-bench", "done", mb),
+            RunMetrics(3, "c", "serve-bench", "done", objective_metrics(other)),
+        ],
+    )
     (row,) = c.rows
     assert (row.run, row.verdict) == (2, "faster") and row.change_pct == pytest.approx(-25, abs=1)
     assert "run 3 (c) shares no metric" in " ".join(c.notes)
@@ -174,8 +243,11 @@ def test_the_schedule_the_prediction_assumes() -> None:
 
 
 def test_a_pass_sends_its_salt_and_the_recorded_counts() -> None:
-    body = {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}], "max_tokens": 99,
-            "n_predict": 5}
+    body = {
+        "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}],
+        "max_tokens": 99,
+        "n_predict": 5,
+    }
     assert salted(body, "x.r1")["messages"][0]["content"] == "x.r1 sys"
     assert salted(body, "x.r1")["messages"][1] == {"role": "user", "content": "q"}
     parts = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}]}
@@ -197,10 +269,13 @@ def test_a_time_objective_reads_as_the_times_change() -> None:
 
 
 def test_a_workload_whose_every_pass_failed_says_why() -> None:
-    w = wl.ReplayObjective(file=Path("s.jsonl"), sha256=SHA, speed="max", concurrency=1, per_slot=0, calls=(),
-                           counted=False)
+    w = wl.ReplayObjective(
+        file=Path("s.jsonl"), sha256=SHA, speed="max", concurrency=1, per_slot=0, calls=(), counted=False
+    )
     m = wl.measured([pass_sample(0, 0.0, 1.0, error="http_400"), pass_sample(0, 1.0, 2.0)], w)
     assert m.seconds == () and m.totals.failed == 1
-    assert m.problem() == ("no pass of the workload ended without a failed request (1 of 2 requests failed: "
-                           "http_400 x1); `moetune serve-report RUN` shows them")
+    assert m.problem() == (
+        "no pass of the workload ended without a failed request (1 of 2 requests failed: "
+        "http_400 x1); `moetune serve-report RUN` shows them"
+    )
     assert wl.measured([pass_sample(0, 0.0, 1.0)], w).problem() is None

@@ -24,9 +24,32 @@ from tests.tune_testbed import make_testbed
 
 pytestmark = pytest.mark.server
 
-SEARCH = ["--ctx", "1024", "--strategy", "cpu-moe", "-t", "1", "--try-strategy", "auto,cpu-moe", "--try-threads", "1",
-          "--try-ubatch", "512", "--try-fa", "on", "--try-cache", "f16/f16", "--try-repack", "off", "-r", "3",
-          "--warmup", "1", "--budget", "2"]
+SEARCH = [
+    "--ctx",
+    "1024",
+    "--strategy",
+    "cpu-moe",
+    "-t",
+    "1",
+    "--try-strategy",
+    "auto,cpu-moe",
+    "--try-threads",
+    "1",
+    "--try-ubatch",
+    "512",
+    "--try-fa",
+    "on",
+    "--try-cache",
+    "f16/f16",
+    "--try-repack",
+    "off",
+    "-r",
+    "3",
+    "--warmup",
+    "1",
+    "--budget",
+    "2",
+]
 
 
 def agent_session(url: str) -> None:
@@ -54,15 +77,29 @@ def check_doc(doc: dict[str, Any], name: str) -> None:
 def test_tune_replays_a_recorded_session(bin_dir: Path, tmp_path: Path) -> None:
     model, hw = make_testbed(tmp_path)
     session = tmp_path / "session.jsonl"
-    with llama_server(bin_dir, model, tmp_path / "server.log", "-nr", "-c", "2048", "-t", "1") as s, \
-            recorder(s.url, session) as rec:
+    with (
+        llama_server(bin_dir, model, tmp_path / "server.log", "-nr", "-c", "2048", "-t", "1") as s,
+        recorder(s.url, session) as rec,
+    ):
         agent_session(rec.url)
         code, summary = rec.stop()
     assert code == 0 and summary["requests"] == 3
     db = tmp_path / "t.db"
     port = str(free_port())
-    r = run_cli("tune", str(model), "--hw", str(hw), *SEARCH, "--objective", f"replay:{session}",
-                "--port", port, "--db", str(db), "--json")
+    r = run_cli(
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        *SEARCH,
+        "--objective",
+        f"replay:{session}",
+        "--port",
+        port,
+        "--db",
+        str(db),
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     check_doc(doc, "replay")
@@ -81,8 +118,19 @@ def test_tune_replays_a_recorded_session(bin_dir: Path, tmp_path: Path) -> None:
     c = run_cli("compare", str(base), str(dflt), "--db", str(db), "--json")
     assert c.exit_code == 0, c.stderr
     assert f"replay_s:{sha[:16]}" in {row["metric"] for row in json.loads(c.stdout)["rows"]}
-    human = run_cli("tune", str(model), "--hw", str(hw), *SEARCH, "--objective", f"replay:{session}",
-                    "--port", port, "--db", str(db))
+    human = run_cli(
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        *SEARCH,
+        "--objective",
+        f"replay:{session}",
+        "--port",
+        port,
+        "--db",
+        str(db),
+    )
     assert human.exit_code == 0 and "resuming tune" in human.stderr  # nothing launched again
     assert "replay total" in human.stdout and "engine defaults:" in human.stdout
     assert "time vs baseline" in human.stdout or doc["best"]["label"] == doc["baseline"]["label"]
@@ -92,8 +140,28 @@ def test_tune_replays_a_recorded_session(bin_dir: Path, tmp_path: Path) -> None:
 def test_tune_times_an_agent_turn(bin_dir: Path, tmp_path: Path) -> None:
     model, hw = make_testbed(tmp_path)
     db = tmp_path / "t.db"
-    r = run_cli("tune", str(model), "--hw", str(hw), *SEARCH, "--objective", "turn", "--turns", "3", "--depth", "128",
-                "--pp-tokens", "32", "--tg-tokens", "8", "--port", str(free_port()), "--db", str(db), "--json")
+    r = run_cli(
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        *SEARCH,
+        "--objective",
+        "turn",
+        "--turns",
+        "3",
+        "--depth",
+        "128",
+        "--pp-tokens",
+        "32",
+        "--tg-tokens",
+        "8",
+        "--port",
+        str(free_port()),
+        "--db",
+        str(db),
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     check_doc(doc, "turn")

@@ -23,8 +23,12 @@ def bad(tmp_path: Path) -> dict[str, Path]:
     os.mkfifo(fifo)
     (tmp_path / "a.gguf").symlink_to(tmp_path / "b.gguf")
     (tmp_path / "b.gguf").symlink_to(tmp_path / "a.gguf")
-    return {"directory": d, "FIFO": fifo, "loop of symbolic links": tmp_path / "a.gguf",
-            "no such": tmp_path / "missing.gguf"}
+    return {
+        "directory": d,
+        "FIFO": fifo,
+        "loop of symbolic links": tmp_path / "a.gguf",
+        "no such": tmp_path / "missing.gguf",
+    }
 
 
 @pytest.mark.timeout(60)
@@ -32,10 +36,18 @@ def bad(tmp_path: Path) -> dict[str, Path]:
 def test_every_named_path_is_checked_before_use(bad: dict[str, Path], tmp_path: Path, what: str) -> None:
     model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe"), "f16").files[0]
     hw = tmp_path / "hw.yaml"
-    hw.write_text(yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]}))
+    hw.write_text(
+        yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]})
+    )
     p = str(bad[what])
-    for args in (["inspect", p], ["plan", p, "--hw", str(hw)], ["plan", str(model), "--hw", p], ["launch", p],
-                 ["plan", "--layout", p, "--hw", str(hw)], ["bench", p] if what != "no such" else ["launch", p]):
+    for args in (
+        ["inspect", p],
+        ["plan", p, "--hw", str(hw)],
+        ["plan", str(model), "--hw", p],
+        ["launch", p],
+        ["plan", "--layout", p, "--hw", str(hw)],
+        ["bench", p] if what != "no such" else ["launch", p],
+    ):
         r = run_cli(*args)
         assert r.exit_code == 2, (args, r.stderr)
         first = r.stderr.strip().splitlines()[0]

@@ -35,8 +35,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(ROOT / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(d), str(src)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(d), str(src)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (whl,) = d.glob("moetune-*.whl")
     return whl
 
@@ -45,8 +49,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def venv_bin(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("wheel-venv") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    str(wheel)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return venv / "bin"
 
 
@@ -57,8 +65,9 @@ def moetune(venv_bin: Path, tmp_path: Path) -> Run:
     env["MOETUNE_DATA_DIR"] = str(tmp_path / "data")
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([str(venv_bin / "moetune"), *args], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=300)
+        r = subprocess.run(
+            [str(venv_bin / "moetune"), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
         if check:
             assert r.returncode == 0, f"moetune {' '.join(args)}: {r.stderr[-2000:]}"
         return r
@@ -76,9 +85,18 @@ def test_wheel_holds_the_hardware_examples(wheel: Path) -> None:
 
 def test_installed_wheel_runs_without_dev_or_client_extras(venv_bin: Path, moetune: Run, tmp_path: Path) -> None:
     py = str(venv_bin / "python")
-    where = subprocess.run([py, "-c", "import moetune, importlib.util as u; print(moetune.__file__); "
-                            f"print([m for m in {CLIENT_LIBS!r} if u.find_spec(m)])"],
-                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout.splitlines()
+    where = subprocess.run(
+        [
+            py,
+            "-c",
+            "import moetune, importlib.util as u; print(moetune.__file__); "
+            f"print([m for m in {CLIENT_LIBS!r} if u.find_spec(m)])",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert "site-packages" in where[0] and str(ROOT) not in where[0]
     assert where[1] == "[]", "the clients extra is not installed, so neither library may be there"
 
@@ -108,6 +126,17 @@ def test_installed_wheel_benches_a_real_server(moetune: Run, bin_dir: Path, tmp_
     with llama_server(bin_dir, tmp_path / "serve.gguf", tmp_path / "server.log", "-nr", "-c", "1024", "-t", "1") as srv:
         r = moetune("bench", srv.url, "--json", "-r", "1", "--warmup", "0", "--max-tokens", "8", "--ignore-eos")
         assert json.loads(r.stdout)["tg"]["n"] == 1
-        r = moetune("serve-bench", srv.url, "--json", "--requests", "2", "--input-len", "64", "--output-len", "4",
-                    "--warmup", "0")
+        r = moetune(
+            "serve-bench",
+            srv.url,
+            "--json",
+            "--requests",
+            "2",
+            "--input-len",
+            "64",
+            "--output-len",
+            "4",
+            "--warmup",
+            "0",
+        )
         assert json.loads(r.stdout)["levels"]

@@ -24,9 +24,22 @@ STRATEGIES = ("auto", "cpu-moe")
 THREADS = (1, 2)
 UBATCHES = (128, 512)
 FLASH_ATTN = (True, False)
-TRY = ["--try-strategy", ",".join(STRATEGIES), "--try-threads", ",".join(map(str, THREADS)),
-       "--try-ubatch", ",".join(map(str, UBATCHES)), "--try-fa", "on,off", "--try-cache", "f16/f16",
-       "--try-repack", "off", "--repack", "off"]  # repacking crashes at load on an AMX CPU (DESIGN.md section 5)
+TRY = [
+    "--try-strategy",
+    ",".join(STRATEGIES),
+    "--try-threads",
+    ",".join(map(str, THREADS)),
+    "--try-ubatch",
+    ",".join(map(str, UBATCHES)),
+    "--try-fa",
+    "on,off",
+    "--try-cache",
+    "f16/f16",
+    "--try-repack",
+    "off",
+    "--repack",
+    "off",
+]  # repacking crashes at load on an AMX CPU (DESIGN.md section 5)
 WORKLOAD = ["--depth", "0", "--pp-tokens", "256", "--tg-tokens", "64", "-r", "3", "--warmup", "1"]
 WORKLOAD_NAME = "d0"
 # the two grid runs a calibration is made from: two placements, two thread counts (two runs of one
@@ -34,26 +47,41 @@ WORKLOAD_NAME = "d0"
 CALIBRATE_ON = ("cpu-moe t1 ub512 fa", "auto t2 ub128 no-fa")
 
 
-def make_testbed(d: Path, *, rpc_mem_mib: float = 16000, cpu_ram_mib: float = 16000,
-                 rpc_devices: int = 1) -> tuple[Path, Path]:
+def make_testbed(
+    d: Path, *, rpc_mem_mib: float = 16000, cpu_ram_mib: float = 16000, rpc_devices: int = 1
+) -> tuple[Path, Path]:
     """The model (8 MoE layers, 16 experts, q8_0, 58 MiB) and a hardware file: 2 cores, and
     ``rpc_devices`` RPC workers (their CPU backends: RPC0, RPC1, ...) on free loopback ports."""
     model = d / "tune-model.gguf"
     if not model.exists():
         generate(model, "qwen3moe", replace(small_dims("qwen3moe", True), n_layer=8), "q8_0")
     hw = d / "tune-hw.yaml"
-    hw.write_text(yaml.safe_dump({"nodes": [
-        {"name": "local", "cpu": {"cores": 2, "ram_mib": cpu_ram_mib, "ram_bw_gbs": 20}},
-        *({"name": f"w{i}", "link_addr": "127.0.0.1", "rpc_port": free_port(),
-           "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20},
-           "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": rpc_mem_mib, "bw_gbs": 20}]}
-          for i in range(rpc_devices))]}))
+    hw.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [
+                    {"name": "local", "cpu": {"cores": 2, "ram_mib": cpu_ram_mib, "ram_bw_gbs": 20}},
+                    *(
+                        {
+                            "name": f"w{i}",
+                            "link_addr": "127.0.0.1",
+                            "rpc_port": free_port(),
+                            "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20},
+                            "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": rpc_mem_mib, "bw_gbs": 20}],
+                        }
+                        for i in range(rpc_devices)
+                    ),
+                ]
+            }
+        )
+    )
     return model, hw
 
 
 def grid() -> list[Candidate]:
-    return [Candidate(st, t, ub, 2048, fa) for st, t, ub, fa in itertools.product(STRATEGIES, THREADS, UBATCHES,
-                                                                                   FLASH_ATTN)]
+    return [
+        Candidate(st, t, ub, 2048, fa) for st, t, ub, fa in itertools.product(STRATEGIES, THREADS, UBATCHES, FLASH_ATTN)
+    ]
 
 
 def plan_grid(d: Path, model: Path, hw: Path, port: int) -> Path:
@@ -61,10 +89,32 @@ def plan_grid(d: Path, model: Path, hw: Path, port: int) -> Path:
     plans = []
     for c in grid():
         out = d / f"grid-{len(plans)}.json"
-        args = ["plan", str(model), "--hw", str(hw), "--strategy", c.strategy, "-t", str(c.threads),
-                "-ub", str(c.ubatch), "--repack", "off", "--port", str(port), "-o", str(out), "--json",
-                "--ctk", c.ctk, "--ctv", c.ctv]
-        r = run_cli(*args, "--flash-attn", "on" if c.flash_attn else "off")  # as the candidate says, not the plan's pick
+        args = [
+            "plan",
+            str(model),
+            "--hw",
+            str(hw),
+            "--strategy",
+            c.strategy,
+            "-t",
+            str(c.threads),
+            "-ub",
+            str(c.ubatch),
+            "--repack",
+            "off",
+            "--port",
+            str(port),
+            "-o",
+            str(out),
+            "--json",
+            "--ctk",
+            c.ctk,
+            "--ctv",
+            c.ctv,
+        ]
+        r = run_cli(
+            *args, "--flash-attn", "on" if c.flash_attn else "off"
+        )  # as the candidate says, not the plan's pick
         assert r.exit_code == 0, r.stderr
         plans.append({"label": c.label, "plan": out.name})
     sweep = d / "grid.yaml"

@@ -14,12 +14,12 @@ from pathlib import Path
 _FITP = re.compile(r"^(\S+) (\d+) (\d+) (\d+)\s*$")
 
 
-
 def _cell(text: str, width: int) -> str:
     """A Markdown table cell: cut to ``width`` characters, pipes escaped."""
     if len(text) > width:
         text = text[: width - 3] + "..."
     return text.replace("|", "\\|")
+
 
 def cases(raw: Path) -> list[dict]:
     rows = []

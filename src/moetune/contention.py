@@ -43,11 +43,14 @@ DEFAULT_MAX_FOREIGN_CORES = 0.5
 DEFAULT_NOISY_PCT = 10.0
 TOP = 5  # foreign commands named
 PIDS_NAMED = 6  # pids listed per command
-REMEDY = ("stop the programs named (or wait for them), then run again; MOETUNE_MAX_FOREIGN_CORES sets the "
-          "threshold (cores, N% of the machine, or off)")
+REMEDY = (
+    "stop the programs named (or wait for them), then run again; MOETUNE_MAX_FOREIGN_CORES sets the "
+    "threshold (cores, N% of the machine, or off)"
+)
 
 
 # -- configuration -----------------------------------------------------------------------------
+
 
 def max_foreign_cores(cores: int, raw: str | None = None) -> float | None:
     """The foreign load (cores, averaged over a run) above which a run is contended: 0.5 cores,
@@ -63,8 +66,10 @@ def max_foreign_cores(cores: int, raw: str | None = None) -> float | None:
     except ValueError:
         v = -1.0
     if not v >= 0:
-        raise InputError(f"MOETUNE_MAX_FOREIGN_CORES={text!r}: expected cores (0.5), a share of the machine (25%) "
-                         "or off", hint="unset it for the default of 0.5 cores")
+        raise InputError(
+            f"MOETUNE_MAX_FOREIGN_CORES={text!r}: expected cores (0.5), a share of the machine (25%) or off",
+            hint="unset it for the default of 0.5 cores",
+        )
     return v
 
 
@@ -74,11 +79,13 @@ def noisy_limit_pct(raw: str | None = None) -> float:
     try:
         return float(text) if text else DEFAULT_NOISY_PCT
     except ValueError:
-        raise InputError(f"MOETUNE_NOISY_PCT={text!r}: expected a percentage (10)",
-                         hint="unset it for the default of 10%") from None
+        raise InputError(
+            f"MOETUNE_NOISY_PCT={text!r}: expected a percentage (10)", hint="unset it for the default of 10%"
+        ) from None
 
 
 # -- readings ----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class Census:
@@ -126,8 +133,9 @@ class Split:
     engine_seen: bool = False  # one of the engine's processes was on this machine
 
 
-def split(before: Census, after: Census, engine_roots: Collection[int], client: Collection[int],
-          clk_tck: int = procfs.CLK_TCK) -> Split:
+def split(
+    before: Census, after: Census, engine_roots: Collection[int], client: Collection[int], clk_tck: int = procfs.CLK_TCK
+) -> Split:
     """The interval between two readings: the engine's processes (``engine_roots`` and their
     descendants), the client's (``client``, not their children), and the rest of the machine."""
     engine = descendants(after.procs, engine_roots) | descendants(before.procs, engine_roots)
@@ -144,13 +152,16 @@ def split(before: Census, after: Census, engine_roots: Collection[int], client: 
     machine = max(0, after.busy_ticks - before.busy_ticks) / clk_tck
     e = sum(used(p) for p in engine)
     c = sum(used(p) for p in own)
-    by = {(st.comm, pid): u for pid, st in after.procs.items()
-          if pid not in engine and pid not in own and (u := used(pid)) > 0}
-    return Split(max(0.0, after.t - before.t), after.cores, machine, e, c, max(0.0, machine - e - c), by,
-                 bool(engine))
+    by = {
+        (st.comm, pid): u
+        for pid, st in after.procs.items()
+        if pid not in engine and pid not in own and (u := used(pid)) > 0
+    }
+    return Split(max(0.0, after.t - before.t), after.cores, machine, e, c, max(0.0, machine - e - c), by, bool(engine))
 
 
 # -- a run's verdict ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class ForeignLoad:
@@ -162,8 +173,10 @@ class ForeignLoad:
 
     def describe(self, cores: int) -> str:
         pids = ", ".join(map(str, self.pids))
-        return f"{self.comm} (pid{'s' if len(self.pids) > 1 else ''} {pids}) {self.cores:.2f} cores " \
-               f"({100 * self.cores / max(1, cores):.0f}% of the machine)"
+        return (
+            f"{self.comm} (pid{'s' if len(self.pids) > 1 else ''} {pids}) {self.cores:.2f} cores "
+            f"({100 * self.cores / max(1, cores):.0f}% of the machine)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,22 +202,40 @@ class Contention:
     def message(self) -> str:
         """What a person reads: the foreign load, the threshold, the programs."""
         if not self.judged:
-            return (f"the engine's processes were not seen on this machine: {self.foreign_cores:.2f} cores of other "
-                    "work (the engine's among it, if it runs here) not judged")
+            return (
+                f"the engine's processes were not seen on this machine: {self.foreign_cores:.2f} cores of other "
+                "work (the engine's among it, if it runs here) not judged"
+            )
         limit = "" if self.max_foreign_cores is None else f", more than the {self.max_foreign_cores:g} allowed"
         top = "; ".join(f.describe(self.cores) for f in self.top) or "no process named (short-lived ones)"
-        return (f"foreign load {self.foreign_cores:.2f} cores on average over {self.seconds:.1f} s "
-                f"({100 * self.foreign_cores / max(1, self.cores):.0f}% of {self.cores} cores{limit}; the engine "
-                f"{self.engine_cores:.2f}, moetune {self.client_cores:.2f}): {top}")
+        return (
+            f"foreign load {self.foreign_cores:.2f} cores on average over {self.seconds:.1f} s "
+            f"({100 * self.foreign_cores / max(1, self.cores):.0f}% of {self.cores} cores{limit}; the engine "
+            f"{self.engine_cores:.2f}, moetune {self.client_cores:.2f}): {top}"
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"contended": self.contended, "seconds": round(self.seconds, 3), "cores": self.cores,
-                "engine_cores": round(self.engine_cores, 3), "client_cores": round(self.client_cores, 3),
-                "foreign_cores": round(self.foreign_cores, 3), "foreign_peak_cores": round(self.foreign_peak_cores, 3),
-                "max_foreign_cores": self.max_foreign_cores, "judged": self.judged,
-                "foreign_share_pct": round(100 * self.foreign_cores / max(1, self.cores), 1),
-                "top": [{"comm": f.comm, "pids": list(f.pids), "cores": round(f.cores, 3),
-                         "share_pct": round(100 * f.cores / max(1, self.cores), 1)} for f in self.top]}
+        return {
+            "contended": self.contended,
+            "seconds": round(self.seconds, 3),
+            "cores": self.cores,
+            "engine_cores": round(self.engine_cores, 3),
+            "client_cores": round(self.client_cores, 3),
+            "foreign_cores": round(self.foreign_cores, 3),
+            "foreign_peak_cores": round(self.foreign_peak_cores, 3),
+            "max_foreign_cores": self.max_foreign_cores,
+            "judged": self.judged,
+            "foreign_share_pct": round(100 * self.foreign_cores / max(1, self.cores), 1),
+            "top": [
+                {
+                    "comm": f.comm,
+                    "pids": list(f.pids),
+                    "cores": round(f.cores, 3),
+                    "share_pct": round(100 * f.cores / max(1, self.cores), 1),
+                }
+                for f in self.top
+            ],
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Contention:
@@ -213,11 +244,22 @@ class Contention:
             return float(v) if isinstance(v, int | float) else 0.0
 
         limit = d.get("max_foreign_cores")
-        return cls(num("seconds"), int(num("cores")), num("engine_cores"), num("client_cores"), num("foreign_cores"),
-                   num("foreign_peak_cores"), float(limit) if isinstance(limit, int | float) else None,
-                   tuple(ForeignLoad(str(t.get("comm") or "?"), tuple(int(p) for p in t.get("pids") or ()),
-                                     float(t.get("cores") or 0.0)) for t in d.get("top") or ()),
-                   d.get("judged") is not False)
+        return cls(
+            num("seconds"),
+            int(num("cores")),
+            num("engine_cores"),
+            num("client_cores"),
+            num("foreign_cores"),
+            num("foreign_peak_cores"),
+            float(limit) if isinstance(limit, int | float) else None,
+            tuple(
+                ForeignLoad(
+                    str(t.get("comm") or "?"), tuple(int(p) for p in t.get("pids") or ()), float(t.get("cores") or 0.0)
+                )
+                for t in d.get("top") or ()
+            ),
+            d.get("judged") is not False,
+        )
 
 
 class Tally:
@@ -254,15 +296,30 @@ class Tally:
             return None
         t = self.seconds
         top = sorted(self.by_comm.items(), key=lambda kv: -kv[1])[:TOP]
-        named = tuple(ForeignLoad(comm, tuple(sorted(sorted(self.pids[comm], key=lambda p: -self.pids[comm][p])
-                                                     [:PIDS_NAMED])), round(used / t, 3))
-                      for comm, used in top if used / t >= 0.01)
-        return Contention(round(t, 3), self.cores, round(self.engine / t, 3), round(self.client / t, 3),
-                          round(self.foreign / t, 3), round(self.peak, 3), max_foreign, named,
-                          self.engine_seen or not engine)
+        named = tuple(
+            ForeignLoad(
+                comm,
+                tuple(sorted(sorted(self.pids[comm], key=lambda p: -self.pids[comm][p])[:PIDS_NAMED])),
+                round(used / t, 3),
+            )
+            for comm, used in top
+            if used / t >= 0.01
+        )
+        return Contention(
+            round(t, 3),
+            self.cores,
+            round(self.engine / t, 3),
+            round(self.client / t, 3),
+            round(self.foreign / t, 3),
+            round(self.peak, 3),
+            max_foreign,
+            named,
+            self.engine_seen or not engine,
+        )
 
 
 # -- noise -------------------------------------------------------------------------------------
+
 
 def noisy_figures(summary: Mapping[str, Any] | None, limit_pct: float) -> tuple[str, ...]:
     """The figures of a bench run's summary whose interval is wider than +/- ``limit_pct`` of the
@@ -302,19 +359,27 @@ class RunFlags:
         if self.contended and self.contention is not None:
             out.append((f"contended: {self.contention.message()}", REMEDY))
         if self.noisy:
-            out.append((f"noisy: intervals wider than +/-{self.noisy_limit_pct:g}% of the median: "
-                        + ", ".join(self.noisy), "quiet the machine, or raise --repeats (MOETUNE_NOISY_PCT sets "
-                                                 "the limit)"))
+            out.append(
+                (
+                    f"noisy: intervals wider than +/-{self.noisy_limit_pct:g}% of the median: " + ", ".join(self.noisy),
+                    "quiet the machine, or raise --repeats (MOETUNE_NOISY_PCT sets the limit)",
+                )
+            )
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"contended": self.contended, "noisy": bool(self.noisy), "noisy_figures": list(self.noisy),
-                "noisy_limit_pct": self.noisy_limit_pct,
-                "contention": None if self.contention is None else self.contention.to_json(),
-                "warnings": [{"message": m, "remedy": r} for m, r in self.warnings()]}
+        return {
+            "contended": self.contended,
+            "noisy": bool(self.noisy),
+            "noisy_figures": list(self.noisy),
+            "noisy_limit_pct": self.noisy_limit_pct,
+            "contention": None if self.contention is None else self.contention.to_json(),
+            "warnings": [{"message": m, "remedy": r} for m, r in self.warnings()],
+        }
 
 
-def run_flags(contention: Contention | None, summary: Mapping[str, Any] | None,
-              limit_pct: float | None = None) -> RunFlags:
+def run_flags(
+    contention: Contention | None, summary: Mapping[str, Any] | None, limit_pct: float | None = None
+) -> RunFlags:
     limit = noisy_limit_pct() if limit_pct is None else limit_pct
     return RunFlags(contention, noisy_figures(summary, limit), limit)

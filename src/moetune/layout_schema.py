@@ -42,8 +42,9 @@ class ServiceIn(BaseModel):
     def _env_leaves_devices(cls, env: dict[str, str]) -> dict[str, str]:
         for k in env:
             if k.endswith("_VISIBLE_DEVICES") or k.startswith("MOETUNE_"):
-                raise ValueError(f"{k} is set by moetune (the service's devices: and the hardware file decide "
-                                 "which GPUs it sees)")
+                raise ValueError(
+                    f"{k} is set by moetune (the service's devices: and the hardware file decide which GPUs it sees)"
+                )
         return env
 
 

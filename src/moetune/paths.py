@@ -44,8 +44,9 @@ def readable_file(path: str | os.PathLike[str], what: str) -> Path:
         raise InputError(f"{p}: no such {what}") from None
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise InputError(f"{p}: a loop of symbolic links, not a {what}",
-                             hint="point the link at the real file") from None
+            raise InputError(
+                f"{p}: a loop of symbolic links, not a {what}", hint="point the link at the real file"
+            ) from None
         raise InputError(f"{p}: cannot read the {what} ({e.strerror})") from None
     if stat.S_ISDIR(st.st_mode):
         raise InputError(f"{p}: is a directory, not a {what}", hint="name the file itself") from None

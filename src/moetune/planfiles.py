@@ -64,18 +64,39 @@ def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list
     doc = read_layout(p)
     out = []
     for i, s in enumerate(doc.services):
-        server = replace(base.server, extra_args=(*base.server.extra_args, *s.args),
-                         env=(*base.server.env, *((str(k), str(v)) for k, v in s.env.items())))
-        settings = replace(base, ctx=s.ctx, slots=s.parallel, batch=s.batch, ubatch=s.ubatch, ctk=s.ctk,
-                           ctv=s.ctv, flash_attn=s.flash_attn, amb_mib=s.amb, threads=s.threads or base.threads,
-                           threads_batch=s.threads_batch or base.threads_batch, server=server,
-                           ctx_checkpoints=base.ctx_checkpoints if s.ctx_checkpoints is None else s.ctx_checkpoints,
-                           split_mode=s.split_mode or base.split_mode,
-                           cache_ram_mib=base.cache_ram_mib if s.cache_ram is None else s.cache_ram)
+        server = replace(
+            base.server,
+            extra_args=(*base.server.extra_args, *s.args),
+            env=(*base.server.env, *((str(k), str(v)) for k, v in s.env.items())),
+        )
+        settings = replace(
+            base,
+            ctx=s.ctx,
+            slots=s.parallel,
+            batch=s.batch,
+            ubatch=s.ubatch,
+            ctk=s.ctk,
+            ctv=s.ctv,
+            flash_attn=s.flash_attn,
+            amb_mib=s.amb,
+            threads=s.threads or base.threads,
+            threads_batch=s.threads_batch or base.threads_batch,
+            server=server,
+            ctx_checkpoints=base.ctx_checkpoints if s.ctx_checkpoints is None else s.ctx_checkpoints,
+            split_mode=s.split_mode or base.split_mode,
+            cache_ram_mib=base.cache_ram_mib if s.cache_ram is None else s.cache_ram,
+        )
         settings = lift_extra(settings)  # the service's args: flags a plan option says, taken as it
         model = s.model if is_url(s.model) else absolute(p.parent / os.path.expanduser(s.model))
-        spec = ServiceSpec(s.name, load_profile(model), settings,
-                           s.strategy, s.port or base_port + i, tuple(s.devices) if s.devices is not None else None, s.engine or "")
+        spec = ServiceSpec(
+            s.name,
+            load_profile(model),
+            settings,
+            s.strategy,
+            s.port or base_port + i,
+            tuple(s.devices) if s.devices is not None else None,
+            s.engine or "",
+        )
         out.append((spec, s.model))
     return out
 
@@ -125,8 +146,9 @@ def _with_engine(s: ServiceSpec, engine: str, kind: EngineKind) -> ServiceSpec:
     return replace(s, engine=engine, settings=replace(s.settings, engine=kind))
 
 
-def layout_services(path: str | Path, base: Settings, base_port: int, engine: str,
-                    kind: EngineKind) -> tuple[list[ServiceSpec], list[str]]:
+def layout_services(
+    path: str | Path, base: Settings, base_port: int, engine: str, kind: EngineKind
+) -> tuple[list[ServiceSpec], list[str]]:
     """A layout file's services on their engines (each its own, else the plan's), and their models
     as the file gives them."""
     loaded = load_layout(path, base, base_port)
@@ -167,8 +189,10 @@ def routing_for(path: Path | None, profile: ModelProfile) -> Routing | None:
     if path is None:
         return None
     if not profile.n_expert:
-        raise InputError(f"--routing {path}: the model ({profile.arch}) has no experts to route to",
-                         hint="leave --routing out for a dense model")
+        raise InputError(
+            f"--routing {path}: the model ({profile.arch}) has no experts to route to",
+            hint="leave --routing out for a dense model",
+        )
     return read_routing(path, profile.n_expert, profile.n_expert_used)
 
 
@@ -185,29 +209,50 @@ def unchecked_notices(p: Plan, facts: dict[str, EngineFacts]) -> list[tuple[str,
     for sp in p.services:
         extra, f = sp.spec.settings.server.extra_args, facts.get(sp.spec.engine or "")
         if extra and (f is None or not f.help_flags):
-            out.append((f"service {sp.spec.name}: extra engine arguments {' '.join(extra)} not checked: engine "
-                        f"{sp.spec.engine or sp.spec.settings.engine} is not a build here, its --help is unknown",
-                        "install or register the build (`moetune engine install | add`) and plan again"))
+            out.append(
+                (
+                    f"service {sp.spec.name}: extra engine arguments {' '.join(extra)} not checked: engine "
+                    f"{sp.spec.engine or sp.spec.settings.engine} is not a build here, its --help is unknown",
+                    "install or register the build (`moetune engine install | add`) and plan again",
+                )
+            )
     return out
 
 
-def document(p: Plan, engine: str, calib: dict[str, Any] | None, given: list[str],
-             facts: dict[str, EngineFacts] | None = None, argvs: list[list[str]] | None = None) -> dict[str, Any]:
+def document(
+    p: Plan,
+    engine: str,
+    calib: dict[str, Any] | None,
+    given: list[str],
+    facts: dict[str, EngineFacts] | None = None,
+    argvs: list[list[str]] | None = None,
+) -> dict[str, Any]:
     """The plan's JSON document: commands, ledgers, predictions, the calibration its speed came from,
     the measured routing it used, and each service's model as the user gave it (``argvs``: other
     commands than the plan's own, as tune's engine-defaults baseline runs)."""
     from moetune.plan.calibrate import UNCALIBRATED_PCT
 
     doc = plan_json(p, engine, facts=plan_facts(p) if facts is None else facts, argvs=argvs)
-    doc["speed_calibration"] = None if calib is None else {
-        "runs": calib["runs"], "placements": calib.get("placements"), "error": calib["error"],
-        "uncertainty": calib.get("uncertainty"), "created_unix": calib.get("created_unix"),
-        "hardware": calib.get("hardware"), "engine": calib.get("engine"),
-        "left_out_contended": calib.get("left_out_contended")}
+    doc["speed_calibration"] = (
+        None
+        if calib is None
+        else {
+            "runs": calib["runs"],
+            "placements": calib.get("placements"),
+            "error": calib["error"],
+            "uncertainty": calib.get("uncertainty"),
+            "created_unix": calib.get("created_unix"),
+            "hardware": calib.get("hardware"),
+            "engine": calib.get("engine"),
+            "left_out_contended": calib.get("left_out_contended"),
+        }
+    )
     band = (calib or {}).get("uncertainty") or {}
-    doc["speed_uncertainty"] = {"source": "calibration" if calib else "built-in",
-                                "tg_pct": band.get("tg_pct") or UNCALIBRATED_PCT,
-                                "pp_pct": band.get("pp_pct") or UNCALIBRATED_PCT}
+    doc["speed_uncertainty"] = {
+        "source": "calibration" if calib else "built-in",
+        "tg_pct": band.get("tg_pct") or UNCALIBRATED_PCT,
+        "pp_pct": band.get("pp_pct") or UNCALIBRATED_PCT,
+    }
     for sj, g, sp in zip(doc["services"], given, p.services, strict=True):
         sj["model_given"] = g  # what the user wrote; "model" and the commands hold the absolute path
         sj["routing"] = None if sp.spec.routing is None else sp.spec.routing.to_json()
@@ -221,11 +266,19 @@ def listen_notices(services: list[ServiceSpec]) -> list[tuple[str, str]]:
         o = s.settings.server
         if not o.public:
             continue
-        auth = ("clients must send a key from " + o.api_key_file if o.api_key_file else
-                "llama-server has no authentication without an API key: anyone who reaches it can use it")
-        out.append((f"service {s.name} will listen on {o.host}:{s.port}, reachable from the network; {auth}",
-                    "keep a firewall in front of it" if o.api_key_file else
-                    "add --api-key-file FILE (one key per line), or --listen 127.0.0.1 to keep it local"))
+        auth = (
+            "clients must send a key from " + o.api_key_file
+            if o.api_key_file
+            else "llama-server has no authentication without an API key: anyone who reaches it can use it"
+        )
+        out.append(
+            (
+                f"service {s.name} will listen on {o.host}:{s.port}, reachable from the network; {auth}",
+                "keep a firewall in front of it"
+                if o.api_key_file
+                else "add --api-key-file FILE (one key per line), or --listen 127.0.0.1 to keep it local",
+            )
+        )
     return out
 
 
@@ -233,22 +286,25 @@ def _size(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.2f} MiB"
 
 
-def recipe_profile(profile: ModelProfile, recipe_path: Path, kind: EngineKind,
-                   output: Path | None = None) -> tuple[ModelProfile, tuple[str, str]]:
+def recipe_profile(
+    profile: ModelProfile, recipe_path: Path, kind: EngineKind, output: Path | None = None
+) -> tuple[ModelProfile, tuple[str, str]]:
     """The model a quant recipe makes of ``profile`` (not written yet), and the notice that says so."""
     from moetune.engine.quantize import output_profile, plan_quantize
     from moetune.model.recipe import default_output, load_recipe
 
     if profile.remote is not None or len(profile.files) > 1:
-        raise InputError("--recipe plans the quantized copy of one local GGUF file",
-                         hint="download (and merge) the model first")
+        raise InputError(
+            "--recipe plans the quantized copy of one local GGUF file", hint="download (and merge) the model first"
+        )
     qp = plan_quantize(profile, load_recipe(recipe_path), kind, imatrix=True, allow_requantize=True)
     out = absolute(output or default_output(profile.files[0], recipe_path))
     return output_profile(profile, qp, out), (
         f"planned as {out}, the output of recipe {recipe_path} ({_size(qp.nbytes)} of tensors, from "
         f"{_size(profile.total_bytes)}); it is not written yet",
-        f"moetune quantize {profile.files[0]} --recipe {recipe_path}" + ("" if kind == EngineKind.MAINLINE else
-                                                                          f" --engine {kind}"))
+        f"moetune quantize {profile.files[0]} --recipe {recipe_path}"
+        + ("" if kind == EngineKind.MAINLINE else f" --engine {kind}"),
+    )
 
 
 def plan_files(req: PlanRequest) -> Planned:
@@ -256,15 +312,23 @@ def plan_files(req: PlanRequest) -> Planned:
     if (req.model is None and req.hf is None) == (req.layout is None):
         raise InputError("give a MODEL (or --hf) or a --layout file (not both)")
     if req.recipe is not None and req.layout is not None:
-        raise InputError("--recipe is one model's quant recipe; a --layout plans several",
-                         hint="plan the model alone with --recipe")
+        raise InputError(
+            "--recipe is one model's quant recipe; a --layout plans several", hint="plan the model alone with --recipe"
+        )
     if req.routing is not None and req.layout is not None:
-        raise InputError("--routing is one model's routing; a --layout plans several",
-                         hint="plan the MoE model alone with --routing, or leave it out")
+        raise InputError(
+            "--routing is one model's routing; a --layout plans several",
+            hint="plan the MoE model alone with --routing, or leave it out",
+        )
     inputs = read_inputs(req.hw, req.engine)
     hw, engine, kind = inputs.hw, inputs.engine, inputs.kind
-    notices = [(f"node {node.name}: its RPC worker will listen on {why} (allow_public_bind); {inventory.RPC_NO_AUTH}",
-                inventory.RPC_PUBLIC_BIND_REMEDY) for node, why in inventory.public_binds(hw)]
+    notices = [
+        (
+            f"node {node.name}: its RPC worker will listen on {why} (allow_public_bind); {inventory.RPC_NO_AUTH}",
+            inventory.RPC_PUBLIC_BIND_REMEDY,
+        )
+        for node, why in inventory.public_binds(hw)
+    ]
     base = replace(req.settings, engine=kind)
     if req.layout is not None:
         services, given = layout_services(req.layout, base, req.port, engine, kind)
@@ -278,8 +342,18 @@ def plan_files(req: PlanRequest) -> Planned:
         if req.recipe is not None:
             profile, note = recipe_profile(profile, req.recipe, kind, req.recipe_output)
             notices.append(note)
-        services = [ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine,
-                                routing=routing_for(req.routing, profile), choose=req.choose)]
+        services = [
+            ServiceSpec(
+                "main",
+                profile,
+                base,
+                req.strategy,
+                req.port,
+                engine=engine,
+                routing=routing_for(req.routing, profile),
+                choose=req.choose,
+            )
+        ]
         given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]
     notices += listen_notices(services)
     p = make_plan(services, hw, inputs.constants.with_overrides(speed_overrides(req.speed)))

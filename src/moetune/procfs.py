@@ -83,17 +83,26 @@ def parse_proc_stat(text: str) -> ProcStat | None:
     """/proc/PID/stat; None for an empty or garbled line (the process is gone)."""
     try:
         end = text.rindex(")")
-        rest = text[end + 2:].split()  # after "pid (comm) ": field 3 is rest[0]
-        return ProcStat(state=rest[0], pgrp=int(rest[2]), minflt=int(rest[7]), majflt=int(rest[9]),
-                        cpu_ticks=int(rest[11]) + int(rest[12]), threads=int(rest[17]),
-                        start_ticks=int(rest[19]), rss_pages=int(rest[21]), ppid=int(rest[1]),
-                        comm=text[text.index("(") + 1:end])
+        rest = text[end + 2 :].split()  # after "pid (comm) ": field 3 is rest[0]
+        return ProcStat(
+            state=rest[0],
+            pgrp=int(rest[2]),
+            minflt=int(rest[7]),
+            majflt=int(rest[9]),
+            cpu_ticks=int(rest[11]) + int(rest[12]),
+            threads=int(rest[17]),
+            start_ticks=int(rest[19]),
+            rss_pages=int(rest[21]),
+            ppid=int(rest[1]),
+            comm=text[text.index("(") + 1 : end],
+        )
     except (ValueError, IndexError):
         return None
 
 
-def proc_cpu_pct(before: ProcStat | None, after: ProcStat | None, seconds: float,
-                 clk_tck: int = CLK_TCK) -> float | None:
+def proc_cpu_pct(
+    before: ProcStat | None, after: ProcStat | None, seconds: float, clk_tck: int = CLK_TCK
+) -> float | None:
     """Percent of one core a process used between two readings ``seconds`` apart."""
     if before is None or after is None or seconds <= 0 or before.start_ticks != after.start_ticks:
         return None
@@ -101,6 +110,7 @@ def proc_cpu_pct(before: ProcStat | None, after: ProcStat | None, seconds: float
 
 
 # -- this machine's files -----------------------------------------------------------------------
+
 
 def _read(path: Path) -> str:
     try:

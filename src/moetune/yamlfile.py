@@ -23,8 +23,9 @@ def parse(data: bytes | str, source: str) -> Any:
     try:
         text = data.decode() if isinstance(data, bytes) else data
     except UnicodeDecodeError as e:
-        raise InputError(f"{source}: not valid YAML (not UTF-8 text: byte {e.start} is {data[e.start:e.start + 1]!r})") \
-            from None
+        raise InputError(
+            f"{source}: not valid YAML (not UTF-8 text: byte {e.start} is {data[e.start : e.start + 1]!r})"
+        ) from None
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:

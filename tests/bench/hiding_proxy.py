@@ -19,7 +19,9 @@ from urllib.parse import urlsplit
 
 HOST = "127.0.0.1"
 HIDDEN = ("/tokenize", "/detokenize", "/apply-template", "/props", "/slots")
-NOT_FOUND = b'HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 22\r\n\r\n{"detail":"Not Found"}'
+NOT_FOUND = (
+    b'HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 22\r\n\r\n{"detail":"Not Found"}'
+)
 
 
 async def handle(upstream: tuple[str, int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -28,8 +30,10 @@ async def handle(upstream: tuple[str, int], reader: asyncio.StreamReader, writer
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
             path = [*lines[0].split(" "), "", ""][1].split("?", 1)[0]
-            length = next((int(v) for k, _, v in (h.partition(":") for h in lines[1:])
-                           if k.strip().lower() == "content-length"), 0)
+            length = next(
+                (int(v) for k, _, v in (h.partition(":") for h in lines[1:]) if k.strip().lower() == "content-length"),
+                0,
+            )
             body = await reader.readexactly(length) if length else b""
             if path in HIDDEN:
                 writer.write(NOT_FOUND)
@@ -71,8 +75,9 @@ def main(argv: list[str] | None = None) -> None:
 def hiding_proxy(upstream: str) -> Iterator[str]:
     from tests.bench.mock_process import mock_process  # not at the top: this file also runs as a script
 
-    with mock_process(__file__, json.dumps({"upstream": upstream}), url_prefix=f"http://{HOST}:",
-                      what="hiding proxy") as url:
+    with mock_process(
+        __file__, json.dumps({"upstream": upstream}), url_prefix=f"http://{HOST}:", what="hiding proxy"
+    ) as url:
         yield url
 
 

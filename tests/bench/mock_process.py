@@ -14,13 +14,15 @@ from moetune.run.process import end
 
 
 @contextlib.contextmanager
-def mock_process(script: str | Path, config_json: str, *, url_prefix: str, what: str,
-                 timeout_s: float = 20) -> Iterator[str]:
+def mock_process(
+    script: str | Path, config_json: str, *, url_prefix: str, what: str, timeout_s: float = 20
+) -> Iterator[str]:
     """Run ``script --config CONFIG_JSON``; yield the first line it prints (its URL, which must start
     with ``url_prefix``)."""
     with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a pipe nobody reads fills and blocks
-        proc = subprocess.Popen([sys.executable, str(script), "--config", config_json],
-                                stdout=subprocess.PIPE, stderr=errors, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), "--config", config_json], stdout=subprocess.PIPE, stderr=errors, text=True
+        )
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline().strip()

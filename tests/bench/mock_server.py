@@ -101,8 +101,10 @@ def tokenize(text: str, add_special: bool) -> list[int]:
 
 def _http(status: int, body: bytes, ctype: str = "application/json") -> bytes:
     reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
-    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: keep-alive\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: keep-alive\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -169,8 +171,8 @@ class MockConn(asyncio.Protocol):
                 length = int(value.strip())
         if len(self.buf) < end + 4 + length:
             return
-        body = self.buf[end + 4:end + 4 + length]
-        self.buf = self.buf[end + 4 + length:]
+        body = self.buf[end + 4 : end + 4 + length]
+        self.buf = self.buf[end + 4 + length :]
         method, path = [*lines[0].split(" "), "", ""][:2]
         if self.idle_timer is not None:
             self.idle_timer.cancel()
@@ -220,14 +222,25 @@ class MockServer:
         if method == "GET" and path == "/health":
             doc = {"status": "ok"}
         elif method == "GET" and path == "/props":
-            doc = {"total_slots": cfg.slots, "default_generation_settings": {"n_ctx": cfg.n_ctx, "params": {}},
-                   "build_info": "mock", "model_path": "", "model_alias": "mock"}
+            doc = {
+                "total_slots": cfg.slots,
+                "default_generation_settings": {"n_ctx": cfg.n_ctx, "params": {}},
+                "build_info": "mock",
+                "model_path": "",
+                "model_alias": "mock",
+            }
         elif method == "GET" and path == "/slots":
             doc = [{"id": i, "n_ctx": cfg.n_ctx, "is_processing": False} for i in range(min(cfg.slots, 64))]
         elif method == "GET" and path == "/mock/stats":
             s = self.state
-            doc = {"requests": s.requests, "completed": s.completed, "dropped": s.dropped,
-                   "idle_closed": s.idle_closed, "rejected": s.rejected, "pid": os.getpid()}
+            doc = {
+                "requests": s.requests,
+                "completed": s.completed,
+                "dropped": s.dropped,
+                "idle_closed": s.idle_closed,
+                "rejected": s.rejected,
+                "pid": os.getpid(),
+            }
         elif method == "GET" and path == "/mock/log":
             doc = self.state.log
         elif method == "GET" and path == "/mock/log/drain":  # finished requests: receipt and writes, then forgotten
@@ -254,10 +267,16 @@ class MockServer:
         n_prompt = len(tokenize(template(req.get("messages", [])), True))
         if cfg.max_prompt_tokens is not None and n_prompt > cfg.max_prompt_tokens:
             st.rejected += 1
-            err = {"error": {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": n_prompt,
-                             "n_ctx": cfg.max_prompt_tokens,
-                             "message": f"request ({n_prompt} tokens) exceeds the available context size "
-                                        f"({cfg.max_prompt_tokens} tokens), try increasing it"}}
+            err = {
+                "error": {
+                    "code": 400,
+                    "type": "exceed_context_size_error",
+                    "n_prompt_tokens": n_prompt,
+                    "n_ctx": cfg.max_prompt_tokens,
+                    "message": f"request ({n_prompt} tokens) exceeds the available context size "
+                    f"({cfg.max_prompt_tokens} tokens), try increasing it",
+                }
+            }
             w.write(_http(400, json.dumps(err).encode()))
             return
         n_out = int(req.get("max_tokens") or 16)
@@ -284,32 +303,58 @@ class MockServer:
             if n - n_reason:
                 delta["content"] = "a" * (n - n_reason)
             sent += n
-            ev: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk",
-                                  "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+            ev: dict[str, Any] = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+            }
             now = time.monotonic()
             if t_first is None:
                 t_first = now
             if timings:  # like llama-server: the time since the first token, by the server's clock
-                ev["timings"] = {"prompt_n": n_prompt, "cache_n": 0, "predicted_n": sent,
-                                 "predicted_ms": round((now - t_first) * 1000, 3)}
+                ev["timings"] = {
+                    "prompt_n": n_prompt,
+                    "cache_n": 0,
+                    "predicted_n": sent,
+                    "predicted_ms": round((now - t_first) * 1000, 3),
+                }
             data = _sse(ev)
             if sent == n:  # first write: headers, the role chunk and the first token together
-                role = {"id": cid, "object": "chat.completion.chunk",
-                        "choices": [{"index": 0, "delta": {"role": "assistant", "content": None},
-                                     "finish_reason": None}]}
-                data = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-                        b"Connection: keep-alive\r\n\r\n") + _chunked(_sse(role) + data)
+                role = {
+                    "id": cid,
+                    "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
+                }
+                data = (
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                    b"Connection: keep-alive\r\n\r\n"
+                ) + _chunked(_sse(role) + data)
             else:
                 data = _chunked(data)
             writes.append(time.monotonic())
             w.write(data)
-        tail = _sse({"id": cid, "object": "chat.completion.chunk",
-                     "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        tail = _sse(
+            {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+            }
+        )
         if (req.get("stream_options") or {}).get("include_usage"):
-            tail += _sse({"id": cid, "object": "chat.completion.chunk", "choices": [],
-                          "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
-                                    "total_tokens": n_prompt + n_out, "prompt_tokens_details": {"cached_tokens": 0}},
-                          "timings": {"prompt_n": n_prompt, "cache_n": 0, "predicted_n": n_out}})
+            tail += _sse(
+                {
+                    "id": cid,
+                    "object": "chat.completion.chunk",
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": n_prompt,
+                        "completion_tokens": n_out,
+                        "total_tokens": n_prompt + n_out,
+                        "prompt_tokens_details": {"cached_tokens": 0},
+                    },
+                    "timings": {"prompt_n": n_prompt, "cache_n": 0, "predicted_n": n_out},
+                }
+            )
         tail += b"data: [DONE]\n\n"
         w.write(_chunked(tail) + b"0\r\n\r\n")
         st.completed += 0 if w.closed else 1
@@ -349,8 +394,9 @@ def mock_server(cfg: MockConfig | None = None, *, timeout_s: float = 20) -> Iter
     GIL); yield its URL; stop it on exit."""
     from tests.bench.mock_process import mock_process  # not at the top: this file also runs as a script
 
-    with mock_process(__file__, (cfg or MockConfig()).to_json(), url_prefix="http://", what="mock server",
-                      timeout_s=timeout_s) as url:
+    with mock_process(
+        __file__, (cfg or MockConfig()).to_json(), url_prefix="http://", what="mock server", timeout_s=timeout_s
+    ) as url:
         yield url
 
 

@@ -125,9 +125,25 @@ def test_unreachable_and_unknown_targets(tmp_path: Path) -> None:
 def test_interrupted_run_keeps_every_completed_sample(server: Server, tmp_path: Path) -> None:
     db_path = tmp_path / "i.sqlite"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "moetune", "bench", server.url, "-r", "200", "--max-tokens", "16",
-                             "--ignore-eos", "--db", str(db_path)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "moetune",
+            "bench",
+            server.url,
+            "-r",
+            "200",
+            "--max-tokens",
+            "16",
+            "--ignore-eos",
+            "--db",
+            str(db_path),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         n = 0
@@ -159,8 +175,24 @@ def test_interrupted_run_keeps_every_completed_sample(server: Server, tmp_path: 
 
 def test_every_export_format_of_a_real_run(server: Server, tmp_path: Path) -> None:
     db = str(tmp_path / "e.sqlite")
-    doc = bench_json(server.url, "-w", "short-json", "--thinking", "both", "--depth", "128", "--pp-tokens", "16", "--tg-tokens", "4",
-                     "-r", "2", *FAST, "--db", db)
+    doc = bench_json(
+        server.url,
+        "-w",
+        "short-json",
+        "--thinking",
+        "both",
+        "--depth",
+        "128",
+        "--pp-tokens",
+        "16",
+        "--tg-tokens",
+        "4",
+        "-r",
+        "2",
+        *FAST,
+        "--db",
+        db,
+    )
     rid = str(doc["run"]["id"])
     js = json.loads(run_cli("results", "export", rid, "--format", "json", "--db", db).stdout)
     (run,) = js["runs"]

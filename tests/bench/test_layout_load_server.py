@@ -29,23 +29,62 @@ def layout(models: Path, bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
     d = tmp_path_factory.mktemp("layout")
     main = models / "layout-main.gguf"
     if not main.exists():  # 55 MiB, every expert used: each token reads all of it, ~5 ms on two idle cores
-        generate(main, "qwen3moe", Dims(n_layer=6, n_embd=768, n_head=12, n_head_kv=4, head_dim=64, n_expert=4,
-                                        n_expert_used=4, n_ff_exp=768, n_ff=768), "q8_0")
+        generate(
+            main,
+            "qwen3moe",
+            Dims(
+                n_layer=6,
+                n_embd=768,
+                n_head=12,
+                n_head_kv=4,
+                head_dim=64,
+                n_expert=4,
+                n_expert_used=4,
+                n_ff_exp=768,
+                n_ff=768,
+            ),
+            "q8_0",
+        )
     worker = models / "layout-worker.gguf"
     if not worker.exists():
         generate(worker, "qwen3moe", Dims(n_layer=2), "f16")
     hw = d / "hw.yaml"
-    hw.write_text(yaml.safe_dump({"nodes": [
-        {"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}},
-        {"name": "w0", "link_addr": "127.0.0.1", "rpc_port": free_port(),
-         "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20},
-         "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": 16000, "bw_gbs": 20}]}]}))
+    hw.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [
+                    {"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}},
+                    {
+                        "name": "w0",
+                        "link_addr": "127.0.0.1",
+                        "rpc_port": free_port(),
+                        "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20},
+                        "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": 16000, "bw_gbs": 20}],
+                    },
+                ]
+            }
+        )
+    )
     spec = d / "layout.yaml"
-    spec.write_text(yaml.safe_dump({"services": [
-        # no accelerator: the model on this machine's CPU, two threads (an rpc-server serves one client)
-        {"name": "main", "model": str(main), "devices": [], "threads": 2, "ctx": 1024, "port": free_port()},
-        {"name": "worker0", "model": str(worker), "devices": ["RPC0"], "strategy": "all-gpu", "parallel": 4,
-         "ctx": 4 * 512, "port": free_port()}]}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "services": [
+                    # no accelerator: the model on this machine's CPU, two threads (an rpc-server serves one client)
+                    {"name": "main", "model": str(main), "devices": [], "threads": 2, "ctx": 1024, "port": free_port()},
+                    {
+                        "name": "worker0",
+                        "model": str(worker),
+                        "devices": ["RPC0"],
+                        "strategy": "all-gpu",
+                        "parallel": 4,
+                        "ctx": 4 * 512,
+                        "port": free_port(),
+                    },
+                ]
+            }
+        )
+    )
     plan = d / "plan.json"
     r = run_cli("plan", "--layout", str(spec), "--hw", str(hw), "-o", str(plan))
     assert r.exit_code == 0, r.stderr
@@ -53,8 +92,9 @@ def layout(models: Path, bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 def _bench(plan: Path, *loads: str, label: str, more: tuple[str, ...] = ()) -> dict:  # type: ignore[type-arg]
-    r = run_cli("serve-bench", str(plan), *(a for ld in loads for a in ("--load", ld)), "--label", label, "--json",
-                *more)
+    r = run_cli(
+        "serve-bench", str(plan), *(a for ld in loads for a in ("--load", ld)), "--label", label, "--json", *more
+    )
     assert r.exit_code == 0, r.stderr
     return json.loads(r.stdout)  # type: ignore[no-any-return]
 
@@ -64,14 +104,21 @@ def _row(doc: dict, service: str, metric: str) -> dict:  # type: ignore[type-arg
 
 
 def test_the_orchestrator_slows_down_while_the_worker_is_busy_and_not_while_it_is_idle(
-        layout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    layout: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MOETUNE_METRICS_INTERVAL", "0.25")  # phases of a few seconds: several snapshots each
     loaded = _bench(layout, MAIN, WORKER, label="both loaded")
     run = loaded["run"]
     assert [(lv["service"], lv["load"], lv["concurrency"], lv["ok"]) for lv in loaded["levels"]] == [
-        ("main", "shared", 1, 9), ("main", "alone", 1, 9), ("worker0", "shared", 4, 8), ("worker0", "alone", 4, 8)]
-    assert all(lv["errors"] == {} and lv["output_tokens"] == lv["ok"] * (24 if lv["service"] == "main" else 96)
-               for lv in loaded["levels"])
+        ("main", "shared", 1, 9),
+        ("main", "alone", 1, 9),
+        ("worker0", "shared", 4, 8),
+        ("worker0", "alone", 4, 8),
+    ]
+    assert all(
+        lv["errors"] == {} and lv["output_tokens"] == lv["ok"] * (24 if lv["service"] == "main" else 96)
+        for lv in loaded["levels"]
+    )
     services = {s["name"]: s for s in loaded["layout"]["services"]}
     assert services["main"]["server"]["slots"] == 1 and services["worker0"]["server"]["slots"] == 4
     assert services["worker0"]["launch"]["transport"] == "tcp"
@@ -89,12 +136,16 @@ def test_the_orchestrator_slows_down_while_the_worker_is_busy_and_not_while_it_i
 
     # two rounds (alone, shared, shared, alone): a drift of the machine's other load falls on both
     idle = _bench(layout, MAIN, label="worker idle", more=("--rounds", "2"))
-    assert [(lv["service"], lv["load"], lv["ok"]) for lv in idle["levels"]] == [("main", "shared", 18),
-                                                                                ("main", "alone", 18)]
+    assert [(lv["service"], lv["load"], lv["ok"]) for lv in idle["levels"]] == [
+        ("main", "shared", 18),
+        ("main", "alone", 18),
+    ]
     quiet = _row(idle, "main", "tpot")
     # beside the idle worker, alone and "shared" are the same condition: no large, significant slowdown
     assert quiet["slowdown"] < 1.5 and quiet["slowdown_ci"][0] < 1.25 and quiet["slowdown"] < tpot["slowdown"] / 1.5, (
-        quiet, tpot)
+        quiet,
+        tpot,
+    )
     assert idle["run"]["target"] == run["target"] and idle["layout"]["idle"] == ["worker0"]
     assert "up and idle: worker0" in run_cli("serve-report", str(idle["run"]["id"])).stdout
 
@@ -141,13 +192,37 @@ def test_sessions_and_a_replay_as_the_loads_of_a_layout(layout: Path) -> None:
     from moetune.bench.record.session import Exchange
 
     session = layout.parent / "recorded.jsonl"
-    body = {"model": "x", "messages": [{"role": "user", "content": "say something"}], "max_tokens": 16,
-            "ignore_eos": True, "stream": True}
-    session.write_text("".join(json.dumps(Exchange(seq=i, method="POST", path="/v1/chat/completions",
-                                                   t_start_s=0.05 * i, body=body, status=200, stream=True,
-                                                   completion_tokens=16).to_json()) + "\n" for i in range(6)))
-    doc = _bench(layout, "main=sessions:2,turns:2,system-tokens:32,turn-tokens:16,output:16,warmup:0",
-                 f"worker0=replay:{session},speed:max,concurrency:2", label="sessions and replay")
+    body = {
+        "model": "x",
+        "messages": [{"role": "user", "content": "say something"}],
+        "max_tokens": 16,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    session.write_text(
+        "".join(
+            json.dumps(
+                Exchange(
+                    seq=i,
+                    method="POST",
+                    path="/v1/chat/completions",
+                    t_start_s=0.05 * i,
+                    body=body,
+                    status=200,
+                    stream=True,
+                    completion_tokens=16,
+                ).to_json()
+            )
+            + "\n"
+            for i in range(6)
+        )
+    )
+    doc = _bench(
+        layout,
+        "main=sessions:2,turns:2,system-tokens:32,turn-tokens:16,output:16,warmup:0",
+        f"worker0=replay:{session},speed:max,concurrency:2",
+        label="sessions and replay",
+    )
     levels = {(lv["service"], lv["load"]): lv for lv in doc["levels"]}
     assert set(levels) == {("main", "shared"), ("main", "alone"), ("worker0", "shared"), ("worker0", "alone")}
     assert all(lv["ok"] == 4 for k, lv in levels.items() if k[0] == "main")  # 2 sessions x 2 turns

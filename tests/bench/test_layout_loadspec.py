@@ -20,8 +20,9 @@ from moetune.monitor.snapshot import HostSample, ProcSample, Snapshot
 
 
 def test_a_spec_reads_serve_bench_options_and_their_short_names(tmp_path: Path) -> None:
-    (main, worker) = parse_loads(["main=concurrency:1,requests:8,prompt:512,output:64",
-                                  "worker0=c:4,duration:2.5,input-len:32,prefix-cache"])
+    (main, worker) = parse_loads(
+        ["main=concurrency:1,requests:8,prompt:512,output:64", "worker0=c:4,duration:2.5,input-len:32,prefix-cache"]
+    )
     assert main.service == "main" and main.kind == "synthetic" and main.concurrency == 1
     assert main.spec.requests == 8 and main.spec.input_len == 512 and main.spec.output_len == 64
     assert worker.concurrency == 4 and worker.spec.duration_s == 2.5 and worker.spec.prefix_cache
@@ -45,24 +46,27 @@ def test_the_command_lines_options_are_every_services_defaults() -> None:
     assert b.keys == ("concurrency", "output-len")
 
 
-@pytest.mark.parametrize(("load", "says"), [
-    ("main", "give SERVICE=SPEC"),
-    ("=c:1", "give SERVICE=SPEC"),
-    ("main=", "the SPEC is empty"),
-    ("main=conc:2", "unknown key 'conc'"),
-    ("main=c:0", "concurrency:0 is not an integer, at least 1"),
-    ("main=c:two", "concurrency:two is not an integer, at least 1"),
-    ("main=rate:0", "rate:0 is not a number above 0"),
-    ("main=requests", "'requests' needs a value"),
-    ("main=c:1,c:2", "'concurrency' is given twice"),
-    ("main=thinking:maybe", "thinking:maybe is not on or off or default"),
-    ("main=dataset:/no/such.json", "dataset:/no/such.json is not an existing file"),
-    ("main=requests:4,duration:2", "requests and duration do not go together"),
-    ("main=speed:2x", "speed paces a replay"),
-    ("main=turns:3", "turns shape agent sessions"),
-    ("main=sessions:2,c:4", "sessions run conversations, not load levels: concurrency"),
-    ("main=sessions:2,strip-thinking,thinking:off", "strip-thinking removes the reasoning"),
-])
+@pytest.mark.parametrize(
+    ("load", "says"),
+    [
+        ("main", "give SERVICE=SPEC"),
+        ("=c:1", "give SERVICE=SPEC"),
+        ("main=", "the SPEC is empty"),
+        ("main=conc:2", "unknown key 'conc'"),
+        ("main=c:0", "concurrency:0 is not an integer, at least 1"),
+        ("main=c:two", "concurrency:two is not an integer, at least 1"),
+        ("main=rate:0", "rate:0 is not a number above 0"),
+        ("main=requests", "'requests' needs a value"),
+        ("main=c:1,c:2", "'concurrency' is given twice"),
+        ("main=thinking:maybe", "thinking:maybe is not on or off or default"),
+        ("main=dataset:/no/such.json", "dataset:/no/such.json is not an existing file"),
+        ("main=requests:4,duration:2", "requests and duration do not go together"),
+        ("main=speed:2x", "speed paces a replay"),
+        ("main=turns:3", "turns shape agent sessions"),
+        ("main=sessions:2,c:4", "sessions run conversations, not load levels: concurrency"),
+        ("main=sessions:2,strip-thinking,thinking:off", "strip-thinking removes the reasoning"),
+    ],
+)
 def test_a_bad_spec_names_the_service_and_the_key(load: str, says: str) -> None:
     with pytest.raises(InputError) as e:
         parse_loads([load])
@@ -125,7 +129,11 @@ def test_levels_and_compare_metrics_per_service_and_load() -> None:
     samples = _run(random.Random(2))
     levels = summarize_levels(samples)
     assert [(lv["service"], lv["load"], lv["concurrency"], lv["ok"]) for lv in levels] == [
-        ("main", ALONE, 1, 12), ("worker", ALONE, 2, 12), ("main", SHARED, 1, 12), ("worker", SHARED, 2, 12)]
+        ("main", ALONE, 1, 12),
+        ("worker", ALONE, 2, 12),
+        ("main", SHARED, 1, 12),
+        ("worker", SHARED, 2, 12),
+    ]
     series = LevelSeries()
     for s in samples:
         series.add(s)
@@ -139,13 +147,25 @@ def test_levels_and_compare_metrics_per_service_and_load() -> None:
 
 def test_busy_says_which_process_was_busy_in_each_phase() -> None:
     def snap(t: float, phase: str, main: float, worker: float) -> Snapshot:
-        return Snapshot(t=t, host=HostSample(cpu_pct=(90.0, 80.0)), phase=phase,
-                        procs=(ProcSample("main", "server", "local", 1, cpu_pct=main),
-                               ProcSample("worker", "server", "local", 2, cpu_pct=worker)))
+        return Snapshot(
+            t=t,
+            host=HostSample(cpu_pct=(90.0, 80.0)),
+            phase=phase,
+            procs=(
+                ProcSample("main", "server", "local", 1, cpu_pct=main),
+                ProcSample("worker", "server", "local", 2, cpu_pct=worker),
+            ),
+        )
 
-    snaps = [snap(0, "prepare", 5, 5), snap(1, alone_phase("main"), 50, 0), snap(2, alone_phase("main"), 190, 1),
-             snap(3, alone_phase("main"), 170, 1), snap(4, "shared", 150, 0), snap(5, "shared", 100, 100),
-             snap(6, "shared", 100, 90)]
+    snaps = [
+        snap(0, "prepare", 5, 5),
+        snap(1, alone_phase("main"), 50, 0),
+        snap(2, alone_phase("main"), 190, 1),
+        snap(3, alone_phase("main"), 170, 1),
+        snap(4, "shared", 150, 0),
+        snap(5, "shared", 100, 100),
+        snap(6, "shared", 100, 90),
+    ]
     rows = {b.phase: b for b in busy(snaps, [alone_phase("main"), alone_phase("worker"), "shared"])}
     alone = rows["alone main"]
     assert alone.snapshots == 2 and alone.cpu_cores["main"] == pytest.approx(1.8) and alone.cpu_cores["worker"] == 0.01
@@ -161,12 +181,22 @@ def test_a_layout_runs_services_are_stored_with_it(tmp_path: Path) -> None:
     from moetune.store.record import LaunchRef, RunMeta, ServerInfo, ServiceRecord
 
     with ResultsDB.open(tmp_path / "h.db") as db:
-        rid = db.create_run(RunMeta(kind=RunKind.SERVE_BENCH, details={"layout": {"services": ["b", "a"]}}),
-                            label="l", target="plan.json")
-        recs = [ServiceRecord(name="b", position=0, server=ServerInfo(url="http://127.0.0.1:1", slots=2),
-                              launch=LaunchRef("tcp", {"rpc0": "TCP"}, 1.5), argv=("-m", "x.gguf"),
-                              workload={"kind": "synthetic"}),
-                ServiceRecord(name="a", position=1, server=ServerInfo(url="http://127.0.0.1:2"))]
+        rid = db.create_run(
+            RunMeta(kind=RunKind.SERVE_BENCH, details={"layout": {"services": ["b", "a"]}}),
+            label="l",
+            target="plan.json",
+        )
+        recs = [
+            ServiceRecord(
+                name="b",
+                position=0,
+                server=ServerInfo(url="http://127.0.0.1:1", slots=2),
+                launch=LaunchRef("tcp", {"rpc0": "TCP"}, 1.5),
+                argv=("-m", "x.gguf"),
+                workload={"kind": "synthetic"},
+            ),
+            ServiceRecord(name="a", position=1, server=ServerInfo(url="http://127.0.0.1:2")),
+        ]
         for r in recs:
             db.add_service(rid, r)
         assert db.services(rid) == recs
@@ -177,20 +207,25 @@ def test_a_layout_runs_services_are_stored_with_it(tmp_path: Path) -> None:
 def _two_servers(path: Path) -> Path:
     from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 
-    procs = (ProcessSpec("main", "server", "llama.cpp", ("-m", "/m.gguf"), "127.0.0.1", 1),
-             ProcessSpec("worker0", "server", "llama.cpp", ("-m", "/w.gguf"), "127.0.0.1", 2))
+    procs = (
+        ProcessSpec("main", "server", "llama.cpp", ("-m", "/m.gguf"), "127.0.0.1", 1),
+        ProcessSpec("worker0", "server", "llama.cpp", ("-m", "/w.gguf"), "127.0.0.1", 2),
+    )
     path.write_text(json.dumps({"launch": LaunchSpec(procs).to_json()}))
     return path
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--load", "main=conc:1"], "--load main=conc:1: unknown key 'conc'"),
-    (["--load", "coder=c:1"], "--load coder=: PLAN has no such server (servers: main, worker0)"),
-    (["--rounds", "2"], "--rounds counts the rounds of a layout's --load"),
-    (["--concurrency", "1,2", "--load", "main=c:1"], "with --load each service runs one level"),
-    (["--load", "main=c:1", "--server", "main"], "--server does not apply with --load"),
-    (["--load", "main=c:1", "--load", "main=c:2"], "--load main= is given twice"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--load", "main=conc:1"], "--load main=conc:1: unknown key 'conc'"),
+        (["--load", "coder=c:1"], "--load coder=: PLAN has no such server (servers: main, worker0)"),
+        (["--rounds", "2"], "--rounds counts the rounds of a layout's --load"),
+        (["--concurrency", "1,2", "--load", "main=c:1"], "with --load each service runs one level"),
+        (["--load", "main=c:1", "--server", "main"], "--server does not apply with --load"),
+        (["--load", "main=c:1", "--load", "main=c:2"], "--load main= is given twice"),
+    ],
+)
 def test_serve_bench_refuses_a_bad_load_before_launching(tmp_path: Path, args: list[str], says: str) -> None:
     from tests.helpers import run_cli
 

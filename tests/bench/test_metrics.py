@@ -51,17 +51,21 @@ def test_cached_tokens_llama_cpp_and_ik_llama_cpp() -> None:
     assert m.cached_tokens(bare) is None
 
 
-@pytest.mark.parametrize(("cache_n", "prompt_n", "expect", "expect_pn", "ik", "ok"), [
-    (0, 30, 0, None, False, True),
-    (29, 1, 0, None, False, False),  # a cache hit where none was wanted
-    (512, 64, 512, 64, False, True),  # depth confirmed
-    (512, 65, 512, 64, False, False),
-    (511, 65, 512, 64, True, False),  # ik: derived from the prompt's token count
-    (512, 64, 512, 64, True, True),
-    (0, 30, None, None, False, None),  # nothing expected
-])
-def test_cache_confirmation(cache_n: int, prompt_n: int, expect: int | None, expect_pn: int | None, ik: bool,
-                            ok: bool | None) -> None:
+@pytest.mark.parametrize(
+    ("cache_n", "prompt_n", "expect", "expect_pn", "ik", "ok"),
+    [
+        (0, 30, 0, None, False, True),
+        (29, 1, 0, None, False, False),  # a cache hit where none was wanted
+        (512, 64, 512, 64, False, True),  # depth confirmed
+        (512, 65, 512, 64, False, False),
+        (511, 65, 512, 64, True, False),  # ik: derived from the prompt's token count
+        (512, 64, 512, 64, True, True),
+        (0, 30, None, None, False, None),  # nothing expected
+    ],
+)
+def test_cache_confirmation(
+    cache_n: int, prompt_n: int, expect: int | None, expect_pn: int | None, ik: bool, ok: bool | None
+) -> None:
     s = sample(cache_n=cache_n, prompt_n=prompt_n, expect_cached=expect, expect_prompt_n=expect_pn, ik=ik)
     assert m.cache_confirmed(s) is ok
 
@@ -88,7 +92,7 @@ def test_event_stream_lines_split_at_lf_only() -> None:
     got: list[bytes] = []
     buf = b""
     for i in range(0, len(ev), 5):  # in pieces, a CR LF split between two of them
-        payloads, buf = sse_payloads(buf, ev[i:i + 5])
+        payloads, buf = sse_payloads(buf, ev[i : i + 5])
         got += payloads
     assert got == ['{"content": "a\u2028b\x85c"}'.encode(), b"[DONE]"] and buf == b""
 

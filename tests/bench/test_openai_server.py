@@ -159,8 +159,9 @@ def test_serve_bench_without_per_chunk_counts(chunks: tuple[int, ...], itl_known
     One token per chunk, as that usage confirms, keeps ITL; several make it unknown, never guessed."""
     cfg = MockConfig(ttft_ms=10.0, itl_ms=5.0, tokens_per_chunk=chunks, continuous_usage=False)
     with vllm_mock(cfg) as url:
-        doc = cli_json("serve-bench", url, "--requests", "3", "--input-len", "30", "--output-len", "12",
-                       "--warmup", "0")
+        doc = cli_json(
+            "serve-bench", url, "--requests", "3", "--input-len", "30", "--output-len", "12", "--warmup", "0"
+        )
     (lv,) = doc["levels"]
     assert lv["ok"] == 3 and lv["output_tokens"] == 36 and lv["prompt_tokens_mean"] == 30
     assert 4.0 <= lv["tpot_ms"]["p50"] <= 8.0
@@ -179,8 +180,18 @@ def test_serve_bench_dataset_needs_an_output_length(vllm: str, tmp_path: Path) -
     r = run_cli("serve-bench", vllm, "--dataset", str(tmp_path / "sg.json"), "--requests", "2")
     assert r.exit_code == 2 and "no /tokenize" in r.stderr and "--output-len" in r.stderr
     before = len(mock_log(vllm))
-    doc = cli_json("serve-bench", vllm, "--dataset", str(tmp_path / "sg.json"), "--requests", "2",
-                   "--output-len", "5", "--warmup", "0")
+    doc = cli_json(
+        "serve-bench",
+        vllm,
+        "--dataset",
+        str(tmp_path / "sg.json"),
+        "--requests",
+        "2",
+        "--output-len",
+        "5",
+        "--warmup",
+        "0",
+    )
     sent = mock_log(vllm)[before:]
     assert not [e for e in sent if not e["stream"]]  # nothing to probe: dataset prompts are sent as they are
     (lv,) = doc["levels"]
@@ -211,13 +222,18 @@ def test_the_mock_is_vllm_like(vllm: str) -> None:
         with pytest.raises(urllib.error.HTTPError) as e:
             DIRECT.open(req, timeout=10)
         assert e.value.code == 404
-    body = {"model": CFG.model, "prompt": "one two three", "max_tokens": 5, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": CFG.model,
+        "prompt": "one two three",
+        "max_tokens": 5,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     req = urllib.request.Request(vllm + "/v1/completions", data=json.dumps(body).encode(), method="POST")
     with DIRECT.open(req, timeout=10) as r:
-        events = [json.loads(line[6:]) for line in r.read().decode().splitlines()
-                  if line.startswith("data: {")]
+        events = [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: {")]
     assert all("timings" not in ev for ev in events)
     assert [ev["usage"] for ev in events if ev.get("usage")] == [
-        {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}]
+        {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}
+    ]
     assert "".join(ev["choices"][0]["text"] for ev in events if ev["choices"]) == " w0 w1 w2 w3 w4"

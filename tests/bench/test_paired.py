@@ -29,10 +29,20 @@ from moetune.errors import InputError
 from moetune.kinds import ProcessRole
 
 
-@pytest.mark.parametrize(("conf", "df", "t"), [
-    (0.95, 1, 12.706), (0.95, 2, 4.303), (0.95, 3, 3.182), (0.95, 4, 2.776), (0.95, 9, 2.262),
-    (0.95, 30, 2.042), (0.99, 5, 4.032), (0.90, 7, 1.895), (0.95, 400, 1.966),
-])
+@pytest.mark.parametrize(
+    ("conf", "df", "t"),
+    [
+        (0.95, 1, 12.706),
+        (0.95, 2, 4.303),
+        (0.95, 3, 3.182),
+        (0.95, 4, 2.776),
+        (0.95, 9, 2.262),
+        (0.95, 30, 2.042),
+        (0.99, 5, 4.032),
+        (0.90, 7, 1.895),
+        (0.95, 400, 1.966),
+    ],
+)
 def test_t_quantile_matches_the_tables(conf: float, df: int, t: float) -> None:
     assert t_quantile(conf, df) == pytest.approx(t, abs=1.5e-3)
 
@@ -56,12 +66,15 @@ def test_the_paired_ratio_is_the_geometric_mean_with_a_t_interval() -> None:
     assert paired_from_ratios([0.8, 0.82, 0.79], higher_is_better=False).verdict == FASTER  # a latency fell
 
 
-@pytest.mark.parametrize(("ratios", "verdict", "noisy"), [
-    ([1.5], SAME, True),  # one round: no spread to judge by
-    ([1.01, 1.02, 1.015, 1.012], SAME, False),  # consistent but under the 3 % threshold
-    ([1.30, 0.95, 1.25, 1.00], SAME, True),  # +11 % on average, rounds disagree
-    ([1.0, 1.0, 1.0], SAME, False),
-])
+@pytest.mark.parametrize(
+    ("ratios", "verdict", "noisy"),
+    [
+        ([1.5], SAME, True),  # one round: no spread to judge by
+        ([1.01, 1.02, 1.015, 1.012], SAME, False),  # consistent but under the 3 % threshold
+        ([1.30, 0.95, 1.25, 1.00], SAME, True),  # +11 % on average, rounds disagree
+        ([1.0, 1.0, 1.0], SAME, False),
+    ],
+)
 def test_verdicts_that_stay_same(ratios: list[float], verdict: str, noisy: bool) -> None:
     d = paired_from_ratios(ratios, higher_is_better=True)
     assert d.verdict == verdict and pd.noisy(d.verdict, d.ratio, 0.03) is noisy
@@ -83,8 +96,14 @@ def test_bad_inputs() -> None:
 Machine = Callable[[int], float]  # slot (one request's time) -> the machine's speed factor
 
 
-def measure(order: Sequence[tuple[int, str]], speeds: dict[str, float], machine: Machine, repeats: int,
-            noise: float = 0.01, seed: int = 1) -> dict[str, dict[int, list[float]]]:
+def measure(
+    order: Sequence[tuple[int, str]],
+    speeds: dict[str, float],
+    machine: Machine,
+    repeats: int,
+    noise: float = 0.01,
+    seed: int = 1,
+) -> dict[str, dict[int, list[float]]]:
     """Samples of each plan per round, taken in ``order``, ``repeats`` consecutive slots per run."""
     rng = np.random.default_rng(seed)
     out: dict[str, dict[int, list[float]]] = {lab: {} for lab in speeds}
@@ -166,7 +185,7 @@ def test_alternating_the_order_cancels_a_steady_drift_that_a_fixed_order_reads_a
     repeats, rounds = 3, 4
 
     def machine(slot: int) -> float:
-        return 0.985 ** slot
+        return 0.985**slot
 
     fixed = [(r, lab) for r in range(1, rounds + 1) for lab in "AB"]
     assert paired(measure(fixed, speeds, machine, repeats, noise=0.002)).verdict == SLOWER
@@ -175,6 +194,7 @@ def test_alternating_the_order_cancels_a_steady_drift_that_a_fixed_order_reads_a
 
 
 # -- rounds ----------------------------------------------------------------------------------------
+
 
 def test_round_order_alternates() -> None:
     assert round_order(["A", "B"], 1) == ["A", "B"] and round_order(["A", "B"], 2) == ["B", "A"]
@@ -185,26 +205,40 @@ def tr(run: int, label: str, rnd: int, attempt: str, done: bool = True) -> Tagge
     return TaggedRun(run, label, rnd, attempt, done)
 
 
-@pytest.mark.parametrize(("runs", "rounds"), [
-    ([], {}),
-    ([tr(1, "A", 1, "x"), tr(2, "B", 1, "x")], {1: {"A": 1, "B": 2}}),
-    # round 2 interrupted at B, then run again whole: the second attempt is the round
-    ([tr(1, "A", 1, "x"), tr(2, "B", 1, "x"), tr(3, "B", 2, "y"), tr(4, "A", 2, "y", done=False),
-      tr(5, "B", 2, "z"), tr(6, "A", 2, "z")], {1: {"A": 1, "B": 2}, 2: {"A": 6, "B": 5}}),
-    # each plan done once, but in different attempts: not a round
-    ([tr(1, "A", 1, "x"), tr(2, "B", 1, "x", done=False), tr(3, "A", 1, "y", done=False), tr(4, "B", 1, "y")], {}),
-    # two complete attempts (a sweep run twice by hand with one --sweep-id): the newest
-    ([tr(1, "A", 1, "x"), tr(2, "B", 1, "x"), tr(3, "A", 1, "y"), tr(4, "B", 1, "y")], {1: {"A": 3, "B": 4}}),
-    # a plan no longer in the sweep is ignored
-    ([tr(1, "A", 1, "x"), tr(2, "B", 1, "x"), tr(3, "C", 1, "x")], {1: {"A": 1, "B": 2}}),
-])
+@pytest.mark.parametrize(
+    ("runs", "rounds"),
+    [
+        ([], {}),
+        ([tr(1, "A", 1, "x"), tr(2, "B", 1, "x")], {1: {"A": 1, "B": 2}}),
+        # round 2 interrupted at B, then run again whole: the second attempt is the round
+        (
+            [
+                tr(1, "A", 1, "x"),
+                tr(2, "B", 1, "x"),
+                tr(3, "B", 2, "y"),
+                tr(4, "A", 2, "y", done=False),
+                tr(5, "B", 2, "z"),
+                tr(6, "A", 2, "z"),
+            ],
+            {1: {"A": 1, "B": 2}, 2: {"A": 6, "B": 5}},
+        ),
+        # each plan done once, but in different attempts: not a round
+        ([tr(1, "A", 1, "x"), tr(2, "B", 1, "x", done=False), tr(3, "A", 1, "y", done=False), tr(4, "B", 1, "y")], {}),
+        # two complete attempts (a sweep run twice by hand with one --sweep-id): the newest
+        ([tr(1, "A", 1, "x"), tr(2, "B", 1, "x"), tr(3, "A", 1, "y"), tr(4, "B", 1, "y")], {1: {"A": 3, "B": 4}}),
+        # a plan no longer in the sweep is ignored
+        ([tr(1, "A", 1, "x"), tr(2, "B", 1, "x"), tr(3, "C", 1, "x")], {1: {"A": 1, "B": 2}}),
+    ],
+)
 def test_complete_rounds(runs: list[TaggedRun], rounds: dict[int, dict[str, int]]) -> None:
     assert complete_rounds(runs, ["A", "B"]) == rounds
 
 
 def test_rounds_by_order_pairs_the_kth_runs() -> None:
     assert rounds_by_order([(7, "B"), (2, "A"), (5, "A"), (3, "B")], ["A", "B"]) == {
-        1: {"A": 2, "B": 3}, 2: {"A": 5, "B": 7}}
+        1: {"A": 2, "B": 3},
+        2: {"A": 5, "B": 7},
+    }
     with pytest.raises(InputError, match="same number of runs"):
         rounds_by_order([(1, "A"), (2, "B"), (3, "A")], ["A", "B"])
     with pytest.raises(InputError, match="none of"):
@@ -219,23 +253,32 @@ def test_round_tags_round_trip_through_details() -> None:
 
 # -- batches: can the plans be up together? ----------------------------------------------------------
 
+
 def entry(label: str, port: int, used: float | None, capacity: float = 1000.0, margin: float = 100.0) -> SweepEntry:
     spec = LaunchSpec((ProcessSpec("main", ProcessRole.SERVER, "llama.cpp", (), "127.0.0.1", port),))
     doc: dict[str, object] = {"launch": spec.to_json()}
     if used is not None:
-        doc["devices"] = [{"name": "CUDA0", "capacity_mib": capacity, "used_mib": used + margin,
-                           "items": [{"what": "weights", "mib": used}, {"what": "margin", "mib": margin}]}]
+        doc["devices"] = [
+            {
+                "name": "CUDA0",
+                "capacity_mib": capacity,
+                "used_mib": used + margin,
+                "items": [{"what": "weights", "mib": used}, {"what": "margin", "mib": margin}],
+            }
+        ]
     return SweepEntry(label, Target(plan_path=Path(f"{label}.json"), spec=spec, doc=doc, server="main"))
 
 
-@pytest.mark.parametrize(("entries", "problem", "unchecked"), [
-    ([entry("a", 1, 400), entry("b", 2, 400)], None, []),  # 400 + 400 + one margin of 100 fits in 1000
-    ([entry("a", 1, 500), entry("b", 2, 450)], "CUDA0: 500 MiB (a) + 450 MiB (b) + 100 MiB margin = 1,050 MiB", []),
-    ([entry("a", 1, 10), entry("b", 1, 10)], "a and b both listen on 127.0.0.1:1", []),
-    ([entry("a", 1, None), entry("b", 2, 900)], None, ["a"]),
-])
-def test_plans_that_cannot_be_up_together(entries: list[SweepEntry], problem: str | None,
-                                          unchecked: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("entries", "problem", "unchecked"),
+    [
+        ([entry("a", 1, 400), entry("b", 2, 400)], None, []),  # 400 + 400 + one margin of 100 fits in 1000
+        ([entry("a", 1, 500), entry("b", 2, 450)], "CUDA0: 500 MiB (a) + 450 MiB (b) + 100 MiB margin = 1,050 MiB", []),
+        ([entry("a", 1, 10), entry("b", 1, 10)], "a and b both listen on 127.0.0.1:1", []),
+        ([entry("a", 1, None), entry("b", 2, 900)], None, ["a"]),
+    ],
+)
+def test_plans_that_cannot_be_up_together(entries: list[SweepEntry], problem: str | None, unchecked: list[str]) -> None:
     problems, not_checked = together_problems(entries)
-    assert [p[:len(problem)] for p in problems] == [problem] if problem else problems == []
+    assert [p[: len(problem)] for p in problems] == [problem] if problem else problems == []
     assert not_checked == unchecked

@@ -35,12 +35,18 @@ def test_a_prediction_moves_with_the_context_as_the_model_does(tmp_path: Path) -
 
 def test_versus_and_efficiency(tmp_path: Path) -> None:
     p = load_profile(generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "f16").files[0])
-    stored = make_plan([ServiceSpec("t", p, Settings(ctx=8192), "cpu-moe")], load("rtx-pro-6000")).main.prediction.to_json()
+    stored = make_plan(
+        [ServiceSpec("t", p, Settings(ctx=8192), "cpu-moe")], load("rtx-pro-6000")
+    ).main.prediction.to_json()
     exp = expected(stored, [("short", 0, None), ("d4096", 4096, 300)])
     assert exp["d4096"]["tg_tok_s"] < exp["short"]["tg_tok_s"]
     pred_tg, pred_pp = exp["short"]["tg_tok_s"], exp["short"]["pp_tok_s"]
-    summary = {"workloads": {"short": {"tg": {"median": pred_tg / 1.25}, "pp": {"median": pred_pp * 4 / 3}},
-                             "d4096": {"tg": {"median": 12.0}, "pp": None}}}
+    summary = {
+        "workloads": {
+            "short": {"tg": {"median": pred_tg / 1.25}, "pp": {"median": pred_pp * 4 / 3}},
+            "d4096": {"tg": {"median": 12.0}, "pp": None},
+        }
+    }
     vs = versus(summary, exp)
     assert vs["short"]["tg"]["error_pct"] == pytest.approx(25.0, abs=0.01)  # promised 25% more than it got
     assert vs["short"]["pp"]["error_pct"] == pytest.approx(-25.0, abs=0.01)
@@ -68,12 +74,31 @@ def test_versus_and_efficiency(tmp_path: Path) -> None:
 def test_bench_of_a_plan_stores_and_prints_the_prediction(bin_dir: Path, tmp_path: Path) -> None:
     model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe"), "f16").files[0]
     hw = tmp_path / "hw.yaml"
-    hw.write_text(yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]}))
+    hw.write_text(
+        yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]})
+    )
     plan = tmp_path / "p.json"
-    assert run_cli("plan", str(model), "--hw", str(hw), "--ctx", "2048", "--port", str(free_port()),
-                   "-o", str(plan)).exit_code == 0
-    r = run_cli("bench", str(plan), "--depth", "0,512", "-r", "2", "--warmup", "0", "--tg-tokens", "8",
-                "--pp-tokens", "64", "--json")
+    assert (
+        run_cli(
+            "plan", str(model), "--hw", str(hw), "--ctx", "2048", "--port", str(free_port()), "-o", str(plan)
+        ).exit_code
+        == 0
+    )
+    r = run_cli(
+        "bench",
+        str(plan),
+        "--depth",
+        "0,512",
+        "-r",
+        "2",
+        "--warmup",
+        "0",
+        "--tg-tokens",
+        "8",
+        "--pp-tokens",
+        "64",
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["predicted"]["tg_tok_s"] > 0
@@ -89,8 +114,23 @@ def test_bench_of_a_plan_stores_and_prints_the_prediction(bin_dir: Path, tmp_pat
         assert set(run.meta.details["predicted"]) == {"d0", "d512"}
     shown = run_cli("results", "show", str(doc["run"]["id"])).stdout
     assert "predicted vs measured" in shown and "decode bandwidth reached" in shown
-    again = json.loads(run_cli("bench", str(plan), "--depth", "0", "-r", "2", "--warmup", "0", "--tg-tokens", "8",
-                               "--pp-tokens", "64", "--json").stdout)
+    again = json.loads(
+        run_cli(
+            "bench",
+            str(plan),
+            "--depth",
+            "0",
+            "-r",
+            "2",
+            "--warmup",
+            "0",
+            "--tg-tokens",
+            "8",
+            "--pp-tokens",
+            "64",
+            "--json",
+        ).stdout
+    )
     ids = [str(doc["run"]["id"]), str(again["run"]["id"])]
     cmp_doc = json.loads(run_cli("compare", *ids, "--json").stdout)
     assert set(cmp_doc["prediction_error"]) == set(ids)

@@ -61,8 +61,24 @@ def recorder(upstream: str, path: Path, *args: str) -> Iterator[Recording]:
     """`moetune record` on a free loopback port in front of ``upstream``, writing ``path``."""
     err = path.with_suffix(".err")
     with open(err, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "moetune", "record", "--listen", "127.0.0.1:0", "--upstream",
-                                 upstream, "-o", str(path), "--json", *args], stdout=subprocess.PIPE, stderr=f)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "moetune",
+                "record",
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                upstream,
+                "-o",
+                str(path),
+                "--json",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=f,
+        )
     try:
         deadline = time.monotonic() + 30
         while not (m := re.search(r"recording (http://\S+) ->", err.read_text())):
@@ -78,8 +94,9 @@ def client() -> httpx.Client:
     return httpx.Client(trust_env=False, timeout=60)
 
 
-def stream(c: httpx.Client, url: str, body: dict[str, Any], path: str = "/v1/chat/completions"
-           ) -> tuple[httpx.Response, bytes]:
+def stream(
+    c: httpx.Client, url: str, body: dict[str, Any], path: str = "/v1/chat/completions"
+) -> tuple[httpx.Response, bytes]:
     with c.stream("POST", url + path, json=body) as r:
         return r, b"".join(r.iter_raw())
 
@@ -113,9 +130,16 @@ def test_a_stream_passes_through_unchanged(server: Server, tmp_path: Path) -> No
     through the proxy: the body bytes a client reads (chunked framing removed) are equal once each
     event's ``id``, ``created`` and ``timings`` values are masked; the status and every end-to-end
     header are equal (Keep-Alive, a hop-by-hop header, stays behind)."""
-    body = {"messages": [{"role": "user", "content": "Say something."}], "stream": True, "max_tokens": 24,
-            "temperature": 0, "seed": 42, "ignore_eos": True, "cache_prompt": False,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": "Say something."}],
+        "stream": True,
+        "max_tokens": 24,
+        "temperature": 0,
+        "seed": 42,
+        "ignore_eos": True,
+        "cache_prompt": False,
+        "stream_options": {"include_usage": True},
+    }
     with recorder(server.url, tmp_path / "s.jsonl") as rec, client() as c:
         direct, direct_body = stream(c, server.url, body)
         proxied, proxied_body = stream(c, rec.url, body)
@@ -143,12 +167,19 @@ class Scripted(socketserver.BaseRequestHandler):
     says the first reached the client through the proxy (or after 5 s). Keeps its connection for
     more requests, and records each request as it came."""
 
-    HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-            b"Keep-Alive: timeout=5\r\nX-Upstream: yes\r\n\r\n")
+    HEAD = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+        b"Keep-Alive: timeout=5\r\nX-Upstream: yes\r\n\r\n"
+    )
     PART1 = chunk(b'data: {"choices":[{"delta":{"content":"A"}}]}\n\n')
-    PART2 = chunk(b'data: {"choices":[{"delta":{"content":"B"},"finish_reason":"stop"}],'
-                  b'"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n') + chunk(b"data: [DONE]\n\n") + \
-        b"0\r\n\r\n"
+    PART2 = (
+        chunk(
+            b'data: {"choices":[{"delta":{"content":"B"},"finish_reason":"stop"}],'
+            b'"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
+        )
+        + chunk(b"data: [DONE]\n\n")
+        + b"0\r\n\r\n"
+    )
     requests: ClassVar[list[bytes]] = []
     first_seen = threading.Event()
     held: ClassVar[list[bool]] = []  # per answer: the second part waited for the client to see the first
@@ -200,14 +231,18 @@ def test_the_proxy_relays_bytes_as_they_come_and_the_request_as_it_was(tmp_path:
                 port = int(rec.url.rsplit(":", 1)[1])
                 body = b'{"messages":[{"role":"user","content":"hi"}],"stream":true}'
                 with socket.create_connection(("127.0.0.1", port)) as s:
-                    s.sendall(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer k\r\n"
-                              b"Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nContent-Type: application/json\r\n"
-                              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                    s.sendall(
+                        b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer k\r\n"
+                        b"Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                    )
                     first = read_answer(s, Scripted.first_seen)
-                    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: proxy\r\nExpect: 100-continue\r\n"
-                              b"Transfer-Encoding: chunked\r\n\r\n")
+                    s.sendall(
+                        b"POST /v1/completions HTTP/1.1\r\nHost: proxy\r\nExpect: 100-continue\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n"
+                    )
                     assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
-                    s.sendall(b"5\r\n{\"a\":\r\n2\r\n1}\r\n0\r\n\r\n")
+                    s.sendall(b'5\r\n{"a":\r\n2\r\n1}\r\n0\r\n\r\n')
                     second = read_answer(s, Scripted.first_seen)
                 code, summary = rec.stop()
         finally:
@@ -216,15 +251,21 @@ def test_the_proxy_relays_bytes_as_they_come_and_the_request_as_it_was(tmp_path:
     assert first == expected and second == expected
     assert Scripted.held == [True, True]
     host = f"Host: 127.0.0.1:{upstream.split(':')[2].split('/')[0]}".encode()
-    assert Scripted.requests[0] == (b"POST /prefix/v1/chat/completions?x=1 HTTP/1.1\r\n" + host + b"\r\n"
-                                    b"Authorization: Bearer k\r\nContent-Type: application/json\r\n"
-                                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-    assert Scripted.requests[1] == b"POST /prefix/v1/completions HTTP/1.1\r\n" + host + \
-        b"\r\nContent-Length: 7\r\n\r\n{\"a\":1}"
+    assert Scripted.requests[0] == (
+        b"POST /prefix/v1/chat/completions?x=1 HTTP/1.1\r\n" + host + b"\r\n"
+        b"Authorization: Bearer k\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    assert (
+        Scripted.requests[1]
+        == b"POST /prefix/v1/completions HTTP/1.1\r\n" + host + b'\r\nContent-Length: 7\r\n\r\n{"a":1}'
+    )
     assert code == 0 and summary["requests"] == 2
     lines = rec.lines()
     assert [(x["seq"], x["path"], x["query"], x["body"]) for x in lines] == [
-        (0, "/v1/chat/completions", "x=1", json.loads(body)), (1, "/v1/completions", "", {"a": 1})]
+        (0, "/v1/chat/completions", "x=1", json.loads(body)),
+        (1, "/v1/completions", "", {"a": 1}),
+    ]
     for x in lines:
         assert x["status"] == 200 and x["completion_tokens"] == 2 and x["tokens_from"] == "usage"
         assert x["prompt_tokens"] == 3 and x["finish_reason"] == "stop" and x["events"] == 2
@@ -234,18 +275,47 @@ def test_the_proxy_relays_bytes_as_they_come_and_the_request_as_it_was(tmp_path:
 
 
 LLAMA_SESSION: list[tuple[str, dict[str, Any] | None]] = [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "First question."}], "stream": True,
-                              "max_tokens": 8, "ignore_eos": True, "temperature": 0}),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "First question."}],
+            "stream": True,
+            "max_tokens": 8,
+            "ignore_eos": True,
+            "temperature": 0,
+        },
+    ),
     ("/v1/models", None),
-    ("/v1/completions", {"prompt": "Once upon a time", "stream": True, "max_tokens": 6, "ignore_eos": True,
-                         "model": "named-by-the-client"}),
-    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "Be brief."},
-                                           {"role": "user", "content": "Second question."}],
-                              "max_tokens": 5, "ignore_eos": True}),  # not streamed
+    (
+        "/v1/completions",
+        {
+            "prompt": "Once upon a time",
+            "stream": True,
+            "max_tokens": 6,
+            "ignore_eos": True,
+            "model": "named-by-the-client",
+        },
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Second question."}],
+            "max_tokens": 5,
+            "ignore_eos": True,
+        },
+    ),  # not streamed
 ]
 LONG = 1500  # tokens: long enough for the second of two streams to start before the first ends
-PARALLEL = [{"messages": [{"role": "user", "content": f"Parallel {i}."}], "stream": True, "max_tokens": LONG,
-             "ignore_eos": True, "stream_options": {"include_usage": True}} for i in range(2)]
+PARALLEL = [
+    {
+        "messages": [{"role": "user", "content": f"Parallel {i}."}],
+        "stream": True,
+        "max_tokens": LONG,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    for i in range(2)
+]
 
 
 def two_at_once(url: str) -> None:
@@ -301,10 +371,18 @@ def test_record_then_replay_reproduces_the_session(server: Server, tmp_path: Pat
     assert sorted(x["seq"] for x in lines) == list(range(6))
     want = {0: 8, 2: 6, 3: 5, 4: LONG, 5: LONG}
     assert {x["seq"]: x["completion_tokens"] for x in lines if x["seq"] != 1} == want
-    assert [x["tokens_from"] for x in sorted(lines, key=lambda x: x["seq"])] == \
-        ["timings", None, "usage", "usage", "usage", "usage"]
+    assert [x["tokens_from"] for x in sorted(lines, key=lambda x: x["seq"])] == [
+        "timings",
+        None,
+        "usage",
+        "usage",
+        "usage",
+        "usage",
+    ]
     assert all(x["status"] == 200 and x["error"] is None and x["proxy"]["first_byte_ms"] is not None for x in lines)
-    assert summary["requests"] == 6 and summary["concurrency"] == 2 and summary["completion_tokens"] == sum(want.values())
+    assert (
+        summary["requests"] == 6 and summary["concurrency"] == 2 and summary["completion_tokens"] == sum(want.values())
+    )
     assert summary["proxy_ms"]["piece"]["n"] > 10 and "added by the proxy" in rec.err.read_text()
 
     b = tmp_path / "b.jsonl"
@@ -325,10 +403,18 @@ def test_record_then_replay_reproduces_the_session(server: Server, tmp_path: Pat
     rec_a = sorted(replayed(lines), key=lambda x: x["t_start_s"])
     rec_b = sorted(replayed(again.lines()), key=lambda x: x["t_start_s"])
     served = httpx.get(server.url + "/v1/models", trust_env=False).json()["data"][0]["id"]
-    expected = [({k: (served if k == "model" else v) for k, v in x["body"].items() if k not in REPLAY_ADDED},
-                 x["path"], x["completion_tokens"]) for x in rec_a]
-    got = [({k: v for k, v in y["body"].items() if k not in REPLAY_ADDED}, y["path"], y["completion_tokens"])
-           for y in rec_b]
+    expected = [
+        (
+            {k: (served if k == "model" else v) for k, v in x["body"].items() if k not in REPLAY_ADDED},
+            x["path"],
+            x["completion_tokens"],
+        )
+        for x in rec_a
+    ]
+    got = [
+        ({k: v for k, v in y["body"].items() if k not in REPLAY_ADDED}, y["path"], y["completion_tokens"])
+        for y in rec_b
+    ]
     assert got[:3] == expected[:3]  # one after another: in order
     assert sorted(map(json.dumps, got[3:])) == sorted(map(json.dumps, expected[3:]))  # the two at once
     assert all(y["body"]["stream"] is True and y["body"]["stream_options"]["include_usage"] for y in rec_b)
@@ -358,10 +444,28 @@ def test_replay_against_the_vllm_mock_and_a_changed_count(vllm: str, tmp_path: P
     against it with the same prompts, fields and token counts; a recording whose count was edited
     gets the replay_tokens warning."""
     model = "mock-org/Mock-MoE-30B"
-    bodies = [("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "a b c"}],
-                                        "stream": True, "max_tokens": 7, "stream_options": {"include_usage": True}}),
-              ("/v1/completions", {"model": model, "prompt": "x y", "stream": True, "max_tokens": 5,
-                                   "stream_options": {"include_usage": True}})]
+    bodies = [
+        (
+            "/v1/chat/completions",
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": "a b c"}],
+                "stream": True,
+                "max_tokens": 7,
+                "stream_options": {"include_usage": True},
+            },
+        ),
+        (
+            "/v1/completions",
+            {
+                "model": model,
+                "prompt": "x y",
+                "stream": True,
+                "max_tokens": 5,
+                "stream_options": {"include_usage": True},
+            },
+        ),
+    ]
     s = tmp_path / "v.jsonl"
     with recorder(vllm, s) as rec, client() as c:
         before = len(httpx.get(vllm + "/mock/log", trust_env=False).json())
@@ -375,8 +479,9 @@ def test_replay_against_the_vllm_mock_and_a_changed_count(vllm: str, tmp_path: P
     assert lv["ok"] == 2 and lv["output_tokens"] == 12 and lv["itl_unknown"] == 0
     log = httpx.get(vllm + "/mock/log", trust_env=False).json()[before:]
     recorded, replay = log[:2], log[2:]
-    assert [(e["chat"], e["prompt"], e["model"], e["completion_tokens"]) for e in replay] == \
-        [(e["chat"], e["prompt"], e["model"], e["completion_tokens"]) for e in recorded]
+    assert [(e["chat"], e["prompt"], e["model"], e["completion_tokens"]) for e in replay] == [
+        (e["chat"], e["prompt"], e["model"], e["completion_tokens"]) for e in recorded
+    ]
     assert [set(e["fields"]) - set(REPLAY_ADDED) for e in replay] == [set(b) - set(REPLAY_ADDED) for _, b in bodies]
     edited = tmp_path / "edited.jsonl"
     lines = s.read_text().splitlines()
@@ -385,14 +490,21 @@ def test_replay_against_the_vllm_mock_and_a_changed_count(vllm: str, tmp_path: P
     edited.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
     r = run_cli("serve-bench", vllm, "--replay", str(edited), "--speed", "max", "--json")
     assert r.exit_code == 0 and "another number of tokens" in r.stderr
-    assert [a["code"] for a in json.loads(r.stdout)["run"]["advice"]] == ["no_slot_info", "no_server_timings",
-                                                                         "replay_tokens"]
+    assert [a["code"] for a in json.loads(r.stdout)["run"]["advice"]] == [
+        "no_slot_info",
+        "no_server_timings",
+        "replay_tokens",
+    ]
 
 
 def test_redacted_log_keeps_lengths_and_forwards_the_real_text(vllm: str, tmp_path: Path) -> None:
     secret = "The launch code is swordfish, tell nobody"
-    body = {"messages": [{"role": "user", "content": secret}], "stream": True, "max_tokens": 3,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": secret}],
+        "stream": True,
+        "max_tokens": 3,
+        "stream_options": {"include_usage": True},
+    }
     with recorder(vllm, tmp_path / "r.jsonl", "--redact") as rec, client() as c:
         _send(c, rec.url, "/v1/chat/completions", body)
         _send(c, rec.url, "/v1/completions", {"prompt": secret, "max_tokens": 2})
@@ -407,8 +519,12 @@ def test_redacted_log_keeps_lengths_and_forwards_the_real_text(vllm: str, tmp_pa
 
 
 def test_sigterm_lets_a_stream_in_flight_end_and_the_file_is_complete(vllm: str, tmp_path: Path) -> None:
-    body = {"messages": [{"role": "user", "content": "long"}], "stream": True, "max_tokens": 400,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": "long"}],
+        "stream": True,
+        "max_tokens": 400,
+        "stream_options": {"include_usage": True},
+    }
     with recorder(vllm, tmp_path / "t.jsonl") as rec, client() as c:
         _send(c, rec.url, "/v1/chat/completions", {**body, "max_tokens": 4})
         with c.stream("POST", rec.url + "/v1/chat/completions", json=body) as r:
@@ -422,8 +538,11 @@ def test_sigterm_lets_a_stream_in_flight_end_and_the_file_is_complete(vllm: str,
     lines = rec.lines()
     assert [x["completion_tokens"] for x in lines] == [4, 400] and summary["requests"] == 2
     # and a second signal cuts what is in flight: logged as interrupted
-    with recorder(vllm, tmp_path / "u.jsonl") as rec, client() as c, \
-            c.stream("POST", rec.url + "/v1/chat/completions", json=body) as r:
+    with (
+        recorder(vllm, tmp_path / "u.jsonl") as rec,
+        client() as c,
+        c.stream("POST", rec.url + "/v1/chat/completions", json=body) as r,
+    ):
         it = r.iter_raw()
         next(it)
         rec.proc.send_signal(signal.SIGINT)
@@ -458,19 +577,36 @@ def test_an_unreachable_upstream_is_a_502_and_a_line(tmp_path: Path) -> None:
 
 def test_bad_input_exits_2_and_a_port_in_use_1(tmp_path: Path) -> None:
     out = tmp_path / "s.jsonl"
-    for args, word in [(("--listen", "nonsense"), "no port"), (("--listen", "127.0.0.1:99999"), "0 to 65535"),
-                       (("--upstream", "not-a-url"), "not an http(s) URL"),
-                       (("--upstream", "ftp://127.0.0.1:21"), "not an http(s) URL"),
-                       (("--upstream", "http://127.0.0.1:notaport"), "not an http(s) URL")]:
+    for args, word in [
+        (("--listen", "nonsense"), "no port"),
+        (("--listen", "127.0.0.1:99999"), "0 to 65535"),
+        (("--upstream", "not-a-url"), "not an http(s) URL"),
+        (("--upstream", "ftp://127.0.0.1:21"), "not an http(s) URL"),
+        (("--upstream", "http://127.0.0.1:notaport"), "not an http(s) URL"),
+    ]:
         kw = dict(zip(args[::2], args[1::2], strict=True))
-        r = run_cli("record", "--listen", kw.get("--listen", "127.0.0.1:0"),
-                    "--upstream", kw.get("--upstream", "http://127.0.0.1:8080"), "-o", str(out))
+        r = run_cli(
+            "record",
+            "--listen",
+            kw.get("--listen", "127.0.0.1:0"),
+            "--upstream",
+            kw.get("--upstream", "http://127.0.0.1:8080"),
+            "-o",
+            str(out),
+        )
         assert r.exit_code == 2 and word in r.stderr, (args, r.stderr)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        r = run_cli("record", "--listen", f"127.0.0.1:{taken.getsockname()[1]}", "--upstream", "http://127.0.0.1:1",
-                    "-o", str(out))
+        r = run_cli(
+            "record",
+            "--listen",
+            f"127.0.0.1:{taken.getsockname()[1]}",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "-o",
+            str(out),
+        )
     assert r.exit_code == 1 and "in use" in r.stderr and not out.exists()
     out.write_text('{"seq": 0}\n')
     r = run_cli("record", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1", "-o", str(out))
@@ -479,10 +615,13 @@ def test_bad_input_exits_2_and_a_port_in_use_1(tmp_path: Path) -> None:
     garbage, empty = tmp_path / "garbage.jsonl", tmp_path / "none.jsonl"
     garbage.write_text("not json\n{}\n")
     empty.write_text(json.dumps({"seq": 0, "method": "GET", "path": "/v1/models", "t_start_s": 0}) + "\n")
-    for args, word in [(("--replay", str(out), "--input-len", "10"), "drop --input-len"),
-                       (("--replay", str(out), "--speed", "fast"), "--speed"),
-                       (("--speed", "2x"), "add --replay"), (("--replay", str(garbage)), "line 1"),
-                       (("--replay", str(empty)), "no chat or completions"),
-                       (("--replay", str(out), "-C", "1,2"), "one --concurrency")]:
+    for args, word in [
+        (("--replay", str(out), "--input-len", "10"), "drop --input-len"),
+        (("--replay", str(out), "--speed", "fast"), "--speed"),
+        (("--speed", "2x"), "add --replay"),
+        (("--replay", str(garbage)), "line 1"),
+        (("--replay", str(empty)), "no chat or completions"),
+        (("--replay", str(out), "-C", "1,2"), "one --concurrency"),
+    ]:
         r = run_cli("serve-bench", "http://127.0.0.1:1", *args)
         assert r.exit_code == 2 and word in r.stderr, (args, r.stderr)

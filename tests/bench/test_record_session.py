@@ -66,29 +66,56 @@ def test_body_lengths_and_bodiless_answers() -> None:
 
 
 def test_hop_by_hop_headers_stay_behind() -> None:
-    head = parse_head(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nConnection: keep-alive, X-Hop\r\n"
-                      b"X-Hop: 1\r\nKeep-Alive: timeout=5\r\nAuthorization: Bearer k\r\nTE: trailers\r\n"
-                      b"Content-Type: application/json")
-    assert head.forwarded(drop=frozenset({"host"})) == [("Authorization", "Bearer k"),
-                                                        ("Content-Type", "application/json")]
+    head = parse_head(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nConnection: keep-alive, X-Hop\r\n"
+        b"X-Hop: 1\r\nKeep-Alive: timeout=5\r\nAuthorization: Bearer k\r\nTE: trailers\r\n"
+        b"Content-Type: application/json"
+    )
+    assert head.forwarded(drop=frozenset({"host"})) == [
+        ("Authorization", "Bearer k"),
+        ("Content-Type", "application/json"),
+    ]
     assert head.keep_alive and head.version == "HTTP/1.1"
     assert not parse_head(b"GET / HTTP/1.0").keep_alive
     answer = parse_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100")
-    assert render_head(answer.start, answer.forwarded(keep=frozenset({"transfer-encoding"}))) == \
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert (
+        render_head(answer.start, answer.forwarded(keep=frozenset({"transfer-encoding"})))
+        == b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
     for bad in (b"", b"garbage", b"GET / HTTP/1.1\r\nno colon here", b"GET / HTTP/1.1\r\n bad: folded"):
         with pytest.raises(ValueError):
             parse_head(bad)
 
 
-CHAT = {"model": "m", "max_tokens": 8, "temperature": 0, "ignore_eos": True, "messages": [
-    {"role": "system", "content": "You are a careful coding agent.\nUse tools."},
-    {"role": "user", "content": [{"type": "text", "text": "Fix the bug in parser.py"},
-                                 {"type": "image_url", "image_url": {"url": "data:x"}}]},
-    {"role": "assistant", "content": None, "reasoning_content": "secret plan",
-     "tool_calls": [{"id": "c1", "type": "function",
-                     "function": {"name": "read_file", "arguments": '{"path": "src/parser.py", "line": 12}'}}]},
-    {"role": "tool", "tool_call_id": "c1", "content": "def parse(): return 42"}]}
+CHAT = {
+    "model": "m",
+    "max_tokens": 8,
+    "temperature": 0,
+    "ignore_eos": True,
+    "messages": [
+        {"role": "system", "content": "You are a careful coding agent.\nUse tools."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Fix the bug in parser.py"},
+                {"type": "image_url", "image_url": {"url": "data:x"}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "secret plan",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "src/parser.py", "line": 12}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "def parse(): return 42"},
+    ],
+}
 
 
 def _strings(x: object) -> list[str]:
@@ -130,9 +157,24 @@ def test_filler_keeps_prefixes_so_a_growing_conversation_stays_one() -> None:
 
 
 def test_a_line_survives_json() -> None:
-    e = Exchange(seq=3, method="POST", path="/v1/chat/completions", query="a=1", t_start_s=1.25, body=CHAT,
-                 body_bytes=500, t_end_s=2.5, status=200, stream=True, events=8, prompt_tokens=40, completion_tokens=8,
-                 tokens_from="usage", usage={"completion_tokens": 8}, proxy=ProxyDelays(0.3, None, 0.05, 0.02, 0.2, 9))
+    e = Exchange(
+        seq=3,
+        method="POST",
+        path="/v1/chat/completions",
+        query="a=1",
+        t_start_s=1.25,
+        body=CHAT,
+        body_bytes=500,
+        t_end_s=2.5,
+        status=200,
+        stream=True,
+        events=8,
+        prompt_tokens=40,
+        completion_tokens=8,
+        tokens_from="usage",
+        usage={"completion_tokens": 8},
+        proxy=ProxyDelays(0.3, None, 0.05, 0.02, 0.2, 9),
+    )
     back = Exchange.from_json(json.loads(json.dumps(e.to_json())))
     assert back == e and back.target == "/v1/chat/completions?a=1"
     for bad in ({"seq": 1}, {"seq": "x", "method": "GET", "path": "/", "t_start_s": 0}, [1]):
@@ -140,35 +182,61 @@ def test_a_line_survives_json() -> None:
             Exchange.from_json(bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("usage", "timings", "events", "want"), [
-    ({"prompt_tokens": 40, "completion_tokens": 8}, {"predicted_n": 7}, 5, (40, 8, "usage")),
-    (None, {"prompt_n": 30, "cache_n": 10, "predicted_n": 7}, 5, (40, 7, "timings")),
-    (None, None, 5, (None, 5, "events")),
-    (None, None, None, (None, None, None)),  # not streamed, nothing said
-    ({"completion_tokens": True}, None, 2, (None, 2, "events")),  # not a count
-])
+@pytest.mark.parametrize(
+    ("usage", "timings", "events", "want"),
+    [
+        ({"prompt_tokens": 40, "completion_tokens": 8}, {"predicted_n": 7}, 5, (40, 8, "usage")),
+        (None, {"prompt_n": 30, "cache_n": 10, "predicted_n": 7}, 5, (40, 7, "timings")),
+        (None, None, 5, (None, 5, "events")),
+        (None, None, None, (None, None, None)),  # not streamed, nothing said
+        ({"completion_tokens": True}, None, 2, (None, 2, "events")),  # not a count
+    ],
+)
 def test_token_counts(usage: dict | None, timings: dict | None, events: int | None, want: tuple) -> None:  # type: ignore[type-arg]
     assert token_counts(usage, timings, events) == want
 
 
-def ex(seq: int, t: float, end: float | None, path: str = "/v1/chat/completions", method: str = "POST",
-       body: object = None, tokens: int | None = 8) -> Exchange:
-    return Exchange(seq=seq, method=method, path=path, t_start_s=t, t_end_s=end, completion_tokens=tokens,
-                    tokens_from="usage" if seq != 2 else "events",
-                    body={"messages": [], "max_tokens": 8, "model": "m"} if body is None else body,
-                    proxy=ProxyDelays(forward_ms=0.2, first_byte_ms=0.1, piece_p50_ms=0.05))
+def ex(
+    seq: int,
+    t: float,
+    end: float | None,
+    path: str = "/v1/chat/completions",
+    method: str = "POST",
+    body: object = None,
+    tokens: int | None = 8,
+) -> Exchange:
+    return Exchange(
+        seq=seq,
+        method=method,
+        path=path,
+        t_start_s=t,
+        t_end_s=end,
+        completion_tokens=tokens,
+        tokens_from="usage" if seq != 2 else "events",
+        body={"messages": [], "max_tokens": 8, "model": "m"} if body is None else body,
+        proxy=ProxyDelays(forward_ms=0.2, first_byte_ms=0.1, piece_p50_ms=0.05),
+    )
 
 
-@pytest.mark.parametrize(("spans", "most"), [
-    ([], 0), ([(0, 1)], 1), ([(0, 1), (1, 2)], 1), ([(0, 2), (1, 3), (1.5, 1.6)], 3), ([(0, None), (0, 1)], 1),
-])
+@pytest.mark.parametrize(
+    ("spans", "most"),
+    [
+        ([], 0),
+        ([(0, 1)], 1),
+        ([(0, 1), (1, 2)], 1),
+        ([(0, 2), (1, 3), (1.5, 1.6)], 3),
+        ([(0, None), (0, 1)], 1),
+    ],
+)
 def test_concurrency_counts_what_was_in_flight(spans: list[tuple[float, float | None]], most: int) -> None:
     assert concurrency(ex(i, a, b) for i, (a, b) in enumerate(spans)) == most
 
 
 def test_summary() -> None:
-    s = summarize([ex(0, 0, 1), ex(1, 0.5, 2), ex(2, 3, 3.1, path="/v1/models", method="GET", tokens=None)],
-                  piece_ms=[0.1, 0.2, 0.3])
+    s = summarize(
+        [ex(0, 0, 1), ex(1, 0.5, 2), ex(2, 3, 3.1, path="/v1/models", method="GET", tokens=None)],
+        piece_ms=[0.1, 0.2, 0.3],
+    )
     assert s["requests"] == 3 and s["concurrency"] == 2 and s["completion_tokens"] == 16 and s["duration_s"] == 3.1
     assert s["paths"] == {"POST /v1/chat/completions": 2, "GET /v1/models": 1}
     assert s["proxy_ms"]["piece"]["n"] == 3 and s["proxy_ms"]["forward"]["p50"] == 0.2
@@ -190,10 +258,13 @@ def test_bad_speed(text: str) -> None:
 
 
 def test_what_a_replay_sends_and_when() -> None:
-    session = [ex(2, 5.0, 6.0, path="/v1/completions", body={"prompt": "p", "n_predict": 4}),
-               ex(0, 2.0, 4.0), ex(1, 2.5, 3.0, path="/v1/models", method="GET"),
-               ex(3, 5.5, 7.0, path="/v1/chat/completions", body="not json"),
-               ex(4, 6.0, 6.5, path="/health", method="POST")]
+    session = [
+        ex(2, 5.0, 6.0, path="/v1/completions", body={"prompt": "p", "n_predict": 4}),
+        ex(0, 2.0, 4.0),
+        ex(1, 2.5, 3.0, path="/v1/models", method="GET"),
+        ex(3, 5.5, 7.0, path="/v1/chat/completions", body="not json"),
+        ex(4, 6.0, 6.5, path="/health", method="POST"),
+    ]
     reqs, skipped = replay_requests(session)
     assert [r.seq for r in reqs] == [0, 2] and skipped == 3
     assert [r.offset_s for r in reqs] == [0.0, 3.0] and [r.max_tokens for r in reqs] == [8, 4]
@@ -202,20 +273,30 @@ def test_what_a_replay_sends_and_when() -> None:
     assert due_offsets(reqs, None) is None
     assert replay_concurrency(session) == 1 and replay_concurrency([]) == 1
     body = json.loads(replay_body(reqs[0], None))
-    assert body == {"messages": [], "max_tokens": 8, "model": "m", "stream": True, "timings_per_token": True,
-                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    assert body == {
+        "messages": [],
+        "max_tokens": 8,
+        "model": "m",
+        "stream": True,
+        "timings_per_token": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     assert json.loads(replay_body(reqs[0], "other"))["model"] == "other"
     assert [r.recorded_completion_tokens for r in reqs] == [8, None]  # events are not a server's count
     assert token_differences(reqs, [8, 5]) == [] and token_differences(reqs, [7, None]) == [0]
 
 
-@pytest.mark.parametrize(("recorded", "served", "override", "want"), [
-    ("m", ["m", "n"], None, None),  # served: kept
-    ("m", ["x"], None, "x"),  # not served: the target's own
-    ("m", [], None, None),  # the target says nothing: kept
-    (None, ["x"], None, None),  # none recorded: the server's default
-    ("m", ["m"], "y", "y"),  # --model wins
-])
-def test_which_model_a_replay_names(recorded: str | None, served: list[str], override: str | None,
-                                    want: str | None) -> None:
+@pytest.mark.parametrize(
+    ("recorded", "served", "override", "want"),
+    [
+        ("m", ["m", "n"], None, None),  # served: kept
+        ("m", ["x"], None, "x"),  # not served: the target's own
+        ("m", [], None, None),  # the target says nothing: kept
+        (None, ["x"], None, None),  # none recorded: the server's default
+        ("m", ["m"], "y", "y"),  # --model wins
+    ],
+)
+def test_which_model_a_replay_names(
+    recorded: str | None, served: list[str], override: str | None, want: str | None
+) -> None:
     assert choose_model(recorded, served, override) == want

@@ -21,8 +21,12 @@ BOUND_MS = 2.0
 
 def _passes(a: Accuracy) -> bool:
     nominal = a.gaps_ms("nominal")
-    return (a.errors == 0 and max(a.gaps_ms("realized").values()) < BOUND_MS
-            and nominal["ttft_ms p50"] < BOUND_MS and nominal["itl_ms p50"] < BOUND_MS)
+    return (
+        a.errors == 0
+        and max(a.gaps_ms("realized").values()) < BOUND_MS
+        and nominal["ttft_ms p50"] < BOUND_MS
+        and nominal["itl_ms p50"] < BOUND_MS
+    )
 
 
 def test_ttft_and_itl_agree_with_the_mock_schedule_at_64_streams() -> None:
@@ -30,8 +34,10 @@ def test_ttft_and_itl_agree_with_the_mock_schedule_at_64_streams() -> None:
     for _ in range(2):
         a = measure(64)
         tries.append(a)
-        print(f"\nlag {a.lag_ms} ms, TTFT error {a.ttft_err_ms} ms, ITL error {a.itl_err_ms} ms, "
-              f"mock lateness {a.mock_late_ms} ms, {a.event_rate_per_s} events/s")
+        print(
+            f"\nlag {a.lag_ms} ms, TTFT error {a.ttft_err_ms} ms, ITL error {a.itl_err_ms} ms, "
+            f"mock lateness {a.mock_late_ms} ms, {a.event_rate_per_s} events/s"
+        )
         print(f"reported {a.reported}\nrealized gaps {a.gaps_ms('realized')}\nnominal gaps {a.gaps_ms('nominal')}")
         if _passes(a):
             break
@@ -84,8 +90,10 @@ def test_a_stalled_client_still_reports_the_right_itl() -> None:
     errors = measure()
     if errors[int(len(errors) * 0.99)] >= BOUND_MS:
         errors = min(errors, measure(), key=lambda e: e[int(len(e) * 0.99)])
-    print(f"\nITL error after a 300 ms client stall: p50 {errors[len(errors) // 2]:.3f} ms, "
-          f"p99 {errors[int(len(errors) * 0.99)]:.3f} ms, max {errors[-1]:.3f} ms")
+    print(
+        f"\nITL error after a 300 ms client stall: p50 {errors[len(errors) // 2]:.3f} ms, "
+        f"p99 {errors[int(len(errors) * 0.99)]:.3f} ms, max {errors[-1]:.3f} ms"
+    )
     assert errors[len(errors) // 2] < 0.5
     assert errors[int(len(errors) * 0.99)] < BOUND_MS
     assert errors[-1] < 10.0

@@ -29,8 +29,19 @@ def bench(url: str, *args: str) -> tuple[int, dict, str]:  # type: ignore[type-a
 
 
 def test_json_contract_and_storage(one_slot: str) -> None:
-    code, doc, err = bench(one_slot, "--concurrency", "1,2", "--requests", "4", "--input-len", "40",
-                           "--output-len", "8", "--label", "contract")
+    code, doc, err = bench(
+        one_slot,
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "4",
+        "--input-len",
+        "40",
+        "--output-len",
+        "8",
+        "--label",
+        "contract",
+    )
     assert code == 0, err
     assert set(doc) == {"run", "levels"}
     assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]
@@ -78,8 +89,20 @@ def test_http_400_counted_and_reported(one_slot: str) -> None:
 
 
 def test_human_output_and_plots(one_slot: str, tmp_path: Path) -> None:
-    r = run_cli("serve-bench", one_slot, "-C", "1,2", "--requests", "2", "--input-len", "40", "--output-len", "4",
-                "--plot", str(tmp_path))
+    r = run_cli(
+        "serve-bench",
+        one_slot,
+        "-C",
+        "1,2",
+        "--requests",
+        "2",
+        "--input-len",
+        "40",
+        "--output-len",
+        "4",
+        "--plot",
+        str(tmp_path),
+    )
     assert r.exit_code == 0, r.stderr
     assert "TTFT" in r.stdout and "ITL" in r.stdout and "stored as run" in r.stderr
     assert (tmp_path / "serve-latency.png").stat().st_size > 1000
@@ -87,8 +110,10 @@ def test_human_output_and_plots(one_slot: str, tmp_path: Path) -> None:
 
 
 def test_dataset(one_slot: str, tmp_path: Path) -> None:
-    rows = [{"conversations": [{"from": "human", "value": "short one"}, {"from": "gpt", "value": "ok ok"}]},
-            {"conversations": [{"from": "human", "value": "x" * 500}, {"from": "gpt", "value": "too long"}]}]
+    rows = [
+        {"conversations": [{"from": "human", "value": "short one"}, {"from": "gpt", "value": "ok ok"}]},
+        {"conversations": [{"from": "human", "value": "x" * 500}, {"from": "gpt", "value": "too long"}]},
+    ]
     (tmp_path / "sg.json").write_text(json.dumps(rows))
     code, doc, err = bench(one_slot, "--dataset", str(tmp_path / "sg.json"), "--requests", "3")
     assert code == 0, err
@@ -108,16 +133,19 @@ def test_compare_two_runs(one_slot: str) -> None:
     assert "ttft:c=1" in r.stdout and "itl:c=2" in r.stdout
 
 
-@pytest.mark.parametrize(("args", "code", "text"), [
-    (["-C", "0"], 2, "--concurrency"),
-    (["-C", "1,x"], 2, "--concurrency"),
-    (["--requests", "2", "--duration", "1"], 2, "not both"),
-    (["--dataset", "pyproject.toml", "--input-len", "9"], 2, "--input-len"),
-    (["--match-slots"], 2, "cannot change a running one"),
-    (["--server", "main"], 2, "TARGET is a URL"),
-    (["--input-len", "380", "--output-len", "40"], 2, "per-slot context of 400"),
-    (["--input-len", "5"], 2, "fixed part"),
-])
+@pytest.mark.parametrize(
+    ("args", "code", "text"),
+    [
+        (["-C", "0"], 2, "--concurrency"),
+        (["-C", "1,x"], 2, "--concurrency"),
+        (["--requests", "2", "--duration", "1"], 2, "not both"),
+        (["--dataset", "pyproject.toml", "--input-len", "9"], 2, "--input-len"),
+        (["--match-slots"], 2, "cannot change a running one"),
+        (["--server", "main"], 2, "TARGET is a URL"),
+        (["--input-len", "380", "--output-len", "40"], 2, "per-slot context of 400"),
+        (["--input-len", "5"], 2, "fixed part"),
+    ],
+)
 def test_input_errors(one_slot: str, args: list[str], code: int, text: str) -> None:
     r = run_cli("serve-bench", one_slot, *args)
     assert r.exit_code == code, r.stderr
@@ -158,8 +186,11 @@ def test_a_long_level_keeps_no_records_in_memory(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("MOETUNE_METRICS_INTERVAL", "0.1")
     held: list[int] = []
     with mock_server(MockConfig(ttft_ms=(5.0,), itl_ms=(2.0,))) as url, ResultsDB.open() as db:
-        doc = serve_bench(ServeBenchSpec(url=url, concurrency=(4,), duration_s=2.0, input_len=40, output_len=4,
-                                         warmup=0), db, on_snapshot=lambda s: held.append(len(live)))
+        doc = serve_bench(
+            ServeBenchSpec(url=url, concurrency=(4,), duration_s=2.0, input_len=40, output_len=4, warmup=0),
+            db,
+            on_snapshot=lambda s: held.append(len(live)),
+        )
         samples = db.samples(doc["run"]["id"])
     (lv,) = doc["levels"]
     assert lv["requests"] == lv["ok"] == len(samples) > 100  # figures from every stored request

@@ -38,12 +38,26 @@ def test_llama_server_stream_with_timings_per_token() -> None:
     # two tokens, their text held back (a partial UTF-8 character), then the text with no new token
     p.feed(1.1, ev(delta("", timings={"predicted_n": 3, "predicted_ms": 99.5})))
     p.feed(1.2, ev(delta("é", timings={"predicted_n": 3, "predicted_ms": 99.5})))
-    p.feed(1.3, ev({"id": "x1", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
-           + ev({"id": "x1", "choices": [], "usage": {"completion_tokens": 4, "prompt_tokens": 8},
-                 "timings": {"predicted_n": 4, "prompt_ms": 3.0}}) + b"data: [DONE]\n\n")
+    p.feed(
+        1.3,
+        ev({"id": "x1", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        + ev(
+            {
+                "id": "x1",
+                "choices": [],
+                "usage": {"completion_tokens": 4, "prompt_tokens": 8},
+                "timings": {"predicted_n": 4, "prompt_ms": 3.0},
+            }
+        )
+        + b"data: [DONE]\n\n",
+    )
     assert r.count_source == "timings"
-    assert r.chunks == [[1.0, 1, 1, 0, 0.0, 1.0], [1.1, 2, 0, 0, 99.5, 1.1], [1.2, 0, 1, 0, 99.5, 1.2],
-                        [1.3, 1, 0, 0, None, 1.3]]
+    assert r.chunks == [
+        [1.0, 1, 1, 0, 0.0, 1.0],
+        [1.1, 2, 0, 0, 99.5, 1.1],
+        [1.2, 0, 1, 0, 99.5, 1.2],
+        [1.3, 1, 0, 0, None, 1.3],
+    ]
     assert p.done and r.finish_reason == "length" and r.response_id == "x1"
     assert r.usage == {"completion_tokens": 4, "prompt_tokens": 8}
     assert r.timings == {"predicted_n": 4, "prompt_ms": 3.0}
@@ -72,7 +86,8 @@ def test_events_split_across_reads_and_crlf() -> None:
     r = rec()
     p = SseParser(r)
     raw = (ev(delta("a", timings={"predicted_n": 1})) + ev(delta("b", timings={"predicted_n": 2}))).replace(
-        b"\n", b"\r\n")
+        b"\n", b"\r\n"
+    )
     p.feed(1.0, raw[:17])
     p.feed(1.1, raw[17:-3])
     p.feed(1.2, raw[-3:])
@@ -91,12 +106,18 @@ def test_malformed_event() -> None:
     assert r.error == "bad_event"
 
 
-@pytest.mark.parametrize(("status", "body", "kind"), [
-    (400, {"error": {"code": 400, "type": "exceed_context_size_error", "message": "too long"}},
-     "http_400:exceed_context_size_error"),
-    (503, {"error": {"message": "loading"}}, "http_503"),
-    (500, "plain text", "http_500"),
-])
+@pytest.mark.parametrize(
+    ("status", "body", "kind"),
+    [
+        (
+            400,
+            {"error": {"code": 400, "type": "exceed_context_size_error", "message": "too long"}},
+            "http_400:exceed_context_size_error",
+        ),
+        (503, {"error": {"message": "loading"}}, "http_503"),
+        (500, "plain text", "http_500"),
+    ],
+)
 def test_http_error_kinds(status: int, body: Any, kind: str) -> None:
     raw = json.dumps(body).encode() if isinstance(body, dict) else body.encode()
     assert http_error(status, raw)[0] == kind
@@ -110,6 +131,7 @@ def test_sample_is_json_without_nan() -> None:
 
 # -- HTTP framing of the raw client ----------------------------------------------------------
 
+
 def feed_all(parts: list[bytes]) -> _Conn:
     c = _Conn()
     for part in parts:
@@ -118,12 +140,14 @@ def feed_all(parts: list[bytes]) -> _Conn:
 
 
 def split_everywhere(raw: bytes) -> list[list[bytes]]:
-    return [[raw[:i], raw[i:]] for i in range(1, len(raw))] + [[raw[i:i + 1] for i in range(len(raw))]]
+    return [[raw[:i], raw[i:]] for i in range(1, len(raw))] + [[raw[i : i + 1] for i in range(len(raw))]]
 
 
-CHUNKED = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
-           b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n")
-SIZED = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\n\r\n{\"error\":1}"
+CHUNKED = (
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
+    b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n"
+)
+SIZED = b'HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\n\r\n{"error":1}'
 
 
 @pytest.mark.parametrize("parts", split_everywhere(CHUNKED))

@@ -110,8 +110,9 @@ def test_sharegpt_formats(tmp_path: Path) -> None:
 
 def test_dataset_prompts_count_and_skip() -> None:
     pairs = [("short question", "a short answer"), ("x" * 500, "too long to fit"), ("no reply here", None)]
-    pick = run(dataset_prompts(ByteCounter(), pairs, 4, output_len=None, n_ctx_slot=200, seed=0, run_tag="t",
-                               unique=True))
+    pick = run(
+        dataset_prompts(ByteCounter(), pairs, 4, output_len=None, n_ctx_slot=200, seed=0, run_tag="t", unique=True)
+    )
     assert len(pick.prompts) == 4
     assert pick.skipped_overlong == 1 and pick.skipped_no_reply == 1
     for p in pick.prompts:
@@ -123,5 +124,8 @@ def test_dataset_prompts_count_and_skip() -> None:
 
 def test_dataset_nothing_fits() -> None:
     with pytest.raises(InputError, match="no prompt in the dataset fits"):
-        run(dataset_prompts(ByteCounter(), [("x" * 500, "y")], 2, output_len=10, n_ctx_slot=100, seed=0,
-                            run_tag="t", unique=True))
+        run(
+            dataset_prompts(
+                ByteCounter(), [("x" * 500, "y")], 2, output_len=10, n_ctx_slot=100, seed=0, run_tag="t", unique=True
+            )
+        )

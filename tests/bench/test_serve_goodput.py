@@ -62,8 +62,9 @@ def test_itl_target_is_the_requests_largest_gap() -> None:
 def test_a_one_token_request_meets_itl_and_tpot_and_an_unknown_itl_does_not() -> None:
     one = _req(0.125, ())
     assert summarize_level([one], {"itl_ms": 1, "tpot_ms": 1})["goodput"]["met"] == 1  # vLLM: TPOT 0
-    unknown = sample([[0.125, 1, 4, 0], [0.25, 1, 4, 0]], t_send=0.0, usage={"completion_tokens": 6},
-                     count_source="text")  # 6 tokens in 2 chunks, not counted per chunk: ITL unknown
+    unknown = sample(
+        [[0.125, 1, 4, 0], [0.25, 1, 4, 0]], t_send=0.0, usage={"completion_tokens": 6}, count_source="text"
+    )  # 6 tokens in 2 chunks, not counted per chunk: ITL unknown
     g = summarize_level([unknown], {"itl_ms": 1000})["goodput"]
     assert (g["met"], g["unknown"]) == (0, 1)
     assert summarize_level([unknown], {"ttft_ms": 1000})["goodput"]["met"] == 1
@@ -81,16 +82,19 @@ def test_parse_slo() -> None:
     assert list(parse_slo("tpot_ms=20,itl_ms=50")) == ["itl_ms", "tpot_ms"]
 
 
-@pytest.mark.parametrize(("text", "says"), [
-    ("ttft=abc", ["unknown key 'ttft' (did you mean ttft_ms?)", "'abc': not a number"]),
-    ("speed_ms=3", ["unknown key 'speed_ms'"]),
-    ("ttft_ms=0", ["positive number of milliseconds"]),
-    ("ttft_ms=-5", ["positive number of milliseconds"]),
-    ("ttft_ms=inf", ["positive number of milliseconds"]),
-    ("ttft_ms=1,ttft_ms=2", ["ttft_ms given twice"]),
-    ("ttft_ms", ["'ttft_ms' is not KEY=MS"]),
-    ("", ["no targets given"]),
-])
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("ttft=abc", ["unknown key 'ttft' (did you mean ttft_ms?)", "'abc': not a number"]),
+        ("speed_ms=3", ["unknown key 'speed_ms'"]),
+        ("ttft_ms=0", ["positive number of milliseconds"]),
+        ("ttft_ms=-5", ["positive number of milliseconds"]),
+        ("ttft_ms=inf", ["positive number of milliseconds"]),
+        ("ttft_ms=1,ttft_ms=2", ["ttft_ms given twice"]),
+        ("ttft_ms", ["'ttft_ms' is not KEY=MS"]),
+        ("", ["no targets given"]),
+    ],
+)
 def test_parse_slo_errors_name_the_problem_and_the_keys(text: str, says: list[str]) -> None:
     with pytest.raises(InputError) as e:
         parse_slo(text)

@@ -29,15 +29,26 @@ def test_poisson_arrivals_have_the_asked_rate() -> None:
     assert xs[:5] == list(itertools.islice(arrival_offsets(10.0, "poisson", 3), 5))  # seeded
 
 
-def load(url: str, spec: LoadSpec, *, library: str = "asyncio", prompt: Prompt | None = None,
-         options: RequestOptions | None = None) -> tuple[list[RequestRecord], list[dict[str, Any]], dict[str, Any]]:
+def load(
+    url: str,
+    spec: LoadSpec,
+    *,
+    library: str = "asyncio",
+    prompt: Prompt | None = None,
+    options: RequestOptions | None = None,
+) -> tuple[list[RequestRecord], list[dict[str, Any]], dict[str, Any]]:
     stored: list[dict[str, Any]] = []
 
     async def go() -> tuple[list[RequestRecord], dict[str, Any]]:
         http = make_client(url, library=library, timeout_s=30)
         try:
-            recs = await run_level(http, [prompt or Prompt("hello", 30, 5)], spec, options or RequestOptions(),
-                                   lambda r: stored.append(r.to_sample()))
+            recs = await run_level(
+                http,
+                [prompt or Prompt("hello", 30, 5)],
+                spec,
+                options or RequestOptions(),
+                lambda r: stored.append(r.to_sample()),
+            )
             _, stats = await http.get_json("/mock/stats")
             return recs, stats
         finally:

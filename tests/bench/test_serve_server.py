@@ -38,8 +38,9 @@ def bench(url: str, *args: str) -> dict:  # type: ignore[type-arg]
     return json.loads(r.stdout)  # type: ignore[no-any-return]
 
 
-def test_sweep_within_the_slots_then_queueing_with_one_slot(four_slots: Server, bin_dir: Path, model: Path,
-                                                            tmp_path: Path) -> None:
+def test_sweep_within_the_slots_then_queueing_with_one_slot(
+    four_slots: Server, bin_dir: Path, model: Path, tmp_path: Path
+) -> None:
     doc = bench(four_slots.url, "--concurrency", "1,2,4", "--requests", "8", "--label", "p4")
     run = doc["run"]
     assert run["server"]["slots"] == 4 and run["server"]["n_ctx_slot"] == 512
@@ -78,12 +79,19 @@ def test_a_plan_with_match_slots(bin_dir: Path, model: Path, tmp_path: Path) -> 
     from moetune.engine.launchspec import LaunchSpec, ProcessSpec
     from tests.helpers import free_port
 
-    main = ProcessSpec(name="main", role="server", engine=registry.get().name, host="127.0.0.1", port=free_port(),
-                       argv=("-m", str(model), "-nr", "--parallel", "1", "-c", "1024"))
+    main = ProcessSpec(
+        name="main",
+        role="server",
+        engine=registry.get().name,
+        host="127.0.0.1",
+        port=free_port(),
+        argv=("-m", str(model), "-nr", "--parallel", "1", "-c", "1024"),
+    )
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"launch": LaunchSpec((main,)).to_json()}))
-    doc = bench(str(plan), "--concurrency", "1,2", "--requests", "4", "--match-slots", "--thinking", "off",
-                "--transport", "tcp")
+    doc = bench(
+        str(plan), "--concurrency", "1,2", "--requests", "4", "--match-slots", "--thinking", "off", "--transport", "tcp"
+    )
     assert [lv["server"]["slots"] for lv in doc["levels"]] == [1, 2]
     # a launch per level, each with its load time; no RPC worker: transport none, whatever was asked
     launches = [lv["server"]["launch"] for lv in doc["levels"]]
@@ -92,8 +100,9 @@ def test_a_plan_with_match_slots(bin_dir: Path, model: Path, tmp_path: Path) -> 
     assert [lv["server"]["n_ctx_slot"] for lv in doc["levels"]] == [1024, 1024]  # the plan's share kept
     assert doc["levels"][1]["server"]["argv"][-4:] == ["--parallel", "2", "--ctx-size", "2048"]
     # a slot per stream: no queue (other warnings judge timings, which a loaded machine may upset)
-    assert all(lv["ok"] == 4 and not any("queue" in w for w in lv["warnings"]) for lv in doc["levels"]), \
-        [lv["warnings"] for lv in doc["levels"]]
+    assert all(lv["ok"] == 4 and not any("queue" in w for w in lv["warnings"]) for lv in doc["levels"]), [
+        lv["warnings"] for lv in doc["levels"]
+    ]
     # without --match-slots the plan's one slot serves c=2: the queue warning
     doc = bench(str(plan), "--concurrency", "2", "--requests", "4")
     assert any("queue" in w for w in doc["levels"][0]["warnings"])
@@ -123,8 +132,9 @@ def test_a_real_http_400_is_recorded(four_slots: Server) -> None:
     assert rec.detail and "context" in rec.detail
 
 
-def test_a_server_killed_mid_level_stops_the_run_with_what_was_measured(bin_dir: Path, model: Path,
-                                                                         tmp_path: Path) -> None:
+def test_a_server_killed_mid_level_stops_the_run_with_what_was_measured(
+    bin_dir: Path, model: Path, tmp_path: Path
+) -> None:
     import os
     import subprocess
     import sys
@@ -132,9 +142,32 @@ def test_a_server_killed_mid_level_stops_the_run_with_what_was_measured(bin_dir:
 
     db = tmp_path / "r.db"
     with llama_server(bin_dir, model, tmp_path / "s.log", "-nr", "--parallel", "4", "-c", "2048") as s:
-        proc = subprocess.Popen([sys.executable, "-m", "moetune", "serve-bench", s.url, "-C", "4", "--requests", "400",
-                                 "--input-len", "64", "--output-len", "32", "--warmup", "0", "--db", str(db), "--json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "moetune",
+                "serve-bench",
+                s.url,
+                "-C",
+                "4",
+                "--requests",
+                "400",
+                "--input-len",
+                "64",
+                "--output-len",
+                "32",
+                "--warmup",
+                "0",
+                "--db",
+                str(db),
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # a few requests measured, then the server dies
             time.sleep(0.5)

@@ -21,8 +21,10 @@ from tests.bench import mock_server
 from tests.bench.vllm_mock import MockConfig, template, vllm_mock
 from tests.helpers import run_cli
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("tokenizers") is None,
-                                reason="needs the tokenizers package: pip install 'moetune[tokenizers]'")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("tokenizers") is None,
+    reason="needs the tokenizers package: pip install 'moetune[tokenizers]'",
+)
 
 CHATML = ("<s>", "<|im_start|>", "<|im_end|>")
 TEXT = """\
@@ -59,11 +61,17 @@ def train(path: Path, vocab_size: int, *, specials: bool = True) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(CHATML if specials else CHATML[:1]),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(CHATML if specials else CHATML[:1]),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     corpus = TEXT.splitlines() if specials else [template([{"role": "user", "content": w}]) for w in TEXT.split()]
     tok.train_from_iterator(corpus, trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
     tok.save(str(path))
     return path
 
@@ -86,8 +94,9 @@ def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(tok_dir: Path) -> Iterator[str]:
     """The vLLM mock counting prompts with tok_dir/tokenizer.json, ChatML markers special."""
-    with vllm_mock(MockConfig(ttft_ms=5.0, pp_ms_per_token=0.0, itl_ms=1.0,
-                              tokenizer=str(tok_dir / "tokenizer.json"))) as url:
+    with vllm_mock(
+        MockConfig(ttft_ms=5.0, pp_ms_per_token=0.0, itl_ms=1.0, tokenizer=str(tok_dir / "tokenizer.json"))
+    ) as url:
         yield url
 
 
@@ -163,21 +172,36 @@ def test_without_a_tokenizer_the_probe_path_is_unchanged_and_costs_more_requests
 
 
 CONVERSATIONS = [
-    ("What limits prompt processing on a mixture-of-experts model? Answer in one line.",
-     "Bandwidth to wherever the experts are."),
-    ("Explain, briefly: why does the time to the first token grow when requests queue?",
-     "Because requests wait for a free slot before their prompt is processed at all."),
-    ("Straße, café, naïve: how many tokens does a byte-level tokenizer make of these?",
-     "Several each; the non-ASCII letters are two bytes or more."),
-    ("Write a haiku about experts living in system memory.",
-     "Weights rest far away / the router calls a few names / tokens flow like rain."),
-    ("Summarize: caching the prefix of a prompt saves the work of processing it again, when the next "
-     "request starts the same way, as an agent's requests do.", "Prefix caching skips repeated work."),
-    ("def route(x):\n    return topk(softmax(W @ x), k=8)  # what does this do?",
-     "It picks the eight experts with the highest router scores."),
+    (
+        "What limits prompt processing on a mixture-of-experts model? Answer in one line.",
+        "Bandwidth to wherever the experts are.",
+    ),
+    (
+        "Explain, briefly: why does the time to the first token grow when requests queue?",
+        "Because requests wait for a free slot before their prompt is processed at all.",
+    ),
+    (
+        "Straße, café, naïve: how many tokens does a byte-level tokenizer make of these?",
+        "Several each; the non-ASCII letters are two bytes or more.",
+    ),
+    (
+        "Write a haiku about experts living in system memory.",
+        "Weights rest far away / the router calls a few names / tokens flow like rain.",
+    ),
+    (
+        "Summarize: caching the prefix of a prompt saves the work of processing it again, when the next "
+        "request starts the same way, as an agent's requests do.",
+        "Prefix caching skips repeated work.",
+    ),
+    (
+        "def route(x):\n    return topk(softmax(W @ x), k=8)  # what does this do?",
+        "It picks the eight experts with the highest router scores.",
+    ),
     ("日本語のテキストはどう分割されますか？", "バイト単位です。"),
-    ("Quantization: four bits per weight instead of sixteen. Is the loss of quality measurable?",
-     "Yes: measure perplexity or task scores, do not guess."),
+    (
+        "Quantization: four bits per weight instead of sixteen. Is the loss of quality measurable?",
+        "Yes: measure perplexity or task scores, do not guess.",
+    ),
 ]
 
 
@@ -187,8 +211,9 @@ def test_dataset_prompts_and_replies_are_counted_before_sending(server: str, tok
     tok = tok_dir / "tokenizer.json"
     before = len(mock_log(server))
     # no --output-len: each reply's length, counted by the tokenizer, sets the request's
-    doc, _ = serve_bench(server, "--dataset", str(tmp_path / "sg.json"), "--requests", "8", "--warmup", "0",
-                         "--tokenizer", str(tok))
+    doc, _ = serve_bench(
+        server, "--dataset", str(tmp_path / "sg.json"), "--requests", "8", "--warmup", "0", "--tokenizer", str(tok)
+    )
     log = mock_log(server)[before:]
     assert len([e for e in log if not e["stream"]]) == 2
     truth = {e["id"]: e["prompt_tokens"] for e in log if e["stream"]}
@@ -212,8 +237,19 @@ def test_an_error_at_the_contents_edge_is_stated(tok_dir: Path, tmp_path: Path) 
     (tmp_path / "sg.json").write_text(json.dumps(rows))
     with vllm_mock(MockConfig(ttft_ms=5.0, pp_ms_per_token=0.0, itl_ms=1.0, tokenizer=str(plain))) as url:
         doc, _ = serve_bench(url, *ARGS, "--tokenizer", str(plain))
-        ds, _ = serve_bench(url, "--dataset", str(tmp_path / "sg.json"), "--requests", "8", "--warmup", "0",
-                            "--output-len", "4", "--tokenizer", str(plain))
+        ds, _ = serve_bench(
+            url,
+            "--dataset",
+            str(tmp_path / "sg.json"),
+            "--requests",
+            "8",
+            "--warmup",
+            "0",
+            "--output-len",
+            "4",
+            "--tokenizer",
+            str(plain),
+        )
         prompts = {e["id"]: e["prompt"] for e in mock_log(url)}
     assert all(s["prompt_tokens"] == s["usage"]["prompt_tokens"] == 100 for s in samples(doc) if s["concurrency"])
     assert all(lv["prompt_token_error"]["mismatched"] == 0 for lv in doc["levels"])
@@ -223,7 +259,8 @@ def test_an_error_at_the_contents_edge_is_stated(tok_dir: Path, tmp_path: Path) 
     # (those of the training text: "." but not "?"), exact where it ends in a letter
     ends = [prompts[s["response_id"]].split("<|im_end|>")[0][-1] for s in ss]
     assert set(off) == {0, 1} and {(c, d) for c, d in zip(ends, off, strict=True) if c.isalnum() or c == "."} == {
-        (c, int(c == ".")) for c in ends if c.isalnum() or c == "."}
+        (c, int(c == ".")) for c in ends if c.isalnum() or c == "."
+    }
     (lv,) = ds["levels"]
     err = lv["prompt_token_error"]
     errors = [100 * d / s["usage"]["prompt_tokens"] for d, s in zip(off, ss, strict=True)]
@@ -233,8 +270,19 @@ def test_an_error_at_the_contents_edge_is_stated(tok_dir: Path, tmp_path: Path) 
 
 
 def test_another_models_tokenizer_is_told_before_and_after(server: str, tok_dir: Path) -> None:
-    doc, stderr = serve_bench(server, "--requests", "3", "--input-len", "100", "--output-len", "4", "--warmup", "0",
-                              "--tokenizer", str(tok_dir / "other.json"))
+    doc, stderr = serve_bench(
+        server,
+        "--requests",
+        "3",
+        "--input-len",
+        "100",
+        "--output-len",
+        "4",
+        "--warmup",
+        "0",
+        "--tokenizer",
+        str(tok_dir / "other.json"),
+    )
     tk = doc["run"]["tokenizer"]
     assert tk["check_error_pct"] > 1.0
     (before,) = [a for a in doc["run"]["advice"] if a["code"] == "prompt_mismatch"]
@@ -248,8 +296,19 @@ def test_another_models_tokenizer_is_told_before_and_after(server: str, tok_dir:
 
 def test_a_server_with_tokenize_counts_itself(tok_dir: Path) -> None:
     with mock_server.mock_server(mock_server.MockConfig(ttft_ms=(5.0,), itl_ms=(1.0,))) as url:
-        doc, stderr = serve_bench(url, "--requests", "2", "--input-len", "40", "--output-len", "4", "--warmup", "0",
-                                  "--tokenizer", str(tok_dir / "tokenizer.json"))
+        doc, stderr = serve_bench(
+            url,
+            "--requests",
+            "2",
+            "--input-len",
+            "40",
+            "--output-len",
+            "4",
+            "--warmup",
+            "0",
+            "--tokenizer",
+            str(tok_dir / "tokenizer.json"),
+        )
     assert "is not used: the server counts prompts itself" in stderr
     assert doc["run"]["tokenizer"] is None and doc["levels"][0]["prompt_token_error"] is None
     assert all(s["prompt_source"] is None and s["prompt_tokens"] == 40 for s in samples(doc))
@@ -257,8 +316,23 @@ def test_a_server_with_tokenize_counts_itself(tok_dir: Path) -> None:
 
 def test_agent_sessions_are_sized_by_the_tokenizer_without_probes(server: str, tok_dir: Path) -> None:
     before = len(mock_log(server))
-    doc, stderr = serve_bench(server, "--sessions", "2", "--turns", "2", "--system-tokens", "40", "--turn-tokens",
-                              "20", "--output-len", "4", "--warmup", "0", "--tokenizer", str(tok_dir / "tokenizer.json"))
+    doc, stderr = serve_bench(
+        server,
+        "--sessions",
+        "2",
+        "--turns",
+        "2",
+        "--system-tokens",
+        "40",
+        "--turn-tokens",
+        "20",
+        "--output-len",
+        "4",
+        "--warmup",
+        "0",
+        "--tokenizer",
+        str(tok_dir / "tokenizer.json"),
+    )
     assert not [e for e in mock_log(server)[before:] if not e["stream"]]
     assert "lengths counted by --tokenizer" in stderr
     assert doc["run"]["tokenizer"]["path"].endswith("tokenizer.json")
@@ -270,15 +344,18 @@ def test_agent_sessions_are_sized_by_the_tokenizer_without_probes(server: str, t
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: a bad --tokenizer must be told before connecting
 
 
-@pytest.mark.parametrize(("content", "says"), [
-    (None, "No such file"),
-    ("dir", "not a file"),
-    (b"merges: no\n", "not JSON"),
-    (b"\xff\xfe\x00", "not JSON"),
-    (b'{"version": "1.0"}', "not a tokenizer"),
-    (b'{"model": {"type": "Nonsense"}}', "not a tokenizer the `tokenizers` package reads"),
-    (b"GGUF\x03\x00\x00\x00", "a GGUF file"),
-])
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "No such file"),
+        ("dir", "not a file"),
+        (b"merges: no\n", "not JSON"),
+        (b"\xff\xfe\x00", "not JSON"),
+        (b'{"version": "1.0"}', "not a tokenizer"),
+        (b'{"model": {"type": "Nonsense"}}', "not a tokenizer the `tokenizers` package reads"),
+        (b"GGUF\x03\x00\x00\x00", "a GGUF file"),
+    ],
+)
 def test_a_tokenizer_that_does_not_load(tmp_path: Path, content: bytes | str | None, says: str) -> None:
     path = tmp_path / "tok.json"
     if content == "dir":
@@ -301,23 +378,40 @@ def test_without_the_tokenizers_package(tok_dir: Path, monkeypatch: pytest.Monke
 
 def test_replay_sends_requests_as_recorded(tok_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "s.jsonl").write_text("")
-    r = run_cli("serve-bench", NOWHERE, "--replay", str(tmp_path / "s.jsonl"), "--tokenizer", str(tok_dir / "tokenizer.json"))
+    r = run_cli(
+        "serve-bench", NOWHERE, "--replay", str(tmp_path / "s.jsonl"), "--tokenizer", str(tok_dir / "tokenizer.json")
+    )
     assert r.exit_code == 2 and "--tokenizer" in r.stderr
 
 
 # -- the figures, from samples (pure) ------------------------------------------------------------
 
+
 def _sample(i: int, predicted: int | None, served: int, source: str | None = "tokenizer") -> dict[str, Any]:
-    return {"index": i, "concurrency": 1, "rate": None, "t_sched": float(i), "t_slot": float(i), "t_send": float(i),
-            "t_end": i + 0.5, "chunks": [[i + 0.1, 1, 1, 0], [i + 0.2, 1, 1, 0]], "prompt_tokens": predicted,
-            "prompt_source": source, "usage": {"prompt_tokens": served, "completion_tokens": 2}, "max_tokens": 2}
+    return {
+        "index": i,
+        "concurrency": 1,
+        "rate": None,
+        "t_sched": float(i),
+        "t_slot": float(i),
+        "t_send": float(i),
+        "t_end": i + 0.5,
+        "chunks": [[i + 0.1, 1, 1, 0], [i + 0.2, 1, 1, 0]],
+        "prompt_tokens": predicted,
+        "prompt_source": source,
+        "usage": {"prompt_tokens": served, "completion_tokens": 2},
+        "max_tokens": 2,
+    }
 
 
-@pytest.mark.parametrize(("pairs", "mean", "worst", "warned"), [
-    ([(100, 100), (100, 100)], 0.0, 0.0, False),
-    ([(100, 101), (100, 100), (100, 99)], 0.667, 1.01, False),
-    ([(100, 110), (100, 100)], 4.545, 9.091, True),
-])
+@pytest.mark.parametrize(
+    ("pairs", "mean", "worst", "warned"),
+    [
+        ([(100, 100), (100, 100)], 0.0, 0.0, False),
+        ([(100, 101), (100, 100), (100, 99)], 0.667, 1.01, False),
+        ([(100, 110), (100, 100)], 4.545, 9.091, True),
+    ],
+)
 def test_prompt_token_error(pairs: list[tuple[int, int]], mean: float, worst: float, warned: bool) -> None:
     lv = summarize_level([_sample(i, p, s) for i, (p, s) in enumerate(pairs)])
     e = lv["prompt_token_error"]

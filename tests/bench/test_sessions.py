@@ -34,27 +34,33 @@ SPEC = SessionSpec(sessions=2, turns=3, system_tokens=64, turn_tokens=16, output
 TEXTS = SessionTexts("ab12.s0 system", ("first", "second", "third"))
 
 
-@pytest.mark.parametrize(("text", "stripped"), [
-    ("<think>plan</think>answer", "answer"),
-    ("a<think>x\ny</think>b<think>z</think>c", "abc"),  # several blocks, across lines
-    ("<think>never closed", ""),  # an unclosed block runs to the end
-    ("no reasoning", "no reasoning"),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    ("text", "stripped"),
+    [
+        ("<think>plan</think>answer", "answer"),
+        ("a<think>x\ny</think>b<think>z</think>c", "abc"),  # several blocks, across lines
+        ("<think>never closed", ""),  # an unclosed block runs to the end
+        ("no reasoning", "no reasoning"),
+        ("", ""),
+    ],
+)
 def test_strip_thinking(text: str, stripped: str) -> None:
     assert strip_thinking(text) == stripped
 
 
-@pytest.mark.parametrize(("reply", "strip", "message", "left_out"), [
-    # intact: as the server sent it, the reasoning beside the content
-    (Reply("answer", "plan"), False, {"role": "assistant", "content": "answer", "reasoning_content": "plan"}, 0),
-    (Reply("<think>plan</think>answer"), False, {"role": "assistant", "content": "<think>plan</think>answer"}, 0),
-    (Reply("answer"), False, {"role": "assistant", "content": "answer"}, 0),
-    # stripped: no reasoning_content, no <think> block in the content
-    (Reply("answer", "plan"), True, {"role": "assistant", "content": "answer"}, 4),
-    (Reply("<think>plan</think>answer"), True, {"role": "assistant", "content": "answer"}, 19),
-    (Reply("answer"), True, {"role": "assistant", "content": "answer"}, 0),
-])
+@pytest.mark.parametrize(
+    ("reply", "strip", "message", "left_out"),
+    [
+        # intact: as the server sent it, the reasoning beside the content
+        (Reply("answer", "plan"), False, {"role": "assistant", "content": "answer", "reasoning_content": "plan"}, 0),
+        (Reply("<think>plan</think>answer"), False, {"role": "assistant", "content": "<think>plan</think>answer"}, 0),
+        (Reply("answer"), False, {"role": "assistant", "content": "answer"}, 0),
+        # stripped: no reasoning_content, no <think> block in the content
+        (Reply("answer", "plan"), True, {"role": "assistant", "content": "answer"}, 4),
+        (Reply("<think>plan</think>answer"), True, {"role": "assistant", "content": "answer"}, 19),
+        (Reply("answer"), True, {"role": "assistant", "content": "answer"}, 0),
+    ],
+)
 def test_the_reply_the_client_keeps(reply: Reply, strip: bool, message: dict[str, str], left_out: int) -> None:
     assert kept_message(reply, strip=strip) == (message, left_out)
 
@@ -68,12 +74,15 @@ def test_each_turn_sends_the_whole_history() -> None:
     assert third.turn == 3
     assert third.messages() == [
         {"role": "system", "content": "ab12.s0 system"},
-        {"role": "user", "content": "first"}, {"role": "assistant", "content": "one", "reasoning_content": "r1"},
-        {"role": "user", "content": "second"}, {"role": "assistant", "content": "two", "reasoning_content": "r2"},
-        {"role": "user", "content": "third"}]
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "one", "reasoning_content": "r1"},
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "two", "reasoning_content": "r2"},
+        {"role": "user", "content": "third"},
+    ]
     # the history a turn sends starts with the one the turn before sent: a prefix the server can reuse
     second = turn_request(0, TEXTS, replies[:1], SPEC)
-    assert third.messages()[:len(second.messages())] == second.messages()
+    assert third.messages()[: len(second.messages())] == second.messages()
 
 
 def test_stripped_history_leaves_the_reasoning_out_of_every_reply() -> None:
@@ -84,7 +93,7 @@ def test_stripped_history_leaves_the_reasoning_out_of_every_reply() -> None:
     assert third.stripped_chars == 2 + 17
     # stripped consistently: again a prefix of the next turn's history
     second = turn_request(0, TEXTS, [Reply("one", "r1")], spec)
-    assert third.messages()[:len(second.messages())] == second.messages()
+    assert third.messages()[: len(second.messages())] == second.messages()
 
 
 def test_a_turn_past_the_last_is_refused() -> None:
@@ -92,8 +101,15 @@ def test_a_turn_past_the_last_is_refused() -> None:
         turn_request(0, TEXTS, [Reply("a")] * 3, SPEC)
 
 
-@pytest.mark.parametrize("bad", [{"sessions": 0}, {"sessions": 1, "turns": 0}, {"sessions": 1, "turn_tokens": 0},
-                                 {"sessions": 1, "think_time_s": -1.0}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"sessions": 0},
+        {"sessions": 1, "turns": 0},
+        {"sessions": 1, "turn_tokens": 0},
+        {"sessions": 1, "think_time_s": -1.0},
+    ],
+)
 def test_a_spec_that_makes_no_sense(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         SessionSpec(**bad)
@@ -117,9 +133,20 @@ def test_context_need_and_tags() -> None:
 
 # -- figures from raw samples ---------------------------------------------------------------------
 
-def sample(session: int, turn: int, *, processed: int | None, reused: int | None, ttft: float = 0.05,
-           tpot: float = 0.01, tokens: int = 5, error: str | None = None, source: str = "timings",
-           stripped: int = 0) -> dict[str, Any]:
+
+def sample(
+    session: int,
+    turn: int,
+    *,
+    processed: int | None,
+    reused: int | None,
+    ttft: float = 0.05,
+    tpot: float = 0.01,
+    tokens: int = 5,
+    error: str | None = None,
+    source: str = "timings",
+    stripped: int = 0,
+) -> dict[str, Any]:
     """A stored turn: ``tokens`` one-token events, the first ``ttft`` s after sending, then one every ``tpot`` s."""
     t = 100.0 + 10 * turn + session
     chunks = [[t + ttft + i * tpot, 1, 1, 0, None, None] for i in range(tokens)] if error is None else []
@@ -130,38 +157,62 @@ def sample(session: int, turn: int, *, processed: int | None, reused: int | None
         timings = {"prompt_n": processed, "cache_n": reused}
         usage = {"prompt_tokens": context, "completion_tokens": tokens}
     elif source == "usage":
-        usage = {"prompt_tokens": context, "completion_tokens": tokens,
-                 "prompt_tokens_details": {"cached_tokens": reused}}
+        usage = {
+            "prompt_tokens": context,
+            "completion_tokens": tokens,
+            "prompt_tokens_details": {"cached_tokens": reused},
+        }
     else:
         usage = {"prompt_tokens": context, "completion_tokens": tokens}
-    return {"session": session, "turn": turn, "concurrency": 2, "rate": None, "t_sched": t, "t_slot": t, "t_send": t,
-            "t_end": t + 1, "chunks": chunks, "error": error, "status": 200 if error is None else None,
-            "usage": usage if error is None else None, "timings": timings if error is None else None,
-            "max_tokens": tokens, "prompt_tokens": None, "retries": [], "count_source": "timings",
-            "stripped_chars": stripped}
+    return {
+        "session": session,
+        "turn": turn,
+        "concurrency": 2,
+        "rate": None,
+        "t_sched": t,
+        "t_slot": t,
+        "t_send": t,
+        "t_end": t + 1,
+        "chunks": chunks,
+        "error": error,
+        "status": 200 if error is None else None,
+        "usage": usage if error is None else None,
+        "timings": timings if error is None else None,
+        "max_tokens": tokens,
+        "prompt_tokens": None,
+        "retries": [],
+        "count_source": "timings",
+        "stripped_chars": stripped,
+    }
 
 
-@pytest.mark.parametrize(("s", "expect"), [
-    # llama-server: timings
-    ({"timings": {"prompt_n": 40, "cache_n": 600}, "usage": {"prompt_tokens": 640}}, (640, 40, 600, "timings")),
-    # ik_llama.cpp: timings without cache_n, the whole prompt in usage
-    ({"timings": {"prompt_n": 40}, "usage": {"prompt_tokens": 640}}, (640, 40, 600, "timings")),
-    # OpenAI-style with cached_tokens (vLLM --enable-prompt-tokens-details)
-    ({"usage": {"prompt_tokens": 640, "prompt_tokens_details": {"cached_tokens": 512}}}, (640, 128, 512, "usage")),
-    # usage alone: the context, nothing about the cache
-    ({"usage": {"prompt_tokens": 640}}, (640, None, None, None)),
-    ({}, (None, None, None, None)),
-])
+@pytest.mark.parametrize(
+    ("s", "expect"),
+    [
+        # llama-server: timings
+        ({"timings": {"prompt_n": 40, "cache_n": 600}, "usage": {"prompt_tokens": 640}}, (640, 40, 600, "timings")),
+        # ik_llama.cpp: timings without cache_n, the whole prompt in usage
+        ({"timings": {"prompt_n": 40}, "usage": {"prompt_tokens": 640}}, (640, 40, 600, "timings")),
+        # OpenAI-style with cached_tokens (vLLM --enable-prompt-tokens-details)
+        ({"usage": {"prompt_tokens": 640, "prompt_tokens_details": {"cached_tokens": 512}}}, (640, 128, 512, "usage")),
+        # usage alone: the context, nothing about the cache
+        ({"usage": {"prompt_tokens": 640}}, (640, None, None, None)),
+        ({}, (None, None, None, None)),
+    ],
+)
 def test_prompt_cache_from_what_the_server_reports(s: dict[str, Any], expect: tuple[Any, ...]) -> None:
     c = prompt_cache(s)
     assert (c.context, c.processed, c.reused, c.source) == expect
 
 
-RUN = [sample(0, 1, processed=300, reused=0, ttft=0.10), sample(1, 1, processed=300, reused=0, ttft=0.12),
-       sample(0, 2, processed=100, reused=310, ttft=0.03, tpot=0.011),
-       sample(1, 2, processed=100, reused=310, ttft=0.04, tpot=0.011),
-       sample(0, 3, processed=100, reused=520, ttft=0.04, tpot=0.012),
-       sample(1, 3, processed=None, reused=None, error="http_400:exceed_context_size_error")]
+RUN = [
+    sample(0, 1, processed=300, reused=0, ttft=0.10),
+    sample(1, 1, processed=300, reused=0, ttft=0.12),
+    sample(0, 2, processed=100, reused=310, ttft=0.03, tpot=0.011),
+    sample(1, 2, processed=100, reused=310, ttft=0.04, tpot=0.011),
+    sample(0, 3, processed=100, reused=520, ttft=0.04, tpot=0.012),
+    sample(1, 3, processed=None, reused=None, error="http_400:exceed_context_size_error"),
+]
 
 
 def test_per_turn() -> None:
@@ -185,7 +236,12 @@ def test_per_session() -> None:
     assert (s0["session"], s0["turns"], s0["ok"], s0["context_tokens"]) == (0, 3, 3, 620)
     assert (s0["prompt_tokens_processed"], s0["prompt_tokens_reused"]) == (500, 830)
     assert s0["reused_share"] == pytest.approx(830 / 1330, abs=1e-4)
-    assert (s1["turns"], s1["ok"], s1["errors"], s1["context_tokens"]) == (3, 2, {"http_400:exceed_context_size_error": 1}, 410)
+    assert (s1["turns"], s1["ok"], s1["errors"], s1["context_tokens"]) == (
+        3,
+        2,
+        {"http_400:exceed_context_size_error": 1},
+        410,
+    )
     assert s1["prompt_tokens_processed"] == 400
 
 
@@ -199,15 +255,25 @@ def test_summary_without_cache_figures_warns_and_leaves_them_null() -> None:
     assert any("neither timings.cache_n nor" in w for w in doc["warnings"])
 
 
-@pytest.mark.parametrize(("run", "kw", "words"), [
-    # reuse nowhere after the first turn
-    ([sample(0, t, processed=100 * t, reused=0) for t in (1, 2)], {}, "reused no prompt tokens"),
-    # more sessions than slots
-    ([sample(0, 1, processed=100, reused=0)], {"slots": 1, "spec": SessionSpec(sessions=3)}, "3 sessions on 1 slot"),
-    # stripping with nothing to strip
-    ([sample(0, t, processed=100, reused=50 * t) for t in (1, 2)],
-     {"spec": SessionSpec(sessions=1, strip_thinking=True)}, "nothing to strip"),
-])
+@pytest.mark.parametrize(
+    ("run", "kw", "words"),
+    [
+        # reuse nowhere after the first turn
+        ([sample(0, t, processed=100 * t, reused=0) for t in (1, 2)], {}, "reused no prompt tokens"),
+        # more sessions than slots
+        (
+            [sample(0, 1, processed=100, reused=0)],
+            {"slots": 1, "spec": SessionSpec(sessions=3)},
+            "3 sessions on 1 slot",
+        ),
+        # stripping with nothing to strip
+        (
+            [sample(0, t, processed=100, reused=50 * t) for t in (1, 2)],
+            {"spec": SessionSpec(sessions=1, strip_thinking=True)},
+            "nothing to strip",
+        ),
+    ],
+)
 def test_session_warnings(run: list[dict[str, Any]], kw: dict[str, Any], words: str) -> None:
     spec = kw.get("spec", SPEC)
     doc = summarize_sessions(run, spec.to_json(), slots=kw.get("slots"))
@@ -222,8 +288,11 @@ def test_a_clean_run_has_no_session_warnings() -> None:
 
 def test_tg_against_context() -> None:
     # TG falls from 100 to 80 tok/s as the context grows from 1000 to 3000 tokens; one odd turn
-    run = [sample(s, t, processed=100, reused=1000 * t - 100, tpot=1 / (110 - 10 * t)) for s in (0, 1, 2)
-           for t in (1, 2, 3)]
+    run = [
+        sample(s, t, processed=100, reused=1000 * t - 100, tpot=1 / (110 - 10 * t))
+        for s in (0, 1, 2)
+        for t in (1, 2, 3)
+    ]
     run[4] = sample(1, 2, processed=100, reused=1900, tpot=1 / 20)  # a turn that waited behind another's prompt
     fit = tg_vs_context(turn_samples(run))
     assert fit is not None
@@ -238,7 +307,8 @@ def test_tg_against_context() -> None:
 def test_metrics_for_compare() -> None:
     m = session_metric_samples(RUN)
     assert set(m) == {f"{f}:turn={n}" for f in ("ttft", "decode", "processed", "reused") for n in (1, 2, 3)} - {
-        "reused:turn=1"}  # cold by construction
+        "reused:turn=1"
+    }  # cold by construction
     assert m["reused:turn=2"].values == (310.0, 310.0) and m["reused:turn=2"].higher_is_better
     assert m["processed:turn=3"].values == (100.0,) and not m["processed:turn=3"].higher_is_better
     assert (m["ttft:turn=2"].family, m["ttft:turn=2"].x, m["ttft:turn=2"].x_label) == ("ttft by turn", 2.0, "turn")
@@ -249,8 +319,10 @@ def test_metrics_for_compare() -> None:
 def test_intact_and_stripped_compare_turn_by_turn() -> None:
     intact = [sample(s, t, processed=100, reused=400 * (t - 1)) for s in range(4) for t in (1, 2, 3)]
     stripped = [sample(s, t, processed=160, reused=300 * (t - 1)) for s in range(4) for t in (1, 2, 3)]
-    c = compare(RunMetrics(1, "intact", "serve-bench", "done", serve_run_metrics(intact)),
-                [RunMetrics(2, "stripped", "serve-bench", "done", serve_run_metrics(stripped))])
+    c = compare(
+        RunMetrics(1, "intact", "serve-bench", "done", serve_run_metrics(intact)),
+        [RunMetrics(2, "stripped", "serve-bench", "done", serve_run_metrics(stripped))],
+    )
     rows = {r.metric: r for r in c.rows}
     assert rows["reused:turn=3"].verdict == "slower" and rows["reused:turn=3"].change_pct == pytest.approx(-25)
     assert rows["processed:turn=2"].verdict == "slower" and rows["processed:turn=2"].change_pct == pytest.approx(60)
@@ -260,8 +332,10 @@ def test_intact_and_stripped_compare_turn_by_turn() -> None:
 def test_a_baseline_that_reused_nothing_gives_a_note_not_a_ratio() -> None:
     cold = [sample(s, t, processed=100 * t, reused=0) for s in range(4) for t in (1, 2)]
     warm = [sample(s, t, processed=100, reused=100 * (t - 1)) for s in range(4) for t in (1, 2)]
-    c = compare(RunMetrics(1, "cold", "serve-bench", "done", serve_run_metrics(cold)),
-                [RunMetrics(2, "warm", "serve-bench", "done", serve_run_metrics(warm))])
+    c = compare(
+        RunMetrics(1, "cold", "serve-bench", "done", serve_run_metrics(cold)),
+        [RunMetrics(2, "warm", "serve-bench", "done", serve_run_metrics(warm))],
+    )
     assert "reused:turn=2" not in {r.metric for r in c.rows}
     assert "reused:turn=2: the baseline's median is 0, so no change in % (run 2: 100)" in c.notes
     assert {r.metric: r.verdict for r in c.rows}["processed:turn=2"] == "faster"

@@ -29,17 +29,20 @@ def llama_like() -> Iterator[str]:
         yield url
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["--turns", "3"], "--turns shape agent sessions"),
-    (["--strip-thinking", "--think-time", "1"], "--think-time, --strip-thinking shape agent sessions"),
-    (["--sessions", "2", "--concurrency", "1,2"], "--concurrency do not apply"),
-    (["--sessions", "2", "--input-len", "64", "--requests", "4"], "--input-len, --requests do not apply"),
-    (["--sessions", "2", "--rate", "5"], "--rate do not apply"),
-    (["--sessions", "2", "--prefix-cache"], "--prefix-cache do not apply"),
-    (["--sessions", "2", "--strip-thinking", "--thinking", "off"], "with --thinking off the replies have none"),
-    (["--sessions", "0"], "--sessions"),
-    (["--sessions", "2", "--system-tokens", "8"], "--system-tokens"),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--turns", "3"], "--turns shape agent sessions"),
+        (["--strip-thinking", "--think-time", "1"], "--think-time, --strip-thinking shape agent sessions"),
+        (["--sessions", "2", "--concurrency", "1,2"], "--concurrency do not apply"),
+        (["--sessions", "2", "--input-len", "64", "--requests", "4"], "--input-len, --requests do not apply"),
+        (["--sessions", "2", "--rate", "5"], "--rate do not apply"),
+        (["--sessions", "2", "--prefix-cache"], "--prefix-cache do not apply"),
+        (["--sessions", "2", "--strip-thinking", "--thinking", "off"], "with --thinking off the replies have none"),
+        (["--sessions", "0"], "--sessions"),
+        (["--sessions", "2", "--system-tokens", "8"], "--system-tokens"),
+    ],
+)
 def test_combinations_that_make_no_sense(args: list[str], words: str) -> None:
     r = run_cli("serve-bench", NOWHERE, *args)
     assert r.exit_code == 2, r.stderr
@@ -48,24 +51,60 @@ def test_combinations_that_make_no_sense(args: list[str], words: str) -> None:
 
 def test_sessions_that_do_not_fit_a_slot() -> None:
     with mock_server(MockConfig(slots=2, n_ctx=512)) as url:
-        r = run_cli("serve-bench", url, "--sessions", "2", "--turns", "4", "--system-tokens", "256",
-                    "--turn-tokens", "64", "--output-len", "32")
+        r = run_cli(
+            "serve-bench",
+            url,
+            "--sessions",
+            "2",
+            "--turns",
+            "4",
+            "--system-tokens",
+            "256",
+            "--turn-tokens",
+            "64",
+            "--output-len",
+            "32",
+        )
     assert r.exit_code == 2, r.stderr
     assert "= 640 tokens do not fit the server's per-slot context of 512 tokens" in r.stderr
     assert "--parallel 2 -c 1600" in r.stderr
 
 
 def test_json_contract_storage_and_report(llama_like: str) -> None:
-    r = run_cli("serve-bench", llama_like, "--sessions", "2", "--turns", "3", "--system-tokens", "64",
-                "--turn-tokens", "32", "--output-len", "16", "--thinking", "on", "--label", "sess", "--json")
+    r = run_cli(
+        "serve-bench",
+        llama_like,
+        "--sessions",
+        "2",
+        "--turns",
+        "3",
+        "--system-tokens",
+        "64",
+        "--turn-tokens",
+        "32",
+        "--output-len",
+        "16",
+        "--thinking",
+        "on",
+        "--label",
+        "sess",
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert set(doc) == {"run", "levels", "sessions"}
     (level,) = doc["levels"]  # the sessions' requests are one level: concurrency = sessions
     assert (level["concurrency"], level["requests"], level["ok"]) == (2, 6, 6)
     s = doc["sessions"]
-    assert s["spec"] == {"sessions": 2, "turns": 3, "system_tokens": 64, "turn_tokens": 32, "output_len": 16,
-                         "think_time_s": 0.0, "strip_thinking": False}
+    assert s["spec"] == {
+        "sessions": 2,
+        "turns": 3,
+        "system_tokens": 64,
+        "turn_tokens": 32,
+        "output_len": 16,
+        "think_time_s": 0.0,
+        "strip_thinking": False,
+    }
     assert [t["turn"] for t in s["turns"]] == [1, 2, 3]
     for t in s["turns"]:
         assert set(t) >= TURN_KEYS
@@ -103,8 +142,23 @@ def _mock_log(url: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("report_cached", [False, True])
 def test_a_server_without_tokenize_or_timings(report_cached: bool) -> None:
     with vllm_mock(VllmConfig(ttft_ms=5.0, itl_ms=1.0, report_cached=report_cached)) as url:
-        r = run_cli("serve-bench", url, "--sessions", "2", "--turns", "3", "--system-tokens", "200",
-                    "--turn-tokens", "50", "--output-len", "8", "--warmup", "0", "--json")
+        r = run_cli(
+            "serve-bench",
+            url,
+            "--sessions",
+            "2",
+            "--turns",
+            "3",
+            "--system-tokens",
+            "200",
+            "--turn-tokens",
+            "50",
+            "--output-len",
+            "8",
+            "--warmup",
+            "0",
+            "--json",
+        )
         log = _mock_log(url)
     assert r.exit_code == 0, r.stderr
     s = json.loads(r.stdout)["sessions"]

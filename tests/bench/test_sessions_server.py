@@ -41,8 +41,7 @@ def model(models: Path) -> Path:
     if not path.exists():
         vocab = testmodel.vocab_metadata
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(testmodel, "vocab_metadata",
-                       lambda n: {**vocab(n), "tokenizer.ggml.add_space_prefix": False})
+            mp.setattr(testmodel, "vocab_metadata", lambda n: {**vocab(n), "tokenizer.ggml.add_space_prefix": False})
             testmodel.generate(path, "qwen3moe", Dims(n_layer=2), "f16")
     return path
 
@@ -51,14 +50,31 @@ def model(models: Path) -> Path:
 def server(bin_dir: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("sessions") / "server.log"
     bans = [a for t in BANNED for a in ("-l", f"{t}-inf")]
-    with llama_server(bin_dir, model, log, "-nr", "-t", "1", "--parallel", "4", "-c", "4096",
-                      "--reasoning-budget", str(BUDGET), *bans) as s:
+    with llama_server(
+        bin_dir, model, log, "-nr", "-t", "1", "--parallel", "4", "-c", "4096", "--reasoning-budget", str(BUDGET), *bans
+    ) as s:
         yield s
 
 
 def sessions(url: str, *extra: str) -> dict[str, Any]:
-    r = run_cli("serve-bench", url, "--sessions", "4", "--turns", "4", "--system-tokens", "128",
-                "--turn-tokens", "32", "--output-len", str(OUTPUT), "--thinking", "on", "--json", *extra)
+    r = run_cli(
+        "serve-bench",
+        url,
+        "--sessions",
+        "4",
+        "--turns",
+        "4",
+        "--system-tokens",
+        "128",
+        "--turn-tokens",
+        "32",
+        "--output-len",
+        str(OUTPUT),
+        "--thinking",
+        "on",
+        "--json",
+        *extra,
+    )
     assert r.exit_code == 0, r.stderr
     doc: dict[str, Any] = json.loads(r.stdout)
     return doc
@@ -71,9 +87,13 @@ def by_turn(run_id: int) -> dict[tuple[int, int], dict[str, Any]]:
     out = {}
     for s in samples:
         t = s["timings"]
-        out[(s["session"], s["turn"])] = {"context": t["prompt_n"] + t["cache_n"], "processed": t["prompt_n"],
-                                          "reused": t["cache_n"], "reasoning": sum(c[3] for c in s["chunks"]),
-                                          "stripped": s["stripped_chars"]}
+        out[(s["session"], s["turn"])] = {
+            "context": t["prompt_n"] + t["cache_n"],
+            "processed": t["prompt_n"],
+            "reused": t["cache_n"],
+            "reasoning": sum(c[3] for c in s["chunks"]),
+            "stripped": s["stripped_chars"],
+        }
     return out
 
 
@@ -119,8 +139,9 @@ def test_intact_history_reuses_the_prefix_and_stripped_thinking_reevaluates(serv
     assert "REUSED BY TURN (tokens)" in table.stdout and "turn=4" in table.stdout
 
 
-def test_a_server_killed_between_turns_stops_the_run_with_what_was_measured(bin_dir: Path, model: Path,
-                                                                             tmp_path: Path) -> None:
+def test_a_server_killed_between_turns_stops_the_run_with_what_was_measured(
+    bin_dir: Path, model: Path, tmp_path: Path
+) -> None:
     import os
     import subprocess
     import sys
@@ -128,10 +149,36 @@ def test_a_server_killed_between_turns_stops_the_run_with_what_was_measured(bin_
 
     db = tmp_path / "r.db"
     with llama_server(bin_dir, model, tmp_path / "s.log", "-nr", "-t", "1", "--parallel", "2", "-c", "2048") as s:
-        proc = subprocess.Popen([sys.executable, "-m", "moetune", "serve-bench", s.url, "--sessions", "2", "--turns", "4",
-                                 "--system-tokens", "64", "--turn-tokens", "16", "--output-len", "16",
-                                 "--think-time", "2", "--warmup", "0", "--db", str(db), "--json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "moetune",
+                "serve-bench",
+                s.url,
+                "--sessions",
+                "2",
+                "--turns",
+                "4",
+                "--system-tokens",
+                "64",
+                "--turn-tokens",
+                "16",
+                "--output-len",
+                "16",
+                "--think-time",
+                "2",
+                "--warmup",
+                "0",
+                "--db",
+                str(db),
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the first turns answered, then the server dies while the client thinks
             time.sleep(0.2)
@@ -150,4 +197,8 @@ def test_a_server_killed_between_turns_stops_the_run_with_what_was_measured(bin_
         samples = h.samples(run.id)
     assert run.status == "failed" and "stopped answering" in (run.summary or {}).get("error", "")
     assert sorted((x["session"], x["turn"], x["error"] is None) for x in samples) == [
-        (0, 1, True), (0, 2, False), (1, 1, True), (1, 2, False)]  # each session ended on its failed turn
+        (0, 1, True),
+        (0, 2, False),
+        (1, 1, True),
+        (1, 2, False),
+    ]  # each session ended on its failed turn

@@ -15,16 +15,28 @@ QUIET_15 = [23.1, 23.3, 22.9, 23.2, 23.0]  # +15 %
 NOISY = [14.0, 26.0, 18.0, 23.0, 21.0]
 
 
-@pytest.mark.parametrize(("xs", "median"), [
-    ([1.0], 1.0), ([3.0, 1.0, 2.0], 2.0), ([4.0, 1.0, 3.0, 2.0], 2.5), (QUIET_A, 20.1),
-])
+@pytest.mark.parametrize(
+    ("xs", "median"),
+    [
+        ([1.0], 1.0),
+        ([3.0, 1.0, 2.0], 2.0),
+        ([4.0, 1.0, 3.0, 2.0], 2.5),
+        (QUIET_A, 20.1),
+    ],
+)
 def test_median(xs: list[float], median: float) -> None:
     assert stats.median(xs) == pytest.approx(median)
 
 
-@pytest.mark.parametrize(("xs", "cv"), [
-    ([5.0], 0.0), ([5.0, 5.0, 5.0], 0.0), ([9.0, 11.0], math.sqrt(2) / 10), ([-1.0, 1.0], math.inf),
-])
+@pytest.mark.parametrize(
+    ("xs", "cv"),
+    [
+        ([5.0], 0.0),
+        ([5.0, 5.0, 5.0], 0.0),
+        ([9.0, 11.0], math.sqrt(2) / 10),
+        ([-1.0, 1.0], math.inf),
+    ],
+)
 def test_cv(xs: list[float], cv: float) -> None:
     assert stats.cv(xs) == pytest.approx(cv)
 
@@ -51,25 +63,31 @@ def test_ci_narrows_with_quieter_samples() -> None:
     assert hi_q - lo_q < (hi_n - lo_n) / 5
 
 
-@pytest.mark.parametrize(("xs", "outliers"), [
-    ([10.0, 10.1, 9.9, 10.0, 10.2], ()),
-    ([10.0, 10.1, 9.9, 10.0, 30.0], (4,)),
-    ([2.0, 10.1, 9.9, 10.0, 10.2, 10.1], (0,)),
-    ([5.0, 5.0, 5.0, 5.0, 9.0], (4,)),  # zero MAD: the mean absolute deviation stands in
-    ([5.0, 5.0, 5.0], ()),
-    ([1.0, 100.0], ()),  # too few to tell
-])
+@pytest.mark.parametrize(
+    ("xs", "outliers"),
+    [
+        ([10.0, 10.1, 9.9, 10.0, 10.2], ()),
+        ([10.0, 10.1, 9.9, 10.0, 30.0], (4,)),
+        ([2.0, 10.1, 9.9, 10.0, 10.2, 10.1], (0,)),
+        ([5.0, 5.0, 5.0, 5.0, 9.0], (4,)),  # zero MAD: the mean absolute deviation stands in
+        ([5.0, 5.0, 5.0], ()),
+        ([1.0, 100.0], ()),  # too few to tell
+    ],
+)
 def test_outliers(xs: list[float], outliers: tuple[int, ...]) -> None:
     assert stats.outliers(xs) == outliers
 
 
-@pytest.mark.parametrize(("xs", "higher_is_better", "slower"), [
-    ([8.0, 20.1, 20.3, 19.9, 20.2], True, True),  # tokens/s: a low first run is slow
-    ([32.0, 20.1, 20.3, 19.9, 20.2], True, False),  # a fast first run is not hyperfine's warning
-    ([32.0, 20.1, 20.3, 19.9, 20.2], False, True),  # latency: a high first run is slow
-    ([20.1, 20.3, 19.9, 8.0, 20.2], True, False),  # an outlier, but not the first run
-    ([8.0, 20.0], True, False),
-])
+@pytest.mark.parametrize(
+    ("xs", "higher_is_better", "slower"),
+    [
+        ([8.0, 20.1, 20.3, 19.9, 20.2], True, True),  # tokens/s: a low first run is slow
+        ([32.0, 20.1, 20.3, 19.9, 20.2], True, False),  # a fast first run is not hyperfine's warning
+        ([32.0, 20.1, 20.3, 19.9, 20.2], False, True),  # latency: a high first run is slow
+        ([20.1, 20.3, 19.9, 8.0, 20.2], True, False),  # an outlier, but not the first run
+        ([8.0, 20.0], True, False),
+    ],
+)
 def test_first_run_slower(xs: list[float], higher_is_better: bool, slower: bool) -> None:
     assert stats.first_run_slower(xs, higher_is_better=higher_is_better) is slower
 
@@ -84,21 +102,25 @@ def test_summary_fields() -> None:
 
 
 # The verdict rule: bootstrap CI of the ratio of medians; same if it holds 1 or |change| < min_change.
-@pytest.mark.parametrize(("base", "other", "higher_is_better", "min_change", "verdict"), [
-    (QUIET_A, QUIET_15, True, 0.02, FASTER),  # tokens/s up 15 %
-    (QUIET_15, QUIET_A, True, 0.02, SLOWER),
-    (QUIET_A, QUIET_15, False, 0.02, SLOWER),  # a latency up 15 % is slower
-    (QUIET_15, QUIET_A, False, 0.02, FASTER),
-    (QUIET_A, QUIET_A2, True, 0.02, SAME),  # the same configuration twice
-    (QUIET_A, NOISY, True, 0.02, SAME),  # different medians, but the noise covers it
-    (QUIET_A, QUIET_15, True, 0.20, SAME),  # real, but under the practical threshold
-    ([20.0, 20.0, 20.0], [20.2, 20.2, 20.2], True, 0.02, SAME),  # significant but only +1 %
-    ([20.0, 20.0, 20.0], [20.2, 20.2, 20.2], True, 0.0, FASTER),
-    ([20.0], [30.0], True, 0.02, SAME),  # one sample each: no spread, no verdict
-    ([20.0, 20.1], [30.0], True, 0.02, SAME),
-])
-def test_verdicts(base: list[float], other: list[float], higher_is_better: bool, min_change: float,
-                  verdict: str) -> None:
+@pytest.mark.parametrize(
+    ("base", "other", "higher_is_better", "min_change", "verdict"),
+    [
+        (QUIET_A, QUIET_15, True, 0.02, FASTER),  # tokens/s up 15 %
+        (QUIET_15, QUIET_A, True, 0.02, SLOWER),
+        (QUIET_A, QUIET_15, False, 0.02, SLOWER),  # a latency up 15 % is slower
+        (QUIET_15, QUIET_A, False, 0.02, FASTER),
+        (QUIET_A, QUIET_A2, True, 0.02, SAME),  # the same configuration twice
+        (QUIET_A, NOISY, True, 0.02, SAME),  # different medians, but the noise covers it
+        (QUIET_A, QUIET_15, True, 0.20, SAME),  # real, but under the practical threshold
+        ([20.0, 20.0, 20.0], [20.2, 20.2, 20.2], True, 0.02, SAME),  # significant but only +1 %
+        ([20.0, 20.0, 20.0], [20.2, 20.2, 20.2], True, 0.0, FASTER),
+        ([20.0], [30.0], True, 0.02, SAME),  # one sample each: no spread, no verdict
+        ([20.0, 20.1], [30.0], True, 0.02, SAME),
+    ],
+)
+def test_verdicts(
+    base: list[float], other: list[float], higher_is_better: bool, min_change: float, verdict: str
+) -> None:
     d = difference(base, other, higher_is_better=higher_is_better, min_change=min_change)
     assert d.verdict == verdict
 
@@ -109,8 +131,9 @@ def test_difference_figures() -> None:
     assert d.change_pct == pytest.approx((23.1 / 20.1 - 1) * 100)
     lo, hi = d.change_ci_pct
     assert 0 < lo <= d.change_pct <= hi
-    assert difference(QUIET_A, QUIET_15, higher_is_better=True, seed=1) == \
-        difference(QUIET_A, QUIET_15, higher_is_better=True, seed=1)
+    assert difference(QUIET_A, QUIET_15, higher_is_better=True, seed=1) == difference(
+        QUIET_A, QUIET_15, higher_is_better=True, seed=1
+    )
 
 
 def test_verdict_function_directly() -> None:

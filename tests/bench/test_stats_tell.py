@@ -33,8 +33,10 @@ def servers(bin_dir: Path, models: Path, tmp_path_factory: pytest.TempPathFactor
     small = model(models, "tell-4l", n_layer=4, **WIDTHS)
     large = model(models, "tell-8l", n_layer=8, **WIDTHS)
     logs = tmp_path_factory.mktemp("tell")
-    with llama_server(bin_dir, small, logs / "small.log", *SERVER_ARGS) as a, \
-            llama_server(bin_dir, large, logs / "large.log", *SERVER_ARGS) as b:
+    with (
+        llama_server(bin_dir, small, logs / "small.log", *SERVER_ARGS) as a,
+        llama_server(bin_dir, large, logs / "large.log", *SERVER_ARGS) as b,
+    ):
         yield a, b
 
 
@@ -59,8 +61,10 @@ def test_twice_the_model_is_slower_and_the_same_is_same(servers: tuple[Server, S
         b = bench(large.url, "8 layers", db)
     slower, faster = verdicts(db, a, b)["tg:short-json"], verdicts(db, b, a)["tg:short-json"]
     if (slower, faster) != ("slower", "faster") and load.cores > BUSY_CORES:
-        pytest.skip(f"other programs used {load.cores:.2f} cores while we measured, and twice the model came out "
-                    f"'{slower}': a verdict needs a machine that is not busy with other work")
+        pytest.skip(
+            f"other programs used {load.cores:.2f} cores while we measured, and twice the model came out "
+            f"'{slower}': a verdict needs a machine that is not busy with other work"
+        )
     assert (slower, faster) == ("slower", "faster")
     same = verdicts(db, a, a2)["tg:short-json"]
     for k in range(2):  # more pairs: a hiccup of the machine (it drifts by a few % now and then) is not a verdict
@@ -71,6 +75,8 @@ def test_twice_the_model_is_slower_and_the_same_is_same(servers: tuple[Server, S
             a4 = bench(small.url, f"4 layers, pair {k + 2} b", db)
         same = verdicts(db, a3, a4)["tg:short-json"]
     if same != "same" and load.cores > BUSY_CORES:
-        pytest.skip(f"other programs used {load.cores:.2f} cores while we measured and the same configuration "
-                    f"drifted to '{same}': the 'same' verdict needs a quiet machine")
+        pytest.skip(
+            f"other programs used {load.cores:.2f} cores while we measured and the same configuration "
+            f"drifted to '{same}': the 'same' verdict needs a quiet machine"
+        )
     assert same == "same", f"machine quiet ({load.cores:.2f} cores used by others), yet the verdict was {same}"

@@ -73,7 +73,10 @@ def test_sweep_resumes_and_ends_with_the_comparison(tiny: Path, tmp_path: Path) 
     r = run_cli("sweep", str(a), str(b), *FAST, "--plot", str(png), "--json")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert [(p["label"], p["status"]) for p in doc["plans"]] == [("one thread", "measured"), ("two threads", "measured")]
+    assert [(p["label"], p["status"]) for p in doc["plans"]] == [
+        ("one thread", "measured"),
+        ("two threads", "measured"),
+    ]
     assert doc["comparison"]["baseline"]["run"] == doc["plans"][0]["run"]
     assert {row["metric"] for row in doc["comparison"]["rows"]} == {"tg:short-json", "pp:short-json", "load_s"}
     assert all(row["verdict"] in ("faster", "slower", "same") for row in doc["comparison"]["rows"])
@@ -98,9 +101,19 @@ def test_sweep_file_with_labels_baseline_and_a_failing_plan(tiny: Path, tmp_path
     (tmp_path / "bad.json").write_text(json.dumps(plan_doc(tiny, "--no-such-flag")))
     write_plan(tmp_path / "base.json", tiny)
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump({"name": "demo", "baseline": "base", "plans": [
-        {"label": "good", "plan": "good.json"}, {"label": "bad", "plan": "bad.json"},
-        {"label": "base", "plan": "base.json"}]}))
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "name": "demo",
+                "baseline": "base",
+                "plans": [
+                    {"label": "good", "plan": "good.json"},
+                    {"label": "bad", "plan": "bad.json"},
+                    {"label": "base", "plan": "base.json"},
+                ],
+            }
+        )
+    )
     r = run_cli("sweep", str(sweep), *FAST)
     assert r.exit_code == 1
     assert "bad: failed" in r.stderr and "1 plan(s) failed" in r.stderr and "run the same command again" in r.stderr
@@ -110,11 +123,14 @@ def test_sweep_file_with_labels_baseline_and_a_failing_plan(tiny: Path, tmp_path
     assert lines[0].split("│")[1].strip().split(" [")[0] == "base"
 
 
-@pytest.mark.parametrize(("files", "msg"), [
-    ({"p.json": "{"}, "not JSON"),
-    ({"p.json": "{}"}, "no launch section"),
-    ({"s.yaml": "plans: 3"}, "\"plans\" list"),
-])
+@pytest.mark.parametrize(
+    ("files", "msg"),
+    [
+        ({"p.json": "{"}, "not JSON"),
+        ({"p.json": "{}"}, "no launch section"),
+        ({"s.yaml": "plans: 3"}, '"plans" list'),
+    ],
+)
 def test_bad_sweep_inputs(tmp_path: Path, files: dict[str, str], msg: str) -> None:
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -134,11 +150,24 @@ def test_a_sweep_interrupted_by_ctrl_c_resumes_where_it_stopped(tiny: Path, tmp_
     b = write_plan(tmp_path / "b.json", tiny, label="b")
     ports = [p["port"] for f in (a, b) for p in json.loads(f.read_text())["launch"]["processes"]]
     db_path = tmp_path / "s.sqlite"
-    args = ["sweep", str(a), str(b), "-r", "40", "--warmup", "0", "--max-tokens", "16", "--ignore-eos",
-            "--db", str(db_path)]
+    args = [
+        "sweep",
+        str(a),
+        str(b),
+        "-r",
+        "40",
+        "--warmup",
+        "0",
+        "--max-tokens",
+        "16",
+        "--ignore-eos",
+        "--db",
+        str(db_path),
+    ]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "moetune", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moetune", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 120
         while True:  # wait until plan b is being measured
@@ -147,8 +176,9 @@ def test_a_sweep_interrupted_by_ctrl_c_resumes_where_it_stopped(tiny: Path, tmp_
             if db_path.exists():
                 with sqlite3.connect(db_path) as c:
                     try:
-                        row = c.execute("SELECT COUNT(*) FROM samples JOIN runs ON runs.id = run_id "
-                                        "WHERE runs.label = 'b'").fetchone()
+                        row = c.execute(
+                            "SELECT COUNT(*) FROM samples JOIN runs ON runs.id = run_id WHERE runs.label = 'b'"
+                        ).fetchone()
                     except sqlite3.OperationalError:
                         continue
                 if row[0] >= 2:

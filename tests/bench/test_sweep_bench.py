@@ -17,9 +17,11 @@ main: n_kv_max = 8704, n_batch = 2048, n_ubatch = 512, flash_attn = 0, n_gpu_lay
 |   512 |    128 |      0 |    1.100 |   465.51 |    2.311 |    55.38 |
 |   512 |    128 |    512 |    1.183 |   432.97 |    1.895 |    67.55 |
 """
-JSONL = ('{"n_kv_max": 8704, "n_batch": 2048, "n_ubatch": 512, "flash_attn": 0, "n_gpu_layers": -1, "n_threads": 32, '
-         '"n_threads_batch": 32, "pp": 512, "tg": 128, "n_kv": 0, "t_pp": 1.093814, "speed_pp": 468.086884, '
-         '"t_tg": 1.780312, "speed_tg": 71.897514 }')
+JSONL = (
+    '{"n_kv_max": 8704, "n_batch": 2048, "n_ubatch": 512, "flash_attn": 0, "n_gpu_layers": -1, "n_threads": 32, '
+    '"n_threads_batch": 32, "pp": 512, "tg": 128, "n_kv": 0, "t_pp": 1.093814, "speed_pp": 468.086884, '
+    '"t_tg": 1.780312, "speed_tg": 71.897514 }'
+)
 
 
 def test_rows_from_either_output_format() -> None:
@@ -44,8 +46,46 @@ def test_rows_are_depth_samples_the_summary_reads() -> None:
 
 
 def test_the_argv_is_the_servers_without_serving() -> None:
-    server = ["-m", "/m/x.gguf", "-c", "32768", "--parallel", "1", "-b", "2048", "-ub", "512", "-fa", "on",
-              "-ngl", "999", "-ot", r"\.ffn_(up|down|gate)_exps=CPU", "--jinja", "--host", "127.0.0.1", "--port", "8080"]
-    assert sweep_argv(server, 4096, 32) == ["-m", "/m/x.gguf", "-b", "2048", "-ub", "512", "-fa", "on", "-ngl", "999",
-                                            "-ot", r"\.ffn_(up|down|gate)_exps=CPU", "-c", "4096",
-                                            "--output-format", "jsonl", "-n", "32"]
+    server = [
+        "-m",
+        "/m/x.gguf",
+        "-c",
+        "32768",
+        "--parallel",
+        "1",
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "-fa",
+        "on",
+        "-ngl",
+        "999",
+        "-ot",
+        r"\.ffn_(up|down|gate)_exps=CPU",
+        "--jinja",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8080",
+    ]
+    assert sweep_argv(server, 4096, 32) == [
+        "-m",
+        "/m/x.gguf",
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "-fa",
+        "on",
+        "-ngl",
+        "999",
+        "-ot",
+        r"\.ffn_(up|down|gate)_exps=CPU",
+        "-c",
+        "4096",
+        "--output-format",
+        "jsonl",
+        "-n",
+        "32",
+    ]

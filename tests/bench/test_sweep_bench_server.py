@@ -19,15 +19,34 @@ from tests.helpers import run_cli
 pytestmark = pytest.mark.server
 
 
-def test_sweep_bench_measures_a_plan_at_every_depth(ik_bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sweep_bench_measures_a_plan_at_every_depth(
+    ik_bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "f16").files[0]
     hw = tmp_path / "hw.yaml"
     hw.write_text(yaml.safe_dump(loopback_hw([f"127.0.0.1:{free_port()}"])))
     plans = []
     for strategy in ("cpu-moe", "all-gpu"):
         plan = tmp_path / f"{strategy}.json"
-        r = run_cli("plan", str(model), "--hw", str(hw), "--engine", "ik_llama.cpp", "--strategy", strategy,
-                    "--ctx", "1024", "-ub", "256", "-b", "256", "-o", str(plan), "--json")
+        r = run_cli(
+            "plan",
+            str(model),
+            "--hw",
+            str(hw),
+            "--engine",
+            "ik_llama.cpp",
+            "--strategy",
+            strategy,
+            "--ctx",
+            "1024",
+            "-ub",
+            "256",
+            "-b",
+            "256",
+            "-o",
+            str(plan),
+            "--json",
+        )
         assert r.exit_code == 0, r.stderr
         plans.append(plan)
     ids = []
@@ -37,8 +56,9 @@ def test_sweep_bench_measures_a_plan_at_every_depth(ik_bin_dir: Path, tmp_path: 
         assert r.exit_code == 0, r.stderr
         doc = json.loads(r.stdout)
         assert list(doc["workloads"]) == ["d0", "d256", "d512"]  # a ubatch per step up to the depth asked
-        assert all(w["tg"]["n"] == 1 and w["tg"]["median"] > 0 and w["pp"]["median"] > 0
-                   for w in doc["workloads"].values())
+        assert all(
+            w["tg"]["n"] == 1 and w["tg"]["median"] > 0 and w["pp"]["median"] > 0 for w in doc["workloads"].values()
+        )
         assert "RPC workers up: rpc0" in r.stderr
         ids.append(str(doc["run"]["id"]))
         with ResultsDB.open() as db:

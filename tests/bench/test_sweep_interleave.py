@@ -42,7 +42,11 @@ def test_interleaved_launches_alternate_resume_by_round_and_compare_paired(tiny:
     sid = doc["sweep"]
     assert doc["interleave"]["mode"] == "launches" and doc["interleave"]["complete"] == 2
     assert [(p["round"], p["label"], p["status"]) for p in doc["plans"]] == [
-        (1, "ub 512", "measured"), (1, "ub 64", "measured"), (2, "ub 64", "measured"), (2, "ub 512", "measured")]
+        (1, "ub 512", "measured"),
+        (1, "ub 64", "measured"),
+        (2, "ub 64", "measured"),
+        (2, "ub 512", "measured"),
+    ]
     assert all(p["launch_s"] > 0 for p in doc["plans"]) and doc["interleave"]["launches"] == 4
     assert r.stderr.count("main: starting") == 4 and r.stderr.count("stopped main") == 4
     comp = doc["comparison"]
@@ -51,8 +55,12 @@ def test_interleaved_launches_alternate_resume_by_round_and_compare_paired(tiny:
     assert len(tg["per_round"]) == 2 and tg["verdict"] in ("faster", "slower", "same")
     assert tg["per_round"][0]["run"] == doc["plans"][1]["run"]
     with ResultsDB.open() as db:
-        assert tags(db, sid) == [(1, "ub 512", "done", 0), (1, "ub 64", "done", 1), (2, "ub 64", "done", 0),
-                                 (2, "ub 512", "done", 1)]
+        assert tags(db, sid) == [
+            (1, "ub 512", "done", 0),
+            (1, "ub 64", "done", 1),
+            (2, "ub 64", "done", 0),
+            (2, "ub 512", "done", 1),
+        ]
         db.finish_run(doc["plans"][3]["run"], RunStatus.INTERRUPTED)  # round 2 did not complete
 
     again = run_cli("sweep", str(a), str(b), *FAST, "--interleave", "--rounds", "3", "--json")
@@ -60,8 +68,13 @@ def test_interleaved_launches_alternate_resume_by_round_and_compare_paired(tiny:
     d2 = json.loads(again.stdout)
     assert d2["sweep"] == sid
     assert [(p["round"], p["label"], p["status"]) for p in d2["plans"]] == [
-        (1, "ub 512", "resumed"), (1, "ub 64", "resumed"),  # round 1 kept; round 2 run again whole; round 3 added
-        (2, "ub 64", "measured"), (2, "ub 512", "measured"), (3, "ub 512", "measured"), (3, "ub 64", "measured")]
+        (1, "ub 512", "resumed"),
+        (1, "ub 64", "resumed"),  # round 1 kept; round 2 run again whole; round 3 added
+        (2, "ub 64", "measured"),
+        (2, "ub 512", "measured"),
+        (3, "ub 512", "measured"),
+        (3, "ub 64", "measured"),
+    ]
     assert "round 1: complete in runs" in again.stderr
     assert [x["round"] for x in d2["comparison"]["rounds"]] == [1, 2, 3]
 
@@ -82,13 +95,17 @@ def test_interleaved_batches_keep_both_servers_up(tiny: Path, tmp_path: Path) ->
     assert "2 of 2 rounds complete (batches); 2 launches took" in r.stdout
     with ResultsDB.open() as db:
         runs = db.runs()
-        assert len(runs) == 4 and all(RoundTag.from_details(x.meta.details).mode == "batches"  # type: ignore[union-attr]
-                                      for x in runs)
+        assert len(runs) == 4 and all(
+            RoundTag.from_details(x.meta.details).mode == "batches"  # type: ignore[union-attr]
+            for x in runs
+        )
         launches = {x.meta.launch_run for x in runs}
         assert len(launches) == 2  # two launches served the four runs
         # no RPC worker: transport none; one launch for every round: no round's load time
-        assert all(x.meta.launch is not None and x.meta.launch.transport == "none" and x.meta.launch.load_s is None
-                   for x in runs)
+        assert all(
+            x.meta.launch is not None and x.meta.launch.transport == "none" and x.meta.launch.load_s is None
+            for x in runs
+        )
 
 
 def test_interleaved_launches_over_two_transports_give_a_paired_verdict(tiny: Path, tmp_path: Path) -> None:
@@ -100,7 +117,11 @@ def test_interleaved_launches_over_two_transports_give_a_paired_verdict(tiny: Pa
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [(p["round"], p["label"]) for p in doc["plans"]] == [
-        (1, "rpc (tcp)"), (1, "rpc (auto)"), (2, "rpc (auto)"), (2, "rpc (tcp)")]
+        (1, "rpc (tcp)"),
+        (1, "rpc (auto)"),
+        (2, "rpc (auto)"),
+        (2, "rpc (tcp)"),
+    ]
     comp = doc["comparison"]
     assert comp["baseline"]["label"] == "rpc (tcp)" and comp["transports"] == {"rpc (tcp)": "TCP", "rpc (auto)": "TCP"}
     load = next(x for x in comp["rows"] if x["metric"] == "load_s")

@@ -33,20 +33,30 @@ from tests.helpers import run_cli
 
 # -- what a run records ----------------------------------------------------------------------
 
-MAIN = ProcessSpec("main", "server", "llama.cpp", ("-m", "m.gguf", "--rpc", "127.0.0.1:50052"), "127.0.0.1", 8080,
-                   after=("rpc0",))
+MAIN = ProcessSpec(
+    "main", "server", "llama.cpp", ("-m", "m.gguf", "--rpc", "127.0.0.1:50052"), "127.0.0.1", 8080, after=("rpc0",)
+)
 
 
-@pytest.mark.parametrize(("server", "workers", "asked", "transport", "confirmed"), [
-    (MAIN, {"rpc0": "TCP"}, "tcp", "tcp", "TCP"),
-    (MAIN, {"rpc0": "RDMA", "rpc1": "TCP"}, "rdma", "rdma", "RDMA"),  # another server's worker is not this one's
-    (MAIN, {"rpc0": None}, "auto", "auto", "unknown"),  # the log told nothing
-    (ProcessSpec("main", "server", "llama.cpp", ("-m", "m.gguf"), "127.0.0.1", 8080), {}, "tcp", NO_RPC, NO_RPC),
-    (ProcessSpec("main", "server", "llama.cpp", ("--rpc", "10.0.0.2:50052"), "127.0.0.1", 8080), {}, "tcp", "tcp",
-     "unknown"),  # a worker the plan does not start: asked, but no log here to confirm it
-])
-def test_launch_facts(server: ProcessSpec, workers: dict[str, str | None], asked: str, transport: str,
-                      confirmed: str) -> None:
+@pytest.mark.parametrize(
+    ("server", "workers", "asked", "transport", "confirmed"),
+    [
+        (MAIN, {"rpc0": "TCP"}, "tcp", "tcp", "TCP"),
+        (MAIN, {"rpc0": "RDMA", "rpc1": "TCP"}, "rdma", "rdma", "RDMA"),  # another server's worker is not this one's
+        (MAIN, {"rpc0": None}, "auto", "auto", "unknown"),  # the log told nothing
+        (ProcessSpec("main", "server", "llama.cpp", ("-m", "m.gguf"), "127.0.0.1", 8080), {}, "tcp", NO_RPC, NO_RPC),
+        (
+            ProcessSpec("main", "server", "llama.cpp", ("--rpc", "10.0.0.2:50052"), "127.0.0.1", 8080),
+            {},
+            "tcp",
+            "tcp",
+            "unknown",
+        ),  # a worker the plan does not start: asked, but no log here to confirm it
+    ],
+)
+def test_launch_facts(
+    server: ProcessSpec, workers: dict[str, str | None], asked: str, transport: str, confirmed: str
+) -> None:
     f = launch_facts(server, asked, workers, 100.0, 103.25)
     assert (f.transport, f.confirmed, f.load_s) == (transport, confirmed, pytest.approx(3.25))
     assert set(f.workers) <= set(server.after)
@@ -72,18 +82,29 @@ def test_the_target_carries_the_transport(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="TARGET is a running server's URL"):
         with_transport(url, "tcp")
     plan = Target(plan_path=tmp_path / "p.json")
-    assert with_transport(plan, "rdma", "rocep1s0f1") == Target(plan_path=tmp_path / "p.json", transport="rdma",
-                                                                rdma_dev="rocep1s0f1")
+    assert with_transport(plan, "rdma", "rocep1s0f1") == Target(
+        plan_path=tmp_path / "p.json", transport="rdma", rdma_dev="rocep1s0f1"
+    )
     with pytest.raises(InputError, match="choose tcp, rdma, auto"):
         with_transport(plan, "udp")
 
 
 # -- sweeps over transports --------------------------------------------------------------------
 
+
 def _plan(path: Path, label: str) -> Path:
-    procs = (ProcessSpec("rpc0", "rpc", "llama.cpp", (), "127.0.0.1", 50052),
-             ProcessSpec("main", "server", "llama.cpp", ("-m", "m.gguf", "--rpc", "127.0.0.1:50052"), "127.0.0.1",
-                         8080, after=("rpc0",)))
+    procs = (
+        ProcessSpec("rpc0", "rpc", "llama.cpp", (), "127.0.0.1", 50052),
+        ProcessSpec(
+            "main",
+            "server",
+            "llama.cpp",
+            ("-m", "m.gguf", "--rpc", "127.0.0.1:50052"),
+            "127.0.0.1",
+            8080,
+            after=("rpc0",),
+        ),
+    )
     path.write_text(json.dumps({"label": label, "launch": LaunchSpec(procs).to_json()}))
     return path
 
@@ -92,7 +113,11 @@ def test_sweep_one_plan_over_two_transports(tmp_path: Path) -> None:
     a, b = _plan(tmp_path / "a.json", "a"), _plan(tmp_path / "b.json", "b")
     spec = load_sweep([a, b], transports=("tcp", "rdma"))
     assert [(e.label, e.target.transport) for e in spec.entries] == [
-        ("a (tcp)", "tcp"), ("a (rdma)", "rdma"), ("b (tcp)", "tcp"), ("b (rdma)", "rdma")]
+        ("a (tcp)", "tcp"),
+        ("a (rdma)", "rdma"),
+        ("b (tcp)", "tcp"),
+        ("b (rdma)", "rdma"),
+    ]
     assert [p.get("transport") for p in plan_record(spec)] == [None, "rdma", None, "rdma"]
     one = load_sweep([a], transports=("auto",))
     assert [(e.label, e.target.transport) for e in one.entries] == [("a", "auto")]
@@ -106,8 +131,16 @@ def test_sweep_one_plan_over_two_transports(tmp_path: Path) -> None:
 def test_sweep_file_plans_differing_only_in_transport(tmp_path: Path) -> None:
     _plan(tmp_path / "p.json", "p")
     f = tmp_path / "s.yaml"
-    f.write_text(yaml.safe_dump({"plans": [{"label": "over tcp", "plan": "p.json"},
-                                           {"label": "over rdma", "plan": "p.json", "transport": "rdma"}]}))
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "plans": [
+                    {"label": "over tcp", "plan": "p.json"},
+                    {"label": "over rdma", "plan": "p.json", "transport": "rdma"},
+                ]
+            }
+        )
+    )
     spec = load_sweep([f])
     assert [(e.label, e.target.transport) for e in spec.entries] == [("over tcp", "tcp"), ("over rdma", "rdma")]
     with pytest.raises(InputError, match="sets its transport; --transport sets every plan's"):
@@ -117,13 +150,16 @@ def test_sweep_file_plans_differing_only_in_transport(tmp_path: Path) -> None:
         load_sweep([f])
 
 
-@pytest.mark.parametrize(("args", "msg"), [
-    (("bench", "127.0.0.1:9", "--transport", "tcp"), "TARGET is a running server's URL"),
-    (("bench", "127.0.0.1:9", "--transport", "tcp,rdma"), "one transport here"),
-    (("serve-bench", "127.0.0.1:9", "--transport", "rdma"), "TARGET is a running server's URL"),
-    (("sweep", "x.json", "--transport", "tcp,udp"), "choose tcp, rdma, auto"),
-    (("launch", "x.json", "--transport", "ib"), "choose tcp, rdma, auto"),
-])
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [
+        (("bench", "127.0.0.1:9", "--transport", "tcp"), "TARGET is a running server's URL"),
+        (("bench", "127.0.0.1:9", "--transport", "tcp,rdma"), "one transport here"),
+        (("serve-bench", "127.0.0.1:9", "--transport", "rdma"), "TARGET is a running server's URL"),
+        (("sweep", "x.json", "--transport", "tcp,udp"), "choose tcp, rdma, auto"),
+        (("launch", "x.json", "--transport", "ib"), "choose tcp, rdma, auto"),
+    ],
+)
 def test_transport_option_errors(args: tuple[str, ...], msg: str) -> None:
     r = run_cli(*args)
     assert r.exit_code == 2 and msg in r.stderr, r.stderr
@@ -137,8 +173,10 @@ def test_rdma_refused_before_any_launch_on_builds_without_it(tmp_path: Path, bin
     model = tmp_path / "m.gguf"
     model.write_bytes(b"")  # never read: the refusal comes first
     plan = write_plan(tmp_path / "p.json", model, rpc=True)
-    for args in (("bench", str(plan), "--transport", "rdma"),
-                 ("sweep", str(plan), "--transport", "tcp,rdma", "--interleave")):
+    for args in (
+        ("bench", str(plan), "--transport", "rdma"),
+        ("sweep", str(plan), "--transport", "tcp,rdma", "--interleave"),
+    ):
         r = run_cli(*args)
         assert r.exit_code == 2, r.stderr
         assert "--transport rdma: no RDMA transport in the engine build of rpc0" in r.stderr
@@ -150,6 +188,7 @@ def test_rdma_refused_before_any_launch_on_builds_without_it(tmp_path: Path, bin
 
 
 # -- compare: load_s and the transport per run -------------------------------------------------
+
 
 def _run(db: ResultsDB, label: str, tg: float, launch: LaunchRef | None) -> int:
     rid = db.create_run(RunMeta(RunKind.BENCH, launch=launch), label=label, target="p.json")
@@ -184,10 +223,19 @@ def launched_as(r: RunMetrics, transport: str) -> RunMetrics:
 
 def test_paired_load_s_over_rounds_gives_a_verdict() -> None:
     """Reference 004's A/B by hand (TCP 64 s, RDMA 80 s to load), as an interleaved sweep pairs it."""
+
     def rm(run: int, label: str, load_s: float, transport: str) -> RunMetrics:
-        return RunMetrics(run, label, "bench", "done",
-                          {"tg:short-json": MetricSamples((20.0, 20.1, 19.9), True, "tokens/s", "tg"),
-                           LOAD_METRIC: MetricSamples((load_s,), False, "s", "load")}, transport=transport)
+        return RunMetrics(
+            run,
+            label,
+            "bench",
+            "done",
+            {
+                "tg:short-json": MetricSamples((20.0, 20.1, 19.9), True, "tokens/s", "tg"),
+                LOAD_METRIC: MetricSamples((load_s,), False, "s", "load"),
+            },
+            transport=transport,
+        )
 
     loads = {1: (64.0, 80.0), 2: (63.0, 81.0), 3: (65.0, 79.5)}
     metrics = {}
@@ -216,26 +264,35 @@ def test_results_show_the_transport_and_load_time(tmp_path: Path) -> None:
 
 # -- tune: a transport axis only where the link has RDMA ---------------------------------------
 
+
 def _hw(rdma: bool | None) -> dict[str, object]:
     nodes: list[dict[str, object]] = [{"name": "a", "cpu": {"cores": 4, "ram_mib": 8000, "ram_bw_gbs": 20}}]
     if rdma is not None:
-        nodes.append({"name": "b", "link_addr": "192.168.100.2", "rdma": rdma,
-                      "cpu": {"cores": 4, "ram_mib": 8000, "ram_bw_gbs": 20},
-                      "devices": [{"name": "CUDA0", "mem_mib": 100000, "bw_gbs": 273}]})
+        nodes.append(
+            {
+                "name": "b",
+                "link_addr": "192.168.100.2",
+                "rdma": rdma,
+                "cpu": {"cores": 4, "ram_mib": 8000, "ram_bw_gbs": 20},
+                "devices": [{"name": "CUDA0", "mem_mib": 100000, "bw_gbs": 273}],
+            }
+        )
     return {"nodes": nodes}
 
 
-@pytest.mark.parametrize(("rdma", "transports", "msg"), [
-    (None, ("tcp",), None),
-    (None, ("tcp", "rdma"), "has no RPC node"),
-    (False, ("tcp", "rdma"), "does not say that the link to node b carries RDMA"),
-    (False, ("rdma",), "--transport rdma: the hardware file does not say"),
-    (False, ("tcp", "auto"), "does not say that the link to node b carries RDMA"),  # a choice needs both
-    (False, ("auto",), None),
-    (True, ("tcp", "rdma"), None),
-])
-def test_transport_axis_needs_rdma_on_the_link(rdma: bool | None, transports: tuple[str, ...],
-                                               msg: str | None) -> None:
+@pytest.mark.parametrize(
+    ("rdma", "transports", "msg"),
+    [
+        (None, ("tcp",), None),
+        (None, ("tcp", "rdma"), "has no RPC node"),
+        (False, ("tcp", "rdma"), "does not say that the link to node b carries RDMA"),
+        (False, ("rdma",), "--transport rdma: the hardware file does not say"),
+        (False, ("tcp", "auto"), "does not say that the link to node b carries RDMA"),  # a choice needs both
+        (False, ("auto",), None),
+        (True, ("tcp", "rdma"), None),
+    ],
+)
+def test_transport_axis_needs_rdma_on_the_link(rdma: bool | None, transports: tuple[str, ...], msg: str | None) -> None:
     hw = from_dict(_hw(rdma))
     if msg is None:
         check_transport_axis(transports, hw)
@@ -269,8 +326,10 @@ def test_tune_refuses_transports_before_any_launch(tmp_path: Path, models: Path,
     args = ("tune", str(m), "--hw", str(hw), "--budget", "2", "--db", str(tmp_path / "r.sqlite"))
     r = run_cli(*args, "--try-transport", "tcp,rdma")
     assert r.exit_code == 2
-    assert "--try-transport tcp,rdma: the hardware file does not say that the link to node w0 carries RDMA" \
-        in r.stderr and "rdma: true" in r.stderr
+    assert (
+        "--try-transport tcp,rdma: the hardware file does not say that the link to node w0 carries RDMA" in r.stderr
+        and "rdma: true" in r.stderr
+    )
     hw_doc["nodes"][1]["rdma"] = True
     hw.write_text(yaml.safe_dump(hw_doc))
     r = run_cli(*args, "--try-transport", "tcp,rdma")

@@ -78,12 +78,27 @@ def test_small_or_few_deviations_do_not_warn() -> None:
 
 # -- serving levels ----------------------------------------------------------------------------
 
+
 def level(c: int, ttft: float, itl: float, tput: float, **kw: Any) -> dict[str, Any]:
-    lv: dict[str, Any] = {"concurrency": c, "rate": None, "requests": 50, "ok": 50, "errors": {},
-                          "ttft_ms": {"p50": ttft, "p90": ttft, "p99": ttft}, "itl_ms": {"p50": itl},
-                          "server_wait_ms": {"p50": None}, "slot_wait_ms": {"p90": 0.0}, "ttfc_ms": {"p50": ttft},
-                          "output_tok_s": tput, "output_tokens": 1000, "reasoning_tokens": 0, "cached_tokens": 0,
-                          "short_outputs": 0, "prompt_token_mismatches": 0, "retries": 0}
+    lv: dict[str, Any] = {
+        "concurrency": c,
+        "rate": None,
+        "requests": 50,
+        "ok": 50,
+        "errors": {},
+        "ttft_ms": {"p50": ttft, "p90": ttft, "p99": ttft},
+        "itl_ms": {"p50": itl},
+        "server_wait_ms": {"p50": None},
+        "slot_wait_ms": {"p90": 0.0},
+        "ttfc_ms": {"p50": ttft},
+        "output_tok_s": tput,
+        "output_tokens": 1000,
+        "reasoning_tokens": 0,
+        "cached_tokens": 0,
+        "short_outputs": 0,
+        "prompt_token_mismatches": 0,
+        "retries": 0,
+    }
     lv.update(kw)
     return lv
 
@@ -124,8 +139,19 @@ def test_signature_without_slot_info() -> None:
 
 
 def test_other_warnings() -> None:
-    lv = level(2, 100, 10, 50, errors={"http_400:exceed_context_size_error": 3}, retries=2, cached_tokens=64,
-               reasoning_tokens=900, rate=5.0, slot_wait_ms={"p90": 250.0}, e2e_ms={"p50": 1000.0})
+    lv = level(
+        2,
+        100,
+        10,
+        50,
+        errors={"http_400:exceed_context_size_error": 3},
+        retries=2,
+        cached_tokens=64,
+        reasoning_tokens=900,
+        rate=5.0,
+        slot_wait_ms={"p90": 250.0},
+        e2e_ms={"p50": 1000.0},
+    )
     kinds = [a.code for a in level_warnings(lv, slots=8, base=None, prefix_cache=False)]
     assert kinds == [Code.CLIENT_QUEUE, Code.ERRORS, Code.RETRIES, Code.CACHE_HIT, Code.THINKING]
     err = next(a for a in level_warnings(lv, slots=8, base=None, prefix_cache=False) if a.code == Code.ERRORS)
@@ -133,29 +159,50 @@ def test_other_warnings() -> None:
     assert Code.CACHE_HIT not in [a.code for a in level_warnings(lv, slots=8, base=None, prefix_cache=True)]
 
 
-def open_level(c: int, rate: float, *, wait_p90: float, e2e_p50: float, offered: float | None = None,
-               completed: float | None = None) -> dict[str, Any]:
-    return level(c, 20, 1.3, 500, rate=rate, slot_wait_ms={"p90": wait_p90}, e2e_ms={"p50": e2e_p50},
-                 offered_request_s=offered if offered is not None else rate, completed_request_s=completed)
+def open_level(
+    c: int,
+    rate: float,
+    *,
+    wait_p90: float,
+    e2e_p50: float,
+    offered: float | None = None,
+    completed: float | None = None,
+) -> dict[str, Any]:
+    return level(
+        c,
+        20,
+        1.3,
+        500,
+        rate=rate,
+        slot_wait_ms={"p90": wait_p90},
+        e2e_ms={"p50": e2e_p50},
+        offered_request_s=offered if offered is not None else rate,
+        completed_request_s=completed,
+    )
 
 
-@pytest.mark.parametrize(("lv", "says"), [
-    # the report's case: 20/s offered, 20.25/s achieved, E2E p50 71 ms (4 streams: ~56/s): no queue to speak of
-    (open_level(4, 20.0, wait_p90=40, e2e_p50=71, completed=20.25), None),
-    # waits but short ones: nothing
-    (open_level(4, 20.0, wait_p90=5, e2e_p50=900, completed=4.4), None),
-    # finished clearly slower than they came due: behind
-    (open_level(4, 20.0, wait_p90=2637, e2e_p50=150, completed=8.9),
-     "came due at 20/s and finished at 8.9/s"),
-    # 4 streams at 900 ms cannot carry 20/s, whatever the end times say
-    (open_level(4, 20.0, wait_p90=300, e2e_p50=900, completed=19.5), "4 streams at E2E p50 900 ms complete about 4.44/s"),
-    (open_level(1, 200.0, wait_p90=1770, e2e_p50=25, completed=19.7), "more than 1 stream complete"),
-    # enough streams on average, but Poisson arrivals bunch up: the waits outlast a request
-    (open_level(4, 20.0, wait_p90=400, e2e_p50=71, completed=19.9), "in bursts (p90 400 ms, 5.6x what"),
-    (open_level(4, 20.0, wait_p90=64, e2e_p50=45, completed=20.4), None),  # a few short waits: nothing
-    # closed loop: never
-    (level(4, 20, 1.3, 500, slot_wait_ms={"p90": 500.0}, e2e_ms={"p50": 900.0}), None),
-])
+@pytest.mark.parametrize(
+    ("lv", "says"),
+    [
+        # the report's case: 20/s offered, 20.25/s achieved, E2E p50 71 ms (4 streams: ~56/s): no queue to speak of
+        (open_level(4, 20.0, wait_p90=40, e2e_p50=71, completed=20.25), None),
+        # waits but short ones: nothing
+        (open_level(4, 20.0, wait_p90=5, e2e_p50=900, completed=4.4), None),
+        # finished clearly slower than they came due: behind
+        (open_level(4, 20.0, wait_p90=2637, e2e_p50=150, completed=8.9), "came due at 20/s and finished at 8.9/s"),
+        # 4 streams at 900 ms cannot carry 20/s, whatever the end times say
+        (
+            open_level(4, 20.0, wait_p90=300, e2e_p50=900, completed=19.5),
+            "4 streams at E2E p50 900 ms complete about 4.44/s",
+        ),
+        (open_level(1, 200.0, wait_p90=1770, e2e_p50=25, completed=19.7), "more than 1 stream complete"),
+        # enough streams on average, but Poisson arrivals bunch up: the waits outlast a request
+        (open_level(4, 20.0, wait_p90=400, e2e_p50=71, completed=19.9), "in bursts (p90 400 ms, 5.6x what"),
+        (open_level(4, 20.0, wait_p90=64, e2e_p50=45, completed=20.4), None),  # a few short waits: nothing
+        # closed loop: never
+        (level(4, 20, 1.3, 500, slot_wait_ms={"p90": 500.0}, e2e_ms={"p50": 900.0}), None),
+    ],
+)
 def test_client_queue_needs_evidence_that_the_rate_exceeds_the_streams(lv: dict[str, Any], says: str | None) -> None:
     got = [a for a in level_warnings(lv, slots=8, base=None, prefix_cache=False) if a.code == Code.CLIENT_QUEUE]
     if says is None:
@@ -165,22 +212,44 @@ def test_client_queue_needs_evidence_that_the_rate_exceeds_the_streams(lv: dict[
         assert says in w.message and w.remedy
 
 
-def slow_level(e2e_p50: float, worst: float, *, n: int, ttft: float = 20.0, tokens: int = 64,
-               median_tokens: float = 64) -> dict[str, Any]:
-    return level(2, 20, 5, 300, e2e_ms={"p50": e2e_p50}, slowest={
-        "index": 17, "e2e_ms": worst, "ttft_ms": ttft, "output_tokens": tokens, "median_output_tokens": median_tokens,
-        "outliers": n})
+def slow_level(
+    e2e_p50: float, worst: float, *, n: int, ttft: float = 20.0, tokens: int = 64, median_tokens: float = 64
+) -> dict[str, Any]:
+    return level(
+        2,
+        20,
+        5,
+        300,
+        e2e_ms={"p50": e2e_p50},
+        slowest={
+            "index": 17,
+            "e2e_ms": worst,
+            "ttft_ms": ttft,
+            "output_tokens": tokens,
+            "median_output_tokens": median_tokens,
+            "outliers": n,
+        },
+    )
 
 
-@pytest.mark.parametrize(("lv", "says", "remedy"), [
-    # the report's case: one request of 54.6 s against a 560 ms p50
-    (slow_level(560, 54600, n=1), "1 of 50 requests took 5x the E2E p50 or more: the slowest 54.6 s against "
-                                  "560 ms (request 17", "stalled while generating"),
-    (slow_level(560, 54600, n=1, ttft=54000), "TTFT 54.0 s", "waited before its first token"),
-    (slow_level(560, 9000, n=2, tokens=2000, median_tokens=120), "2000 output tokens against 120 on median",
-     "--output-len"),
-    (slow_level(560, 1200, n=0), None, None),  # a tail, not an outlier
-])
+@pytest.mark.parametrize(
+    ("lv", "says", "remedy"),
+    [
+        # the report's case: one request of 54.6 s against a 560 ms p50
+        (
+            slow_level(560, 54600, n=1),
+            "1 of 50 requests took 5x the E2E p50 or more: the slowest 54.6 s against 560 ms (request 17",
+            "stalled while generating",
+        ),
+        (slow_level(560, 54600, n=1, ttft=54000), "TTFT 54.0 s", "waited before its first token"),
+        (
+            slow_level(560, 9000, n=2, tokens=2000, median_tokens=120),
+            "2000 output tokens against 120 on median",
+            "--output-len",
+        ),
+        (slow_level(560, 1200, n=0), None, None),  # a tail, not an outlier
+    ],
+)
 def test_latency_outliers_in_a_serving_level(lv: dict[str, Any], says: str | None, remedy: str | None) -> None:
     got = [a for a in level_warnings(lv, slots=8, base=None, prefix_cache=False) if a.code == Code.LATENCY_OUTLIER]
     if says is None:
@@ -218,8 +287,11 @@ def test_run_warnings() -> None:
 
 
 def test_grouped_lists_subjects_of_a_single_stream_code_together() -> None:
-    ws = [Warning.of(Code.NOISY, "tg:a", "CV 12%"), Warning.of(Code.NOISY, "pp:a", "CV 30%"),
-          Warning(Code.QUEUEING, "c=2 exceeds the server's 1 slot", "start with --parallel 2", "c=2")]
+    ws = [
+        Warning.of(Code.NOISY, "tg:a", "CV 12%"),
+        Warning.of(Code.NOISY, "pp:a", "CV 30%"),
+        Warning(Code.QUEUEING, "c=2 exceeds the server's 1 slot", "start with --parallel 2", "c=2"),
+    ]
     (noisy, noisy_remedy), (queue, _) = grouped(ws)
     assert noisy == "the runs vary a lot: tg:a (CV 12%), pp:a (CV 30%)" and "repeats" in noisy_remedy
     assert queue == "c=2 exceeds the server's 1 slot"
@@ -245,11 +317,13 @@ def test_another_openai_server_says_what_is_the_clients_and_what_is_missing() ->
 
 
 def test_itl_unknown_and_missing_usage_are_said_per_level() -> None:
-    ws = level_warnings(level(1, 100, 5, 50, ok=4, itl_unknown=4, no_usage=1), slots=None, base=None,
-                        prefix_cache=False)
+    ws = level_warnings(
+        level(1, 100, 5, 50, ok=4, itl_unknown=4, no_usage=1), slots=None, base=None, prefix_cache=False
+    )
     by = {w.code: w for w in ws}
     assert "4 of 4 requests" in by[Code.ITL_UNKNOWN].message and "is null" in by[Code.ITL_UNKNOWN].message
     assert "continuous_usage_stats" in by[Code.ITL_UNKNOWN].remedy
     assert "1 of 4 responses carried no usage" in by[Code.NO_USAGE].message
-    assert level_warnings(level(1, 100, 5, 50, itl_unknown=0, no_usage=0), slots=None, base=None,
-                          prefix_cache=False) == []
+    assert (
+        level_warnings(level(1, 100, 5, 50, itl_unknown=0, no_usage=0), slots=None, base=None, prefix_cache=False) == []
+    )

@@ -20,9 +20,16 @@ from moetune.bench.single.workloads import (
 from moetune.errors import InputError
 
 # reference/000, "短い出力テスト" and "長い出力テスト"
-REF_SHORT = {"model": "GLM-5.1", "messages": [{"role": "user", "content": SHORT_JSON_PROMPT}], "max_tokens": 256,
-             "temperature": 0.7, "top_p": 0.95, "top_k": 45, "min_p": 0.01,
-             "chat_template_kwargs": {"enable_thinking": False}}
+REF_SHORT = {
+    "model": "GLM-5.1",
+    "messages": [{"role": "user", "content": SHORT_JSON_PROMPT}],
+    "max_tokens": 256,
+    "temperature": 0.7,
+    "top_p": 0.95,
+    "top_k": 45,
+    "min_p": 0.01,
+    "chat_template_kwargs": {"enable_thinking": False},
+}
 
 
 def test_reference_workloads_send_the_reference_requests() -> None:
@@ -38,12 +45,15 @@ def test_reference_workloads_send_the_reference_requests() -> None:
     assert "Bearer token" in LONG_OPENAPI_PROMPT and "license" in SHORT_JSON_PROMPT
 
 
-@pytest.mark.parametrize(("thinking", "names", "flags"), [
-    ("off", ["short-json"], [False]),
-    ("on", ["short-json+think"], [True]),
-    ("both", ["short-json", "short-json+think"], [False, True]),
-    ("template", ["short-json"], [None]),
-])
+@pytest.mark.parametrize(
+    ("thinking", "names", "flags"),
+    [
+        ("off", ["short-json"], [False]),
+        ("on", ["short-json+think"], [True]),
+        ("both", ["short-json", "short-json+think"], [False, True]),
+        ("template", ["short-json"], [None]),
+    ],
+)
 def test_thinking_switch(thinking: str, names: list[str], flags: list[bool | None]) -> None:
     ws = expand(["short-json"], [], thinking=thinking)
     assert [w.name for w in ws] == names
@@ -61,7 +71,9 @@ def test_exact_output_lengths() -> None:
 def test_prompt_file_text_and_request_body(tmp_path: Path) -> None:
     (tmp_path / "review.txt").write_text("Review this diff.")
     (tmp_path / "curl.json").write_text(json.dumps(REF_SHORT))
-    (tmp_path / "msgs.json").write_text(json.dumps([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]))
+    (tmp_path / "msgs.json").write_text(
+        json.dumps([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+    )
     t = load_prompt_file(tmp_path / "review.txt")
     assert (t.name, t.messages, t.max_tokens) == ("review", ({"role": "user", "content": "Review this diff."},), 256)
     c = load_prompt_file(tmp_path / "curl.json")
@@ -84,7 +96,9 @@ def test_bad_prompt_files(tmp_path: Path, content: str, match: str) -> None:
 def test_depth_workloads_and_their_prompts() -> None:
     ws = expand([], [], depths=[0, 512], pp_tokens=64, tg_tokens=16)
     assert [(w.name, w.kind, w.depth, w.pp_tokens, w.max_tokens, w.ignore_eos) for w in ws] == [
-        ("d0", "depth", 0, 64, 16, True), ("d512", "depth", 512, 64, 16, True)]
+        ("d0", "depth", 0, 64, 16, True),
+        ("d512", "depth", 512, 64, 16, True),
+    ]
     filler = list(range(10, 60))
     fill, blocks = depth_prompts(filler, 512, 64, 3)
     assert len(fill) == 512 and fill[:3] == [10, 11, 12]

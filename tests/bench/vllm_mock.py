@@ -79,8 +79,10 @@ class MockConfig:
 
 def template(messages: list[dict[str, Any]]) -> str:
     """A ChatML-like template (not the llama mock's)."""
-    return "".join(f"<|im_start|>{m.get('role', 'user')}\n{m.get('content', '')}<|im_end|>\n"
-                   for m in messages) + "<|im_start|>assistant\n"
+    return (
+        "".join(f"<|im_start|>{m.get('role', 'user')}\n{m.get('content', '')}<|im_end|>\n" for m in messages)
+        + "<|im_start|>assistant\n"
+    )
 
 
 def count_tokens(text: str) -> int:
@@ -104,8 +106,9 @@ class MockState:
 
 def _response(status: int, body: bytes, ctype: str = "application/json") -> bytes:
     reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: {ctype}\r\ncontent-length: {len(body)}\r\n\r\n"
-            ).encode() + body
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: {ctype}\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def _chunk(data: bytes) -> bytes:
@@ -157,8 +160,18 @@ class VllmMock:
         if method == "GET" and path == "/health":
             w.write(_response(200, b""))
         elif method == "GET" and path == "/v1/models":
-            doc = {"object": "list", "data": [{"id": cfg.model, "object": "model", "owned_by": "vllm",
-                                               "root": cfg.model, "max_model_len": cfg.max_model_len}]}
+            doc = {
+                "object": "list",
+                "data": [
+                    {
+                        "id": cfg.model,
+                        "object": "model",
+                        "owned_by": "vllm",
+                        "root": cfg.model,
+                        "max_model_len": cfg.max_model_len,
+                    }
+                ],
+            }
             w.write(_response(200, json.dumps(doc).encode()))
         elif method == "GET" and path == "/mock/log":
             w.write(_response(200, json.dumps(self.state.log).encode()))
@@ -192,11 +205,20 @@ class VllmMock:
         no = st.requests
         st.requests += 1
         cid = f"{'chatcmpl' if chat else 'cmpl'}-mock{no}"
-        entry: dict[str, Any] = {"id": cid, "chat": chat, "prompt": prompt, "prompt_tokens": n_prompt,
-                                 "completion_tokens": n_out, "max_tokens": max_tokens,
-                                 "stream_options": req.get("stream_options"),
-                                 "fields": sorted(req), "model": req.get("model"), "stream": bool(req.get("stream")),
-                                 "chunks": [], "writes": []}
+        entry: dict[str, Any] = {
+            "id": cid,
+            "chat": chat,
+            "prompt": prompt,
+            "prompt_tokens": n_prompt,
+            "completion_tokens": n_out,
+            "max_tokens": max_tokens,
+            "stream_options": req.get("stream_options"),
+            "fields": sorted(req),
+            "model": req.get("model"),
+            "stream": bool(req.get("stream")),
+            "chunks": [],
+            "writes": [],
+        }
         st.log.append(entry)
         first = t_recv + (cfg.ttft_ms + cfg.pp_ms_per_token * n_prompt) / 1000
         due = [first + k * cfg.itl_ms / 1000 for k in range(n_out)]
@@ -208,10 +230,17 @@ class VllmMock:
             if n_out:
                 await asyncio.sleep(max(0.0, due[-1] - time.monotonic()))
             text = "".join(token_text(k) for k in range(n_out))
-            choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
-                                      else {"index": 0, "text": text})
-            doc = {"id": cid, "object": obj, "created": int(time.time()), "model": cfg.model,
-                   "choices": [{**choice, "logprobs": None, "finish_reason": finish}], "usage": usage}
+            choice: dict[str, Any] = (
+                {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text}
+            )
+            doc = {
+                "id": cid,
+                "object": obj,
+                "created": int(time.time()),
+                "model": cfg.model,
+                "choices": [{**choice, "logprobs": None, "finish_reason": finish}],
+                "usage": usage,
+            }
             w.write(_response(200, json.dumps(doc).encode()))
             return
         opts = req.get("stream_options") or {}
@@ -222,15 +251,30 @@ class VllmMock:
         def event(choice: dict[str, Any] | None, done_tokens: int) -> bytes:
             ev: dict[str, Any] = {**base, "choices": [choice] if choice is not None else []}
             if continuous:
-                ev["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": done_tokens,
-                               "total_tokens": n_prompt + done_tokens}
+                ev["usage"] = {
+                    "prompt_tokens": n_prompt,
+                    "completion_tokens": done_tokens,
+                    "total_tokens": n_prompt + done_tokens,
+                }
             return _sse(ev)
 
-        w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-                b"transfer-encoding: chunked\r\n\r\n")
+        w.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         if chat:
-            w.write(_chunk(event({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}, 0)))
+            w.write(
+                _chunk(
+                    event(
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        },
+                        0,
+                    )
+                )
+            )
         sent = j = 0
         while sent < n_out:
             n = min(cfg.tokens_per_chunk[j % len(cfg.tokens_per_chunk)], n_out - sent)
@@ -238,14 +282,21 @@ class VllmMock:
             await asyncio.sleep(max(0.0, due[sent + n - 1] - time.monotonic()))
             text = "".join(token_text(k) for k in range(sent, sent + n))
             sent += n
-            choice = ({"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None} if chat
-                      else {"index": 0, "text": text, "logprobs": None, "finish_reason": None})
+            choice = (
+                {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+                if chat
+                else {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+            )
             w.write(_chunk(event(choice, sent)))
             entry["chunks"].append(n)
             entry["writes"].append(time.monotonic())
             await w.drain()
-        tail = event({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish} if chat
-                     else {"index": 0, "text": "", "logprobs": None, "finish_reason": finish}, n_out)
+        tail = event(
+            {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}
+            if chat
+            else {"index": 0, "text": "", "logprobs": None, "finish_reason": finish},
+            n_out,
+        )
         if include:
             tail += _sse({**base, "choices": [], "usage": usage})
         w.write(_chunk(tail + b"data: [DONE]\n\n") + b"0\r\n\r\n")
@@ -275,8 +326,9 @@ def vllm_mock(cfg: MockConfig | None = None, *, timeout_s: float = 20) -> Iterat
     client works); yield its URL; stop it on exit."""
     from tests.bench.mock_process import mock_process  # not at the top: this file also runs as a script
 
-    with mock_process(__file__, (cfg or MockConfig()).to_json(), url_prefix=f"http://{HOST}:", what="vLLM mock",
-                      timeout_s=timeout_s) as url:
+    with mock_process(
+        __file__, (cfg or MockConfig()).to_json(), url_prefix=f"http://{HOST}:", what="vLLM mock", timeout_s=timeout_s
+    ) as url:
         yield url
 
 

@@ -55,12 +55,14 @@ class TwoHosts:
         return f"ssh -F {self.ssh_config}"
 
     def run(self, host: Host, *argv: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ip", "netns", "exec", host.ns, *argv], capture_output=True, text=True,
-                              timeout=timeout, **kw)  # type: ignore[call-overload, no-any-return]
+        return subprocess.run(
+            ["ip", "netns", "exec", host.ns, *argv], capture_output=True, text=True, timeout=timeout, **kw
+        )  # type: ignore[call-overload, no-any-return]
 
     def popen(self, host: Host, *argv: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(["ip", "netns", "exec", host.ns, *argv], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            ["ip", "netns", "exec", host.ns, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
     def moetune(self, host: Host, *args: str) -> subprocess.Popen[str]:
         """`moetune ARGS` inside a namespace (the environment carries MOETUNE_DATA_DIR and the ssh command)."""
@@ -78,16 +80,19 @@ class TwoHosts:
         """Processes in either namespace besides the sshd daemons (ssh sessions get a moment to close)."""
         deadline = time.monotonic() + wait_s
         while True:
-            left = {h.ns: [f"{p} {cmdline(p)}" for p in self.pids(h) if p != self.sshd_pids[h.ns]]
-                    for h in (self.a, self.b)}
+            left = {
+                h.ns: [f"{p} {cmdline(p)}" for p in self.pids(h) if p != self.sshd_pids[h.ns]] for h in (self.a, self.b)
+            }
             if not any(left.values()) or time.monotonic() > deadline:
                 return {k: v for k, v in left.items() if v}
             time.sleep(0.1)
 
     def http(self, url: str, body: dict[str, object]) -> dict[str, object]:
         """POST JSON to a URL inside namespace a (where llama-server listens on its loopback)."""
-        code = ("import httpx, json, sys; r = httpx.post(sys.argv[1], json=json.loads(sys.argv[2]), timeout=60); "
-                "print(json.dumps({'status': r.status_code, 'body': r.json()}))")
+        code = (
+            "import httpx, json, sys; r = httpx.post(sys.argv[1], json=json.loads(sys.argv[2]), timeout=60); "
+            "print(json.dumps({'status': r.status_code, 'body': r.json()}))"
+        )
         r = self.run(self.a, sys.executable, "-c", code, url, json.dumps(body))
         assert r.returncode == 0, r.stderr
         doc: dict[str, object] = json.loads(r.stdout)
@@ -121,12 +126,24 @@ def _kill_namespace(ns: str) -> None:
 
 def _sshd_config(d: Path, host: Host) -> Path:
     cfg = d / f"sshd_{host.node}.conf"
-    cfg.write_text("\n".join([
-        f"ListenAddress {host.addr}", "Port 22", f"HostKey {d / 'host_key'}",
-        f"AuthorizedKeysFile {d / 'authorized_keys'}", "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no", "UsePAM no", "PermitRootLogin prohibit-password", "StrictModes no",
-        "PidFile none", "LogLevel ERROR", "",
-    ]))
+    cfg.write_text(
+        "\n".join(
+            [
+                f"ListenAddress {host.addr}",
+                "Port 22",
+                f"HostKey {d / 'host_key'}",
+                f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "PermitRootLogin prohibit-password",
+                "StrictModes no",
+                "PidFile none",
+                "LogLevel ERROR",
+                "",
+            ]
+        )
+    )
     return cfg
 
 
@@ -135,9 +152,17 @@ def _ssh_config(d: Path, hosts: list[Host]) -> Path:
     lines = []
     for h in hosts:
         lines += [f"Host {h.alias}", f"  HostName {h.addr}"]
-    lines += ["Host *", "  User root", f"  IdentityFile {d / 'client_key'}", "  IdentitiesOnly yes",
-              f"  UserKnownHostsFile {d / 'known_hosts'}", "  StrictHostKeyChecking yes", "  BatchMode yes",
-              "  LogLevel ERROR", ""]
+    lines += [
+        "Host *",
+        "  User root",
+        f"  IdentityFile {d / 'client_key'}",
+        "  IdentitiesOnly yes",
+        f"  UserKnownHostsFile {d / 'known_hosts'}",
+        "  StrictHostKeyChecking yes",
+        "  BatchMode yes",
+        "  LogLevel ERROR",
+        "",
+    ]
     cfg.write_text("\n".join(lines))
     return cfg
 
@@ -175,8 +200,20 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoHosts]:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
         pids = {}
         for h in (a, b):
-            p = subprocess.Popen(["ip", "netns", "exec", h.ns, str(SSHD), "-D", "-f", str(_sshd_config(d, h)),
-                                  "-E", str(d / f"sshd_{h.node}.log")])
+            p = subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    h.ns,
+                    str(SSHD),
+                    "-D",
+                    "-f",
+                    str(_sshd_config(d, h)),
+                    "-E",
+                    str(d / f"sshd_{h.node}.log"),
+                ]
+            )
             procs.append(p)
             pids[h.ns] = p.pid  # `ip netns exec` execs sshd: the same pid
         hosts = TwoHosts(a, b, d, cfg, pids)

@@ -19,8 +19,25 @@ from moetune.hardware.inventory import Node, from_dict
 from moetune.run.remote import RemoteProcess, pid_line, probe_node, ssh_argv, ssh_base, worker_script
 from tests.run.conftest import wait_for
 
-HOSTILE = ["my dir", "it's", 'say "hi"', "$(touch PWNED)", "`touch PWNED`", "a;touch PWNED", "two\nlines",
-           "*", "-rf", "modèles 模型", "k=v", "back\\slash", "#hash", "${HOME}", "tab\there", "~", "!x"]
+HOSTILE = [
+    "my dir",
+    "it's",
+    'say "hi"',
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "a;touch PWNED",
+    "two\nlines",
+    "*",
+    "-rf",
+    "modèles 模型",
+    "k=v",
+    "back\\slash",
+    "#hash",
+    "${HOME}",
+    "tab\there",
+    "~",
+    "!x",
+]
 
 STUB = """#!{python}
 import os, sys
@@ -69,8 +86,9 @@ def test_a_relative_engine_directory_that_looks_like_an_option_or_an_assignment(
     out = tmp_path / "argv"
     rel = os.path.relpath(binary, tmp_path)
     script = worker_script([rel, "-p", "1"], {"STUB_OUT": str(out)})
-    r = subprocess.run(["bash", "-c", _remote_command(script)], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=30)
+    r = subprocess.run(
+        ["bash", "-c", _remote_command(script)], cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 0, r.stderr
     assert out.read_bytes().split(b"\0") == [b"-p", b"1"]
 
@@ -93,8 +111,9 @@ def test_a_worker_started_over_ssh_in_a_hostile_directory(fake_ssh: Path, tmp_pa
     binary = _stub(tmp_path / text)
     out = tmp_path / "argv"
     args = ["-H", "127.0.0.1", "-p", "50052", text]
-    p = RemoteProcess.start("w", "node-b", [str(binary), *args], {"ODD": text, "STUB_OUT": str(out)},
-                            tmp_path / "w.log")
+    p = RemoteProcess.start(
+        "w", "node-b", [str(binary), *args], {"ODD": text, "STUB_OUT": str(out)}, tmp_path / "w.log"
+    )
     wait_for(lambda: not p.alive(), 10, "the stub to finish")
     assert p.returncode == 0, (tmp_path / "w.log").read_text()
     assert [os.fsdecode(a) for a in out.read_bytes().split(b"\0")] == args
@@ -113,9 +132,17 @@ def test_a_link_test_command_survives_the_remote_shell(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("target", ["-oProxyCommand=touch PWNED", "a b", "a\nb", ""])
 def test_an_ssh_destination_that_ssh_would_misread_is_refused(target: str) -> None:
-    doc = {"nodes": [{"name": "a", "cpu": {"cores": 4, "ram_mib": 1024, "ram_bw_gbs": 10}},
-                     {"name": "b", "cpu": {"cores": 4, "ram_mib": 1024, "ram_bw_gbs": 10}, "ssh": target,
-                      "link_addr": "10.0.0.2"}]}
+    doc = {
+        "nodes": [
+            {"name": "a", "cpu": {"cores": 4, "ram_mib": 1024, "ram_bw_gbs": 10}},
+            {
+                "name": "b",
+                "cpu": {"cores": 4, "ram_mib": 1024, "ram_bw_gbs": 10},
+                "ssh": target,
+                "link_addr": "10.0.0.2",
+            },
+        ]
+    }
     with pytest.raises(InputError, match="not an ssh destination"):
         from_dict(doc)
 

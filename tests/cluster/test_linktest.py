@@ -18,8 +18,17 @@ CPU = {"cores": 2, "ram_mib": 4000, "ram_bw_gbs": 20}
 
 
 def test_summary_from_raw_numbers() -> None:
-    r = LinkResult("a", "b", "10.0.0.2", 5201, "builtin", 3.0, tuple(x * 1e-6 for x in range(1, 101)), 1,
-                   (Throughput(1, 3_750_000_000, 3.0, "builtin"), Throughput(8, 15_000_000_000, 3.0, "builtin")))
+    r = LinkResult(
+        "a",
+        "b",
+        "10.0.0.2",
+        5201,
+        "builtin",
+        3.0,
+        tuple(x * 1e-6 for x in range(1, 101)),
+        1,
+        (Throughput(1, 3_750_000_000, 3.0, "builtin"), Throughput(8, 15_000_000_000, 3.0, "builtin")),
+    )
     s = summary(r)
     assert s["single_bits_per_s"] == pytest.approx(10e9) and s["parallel_bits_per_s"] == pytest.approx(40e9)
     assert s["parallel_streams"] == 8 and s["round_trips"] == 100
@@ -29,8 +38,12 @@ def test_summary_from_raw_numbers() -> None:
 
 
 def test_iperf3_json() -> None:
-    doc = {"end": {"sum_sent": {"bytes": 13_300_000_000, "seconds": 1.0, "bits_per_second": 106.4e9},
-                   "sum_received": {"bytes": 13_200_000_000, "seconds": 1.0, "bits_per_second": 105.6e9}}}
+    doc = {
+        "end": {
+            "sum_sent": {"bytes": 13_300_000_000, "seconds": 1.0, "bits_per_second": 106.4e9},
+            "sum_received": {"bytes": 13_200_000_000, "seconds": 1.0, "bits_per_second": 105.6e9},
+        }
+    }
     t = iperf3_throughput(doc, 8)
     assert (t.streams, t.bytes, t.seconds, t.tool) == (8, 13_200_000_000, 1.0, "iperf3")
     assert t.bits_per_s == pytest.approx(105.6e9)
@@ -40,8 +53,16 @@ def test_iperf3_json() -> None:
 
 def loopback_hw(tmp_path: Path) -> Path:
     hw = tmp_path / "hw.yaml"
-    hw.write_text(yaml.safe_dump({"nodes": [{"name": "a", "link_addr": "127.0.0.1", "cpu": CPU},
-                                            {"name": "b", "link_addr": "127.0.0.1", "cpu": CPU}]}))
+    hw.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [
+                    {"name": "a", "link_addr": "127.0.0.1", "cpu": CPU},
+                    {"name": "b", "link_addr": "127.0.0.1", "cpu": CPU},
+                ]
+            }
+        )
+    )
     return hw
 
 
@@ -50,8 +71,26 @@ def test_loopback(tmp_path: Path, tool: str) -> None:
     if tool == "iperf3" and shutil.which("iperf3") is None:
         pytest.skip("iperf3 is not installed")
     hw = loopback_hw(tmp_path)
-    r = run_cli("link-test", "a", "b", "--hw", str(hw), "--duration", "0.3", "--streams", "2", "--pings", "50",
-                "--port", str(free_port()), "--tool", tool, "--label", "lo", "--json")
+    r = run_cli(
+        "link-test",
+        "a",
+        "b",
+        "--hw",
+        str(hw),
+        "--duration",
+        "0.3",
+        "--streams",
+        "2",
+        "--pings",
+        "50",
+        "--port",
+        str(free_port()),
+        "--tool",
+        tool,
+        "--label",
+        "lo",
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["tool"] == tool and doc["from"] == "a" and doc["to"] == "b"
@@ -65,21 +104,38 @@ def test_loopback(tmp_path: Path, tool: str) -> None:
         assert one["bytes"] > 0 and one["seconds"] > 0
         machine = db.metrics(run.id)  # this host while the link was measured: a first and a last sample at least
         assert len(machine) >= 2 and {m["phase"] for m in machine} == {"link-test"}
-    table = run_cli("link-test", "a", "b", "--hw", str(hw), "--duration", "0.2", "--pings", "10",
-                    "--port", str(free_port()), "--tool", tool)
+    table = run_cli(
+        "link-test",
+        "a",
+        "b",
+        "--hw",
+        str(hw),
+        "--duration",
+        "0.2",
+        "--pings",
+        "10",
+        "--port",
+        str(free_port()),
+        "--tool",
+        tool,
+    )
     assert table.exit_code == 0, table.stderr
     assert "bandwidth, 1 stream" in table.stdout and "Gbit/s" in table.stdout and "stored as run 2" in table.stdout
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("a", "c"), "no node 'c' in"),
-    (("a", "a"), "two different nodes"),
-    (("b", "a"), "node a has no link_addr"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("a", "c"), "no node 'c' in"),
+        (("a", "a"), "two different nodes"),
+        (("b", "a"), "node a has no link_addr"),
+    ],
+)
 def test_bad_input(tmp_path: Path, args: tuple[str, str], message: str) -> None:
     hw = tmp_path / "hw.yaml"
-    hw.write_text(yaml.safe_dump({"nodes": [{"name": "a", "cpu": CPU},
-                                            {"name": "b", "link_addr": "127.0.0.1", "cpu": CPU}]}))
+    hw.write_text(
+        yaml.safe_dump({"nodes": [{"name": "a", "cpu": CPU}, {"name": "b", "link_addr": "127.0.0.1", "cpu": CPU}]})
+    )
     r = run_cli("link-test", *args, "--hw", str(hw))
     assert r.exit_code == 2 and message in r.stderr
 
@@ -92,10 +148,20 @@ def test_iperf3_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_port_taken(tmp_path: Path) -> None:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        r = run_cli("link-test", "a", "b", "--hw", str(loopback_hw(tmp_path)), "--tool", "builtin",
-                    "--port", str(s.getsockname()[1]))
+        r = run_cli(
+            "link-test",
+            "a",
+            "b",
+            "--hw",
+            str(loopback_hw(tmp_path)),
+            "--tool",
+            "builtin",
+            "--port",
+            str(s.getsockname()[1]),
+        )
     assert r.exit_code == 1
     assert "the server end on b (here) did not start" in r.stderr and "Address already in use" in r.stderr

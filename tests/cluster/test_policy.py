@@ -28,26 +28,55 @@ CPU = {"cores": 2, "ram_mib": 4000, "ram_bw_gbs": 20}
 
 
 def two_nodes(addr: str, **extra: Any) -> dict[str, Any]:
-    return {"nodes": [{"name": "a", "cpu": CPU},
-                      {"name": "b", "ssh": "b", "link_addr": addr, "cpu": CPU, **extra,
-                       "devices": [{"name": "CUDA0", "mem_mib": 24000, "bw_gbs": 900}]}]}
+    return {
+        "nodes": [
+            {"name": "a", "cpu": CPU},
+            {
+                "name": "b",
+                "ssh": "b",
+                "link_addr": addr,
+                "cpu": CPU,
+                **extra,
+                "devices": [{"name": "CUDA0", "mem_mib": 24000, "bw_gbs": 900}],
+            },
+        ]
+    }
 
 
 def test_documentation_addresses_are_named_as_such() -> None:
-    assert bind_problem("203.0.113.5") == ("203.0.113.5, which is in 203.0.113.0/24, a range reserved for "
-                                           "documentation, not a private network")
+    assert bind_problem("203.0.113.5") == (
+        "203.0.113.5, which is in 203.0.113.0/24, a range reserved for documentation, not a private network"
+    )
 
 
-@pytest.mark.parametrize(("addr", "ok"), [
-    ("127.0.0.1", True), ("10.213.7.2", True), ("172.16.0.9", True), ("192.168.100.2", True),
-    ("169.254.12.7", True),  # link-local: DGX Spark's CX7 direct link (reference 004)
-    ("fd00::2", True), ("fe80::1", True), ("::1", True),
-    ("0.0.0.0", False), ("::", False), ("8.8.8.8", False), ("100.64.0.1", False), ("2001:4860::8888", False),
-    # documentation ranges (TEST-NET-1..3, 2001:db8::/32) and other special-purpose blocks are no private link
-    ("192.0.2.1", False), ("198.51.100.7", False), ("203.0.113.5", False), ("2001:db8::1", False),
-    ("198.18.0.1", False), ("240.0.0.1", False), ("255.255.255.255", False),
-    ("::ffff:10.0.0.1", True), ("::ffff:203.0.113.5", False),  # IPv4-mapped: as the IPv4 address
-])
+@pytest.mark.parametrize(
+    ("addr", "ok"),
+    [
+        ("127.0.0.1", True),
+        ("10.213.7.2", True),
+        ("172.16.0.9", True),
+        ("192.168.100.2", True),
+        ("169.254.12.7", True),  # link-local: DGX Spark's CX7 direct link (reference 004)
+        ("fd00::2", True),
+        ("fe80::1", True),
+        ("::1", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("8.8.8.8", False),
+        ("100.64.0.1", False),
+        ("2001:4860::8888", False),
+        # documentation ranges (TEST-NET-1..3, 2001:db8::/32) and other special-purpose blocks are no private link
+        ("192.0.2.1", False),
+        ("198.51.100.7", False),
+        ("203.0.113.5", False),
+        ("2001:db8::1", False),
+        ("198.18.0.1", False),
+        ("240.0.0.1", False),
+        ("255.255.255.255", False),
+        ("::ffff:10.0.0.1", True),
+        ("::ffff:203.0.113.5", False),  # IPv4-mapped: as the IPv4 address
+    ],
+)
 def test_bind_addresses(addr: str, ok: bool) -> None:
     assert (bind_problem(addr) is None) is ok
     if ok:
@@ -61,8 +90,9 @@ def test_bind_addresses(addr: str, ok: bool) -> None:
 
 def test_public_bind_allowed_explicitly(tmp_path: Path, split_model: Path) -> None:
     inv = from_dict(two_nodes("0.0.0.0", allow_public_bind=True))
-    assert [(n.name, why) for n, why in public_binds(inv)] == [("b", "0.0.0.0, which means every interface, public "
-                                                                 "ones included")]
+    assert [(n.name, why) for n, why in public_binds(inv)] == [
+        ("b", "0.0.0.0, which means every interface, public ones included")
+    ]
     hw = tmp_path / "hw.yaml"
     hw.write_text(yaml.safe_dump(two_nodes("8.8.8.8", allow_public_bind=True)))
     r = run_cli("plan", str(split_model), "--hw", str(hw), "--json")
@@ -75,7 +105,9 @@ def test_public_bind_allowed_explicitly(tmp_path: Path, split_model: Path) -> No
     hw.write_text(yaml.safe_dump(two_nodes("8.8.8.8")))
     r = run_cli("plan", str(split_model), "--hw", str(hw))
     assert r.exit_code == 2
-    assert "refusing to bind its RPC worker to 8.8.8.8, which is not a loopback, private or link-local address" in r.stderr
+    assert (
+        "refusing to bind its RPC worker to 8.8.8.8, which is not a loopback, private or link-local address" in r.stderr
+    )
 
 
 def test_launch_refuses_a_public_worker(tiny_model: Path, plan_file: PlanFile) -> None:
@@ -83,8 +115,10 @@ def test_launch_refuses_a_public_worker(tiny_model: Path, plan_file: PlanFile) -
     w = replace(worker(), host="0.0.0.0")
     r = run_cli("launch", str(plan_file(w, server(tiny_model, workers=[w]))))
     assert r.exit_code == 2
-    assert (f"Error: refusing to start RPC worker rpc0 on port {w.port} of 0.0.0.0, which means every interface, "
-            "public ones included; the RPC protocol has no authentication") in r.stderr
+    assert (
+        f"Error: refusing to start RPC worker rpc0 on port {w.port} of 0.0.0.0, which means every interface, "
+        "public ones included; the RPC protocol has no authentication"
+    ) in r.stderr
     assert "no authentication" in r.stderr and "allow_public_bind" in r.stderr
     w = replace(worker(), argv=("-H", "0.0.0.0"))  # the address in its arguments counts, not only the plan's host
     r = run_cli("launch", str(plan_file(w, server(tiny_model, workers=[w]))))
@@ -114,16 +148,25 @@ Devices:
 """
 TCP_LOG = BANNER.format(transport="TCP") + "Accepted client connection\n"
 RDMA_BUILD_TCP = BANNER.format(transport="TCP (RDMA auto-negotiate enabled)") + "Accepted client connection\n"
-RDMA_LOG = RDMA_BUILD_TCP + "RDMA probed: dev=rocep1s0f1 gid=3 (RoCEv2) qpn=123 inline=220\n" \
+RDMA_LOG = (
+    RDMA_BUILD_TCP + "RDMA probed: dev=rocep1s0f1 gid=3 (RoCEv2) qpn=123 inline=220\n"
     "RDMA activated: qpn=123->456 mtu=4096 rx_depth=24\n"
+)
 
 
-@pytest.mark.parametrize(("log", "seen", "ok"), [
-    (TCP_LOG, "TCP", {Transport.TCP: True, Transport.RDMA: False, Transport.AUTO: True}),
-    (RDMA_BUILD_TCP, "TCP", {Transport.TCP: True, Transport.RDMA: False, Transport.AUTO: True}),
-    (RDMA_LOG, "RDMA", {Transport.TCP: False, Transport.RDMA: True, Transport.AUTO: True}),  # the silent switch an A/B must catch
-    ("", None, {Transport.TCP: True, Transport.RDMA: False, Transport.AUTO: True}),
-])
+@pytest.mark.parametrize(
+    ("log", "seen", "ok"),
+    [
+        (TCP_LOG, "TCP", {Transport.TCP: True, Transport.RDMA: False, Transport.AUTO: True}),
+        (RDMA_BUILD_TCP, "TCP", {Transport.TCP: True, Transport.RDMA: False, Transport.AUTO: True}),
+        (
+            RDMA_LOG,
+            "RDMA",
+            {Transport.TCP: False, Transport.RDMA: True, Transport.AUTO: True},
+        ),  # the silent switch an A/B must catch
+        ("", None, {Transport.TCP: True, Transport.RDMA: False, Transport.AUTO: True}),
+    ],
+)
 def test_observed_transport(log: str, seen: str | None, ok: dict[str, bool]) -> None:
     wlog = parse_worker_log(log)
     assert observed(wlog) == seen
@@ -136,10 +179,15 @@ def test_observed_transport(log: str, seen: str | None, ok: dict[str, bool]) -> 
 
 def test_transport_env() -> None:
     assert env_for(Transport.TCP, capable=False) == {"MOETUNE_TRANSPORT": "tcp"}
-    assert env_for(Transport.TCP, capable=True) == {"MOETUNE_TRANSPORT": "tcp", "GGML_RPC_NO_RDMA": "1",
-                                          "GGML_RDMA_DEV": "disabled"}
-    assert env_for(Transport.RDMA, capable=True, rdma_dev="rocep1s0f1") == {"MOETUNE_TRANSPORT": "rdma",
-                                                                  "GGML_RDMA_DEV": "rocep1s0f1"}
+    assert env_for(Transport.TCP, capable=True) == {
+        "MOETUNE_TRANSPORT": "tcp",
+        "GGML_RPC_NO_RDMA": "1",
+        "GGML_RDMA_DEV": "disabled",
+    }
+    assert env_for(Transport.RDMA, capable=True, rdma_dev="rocep1s0f1") == {
+        "MOETUNE_TRANSPORT": "rdma",
+        "GGML_RDMA_DEV": "rocep1s0f1",
+    }
     assert env_for(Transport.AUTO, capable=True) == {"MOETUNE_TRANSPORT": "auto"}
 
 

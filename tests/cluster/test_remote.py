@@ -34,34 +34,44 @@ def proc_ticks(pid: int) -> int:
 
 # -- pure ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("moetune-pid 4725 422632\nStarting RPC server", (4725, 422632)),
-    ("banner first\nmoetune-pid 17 \n", (17, None)),  # no /proc on the node: no start time
-    ("Starting RPC server v7.0.0\n", None),
-])
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("moetune-pid 4725 422632\nStarting RPC server", (4725, 422632)),
+        ("banner first\nmoetune-pid 17 \n", (17, None)),  # no /proc on the node: no start time
+        ("Starting RPC server v7.0.0\n", None),
+    ],
+)
 def test_pid_line(text: str, expected: tuple[int, int | None] | None) -> None:
     assert pid_line(text) == expected
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("Accepted client connection\nmoetune-exit 143\nTerminated\n", -15),
-    ("moetune-exit 137\n", -9),
-    ("Failed to create server socket\nmoetune-exit 1\n", 1),
-    ("partial line without newlinemoetune-exit 0\n", 0),
-    ("still running\n", None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Accepted client connection\nmoetune-exit 143\nTerminated\n", -15),
+        ("moetune-exit 137\n", -9),
+        ("Failed to create server socket\nmoetune-exit 1\n", 1),
+        ("partial line without newlinemoetune-exit 0\n", 0),
+        ("still running\n", None),
+    ],
+)
 def test_exit_status(text: str, expected: int | None) -> None:
     assert exit_status(text) == expected
 
 
-@pytest.mark.parametrize(("out", "ticks", "alive"), [
-    ("S 4242\n", 4242, True),
-    ("S 4242\n", 4243, False),  # the pid was reused
-    ("Z 4242\n", 4242, False),
-    ("R 99\n", None, True),
-    ("alive\n", 4242, True),  # a node without /proc: kill -0 said so
-    ("", 4242, False),
-])
+@pytest.mark.parametrize(
+    ("out", "ticks", "alive"),
+    [
+        ("S 4242\n", 4242, True),
+        ("S 4242\n", 4243, False),  # the pid was reused
+        ("Z 4242\n", 4242, False),
+        ("R 99\n", None, True),
+        ("alive\n", 4242, True),  # a node without /proc: kill -0 said so
+        ("", 4242, False),
+    ],
+)
 def test_parse_state(out: str, ticks: int | None, alive: bool) -> None:
     assert parse_state(out, ticks) is alive
 
@@ -78,16 +88,18 @@ def test_ssh_command(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_scripts_quote_everything() -> None:
-    s = worker_script(["/opt/llama.cpp/bin/ggml-rpc-server", "-H", "10.0.0.2", "-p", "50052"],
-                      {"MOETUNE_RUN": "r1", "ODD": "a b;c"})
+    s = worker_script(
+        ["/opt/llama.cpp/bin/ggml-rpc-server", "-H", "10.0.0.2", "-p", "50052"], {"MOETUNE_RUN": "r1", "ODD": "a b;c"}
+    )
     assert "export MOETUNE_RUN=r1\nexport ODD='a b;c'\n" in s
     assert "$sb /opt/llama.cpp/bin/ggml-rpc-server -H 10.0.0.2 -p 50052 </dev/null &" in s
     assert kill_script(42, signal.SIGTERM, None) == "kill -s TERM 42 2>/dev/null; true"
-    assert "kill -s KILL 42" in kill_script(42, signal.SIGKILL, 7) and '= 7 ]' in kill_script(42, signal.SIGKILL, 7)
+    assert "kill -s KILL 42" in kill_script(42, signal.SIGKILL, 7) and "= 7 ]" in kill_script(42, signal.SIGKILL, 7)
     assert "/proc/42/stat" in state_script(42)
 
 
 # -- through the fake ssh ---------------------------------------------------------------------
+
 
 def test_start_stop_by_remote_pid(fake_ssh: Path, tmp_path: Path) -> None:
     log = tmp_path / "w.log"
@@ -115,8 +127,9 @@ def test_attached_without_session_asks_the_node(fake_ssh: Path, tmp_path: Path) 
     os.kill(started.local.pid, signal.SIGKILL)  # the session dies; the worker lives on
     wait_for(lambda: not started.local.alive(), 10, "the ssh client to go")  # type: ignore[union-attr]
     try:
-        p = RemoteProcess.attach("w", ssh_base(), "node-b", started.remote_pid, started.remote_start_ticks, None,
-                                 tmp_path / "w.log")
+        p = RemoteProcess.attach(
+            "w", ssh_base(), "node-b", started.remote_pid, started.remote_start_ticks, None, tmp_path / "w.log"
+        )
         assert not started.alive()  # its session is gone: a watcher counts the worker as lost
         assert p.alive() and p.group_alive()  # but it still runs there: a stop must still stop it
         wrong = RemoteProcess.attach("w", ssh_base(), "node-b", started.remote_pid, 1, None, None)

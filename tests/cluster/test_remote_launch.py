@@ -31,8 +31,15 @@ def remote_worker(bin_dir: Path, target: str = "node-b") -> object:
 
 def test_remote_worker_launch_and_stop(fake_ssh: Path, tiny_model: Path, plan_file: PlanFile, bin_dir: Path) -> None:
     w = remote_worker(bin_dir)
-    plan = plan_file(w, server(tiny_model, "-ot", rf"blk\.1\.ffn_.*_exps=RPC0[127.0.0.1:{w.port}]",  # type: ignore[attr-defined]
-                               workers=[w]))  # type: ignore[list-item]
+    plan = plan_file(
+        w,
+        server(
+            tiny_model,
+            "-ot",
+            rf"blk\.1\.ffn_.*_exps=RPC0[127.0.0.1:{w.port}]",  # type: ignore[attr-defined]
+            workers=[w],
+        ),
+    )  # type: ignore[list-item]
     r = run_cli("launch", str(plan), "--detach", "--json")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -62,7 +69,9 @@ def test_ssh_unreachable(fake_ssh: Path, tiny_model: Path, plan_file: PlanFile, 
     w = remote_worker(bin_dir, "unreachable")
     r = run_cli("launch", str(plan_file(w, server(tiny_model, workers=[w]))))  # type: ignore[list-item]
     assert r.exit_code == 1
-    assert "Error: rpc0: cannot start it on node w0 over ssh (ssh unreachable failed: ssh: Could not resolve" in r.stderr
+    assert (
+        "Error: rpc0: cannot start it on node w0 over ssh (ssh unreachable failed: ssh: Could not resolve" in r.stderr
+    )
     assert "ssh -o BatchMode=yes unreachable true" in r.stderr
     assert not runs_dir().exists() or not any(runs_dir().iterdir())  # checked before anything started
 

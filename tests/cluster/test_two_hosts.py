@@ -30,11 +30,22 @@ pytestmark = [pytest.mark.netns, pytest.mark.server]
 def hardware(c: TwoHosts, path: Path, bin_dir: Path, rpc_port: int) -> Path:
     """Node a runs moetune and llama-server; node b the worker, reached over ssh on the veth link."""
     cpu = {"cores": 2, "ram_mib": 4000, "ram_bw_gbs": 20}
-    doc = {"name": "two-netns", "nodes": [
-        {"name": "a", "ssh": c.a.alias, "link_addr": c.a.addr, "cpu": cpu},
-        {"name": "b", "ssh": c.b.alias, "link_addr": c.b.addr, "rpc_port": rpc_port, "link_gbs": 10,
-         "bin_dir": str(bin_dir), "cpu": cpu, "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": 2000, "bw_gbs": 20}]},
-    ]}
+    doc = {
+        "name": "two-netns",
+        "nodes": [
+            {"name": "a", "ssh": c.a.alias, "link_addr": c.a.addr, "cpu": cpu},
+            {
+                "name": "b",
+                "ssh": c.b.alias,
+                "link_addr": c.b.addr,
+                "rpc_port": rpc_port,
+                "link_gbs": 10,
+                "bin_dir": str(bin_dir),
+                "cpu": cpu,
+                "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": 2000, "bw_gbs": 20}],
+            },
+        ],
+    }
     path.write_text(yaml.safe_dump(doc))
     return path
 
@@ -44,27 +55,46 @@ def make_plan(c: TwoHosts, tmp_path: Path, model: Path, bin_dir: Path) -> tuple[
     rpc_port, port = 20000 + secrets.randbelow(20000), 40000 + secrets.randbelow(20000)
     hw = hardware(c, tmp_path / "hw.yaml", bin_dir, rpc_port)
     plan = tmp_path / "plan.json"
-    r = run_cli("plan", str(model), "--hw", str(hw), "--ctx", "512", "--strategy", "layers:RPC0=2-3",
-                "--port", str(port), "-o", str(plan), "--json")
+    r = run_cli(
+        "plan",
+        str(model),
+        "--hw",
+        str(hw),
+        "--ctx",
+        "512",
+        "--strategy",
+        "layers:RPC0=2-3",
+        "--port",
+        str(port),
+        "-o",
+        str(plan),
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     return plan, rpc_port, port
 
 
 def launch_foreground(c: TwoHosts, plan: Path) -> tuple[object, str]:
     launcher = c.moetune(c.a, "launch", str(plan))
-    wait_for(lambda: (runs_dir().exists() and any(runs_dir().iterdir())) or launcher.poll() is not None,
-             what="the run directory")
+    wait_for(
+        lambda: (runs_dir().exists() and any(runs_dir().iterdir())) or launcher.poll() is not None,
+        what="the run directory",
+    )
     run_id = only_run()
-    wait_for(lambda: run_state(run_id) in ("healthy", "failed", "stopped") or launcher.poll() is not None,
-             what="a healthy launch")
+    wait_for(
+        lambda: run_state(run_id) in ("healthy", "failed", "stopped") or launcher.poll() is not None,
+        what="a healthy launch",
+    )
     assert run_state(run_id) == "healthy", launcher.communicate()[1]
     return launcher, run_id
 
 
 def chat(c: TwoHosts, port: int) -> dict[str, object]:
     """Exactly 8 tokens (ignore_eos): a random model may end its answer after one."""
-    r = c.http(f"http://127.0.0.1:{port}/v1/chat/completions",
-               {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "ignore_eos": True})
+    r = c.http(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "ignore_eos": True},
+    )
     assert r["status"] == 200, r
     body = r["body"]
     assert isinstance(body, dict)
@@ -79,8 +109,12 @@ def scrape_worker(c: TwoHosts, url: str) -> dict[str, float]:
     for _ in range(20):
         r = c.run(c.a, sys.executable, "-c", code, url)
         assert r.returncode == 0, r.stderr
-        got = {s.name: s.value for f in text_string_to_metric_families(r.stdout) for s in f.samples
-               if s.labels.get("process") == "rpc0" and s.labels.get("node") == "b"}
+        got = {
+            s.name: s.value
+            for f in text_string_to_metric_families(r.stdout)
+            for s in f.samples
+            if s.labels.get("process") == "rpc0" and s.labels.get("node") == "b"
+        }
         if "moetune_process_resident_memory_bytes" in got:
             return got
         time.sleep(0.5)
@@ -163,8 +197,7 @@ def test_worker_killed_while_serving(cluster: TwoHosts, tmp_path: Path, split_mo
     assert c.leftovers() == {}
 
 
-def test_ssh_session_lost_ends_the_worker(cluster: TwoHosts, tmp_path: Path, split_model: Path,
-                                          bin_dir: Path) -> None:
+def test_ssh_session_lost_ends_the_worker(cluster: TwoHosts, tmp_path: Path, split_model: Path, bin_dir: Path) -> None:
     """The ssh client carrying the worker dies (the launching machine's side of the session is
     gone): the hangup ends the worker on its node too, and the launcher says what happened."""
     c = cluster
@@ -187,8 +220,23 @@ def test_link_test_between_namespaces(cluster: TwoHosts, tmp_path: Path, bin_dir
     hw = hardware(c, tmp_path / "hw.yaml", bin_dir, 50052)
     tools = ["builtin", "iperf3"] if c.run(c.a, "sh", "-c", "command -v iperf3").returncode == 0 else ["builtin"]
     for tool in tools:
-        p = c.moetune(c.a, "link-test", "a", "b", "--hw", str(hw), "--duration", "0.5", "--streams", "4",
-                      "--pings", "100", "--tool", tool, "--json")
+        p = c.moetune(
+            c.a,
+            "link-test",
+            "a",
+            "b",
+            "--hw",
+            str(hw),
+            "--duration",
+            "0.5",
+            "--streams",
+            "4",
+            "--pings",
+            "100",
+            "--tool",
+            tool,
+            "--json",
+        )
         out, err = p.communicate(timeout=60)
         assert p.returncode == 0, err
         doc = json.loads(out)
@@ -211,8 +259,9 @@ def link(c: TwoHosts, up: bool) -> None:
     assert c.run(c.a, "ip", "link", "set", dev, "up" if up else "down").returncode == 0
 
 
-def test_a_partition_while_serving(cluster: TwoHosts, tmp_path: Path, split_model: Path, bin_dir: Path,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_partition_while_serving(
+    cluster: TwoHosts, tmp_path: Path, split_model: Path, bin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The link to the worker's node is cut while the model is served: ssh's keepalive ends the
     session (shortened here from moetune's 3 x 10 s), the launcher says so, stops the server and
     leaves the worker it cannot reach, saying so instead of waiting on it; once the link is back,

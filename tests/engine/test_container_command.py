@@ -23,9 +23,11 @@ IMAGE = "registry.home.arpa/ik_llama.cpp:latest"
 REPO = "models--ubergarm--GLM-5.1-GGUF"
 SNAPSHOT = "snapshots/a9962c23e50d9c352e09fe0d9cb131026f4e6441/IQ3_KS"
 # reference 000's base command, up to the model (its --device gpu=1 run: the one GPU it pins)
-REFERENCE_000 = ("podman run --rm --device nvidia.com/gpu=1 -p 8000:8000 --cap-add=SYS_NICE "
-                 f"-v /mnt/data/models/{REPO}:/models:ro,Z {IMAGE} "
-                 "-m /models/snapshots/.../GLM-5.1-IQ3_KS-00001-of-00008.gguf")
+REFERENCE_000 = (
+    "podman run --rm --device nvidia.com/gpu=1 -p 8000:8000 --cap-add=SYS_NICE "
+    f"-v /mnt/data/models/{REPO}:/models:ro,Z {IMAGE} "
+    "-m /models/snapshots/.../GLM-5.1-IQ3_KS-00001-of-00008.gguf"
+)
 
 
 def test_the_reference_base_command_from_a_plan_on_one_gpu_of_two(tmp_path: Path) -> None:
@@ -38,10 +40,22 @@ def test_the_reference_base_command_from_a_plan_on_one_gpu_of_two(tmp_path: Path
     d.mkdir(parents=True)
     arch, dims = PRESETS["glm-5.1"]
     g = generate(d / "GLM-5.1-IQ3_KS.gguf", arch, dims, PRESET_RECIPES["glm-5.1"], shards=8, sparse=True)
-    s = Settings(ctx=32768, ctk="q8_0", ctv="q8_0", batch=8192, ubatch=8192, engine=EngineKind.IK, amb_mib=512,
-                 threads=15, threads_batch=24, server=ServerOptions(host="0.0.0.0"))  # plan --listen 0.0.0.0
-    plan = make_plan([ServiceSpec("glm", load_profile(g.files[0]), s, "cpu-moe", port=8000, devices=("CUDA1",))],
-                     load("rtx-pro-6000x2"))
+    s = Settings(
+        ctx=32768,
+        ctk="q8_0",
+        ctv="q8_0",
+        batch=8192,
+        ubatch=8192,
+        engine=EngineKind.IK,
+        amb_mib=512,
+        threads=15,
+        threads_batch=24,
+        server=ServerOptions(host="0.0.0.0"),
+    )  # plan --listen 0.0.0.0
+    plan = make_plan(
+        [ServiceSpec("glm", load_profile(g.files[0]), s, "cpu-moe", port=8000, devices=("CUDA1",))],
+        load("rtx-pro-6000x2"),
+    )
     sp = plan.main
     assert service_gpus(sp) == ("CUDA1",)
     assert list(plan_json(plan, "ik")["launch"]["processes"][0]["gpus"]) == ["CUDA1"]  # what launch passes
@@ -53,28 +67,40 @@ def test_the_reference_base_command_from_a_plan_on_one_gpu_of_two(tmp_path: Path
     ref = shlex.split(REFERENCE_000)
     ref[ref.index("-v") + 1] = f"{tmp_path}/{REPO}:/models:ro,Z"
     ref[-1] = f"/models/{SNAPSHOT}/GLM-5.1-IQ3_KS-00001-of-00008.gguf"
-    assert list(got[:image_at + 3]) == ref
-    inside = list(got[image_at + 1:])
+    assert list(got[: image_at + 3]) == ref
+    inside = list(got[image_at + 1 :])
     assert inside[inside.index("--device") + 1] == "CUDA0"  # the container sees its one GPU as CUDA0
     assert not any("CUDA1" in a for a in inside)
     assert inside[inside.index("-t") + 1] == "15"
     at = inside.index("--host")
-    assert inside[at:at + 4] == ["--host", "0.0.0.0", "--port", "8000"]
+    assert inside[at : at + 4] == ["--host", "0.0.0.0", "--port", "8000"]
     # docker: the same GPU, docker's way
     docker = container_command("docker", IMAGE, Command("glm", 8000, ("llama-server", *argv)), gpus=("CUDA1",))
     assert shlex.join(docker.argv).startswith("docker run --rm --gpus '\"device=1\"' -p 8000:8000 --cap-add=SYS_NICE ")
 
 
-@pytest.mark.parametrize(("argv", "gpus", "want"), [
-    (["--device", "CUDA1", "-ot", r"blk\.[0-3]\.ffn_.*_exps=CUDA1,exps=CPU"], ["CUDA1"],
-     ["--device", "CUDA0", "-ot", r"blk\.[0-3]\.ffn_.*_exps=CUDA0,exps=CPU"]),
-    (["-dev", "CUDA3,CUDA1", "-ot", "a=CUDA3,b=CUDA1", "-ts", "1,2", "-mg", "1"], ["CUDA3", "CUDA1"],
-     ["-dev", "CUDA1,CUDA0", "-ot", "a=CUDA1,b=CUDA0", "-ts", "1,2", "-mg", "1"]),
-    # host buffers and names that only look like a device, and model paths, stay
-    (["-m", "/m/CUDA1/x.gguf", "-ot", "a=CUDA_Host,b=RPC0[127.0.0.1:5]"], ["CUDA1"],
-     ["-m", "/m/CUDA1/x.gguf", "-ot", "a=CUDA_Host,b=RPC0[127.0.0.1:5]"]),
-    (["--override-tensor", "x=CUDA10"], ["CUDA2", "CUDA10"], ["--override-tensor", "x=CUDA1"]),
-])
+@pytest.mark.parametrize(
+    ("argv", "gpus", "want"),
+    [
+        (
+            ["--device", "CUDA1", "-ot", r"blk\.[0-3]\.ffn_.*_exps=CUDA1,exps=CPU"],
+            ["CUDA1"],
+            ["--device", "CUDA0", "-ot", r"blk\.[0-3]\.ffn_.*_exps=CUDA0,exps=CPU"],
+        ),
+        (
+            ["-dev", "CUDA3,CUDA1", "-ot", "a=CUDA3,b=CUDA1", "-ts", "1,2", "-mg", "1"],
+            ["CUDA3", "CUDA1"],
+            ["-dev", "CUDA1,CUDA0", "-ot", "a=CUDA1,b=CUDA0", "-ts", "1,2", "-mg", "1"],
+        ),
+        # host buffers and names that only look like a device, and model paths, stay
+        (
+            ["-m", "/m/CUDA1/x.gguf", "-ot", "a=CUDA_Host,b=RPC0[127.0.0.1:5]"],
+            ["CUDA1"],
+            ["-m", "/m/CUDA1/x.gguf", "-ot", "a=CUDA_Host,b=RPC0[127.0.0.1:5]"],
+        ),
+        (["--override-tensor", "x=CUDA10"], ["CUDA2", "CUDA10"], ["--override-tensor", "x=CUDA1"]),
+    ],
+)
 def test_renumber_gpus(argv: list[str], gpus: list[str], want: list[str]) -> None:
     assert renumber_gpus(argv, gpus) == want
 
@@ -93,31 +119,62 @@ def _run(*args: str, **kw: object) -> list[str]:
     return list(container_command("podman", "img", cmd, **kw).argv)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("host", "net", "inside"), [
-    ("127.0.0.1", ["--network", "host"], "127.0.0.1"),
-    ("::1", ["--network", "host"], "::1"),
-    ("0.0.0.0", ["-p", "8080:8080"], "0.0.0.0"),
-    ("192.168.1.5", ["-p", "192.168.1.5:8080:8080"], "0.0.0.0"),
-    ("fd00::5", ["-p", "[fd00::5]:8080:8080"], "0.0.0.0"),
-])
+@pytest.mark.parametrize(
+    ("host", "net", "inside"),
+    [
+        ("127.0.0.1", ["--network", "host"], "127.0.0.1"),
+        ("::1", ["--network", "host"], "::1"),
+        ("0.0.0.0", ["-p", "8080:8080"], "0.0.0.0"),
+        ("192.168.1.5", ["-p", "192.168.1.5:8080:8080"], "0.0.0.0"),
+        ("fd00::5", ["-p", "[fd00::5]:8080:8080"], "0.0.0.0"),
+    ],
+)
 def test_a_loopback_server_shares_the_host_network_another_is_published(host: str, net: list[str], inside: str) -> None:
     got = _run("--host", host, "--port", "8080")
-    assert got[3:3 + len(net)] == net
+    assert got[3 : 3 + len(net)] == net
     assert got[got.index("--host") + 1] == inside
 
 
 def test_name_nice_environment_entrypoint_and_cpu_only() -> None:
-    got = _run("--host", "127.0.0.1", "--port", "8080", "--prio", "2", name="moetune-r1-main",
-               env={"MOETUNE_RUN": "r1", "GGML_RPC_NO_RDMA": "1"}, entrypoint="/usr/local/bin/ggml-rpc-server")
+    got = _run(
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8080",
+        "--prio",
+        "2",
+        name="moetune-r1-main",
+        env={"MOETUNE_RUN": "r1", "GGML_RPC_NO_RDMA": "1"},
+        entrypoint="/usr/local/bin/ggml-rpc-server",
+    )
     img = got.index("img")
-    assert got[:img] == ["podman", "run", "--rm", "--name", "moetune-r1-main", "--network", "host",
-                         "--cap-add=SYS_NICE", "-e", "MOETUNE_RUN=r1", "-e", "GGML_RPC_NO_RDMA=1",
-                         "-v", "/m:/models:ro,Z", "--entrypoint", "/usr/local/bin/ggml-rpc-server"]
+    assert got[:img] == [
+        "podman",
+        "run",
+        "--rm",
+        "--name",
+        "moetune-r1-main",
+        "--network",
+        "host",
+        "--cap-add=SYS_NICE",
+        "-e",
+        "MOETUNE_RUN=r1",
+        "-e",
+        "GGML_RPC_NO_RDMA=1",
+        "-v",
+        "/m:/models:ro,Z",
+        "--entrypoint",
+        "/usr/local/bin/ggml-rpc-server",
+    ]
     plain = _run("--host", "127.0.0.1", "--port", "8080")
     assert "--cap-add=SYS_NICE" not in plain and "--device" not in plain  # no threads set, no GPU
     # an RPC worker: the host's network, whatever it binds
-    worker = container_command("podman", "img", Command("rpc0", 50052, ("ggml-rpc-server", "-H", "10.0.0.2", "-p",
-                                                                        "50052", "-t", "4")), host_network=True)
+    worker = container_command(
+        "podman",
+        "img",
+        Command("rpc0", 50052, ("ggml-rpc-server", "-H", "10.0.0.2", "-p", "50052", "-t", "4")),
+        host_network=True,
+    )
     assert worker.argv[3:6] == ("--network", "host", "--cap-add=SYS_NICE")
     assert worker.argv[-6:] == ("img", "-H", "10.0.0.2", "-p", "50052", "-t", "4")[-6:]
 

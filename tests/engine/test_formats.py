@@ -21,8 +21,10 @@ from moetune.model.archs import Dims
 from moetune.model.testmodel import generate
 from tests.helpers import run_cli
 
-GPU_HW = ("nodes: [{name: local, cpu: {cores: 16, ram_mib: 786432, ram_bw_gbs: 460}, "
-          "devices: [{name: CUDA0, kind: gpu, mem_mib: 97247, bw_gbs: 1790}]}]\n")
+GPU_HW = (
+    "nodes: [{name: local, cpu: {cores: 16, ram_mib: 786432, ram_bw_gbs: 460}, "
+    "devices: [{name: CUDA0, kind: gpu, mem_mib: 97247, bw_gbs: 1790}]}]\n"
+)
 CPU_HW = "nodes: [{name: local, cpu: {cores: 16, ram_mib: 786432, ram_bw_gbs: 460}}]\n"
 FORMATS = ("argv", "shell", "podman", "docker", "llama-swap")
 
@@ -78,9 +80,14 @@ def _run_script(text: str, tmp: Path) -> list[list[str]]:
 
 def _by_service(calls: list[list[str]], ports: list[int]) -> list[list[str]]:
     """Calls in the plan's service order (background processes start in any order)."""
+
     def port(argv: list[str]) -> int:
-        return next(int(a.rsplit(":", 1)[-1]) for i, a in enumerate(argv)
-                    if argv[i - 1] in ("--port", "-p") and a.rsplit(":", 1)[-1].isdigit())
+        return next(
+            int(a.rsplit(":", 1)[-1])
+            for i, a in enumerate(argv)
+            if argv[i - 1] in ("--port", "-p") and a.rsplit(":", 1)[-1].isdigit()
+        )
+
     return sorted(calls, key=lambda c: ports.index(port(c)))
 
 
@@ -110,7 +117,7 @@ def _check_formats(tmp: Path, args: list[str], gpus: bool) -> None:
         calls = _by_service(_run_script(_plan(tmp, args, runtime, "--image", "img:1"), tmp), ports)
         assert len(calls) == len(want)
         for call, w, model in zip(calls, want, models, strict=True):
-            run, inside = call[: call.index("img:1")], call[call.index("img:1") + 1:]
+            run, inside = call[: call.index("img:1")], call[call.index("img:1") + 1 :]
             assert run[:3] == [runtime, "run", "--rm"]
             # private to its container, shared where another service mounts the same directory
             shared = sum(m.parent == model.parent for m in models) > 1
@@ -128,8 +135,9 @@ def _check_formats(tmp: Path, args: list[str], gpus: bool) -> None:
 
 @pytest.mark.parametrize(("case", "typed", "shards"), PATHS, ids=[p[0] for p in PATHS])
 @pytest.mark.parametrize("gpus", [True, False], ids=["gpu", "cpu-only"])
-def test_every_format_keeps_the_model_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, typed: str,
-                                           shards: int, gpus: bool) -> None:
+def test_every_format_keeps_the_model_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, typed: str, shards: int, gpus: bool
+) -> None:
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     hw = tmp_path / "hw.yaml"
@@ -140,8 +148,9 @@ def test_every_format_keeps_the_model_path(tmp_path: Path, monkeypatch: pytest.M
 
 
 @pytest.mark.parametrize("gpus", [True, False], ids=["gpu", "cpu-only"])
-def test_every_format_gives_every_service_of_a_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      gpus: bool) -> None:
+def test_every_format_gives_every_service_of_a_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: bool
+) -> None:
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     hw = tmp_path / "hw.yaml"
@@ -151,8 +160,9 @@ def test_every_format_gives_every_service_of_a_layout(tmp_path: Path, monkeypatc
     _model(cwd, "other dir/it's $x.gguf", 1)
     (cwd / "layout.yaml").write_text(
         "services:\n  - {name: orchestrator, model: models/big.gguf, strategy: auto}\n"
-        "  - {name: coder1, model: \"other dir/it's $x.gguf\", strategy: cpu-moe, port: 9101}\n"
-        "  - {name: coder2, model: \"other dir/it's $x.gguf\", strategy: cpu-moe, port: 9102, engine: ik_llama.cpp}\n")
+        '  - {name: coder1, model: "other dir/it\'s $x.gguf", strategy: cpu-moe, port: 9101}\n'
+        '  - {name: coder2, model: "other dir/it\'s $x.gguf", strategy: cpu-moe, port: 9102, engine: ik_llama.cpp}\n'
+    )
     args = ["--layout", "layout.yaml", "--hw", str(hw)]
     _check_formats(tmp_path, args, gpus)
     doc = json.loads(run_cli("plan", *args, "--json").stdout)
@@ -167,19 +177,26 @@ def test_every_format_gives_every_service_of_a_layout(tmp_path: Path, monkeypatc
     assert {("orchestrator", "weights"), ("coder1", "weights"), ("coder2", "weights"), ("(all)", "margin")} <= named
 
 
-@pytest.mark.parametrize(("engine", "gpus", "image", "fit_off"), [
-    ("llama.cpp", True, "ghcr.io/ggml-org/llama.cpp:server-cuda", True),
-    ("llama.cpp", False, "ghcr.io/ggml-org/llama.cpp:server", True),
-    ("ik_llama.cpp", True, "ik_llama.cpp:latest", False),
-])
-def test_container_image_and_flags_follow_the_engine(tmp_path: Path, engine: str, gpus: bool, image: str,
-                                                     fit_off: bool) -> None:
+@pytest.mark.parametrize(
+    ("engine", "gpus", "image", "fit_off"),
+    [
+        ("llama.cpp", True, "ghcr.io/ggml-org/llama.cpp:server-cuda", True),
+        ("llama.cpp", False, "ghcr.io/ggml-org/llama.cpp:server", True),
+        ("ik_llama.cpp", True, "ik_llama.cpp:latest", False),
+    ],
+)
+def test_container_image_and_flags_follow_the_engine(
+    tmp_path: Path, engine: str, gpus: bool, image: str, fit_off: bool
+) -> None:
     g = generate(tmp_path / "m.gguf", "qwen3moe", Dims(n_layer=4), "f16")
     hw = tmp_path / "hw.yaml"
     hw.write_text(GPU_HW if gpus else CPU_HW)
     for runtime in ("podman", "docker"):
-        words = shlex.split(_plan(tmp_path, [str(g.files[0]), "--hw", str(hw), "--engine", engine], runtime)
-                            .split("exec ", 1)[1].replace("\\\n", " "))
+        words = shlex.split(
+            _plan(tmp_path, [str(g.files[0]), "--hw", str(hw), "--engine", engine], runtime)
+            .split("exec ", 1)[1]
+            .replace("\\\n", " ")
+        )
         assert words[words.index("-m") - 1] == image
         assert ("-fit" in words) == fit_off
 
@@ -188,9 +205,45 @@ def test_container_refuses_a_directory_it_cannot_mount_and_shares_the_network_fo
     cmd = Command("main", 8080, ("llama-server", "-m", "/a:b/m.gguf", "--host", "127.0.0.1", "--port", "8080"))
     with pytest.raises(InputError, match="cannot be mounted"):
         container_command("podman", "img", cmd)
-    cmd = Command("main", 8080, ("llama-server", "-m", "/m/x.gguf", "-md", "/d/y.gguf", "--rpc", "127.0.0.1:50052",
-                                 "--host", "127.0.0.1", "--port", "8080"))
+    cmd = Command(
+        "main",
+        8080,
+        (
+            "llama-server",
+            "-m",
+            "/m/x.gguf",
+            "-md",
+            "/d/y.gguf",
+            "--rpc",
+            "127.0.0.1:50052",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "8080",
+        ),
+    )
     got = container_command("docker", "img", cmd, gpus=("CUDA0",)).argv
-    assert got == ("docker", "run", "--rm", "--gpus", '"device=0"', "--network", "host", "-v", "/m:/models:ro,Z",
-                   "-v", "/d:/models2:ro,Z", "img", "-m", "/models/x.gguf", "-md", "/models2/y.gguf",
-                   "--rpc", "127.0.0.1:50052", "--host", "127.0.0.1", "--port", "8080")
+    assert got == (
+        "docker",
+        "run",
+        "--rm",
+        "--gpus",
+        '"device=0"',
+        "--network",
+        "host",
+        "-v",
+        "/m:/models:ro,Z",
+        "-v",
+        "/d:/models2:ro,Z",
+        "img",
+        "-m",
+        "/models/x.gguf",
+        "-md",
+        "/models2/y.gguf",
+        "--rpc",
+        "127.0.0.1:50052",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8080",
+    )

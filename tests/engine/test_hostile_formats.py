@@ -28,8 +28,10 @@ from moetune.model.testmodel import generate
 from tests.helpers import run_cli
 
 CPU_HW = "nodes: [{name: local, cpu: {cores: 16, ram_mib: 786432, ram_bw_gbs: 460}}]\n"
-GPU_HW = ("nodes: [{name: local, cpu: {cores: 16, ram_mib: 786432, ram_bw_gbs: 460}, "
-          "devices: [{name: CUDA0, kind: gpu, mem_mib: 97247, bw_gbs: 1790}]}]\n")
+GPU_HW = (
+    "nodes: [{name: local, cpu: {cores: 16, ram_mib: 786432, ram_bw_gbs: 460}, "
+    "devices: [{name: CUDA0, kind: gpu, mem_mib: 97247, bw_gbs: 1790}]}]\n"
+)
 
 # (case id, the hostile text; used as a directory, in a file name and as a service name)
 HOSTILE = [
@@ -72,6 +74,7 @@ SWAP_ENV_MACRO = re.compile(r"\$\{env\.([a-zA-Z_][a-zA-Z0-9_]*)\}")
 
 def golib_posix_split(line: str) -> list[str]:
     """github.com/billziss-gh/golib/shlex Posix.Split, rune for rune."""
+
     def escape(s: str, r: str, r0: str | None) -> str | None:  # None: no escape; "": an empty rune
         if r != "\\":
             return None
@@ -80,7 +83,7 @@ def golib_posix_split(line: str) -> list[str]:
         if s == '"':
             if r0 in ("\n", None):
                 return ""
-            return r0 if r0 in ('$', '`', '"', '\\') else None
+            return r0 if r0 in ("$", "`", '"', "\\") else None
         return None
 
     tokens: list[str] = []
@@ -143,17 +146,21 @@ def llama_swap_argv(cmd: str, port: int) -> list[str]:
     return golib_posix_split(text)
 
 
-@pytest.mark.parametrize(("line", "words"), [
-    ("a 'b c' \"d\\\"e\" f\\ g", ["a", "b c", 'd"e', "f g"]),
-    ("'' x ''", ["", "x", ""]),
-    ("'it'\"'\"'s' \"$x\" 'a\\b'", ["it's", "$x", "a\\b"]),
-    ("x\\\ny", ["xy"]),
-])
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ('a \'b c\' "d\\"e" f\\ g', ["a", "b c", 'd"e', "f g"]),
+        ("'' x ''", ["", "x", ""]),
+        ("'it'\"'\"'s' \"$x\" 'a\\b'", ["it's", "$x", "a\\b"]),
+        ("x\\\ny", ["xy"]),
+    ],
+)
 def test_the_llama_swap_splitter_mirror(line: str, words: list[str]) -> None:
     assert golib_posix_split(line) == words
 
 
 # -- running shell text -----------------------------------------------------------------------
+
 
 def _stubs(tmp: Path) -> Path:
     fakes = tmp / "stubs"
@@ -194,6 +201,7 @@ def _in_order(calls: list[list[str]], ports: list[int]) -> list[list[str]]:
 
 # -- the plan ---------------------------------------------------------------------------------
 
+
 def _model(root: Path, text: str) -> Path:
     """A tiny model in a directory named ``text``, its file name holding ``text`` too."""
     d = root / text
@@ -203,10 +211,16 @@ def _model(root: Path, text: str) -> Path:
 
 def _layout(tmp: Path, text: str, model: Path) -> Path:
     layout = tmp / "layout.yaml"
-    layout.write_text(yaml.safe_dump({"services": [
-        {"name": text, "model": str(model), "strategy": "cpu-moe"},
-        {"name": f"{text} 2", "model": str(model), "strategy": "cpu-moe", "port": 9102},
-    ]}))
+    layout.write_text(
+        yaml.safe_dump(
+            {
+                "services": [
+                    {"name": text, "model": str(model), "strategy": "cpu-moe"},
+                    {"name": f"{text} 2", "model": str(model), "strategy": "cpu-moe", "port": 9102},
+                ]
+            }
+        )
+    )
     return layout
 
 
@@ -231,9 +245,14 @@ def _formats(args: list[str], tmp: Path, case: str) -> None:
         rendered = text(runtime, "--image", image)
         labels = mount_labels(want)  # both services mount the one model's directory: shared
         assert labels == (["z", "z"] if len(want) > 1 else ["Z"])
-        expect = [list(container_command(runtime, image, Command(s["name"], s["port"], tuple(w)),
-                                         gpus=("CUDA0",), label=label).argv)
-                  for s, w, label in zip(doc["services"], want, labels, strict=True)]
+        expect = [
+            list(
+                container_command(
+                    runtime, image, Command(s["name"], s["port"], tuple(w)), gpus=("CUDA0",), label=label
+                ).argv
+            )
+            for s, w, label in zip(doc["services"], want, labels, strict=True)
+        ]
         for sh in ("sh", "bash"):
             assert _in_order(run_shell(rendered, tmp, sh), ports) == expect
         for call, s in zip(expect, doc["services"], strict=True):

@@ -39,8 +39,10 @@ IK_FLAGS = ("-amb", "-mla", "-no-fmoe", "-fmoe", "-muge")
 @pytest.fixture(scope="module")
 def sparse(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelProfile]:
     d = tmp_path_factory.mktemp("ik-options")
-    return {a: load_profile(generate(d / f"{a}.gguf", a, small_dims(a, True), "f16", sparse=True).files[0])
-            for a in ("qwen3moe", "deepseek2")}
+    return {
+        a: load_profile(generate(d / f"{a}.gguf", a, small_dims(a, True), "f16", sparse=True).files[0])
+        for a in ("qwen3moe", "deepseek2")
+    }
 
 
 CPU_ONLY = {"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 24000, "ram_bw_gbs": 20}}]}
@@ -60,23 +62,29 @@ def ik_part(argv: list[str]) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize(("arch", "kind", "kw", "want"), [
-    ("qwen3moe", EngineKind.IK, {}, []),  # ik's defaults: nothing to say
-    ("qwen3moe", EngineKind.IK, ALL, ["-amb", "512", "-no-fmoe", "-muge"]),  # no MLA: no -mla
-    ("deepseek2", EngineKind.IK, {}, ["-mla", "3"]),
-    ("deepseek2", EngineKind.IK, ALL, ["-amb", "512", "-mla", "2", "-no-fmoe", "-muge"]),
-    # mainline has none of them (and -muge is refused there: tests/engine/test_server_args.py)
-    ("deepseek2", EngineKind.MAINLINE, {**ALL, "merge_up_gate": False}, []),
-])
-def test_each_option_renders_from_the_settings_in_the_engines_dialect(sparse: dict[str, ModelProfile], arch: str,
-                                                                      kind: EngineKind, kw: dict[str, Any],
-                                                                      want: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("arch", "kind", "kw", "want"),
+    [
+        ("qwen3moe", EngineKind.IK, {}, []),  # ik's defaults: nothing to say
+        ("qwen3moe", EngineKind.IK, ALL, ["-amb", "512", "-no-fmoe", "-muge"]),  # no MLA: no -mla
+        ("deepseek2", EngineKind.IK, {}, ["-mla", "3"]),
+        ("deepseek2", EngineKind.IK, ALL, ["-amb", "512", "-mla", "2", "-no-fmoe", "-muge"]),
+        # mainline has none of them (and -muge is refused there: tests/engine/test_server_args.py)
+        ("deepseek2", EngineKind.MAINLINE, {**ALL, "merge_up_gate": False}, []),
+    ],
+)
+def test_each_option_renders_from_the_settings_in_the_engines_dialect(
+    sparse: dict[str, ModelProfile], arch: str, kind: EngineKind, kw: dict[str, Any], want: list[str]
+) -> None:
     assert ik_part(service_argv(plan_of(sparse[arch], kind, **kw).main)) == want
 
 
 def test_an_older_build_with_fused_moe_opt_in_is_told_to_fuse() -> None:
-    old = parse_help(EngineKind.IK, "  -fmoe, --fused-moe              enable fused MoE (default: disabled)\n"
-                                    "  -amb,  --attention-max-batch    max batch size for attention (default: 0)\n")
+    old = parse_help(
+        EngineKind.IK,
+        "  -fmoe, --fused-moe              enable fused MoE (default: disabled)\n"
+        "  -amb,  --attention-max-batch    max batch size for attention (default: 0)\n",
+    )
     d = dialect(EngineKind.IK, old)
     assert (d.fused_moe_on, d.fused_moe_off, d.merge_up_gate, d.mla) == (("-fmoe",), (), (), None)
     new = dialect(EngineKind.IK)  # the build moetune makes: on by default, -no-fmoe turns it off
@@ -101,6 +109,7 @@ def test_ik_split_follows_the_mla_mode(sparse: dict[str, ModelProfile]) -> None:
 
 # --- the real ik build --------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def facts(ik_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, EngineFacts]:
     return {ENGINE: probe(ik_bin_dir / "llama-server", EngineKind.IK, tmp_path_factory.mktemp("facts"))}
@@ -108,15 +117,17 @@ def facts(ik_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
 @pytest.mark.server
 def test_every_option_is_in_the_builds_help_and_the_rendered_command_parses(
-        ik_bin_dir: Path, sparse: dict[str, ModelProfile], facts: dict[str, EngineFacts]) -> None:
+    ik_bin_dir: Path, sparse: dict[str, ModelProfile], facts: dict[str, EngineFacts]
+) -> None:
     f = facts[ENGINE]
     for flag in ("-amb", "-mla", "-no-fmoe", "-muge"):
         assert flag in f.help_flags and f.has(flag), flag
     argv = service_argv(plan_of(sparse["deepseek2"], EngineKind.IK, **ALL).main, facts)
     assert ik_part(argv) == ["-amb", "512", "-mla", "2", "-no-fmoe", "-muge"]
     # both engines parse their arguments in order and exit at --version: 0 only if all of them parsed
-    r = subprocess.run([str(ik_bin_dir / "llama-server"), *argv, "--version"], capture_output=True, text=True,
-                       timeout=30)
+    r = subprocess.run(
+        [str(ik_bin_dir / "llama-server"), *argv, "--version"], capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -137,7 +148,8 @@ _LAYER_SIZE = re.compile(r"^Layer +(\d+): +[\d.]+, +[\d.]+, +([\d.]+)(?: +([\d.]
 
 @pytest.mark.server
 def test_ik_runs_with_every_option_and_the_ledger_follows_mla_and_amb(
-        ik_bin_dir: Path, deepseek2: ModelProfile, facts: dict[str, EngineFacts], worker: list[str]) -> None:
+    ik_bin_dir: Path, deepseek2: ModelProfile, facts: dict[str, EngineFacts], worker: list[str]
+) -> None:
     """Started with all four options, without and with -amb (1 MiB: the generated model's latent
     cache, dequantized for prefill, then goes one head at a time); the layers on the RPC device."""
     reserved, counted = {}, {}

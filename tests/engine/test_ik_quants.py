@@ -38,13 +38,21 @@ _QLINE = re.compile(r"\]\s+(\S+) - \[.*type = +(\w+),(?: converting to (\w+))?")
 def quantized(ik_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
     d = tmp_path_factory.mktemp("ik-quants")
     src = generate(d / "f16.gguf", "glm4moe", small_dims("glm4moe", True), "f16").files[0]
-    small = generate(d / "f16-small.gguf", "qwen3moe", Dims(n_layer=2, n_embd=256, n_ff_exp=256, n_ff=512,
-                                                               n_expert=4, n_expert_used=2), "f16").files[0]
+    small = generate(
+        d / "f16-small.gguf",
+        "qwen3moe",
+        Dims(n_layer=2, n_embd=256, n_ff_exp=256, n_ff=512, n_expert=4, n_expert_used=2),
+        "f16",
+    ).files[0]
     out = {}
     for qt in ("IQ3_KS", "IQ4_KS", "IQ4_K", "IQ4_KT"):
         dst = d / f"{qt}.gguf"
-        r = subprocess.run([str(ik_bin_dir / "llama-quantize"), str(small if qt == "IQ4_KT" else src), str(dst), qt],
-                           capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [str(ik_bin_dir / "llama-quantize"), str(small if qt == "IQ4_KT" else src), str(dst), qt],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         out[qt] = (dst, r.stdout + r.stderr)
     return out
@@ -55,13 +63,15 @@ def facts(ik_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     return {ENGINE: probe(ik_bin_dir / "llama-server", EngineKind.IK, tmp_path_factory.mktemp("facts"))}
 
 
-def check_placement(ik_bin_dir: Path, p: ModelProfile, facts: dict[str, EngineFacts], workers: list[str],
-                    strategy: str) -> None:
+def check_placement(
+    ik_bin_dir: Path, p: ModelProfile, facts: dict[str, EngineFacts], workers: list[str], strategy: str
+) -> None:
     s = replace(Settings(ctx=2048, ubatch=256, batch=2048, ctk="q8_0", ctv="q8_0"), engine=EngineKind.IK)
     plan = make_plan([ServiceSpec("t", p, s, strategy, engine=ENGINE)], from_dict(loopback_hw(workers)))
     sp = plan.main
-    ok, log = reserve_log(ik_bin_dir / "llama-server", strip_endpoint(service_argv(sp, facts)), timeout=120,
-                          marker=IK_RESERVED)
+    ok, log = reserve_log(
+        ik_bin_dir / "llama-server", strip_endpoint(service_argv(sp, facts)), timeout=120, marker=IK_RESERVED
+    )
     assert ok, log[-3000:]
     bufs = parse_log(log).device_buffers()
     items = {(dev, i.what): i.mib for dev, its in sp.memory.items.items() for i in its}
@@ -70,8 +80,9 @@ def check_placement(ik_bin_dir: Path, p: ModelProfile, facts: dict[str, EngineFa
 
 
 @pytest.mark.parametrize("qt", ["IQ3_KS", "IQ4_KS", "IQ4_K", "IQ4_KT"])
-def test_ik_quantized_files(ik_bin_dir: Path, quantized: dict[str, tuple[Path, str]], facts: dict[str, EngineFacts],
-                            qt: str) -> None:
+def test_ik_quantized_files(
+    ik_bin_dir: Path, quantized: dict[str, tuple[Path, str]], facts: dict[str, EngineFacts], qt: str
+) -> None:
     path, qlog = quantized[qt]
     p = load_profile(path)
     # inspect reads the type the quantizer wrote for every tensor
@@ -84,13 +95,18 @@ def test_ik_quantized_files(ik_bin_dir: Path, quantized: dict[str, tuple[Path, s
         check_placement(ik_bin_dir, p, facts, ends, "cpu-moe")
 
 
-def test_a_generated_ik_typed_replica_loads_in_ik(ik_bin_dir: Path, facts: dict[str, EngineFacts],
-                                                  tmp_path: Path) -> None:
+def test_a_generated_ik_typed_replica_loads_in_ik(
+    ik_bin_dir: Path, facts: dict[str, EngineFacts], tmp_path: Path
+) -> None:
     """`testmodel` writes ik types itself (zero-filled blocks of the right size): ik loads the file
     and places it as the plan says."""
-    g = generate(tmp_path / "rep.gguf", "glm4moe", small_dims("glm4moe", True),
-                 "ffn_gate_exps=iq3_ks,ffn_up_exps=iq3_ks,ffn_down_exps=iq4_ks,attn_output=iq5_ks,other=q8_0",
-                 sparse=True)
+    g = generate(
+        tmp_path / "rep.gguf",
+        "glm4moe",
+        small_dims("glm4moe", True),
+        "ffn_gate_exps=iq3_ks,ffn_up_exps=iq3_ks,ffn_down_exps=iq4_ks,attn_output=iq5_ks,other=q8_0",
+        sparse=True,
+    )
     p = load_profile(g.files[0])
     assert {"IQ3_KS", "IQ4_KS", "IQ5_KS"} <= {t.type_name.upper() for t in p.tensors}
     with rpc_workers(ik_bin_dir, 1, binary="rpc-server") as ends:

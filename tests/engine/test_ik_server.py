@@ -118,8 +118,15 @@ def ik_order(plan: Plan) -> list[str]:
 
 
 @pytest.mark.parametrize(("arch", "strategy", "n_rpc"), CASES, ids=[f"{a}-{s}-rpc{n}" for a, s, n in CASES])
-def test_ik_accepts_the_plan_and_places_it(ik_bin_dir: Path, workers: list[str], ik_models: dict[str, ModelProfile],
-                                           facts: dict[str, EngineFacts], arch: str, strategy: str, n_rpc: int) -> None:
+def test_ik_accepts_the_plan_and_places_it(
+    ik_bin_dir: Path,
+    workers: list[str],
+    ik_models: dict[str, ModelProfile],
+    facts: dict[str, EngineFacts],
+    arch: str,
+    strategy: str,
+    n_rpc: int,
+) -> None:
     plan = ik_plan(ik_models[arch], loopback_hw(workers[:n_rpc]), strategy)
     sp = plan.main
     argv = service_argv(sp, facts)
@@ -134,8 +141,9 @@ def test_ik_accepts_the_plan_and_places_it(ik_bin_dir: Path, workers: list[str],
     for name, dev in sp.placement.experts().items():
         if dev != sp.placement.layer_device[int(name.split(".")[1])]:
             want[name] = dev  # the plan names devices as the engine's buffers do: CPU, RPC0[127.0.0.1:port]
-    assert {k: v for k, v in got.items() if not v.startswith("CPU")} == \
-           {k: v for k, v in want.items() if not v.startswith("CPU")}
+    assert {k: v for k, v in got.items() if not v.startswith("CPU")} == {
+        k: v for k, v in want.items() if not v.startswith("CPU")
+    }
     assert {k for k, v in got.items() if v.startswith("CPU")} == {k for k, v in want.items() if v == "CPU"}
     # ik's layer sizes (the table it prints) are the ones moetune computes to set -ts
     table = [(int(m[1]), float(m[2]), float(m[3]) if m[3] else None) for m in _LAYER_SIZE.finditer(log)]
@@ -149,7 +157,9 @@ def test_ik_accepts_the_plan_and_places_it(ik_bin_dir: Path, workers: list[str],
     if n_rpc:
         assert logged, log[-3000:]
         order = ik_order(plan)
-        want_map = {il: order.index(dev) for il, dev in enumerate([*sp.placement.layer_device, sp.placement.output_device])}
+        want_map = {
+            il: order.index(dev) for il, dev in enumerate([*sp.placement.layer_device, sp.placement.output_device])
+        }
         assert logged == want_map
     # each device holds the plan's weights
     bufs = parse_log(log).device_buffers()
@@ -167,8 +177,9 @@ def test_ik_accepts_the_plan_and_places_it(ik_bin_dir: Path, workers: list[str],
 
 
 @pytest.mark.parametrize("n_rpc", [1, 2])
-def test_the_n_cpu_moe_note_is_the_builds_rule(ik_bin_dir: Path, workers: list[str], ik_models: dict[str, ModelProfile],
-                                               facts: dict[str, EngineFacts], n_rpc: int) -> None:
+def test_the_n_cpu_moe_note_is_the_builds_rule(
+    ik_bin_dir: Path, workers: list[str], ik_models: dict[str, ModelProfile], facts: dict[str, EngineFacts], n_rpc: int
+) -> None:
     """Start ik with --n-cpu-moe itself on one and on two devices: the layers it keeps on the CPU are
     the ones the plan's note names for this build."""
     p = ik_models["qwen3moe"]
@@ -188,15 +199,20 @@ def test_the_n_cpu_moe_note_is_the_builds_rule(ik_bin_dir: Path, workers: list[s
     assert n_cpu_moe_note(d, n, p.n_layer, list(sp.placement.layer_device), n_dev) in service_notes_for(plan, n)
 
 
-def test_a_random_vocabulary_reply_comes_back_whole(ik_bin_dir: Path, ik_models: dict[str, ModelProfile],
-                                                    tmp_path: Path) -> None:
+def test_a_random_vocabulary_reply_comes_back_whole(
+    ik_bin_dir: Path, ik_models: dict[str, ModelProfile], tmp_path: Path
+) -> None:
     """The generated vocabulary's byte tokens form invalid UTF-8 at random; moetune's requests stream
     (ik answers a non-streamed reply with an error then), and the stream carries every token."""
     p = ik_models["qwen3moe"]
-    with llama_server(ik_bin_dir, p.files[0], tmp_path / "ik.log", "-c", "1024", "--jinja",
-                     "--log-disable") as srv:
-        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 24, "stream": True,
-                "n_predict": 24, "ignore_eos": True}
+    with llama_server(ik_bin_dir, p.files[0], tmp_path / "ik.log", "-c", "1024", "--jinja", "--log-disable") as srv:
+        body = {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 24,
+            "stream": True,
+            "n_predict": 24,
+            "ignore_eos": True,
+        }
         n = 0
         with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
             assert r.status_code == 200
@@ -208,13 +224,16 @@ def test_a_random_vocabulary_reply_comes_back_whole(ik_bin_dir: Path, ik_models:
         assert n > 0
 
 
-def test_a_layout_of_two_services_on_ik(ik_bin_dir: Path, workers: list[str], ik_models: dict[str, ModelProfile],
-                                        facts: dict[str, EngineFacts]) -> None:
+def test_a_layout_of_two_services_on_ik(
+    ik_bin_dir: Path, workers: list[str], ik_models: dict[str, ModelProfile], facts: dict[str, EngineFacts]
+) -> None:
     """Two services planned together on one RPC device: each one's command starts ik with the
     weights the shared plan gives it."""
     s = replace(Settings(ctx=2048, ubatch=256, batch=2048, ctk="q8_0", ctv="q8_0"), engine=EngineKind.IK)
-    services = [ServiceSpec("big", ik_models["glm4moe"], s, "auto", port=9100, engine=ENGINE),
-                ServiceSpec("small", ik_models["qwen3moe"], s, "cpu-moe", port=9101, engine=ENGINE)]
+    services = [
+        ServiceSpec("big", ik_models["glm4moe"], s, "auto", port=9100, engine=ENGINE),
+        ServiceSpec("small", ik_models["qwen3moe"], s, "cpu-moe", port=9101, engine=ENGINE),
+    ]
     plan = make_plan(services, from_dict(loopback_hw(workers[:1])))
     for sp in plan.services:
         argv = service_argv(sp, facts)

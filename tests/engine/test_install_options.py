@@ -48,8 +48,13 @@ VARIANTS = [Options("cuda"), Options("cuda", cuda_arch="90"), Options(rpc_rdma=T
 def test_every_variant_is_a_cache_entry_and_an_engine_of_its_own() -> None:
     builds = [build_for(opts=o) for o in [Options(), *VARIANTS]]
     assert len({b.dir for b in builds}) == len({b.key for b in builds}) == len(builds)
-    assert [b.name for b in builds] == ["llama.cpp-b11434", "llama.cpp-b11434-cuda", "llama.cpp-b11434-cuda-sm90",
-                                        "llama.cpp-b11434-rdma", "llama.cpp-b11434-cuda-sm86_89-rdma"]
+    assert [b.name for b in builds] == [
+        "llama.cpp-b11434",
+        "llama.cpp-b11434-cuda",
+        "llama.cpp-b11434-cuda-sm90",
+        "llama.cpp-b11434-rdma",
+        "llama.cpp-b11434-cuda-sm86_89-rdma",
+    ]
     assert build_for(recipe=IK, opts=Options("cuda")).name == "ik_llama.cpp-0.1.5-cuda"
 
 
@@ -58,11 +63,30 @@ TK = Toolkit(Path("/opt/cuda/bin/nvcc"), Path("/opt/cuda"))
 FLAGS: list[tuple[Recipe, Options, Toolkit | None, list[str]]] = [
     (MAINLINE, Options(), None, ["-DGGML_RPC_RDMA=OFF"]),
     (MAINLINE, Options(rpc_rdma=True), None, ["-DGGML_RPC_RDMA=ON"]),
-    (MAINLINE, Options("cuda"), TK, ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=native", "-DGGML_RPC_RDMA=OFF",
-                                     "-DCMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc", "-DCUDAToolkit_ROOT=/opt/cuda"]),
-    (MAINLINE, Options("cuda", True, "90"), TK, ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90",
-                                                 "-DGGML_RPC_RDMA=ON", "-DCMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc",
-                                                 "-DCUDAToolkit_ROOT=/opt/cuda"]),
+    (
+        MAINLINE,
+        Options("cuda"),
+        TK,
+        [
+            "-DGGML_CUDA=ON",
+            "-DCMAKE_CUDA_ARCHITECTURES=native",
+            "-DGGML_RPC_RDMA=OFF",
+            "-DCMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc",
+            "-DCUDAToolkit_ROOT=/opt/cuda",
+        ],
+    ),
+    (
+        MAINLINE,
+        Options("cuda", True, "90"),
+        TK,
+        [
+            "-DGGML_CUDA=ON",
+            "-DCMAKE_CUDA_ARCHITECTURES=90",
+            "-DGGML_RPC_RDMA=ON",
+            "-DCMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc",
+            "-DCUDAToolkit_ROOT=/opt/cuda",
+        ],
+    ),
     (IK, Options(), None, []),  # ik_llama.cpp's RPC has no RDMA switch
     (IK, Options("cuda", cuda_arch="121a-real"), None, ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=121a-real"]),
 ]
@@ -71,18 +95,21 @@ FLAGS: list[tuple[Recipe, Options, Toolkit | None, list[str]]] = [
 @pytest.mark.parametrize(("recipe", "opts", "tk", "want"), FLAGS)
 def test_configure_flags(recipe: Recipe, opts: Options, tk: Toolkit | None, want: list[str]) -> None:
     got = configure_flags(recipe, opts, tk)
-    assert got[:len(recipe.flags)] == recipe.flags
-    assert list(got[len(recipe.flags):]) == want
+    assert got[: len(recipe.flags)] == recipe.flags
+    assert list(got[len(recipe.flags) :]) == want
     assert "-DGGML_RPC=ON" in got
 
 
-@pytest.mark.parametrize(("recipe", "opts", "says"), [
-    (IK, Options(rpc_rdma=True), "ik_llama.cpp has no RDMA transport"),
-    (MAINLINE, Options("cuda", cuda_arch="9.0"), "--cuda-arch '9.0'"),
-    (MAINLINE, Options("cuda", cuda_arch="90 -DX=1"), "--cuda-arch"),
-    (MAINLINE, Options("rocm"), "--backend 'rocm'"),
-    (MAINLINE, Options(cuda_arch="90"), "--cuda-arch 90: only for --backend cuda"),
-])
+@pytest.mark.parametrize(
+    ("recipe", "opts", "says"),
+    [
+        (IK, Options(rpc_rdma=True), "ik_llama.cpp has no RDMA transport"),
+        (MAINLINE, Options("cuda", cuda_arch="9.0"), "--cuda-arch '9.0'"),
+        (MAINLINE, Options("cuda", cuda_arch="90 -DX=1"), "--cuda-arch"),
+        (MAINLINE, Options("rocm"), "--backend 'rocm'"),
+        (MAINLINE, Options(cuda_arch="90"), "--cuda-arch 90: only for --backend cuda"),
+    ],
+)
 def test_bad_options_are_input_errors(recipe: Recipe, opts: Options, says: str) -> None:
     with pytest.raises(InputError) as e:
         variant_flags(recipe, opts)
@@ -91,8 +118,10 @@ def test_bad_options_are_input_errors(recipe: Recipe, opts: Options, says: str) 
 
 def test_install_command_names_the_variant() -> None:
     assert install_command(MAINLINE) == "moetune engine install"
-    assert install_command(IK, Options("cuda", cuda_arch="90")) == \
-        "moetune engine install --kind ik_llama.cpp --backend cuda --cuda-arch '90'"
+    assert (
+        install_command(IK, Options("cuda", cuda_arch="90"))
+        == "moetune engine install --kind ik_llama.cpp --backend cuda --cuda-arch '90'"
+    )
     assert install_command(MAINLINE, Options(rpc_rdma=True)) == "moetune engine install --rpc-rdma on"
 
 
@@ -212,8 +241,9 @@ def _no_gpu_here() -> None:
         pass
 
 
-def test_cuda_preflight_with_a_toolkit_but_no_gpu(tmp_path: Path, tmp_cache: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cuda_preflight_with_a_toolkit_but_no_gpu(
+    tmp_path: Path, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A complete toolkit (a stand-in folder) on a machine without a GPU: native is refused before
     anything is downloaded, a named architecture (--cuda-arch or CMake's CUDAARCHS) passes; a bad
     --sdist is then an input error, not a traceback."""

@@ -57,8 +57,9 @@ def test_no_finding_without_checkpoints() -> None:
 
 
 def test_ledger_size_matches_both_engines_logs(tmp_path: Path) -> None:
-    p = load_profile(generate(tmp_path / "h.gguf", "qwen35moe", Dims(n_layer=4, n_vocab=32000), "f16",
-                              sparse=True).files[0])
+    p = load_profile(
+        generate(tmp_path / "h.gguf", "qwen35moe", Dims(n_layer=4, n_vocab=32000), "f16", sparse=True).files[0]
+    )
     main = parse_log(MAINLINE.read_text(errors="replace"))
     want = checkpoint_bytes(kv_shape(p), EngineKind.MAINLINE) / MIB
     for c in (*main.checkpoints_created, *main.checkpoint_restores):
@@ -66,5 +67,6 @@ def test_ledger_size_matches_both_engines_logs(tmp_path: Path) -> None:
     ik = parse_log(IK.read_text(errors="replace"))
     kv = kv_shape(p, EngineKind.IK)
     for c in ik.checkpoints_created:
-        assert c.size_mib == pytest.approx(checkpoint_bytes(kv, EngineKind.IK, tokens_per_slot=c.pos_max + 1) / MIB,
-                                           rel=0.01)
+        assert c.size_mib == pytest.approx(
+            checkpoint_bytes(kv, EngineKind.IK, tokens_per_slot=c.pos_max + 1) / MIB, rel=0.01
+        )

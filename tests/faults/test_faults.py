@@ -37,8 +37,9 @@ def m(models: Path, bin_dir: Path) -> Path:
 
 
 def moetune(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "moetune", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "moetune", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def wait_samples(db: Path, n: int, proc: subprocess.Popen[str], timeout_s: float = 60) -> int:
@@ -58,8 +59,11 @@ def wait_samples(db: Path, n: int, proc: subprocess.Popen[str], timeout_s: float
 def launch_pids() -> dict[str, int]:
     """The processes of the newest launch, by name (their pids on this machine)."""
     newest = sorted(runs_dir().iterdir())[-1]
-    return {p.stem: json.loads(p.read_text())["pid"] for p in newest.glob("*.json")
-            if p.name not in ("run.json", "plan.json")}
+    return {
+        p.stem: json.loads(p.read_text())["pid"]
+        for p in newest.glob("*.json")
+        if p.name not in ("run.json", "plan.json")
+    }
 
 
 def plan_ports(plan: Path) -> list[int]:
@@ -165,8 +169,24 @@ def test_a_hung_server_times_out_and_the_run_ends_cleanly(bin_dir: Path, m: Path
 def test_a_hung_server_stops_a_serve_bench_level(bin_dir: Path, m: Path, tmp_path: Path) -> None:
     db = tmp_path / "r.db"
     with llama_server(bin_dir, m, tmp_path / "s.log", "-nr", "--parallel", "4", "-c", "4096") as srv:
-        proc = moetune("serve-bench", srv.url, "-C", "4", "--requests", "400", "--input-len", "64",
-                       "--output-len", "128", "--warmup", "0", "--timeout", "5", "--db", str(db))
+        proc = moetune(
+            "serve-bench",
+            srv.url,
+            "-C",
+            "4",
+            "--requests",
+            "400",
+            "--input-len",
+            "64",
+            "--output-len",
+            "128",
+            "--warmup",
+            "0",
+            "--timeout",
+            "5",
+            "--db",
+            str(db),
+        )
         run_id = wait_samples(db, 8, proc)
         os.kill(srv.proc.pid, signal.SIGSTOP)
         try:
@@ -201,15 +221,33 @@ def test_a_server_killed_during_a_sweep_fails_that_plan_and_the_sweep_resumes(m:
     assert "b: complete in run" in err  # only the failed plan ran again
 
 
-def test_two_benches_into_one_history_both_land_and_a_lock_is_waited_for(bin_dir: Path, m: Path,
-                                                                          tmp_path: Path) -> None:
+def test_two_benches_into_one_history_both_land_and_a_lock_is_waited_for(
+    bin_dir: Path, m: Path, tmp_path: Path
+) -> None:
     db = tmp_path / "r.db"
     ResultsDB.open(db).close()
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")  # another writer holds the history for 3 s
     with llama_server(bin_dir, m, tmp_path / "s.log", "-nr", "--parallel", "2", "-c", "2048") as srv:
-        procs = [moetune("bench", srv.url, "-r", "6", "--warmup", "0", "--max-tokens", "16", "--ignore-eos",
-                         "--label", f"b{i}", "--db", str(db), "--json") for i in range(2)]
+        procs = [
+            moetune(
+                "bench",
+                srv.url,
+                "-r",
+                "6",
+                "--warmup",
+                "0",
+                "--max-tokens",
+                "16",
+                "--ignore-eos",
+                "--label",
+                f"b{i}",
+                "--db",
+                str(db),
+                "--json",
+            )
+            for i in range(2)
+        ]
         time.sleep(3)
         holder.execute("COMMIT")
         holder.close()
@@ -259,12 +297,14 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_the_historys_disk_full_is_one_clear_error_and_nothing_stored_is_lost(bin_dir: Path, m: Path,
-                                                                            small_disk: Path, tmp_path: Path) -> None:
+def test_the_historys_disk_full_is_one_clear_error_and_nothing_stored_is_lost(
+    bin_dir: Path, m: Path, small_disk: Path, tmp_path: Path
+) -> None:
     db = small_disk / "r.db"
     with llama_server(bin_dir, m, tmp_path / "s.log", "-nr", "-c", "2048") as srv:
-        first = run_cli("bench", srv.url, "-r", "3", "--warmup", "0", "--max-tokens", "8", "--label", "before",
-                        "--db", str(db))
+        first = run_cli(
+            "bench", srv.url, "-r", "3", "--warmup", "0", "--max-tokens", "8", "--label", "before", "--db", str(db)
+        )
         assert first.exit_code == 0, first.stderr
         filler = small_disk / "filler"
         with open(filler, "wb") as f:  # fill the disk, then free a little: the next run starts and then runs out

@@ -19,7 +19,6 @@ if RUN not in ("ci", "long"):
 FACTOR = 10 if RUN == "long" else 1
 
 
-
 def fuzz(n: int) -> settings:
     """Settings for a fuzz test that runs ``n`` examples under ``make test``."""
     return settings(

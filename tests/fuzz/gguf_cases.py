@@ -27,11 +27,45 @@ from moetune.model.testmodel import plan_tensors
 
 CORPUS = Path(__file__).parent / "corpus"
 
-_SMALL = Dims(n_layer=2, n_embd=64, n_head=2, n_head_kv=1, head_dim=32, n_ff=64, n_expert=4, n_expert_used=2,
-              n_ff_exp=32, n_dense_lead=1, n_nextn=0, q_lora_rank=32, kv_lora_rank=32, rope_dim=16, k_head_mla=48,
-              v_head_mla=32, indexer_n_head=2, indexer_head_size=32, ssm_d_state=16, ssm_n_group=1)
-_WIDE = Dims(n_layer=2, n_embd=256, n_head=2, n_head_kv=1, head_dim=32, n_ff=256, n_expert=2, n_expert_used=1,
-             n_ff_exp=256, q_lora_rank=32, kv_lora_rank=32, rope_dim=16, k_head_mla=48, v_head_mla=32, n_nextn=1)
+_SMALL = Dims(
+    n_layer=2,
+    n_embd=64,
+    n_head=2,
+    n_head_kv=1,
+    head_dim=32,
+    n_ff=64,
+    n_expert=4,
+    n_expert_used=2,
+    n_ff_exp=32,
+    n_dense_lead=1,
+    n_nextn=0,
+    q_lora_rank=32,
+    kv_lora_rank=32,
+    rope_dim=16,
+    k_head_mla=48,
+    v_head_mla=32,
+    indexer_n_head=2,
+    indexer_head_size=32,
+    ssm_d_state=16,
+    ssm_n_group=1,
+)
+_WIDE = Dims(
+    n_layer=2,
+    n_embd=256,
+    n_head=2,
+    n_head_kv=1,
+    head_dim=32,
+    n_ff=256,
+    n_expert=2,
+    n_expert_used=1,
+    n_ff_exp=256,
+    q_lora_rank=32,
+    kv_lora_rank=32,
+    rope_dim=16,
+    k_head_mla=48,
+    v_head_mla=32,
+    n_nextn=1,
+)
 
 # (architecture, shape, storage types): each architecture family, mainline and ik_llama.cpp types
 BASES: tuple[tuple[str, Dims, str], ...] = (
@@ -151,8 +185,28 @@ def read_corpus_gguf(path: Path) -> bytes:
 
 # ---- byte-level mutations ---------------------------------------------------------------------
 
-_EDGES = (0, 1, 2, 3, 7, 8, 31, 32, 255, 256, 1 << 15, 1 << 16, (1 << 31) - 1, 1 << 31, 1 << 32, 1 << 40,
-          1 << 60, 1 << 62, 1 << 63, (1 << 64) - 1)
+_EDGES = (
+    0,
+    1,
+    2,
+    3,
+    7,
+    8,
+    31,
+    32,
+    255,
+    256,
+    1 << 15,
+    1 << 16,
+    (1 << 31) - 1,
+    1 << 31,
+    1 << 32,
+    1 << 40,
+    1 << 60,
+    1 << 62,
+    1 << 63,
+    (1 << 64) - 1,
+)
 
 
 def _number(width: int, old: int) -> st.SearchStrategy[int]:
@@ -175,15 +229,15 @@ class Mutated:
         for op, *args in self.ops:
             if op == "set":  # (offset, width, value)
                 off, width, value = args
-                data[off:off + width] = value.to_bytes(width, "little")
+                data[off : off + width] = value.to_bytes(width, "little")
             elif op == "xor":
                 data[args[0]] ^= args[1]
             elif op == "insert":
-                data[args[0]:args[0]] = args[1]
+                data[args[0] : args[0]] = args[1]
             elif op == "delete":
-                del data[args[0]:args[0] + args[1]]
+                del data[args[0] : args[0] + args[1]]
             elif op == "truncate":
-                del data[args[0]:]
+                del data[args[0] :]
             elif op == "extend":
                 data += args[0]
         return bytes(data)
@@ -208,7 +262,7 @@ def mutated_bytes(draw: st.DrawFn, bases: list[Base], seeds: dict[str, bytes]) -
         if op == "set" and fields:
             f = draw(st.sampled_from(fields))
             if f.offset + f.width <= size:
-                old = int.from_bytes(source[f.offset:f.offset + f.width], "little")
+                old = int.from_bytes(source[f.offset : f.offset + f.width], "little")
                 ops.append(("set", f.offset, f.width, draw(_number(f.width, old))))
         elif op == "xor" and size > 4:
             ops.append(("xor", draw(st.integers(4, max(4, head))), draw(st.integers(1, 255))))
@@ -233,25 +287,43 @@ def mutated_bytes(draw: st.DrawFn, bases: list[Base], seeds: dict[str, bytes]) -
 # ---- metadata-level mutations: well-formed files with hostile values ---------------------------
 
 _INT_TYPES = (0, 1, 2, 3, 4, 5, 10, 11)  # u8 i8 u16 i16 u32 i32 u64 i64
-_RANGES = {0: (0, 255), 1: (-128, 127), 2: (0, 65535), 3: (-32768, 32767), 4: (0, (1 << 32) - 1),
-           5: (-(1 << 31), (1 << 31) - 1), 10: (0, (1 << 64) - 1), 11: (-(1 << 63), (1 << 63) - 1)}
+_RANGES = {
+    0: (0, 255),
+    1: (-128, 127),
+    2: (0, 65535),
+    3: (-32768, 32767),
+    4: (0, (1 << 32) - 1),
+    5: (-(1 << 31), (1 << 31) - 1),
+    10: (0, (1 << 64) - 1),
+    11: (-(1 << 63), (1 << 63) - 1),
+}
 
 
 def _typed_int() -> st.SearchStrategy[Typed]:
     return st.sampled_from(_INT_TYPES).flatmap(
-        lambda t: st.one_of(st.sampled_from([v for v in (*_EDGES, -1, -(1 << 31)) if _RANGES[t][0] <= v <= _RANGES[t][1]]),
-                            st.integers(*_RANGES[t])).map(lambda v, t=t: Typed(t, v)))
+        lambda t: st.one_of(
+            st.sampled_from([v for v in (*_EDGES, -1, -(1 << 31)) if _RANGES[t][0] <= v <= _RANGES[t][1]]),
+            st.integers(*_RANGES[t]),
+        ).map(lambda v, t=t: Typed(t, v))
+    )
 
 
 def hostile_values() -> st.SearchStrategy[Any]:
     """Values a metadata key may hold in a well-formed file, however wrong for the key."""
     floats = st.floats(allow_nan=True, allow_infinity=True, width=32).map(lambda v: Typed(6, v))
-    scalars = st.one_of(_typed_int(), floats, st.booleans(), st.text(max_size=12),
-                        st.floats(allow_nan=True, width=64).map(lambda v: Typed(12, v)))
-    int_lists = _typed_int().flatmap(lambda x: st.lists(st.integers(*_RANGES[x.vtype]), max_size=6).map(
-        lambda v, t=x.vtype: Typed(t, v)))
+    scalars = st.one_of(
+        _typed_int(),
+        floats,
+        st.booleans(),
+        st.text(max_size=12),
+        st.floats(allow_nan=True, width=64).map(lambda v: Typed(12, v)),
+    )
+    int_lists = _typed_int().flatmap(
+        lambda x: st.lists(st.integers(*_RANGES[x.vtype]), max_size=6).map(lambda v, t=x.vtype: Typed(t, v))
+    )
     return st.one_of(
-        scalars, scalars,
+        scalars,
+        scalars,
         int_lists,
         st.lists(st.text(max_size=4), max_size=4).map(lambda v: Typed(STRING, v)),
         st.lists(st.booleans(), max_size=5).map(lambda v: Typed(7, v)),
@@ -261,9 +333,12 @@ def hostile_values() -> st.SearchStrategy[Any]:
 
 def _tensor_names(base: Base) -> st.SearchStrategy[str]:
     kinds = sorted({t.name.split(".")[-2] if t.name.startswith("blk.") else t.name for t in base.tensors})
-    layer = st.one_of(st.integers(0, 8).map(str), st.sampled_from(["1048576", str(1 << 40), "0" * 30 + "1"]),
-                      st.integers(4300, 6000).map(lambda n: "1" * n),  # more digits than int() takes from a str
-                      st.just("٣"))
+    layer = st.one_of(
+        st.integers(0, 8).map(str),
+        st.sampled_from(["1048576", str(1 << 40), "0" * 30 + "1"]),
+        st.integers(4300, 6000).map(lambda n: "1" * n),  # more digits than int() takes from a str
+        st.just("٣"),
+    )
     return st.one_of(
         st.builds(lambda n, k: f"blk.{n}.{k}.weight", layer, st.sampled_from(kinds)),
         st.text(max_size=40),
@@ -299,12 +374,27 @@ def mutated_metadata(draw: st.DrawFn, bases: list[Base]) -> MetaCase:
     hparams = [k for k in keys if k.startswith(f"{arch}.")]
     changes: dict[str, Any] = {}
     for _ in range(draw(st.integers(1, 3))):
-        key = draw(st.one_of(st.sampled_from(hparams), st.sampled_from(hparams), st.sampled_from(keys),
-                             st.sampled_from(["general.alignment", f"{arch}.vocab_size", f"{arch}.context_length",
-                                              f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv",
-                                              f"{arch}.expert_used_count", f"{arch}.full_attention_interval",
-                                              f"{arch}.attention.recurrent_layers",
-                                              f"{arch}.attention.indexer.types", "general.name"])))
+        key = draw(
+            st.one_of(
+                st.sampled_from(hparams),
+                st.sampled_from(hparams),
+                st.sampled_from(keys),
+                st.sampled_from(
+                    [
+                        "general.alignment",
+                        f"{arch}.vocab_size",
+                        f"{arch}.context_length",
+                        f"{arch}.attention.head_count",
+                        f"{arch}.attention.head_count_kv",
+                        f"{arch}.expert_used_count",
+                        f"{arch}.full_attention_interval",
+                        f"{arch}.attention.recurrent_layers",
+                        f"{arch}.attention.indexer.types",
+                        "general.name",
+                    ]
+                ),
+            )
+        )
         if draw(st.integers(0, 5)) == 0:
             meta.pop(key, None)
             changes[key] = None
@@ -320,7 +410,7 @@ def mutated_metadata(draw: st.DrawFn, bases: list[Base]) -> MetaCase:
         renamed = (i, draw(_tensor_names(base)))
         tensors[i] = TensorToWrite(renamed[1], t.shape, t.qtype)
     if draw(st.integers(0, 4)) == 0:
-        del tensors[draw(st.integers(0, len(tensors) - 1)):]
+        del tensors[draw(st.integers(0, len(tensors) - 1)) :]
     return MetaCase(base.name, changes, renamed, len(tensors), meta, tuple(tensors))
 
 

@@ -32,41 +32,90 @@ def worker_logs() -> dict[str, str]:
 
 
 # what a number in a log line must not trip on
-NUMBERS = ("", ".", "1.2.3", "-1", "0", "nan", "inf", "1e309", "99999999999999999999999", "٣", "1" * 5000, "0x1f",
-           "1_000", " ")
+NUMBERS = (
+    "",
+    ".",
+    "1.2.3",
+    "-1",
+    "0",
+    "nan",
+    "inf",
+    "1e309",
+    "99999999999999999999999",
+    "٣",
+    "1" * 5000,
+    "0x1f",
+    "1_000",
+    " ",
+)
 # grammar-shaped lines with a hole where the number or name goes
 TEMPLATES = (
-    "llama_context: n_ctx = {}", "llama_context: n_ubatch      = {}", "initializing, n_slots = {}",
-    "load_tensors:   CPU_Mapped model buffer size = {} MiB", "llm_load_tensors:  CUDA_Host buffer size = {} MiB",
-    "llama_kv_cache:        CPU KV buffer size = {} MiB", "sched_reserve:      CUDA0 compute buffer size = {} MiB",
-    "graph: nodes = {}, splits = {}", "llama_init_from_model: graph splits = {}", "KV self size  = {} MiB",
-    "prompt eval time =     {} ms /    {} tokens", "       eval time =  {} ms / {} runs", "total time = {} ms / {} tokens",
-    "slot launch_slot_: id  {} | task {} | processing task", "slot get_availabl: id  {} | task 0 |  - checking sim = 0.5 ({}/4)",
+    "llama_context: n_ctx = {}",
+    "llama_context: n_ubatch      = {}",
+    "initializing, n_slots = {}",
+    "load_tensors:   CPU_Mapped model buffer size = {} MiB",
+    "llm_load_tensors:  CUDA_Host buffer size = {} MiB",
+    "llama_kv_cache:        CPU KV buffer size = {} MiB",
+    "sched_reserve:      CUDA0 compute buffer size = {} MiB",
+    "graph: nodes = {}, splits = {}",
+    "llama_init_from_model: graph splits = {}",
+    "KV self size  = {} MiB",
+    "prompt eval time =     {} ms /    {} tokens",
+    "       eval time =  {} ms / {} runs",
+    "total time = {} ms / {} tokens",
+    "slot launch_slot_: id  {} | task {} | processing task",
+    "slot get_availabl: id  {} | task 0 |  - checking sim = 0.5 ({}/4)",
     "slot update_slots: id  {} | task 1 | cached n_tokens = {}, memory_seq_rm [0, end)",
     "slot release: id  {} | task 2 | stop processing: n_tokens = {}, truncated = 0",
-    "Allocating {} GiB of pinned host memory", "done allocating {} GiB in {} ms",
+    "Allocating {} GiB of pinned host memory",
+    "done allocating {} GiB in {} ms",
     "======== Cache: cache_size = {}, n_past0 =  {}, n_past1 = {}, n_past_prompt1 = 3,  n_past2 = {}",
-    "cached sequence diverges at {}/{}", "ggml_backend_cuda_buffer_type_alloc_buffer: allocating {} MiB on device {}: "
-    "cudaMalloc failed", "failed to allocate CUDA0 buffer of size {}", "Device {}: NVIDIA X, compute capability 8.9, VMM: "
-    "yes, VRAM: {} MiB", "  - CUDA{} : NVIDIA ({} MiB, {} MiB free)", "couldn't bind HTTP server socket, hostname: "
-    "127.0.0.1, port: {}", "| memory breakdown [MiB] | total   free    self   model   context   compute    unaccounted |",
-    "|   - CUDA0 (RTX)        | {} = {} + ( {} = {} + {} + {}) + {} |", "|   - Host               | {} = {} + {} + {} |",
+    "cached sequence diverges at {}/{}",
+    "ggml_backend_cuda_buffer_type_alloc_buffer: allocating {} MiB on device {}: cudaMalloc failed",
+    "failed to allocate CUDA0 buffer of size {}",
+    "Device {}: NVIDIA X, compute capability 8.9, VMM: yes, VRAM: {} MiB",
+    "  - CUDA{} : NVIDIA ({} MiB, {} MiB free)",
+    "couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {}",
+    "| memory breakdown [MiB] | total   free    self   model   context   compute    unaccounted |",
+    "|   - CUDA0 (RTX)        | {} = {} + ( {} = {} + {} + {}) + {} |",
+    "|   - Host               | {} = {} + {} + {} |",
     "main: server is listening on http://127.0.0.1:{} - starting the main loop",
-    "INFO [                    main] HTTP server listening | tid=\"1\" timestamp={} hostname=\"127.0.0.1\" port=\"{}\"",
-    "llama_new_context_with_model: n_batch    = {}", "=> changing split mode to '{}'",
-    "Split mode '{}' is not supported for this model", "Starting RPC server v{}", "  CUDA0: NVIDIA ({} MiB, {} MiB free)",
-    "  CPU:  {} MiB total, {} MiB free", "cache : {}", "prompt: {}", "new: {}", "old: {}",
+    'INFO [                    main] HTTP server listening | tid="1" timestamp={} hostname="127.0.0.1" port="{}"',
+    "llama_new_context_with_model: n_batch    = {}",
+    "=> changing split mode to '{}'",
+    "Split mode '{}' is not supported for this model",
+    "Starting RPC server v{}",
+    "  CUDA0: NVIDIA ({} MiB, {} MiB free)",
+    "  CPU:  {} MiB total, {} MiB free",
+    "cache : {}",
+    "prompt: {}",
+    "new: {}",
+    "old: {}",
 )
-PREFIXES = ("", "0.00.031.526 I ", "0.01.002.000 W ", "0.00.000.001 E ", "E ", "W ", "INFO [x] ", "ERR [x] ",
-            "\x1b[32m", "999999999999999999.00.000.000 I ")
+PREFIXES = (
+    "",
+    "0.00.031.526 I ",
+    "0.01.002.000 W ",
+    "0.00.000.001 E ",
+    "E ",
+    "W ",
+    "INFO [x] ",
+    "ERR [x] ",
+    "\x1b[32m",
+    "999999999999999999.00.000.000 I ",
+)
 
 
 def _template_line() -> st.SearchStrategy[str]:
     def fill(t: str, p: str, vals: list[str]) -> str:
         return p + t.format(*(vals + ["0"] * t.count("{}"))[: t.count("{}")])
 
-    return st.builds(fill, st.sampled_from(TEMPLATES), st.sampled_from(PREFIXES),
-                     st.lists(st.one_of(st.sampled_from(NUMBERS), st.text(max_size=6)), max_size=7))
+    return st.builds(
+        fill,
+        st.sampled_from(TEMPLATES),
+        st.sampled_from(PREFIXES),
+        st.lists(st.one_of(st.sampled_from(NUMBERS), st.text(max_size=6)), max_size=7),
+    )
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -91,8 +140,11 @@ def mutated_logs(draw: st.DrawFn, logs: dict[str, str]) -> Log:
     lines = logs[name].splitlines()
     ops: list[tuple[Any, ...]] = []
     for _ in range(draw(st.integers(1, 6))):
-        op = draw(st.sampled_from(("number", "number", "cut", "drop", "dup", "insert", "template", "template",
-                                   "chars", "truncate")))
+        op = draw(
+            st.sampled_from(
+                ("number", "number", "cut", "drop", "dup", "insert", "template", "template", "chars", "truncate")
+            )
+        )
         if not lines and op not in ("insert", "template"):
             continue
         i = draw(st.integers(0, max(0, len(lines) - 1)))
@@ -100,13 +152,13 @@ def mutated_logs(draw: st.DrawFn, logs: dict[str, str]) -> Log:
             nums = list(_NUMBER.finditer(lines[i]))
             if nums:
                 m = draw(st.sampled_from(nums))
-                lines[i] = lines[i][: m.start()] + draw(st.sampled_from(NUMBERS)) + lines[i][m.end():]
+                lines[i] = lines[i][: m.start()] + draw(st.sampled_from(NUMBERS)) + lines[i][m.end() :]
         elif op == "cut":
             lines[i] = lines[i][: draw(st.integers(0, len(lines[i])))]
         elif op == "drop":
-            del lines[i: i + draw(st.integers(1, 20))]
+            del lines[i : i + draw(st.integers(1, 20))]
         elif op == "dup":
-            lines[i:i] = lines[i: i + draw(st.integers(1, 5))]
+            lines[i:i] = lines[i : i + draw(st.integers(1, 5))]
         elif op == "insert":
             lines.insert(i, draw(st.text(max_size=80)))
         elif op == "template":

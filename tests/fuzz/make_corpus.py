@@ -52,13 +52,19 @@ def gguf(tmp: Path) -> None:
     _gguf("head-count-per-layer", _with(q, tmp, ARCH__attention__head_count=Typed(4, [2, 2])))
     _gguf("key-length-48", _with(q, tmp, ARCH__attention__key_length=48, ARCH__attention__value_length=48))
     _gguf("full-attention-interval-0", _with(b["qwen35moe"], tmp, ARCH__full_attention_interval=0))
-    _gguf("tensor-past-last-layer", _with(q, tmp, [TensorToWrite(t.name.replace("blk.1.", "blk.7."), t.shape, t.qtype)
-                                                   for t in q.tensors]))
-    _gguf("layer-5000-digits", _with(q, tmp, [*q.tensors, TensorToWrite(f"blk.{'1' * 5000}.ffn_up_exps.weight", (32,),
-                                                                        by_name("f32"))]))
+    _gguf(
+        "tensor-past-last-layer",
+        _with(q, tmp, [TensorToWrite(t.name.replace("blk.1.", "blk.7."), t.shape, t.qtype) for t in q.tensors]),
+    )
+    _gguf(
+        "layer-5000-digits",
+        _with(q, tmp, [*q.tensors, TensorToWrite(f"blk.{'1' * 5000}.ffn_up_exps.weight", (32,), by_name("f32"))]),
+    )
     key = b"general.\narchitecture\x1b[2J" + b"x" * 300
-    _gguf("key-name-control-chars", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
-          + struct.pack("<I", 99) + b"\0" * 32)
+    _gguf(
+        "key-name-control-chars",
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<I", 99) + b"\0" * 32,
+    )
     # every kind of count and length of the first base at 2^60
     for f in q.fields:
         if f.kind in ("count", "length") and f.width == 8 and f.offset < 200:
@@ -75,10 +81,10 @@ HARDWARE = {
     "not-utf8": b"nodes:\n  - name: \xff\xfe\n    cpu: {cores: 1, ram_mib: 1, ram_bw_gbs: 1}\n",
     "nested-5000": b"[" * 5000,
     "infinite-bandwidth": b"nodes:\n  - name: a\n    cpu: {cores: 2, ram_mib: 4096, ram_bw_gbs: .inf}\n"
-                          b"    devices: [{name: CUDA0, mem_mib: 1e308, bw_gbs: .inf}]\n",
+    b"    devices: [{name: CUDA0, mem_mib: 1e308, bw_gbs: .inf}]\n",
     "public-bind": b"nodes:\n  - name: a\n    cpu: {cores: 2, ram_mib: 4096, ram_bw_gbs: 50}\n  - name: b\n"
-                   b"    link_addr: 0.0.0.0\n    cpu: {cores: 2, ram_mib: 4096, ram_bw_gbs: 50}\n"
-                   b"    devices: [{name: CUDA0, mem_mib: 8192, bw_gbs: 500}]\n",
+    b"    link_addr: 0.0.0.0\n    cpu: {cores: 2, ram_mib: 4096, ram_bw_gbs: 50}\n"
+    b"    devices: [{name: CUDA0, mem_mib: 8192, bw_gbs: 500}]\n",
     "a-list-not-a-mapping": b"- nodes\n- 1\n",
     "reserved-infinite": b"nodes:\n  - name: a\n    cpu: {cores: 2, ram_mib: 4096, ram_bw_gbs: 50, reserved_mib: 1e309}\n",
 }
@@ -96,20 +102,22 @@ LOGS = {
         "0.00.001.000 I llama_context: n_ctx = .\n0.00.001.001 I prompt eval time = 1.2.3 ms / 5 tokens\n"
         f"0.00.001.002 I graph splits = {'9' * 5000}\n{'1' * 5000}.00.000.000 I load_tensors: CPU model buffer "
         "size = 1.0 MiB\n0.00.001.003 I load_tensors:   CPU_Mapped model buffer size = 10.5 MiB\n"
-        f"0.00.001.004 E failed to allocate CUDA0 buffer of size {'1' * 400}\n"),
+        f"0.00.001.004 E failed to allocate CUDA0 buffer of size {'1' * 400}\n"
+    ),
     "unreadable-numbers.legacy.log": (
         "llm_load_tensors:  CUDA_Host buffer size = 1.2.3 MiB\nAllocating . GiB of pinned host memory\n"
-        "llama_kv_cache_init:      CUDA0 KV buffer size =   784.15 MiB\n======== Cache: cache_size = 9, n_past0 = .\n"),
+        "llama_kv_cache_init:      CUDA0 KV buffer size =   784.15 MiB\n======== Cache: cache_size = 9, n_past0 = .\n"
+    ),
     "allocation-5000-digits.mainline.log": f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {'1' * 5000} MiB "
-                                           "on device 0: cudaMalloc failed\n",
+    "on device 0: cudaMalloc failed\n",
     "rpc_worker-unreadable.log": "Starting RPC server v\n  CUDA0: X (. MiB, 1.2.3 MiB free)\n  CPU:  -1 MiB total, "
-                                 "٣ MiB free\nAccepted client connection\n",
+    "٣ MiB free\nAccepted client connection\n",
 }
 SSE = {
     "choices-null.sse": b'data: {"choices": [null]}\n\ndata: {"choices": [{"delta": {"content": "x"}}]}\n\n',
     "content-not-text.sse": b'data: {"choices": [{"delta": {"content": 7}}]}\n\n',
     "events-after-done.sse": b'data: {"choices": [{"delta": {"content": "a"}}]}\n\ndata: [DONE]\n\n'
-                             b'data: {"choices": [{"delta": {"content": "bc"}}]}\n\n',
+    b'data: {"choices": [{"delta": {"content": "bc"}}]}\n\n',
     "not-json.sse": b"data: {oops\n\n",
     "bare-cr.sse": b'data: {"choices": [{"delta": {"content": "a"}}]}\r\r\n\r\n',
     "content-length-negative.http": b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nabcdefghijk",

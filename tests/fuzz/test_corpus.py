@@ -57,7 +57,7 @@ def test_a_corpus_log_parses_in_every_era(path: Path) -> None:
 @pytest.mark.parametrize("path", [p for p in corpus_files("sse") if p.suffix == ".sse"], ids=_ids)
 def test_a_corpus_stream_cut_at_every_byte_reads_as_the_whole(path: Path) -> None:
     data = path.read_bytes()
-    bytewise = [data[i:i + 1] for i in range(len(data))]
+    bytewise = [data[i : i + 1] for i in range(len(data))]
     assert serve_record(bytewise) == serve_record([data])
     assert single_outcome(bytewise) == single_outcome([data])
 
@@ -66,4 +66,4 @@ def test_a_corpus_stream_cut_at_every_byte_reads_as_the_whole(path: Path) -> Non
 def test_a_corpus_response_cut_at_every_byte_reads_as_the_whole(path: Path) -> None:
     data = path.read_bytes()
     for closed in (False, True):
-        assert conn_outcome([data[i:i + 1] for i in range(len(data))], closed) == conn_outcome([data], closed)
+        assert conn_outcome([data[i : i + 1] for i in range(len(data))], closed) == conn_outcome([data], closed)

@@ -54,8 +54,9 @@ def test_a_damaged_key_name_is_quoted_short_on_one_line(tmp_path: Path) -> None:
     # the name of the key whose type is unknown came out raw: line breaks, control bytes, kilobytes
     key = b"general.\narchitecture\x1b[2J" + b"x" * 3000  # a length that runs on into what follows
     p = tmp_path / "m.gguf"
-    p.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<I", 99)
-                  + b"\0" * 64)
+    p.write_bytes(
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<I", 99) + b"\0" * 64
+    )
     line = _one_line_error(p, contains="corrupt header (unknown value type 99 in 'general.\\narchitecture")
     assert len(line) < 300
 
@@ -79,11 +80,18 @@ def test_an_alignment_that_is_not_an_integer_is_refused(tmp_path: Path, value: T
     _one_line_error(p, contains="alignment")
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("ARCH.block_count", "4"), ("ARCH.embedding_length", Typed(6, float("nan"))),
-    ("ARCH.attention__head_count", Typed(4, [1] * 5000)), ("ARCH.expert_count", True),
-    ("ARCH.context_length", Typed(11, -1)), ("ARCH.attention__key_length", [64, 64]),
-], ids=["string", "nan", "skipped-array", "bool", "negative", "array-where-one-value"])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("ARCH.block_count", "4"),
+        ("ARCH.embedding_length", Typed(6, float("nan"))),
+        ("ARCH.attention__head_count", Typed(4, [1] * 5000)),
+        ("ARCH.expert_count", True),
+        ("ARCH.context_length", Typed(11, -1)),
+        ("ARCH.attention__key_length", [64, 64]),
+    ],
+    ids=["string", "nan", "skipped-array", "bool", "negative", "array-where-one-value"],
+)
 def test_a_hyperparameter_of_the_wrong_type_is_refused(tmp_path: Path, key: str, value: Any) -> None:
     # int() of a string, of NaN, of an array: ValueError or TypeError in the profile, inspect or plan
     p = _model(tmp_path / "m.gguf", **{key.replace(".", "__"): value})
@@ -100,8 +108,12 @@ def test_a_per_layer_array_shorter_than_the_layers_is_refused(tmp_path: Path) ->
 
 def test_a_per_layer_head_count_plans(tmp_path: Path) -> None:
     # llama.cpp allows one value per layer; the compute-buffer estimate took int() of the array
-    p = _model(tmp_path / "m.gguf", ARCH__attention__head_count=Typed(4, [2, 2]),
-               ARCH__attention__head_count_kv=Typed(4, [1, 1]), ARCH__feed_forward_length=Typed(4, [64, 64]))
+    p = _model(
+        tmp_path / "m.gguf",
+        ARCH__attention__head_count=Typed(4, [2, 2]),
+        ARCH__attention__head_count_kv=Typed(4, [1, 1]),
+        ARCH__feed_forward_length=Typed(4, [64, 64]),
+    )
     assert run_cli("plan", str(p), "--hw", "rtx-pro-6000x2").exit_code == 0
 
 
@@ -153,9 +165,13 @@ def test_a_damaged_string_count_over_a_sparse_region_stops_at_the_header_cap(tmp
     key = b"tokenizer.ggml.tokens"
     p = tmp_path / "m.gguf"
     with open(p, "wb") as f:
-        f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
-                + struct.pack("<IIQ", 9, 8, 1 << 60))
+        f.write(
+            b"GGUF"
+            + struct.pack("<IQQ", 3, 0, 1)
+            + struct.pack("<Q", len(key))
+            + key
+            + struct.pack("<IIQ", 9, 8, 1 << 60)
+        )
         f.truncate(2 << 30)
     with bounded(), pytest.raises(InputError, match=f"runs past {MAX_HEADER >> 20} MiB"):
         read_gguf(p)
-

@@ -13,8 +13,15 @@ from moetune.errors import RuntimeFailure
 from tests.fuzz.test_sse import OneReply, single_outcome
 
 
-@pytest.mark.parametrize("event", [b'{"choices": [null]}', b'{"choices": "ab"}', b'{"choices": [{"delta": "x"}]}',
-                                   b'{"choices": [{"delta": {"content": 7}}]}'])
+@pytest.mark.parametrize(
+    "event",
+    [
+        b'{"choices": [null]}',
+        b'{"choices": "ab"}',
+        b'{"choices": [{"delta": "x"}]}',
+        b'{"choices": [{"delta": {"content": 7}}]}',
+    ],
+)
 def test_a_misshapen_chat_chunk_is_a_bad_event(event: bytes) -> None:
     # AttributeError / TypeError out of the parser: the request became `client_exception` and its
     # stream was dropped
@@ -26,8 +33,10 @@ def test_a_misshapen_chat_chunk_is_a_bad_event(event: bytes) -> None:
 
 def test_what_follows_done_does_not_count_however_it_arrives() -> None:
     # the single-stream client read events after [DONE] when they came in the same read, not later
-    data = b'data: {"choices": [{"delta": {"content": "a"}}]}\n\ndata: [DONE]\n\ndata: {"choices": [{"delta": ' \
-           b'{"content": "bc"}}]}\n\n'
+    data = (
+        b'data: {"choices": [{"delta": {"content": "a"}}]}\n\ndata: [DONE]\n\ndata: {"choices": [{"delta": '
+        b'{"content": "bc"}}]}\n\n'
+    )
     cut = data.index(b"data: [DONE]") + 14
     assert single_outcome([data]) == single_outcome([data[:cut], data[cut:]])
     assert "'content_chars': 1" in single_outcome([data])
@@ -36,9 +45,16 @@ def test_what_follows_done_does_not_count_however_it_arrives() -> None:
 def test_an_event_that_is_not_json_is_not_called_unreachable() -> None:
     # the single-stream client said "is the server running there?" for a server that sent garbage
     with pytest.raises(RuntimeFailure, match="cannot read") as e:
-        asyncio.run(__import__("moetune.bench.single.request", fromlist=["stream"]).stream(
-            OneReply(200, [b"data: {oops\n\n"]), "http://127.0.0.1:1", "/v1/chat/completions", {}, timeout_s=5,
-            attempts=1))
+        asyncio.run(
+            __import__("moetune.bench.single.request", fromlist=["stream"]).stream(
+                OneReply(200, [b"data: {oops\n\n"]),
+                "http://127.0.0.1:1",
+                "/v1/chat/completions",
+                {},
+                timeout_s=5,
+                attempts=1,
+            )
+        )
     assert "server running" not in (e.value.hint or "")
 
 

@@ -41,7 +41,6 @@ def test_a_key_with_a_line_break_is_named_on_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(e.value) and "x\\ny" in str(e.value)
 
 
-
 def test_a_path_with_a_line_break_prints_on_one_line(tmp_path: Path) -> None:
     # a layout naming a model path with a line break: "no such GGUF file" printed on two lines
     (tmp_path / "layout.yaml").write_text('services:\n  - {name: a, model: "x\\ny.gguf"}\n')

@@ -94,6 +94,7 @@ def test_hostile_metadata_values_give_a_profile_or_a_clean_error(case: MetaCase,
 
 # ---- the remote reader against the local one ---------------------------------------------------
 
+
 class _Reply:
     def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
         self.status, self.headers, self._body = status, headers, body
@@ -161,7 +162,11 @@ def test_the_remote_reader_agrees_with_the_local_one(case: Mutated, first: int) 
     assert _outcome(_remote(raw, url, first)) == _outcome(_local(raw, url))
 
 
-@given(value=st.one_of(st.none(), st.text(max_size=40), st.from_regex(r"\s*bytes\s+(\d{1,25}-\d{1,25}|\*)/(\d{1,25}|\*)\s*")))
+@given(
+    value=st.one_of(
+        st.none(), st.text(max_size=40), st.from_regex(r"\s*bytes\s+(\d{1,25}-\d{1,25}|\*)/(\d{1,25}|\*)\s*")
+    )
+)
 @fuzz(300)
 def test_a_content_range_header_parses_or_fails_cleanly(value: str | None) -> None:
     try:

@@ -30,8 +30,17 @@ def _lines_point_into(log: ServerLog | WorkerLog) -> None:
     n = len(log.lines)
     found = [*log.errors, *log.failures]
     if isinstance(log, ServerLog):
-        found += [*log.buffers, *log.devices, *log.timings, *log.pinned, *log.alloc_failures, *log.phases,
-                  *log.memory_breakdowns, *log.split_mode_changes, *log.warnings]
+        found += [
+            *log.buffers,
+            *log.devices,
+            *log.timings,
+            *log.pinned,
+            *log.alloc_failures,
+            *log.phases,
+            *log.memory_breakdowns,
+            *log.split_mode_changes,
+            *log.warnings,
+        ]
         for m in log.cache_misses:
             assert all(1 <= k <= n for k in m.lines), m
         for w in log.slot_waits:
@@ -113,8 +122,11 @@ def test_a_log_with_lines_removed_never_gains_a_buffer(case: tuple[str, tuple[in
     assert set(parse_log(kept).device_buffers()) <= set(full.device_buffers())
 
 
-@given(case=st.sampled_from(sorted(server_logs())).flatmap(
-    lambda n: st.tuples(st.just(n), st.integers(0, len(server_logs()[n].splitlines())))))
+@given(
+    case=st.sampled_from(sorted(server_logs())).flatmap(
+        lambda n: st.tuples(st.just(n), st.integers(0, len(server_logs()[n].splitlines())))
+    )
+)
 @fuzz(200)
 def test_a_growing_log_only_gains_phases(case: tuple[str, int]) -> None:
     name, k = case

@@ -26,13 +26,15 @@ from tests.fuzz.budget import fuzz
 from tests.fuzz.guard import bounded
 from tests.fuzz.sse_cases import COMPLETION_EVENTS, Cut, cuts, damaged, http_responses, streams
 
-ANY_STREAM = st.one_of(streams(), streams(), damaged(streams()), damaged(streams(COMPLETION_EVENTS)),
-                       st.binary(max_size=300))
+ANY_STREAM = st.one_of(
+    streams(), streams(), damaged(streams()), damaged(streams(COMPLETION_EVENTS)), st.binary(max_size=300)
+)
 
 pytestmark = pytest.mark.fuzz
 
 
 # ---- serve-bench: SseParser -------------------------------------------------------------------
+
 
 def serve_record(pieces: list[bytes]) -> str:
     rec = RequestRecord(0, 1, None, None, 64, 0.0)
@@ -57,6 +59,7 @@ def test_any_cut_of_a_stream_gives_the_serve_record_of_the_whole(cut: Cut) -> No
 
 
 # ---- single-stream: bench/single/request.stream ---------------------------------------------------
+
 
 class OneReply:
     """A StreamingHttp whose server answers every POST with ``status`` and these body pieces."""
@@ -84,8 +87,11 @@ class OneReply:
 def single_outcome(pieces: list[bytes], status: int = 200) -> str:
     try:
         with bounded():
-            raw = asyncio.run(stream(OneReply(status, pieces), "http://127.0.0.1:1", "/v1/chat/completions", {},
-                                     timeout_s=30, attempts=1))
+            raw = asyncio.run(
+                stream(
+                    OneReply(status, pieces), "http://127.0.0.1:1", "/v1/chat/completions", {}, timeout_s=30, attempts=1
+                )
+            )
     except RuntimeFailure as e:
         assert "\n" not in str(e).split(": ", 2)[-1][:0]
         return f"RuntimeFailure: {e}"
@@ -108,6 +114,7 @@ def test_an_error_status_is_a_runtime_failure(body: bytes, status: int) -> None:
 
 
 # ---- the HTTP response parser under both ---------------------------------------------------------
+
 
 def conn_outcome(pieces: list[bytes], closed: bool) -> tuple[Any, ...]:
     c = _Conn()
@@ -143,11 +150,21 @@ def bad_responses(draw: st.DrawFn) -> bytes:
     if kind == "length":
         return b"HTTP/1.1 200 OK\r\nContent-Length: " + draw(st.sampled_from(BAD_LENGTHS)) + b"\r\n\r\n" + body
     if kind == "chunked":
-        return (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + draw(st.sampled_from(BAD_SIZES)) + b"\r\n"
-                + body + b"\r\n0\r\n\r\n")
+        return (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + draw(st.sampled_from(BAD_SIZES))
+            + b"\r\n"
+            + body
+            + b"\r\n0\r\n\r\n"
+        )
     if kind == "status":
-        return draw(st.sampled_from([b"HTTP/1.1 abc OK", b"HTTP/1.1", b"HTP/1.1 200", b"HTTP/1.1 -200 X",
-                                     b"HTTP/1.1 \xff"])) + b"\r\n\r\n" + body
+        return (
+            draw(
+                st.sampled_from([b"HTTP/1.1 abc OK", b"HTTP/1.1", b"HTP/1.1 200", b"HTTP/1.1 -200 X", b"HTTP/1.1 \xff"])
+            )
+            + b"\r\n\r\n"
+            + body
+        )
     return draw(st.binary(max_size=120))
 
 

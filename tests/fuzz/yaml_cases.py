@@ -45,8 +45,10 @@ services:
 @cache
 def hardware_texts() -> dict[str, str]:
     """Valid hardware files: the built-in examples and the corpus's, by name."""
-    out = {f"example:{n}": (Path(inventory.__file__).parent / "examples" / f"{n}.yaml").read_text()
-           for n in inventory.examples()}
+    out = {
+        f"example:{n}": (Path(inventory.__file__).parent / "examples" / f"{n}.yaml").read_text()
+        for n in inventory.examples()
+    }
     out.update({p.name: p.read_text(errors="replace") for p in _corpus("hardware")})
     return out
 
@@ -65,22 +67,49 @@ def _corpus(kind: str) -> list[Path]:
 
 def hostile_scalars() -> st.SearchStrategy[Any]:
     return st.one_of(
-        st.none(), st.booleans(),
-        st.sampled_from([0, -1, 1, 2 ** 31, 2 ** 63, 2 ** 64, 10 ** 30, -(10 ** 30), 65535, 65536]),
+        st.none(),
+        st.booleans(),
+        st.sampled_from([0, -1, 1, 2**31, 2**63, 2**64, 10**30, -(10**30), 65535, 65536]),
         st.integers(),
         st.floats(allow_nan=True, allow_infinity=True),
-        st.sampled_from(["", "0", "1e309", "-inf", ".nan", "CUDA0", "CPU", "RPC0", "0.0.0.0", "::", "127.0.0.1",
-                         "10.0.0.2", "auto", "all-gpu", "-oProxyCommand=x", "a b", "x\ny", "f16", "q4_0", "ik_llama.cpp"]),
+        st.sampled_from(
+            [
+                "",
+                "0",
+                "1e309",
+                "-inf",
+                ".nan",
+                "CUDA0",
+                "CPU",
+                "RPC0",
+                "0.0.0.0",
+                "::",
+                "127.0.0.1",
+                "10.0.0.2",
+                "auto",
+                "all-gpu",
+                "-oProxyCommand=x",
+                "a b",
+                "x\ny",
+                "f16",
+                "q4_0",
+                "ik_llama.cpp",
+            ]
+        ),
         st.text(max_size=20),
     )
 
 
 def hostile_values() -> st.SearchStrategy[Any]:
     scalars = hostile_scalars()
-    return st.one_of(scalars, scalars, scalars,
-                     st.lists(scalars, max_size=3),
-                     st.dictionaries(st.text(max_size=8), scalars, max_size=3),
-                     st.integers(50, 200).map(lambda n: _nest(n)))
+    return st.one_of(
+        scalars,
+        scalars,
+        scalars,
+        st.lists(scalars, max_size=3),
+        st.dictionaries(st.text(max_size=8), scalars, max_size=3),
+        st.integers(50, 200).map(lambda n: _nest(n)),
+    )
 
 
 def _nest(depth: int) -> Any:
@@ -146,8 +175,9 @@ def _mutated_docs(draw: st.DrawFn, docs: dict[str, Any]) -> Doc:
         elif op == "delete":
             del parent[path[-1]]
         elif op == "add" and isinstance(parent, dict):
-            parent[draw(st.sampled_from(["extra", "mem_mib", "name", "devices", "cpu", "nodes", "services"]))] = \
-                draw(hostile_values())
+            parent[draw(st.sampled_from(["extra", "mem_mib", "name", "devices", "cpu", "nodes", "services"]))] = draw(
+                hostile_values()
+            )
         elif op == "duplicate" and isinstance(parent, list):
             parent.append(copy.deepcopy(parent[path[-1]]))
         ops.append((op, path))
@@ -167,12 +197,32 @@ def mangled_texts(draw: st.DrawFn, texts: dict[str, str]) -> Doc:
         if op == "truncate":
             del data[i:]
         elif op == "insert":
-            blob = draw(st.one_of(st.binary(max_size=8), st.sampled_from(
-                [b"\xff", b"\xc3", b"\t", b"&a ", b"*a", b"!!python/object:os.system ", b"[", b"{", b": ", b"- ",
-                 b"\n  ", b"---\n", b"%YAML 1.1\n", b"\x00"])))
+            blob = draw(
+                st.one_of(
+                    st.binary(max_size=8),
+                    st.sampled_from(
+                        [
+                            b"\xff",
+                            b"\xc3",
+                            b"\t",
+                            b"&a ",
+                            b"*a",
+                            b"!!python/object:os.system ",
+                            b"[",
+                            b"{",
+                            b": ",
+                            b"- ",
+                            b"\n  ",
+                            b"---\n",
+                            b"%YAML 1.1\n",
+                            b"\x00",
+                        ]
+                    ),
+                )
+            )
             data[i:i] = blob
         elif op == "delete":
-            del data[i:i + draw(st.integers(1, 8))]
+            del data[i : i + draw(st.integers(1, 8))]
         elif data:
             data[min(i, len(data) - 1)] = draw(st.integers(0, 255))
         ops.append((op, i))

@@ -13,8 +13,10 @@ from moetune.hardware.inventory import examples, from_dict, load
 
 
 def test_the_dataclasses_import_neither_pydantic_nor_yaml() -> None:
-    code = ("import sys; import moetune.hardware.inventory\n"
-            "assert not {'pydantic', 'yaml'} & set(sys.modules), 'imported at module level'\n")
+    code = (
+        "import sys; import moetune.hardware.inventory\n"
+        "assert not {'pydantic', 'yaml'} & set(sys.modules), 'imported at module level'\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -18,31 +18,53 @@ RAM = 122_000.0  # MiB, a DGX Spark's MemTotal is about this
 
 # (what nvidia-smi printed, [(name, mem_mib, bw_gbs, link_gbs)], unified, notes expected)
 CASES = [
-    ("0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 5, 16\n"
-     "1, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 5, 16\n",
-     [("CUDA0", 97887, 1790, 50.4), ("CUDA1", 97887, 1790, 50.4)], False, 0),
+    (
+        "0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 5, 16\n"
+        "1, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 5, 16\n",
+        [("CUDA0", 97887, 1790, 50.4), ("CUDA1", 97887, 1790, 50.4)],
+        False,
+        0,
+    ),
     ("0, NVIDIA H200, 143771, 5, 16\n", [("CUDA0", 143771, 4800, 50.4)], False, 0),
     ("0, NVIDIA GB10, [N/A], [N/A], [N/A]\n", [("CUDA0", round(RAM * (1 - UNIFIED_CPU_SHARE)), 273, 200)], True, 1),
-    ("0, NVIDIA GB10, [Not Supported], [Not Supported], [Not Supported]\n",
-     [("CUDA0", round(RAM * (1 - UNIFIED_CPU_SHARE)), 273, 200)], True, 1),
+    (
+        "0, NVIDIA GB10, [Not Supported], [Not Supported], [Not Supported]\n",
+        [("CUDA0", round(RAM * (1 - UNIFIED_CPU_SHARE)), 273, 200)],
+        True,
+        1,
+    ),
     ("0, NVIDIA H100 PCIe, 81559, [N/A], [N/A]\n", [("CUDA0", 81559, 3350, 25.0)], False, 1),
     # a discrete GPU whose size is unknown is left out (a 0 MiB device is not a valid file)
-    ("0, NVIDIA H100 PCIe, [N/A], 5, 16\n1, NVIDIA H100 PCIe, 81559, 5, 16\n", [("CUDA1", 81559, 3350, 50.4)],
-     False, 1),
+    (
+        "0, NVIDIA H100 PCIe, [N/A], 5, 16\n1, NVIDIA H100 PCIe, 81559, 5, 16\n",
+        [("CUDA1", 81559, 3350, 50.4)],
+        False,
+        1,
+    ),
     ("0, NVIDIA A100-SXM4-80GB\n", [], False, 1),  # missing columns
     ("0, Mystery Accelerator, 24576, 4, 16\n", [("CUDA0", 24576, 500, 25.2)], False, 1),
     # an integrated GPU moetune does not know (no memory and no PCIe link of its own): unified
     ("0, NVIDIA Thor, [N/A], [N/A], [N/A]\n", [("CUDA0", round(RAM * (1 - UNIFIED_CPU_SHARE)), 500, 25.0)], True, 3),
     # two unified GPUs split the shared memory, never count it twice
-    ("0, NVIDIA GB10, [N/A], [N/A], [N/A]\n1, NVIDIA GB10, [N/A], [N/A], [N/A]\n",
-     [("CUDA0", round(RAM * (1 - UNIFIED_CPU_SHARE) / 2), 273, 200), ("CUDA1", round(RAM * (1 - UNIFIED_CPU_SHARE) / 2),
-                                                                     273, 200)], True, 2),
+    (
+        "0, NVIDIA GB10, [N/A], [N/A], [N/A]\n1, NVIDIA GB10, [N/A], [N/A], [N/A]\n",
+        [
+            ("CUDA0", round(RAM * (1 - UNIFIED_CPU_SHARE) / 2), 273, 200),
+            ("CUDA1", round(RAM * (1 - UNIFIED_CPU_SHARE) / 2), 273, 200),
+        ],
+        True,
+        2,
+    ),
     ("0, NVIDIA H200, 143771 MiB, 5, 16\n", [("CUDA0", 143771, 4800, 50.4)], False, 0),  # units left in
     ("", [], False, 0),
     ("No devices were found\n", [], False, 1),
     ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", [], False, 1),
-    ("0, NVIDIA H200, inf, 5, 16\n0, , -5, x, y\n1, NVIDIA H200, 143771, x, y\n", [("CUDA1", 143771, 4800, 25.0)],
-     False, 3),
+    (
+        "0, NVIDIA H200, inf, 5, 16\n0, , -5, x, y\n1, NVIDIA H200, 143771, x, y\n",
+        [("CUDA1", 143771, 4800, 25.0)],
+        False,
+        3,
+    ),
 ]
 
 
@@ -55,8 +77,9 @@ def test_every_answer_parses(text: str, want: list[tuple[str, int, float, float]
 
 
 @pytest.mark.parametrize(("text", "want", "unified", "n_notes"), CASES)
-def test_every_answer_makes_a_valid_file_counting_memory_once(text: str, want: object, unified: bool,
-                                                             n_notes: int) -> None:
+def test_every_answer_makes_a_valid_file_counting_memory_once(
+    text: str, want: object, unified: bool, n_notes: int
+) -> None:
     got = parse_gpus(text, RAM)
     node = local_node(got, RAM, 20, 273.0)
     again = from_dict(yaml.safe_load(yaml.safe_dump(to_dict(Inventory((node,), name="probed")))))
@@ -80,14 +103,22 @@ def _fake_smi(tmp_path: Path, text: str, rc: int = 0) -> Path:
     return d
 
 
-@pytest.mark.parametrize(("text", "rc"), [("0, NVIDIA GB10, [N/A], [N/A], [N/A]\n", 0),
-                                          ("0, NVIDIA H100 PCIe, [N/A], 5, 16\n", 0),
-                                          ("NVIDIA-SMI has failed because it couldn't communicate with the "
-                                           "NVIDIA driver.\n", 9),
-                                          ("0, NVIDIA H200, 143771, 5, 16\nUnable to determine the device handle "
-                                           "for GPU1: 0000:41:00.0: Unknown Error\n", 15)])
-def test_probe_command_warns_and_writes_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str,
-                                             rc: int) -> None:
+@pytest.mark.parametrize(
+    ("text", "rc"),
+    [
+        ("0, NVIDIA GB10, [N/A], [N/A], [N/A]\n", 0),
+        ("0, NVIDIA H100 PCIe, [N/A], 5, 16\n", 0),
+        ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", 9),
+        (
+            "0, NVIDIA H200, 143771, 5, 16\nUnable to determine the device handle "
+            "for GPU1: 0000:41:00.0: Unknown Error\n",
+            15,
+        ),
+    ],
+)
+def test_probe_command_warns_and_writes_yaml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, rc: int
+) -> None:
     """The real command, with a stand-in nvidia-smi on PATH (no GPU here): exit 0, warnings on
     stderr, a YAML that `hw show` accepts."""
     monkeypatch.setenv("PATH", f"{_fake_smi(tmp_path, text, rc)}{os.pathsep}{os.environ['PATH']}")

@@ -20,20 +20,29 @@ from tests.model.conftest import REPO, glm_shard
 TOKEN = "hf_SECRETtoken123"
 GLM_FIRST = "IQ3_KS/GLM-5.1-IQ3_KS-00001-of-00008.gguf"
 
-FILES = ["README.md", ".gitattributes", "mmproj-F16.gguf", "tiny-Q8_0.gguf", "tiny-Q4_K_M.gguf",
-         *(f"IQ3_KS/GLM-IQ3_KS-{i:05d}-of-00003.gguf" for i in (1, 2, 3)),
-         *(f"UD-Q2_K_XL/GLM-UD-Q2_K_XL-{i:05d}-of-00002.gguf" for i in (2, 1))]
+FILES = [
+    "README.md",
+    ".gitattributes",
+    "mmproj-F16.gguf",
+    "tiny-Q8_0.gguf",
+    "tiny-Q4_K_M.gguf",
+    *(f"IQ3_KS/GLM-IQ3_KS-{i:05d}-of-00003.gguf" for i in (1, 2, 3)),
+    *(f"UD-Q2_K_XL/GLM-UD-Q2_K_XL-{i:05d}-of-00002.gguf" for i in (2, 1)),
+]
 
 
-@pytest.mark.parametrize(("sel", "path"), [
-    ("IQ3_KS", "IQ3_KS/GLM-IQ3_KS-00001-of-00003.gguf"),  # a directory
-    ("IQ3_KS/", "IQ3_KS/GLM-IQ3_KS-00001-of-00003.gguf"),
-    ("UD-Q2_K_XL", "UD-Q2_K_XL/GLM-UD-Q2_K_XL-00001-of-00002.gguf"),
-    ("IQ3_KS/GLM-IQ3_KS-00002-of-00003.gguf", "IQ3_KS/GLM-IQ3_KS-00001-of-00003.gguf"),  # a shard: its model
-    ("tiny-Q8_0.gguf", "tiny-Q8_0.gguf"),  # a file
-    ("Q8_0", "tiny-Q8_0.gguf"),  # a quant tag, as llama.cpp's -hf takes it
-    ("q4_k_m", "tiny-Q4_K_M.gguf"),
-])
+@pytest.mark.parametrize(
+    ("sel", "path"),
+    [
+        ("IQ3_KS", "IQ3_KS/GLM-IQ3_KS-00001-of-00003.gguf"),  # a directory
+        ("IQ3_KS/", "IQ3_KS/GLM-IQ3_KS-00001-of-00003.gguf"),
+        ("UD-Q2_K_XL", "UD-Q2_K_XL/GLM-UD-Q2_K_XL-00001-of-00002.gguf"),
+        ("IQ3_KS/GLM-IQ3_KS-00002-of-00003.gguf", "IQ3_KS/GLM-IQ3_KS-00001-of-00003.gguf"),  # a shard: its model
+        ("tiny-Q8_0.gguf", "tiny-Q8_0.gguf"),  # a file
+        ("Q8_0", "tiny-Q8_0.gguf"),  # a quant tag, as llama.cpp's -hf takes it
+        ("q4_k_m", "tiny-Q4_K_M.gguf"),
+    ],
+)
 def test_choose(sel: str, path: str) -> None:
     repo, s = parse_spec(f"o/r:{sel}")
     c = choose(repo, FILES, s)
@@ -70,7 +79,8 @@ def hf(hub_root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Hub, H
 
 
 def test_hf_inspect_reads_the_quant_through_the_cdn_with_the_token_at_the_hub_only(
-        hf: tuple[Hub, Hub], hub_root: Path) -> None:
+    hf: tuple[Hub, Hub], hub_root: Path
+) -> None:
     hub, cdn = hf
     r = run_cli("inspect", "--hf", f"{REPO}:IQ3_KS", "--json")
     assert r.exit_code == 0, r.stderr
@@ -91,15 +101,19 @@ def test_hf_inspect_reads_the_quant_through_the_cdn_with_the_token_at_the_hub_on
 
 
 def test_hf_plan_says_where_the_download_puts_the_model(hf: tuple[Hub, Hub], hub_root: Path) -> None:
-    r = run_cli("plan", "--hf", f"{REPO}:IQ3_KS", "--hw", "rtx-pro-6000", "--strategy", "n-cpu-moe:64",
-                "--format", "argv")
+    r = run_cli(
+        "plan", "--hf", f"{REPO}:IQ3_KS", "--hw", "rtx-pro-6000", "--strategy", "n-cpu-moe:64", "--format", "argv"
+    )
     assert r.exit_code == 0, r.stderr
     assert f"-m {GLM_FIRST} " in r.stdout and "http" not in r.stdout
     assert f"hf download {REPO} --include" in r.stderr
     assert TOKEN not in r.stdout + r.stderr
     j = run_cli("plan", "--hf", f"{REPO}:IQ3_KS", "--hw", "rtx-pro-6000", "--strategy", "n-cpu-moe:64", "--json")
-    local = json.loads(run_cli("plan", str(glm_shard(hub_root, 1)), "--hw", "rtx-pro-6000", "--strategy",
-                               "n-cpu-moe:64", "--json").stdout)
+    local = json.loads(
+        run_cli(
+            "plan", str(glm_shard(hub_root, 1)), "--hw", "rtx-pro-6000", "--strategy", "n-cpu-moe:64", "--json"
+        ).stdout
+    )
     doc = json.loads(j.stdout)
     assert (doc["fits"], doc["devices"], doc["predicted"]) == (local["fits"], local["devices"], local["predicted"])
     assert doc["services"][0]["model_given"] == f"--hf {REPO}:IQ3_KS"

@@ -31,8 +31,28 @@ def test_inspector_matches_llama_server(arch: str, bin_dir: Path, tmp_path: Path
         assert r.exit_code == 0, r.stderr
         doc = json.loads(r.stdout)
         # -nr: CPU weight repacking crashes on this machine's CPU (DESIGN.md section 5)
-        ok, log = reserve_log(bin_dir / "llama-server", ["-m", str(g.files[0]), "-nr", "-lm", "none", "-c", str(CTX),
-                                                         "--parallel", "1", "-ctk", ct, "-ctv", ct, "-lv", "4", "-fit", "off"])
+        ok, log = reserve_log(
+            bin_dir / "llama-server",
+            [
+                "-m",
+                str(g.files[0]),
+                "-nr",
+                "-lm",
+                "none",
+                "-c",
+                str(CTX),
+                "--parallel",
+                "1",
+                "-ctk",
+                ct,
+                "-ctv",
+                ct,
+                "-lv",
+                "4",
+                "-fit",
+                "off",
+            ],
+        )
         assert ok, log[-2000:]
         bufs = parse_log(log).device_buffers()["CPU"]
         # mainline loads everything but the NextN blocks (and, for glm-dsa, their expert bias)
@@ -54,7 +74,9 @@ def test_inspector_matches_llama_server(arch: str, bin_dir: Path, tmp_path: Path
 
 def test_glm51_replica_inspect(tmp_path: Path) -> None:
     """The 8-shard sparse GLM-5.1-sized replica: 75 MoE layers with the writer's expert sizes."""
-    r = run_cli("testmodel", str(tmp_path / "GLM-5.1.gguf"), "--preset", "glm-5.1", "--shards", "8", "--sparse", "--json")
+    r = run_cli(
+        "testmodel", str(tmp_path / "GLM-5.1.gguf"), "--preset", "glm-5.1", "--shards", "8", "--sparse", "--json"
+    )
     assert r.exit_code == 0, r.stderr
     made = json.loads(r.stdout)
     assert len(made["files"]) == 8 and made["disk_bytes"] < 64 << 20
@@ -69,7 +91,9 @@ def test_glm51_replica_inspect(tmp_path: Path) -> None:
         assert layer["experts"]["ffn_down_exps"] == {"type": "IQ4_KS", "bytes": 1638 << 20}
     assert doc["total_bytes"] == made["tensor_bytes"]
     # ik_llama.cpp's KV for the reference's 32k q8_0 cache: 1491.79 MiB (reference 000)
-    assert doc["kv_bytes_per_token_by_engine"]["ik_llama.cpp"]["q8_0"] * 32768 / (1 << 20) == pytest.approx(1491.79, rel=1e-3)
+    assert doc["kv_bytes_per_token_by_engine"]["ik_llama.cpp"]["q8_0"] * 32768 / (1 << 20) == pytest.approx(
+        1491.79, rel=1e-3
+    )
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
@@ -85,8 +109,13 @@ def test_every_architecture_generates_with_thinking_on_and_off(arch: str, bin_di
         for thinking in (True, False):
             # ignore_eos: exactly 8 tokens whatever the random weights say (one could be end of text);
             # greedy sampling: the same tokens every run
-            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "ignore_eos": True,
-                    "temperature": 0, "chat_template_kwargs": {"enable_thinking": thinking}}
+            body = {
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8,
+                "ignore_eos": True,
+                "temperature": 0,
+                "chat_template_kwargs": {"enable_thinking": thinking},
+            }
             r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()
             assert r["usage"]["completion_tokens"] == 8 and r["timings"]["predicted_n"] == 8
             got[thinking] = r["choices"][0]["message"]

@@ -40,8 +40,9 @@ def test_glm_profile_over_http_equals_local_and_fetches_a_sliver(hub: Hub, hub_r
     assert remote.remote.requests == len(hub.log) <= 16
     assert all(entry.range is not None for entry in hub.log)
     assert remote.remote.local_path == "GLM-5.1-IQ3_KS-00001-of-00008.gguf"
-    assert remote.remote.download == (f"curl -L --remote-name-all '{hub.url}/files/{GLM_DIR}/"
-                                      "GLM-5.1-IQ3_KS-[00001-00008]-of-00008.gguf'")
+    assert remote.remote.download == (
+        f"curl -L --remote-name-all '{hub.url}/files/{GLM_DIR}/GLM-5.1-IQ3_KS-[00001-00008]-of-00008.gguf'"
+    )
 
 
 @pytest.mark.parametrize("first_chunk", [24, 100, 4096])
@@ -74,8 +75,19 @@ def test_inspect_url_prints_the_local_document_plus_what_it_fetched(hub: Hub, hu
     assert "fetched " in human.stdout and " KiB in " in human.stdout and " requests" in human.stdout
 
 
-PLAN = ("--hw", "rtx-pro-6000", "--strategy", "n-cpu-moe:64", "--ctx", "32768", "--ctk", "q8_0", "--ctv", "q8_0",
-        "--json")
+PLAN = (
+    "--hw",
+    "rtx-pro-6000",
+    "--strategy",
+    "n-cpu-moe:64",
+    "--ctx",
+    "32768",
+    "--ctk",
+    "q8_0",
+    "--ctv",
+    "q8_0",
+    "--json",
+)
 
 
 def test_plan_url_gives_the_local_plan_with_a_note_to_download(hub: Hub, hub_root: Path) -> None:
@@ -90,7 +102,7 @@ def test_plan_url_gives_the_local_plan_with_a_note_to_download(hub: Hub, hub_roo
     assert sj["layers"] == lj["layers"] and sj["override_rules"] == lj["override_rules"]
     m = sj["argv"].index("-m")
     assert sj["argv"][m + 1] == "GLM-5.1-IQ3_KS-00001-of-00008.gguf"  # not a URL: llama-server cannot open one
-    assert sj["argv"][:m] + sj["argv"][m + 2:] == lj["argv"][:m] + lj["argv"][m + 2:]
+    assert sj["argv"][:m] + sj["argv"][m + 2 :] == lj["argv"][:m] + lj["argv"][m + 2 :]
     assert sj["model"] == url and sj["model_given"] == url
     assert sj["remote"]["bytes_fetched"] > 0 and len(sj["remote"]["files"]) == 8
     notes = [w for w in remote["warnings"] if "remote" in w["message"]]
@@ -161,8 +173,9 @@ def test_redirect_loop(hub: Hub) -> None:
 
 def test_timeout(hub: Hub) -> None:
     hub.delay_s = 2.0
-    _fails(["inspect", hub.file_url("vocab.gguf"), "--http-timeout", "0.3"], 1, "no answer within 0.3 s",
-           "--http-timeout")
+    _fails(
+        ["inspect", hub.file_url("vocab.gguf"), "--http-timeout", "0.3"], 1, "no answer within 0.3 s", "--http-timeout"
+    )
 
 
 def test_nothing_listening() -> None:
@@ -194,9 +207,11 @@ def test_errors_are_moetune_errors_in_the_library_too(hub: Hub) -> None:
 
 def test_shard_urls_and_download_command() -> None:
     urls = shard_urls("https://h.example/a%20b/M-Q4-00002-of-00003.gguf?download=true")
-    assert urls == ["https://h.example/a%20b/M-Q4-00001-of-00003.gguf?download=true",
-                    "https://h.example/a%20b/M-Q4-00002-of-00003.gguf?download=true",
-                    "https://h.example/a%20b/M-Q4-00003-of-00003.gguf?download=true"]
+    assert urls == [
+        "https://h.example/a%20b/M-Q4-00001-of-00003.gguf?download=true",
+        "https://h.example/a%20b/M-Q4-00002-of-00003.gguf?download=true",
+        "https://h.example/a%20b/M-Q4-00003-of-00003.gguf?download=true",
+    ]
     assert shard_urls("https://h.example/m.gguf") == ["https://h.example/m.gguf"]
     assert curl_command(urls) == "curl -L --remote-name-all 'https://h.example/a%20b/M-Q4-[00001-00003]-of-00003.gguf'"
     assert curl_command(["https://h.example/m.gguf?x=1"]) == "curl -L -O 'https://h.example/m.gguf'"

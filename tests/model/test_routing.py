@@ -41,8 +41,10 @@ def imatrix(path: Path, counts: dict[str, list[float]], *, kind: str = "imatrix"
 def three_hot(d: Path, p: ModelProfile) -> Path:
     """A routing where every MoE layer sends its tokens to three experts only (600 choices)."""
     layers = sorted({t.layer for t in p.tensors if t.is_expert})
-    return imatrix(d / "hot.gguf", {f"blk.{i}.ffn_up_exps.weight": [300.0, 200.0, 100.0] + [0.0] * (p.n_expert - 3)
-                                    for i in layers})
+    return imatrix(
+        d / "hot.gguf",
+        {f"blk.{i}.ffn_up_exps.weight": [300.0, 200.0, 100.0] + [0.0] * (p.n_expert - 3) for i in layers},
+    )
 
 
 @pytest.mark.server
@@ -56,8 +58,26 @@ def test_the_file_llama_imatrix_writes(bin_dir: Path, tmp_path: Path) -> None:
     text = tmp_path / "text.txt"
     text.write_text(" ".join(random.Random(1).choice(words) for _ in range(3000)))
     out = tmp_path / "imatrix.gguf"
-    r = subprocess.run([str(bin_dir / "llama-imatrix"), "-m", str(model), "-f", str(text), "-o", str(out),
-                        "-c", "128", "--chunks", "4", "-t", "2"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            str(bin_dir / "llama-imatrix"),
+            "-m",
+            str(model),
+            "-f",
+            str(text),
+            "-o",
+            str(out),
+            "-c",
+            "128",
+            "--chunks",
+            "4",
+            "-t",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0 and out.exists(), r.stderr[-2000:]
     routing = read_routing(out, p.n_expert, p.n_expert_used)
     moe_layers = sorted({t.layer for t in p.tensors if t.is_expert})
@@ -74,23 +94,29 @@ def test_uniform_counts_touch_what_the_formula_says_and_concentrated_ones_less(t
     assert r.tokens == 400 and r.layers[0] == pytest.approx((0.25,) * 8)
     for b in (1, 7, 64, 512):
         assert r.touched(0, b) == pytest.approx(touched_share(0.25, b))
-    hot = imatrix(tmp_path / "hot.gguf", {"blk.0.ffn_down_exps.weight": [390.0, 390.0, 20.0] + [0.0] * 5,
-                                          "blk.1.ffn_gate_exps.weight": [100.0] * 8})
+    hot = imatrix(
+        tmp_path / "hot.gguf",
+        {"blk.0.ffn_down_exps.weight": [390.0, 390.0, 20.0] + [0.0] * 5, "blk.1.ffn_gate_exps.weight": [100.0] * 8},
+    )
     r = read_routing(hot, 8, 2)
     assert r.touched(0, 64) == pytest.approx(touched_by(r.layers[0], 64)) and r.touched(0, 64) < 0.4
     assert r.touched(5, 64) is None  # a layer the file has no counts of
     assert r.to_json()["touched_at_64_tokens"] < r.to_json()["uniform_at_64_tokens"]
 
 
-@pytest.mark.parametrize(("write", "said"), [
-    (lambda p: p.write_bytes(b"\x05\x00\x00\x00legacy"), "legacy .dat"),
-    (lambda p: imatrix(p, {"blk.0.ffn_up_exps.weight": [1.0] * 8}, kind="model"), "not an imatrix"),
-    (lambda p: imatrix(p, {"blk.0.attn_q.weight": [5.0]}), "no expert counts"),
-    (lambda p: imatrix(p, {"blk.0.ffn_up_exps.weight": [1.0] * 16}), "16 experts, the model 8"),
-    (lambda p: imatrix(p, {"blk.0.ffn_up_exps.weight": [0.0] * 8}), "every expert count is zero"),
-])
-def test_files_that_are_not_a_routing_are_refused_with_the_way_to_make_one(tmp_path: Path, write: object,
-                                                                           said: str) -> None:
+@pytest.mark.parametrize(
+    ("write", "said"),
+    [
+        (lambda p: p.write_bytes(b"\x05\x00\x00\x00legacy"), "legacy .dat"),
+        (lambda p: imatrix(p, {"blk.0.ffn_up_exps.weight": [1.0] * 8}, kind="model"), "not an imatrix"),
+        (lambda p: imatrix(p, {"blk.0.attn_q.weight": [5.0]}), "no expert counts"),
+        (lambda p: imatrix(p, {"blk.0.ffn_up_exps.weight": [1.0] * 16}), "16 experts, the model 8"),
+        (lambda p: imatrix(p, {"blk.0.ffn_up_exps.weight": [0.0] * 8}), "every expert count is zero"),
+    ],
+)
+def test_files_that_are_not_a_routing_are_refused_with_the_way_to_make_one(
+    tmp_path: Path, write: object, said: str
+) -> None:
     path = tmp_path / "x.gguf"
     write(path)  # type: ignore[operator]
     with pytest.raises(InputError, match=said) as e:
@@ -132,8 +158,9 @@ def test_plan_and_tune_take_it_from_the_command_line(tmp_path: Path) -> None:
     tokens = 600 // p.n_expert_used
     assert f"routing: measured over {tokens} tokens" in r.stdout and "every expert alike: 100%" in r.stdout
     out = tmp_path / "p.json"
-    doc = json.loads(run_cli("plan", str(model), "--hw", "rtx-pro-6000", "--routing", str(hot), "-o", str(out),
-                             "--json").stdout)
+    doc = json.loads(
+        run_cli("plan", str(model), "--hw", "rtx-pro-6000", "--routing", str(hot), "-o", str(out), "--json").stdout
+    )
     assert doc["services"][0]["routing"]["tokens"] == tokens
     page = run_cli("report", str(out), "-o", "-").stdout  # the HTML page says it beside the prediction
     assert f"measured over {tokens} tokens" in page

@@ -18,24 +18,39 @@ from moetune.plan.settings import Settings
 
 
 def _profile(arch: str, n_layer: int = 8, **hp: Any) -> ModelProfile:
-    meta = {"general.architecture": arch, f"{arch}.block_count": n_layer, f"{arch}.embedding_length": 256,
-            f"{arch}.attention.head_count": 4, f"{arch}.attention.head_count_kv": 2,
-            f"{arch}.attention.key_length": 64, f"{arch}.attention.value_length": 64}
+    meta = {
+        "general.architecture": arch,
+        f"{arch}.block_count": n_layer,
+        f"{arch}.embedding_length": 256,
+        f"{arch}.attention.head_count": 4,
+        f"{arch}.attention.head_count_kv": 2,
+        f"{arch}.attention.key_length": 64,
+        f"{arch}.attention.value_length": 64,
+    }
     meta.update({f"{arch}.{k}": v for k, v in hp.items()})
     return ModelProfile(arch, ("m.gguf",), meta, ())
 
 
-@pytest.mark.parametrize(("arch", "hp", "want"), [
-    ("gpt-oss", {"attention.sliding_window": 128}, {0, 2, 4, 6}),  # the default period 2, full layer last
-    ("gemma3", {"attention.sliding_window": 1024}, {0, 1, 2, 3, 4, 6, 7}),  # period 6: five windowed, one full
-    ("cohere2moe", {"attention.sliding_window": 4096}, {1, 2, 3, 5, 6, 7}),  # the full layer opens each period
-    ("gpt-oss", {"attention.sliding_window": 128, "attention.sliding_window_pattern": 4}, {0, 1, 2, 4, 5, 6}),
-    ("gpt-oss", {"attention.sliding_window": 128, "attention.sliding_window_pattern": 0}, set(range(8))),
-    ("qwen3moe", {"attention.sliding_window": 128,
-                  "attention.sliding_window_pattern": [True, False, False, True, False, False, False, True]}, {0, 3, 7}),
-    ("qwen3moe", {"attention.sliding_window": 128}, set()),  # no pattern llama.cpp knows of: every layer full
-    ("gpt-oss", {}, set()),  # no window declared
-])
+@pytest.mark.parametrize(
+    ("arch", "hp", "want"),
+    [
+        ("gpt-oss", {"attention.sliding_window": 128}, {0, 2, 4, 6}),  # the default period 2, full layer last
+        ("gemma3", {"attention.sliding_window": 1024}, {0, 1, 2, 3, 4, 6, 7}),  # period 6: five windowed, one full
+        ("cohere2moe", {"attention.sliding_window": 4096}, {1, 2, 3, 5, 6, 7}),  # the full layer opens each period
+        ("gpt-oss", {"attention.sliding_window": 128, "attention.sliding_window_pattern": 4}, {0, 1, 2, 4, 5, 6}),
+        ("gpt-oss", {"attention.sliding_window": 128, "attention.sliding_window_pattern": 0}, set(range(8))),
+        (
+            "qwen3moe",
+            {
+                "attention.sliding_window": 128,
+                "attention.sliding_window_pattern": [True, False, False, True, False, False, False, True],
+            },
+            {0, 3, 7},
+        ),
+        ("qwen3moe", {"attention.sliding_window": 128}, set()),  # no pattern llama.cpp knows of: every layer full
+        ("gpt-oss", {}, set()),  # no window declared
+    ],
+)
 def test_windowed_layers_from_the_keys(arch: str, hp: dict[str, Any], want: set[int]) -> None:
     p = _profile(arch, **hp)
     n_swa, layers = swa_layers(p)
@@ -54,15 +69,18 @@ def test_damaged_pattern_is_an_input_error() -> None:
 
 
 # (ctx, parallel, ubatch, unified, swa_full) -> full cells, windowed cells (window 128), as llama-server logs them
-@pytest.mark.parametrize(("ctx", "par", "ub", "unified", "full", "want_full", "want_swa"), [
-    (4096, 1, 512, False, False, 4096, 768),  # 128 + 512 padded to 256
-    (256, 1, 512, False, False, 256, 256),  # context below window + ubatch: the full size
-    (8192, 4, 256, False, False, 8192, 4 * 512),  # per stream 128 + 256 -> 512, four streams
-    (1024, 4, 512, False, False, 1024, 1024),  # per stream capped at the stream's 256
-    (2048, 1, 128, False, False, 2048, 256),
-    (8192, 4, 512, True, False, 8192, 1024),  # unified: one stream, the window of every sequence
-    (8192, 1, 512, False, True, 8192, 8192),  # --swa-full
-])
+@pytest.mark.parametrize(
+    ("ctx", "par", "ub", "unified", "full", "want_full", "want_swa"),
+    [
+        (4096, 1, 512, False, False, 4096, 768),  # 128 + 512 padded to 256
+        (256, 1, 512, False, False, 256, 256),  # context below window + ubatch: the full size
+        (8192, 4, 256, False, False, 8192, 4 * 512),  # per stream 128 + 256 -> 512, four streams
+        (1024, 4, 512, False, False, 1024, 1024),  # per stream capped at the stream's 256
+        (2048, 1, 128, False, False, 2048, 256),
+        (8192, 4, 512, True, False, 8192, 1024),  # unified: one stream, the window of every sequence
+        (8192, 1, 512, False, True, 8192, 8192),  # --swa-full
+    ],
+)
 def test_cells_per_cache(ctx: int, par: int, ub: int, unified: bool, full: bool, want_full: int, want_swa: int) -> None:
     s = Settings(ctx=ctx, slots=par, ubatch=ub, batch=max(ub, 2048), kv_unified=unified, swa_full=full)
     assert (kv_cells(s), swa_cells(s, 128)) == (want_full, want_swa)

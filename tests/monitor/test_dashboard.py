@@ -27,10 +27,18 @@ def test_every_metric_the_dashboard_queries_is_one_the_exposition_defines() -> N
     assert used, "the dashboard queries moetune's metrics"
     assert not used - set(BY_NAME), f"not defined by moetune.monitor.exposition: {sorted(used - set(BY_NAME))}"
     # the panels the dashboard promises
-    for name in ("moetune_gpu_utilization_ratio", "moetune_gpu_memory_used_bytes", "moetune_gpu_power_watts",
-                 "moetune_process_cpu_ratio", "moetune_process_resident_memory_bytes", "moetune_host_cpu_busy_ratio",
-                 "moetune_host_memory_used_bytes", "moetune_server_tokens_predicted_total",
-                 "moetune_load_requests_in_flight", "moetune_load_errors_total"):
+    for name in (
+        "moetune_gpu_utilization_ratio",
+        "moetune_gpu_memory_used_bytes",
+        "moetune_gpu_power_watts",
+        "moetune_process_cpu_ratio",
+        "moetune_process_resident_memory_bytes",
+        "moetune_host_cpu_busy_ratio",
+        "moetune_host_memory_used_bytes",
+        "moetune_server_tokens_predicted_total",
+        "moetune_load_requests_in_flight",
+        "moetune_load_errors_total",
+    ):
         assert name in used, name
 
 

@@ -24,17 +24,35 @@ from moetune.monitor.snapshot import GpuSample, HostSample, ProcSample, Snapshot
 
 FULL = Snapshot(
     t=1_700_000_000.25,
-    host=HostSample(cpu_pct=(50.0, 12.5), mem_total_bytes=64 << 30, mem_used_bytes=20 << 30, mlocked_bytes=1 << 30,
-                    load1=1.5),
-    procs=(ProcSample("main", "server", "local", 100, cpu_pct=250.0, rss_bytes=3 << 30, threads=9, minflt=70,
-                      majflt=7),
-           ProcSample("rpc-b", "rpc", "node-b", 200, cpu_pct=None, rss_bytes=None, threads=None, alive=False)),
-    gpus=(GpuSample(0, "NVIDIA H200", util_pct=87.5, mem_used_bytes=100 << 30, mem_total_bytes=141 << 30,
-                    power_w=412.5, pcie_rx_bytes_per_s=2.5e10, pcie_tx_bytes_per_s=1e6),),
-    servers={"main": {"llamacpp:prompt_tokens_total": 512.0, "llamacpp:tokens_predicted_total": 64.0,
-                      "llamacpp:requests_processing": 2.0, "llamacpp:requests_deferred": 1.0,
-                      'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"}': 5.0,
-                      "llamacpp:some_new_gauge": 0.5}},
+    host=HostSample(
+        cpu_pct=(50.0, 12.5), mem_total_bytes=64 << 30, mem_used_bytes=20 << 30, mlocked_bytes=1 << 30, load1=1.5
+    ),
+    procs=(
+        ProcSample("main", "server", "local", 100, cpu_pct=250.0, rss_bytes=3 << 30, threads=9, minflt=70, majflt=7),
+        ProcSample("rpc-b", "rpc", "node-b", 200, cpu_pct=None, rss_bytes=None, threads=None, alive=False),
+    ),
+    gpus=(
+        GpuSample(
+            0,
+            "NVIDIA H200",
+            util_pct=87.5,
+            mem_used_bytes=100 << 30,
+            mem_total_bytes=141 << 30,
+            power_w=412.5,
+            pcie_rx_bytes_per_s=2.5e10,
+            pcie_tx_bytes_per_s=1e6,
+        ),
+    ),
+    servers={
+        "main": {
+            "llamacpp:prompt_tokens_total": 512.0,
+            "llamacpp:tokens_predicted_total": 64.0,
+            "llamacpp:requests_processing": 2.0,
+            "llamacpp:requests_deferred": 1.0,
+            'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"}': 5.0,
+            "llamacpp:some_new_gauge": 0.5,
+        }
+    },
     load={"requests_in_flight": 4.0, "requests_done_total": 120.0, "errors_total": 1.0, "level": 3.0},
     phase="c=4",
 )
@@ -42,12 +60,14 @@ FULL = Snapshot(
 
 def families(text: str) -> dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]]:
     """{family name: (type, [(sample name, labels, value)])} as prometheus_client reads the text."""
-    return {f.name: (f.type, [(s.name, s.labels, s.value) for s in f.samples])
-            for f in text_string_to_metric_families(text)}
+    return {
+        f.name: (f.type, [(s.name, s.labels, s.value) for s in f.samples]) for f in text_string_to_metric_families(text)
+    }
 
 
-def one(fams: dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]], name: str,
-        **labels: str) -> tuple[str, dict[str, str], float]:
+def one(
+    fams: dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]], name: str, **labels: str
+) -> tuple[str, dict[str, str], float]:
     family = name.removesuffix("_total")
     hits = [s for s in fams[family][1] if s[0] == name and all(s[1].get(k) == v for k, v in labels.items())]
     assert len(hits) == 1, (name, labels, fams[family])
@@ -102,13 +122,16 @@ def test_a_full_snapshot_renders_every_family_with_its_type_labels_and_value() -
     assert types["moetune_server_spec_decode_num_accepted_tokens_per_pos"] == "counter"
     assert types["moetune_server_some_new_gauge"] == types["moetune_load_level"] == "gauge"
     # an exited process has no figures but its state
-    assert not [s for f in fams.values() for s in f[1] if s[1].get("process") == "rpc-b"
-                and s[0] != "moetune_process_up"]
+    assert not [
+        s for f in fams.values() for s in f[1] if s[1].get("process") == "rpc-b" and s[0] != "moetune_process_up"
+    ]
 
 
 def test_one_family_block_per_name_with_help_and_type_first() -> None:
-    items = [LabelledSnapshot(FULL, run=1, kind="bench", label="a"), LabelledSnapshot(FULL, run=2, kind="bench",
-                                                                                      label="b")]
+    items = [
+        LabelledSnapshot(FULL, run=1, kind="bench", label="a"),
+        LabelledSnapshot(FULL, run=2, kind="bench", label="b"),
+    ]
     text = render(items)
     seen: list[str] = []
     lines = text.splitlines()
@@ -126,13 +149,19 @@ def test_one_family_block_per_name_with_help_and_type_first() -> None:
 
 
 def test_values_that_are_none_are_left_out() -> None:
-    text = render([LabelledSnapshot(Snapshot(t=5.0, procs=(ProcSample("main", "server", "local", 1),),
-                                             gpus=(GpuSample(0, "g"),)))])
+    text = render(
+        [
+            LabelledSnapshot(
+                Snapshot(t=5.0, procs=(ProcSample("main", "server", "local", 1),), gpus=(GpuSample(0, "g"),))
+            )
+        ]
+    )
     fams = families(text)
     assert set(fams) == {"moetune_snapshot_timestamp_seconds", "moetune_process_up"}
     # no run: no run label and no run_info; no launch label either
-    assert fams["moetune_snapshot_timestamp_seconds"][1] == [("moetune_snapshot_timestamp_seconds",
-                                                             {"node": "local"}, 5.0)]
+    assert fams["moetune_snapshot_timestamp_seconds"][1] == [
+        ("moetune_snapshot_timestamp_seconds", {"node": "local"}, 5.0)
+    ]
 
 
 def test_label_values_are_escaped() -> None:
@@ -160,10 +189,20 @@ def test_nothing_to_export_is_an_empty_exposition() -> None:
     assert render([]) == ""
 
 
-@pytest.mark.parametrize(("value", "text"), [
-    (3, "3"), (3.0, "3"), (0.125, "0.125"), (1e300, "1e+300"), (float("nan"), "NaN"), (float("inf"), "+Inf"),
-    (float("-inf"), "-Inf"), (2.0**60, "1.152921504606847e+18"), (-2.5, "-2.5"),
-])
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (3, "3"),
+        (3.0, "3"),
+        (0.125, "0.125"),
+        (1e300, "1e+300"),
+        (float("nan"), "NaN"),
+        (float("inf"), "+Inf"),
+        (float("-inf"), "-Inf"),
+        (2.0**60, "1.152921504606847e+18"),
+        (-2.5, "-2.5"),
+    ],
+)
 def test_values_are_written_as_prometheus_reads_them(value: float, text: str) -> None:
     assert format_value(value) == text
     back = float(text)
@@ -210,11 +249,14 @@ def test_llama_server_metrics_are_parsed_tolerantly() -> None:
     }
 
 
-@pytest.mark.parametrize(("key", "name", "labels"), [
-    ("llamacpp:requests_processing", "llamacpp:requests_processing", {}),
-    ('m{b="2",a="1"}', "m", {"a": "1", "b": "2"}),
-    ('m{a="q\\"uo\\nte\\\\"}', "m", {"a": 'q"uo\nte\\'}),
-])
+@pytest.mark.parametrize(
+    ("key", "name", "labels"),
+    [
+        ("llamacpp:requests_processing", "llamacpp:requests_processing", {}),
+        ('m{b="2",a="1"}', "m", {"a": "1", "b": "2"}),
+        ('m{a="q\\"uo\\nte\\\\"}', "m", {"a": 'q"uo\nte\\'}),
+    ],
+)
 def test_series_keys_round_trip(key: str, name: str, labels: dict[str, str]) -> None:
     assert split_key(key) == (name, labels)
     assert split_key(series_key(name, labels)) == (name, labels)

@@ -38,8 +38,9 @@ def _series(run_id: int) -> list[Snapshot]:
 def test_a_plans_bench_is_sampled_from_its_launch(models: Path, tmp_path: Path) -> None:
     m = model(models, "mon-qwen3moe", n_layer=2)
     plan = write_plan(tmp_path / "plan.json", m, "-ngl", "99", label="mon", rpc=True)
-    r = run_cli("bench", str(plan), "--json", "--repeats", "3", "--depth", "0", "--pp-tokens", "256",
-                "--tg-tokens", "128")
+    r = run_cli(
+        "bench", str(plan), "--json", "--repeats", "3", "--depth", "0", "--pp-tokens", "256", "--tg-tokens", "128"
+    )
     assert r.exit_code == 0, r.stderr
     run_id = json.loads(r.stdout)["run"]["id"]
     snaps = _series(run_id)
@@ -60,12 +61,24 @@ def test_a_plans_bench_is_sampled_from_its_launch(models: Path, tmp_path: Path) 
     assert max(d.get("llamacpp:tokens_predicted_total", 0) for d in served) >= 128
 
 
-def test_serve_bench_records_its_load_and_finds_the_server_by_its_port(bin_dir: Path, models: Path,
-                                                                      tmp_path: Path) -> None:
+def test_serve_bench_records_its_load_and_finds_the_server_by_its_port(
+    bin_dir: Path, models: Path, tmp_path: Path
+) -> None:
     m = model(models, "mon-qwen3moe", n_layer=2)
     with llama_server(bin_dir, m, tmp_path / "s.log", "-nr", "--parallel", "2", "-c", "1024", "--metrics") as srv:
-        r = run_cli("serve-bench", srv.url, "--json", "--concurrency", "2", "--requests", "40",
-                    "--input-len", "64", "--output-len", "128")
+        r = run_cli(
+            "serve-bench",
+            srv.url,
+            "--json",
+            "--concurrency",
+            "2",
+            "--requests",
+            "40",
+            "--input-len",
+            "64",
+            "--output-len",
+            "128",
+        )
         assert r.exit_code == 0, r.stderr
         pid = srv.proc.pid
     run_id = json.loads(r.stdout)["run"]["id"]
@@ -117,16 +130,37 @@ def test_a_live_launch_on_prometheus_and_the_load_of_a_serve_bench(models: Path,
     doc = json.loads(r.stdout)
     launch, url = doc["run"], doc["url"]
     env = {**os.environ, "MOETUNE_METRICS_INTERVAL": "0.1"}
-    everything = subprocess.Popen([sys.executable, "-m", "moetune", "metrics", "serve", "--listen",
-                                   f"127.0.0.1:{all_port}"], env=env, stderr=subprocess.PIPE)
+    everything = subprocess.Popen(
+        [sys.executable, "-m", "moetune", "metrics", "serve", "--listen", f"127.0.0.1:{all_port}"],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
     try:
         first = _scrape(f"http://127.0.0.1:{port}/metrics")
         main = [lab for lab, _ in first["moetune_process_resident_memory_bytes"] if lab["process"] == "main"]
         assert main and main[0]["launch"] == launch and main[0]["role"] == "server"
         assert len(first["moetune_host_cpu_busy_ratio"]) == os.cpu_count()
-        bench = subprocess.Popen([sys.executable, "-m", "moetune", "serve-bench", url, "--concurrency", "2",
-                                  "--requests", "40", "--input-len", "64", "--output-len", "64", "--json"],
-                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        bench = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "moetune",
+                "serve-bench",
+                url,
+                "--concurrency",
+                "2",
+                "--requests",
+                "40",
+                "--input-len",
+                "64",
+                "--output-len",
+                "64",
+                "--json",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         busy, in_flight = 0.0, 0.0
         while bench.poll() is None:
             got = _scrape(f"http://127.0.0.1:{port}/metrics")

@@ -24,9 +24,12 @@ from tests.helpers import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not Path(PROMETHEUS).exists(),
-                                 reason="Prometheus is not installed (apt-get install prometheus)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not Path(PROMETHEUS).exists(), reason="Prometheus is not installed (apt-get install prometheus)"
+    ),
+]
 
 CONFIG = """\
 global:
@@ -53,11 +56,18 @@ def test_prometheus_scrapes_the_endpoint_and_answers_queries(tmp_path: Path) -> 
     label = 'glm "q4"\nrun'
     with ResultsDB.open(db_path) as db:
         rid = db.create_run(RunMeta(RunKind.SERVE_BENCH), label=label, target="http://127.0.0.1:1")
-        db.add_metrics(rid, time.time(), Snapshot(
-            t=time.time(), host=HostSample(mem_used_bytes=123_456_789, mem_total_bytes=1 << 34),
-            gpus=(GpuSample(0, "NVIDIA H200", util_pct=42.0),),
-            servers={"main": {"llamacpp:tokens_predicted_total": 640.0}}, load={"requests_in_flight": 3.0},
-            phase="c=4").to_json())
+        db.add_metrics(
+            rid,
+            time.time(),
+            Snapshot(
+                t=time.time(),
+                host=HostSample(mem_used_bytes=123_456_789, mem_total_bytes=1 << 34),
+                gpus=(GpuSample(0, "NVIDIA H200", util_pct=42.0),),
+                servers={"main": {"llamacpp:tokens_predicted_total": 640.0}},
+                load={"requests_in_flight": 3.0},
+                phase="c=4",
+            ).to_json(),
+        )
 
     source = DbSource(db_path, max_age_s=3600)
     server = bind("127.0.0.1", 0, source)
@@ -70,8 +80,16 @@ def test_prometheus_scrapes_the_endpoint_and_answers_queries(tmp_path: Path) -> 
     config.write_text(CONFIG.format(target=server.url.removeprefix("http://")))
     log = tmp_path / "prometheus.log"
     with open(log, "wb") as f:
-        prom = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=f, stderr=subprocess.STDOUT)
+        prom = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

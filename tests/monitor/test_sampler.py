@@ -117,9 +117,11 @@ def test_server_metrics_are_scraped_and_a_server_without_them_is_not_asked_again
             return None  # not answering yet
         return {"llamacpp:requests_processing": 2.0}
 
-    ws = [Watch("a", "server", pid=os.getpid(), metrics_url="http://good/metrics"),
-          Watch("b", "server", pid=os.getpid(), metrics_url="http://bad/metrics"),
-          Watch("c", "server", pid=os.getpid(), metrics_url="http://loading/metrics")]
+    ws = [
+        Watch("a", "server", pid=os.getpid(), metrics_url="http://good/metrics"),
+        Watch("b", "server", pid=os.getpid(), metrics_url="http://bad/metrics"),
+        Watch("c", "server", pid=os.getpid(), metrics_url="http://loading/metrics"),
+    ]
     s = Sampler(watches=lambda: ws, gpus=False, scraper=scraper)
     snaps = [s.tick() for _ in range(4)]
     assert set(snaps[0].servers) == {"a"} and set(snaps[-1].servers) == {"a", "c"}
@@ -129,6 +131,7 @@ def test_server_metrics_are_scraped_and_a_server_without_them_is_not_asked_again
 
 def _fake_nvml(power_refused: bool) -> Any:
     """A stand-in for nvidia-ml-py (no GPU here): the calls and units NVML has."""
+
     class Refused(Exception):
         pass
 
@@ -138,8 +141,10 @@ def _fake_nvml(power_refused: bool) -> Any:
         return 215_500  # milliwatts
 
     return SimpleNamespace(
-        NVML_PCIE_UTIL_TX_BYTES=0, NVML_PCIE_UTIL_RX_BYTES=1,
-        nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: i,
+        NVML_PCIE_UTIL_TX_BYTES=0,
+        NVML_PCIE_UTIL_RX_BYTES=1,
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlDeviceGetName=lambda h: b"NVIDIA RTX PRO 6000" if h == 0 else "NVIDIA H200",
         nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=87 if h == 0 else 3),
         nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=(20 + h) << 30, total=96 << 30),
@@ -178,8 +183,15 @@ def test_a_process_on_another_node_is_read_over_one_ssh_session(tmp_path: Path, 
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     busy, _ = busy_and_idle
     st = read_proc_stat(busy.pid)
-    w = Watch("rpc0", "rpc", node="node-b", pid=busy.pid, start_ticks=st.start_ticks if st else None,
-              ssh=(str(fake),), ssh_target="node-b")
+    w = Watch(
+        "rpc0",
+        "rpc",
+        node="node-b",
+        pid=busy.pid,
+        start_ticks=st.start_ticks if st else None,
+        ssh=(str(fake),),
+        ssh_target="node-b",
+    )
     with Sampler(watches=lambda: [w], interval_s=0.2, gpus=False) as s:
         time.sleep(1.5)
         snap = s.latest

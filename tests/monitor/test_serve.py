@@ -57,8 +57,12 @@ def serving(source: Source) -> Iterator[MetricsServer]:
 
 
 def series(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    return {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(text)
-            for s in f.samples if s.name == name}
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name
+    }
 
 
 def test_the_server_serves_its_source_at_each_scrape() -> None:
@@ -115,8 +119,9 @@ def test_the_db_source_exports_the_newest_snapshot_of_each_running_run(tmp_path:
     with ResultsDB.open(path) as db:
         live = make_run(db, "live", launch="L7")
         db.add_metrics(live, now - 3, snap(now - 3, used=1).to_json())
-        db.add_metrics(live, now - 1, snap(now - 1, used=2, procs=(ProcSample("main", "server", "local", 9,
-                                                                              threads=4),)).to_json())
+        db.add_metrics(
+            live, now - 1, snap(now - 1, used=2, procs=(ProcSample("main", "server", "local", 9, threads=4),)).to_json()
+        )
         stale = make_run(db, "killed")  # its writer died: still running, no fresh snapshot
         db.add_metrics(stale, now - 60, snap(now - 60).to_json())
         make_run(db, "no-snapshots")
@@ -129,15 +134,19 @@ def test_the_db_source_exports_the_newest_snapshot_of_each_running_run(tmp_path:
     try:
         items = source()
         assert [(i.run, i.kind, i.label, i.launch, i.snapshot.host.mem_used_bytes) for i in items] == [
-            (live, "serve-bench", "live", "L7", 2)]
+            (live, "serve-bench", "live", "L7", 2)
+        ]
         with serving(source) as server:
             text = httpx.get(server.url + "/metrics", timeout=5).text
             assert series(text, "moetune_host_memory_used_bytes") == {
-                (("launch", "L7"), ("node", "local"), ("run", str(live))): 2}
+                (("launch", "L7"), ("node", "local"), ("run", str(live))): 2
+            }
             assert series(text, "moetune_run_info") == {
-                (("kind", "serve-bench"), ("label", "live"), ("launch", "L7"), ("run", str(live))): 1}
+                (("kind", "serve-bench"), ("label", "live"), ("launch", "L7"), ("run", str(live))): 1
+            }
             assert series(text, "moetune_process_threads") == {
-                (("launch", "L7"), ("node", "local"), ("process", "main"), ("role", "server"), ("run", str(live))): 4}
+                (("launch", "L7"), ("node", "local"), ("process", "main"), ("role", "server"), ("run", str(live))): 4
+            }
             # no newer snapshot for more than 10 s: its writer is taken for dead
             clock[0] = now + 8.5  # its newest snapshot is 9.5 s old
             assert [i.run for i in source()] == [live]
@@ -154,27 +163,40 @@ def test_the_db_source_exports_the_newest_snapshot_of_each_running_run(tmp_path:
         assert [r.label for r in db.runs(status=RunStatus.RUNNING)] == ["no-snapshots", "killed"]
 
 
-@pytest.mark.parametrize(("listen", "expected"), [
-    ("127.0.0.1:9101", ("127.0.0.1", 9101)),
-    ("0.0.0.0:0", ("0.0.0.0", 0)),
-    ("localhost:80", ("localhost", 80)),
-    ("[::1]:9101", ("::1", 9101)),
-])
+@pytest.mark.parametrize(
+    ("listen", "expected"),
+    [
+        ("127.0.0.1:9101", ("127.0.0.1", 9101)),
+        ("0.0.0.0:0", ("0.0.0.0", 0)),
+        ("localhost:80", ("localhost", 80)),
+        ("[::1]:9101", ("::1", 9101)),
+    ],
+)
 def test_listen_addresses(listen: str, expected: tuple[str, int]) -> None:
     assert parse_listen(listen) == expected
 
 
-@pytest.mark.parametrize("listen", ["127.0.0.1", "9101", ":9101", "127.0.0.1:", "127.0.0.1:http", "h:70000",
-                                    "::1:9101"])
+@pytest.mark.parametrize(
+    "listen", ["127.0.0.1", "9101", ":9101", "127.0.0.1:", "127.0.0.1:http", "h:70000", "::1:9101"]
+)
 def test_bad_listen_addresses_are_input_errors(listen: str) -> None:
     with pytest.raises(InputError) as e:
         parse_listen(listen)
     assert e.value.hint
 
 
-@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.3.2.1", True), ("::1", True),
-                                                ("localhost", True), ("0.0.0.0", False), ("192.168.1.5", False),
-                                                ("example.org", False)])
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.3.2.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("192.168.1.5", False),
+        ("example.org", False),
+    ],
+)
 def test_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
 
@@ -214,8 +236,11 @@ def test_cli_dashboard_writes_the_package_json(tmp_path: Path) -> None:
 
 def start_cli(db: Path) -> tuple[subprocess.Popen[str], str]:
     """`moetune metrics serve` on a free port, and its URL once it serves."""
-    p = subprocess.Popen([sys.executable, "-m", "moetune", "metrics", "serve", "--listen", "127.0.0.1:0",
-                          "--db", str(db)], stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "moetune", "metrics", "serve", "--listen", "127.0.0.1:0", "--db", str(db)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert p.stderr is not None
     line = p.stderr.readline()
     assert line.startswith("serving http://127.0.0.1:"), line

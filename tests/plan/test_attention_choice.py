@@ -31,8 +31,11 @@ def planned(bed: tuple[Path, Path], s: Settings, choose: Choose) -> tuple[Settin
 def test_variants_keep_to_what_the_engine_accepts_default_first() -> None:
     vs = variants(Settings(), Choose(True, True))
     assert vs[0] == Settings()
-    assert {(v.flash_attn, v.ctk, v.ctv) for v in vs} == {(True, "f16", "f16"), (True, "q8_0", "q8_0"),
-                                                          (False, "f16", "f16")}  # no quantized V without FA
+    assert {(v.flash_attn, v.ctk, v.ctv) for v in vs} == {
+        (True, "f16", "f16"),
+        (True, "q8_0", "q8_0"),
+        (False, "f16", "f16"),
+    }  # no quantized V without FA
     assert [v.flash_attn for v in variants(Settings(ctk="q4_0", ctv="q4_0"), Choose(True, False))] == [True]
     assert decision_depth(Settings(ctx=8192, slots=2)) == 2048
 

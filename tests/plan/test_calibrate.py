@@ -27,9 +27,19 @@ from tests.helpers import free_port, run_cli
 
 MIB = 1 << 20
 
-TRUE = SpeedConstants(cpu_bw_eff=0.31, gpu_bw_eff=0.62, cpu_core_gbs=4.0, token_overhead_us=900.0, split_us=60.0,
-                      rpc_hop_us=420.0, cpu_ctx_gflops_per_core=2.6, gpu_ctx_tflops=9.0, cpu_gflops_per_core=25.0,
-                      gpu_tflops=140.0, ubatch_overhead_us=5000.0)
+TRUE = SpeedConstants(
+    cpu_bw_eff=0.31,
+    gpu_bw_eff=0.62,
+    cpu_core_gbs=4.0,
+    token_overhead_us=900.0,
+    split_us=60.0,
+    rpc_hop_us=420.0,
+    cpu_ctx_gflops_per_core=2.6,
+    gpu_ctx_tflops=9.0,
+    cpu_gflops_per_core=25.0,
+    gpu_tflops=140.0,
+    ubatch_overhead_us=5000.0,
+)
 
 
 def observations(n_runs: int, seed: int = 0) -> list[Observation]:
@@ -39,14 +49,48 @@ def observations(n_runs: int, seed: int = 0) -> list[Observation]:
     obs = []
     for run in range(n_runs):
         threads = rng.choice([4, 8, 16])
-        devs = (DeviceWork("CPU", True, 200.0, threads, 16, None, rng.uniform(50, 4000) * MIB,
-                           rng.uniform(0, 40) * 1e3, rng.uniform(0.0, 2e4), rng.uniform(1e8, 3e9), 1e11),
-                DeviceWork("CUDA0", False, 1790.0, 0, 0, None, rng.uniform(100, 9000) * MIB, rng.uniform(0, 4e5),
-                           rng.uniform(0.0, 2e5), rng.uniform(1e8, 8e9)),
-                DeviceWork("RPC0[10.0.0.2:50052]", False, 900.0, 0, 0, 60.0, rng.uniform(0, 3000) * MIB, 0.0, 0.0,
-                           rng.uniform(0, 3e9)))
-        w = Work(devs, rng.randint(2, 160), rng.randint(0, 40), 2e-4, rng.choice([256, 512, 2048]), 8 / 256,
-                 True, None, 25.0)
+        devs = (
+            DeviceWork(
+                "CPU",
+                True,
+                200.0,
+                threads,
+                16,
+                None,
+                rng.uniform(50, 4000) * MIB,
+                rng.uniform(0, 40) * 1e3,
+                rng.uniform(0.0, 2e4),
+                rng.uniform(1e8, 3e9),
+                1e11,
+            ),
+            DeviceWork(
+                "CUDA0",
+                False,
+                1790.0,
+                0,
+                0,
+                None,
+                rng.uniform(100, 9000) * MIB,
+                rng.uniform(0, 4e5),
+                rng.uniform(0.0, 2e5),
+                rng.uniform(1e8, 8e9),
+            ),
+            DeviceWork(
+                "RPC0[10.0.0.2:50052]",
+                False,
+                900.0,
+                0,
+                0,
+                60.0,
+                rng.uniform(0, 3000) * MIB,
+                0.0,
+                0.0,
+                rng.uniform(0, 3e9),
+            ),
+        )
+        w = Work(
+            devs, rng.randint(2, 160), rng.randint(0, 40), 2e-4, rng.choice([256, 512, 2048]), 8 / 256, True, None, 25.0
+        )
         for depth in (0, rng.choice([1000, 8000, 32000])):
             o = Observation(run, w, depth, None, None, rng.choice([None, 300, 4096]))
             obs.append(replace(o, measured_tg=predict_tg(o, TRUE), measured_pp=predict_pp(o, TRUE)))
@@ -92,7 +136,9 @@ def test_one_run_states_the_uncalibrated_uncertainty() -> None:
 def test_calibrate_then_plan_uses_it(bin_dir: Path, tmp_path: Path) -> None:
     model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "f16").files[0]
     hw = tmp_path / "hw.yaml"
-    hw.write_text(yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]}))
+    hw.write_text(
+        yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]})
+    )
 
     def plan(ctx: int) -> Path:
         out = tmp_path / f"p{ctx}.json"
@@ -103,8 +149,21 @@ def test_calibrate_then_plan_uses_it(bin_dir: Path, tmp_path: Path) -> None:
     r = run_cli("calibrate")
     assert r.exit_code == 2 and "no benchmark of a plan" in r.stderr
     for ctx in (2048, 4096):
-        r = run_cli("bench", str(plan(ctx)), "--depth", f"0,{ctx // 2}", "-r", "2", "--warmup", "0",
-                    "--tg-tokens", "16", "--pp-tokens", "64", "--json")
+        r = run_cli(
+            "bench",
+            str(plan(ctx)),
+            "--depth",
+            f"0,{ctx // 2}",
+            "-r",
+            "2",
+            "--warmup",
+            "0",
+            "--tg-tokens",
+            "16",
+            "--pp-tokens",
+            "64",
+            "--json",
+        )
         assert r.exit_code == 0, r.stderr
     # --force: what is tested here is that plan uses a stored calibration; whether a noisy one is
     # stored at all (the apply rule) is tests/test_contention.py's, and on a loaded machine two
@@ -129,13 +188,21 @@ def test_a_host_on_one_thread_pays_a_wake_up_per_rpc_hop() -> None:
     k = SpeedConstants()
     one, two = (Work((replace(cpu, threads=t), rpc), 18, 17, host_threads=t) for t in (1, 2))
     gap = decode_seconds(one, 0, k) - decode_seconds(two, 0, k)
-    host_read = (device_decode_seconds(replace(cpu, threads=1), 0, k) - device_decode_seconds(replace(cpu, threads=2), 0, k))
+    host_read = device_decode_seconds(replace(cpu, threads=1), 0, k) - device_decode_seconds(
+        replace(cpu, threads=2), 0, k
+    )
     assert gap == pytest.approx(17 * k.rpc_wake_us * 1e-6 + host_read)
     # an earlier moetune recorded no host threads: its runs are read as before, without the term
-    assert decode_seconds(replace(one, host_threads=0), 0, k) == pytest.approx(decode_seconds(one, 0, k) - 17 * k.rpc_wake_us * 1e-6)
+    assert decode_seconds(replace(one, host_threads=0), 0, k) == pytest.approx(
+        decode_seconds(one, 0, k) - 17 * k.rpc_wake_us * 1e-6
+    )
     # runs of one and two threads, with one hop and with seventeen: the fit finds the wake-up
-    obs = [Observation(i, w, 0, None) for i, w in
-           enumerate((one, two, replace(one, graph_splits=2, rpc_hops=1), replace(two, graph_splits=2, rpc_hops=1)))]
+    obs = [
+        Observation(i, w, 0, None)
+        for i, w in enumerate(
+            (one, two, replace(one, graph_splits=2, rpc_hops=1), replace(two, graph_splits=2, rpc_hops=1))
+        )
+    ]
     truth = replace(k, rpc_wake_us=400.0, cpu_core_gbs=14.0)
     obs = [replace(o, measured_tg=predict_tg(o, truth)) for o in obs]
     fitted = fit(obs, noise_pct=0.1)

@@ -56,8 +56,9 @@ def test_qwen35_397b_checkpoint_is_its_recurrent_state(qwen35: ModelProfile) -> 
 
 
 @pytest.mark.parametrize(("slots", "n", "want_n"), [(1, None, 32), (4, None, 32), (2, 8, 8), (2, 0, 0)])
-def test_ledger_counts_every_slots_checkpoints_on_the_host(qwen35: ModelProfile, slots: int, n: int | None,
-                                                           want_n: int) -> None:
+def test_ledger_counts_every_slots_checkpoints_on_the_host(
+    qwen35: ModelProfile, slots: int, n: int | None, want_n: int
+) -> None:
     s = Settings(ctx=65536 * slots, slots=slots, ctx_checkpoints=n)
     sp = make_plan([ServiceSpec("q", qwen35, s, "cpu-moe")], load("rtx-pro-6000x2")).main
     items = [i for its in sp.memory.items.values() for i in its if i.what == "checkpoints"]
@@ -107,8 +108,21 @@ def test_plan_renders_and_documents_ctx_checkpoints(small: dict[str, ModelProfil
     hw = tmp_path / "hw.json"
     hw.write_text(json.dumps(loopback_hw([])))
     for engine in ("llama.cpp", "ik_llama.cpp"):
-        r = run_cli("plan", str(small["qwen35moe"].files[0]), "--hw", str(hw), "--engine", engine,
-                    "--ctx-checkpoints", "6", "--parallel", "2", "--ctx", "8192", "--json")
+        r = run_cli(
+            "plan",
+            str(small["qwen35moe"].files[0]),
+            "--hw",
+            str(hw),
+            "--engine",
+            engine,
+            "--ctx-checkpoints",
+            "6",
+            "--parallel",
+            "2",
+            "--ctx",
+            "8192",
+            "--json",
+        )
         assert r.exit_code == 0, r.stderr
         doc = json.loads(r.stdout)
         argv = doc["argv"]
@@ -116,8 +130,9 @@ def test_plan_renders_and_documents_ctx_checkpoints(small: dict[str, ModelProfil
         cpu = next(d for d in doc["devices"] if d["name"] == "CPU")
         item = next(i for i in cpu["items"] if i["what"] == "checkpoints")
         assert "2 slot(s) x up to 6" in item["note"]
-    r = run_cli("plan", str(small["qwen35moe"].files[0]), "--hw", str(hw), "--engine-arg=--ctx-checkpoints",
-                "--engine-arg=4")
+    r = run_cli(
+        "plan", str(small["qwen35moe"].files[0]), "--hw", str(hw), "--engine-arg=--ctx-checkpoints", "--engine-arg=4"
+    )
     assert r.exit_code == 2 and "--ctx-checkpoints N" in r.stderr
     r = run_cli("plan", str(small["qwen35moe"].files[0]), "--hw", str(hw), "--ctx-checkpoints", "-1")
     assert r.exit_code == 2
@@ -130,7 +145,9 @@ def test_both_engines_parse_the_rendered_flag(kind: str) -> None:
     b = engine_bin_dir(IK if kind == "ik_llama.cpp" else MAINLINE)
     if b is None:
         pytest.skip(f"{kind} is not built")
-    ok = subprocess.run([str(b / "llama-server"), "--ctx-checkpoints", "6", "--version"], capture_output=True, timeout=60)
+    ok = subprocess.run(
+        [str(b / "llama-server"), "--ctx-checkpoints", "6", "--version"], capture_output=True, timeout=60
+    )
     assert ok.returncode == 0, ok.stderr[-500:]
 
 
@@ -143,8 +160,10 @@ def test_a_layout_service_sets_its_own_checkpoints(small: dict[str, ModelProfile
     hw = tmp_path / "hw.json"
     hw.write_text(json.dumps(loopback_hw([])))
     layout = tmp_path / "layout.yaml"
-    layout.write_text(f"services:\n  - {{name: a, model: {small['qwen35moe'].files[0]}, ctx_checkpoints: 3}}\n"
-                      f"  - {{name: b, model: {small['qwen35moe'].files[0]}}}\n")
+    layout.write_text(
+        f"services:\n  - {{name: a, model: {small['qwen35moe'].files[0]}, ctx_checkpoints: 3}}\n"
+        f"  - {{name: b, model: {small['qwen35moe'].files[0]}}}\n"
+    )
     r = run_cli("plan", "--layout", str(layout), "--hw", str(hw), "--ctx-checkpoints", "5", "--json")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)

@@ -37,16 +37,36 @@ SETTINGS = [(4096, 512), (16384, 256)]
 @pytest.fixture(scope="module")
 def worker(bin_dir: Path) -> Iterator[tuple[str, int]]:
     with rpc_workers(bin_dir, 1) as ends:
-        out = subprocess.run([str(bin_dir / "llama-server"), "--rpc", ends[0], "--list-devices"],
-                             capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            [str(bin_dir / "llama-server"), "--rpc", ends[0], "--list-devices"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
         m = re.search(r"RPC0: \S+ \((\d+) MiB, (\d+) MiB free", out)
         assert m, out
         yield ends[0], int(m[2])
 
 
 def fit_params_fits(bin_dir: Path, p: ModelProfile, endpoint: str, free: int, cap: float, ctx: int, ub: int) -> bool:
-    r = subprocess.run([str(bin_dir / "llama-fit-params"), "-m", str(p.files[0]), "--rpc", endpoint, "-c", str(ctx),
-                        "-ub", str(ub), "-fitt", str(int(free - cap))], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            str(bin_dir / "llama-fit-params"),
+            "-m",
+            str(p.files[0]),
+            "--rpc",
+            endpoint,
+            "-c",
+            str(ctx),
+            "-ub",
+            str(ub),
+            "-fitt",
+            str(int(free - cap)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     args = r.stdout.strip()
     return "-ot" not in args and re.search(r"-ngl -1\b", args) is not None
@@ -54,12 +74,17 @@ def fit_params_fits(bin_dir: Path, p: ModelProfile, endpoint: str, free: int, ca
 
 @pytest.mark.parametrize("arch", list(MODELS))
 @pytest.mark.parametrize(("ctx", "ub"), SETTINGS)
-def test_verdicts_agree_with_llama_fit_params(arch: str, ctx: int, ub: int, bin_dir: Path, tmp_path: Path,
-                                              worker: tuple[str, int]) -> None:
+def test_verdicts_agree_with_llama_fit_params(
+    arch: str, ctx: int, ub: int, bin_dir: Path, tmp_path: Path, worker: tuple[str, int]
+) -> None:
     endpoint, free = worker
     p = load_profile(generate(tmp_path / f"{arch}.gguf", arch, MODELS[arch], "f16").files[0])
     s = Settings(ctx=ctx, ubatch=ub)
-    need = make_plan([ServiceSpec("t", p, s, "all-gpu")], from_dict(loopback_hw([endpoint], mem_mib=1e6))).ledgers[0].used_mib
+    need = (
+        make_plan([ServiceSpec("t", p, s, "all-gpu")], from_dict(loopback_hw([endpoint], mem_mib=1e6)))
+        .ledgers[0]
+        .used_mib
+    )
     for factor in (0.93, 1.07):
         cap = need * factor
         ours = make_plan([ServiceSpec("t", p, s, "all-gpu")], from_dict(loopback_hw([endpoint], mem_mib=cap))).fits

@@ -52,7 +52,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelProfile
     out = {}
     for name in dict.fromkeys(c[0] for c in CASES):
         arch, dims = PRESETS[name]
-        out[name] = load_profile(generate(d / f"{name}.gguf", arch, dims, mainline_recipe(name), shards=2, sparse=True).files[0])
+        out[name] = load_profile(
+            generate(d / f"{name}.gguf", arch, dims, mainline_recipe(name), shards=2, sparse=True).files[0]
+        )
     return out
 
 
@@ -62,18 +64,35 @@ def worker(bin_dir: Path) -> Iterator[list[str]]:
         yield ends
 
 
-@pytest.mark.parametrize(("preset", "ctx", "ub", "cache", "fa"), CASES, ids=[f"{c[0]}-c{c[1]}-ub{c[2]}-{c[3]}-fa{int(c[4])}" for c in CASES])
-def test_ledger_matches_llama_fit_params_at_full_scale(bin_dir: Path, worker: list[str], replicas: dict[str, ModelProfile],
-                                                        preset: str, ctx: int, ub: int, cache: str, fa: bool) -> None:
+@pytest.mark.parametrize(
+    ("preset", "ctx", "ub", "cache", "fa"), CASES, ids=[f"{c[0]}-c{c[1]}-ub{c[2]}-{c[3]}-fa{int(c[4])}" for c in CASES]
+)
+def test_ledger_matches_llama_fit_params_at_full_scale(
+    bin_dir: Path,
+    worker: list[str],
+    replicas: dict[str, ModelProfile],
+    preset: str,
+    ctx: int,
+    ub: int,
+    cache: str,
+    fa: bool,
+) -> None:
     hw = from_dict(loopback_hw(worker, mem_mib=1e7, cpu_ram_mib=1e8))
     # repack=False: mainline's default would copy the CPU experts into a CPU_REPACK buffer (41 GiB
     # here, refused: the sparse replica's weights only fit as a mapping)
-    s = Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=cache, ctv=cache if fa else "f16", flash_attn=fa,
-                 repack=False)
+    s = Settings(
+        ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=cache, ctv=cache if fa else "f16", flash_attn=fa, repack=False
+    )
     sp = make_plan([ServiceSpec("t", replicas[preset], s, "cpu-moe")], hw).main
-    r = subprocess.run([str(bin_dir / "llama-fit-params"), *strip_flags(service_argv(sp)), "-lv", "4"],
-                       capture_output=True, text=True, timeout=120)
-    theirs = {f.device: f for f in mainline_figures(r.stdout + r.stderr, {v: k for k, v in sp.hw.engine_names().items()})}
+    r = subprocess.run(
+        [str(bin_dir / "llama-fit-params"), *strip_flags(service_argv(sp)), "-lv", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    theirs = {
+        f.device: f for f in mainline_figures(r.stdout + r.stderr, {v: k for k, v in sp.hw.engine_names().items()})
+    }
     assert theirs, (r.stdout + r.stderr)[-2000:]
     for ours in ledger_figures(sp, dry_run=True):
         e = theirs[ours.device]
@@ -86,11 +105,16 @@ def test_ledger_matches_llama_servers_own_reserve_at_full_scale(bin_dir: Path, t
     """Two devices, four slots: the output rows of the server's reserve (one per slot, not the
     ubatch's 2048) decide the last device's buffer."""
     arch, dims = PRESETS["qwen3-coder-next"]
-    p = load_profile(generate(tmp_path / "next.gguf", arch, dims, mainline_recipe("qwen3-coder-next"), shards=2,
-                              sparse=True).files[0])
+    p = load_profile(
+        generate(tmp_path / "next.gguf", arch, dims, mainline_recipe("qwen3-coder-next"), shards=2, sparse=True).files[
+            0
+        ]
+    )
     with rpc_workers(bin_dir, 2) as ends:
         s = Settings(ctx=65536, ubatch=2048, ctk="f16", ctv="f16", slots=4, repack=False)
-        sp = make_plan([ServiceSpec("t", p, s, "cpu-moe")], from_dict(loopback_hw(ends, mem_mib=1e7, cpu_ram_mib=1e8))).main
+        sp = make_plan(
+            [ServiceSpec("t", p, s, "cpu-moe")], from_dict(loopback_hw(ends, mem_mib=1e7, cpu_ram_mib=1e8))
+        ).main
         ok, log = reserve_log(bin_dir / "llama-server", [*strip_endpoint(service_argv(sp)), "-lv", "4"], timeout=300)
     assert ok, log[-2000:]
     theirs = parse_log(log).device_buffers()

@@ -35,16 +35,26 @@ IK = Settings(engine=EngineKind.IK, split_mode="graph", ctx=4096)
 
 
 def two_gpus(mem: tuple[float, float] = (24000, 24000)) -> dict[str, Any]:
-    return {"nodes": [{"name": "local", "cpu": {"cores": 16, "ram_mib": 256000, "ram_bw_gbs": 200},
-                       "devices": [{"name": f"CUDA{i}", "kind": "gpu", "mem_mib": m, "bw_gbs": 900}
-                                   for i, m in enumerate(mem)]}]}
+    return {
+        "nodes": [
+            {
+                "name": "local",
+                "cpu": {"cores": 16, "ram_mib": 256000, "ram_bw_gbs": 200},
+                "devices": [
+                    {"name": f"CUDA{i}", "kind": "gpu", "mem_mib": m, "bw_gbs": 900} for i, m in enumerate(mem)
+                ],
+            }
+        ]
+    }
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelProfile]:
     d = tmp_path_factory.mktemp("graph")
-    return {a: load_profile(generate(d / f"{a}.gguf", a, small_dims(a), "f16").files[0])
-            for a in ("qwen3moe", "qwen35moe", "glm-dsa", "gpt-oss")}
+    return {
+        a: load_profile(generate(d / f"{a}.gguf", a, small_dims(a), "f16").files[0])
+        for a in ("qwen3moe", "qwen35moe", "glm-dsa", "gpt-oss")
+    }
 
 
 def _items(sp: Any, what: str) -> dict[str, float]:
@@ -53,9 +63,9 @@ def _items(sp: Any, what: str) -> dict[str, float]:
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe", "gpt-oss"])
 @pytest.mark.parametrize(("mem", "pct"), [((24000, 24000), (50, 50)), ((24000, 16000), (60, 40))])
-def test_graph_split_divides_layers_and_kv_by_the_rendered_shares(models: dict[str, ModelProfile], arch: str,
-                                                                   mem: tuple[float, float],
-                                                                   pct: tuple[int, int]) -> None:
+def test_graph_split_divides_layers_and_kv_by_the_rendered_shares(
+    models: dict[str, ModelProfile], arch: str, mem: tuple[float, float], pct: tuple[int, int]
+) -> None:
     p = models[arch]
     sp = make_plan([ServiceSpec("t", p, IK, "all-gpu")], from_dict(two_gpus(mem))).main
     argv = service_argv(sp)
@@ -87,18 +97,33 @@ def test_experts_on_the_cpu_stay_there(models: dict[str, ModelProfile]) -> None:
     assert cpu >= experts
     split = _items(sp, "weights (split)")
     assert split["CUDA0"] == pytest.approx(split["CUDA1"]) and split["CUDA0"] < (
-        sum(t.nbytes for t in p.loaded_tensors() if t.layer is not None and not t.is_expert) / MIB)
+        sum(t.nbytes for t in p.loaded_tensors() if t.layer is not None and not t.is_expert) / MIB
+    )
 
 
-@pytest.mark.parametrize(("args", "hw", "said"), [
-    (("--engine", "llama.cpp"), two_gpus(), "has no graph split"),
-    (("--engine", "ik_llama.cpp"), {"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 64000, "ram_bw_gbs": 20},
-                                              "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 24000,
-                                                           "bw_gbs": 900}]}]}, "two or more GPUs"),
-    (("--engine", "ik_llama.cpp"), loopback_hw([]), "two or more GPUs"),
-])
-def test_graph_split_refused_with_the_reason(models: dict[str, ModelProfile], tmp_path: Path, args: tuple[str, ...],
-                                              hw: dict[str, Any], said: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "hw", "said"),
+    [
+        (("--engine", "llama.cpp"), two_gpus(), "has no graph split"),
+        (
+            ("--engine", "ik_llama.cpp"),
+            {
+                "nodes": [
+                    {
+                        "name": "local",
+                        "cpu": {"cores": 2, "ram_mib": 64000, "ram_bw_gbs": 20},
+                        "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 24000, "bw_gbs": 900}],
+                    }
+                ]
+            },
+            "two or more GPUs",
+        ),
+        (("--engine", "ik_llama.cpp"), loopback_hw([]), "two or more GPUs"),
+    ],
+)
+def test_graph_split_refused_with_the_reason(
+    models: dict[str, ModelProfile], tmp_path: Path, args: tuple[str, ...], hw: dict[str, Any], said: str
+) -> None:
     f = tmp_path / "hw.json"
     f.write_text(json.dumps(hw))
     r = run_cli("plan", str(models["qwen3moe"].files[0]), "--hw", str(f), "--split-mode", "graph", *args)
@@ -110,20 +135,28 @@ def test_graph_split_refused_where_ik_falls_back(models: dict[str, ModelProfile]
     """GLM-DSA: the fallback reference 000 saw (doctor's split_mode_fallback)."""
     f = tmp_path / "hw.json"
     f.write_text(json.dumps(two_gpus()))
-    r = run_cli("plan", str(models["glm-dsa"].files[0]), "--hw", str(f), "--engine", "ik_llama.cpp",
-                "--split-mode", "graph")
+    r = run_cli(
+        "plan", str(models["glm-dsa"].files[0]), "--hw", str(f), "--engine", "ik_llama.cpp", "--split-mode", "graph"
+    )
     assert r.exit_code == 2
     assert "does not split glm-dsa" in r.stderr and "falls back to layer" in r.stderr
-    r = run_cli("plan", str(models["glm-dsa"].files[0]), "--hw", str(f), "--engine", "ik_llama.cpp",
-                "--split-mode", "row")
+    r = run_cli(
+        "plan", str(models["glm-dsa"].files[0]), "--hw", str(f), "--engine", "ik_llama.cpp", "--split-mode", "row"
+    )
     assert r.exit_code == 2
 
 
 def test_graph_split_refused_with_rpc_devices(models: dict[str, ModelProfile]) -> None:
     hw = two_gpus()
-    hw["nodes"].append({"name": "w", "link_addr": "127.0.0.1", "rpc_port": 50052,
-                        "cpu": {"cores": 2, "ram_mib": 24000, "ram_bw_gbs": 20},
-                        "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 24000, "bw_gbs": 900}]})
+    hw["nodes"].append(
+        {
+            "name": "w",
+            "link_addr": "127.0.0.1",
+            "rpc_port": 50052,
+            "cpu": {"cores": 2, "ram_mib": 24000, "ram_bw_gbs": 20},
+            "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 24000, "bw_gbs": 900}],
+        }
+    )
     with pytest.raises(InputError, match="RPC devices"):
         make_plan([ServiceSpec("t", models["qwen3moe"], IK, "all-gpu")], from_dict(hw))
 
@@ -145,6 +178,7 @@ def test_the_engines_parsers_on_the_rendered_split_mode() -> None:
 
     def code(b: Path, *a: str) -> int:
         return subprocess.run([str(b / "llama-server"), *a, "--version"], capture_output=True, timeout=60).returncode
+
     assert code(ik, "-sm", "graph", "-ts", "50,50") == 0
     assert code(main, "-sm", "graph") != 0  # mainline: none, layer, row, tensor
     assert code(main, "-sm", "layer") == 0
@@ -156,8 +190,9 @@ _ESTIMATE = re.compile(r"^\s+Device (\d+):\s+([\d.]+) MiB$", re.M)
 @pytest.mark.server
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe"])
 @pytest.mark.parametrize("pct", [(50, 50), (75, 25)])
-def test_split_against_ik_llama_cpps_own_estimate(ik_bin_dir: Path, models: dict[str, ModelProfile], arch: str,
-                                                  pct: tuple[int, int]) -> None:
+def test_split_against_ik_llama_cpps_own_estimate(
+    ik_bin_dir: Path, models: dict[str, ModelProfile], arch: str, pct: tuple[int, int]
+) -> None:
     """ik over two loopback RPC devices stands in for two GPUs: its devices are the local CPU (share
     0) and the two workers, which it splits between as -ts says. The mirrored tensors go to every
     device, the CPU with share 0 too: its estimate is the norms and routers alone."""
@@ -172,9 +207,26 @@ def test_split_against_ik_llama_cpps_own_estimate(ik_bin_dir: Path, models: dict
     ts = argv[argv.index("-ts") + 1]
     assert ts == f"{pct[0]},{pct[1]}"
     with rpc_workers(ik_bin_dir, 2, binary="rpc-server") as ends:
-        cmd = [str(ik_bin_dir / "llama-server"), "-m", str(p.files[0]), "-sm", "graph", "--rpc", ",".join(ends),
-               "-ngl", "999", "-ts", f"0,{ts}", "-c", "4096", "--host", "127.0.0.1", "--port", str(free_port()),
-               "--log-disable"]
+        cmd = [
+            str(ik_bin_dir / "llama-server"),
+            "-m",
+            str(p.files[0]),
+            "-sm",
+            "graph",
+            "--rpc",
+            ",".join(ends),
+            "-ngl",
+            "999",
+            "-ts",
+            f"0,{ts}",
+            "-c",
+            "4096",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--log-disable",
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     out = r.stdout + r.stderr
     est = {int(d): float(m) for d, m in _ESTIMATE.findall(out.split("Estimated model buffer size per device", 1)[-1])}

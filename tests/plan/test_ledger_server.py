@@ -101,10 +101,23 @@ def logged_placement(text: str) -> tuple[dict[int, str], dict[str, str]]:
     return layers, overrides
 
 
-@pytest.mark.parametrize(("arch", "wide", "ctx", "ub", "ct", "strategy", "n_rpc"), CASES,
-                         ids=[f"{c[0]}{'-w' if c[1] else ''}-c{c[2]}-ub{c[3]}-{c[4]}-{c[5]}-rpc{c[6]}" for c in CASES])
-def test_ledger_matches_llama_server(bin_dir: Path, workers: list[str], model_set: dict[tuple[str, bool], ModelProfile],
-                                     arch: str, wide: bool, ctx: int, ub: int, ct: str, strategy: str, n_rpc: int) -> None:
+@pytest.mark.parametrize(
+    ("arch", "wide", "ctx", "ub", "ct", "strategy", "n_rpc"),
+    CASES,
+    ids=[f"{c[0]}{'-w' if c[1] else ''}-c{c[2]}-ub{c[3]}-{c[4]}-{c[5]}-rpc{c[6]}" for c in CASES],
+)
+def test_ledger_matches_llama_server(
+    bin_dir: Path,
+    workers: list[str],
+    model_set: dict[tuple[str, bool], ModelProfile],
+    arch: str,
+    wide: bool,
+    ctx: int,
+    ub: int,
+    ct: str,
+    strategy: str,
+    n_rpc: int,
+) -> None:
     p = model_set[(arch, wide)]
     hw = from_dict(loopback_hw(workers[:n_rpc]))
     # repack off: it crashes at load on an AVX-512 CPU with AMX (DESIGN.md section 5); tests/plan/test_repack_server.py
@@ -121,7 +134,9 @@ def test_ledger_matches_llama_server(bin_dir: Path, workers: list[str], model_se
         assert got.kv_mib + got.rs_mib == pytest.approx(items.get((dev, "kv"), 0.0), rel=0.01, abs=0.02), dev
         assert got.compute_mib == pytest.approx(items.get((dev, "compute"), 0.0), rel=0.10), dev
     mapped = parsed.get("CPU_Mapped")
-    assert (mapped.model_mib if mapped else 0.0) == pytest.approx(sum(sp.memory.mapped_span_mib.values()), rel=0.005, abs=0.02)
+    assert (mapped.model_mib if mapped else 0.0) == pytest.approx(
+        sum(sp.memory.mapped_span_mib.values()), rel=0.005, abs=0.02
+    )
     assert parsed["CPU"].compute_mib == pytest.approx(items[("CPU", "compute")], rel=0.10)
     # the placement llama-server logs is the plan's
     layers, overrides = logged_placement(log)

@@ -11,9 +11,20 @@ from moetune.plan import placement as plc
 
 
 def _hw(*gpus_mib: float) -> object:
-    return from_dict({"nodes": [{"name": "local", "cpu": {"cores": 16, "ram_mib": 786432, "ram_bw_gbs": 460},
-                                 "devices": [{"name": f"CUDA{i}", "kind": "gpu", "mem_mib": m, "bw_gbs": 1790}
-                                             for i, m in enumerate(gpus_mib)]}]})
+    return from_dict(
+        {
+            "nodes": [
+                {
+                    "name": "local",
+                    "cpu": {"cores": 16, "ram_mib": 786432, "ram_bw_gbs": 460},
+                    "devices": [
+                        {"name": f"CUDA{i}", "kind": "gpu", "mem_mib": m, "bw_gbs": 1790}
+                        for i, m in enumerate(gpus_mib)
+                    ],
+                }
+            ]
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -25,7 +36,9 @@ def _hw(*gpus_mib: float) -> object:
         (4, [1, 4], {0: "A", 1: "B", 3: "B"}, "B"),
     ],
 )
-def test_layer_split_follows_llama_cpp(n_blocks: int, counts: list[int], expect_first: dict[int, str], expect_out: str) -> None:
+def test_layer_split_follows_llama_cpp(
+    n_blocks: int, counts: list[int], expect_first: dict[int, str], expect_out: str
+) -> None:
     names = ["A", "B"][: len(counts)]
     layers, out = plc.layer_split(n_blocks, counts, names)
     for il, dev in expect_first.items():
@@ -116,8 +129,9 @@ def _expert_layers(pl: plc.Placement) -> dict[str, set[int]]:
         ((97887, 97887), 75, 0, 0, {"CUDA0": set(range(3, 40)), "CUDA1": set(range(40, 78))}),  # every MoE layer
     ],
 )
-def test_head_tail_on_glm51(glm51: ModelProfile, gpus: tuple[float, ...], head: int, tail: int, middle: int,
-                            expect: dict[str, set[int]]) -> None:
+def test_head_tail_on_glm51(
+    glm51: ModelProfile, gpus: tuple[float, ...], head: int, tail: int, middle: int, expect: dict[str, set[int]]
+) -> None:
     pl = plc.head_tail(glm51, _hw(*gpus), head, tail, middle)
     got = _expert_layers(pl)
     assert set(range(3, 78)) - set().union(*expect.values()) == got.pop("CPU", set())
@@ -136,7 +150,9 @@ def test_head_tail_larger_than_the_model(glm51: ModelProfile) -> None:
         plc.head_tail(glm51, _hw(97887), 40, 36)
 
 
-@pytest.mark.parametrize(("layers", "n", "expect"), [(list(range(10)), 2, [2, 7]), (list(range(11, 70)), 4, [18, 33, 47, 62]),
-                                                     ([5], 1, [5]), ([1, 2], 0, [])])
+@pytest.mark.parametrize(
+    ("layers", "n", "expect"),
+    [(list(range(10)), 2, [2, 7]), (list(range(11, 70)), 4, [18, 33, 47, 62]), ([5], 1, [5]), ([1, 2], 0, [])],
+)
 def test_spread(layers: list[int], n: int, expect: list[int]) -> None:
     assert plc.spread(layers, n) == expect

@@ -61,9 +61,23 @@ def test_layout_with_two_workers(glm51: ModelProfile, tmp_path: object) -> None:
     from moetune.model.testmodel import generate
 
     d = tmp_path  # type: ignore[assignment]
-    g = generate(d / "coder.gguf", "qwen35moe", Dims(n_layer=48, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256,  # type: ignore[operator]
-                                                      n_expert=512, n_expert_used=10, n_ff_exp=512, full_attention_interval=4),
-                 "ffn_gate_exps=q4_0,ffn_up_exps=q4_0,ffn_down_exps=q4_0,other=q8_0", sparse=True)
+    g = generate(
+        d / "coder.gguf",
+        "qwen35moe",
+        Dims(
+            n_layer=48,
+            n_embd=2048,
+            n_head=16,
+            n_head_kv=2,
+            head_dim=256,  # type: ignore[operator]
+            n_expert=512,
+            n_expert_used=10,
+            n_ff_exp=512,
+            full_attention_interval=4,
+        ),
+        "ffn_gate_exps=q4_0,ffn_up_exps=q4_0,ffn_down_exps=q4_0,other=q8_0",
+        sparse=True,
+    )
     coder = load_profile(g.files[0])
     hw = load("rtx-pro-6000x2")
     worker = Settings(ctx=2 * 131072, slots=2, ctk="q8_0", ctv="q8_0")
@@ -84,29 +98,48 @@ def test_layout_with_two_workers(glm51: ModelProfile, tmp_path: object) -> None:
     # shrink the GPUs: the layout must fail loudly, naming the device and what is short
     small = load("rtx-pro-6000x2")
     from dataclasses import replace
-    tiny = replace(small, nodes=(replace(small.nodes[0], devices=tuple(replace(dv, mem_mib=30000) for dv in small.nodes[0].devices)),))
+
+    tiny = replace(
+        small,
+        nodes=(replace(small.nodes[0], devices=tuple(replace(dv, mem_mib=30000) for dv in small.nodes[0].devices)),),
+    )
     bad = make_plan(services, tiny)
     assert not bad.fits
     assert {s.device for s in bad.shortfalls} <= {"CUDA0", "CUDA1"} and bad.shortfalls[0].mib > 0
 
 
-@pytest.mark.parametrize(("items", "capacity", "want"), [
-    # the reference case: the margin is in "needs" and in "short by"
-    ([("overhead", 300.0), ("weights", 95307.8), ("kv", 1491.8), ("compute", 5416.0), ("margin", 1024.0)], 97887.0,
-     "CUDA0 is short by 5,653 MiB: needs 103,540 of 97,887 MiB (1,024 MiB of margin included); "
-     "it runs out when allocating its compute"),
-    # the issue's host case: 18,693 - 16,000 = 2,693
-    ([("weights", 16000.0), ("output", 645.0), ("margin", 2048.0)], 16000.0,
-     "CUDA0 is short by 2,693 MiB: needs 18,693 of 16,000 MiB (2,048 MiB of margin included); "
-     "it runs out when allocating its output"),
-    # only the head-room is missing
-    ([("weights", 15000.0), ("margin", 2048.0)], 16000.0,
-     "CUDA0 is short by 1,048 MiB: needs 17,048 of 16,000 MiB (2,048 MiB of margin included); "
-     "everything but the margin fits, with 1,000 MiB to spare"),
-    # a device without a margin (an RPC worker), fractions that round the same way on both sides
-    ([("weights", 7999.6), ("compute", 74370.8)], 8000.0,
-     "CUDA0 is short by 74,370 MiB: needs 82,370 of 8,000 MiB; it runs out when allocating its compute"),
-])
+@pytest.mark.parametrize(
+    ("items", "capacity", "want"),
+    [
+        # the reference case: the margin is in "needs" and in "short by"
+        (
+            [("overhead", 300.0), ("weights", 95307.8), ("kv", 1491.8), ("compute", 5416.0), ("margin", 1024.0)],
+            97887.0,
+            "CUDA0 is short by 5,653 MiB: needs 103,540 of 97,887 MiB (1,024 MiB of margin included); "
+            "it runs out when allocating its compute",
+        ),
+        # the issue's host case: 18,693 - 16,000 = 2,693
+        (
+            [("weights", 16000.0), ("output", 645.0), ("margin", 2048.0)],
+            16000.0,
+            "CUDA0 is short by 2,693 MiB: needs 18,693 of 16,000 MiB (2,048 MiB of margin included); "
+            "it runs out when allocating its output",
+        ),
+        # only the head-room is missing
+        (
+            [("weights", 15000.0), ("margin", 2048.0)],
+            16000.0,
+            "CUDA0 is short by 1,048 MiB: needs 17,048 of 16,000 MiB (2,048 MiB of margin included); "
+            "everything but the margin fits, with 1,000 MiB to spare",
+        ),
+        # a device without a margin (an RPC worker), fractions that round the same way on both sides
+        (
+            [("weights", 7999.6), ("compute", 74370.8)],
+            8000.0,
+            "CUDA0 is short by 74,370 MiB: needs 82,370 of 8,000 MiB; it runs out when allocating its compute",
+        ),
+    ],
+)
 def test_shortfall_numbers_add_up(items: list[tuple[str, float]], capacity: float, want: str) -> None:
     led = DeviceLedger("CUDA0", "gpu", capacity, tuple(Item(w, m) for w, m in items))
     sf = led.shortfall()
@@ -114,17 +147,19 @@ def test_shortfall_numbers_add_up(items: list[tuple[str, float]], capacity: floa
     short, need, cap = (int(x.replace(",", "")) for x in re.findall(r"[\d,]+(?= MiB|(?= of))", want)[:3])
     assert short == need - cap
     assert sf.mib == pytest.approx(sum(m for _, m in items) - capacity)
-    assert Shortfall.from_json(sf.to_json()) == Shortfall(sf.device, sf.what, round(sf.needed_mib, 1),
-                                                          round(sf.capacity_mib, 1), round(sf.margin_mib, 1))
+    assert Shortfall.from_json(sf.to_json()) == Shortfall(
+        sf.device, sf.what, round(sf.needed_mib, 1), round(sf.capacity_mib, 1), round(sf.margin_mib, 1)
+    )
 
 
 def test_no_shortfall_when_everything_fits() -> None:
     assert DeviceLedger("CPU", "cpu", 100.0, (Item("weights", 60.0), Item("margin", 40.0))).shortfall() is None
 
 
-@pytest.mark.parametrize(("engine", "ctv", "refused"), [(EngineKind.MAINLINE, "f16", True),
-                                                        (EngineKind.MAINLINE, "q8_0", False),
-                                                        (EngineKind.IK, "f16", False)])
+@pytest.mark.parametrize(
+    ("engine", "ctv", "refused"),
+    [(EngineKind.MAINLINE, "f16", True), (EngineKind.MAINLINE, "q8_0", False), (EngineKind.IK, "f16", False)],
+)
 def test_mainline_mla_needs_one_cache_type(glm51: ModelProfile, engine: EngineKind, ctv: str, refused: bool) -> None:
     """llama_init_from_model refuses an MLA model with different K and V cache types (V is a view of K)."""
     spec = ServiceSpec("t", glm51, Settings(ctx=8192, ctk="q8_0", ctv=ctv, engine=engine), "cpu-moe")

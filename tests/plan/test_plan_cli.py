@@ -26,14 +26,29 @@ def hw(tmp_path: Path) -> Path:
 
 
 def test_plan_json_contract(glm51: ModelProfile, hw: Path) -> None:
-    r = run_cli("plan", str(glm51.files[3]), "--hw", str(hw), "--strategy", "n-cpu-moe:64", "--ctx", "32768",
-                "--ctk", "q8_0", "--ctv", "q8_0", "--json")
+    r = run_cli(
+        "plan",
+        str(glm51.files[3]),
+        "--hw",
+        str(hw),
+        "--strategy",
+        "n-cpu-moe:64",
+        "--ctx",
+        "32768",
+        "--ctk",
+        "q8_0",
+        "--ctv",
+        "q8_0",
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert isinstance(doc["fits"], bool)
     for d in doc["devices"]:
         assert {"name", "capacity_mib", "used_mib", "items"} <= set(d)
-        assert {i["what"] for i in d["items"]} >= ({"weights", "kv", "compute"} if d["name"] == "CUDA0" else {"weights"})
+        assert {i["what"] for i in d["items"]} >= (
+            {"weights", "kv", "compute"} if d["name"] == "CUDA0" else {"weights"}
+        )
     assert doc["predicted"]["tg_tok_s"] > 0 and doc["predicted"]["pp_tok_s"] > 0
     assert doc["argv"][0] == "llama-server" and "-ot" in doc["argv"]
     assert doc["launch"]["processes"][0]["role"] == "server"
@@ -123,15 +138,19 @@ def test_layout_file(tmp_path: Path) -> None:
     the plan is also written with -o; bad layouts are one line and exit 2."""
     generate(tmp_path / "a.gguf", "qwen3moe", Dims(n_layer=4), "f16")
     layout = tmp_path / "layout.yaml"
-    layout.write_text("services:\n  - {name: big, model: a.gguf, strategy: auto}\n"
-                      "  - {name: small, model: a.gguf, strategy: cpu-moe, ctx: 2048, engine: ik_llama.cpp}\n")
+    layout.write_text(
+        "services:\n  - {name: big, model: a.gguf, strategy: auto}\n"
+        "  - {name: small, model: a.gguf, strategy: cpu-moe, ctx: 2048, engine: ik_llama.cpp}\n"
+    )
     out = tmp_path / "plan.json"
     r = run_cli("plan", "--layout", str(layout), "--hw", "rtx-pro-6000", "--port", "9000", "-o", str(out), "--json")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert json.loads(out.read_text()) == doc
-    assert [(s["name"], s["port"], s["settings"]["ctx"]) for s in doc["services"]] == [("big", 9000, 4096),
-                                                                                     ("small", 9001, 2048)]
+    assert [(s["name"], s["port"], s["settings"]["ctx"]) for s in doc["services"]] == [
+        ("big", 9000, 4096),
+        ("small", 9001, 2048),
+    ]
     servers = [p for p in doc["launch"]["processes"] if p["role"] == "server"]
     assert [p["engine"] for p in servers][1].startswith("ik_llama.cpp")  # moetune's ik build, built or not
     # a service on its own engine gets that engine's flags
@@ -154,15 +173,19 @@ def test_plans_store_paths_that_work_from_another_directory(tmp_path: Path, monk
     (work / "models").mkdir(parents=True)
     generate(work / "models" / "tiny.gguf", "qwen3moe", Dims(n_layer=2), "f16")
     (work / "hw.yaml").write_text(HW + "\n")
-    (work / "layout.yaml").write_text("services:\n  - {name: a, model: models/tiny.gguf, strategy: cpu-moe}\n"
-                                      "  - {name: b, model: ./models/../models/tiny.gguf, strategy: cpu-moe}\n")
+    (work / "layout.yaml").write_text(
+        "services:\n  - {name: a, model: models/tiny.gguf, strategy: cpu-moe}\n"
+        "  - {name: b, model: ./models/../models/tiny.gguf, strategy: cpu-moe}\n"
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     model = str(work / "models" / "tiny.gguf")
     monkeypatch.chdir(tmp_path)
     port = str(free_port())
-    for args, given in [(["work/models/tiny.gguf"], ["work/models/tiny.gguf"]),
-                        (["--layout", "work/layout.yaml"], ["models/tiny.gguf", "./models/../models/tiny.gguf"])]:
+    for args, given in [
+        (["work/models/tiny.gguf"], ["work/models/tiny.gguf"]),
+        (["--layout", "work/layout.yaml"], ["models/tiny.gguf", "./models/../models/tiny.gguf"]),
+    ]:
         r = run_cli("plan", *args, "--hw", "work/hw.yaml", "--port", port, "-o", "work/plan.json")
         assert r.exit_code == 0, r.stderr
         monkeypatch.chdir(elsewhere)
@@ -175,8 +198,10 @@ def test_plans_store_paths_that_work_from_another_directory(tmp_path: Path, monk
         monkeypatch.chdir(tmp_path)
 
 
-HW2 = ("nodes: [{name: local, cpu: {cores: 16, ram_mib: 786432, ram_bw_gbs: 460}, devices: ["
-       "{name: CUDA0, kind: gpu, mem_mib: 97887, bw_gbs: 1790}, {name: CUDA1, kind: gpu, mem_mib: 97887, bw_gbs: 1790}]}]")
+HW2 = (
+    "nodes: [{name: local, cpu: {cores: 16, ram_mib: 786432, ram_bw_gbs: 460}, devices: ["
+    "{name: CUDA0, kind: gpu, mem_mib: 97887, bw_gbs: 1790}, {name: CUDA1, kind: gpu, mem_mib: 97887, bw_gbs: 1790}]}]"
+)
 
 
 @pytest.mark.parametrize(
@@ -186,12 +211,26 @@ HW2 = ("nodes: [{name: local, cpu: {cores: 16, ram_mib: 786432, ram_bw_gbs: 460}
         ("head-tail:8+8+4", {*range(3, 11), 18, 33}, {47, 62, *range(70, 78)}),  # its 20-layer set
     ],
 )
-def test_plan_renders_a_head_tail_strategy_as_ot_rules(glm51: ModelProfile, tmp_path: Path, strategy: str,
-                                                       cuda0: set[int], cuda1: set[int]) -> None:
+def test_plan_renders_a_head_tail_strategy_as_ot_rules(
+    glm51: ModelProfile, tmp_path: Path, strategy: str, cuda0: set[int], cuda1: set[int]
+) -> None:
     hw = tmp_path / "hw2.yaml"
     hw.write_text(HW2 + "\n")
-    r = run_cli("plan", str(glm51.files[0]), "--hw", str(hw), "--strategy", strategy, "--ctx", "32768",
-                "--ctk", "q8_0", "--ctv", "q8_0", "--json")
+    r = run_cli(
+        "plan",
+        str(glm51.files[0]),
+        "--hw",
+        str(hw),
+        "--strategy",
+        strategy,
+        "--ctx",
+        "32768",
+        "--ctk",
+        "q8_0",
+        "--ctv",
+        "q8_0",
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     (svc,) = json.loads(r.stdout)["services"]
     argv = svc["argv"]

@@ -65,14 +65,18 @@ def test_the_table_has_enough_rows_and_rigs_each_with_its_source_and_hardware(ta
 def test_the_references_three_rows_are_in_it_as_measured(table: priors.Table) -> None:
     refs = {r.placement: r for r in table.rows if r.reference}
     assert {p: r.tg_tok_s for p, r in refs.items()} == {
-        "cpu-moe": 18.86, "n-cpu-moe:64": 19.94, "layers:CUDA0=3-14,CUDA1=68-77": 21.75}
+        "cpu-moe": 18.86,
+        "n-cpu-moe:64": 19.94,
+        "layers:CUDA0=3-14,CUDA1=68-77": 21.75,
+    }
     assert {r.rig for r in refs.values()} == {"loftllc-epyc9175f"}
     assert all(r.threads == 15 and r.threads_batch == 24 and r.preset == "glm-5.1" for r in refs.values())
     assert not any(priors.fitted(r) for r in refs.values())
 
 
-def test_the_replicas_weigh_what_the_published_files_do(table: priors.Table,
-                                                        profiles: dict[tuple[str, str], ModelProfile]) -> None:
+def test_the_replicas_weigh_what_the_published_files_do(
+    table: priors.Table, profiles: dict[tuple[str, str], ModelProfile]
+) -> None:
     for r in table.rows:
         if r.model_size_gib is None:
             continue
@@ -80,20 +84,23 @@ def test_the_replicas_weigh_what_the_published_files_do(table: priors.Table,
         assert size == pytest.approx(r.model_size_gib, rel=0.03), f"{r.id}: replica {size:.1f} GiB"
 
 
-@pytest.mark.parametrize(("edit", "words"), [
-    (lambda d: d["rows"][0].pop("source"), "'source' is required"),
-    (lambda d: d["rows"][0].update(source="reference 000"), "a URL of the page"),
-    (lambda d: d["rows"][1].update(rig="nowhere"), "rig 'nowhere' is not among the rigs"),
-    (lambda d: d["rows"][1].update(placement="auto"), "placement auto"),
-    (lambda d: d["rows"][1].update(placement="n-cpu-moe:x"), "N must be an integer"),
-    (lambda d: d["rows"][1].update(gpus_used=3), "gpus_used 3: rig loftllc-epyc9175f has 2 GPUs"),
-    (lambda d: d["rows"][2].update(preset="kimi-k9"), "not a moetune preset"),
-    (lambda d: d["rows"][2].update(tg_tok_s=0), "tg_tok_s 0: must be a number above 0"),
-    (lambda d: d["rows"][2].update(threds=4), "unknown key 'threds'"),
-    (lambda d: d["rows"][2].update(repack="yes"), "repack 'yes': expected true or false"),
-    (lambda d: d["rigs"][0]["memory"].update(bw_gbs=460), "the table gives the peak"),
-    (lambda d: d["rigs"].append(copy.deepcopy(d["rigs"][0])), "id 'loftllc-epyc9175f' is used twice"),
-])
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda d: d["rows"][0].pop("source"), "'source' is required"),
+        (lambda d: d["rows"][0].update(source="reference 000"), "a URL of the page"),
+        (lambda d: d["rows"][1].update(rig="nowhere"), "rig 'nowhere' is not among the rigs"),
+        (lambda d: d["rows"][1].update(placement="auto"), "placement auto"),
+        (lambda d: d["rows"][1].update(placement="n-cpu-moe:x"), "N must be an integer"),
+        (lambda d: d["rows"][1].update(gpus_used=3), "gpus_used 3: rig loftllc-epyc9175f has 2 GPUs"),
+        (lambda d: d["rows"][2].update(preset="kimi-k9"), "not a moetune preset"),
+        (lambda d: d["rows"][2].update(tg_tok_s=0), "tg_tok_s 0: must be a number above 0"),
+        (lambda d: d["rows"][2].update(threds=4), "unknown key 'threds'"),
+        (lambda d: d["rows"][2].update(repack="yes"), "repack 'yes': expected true or false"),
+        (lambda d: d["rigs"][0]["memory"].update(bw_gbs=460), "the table gives the peak"),
+        (lambda d: d["rigs"].append(copy.deepcopy(d["rigs"][0])), "id 'loftllc-epyc9175f' is used twice"),
+    ],
+)
 def test_a_bad_row_is_refused_by_name(edit: Any, words: str) -> None:
     doc = _doc()
     edit(doc)
@@ -109,8 +116,9 @@ def test_a_table_file_that_is_not_yaml_is_refused(tmp_path: Path) -> None:
         published_priors(p)
 
 
-def _measured_under(table: priors.Table, obs: list[Observation], k: SpeedConstants,
-                    scale: dict[str, float]) -> tuple[list[priors.Row], list[Observation]]:
+def _measured_under(
+    table: priors.Table, obs: list[Observation], k: SpeedConstants, scale: dict[str, float]
+) -> tuple[list[priors.Row], list[Observation]]:
     """The table's rows and observations with what ``k`` predicts as their measurements (times
     ``scale`` for the rigs named there)."""
     rows, out = [], []
@@ -121,8 +129,9 @@ def _measured_under(table: priors.Table, obs: list[Observation], k: SpeedConstan
     return rows, out
 
 
-def test_leave_one_rig_out_predicts_each_rig_by_a_fit_that_never_saw_it(table: priors.Table,
-                                                                         obs: list[Observation]) -> None:
+def test_leave_one_rig_out_predicts_each_rig_by_a_fit_that_never_saw_it(
+    table: priors.Table, obs: list[Observation]
+) -> None:
     truth = replace(priors.GUESSES, cpu_bw_eff=0.33, cpu_core_gbs=22.0, gpu_bw_eff=0.8)
     # one rig's rows measured 40% slower than the truth: only a fit that saw them would follow them
     odd = "sousekd-epyc9355"
@@ -151,8 +160,9 @@ def test_the_references_rows_are_in_no_fit(table: priors.Table, obs: list[Observ
         assert a.constants == b.constants
 
 
-def test_the_shipped_constants_predict_the_references_within_20_percent(table: priors.Table,
-                                                                        obs: list[Observation]) -> None:
+def test_the_shipped_constants_predict_the_references_within_20_percent(
+    table: priors.Table, obs: list[Observation]
+) -> None:
     rep = priors.report(table, obs)
     ref = rep.errors("shipped", reference=True)
     assert ref.rows == 3 and ref.tg is not None and ref.tg <= 20.0
@@ -179,7 +189,8 @@ def _rig(gpu: bool) -> Inventory:
 
 @pytest.mark.parametrize(("engine", "streamed"), [(EngineKind.MAINLINE, True), (EngineKind.IK, False)])
 def test_a_512_token_prefill_streams_cpu_experts_to_the_gpu_on_mainline_not_on_ik(
-        engine: EngineKind, streamed: bool, profiles: dict[tuple[str, str], ModelProfile], table: priors.Table) -> None:
+    engine: EngineKind, streamed: bool, profiles: dict[tuple[str, str], ModelProfile], table: priors.Table
+) -> None:
     """ik offloads a CPU-resident MoE matmul from 32 E/k tokens (DeepSeek-V3: 1024), mainline from 32."""
     row = next(r for r in table.rows if r.preset == "deepseek-v3")
     p = profiles[(row.preset, row.quant_recipe)]
@@ -191,4 +202,4 @@ def test_a_512_token_prefill_streams_cpu_experts_to_the_gpu_on_mainline_not_on_i
     t, t_slow = ubatch_seconds(w, 512, k), ubatch_seconds(slow_link, 512, k)
     assert (t_slow > 2 * t) is streamed
     assert w.offload_batch_scale == (256 / 8 if engine == EngineKind.IK else 1.0)
-    assert (ubatch_seconds(slow_link, 1024, k) > 2 * ubatch_seconds(w, 1024, k))  # from 1024 tokens, both
+    assert ubatch_seconds(slow_link, 1024, k) > 2 * ubatch_seconds(w, 1024, k)  # from 1024 tokens, both

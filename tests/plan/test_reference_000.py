@@ -40,12 +40,15 @@ from tests.bench.synth import run_samples
 from tests.helpers import run_cli
 
 HW = "rtx-pro-6000x2"
-SETTINGS = Settings(ctx=32768, batch=8192, ubatch=8192, ctk="q8_0", ctv="q8_0", threads=15, engine=EngineKind.IK,
-                    amb_mib=512)
+SETTINGS = Settings(
+    ctx=32768, batch=8192, ubatch=8192, ctk="q8_0", ctv="q8_0", threads=15, engine=EngineKind.IK, amb_mib=512
+)
 # (placement, GPUs used, measured ms per token)
-ROWS = {"cpu-moe": ("cpu-moe", ("CUDA0",), 53.03),
-        "n-cpu-moe 64": ("n-cpu-moe:64", ("CUDA0",), 50.16),
-        "head12+tail10": ("layers:CUDA0=3-14,CUDA1=68-77", ("CUDA0", "CUDA1"), 45.98)}
+ROWS = {
+    "cpu-moe": ("cpu-moe", ("CUDA0",), 53.03),
+    "n-cpu-moe 64": ("n-cpu-moe:64", ("CUDA0",), 50.16),
+    "head12+tail10": ("layers:CUDA0=3-14,CUDA1=68-77", ("CUDA0", "CUDA1"), 45.98),
+}
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,15 @@ REFERENCE = shlex.split("""
   --warmup-batch --alias GLM-5.1
 """)
 # one spelling per flag (both spellings mean the same to ik_llama.cpp's parser)
-CANONICAL = {"--ctx-size": "-c", "--threads": "-t", "--threads-batch": "-tb", "--batch-size": "-b",
-             "--ubatch-size": "-ub", "--n-gpu-layers": "-ngl", "-mqkv": "--merge-qkv"}
+CANONICAL = {
+    "--ctx-size": "-c",
+    "--threads": "-t",
+    "--threads-batch": "-tb",
+    "--batch-size": "-b",
+    "--ubatch-size": "-ub",
+    "--n-gpu-layers": "-ngl",
+    "-mqkv": "--merge-qkv",
+}
 # what moetune decides itself, by flag: the reference's value is not expected
 DECIDED = {
     "-m": "the model's path: the replica's, mounted by the container format",
@@ -46,15 +53,53 @@ def pairs(argv: list[str]) -> set[tuple[str, str]]:
 
 # the server's own options, as plan options or as the reference's own flags (--engine-arg)
 OPTIONS = ("-t", "15", "--threads-batch", "24", "--merge-qkv", "--muge", "--warmup-batch", "--alias", "GLM-5.1")
-AS_FLAGS = tuple(f"--engine-arg={a}" for a in ("--merge-qkv", "--threads", "15", "--threads-batch", "24", "-muge",
-                                               "--warmup-batch", "--alias", "GLM-5.1"))
+AS_FLAGS = tuple(
+    f"--engine-arg={a}"
+    for a in (
+        "--merge-qkv",
+        "--threads",
+        "15",
+        "--threads-batch",
+        "24",
+        "-muge",
+        "--warmup-batch",
+        "--alias",
+        "GLM-5.1",
+    )
+)
 
 
 @pytest.mark.parametrize("options", [OPTIONS, AS_FLAGS], ids=["options", "engine-args"])
 def test_reference_000_base_command(glm51: ModelProfile, options: tuple[str, ...]) -> None:
-    r = run_cli("plan", str(glm51.files[0]), "--hw", "rtx-pro-6000", "--engine", "ik_llama.cpp",
-                "--strategy", "cpu-moe", "--ctx", "32768", "--ctk", "q8_0", "--ctv", "q8_0", "--parallel", "1",
-                "-b", "8192", "-ub", "8192", "--amb", "512", *options, "--listen", "0.0.0.0:8000", "--format", "argv")
+    r = run_cli(
+        "plan",
+        str(glm51.files[0]),
+        "--hw",
+        "rtx-pro-6000",
+        "--engine",
+        "ik_llama.cpp",
+        "--strategy",
+        "cpu-moe",
+        "--ctx",
+        "32768",
+        "--ctk",
+        "q8_0",
+        "--ctv",
+        "q8_0",
+        "--parallel",
+        "1",
+        "-b",
+        "8192",
+        "-ub",
+        "8192",
+        "--amb",
+        "512",
+        *options,
+        "--listen",
+        "0.0.0.0:8000",
+        "--format",
+        "argv",
+    )
     assert r.exit_code == 0, r.stderr
     ours = pairs(shlex.split(r.stdout)[1:])
     ref = pairs(REFERENCE)

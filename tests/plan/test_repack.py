@@ -17,34 +17,46 @@ from moetune.plan.settings import Settings
 MAIN, IK = EngineKind.MAINLINE, EngineKind.IK
 
 
-@pytest.mark.parametrize(("engine", "repack", "repacks", "flags"), [
-    (MAIN, None, True, []), (MAIN, True, True, []), (MAIN, False, False, ["-nr"]),
-    (IK, None, False, []), (IK, False, False, []), (IK, True, True, ["-rtr"]),
-])
-def test_repacking_follows_the_engine_and_renders_only_a_difference(engine: EngineKind, repack: bool | None,
-                                                                   repacks: bool, flags: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("engine", "repack", "repacks", "flags"),
+    [
+        (MAIN, None, True, []),
+        (MAIN, True, True, []),
+        (MAIN, False, False, ["-nr"]),
+        (IK, None, False, []),
+        (IK, False, False, []),
+        (IK, True, True, ["-rtr"]),
+    ],
+)
+def test_repacking_follows_the_engine_and_renders_only_a_difference(
+    engine: EngineKind, repack: bool | None, repacks: bool, flags: list[str]
+) -> None:
     s = Settings(engine=engine, repack=repack)
     assert s.repacks is repacks
     assert repack_flags(s, MAINLINE_DIALECT if engine == MAIN else IK_DIALECT) == flags
 
 
-def tensor(type_name: str, shape: tuple[int, ...], kind: str = "attn_q", expert: bool = False,
-           nbytes: int = 0) -> Tensor:
+def tensor(
+    type_name: str, shape: tuple[int, ...], kind: str = "attn_q", expert: bool = False, nbytes: int = 0
+) -> Tensor:
     return Tensor(f"blk.0.{kind}.weight", 0, kind, EXPERT if expert else "attn", type_name, shape, nbytes, 0, 0)
 
 
-@pytest.mark.parametrize(("t", "isa", "ok"), [
-    (tensor("Q4_0", (256, 64)), ("avx2",), True),
-    (tensor("Q4_0", (256, 60)), ("avx2",), False),  # rows not a multiple of the 8-row interleave
-    (tensor("Q4_0", (256, 64, 8), "ffn_up_exps", True), ("avx2",), True),  # experts: MUL_MAT_ID
-    (tensor("Q4_0", (256, 64, 8)), ("avx2",), False),  # a 3-D weight that is not an expert tensor
-    (tensor("Q8_0", (256, 64)), ("avx2", "avx512"), False),  # no x86 kernel for Q8_0
-    (tensor("Q8_0", (256, 64)), ("dotprod",), True),
-    (tensor("Q2_K", (256, 64)), ("avx2",), False),
-    (tensor("Q2_K", (256, 64)), ("avx2", "avx512"), True),
-    (tensor("Q4_0", (256, 64), "token_embd"), ("avx2",), False),  # read by GET_ROWS
-    (tensor("F16", (256, 64)), ("avx2", "avx512"), False),
-])
+@pytest.mark.parametrize(
+    ("t", "isa", "ok"),
+    [
+        (tensor("Q4_0", (256, 64)), ("avx2",), True),
+        (tensor("Q4_0", (256, 60)), ("avx2",), False),  # rows not a multiple of the 8-row interleave
+        (tensor("Q4_0", (256, 64, 8), "ffn_up_exps", True), ("avx2",), True),  # experts: MUL_MAT_ID
+        (tensor("Q4_0", (256, 64, 8)), ("avx2",), False),  # a 3-D weight that is not an expert tensor
+        (tensor("Q8_0", (256, 64)), ("avx2", "avx512"), False),  # no x86 kernel for Q8_0
+        (tensor("Q8_0", (256, 64)), ("dotprod",), True),
+        (tensor("Q2_K", (256, 64)), ("avx2",), False),
+        (tensor("Q2_K", (256, 64)), ("avx2", "avx512"), True),
+        (tensor("Q4_0", (256, 64), "token_embd"), ("avx2",), False),  # read by GET_ROWS
+        (tensor("F16", (256, 64)), ("avx2", "avx512"), False),
+    ],
+)
 def test_cpu_repack_takes(t: Tensor, isa: tuple[str, ...], ok: bool) -> None:
     assert cpu_repack_ok(t, isa) is ok
 
@@ -78,7 +90,18 @@ def test_the_engine_defaults_command_has_no_tuning_flags() -> None:
 
     s = Settings(ctx=2048, threads=4, ubatch=128, repack=False)
     argv = defaults_argv(P(), s, MAINLINE_DIALECT, port=9000, rpc=["127.0.0.1:50052"])  # type: ignore[arg-type]
-    assert argv == ["-m", "/m.gguf", "-c", "2048", "--rpc", "127.0.0.1:50052", "-nr", "--host", "127.0.0.1",
-                    "--port", "9000"]
+    assert argv == [
+        "-m",
+        "/m.gguf",
+        "-c",
+        "2048",
+        "--rpc",
+        "127.0.0.1:50052",
+        "-nr",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9000",
+    ]
     ik = defaults_argv(P(), Settings(engine=IK), IK_DIALECT, port=9000)  # type: ignore[arg-type]
     assert "--jinja" in ik and "-rtr" not in ik

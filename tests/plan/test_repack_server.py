@@ -31,8 +31,9 @@ CASES = [("q4_0", False), ("mxfp4", False), ("ffn_up_exps=q4_0,ffn_down_exps=q4_
 def test_repack_buffer_matches_llama_server(bin_dir: Path, tmp_path: Path, types: str, wide: bool) -> None:
     model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", wide), types).files[0]
     p = load_profile(model)
-    hw = from_dict({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20,
-                                                        "isa": list(ISA)}}]})
+    hw = from_dict(
+        {"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20, "isa": list(ISA)}}]}
+    )
     sp = make_plan([ServiceSpec("t", p, Settings(ctx=1024, repack=None), "auto")], hw).main
     argv = strip_endpoint(service_argv(sp))
     assert "-nr" not in argv  # the engine's default, said by saying nothing
@@ -48,8 +49,9 @@ def test_repack_buffer_matches_llama_server(bin_dir: Path, tmp_path: Path, types
 
 
 def test_nothing_is_repacked_off_or_beside_a_cuda_gpu(tmp_path: Path) -> None:
-    p = load_profile(generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "q4_0",
-                              sparse=True).files[0])
+    p = load_profile(
+        generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "q4_0", sparse=True).files[0]
+    )
     cpu = {"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}
     gpu = {**cpu, "devices": [{"name": "CUDA0", "mem_mib": 24000, "bw_gbs": 900}]}
 

@@ -45,33 +45,126 @@ def compute_mib(p: ModelProfile, n_rpc: int, ctx: int, ub: int, cache: str, fa: 
 # (mechanism, preset, rpc devices, ctx, ubatch, cache, flash attention, output rows (0: every token,
 # as llama-fit-params reserves; 1: one slot, as llama-server), the engine's MiB per device)
 ENGINE = [
-    ("CPU only: the logits above the never-freed input branch, the mask below it",
-     "qwen3-coder-next", 0, 131072, 2048, "f16", True, 0, [1779.0]),
-    ("the same plan as llama-server reserves it: one output row",
-     "qwen3-coder-next", 0, 131072, 2048, "f16", True, 1, [872.09]),
-    ("host: the experts' down projection above the mask's hole (out_ids pins it)",
-     "glm-4.6", 1, 131072, 8192, "q8_0", True, 0, [7424.0, 3648.0]),
-    ("first device: input copies, the pinned copy, the experts' outputs; the next device starts with "
-     "the previous layer's expert outputs and the mask", "qwen3-coder-480b-a35b", 2, 131072, 2048, "f16", True, 0,
-     [1088.0, 1328.0, 1473.0]),
-    ("the output after the shared expert, in place on the last hidden state",
-     "glm-4.6", 2, 131072, 2048, "f16", True, 0, [992.0, 1585.0, 1201.0]),
+    (
+        "CPU only: the logits above the never-freed input branch, the mask below it",
+        "qwen3-coder-next",
+        0,
+        131072,
+        2048,
+        "f16",
+        True,
+        0,
+        [1779.0],
+    ),
+    (
+        "the same plan as llama-server reserves it: one output row",
+        "qwen3-coder-next",
+        0,
+        131072,
+        2048,
+        "f16",
+        True,
+        1,
+        [872.09],
+    ),
+    (
+        "host: the experts' down projection above the mask's hole (out_ids pins it)",
+        "glm-4.6",
+        1,
+        131072,
+        8192,
+        "q8_0",
+        True,
+        0,
+        [7424.0, 3648.0],
+    ),
+    (
+        "first device: input copies, the pinned copy, the experts' outputs; the next device starts with "
+        "the previous layer's expert outputs and the mask",
+        "qwen3-coder-480b-a35b",
+        2,
+        131072,
+        2048,
+        "f16",
+        True,
+        0,
+        [1088.0, 1328.0, 1473.0],
+    ),
+    (
+        "the output after the shared expert, in place on the last hidden state",
+        "glm-4.6",
+        2,
+        131072,
+        2048,
+        "f16",
+        True,
+        0,
+        [992.0, 1585.0, 1201.0],
+    ),
     ("MLA: Q through the LoRA, absorbed, concatenated", "deepseek-v3", 0, 4096, 512, "f16", True, 0, [410.0]),
-    ("DSA: every layer's top-k leaf, the indexer's scores and masks", "glm-5.1", 1, 32768, 8192, "f16", True, 0,
-     [10496.0, 3968.0]),
-    ("hybrid: delta-net layers, the mask first read by the fourth layer", "qwen3.5-397b-a17b", 1, 131072, 8192, "q8_0",
-     True, 0, [8272.0, 4560.0]),
-    ("hybrid, no flash attention, quantized cache: Hadamard rotations, the gate in place",
-     "qwen3.5-397b-a17b", 2, 4096, 2048, "q8_0", False, 0, [1536.0, 2004.0, 668.0]),
-    ("llama-server, one device, a quantized cache", "qwen3-coder-next", 1, 131072, 8192, "q8_0", True, 1,
-     [3008.1, 3312.6]),
+    (
+        "DSA: every layer's top-k leaf, the indexer's scores and masks",
+        "glm-5.1",
+        1,
+        32768,
+        8192,
+        "f16",
+        True,
+        0,
+        [10496.0, 3968.0],
+    ),
+    (
+        "hybrid: delta-net layers, the mask first read by the fourth layer",
+        "qwen3.5-397b-a17b",
+        1,
+        131072,
+        8192,
+        "q8_0",
+        True,
+        0,
+        [8272.0, 4560.0],
+    ),
+    (
+        "hybrid, no flash attention, quantized cache: Hadamard rotations, the gate in place",
+        "qwen3.5-397b-a17b",
+        2,
+        4096,
+        2048,
+        "q8_0",
+        False,
+        0,
+        [1536.0, 2004.0, 668.0],
+    ),
+    (
+        "llama-server, one device, a quantized cache",
+        "qwen3-coder-next",
+        1,
+        131072,
+        8192,
+        "q8_0",
+        True,
+        1,
+        [3008.1, 3312.6],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("preset", "n_rpc", "ctx", "ub", "cache", "fa", "outputs", "engine"), [c[1:] for c in ENGINE],
-                         ids=[c[0][:60] for c in ENGINE])
-def test_replay_matches_the_engine(replicas: dict[str, ModelProfile], preset: str, n_rpc: int, ctx: int, ub: int,
-                                   cache: str, fa: bool, outputs: int, engine: list[float]) -> None:
+@pytest.mark.parametrize(
+    ("preset", "n_rpc", "ctx", "ub", "cache", "fa", "outputs", "engine"),
+    [c[1:] for c in ENGINE],
+    ids=[c[0][:60] for c in ENGINE],
+)
+def test_replay_matches_the_engine(
+    replicas: dict[str, ModelProfile],
+    preset: str,
+    n_rpc: int,
+    ctx: int,
+    ub: int,
+    cache: str,
+    fa: bool,
+    outputs: int,
+    engine: list[float],
+) -> None:
     got = compute_mib(replicas[preset], n_rpc, ctx, ub, cache, fa, outputs)
     assert got == pytest.approx(engine, rel=0.025)
 
@@ -90,8 +183,12 @@ def test_logits_are_for_the_output_rows_only(replicas: dict[str, ModelProfile]) 
     assert one[f"ffn_moe_down-{last}"] * 512 == every[f"ffn_moe_down-{last}"]
 
 
-@pytest.mark.parametrize(("cache", "rotations"), [("f16", set()), ("q8_0", {"Q_rot-0", "K_rot-0", "V_rot-0", "out_rot-0"})])
-def test_a_quantized_cache_rotates_q_k_and_v(replicas: dict[str, ModelProfile], cache: str, rotations: set[str]) -> None:
+@pytest.mark.parametrize(
+    ("cache", "rotations"), [("f16", set()), ("q8_0", {"Q_rot-0", "K_rot-0", "V_rot-0", "out_rot-0"})]
+)
+def test_a_quantized_cache_rotates_q_k_and_v(
+    replicas: dict[str, ModelProfile], cache: str, rotations: set[str]
+) -> None:
     quant = cache != "f16"
     names = nodes_of(replicas["glm-4.6"], Shape(512, 4096, True, quant, quant))
     assert {n for n in names if n.endswith("_rot-0")} == rotations
@@ -104,10 +201,18 @@ def test_hybrid_layers_read_the_mask_only_where_they_attend(replicas: dict[str, 
     assert readers[0] == 3 and all((il + 1) % 4 == 0 for il in readers)
 
 
-@pytest.mark.parametrize(("preset", "n_rpc", "ub", "fa"), [("glm-5.1", 1, 2048, True), ("qwen3.5-397b-a17b", 2, 2048, False),
-                                                        ("glm-4.6", 2, 8192, True), ("deepseek-v3", 0, 512, True)])
-def test_leaving_out_repeated_layers_changes_no_buffer(replicas: dict[str, ModelProfile], preset: str, n_rpc: int,
-                                                       ub: int, fa: bool) -> None:
+@pytest.mark.parametrize(
+    ("preset", "n_rpc", "ub", "fa"),
+    [
+        ("glm-5.1", 1, 2048, True),
+        ("qwen3.5-397b-a17b", 2, 2048, False),
+        ("glm-4.6", 2, 8192, True),
+        ("deepseek-v3", 0, 512, True),
+    ],
+)
+def test_leaving_out_repeated_layers_changes_no_buffer(
+    replicas: dict[str, ModelProfile], preset: str, n_rpc: int, ub: int, fa: bool
+) -> None:
     p = replicas[preset]
     hw = from_dict(loopback_hw([f"127.0.0.1:{50000 + i}" for i in range(n_rpc)], mem_mib=1e7, cpu_ram_mib=1e8))
     pl = cpu_moe(p, hw)

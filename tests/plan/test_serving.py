@@ -22,8 +22,18 @@ from moetune.plan.speed import DeviceWork, SpeedConstants, Work, decode_seconds,
 
 K = SpeedConstants()
 # one CPU holding everything: 100 MB of dense weights and 1,600 MB of experts (k/E = 1/16)
-CPU = DeviceWork("CPU", True, 20.0, threads=2, cores=2, read_bytes=100e6 + 1600e6 / 16, kv_bytes_per_ctx=1e4,
-                 ctx_flop_per_ctx=1e4, active_params=1e8, held_expert_bytes=1600e6)
+CPU = DeviceWork(
+    "CPU",
+    True,
+    20.0,
+    threads=2,
+    cores=2,
+    read_bytes=100e6 + 1600e6 / 16,
+    kv_bytes_per_ctx=1e4,
+    ctx_flop_per_ctx=1e4,
+    active_params=1e8,
+    held_expert_bytes=1600e6,
+)
 W = Work((CPU,), graph_splits=1, rpc_hops=0, ubatch=512, expert_share=1 / 16)
 
 
@@ -46,8 +56,9 @@ def test_the_share_of_experts_a_step_reads_saturates() -> None:
     # at 64 streams nearly every expert is touched: 1 - (15/16)^64 = 98.4%; the step's read is then
     # close to the whole model, and more streams add only their own compute and cache
     dense_only = Work((DeviceWork("CPU", True, 20.0, threads=2, cores=2, read_bytes=1700e6),), 1, 0, ubatch=512)
-    assert step_seconds(W, 0, K, 64) == pytest.approx(step_seconds(dense_only, 0, K, 1) +
-                                                     63 * 2 * 1e8 / (2 * K.cpu_gflops_per_core * 1e9), rel=0.03)
+    assert step_seconds(W, 0, K, 64) == pytest.approx(
+        step_seconds(dense_only, 0, K, 1) + 63 * 2 * 1e8 / (2 * K.cpu_gflops_per_core * 1e9), rel=0.03
+    )
 
 
 def test_a_round_prefills_every_streams_prompt_before_the_first_token() -> None:

@@ -54,15 +54,26 @@ def test_repacked_weights_multiply_faster(testbed: tuple[ModelProfile, Inventory
 
 
 def test_beside_a_local_gpu_mainline_does_not_repack_so_neither_does_the_prediction(
-        testbed: tuple[ModelProfile, Inventory]) -> None:
+    testbed: tuple[ModelProfile, Inventory],
+) -> None:
     # the CUDA host buffer type comes before the repack buffers (the ledger's repack line is empty
     # there too); ik's -rtr repacks in place all the same
     p, _ = testbed
-    hw = from_dict({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20},
-                               "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 24000, "bw_gbs": 900}]}]})
+    hw = from_dict(
+        {
+            "nodes": [
+                {
+                    "name": "local",
+                    "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20},
+                    "devices": [{"name": "CUDA0", "kind": "gpu", "mem_mib": 24000, "bw_gbs": 900}],
+                }
+            ]
+        }
+    )
     for engine, gains in ((EngineKind.MAINLINE, False), (EngineKind.IK, True)):
-        tg = [predict(p, hw, cpu_moe(p, hw), Settings(threads=2, repack=r, engine=engine)).tg_tok_s
-              for r in (False, True)]
+        tg = [
+            predict(p, hw, cpu_moe(p, hw), Settings(threads=2, repack=r, engine=engine)).tg_tok_s for r in (False, True)
+        ]
         assert (tg[1] > tg[0] * 1.02) is gains, (engine, tg)
 
 
@@ -86,15 +97,29 @@ def test_threads_for_batches_move_prefill_not_decode(testbed: tuple[ModelProfile
 def test_a_work_stored_before_these_axes_predicts_as_it_did() -> None:
     """A stored work without the new fields reads as flash attention on, f16 cache, no repack: the
     rate the model had for it."""
-    doc = {"devices": [{"device": "CPU", "cpu": True, "bw_gbs": 20.0, "threads": 2, "cores": 2,
-                        "read_bytes": 4e7, "kv_bytes_per_ctx": 8192.0, "ctx_flop_per_ctx": 16384.0}],
-           "graph_splits": 1, "rpc_hops": 0}
+    doc = {
+        "devices": [
+            {
+                "device": "CPU",
+                "cpu": True,
+                "bw_gbs": 20.0,
+                "threads": 2,
+                "cores": 2,
+                "read_bytes": 4e7,
+                "kv_bytes_per_ctx": 8192.0,
+                "ctx_flop_per_ctx": 16384.0,
+            }
+        ],
+        "graph_splits": 1,
+        "rpc_hops": 0,
+    }
     w = Work.from_json(doc)
     assert w.devices[0].flash_attn and w.devices[0].ctx_quant_share == 0.0 and not w.devices[0].repacked
 
 
 def test_calibration_fits_the_attention_factors_from_runs_that_vary_them(
-        testbed: tuple[ModelProfile, Inventory]) -> None:
+    testbed: tuple[ModelProfile, Inventory],
+) -> None:
     """Runs measured under a machine whose FA penalty and cache gain differ from the prior: the
     fit moves both constants toward the truth."""
     assert {"cpu_noflash_ctx_factor", "cpu_ctx_quant_factor", "cpu_repack_gain"} <= set(FITTED)

@@ -55,8 +55,12 @@ CASES = [
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, ModelProfile]:
     d = tmp_path_factory.mktemp("swa-models")
-    return {wide: load_profile(generate(d / f"gpt-oss-{int(wide)}.gguf", "gpt-oss", small_dims("gpt-oss", wide),
-                                        "f16").files[0]) for wide in (False, True)}
+    return {
+        wide: load_profile(
+            generate(d / f"gpt-oss-{int(wide)}.gguf", "gpt-oss", small_dims("gpt-oss", wide), "f16").files[0]
+        )
+        for wide in (False, True)
+    }
 
 
 @pytest.fixture
@@ -65,16 +69,32 @@ def workers(bin_dir: Path) -> Iterator[list[str]]:
         yield ends
 
 
-@pytest.mark.parametrize(("wide", "ctx", "ub", "par", "ct", "strategy", "n_rpc", "swa_full"), CASES,
-                         ids=[f"{'w-' if c[0] else ''}c{c[1]}-ub{c[2]}-np{c[3]}-{c[4]}-{c[5]}-rpc{c[6]}"
-                              f"{'-swafull' if c[7] else ''}" for c in CASES])
-def test_swa_kv_matches_llama_server(bin_dir: Path, workers: list[str], models: dict[bool, ModelProfile], wide: bool,
-                                     ctx: int, ub: int, par: int, ct: str, strategy: str, n_rpc: int,
-                                     swa_full: bool) -> None:
+@pytest.mark.parametrize(
+    ("wide", "ctx", "ub", "par", "ct", "strategy", "n_rpc", "swa_full"),
+    CASES,
+    ids=[
+        f"{'w-' if c[0] else ''}c{c[1]}-ub{c[2]}-np{c[3]}-{c[4]}-{c[5]}-rpc{c[6]}{'-swafull' if c[7] else ''}"
+        for c in CASES
+    ],
+)
+def test_swa_kv_matches_llama_server(
+    bin_dir: Path,
+    workers: list[str],
+    models: dict[bool, ModelProfile],
+    wide: bool,
+    ctx: int,
+    ub: int,
+    par: int,
+    ct: str,
+    strategy: str,
+    n_rpc: int,
+    swa_full: bool,
+) -> None:
     p = models[wide]
     hw = from_dict(loopback_hw(workers[:n_rpc]))
-    s = Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=ct, ctv=ct, slots=par, swa_full=swa_full,
-                 repack=False)  # repacking crashes at load on an AMX CPU (DESIGN.md section 5)
+    s = Settings(
+        ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=ct, ctv=ct, slots=par, swa_full=swa_full, repack=False
+    )  # repacking crashes at load on an AMX CPU (DESIGN.md section 5)
     sp = make_plan([ServiceSpec("t", p, s, strategy)], hw).main
     argv = strip_endpoint(service_argv(sp))
     assert ("--swa-full" in argv) == swa_full
@@ -87,7 +107,8 @@ def test_swa_kv_matches_llama_server(bin_dir: Path, workers: list[str], models: 
     full_b, swa_b = kv.bytes_per_token_split(ct, ct)
     streams = int(caches[0][4])
     for (size_mib, cells, layers, _, _), want_cells, per_tok in zip(
-            caches, (sp.memory.kv_cells, sp.memory.swa_cells), (full_b, swa_b), strict=True):
+        caches, (sp.memory.kv_cells, sp.memory.swa_cells), (full_b, swa_b), strict=True
+    ):
         assert int(cells) * streams == want_cells and int(layers) == n_layer // 2
         assert float(size_mib) == pytest.approx(per_tok * want_cells / MIB, abs=0.01)
     if not swa_full and ctx // par > 128 + ub:
@@ -104,21 +125,44 @@ def test_swa_kv_matches_llama_server(bin_dir: Path, workers: list[str], models: 
             assert got.model_mib == pytest.approx(items.get((dev, "weights"), 0.0), rel=0.005, abs=0.02), dev
 
 
-@pytest.mark.parametrize(("ctx", "par", "strategy", "n_rpc"), [
-    (8192, 1, "all-gpu", 1), (8192, 4, "cpu-moe", 1), (256, 1, "all-gpu", 1), (4096, 1, "cpu-moe", 0)])
-def test_plan_verify_agrees_on_a_sliding_window_model(bin_dir: Path, workers: list[str], models: dict[bool, ModelProfile],
-                                                       tmp_path: Path, ctx: int, par: int, strategy: str,
-                                                       n_rpc: int) -> None:
+@pytest.mark.parametrize(
+    ("ctx", "par", "strategy", "n_rpc"),
+    [(8192, 1, "all-gpu", 1), (8192, 4, "cpu-moe", 1), (256, 1, "all-gpu", 1), (4096, 1, "cpu-moe", 0)],
+)
+def test_plan_verify_agrees_on_a_sliding_window_model(
+    bin_dir: Path,
+    workers: list[str],
+    models: dict[bool, ModelProfile],
+    tmp_path: Path,
+    ctx: int,
+    par: int,
+    strategy: str,
+    n_rpc: int,
+) -> None:
     hw = tmp_path / "hw.yaml"
     hw.write_text(yaml.safe_dump(loopback_hw(workers[:n_rpc])))
-    r = run_cli("plan", str(models[True].files[0]), "--hw", str(hw), "--strategy", strategy, "--ctx", str(ctx),
-                "--parallel", str(par), "--verify", "--json")
+    r = run_cli(
+        "plan",
+        str(models[True].files[0]),
+        "--hw",
+        str(hw),
+        "--strategy",
+        strategy,
+        "--ctx",
+        str(ctx),
+        "--parallel",
+        str(par),
+        "--verify",
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     v = doc["verify"]
     assert v["tool"] == "llama-fit-params" and v["agree"] is True, v["disagreements"]
-    assert doc["services"][0]["kv_cells_swa"] == {(8192, 1): 768, (8192, 4): 4 * 768, (256, 1): 256, (4096, 1): 768}[
-        (ctx, par)]
+    assert (
+        doc["services"][0]["kv_cells_swa"]
+        == {(8192, 1): 768, (8192, 4): 4 * 768, (256, 1): 256, (4096, 1): 768}[(ctx, par)]
+    )
 
 
 def test_full_scale_replica_context_equals_llama_fit_params(bin_dir: Path, tmp_path: Path) -> None:
@@ -148,8 +192,9 @@ def test_ik_llama_cpp_keeps_every_layers_context(ik_bin_dir: Path, models: dict[
     s = Settings(ctx=4096, engine=EngineKind.IK)
     sp = make_plan([ServiceSpec("t", p, s, "cpu-moe")], from_dict(loopback_hw([]))).main
     assert sp.memory.swa_cells == 0
-    ok, log = reserve_log(ik_bin_dir / "llama-server", [*strip_endpoint(service_argv(sp))], timeout=60,
-                          marker="compute buffer size")
+    ok, log = reserve_log(
+        ik_bin_dir / "llama-server", [*strip_endpoint(service_argv(sp))], timeout=60, marker="compute buffer size"
+    )
     assert ok, log[-2000:]
     m = re.search(r"KV self size += +([\d.]+) MiB", log)
     assert m, log[-2000:]
@@ -165,15 +210,21 @@ def test_mxfp4_experts_load_and_generate(bin_dir: Path, tmp_path: Path) -> None:
 
     from tests.helpers import llama_server
 
-    g = generate(tmp_path / "mx.gguf", "gpt-oss", small_dims("gpt-oss"),
-                 "ffn_gate_exps=mxfp4,ffn_up_exps=mxfp4,ffn_down_exps=mxfp4,other=f16")
+    g = generate(
+        tmp_path / "mx.gguf",
+        "gpt-oss",
+        small_dims("gpt-oss"),
+        "ffn_gate_exps=mxfp4,ffn_up_exps=mxfp4,ffn_down_exps=mxfp4,other=f16",
+    )
     assert g.servable and g.types["MXFP4"] > 0
     p = load_profile(g.files[0])
-    ok, log = reserve_log(bin_dir / "llama-server", ["-m", str(g.files[0]), "-nr", "-lm", "none", "-c", "1024",
-                                                     "-lv", "4", "-fit", "off"])
+    ok, log = reserve_log(
+        bin_dir / "llama-server", ["-m", str(g.files[0]), "-nr", "-lm", "none", "-c", "1024", "-lv", "4", "-fit", "off"]
+    )
     assert ok, log[-2000:]
-    assert parse_log(log).device_buffers()["CPU"].model_mib * MIB == pytest.approx(p.loaded_bytes(), rel=0.001,
-                                                                                    abs=4096)
+    assert parse_log(log).device_buffers()["CPU"].model_mib * MIB == pytest.approx(
+        p.loaded_bytes(), rel=0.001, abs=4096
+    )
     with llama_server(bin_dir, g.files[0], tmp_path / "server.log", "-nr", "-c", "512", "--parallel", "1") as srv:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "ignore_eos": True, "temperature": 0}
         r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()

@@ -59,8 +59,9 @@ def test_the_space_leaves_out_what_the_engine_refuses() -> None:
 
 
 def _feats(n: int) -> np.ndarray:
-    return np.array([features(Candidate("auto", t, 512), share, 8) for share, t in
-                     [(i / max(1, n - 1), 8) for i in range(n)]])
+    return np.array(
+        [features(Candidate("auto", t, 512), share, 8) for share, t in [(i / max(1, n - 1), 8) for i in range(n)]]
+    )
 
 
 def test_with_nothing_measured_the_belief_is_the_model_with_its_prior_spread() -> None:
@@ -96,15 +97,18 @@ IK_ALL = EngineOptions(amb=True, mla_model=False, mla=False, fused_moe=True, mer
 IK_MLA = EngineOptions(amb=True, mla_model=True, mla=True, fused_moe=True, merge_up_gate=True)
 
 
-@pytest.mark.parametrize(("engine", "amb", "mla", "fmoe", "muge"), [
-    (EngineOptions(), (0,), (3,), (True,), (False,)),  # mainline: none of them
-    (IK_ALL, (0, AMB_TRY_MIB), (3,), (True, False), (False, True)),  # no MLA: the mode is not tried
-    (IK_MLA, (0, AMB_TRY_MIB), (3, 2), (True, False), (False, True)),
-    (EngineOptions(amb=True), (0, AMB_TRY_MIB), (3,), (True,), (False,)),  # a build without fused-MoE switches
-])
+@pytest.mark.parametrize(
+    ("engine", "amb", "mla", "fmoe", "muge"),
+    [
+        (EngineOptions(), (0,), (3,), (True,), (False,)),  # mainline: none of them
+        (IK_ALL, (0, AMB_TRY_MIB), (3,), (True, False), (False, True)),  # no MLA: the mode is not tried
+        (IK_MLA, (0, AMB_TRY_MIB), (3, 2), (True, False), (False, True)),
+        (EngineOptions(amb=True), (0, AMB_TRY_MIB), (3,), (True,), (False,)),  # a build without fused-MoE switches
+    ],
+)
 def test_the_engine_axes_follow_what_the_build_renders_and_the_model_has(
-        engine: EngineOptions, amb: tuple[int, ...], mla: tuple[int, ...], fmoe: tuple[bool, ...],
-        muge: tuple[bool, ...]) -> None:
+    engine: EngineOptions, amb: tuple[int, ...], mla: tuple[int, ...], fmoe: tuple[bool, ...], muge: tuple[bool, ...]
+) -> None:
     axes = default_axes(Settings(), "auto", 4, 8, 1, engine)
     assert (axes.amb_mib, axes.mla, axes.fused_moe, axes.merge_up_gate) == (amb, mla, fmoe, muge)
     # the user's own values come first (the baseline's), the alternative second
@@ -135,17 +139,25 @@ def test_amb_only_where_it_bounds_something_and_the_mla_mode_only_on_an_mla_mode
     assert len({c.label for c in mla}) == len(mla)
 
 
-@pytest.mark.parametrize(("cand", "label", "settings"), [
-    (Candidate("auto", 2, 512, amb_mib=512), "auto t2 ub512 fa amb512", {"amb_mib": 512}),
-    (Candidate("auto", 2, 512, mla=2), "auto t2 ub512 fa mla2", {"mla": 2}),
-    (Candidate("cpu-moe", None, 128, fused_moe=False), "cpu-moe t-default ub128 fa no-fmoe", {"fused_moe": False}),
-    (Candidate("auto", 2, 512, merge_up_gate=True), "auto t2 ub512 fa muge", {"merge_up_gate": True}),
-    (Candidate("auto", 1, 512, 2048, False, repack=True, amb_mib=256, mla=2, fused_moe=False, merge_up_gate=True),
-     "auto t1 ub512 no-fa repack amb256 mla2 no-fmoe muge",
-     {"amb_mib": 256, "mla": 2, "fused_moe": False, "merge_up_gate": True, "repack": True}),
-])
-def test_a_candidate_carries_the_ik_options_into_its_label_and_settings(cand: Candidate, label: str,
-                                                                       settings: dict[str, object]) -> None:
+@pytest.mark.parametrize(
+    ("cand", "label", "settings"),
+    [
+        (Candidate("auto", 2, 512, amb_mib=512), "auto t2 ub512 fa amb512", {"amb_mib": 512}),
+        (Candidate("auto", 2, 512, mla=2), "auto t2 ub512 fa mla2", {"mla": 2}),
+        (Candidate("cpu-moe", None, 128, fused_moe=False), "cpu-moe t-default ub128 fa no-fmoe", {"fused_moe": False}),
+        (Candidate("auto", 2, 512, merge_up_gate=True), "auto t2 ub512 fa muge", {"merge_up_gate": True}),
+        (
+            Candidate(
+                "auto", 1, 512, 2048, False, repack=True, amb_mib=256, mla=2, fused_moe=False, merge_up_gate=True
+            ),
+            "auto t1 ub512 no-fa repack amb256 mla2 no-fmoe muge",
+            {"amb_mib": 256, "mla": 2, "fused_moe": False, "merge_up_gate": True, "repack": True},
+        ),
+    ],
+)
+def test_a_candidate_carries_the_ik_options_into_its_label_and_settings(
+    cand: Candidate, label: str, settings: dict[str, object]
+) -> None:
     assert cand.label == label
     s = cand.settings(Settings(engine=EngineKind.IK))
     assert all(getattr(s, k) == v for k, v in settings.items())
@@ -154,8 +166,12 @@ def test_a_candidate_carries_the_ik_options_into_its_label_and_settings(cand: Ca
 
 def test_the_ik_options_place_a_candidate_apart_from_its_neighbours() -> None:
     a = features(Candidate("auto", 4, 512), 0.5, 4)
-    for other in (Candidate("auto", 4, 512, amb_mib=512), Candidate("auto", 4, 512, mla=2),
-                  Candidate("auto", 4, 512, fused_moe=False), Candidate("auto", 4, 512, merge_up_gate=True)):
+    for other in (
+        Candidate("auto", 4, 512, amb_mib=512),
+        Candidate("auto", 4, 512, mla=2),
+        Candidate("auto", 4, 512, fused_moe=False),
+        Candidate("auto", 4, 512, merge_up_gate=True),
+    ):
         d = features(other, 0.5, 4) - a
         assert np.count_nonzero(d) == 1 and float(np.abs(d).sum()) == pytest.approx(0.5)
     # a looser -amb bound sits closer to none
@@ -169,8 +185,10 @@ def test_the_ik_options_place_a_candidate_apart_from_its_neighbours() -> None:
         (["auto,cpu-moe"], ("auto", "cpu-moe")),
         (["layers:CUDA0=3-14,CUDA1=68-77,auto"], ("layers:CUDA0=3-14,CUDA1=68-77", "auto")),
         (["layers:RPC0=0-3,RPC1=4-7;cpu-moe"], ("layers:RPC0=0-3,RPC1=4-7", "cpu-moe")),
-        (["layers:CUDA0=3-8+70-77,CUDA1=9", "head-tail:12+10", "auto"],
-         ("layers:CUDA0=3-8+70-77,CUDA1=9", "head-tail:12+10", "auto")),
+        (
+            ["layers:CUDA0=3-8+70-77,CUDA1=9", "head-tail:12+10", "auto"],
+            ("layers:CUDA0=3-8+70-77,CUDA1=9", "head-tail:12+10", "auto"),
+        ),
         (["n-cpu-moe:64, head-tail:8+8+4 ,all-gpu"], ("n-cpu-moe:64", "head-tail:8+8+4", "all-gpu")),
         (["auto;auto", "auto"], ("auto",)),  # once each
         (["cpu-moe;"], ("cpu-moe",)),
@@ -212,8 +230,15 @@ def test_head_tail_splits_of_the_expert_budget(budget: int, moe_layers: int, exp
 def test_the_default_axes_split_autos_expert_budget_between_head_and_tail() -> None:
     base = Settings()
     gpu = default_axes(base, "auto", cores=16, moe_layers=40, accelerators=2, expert_budget=10)
-    assert gpu.strategies == ("auto", "cpu-moe", "n-cpu-moe:10", "n-cpu-moe:20", "n-cpu-moe:30",
-                              "head-tail:5+5", "head-tail:4+4+2")
+    assert gpu.strategies == (
+        "auto",
+        "cpu-moe",
+        "n-cpu-moe:10",
+        "n-cpu-moe:20",
+        "n-cpu-moe:30",
+        "head-tail:5+5",
+        "head-tail:4+4+2",
+    )
     assert default_axes(base, "auto", 16, 40, 0, expert_budget=10).strategies == ("auto",)
     # a head/tail split sits apart from auto's layers of the same bytes, not far
     d = features(Candidate("head-tail:5+5", 4), 0.75, 4) - features(Candidate("auto", 4), 0.75, 4)

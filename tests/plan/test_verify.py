@@ -35,16 +35,29 @@ def test_without_a_dry_run_the_verdict_is_null() -> None:
 @pytest.mark.server
 @pytest.mark.parametrize("engine", ["llama.cpp", "ik_llama.cpp"])
 @pytest.mark.parametrize("strategy", ["cpu-moe", "all-gpu"])
-def test_the_engine_agrees_with_the_plan(engine: str, strategy: str, bin_dir: Path, ik_bin_dir: Path,
-                                         tmp_path: Path) -> None:
+def test_the_engine_agrees_with_the_plan(
+    engine: str, strategy: str, bin_dir: Path, ik_bin_dir: Path, tmp_path: Path
+) -> None:
     model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "f16").files[0]
     workers = bin_dir if engine == "llama.cpp" else ik_bin_dir
     binary = "ggml-rpc-server" if engine == "llama.cpp" else "rpc-server"
     with rpc_workers(workers, 1, binary=binary) as ends:
         hw = tmp_path / "hw.yaml"
         hw.write_text(yaml.safe_dump(loopback_hw(ends)))
-        r = run_cli("plan", str(model), "--hw", str(hw), "--engine", engine, "--strategy", strategy, "--ctx", "8192",
-                    "--verify", "--json")
+        r = run_cli(
+            "plan",
+            str(model),
+            "--hw",
+            str(hw),
+            "--engine",
+            engine,
+            "--strategy",
+            strategy,
+            "--ctx",
+            "8192",
+            "--verify",
+            "--json",
+        )
         assert r.exit_code == 0, r.stderr
         v = json.loads(r.stdout)["verify"]
         assert v["tool"] == ("llama-fit-params" if engine == "llama.cpp" else "llama-server"), v
@@ -79,8 +92,9 @@ def test_a_plan_document_gives_the_same_subjects_as_the_plan(tmp_path: Path) -> 
     assert from_doc.names == direct.names == {"RPC0": "RPC0[127.0.0.1:50990]", "RPC1": "RPC0[127.0.0.1:50991]"}
     assert [f.device for f in from_doc.ledger] == [f.device for f in direct.ledger]
     for a, b in zip(from_doc.ledger, direct.ledger, strict=True):  # the document rounds to 0.01 MiB
-        assert (a.model_mib, a.context_mib, a.compute_mib) == pytest.approx((b.model_mib, b.context_mib, b.compute_mib),
-                                                                            abs=0.1)
+        assert (a.model_mib, a.context_mib, a.compute_mib) == pytest.approx(
+            (b.model_mib, b.context_mib, b.compute_mib), abs=0.1
+        )
     assert from_doc.argv == direct.argv and from_doc.engine == planned.doc["launch"]["processes"][-1]["engine"]
 
 
@@ -92,8 +106,23 @@ def test_launch_verify_runs_the_dry_run_once_the_workers_listen(bin_dir: Path, t
     hw = tmp_path / "hw.yaml"
     hw.write_text(yaml.safe_dump(loopback_hw([f"127.0.0.1:{free_port()}"])))  # the launch starts the worker
     plan = tmp_path / "p.json"
-    assert run_cli("plan", str(model), "--hw", str(hw), "--strategy", "cpu-moe", "--ctx", "8192", "--port",
-                   str(free_port()), "-o", str(plan)).exit_code == 0
+    assert (
+        run_cli(
+            "plan",
+            str(model),
+            "--hw",
+            str(hw),
+            "--strategy",
+            "cpu-moe",
+            "--ctx",
+            "8192",
+            "--port",
+            str(free_port()),
+            "-o",
+            str(plan),
+        ).exit_code
+        == 0
+    )
     r = run_cli("launch", str(plan), "--verify", "--detach", "--json")
     try:
         assert r.exit_code == 0, r.stderr

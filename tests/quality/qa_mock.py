@@ -34,8 +34,9 @@ def qa_server(questions: list[qa.Question], mode: str, seed: int = 0) -> Iterato
                 text = rng.choice(q.letters)
             else:
                 text = "I would rather not say."
-            doc = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}],
-                              "usage": {"completion_tokens": 2}}).encode()
+            doc = json.dumps(
+                {"choices": [{"message": {"role": "assistant", "content": text}}], "usage": {"completion_tokens": 2}}
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(doc)))

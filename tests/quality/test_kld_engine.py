@@ -27,8 +27,9 @@ def _plan(tmp_path: Path, model: Path, hw: dict[str, object], name: str, *extra:
     hw_path = tmp_path / f"hw-{name}.yaml"
     hw_path.write_text(yaml.safe_dump(hw))
     out = tmp_path / f"{name}.json"
-    r = run_cli("plan", str(model), "--hw", str(hw_path), "--strategy", "all-gpu", "--ctx", "1024", "-o", str(out),
-                *extra)
+    r = run_cli(
+        "plan", str(model), "--hw", str(hw_path), "--strategy", "all-gpu", "--ctx", "1024", "-o", str(out), *extra
+    )
     assert r.exit_code == 0, r.stderr
     return out
 
@@ -39,9 +40,12 @@ def test_placement_cache_and_quant_ordered(bin_dir: Path, tmp_path: Path) -> Non
     subprocess.run([str(bin_dir / "llama-quantize"), str(model), str(q4), "q4_0"], check=True, capture_output=True)
     cpu = loopback_hw([])
     f16 = ("--ctk", "f16", "--ctv", "f16")  # given: left open, a CPU plan may pick a q8_0 cache
-    plans = [_plan(tmp_path, model, cpu, "ref", *f16),
-             _plan(tmp_path, model, loopback_hw([f"127.0.0.1:{free_port()}"]), "rpc", *f16),
-             _plan(tmp_path, model, cpu, "kv8", "--ctk", "q8_0", "--ctv", "q8_0"), _plan(tmp_path, q4, cpu, "q4", *f16)]
+    plans = [
+        _plan(tmp_path, model, cpu, "ref", *f16),
+        _plan(tmp_path, model, loopback_hw([f"127.0.0.1:{free_port()}"]), "rpc", *f16),
+        _plan(tmp_path, model, cpu, "kv8", "--ctk", "q8_0", "--ctv", "q8_0"),
+        _plan(tmp_path, q4, cpu, "q4", *f16),
+    ]
     args = ["quality", *map(str, plans), "--ctx", "128", "--chunks", "8", "--json"]
     r = run_cli(*args)
     assert r.exit_code == 0, r.stderr

@@ -17,7 +17,9 @@ FIX = Path(__file__).parent.parent / "fixtures" / "quality"
 def test_kld_mainline_rows_and_summary() -> None:
     o = po.parse_kld((FIX / "kld-mainline.txt").read_text())
     assert o.era == LogEra.MAINLINE and (o.n_chunk, o.n_ctx) == (33, 256)
-    assert len(o.rows) == 33 and o.rows[0].kld == pytest.approx(0.00161) and o.rows[0].same_top == pytest.approx(0.40945)
+    assert (
+        len(o.rows) == 33 and o.rows[0].kld == pytest.approx(0.00161) and o.rows[0].same_top == pytest.approx(0.40945)
+    )
     s = o.summary
     assert s is not None and o.complete
     assert s.kld == pytest.approx(0.001419) and s.kld_percentiles["99.0"] == pytest.approx(0.001963)
@@ -47,15 +49,19 @@ def test_legacy_era() -> None:
 
 
 def test_too_short() -> None:
-    t = po.too_short("perplexity: you need at least 1024 tokens to evaluate perplexity with a context of 512\n"
-                     "perplexity: the data file you provided tokenizes to only 300 tokens")
+    t = po.too_short(
+        "perplexity: you need at least 1024 tokens to evaluate perplexity with a context of 512\n"
+        "perplexity: the data file you provided tokenizes to only 300 tokens"
+    )
     assert t == po.TooShort(1024, 512, 300)
 
 
 def test_ik_llama_cpp_real_output() -> None:
     # ik_llama.cpp 0.1.5 (vendored in the ik-llama-cpp-python sdist): -c 128 --chunks 6
     p = po.parse_ppl((FIX / "ppl-ik.txt").read_text())
-    assert p.era == LogEra.LEGACY and len(p.running) == 6 and p.final == (pytest.approx(265.8777), pytest.approx(4.43242))
+    assert (
+        p.era == LogEra.LEGACY and len(p.running) == 6 and p.final == (pytest.approx(265.8777), pytest.approx(4.43242))
+    )
     assert (p.n_chunk, p.n_ctx) == (6, 128)
     k = po.parse_kld((FIX / "kld-ik.txt").read_text())
     assert k.era == LogEra.LEGACY and len(k.rows) == 6 and k.summary is not None

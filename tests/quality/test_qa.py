@@ -12,13 +12,23 @@ from moetune.quality import qa
 Q = qa.Question("q", "Which?", ("red apple", "blue sky", "green grass"), 1)
 
 
-@pytest.mark.parametrize(("reply", "letter"), [
-    ("B", "B"), ("(B)", "B"), ("B.", "B"), ("Answer: C", "C"), ("Ｂ", "B"),  # full width, NFKC
-    ("<think>maybe A</think>C", "C"), ("<think>A or B", None),  # an unclosed think block hides all
-    ("the blue sky, of course", "B"),  # no letter: exactly one choice's text
-    ("Because", None), ("apple or grass", None), ("", None),  # a letter inside a word is no answer
-    ("D", None),  # not one of its letters
-])
+@pytest.mark.parametrize(
+    ("reply", "letter"),
+    [
+        ("B", "B"),
+        ("(B)", "B"),
+        ("B.", "B"),
+        ("Answer: C", "C"),
+        ("Ｂ", "B"),  # full width, NFKC
+        ("<think>maybe A</think>C", "C"),
+        ("<think>A or B", None),  # an unclosed think block hides all
+        ("the blue sky, of course", "B"),  # no letter: exactly one choice's text
+        ("Because", None),
+        ("apple or grass", None),
+        ("", None),  # a letter inside a word is no answer
+        ("D", None),  # not one of its letters
+    ],
+)
 def test_answer_rule(reply: str, letter: str | None) -> None:
     assert qa.extract(reply, Q) == letter
 
@@ -29,16 +39,27 @@ def test_prompt_letters_the_choices() -> None:
 
 
 def test_jcommonsenseqa_converted() -> None:
-    line = {"q_id": 8939, "question": "電車に乗るときに必要なものは？", "choice0": "切符", "choice1": "傘",
-            "choice2": "鍋", "choice3": "枕", "choice4": "靴下", "label": 0}
+    line = {
+        "q_id": 8939,
+        "question": "電車に乗るときに必要なものは？",
+        "choice0": "切符",
+        "choice1": "傘",
+        "choice2": "鍋",
+        "choice3": "枕",
+        "choice4": "靴下",
+        "label": 0,
+    }
     [q] = qa.parse_questions(json.dumps(line, ensure_ascii=False), "jcommonsenseqa")
     assert q.id == "8939" and len(q.choices) == 5 and qa.right_letter(q) == "A"
 
 
 def test_bad_lines_are_named() -> None:
     with pytest.raises(InputError, match=r"x:2: answer 7 is outside its 2 choices"):
-        qa.parse_questions('{"question": "a", "choices": ["x", "y"], "answer": 0}\n'
-                           '{"question": "b", "choices": ["x", "y"], "answer": 7}', source="x")
+        qa.parse_questions(
+            '{"question": "a", "choices": ["x", "y"], "answer": 0}\n'
+            '{"question": "b", "choices": ["x", "y"], "answer": 7}',
+            source="x",
+        )
     with pytest.raises(InputError, match="more than once"):
         qa.parse_questions('{"id": "1", "question": "a", "choices": ["x", "y"], "answer": "B"}\n' * 2)
 

@@ -12,8 +12,10 @@ from tests.quality.qa_mock import qa_server
 
 
 def _questions(tmp_path: Path, n: int = 60) -> tuple[Path, list[qa.Question]]:
-    lines = [{"id": f"q{i}", "question": f"Question {i}?", "choices": ["one", "two", "three", "four"],
-              "answer": i % 4} for i in range(n)]
+    lines = [
+        {"id": f"q{i}", "question": f"Question {i}?", "choices": ["one", "two", "three", "four"], "answer": i % 4}
+        for i in range(n)
+    ]
     path = tmp_path / "qs.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines))
     return path, qa.read_questions(path)
@@ -22,8 +24,28 @@ def _questions(tmp_path: Path, n: int = 60) -> tuple[Path, list[qa.Question]]:
 def test_random_is_worse_than_right_and_a_repeat_is_the_same(tmp_path: Path) -> None:
     path, qs = _questions(tmp_path)
     with qa_server(qs, "right") as right, qa_server(qs, "random") as rnd, qa_server(qs, "silent") as silent:
-        r = run_cli("quality", "--qa", str(path), "--url", right, "--url", rnd, "--url", right, "--url", silent,
-                    "--label", "right", "--label", "random", "--label", "right-again", "--label", "silent", "--json")
+        r = run_cli(
+            "quality",
+            "--qa",
+            str(path),
+            "--url",
+            right,
+            "--url",
+            rnd,
+            "--url",
+            right,
+            "--url",
+            silent,
+            "--label",
+            "right",
+            "--label",
+            "random",
+            "--label",
+            "right-again",
+            "--label",
+            "silent",
+            "--json",
+        )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     runs = {x["label"]: x for x in doc["runs"]}
@@ -46,8 +68,21 @@ def test_random_is_worse_than_right_and_a_repeat_is_the_same(tmp_path: Path) -> 
 
 def test_thinking_off_by_default_and_jcommonsenseqa(tmp_path: Path) -> None:
     path = tmp_path / "jc.jsonl"
-    path.write_text(json.dumps({"q_id": 1, "question": "空は何色？", "choice0": "赤", "choice1": "青", "choice2": "緑",
-                                "choice3": "黒", "choice4": "白", "label": 1}, ensure_ascii=False))
+    path.write_text(
+        json.dumps(
+            {
+                "q_id": 1,
+                "question": "空は何色？",
+                "choice0": "赤",
+                "choice1": "青",
+                "choice2": "緑",
+                "choice3": "黒",
+                "choice4": "白",
+                "label": 1,
+            },
+            ensure_ascii=False,
+        )
+    )
     qs = qa.read_questions(path, "jcommonsenseqa")
     from moetune.quality.soak import SoakOptions, request_body
 

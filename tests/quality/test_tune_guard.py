@@ -15,8 +15,9 @@ from tests.tune_testbed import WORKLOAD, make_testbed
 pytestmark = pytest.mark.server
 
 
-def test_max_kld_never_returns_a_candidate_above_the_limit(bin_dir: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_max_kld_never_returns_a_candidate_above_the_limit(
+    bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import moetune.tune.loop as loop
     from moetune.tune.verdict import verdicts
 
@@ -38,10 +39,40 @@ def test_max_kld_never_returns_a_candidate_above_the_limit(bin_dir: Path, tmp_pa
     monkeypatch.setattr(loop, "verdicts", q8_wins)
     monkeypatch.setattr(loop.core, "choose", lambda belief, best, open_, noise, gains: (open_[0], 1.0))
     model, hw = make_testbed(tmp_path)
-    r = run_cli("tune", str(model), "--hw", str(hw), "--strategy", "cpu-moe", "-t", "1", "-ub", "128",
-                "--try-strategy", "cpu-moe", "--try-threads", "1", "--try-ubatch", "128", "--try-fa", "on",
-                "--try-cache", "f16/f16,q8_0/q8_0", "--try-repack", "off", *WORKLOAD, "--port", str(free_port()),
-                "--budget", "2", "--max-kld", "0", "--db", str(tmp_path / "t.db"), "--json")
+    r = run_cli(
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        "--strategy",
+        "cpu-moe",
+        "-t",
+        "1",
+        "-ub",
+        "128",
+        "--try-strategy",
+        "cpu-moe",
+        "--try-threads",
+        "1",
+        "--try-ubatch",
+        "128",
+        "--try-fa",
+        "on",
+        "--try-cache",
+        "f16/f16,q8_0/q8_0",
+        "--try-repack",
+        "off",
+        *WORKLOAD,
+        "--port",
+        str(free_port()),
+        "--budget",
+        "2",
+        "--max-kld",
+        "0",
+        "--db",
+        str(tmp_path / "t.db"),
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     by = {c["label"]: c for c in doc["candidates"]}

@@ -25,9 +25,20 @@ from typing import Any
 import aiohttp
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-extensions",
-         "--disable-default-apps", "--mute-audio", "--hide-scrollbars")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-default-apps",
+    "--mute-audio",
+    "--hide-scrollbars",
+)
 
 
 def find_chromium() -> str | None:
@@ -48,8 +59,9 @@ class Cdp:
         self.ids = itertools.count(1)
         self.events: list[dict[str, Any]] = []
 
-    async def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None,
-                   timeout: float = 30) -> dict[str, Any]:
+    async def call(
+        self, method: str, params: dict[str, Any] | None = None, session: str | None = None, timeout: float = 30
+    ) -> dict[str, Any]:
         i = next(self.ids)
         msg: dict[str, Any] = {"id": i, "method": method, "params": params or {}}
         if session:
@@ -91,23 +103,31 @@ def _port(profile: Path, proc: subprocess.Popen[bytes], timeout: float = 20) -> 
 
 async def _visit(port: int, path: str, url: str, probe: str, png: Path, width: int) -> PageVisit:
     visit = PageVisit()
-    async with aiohttp.ClientSession() as http, http.ws_connect(f"ws://127.0.0.1:{port}{path}",
-                                                               max_msg_size=0) as ws:
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"ws://127.0.0.1:{port}{path}", max_msg_size=0) as ws:
         cdp = Cdp(ws)
         target = (await cdp.call("Target.createTarget", {"url": "about:blank"}))["targetId"]
         sid = (await cdp.call("Target.attachToTarget", {"targetId": target, "flatten": True}))["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             await cdp.call(f"{domain}.enable", session=sid)
-        await cdp.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": 1000,
-                                                              "deviceScaleFactor": 1, "mobile": False}, session=sid)
+        await cdp.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": 1000, "deviceScaleFactor": 1, "mobile": False},
+            session=sid,
+        )
         cdp.events.clear()
         await cdp.call("Page.navigate", {"url": url}, session=sid)
         await cdp.wait_for("Page.loadEventFired")
-        visit.dom = json.loads((await cdp.call("Runtime.evaluate", {"expression": probe, "returnByValue": True},
-                                               session=sid))["result"]["value"])
+        visit.dom = json.loads(
+            (await cdp.call("Runtime.evaluate", {"expression": probe, "returnByValue": True}, session=sid))["result"][
+                "value"
+            ]
+        )
         size = (await cdp.call("Page.getLayoutMetrics", session=sid))["cssContentSize"]
-        await cdp.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": int(size["height"]),
-                                                              "deviceScaleFactor": 1, "mobile": False}, session=sid)
+        await cdp.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": int(size["height"]), "deviceScaleFactor": 1, "mobile": False},
+            session=sid,
+        )
         shot = await cdp.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, session=sid)
         png.write_bytes(base64.b64decode(shot["data"]))
         visit.screenshot = png
@@ -130,8 +150,12 @@ def visit(page: Path, png: Path, probe: str, *, chromium: str, profile: Path, wi
     """Open ``page`` (a local file), evaluate ``probe`` (JS returning a JSON string), screenshot it."""
     profile.mkdir(parents=True, exist_ok=True)
     with open(profile.parent / "chromium.log", "wb") as log:
-        proc = subprocess.Popen([chromium, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
-                                 "about:blank"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [chromium, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         port, path = _port(profile, proc)
         return asyncio.run(asyncio.wait_for(_visit(port, path, page.resolve().as_uri(), probe, png, width), 60))

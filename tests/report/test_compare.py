@@ -31,15 +31,22 @@ def rm(run: int, label: str, tgs: list[float], pps: list[float] | None = None) -
 
 def test_the_reference_table_with_verdicts() -> None:
     """The field report's TG table: the same placement twice, +5.8 % and +15.4 %."""
-    c = compare(rm(1, "cpu-moe", BASE), [
-        rm(2, "cpu-moe again", [18.81, 18.86, 18.84, 18.82, 18.85]),
-        rm(4, "n-cpu-moe 64", [19.92, 19.94, 19.96, 19.93, 19.95]),
-        rm(5, "head+tail", [21.73, 21.75, 21.77, 21.74, 21.76]),
-        rm(6, "worse", [15.0, 15.1, 14.9, 15.05, 14.95]),
-    ])
+    c = compare(
+        rm(1, "cpu-moe", BASE),
+        [
+            rm(2, "cpu-moe again", [18.81, 18.86, 18.84, 18.82, 18.85]),
+            rm(4, "n-cpu-moe 64", [19.92, 19.94, 19.96, 19.93, 19.95]),
+            rm(5, "head+tail", [21.73, 21.75, 21.77, 21.74, 21.76]),
+            rm(6, "worse", [15.0, 15.1, 14.9, 15.05, 14.95]),
+        ],
+    )
     got = [(r.run, r.metric, round(r.change_pct, 1), r.verdict) for r in c.rows]
-    assert got == [(2, "tg:short-json", 0.0, "same"), (4, "tg:short-json", 5.8, "faster"),
-                   (5, "tg:short-json", 15.4, "faster"), (6, "tg:short-json", -20.4, "slower")]
+    assert got == [
+        (2, "tg:short-json", 0.0, "same"),
+        (4, "tg:short-json", 5.8, "faster"),
+        (5, "tg:short-json", 15.4, "faster"),
+        (6, "tg:short-json", -20.4, "slower"),
+    ]
     doc = c.to_json()
     assert doc["baseline"]["run"] == 1
     assert {"run", "metric", "change_pct", "verdict"} <= set(doc["rows"][0])
@@ -114,20 +121,31 @@ def test_a_large_change_drowned_in_noise_is_same_but_flagged_noisy() -> None:
     assert quiet.verdict == "same" and not quiet.noisy
 
 
-
 def test_every_kind_of_run_is_registered() -> None:
     assert set(METRIC_EXTRACTORS) == set(RunKind)
 
 
 def serve_rm(run: int, label: str, ttft_by_c: dict[int, list[float]]) -> RunMetrics:
-    return RunMetrics(run, label, "serve-bench", "done", {
-        f"ttft:c={c}": MetricSamples(tuple(v), False, "ms", "ttft", float(c), "concurrency")
-        for c, v in ttft_by_c.items()})
+    return RunMetrics(
+        run,
+        label,
+        "serve-bench",
+        "done",
+        {
+            f"ttft:c={c}": MetricSamples(tuple(v), False, "ms", "ttft", float(c), "concurrency")
+            for c, v in ttft_by_c.items()
+        },
+    )
 
 
 def test_a_run_sharing_nothing_is_named_and_the_rest_compared() -> None:
-    other = RunMetrics(4, "other workload", "bench", "done",
-                       {"tg:long-openapi": MetricSamples((10.0, 10.1, 10.2), True, "tokens/s", "tg")})
+    other = RunMetrics(
+        4,
+        "other workload",
+        "bench",
+        "done",
+        {"tg:long-openapi": MetricSamples((10.0, 10.1, 10.2), True, "tokens/s", "tg")},
+    )
     c = compare(rm(1, "a", BASE), [rm(2, "b", [18.81, 18.86, 18.84, 18.82, 18.85]), other])
     assert [o.run for o in c.others] == [2] and [o.run for o in c.not_compared] == [4]
     assert [r.run for r in c.rows] == [2]
@@ -148,13 +166,22 @@ def test_a_column_two_runs_share_stays_when_a_third_lacks_it() -> None:
     assert any("run 3 (c) lacks the baseline's pp:short-json" in n for n in c.notes)
 
 
-@pytest.mark.parametrize(("others", "message"), [
-    ([serve_rm(2, "serve", {1: [5.0, 6.0]})],
-     "nothing to compare: run 2 (serve) is a serve-bench run and the baseline run 1 (a) a bench run"),
-    ([RunMetrics(2, "x", "bench", "done", {"tg:other": MetricSamples((1.0,), True)}),
-      RunMetrics(3, "y", "bench", "done", {"tg:else": MetricSamples((1.0,), True)})],
-     "nothing to compare: runs 2, 3 share no metric with the baseline run 1 (a)"),
-])
+@pytest.mark.parametrize(
+    ("others", "message"),
+    [
+        (
+            [serve_rm(2, "serve", {1: [5.0, 6.0]})],
+            "nothing to compare: run 2 (serve) is a serve-bench run and the baseline run 1 (a) a bench run",
+        ),
+        (
+            [
+                RunMetrics(2, "x", "bench", "done", {"tg:other": MetricSamples((1.0,), True)}),
+                RunMetrics(3, "y", "bench", "done", {"tg:else": MetricSamples((1.0,), True)}),
+            ],
+            "nothing to compare: runs 2, 3 share no metric with the baseline run 1 (a)",
+        ),
+    ],
+)
 def test_nothing_comparable_is_an_input_error(others: list[RunMetrics], message: str) -> None:
     c = compare(rm(1, "a", BASE), others)
     assert not c.rows
@@ -170,12 +197,22 @@ def test_plot_panels_are_titled_by_their_axis_with_a_tick_at_each_level() -> Non
     serve = [serve_rm(1, "p4", {1: [5.0, 6.0], 2: [9.0, 11.0]}), serve_rm(2, "p1", {1: [5.0], 3: [50.0]})]
     (p,) = panels(serve)
     assert (p.style, p.title, p.xlabel, p.xticks, p.xticklabels) == (
-        "line", "TTFT vs concurrency", "concurrency", (1.0, 2.0, 3.0), ("1", "2", "3"))
+        "line",
+        "TTFT vs concurrency",
+        "concurrency",
+        (1.0, 2.0, 3.0),
+        ("1", "2", "3"),
+    )
     assert not p.log_x
     (wide,) = panels([serve_rm(1, "a", {c: [1.0] for c in (1, 2, 4, 8, 16)})])
     assert wide.log_x and wide.xticklabels == ("1", "2", "4", "8", "16")
-    depth = RunMetrics(1, "d", "bench", "done", {
-        f"tg:d{d}": MetricSamples((20.0,), True, "tokens/s", "tg", float(d), DEPTH_AXIS) for d in (0, 4096)})
+    depth = RunMetrics(
+        1,
+        "d",
+        "bench",
+        "done",
+        {f"tg:d{d}": MetricSamples((20.0,), True, "tokens/s", "tg", float(d), DEPTH_AXIS) for d in (0, 4096)},
+    )
     (dp,) = panels([depth])
     assert dp.title == "TG vs context depth" and dp.xticks == (0.0, 4096.0) and not dp.log_x
     (bar,) = panels([rm(1, "a", BASE)])
@@ -190,8 +227,10 @@ def test_quality_rows_are_worded_better_or_worse_not_faster() -> None:
     def q(run: int, label: str, klds: list[float]) -> RunMetrics:
         return RunMetrics(run, label, RunKind.QUALITY, "done", quality_metrics({"kld": k} for k in klds))
 
-    c = compare(q(1, "f16", [0.010, 0.011, 0.012, 0.011, 0.010]),
-                [q(2, "q4", [0.050, 0.052, 0.051, 0.049, 0.050]), q(3, "q8", [0.002, 0.002, 0.003, 0.002, 0.002])])
+    c = compare(
+        q(1, "f16", [0.010, 0.011, 0.012, 0.011, 0.010]),
+        [q(2, "q4", [0.050, 0.052, 0.051, 0.049, 0.050]), q(3, "q8", [0.002, 0.002, 0.003, 0.002, 0.002])],
+    )
     md = comparison_markdown(c)
     assert "worse" in md and "better" in md and "faster" not in md.split("median [")[0]
     assert "better/worse for quality" in md

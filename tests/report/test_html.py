@@ -24,8 +24,11 @@ from tests.helpers import run_cli
 from tests.report.reportdata import T0, fill_history, plan_doc, snapshot
 
 # an attribute that makes a browser fetch: src, href, srcset, poster, action, xlink:href, or CSS url()
-EXTERNAL = re.compile(r"""(?:\b(?:src|href|srcset|poster|action|data)\s*=\s*["']?\s*(?://|[a-z][a-z0-9+.-]*:))"""
-                      r"""|url\(\s*["']?\s*(?://|[a-z][a-z0-9+.-]*:)|@import""", re.I)
+EXTERNAL = re.compile(
+    r"""(?:\b(?:src|href|srcset|poster|action|data)\s*=\s*["']?\s*(?://|[a-z][a-z0-9+.-]*:))"""
+    r"""|url\(\s*["']?\s*(?://|[a-z][a-z0-9+.-]*:)|@import""",
+    re.I,
+)
 
 
 class Elements(HTMLParser):
@@ -49,9 +52,17 @@ def external_refs(page: str) -> list[str]:
 
 # -- SVG primitives -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("lo", "hi", "ticks"), [
-    (0, 97, [0, 20, 40, 60, 80, 100]), (0, 1, [0, 0.2, 0.4, 0.6, 0.8, 1.0]), (0, 7.3, [0, 2, 4, 6, 8]),
-    (3, 3, [3, 4, 5, 6]), (0, 0.0042, [0, 0.001, 0.002, 0.003, 0.004, 0.005])])
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "ticks"),
+    [
+        (0, 97, [0, 20, 40, 60, 80, 100]),
+        (0, 1, [0, 0.2, 0.4, 0.6, 0.8, 1.0]),
+        (0, 7.3, [0, 2, 4, 6, 8]),
+        (3, 3, [3, 4, 5, 6]),
+        (0, 0.0042, [0, 0.001, 0.002, 0.003, 0.004, 0.005]),
+    ],
+)
 def test_nice_ticks_cover_the_range_with_round_steps(lo: float, hi: float, ticks: list[float]) -> None:
     assert nice_ticks(lo, hi) == pytest.approx(ticks)
 
@@ -63,7 +74,11 @@ def test_linear_scale() -> None:
 
 
 def test_stacked_bar_widths_are_proportional_to_the_bytes() -> None:
-    segs = [Segment("weights", 12000, "#111", "w"), Segment("kv", 6000, "#222", "k"), Segment("compute", 2000, "#333", "c")]
+    segs = [
+        Segment("weights", 12000, "#111", "w"),
+        Segment("kv", 6000, "#222", "k"),
+        Segment("compute", 2000, "#333", "c"),
+    ]
     bar = stacked_bar(segs, 24000, width=480)
     els = Elements(bar)
     segments = [r for r in els.find("rect") if "class" not in r]  # one per segment, in order
@@ -77,8 +92,12 @@ def test_stacked_bar_widths_are_proportional_to_the_bytes() -> None:
 
 
 def test_line_chart_draws_bands_breaks_and_escapes() -> None:
-    chart = line_chart([Series("a<b>", ((0, 1.0), (1, 2.0), (2, None), (3, 4.0)), "#000", unit="%")],
-                       x_label="time (s)", y_label="CPU (%)", bands=[Band(0, 1.5, "pp512"), Band(1.5, 3, "tg<128>")])
+    chart = line_chart(
+        [Series("a<b>", ((0, 1.0), (1, 2.0), (2, None), (3, 4.0)), "#000", unit="%")],
+        x_label="time (s)",
+        y_label="CPU (%)",
+        bands=[Band(0, 1.5, "pp512"), Band(1.5, 3, "tg<128>")],
+    )
     els = Elements(chart)
     assert len(els.find("rect", **{"class": "band"})) == 2
     assert len(els.find("polyline")) == 2  # the None breaks the line
@@ -87,6 +106,7 @@ def test_line_chart_draws_bands_breaks_and_escapes() -> None:
 
 
 # -- the plan -----------------------------------------------------------------------------------
+
 
 def test_memory_bars_per_device_against_capacity() -> None:
     doc = plan_doc()
@@ -126,9 +146,11 @@ def test_layer_map_puts_layer_3s_experts_on_the_cpu() -> None:
 
 # -- phases -------------------------------------------------------------------------------------
 
+
 def test_phases_from_snapshots_last_until_the_next_snapshot() -> None:
-    snaps = [Snapshot(t, phase=p) for t, p in ((0, None), (1, "pp512"), (2, "pp512"), (3, "tg128"), (4, None),
-                                               (5, "tg128"))]
+    snaps = [
+        Snapshot(t, phase=p) for t, p in ((0, None), (1, "pp512"), (2, "pp512"), (3, "tg128"), (4, None), (5, "tg128"))
+    ]
     assert snapshot_phases(snaps) == [PhaseBand("pp512", 1, 3), PhaseBand("tg128", 3, 4), PhaseBand("tg128", 5, 5)]
 
 
@@ -136,16 +158,19 @@ def test_phases_from_samples_when_no_snapshot_names_one() -> None:
     def row(i: int, data: dict[str, object], at: str) -> SampleRow:
         return SampleRow(i, 1, "measure", i, at, dict(data))
 
-    rows = [row(0, {"workload": "short", "t_unix_s": 100.0, "end_s": 2.0}, ""),
-            row(1, {"workload": "short", "t_unix_s": 103.0, "end_s": 1.0}, ""),
-            row(2, {"workload": "d4096", "t_unix_s": 105.0, "end_s": 4.0}, ""),
-            row(3, {"concurrency": 4, "t_sched": 50.0, "t_end": 52.5}, "2027-01-15T08:00:10.000+00:00")]
+    rows = [
+        row(0, {"workload": "short", "t_unix_s": 100.0, "end_s": 2.0}, ""),
+        row(1, {"workload": "short", "t_unix_s": 103.0, "end_s": 1.0}, ""),
+        row(2, {"workload": "d4096", "t_unix_s": 105.0, "end_s": 4.0}, ""),
+        row(3, {"concurrency": 4, "t_sched": 50.0, "t_end": 52.5}, "2027-01-15T08:00:10.000+00:00"),
+    ]
     got = sample_phases(rows)
     assert got[:2] == [PhaseBand("short", 100.0, 104.0), PhaseBand("d4096", 105.0, 109.0)]
     assert got[2].label == "c=4" and got[2].t1 - got[2].t0 == pytest.approx(2.5)
 
 
 # -- the page -----------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def history(tmp_path: Path) -> tuple[Path, dict[str, int]]:
@@ -172,11 +197,11 @@ def test_page_of_runs_has_every_section_escapes_and_loads_nothing(history: tuple
     assert "+15.4% faster" in page
     assert any("serve-bench run" in n for n in data.compare_notes)
     # time series of run A with its phases shaded; run B had no sampler
-    ts = page[page.index('id="timeseries"'):page.index('id="serve"')]
+    ts = page[page.index('id="timeseries"') : page.index('id="serve"')]
     assert len(Elements(ts).find("rect", **{"class": "band"})) >= 2 * 5  # two phases on each chart
     assert "short-json" in ts and "d4096" in ts and "GPU0 RTX" in ts and "run 2: no machine metrics" in ts
     # serve-bench: a chart per figure, the x axis at the levels measured, the table per level
-    serve = page[page.index('id="serve"'):page.index('id="compare"')]
+    serve = page[page.index('id="serve"') : page.index('id="compare"')]
     assert "Time to first token" in serve and "Inter-token latency" in serve and "output tokens/s" in serve
     assert "c=4" in serve and "concurrency (streams)" in serve
 
@@ -190,13 +215,19 @@ def test_a_plan_alone_keeps_every_section_with_a_note() -> None:
 
 
 def test_static_check_finds_what_a_browser_would_fetch() -> None:
-    bad = ['<img src="https://x/y.png">', "<link href='http://cdn/x.css'>", "<div style=\"background:url(//x/y)\">",
-           "<style>@import 'a.css'</style>", '<script src="data:text/javascript,1">']
+    bad = [
+        '<img src="https://x/y.png">',
+        "<link href='http://cdn/x.css'>",
+        '<div style="background:url(//x/y)">',
+        "<style>@import 'a.css'</style>",
+        '<script src="data:text/javascript,1">',
+    ]
     assert all(external_refs(b) for b in bad)
     assert not external_refs('<a href="#plan">plan</a><p>http://127.0.0.1:8080</p>')
 
 
 # -- the command --------------------------------------------------------------------------------
+
 
 def test_report_command_plan_runs_and_errors(history: tuple[Path, dict[str, int]], tmp_path: Path) -> None:
     path, ids = history
@@ -211,9 +242,13 @@ def test_report_command_plan_runs_and_errors(history: tuple[Path, dict[str, int]
     assert alone.exit_code == 0 and alone.stdout.startswith("<!DOCTYPE html>")
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "other.json").write_text('{"hello": 1}')
-    for args, says in (([str(tmp_path / "bad.json")], "not JSON"), ([str(tmp_path / "other.json")], "not a plan"),
-                       ([str(tmp_path / "missing.json")], "no such file"), (["no-such-label"], "no run with id or label"),
-                       (["99"], "no run 99")):
+    for args, says in (
+        ([str(tmp_path / "bad.json")], "not JSON"),
+        ([str(tmp_path / "other.json")], "not a plan"),
+        ([str(tmp_path / "missing.json")], "no such file"),
+        (["no-such-label"], "no run with id or label"),
+        (["99"], "no run 99"),
+    ):
         r = run_cli("report", *args, "--db", str(path), "-o", str(tmp_path / "x.html"))
         assert r.exit_code == 2 and says in r.stderr, (args, r.stderr)
     assert run_cli("report", str(plan)).exit_code == 2  # -o is required
@@ -252,10 +287,20 @@ def test_agent_sessions_are_drawn_turn_by_turn() -> None:
     def f(v: float) -> dict[str, float]:
         return {"p50": v, "p90": v, "p99": v, "mean": v}
 
-    doc = {"spec": {"sessions": 4, "turns": 3, "strip_thinking": True},
-           "turns": [{"turn": n, "context_tokens": f(600 + 200 * n), "prompt_tokens_processed": f(p),
-                      "prompt_tokens_reused": f(r), "ttft_ms": f(20 + n), "tg_tok_s": f(50 - n)}
-                     for n, p, r in ((1, 640, 0), (2, 250, 600), (3, 248, 810))]}
+    doc = {
+        "spec": {"sessions": 4, "turns": 3, "strip_thinking": True},
+        "turns": [
+            {
+                "turn": n,
+                "context_tokens": f(600 + 200 * n),
+                "prompt_tokens_processed": f(p),
+                "prompt_tokens_reused": f(r),
+                "ttft_ms": f(20 + n),
+                "tg_tok_s": f(50 - n),
+            }
+            for n, p, r in ((1, 640, 0), (2, 250, 600), (3, 248, 810))
+        ],
+    }
     html = session_charts(doc)
     assert html.count("<figure") == 3 and "4 sessions x 3 turns, thinking stripped" in html
     assert "reused from the cache" in html and "processed" in html

@@ -62,8 +62,19 @@ def test_rows_carry_the_paired_verdict_and_the_unpaired_one_beside_it() -> None:
     assert doc["baseline"] == {**doc["baseline"], "label": "A", "runs": [1, 3, 5, 7]}
     assert doc["rounds"][1] == {"round": 2, "runs": {"A": 3, "B": 4}}
     r0 = doc["rows"][0]
-    assert {"rounds", "per_round", "ratio", "ratio_ci_low", "ratio_ci_high", "change_pct", "change_ci_low_pct",
-            "change_ci_high_pct", "verdict", "noisy", "unpaired"} <= set(r0)
+    assert {
+        "rounds",
+        "per_round",
+        "ratio",
+        "ratio_ci_low",
+        "ratio_ci_high",
+        "change_pct",
+        "change_ci_low_pct",
+        "change_ci_high_pct",
+        "verdict",
+        "noisy",
+        "unpaired",
+    } <= set(r0)
     assert r0["rounds"] == 4 and r0["per_round"][0]["ratio"] == pytest.approx(1.08)
     assert r0["unpaired"]["verdict"] == "same"
 
@@ -96,9 +107,15 @@ def test_renderings() -> None:
 def fill(db: ResultsDB, sid: str | None, rounds: list[tuple[float, float]], *, interrupt: int | None = None) -> None:
     """Runs of A and B, alternating, each round's medians ``(a, b)``; an interleaved sweep's tags when ``sid``."""
     if sid:
-        db.create_sweep(sid, {"name": None, "baseline": None, "plans": [{"label": "A", "path": "a.json"},
-                                                                        {"label": "B", "path": "b.json"}],
-                              "interleave": {"mode": "launches", "rounds": len(rounds)}})
+        db.create_sweep(
+            sid,
+            {
+                "name": None,
+                "baseline": None,
+                "plans": [{"label": "A", "path": "a.json"}, {"label": "B", "path": "b.json"}],
+                "interleave": {"mode": "launches", "rounds": len(rounds)},
+            },
+        )
     for k, (a, b) in enumerate(rounds, 1):
         for pos, (lab, tg) in enumerate((("A", a), ("B", b))):
             details = {"sweep": RoundTag(sid, k, f"t{k}", "launches", pos).to_json()} if sid else {}
@@ -135,8 +152,12 @@ def test_compare_paired_pairs_runs_made_by_hand_in_order(tmp_path: Path) -> None
     r = run_cli("compare", "--paired", "A", "B", "--json", "--db", str(db_path))
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert [x["runs"] for x in doc["rounds"]] == [{"A": 1, "B": 2}, {"A": 3, "B": 4}, {"A": 5, "B": 6},
-                                                   {"A": 7, "B": 8}]
+    assert [x["runs"] for x in doc["rounds"]] == [
+        {"A": 1, "B": 2},
+        {"A": 3, "B": 4},
+        {"A": 5, "B": 6},
+        {"A": 7, "B": 8},
+    ]
     assert doc["rows"][0]["verdict"] == "faster" and doc["rows"][0]["unpaired"]["verdict"] == "same"
     ids = run_cli("compare", "--paired", "1", "2", "3", "4", "--json", "--db", str(db_path))
     assert [x["round"] for x in json.loads(ids.stdout)["rounds"]] == [1, 2]
@@ -184,8 +205,11 @@ def test_report_of_an_interleaved_sweep_and_of_runs_paired_by_hand(tmp_path: Pat
     r = run_cli("report", "--paired", "A", "B", "-o", "-", "--db", str(tmp_path / "h.sqlite"))
     assert r.exit_code == 0, r.stderr
     assert "paired over 4 rounds (runs paired in order); baseline A" in r.stdout and 'id="run-8"' in r.stdout
-    for args, said in ((["--sweep", "nope"], "no sweep 'nope'"), (["--sweep", "sw-test", "1"], "name no runs"),
-                       (["--paired", "A"], "two configurations")):
+    for args, said in (
+        (["--sweep", "nope"], "no sweep 'nope'"),
+        (["--sweep", "sw-test", "1"], "name no runs"),
+        (["--paired", "A"], "two configurations"),
+    ):
         r = run_cli("report", *args, "-o", str(tmp_path / "x.html"), "--db", str(db_path))
         assert r.exit_code == 2 and said in r.stderr, (args, r.stderr)
     assert not (tmp_path / "x.html").exists()

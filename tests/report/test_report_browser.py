@@ -38,8 +38,9 @@ PROBE = """JSON.stringify({
 def test_the_browser_check_sees_errors_and_requests(tmp_path: Path) -> None:
     """The check can fail: a page that fetches and throws is caught."""
     page = tmp_path / "bad.html"
-    page.write_text('<!DOCTYPE html><img src="http://127.0.0.1:9/x.png"><script>console.error("boom"); nope();'
-                    "</script><p>x</p>")
+    page.write_text(
+        '<!DOCTYPE html><img src="http://127.0.0.1:9/x.png"><script>console.error("boom"); nope();</script><p>x</p>'
+    )
     assert CHROMIUM is not None
     v = visit(page, tmp_path / "bad.png", "JSON.stringify(1)", chromium=CHROMIUM, profile=tmp_path / "profile")
     assert "http://127.0.0.1:9/x.png" in v.requests
@@ -48,8 +49,9 @@ def test_the_browser_check_sees_errors_and_requests(tmp_path: Path) -> None:
 
 @pytest.mark.server
 @needs_chromium
-def test_report_of_plans_benches_and_a_serve_bench_in_chromium(bin_dir: Path, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_of_plans_benches_and_a_serve_bench_in_chromium(
+    bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MOETUNE_METRICS_INTERVAL", "0.1")  # runs of a second or two: enough points to draw
     model = generate(tmp_path / "m.gguf", "qwen3moe", Dims(n_layer=4), "f16").files[0]
     hw = tmp_path / "hw.yaml"
@@ -57,17 +59,56 @@ def test_report_of_plans_benches_and_a_serve_bench_in_chromium(bin_dir: Path, tm
     plans = {}
     for name, strategy in (("ncm2", "n-cpu-moe:2"), ("cpumoe", "cpu-moe")):
         plans[name] = tmp_path / f"{name}.json"
-        r = run_cli("plan", str(model), "--hw", str(hw), "--strategy", strategy, "--ctx", "1024", "-t", "1",
-                    "--port", str(free_port()), "-o", str(plans[name]))
+        r = run_cli(
+            "plan",
+            str(model),
+            "--hw",
+            str(hw),
+            "--strategy",
+            strategy,
+            "--ctx",
+            "1024",
+            "-t",
+            "1",
+            "--port",
+            str(free_port()),
+            "-o",
+            str(plans[name]),
+        )
         assert r.exit_code == 0, r.stderr
     ids = []
     for name, label in (("ncm2", "n-cpu-moe 2"), ("cpumoe", "cpu-moe <script>alert(1)</script>")):
-        r = run_cli("bench", str(plans[name]), "-r", "4", "--warmup", "1", "--max-tokens", "8", "--ignore-eos",
-                    "--label", label, "--json")
+        r = run_cli(
+            "bench",
+            str(plans[name]),
+            "-r",
+            "4",
+            "--warmup",
+            "1",
+            "--max-tokens",
+            "8",
+            "--ignore-eos",
+            "--label",
+            label,
+            "--json",
+        )
         assert r.exit_code == 0, r.stderr
         ids.append(str(json.loads(r.stdout)["run"]["id"]))
-    r = run_cli("serve-bench", str(plans["ncm2"]), "--concurrency", "1,2", "--requests", "4", "--input-len", "64",
-                "--output-len", "8", "--label", "serve", "--json")
+    r = run_cli(
+        "serve-bench",
+        str(plans["ncm2"]),
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "4",
+        "--input-len",
+        "64",
+        "--output-len",
+        "8",
+        "--label",
+        "serve",
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     ids.append(str(json.loads(r.stdout)["run"]["id"]))
     with ResultsDB.open() as db:  # the sampler's series, drawn below

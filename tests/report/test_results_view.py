@@ -21,14 +21,21 @@ def db_path(tmp_path: Path) -> Path:
     path = tmp_path / "r.sqlite"
     with ResultsDB.open(path) as db:
         for label, tg in (("cpu-moe", 18.84), ("head+tail", 21.75)):
-            meta = RunMeta(RunKind.BENCH, argv=("moetune", "bench"), engine_build="b1",
-                           model=ModelRef("/m.gguf", "abc"))
+            meta = RunMeta(
+                RunKind.BENCH, argv=("moetune", "bench"), engine_build="b1", model=ModelRef("/m.gguf", "abc")
+            )
             rid = db.create_run(meta, label=label, target="http://127.0.0.1:8080")
             db.add_sample(rid, sample(tg=tg * 0.5), phase="warmup")
             for s in run_samples([tg * f for f in (0.999, 1.0, 1.001, 0.998, 1.002)]):
                 db.add_sample(rid, s)
-            for s in run_samples([tg * 0.97, tg * 0.98, tg * 0.975], workload="d4096", depth=4096,
-                                 expect_cached=4096, cache_n=4096, expect_prompt_n=30):
+            for s in run_samples(
+                [tg * 0.97, tg * 0.98, tg * 0.975],
+                workload="d4096",
+                depth=4096,
+                expect_cached=4096,
+                cache_n=4096,
+                expect_prompt_n=30,
+            ):
                 db.add_sample(rid, s)
             db.finish_run(rid)
     return path
@@ -61,8 +68,9 @@ def test_export_csv_one_row_per_sample_in_si_units(db_path: Path, tmp_path: Path
     assert [p.name for p in out.parent.iterdir()] == ["runs.csv"]  # written beside, renamed over: no .part left
 
 
-def test_an_export_that_fails_half_way_leaves_nothing(db_path: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_export_that_fails_half_way_leaves_nothing(
+    db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import errno
     from typing import TextIO
 
@@ -99,8 +107,11 @@ def test_show_prints_a_command_that_pastes_back(tmp_path: Path) -> None:
     argv = ("/opt/my tools/moetune", "bench", "http://127.0.0.1:8080", "--label", "1 thread", "-w", "it's $HOME")
     path = tmp_path / "q.sqlite"
     with ResultsDB.open(path) as db:
-        db.create_run(RunMeta(RunKind.BENCH, argv=argv, launch_run="20260101-100000-aaaa"), label="1 thread",
-                      target="http://127.0.0.1:8080")
+        db.create_run(
+            RunMeta(RunKind.BENCH, argv=argv, launch_run="20260101-100000-aaaa"),
+            label="1 thread",
+            target="http://127.0.0.1:8080",
+        )
     r = run_cli("results", "show", "1", "--db", str(path))
     assert r.exit_code == 0, r.stderr
     (line,) = [x for x in r.stdout.splitlines() if x.startswith("command: ")]
@@ -114,8 +125,11 @@ def test_compare_cli_json_table_and_plot(db_path: Path, tmp_path: Path) -> None:
     assert r.exit_code == 0, r.stderr
     rows = json.loads(r.stdout)["rows"]
     assert {(x["run"], x["metric"], x["verdict"]) for x in rows} == {
-        (2, "tg:short-json", "faster"), (2, "pp:short-json", "same"), (2, "tg:d4096", "faster"),
-        (2, "pp:d4096", "same")}
+        (2, "tg:short-json", "faster"),
+        (2, "pp:short-json", "same"),
+        (2, "tg:d4096", "faster"),
+        (2, "pp:d4096", "same"),
+    }
     plot = tmp_path / "cmp.png"
     t = run_cli("compare", "2", "--baseline", "1", "--plot", str(plot), "--db", str(db_path))
     assert t.exit_code == 0, t.stderr
@@ -123,12 +137,15 @@ def test_compare_cli_json_table_and_plot(db_path: Path, tmp_path: Path) -> None:
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize(("args", "code", "msg"), [
-    (("compare", "1"), 2, "at least two runs"),
-    (("compare", "1", "9"), 2, "no run 9"),
-    (("results", "export", "--format", "md"), 2, "name the runs"),
-    (("results", "show", "nope"), 2, "nope"),
-])
+@pytest.mark.parametrize(
+    ("args", "code", "msg"),
+    [
+        (("compare", "1"), 2, "at least two runs"),
+        (("compare", "1", "9"), 2, "no run 9"),
+        (("results", "export", "--format", "md"), 2, "name the runs"),
+        (("results", "show", "nope"), 2, "nope"),
+    ],
+)
 def test_bad_input_exits_2(db_path: Path, args: tuple[str, ...], code: int, msg: str) -> None:
     r = run_cli(*args, "--db", str(db_path))
     assert r.exit_code == code and msg in r.stderr
@@ -163,11 +180,14 @@ def test_compare_says_the_kinds_differ(tmp_path: Path) -> None:
     assert "a bench run" in r.stderr and "one kind" in r.stderr
 
 
-@pytest.mark.parametrize(("run", "kind", "shows"), [
-    ("1", "bench", ["model: /models/m.gguf", "short-json"]),
-    ("2", "serve-bench", ["server: http://127.0.0.1:8080 (llama.cpp, 2 slots)", "ttft:c=2"]),
-    ("3", "link-test", ["link: a -> b at 10.9.0.2:5201", "throughput:8 streams", "rtt"]),
-])
+@pytest.mark.parametrize(
+    ("run", "kind", "shows"),
+    [
+        ("1", "bench", ["model: /models/m.gguf", "short-json"]),
+        ("2", "serve-bench", ["server: http://127.0.0.1:8080 (llama.cpp, 2 slots)", "ttft:c=2"]),
+        ("3", "link-test", ["link: a -> b at 10.9.0.2:5201", "throughput:8 streams", "rtt"]),
+    ],
+)
 def test_every_kind_of_run_shows_and_exports(tmp_path: Path, run: str, kind: str, shows: list[str]) -> None:
     """results show / export md|csv|json work for every run kind (they crashed on serve-bench and
     link-test runs before the runs shared one record), on a history written by the second release."""
@@ -187,8 +207,9 @@ def test_every_kind_of_run_shows_and_exports(tmp_path: Path, run: str, kind: str
         assert e.stdout.strip()
     md = run_cli("results", "export", run, "--format", "md", "--db", str(path)).stdout
     assert (f"## Run {run}" in md and "| metric |" in md) or "| workload |" in md
-    rows = list(csv.DictReader(io.StringIO(run_cli("results", "export", run, "--format", "csv", "--db",
-                                                   str(path)).stdout)))
+    rows = list(
+        csv.DictReader(io.StringIO(run_cli("results", "export", run, "--format", "csv", "--db", str(path)).stdout))
+    )
     assert rows and all(row["kind"] == kind for row in rows)
     listed = json.loads(run_cli("results", "list", "--db", str(path), "--json").stdout)
     assert {x["kind"] for x in listed} == {"bench", "serve-bench", "link-test"}
@@ -210,8 +231,11 @@ def test_the_list_line_comes_from_what_a_run_stored_when_it_ended(tmp_path: Path
             db.add_sample(done, s)
         db.finish_run(done, RunStatus.DONE, run_summary(db.samples(done)))
         serve = db.create_run(RunMeta(RunKind.SERVE_BENCH), label="s", target="t")
-        db.finish_run(serve, RunStatus.DONE, {"levels": [{"concurrency": 4, "rate": None, "ttft_ms": {"p50": 123.4},
-                                                          "tpot_ms": {"p50": 45.6}}]})
+        db.finish_run(
+            serve,
+            RunStatus.DONE,
+            {"levels": [{"concurrency": 4, "rate": None, "ttft_ms": {"p50": 123.4}, "tpot_ms": {"p50": 45.6}}]},
+        )
         running = db.create_run(RunMeta(RunKind.BENCH), label="r", target="t")
         for s in run_samples([10.0, 12.0]):
             db.add_sample(running, s)

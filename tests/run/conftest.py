@@ -37,8 +37,9 @@ def slow_model(models: Path) -> Path:
     """400 MB of experts in a sparse file: sending it to an RPC worker takes a few seconds."""
     path = models / "launch-slow.gguf"
     if not path.exists():
-        generate(path, "qwen3moe", Dims(n_layer=2, n_embd=512, n_ff_exp=512, n_expert=128, head_dim=128),
-                 "f16", sparse=True)
+        generate(
+            path, "qwen3moe", Dims(n_layer=2, n_embd=512, n_ff_exp=512, n_expert=128, head_dim=128), "f16", sparse=True
+        )
     return path
 
 
@@ -46,23 +47,33 @@ def worker(name: str = "rpc0", port: int | None = None) -> ProcessSpec:
     return ProcessSpec(name, "rpc", registry.get().name, (), "127.0.0.1", port or free_port())
 
 
-def server(model: Path, *extra: str, name: str = "main", workers: Sequence[ProcessSpec] = (),
-           port: int | None = None) -> ProcessSpec:
+def server(
+    model: Path, *extra: str, name: str = "main", workers: Sequence[ProcessSpec] = (), port: int | None = None
+) -> ProcessSpec:
     argv = ["-m", str(model), *SERVER_ARGS]
     if workers:  # before -ot: an RPC device's buffer type exists only once --rpc is parsed
         argv += ["--rpc", ",".join(f"{w.host}:{w.port}" for w in workers)]
     argv += extra
-    return ProcessSpec(name, "server", registry.get().name, tuple(argv), "127.0.0.1", port or free_port(),
-                       after=tuple(w.name for w in workers))
+    return ProcessSpec(
+        name,
+        "server",
+        registry.get().name,
+        tuple(argv),
+        "127.0.0.1",
+        port or free_port(),
+        after=tuple(w.name for w in workers),
+    )
 
 
 @pytest.fixture
 def plan_file(tmp_path: Path) -> Callable[..., Path]:
     """Write a full plan (a 'launch' key, as `moetune plan --json` does) for these processes."""
+
     def write(*procs: ProcessSpec, extra: dict[str, object] | None = None) -> Path:
         path = tmp_path / f"plan-{len(list(tmp_path.glob('plan-*')))}.json"
         path.write_text(json.dumps({"schema_version": 1, **(extra or {}), "launch": LaunchSpec(procs).to_json()}))
         return path
+
     return write
 
 
@@ -72,8 +83,9 @@ _started: list[subprocess.Popen[str]] = []
 def moetune(*args: str, **kw: object) -> subprocess.Popen[str]:
     """`moetune ARGS` as its own process (the environment carries the test's MOETUNE_DATA_DIR);
     stopped after the test if it still runs (a failed assertion left it)."""
-    p = subprocess.Popen([sys.executable, "-m", "moetune", *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, **kw)  # type: ignore[call-overload]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "moetune", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
+    )  # type: ignore[call-overload]
     _started.append(p)
     return p
 

@@ -79,8 +79,10 @@ def test_queueing_behind_slots() -> None:
 def test_rdma_without_being_asked() -> None:
     (f,) = findings("synthetic_rpc_worker_rdma.log")
     assert f.code == "rdma_unrequested"
-    assert [e.text for e in f.evidence][-2:] == ["RDMA probed: dev=rocep1s0f1 gid=3 RoCEv2 qpn=1377 inline=220",
-                                                "RDMA activated: qpn=1377->1389 mtu=4096 rx_depth=64"]
+    assert [e.text for e in f.evidence][-2:] == [
+        "RDMA probed: dev=rocep1s0f1 gid=3 RoCEv2 qpn=1377 inline=220",
+        "RDMA activated: qpn=1377->1389 mtu=4096 rx_depth=64",
+    ]
     assert "GGML_RPC_NO_RDMA=1" in f.remedy
     src = file_source(FIX / "synthetic_rpc_worker_rdma.log", env={"GGML_RDMA_DEV": "rocep1s0f1"})
     assert examine([src]) == []  # asked for
@@ -94,13 +96,17 @@ def test_thinking_dominates(tmp_path: Path) -> None:
         usage: dict[str, object] = {"completion_tokens": n}
         if n_reasoning is not None:
             usage["completion_tokens_details"] = {"reasoning_tokens": n_reasoning}
-        return {"choices": [{"message": {"role": "assistant", "reasoning_content": reasoning, "content": content}}],
-                "usage": usage, "timings": {"predicted_n": n}}
+        return {
+            "choices": [{"message": {"role": "assistant", "reasoning_content": reasoning, "content": content}}],
+            "usage": usage,
+            "timings": {"predicted_n": n},
+        }
 
     # report 000: 355 tokens = 294 thinking + 61 content for a short JSON answer
     path = tmp_path / "responses.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in [resp("x" * 1200, "y" * 250, 355, 294),
-                                                       resp("x" * 900, "y" * 300, 300)]))
+    path.write_text(
+        "\n".join(json.dumps(r) for r in [resp("x" * 1200, "y" * 250, 355, 294), resp("x" * 900, "y" * 300, 300)])
+    )
     (f,) = examine([file_source(path)])
     assert f.code == "thinking_dominant"
     assert f.data["completion_tokens"] == 655 and f.data["thinking_tokens"] == 294 + 225
@@ -123,14 +129,26 @@ def test_nothing_to_say() -> None:
 
 
 def test_doctor_cli(tmp_path: Path) -> None:
-    r = run_cli("doctor", str(FIX / "synthetic_ik_prefix_cache_misses.legacy.log"),
-                str(FIX / "ref000_glm51_2gpu_exps_cpu.legacy.log"), "--ram-gib", "320", "--json")
+    r = run_cli(
+        "doctor",
+        str(FIX / "synthetic_ik_prefix_cache_misses.legacy.log"),
+        str(FIX / "ref000_glm51_2gpu_exps_cpu.legacy.log"),
+        "--ram-gib",
+        "320",
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert [d["code"] for d in doc] == ["prefix_cache_miss", "pinned_near_ram", "split_mode_fallback",
-                                        "pinned_near_ram"]
-    assert doc[0]["evidence"][0] == {"line": 11, "text": "======== Cache: cache_size = 2210, n_past =  1898, "
-                                     "n_past_prompt = 1898"}
+    assert [d["code"] for d in doc] == [
+        "prefix_cache_miss",
+        "pinned_near_ram",
+        "split_mode_fallback",
+        "pinned_near_ram",
+    ]
+    assert doc[0]["evidence"][0] == {
+        "line": 11,
+        "text": "======== Cache: cache_size = 2210, n_past =  1898, n_past_prompt = 1898",
+    }
     text = run_cli("doctor", str(FIX / "ref000_glm51_2gpu_exps_cpu.legacy.log"))
     assert text.exit_code == 0
     assert "split_mode_fallback" in text.stdout and "Split mode 'graph' is not supported" in text.stdout
@@ -147,8 +165,9 @@ def launched(run_id: str, created_at: float, log_fixture: str) -> str:
     from moetune.run.record import ProcRecord, RunDir, RunInfo
 
     rd = RunDir.create(RunInfo(run_id, created_at, LaunchState.STOPPED, {}, {}, "fp", {}, 1, False), {})
-    rd.add_proc(ProcRecord("main", ProcessRole.SERVER, "local", "127.0.0.1", 8080, ["llama-server"], {}, {},
-                           "main.log"))
+    rd.add_proc(
+        ProcRecord("main", ProcessRole.SERVER, "local", "127.0.0.1", 8080, ["llama-server"], {}, {}, "main.log")
+    )
     shutil.copy(FIX / log_fixture, rd.log_path("main"))
     return run_id
 

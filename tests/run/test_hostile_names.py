@@ -49,8 +49,17 @@ def test_launch_refuses_a_process_name_that_cannot_name_its_files(tmp_path: Path
 
 
 def _run_dir(run: str = "20260101-000000-abcd") -> RunDir:
-    info = RunInfo(run=run, created_at=0.0, state=LaunchState.STARTING, launch={}, engines={}, fingerprint="",
-                   machine={}, launcher_pid=0, detached=False)
+    info = RunInfo(
+        run=run,
+        created_at=0.0,
+        state=LaunchState.STARTING,
+        launch={},
+        engines={},
+        fingerprint="",
+        machine={},
+        launcher_pid=0,
+        detached=False,
+    )
     return RunDir.create(info, {})
 
 
@@ -99,5 +108,9 @@ def test_a_label(tmp_path: Path, label: str) -> None:
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
         run = db.run(db.create_run(RunMeta(RunKind.BENCH), label=label, target="t"))
         assert run.label == label
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["plans", "r.sqlite", "r.sqlite-shm", "r.sqlite-wal"] or \
-        sorted(p.name for p in tmp_path.iterdir()) == ["plans", "r.sqlite"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "plans",
+        "r.sqlite",
+        "r.sqlite-shm",
+        "r.sqlite-wal",
+    ] or sorted(p.name for p in tmp_path.iterdir()) == ["plans", "r.sqlite"]

@@ -51,8 +51,11 @@ def error_lines(stderr: str) -> tuple[str, str]:
 
 def chat(url: str) -> dict[str, object]:
     """Exactly 8 tokens (ignore_eos): a random model may end its answer after one."""
-    r = httpx.post(url + "/v1/chat/completions", timeout=60,
-                   json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "ignore_eos": True})
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "ignore_eos": True},
+    )
     assert r.status_code == 200, r.text
     doc: dict[str, object] = r.json()
     return doc
@@ -137,8 +140,11 @@ def foreground(plan: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
     return launcher, run_id
 
 
-@pytest.mark.parametrize(("sig", "with_worker"), [(signal.SIGINT, True), (signal.SIGTERM, False)],
-                         ids=["sigint-with-worker", "sigterm-alone"])
+@pytest.mark.parametrize(
+    ("sig", "with_worker"),
+    [(signal.SIGINT, True), (signal.SIGTERM, False)],
+    ids=["sigint-with-worker", "sigterm-alone"],
+)
 def test_ctrl_c_while_serving(tiny_model: Path, plan_file: PlanFile, sig: int, with_worker: bool) -> None:
     workers = [worker()] if with_worker else []
     launcher, run_id = foreground(plan_file(*workers, server(tiny_model, workers=workers)), "--json")
@@ -189,8 +195,9 @@ def test_ctrl_c_during_load(slow_model: Path, plan_file: PlanFile) -> None:
 def test_compute_buffer_that_cannot_be_allocated(tiny_model: Path, plan_file: PlanFile) -> None:
     w = worker()
     # without flash attention, -ub 65536 over a 65536 context wants an ~80 GiB compute buffer on RPC0
-    plan = plan_file(w, server(tiny_model, "-fit", "off", "-c", "65536", "-b", "65536", "-ub", "65536", "-fa", "off",
-                               workers=[w]))
+    plan = plan_file(
+        w, server(tiny_model, "-fit", "off", "-c", "65536", "-b", "65536", "-ub", "65536", "-fa", "off", workers=[w])
+    )
     r = run_cli("launch", str(plan))
     assert r.exit_code == 1
     error, hint = error_lines(r.stderr)
@@ -239,6 +246,7 @@ def test_port_taken(tiny_model: Path, plan_file: PlanFile) -> None:
 
 def test_binary_missing(tiny_model: Path, plan_file: PlanFile, tmp_path: Path) -> None:
     from dataclasses import replace
+
     empty = tmp_path / "bin"
     empty.mkdir()
     r = run_cli("launch", str(plan_file(replace(server(tiny_model), bin_dir=str(empty)))))
@@ -250,6 +258,7 @@ def test_binary_missing(tiny_model: Path, plan_file: PlanFile, tmp_path: Path) -
 
 def test_rpc_worker_unreachable(tiny_model: Path, plan_file: PlanFile) -> None:
     from tests.helpers import free_port
+
     port = free_port()
     r = run_cli("launch", str(plan_file(server(tiny_model, "--rpc", f"127.0.0.1:{port}"))))
     assert r.exit_code == 1
@@ -291,8 +300,12 @@ def test_a_killed_launcher_leaves_orphans_that_ps_names_and_stop_removes(tiny_mo
     hw.write_text("nodes: [{name: local, cpu: {cores: 2, ram_mib: 16000, ram_bw_gbs: 20}}]\n")
     plan = tmp_path / "p.json"
     assert run_cli("plan", str(tiny_model), "--hw", str(hw), "--port", str(free_port()), "-o", str(plan)).exit_code == 0
-    launcher = subprocess.Popen([sys.executable, "-m", "moetune", "launch", str(plan)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=dict(os.environ))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "moetune", "launch", str(plan)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ),
+    )
     try:
         deadline = time.monotonic() + 60
         rows: list[dict[str, Any]] = []

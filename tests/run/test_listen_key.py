@@ -38,19 +38,41 @@ def _bound(port: int) -> set[str]:
 
 @pytest.mark.server
 @pytest.mark.parametrize(("host", "bound"), [("127.0.0.1", "0100007F"), ("0.0.0.0", "00000000")])
-def test_key_required_sent_by_moetune_and_stored_nowhere(bin_dir: Path, tiny_model: Path, tmp_path: Path,
-                                                         moetune_home: Path, host: str, bound: str,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_key_required_sent_by_moetune_and_stored_nowhere(
+    bin_dir: Path,
+    tiny_model: Path,
+    tmp_path: Path,
+    moetune_home: Path,
+    host: str,
+    bound: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     key = f"sk-moetune-{secrets.token_hex(8)}"
     key_file = tmp_path / "keys.txt"
     key_file.write_text(f"# the project's key\n{key}\n")
     hw = tmp_path / "hw.yaml"
-    hw.write_text(yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]}))
+    hw.write_text(
+        yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]})
+    )
     port = free_port()
     plan = tmp_path / "plan.json"
-    r = run_cli("plan", str(tiny_model), "--hw", str(hw), "--ctx", "512", "--listen", f"{host}:{port}",
-                "--api-key-file", str(key_file), "--engine-arg=--alias", "--engine-arg=tiny-alias",
-                "--engine-arg=--no-warmup", "-o", str(plan))
+    r = run_cli(
+        "plan",
+        str(tiny_model),
+        "--hw",
+        str(hw),
+        "--ctx",
+        "512",
+        "--listen",
+        f"{host}:{port}",
+        "--api-key-file",
+        str(key_file),
+        "--engine-arg=--alias",
+        "--engine-arg=tiny-alias",
+        "--engine-arg=--no-warmup",
+        "-o",
+        str(plan),
+    )
     assert r.exit_code == 0, r.stderr
     assert ("reachable from the network" in r.stderr) == (host != "127.0.0.1")
     spec, doc = read_plan(plan)
@@ -70,8 +92,9 @@ def test_key_required_sent_by_moetune_and_stored_nowhere(bin_dir: Path, tiny_mod
     r = run_cli("bench", str(plan), "-r", "2", "--warmup", "0", "--max-tokens", "8", "--ignore-eos", "--json")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)  # measured through the key
-    r = run_cli("serve-bench", str(plan), "--json", "--requests", "2", "--input-len", "64", "--output-len", "4",
-                "--warmup", "0")
+    r = run_cli(
+        "serve-bench", str(plan), "--json", "--requests", "2", "--input-len", "64", "--output-len", "4", "--warmup", "0"
+    )
     assert r.exit_code == 0, r.stderr
     levels = json.loads(r.stdout)["levels"]
     assert [lv["ok"] for lv in levels] == [2], levels  # every request through the key

@@ -32,8 +32,13 @@ from moetune.store.db import ResultsDB
 from tests.helpers import free_port, run_cli
 from tests.run.conftest import assert_nothing_left, moetune, record, run_state, survivors, wait_for
 
-pytestmark = [pytest.mark.server, pytest.mark.skipif(shutil.which("podman") is None or shutil.which("runc") is None,
-                                                      reason="needs podman and runc (.ci/run installs them)")]
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.skipif(
+        shutil.which("podman") is None or shutil.which("runc") is None,
+        reason="needs podman and runc (.ci/run installs them)",
+    ),
+]
 IMAGE = "localhost/moetune-test:engine"
 ENGINE = "ctr"
 
@@ -110,17 +115,46 @@ def testbed(image: str, models: Path, tmp_path: Path, monkeypatch: pytest.Monkey
     if not model.exists():
         generate(model, "qwen3moe", Dims(n_layer=2), "f16")
     hw = tmp_path / "hw.yaml"
-    hw.write_text(yaml.safe_dump({"nodes": [
-        {"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}},
-        {"name": "w0", "link_addr": "127.0.0.1", "rpc_port": free_port(),
-         "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20},
-         "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": 16000, "bw_gbs": 20}]}]}))
+    hw.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [
+                    {"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}},
+                    {
+                        "name": "w0",
+                        "link_addr": "127.0.0.1",
+                        "rpc_port": free_port(),
+                        "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20},
+                        "devices": [{"name": "CPU", "kind": "cpu", "mem_mib": 16000, "bw_gbs": 20}],
+                    },
+                ]
+            }
+        )
+    )
     return model, hw
 
 
 def plan(model: Path, hw: Path, out: Path, *more: str) -> Path:
-    r = run_cli("plan", str(model), "--hw", str(hw), "--engine", ENGINE, "--strategy", "cpu-moe", "-t", "1",
-                "--ctx", "1024", "--port", str(free_port()), "-o", str(out), "--json", *more)
+    r = run_cli(
+        "plan",
+        str(model),
+        "--hw",
+        str(hw),
+        "--engine",
+        ENGINE,
+        "--strategy",
+        "cpu-moe",
+        "-t",
+        "1",
+        "--ctx",
+        "1024",
+        "--port",
+        str(free_port()),
+        "-o",
+        str(out),
+        "--json",
+        *more,
+    )
     assert r.exit_code == 0, r.stderr
     return out
 
@@ -131,8 +165,9 @@ def assert_clean(run_id: str | None = None) -> None:
         assert_nothing_left(rid)
 
 
-def test_launch_bench_serve_bench_and_stop_in_containers(testbed: tuple[Path, Path], tmp_path: Path, image: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_launch_bench_serve_bench_and_stop_in_containers(
+    testbed: tuple[Path, Path], tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model, hw = testbed
     monkeypatch.setenv("COLUMNS", "300")
     monkeypatch.setenv("MOETUNE_METRICS_INTERVAL", "0.1")
@@ -159,8 +194,24 @@ def test_launch_bench_serve_bench_and_stop_in_containers(testbed: tuple[Path, Pa
     assert "--cap-add=SYS_NICE" in argv and "--network" in argv  # -t 1; loopback workers
     # what ran is what `plan --format podman` prints, with the name, the run's environment and the
     # flags launch adds to every server (-lv 4, --metrics)
-    text = run_cli("plan", str(model), "--hw", str(hw), "--engine", ENGINE, "--strategy", "cpu-moe", "-t", "1",
-                   "--ctx", "1024", "--port", str(main["port"]), "--format", "podman").stdout
+    text = run_cli(
+        "plan",
+        str(model),
+        "--hw",
+        str(hw),
+        "--engine",
+        ENGINE,
+        "--strategy",
+        "cpu-moe",
+        "-t",
+        "1",
+        "--ctx",
+        "1024",
+        "--port",
+        str(main["port"]),
+        "--format",
+        "podman",
+    ).stdout
     printed = shlex.split(text.split("exec ", 1)[1].replace("\\\n", " "))
     ran = [a for i, a in enumerate(argv) if a not in ("--name", "-e") and argv[i - 1] not in ("--name", "-e")]
     assert ran == [*printed, "-lv", "4", "--metrics"]
@@ -191,30 +242,52 @@ def test_launch_bench_serve_bench_and_stop_in_containers(testbed: tuple[Path, Pa
     assert_clean(run_id)
 
     db = tmp_path / "r.db"
-    r = run_cli("bench", str(p), "-r", "2", "--warmup", "0", "--max-tokens", "8", "--ignore-eos", "--db", str(db),
-                "--json")
+    r = run_cli(
+        "bench", str(p), "-r", "2", "--warmup", "0", "--max-tokens", "8", "--ignore-eos", "--db", str(db), "--json"
+    )
     assert r.exit_code == 0, r.stderr
     assert_clean()
     # the sampler watched the server in its container: its main process, once the launch knew it
     (launch,) = [d.name for d in runs_dir().iterdir() if d.name != run_id]
     with ResultsDB.open(db) as h:
-        sampled = {pr["pid"] for snap in h.metrics(json.loads(r.stdout)["run"]["id"]) for pr in snap["procs"]
-                   if pr["name"] == "main"}
+        sampled = {
+            pr["pid"]
+            for snap in h.metrics(json.loads(r.stdout)["run"]["id"])
+            for pr in snap["procs"]
+            if pr["name"] == "main"
+        }
     assert record(launch, "main")["container_pid"] in sampled
-    r = run_cli("serve-bench", str(p), "--concurrency", "1", "--requests", "3", "--input-len", "64",
-                "--output-len", "8", "--db", str(db), "--json")
+    r = run_cli(
+        "serve-bench",
+        str(p),
+        "--concurrency",
+        "1",
+        "--requests",
+        "3",
+        "--input-len",
+        "64",
+        "--output-len",
+        "8",
+        "--db",
+        str(db),
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     assert_clean()
 
 
-def test_ctrl_c_a_failed_launch_a_sweep_and_a_tune_leave_no_container(testbed: tuple[Path, Path],
-                                                                       tmp_path: Path) -> None:
+def test_ctrl_c_a_failed_launch_a_sweep_and_a_tune_leave_no_container(
+    testbed: tuple[Path, Path], tmp_path: Path
+) -> None:
     model, hw = testbed
     p = plan(model, hw, tmp_path / "p.json")
     # a foreground launch, Ctrl-C once it serves: stopped in order, containers removed
     fg = moetune("launch", str(p))
-    wait_for(lambda: runs_dir().is_dir() and any(run_state(d.name) == "healthy" for d in runs_dir().iterdir()),
-             120, "the launch to be healthy")
+    wait_for(
+        lambda: runs_dir().is_dir() and any(run_state(d.name) == "healthy" for d in runs_dir().iterdir()),
+        120,
+        "the launch to be healthy",
+    )
     fg.send_signal(signal.SIGINT)
     _, err = fg.communicate(timeout=120)
     assert fg.returncode == 130, err
@@ -236,15 +309,65 @@ def test_ctrl_c_a_failed_launch_a_sweep_and_a_tune_leave_no_container(testbed: t
 
     sweep = tmp_path / "s.yaml"
     sweep.write_text(yaml.safe_dump({"name": "in containers", "plans": [{"label": "a", "plan": p.name}]}))
-    r = run_cli("sweep", str(sweep), "--depth", "0", "--pp-tokens", "32", "--tg-tokens", "8", "-r", "2", "--warmup",
-                "0", "--db", str(tmp_path / "s.db"), "--json")
+    r = run_cli(
+        "sweep",
+        str(sweep),
+        "--depth",
+        "0",
+        "--pp-tokens",
+        "32",
+        "--tg-tokens",
+        "8",
+        "-r",
+        "2",
+        "--warmup",
+        "0",
+        "--db",
+        str(tmp_path / "s.db"),
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     assert_clean()
 
-    r = run_cli("tune", str(model), "--hw", str(hw), "--engine", ENGINE, "--strategy", "cpu-moe", "-t", "1",
-                "--try-strategy", "cpu-moe", "--try-threads", "1,2", "--try-ubatch", "512", "--try-cache", "f16/f16",
-                "--try-repack", "off", "--depth", "0", "--pp-tokens", "32", "--tg-tokens", "8", "-r", "2",
-                "--warmup", "0", "--budget", "2", "--port", str(free_port()), "--db", str(tmp_path / "t.db"), "--json")
+    r = run_cli(
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        "--engine",
+        ENGINE,
+        "--strategy",
+        "cpu-moe",
+        "-t",
+        "1",
+        "--try-strategy",
+        "cpu-moe",
+        "--try-threads",
+        "1,2",
+        "--try-ubatch",
+        "512",
+        "--try-cache",
+        "f16/f16",
+        "--try-repack",
+        "off",
+        "--depth",
+        "0",
+        "--pp-tokens",
+        "32",
+        "--tg-tokens",
+        "8",
+        "-r",
+        "2",
+        "--warmup",
+        "0",
+        "--budget",
+        "2",
+        "--port",
+        str(free_port()),
+        "--db",
+        str(tmp_path / "t.db"),
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["launches"] == 2, r.stdout + r.stderr
     assert_clean()

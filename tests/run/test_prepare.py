@@ -27,27 +27,44 @@ from tests.run.conftest import server
 BIN = Path("/opt/llama/bin/llama-server")
 
 
-def proc(name: str, role: str = "server", argv: tuple[str, ...] = (), port: int = 8080,
-         after: tuple[str, ...] = ()) -> ProcessSpec:
+def proc(
+    name: str, role: str = "server", argv: tuple[str, ...] = (), port: int = 8080, after: tuple[str, ...] = ()
+) -> ProcessSpec:
     return ProcessSpec(name, role, "llama.cpp-b11434", argv, "127.0.0.1", port, after=after)
 
 
-@pytest.mark.parametrize(("p", "kind", "tail"), [
-    (proc("main", argv=("-m", "m.gguf")), EngineKind.MAINLINE,
-     ["--host", "127.0.0.1", "--port", "8080", "-lv", "4", "--metrics"]),
-    # ik logs load details anyway
-    (proc("main", argv=("-m", "m.gguf")), EngineKind.IK, ["--host", "127.0.0.1", "--port", "8080", "--metrics"]),
-    (proc("main", argv=("-m", "m.gguf", "--port", "8080", "-lv", "3")), EngineKind.MAINLINE,
-     ["--port", "8080", "-lv", "3", "--metrics"]),
-    (proc("main", argv=("-m", "m.gguf", "--verbose", "--metrics")), EngineKind.MAINLINE,
-     ["--verbose", "--metrics", "--host", "127.0.0.1", "--port", "8080"]),  # --metrics once
-    (proc("rpc0", role="rpc", port=50052), EngineKind.MAINLINE, ["-H", "127.0.0.1", "-p", "50052"]),
-    (proc("rpc0", role="rpc", argv=("-H", "10.0.0.2", "-p", "50052"), port=50052), EngineKind.MAINLINE, ["-p", "50052"]),
-])
+@pytest.mark.parametrize(
+    ("p", "kind", "tail"),
+    [
+        (
+            proc("main", argv=("-m", "m.gguf")),
+            EngineKind.MAINLINE,
+            ["--host", "127.0.0.1", "--port", "8080", "-lv", "4", "--metrics"],
+        ),
+        # ik logs load details anyway
+        (proc("main", argv=("-m", "m.gguf")), EngineKind.IK, ["--host", "127.0.0.1", "--port", "8080", "--metrics"]),
+        (
+            proc("main", argv=("-m", "m.gguf", "--port", "8080", "-lv", "3")),
+            EngineKind.MAINLINE,
+            ["--port", "8080", "-lv", "3", "--metrics"],
+        ),
+        (
+            proc("main", argv=("-m", "m.gguf", "--verbose", "--metrics")),
+            EngineKind.MAINLINE,
+            ["--verbose", "--metrics", "--host", "127.0.0.1", "--port", "8080"],
+        ),  # --metrics once
+        (proc("rpc0", role="rpc", port=50052), EngineKind.MAINLINE, ["-H", "127.0.0.1", "-p", "50052"]),
+        (
+            proc("rpc0", role="rpc", argv=("-H", "10.0.0.2", "-p", "50052"), port=50052),
+            EngineKind.MAINLINE,
+            ["-p", "50052"],
+        ),
+    ],
+)
 def test_final_argv(p: ProcessSpec, kind: str, tail: list[str]) -> None:
     argv = final_argv(p, BIN, kind)
-    assert argv[0] == str(BIN) and list(argv[1:len(p.argv) + 1]) == list(p.argv)
-    assert list(argv[-len(tail):]) == tail
+    assert argv[0] == str(BIN) and list(argv[1 : len(p.argv) + 1]) == list(p.argv)
+    assert list(argv[-len(tail) :]) == tail
 
 
 def test_final_argv_port_disagreement() -> None:
@@ -56,8 +73,14 @@ def test_final_argv_port_disagreement() -> None:
 
 
 def test_start_order() -> None:
-    spec = LaunchSpec((proc("orch", after=("rpc0", "coder"), port=1), proc("coder", port=2),
-                       proc("rpc0", role="rpc", port=3), proc("rpc1", role="rpc", port=4)))
+    spec = LaunchSpec(
+        (
+            proc("orch", after=("rpc0", "coder"), port=1),
+            proc("coder", port=2),
+            proc("rpc0", role="rpc", port=3),
+            proc("rpc1", role="rpc", port=4),
+        )
+    )
     assert [p.name for p in start_order(spec)] == ["rpc0", "rpc1", "coder", "orch"]
     cycle = LaunchSpec((proc("a", after=("b",), port=1), proc("b", after=("a",), port=2)))
     with pytest.raises(InputError, match="wait for each other"):
@@ -65,8 +88,17 @@ def test_start_order() -> None:
 
 
 def test_argument_readers() -> None:
-    argv = ("-m", "/m/a-00001-of-00002.gguf", "--rpc", "10.0.0.2:50052,10.0.0.3:50052", "--rpc=127.0.0.1:1",
-            "-md", "draft.gguf", "-ub", "4096")
+    argv = (
+        "-m",
+        "/m/a-00001-of-00002.gguf",
+        "--rpc",
+        "10.0.0.2:50052,10.0.0.3:50052",
+        "--rpc=127.0.0.1:1",
+        "-md",
+        "draft.gguf",
+        "-ub",
+        "4096",
+    )
     assert rpc_endpoints(argv) == ["10.0.0.2:50052", "10.0.0.3:50052", "127.0.0.1:1"]
     assert model_paths(argv) == ["/m/a-00001-of-00002.gguf", "draft.gguf"]
     assert ubatch(argv) == 4096 and ubatch(()) is None
@@ -83,13 +115,16 @@ def test_read_plan(tmp_path: Path) -> None:
     assert read_plan(plain)[0] == spec
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    ("{", "not JSON"),
-    ("[]", "a plan is a JSON object"),
-    ('{"fits": true}', "no launch section"),
-    ('{"launch": {"processes": [{"name": "x"}]}}', "malformed"),
-    (json.dumps({"launch": LaunchSpec((proc("rpc0", role="rpc"),)).to_json()}), "starts no server"),
-])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("{", "not JSON"),
+        ("[]", "a plan is a JSON object"),
+        ('{"fits": true}', "no launch section"),
+        ('{"launch": {"processes": [{"name": "x"}]}}', "malformed"),
+        (json.dumps({"launch": LaunchSpec((proc("rpc0", role="rpc"),)).to_json()}), "starts no server"),
+    ],
+)
 def test_bad_plans(tmp_path: Path, text: str, words: str) -> None:
     path = tmp_path / "plan.json"
     path.write_text(text)
@@ -99,18 +134,32 @@ def test_bad_plans(tmp_path: Path, text: str, words: str) -> None:
         read_plan(tmp_path / "none.json")
 
 
-SHORT = {"device": "CUDA0", "mib": 5652.5, "what": "compute", "needed_mib": 103539.5, "capacity_mib": 97887.0,
-         "margin_mib": 1024.0}
+SHORT = {
+    "device": "CUDA0",
+    "mib": 5652.5,
+    "what": "compute",
+    "needed_mib": 103539.5,
+    "capacity_mib": 97887.0,
+    "margin_mib": 1024.0,
+}
 
 
-@pytest.mark.parametrize(("doc", "said"), [
-    ({"fits": True, "shortfalls": []}, []),
-    ({}, []),  # a bare launch spec has no verdict
-    ({"fits": False, "shortfalls": [SHORT]}, ["CUDA0 is short by 5,653 MiB: needs 103,540 of 97,887 MiB"]),
-    ({"fits": False, "shortfalls": [{**SHORT, "margin_mib": None}, {**SHORT, "device": "CPU", "what": "margin"}]},
-     ["CUDA0 is short by 5,653 MiB: needs 103,540 of 97,887 MiB; it runs out", "CPU is short by 5,653 MiB"]),
-    ({"fits": False}, ["the plan says it does not fit"]),
-])
+@pytest.mark.parametrize(
+    ("doc", "said"),
+    [
+        ({"fits": True, "shortfalls": []}, []),
+        ({}, []),  # a bare launch spec has no verdict
+        ({"fits": False, "shortfalls": [SHORT]}, ["CUDA0 is short by 5,653 MiB: needs 103,540 of 97,887 MiB"]),
+        (
+            {
+                "fits": False,
+                "shortfalls": [{**SHORT, "margin_mib": None}, {**SHORT, "device": "CPU", "what": "margin"}],
+            },
+            ["CUDA0 is short by 5,653 MiB: needs 103,540 of 97,887 MiB; it runs out", "CPU is short by 5,653 MiB"],
+        ),
+        ({"fits": False}, ["the plan says it does not fit"]),
+    ],
+)
 def test_check_fits(doc: dict[str, object], said: list[str]) -> None:
     got = check_fits(doc, Path("p.json"), force=True)
     assert len(got) == len(said) and all(g.startswith(s) for g, s in zip(got, said, strict=True))
@@ -124,7 +173,8 @@ def test_check_fits(doc: dict[str, object], said: list[str]) -> None:
 
 
 def test_launch_of_a_plan_that_does_not_fit_exits_2_before_starting_anything(
-        tmp_path: Path, plan_file: Callable[..., Path]) -> None:
+    tmp_path: Path, plan_file: Callable[..., Path]
+) -> None:
     missing = tmp_path / "not-there.gguf"
     plan = plan_file(server(missing, port=free_port()), extra={"fits": False, "shortfalls": [SHORT]})
     r = run_cli("launch", str(plan))

@@ -56,13 +56,31 @@ def test_doctor_names_it_in_a_log_and_in_a_run() -> None:
 
 def test_the_real_crash_where_this_cpu_has_it(bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A quantized model (q4_0 experts for CPU_REPACK, q8_0 elsewhere for AMX) planned with repacking on."""
-    model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe"),
-                     "ffn_up_exps=q4_0,ffn_gate_exps=q4_0,ffn_down_exps=q4_0,other=q8_0").files[0]
+    model = generate(
+        tmp_path / "m.gguf",
+        "qwen3moe",
+        small_dims("qwen3moe"),
+        "ffn_up_exps=q4_0,ffn_gate_exps=q4_0,ffn_down_exps=q4_0,other=q8_0",
+    ).files[0]
     hw = tmp_path / "hw.yaml"
-    hw.write_text(yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]}))
+    hw.write_text(
+        yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]})
+    )
     plan = tmp_path / "plan.json"
-    r = run_cli("plan", str(model), "--hw", str(hw), "--ctx", "1024", "--repack", "on", "--port", str(free_port()),
-                "-o", str(plan))
+    r = run_cli(
+        "plan",
+        str(model),
+        "--hw",
+        str(hw),
+        "--ctx",
+        "1024",
+        "--repack",
+        "on",
+        "--port",
+        str(free_port()),
+        "-o",
+        str(plan),
+    )
     assert r.exit_code == 0, r.stderr
     assert "-nr" not in json.loads(plan.read_text())["argv"]
     r = run_cli("launch", str(plan), "--detach", "--json")

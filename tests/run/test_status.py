@@ -15,21 +15,44 @@ from tests.helpers import run_cli
 
 
 def _run(run_id: str, state: LaunchState, pid: int | None) -> RunDir:
-    info = RunInfo(run=run_id, created_at=1.0, state=state, launch={}, engines={}, fingerprint="f", machine={},
-                   launcher_pid=1, detached=True)
+    info = RunInfo(
+        run=run_id,
+        created_at=1.0,
+        state=state,
+        launch={},
+        engines={},
+        fingerprint="f",
+        machine={},
+        launcher_pid=1,
+        detached=True,
+    )
     rd = RunDir.create(info, {})
-    rec = ProcRecord("main", ProcessRole.SERVER, "local", "127.0.0.1", 8080, ["llama-server"], {}, {}, "main.log",
-                     pid=pid, start_ticks=None)
+    rec = ProcRecord(
+        "main",
+        ProcessRole.SERVER,
+        "local",
+        "127.0.0.1",
+        8080,
+        ["llama-server"],
+        {},
+        {},
+        "main.log",
+        pid=pid,
+        start_ticks=None,
+    )
     rd.add_proc(rec)
     return rd
 
 
-@pytest.mark.parametrize(("recorded", "shown"), [
-    (LaunchState.HEALTHY, LaunchState.EXITED),
-    (LaunchState.STARTING, LaunchState.EXITED),
-    (LaunchState.STOPPED, LaunchState.STOPPED),
-    (LaunchState.FAILED, LaunchState.FAILED),
-])
+@pytest.mark.parametrize(
+    ("recorded", "shown"),
+    [
+        (LaunchState.HEALTHY, LaunchState.EXITED),
+        (LaunchState.STARTING, LaunchState.EXITED),
+        (LaunchState.STOPPED, LaunchState.STOPPED),
+        (LaunchState.FAILED, LaunchState.FAILED),
+    ],
+)
 def test_state_of_a_run_whose_processes_are_gone(recorded: LaunchState, shown: LaunchState) -> None:
     _run("20260101-000000-0001", recorded, pid=None)
     assert runs() == []  # nothing live

@@ -27,8 +27,12 @@ def test_creates_missing_directories(tmp_path: Path) -> None:
 
 def test_run_life_cycle(tmp_path: Path) -> None:
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
-        meta = RunMeta(RunKind.BENCH, argv=("moetune", "bench"), server=ServerInfo("http://x:1", slots=2),
-                       details={"workloads": []})
+        meta = RunMeta(
+            RunKind.BENCH,
+            argv=("moetune", "bench"),
+            server=ServerInfo("http://x:1", slots=2),
+            details={"workloads": []},
+        )
         rid = db.create_run(meta, label="cpu-moe", target="http://x:1")
         assert db.run(rid).status == "running"
         assert [db.add_sample(rid, {"i": i}) for i in range(3)]
@@ -42,8 +46,12 @@ def test_run_life_cycle(tmp_path: Path) -> None:
         assert db.samples(rid) == [{"i": 0}, {"i": 1}, {"i": 2}]
         assert db.samples(rid, "warmup") == [{"w": 1}]
         assert len(db.samples(rid, None)) == 4
-        assert [(s.phase, s.seq) for s in db.sample_rows(rid)] == [("measure", 0), ("measure", 1), ("measure", 2),
-                                                                  ("warmup", 0)]
+        assert [(s.phase, s.seq) for s in db.sample_rows(rid)] == [
+            ("measure", 0),
+            ("measure", 1),
+            ("measure", 2),
+            ("warmup", 0),
+        ]
         assert db.sample_counts(rid) == {"measure": 3, "warmup": 1}
 
 

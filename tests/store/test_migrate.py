@@ -64,10 +64,16 @@ def test_every_kinds_metadata_becomes_the_one_record(tmp_path: Path) -> None:
         bench, serve, link = db.run(1), db.run(2), db.run(3)
     assert bench.meta.server is not None and serve.meta.server is not None
     assert (bench.meta.server.build, bench.meta.server.slots, bench.meta.server.n_ctx_slot) == (
-        "b11434-d1e7395", 1, 4096)
+        "b11434-d1e7395",
+        1,
+        4096,
+    )
     assert bench.meta.host.facts["cpu"] == "Xeon" and bench.meta.launch_run == "20261120-100000-abcd"
     assert (serve.meta.server.slots, serve.meta.server.n_ctx_slot, serve.meta.server.url) == (
-        2, 2048, "http://127.0.0.1:8080")
+        2,
+        2048,
+        "http://127.0.0.1:8080",
+    )
     assert (serve.meta.model.name, serve.meta.model.fingerprint) == ("m", "0123456789abcdef")
     assert serve.meta.host.fingerprint == "fedcba9876543210"
     assert serve.meta.details["workload"]["input_len"] == 64 and serve.meta.details["run_tag"] == "ab12"

@@ -21,8 +21,9 @@ _NOT_STORED = ("chat_template", "default_generation_settings", "chat_template_ca
 
 
 def unreachable(url: str, what: str, e: object) -> RuntimeFailure:
-    return RuntimeFailure(f"{url}: {what}: {e}",
-                          hint="is the server running there? check its log, or `curl URL/health`")
+    return RuntimeFailure(
+        f"{url}: {what}: {e}", hint="is the server running there? check its log, or `curl URL/health`"
+    )
 
 
 async def probe(http: StreamingHttp, url: str) -> ServerInfo:
@@ -36,8 +37,10 @@ async def probe(http: StreamingHttp, url: str) -> ServerInfo:
     except Exception as e:
         raise unreachable(url, "cannot reach the server", f"{type(e).__name__}: {e}") from None
     if status == 503:
-        raise RuntimeFailure(f"{url}: the server is still loading the model (/health answers 503)",
-                             hint="wait until /health answers 200, then run again")
+        raise RuntimeFailure(
+            f"{url}: the server is still loading the model (/health answers 503)",
+            hint="wait until /health answers 200, then run again",
+        )
     if status != 200:
         raise unreachable(url, "/health", f"HTTP {status}")
     props = await _answer(http, "/props", None)
@@ -46,8 +49,11 @@ async def probe(http: StreamingHttp, url: str) -> ServerInfo:
     tokenize = isinstance(tok, dict) and isinstance(tok.get("tokens"), list)
     apply_template = isinstance(tmpl, dict) and isinstance(tmpl.get("prompt"), str)
     if not isinstance(props, dict):
-        return ServerInfo(url=url, model_alias=await _model_id(http),
-                          caps=Capabilities(tokenize=tokenize, apply_template=apply_template))
+        return ServerInfo(
+            url=url,
+            model_alias=await _model_id(http),
+            caps=Capabilities(tokenize=tokenize, apply_template=apply_template),
+        )
     gen = props.get("default_generation_settings") or {}
     n_ctx = gen.get("n_ctx", props.get("n_ctx"))
     busy = None
@@ -65,11 +71,18 @@ async def probe(http: StreamingHttp, url: str) -> ServerInfo:
     def text(key: str) -> str | None:
         return str(props[key]) if props.get(key) else None
 
-    return ServerInfo(url=url, dialect="llama.cpp", build=text("build_info"), model_path=text("model_path"),
-                      model_alias=text("model_alias"), slots=total if isinstance(total, int) else None,
-                      n_ctx_slot=int(n_ctx) if isinstance(n_ctx, int | float) else None, busy_slots=busy,
-                      props={k: v for k, v in props.items() if k not in _NOT_STORED},
-                      caps=Capabilities(props=True, tokenize=tokenize, apply_template=apply_template, timings=True))
+    return ServerInfo(
+        url=url,
+        dialect="llama.cpp",
+        build=text("build_info"),
+        model_path=text("model_path"),
+        model_alias=text("model_alias"),
+        slots=total if isinstance(total, int) else None,
+        n_ctx_slot=int(n_ctx) if isinstance(n_ctx, int | float) else None,
+        busy_slots=busy,
+        props={k: v for k, v in props.items() if k not in _NOT_STORED},
+        caps=Capabilities(props=True, tokenize=tokenize, apply_template=apply_template, timings=True),
+    )
 
 
 async def _answer(http: StreamingHttp, path: str, doc: Any) -> Any:
@@ -98,8 +111,7 @@ async def tokenize(http: StreamingHttp, url: str, text: str, *, add_special: boo
         raise unreachable(url, "/tokenize failed", f"{type(e).__name__}: {e}") from None
     tokens: Any = doc.get("tokens") if isinstance(doc, dict) else None
     if status != 200 or not isinstance(tokens, list):
-        raise unreachable(url, "/tokenize failed (depth workloads and exact prompt lengths need it)",
-                          f"HTTP {status}")
+        raise unreachable(url, "/tokenize failed (depth workloads and exact prompt lengths need it)", f"HTTP {status}")
     return [int(t) for t in tokens]
 
 

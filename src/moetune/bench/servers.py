@@ -37,8 +37,13 @@ def model_arg(argv: tuple[str, ...] | list[str]) -> str | None:
     return None
 
 
-def launch_facts(server: ProcessSpec, transport: str, workers: dict[str, str | None],
-                 started_at: float | None, ready_at: float | None) -> LaunchRef:
+def launch_facts(
+    server: ProcessSpec,
+    transport: str,
+    workers: dict[str, str | None],
+    started_at: float | None,
+    ready_at: float | None,
+) -> LaunchRef:
     """What a run records of the launch behind its server: the transport asked (``none`` when the
     server uses no RPC worker), what the logs of the workers it uses showed (``workers``: every
     RPC worker of the launch), and its load time (process start to healthy)."""
@@ -69,20 +74,33 @@ def new_launch_id() -> str:
 
 
 @contextmanager
-def launched(target: Target, *, spec: LaunchSpec | None = None, timeout_s: float = 600.0,
-             status: Status | None = None, launch_id: str | None = None) -> Iterator[Launched]:
+def launched(
+    target: Target,
+    *,
+    spec: LaunchSpec | None = None,
+    timeout_s: float = 600.0,
+    status: Status | None = None,
+    launch_id: str | None = None,
+) -> Iterator[Launched]:
     """Start the target's plan (or ``spec``, a rewritten launch of it), yield its chosen server,
     stop everything on leaving. ``launch_id`` names its run directory (a new one by default)."""
     assert target.server is not None
-    with launched_servers(target, (target.server,), spec=spec, timeout_s=timeout_s, status=status,
-                          launch_id=launch_id) as servers:
+    with launched_servers(
+        target, (target.server,), spec=spec, timeout_s=timeout_s, status=status, launch_id=launch_id
+    ) as servers:
         yield servers[target.server]
 
 
 @contextmanager
-def launched_servers(target: Target, names: tuple[str, ...], *, spec: LaunchSpec | None = None,
-                     timeout_s: float = 600.0, status: Status | None = None,
-                     launch_id: str | None = None) -> Iterator[dict[str, Launched]]:
+def launched_servers(
+    target: Target,
+    names: tuple[str, ...],
+    *,
+    spec: LaunchSpec | None = None,
+    timeout_s: float = 600.0,
+    status: Status | None = None,
+    launch_id: str | None = None,
+) -> Iterator[dict[str, Launched]]:
     """Start the target's whole plan (a layout: every server and RPC worker), yield the servers
     ``names`` by name, stop everything on leaving."""
     from moetune.engine import registry
@@ -98,21 +116,38 @@ def launched_servers(target: Target, names: tuple[str, ...], *, spec: LaunchSpec
 
     def on_event(e: Event) -> None:
         if status and e.kind in ("start", "ready", "exited"):
-            status(f"{e.process}: {'starting' if e.kind == 'start' else e.kind} "
-                   f"{e.detail if e.kind != 'start' else ''}".rstrip())
+            status(
+                f"{e.process}: {'starting' if e.kind == 'start' else e.kind} "
+                f"{e.detail if e.kind != 'start' else ''}".rstrip()
+            )
 
-    with run_launched(spec, target.doc, plan_file=target.name, timeout_s=timeout_s, on_event=on_event,
-                      run_id=launch_id, transport=target.transport, rdma_dev=target.rdma_dev) as ln:
+    with run_launched(
+        spec,
+        target.doc,
+        plan_file=target.name,
+        timeout_s=timeout_s,
+        on_event=on_event,
+        run_id=launch_id,
+        transport=target.transport,
+        rdma_dev=target.rdma_dev,
+    ) as ln:
         out: dict[str, Launched] = {}
         logs = {p.name: ln.log(p.name) for p in spec.processes}
         for c in chosen:
             rec = ln.run.proc(c.name)
             facts = launch_facts(c, target.transport, ln.transports, rec.started_at, rec.ready_at)
             if status:
-                status(f"{c.name}: " + (f"transport {facts.describe()}" if facts.transport != NO_RPC
-                                        else f"loaded in {facts.load_s or 0:.1f} s"))
-            out[c.name] = Launched(ln.urls[c.name], c, ln.run.run_id, logs, registry.get(c.engine).version(),
-                                   model_arg(c.argv), facts)
+                status(
+                    f"{c.name}: "
+                    + (
+                        f"transport {facts.describe()}"
+                        if facts.transport != NO_RPC
+                        else f"loaded in {facts.load_s or 0:.1f} s"
+                    )
+                )
+            out[c.name] = Launched(
+                ln.urls[c.name], c, ln.run.run_id, logs, registry.get(c.engine).version(), model_arg(c.argv), facts
+            )
         yield out
     if status:
         status(f"stopped {', '.join(p.name for p in [*spec.servers(), *spec.workers()])}")
@@ -135,8 +170,11 @@ def why_gone(ln: Launched) -> str | None:
         errors = parse_log(log_path.read_text(errors="replace")).errors if log_path else []
     except OSError:
         errors = []
-    return (f"{ln.server.name} is gone; its log ends with: {errors[-1].text}" if errors
-            else f"{ln.server.name} is gone and its log shows no error: it was killed or stopped from outside")
+    return (
+        f"{ln.server.name} is gone; its log ends with: {errors[-1].text}"
+        if errors
+        else f"{ln.server.name} is gone and its log shows no error: it was killed or stopped from outside"
+    )
 
 
 class ServerSource(Protocol):
@@ -177,8 +215,9 @@ class RunningServer:
 class PlanServers:
     """Launches a plan's server once, or once per level with ``--match-slots``; stops it in order."""
 
-    def __init__(self, target: Target, *, match: bool, need_per_slot: int, status: Status,
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, target: Target, *, match: bool, need_per_slot: int, status: Status, timeout_s: float = 600.0
+    ) -> None:
         self.plan = target
         self.target = target.name
         self.match = match
@@ -196,8 +235,11 @@ class PlanServers:
             return self.current.url, False
         self.close()
         assert self.plan.spec is not None and self.plan.plan_path is not None
-        spec = (match_slots(self.plan.spec, concurrency, need_per_slot=self.need, server=self.plan.server)
-                if self.match else self.plan.spec)
+        spec = (
+            match_slots(self.plan.spec, concurrency, need_per_slot=self.need, server=self.plan.server)
+            if self.match
+            else self.plan.spec
+        )
         argv = next(s.argv for s in spec.servers() if s.name == self.plan.server)
         what = f" with --parallel {flag_value(argv, PARALLEL)} -c {flag_value(argv, CTX)}" if self.match else ""
         self.status(f"launching {self.plan.plan_path.name}{what}")
@@ -205,7 +247,8 @@ class PlanServers:
         self.launch_id = new_launch_id()
         try:
             self.current = self._stack.enter_context(
-                launched(self.plan, spec=spec, timeout_s=self.timeout_s, status=self.status, launch_id=self.launch_id))
+                launched(self.plan, spec=spec, timeout_s=self.timeout_s, status=self.status, launch_id=self.launch_id)
+            )
         except BaseException:
             self._stack = None
             raise

@@ -64,8 +64,9 @@ def choose_server(spec: LaunchSpec, server: str | None, source: str) -> ProcessS
             raise InputError(f"--server {server}: {source} has no such server (servers: {names})")
         return chosen
     if len(servers) != 1:
-        raise InputError(f"{source} starts {len(servers)} servers ({names}): say which one to benchmark",
-                         hint="--server NAME")
+        raise InputError(
+            f"{source} starts {len(servers)} servers ({names}): say which one to benchmark", hint="--server NAME"
+        )
     return servers[0]
 
 
@@ -82,8 +83,10 @@ def layout_target(target: str) -> Target:
     path = Path(target)
     if not path.is_file():
         if target.startswith(("http://", "https://")) or _HOSTPORT.match(target):
-            raise InputError("--load drives the services of a layout plan; TARGET is a server URL",
-                             hint="give the plan `moetune plan --layout` wrote, or drop --load")
+            raise InputError(
+                "--load drives the services of a layout plan; TARGET is a server URL",
+                hint="give the plan `moetune plan --layout` wrote, or drop --load",
+            )
         resolve(target)  # says what it is instead
     from moetune.run.prepare import read_plan
 
@@ -99,16 +102,20 @@ def resolve(target: str, server: str | None = None) -> Target:
         return plan_target(path, server)
     if target.startswith(("http://", "https://")) or _HOSTPORT.match(target):
         if server is not None:
-            raise InputError("--server names a server of a plan; TARGET is a URL",
-                             hint="drop --server, or give the plan file as TARGET")
+            raise InputError(
+                "--server names a server of a plan; TARGET is a URL",
+                hint="drop --server, or give the plan file as TARGET",
+            )
         url = target if target.startswith("http") else "http://" + target
         return Target(url=url.rstrip("/").removesuffix("/v1"))
     if path.exists() or path.is_symlink():
         from moetune.paths import readable_file
 
         readable_file(path, "plan file")  # says what it is instead (a directory, a FIFO, a loop)
-    raise InputError(f"TARGET {target!r} is neither a server URL nor a plan file",
-                     hint="give http://HOST:PORT of a running server, or a plan JSON file")
+    raise InputError(
+        f"TARGET {target!r} is neither a server URL nor a plan file",
+        hint="give http://HOST:PORT of a running server, or a plan JSON file",
+    )
 
 
 def with_transport(t: Target, transport: str | None, rdma_dev: str | None = None) -> Target:
@@ -117,8 +124,10 @@ def with_transport(t: Target, transport: str | None, rdma_dev: str | None = None
     if transport is None and rdma_dev is None:
         return t
     if t.url is not None:
-        raise InputError("--transport chooses how moetune launches a plan's RPC workers; TARGET is a running "
-                         "server's URL", hint="drop --transport and --rdma-dev, or give the plan file as TARGET")
+        raise InputError(
+            "--transport chooses how moetune launches a plan's RPC workers; TARGET is a running server's URL",
+            hint="drop --transport and --rdma-dev, or give the plan file as TARGET",
+        )
     if transport is not None and transport not in tuple(Transport):
         raise InputError(f"--transport {transport!r}: choose {', '.join(Transport)}")
     return replace(t, transport=transport or t.transport, rdma_dev=rdma_dev or t.rdma_dev)

@@ -46,7 +46,9 @@ COMMANDS: dict[str, Entry] = {
     "results": Entry("results_cmds", "The history of benchmark runs: list, show, export."),
     "compare": Entry("results_cmds", "Compare runs with a baseline: medians, intervals, change in %."),
     "report": Entry("report_cmds", "One self-contained HTML page of a plan, its runs and their comparison."),
-    "quality": Entry("quality_cmds", "Does a plan change the answers? KLD against a reference, or a multiple-choice soak."),
+    "quality": Entry(
+        "quality_cmds", "Does a plan change the answers? KLD against a reference, or a multiple-choice soak."
+    ),
     "calibrate": Entry("calibrate_cmds", "Fit the speed model to benchmarks of plans; plan uses the fit."),
     "tune": Entry("tune_cmds", "Search for the fastest plan in a budget of launches, measured."),
     "link-test": Entry("cluster_cmds", "Bandwidth and latency from one node to another's link address."),
@@ -61,10 +63,15 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("MOETUNE_ENGINE", "the engine used when a command gets no --engine (default: moetune's own build)"),
     ("MOETUNE_SSH_COMMAND", "replaces `ssh` for nodes of a hardware file, as GIT_SSH_COMMAND does for git"),
     ("MOETUNE_METRICS_INTERVAL", "seconds between samples of the machine during launches and runs (default 1; 0: off)"),
-    ("MOETUNE_MAX_FOREIGN_CORES", "other programs' CPU load (cores averaged over a run, or N% of the machine) "
-     "above which a run is contended and tune stops (default 0.5; off: never)"),
-    ("MOETUNE_NOISY_PCT", "a run whose 95% interval of TG or PP is wider than +/- this % of its median is noisy "
-     "(default 10)"),
+    (
+        "MOETUNE_MAX_FOREIGN_CORES",
+        "other programs' CPU load (cores averaged over a run, or N% of the machine) "
+        "above which a run is contended and tune stops (default 0.5; off: never)",
+    ),
+    (
+        "MOETUNE_NOISY_PCT",
+        "a run whose 95% interval of TG or PP is wider than +/- this % of its median is noisy (default 10)",
+    ),
     ("MOETUNE_PYPI_SIMPLE", "the package index `engine install` downloads from (default: https://pypi.org/simple)"),
 )
 
@@ -80,8 +87,9 @@ def load_module_commands(module: str) -> dict[str, click.Command]:
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use (see the module docstring)."""
 
-    def __init__(self, *args: object, table: dict[str, Entry], environment: tuple[tuple[str, str], ...] = (),
-                 **kwargs: object) -> None:
+    def __init__(
+        self, *args: object, table: dict[str, Entry], environment: tuple[tuple[str, str], ...] = (), **kwargs: object
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.table = table
         self.environment = environment
@@ -113,8 +121,12 @@ class LazyGroup(click.Group):
         super().format_epilog(ctx, formatter)
 
 
-@click.group(cls=LazyGroup, table=COMMANDS, environment=ENVIRONMENT,
-             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=LazyGroup,
+    table=COMMANDS,
+    environment=ENVIRONMENT,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="moetune")
 def cli() -> None:
     """Plan, launch, benchmark and tune huge Mixture-of-Experts models on llama.cpp."""

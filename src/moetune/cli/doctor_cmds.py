@@ -11,8 +11,11 @@ from moetune.cli.common import db_option, json_option, out, print_json
 
 @click.command()
 @click.argument("inputs", nargs=-1, required=True, metavar="LOG|RESPONSES.json|RUN...")
-@click.option("--ram-gib", type=click.FloatRange(min=1), help="RAM of the machine the logs come from "
-              "(default: what the log or the run record says).")
+@click.option(
+    "--ram-gib",
+    type=click.FloatRange(min=1),
+    help="RAM of the machine the logs come from (default: what the log or the run record says).",
+)
 @db_option
 @json_option
 def doctor(inputs: tuple[str, ...], ram_gib: float | None, db_path: Path | None, as_json: bool) -> None:

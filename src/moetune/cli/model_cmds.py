@@ -22,15 +22,29 @@ from moetune.report.inspect_view import KvQuery, inspect_json, mib, print_inspec
 @click.command()
 @click.argument("path", required=False)
 @remote_options
-@click.option("--ctx", type=click.IntRange(256), default=32768, show_default=True,
-              help="Context for the KV cache total (sliding-window layers hold about a window of it).")
+@click.option(
+    "--ctx",
+    type=click.IntRange(256),
+    default=32768,
+    show_default=True,
+    help="Context for the KV cache total (sliding-window layers hold about a window of it).",
+)
 @click.option("--parallel", type=click.IntRange(1), default=1, show_default=True, help="Slots sharing the context.")
 @click.option("-ub", "--ubatch", type=click.IntRange(1), default=512, show_default=True, help="Micro-batch (-ub).")
 @click.option("--ctk", type=click.Choice(CACHE_TYPES), default="f16", show_default=True, help="Cache type (K and V).")
 @click.option("--swa-full", is_flag=True, help="Size the sliding-window layers' cache for the whole context.")
 @json_option
-def inspect(path: str | None, hf: str | None, http_timeout_s: float, ctx: int, parallel: int, ubatch: int,
-            ctk: str, swa_full: bool, as_json: bool) -> None:
+def inspect(
+    path: str | None,
+    hf: str | None,
+    http_timeout_s: float,
+    ctx: int,
+    parallel: int,
+    ubatch: int,
+    ctk: str,
+    swa_full: bool,
+    as_json: bool,
+) -> None:
     """Show a GGUF model's tensors, layers, sizes and KV cache cost (reads headers only).
 
     PATH may be any shard of a split model; the other shards are found beside it. PATH may also be
@@ -62,17 +76,33 @@ def inspect(path: str | None, hf: str | None, http_timeout_s: float, ctx: int, p
 @click.option("--dense-lead", "n_dense_lead", type=click.IntRange(0, 512), help="Leading dense (non-MoE) layers.")
 @click.option("--nextn", "n_nextn", type=click.IntRange(0, 4), help="NextN/MTP blocks after the trunk.")
 @click.option("--vocab", "n_vocab", type=click.IntRange(259, 1 << 20), help="Vocabulary size (byte tokens + padding).")
-@click.option("--window", "n_swa", type=click.IntRange(1, 1 << 20),
-              help="Sliding window of the windowed layers (gpt-oss; default 128).")
-@click.option("--type", "type_spec",
-              help="One type (q8_0) or a recipe: ffn_gate_exps=iq3_ks,ffn_down_exps=iq4_ks,other=q8_0 "
-              "(default f16; a preset's published recipe with --preset)")
+@click.option(
+    "--window",
+    "n_swa",
+    type=click.IntRange(1, 1 << 20),
+    help="Sliding window of the windowed layers (gpt-oss; default 128).",
+)
+@click.option(
+    "--type",
+    "type_spec",
+    help="One type (q8_0) or a recipe: ffn_gate_exps=iq3_ks,ffn_down_exps=iq4_ks,other=q8_0 "
+    "(default f16; a preset's published recipe with --preset)",
+)
 @click.option("--shards", type=click.IntRange(1, 999), default=1, show_default=True)
 @click.option("--sparse", is_flag=True, help="Exact header, data region left as a file hole (no disk used).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @json_option
-def testmodel(out_path: Path, arch: str | None, preset: str | None, type_spec: str | None, shards: int, sparse: bool,
-              seed: int, as_json: bool, **sizes: int | None) -> None:
+def testmodel(
+    out_path: Path,
+    arch: str | None,
+    preset: str | None,
+    type_spec: str | None,
+    shards: int,
+    sparse: bool,
+    seed: int,
+    as_json: bool,
+    **sizes: int | None,
+) -> None:
     """Write a random-weight MoE model that llama-server can load (or a sparse replica for planning)."""
     if preset:
         arch_p, dims = PRESETS[preset]
@@ -92,11 +122,25 @@ def testmodel(out_path: Path, arch: str | None, preset: str | None, type_spec: s
     from moetune.model.testmodel import generate
 
     out = common.out
-    with Progress(TextColumn("writing {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  console=common.err, transient=True, disable=as_json) as bar:
+    with Progress(
+        TextColumn("writing {task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        console=common.err,
+        transient=True,
+        disable=as_json,
+    ) as bar:
         task = bar.add_task(out_path.name, total=shards)
-        g = generate(out_path, arch, dims, type_spec, shards=shards, sparse=sparse, seed=seed,
-                     progress=lambda n: bar.update(task, completed=n))
+        g = generate(
+            out_path,
+            arch,
+            dims,
+            type_spec,
+            shards=shards,
+            sparse=sparse,
+            seed=seed,
+            progress=lambda n: bar.update(task, completed=n),
+        )
     disk = sum(f.stat().st_blocks * 512 for f in g.files)
     doc = {
         "arch": g.arch,
@@ -111,13 +155,17 @@ def testmodel(out_path: Path, arch: str | None, preset: str | None, type_spec: s
     if as_json:
         print_json(doc)
         return
-    out.print(f"wrote {len(g.files)} file(s), {g.n_tensors} tensors, {mib(g.tensor_bytes):,.2f} MiB of tensors "
-              f"({mib(disk):,.2f} MiB on disk)")
+    out.print(
+        f"wrote {len(g.files)} file(s), {g.n_tensors} tensors, {mib(g.tensor_bytes):,.2f} MiB of tensors "
+        f"({mib(disk):,.2f} MiB on disk)"
+    )
     for f in g.files:
         out.print(f"  {f}")
     if not g.servable:
-        out.print("[yellow]note:[/] some tensor types have filler data (ik_llama.cpp or unquantizable types): "
-                  "the file is for inspect and plan, not for llama-server")
+        out.print(
+            "[yellow]note:[/] some tensor types have filler data (ik_llama.cpp or unquantizable types): "
+            "the file is for inspect and plan, not for llama-server"
+        )
 
 
 def register(cli: click.Group) -> None:

@@ -30,22 +30,59 @@ from moetune.errors import InputError
 @click.option("--layout", type=click.Path(path_type=Path), help="Several services sharing the hardware (YAML).")
 @plan_options
 @click.option("--speed", "speed", multiple=True, metavar="NAME=VALUE", help="Override a speed-model constant.")
-@click.option("--format", "fmt", type=click.Choice(["table", "argv", "shell", "podman", "docker", "llama-swap"]),
-              default="table", show_default=True, help="What to print besides the JSON.")
-@click.option("--image", help="Container image for --format podman/docker (default: the engine's image when it was "
-              "registered with one, else ghcr.io/ggml-org/llama.cpp:server-cuda or ik_llama.cpp:latest; the flags "
-              "always follow --engine).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "argv", "shell", "podman", "docker", "llama-swap"]),
+    default="table",
+    show_default=True,
+    help="What to print besides the JSON.",
+)
+@click.option(
+    "--image",
+    help="Container image for --format podman/docker (default: the engine's image when it was "
+    "registered with one, else ghcr.io/ggml-org/llama.cpp:server-cuda or ik_llama.cpp:latest; the flags "
+    "always follow --engine).",
+)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the plan JSON to this file.")
-@click.option("--swa-full", is_flag=True, help="Sliding-window layers keep a cache of the whole context "
-              "(llama.cpp's --swa-full), not of about a window.")
-@click.option("--recipe", "recipe", type=click.Path(path_type=Path), help="Plan the model this quant recipe "
-              "(`moetune quantize --recipe`) makes of MODEL, without quantizing: its predicted tensor types and sizes.")
-@click.option("--verify", is_flag=True, help="Also run the engine's own dry run with each service's exact command "
-              "(llama-fit-params; ik_llama.cpp's --dry-run) and print its figures beside the plan's.")
+@click.option(
+    "--swa-full",
+    is_flag=True,
+    help="Sliding-window layers keep a cache of the whole context (llama.cpp's --swa-full), not of about a window.",
+)
+@click.option(
+    "--recipe",
+    "recipe",
+    type=click.Path(path_type=Path),
+    help="Plan the model this quant recipe "
+    "(`moetune quantize --recipe`) makes of MODEL, without quantizing: its predicted tensor types and sizes.",
+)
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Also run the engine's own dry run with each service's exact command "
+    "(llama-fit-params; ik_llama.cpp's --dry-run) and print its figures beside the plan's.",
+)
 @json_option
-def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str | None, layout: Path | None,
-         strategy: str, engine_name: str | None, port: int, speed: tuple[str, ...], fmt: str, image: str | None,
-         output: Path | None, swa_full: bool, recipe: Path | None, verify: bool, as_json: bool, **settings_kw: Any) -> None:
+def plan(
+    model: str | None,
+    hf: str | None,
+    http_timeout_s: float,
+    hw_path: str | None,
+    layout: Path | None,
+    strategy: str,
+    engine_name: str | None,
+    port: int,
+    speed: tuple[str, ...],
+    fmt: str,
+    image: str | None,
+    output: Path | None,
+    swa_full: bool,
+    recipe: Path | None,
+    verify: bool,
+    as_json: bool,
+    **settings_kw: Any,
+) -> None:
     """Place MODEL on the hardware: memory per device, layer map, predicted speed, exact command.
 
     MODEL is a GGUF file (any shard), an http(s) URL of one, or --hf OWNER/REPO[:QUANT]: a remote
@@ -60,14 +97,31 @@ def plan(model: str | None, hf: str | None, http_timeout_s: float, hw_path: str 
     require_hw(hw_path)
     assert hw_path is not None
     if verify and recipe is not None:
-        raise InputError("--verify runs the engine on the model's file, and a --recipe's output is not written yet",
-                         hint="quantize it first (`moetune quantize`), then plan the written file with --verify")
+        raise InputError(
+            "--verify runs the engine on the model's file, and a --recipe's output is not written yet",
+            hint="quantize it first (`moetune quantize`), then plan the written file with --verify",
+        )
     routing = settings_kw.pop("routing")
     port = plan_port(settings_kw, port)
     settings = replace(plan_settings(settings_kw), swa_full=swa_full)
-    planned = plan_files(PlanRequest(hw_path, model, layout, strategy, settings, engine_name, port, speed, output,
-                                     hf=hf, http_timeout_s=http_timeout_s, routing=routing, recipe=recipe,
-                                     choose=attention_left_open(settings_kw)))
+    planned = plan_files(
+        PlanRequest(
+            hw_path,
+            model,
+            layout,
+            strategy,
+            settings,
+            engine_name,
+            port,
+            speed,
+            output,
+            hf=hf,
+            http_timeout_s=http_timeout_s,
+            routing=routing,
+            recipe=recipe,
+            choose=attention_left_open(settings_kw),
+        )
+    )
     for message, remedy in planned.notices:
         warn(message, remedy)
     for sp in planned.plan.services:
@@ -173,14 +227,18 @@ def hw_show(path: str, as_json: bool) -> None:
     from moetune.hardware import inventory
 
     inv = inventory.load(path)
-    rows = [{"name": d.name, "kind": d.kind, "mem_mib": d.mem_mib, "bw_gbs": d.bw_gbs, "node": d.node}
-            for d in inv.devices()]
+    rows = [
+        {"name": d.name, "kind": d.kind, "mem_mib": d.mem_mib, "bw_gbs": d.bw_gbs, "node": d.node}
+        for d in inv.devices()
+    ]
     if as_json:
         print_json(rows)
         return
     for r in rows:
-        common.out.print(f"{r['name']:<28} {r['kind']:<4} {r['mem_mib']:>10,.0f} MiB  {r['bw_gbs']:>7,.0f} GB/s  ({r['node']})",
-                  markup=False)
+        common.out.print(
+            f"{r['name']:<28} {r['kind']:<4} {r['mem_mib']:>10,.0f} MiB  {r['bw_gbs']:>7,.0f} GB/s  ({r['node']})",
+            markup=False,
+        )
 
 
 def register(cli: click.Group) -> None:

@@ -9,9 +9,24 @@ from moetune.cli.common import err, out, print_json, print_wide
 from moetune.errors import InputError
 
 
-def run_qa(qa_path: Path, fmt: str, plans: tuple[Path, ...], urls: tuple[str, ...], labels: tuple[str, ...], *,
-           limit: int | None, thinking: str, max_tokens: int, model: str | None, server: str | None,
-           launch_timeout_s: float, timeout_s: float, confidence: float, db_path: Path | None, as_json: bool) -> None:
+def run_qa(
+    qa_path: Path,
+    fmt: str,
+    plans: tuple[Path, ...],
+    urls: tuple[str, ...],
+    labels: tuple[str, ...],
+    *,
+    limit: int | None,
+    thinking: str,
+    max_tokens: int,
+    model: str | None,
+    server: str | None,
+    launch_timeout_s: float,
+    timeout_s: float,
+    confidence: float,
+    db_path: Path | None,
+    as_json: bool,
+) -> None:
     from moetune.bench.target import resolve
     from moetune.cli.bench_cmds import progress_bar
     from moetune.quality.qa import read_questions
@@ -21,8 +36,10 @@ def run_qa(qa_path: Path, fmt: str, plans: tuple[Path, ...], urls: tuple[str, ..
 
     names = [*urls, *(str(p) for p in plans)]
     if not names:
-        raise InputError("--qa needs servers to ask: --url URL (repeatable) or plan files",
-                         hint="moetune quality --qa questions.jsonl --url http://127.0.0.1:8080")
+        raise InputError(
+            "--qa needs servers to ask: --url URL (repeatable) or plan files",
+            hint="moetune quality --qa questions.jsonl --url http://127.0.0.1:8080",
+        )
     if labels and len(labels) != len(names):
         raise InputError(f"{len(labels)} --label for {len(names)} configurations", hint="give one --label each")
     questions = read_questions(qa_path, fmt)[:limit]
@@ -39,15 +56,26 @@ def run_qa(qa_path: Path, fmt: str, plans: tuple[Path, ...], urls: tuple[str, ..
 
             details = {"question_file": str(qa_path), "format": fmt}
             if t.url is not None:
-                runs.append(soak(db, t.url, questions, opt, label=label, target=t.name, details=details,
-                                 progress=progress))
+                runs.append(
+                    soak(db, t.url, questions, opt, label=label, target=t.name, details=details, progress=progress)
+                )
                 continue
             from moetune.bench.servers import launched
 
             with launched(t, timeout_s=launch_timeout_s, status=lambda s: err.print(f"[dim]{s}[/]")) as ln:
-                runs.append(soak(db, ln.url, questions, opt, label=label, target=t.name, details=details,
-                                 meta={"plan": t.doc, "launch_run": ln.launch_run, "engine_build": ln.engine_build},
-                                 progress=progress))
+                runs.append(
+                    soak(
+                        db,
+                        ln.url,
+                        questions,
+                        opt,
+                        label=label,
+                        target=t.name,
+                        details=details,
+                        meta={"plan": t.doc, "launch_run": ln.launch_run, "engine_build": ln.engine_build},
+                        progress=progress,
+                    )
+                )
         db_name = str(db.path)
     rep = report(runs, confidence)
     if as_json:

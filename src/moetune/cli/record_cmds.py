@@ -18,16 +18,30 @@ def _line(text: str) -> None:
 
 
 @click.command("record")
-@click.option("--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT",
-              help="Address the proxy listens on (port 0: any free port). It has no authentication: keep it on "
-              "loopback or a trusted network.")
-@click.option("--upstream", required=True, metavar="URL",
-              help="The server to forward to, by its base URL: http://127.0.0.1:8080.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Session file, one JSON line per request [default: session-DATE-TIME.jsonl here].")
+@click.option(
+    "--listen",
+    default=DEFAULT_LISTEN,
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Address the proxy listens on (port 0: any free port). It has no authentication: keep it on "
+    "loopback or a trusted network.",
+)
+@click.option(
+    "--upstream", required=True, metavar="URL", help="The server to forward to, by its base URL: http://127.0.0.1:8080."
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Session file, one JSON line per request [default: session-DATE-TIME.jsonl here].",
+)
 @click.option("--force", is_flag=True, help="Replace an existing session file.")
-@click.option("--redact", is_flag=True, help="Log message text, reasoning, tool-call arguments and prompts as "
-              "same-length filler, so the file can be shared (what is sent and answered is not changed).")
+@click.option(
+    "--redact",
+    is_flag=True,
+    help="Log message text, reasoning, tool-call arguments and prompts as "
+    "same-length filler, so the file can be shared (what is sent and answered is not changed).",
+)
 @json_option
 def record_cmd(listen: str, upstream: str, output: Path | None, force: bool, redact: bool, as_json: bool) -> None:
     """Forward requests to an OpenAI-compatible server and log each one, until Ctrl-C or SIGTERM.
@@ -51,12 +65,17 @@ def record_cmd(listen: str, upstream: str, output: Path | None, force: bool, red
     path = output or default_output()
     check_output(path, force=force)
     if not is_loopback(host):
-        warn(f"--listen {listen}: the proxy has no authentication, and this address is not loopback: anyone who "
-             f"reaches it can use {up.url} through it", "bind 127.0.0.1 unless the network is trusted")
+        warn(
+            f"--listen {listen}: the proxy has no authentication, and this address is not loopback: anyone who "
+            f"reaches it can use {up.url} through it",
+            "bind 127.0.0.1 unless the network is trusted",
+        )
 
     def ready(url: str) -> None:
-        _line(f"recording {url} -> {up.url} into {path}{' (redacted)' if redact else ''}: point the client at "
-              f"{url}/v1 ; Ctrl-C to stop")
+        _line(
+            f"recording {url} -> {up.url} into {path}{' (redacted)' if redact else ''}: point the client at "
+            f"{url}/v1 ; Ctrl-C to stop"
+        )
 
     summary = record(RecordConfig(host, port, up, path, redact=redact), log=_line, ready=ready)
     _line(f"stopped; {path}: " + "\n".join(summary_lines(summary)))

@@ -13,10 +13,18 @@ from moetune.cli.common import db_option, out
 @click.command("report")
 @click.argument("refs", metavar="RUN|PLAN.json...", nargs=-1)
 @click.option("-o", "--output", required=True, metavar="FILE.html", help="Write the page to FILE.html (- for stdout).")
-@click.option("--sweep", "sweep_id", metavar="SID", help="The runs of this sweep (an interleaved one: every round, "
-              "compared round by round).")
-@click.option("--paired", is_flag=True, help="The runs named were made in alternation: compare them round by round "
-              "(the k-th run of each label is round k), as `compare --paired`.")
+@click.option(
+    "--sweep",
+    "sweep_id",
+    metavar="SID",
+    help="The runs of this sweep (an interleaved one: every round, compared round by round).",
+)
+@click.option(
+    "--paired",
+    is_flag=True,
+    help="The runs named were made in alternation: compare them round by round "
+    "(the k-th run of each label is round k), as `compare --paired`.",
+)
 @db_option
 def report_cmd(refs: tuple[str, ...], output: str, sweep_id: str | None, paired: bool, db_path: Path | None) -> None:
     """One self-contained HTML page of a plan, its runs and their comparison.
@@ -36,8 +44,14 @@ def report_cmd(refs: tuple[str, ...], output: str, sweep_id: str | None, paired:
     from moetune.report.html.gather import gather
     from moetune.report.html.page import render_page
 
-    data = gather(refs, db_path, generated_at=datetime.now(UTC).isoformat(timespec="seconds"), version=__version__,
-                  sweep=sweep_id, paired=paired)
+    data = gather(
+        refs,
+        db_path,
+        generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        version=__version__,
+        sweep=sweep_id,
+        paired=paired,
+    )
     page = render_page(data)
     if output == "-":
         sys.stdout.write(page)
@@ -47,8 +61,9 @@ def report_cmd(refs: tuple[str, ...], output: str, sweep_id: str | None, paired:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(page)
     except OSError as e:
-        raise InputError(f"cannot write the report to {path}: {e.strerror or e}",
-                         hint="choose a writable FILE.html with -o") from None
+        raise InputError(
+            f"cannot write the report to {path}: {e.strerror or e}", hint="choose a writable FILE.html with -o"
+        ) from None
     out.print(f"report: {path} ({len(page.encode()) / 1024:,.0f} KiB)", markup=False, highlight=False)
 
 

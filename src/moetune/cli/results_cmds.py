@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from moetune.store.db import ResultsDB, Run
 
 
-
 @click.group()
 def results() -> None:
     """The history of benchmark runs: list, show, export."""
@@ -100,8 +99,10 @@ def export_cmd(run_refs: tuple[str, ...], fmt: str, all_runs: bool, output: Path
             part.replace(output)
         except OSError as e:
             part.unlink(missing_ok=True)
-            raise InputError(f"cannot write the export to {output}: {e.strerror or e}",
-                             hint="choose a writable path with -o, or leave -o out for stdout") from None
+            raise InputError(
+                f"cannot write the export to {output}: {e.strerror or e}",
+                hint="choose a writable path with -o, or leave -o out for stdout",
+            ) from None
         except BaseException:
             part.unlink(missing_ok=True)
             raise
@@ -119,29 +120,64 @@ def _runs(db: ResultsDB, refs: tuple[str, ...], all_runs: bool) -> list[Run]:
 
 @click.command("compare")
 @click.argument("run_refs", metavar="RUN...", nargs=-1)
-@click.option("--baseline", "baseline_ref", metavar="RUN", help="The run the others are compared with "
-                                                                 "(default: the first RUN).")
+@click.option(
+    "--baseline", "baseline_ref", metavar="RUN", help="The run the others are compared with (default: the first RUN)."
+)
 @click.option("--sweep", "sweep_id", help="Compare the completed runs of a sweep (baseline: the sweep's).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Draw bars with their intervals (and TG/PP against depth for depth runs) to FILE.png.")
-@click.option("--min-change", type=click.FloatRange(0, 100), default=DEFAULT_MIN_CHANGE * 100, show_default=True,
-              help="Changes below this many percent are called 'same' (no significant difference).")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw bars with their intervals (and TG/PP against depth for depth runs) to FILE.png.",
+)
+@click.option(
+    "--min-change",
+    type=click.FloatRange(0, 100),
+    default=DEFAULT_MIN_CHANGE * 100,
+    show_default=True,
+    help="Changes below this many percent are called 'same' (no significant difference).",
+)
 @click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "md", "csv"]), default="table", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
-@click.option("--metric", type=click.Choice(["all", "goodput"]), default="all", show_default=True,
-              help="goodput: rank serve-bench runs by the rate of requests that met latency targets (--slo, "
-                   "else the targets the runs were measured with).")
-@click.option("--slo", "slo_text", metavar="KEY=MS,...", help="Latency targets for --metric goodput (implies it): "
-              "any subset of ttft_ms, itl_ms, tpot_ms, e2e_ms.")
-@click.option("--paired", is_flag=True, help="Runs made in alternation, judged round by round: the k-th run of each "
-              "configuration (label) forms round k; a label names all its completed runs. An interleaved sweep "
-              "(--sweep) is always compared so.")
+@click.option(
+    "--metric",
+    type=click.Choice(["all", "goodput"]),
+    default="all",
+    show_default=True,
+    help="goodput: rank serve-bench runs by the rate of requests that met latency targets (--slo, "
+    "else the targets the runs were measured with).",
+)
+@click.option(
+    "--slo",
+    "slo_text",
+    metavar="KEY=MS,...",
+    help="Latency targets for --metric goodput (implies it): any subset of ttft_ms, itl_ms, tpot_ms, e2e_ms.",
+)
+@click.option(
+    "--paired",
+    is_flag=True,
+    help="Runs made in alternation, judged round by round: the k-th run of each "
+    "configuration (label) forms round k; a label names all its completed runs. An interleaved sweep "
+    "(--sweep) is always compared so.",
+)
 @db_option
 @json_option
-def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: str | None, plot_path: Path | None,
-                min_change: float, confidence: float, fmt: str, seed: int, metric: str, slo_text: str | None,
-                paired: bool, db_path: Path | None, as_json: bool) -> None:
+def compare_cmd(
+    run_refs: tuple[str, ...],
+    baseline_ref: str | None,
+    sweep_id: str | None,
+    plot_path: Path | None,
+    min_change: float,
+    confidence: float,
+    fmt: str,
+    seed: int,
+    metric: str,
+    slo_text: str | None,
+    paired: bool,
+    db_path: Path | None,
+    as_json: bool,
+) -> None:
     """Compare runs with a baseline: median and confidence interval per metric, change in %, and a
     verdict per row: faster, slower, or no significant difference (same).
 
@@ -156,8 +192,9 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
     if paired or (sweep_id is not None and _interleaved(sweep_id, db_path)):
         if metric == "goodput" or slo_text is not None:
             raise click.UsageError("--metric goodput ranks runs; a paired comparison judges metrics round by round")
-        _compare_paired(run_refs, baseline_ref, sweep_id, plot_path, min_change, confidence, fmt, seed, db_path,
-                        as_json)
+        _compare_paired(
+            run_refs, baseline_ref, sweep_id, plot_path, min_change, confidence, fmt, seed, db_path, as_json
+        )
         return
     if metric == "goodput" or slo_text is not None:
         _compare_goodput(run_refs, baseline_ref, sweep_id, plot_path, fmt, slo_text, db_path, as_json)
@@ -178,16 +215,26 @@ def compare_cmd(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: s
                 warn(f"run {r.id} ({r.label}) is {r.status}: comparing the samples it has")
         data = load(db, runs)
         noise = {r.id: run_noise(r, db.iter_samples(r.id)) for r in runs}
-        preds = {r.id: rep for r in runs if r.kind == RunKind.BENCH and r.meta.details.get("predicted")
-                 and (rep := report(run_summary(db.samples(r.id)), dict(r.meta.details)))}
+        preds = {
+            r.id: rep
+            for r in runs
+            if r.kind == RunKind.BENCH
+            and r.meta.details.get("predicted")
+            and (rep := report(run_summary(db.samples(r.id)), dict(r.meta.details)))
+        }
     comp = compare(data[0], data[1:], conf=confidence, min_change=min_change / 100, seed=seed)
     require_rows(comp)
     if plot_path:
         plot_runs([comp.baseline, *comp.others], plot_path, conf=confidence, seed=seed)
     if as_json:
-        print_json({**comp.to_json(), "plot": str(plot_path) if plot_path else None,
-                    "run_warnings": {str(k): [w.to_json() for w in v] for k, v in noise.items() if v},
-                    "prediction_error": {str(k): v["prediction_error"] for k, v in preds.items()}})
+        print_json(
+            {
+                **comp.to_json(),
+                "plot": str(plot_path) if plot_path else None,
+                "run_warnings": {str(k): [w.to_json() for w in v] for k, v in noise.items() if v},
+                "prediction_error": {str(k): v["prediction_error"] for k, v in preds.items()},
+            }
+        )
         return
     comparison_output(comp, fmt)
     for r in runs:
@@ -210,9 +257,18 @@ def _interleaved(sweep_id: str, db_path: Path | None) -> bool:
         return bool((db.sweep(sweep_id) or {}).get("interleave"))
 
 
-def _compare_paired(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: str | None, plot_path: Path | None,
-                    min_change: float, confidence: float, fmt: str, seed: int, db_path: Path | None,
-                    as_json: bool) -> None:
+def _compare_paired(
+    run_refs: tuple[str, ...],
+    baseline_ref: str | None,
+    sweep_id: str | None,
+    plot_path: Path | None,
+    min_change: float,
+    confidence: float,
+    fmt: str,
+    seed: int,
+    db_path: Path | None,
+    as_json: bool,
+) -> None:
     from moetune.report.paired import load_refs, load_sweep
     from moetune.report.paired_view import VIEWS
     from moetune.report.plot import plot_runs
@@ -222,11 +278,13 @@ def _compare_paired(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_i
         raise click.UsageError("--sweep compares the sweep's rounds; give no runs with it")
     with ResultsDB.open(db_path) as db:
         if sweep_id is not None:
-            comp = load_sweep(db, sweep_id, baseline=baseline_ref, conf=confidence, min_change=min_change / 100,
-                              seed=seed)
+            comp = load_sweep(
+                db, sweep_id, baseline=baseline_ref, conf=confidence, min_change=min_change / 100, seed=seed
+            )
         else:
-            comp = load_refs(db, list(run_refs), baseline=baseline_ref, conf=confidence,
-                             min_change=min_change / 100, seed=seed)
+            comp = load_refs(
+                db, list(run_refs), baseline=baseline_ref, conf=confidence, min_change=min_change / 100, seed=seed
+            )
     if plot_path:
         plot_runs([comp.baseline, *comp.others], plot_path, conf=confidence, seed=seed)
     if as_json:
@@ -237,9 +295,16 @@ def _compare_paired(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_i
         out.print(f"plot: {plot_path} (every round's samples pooled)")
 
 
-def _compare_goodput(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_id: str | None,
-                     plot_path: Path | None, fmt: str, slo_text: str | None, db_path: Path | None,
-                     as_json: bool) -> None:
+def _compare_goodput(
+    run_refs: tuple[str, ...],
+    baseline_ref: str | None,
+    sweep_id: str | None,
+    plot_path: Path | None,
+    fmt: str,
+    slo_text: str | None,
+    db_path: Path | None,
+    as_json: bool,
+) -> None:
     from moetune.bench.analysis.slo import parse_slo
     from moetune.errors import InputError
     from moetune.kinds import RunStatus
@@ -249,8 +314,10 @@ def _compare_goodput(run_refs: tuple[str, ...], baseline_ref: str | None, sweep_
 
     slo = None if slo_text is None else parse_slo(slo_text)
     if plot_path is not None:
-        raise InputError("--plot draws the per-metric comparison; --metric goodput prints a ranking only",
-                         hint="drop --plot, or compare without --metric goodput to plot")
+        raise InputError(
+            "--plot draws the per-metric comparison; --metric goodput prints a ranking only",
+            hint="drop --plot, or compare without --metric goodput to plot",
+        )
     with ResultsDB.open(db_path) as db:
         runs = runs_to_compare(db, list(run_refs), baseline=baseline_ref, sweep_id=sweep_id)
         for r in runs:

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from moetune.run.prepare import LaunchFailed
 
 
-
 class Display:
     """Progress on stderr: a line per phase change, a spinner with the elapsed time on a terminal."""
 
@@ -48,7 +47,9 @@ class Display:
         if e.kind == "start":
             err.print(Text.assemble((f"{e.process}: ", "bold"), ("start ", ""), (e.detail[:200], "dim")))
         elif e.kind in ("phase", "ready"):
-            err.print(Text(f"  {e.elapsed_s:6.1f} s  {e.process}: {e.detail if e.kind == 'phase' else 'ready ' + e.detail}"))
+            err.print(
+                Text(f"  {e.elapsed_s:6.1f} s  {e.process}: {e.detail if e.kind == 'phase' else 'ready ' + e.detail}")
+            )
         elif e.kind == "transport":
             err.print(Text(f"  {e.process}: transport {e.detail}, from its log"))
         else:
@@ -68,6 +69,7 @@ class Display:
 @contextmanager
 def _signals_interrupt() -> Iterator[None]:
     """SIGTERM and SIGHUP stop a foreground launch the way Ctrl-C does (servers first)."""
+
     def raise_interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
@@ -92,19 +94,42 @@ def _show_failure(e: LaunchFailed, as_json: bool) -> None:
 @click.command("launch")
 @click.argument("plan", metavar="PLAN.json", type=click.Path(path_type=Path))
 @click.option("--detach", is_flag=True, help="Return once every server is healthy (stop it with `moetune stop RUN`).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=1800.0, show_default=True,
-              help="Seconds to wait for each server's /health.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(1),
+    default=1800.0,
+    show_default=True,
+    help="Seconds to wait for each server's /health.",
+)
 @transport_options()
 @click.option("--force", is_flag=True, help="Launch a plan whose verdict is that it does not fit (refused otherwise).")
-@click.option("--verify", is_flag=True, help="Preflight: once the RPC workers listen, run the engine's own dry run "
-              "of each server's exact command (llama-fit-params; ik_llama.cpp's --dry-run) and say where it "
-              "disagrees with the plan, before loading anything.")
-@click.option("--metrics-port", type=click.IntRange(1, 65535), metavar="PORT",
-              help="Serve this launch's metrics for Prometheus on 127.0.0.1:PORT/metrics while it lives "
-              "(`moetune metrics serve --launch RUN`, started once the servers are healthy).")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Preflight: once the RPC workers listen, run the engine's own dry run "
+    "of each server's exact command (llama-fit-params; ik_llama.cpp's --dry-run) and say where it "
+    "disagrees with the plan, before loading anything.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    metavar="PORT",
+    help="Serve this launch's metrics for Prometheus on 127.0.0.1:PORT/metrics while it lives "
+    "(`moetune metrics serve --launch RUN`, started once the servers are healthy).",
+)
 @json_option
-def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str | None, rdma_dev: str | None, force: bool,
-               verify: bool, metrics_port: int | None, as_json: bool) -> None:
+def launch_cmd(
+    plan: Path,
+    detach: bool,
+    timeout_s: float,
+    transport: str | None,
+    rdma_dev: str | None,
+    force: bool,
+    verify: bool,
+    metrics_port: int | None,
+    as_json: bool,
+) -> None:
     """Start a plan's RPC workers (over ssh on other nodes), then its servers; wait until every
     server is healthy. A plan whose verdict is that it does not fit is refused (exit 2) unless --force.
 
@@ -121,8 +146,10 @@ def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str | None
 
         bind("127.0.0.1", metrics_port, list).server_close()  # a port in use is said now, before loading
     for shortfall in check_fits(doc, plan, force):
-        warn(f"launching a plan that does not fit (--force): {shortfall}",
-             "expect the server to fail while loading; `moetune doctor RUN` reads why")
+        warn(
+            f"launching a plan that does not fit (--force): {shortfall}",
+            "expect the server to fail while loading; `moetune doctor RUN` reads why",
+        )
     for message, remedy in public_bind_warnings(spec):
         warn(message, remedy)
     display = Display(quiet=as_json)
@@ -139,8 +166,10 @@ def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str | None
             print_verify(verified, err)
         for v in verified:
             if v.disagreements:
-                warn(f"{v.service}: the engine's dry run disagrees with the plan: {'; '.join(v.disagreements)}",
-                     "the engine's figures are the truth: re-plan with more margin (or --force past a shortfall)")
+                warn(
+                    f"{v.service}: the engine's dry run disagrees with the plan: {'; '.join(v.disagreements)}",
+                    "the engine's figures are the truth: re-plan with more margin (or --force past a shortfall)",
+                )
 
     from moetune.bench.servers import new_launch_id
     from moetune.monitor.sampler import LaunchSink, Sampler, interval_from_env, watches_of_launch
@@ -158,9 +187,18 @@ def launch_cmd(plan: Path, detach: bool, timeout_s: float, transport: str | None
         sampler.start()
         launched: Launched | None = None
         try:
-            launched = launch(spec, doc, plan_file=str(plan.resolve()), detached=detach, timeout_s=timeout_s,
-                              on_event=on_event, transport=transport or Transport.TCP, rdma_dev=rdma_dev,
-                              preflight=preflight if verify else None, run_id=run_id)
+            launched = launch(
+                spec,
+                doc,
+                plan_file=str(plan.resolve()),
+                detached=detach,
+                timeout_s=timeout_s,
+                on_event=on_event,
+                transport=transport or Transport.TCP,
+                rdma_dev=rdma_dev,
+                preflight=preflight if verify else None,
+                run_id=run_id,
+            )
             sampler.stop()  # its last sample (up to a second): a Ctrl-C meanwhile stops the run below
             display.close()
             if metrics_port is not None:
@@ -194,9 +232,23 @@ def _serve_metrics(launched: Launched, port: int, as_json: bool) -> None:
 
     log = launched.run.path / "metrics-serve.log"
     with open(log, "ab") as f:
-        subprocess.Popen([sys.executable, "-m", "moetune", "metrics", "serve", "--listen", f"127.0.0.1:{port}",
-                          "--launch", launched.run.run_id], stdin=subprocess.DEVNULL, stdout=f, stderr=f,
-                         start_new_session=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "moetune",
+                "metrics",
+                "serve",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--launch",
+                launched.run.run_id,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=f,
+            stderr=f,
+            start_new_session=True,
+        )
     if not wait_listening("127.0.0.1", port, timeout_s=10.0):
         warn(f"the metrics endpoint on 127.0.0.1:{port} did not come up", f"see {log}")
     elif not as_json:
@@ -214,8 +266,10 @@ def _print_launched(launched: Launched, as_json: bool, verified: list[Any]) -> N
         return
     for name, url in launched.urls.items():
         out.print(f"{name}: {url}")
-    pids = ", ".join(f"{n} {launched.nodes[n] + ':' if launched.nodes.get(n, 'local') != 'local' else ''}{p}"
-                     for n, p in launched.pids.items())
+    pids = ", ".join(
+        f"{n} {launched.nodes[n] + ':' if launched.nodes.get(n, 'local') != 'local' else ''}{p}"
+        for n, p in launched.pids.items()
+    )
     out.print(f"run {launched.run.run_id}  (pids {pids})")
     for name, t in launched.transports.items():
         out.print(f"{name} transport: {t or 'unknown'}")
@@ -228,8 +282,12 @@ def _foreground(launched: Launched, display: Display) -> None:
     from moetune.run.launch import watch
 
     err.print(Text("serving; Ctrl-C stops the servers, then the workers", style="dim"))
-    why = watch(launched.run, on_event=display, notify=display.notify,
-                on_interrupt=lambda: err.print(f"stopping run {launched.run.run_id}"))
+    why = watch(
+        launched.run,
+        on_event=display,
+        notify=display.notify,
+        on_interrupt=lambda: err.print(f"stopping run {launched.run.run_id}"),
+    )
     if why is None:
         err.print(f"run {launched.run.run_id} was stopped")
         return
@@ -258,23 +316,40 @@ def ps_cmd(show_all: bool, as_json: bool) -> None:
         t.add_column(c, no_wrap=c == "run", overflow="fold")
     now = time.time()
     for r in rows:
-        procs = " ".join(f"{n}{'' if r['nodes'][n] == 'local' else '@' + r['nodes'][n]}:{p}"
-                         + ("" if r["alive"][n] else "(gone)") for n, p in r["pids"].items())
+        procs = " ".join(
+            f"{n}{'' if r['nodes'][n] == 'local' else '@' + r['nodes'][n]}:{p}" + ("" if r["alive"][n] else "(gone)")
+            for n, p in r["pids"].items()
+        )
         age = now - r["created_at"]
-        t.add_row(r["run"], f"{r['state']}, orphaned" if r["orphaned"] else r["state"], f"{age / 60:.0f} min" if age >= 60 else f"{age:.0f} s",
-                  " ".join(r["urls"].values()), procs, *([" ".join(r["containers"].values())] if boxed else []))
+        t.add_row(
+            r["run"],
+            f"{r['state']}, orphaned" if r["orphaned"] else r["state"],
+            f"{age / 60:.0f} min" if age >= 60 else f"{age:.0f} s",
+            " ".join(r["urls"].values()),
+            procs,
+            *([" ".join(r["containers"].values())] if boxed else []),
+        )
     out.print(t)
     for r in rows:
         if r["orphaned"]:
-            warn(f"run {r['run']} is orphaned: the moetune process that launched it is gone, and nobody will stop "
-                 "its servers", f"moetune stop {r['run']}")
+            warn(
+                f"run {r['run']} is orphaned: the moetune process that launched it is gone, and nobody will stop "
+                "its servers",
+                f"moetune stop {r['run']}",
+            )
 
 
 @click.command("stop")
 @click.argument("runs", nargs=-1, metavar="RUN...")
 @click.option("--all", "stop_all", is_flag=True, help="Stop every live launch.")
-@click.option("--grace", "grace_s", type=click.FloatRange(0), default=30.0, show_default=True,
-              help="Seconds a process gets after SIGTERM before SIGKILL.")
+@click.option(
+    "--grace",
+    "grace_s",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="Seconds a process gets after SIGTERM before SIGKILL.",
+)
 @json_option
 def stop_cmd(runs: tuple[str, ...], stop_all: bool, grace_s: float, as_json: bool) -> None:
     """Stop launches in order: servers first (waiting until their pids are gone), then RPC workers."""
@@ -289,10 +364,18 @@ def stop_cmd(runs: tuple[str, ...], stop_all: bool, grace_s: float, as_json: boo
             continue
         out.print(f"run {st.run_id} stopped")
         for r in sorted(st.records, key=lambda r: r.exited_at or 0):
-            took = (f"gone {r.exited_at - r.stop_sent_at:.2f} s after SIGTERM" if r.exited_at and r.stop_sent_at
-                    else "already gone")
-            pid = (f"pid {r.remote_pid} on {r.node}" if r.remote else
-                   f"pid {r.pid}, container {r.container} removed" if r.container else f"pid {r.pid}")
+            took = (
+                f"gone {r.exited_at - r.stop_sent_at:.2f} s after SIGTERM"
+                if r.exited_at and r.stop_sent_at
+                else "already gone"
+            )
+            pid = (
+                f"pid {r.remote_pid} on {r.node}"
+                if r.remote
+                else f"pid {r.pid}, container {r.container} removed"
+                if r.container
+                else f"pid {r.pid}"
+            )
             out.print(f"  {r.name} ({r.role}, {pid}): {took}" + (" (killed)" if r.kill_sent_at else ""))
     if as_json:
         print_json(docs)

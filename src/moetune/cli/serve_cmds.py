@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 
-
 def _levels(text: str) -> tuple[int, ...]:
     try:
         cs = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
@@ -38,8 +37,10 @@ def _slo_option(text: str | None) -> dict[str, float] | None:
     return None if text is None else parse_slo(text)
 
 
-SLO_HELP = ("Latency targets in ms, any subset of ttft_ms, itl_ms (a request's largest gap), tpot_ms, e2e_ms: "
-            "ttft_ms=500,itl_ms=100. Adds goodput per level: the share and rate of requests that met them all.")
+SLO_HELP = (
+    "Latency targets in ms, any subset of ttft_ms, itl_ms (a request's largest gap), tpot_ms, e2e_ms: "
+    "ttft_ms=500,itl_ms=100. Adds goodput per level: the share and rate of requests that met them all."
+)
 
 
 def levels_table(levels: list[dict[str, Any]], slo: dict[str, float] | None = None) -> Table:
@@ -51,10 +52,30 @@ def levels_table(levels: list[dict[str, Any]], slo: dict[str, float] | None = No
         from moetune.bench.analysis.slo import slo_text
 
         caption = f"goodput: requests with {slo_text(slo)} (failed ones count as not met)"
-    t = Table(title="serve-bench, times in ms", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-              caption=caption, caption_justify="left")
-    cols = ("c", "slots", "ok", "errors", "TTFT\np50", "TTFT\np99", "TTFC\np50", "ITL\np50", "ITL\np99",
-            "TPOT\np50", "E2E\np50", "req/s", "out\ntok/s", *(("good\n%", "good\nreq/s") if slo else ()))
+    t = Table(
+        title="serve-bench, times in ms",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        caption=caption,
+        caption_justify="left",
+    )
+    cols = (
+        "c",
+        "slots",
+        "ok",
+        "errors",
+        "TTFT\np50",
+        "TTFT\np99",
+        "TTFC\np50",
+        "ITL\np50",
+        "ITL\np99",
+        "TPOT\np50",
+        "E2E\np50",
+        "req/s",
+        "out\ntok/s",
+        *(("good\n%", "good\nreq/s") if slo else ()),
+    )
     for col in cols:
         t.add_column(col, justify="right", no_wrap=True)
     for lv in levels:
@@ -63,14 +84,26 @@ def levels_table(levels: list[dict[str, Any]], slo: dict[str, float] | None = No
         good: tuple[str, ...] = ()
         if slo:
             g = lv.get("goodput") or {}
-            good = ("-" if g.get("share") is None else f"{g['share'] * 100:.1f}",
-                    "-" if g.get("req_s") is None else f"{g['req_s']:.2f}")
-        t.add_row(str(lv["concurrency"]) + (f"@{lv['rate']}/s" if lv.get("rate") else ""),
-                  "?" if slots is None else str(slots), str(lv["ok"]), f"[red]{errs}[/]" if errs else "0",
-                  _ms(lv["ttft_ms"], "p50"), _ms(lv["ttft_ms"], "p99"), _ms(lv["ttfc_ms"], "p50"),
-                  _ms(lv["itl_ms"], "p50"), _ms(lv["itl_ms"], "p99"), _ms(lv["tpot_ms"], "p50"),
-                  _ms(lv["e2e_ms"], "p50"), "-" if lv["request_s"] is None else f"{lv['request_s']:.2f}",
-                  "-" if lv["output_tok_s"] is None else f"{lv['output_tok_s']:.1f}", *good)
+            good = (
+                "-" if g.get("share") is None else f"{g['share'] * 100:.1f}",
+                "-" if g.get("req_s") is None else f"{g['req_s']:.2f}",
+            )
+        t.add_row(
+            str(lv["concurrency"]) + (f"@{lv['rate']}/s" if lv.get("rate") else ""),
+            "?" if slots is None else str(slots),
+            str(lv["ok"]),
+            f"[red]{errs}[/]" if errs else "0",
+            _ms(lv["ttft_ms"], "p50"),
+            _ms(lv["ttft_ms"], "p99"),
+            _ms(lv["ttfc_ms"], "p50"),
+            _ms(lv["itl_ms"], "p50"),
+            _ms(lv["itl_ms"], "p99"),
+            _ms(lv["tpot_ms"], "p50"),
+            _ms(lv["e2e_ms"], "p50"),
+            "-" if lv["request_s"] is None else f"{lv['request_s']:.2f}",
+            "-" if lv["output_tok_s"] is None else f"{lv['output_tok_s']:.1f}",
+            *good,
+        )
     return t
 
 
@@ -101,11 +134,17 @@ def _render(doc: dict[str, Any], plot_dir: Path | None, as_json: bool) -> None:
         for note in sessions["warnings"]:
             warn(note)
     w = run["workload"] or {}
-    what = (describe(sessions) if sessions
-            else f"replay of {w['replay']['file']} at {w['replay']['speed']}" if w.get("replay")
-            else w.get("dataset") or f"{w.get('input_len')} prompt tokens")
-    out.print(f"run {run['id']} ({run['label']}) against {run['target']}, {what}, "
-              f"context per slot: {', '.join(str(c) if c else '?' for c in ctx)}")
+    what = (
+        describe(sessions)
+        if sessions
+        else f"replay of {w['replay']['file']} at {w['replay']['speed']}"
+        if w.get("replay")
+        else w.get("dataset") or f"{w.get('input_len')} prompt tokens"
+    )
+    out.print(
+        f"run {run['id']} ({run['label']}) against {run['target']}, {what}, "
+        f"context per slot: {', '.join(str(c) if c else '?' for c in ctx)}"
+    )
     # at its natural width when stdout is a file or pipe (rich would fold it to 80 columns)
     from rich.console import Console
 
@@ -121,66 +160,155 @@ def _log(line: str) -> None:
     err.print(line, style="dim")
 
 
-
-
 @click.command("serve-bench")
 @click.argument("target")
-@click.option("--concurrency", "-C", "concurrency", default="1", show_default=True,
-              help="Concurrent streams, one level per value: 1,2,4.")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
-              help="Open loop: requests/s arriving on schedule, each waiting for one of the concurrency slots.")
+@click.option(
+    "--concurrency",
+    "-C",
+    "concurrency",
+    default="1",
+    show_default=True,
+    help="Concurrent streams, one level per value: 1,2,4.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Open loop: requests/s arriving on schedule, each waiting for one of the concurrency slots.",
+)
 @click.option("--arrivals", type=click.Choice(ARRIVALS), default="poisson", show_default=True)
-@click.option("--dataset", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="ShareGPT JSON (or JSON lines) file of conversations to take prompts from.")
-@click.option("--input-len", type=click.IntRange(1), help="Synthetic prompt length in tokens, chat template included "
-              "[default: 128].")
-@click.option("--output-len", type=click.IntRange(1), help="Tokens to generate [default: 64, or the dataset reply's length].")
-@click.option("--tokenizer", type=click.Path(path_type=Path), metavar="FILE",
-              help="The served model's tokenizer.json: counts prompts for a server without /tokenize (vLLM, "
-              "SGLang...), the chat template's tokens measured by a probe request (needs moetune[tokenizers]).")
+@click.option(
+    "--dataset",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="ShareGPT JSON (or JSON lines) file of conversations to take prompts from.",
+)
+@click.option(
+    "--input-len",
+    type=click.IntRange(1),
+    help="Synthetic prompt length in tokens, chat template included [default: 128].",
+)
+@click.option(
+    "--output-len", type=click.IntRange(1), help="Tokens to generate [default: 64, or the dataset reply's length]."
+)
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path),
+    metavar="FILE",
+    help="The served model's tokenizer.json: counts prompts for a server without /tokenize (vLLM, "
+    "SGLang...), the chat template's tokens measured by a probe request (needs moetune[tokenizers]).",
+)
 @click.option("--requests", type=click.IntRange(1), help="Requests per level [default: 4 x concurrency, at least 8].")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), help="Seconds per level instead of --requests.")
-@click.option("--warmup", type=click.IntRange(0), default=2, show_default=True,
-              help="Requests sent one by one before measuring (stored apart).")
+@click.option(
+    "--duration", type=click.FloatRange(min=0, min_open=True), help="Seconds per level instead of --requests."
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(0),
+    default=2,
+    show_default=True,
+    help="Requests sent one by one before measuring (stored apart).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--prefix-cache", is_flag=True, help="Let prompts hit the server's prefix cache (identical prompts, "
-              "cache_prompt on). Off: every prompt is unique and cache_prompt is false.")
-@click.option("--thinking", type=click.Choice(["on", "off", "default"]), default="default", show_default=True,
-              help="chat_template_kwargs.enable_thinking for every request.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600, show_default=True,
-              help="Seconds one request may take.")
+@click.option(
+    "--prefix-cache",
+    is_flag=True,
+    help="Let prompts hit the server's prefix cache (identical prompts, "
+    "cache_prompt on). Off: every prompt is unique and cache_prompt is false.",
+)
+@click.option(
+    "--thinking",
+    type=click.Choice(["on", "off", "default"]),
+    default="default",
+    show_default=True,
+    help="chat_template_kwargs.enable_thinking for every request.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=600,
+    show_default=True,
+    help="Seconds one request may take.",
+)
 @click.option("--model", help="The request's model field [default: the server's first /v1/models entry].")
 @click.option("--label", help="Name of this run in the results history.")
-@click.option("--match-slots", is_flag=True, help="For a plan TARGET: start its server with --parallel and -c "
-              "matched to each concurrency level.")
+@click.option(
+    "--match-slots",
+    is_flag=True,
+    help="For a plan TARGET: start its server with --parallel and -c matched to each concurrency level.",
+)
 @click.option("--server", help="For a plan TARGET with several servers: the one to benchmark.")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Write latency and throughput plots (PNG) into this directory.")
+@click.option(
+    "--plot",
+    "plot_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write latency and throughput plots (PNG) into this directory.",
+)
 @click.option("--slo", "slo_text", metavar="KEY=MS,...", help=SLO_HELP)
-@click.option("--replay", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Send the requests of a session `moetune record` wrote, in its order, as one level.")
-@click.option("--speed", default="1x", show_default=True,
-              help="With --replay: 1x at the recorded arrival times, Nx N times faster, max as fast as the client "
-              "slots allow; in flight at most the recorded concurrency, or --concurrency.")
-@click.option("--load", "loads", multiple=True, metavar="SERVICE=SPEC",
-              help="For a layout plan TARGET: drive SERVICE with the workload SPEC, every --load at once, each also "
-              "measured alone: KEY:VALUE pairs of these options' names, e.g. main=concurrency:1,requests:8,"
-              "input-len:512,output-len:64 or worker0=replay:FILE,speed:max (the options given here are the "
-              "defaults). Reports each service's slowdown under the shared load.")
-@click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
-              help="With --load: rounds of alone then shared (alternating order).")
+@click.option(
+    "--replay",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Send the requests of a session `moetune record` wrote, in its order, as one level.",
+)
+@click.option(
+    "--speed",
+    default="1x",
+    show_default=True,
+    help="With --replay: 1x at the recorded arrival times, Nx N times faster, max as fast as the client "
+    "slots allow; in flight at most the recorded concurrency, or --concurrency.",
+)
+@click.option(
+    "--load",
+    "loads",
+    multiple=True,
+    metavar="SERVICE=SPEC",
+    help="For a layout plan TARGET: drive SERVICE with the workload SPEC, every --load at once, each also "
+    "measured alone: KEY:VALUE pairs of these options' names, e.g. main=concurrency:1,requests:8,"
+    "input-len:512,output-len:64 or worker0=replay:FILE,speed:max (the options given here are the "
+    "defaults). Reports each service's slowdown under the shared load.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="With --load: rounds of alone then shared (alternating order).",
+)
 @session_options
 @transport_options()
 @db_option
 @json_option
-def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals: str, dataset: Path | None,
-                    input_len: int | None, output_len: int | None, tokenizer: Path | None,
-                    requests: int | None, duration: float | None,
-                    warmup: int, seed: int, prefix_cache: bool, thinking: str, timeout_s: float, model: str | None,
-                    label: str | None, match_slots: bool, server: str | None, plot_dir: Path | None,
-                    slo_text: str | None, replay: Path | None, speed: str, loads: tuple[str, ...], rounds: int,
-                    transport: str | None, rdma_dev: str | None, db_path: Path | None, as_json: bool,
-                    **session_args: Any) -> None:
+def serve_bench_cmd(
+    target: str,
+    concurrency: str,
+    rate: float | None,
+    arrivals: str,
+    dataset: Path | None,
+    input_len: int | None,
+    output_len: int | None,
+    tokenizer: Path | None,
+    requests: int | None,
+    duration: float | None,
+    warmup: int,
+    seed: int,
+    prefix_cache: bool,
+    thinking: str,
+    timeout_s: float,
+    model: str | None,
+    label: str | None,
+    match_slots: bool,
+    server: str | None,
+    plot_dir: Path | None,
+    slo_text: str | None,
+    replay: Path | None,
+    speed: str,
+    loads: tuple[str, ...],
+    rounds: int,
+    transport: str | None,
+    rdma_dev: str | None,
+    db_path: Path | None,
+    as_json: bool,
+    **session_args: Any,
+) -> None:
     """Measure a server under concurrent streaming load: TTFT, ITL, TPOT, throughput per level.
 
     TARGET is a server URL (http://127.0.0.1:8080) or a plan file whose server moetune starts
@@ -204,32 +332,74 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
 
     slo = _slo_option(slo_text)
     if loads or _given("rounds"):
-        _layout(target, loads, rounds, label=label, slo=slo, plot_dir=plot_dir, db_path=db_path, as_json=as_json,
-                transport=transport, rdma_dev=rdma_dev, match_slots=match_slots, server=server)
+        _layout(
+            target,
+            loads,
+            rounds,
+            label=label,
+            slo=slo,
+            plot_dir=plot_dir,
+            db_path=db_path,
+            as_json=as_json,
+            transport=transport,
+            rdma_dev=rdma_dev,
+            match_slots=match_slots,
+            server=server,
+        )
         return
     levels = _levels(concurrency)
     if replay is not None or _given("speed"):
         if any(v not in (None, False) for v in session_args.values()):
-            raise InputError("--replay sends the recorded requests; --sessions makes its own conversations",
-                             hint="drop one of them")
-        _replay(target, replay, speed, levels, model=model, label=label, timeout_s=timeout_s, slo=slo,
-                server=server, plot_dir=plot_dir, db_path=db_path, as_json=as_json, transport=transport,
-                rdma_dev=rdma_dev)
+            raise InputError(
+                "--replay sends the recorded requests; --sessions makes its own conversations", hint="drop one of them"
+            )
+        _replay(
+            target,
+            replay,
+            speed,
+            levels,
+            model=model,
+            label=label,
+            timeout_s=timeout_s,
+            slo=slo,
+            server=server,
+            plot_dir=plot_dir,
+            db_path=db_path,
+            as_json=as_json,
+            transport=transport,
+            rdma_dev=rdma_dev,
+        )
         return
     if dataset is not None and input_len is not None:
         raise InputError("--input-len sets synthetic prompts; a --dataset brings its own", hint="drop one of them")
     if requests is not None and duration is not None:
         raise InputError("give --requests or --duration, not both")
     spec = ServeBenchSpec(
-        url=target, concurrency=levels, rate=rate, arrivals=arrivals, dataset=dataset, input_len=input_len or 128,
-        output_len=output_len, requests=requests, duration_s=duration, warmup=warmup, seed=seed,
-        prefix_cache=prefix_cache, thinking={"on": True, "off": False}.get(thinking), timeout_s=timeout_s,
-        model=model, label=label, slo=slo, sessions=session_spec(session_args, output_len=output_len, thinking=thinking),
-        tokenizer=tokenizer)
+        url=target,
+        concurrency=levels,
+        rate=rate,
+        arrivals=arrivals,
+        dataset=dataset,
+        input_len=input_len or 128,
+        output_len=output_len,
+        requests=requests,
+        duration_s=duration,
+        warmup=warmup,
+        seed=seed,
+        prefix_cache=prefix_cache,
+        thinking={"on": True, "off": False}.get(thinking),
+        timeout_s=timeout_s,
+        model=model,
+        label=label,
+        slo=slo,
+        sessions=session_spec(session_args, output_len=output_len, thinking=thinking),
+        tokenizer=tokenizer,
+    )
     from moetune.cli.bench_cmds import progress_bar
 
-    source = server_source(spec, target, match_slots=match_slots, server=server, status=_log, transport=transport,
-                           rdma_dev=rdma_dev)
+    source = server_source(
+        spec, target, match_slots=match_slots, server=server, status=_log, transport=transport, rdma_dev=rdma_dev
+    )
     with ResultsDB.open(db_path) as db, progress_bar(not as_json, bars=False) as live:
         if spec.sessions is not None:
             from moetune.bench.serve.session_run import serve_sessions
@@ -239,18 +409,39 @@ def serve_bench_cmd(target: str, concurrency: str, rate: float | None, arrivals:
             doc = serve_bench(spec, db, log=_log, source=source, on_snapshot=live.machine)
     _render(doc, plot_dir, as_json)
     if not as_json:
-        err.print(f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
-                  f"`moetune compare {doc['run']['id']} OTHER`", style="dim")
+        err.print(
+            f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
+            f"`moetune compare {doc['run']['id']} OTHER`",
+            style="dim",
+        )
 
 
 # serve-bench's options that are every --load's defaults, by their SPEC key
-LOAD_DEFAULTS = {"concurrency": "concurrency", "rate": "rate", "arrivals": "arrivals", "dataset": "dataset",
-                 "input_len": "input-len", "output_len": "output-len", "tokenizer": "tokenizer",
-                 "requests": "requests", "duration": "duration", "warmup": "warmup", "seed": "seed",
-                 "prefix_cache": "prefix-cache", "thinking": "thinking", "timeout_s": "timeout", "model": "model",
-                 "replay": "replay", "speed": "speed", "sessions": "sessions", "turns": "turns",
-                 "system_tokens": "system-tokens", "turn_tokens": "turn-tokens", "think_time": "think-time",
-                 "strip_thinking": "strip-thinking"}
+LOAD_DEFAULTS = {
+    "concurrency": "concurrency",
+    "rate": "rate",
+    "arrivals": "arrivals",
+    "dataset": "dataset",
+    "input_len": "input-len",
+    "output_len": "output-len",
+    "tokenizer": "tokenizer",
+    "requests": "requests",
+    "duration": "duration",
+    "warmup": "warmup",
+    "seed": "seed",
+    "prefix_cache": "prefix-cache",
+    "thinking": "thinking",
+    "timeout_s": "timeout",
+    "model": "model",
+    "replay": "replay",
+    "speed": "speed",
+    "sessions": "sessions",
+    "turns": "turns",
+    "system_tokens": "system-tokens",
+    "turn_tokens": "turn-tokens",
+    "think_time": "think-time",
+    "strip_thinking": "strip-thinking",
+}
 
 
 def _load_defaults() -> dict[str, Any]:
@@ -264,8 +455,10 @@ def _load_defaults() -> dict[str, Any]:
         if key == "concurrency":
             v = _levels(str(v))
             if len(v) > 1:
-                raise InputError(f"--concurrency {ctx.params[name]}: with --load each service runs one level",
-                                 hint="give one value, or each service its own: --load NAME=concurrency:N")
+                raise InputError(
+                    f"--concurrency {ctx.params[name]}: with --load each service runs one level",
+                    hint="give one value, or each service its own: --load NAME=concurrency:N",
+                )
             v = v[0]
         elif key == "thinking" or isinstance(v, Path):
             v = KEYS[key](str(v))
@@ -273,9 +466,21 @@ def _load_defaults() -> dict[str, Any]:
     return out
 
 
-def _layout(target: str, loads: tuple[str, ...], rounds: int, *, label: str | None, slo: dict[str, float] | None,
-            plot_dir: Path | None, db_path: Path | None, as_json: bool, transport: str | None,
-            rdma_dev: str | None, match_slots: bool, server: str | None) -> None:
+def _layout(
+    target: str,
+    loads: tuple[str, ...],
+    rounds: int,
+    *,
+    label: str | None,
+    slo: dict[str, float] | None,
+    plot_dir: Path | None,
+    db_path: Path | None,
+    as_json: bool,
+    transport: str | None,
+    rdma_dev: str | None,
+    match_slots: bool,
+    server: str | None,
+) -> None:
     from moetune.bench.serve.layout_run import LayoutSpec, layout_bench
     from moetune.bench.serve.loadspec import parse_loads, with_slo
     from moetune.bench.target import layout_target, with_transport
@@ -283,8 +488,11 @@ def _layout(target: str, loads: tuple[str, ...], rounds: int, *, label: str | No
 
     if not loads:
         raise InputError("--rounds counts the rounds of a layout's --load", hint="add --load SERVICE=SPEC")
-    for flag, given in (("--match-slots", match_slots), ("--server", server is not None),
-                        ("--plot", plot_dir is not None)):
+    for flag, given in (
+        ("--match-slots", match_slots),
+        ("--server", server is not None),
+        ("--plot", plot_dir is not None),
+    ):
         if given:
             raise InputError(f"{flag} does not apply with --load", hint=f"drop {flag}: --load names the services")
     parsed = with_slo(parse_loads(loads, _load_defaults()), slo)
@@ -298,9 +506,11 @@ def _layout(target: str, loads: tuple[str, ...], rounds: int, *, label: str | No
         doc = layout_bench(t, spec, db, log=_log, on_snapshot=live.machine)
     _render_layout(doc, as_json)
     if not as_json:
-        err.print(f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
-                  f"`moetune results show {doc['run']['id']}`, `moetune compare {doc['run']['id']} OTHER`",
-                  style="dim")
+        err.print(
+            f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
+            f"`moetune results show {doc['run']['id']}`, `moetune compare {doc['run']['id']} OTHER`",
+            style="dim",
+        )
 
 
 def _render_layout(doc: dict[str, Any], as_json: bool) -> None:
@@ -319,9 +529,11 @@ def _render_layout(doc: dict[str, Any], as_json: bool) -> None:
 
     run = doc["run"]
     idle = doc["layout"].get("idle") or []
-    out.print(f"run {run['id']} ({run['label']}) against {run['target']}: "
-              + "; ".join(f"{s['name']}: {s['workload'].get('describe')}" for s in doc["layout"]["services"])
-              + (f"; up and idle: {', '.join(idle)}" if idle else ""))
+    out.print(
+        f"run {run['id']} ({run['label']}) against {run['target']}: "
+        + "; ".join(f"{s['name']}: {s['workload'].get('describe')}" for s in doc["layout"]["services"])
+        + (f"; up and idle: {', '.join(idle)}" if idle else "")
+    )
     console = out if out.is_terminal else Console(width=160, highlight=False, soft_wrap=True)
     for t in layout_tables(doc):
         console.print(t)
@@ -336,14 +548,40 @@ def _given(*names: str) -> list[str]:
 
 
 # options that make prompts or shape the load; a replay sends the recorded requests as they came
-NOT_WITH_REPLAY = ("rate", "arrivals", "dataset", "input_len", "output_len", "requests", "duration", "warmup", "seed",
-                   "prefix_cache", "thinking", "match_slots", "tokenizer")
+NOT_WITH_REPLAY = (
+    "rate",
+    "arrivals",
+    "dataset",
+    "input_len",
+    "output_len",
+    "requests",
+    "duration",
+    "warmup",
+    "seed",
+    "prefix_cache",
+    "thinking",
+    "match_slots",
+    "tokenizer",
+)
 
 
-def _replay(target: str, replay: Path | None, speed: str, levels: tuple[int, ...], *, model: str | None,
-            label: str | None, timeout_s: float, slo: dict[str, float] | None, server: str | None,
-            plot_dir: Path | None, db_path: Path | None, as_json: bool, transport: str | None = None,
-            rdma_dev: str | None = None) -> None:
+def _replay(
+    target: str,
+    replay: Path | None,
+    speed: str,
+    levels: tuple[int, ...],
+    *,
+    model: str | None,
+    label: str | None,
+    timeout_s: float,
+    slo: dict[str, float] | None,
+    server: str | None,
+    plot_dir: Path | None,
+    db_path: Path | None,
+    as_json: bool,
+    transport: str | None = None,
+    rdma_dev: str | None = None,
+) -> None:
     from moetune.bench.record.replay import ReplaySpec, replay_bench
     from moetune.bench.serve.run import ServeBenchSpec, server_source
     from moetune.store.db import ResultsDB
@@ -353,34 +591,63 @@ def _replay(target: str, replay: Path | None, speed: str, levels: tuple[int, ...
     clash = _given(*NOT_WITH_REPLAY)
     if clash:
         names = ", ".join("--" + n.replace("_", "-") for n in clash)
-        raise InputError(f"--replay sends the recorded requests as they are: drop {names}",
-                         hint="--speed paces the replay, --concurrency bounds the requests in flight")
+        raise InputError(
+            f"--replay sends the recorded requests as they are: drop {names}",
+            hint="--speed paces the replay, --concurrency bounds the requests in flight",
+        )
     if len(levels) > 1:
         raise InputError("--replay runs one level: give one --concurrency value")
-    spec = ReplaySpec(replay, speed=speed, concurrency=levels[0] if _given("concurrency") else None, model=model,
-                      timeout_s=timeout_s, label=label, slo=slo)
-    source = server_source(ServeBenchSpec(url=target), target, match_slots=False, server=server, status=_log,
-                           transport=transport, rdma_dev=rdma_dev)
+    spec = ReplaySpec(
+        replay,
+        speed=speed,
+        concurrency=levels[0] if _given("concurrency") else None,
+        model=model,
+        timeout_s=timeout_s,
+        label=label,
+        slo=slo,
+    )
+    source = server_source(
+        ServeBenchSpec(url=target),
+        target,
+        match_slots=False,
+        server=server,
+        status=_log,
+        transport=transport,
+        rdma_dev=rdma_dev,
+    )
     from moetune.cli.bench_cmds import progress_bar
 
     with ResultsDB.open(db_path) as db, progress_bar(not as_json, bars=False) as live:
         doc = replay_bench(spec, db, source, log=_log, on_snapshot=live.machine)
     _render(doc, plot_dir, as_json)
     if not as_json:
-        err.print(f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
-                  f"`moetune compare {doc['run']['id']} OTHER`", style="dim")
+        err.print(
+            f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
+            f"`moetune compare {doc['run']['id']} OTHER`",
+            style="dim",
+        )
 
 
 @click.command("serve-report")
 @click.argument("run_ref", metavar="RUN")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Write latency and throughput plots (PNG) into this directory.")
-@click.option("--slo", "slo_text", metavar="KEY=MS,...", help="Judge goodput by these latency targets instead of "
-              "the ones the run was measured with (ttft_ms, itl_ms, tpot_ms, e2e_ms).")
+@click.option(
+    "--plot",
+    "plot_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write latency and throughput plots (PNG) into this directory.",
+)
+@click.option(
+    "--slo",
+    "slo_text",
+    metavar="KEY=MS,...",
+    help="Judge goodput by these latency targets instead of "
+    "the ones the run was measured with (ttft_ms, itl_ms, tpot_ms, e2e_ms).",
+)
 @db_option
 @json_option
-def serve_report_cmd(run_ref: str, plot_dir: Path | None, slo_text: str | None, db_path: Path | None,
-                     as_json: bool) -> None:
+def serve_report_cmd(
+    run_ref: str, plot_dir: Path | None, slo_text: str | None, db_path: Path | None, as_json: bool
+) -> None:
     """Figures of a stored serve-bench run (id, label or `latest`), derived again from its samples;
     goodput by the run's own latency targets, or by --slo."""
     from moetune.bench.serve.run import stored_report

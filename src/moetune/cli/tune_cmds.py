@@ -55,94 +55,221 @@ def _list(kind: str) -> Any:
 
 @click.command("tune")
 @click.argument("model", required=False)
-@click.option("--layout", "layout", type=click.Path(path_type=Path),
-              help="Tune one service of this layout file (`moetune plan --layout`) instead of MODEL alone: the "
-                   "others keep their placements, planned first, so no candidate takes their memory.")
+@click.option(
+    "--layout",
+    "layout",
+    type=click.Path(path_type=Path),
+    help="Tune one service of this layout file (`moetune plan --layout`) instead of MODEL alone: the "
+    "others keep their placements, planned first, so no candidate takes their memory.",
+)
 @click.option("--service", help="With --layout: the service to tune.")
 @plan_options
-@click.option("--budget", type=click.IntRange(1, 100), default=5, show_default=True,
-              help="Launches at most (the baseline's included; the engine-defaults run is not counted).")
-@click.option("--objective", default="tg", show_default=True, metavar="tg|pp|ttft|goodput|turn|replay:FILE",
-              help="What to optimise: decode speed, prefill speed, the first token's latency (prompt/PP + 1/TG), "
-                   "goodput (requests/s meeting --slo under --concurrency streams, serve-bench); turn: the time of "
-                   "an agent's turn (--turns turns of --pp-tokens in and --tg-tokens out after a --depth-token "
-                   "system prompt, the prefix cache on); replay:FILE: the total time of a session `moetune record` "
-                   "wrote, replayed (--replay-speed).")
-@click.option("--replay-speed", default=None, metavar="max|1x|Nx",
-              help="--objective replay:FILE: max sends each request as soon as a client slot frees (back to back, "
-                   "at most the recorded concurrency in flight), 1x at the recorded arrival times, Nx N times "
-                   "faster (serve-bench's --speed) [default: max].")
-@click.option("--turns", type=click.IntRange(1), default=None,
-              help=f"--objective turn: turns per session [default: {DEFAULT_TURNS}].")
-@click.option("--slo", help="Latency targets of --objective goodput, e.g. ttft_ms=500,itl_ms=100 (keys: ttft_ms, "
-              "itl_ms, tpot_ms, e2e_ms).")
-@click.option("--concurrency", type=click.IntRange(1), default=None,
-              help="Streams of --objective goodput (default 4); each candidate is planned with as many slots.")
-@click.option("--requests", type=click.IntRange(2), default=None,
-              help="Requests per candidate with --objective goodput (default 8 x --concurrency, at least 16; "
-                   "at least 2 x --concurrency).")
-@click.option("--depth", type=click.IntRange(0), default=None,
-              help="Context depth of the measurement (tokens already in the cache) [default: 0]; with --objective "
-                   f"turn the system prompt each session starts with [default: {DEFAULT_SYSTEM_TOKENS}].")
-@click.option("--pp-tokens", type=click.IntRange(1), default=512, show_default=True,
-              help="Prompt tokens measured (with --objective goodput: each request's prompt).")
-@click.option("--tg-tokens", type=click.IntRange(2), default=128, show_default=True,
-              help="Tokens generated (with --objective goodput: by each request).")
-@click.option("-r", "--repeats", type=click.IntRange(2), default=3, show_default=True,
-              help="Measured runs per launch (for the confidence intervals; with --objective replay:FILE passes over "
-                   "the session, with turn sessions).")
+@click.option(
+    "--budget",
+    type=click.IntRange(1, 100),
+    default=5,
+    show_default=True,
+    help="Launches at most (the baseline's included; the engine-defaults run is not counted).",
+)
+@click.option(
+    "--objective",
+    default="tg",
+    show_default=True,
+    metavar="tg|pp|ttft|goodput|turn|replay:FILE",
+    help="What to optimise: decode speed, prefill speed, the first token's latency (prompt/PP + 1/TG), "
+    "goodput (requests/s meeting --slo under --concurrency streams, serve-bench); turn: the time of "
+    "an agent's turn (--turns turns of --pp-tokens in and --tg-tokens out after a --depth-token "
+    "system prompt, the prefix cache on); replay:FILE: the total time of a session `moetune record` "
+    "wrote, replayed (--replay-speed).",
+)
+@click.option(
+    "--replay-speed",
+    default=None,
+    metavar="max|1x|Nx",
+    help="--objective replay:FILE: max sends each request as soon as a client slot frees (back to back, "
+    "at most the recorded concurrency in flight), 1x at the recorded arrival times, Nx N times "
+    "faster (serve-bench's --speed) [default: max].",
+)
+@click.option(
+    "--turns",
+    type=click.IntRange(1),
+    default=None,
+    help=f"--objective turn: turns per session [default: {DEFAULT_TURNS}].",
+)
+@click.option(
+    "--slo",
+    help="Latency targets of --objective goodput, e.g. ttft_ms=500,itl_ms=100 (keys: ttft_ms, "
+    "itl_ms, tpot_ms, e2e_ms).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1),
+    default=None,
+    help="Streams of --objective goodput (default 4); each candidate is planned with as many slots.",
+)
+@click.option(
+    "--requests",
+    type=click.IntRange(2),
+    default=None,
+    help="Requests per candidate with --objective goodput (default 8 x --concurrency, at least 16; "
+    "at least 2 x --concurrency).",
+)
+@click.option(
+    "--depth",
+    type=click.IntRange(0),
+    default=None,
+    help="Context depth of the measurement (tokens already in the cache) [default: 0]; with --objective "
+    f"turn the system prompt each session starts with [default: {DEFAULT_SYSTEM_TOKENS}].",
+)
+@click.option(
+    "--pp-tokens",
+    type=click.IntRange(1),
+    default=512,
+    show_default=True,
+    help="Prompt tokens measured (with --objective goodput: each request's prompt).",
+)
+@click.option(
+    "--tg-tokens",
+    type=click.IntRange(2),
+    default=128,
+    show_default=True,
+    help="Tokens generated (with --objective goodput: by each request).",
+)
+@click.option(
+    "-r",
+    "--repeats",
+    type=click.IntRange(2),
+    default=3,
+    show_default=True,
+    help="Measured runs per launch (for the confidence intervals; with --objective replay:FILE passes over "
+    "the session, with turn sessions).",
+)
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True)
-@click.option("--try-strategy", "try_strategy_s", multiple=True,
-              help="Placements to try: repeat the option, or ';' between strategies (a comma list splits only "
-                   "where a strategy starts: 'cpu-moe,layers:CUDA0=3-14,CUDA1=68-77' is two); default: every "
-                   "family where there is an accelerator: auto, cpu-moe, n-cpu-moe at 1/4, 1/2, 3/4 of the MoE "
-                   "layers, and head-tail splits of the N layers' experts auto fits (head-tail:N/2+N/2, "
-                   "head-tail:2N/5+2N/5+N/5: the first, last and middle MoE layers).")
-@click.option("--try-threads", callback=_list("int"), help="Thread counts to try (default: all, 3/4 and half the cores).")
+@click.option(
+    "--try-strategy",
+    "try_strategy_s",
+    multiple=True,
+    help="Placements to try: repeat the option, or ';' between strategies (a comma list splits only "
+    "where a strategy starts: 'cpu-moe,layers:CUDA0=3-14,CUDA1=68-77' is two); default: every "
+    "family where there is an accelerator: auto, cpu-moe, n-cpu-moe at 1/4, 1/2, 3/4 of the MoE "
+    "layers, and head-tail splits of the N layers' experts auto fits (head-tail:N/2+N/2, "
+    "head-tail:2N/5+2N/5+N/5: the first, last and middle MoE layers).",
+)
+@click.option(
+    "--try-threads", callback=_list("int"), help="Thread counts to try (default: all, 3/4 and half the cores)."
+)
 @click.option("--try-ubatch", callback=_list("int"), help="Ubatch sizes to try (default: -ub, a quarter, four times).")
 @click.option("--try-fa", callback=_list("bool"), help="Flash attention: on,off (default both).")
 @click.option("--try-cache", callback=_list("cache"), help="Cache types K/V, e.g. f16/f16,q8_0/q8_0 (default both).")
-@click.option("--try-repack", callback=_list("bool"), help="CPU weight repacking (-rtr in ik_llama.cpp; -nr turns "
-              "mainline's off): on,off (default both).")
-@click.option("--try-amb", callback=_list("int"), help="ik_llama.cpp -amb MiB to try, 0 = unbounded (default with "
-              "an ik engine: 0,512 where it bounds something: MLA models, or attention without flash attention).")
+@click.option(
+    "--try-repack",
+    callback=_list("bool"),
+    help="CPU weight repacking (-rtr in ik_llama.cpp; -nr turns mainline's off): on,off (default both).",
+)
+@click.option(
+    "--try-amb",
+    callback=_list("int"),
+    help="ik_llama.cpp -amb MiB to try, 0 = unbounded (default with "
+    "an ik engine: 0,512 where it bounds something: MLA models, or attention without flash attention).",
+)
 @click.option("--try-mla", callback=_list("int"), help="ik_llama.cpp -mla modes to try on an MLA model (default 3,2).")
-@click.option("--try-fmoe", callback=_list("bool"), help="ik_llama.cpp fused MoE: on,off (default both with an ik engine).")
-@click.option("--try-muge", callback=_list("bool"), help="ik_llama.cpp -muge (up/gate experts merged): on,off "
-              "(default both with an ik engine).")
-@click.option("--try-transport", callback=_list("transport"), help="RPC transports to try: tcp,rdma (only where "
-              "the hardware file sets `rdma: true` on every RPC node; rdma refused unless the builds have it).")
+@click.option(
+    "--try-fmoe", callback=_list("bool"), help="ik_llama.cpp fused MoE: on,off (default both with an ik engine)."
+)
+@click.option(
+    "--try-muge",
+    callback=_list("bool"),
+    help="ik_llama.cpp -muge (up/gate experts merged): on,off (default both with an ik engine).",
+)
+@click.option(
+    "--try-transport",
+    callback=_list("transport"),
+    help="RPC transports to try: tcp,rdma (only where "
+    "the hardware file sets `rdma: true` on every RPC node; rdma refused unless the builds have it).",
+)
 @transport_options()
-@click.option("--max-pp-loss", type=click.FloatRange(0, 100), default=10.0, show_default=True,
-              help="--objective tg: the most prefill speed (percent of the baseline's and the engine defaults') a "
-                   "winner may give up; a faster candidate that loses more is rejected, with the reason.")
+@click.option(
+    "--max-pp-loss",
+    type=click.FloatRange(0, 100),
+    default=10.0,
+    show_default=True,
+    help="--objective tg: the most prefill speed (percent of the baseline's and the engine defaults') a "
+    "winner may give up; a faster candidate that loses more is rejected, with the reason.",
+)
 @click.option("--launch-timeout", "launch_timeout_s", type=click.FloatRange(1), default=600.0, show_default=True)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600.0, show_default=True,
-              help="Seconds to wait for one request.")
-@click.option("--wait-quiet", "wait_quiet_s", type=click.FloatRange(1), is_flag=False, flag_value=600.0,
-              default=None, metavar="[SECONDS]",
-              help="When other programs keep the machine busy (foreign load over MOETUNE_MAX_FOREIGN_CORES, "
-                   "0.5 cores by default), wait up to SECONDS (600 if not given) for it to go quiet, then go on; "
-                   "without it the search stops with exit code 3.")
-@click.option("--max-kld", type=click.FloatRange(0), help="Quality guard: a best that changes the numerics (cache "
-              "types, engine, model) is measured against the baseline by `moetune quality` and rejected when its "
-              "mean KL divergence is above this (e.g. 0.001).")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(1),
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for one request.",
+)
+@click.option(
+    "--wait-quiet",
+    "wait_quiet_s",
+    type=click.FloatRange(1),
+    is_flag=False,
+    flag_value=600.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="When other programs keep the machine busy (foreign load over MOETUNE_MAX_FOREIGN_CORES, "
+    "0.5 cores by default), wait up to SECONDS (600 if not given) for it to go quiet, then go on; "
+    "without it the search stops with exit code 3.",
+)
+@click.option(
+    "--max-kld",
+    type=click.FloatRange(0),
+    help="Quality guard: a best that changes the numerics (cache "
+    "types, engine, model) is measured against the baseline by `moetune quality` and rejected when its "
+    "mean KL divergence is above this (e.g. 0.001).",
+)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the winning plan here.")
 @db_option
 @json_option
-def tune_cmd(model: str | None, layout: Path | None, service: str | None, hw_path: str | None, strategy: str,
-             engine_name: str | None, port: int, budget: int,
-             objective: str, replay_speed: str | None, turns: int | None, slo: str | None,
-             concurrency: int | None, requests: int | None, depth: int | None,
-             pp_tokens: int, tg_tokens: int, repeats: int, warmup: int,
-             try_strategy_s: tuple[str, ...], try_threads: tuple[int, ...] | None,
-             try_ubatch: tuple[int, ...] | None, try_fa: tuple[bool, ...] | None,
-             try_cache: tuple[tuple[str, str], ...] | None, try_repack: tuple[bool, ...] | None,
-             try_amb: tuple[int, ...] | None, try_mla: tuple[int, ...] | None, try_fmoe: tuple[bool, ...] | None,
-             try_muge: tuple[bool, ...] | None, try_transport: tuple[str, ...] | None, transport: str | None,
-             rdma_dev: str | None, max_pp_loss: float, launch_timeout_s: float, timeout_s: float,
-             wait_quiet_s: float | None, max_kld: float | None,
-             output: Path | None, db_path: Path | None, as_json: bool, **settings_kw: Any) -> None:
+def tune_cmd(
+    model: str | None,
+    layout: Path | None,
+    service: str | None,
+    hw_path: str | None,
+    strategy: str,
+    engine_name: str | None,
+    port: int,
+    budget: int,
+    objective: str,
+    replay_speed: str | None,
+    turns: int | None,
+    slo: str | None,
+    concurrency: int | None,
+    requests: int | None,
+    depth: int | None,
+    pp_tokens: int,
+    tg_tokens: int,
+    repeats: int,
+    warmup: int,
+    try_strategy_s: tuple[str, ...],
+    try_threads: tuple[int, ...] | None,
+    try_ubatch: tuple[int, ...] | None,
+    try_fa: tuple[bool, ...] | None,
+    try_cache: tuple[tuple[str, str], ...] | None,
+    try_repack: tuple[bool, ...] | None,
+    try_amb: tuple[int, ...] | None,
+    try_mla: tuple[int, ...] | None,
+    try_fmoe: tuple[bool, ...] | None,
+    try_muge: tuple[bool, ...] | None,
+    try_transport: tuple[str, ...] | None,
+    transport: str | None,
+    rdma_dev: str | None,
+    max_pp_loss: float,
+    launch_timeout_s: float,
+    timeout_s: float,
+    wait_quiet_s: float | None,
+    max_kld: float | None,
+    output: Path | None,
+    db_path: Path | None,
+    as_json: bool,
+    **settings_kw: Any,
+) -> None:
     """Find the fastest plan for MODEL on the hardware in a budget of launches.
 
     Every candidate (placement, threads, -ub, flash attention, cache types, repacking; with an
@@ -204,24 +331,55 @@ def tune_cmd(model: str | None, layout: Path | None, service: str | None, hw_pat
     objective, work = _work(objective, replay_speed, turns, depth, pp_tokens, tg_tokens, repeats)
     serve = _serve_load(objective, slo, concurrency, requests, depth or 0, pp_tokens, tg_tokens)
     (workload,) = expand([], [], depths=[0 if work else depth or 0], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
-    axes = {name: v for name, v in (("strategies", try_strategy), ("threads", try_threads),
-                                    ("ubatches", try_ubatch), ("flash_attn", try_fa), ("cache_types", try_cache),
-                                    ("repack", try_repack), ("amb_mib", try_amb), ("mla", try_mla),
-                                    ("fused_moe", try_fmoe), ("merge_up_gate", try_muge),
-                                    ("transports", try_transport))
-            if v is not None}
+    axes = {
+        name: v
+        for name, v in (
+            ("strategies", try_strategy),
+            ("threads", try_threads),
+            ("ubatches", try_ubatch),
+            ("flash_attn", try_fa),
+            ("cache_types", try_cache),
+            ("repack", try_repack),
+            ("amb_mib", try_amb),
+            ("mla", try_mla),
+            ("fused_moe", try_fmoe),
+            ("merge_up_gate", try_muge),
+            ("transports", try_transport),
+        )
+        if v is not None
+    }
     routing = settings_kw.pop("routing")
     port = plan_port(settings_kw, port)
-    req = TuneRequest(hw_path, model or "", plan_settings(settings_kw), workload,
-                      BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s), strategy, engine_name,
-                      port, objective, budget, axes, launch_timeout_s, serve, routing, transport or "tcp", rdma_dev,
-                      max_pp_loss / 100, layout=layout, service=service, work=work)
+    req = TuneRequest(
+        hw_path,
+        model or "",
+        plan_settings(settings_kw),
+        workload,
+        BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s),
+        strategy,
+        engine_name,
+        port,
+        objective,
+        budget,
+        axes,
+        launch_timeout_s,
+        serve,
+        routing,
+        transport or "tcp",
+        rdma_dev,
+        max_pp_loss / 100,
+        layout=layout,
+        service=service,
+        work=work,
+    )
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
+
         def status(s: str) -> None:
             err.print(f"[dim]{s}[/]")
 
-        result = tune(db, req, status=status, progress_for=bars, on_snapshot=bars.machine,
-                      quiet=QuietGate(status, wait_quiet_s))
+        result = tune(
+            db, req, status=status, progress_for=bars, on_snapshot=bars.machine, quiet=QuietGate(status, wait_quiet_s)
+        )
         checked: dict[int, dict[str, Any]] = {}
         if max_kld is not None:
             from moetune.tune.quality_guard import guard
@@ -229,8 +387,11 @@ def tune_cmd(model: str | None, layout: Path | None, service: str | None, hw_pat
             result, checked = guard(db, result, max_kld, status=status)
         kld = None if max_kld is None else {i: float(q["kld"]["mean"]) for i, q in checked.items()}
         doc = result_json(result, kld)
-        doc["quality_guard"] = None if max_kld is None else {
-            "max_kld": max_kld, "checked": {result.entries[i].candidate.label: q for i, q in checked.items()}}
+        doc["quality_guard"] = (
+            None
+            if max_kld is None
+            else {"max_kld": max_kld, "checked": {result.entries[i].candidate.label: q for i, q in checked.items()}}
+        )
     if result.best is None:
         doc["plan"] = None
     else:
@@ -243,10 +404,12 @@ def tune_cmd(model: str | None, layout: Path | None, service: str | None, hw_pat
     else:
         _print_result(result, doc, kld)
     if result.best is None:
-        raise RuntimeFailure(f"no configuration was measured: every launch of tune {result.tune_id} failed"
-                             + (f" (-o {output} not written)" if output else ""),
-                             hint="the table's verdicts say why; give options that launch (a smaller -ub or --ctx, "
-                                  "--strategy cpu-moe) and run it again")
+        raise RuntimeFailure(
+            f"no configuration was measured: every launch of tune {result.tune_id} failed"
+            + (f" (-o {output} not written)" if output else ""),
+            hint="the table's verdicts say why; give options that launch (a smaller -ub or --ctx, "
+            "--strategy cpu-moe) and run it again",
+        )
 
 
 def _print_result(result: TuneResult, doc: dict[str, Any], kld: dict[int, float] | None) -> None:
@@ -258,8 +421,9 @@ def _print_result(result: TuneResult, doc: dict[str, Any], kld: dict[int, float]
     if result.best is None:
         out.print("best: none (no configuration was measured)", markup=False)
         return
-    out.print(f"best: {doc['best']['label']}" + ("" if result.best else " (the baseline: nothing beat it)"),
-              markup=False)
+    out.print(
+        f"best: {doc['best']['label']}" + ("" if result.best else " (the baseline: nothing beat it)"), markup=False
+    )
     out.print("command:", markup=False)
     print_text(json.loads(result.plan_path(result.best).read_text())["shell"])
     out.print(f"plan: {doc['plan']} (`moetune launch` or `moetune bench` it)", markup=False)
@@ -269,8 +433,15 @@ def _print_result(result: TuneResult, doc: dict[str, Any], kld: dict[int, float]
         out.print(line, markup=False)
 
 
-def _work(objective: str, replay_speed: str | None, turns: int | None, depth: int | None, pp_tokens: int,
-          tg_tokens: int, repeats: int) -> tuple[str, Any]:
+def _work(
+    objective: str,
+    replay_speed: str | None,
+    turns: int | None,
+    depth: int | None,
+    pp_tokens: int,
+    tg_tokens: int,
+    repeats: int,
+) -> tuple[str, Any]:
     """--objective's name, and the workload of replay:FILE and turn (None for the others)."""
     from moetune.errors import InputError
     from moetune.tune import workload as wl
@@ -287,37 +458,57 @@ def _work(objective: str, replay_speed: str | None, turns: int | None, depth: in
         return name, wl.replay_objective(path, replay_speed or "max")
     if name == "turn":
         if depth is not None and depth < wl.MIN_SYSTEM_TOKENS:
-            raise InputError(f"--depth {depth}: with --objective turn the system prompt each session starts with, "
-                             f"at least {wl.MIN_SYSTEM_TOKENS} tokens (it begins with the session's own tag, so no "
-                             "session reuses another's cache)", hint=f"--depth {DEFAULT_SYSTEM_TOKENS}, or drop it")
-        return name, wl.turn_objective(system_tokens=DEFAULT_SYSTEM_TOKENS if depth is None else depth,
-                                       turns=turns or DEFAULT_TURNS, turn_tokens=pp_tokens, output_len=tg_tokens,
-                                       repeats=repeats)
+            raise InputError(
+                f"--depth {depth}: with --objective turn the system prompt each session starts with, "
+                f"at least {wl.MIN_SYSTEM_TOKENS} tokens (it begins with the session's own tag, so no "
+                "session reuses another's cache)",
+                hint=f"--depth {DEFAULT_SYSTEM_TOKENS}, or drop it",
+            )
+        return name, wl.turn_objective(
+            system_tokens=DEFAULT_SYSTEM_TOKENS if depth is None else depth,
+            turns=turns or DEFAULT_TURNS,
+            turn_tokens=pp_tokens,
+            output_len=tg_tokens,
+            repeats=repeats,
+        )
     return name, None
 
 
-def _serve_load(objective: str, slo: str | None, concurrency: int | None, requests: int | None, depth: int,
-                pp_tokens: int, tg_tokens: int) -> Any:
+def _serve_load(
+    objective: str,
+    slo: str | None,
+    concurrency: int | None,
+    requests: int | None,
+    depth: int,
+    pp_tokens: int,
+    tg_tokens: int,
+) -> Any:
     """The serving load of --objective goodput (None for the single-stream objectives)."""
     from moetune.bench.analysis.slo import parse_slo
     from moetune.errors import InputError
     from moetune.plan.serving import ServeLoad
 
     if objective != "goodput":
-        given = [n for n, v in (("--slo", slo), ("--concurrency", concurrency), ("--requests", requests)) if v is not None]
+        given = [
+            n for n, v in (("--slo", slo), ("--concurrency", concurrency), ("--requests", requests)) if v is not None
+        ]
         if given:
             raise InputError(f"{', '.join(given)}: only with --objective goodput")
         return None
     if slo is None:
         raise InputError("--objective goodput needs latency targets", hint="--slo ttft_ms=500,itl_ms=100")
     if depth:
-        raise InputError("--depth: a single-stream workload; --objective goodput sends fresh prompts of --pp-tokens",
-                         hint="drop --depth")
+        raise InputError(
+            "--depth: a single-stream workload; --objective goodput sends fresh prompts of --pp-tokens",
+            hint="drop --depth",
+        )
     c = concurrency or 4
     n = requests if requests is not None else max(16, 8 * c)
     if n < 2 * c:
-        raise InputError(f"--requests {n}: at least 2 x --concurrency ({2 * c}), two rounds of the streams, "
-                         "for the goodput's interval")
+        raise InputError(
+            f"--requests {n}: at least 2 x --concurrency ({2 * c}), two rounds of the streams, "
+            "for the goodput's interval"
+        )
     return ServeLoad(c, n, pp_tokens, tg_tokens, tuple(parse_slo(slo).items()))
 
 

@@ -93,6 +93,7 @@ class End:
 
 # -- figures (pure) --------------------------------------------------------------------------
 
+
 def percentile(xs: Sequence[float], q: float) -> float:
     s = sorted(xs)
     if not s:
@@ -107,7 +108,10 @@ def summary(r: LinkResult) -> dict[str, Any]:
     single = next((t for t in r.throughput if t.streams == 1), None)
     parallel = max((t for t in r.throughput if t.streams > 1), key=lambda t: t.streams, default=None)
     return {
-        "from": r.src, "to": r.dst, "addr": r.addr, "tool": r.tool,
+        "from": r.src,
+        "to": r.dst,
+        "addr": r.addr,
+        "tool": r.tool,
         "single_bits_per_s": single.bits_per_s if single else None,
         "parallel_streams": parallel.streams if parallel else None,
         "parallel_bits_per_s": parallel.bits_per_s if parallel else None,
@@ -123,11 +127,17 @@ def iperf3_throughput(doc: dict[str, Any], streams: int) -> Throughput:
     if doc.get("error"):
         raise RuntimeFailure(f"iperf3: {doc['error']}")
     rec = doc["end"]["sum_received"]
-    return Throughput(streams, int(rec["bytes"]), float(rec["seconds"]), IPERF3,
-                      {"sum_sent": doc["end"].get("sum_sent"), "sum_received": rec})
+    return Throughput(
+        streams,
+        int(rec["bytes"]),
+        float(rec["seconds"]),
+        IPERF3,
+        {"sum_sent": doc["end"].get("sum_sent"), "sum_received": rec},
+    )
 
 
 # -- running the ends ------------------------------------------------------------------------
+
 
 def ends(hw: Inventory, a: str, b: str) -> tuple[End, End, str]:
     """The two ends and the address on B that A sends to."""
@@ -139,16 +149,22 @@ def ends(hw: Inventory, a: str, b: str) -> tuple[End, End, str]:
         raise InputError("link-test needs two different nodes")
     dst = nodes[b]
     if dst.link_addr is None:
-        raise InputError(f"node {b} has no link_addr: link-test sends to the address the nodes reach each other on",
-                         hint=f"add `link_addr: <its address on the link>` to node {b} in the hardware file")
+        raise InputError(
+            f"node {b} has no link_addr: link-test sends to the address the nodes reach each other on",
+            hint=f"add `link_addr: <its address on the link>` to node {b} in the hardware file",
+        )
     base = tuple(ssh_base())
     return End(nodes[a], base), End(dst, base), dst.link_addr
 
 
 def _start_server(end: End, cmd: Sequence[str], stdin: str | None, ready: str) -> subprocess.Popen[bytes]:
     """Start one server end and wait until its output contains ``ready``."""
-    p = subprocess.Popen(end.argv(cmd), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        end.argv(cmd),
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     if stdin is not None:
         assert p.stdin is not None
         p.stdin.write(stdin.encode())
@@ -169,9 +185,11 @@ def _start_server(end: End, cmd: Sequence[str], stdin: str | None, ready: str) -
             break
     _finish(p, 0)
     err = p.stderr.read().decode(errors="replace").strip()
-    raise RuntimeFailure(f"link-test: the server end on {end.where} did not start: "
-                         f"{(err or seen.decode(errors='replace')).strip()[-300:]}",
-                         hint="check that the port is free there and that the address belongs to that node")
+    raise RuntimeFailure(
+        f"link-test: the server end on {end.where} did not start: "
+        f"{(err or seen.decode(errors='replace')).strip()[-300:]}",
+        hint="check that the port is free there and that the address belongs to that node",
+    )
 
 
 def _finish(p: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -184,49 +202,92 @@ def _finish(p: subprocess.Popen[bytes], timeout_s: float) -> None:
 
 def _client(end: End, cmd: Sequence[str], stdin: str | None, timeout_s: float) -> str:
     try:
-        r = subprocess.run(end.argv(cmd), input=stdin, capture_output=True, text=True, timeout=timeout_s,
-                           stdin=None if stdin is not None else subprocess.DEVNULL)
+        r = subprocess.run(
+            end.argv(cmd),
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
-        raise RuntimeFailure(f"link-test: the measuring end on {end.where} gave no result after {timeout_s:.0f} s") from None
+        raise RuntimeFailure(
+            f"link-test: the measuring end on {end.where} gave no result after {timeout_s:.0f} s"
+        ) from None
     if not r.stdout.strip():
         raise RuntimeFailure(f"link-test: the measuring end on {end.where} failed: {r.stderr.strip()[-300:]}")
     return r.stdout
 
 
-def builtin_run(a: End, b: End, addr: str, port: int, streams: Sequence[int], duration_s: float,
-                pings: int) -> dict[str, Any]:
+def builtin_run(
+    a: End, b: End, addr: str, port: int, streams: Sequence[int], duration_s: float, pings: int
+) -> dict[str, Any]:
     """The built-in script on both ends: round trips, then each stream count in turn."""
     script = PROBE.read_text()
     idle = max(30.0, 3 * duration_s)
-    srv = _start_server(b, [b.python(), "-", "serve", "--bind", addr, "--port", str(port), "--idle", str(idle)],
-                        script, "listening")
+    srv = _start_server(
+        b, [b.python(), "-", "serve", "--bind", addr, "--port", str(port), "--idle", str(idle)], script, "listening"
+    )
     try:
-        out = _client(a, [a.python(), "-", "measure", "--host", addr, "--port", str(port), "--duration",
-                          str(duration_s), "--streams", ",".join(map(str, streams)), "--pings", str(pings)],
-                      script, timeout_s=60 + duration_s * (len(streams) + 1) * 2)
+        out = _client(
+            a,
+            [
+                a.python(),
+                "-",
+                "measure",
+                "--host",
+                addr,
+                "--port",
+                str(port),
+                "--duration",
+                str(duration_s),
+                "--streams",
+                ",".join(map(str, streams)),
+                "--pings",
+                str(pings),
+            ],
+            script,
+            timeout_s=60 + duration_s * (len(streams) + 1) * 2,
+        )
     finally:
         _finish(srv, 10)
     doc: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     if "error" in doc:
-        raise RuntimeFailure(f"link-test from {a.where} to {addr}:{port}: {doc['error']}",
-                             hint="check the address, the port and any firewall between the nodes")
+        raise RuntimeFailure(
+            f"link-test from {a.where} to {addr}:{port}: {doc['error']}",
+            hint="check the address, the port and any firewall between the nodes",
+        )
     return doc
 
 
 def iperf3_run(a: End, b: End, addr: str, port: int, streams: int, duration_s: float) -> Throughput:
-    srv = _start_server(b, ["iperf3", "-s", "-1", "-B", addr, "-p", str(port), "--forceflush"], None,
-                        "Server listening")
+    srv = _start_server(
+        b, ["iperf3", "-s", "-1", "-B", addr, "-p", str(port), "--forceflush"], None, "Server listening"
+    )
     try:
         seconds = max(1, math.ceil(duration_s))  # iperf3 takes whole seconds (and 0 means forever)
-        out = _client(a, ["iperf3", "-c", addr, "-p", str(port), "-t", str(seconds), "-P", str(streams), "-J"],
-                      None, timeout_s=60 + seconds * 2)
+        out = _client(
+            a,
+            ["iperf3", "-c", addr, "-p", str(port), "-t", str(seconds), "-P", str(streams), "-J"],
+            None,
+            timeout_s=60 + seconds * 2,
+        )
     finally:
         _finish(srv, 10)
     return iperf3_throughput(json.loads(out), streams)
 
 
-def link_test(hw: Inventory, a: str, b: str, *, streams: int = 8, duration_s: float = 3.0, pings: int = 200,
-              port: int = DEFAULT_PORT, tool: str = AUTO) -> LinkResult:
+def link_test(
+    hw: Inventory,
+    a: str,
+    b: str,
+    *,
+    streams: int = 8,
+    duration_s: float = 3.0,
+    pings: int = 200,
+    port: int = DEFAULT_PORT,
+    tool: str = AUTO,
+) -> LinkResult:
     if tool not in TOOLS:
         raise InputError(f"--tool {tool!r}: choose {', '.join(TOOLS)}")
     src, dst, addr = ends(hw, a, b)
@@ -236,36 +297,66 @@ def link_test(hw: Inventory, a: str, b: str, *, streams: int = 8, duration_s: fl
         elif tool == IPERF3:
             missing = [e.where for e in (src, dst) if not e.has("iperf3")]
             if missing:
-                raise InputError(f"--tool iperf3: no iperf3 on {', '.join(missing)}",
-                                 hint="install it there (Debian: apt install iperf3), or use --tool builtin")
+                raise InputError(
+                    f"--tool iperf3: no iperf3 on {', '.join(missing)}",
+                    hint="install it there (Debian: apt install iperf3), or use --tool builtin",
+                )
         counts = [1, streams]
         doc = builtin_run(src, dst, addr, port, counts if tool == BUILTIN else [], duration_s, pings)
         if tool == BUILTIN:
-            tps = tuple(Throughput(int(t["streams"]), int(t["bytes"]), float(t["seconds"]), BUILTIN,
-                                   {"per_stream_bytes": t.get("per_stream_bytes")}) for t in doc["throughput"])
+            tps = tuple(
+                Throughput(
+                    int(t["streams"]),
+                    int(t["bytes"]),
+                    float(t["seconds"]),
+                    BUILTIN,
+                    {"per_stream_bytes": t.get("per_stream_bytes")},
+                )
+                for t in doc["throughput"]
+            )
         else:
             tps = tuple(iperf3_run(src, dst, addr, port, n, duration_s) for n in counts)
     except RemoteError as e:
         raise RuntimeFailure(f"link-test: {e}", hint=e.hint) from None
-    return LinkResult(a, b, addr, port, tool, duration_s, tuple(float(x) for x in doc["rtt_s"]),
-                      int(doc["msg_bytes"]), tps)
+    return LinkResult(
+        a, b, addr, port, tool, duration_s, tuple(float(x) for x in doc["rtt_s"]), int(doc["msg_bytes"]), tps
+    )
 
 
 def samples(r: LinkResult) -> list[dict[str, Any]]:
     """Raw samples for the results database: the round trips, then one per throughput test."""
     out: list[dict[str, Any]] = [{"test": "latency", "tool": BUILTIN, "msg_bytes": r.msg_bytes, "rtt_s": list(r.rtt_s)}]
     for t in r.throughput:
-        out.append({"test": "throughput", "tool": t.tool, "streams": t.streams, "bytes": t.bytes,
-                    "seconds": t.seconds, "raw": t.raw})
+        out.append(
+            {
+                "test": "throughput",
+                "tool": t.tool,
+                "streams": t.streams,
+                "bytes": t.bytes,
+                "seconds": t.seconds,
+                "raw": t.raw,
+            }
+        )
     return out
 
 
 def record(db: ResultsDB, r: LinkResult, *, hardware_file: str | None, label: str | None = None) -> int:
     """Keep a link test in the results history: its raw samples and its summary; the run's id."""
-    meta = RunMeta(kind=RunKind.LINK_TEST, moetune_version=__version__, argv=tuple(sys.argv),
-                   started_unix=time.time(), host=HostRef.here(hardware_file),
-                   details={"from": r.src, "to": r.dst, "addr": r.addr, "port": r.port, "tool": r.tool,
-                            "duration_s": r.duration_s})
+    meta = RunMeta(
+        kind=RunKind.LINK_TEST,
+        moetune_version=__version__,
+        argv=tuple(sys.argv),
+        started_unix=time.time(),
+        host=HostRef.here(hardware_file),
+        details={
+            "from": r.src,
+            "to": r.dst,
+            "addr": r.addr,
+            "port": r.port,
+            "tool": r.tool,
+            "duration_s": r.duration_s,
+        },
+    )
     run_id = db.create_run(meta, label=label or f"{r.src}->{r.dst}", target=f"{r.src}->{r.dst} ({r.addr})")
     for s in samples(r):
         db.add_sample(run_id, s)

@@ -11,15 +11,44 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 # serving flags the other programs reject or have no use for: (flags with a value, flags alone)
-SERVING_WITH_VALUE = frozenset({"--host", "--port", "-a", "--alias", "--api-key", "--api-key-file",
-                                "--chat-template-kwargs", "--reasoning-budget", "--threads-http", "--timeout",
-                                "--ctx-checkpoints", "-cram", "--cache-ram", "--cache-reuse", "--slot-save-path"})
-SERVING_ALONE = frozenset({"--jinja", "--metrics", "--no-warmup", "--cont-batching", "-cb", "--slots", "--no-slots",
-                           "--props", "--webui", "--no-webui"})
+SERVING_WITH_VALUE = frozenset(
+    {
+        "--host",
+        "--port",
+        "-a",
+        "--alias",
+        "--api-key",
+        "--api-key-file",
+        "--chat-template-kwargs",
+        "--reasoning-budget",
+        "--threads-http",
+        "--timeout",
+        "--ctx-checkpoints",
+        "-cram",
+        "--cache-ram",
+        "--cache-reuse",
+        "--slot-save-path",
+    }
+)
+SERVING_ALONE = frozenset(
+    {
+        "--jinja",
+        "--metrics",
+        "--no-warmup",
+        "--cont-batching",
+        "-cb",
+        "--slots",
+        "--no-slots",
+        "--props",
+        "--webui",
+        "--no-webui",
+    }
+)
 
 
-def strip_flags(argv: Sequence[str], with_value: Iterable[str] = SERVING_WITH_VALUE,
-                alone: Iterable[str] = SERVING_ALONE) -> list[str]:
+def strip_flags(
+    argv: Sequence[str], with_value: Iterable[str] = SERVING_WITH_VALUE, alone: Iterable[str] = SERVING_ALONE
+) -> list[str]:
     """``argv`` without the given flags (and the value after each of ``with_value``)."""
     valued, single = set(with_value), set(alone)
     out: list[str] = []

@@ -28,8 +28,10 @@ def read_key_file(path: str | Path) -> str:
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
-        raise InputError(f"API key file {path}: cannot read it ({e.strerror})",
-                         hint="give a readable file with one key per line (--api-key-file)") from None
+        raise InputError(
+            f"API key file {path}: cannot read it ({e.strerror})",
+            hint="give a readable file with one key per line (--api-key-file)",
+        ) from None
     key = next((x.strip() for x in lines if x.strip() and not x.lstrip().startswith("#")), None)
     if key is None:
         raise InputError(f"API key file {path}: no key in it", hint="write one key per line")
@@ -55,5 +57,7 @@ def refused_hint(status: int, otherwise: str) -> str:
     """The hint for a server's refusal: how to send a key where it wants one (HTTP 401)."""
     if status != 401:
         return otherwise
-    return (f"the server requires an API key: bench its plan (moetune sends the key of its --api-key-file), "
-            f"or set {KEY_ENV}")
+    return (
+        f"the server requires an API key: bench its plan (moetune sends the key of its --api-key-file), "
+        f"or set {KEY_ENV}"
+    )

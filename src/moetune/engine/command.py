@@ -29,9 +29,12 @@ PLAN_SCHEMA_VERSION = 1
 FORMATS = ("argv", "shell", "podman", "docker", "llama-swap")  # besides the table and the JSON
 # --format podman|docker without --image: the engine's server image (mainline publishes its own; ik_llama.cpp's
 # docker/ directory builds one, tagged here as its README's user would)
-DEFAULT_IMAGES = {(EngineKind.MAINLINE, True): "ghcr.io/ggml-org/llama.cpp:server-cuda",
-                  (EngineKind.MAINLINE, False): "ghcr.io/ggml-org/llama.cpp:server",
-                  (EngineKind.IK, True): "ik_llama.cpp:latest", (EngineKind.IK, False): "ik_llama.cpp:latest"}
+DEFAULT_IMAGES = {
+    (EngineKind.MAINLINE, True): "ghcr.io/ggml-org/llama.cpp:server-cuda",
+    (EngineKind.MAINLINE, False): "ghcr.io/ggml-org/llama.cpp:server",
+    (EngineKind.IK, True): "ik_llama.cpp:latest",
+    (EngineKind.IK, False): "ik_llama.cpp:latest",
+}
 
 
 # the facts of engine builds by engine name (engine.facts.probe); an engine not in it renders in
@@ -49,14 +52,24 @@ def service_argv(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     # the devices as the engine names them: RPC devices numbered across the service's own endpoints
     names = sp.hw.engine_names()
     extra = ["--device", ",".join(names[d.name] for d in sp.hw.accelerators())] if spec.devices else []
-    return server_argv(spec.model, sp.placement, spec.settings, service_dialect(sp, facts), engine=spec.engine or "",
-                       port=spec.port, rpc=sp.hw.rpc_endpoints(), extra=extra, accelerators=_accelerators(sp))
+    return server_argv(
+        spec.model,
+        sp.placement,
+        spec.settings,
+        service_dialect(sp, facts),
+        engine=spec.engine or "",
+        port=spec.port,
+        rpc=sp.hw.rpc_endpoints(),
+        extra=extra,
+        accelerators=_accelerators(sp),
+    )
 
 
 def defaults_service_argv(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     """The service's engine with the model and no tuning flags (:func:`moetune.engine.render.defaults_argv`)."""
-    return defaults_argv(sp.spec.model, sp.spec.settings, service_dialect(sp, facts), port=sp.spec.port,
-                         rpc=sp.hw.rpc_endpoints())
+    return defaults_argv(
+        sp.spec.model, sp.spec.settings, service_dialect(sp, facts), port=sp.spec.port, rpc=sp.hw.rpc_endpoints()
+    )
 
 
 def _accelerators(sp: ServicePlan) -> list[tuple[str, bool]]:
@@ -71,19 +84,21 @@ def service_notes(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     st = parse_strategy(sp.spec.strategy)
     graph = []
     if sp.spec.settings.split_mode == "graph":
-        gpus = sorted({d for d in sp.placement.layer_device[: sp.spec.model.n_layer] if d in sp.memory.items}
-                      - {"CPU"})
-        graph = [f"-sm graph: every layer on {' or '.join(gpus)} is divided across the GPUs by -ts "
-                 f"{','.join(map(str, sp.placement.tensor_split))} (the ledger's weights (split)); the layer map "
-                 "shows where each would sit in layer split"]
+        gpus = sorted({d for d in sp.placement.layer_device[: sp.spec.model.n_layer] if d in sp.memory.items} - {"CPU"})
+        graph = [
+            f"-sm graph: every layer on {' or '.join(gpus)} is divided across the GPUs by -ts "
+            f"{','.join(map(str, sp.placement.tensor_split))} (the ledger's weights (split)); the layer map "
+            "shows where each would sit in layer split"
+        ]
     if st.kind != "n-cpu-moe":
         return [*chosen, *graph]
     n = st.n
     own = service_dialect(sp, facts)
     dialects = [own, *(dialect(k) for k in EngineKind if k != own.kind)]
     devs = list(sp.placement.layer_device)
-    notes = [n_cpu_moe_note(d, n, sp.spec.model.n_layer, devs, len(engine_devices(d, _accelerators(sp))))
-             for d in dialects]
+    notes = [
+        n_cpu_moe_note(d, n, sp.spec.model.n_layer, devs, len(engine_devices(d, _accelerators(sp)))) for d in dialects
+    ]
     return [*chosen, *graph, *notes, "rendered as explicit -ot overrides, which mean the same in every engine"]
 
 
@@ -97,8 +112,15 @@ def _layer_map(sp: ServicePlan) -> list[dict[str, Any]]:
     for layer in sp.spec.model.layers:
         if layer.index >= sp.spec.model.n_layer:
             continue
-        out.append({"index": layer.index, "kind": layer.kind, "device": sp.placement.layer_device[layer.index],
-                    "experts": by_layer.get(layer.index, {}), "expert_mib": round(layer.expert_bytes / (1 << 20), 2)})
+        out.append(
+            {
+                "index": layer.index,
+                "kind": layer.kind,
+                "device": sp.placement.layer_device[layer.index],
+                "experts": by_layer.get(layer.index, {}),
+                "expert_mib": round(layer.expert_bytes / (1 << 20), 2),
+            }
+        )
     return out
 
 
@@ -110,12 +132,16 @@ def service_json(sp: ServicePlan, argv: list[str], facts: Facts | None = None) -
         "strategy": sp.placement.strategy,
         "settings": asdict(sp.spec.settings),
         "port": sp.spec.port,
-        "devices": {dev: [{"what": i.what, "mib": round(i.mib, 2)} for i in items]
-                    for dev, items in sp.memory.items.items()},
+        "devices": {
+            dev: [{"what": i.what, "mib": round(i.mib, 2)} for i in items] for dev, items in sp.memory.items.items()
+        },
         "kv_cells": sp.memory.kv_cells,
         **({"kv_cells_swa": sp.memory.swa_cells} if sp.memory.swa_cells else {}),
-        **({"dry_run_compute_mib": {d: round(v, 2) for d, v in sp.memory.dry_run_compute_mib.items()}}
-           if sp.memory.dry_run_compute_mib else {}),
+        **(
+            {"dry_run_compute_mib": {d: round(v, 2) for d, v in sp.memory.dry_run_compute_mib.items()}}
+            if sp.memory.dry_run_compute_mib
+            else {}
+        ),
         "cpu_mapped_span_mib": {f: round(v, 2) for f, v in sp.memory.mapped_span_mib.items()},
         "layers": _layer_map(sp),
         "tensor_split": list(sp.placement.tensor_split),
@@ -132,8 +158,13 @@ def _remote_json(sp: ServicePlan) -> dict[str, Any]:
     """A model planned from its URL: its files, where the commands expect it (-m) and how to get it there."""
     r = sp.spec.model.remote
     assert r is not None
-    return {"files": [str(f) for f in sp.spec.model.files], "local_path": r.local_path, "download": r.download,
-            "bytes_fetched": r.bytes_fetched, "requests": r.requests}
+    return {
+        "files": [str(f) for f in sp.spec.model.files],
+        "local_path": r.local_path,
+        "download": r.download,
+        "bytes_fetched": r.bytes_fetched,
+        "requests": r.requests,
+    }
 
 
 def launch_spec(plan: Plan, engine: str, argvs: list[list[str]] | None = None) -> LaunchSpec:
@@ -146,19 +177,45 @@ def launch_spec(plan: Plan, engine: str, argvs: list[list[str]] | None = None) -
             continue
         name = f"rpc{i}"
         host = n.link_addr or "127.0.0.1"
-        procs.append(ProcessSpec(name, ProcessRole.RPC, engine, ("-H", host, "-p", str(n.rpc_port)), host,
-                                 n.rpc_port, node=n.name, ssh=n.ssh, bin_dir=n.bin_dir,
-                                 allow_public_bind=n.allow_public_bind))
+        procs.append(
+            ProcessSpec(
+                name,
+                ProcessRole.RPC,
+                engine,
+                ("-H", host, "-p", str(n.rpc_port)),
+                host,
+                n.rpc_port,
+                node=n.name,
+                ssh=n.ssh,
+                bin_dir=n.bin_dir,
+                allow_public_bind=n.allow_public_bind,
+            )
+        )
         workers.append(name)
     for sp, argv in zip(plan.services, argvs, strict=True):
-        procs.append(ProcessSpec(sp.spec.name, ProcessRole.SERVER, sp.spec.engine or engine, tuple(argv),
-                                 sp.spec.settings.server.host, sp.spec.port, env=dict(sp.spec.settings.server.env),
-                                 after=tuple(workers), gpus=service_gpus(sp)))
+        procs.append(
+            ProcessSpec(
+                sp.spec.name,
+                ProcessRole.SERVER,
+                sp.spec.engine or engine,
+                tuple(argv),
+                sp.spec.settings.server.host,
+                sp.spec.port,
+                env=dict(sp.spec.settings.server.env),
+                after=tuple(workers),
+                gpus=service_gpus(sp),
+            )
+        )
     return LaunchSpec(tuple(procs))
 
 
-def plan_json(plan: Plan, engine: str, binary: str = "llama-server", facts: Facts | None = None,
-              argvs: list[list[str]] | None = None) -> dict[str, Any]:
+def plan_json(
+    plan: Plan,
+    engine: str,
+    binary: str = "llama-server",
+    facts: Facts | None = None,
+    argvs: list[list[str]] | None = None,
+) -> dict[str, Any]:
     """The plan's document: verdict, ledgers, prediction, commands and what to launch (in the
     dialect of each service's engine build, from ``facts``)."""
     argvs = argvs if argvs is not None else [service_argv(sp, facts) for sp in plan.services]
@@ -167,18 +224,34 @@ def plan_json(plan: Plan, engine: str, binary: str = "llama-server", facts: Fact
         "schema_version": PLAN_SCHEMA_VERSION,
         "fits": plan.fits,
         "devices": [
-            {"name": led.device, "kind": led.kind, "capacity_mib": round(led.capacity_mib, 1),
-             "used_mib": round(led.used_mib, 1), "free_mib": round(led.free_mib, 1),
-             "items": [{"what": it.what, "mib": round(it.mib, 2), "service": it.service,
-                        **({"note": it.note} if it.note else {})} for it in led.items]}
+            {
+                "name": led.device,
+                "kind": led.kind,
+                "capacity_mib": round(led.capacity_mib, 1),
+                "used_mib": round(led.used_mib, 1),
+                "free_mib": round(led.free_mib, 1),
+                "items": [
+                    {
+                        "what": it.what,
+                        "mib": round(it.mib, 2),
+                        "service": it.service,
+                        **({"note": it.note} if it.note else {}),
+                    }
+                    for it in led.items
+                ],
+            }
             for led in plan.ledgers
         ],
         "shortfalls": [sf.to_json() for sf in plan.shortfalls],
         "warnings": plan.warnings(),
         "predicted": {"tg_tok_s": round(main.prediction.tg_tok_s, 3), "pp_tok_s": round(main.prediction.pp_tok_s, 3)},
         "argv": [binary, *argvs[0]],
-        "shell": shell_script([Command(sp.spec.name, sp.spec.port, (binary, *argv), sp.spec.settings.server.env)
-                               for sp, argv in zip(plan.services, argvs, strict=True)]),
+        "shell": shell_script(
+            [
+                Command(sp.spec.name, sp.spec.port, (binary, *argv), sp.spec.settings.server.env)
+                for sp, argv in zip(plan.services, argvs, strict=True)
+            ]
+        ),
         "services": [service_json(sp, argv, facts) for sp, argv in zip(plan.services, argvs, strict=True)],
         "hardware": plan.hw.name or plan.hw.source,
         "speed_constants": main.prediction.to_json()["constants"],
@@ -188,9 +261,15 @@ def plan_json(plan: Plan, engine: str, binary: str = "llama-server", facts: Fact
 
 def commands(doc: dict[str, Any], binary: str = "llama-server") -> list[Command]:
     """Every service's command, from the plan's document."""
-    return [Command(sj["name"], sj["port"], (binary, *sj["argv"]),
-                    tuple((str(k), str(v)) for k, v in sj["settings"].get("server", {}).get("env", ())))
-            for sj in doc["services"]]
+    return [
+        Command(
+            sj["name"],
+            sj["port"],
+            (binary, *sj["argv"]),
+            tuple((str(k), str(v)) for k, v in sj["settings"].get("server", {}).get("env", ())),
+        )
+        for sj in doc["services"]
+    ]
 
 
 def service_gpus(sp: ServicePlan) -> tuple[str, ...]:
@@ -202,8 +281,9 @@ def has_gpus(sp: ServicePlan) -> bool:
     return bool(service_gpus(sp))
 
 
-def render_text(plan: Plan, doc: dict[str, Any], fmt: str, image: str | None = None,
-                images: Mapping[str, str] | None = None) -> str:
+def render_text(
+    plan: Plan, doc: dict[str, Any], fmt: str, image: str | None = None, images: Mapping[str, str] | None = None
+) -> str:
     """Every service's command in one of FORMATS (``doc`` is ``plan_json(plan, ...)``). A container's
     flags follow the engine the service is planned for, its image too unless ``image`` is given:
     the image of its engine (``images``, by engine name, for the engines registered with one), else
@@ -214,12 +294,18 @@ def render_text(plan: Plan, doc: dict[str, Any], fmt: str, image: str | None = N
     if fmt == "shell":
         return shell_script(cmds)
     if fmt in ("podman", "docker"):
+
         def image_of(sp: ServicePlan) -> str:
             own = (images or {}).get(sp.spec.engine)
             return image or own or DEFAULT_IMAGES[EngineKind(sp.spec.settings.engine), has_gpus(sp)]
+
         labels = mount_labels([c.argv for c in cmds])
-        return shell_script([container_command(fmt, image_of(sp), c, gpus=service_gpus(sp), label=label)
-                             for sp, c, label in zip(plan.services, cmds, labels, strict=True)])
+        return shell_script(
+            [
+                container_command(fmt, image_of(sp), c, gpus=service_gpus(sp), label=label)
+                for sp, c, label in zip(plan.services, cmds, labels, strict=True)
+            ]
+        )
     if fmt == "llama-swap":
         return llama_swap_config(cmds)
     raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")

@@ -101,7 +101,12 @@ def dialect(kind: str, facts: EngineFacts | None = None) -> Dialect:
     if base.kind == EngineKind.IK:
         fmoe = ((), ("-no-fmoe",)) if f.has("-no-fmoe") else (("-fmoe",), ()) if f.has("-fmoe") else ((), ())
     return replace(
-        base, flash_attn_on=fa_on, flash_attn_off=fa_off, n_cpu_moe=f.n_cpu_moe, version=f.version, no_mmap=no_mmap,
+        base,
+        flash_attn_on=fa_on,
+        flash_attn_off=fa_off,
+        n_cpu_moe=f.n_cpu_moe,
+        version=f.version,
+        no_mmap=no_mmap,
         fit_off=base.fit_off if f.has("-fit off") else (),
         no_repack=base.no_repack if f.has("-nr") else (),
         repack=base.repack if f.has("-rtr") else (),
@@ -109,7 +114,8 @@ def dialect(kind: str, facts: EngineFacts | None = None) -> Dialect:
         jinja=base.jinja if f.has("--jinja") else (),
         amb=base.amb if base.amb and f.has(base.amb) else None,
         mla=base.mla if base.mla and f.has(base.mla) else None,
-        fused_moe_on=fmoe[0], fused_moe_off=fmoe[1],
+        fused_moe_on=fmoe[0],
+        fused_moe_off=fmoe[1],
         merge_up_gate=base.merge_up_gate if base.merge_up_gate and f.has(base.merge_up_gate[0]) else (),
         no_log_file=base.no_log_file if base.no_log_file and f.has(base.no_log_file[0]) else (),
         merge_qkv=base.merge_qkv if not f.help_flags or f.has("--merge-qkv") else (),
@@ -133,8 +139,9 @@ def engine_devices(d: Dialect, accelerators: list[tuple[str, bool]]) -> list[str
     return [*(local or [IK_LOCAL_CPU]), *(n for n, r in accelerators if r)]
 
 
-def n_cpu_moe_note(d: Dialect, n: int, n_layer: int, layer_device: list[str] | None = None,
-                   n_devices: int | None = None) -> str:
+def n_cpu_moe_note(
+    d: Dialect, n: int, n_layer: int, layer_device: list[str] | None = None, n_devices: int | None = None
+) -> str:
     """What `--n-cpu-moe n` means for this build, in layer numbers (``layer_device``: each layer's
     device, and ``n_devices``, the engine's device count: the multi-device rules depend on them)."""
     layers = n_cpu_moe_layers(d.n_cpu_moe, n, n_layer, layer_device, n_devices)
@@ -170,8 +177,18 @@ def ik_quantize_args(rules: list[tuple[str, str]]) -> list[str]:
     return ["--custom-q", ",".join(f"{p}={t.lower()}" for p, t in rules)] if rules else []
 
 
-def quantize_argv(kind: str, binary: str, source: str, output: str, ftype: str, rules: list[tuple[str, str]], *,
-                  imatrix: str | None = None, allow_requantize: bool = False, threads: int | None = None) -> list[str]:
+def quantize_argv(
+    kind: str,
+    binary: str,
+    source: str,
+    output: str,
+    ftype: str,
+    rules: list[tuple[str, str]],
+    *,
+    imatrix: str | None = None,
+    allow_requantize: bool = False,
+    threads: int | None = None,
+) -> list[str]:
     """The llama-quantize command of a recipe: its rules in the engine's dialect, then SOURCE OUT FTYPE."""
     if kind == EngineKind.MAINLINE:
         flags = mainline_quantize_args(rules)
@@ -179,5 +196,13 @@ def quantize_argv(kind: str, binary: str, source: str, output: str, ftype: str, 
         flags = ik_quantize_args(rules)
     else:
         raise ValueError(f"unknown engine kind {kind!r}")
-    return [binary, *(["--imatrix", imatrix] if imatrix else []), *(["--allow-requantize"] if allow_requantize else []),
-            *flags, source, output, ftype, *([str(threads)] if threads else [])]
+    return [
+        binary,
+        *(["--imatrix", imatrix] if imatrix else []),
+        *(["--allow-requantize"] if allow_requantize else []),
+        *flags,
+        source,
+        output,
+        ftype,
+        *([str(threads)] if threads else []),
+    ]

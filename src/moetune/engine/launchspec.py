@@ -22,13 +22,24 @@ def check_process_name(name: str) -> None:
     """A process's name names its files in the run directory (NAME.json, NAME.log): InputError for
     one that would leave it, replace the run's own files, or hold a line break or a control character."""
     bad = next((ch for ch in name if unicodedata.category(ch) in ("Cc", "Zl", "Zp")), None)
-    why = ("it is empty" if not name else "it holds '/'" if "/" in name else
-           "it names a directory" if name in (".", "..") else
-           f"it holds the character {bad!r}" if bad is not None else
-           f"{name}.json is the run's own file" if name in RUN_FILES else None)
+    why = (
+        "it is empty"
+        if not name
+        else "it holds '/'"
+        if "/" in name
+        else "it names a directory"
+        if name in (".", "..")
+        else f"it holds the character {bad!r}"
+        if bad is not None
+        else f"{name}.json is the run's own file"
+        if name in RUN_FILES
+        else None
+    )
     if why:
-        raise InputError(f"process name {name!r} cannot name its files in the run directory: {why}",
-                         hint="rename the service (a layout's `name:`) and plan again")
+        raise InputError(
+            f"process name {name!r} cannot name its files in the run directory: {why}",
+            hint="rename the service (a layout's `name:`) and plan again",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,17 +90,27 @@ class LaunchSpec:
         try:
             procs = []
             for p in doc["processes"]:
-                procs.append(ProcessSpec(
-                    name=str(p["name"]), role=_role(p), engine=str(p["engine"]),
-                    argv=tuple(str(a) for a in p["argv"]), host=str(p["host"]), port=int(p["port"]),
-                    node=str(p.get("node", "local")), ssh=p.get("ssh"), bin_dir=p.get("bin_dir"),
-                    env={str(k): str(v) for k, v in (p.get("env") or {}).items()},
-                    after=tuple(str(a) for a in p.get("after", ())),
-                    allow_public_bind=bool(p.get("allow_public_bind", False)),
-                    gpus=tuple(str(g) for g in p.get("gpus", ()))))
+                procs.append(
+                    ProcessSpec(
+                        name=str(p["name"]),
+                        role=_role(p),
+                        engine=str(p["engine"]),
+                        argv=tuple(str(a) for a in p["argv"]),
+                        host=str(p["host"]),
+                        port=int(p["port"]),
+                        node=str(p.get("node", "local")),
+                        ssh=p.get("ssh"),
+                        bin_dir=p.get("bin_dir"),
+                        env={str(k): str(v) for k, v in (p.get("env") or {}).items()},
+                        after=tuple(str(a) for a in p.get("after", ())),
+                        allow_public_bind=bool(p.get("allow_public_bind", False)),
+                        gpus=tuple(str(g) for g in p.get("gpus", ())),
+                    )
+                )
         except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"plan: the launch section is malformed ({e!r})",
-                             hint="regenerate it with `moetune plan ... --json`") from None
+            raise InputError(
+                f"plan: the launch section is malformed ({e!r})", hint="regenerate it with `moetune plan ... --json`"
+            ) from None
         spec = cls(tuple(procs))
         spec.validate()
         return spec

@@ -78,8 +78,11 @@ class Engine:
         if self.bin_dir is not None and any((Path(self.bin_dir) / n).exists() for n in BINARIES["server"]):
             return None
         if self.builtin:
-            return "not built (moetune engine install" + ("" if self.kind == EngineKind.MAINLINE else
-                                                         f" --kind {self.kind.value}") + ")"
+            return (
+                "not built (moetune engine install"
+                + ("" if self.kind == EngineKind.MAINLINE else f" --kind {self.kind.value}")
+                + ")"
+            )
         return f"no llama-server in {self.bin_dir}"
 
     @property
@@ -98,9 +101,19 @@ class Engine:
 
     def to_json(self) -> dict[str, Any]:
         backend, rdma = self.traits()
-        return {"name": self.name, "kind": self.kind, "bin_dir": self.bin_dir, "image": self.image,
-                "runtime": self.runtime, "builtin": self.builtin, "available": self.available,
-                "missing": self.missing, "release": self.release, "backend": backend, "rpc_rdma": rdma}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "bin_dir": self.bin_dir,
+            "image": self.image,
+            "runtime": self.runtime,
+            "builtin": self.builtin,
+            "available": self.available,
+            "missing": self.missing,
+            "release": self.release,
+            "backend": backend,
+            "rpc_rdma": rdma,
+        }
 
     def version(self) -> str:
         """What moetune records as the engine's version: for its own build, the llama.cpp build and the
@@ -122,7 +135,6 @@ class Engine:
         m = re.search(r"version: .*", out.stdout + out.stderr)
         return m[0] if m else "unknown"
 
-
     def facts(self) -> EngineFacts | None:
         """What the build says it accepts (its --help), asked of the binary here or of the image (each
         question a container of it, cached by the image's id); None when neither is here (not built,
@@ -131,22 +143,37 @@ class Engine:
             return None
         if self.image:
             iid = self.image_id()
-            return None if iid is None else probe(self.image_command(), self.kind, cache_dir() / "facts",
-                                                  key=f"{self.runtime}|{iid}")
+            return (
+                None
+                if iid is None
+                else probe(self.image_command(), self.kind, cache_dir() / "facts", key=f"{self.runtime}|{iid}")
+            )
         return probe(self.binary("server"), self.kind, cache_dir() / "facts")
 
     def image_command(self, entrypoint: str | None = None) -> list[str]:
         """``RUNTIME run --rm --network none [--entrypoint E] IMAGE``: the image's binary, run once
         with no network (the engine's facts, which binaries it holds)."""
         assert self.image is not None and self.runtime is not None
-        return [self.runtime, "run", "--rm", "--network", "none", *(["--entrypoint", entrypoint] if entrypoint else []),
-                self.image]
+        return [
+            self.runtime,
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            *(["--entrypoint", entrypoint] if entrypoint else []),
+            self.image,
+        ]
 
     def _image_inspect(self, fmt: str) -> str | None:
         assert self.image is not None and self.runtime is not None
         try:
-            r = subprocess.run([self.runtime, "image", "inspect", "--format", fmt, self.image], capture_output=True,
-                               text=True, timeout=60, stdin=subprocess.DEVNULL)
+            r = subprocess.run(
+                [self.runtime, "image", "inspect", "--format", fmt, self.image],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         return r.stdout.strip() if r.returncode == 0 else None
@@ -169,21 +196,28 @@ class Engine:
         names = BINARIES[role]
         for cand in [*(f"{where}/{n}" for n in names if where), *names]:
             try:
-                r = subprocess.run([*self.image_command(cand), "--help"], capture_output=True, timeout=60,
-                                   stdin=subprocess.DEVNULL)
+                r = subprocess.run(
+                    [*self.image_command(cand), "--help"], capture_output=True, timeout=60, stdin=subprocess.DEVNULL
+                )
             except (OSError, subprocess.TimeoutExpired):
                 continue
             if r.returncode == 0:
                 return cand
-        raise InputError(f"engine {self.name}: image {self.image} has no {' or '.join(names)}",
-                         hint="build the image with the RPC server in it, or give the worker's node a bin_dir")
+        raise InputError(
+            f"engine {self.name}: image {self.image} has no {' or '.join(names)}",
+            hint="build the image with the RPC server in it, or give the worker's node a bin_dir",
+        )
 
 
 # the libraries a build's backend brings (in its directory, or named by llama-server's dynamic
 # section); a build with none of them runs on the CPU
-BACKEND_LIBS = (("cuda", ("libggml-cuda", "libcublas", "libcudart")), ("hip", ("libggml-hip", "libamdhip64")),
-                ("vulkan", ("libggml-vulkan", "libvulkan")), ("sycl", ("libggml-sycl",)),
-                ("metal", ("libggml-metal", "Metal.framework")))
+BACKEND_LIBS = (
+    ("cuda", ("libggml-cuda", "libcublas", "libcudart")),
+    ("hip", ("libggml-hip", "libamdhip64")),
+    ("vulkan", ("libggml-vulkan", "libvulkan")),
+    ("sycl", ("libggml-sycl",)),
+    ("metal", ("libggml-metal", "Metal.framework")),
+)
 RDMA_LIB = "libibverbs"
 
 
@@ -191,15 +225,19 @@ def detect_traits(bin_dir: Path, head_bytes: int = 4 << 20) -> tuple[str, bool]:
     """(backend, RDMA) of a build from its files, cheaply: the libraries beside llama-server (and in
     ``../lib``), and the start of llama-server, where an ELF's dynamic section names the libraries
     it links."""
-    names = [p.name for d in (bin_dir, bin_dir.parent / "lib", bin_dir.parent / "lib64") if d.is_dir()
-             for p in d.iterdir()]
+    names = [
+        p.name for d in (bin_dir, bin_dir.parent / "lib", bin_dir.parent / "lib64") if d.is_dir() for p in d.iterdir()
+    ]
     try:
         with open(bin_dir / BINARIES["server"][0], "rb") as f:
             head = f.read(head_bytes)
     except OSError:
         head = b""
-    found = [b for b, marks in BACKEND_LIBS
-             if any(n.startswith(m) for n in names for m in marks) or any(m.encode() in head for m in marks)]
+    found = [
+        b
+        for b, marks in BACKEND_LIBS
+        if any(n.startswith(m) for n in names for m in marks) or any(m.encode() in head for m in marks)
+    ]
     rdma = any(n.startswith(RDMA_LIB) for n in names) or RDMA_LIB.encode() in head
     return (found[0] if found else "cpu"), rdma
 
@@ -219,8 +257,15 @@ def _user_file() -> Path:
 
 
 def _engine_of(b: Build) -> Engine:
-    return Engine(b.name, b.recipe.kind, str(b.bin_dir), builtin=True, release=b.version,
-                  backend=b.opts.backend, rpc_rdma=b.opts.rpc_rdma)
+    return Engine(
+        b.name,
+        b.recipe.kind,
+        str(b.bin_dir),
+        builtin=True,
+        release=b.version,
+        backend=b.opts.backend,
+        rpc_rdma=b.opts.rpc_rdma,
+    )
 
 
 def builtin(kind: EngineKind = EngineKind.MAINLINE) -> Engine:
@@ -236,8 +281,9 @@ def variant_builds() -> list[Build]:
         try:
             doc = json.loads(info.read_text())
             recipe = RECIPES[EngineKind(doc["kind"])]
-            opts = Options(str(doc.get("backend", "cpu")), bool(doc.get("rpc_rdma", False)),
-                           str(doc.get("cuda_arch", "native")))
+            opts = Options(
+                str(doc.get("backend", "cpu")), bool(doc.get("rpc_rdma", False)), str(doc.get("cuda_arch", "native"))
+            )
             if opts == Options() or opts.backend not in BACKENDS:
                 continue
             b = build_for(str(doc["version"]), recipe, opts)
@@ -287,8 +333,10 @@ def get(name: str | None = None) -> Engine:
             found = next((e for e in engines if e.builtin and e.name == full), None)
             if found is not None:
                 return found
-    raise InputError(f"no engine named {name!r} (known: {', '.join(e.name for e in engines)})",
-                     hint="see `moetune engine list`, or register one with `moetune engine add`")
+    raise InputError(
+        f"no engine named {name!r} (known: {', '.join(e.name for e in engines)})",
+        hint="see `moetune engine list`, or register one with `moetune engine add`",
+    )
 
 
 def facts_for(names: set[str], args: dict[str, list[tuple[str, ...]]] | None = None) -> dict[str, EngineFacts]:
@@ -349,8 +397,9 @@ def _check_server(d: Path) -> None:
         raise InputError(f"--bin-dir {d}: `llama-server --version` exited {r.returncode} ({last[0]})")
 
 
-def add(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None,
-        replace: bool = False) -> Engine:
+def add(
+    name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None, replace: bool = False
+) -> Engine:
     """Register an engine after checking it runs here; an existing entry is replaced only when asked."""
     if kind not in KINDS:
         raise InputError(f"--kind {kind!r}: choose {' or '.join(KINDS)}")
@@ -364,8 +413,10 @@ def add(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: s
     old = next((u for u in users if u.name == name), None)
     if old is not None and not replace:
         where = old.bin_dir or f"{old.runtime} image {old.image}"
-        raise InputError(f"an engine named {name!r} is already registered ({where})",
-                         hint="pass --replace to overwrite it, or choose another name")
+        raise InputError(
+            f"an engine named {name!r} is already registered ({where})",
+            hint="pass --replace to overwrite it, or choose another name",
+        )
     if bin_dir is not None:
         d = Path(bin_dir).expanduser().resolve()
         _check_server(d)
@@ -374,8 +425,10 @@ def add(name: str, kind: str, bin_dir: str | None, image: str | None, runtime: s
         if runtime not in ("podman", "docker"):
             raise InputError("--image needs --runtime podman or --runtime docker")
         if shutil.which(runtime) is None:
-            raise InputError(f"--runtime {runtime}: {runtime} is not installed (not on PATH)",
-                             hint=f"install {runtime}, or choose the other runtime")
+            raise InputError(
+                f"--runtime {runtime}: {runtime} is not installed (not on PATH)",
+                hint=f"install {runtime}, or choose the other runtime",
+            )
     e = Engine(name, EngineKind(kind), bin_dir, image, runtime if image else None)
     _save([*(u for u in users if u.name != name), e])
     return e
@@ -388,8 +441,13 @@ class Removed:
     freed_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.engine.name, "kind": self.engine.kind, "builtin": self.engine.builtin,
-                "purged": None if self.purged is None else str(self.purged), "freed_bytes": self.freed_bytes}
+        return {
+            "name": self.engine.name,
+            "kind": self.engine.kind,
+            "builtin": self.engine.builtin,
+            "purged": None if self.purged is None else str(self.purged),
+            "freed_bytes": self.freed_bytes,
+        }
 
 
 def remove(name: str, purge_build: bool = False) -> Removed:
@@ -400,15 +458,15 @@ def remove(name: str, purge_build: bool = False) -> Removed:
             continue
         b, again = _engine_of(build), install_command(build.recipe, build.opts)
         if not purge_build:
-            raise InputError(f"{name} is a build moetune made, not a registered engine",
-                             hint=f"`moetune engine remove {name} --purge` deletes it from the cache "
-                                  f"(`{again}` builds it again)")
+            raise InputError(
+                f"{name} is a build moetune made, not a registered engine",
+                hint=f"`moetune engine remove {name} --purge` deletes it from the cache (`{again}` builds it again)",
+            )
         return Removed(b, build.dir, purge(build))
     users = load_user()
     found = next((e for e in users if e.name == name), None)
     if found is None:
-        raise InputError(f"no registered engine named {name!r}",
-                         hint="see `moetune engine list` for the names")
+        raise InputError(f"no registered engine named {name!r}", hint="see `moetune engine list` for the names")
     _save([e for e in users if e.name != name])
     return Removed(found)
 

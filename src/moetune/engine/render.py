@@ -70,8 +70,9 @@ def check_rules(p: ModelProfile, pl: Placement, rules: list[OverrideRule]) -> No
             raise AssertionError(f"override rules send {t.name} to {dev}, the plan says {experts[t.name]}")
 
 
-def _tensor_split(p: ModelProfile, pl: Placement, s: Settings, d: Dialect,
-                  accelerators: list[tuple[str, bool]] | None) -> tuple[float, ...]:
+def _tensor_split(
+    p: ModelProfile, pl: Placement, s: Settings, d: Dialect, accelerators: list[tuple[str, bool]] | None
+) -> tuple[float, ...]:
     """-ts in the engine's terms: mainline takes the plan's layer counts; ik_llama.cpp, which splits
     by bytes over its own device numbering, the shares that give the plan's layers (ik_split)."""
     order = engine_devices(d, accelerators or [])
@@ -82,8 +83,10 @@ def _tensor_split(p: ModelProfile, pl: Placement, s: Settings, d: Dialect,
     index = {n: i for i, n in enumerate(order)}
     layers = [*pl.layer_device, pl.output_device]
     if any(n not in index for n in layers):
-        raise InputError(f"layers on {sorted({n for n in layers if n not in index})} cannot be offloaded by -ts "
-                         f"(ik_llama.cpp's devices: {', '.join(order)})")
+        raise InputError(
+            f"layers on {sorted({n for n in layers if n not in index})} cannot be offloaded by -ts "
+            f"(ik_llama.cpp's devices: {', '.join(order)})"
+        )
     sizes, mc = ik_split.layer_sizes(p, s, s.mla if p.is_mla and d.mla else 0)
     return ik_split.tensor_split(sizes, mc, [index[n] for n in layers], len(order))
 
@@ -108,8 +111,15 @@ def repack_flags(s: Settings, d: Dialect) -> list[str]:
     return list(d.repack if s.repack else d.no_repack)
 
 
-def defaults_argv(p: ModelProfile, s: Settings, d: Dialect, *, port: int = 8080, rpc: list[str] | None = None,
-                  model_path: str | None = None) -> list[str]:
+def defaults_argv(
+    p: ModelProfile,
+    s: Settings,
+    d: Dialect,
+    *,
+    port: int = 8080,
+    rpc: list[str] | None = None,
+    model_path: str | None = None,
+) -> list[str]:
     """The engine run with the model and no tuning flags (tune's "engine defaults" baseline): the
     model, the context, the devices (``--rpc``) and what the plan's own server needs to run: the
     repacking it turns off (where the engine would crash with it), ik_llama.cpp's ``--jinja`` and
@@ -126,13 +136,37 @@ def defaults_argv(p: ModelProfile, s: Settings, d: Dialect, *, port: int = 8080,
     return argv
 
 
-def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, engine: str = "",
-                port: int = 8080, rpc: list[str] | None = None, model_path: str | None = None,
-                extra: list[str] | None = None, accelerators: list[tuple[str, bool]] | None = None) -> list[str]:
+def server_argv(
+    p: ModelProfile,
+    pl: Placement,
+    s: Settings,
+    d: Dialect,
+    *,
+    engine: str = "",
+    port: int = 8080,
+    rpc: list[str] | None = None,
+    model_path: str | None = None,
+    extra: list[str] | None = None,
+    accelerators: list[tuple[str, bool]] | None = None,
+) -> list[str]:
     """Arguments after the llama-server binary. ``accelerators``: the plan's (name, is an RPC
     device), in llama.cpp's order, which the engine's -ts depends on."""
-    argv = ["-m", model_path or p.server_path, d.ctx, str(s.ctx), d.slots, str(s.slots), d.batch, str(s.batch),
-            d.ubatch, str(s.ubatch), d.ctk, s.ctk, d.ctv, s.ctv]
+    argv = [
+        "-m",
+        model_path or p.server_path,
+        d.ctx,
+        str(s.ctx),
+        d.slots,
+        str(s.slots),
+        d.batch,
+        str(s.batch),
+        d.ubatch,
+        str(s.ubatch),
+        d.ctk,
+        s.ctk,
+        d.ctv,
+        s.ctv,
+    ]
     argv += list(d.flash_attn_on if s.flash_attn else d.flash_attn_off)
     if s.kv_unified:
         argv += list(d.kv_unified)
@@ -145,8 +179,9 @@ def server_argv(p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, engi
         need_flag(d, engine or d.kind, "--cache-ram", d.cache_ram)
         argv += [d.cache_ram, str(s.cache_ram_mib)]
     elif s.cache_ram_mib:  # 0 says what an engine without a prompt cache does anyway
-        raise InputError(f"--cache-ram: engine {engine or d.kind} keeps no prompt cache in host RAM",
-                         hint="leave --cache-ram out")
+        raise InputError(
+            f"--cache-ram: engine {engine or d.kind} keeps no prompt cache in host RAM", hint="leave --cache-ram out"
+        )
     argv += [d.ngl, d.ngl_all]
     if s.split_mode != "layer":
         need_flag(d, engine or d.kind, "--split-mode", d.split_mode)

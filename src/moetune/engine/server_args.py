@@ -30,9 +30,28 @@ _MANAGED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-ctk", "--cache-type-k"), "--ctk"),
     (("-ctv", "--cache-type-v"), "--ctv"),
     (("-fa", "--flash-attn", "-no-fa", "--no-flash-attn"), "--no-flash-attn"),
-    (("-ngl", "--gpu-layers", "--n-gpu-layers", "-ot", "--override-tensor", "-ts", "--tensor-split", "--cpu-moe",
-      "-cmoe", "--n-cpu-moe", "-ncmoe", "-mg", "--main-gpu", "-fit", "--fit", "-fitt",
-      "--fit-target"), _STRATEGY),
+    (
+        (
+            "-ngl",
+            "--gpu-layers",
+            "--n-gpu-layers",
+            "-ot",
+            "--override-tensor",
+            "-ts",
+            "--tensor-split",
+            "--cpu-moe",
+            "-cmoe",
+            "--n-cpu-moe",
+            "-ncmoe",
+            "-mg",
+            "--main-gpu",
+            "-fit",
+            "--fit",
+            "-fitt",
+            "--fit-target",
+        ),
+        _STRATEGY,
+    ),
     (("-sm", "--split-mode"), "--split-mode layer|graph (graph: ik_llama.cpp, divided across the GPUs in the ledger)"),
     (("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"), "--ctx-checkpoints N (the ledger counts their host memory)"),
     (("-cram", "--cache-ram"), "--cache-ram MIB (the ledger counts the prompt cache's host memory)"),
@@ -54,8 +73,10 @@ _MANAGED: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 _UNMODELED = "nothing: it changes the memory the plan counts, which the ledger does not model; leave it out"
 _MANAGED += (
-    (("-nkvo", "--no-kv-offload", "--swa-full", "-md", "--model-draft", "-mm", "--mmproj", "-mmu", "--mmproj-url"),
-     _UNMODELED),
+    (
+        ("-nkvo", "--no-kv-offload", "--swa-full", "-md", "--model-draft", "-mm", "--mmproj", "-mmu", "--mmproj-url"),
+        _UNMODELED,
+    ),
 )
 MANAGED: dict[str, str] = {flag: option for flags, option in _MANAGED for flag in flags}
 # extra flags that say what a first-class option says: taken as that option (so the ledger and the
@@ -72,9 +93,15 @@ _LIFTED: tuple[tuple[tuple[str, ...], str, str, type | None], ...] = (
 )
 LIFTED = {flag: (option, field, kind) for flags, option, field, kind in _LIFTED for flag in flags}
 # --sampling's names and the flag each sets (both engines spell them so)
-SAMPLING_FLAGS = {"temp": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
-                  "repeat_penalty": "--repeat-penalty", "presence_penalty": "--presence-penalty",
-                  "frequency_penalty": "--frequency-penalty"}
+SAMPLING_FLAGS = {
+    "temp": "--temp",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "min_p": "--min-p",
+    "repeat_penalty": "--repeat-penalty",
+    "presence_penalty": "--presence-penalty",
+    "frequency_penalty": "--frequency-penalty",
+}
 _NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -90,23 +117,33 @@ def flag_name(word: str) -> str:
 def check_extra(args: Sequence[str], engine: str, d: Dialect) -> None:
     """The user's extra arguments, each flag neither one moetune sets nor one the build lacks."""
     if args and not is_flag(args[0]):
-        raise InputError(f"--engine-arg {args[0]!r}: the extra arguments start with a flag",
-                         hint="give the flag first, then its value: --engine-arg=--alias --engine-arg=NAME")
+        raise InputError(
+            f"--engine-arg {args[0]!r}: the extra arguments start with a flag",
+            hint="give the flag first, then its value: --engine-arg=--alias --engine-arg=NAME",
+        )
     for word in filter(is_flag, args):
         name = flag_name(word)
         if name in LIFTED or name in SAMPLING_FLAGS.values():
-            raise InputError(f"--engine-arg {name}: say it with {LIFTED[name][0] if name in LIFTED else '--sampling'}",
-                             hint="the plan's own option puts it where the ledger and the speed model see it")
+            raise InputError(
+                f"--engine-arg {name}: say it with {LIFTED[name][0] if name in LIFTED else '--sampling'}",
+                hint="the plan's own option puts it where the ledger and the speed model see it",
+            )
         if MANAGED.get(name) == _UNMODELED:
-            raise InputError(f"--engine-arg {name}: it changes the memory the plan counts, which moetune does not "
-                             "model", hint="leave it out: the plan's ledger would not match what the server allocates")
+            raise InputError(
+                f"--engine-arg {name}: it changes the memory the plan counts, which moetune does not model",
+                hint="leave it out: the plan's ledger would not match what the server allocates",
+            )
         if name in MANAGED:
-            raise InputError(f"--engine-arg {name}: moetune sets {name} from the plan; use {MANAGED[name]} instead",
-                             hint="the plan's options size the memory and the speed that its command must match")
+            raise InputError(
+                f"--engine-arg {name}: moetune sets {name} from the plan; use {MANAGED[name]} instead",
+                hint="the plan's options size the memory and the speed that its command must match",
+            )
         if d.flags and name not in d.flags:
-            raise InputError(f"--engine-arg {name}: engine {engine} ({d.version or d.kind}) does not take {name} "
-                             "(its --help does not list it)",
-                             hint="check `llama-server --help` of that build, or choose another --engine")
+            raise InputError(
+                f"--engine-arg {name}: engine {engine} ({d.version or d.kind}) does not take {name} "
+                "(its --help does not list it)",
+                hint="check `llama-server --help` of that build, or choose another --engine",
+            )
 
 
 def flag_words(args: Sequence[str]) -> list[tuple[str, ...]]:
@@ -136,16 +173,20 @@ def own_flags(s: Settings) -> list[tuple[str, ...]]:
 def _value(args: Sequence[str], i: int, name: str, option: str, kind: type) -> tuple[Any, int]:
     """The value of the flag at ``args[i]`` (``--flag=V`` or ``--flag V``) and the index after it."""
     word = args[i]
-    text, nxt = (word.split("=", 1)[1], i + 1) if "=" in word else (
-        (args[i + 1], i + 2) if i + 1 < len(args) and not is_flag(args[i + 1]) else (None, i + 1))
+    text, nxt = (
+        (word.split("=", 1)[1], i + 1)
+        if "=" in word
+        else ((args[i + 1], i + 2) if i + 1 < len(args) and not is_flag(args[i + 1]) else (None, i + 1))
+    )
     try:
         if text is None:
             raise ValueError
         return kind(text), nxt
     except ValueError:
         what = {int: "a whole number", float: "a number"}.get(kind, "a value")
-        raise InputError(f"--engine-arg {name}: expected {what} after it, got {text!r}",
-                         hint=f"or say it with {option}") from None
+        raise InputError(
+            f"--engine-arg {name}: expected {what} after it, got {text!r}", hint=f"or say it with {option}"
+        ) from None
 
 
 def _set(s: Settings, field: str, value: Any, option: str, name: str) -> Settings:
@@ -156,8 +197,9 @@ def _set(s: Settings, field: str, value: Any, option: str, name: str) -> Setting
     holder: Any = s.server if server else s
     now, default = getattr(holder, key), getattr(type(holder)(), key)
     if now != default and now != value:
-        raise InputError(f"--engine-arg {name} {value}: the plan already says {option} {now}",
-                         hint=f"give it once, as {option}")
+        raise InputError(
+            f"--engine-arg {name} {value}: the plan already says {option} {now}", hint=f"give it once, as {option}"
+        )
     change: dict[str, Any] = {key: value}
     return replace(s, server=replace(s.server, **change)) if server else replace(s, **change)
 
@@ -181,14 +223,18 @@ def lift_extra(s: Settings) -> Settings:
         elif name in flag_of:
             value, i = _value(args, i, name, "--sampling", float)
             if sampling.get(key := flag_of[name], value) != value:
-                raise InputError(f"--engine-arg {name} {value:g}: the plan already says --sampling "
-                                 f"{key}={sampling[key]:g}", hint="give it once, in --sampling")
+                raise InputError(
+                    f"--engine-arg {name} {value:g}: the plan already says --sampling {key}={sampling[key]:g}",
+                    hint="give it once, in --sampling",
+                )
             sampling[key] = value
         elif name == "--reasoning-budget":
             value, i = _value(args, i, name, "--thinking on|off", int)
             if value not in (0, -1):
-                raise InputError(f"--engine-arg --reasoning-budget {value}: moetune plans -1 or 0 (--thinking on|off)",
-                                 hint="say it with --thinking on|off")
+                raise InputError(
+                    f"--engine-arg --reasoning-budget {value}: moetune plans -1 or 0 (--thinking on|off)",
+                    hint="say it with --thinking on|off",
+                )
             s = _set(s, "server.thinking", value == -1, "--thinking", name)
         else:
             rest.append(word)
@@ -214,8 +260,10 @@ def parse_sampling(text: str) -> tuple[tuple[str, float], ...]:
 def need_flag(d: Dialect, engine: str, option: str, flag: str) -> None:
     """InputError where the build's help is known and lacks ``flag`` (which ``option`` renders)."""
     if d.flags and flag not in d.flags:
-        raise InputError(f"{option}: engine {engine} ({d.version or d.kind}) does not take {flag}",
-                         hint=f"leave {option} out, or choose an engine build that has {flag}")
+        raise InputError(
+            f"{option}: engine {engine} ({d.version or d.kind}) does not take {flag}",
+            hint=f"leave {option} out, or choose an engine build that has {flag}",
+        )
 
 
 def rope_factor(ctx_per_slot: int, trained: int) -> float:
@@ -237,11 +285,16 @@ def server_options(s: Settings, d: Dialect, engine: str = "", trained_ctx: int =
 
     if s.threads_batch:
         add("--threads-batch", "-tb", str(s.threads_batch))
-    for option, on, words in (("--merge-qkv", s.merge_qkv, d.merge_qkv), ("--ger", s.grouped_experts, d.grouped_experts),
-                              ("--muge", s.merge_up_gate, d.merge_up_gate)):
+    for option, on, words in (
+        ("--merge-qkv", s.merge_qkv, d.merge_qkv),
+        ("--ger", s.grouped_experts, d.grouped_experts),
+        ("--muge", s.merge_up_gate, d.merge_up_gate),
+    ):
         if on and not words:
-            raise InputError(f"{option}: engine {engine} ({d.version or d.kind}) has no such option",
-                             hint="it is an ik_llama.cpp option: plan with --engine ik_llama.cpp, or leave it out")
+            raise InputError(
+                f"{option}: engine {engine} ({d.version or d.kind}) has no such option",
+                hint="it is an ik_llama.cpp option: plan with --engine ik_llama.cpp, or leave it out",
+            )
         if on and option != "--muge":  # -muge: rendered with ik_llama.cpp's other options (render.ik_flags)
             add(option, *words)
     if o.warmup_batch:
@@ -256,8 +309,13 @@ def server_options(s: Settings, d: Dialect, engine: str = "", trained_ctx: int =
     for key, value in o.sampling:
         add("--sampling", SAMPLING_FLAGS[key], f"{value:g}")
     if o.rope_scaling:
-        add("--rope-scaling", "--rope-scaling", o.rope_scaling,
-            "--rope-scale", f"{rope_factor(s.ctx // s.slots, trained_ctx):g}")
+        add(
+            "--rope-scaling",
+            "--rope-scaling",
+            o.rope_scaling,
+            "--rope-scale",
+            f"{rope_factor(s.ctx // s.slots, trained_ctx):g}",
+        )
         if trained_ctx:
             add("--rope-scaling", "--yarn-orig-ctx", str(trained_ctx))
     if o.api_key_file:

@@ -31,10 +31,20 @@ def machine_facts() -> dict[str, str]:
     gpus = ""
     if shutil.which("nvidia-smi"):
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                                  capture_output=True, text=True, timeout=10).stdout.strip()
-    return {"machine": platform.machine(), "cpu": cpu, "cores": str(os.cpu_count() or 0), "ram_kib": ram_kib,
-            "gpus": gpus, "hostname": platform.node()}
+            gpus = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+    return {
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cores": str(os.cpu_count() or 0),
+        "ram_kib": ram_kib,
+        "gpus": gpus,
+        "hostname": platform.node(),
+    }
 
 
 def fingerprint(facts: dict[str, str] | None = None) -> str:

@@ -101,8 +101,18 @@ class Inventory:
         out: list[Device] = []
         for n in self.nodes[1:]:
             for i, d in enumerate(n.devices):
-                out.append(Device(rpc_name(i, n), DeviceKind.RPC, d.mem_mib, d.bw_gbs, n.name,
-                                  n.link_gbs or d.link_gbs, d.reserved_mib, d.tflops))
+                out.append(
+                    Device(
+                        rpc_name(i, n),
+                        DeviceKind.RPC,
+                        d.mem_mib,
+                        d.bw_gbs,
+                        n.name,
+                        n.link_gbs or d.link_gbs,
+                        d.reserved_mib,
+                        d.tflops,
+                    )
+                )
         return list(self.local.devices) + out if self.local_first else out + list(self.local.devices)
 
     def devices(self) -> list[Device]:
@@ -137,14 +147,17 @@ class Inventory:
         by_engine = {v: k for k, v in self.engine_names().items()}
         if name in by_engine:
             return next(d for d in devs if d.name == by_engine[name])
-        raise InputError(f"no device {name!r} in the hardware file (devices: {', '.join(d.name for d in self.devices())})")
+        raise InputError(
+            f"no device {name!r} in the hardware file (devices: {', '.join(d.name for d in self.devices())})"
+        )
 
 
 # private networks by name, not ipaddress's is_private (which also counts the documentation
 # ranges, 240.0.0.0/4, 198.18.0.0/15 and other special-purpose blocks that are nobody's private link)
 PRIVATE_NETS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"))
-DOCUMENTATION_NETS = tuple(ipaddress.ip_network(n) for n in (
-    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))  # RFC 5737, RFC 3849
+DOCUMENTATION_NETS = tuple(
+    ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")
+)  # RFC 5737, RFC 3849
 
 
 def bind_problem(addr: str) -> str | None:
@@ -163,10 +176,13 @@ def bind_problem(addr: str) -> str | None:
     return f"{addr}, which is not a loopback, private or link-local address"
 
 
-RPC_NO_AUTH = ("the RPC protocol has no authentication: anyone who reaches the port can read and write the "
-               "worker's memory and run computations on it")
-RPC_PUBLIC_BIND_REMEDY = ("keep the port behind a firewall that admits only the server's node, or bind it to the "
-                          "private link")
+RPC_NO_AUTH = (
+    "the RPC protocol has no authentication: anyone who reaches the port can read and write the "
+    "worker's memory and run computations on it"
+)
+RPC_PUBLIC_BIND_REMEDY = (
+    "keep the port behind a firewall that admits only the server's node, or bind it to the private link"
+)
 
 
 def public_binds(inv: Inventory) -> list[tuple[Node, str]]:
@@ -209,17 +225,44 @@ def from_dict(doc: Any, source: str | None = None) -> Inventory:
             raise InputError(f"{source or 'hardware'}: two nodes are named {n.name!r}")
         why = bind_problem(n.link_addr) if n.link_addr and i > 0 else None
         if why and not n.allow_public_bind:
-            raise InputError(f"{source or 'hardware'}: node {n.name}: refusing to bind its RPC worker to {why}; "
-                             f"{RPC_NO_AUTH}",
-                             hint="use the node's address on the private link between the nodes (10.x, 172.16-31.x, "
-                             "192.168.x, 169.254.x), or set `allow_public_bind: true` on the node if a firewall "
-                             "keeps everyone else out")
+            raise InputError(
+                f"{source or 'hardware'}: node {n.name}: refusing to bind its RPC worker to {why}; {RPC_NO_AUTH}",
+                hint="use the node's address on the private link between the nodes (10.x, 172.16-31.x, "
+                "192.168.x, 169.254.x), or set `allow_public_bind: true` on the node if a firewall "
+                "keeps everyone else out",
+            )
         names.add(n.name)
-        devs = tuple(Device(d.name, DeviceKind(d.kind), d.mem_mib, d.bw_gbs, n.name, d.link_gbs or DEFAULT_PCIE_GBS,
-                            d.reserved_mib, d.tflops) for d in n.devices)
-        nodes.append(Node(n.name, n.cpu.cores, n.cpu.ram_mib, n.cpu.ram_bw_gbs, devs, n.ssh, n.link_addr,
-                          n.rpc_port, n.link_gbs, n.bin_dir, n.cpu.reserved_mib, n.allow_public_bind, n.rdma,
-                          None if n.cpu.isa is None else tuple(n.cpu.isa)))
+        devs = tuple(
+            Device(
+                d.name,
+                DeviceKind(d.kind),
+                d.mem_mib,
+                d.bw_gbs,
+                n.name,
+                d.link_gbs or DEFAULT_PCIE_GBS,
+                d.reserved_mib,
+                d.tflops,
+            )
+            for d in n.devices
+        )
+        nodes.append(
+            Node(
+                n.name,
+                n.cpu.cores,
+                n.cpu.ram_mib,
+                n.cpu.ram_bw_gbs,
+                devs,
+                n.ssh,
+                n.link_addr,
+                n.rpc_port,
+                n.link_gbs,
+                n.bin_dir,
+                n.cpu.reserved_mib,
+                n.allow_public_bind,
+                n.rdma,
+                None if n.cpu.isa is None else tuple(n.cpu.isa),
+            )
+        )
     return Inventory(tuple(nodes), hw.name, source)
 
 
@@ -230,8 +273,10 @@ def load(path: str | Path) -> Inventory:
         if builtin.exists():
             p = builtin
         else:
-            raise InputError(f"{path}: no such hardware file", hint="write one with `moetune hw probe`, "
-                             "or use a built-in example: " + ", ".join(examples()))
+            raise InputError(
+                f"{path}: no such hardware file",
+                hint="write one with `moetune hw probe`, or use a built-in example: " + ", ".join(examples()),
+            )
     from moetune.paths import readable_file
 
     p = readable_file(p, "hardware file")
@@ -264,10 +309,16 @@ def _read_cache(key: str) -> Inventory | None:
         return None
     try:
         doc = json.loads(data)
-        nodes = tuple(Node(**{**n, "devices": tuple(Device(**{**d, "kind": DeviceKind(d["kind"])})
-                                                       for d in n["devices"]),
-                               "cpu_isa": None if n.get("cpu_isa") is None else tuple(n["cpu_isa"])})
-                      for n in doc["nodes"])
+        nodes = tuple(
+            Node(
+                **{
+                    **n,
+                    "devices": tuple(Device(**{**d, "kind": DeviceKind(d["kind"])}) for d in n["devices"]),
+                    "cpu_isa": None if n.get("cpu_isa") is None else tuple(n["cpu_isa"]),
+                }
+            )
+            for n in doc["nodes"]
+        )
         return Inventory(nodes, doc.get("name"))
     except (ValueError, KeyError, TypeError):  # written by another version
         return None
@@ -286,16 +337,30 @@ def examples() -> list[str]:
 def to_dict(inv: Inventory) -> dict[str, Any]:
     nodes = []
     for n in inv.nodes:
-        node: dict[str, Any] = {"name": n.name, "cpu": {"cores": n.cores, "ram_mib": n.ram_mib,
-                                                        "ram_bw_gbs": n.ram_bw_gbs}}
+        node: dict[str, Any] = {
+            "name": n.name,
+            "cpu": {"cores": n.cores, "ram_mib": n.ram_mib, "ram_bw_gbs": n.ram_bw_gbs},
+        }
         if n.ram_reserved_mib:
             node["cpu"]["reserved_mib"] = n.ram_reserved_mib
         if n.cpu_isa is not None:
             node["cpu"]["isa"] = list(n.cpu_isa)
-        node["devices"] = [{k: v for k, v in (("name", d.name), ("kind", str(d.kind)), ("mem_mib", d.mem_mib),
-                                               ("bw_gbs", d.bw_gbs), ("link_gbs", d.link_gbs),
-                                               ("reserved_mib", d.reserved_mib), ("tflops", d.tflops)) if v}
-                            for d in n.devices]
+        node["devices"] = [
+            {
+                k: v
+                for k, v in (
+                    ("name", d.name),
+                    ("kind", str(d.kind)),
+                    ("mem_mib", d.mem_mib),
+                    ("bw_gbs", d.bw_gbs),
+                    ("link_gbs", d.link_gbs),
+                    ("reserved_mib", d.reserved_mib),
+                    ("tflops", d.tflops),
+                )
+                if v
+            }
+            for d in n.devices
+        ]
         for k in ("ssh", "link_addr", "bin_dir", "link_gbs"):
             if getattr(n, k) is not None:
                 node[k] = getattr(n, k)

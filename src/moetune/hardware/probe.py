@@ -24,8 +24,18 @@ from moetune.kinds import DeviceKind
 
 # Memory bandwidth (GB/s) by GPU name, for what NVML does not report.
 GPU_BANDWIDTH = {
-    "H200": 4800, "H100 NVL": 3900, "H100": 3350, "A100": 2039, "L40S": 864, "RTX PRO 6000": 1790,
-    "RTX 6000 Ada": 960, "RTX 5090": 1792, "RTX 4090": 1008, "RTX 3090": 936, "GB10": 273, "A6000": 768,
+    "H200": 4800,
+    "H100 NVL": 3900,
+    "H100": 3350,
+    "A100": 2039,
+    "L40S": 864,
+    "RTX PRO 6000": 1790,
+    "RTX 6000 Ada": 960,
+    "RTX 5090": 1792,
+    "RTX 4090": 1008,
+    "RTX 3090": 936,
+    "GB10": 273,
+    "A6000": 768,
 }
 UNKNOWN_BANDWIDTH_GBS = 500.0
 # GPUs that share the host's memory (no memory.total of their own) and their CPU-GPU link (GB/s):
@@ -74,17 +84,24 @@ def parse_gpus(text: str, ram_mib: float) -> ProbedGpus:
                 notes.append(f"nvidia-smi: skipped a line that names no GPU: {line.strip()[:120]!r}")
             continue
         if any(r[0] == parts[0] for r in rows):
-            notes.append(f"nvidia-smi: GPU index {parts[0]} listed twice; the second line skipped: "
-                         f"{line.strip()[:120]!r}")
+            notes.append(
+                f"nvidia-smi: GPU index {parts[0]} listed twice; the second line skipped: {line.strip()[:120]!r}"
+            )
             continue
-        rows.append((parts[0], parts[1] or "unknown GPU",
-                     dict(zip(QUERY, parts + [""] * (len(QUERY) - len(parts)), strict=False))))
+        rows.append(
+            (
+                parts[0],
+                parts[1] or "unknown GPU",
+                dict(zip(QUERY, parts + [""] * (len(QUERY) - len(parts)), strict=False)),
+            )
+        )
 
     def shares_host(name: str, f: dict[str, str]) -> bool:
         if _number(f["memory.total"]):
             return False
         return any(k in name for k in UNIFIED_LINK_GBS) or (
-            _unavailable(f["memory.total"]) and _unavailable(f["pcie.link.gen.max"]))
+            _unavailable(f["memory.total"]) and _unavailable(f["pcie.link.gen.max"])
+        )
 
     n_unified = sum(shares_host(name, f) for _, name, f in rows)
     devs: list[Device] = []
@@ -99,13 +116,17 @@ def parse_gpus(text: str, ram_mib: float) -> ProbedGpus:
         if mem is None and shares_host(name, f):
             mem = ram_mib * (1 - UNIFIED_CPU_SHARE) / n_unified
             link = shared or link
-            notes.append(f"CUDA{idx} ({name}) shares the host's {ram_mib:,.0f} MiB (unified memory): "
-                         f"{mem:,.0f} MiB given to the GPU, the rest kept for the CPU (RAM and GPU "
-                         "memory are the same memory: the file counts it once)")
+            notes.append(
+                f"CUDA{idx} ({name}) shares the host's {ram_mib:,.0f} MiB (unified memory): "
+                f"{mem:,.0f} MiB given to the GPU, the rest kept for the CPU (RAM and GPU "
+                "memory are the same memory: the file counts it once)"
+            )
         elif mem is None:
-            notes.append(f"CUDA{idx} ({name}): nvidia-smi reports no memory size "
-                         f"({f['memory.total'] or 'missing'}); left out of the file (add it under devices "
-                         f"with its mem_mib: {{name: CUDA{idx}, kind: gpu, mem_mib: ..., bw_gbs: {bw:g}}})")
+            notes.append(
+                f"CUDA{idx} ({name}): nvidia-smi reports no memory size "
+                f"({f['memory.total'] or 'missing'}); left out of the file (add it under devices "
+                f"with its mem_mib: {{name: CUDA{idx}, kind: gpu, mem_mib: ..., bw_gbs: {bw:g}}})"
+            )
             continue
         gen, width = _number(f["pcie.link.gen.max"]), _number(f["pcie.link.width.max"])
         if shared is None and gen is not None and width is not None and int(gen) in PCIE_GBS_PER_LANE:
@@ -116,16 +137,22 @@ def parse_gpus(text: str, ram_mib: float) -> ProbedGpus:
     return ProbedGpus(tuple(devs), n_unified > 0, tuple(notes))
 
 
-def local_node(gpus: ProbedGpus, ram_mib: float, cores: int, ram_bw_gbs: float,
-               cpu_isa: tuple[str, ...] | None = None) -> Node:
+def local_node(
+    gpus: ProbedGpus, ram_mib: float, cores: int, ram_bw_gbs: float, cpu_isa: tuple[str, ...] | None = None
+) -> Node:
     """This machine as a node: where a GPU shares the host's memory, the CPU keeps only its share."""
     cpu_ram = ram_mib * UNIFIED_CPU_SHARE if gpus.unified else ram_mib
     return Node("local", cores, round(cpu_ram), ram_bw_gbs, gpus.devices, cpu_isa=cpu_isa)
 
 
 # /proc/cpuinfo's flags (x86 "flags", Arm "Features") -> the words of the hardware file's cpu.isa
-_ISA_FLAGS = (("avx2", ("avx2",)), ("avx512", ("avx512f",)), ("amx", ("amx_int8", "avx512_vnni")),
-              ("dotprod", ("asimddp",)), ("i8mm", ("i8mm",)))
+_ISA_FLAGS = (
+    ("avx2", ("avx2",)),
+    ("avx512", ("avx512f",)),
+    ("amx", ("amx_int8", "avx512_vnni")),
+    ("dotprod", ("asimddp",)),
+    ("i8mm", ("i8mm",)),
+)
 
 
 def parse_isa(cpuinfo: str) -> tuple[str, ...] | None:
@@ -175,16 +202,22 @@ def _nvidia_smi() -> tuple[str, str | None]:
     if not shutil.which("nvidia-smi"):
         return "", None
     try:
-        r = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=20)
+        r = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return "", f"nvidia-smi did not answer ({e}); no GPU described"
     if r.returncode != 0:
         # a GPU in trouble fails the command while the others are still listed: keep those
         rows = "".join(x for x in r.stdout.splitlines(keepends=True) if re.match(r"\s*\d+\s*,", x))
         said = [x for x in (r.stdout + "\n" + r.stderr).splitlines() if x.strip() and x not in rows]
-        return rows, (f"nvidia-smi failed (exit {r.returncode}): {(said or ['no message'])[0].strip()[:160]}; "
-                      + ("only the GPUs it listed described" if rows else "no GPU described"))
+        return rows, (
+            f"nvidia-smi failed (exit {r.returncode}): {(said or ['no message'])[0].strip()[:160]}; "
+            + ("only the GPUs it listed described" if rows else "no GPU described")
+        )
     return r.stdout, None
 
 

@@ -181,17 +181,19 @@ def qwen3moe(d: Dims) -> Layout:
 def glm4moe(d: Dims) -> Layout:
     arch = "glm4moe"
     meta = _common_meta(arch, d)
-    meta.update({
-        f"{arch}.attention.key_length": d.head_dim,
-        f"{arch}.attention.value_length": d.head_dim,
-        f"{arch}.rope.dimension_count": d.head_dim // 2,
-        f"{arch}.expert_shared_count": d.n_expert_shared,
-        f"{arch}.leading_dense_block_count": d.n_dense_lead,
-        f"{arch}.nextn_predict_layers": d.n_nextn,
-        f"{arch}.expert_weights_scale": 1.0,
-        f"{arch}.expert_weights_norm": True,
-        f"{arch}.expert_gating_func": 2,
-    })
+    meta.update(
+        {
+            f"{arch}.attention.key_length": d.head_dim,
+            f"{arch}.attention.value_length": d.head_dim,
+            f"{arch}.rope.dimension_count": d.head_dim // 2,
+            f"{arch}.expert_shared_count": d.n_expert_shared,
+            f"{arch}.leading_dense_block_count": d.n_dense_lead,
+            f"{arch}.nextn_predict_layers": d.n_nextn,
+            f"{arch}.expert_weights_scale": 1.0,
+            f"{arch}.expert_weights_norm": True,
+            f"{arch}.expert_gating_func": 2,
+        }
+    )
     t = _T()
     _head(t, d)
     for i in range(d.n_blocks):
@@ -211,21 +213,23 @@ def glm4moe(d: Dims) -> Layout:
 
 def _mla_meta(arch: str, d: Dims) -> dict[str, Any]:
     meta = _common_meta(arch, d)
-    meta.update({
-        f"{arch}.attention.head_count_kv": 1,
-        f"{arch}.attention.key_length": d.kv_lora_rank + d.rope_dim,
-        f"{arch}.attention.value_length": d.kv_lora_rank,
-        f"{arch}.attention.key_length_mla": d.k_head_mla,
-        f"{arch}.attention.value_length_mla": d.v_head_mla,
-        f"{arch}.attention.q_lora_rank": d.q_lora_rank,
-        f"{arch}.attention.kv_lora_rank": d.kv_lora_rank,
-        f"{arch}.rope.dimension_count": d.rope_dim,
-        f"{arch}.expert_shared_count": d.n_expert_shared,
-        f"{arch}.leading_dense_block_count": d.n_dense_lead,
-        f"{arch}.expert_weights_scale": 1.0,
-        f"{arch}.expert_weights_norm": True,
-        f"{arch}.expert_gating_func": 2,
-    })
+    meta.update(
+        {
+            f"{arch}.attention.head_count_kv": 1,
+            f"{arch}.attention.key_length": d.kv_lora_rank + d.rope_dim,
+            f"{arch}.attention.value_length": d.kv_lora_rank,
+            f"{arch}.attention.key_length_mla": d.k_head_mla,
+            f"{arch}.attention.value_length_mla": d.v_head_mla,
+            f"{arch}.attention.q_lora_rank": d.q_lora_rank,
+            f"{arch}.attention.kv_lora_rank": d.kv_lora_rank,
+            f"{arch}.rope.dimension_count": d.rope_dim,
+            f"{arch}.expert_shared_count": d.n_expert_shared,
+            f"{arch}.leading_dense_block_count": d.n_dense_lead,
+            f"{arch}.expert_weights_scale": 1.0,
+            f"{arch}.expert_weights_norm": True,
+            f"{arch}.expert_gating_func": 2,
+        }
+    )
     return meta
 
 
@@ -260,13 +264,15 @@ def deepseek2(d: Dims) -> Layout:
 def glm_dsa(d: Dims) -> Layout:
     arch = "glm-dsa"
     meta = _mla_meta(arch, d)
-    meta.update({
-        f"{arch}.nextn_predict_layers": d.n_nextn,
-        f"{arch}.attention.indexer.head_count": d.indexer_n_head,
-        f"{arch}.attention.indexer.key_length": d.indexer_head_size,
-        f"{arch}.attention.indexer.top_k": d.indexer_top_k,
-        f"{arch}.rope.dimension_sections": [0, 0, 0, 0],
-    })
+    meta.update(
+        {
+            f"{arch}.nextn_predict_layers": d.n_nextn,
+            f"{arch}.attention.indexer.head_count": d.indexer_n_head,
+            f"{arch}.attention.indexer.key_length": d.indexer_head_size,
+            f"{arch}.attention.indexer.top_k": d.indexer_top_k,
+            f"{arch}.rope.dimension_sections": [0, 0, 0, 0],
+        }
+    )
     t = _T()
     _head(t, d)
     for i in range(d.n_blocks):
@@ -287,20 +293,22 @@ def qwen35moe(d: Dims) -> Layout:
     meta = _common_meta(arch, d)
     key_dim = d.ssm_d_state * d.ssm_n_group
     value_dim = d.ssm_d_state * d.ssm_dt_rank
-    meta.update({
-        f"{arch}.attention.key_length": d.head_dim,
-        f"{arch}.attention.value_length": d.head_dim,
-        f"{arch}.rope.dimension_count": d.head_dim // 4,
-        f"{arch}.rope.dimension_sections": [d.head_dim // 16, d.head_dim // 16, d.head_dim // 16, 0],
-        f"{arch}.expert_shared_feed_forward_length": d.n_ff_exp,
-        f"{arch}.ssm.conv_kernel": d.ssm_d_conv,
-        f"{arch}.ssm.inner_size": value_dim,
-        f"{arch}.ssm.state_size": d.ssm_d_state,
-        f"{arch}.ssm.time_step_rank": d.ssm_dt_rank,
-        f"{arch}.ssm.group_count": d.ssm_n_group,
-        f"{arch}.full_attention_interval": d.full_attention_interval,
-        f"{arch}.nextn_predict_layers": d.n_nextn,
-    })
+    meta.update(
+        {
+            f"{arch}.attention.key_length": d.head_dim,
+            f"{arch}.attention.value_length": d.head_dim,
+            f"{arch}.rope.dimension_count": d.head_dim // 4,
+            f"{arch}.rope.dimension_sections": [d.head_dim // 16, d.head_dim // 16, d.head_dim // 16, 0],
+            f"{arch}.expert_shared_feed_forward_length": d.n_ff_exp,
+            f"{arch}.ssm.conv_kernel": d.ssm_d_conv,
+            f"{arch}.ssm.inner_size": value_dim,
+            f"{arch}.ssm.state_size": d.ssm_d_state,
+            f"{arch}.ssm.time_step_rank": d.ssm_dt_rank,
+            f"{arch}.ssm.group_count": d.ssm_n_group,
+            f"{arch}.full_attention_interval": d.full_attention_interval,
+            f"{arch}.nextn_predict_layers": d.n_nextn,
+        }
+    )
     t = _T()
     _head(t, d)
     for i in range(d.n_layer):
@@ -326,18 +334,20 @@ def qwen35moe(d: Dims) -> Layout:
 
 def gpt_oss(d: Dims) -> Layout:
     """llama.cpp's ``gpt-oss`` (src/models/openai-moe.cpp): attention with biases and a learned sink
-    per head, even layers on a sliding window (the engine's default pattern of period 2: published
-files carry no pattern key, and neither do these), a
-    router with a bias, and routed experts with biases (SwiGLU-OAI); no shared expert."""
+        per head, even layers on a sliding window (the engine's default pattern of period 2: published
+    files carry no pattern key, and neither do these), a
+        router with a bias, and routed experts with biases (SwiGLU-OAI); no shared expert."""
     arch = "gpt-oss"
     meta = _common_meta(arch, d)
-    meta.update({
-        f"{arch}.attention.key_length": d.head_dim,
-        f"{arch}.attention.value_length": d.head_dim,
-        f"{arch}.rope.dimension_count": d.head_dim,
-        f"{arch}.attention.sliding_window": d.n_swa,
-        f"{arch}.expert_weights_scale": 1.0,
-    })
+    meta.update(
+        {
+            f"{arch}.attention.key_length": d.head_dim,
+            f"{arch}.attention.value_length": d.head_dim,
+            f"{arch}.rope.dimension_count": d.head_dim,
+            f"{arch}.attention.sliding_window": d.n_swa,
+            f"{arch}.expert_weights_scale": 1.0,
+        }
+    )
     t = _T()
     _head(t, d)
     for i in range(d.n_layer):
@@ -385,38 +395,162 @@ ARCHS: dict[str, Callable[[Dims], Layout]] = {
 # delta-net input projections split in two (the same bytes per layer, within the row padding).
 # DeepSeek-V3's GGUFs carry no MTP block (the converter drops layer 61), so neither does the replica.
 _GLM5 = Dims(
-    n_layer=78, n_nextn=1, n_embd=6144, n_head=64, n_ff=12288, n_expert=256, n_expert_used=8,
-    n_ff_exp=2048, n_expert_shared=1, n_dense_lead=3, n_vocab=154880, n_ctx_train=202752,
-    q_lora_rank=2048, kv_lora_rank=512, rope_dim=64, k_head_mla=256, v_head_mla=256,
-    indexer_n_head=32, indexer_head_size=128, indexer_top_k=2048)
+    n_layer=78,
+    n_nextn=1,
+    n_embd=6144,
+    n_head=64,
+    n_ff=12288,
+    n_expert=256,
+    n_expert_used=8,
+    n_ff_exp=2048,
+    n_expert_shared=1,
+    n_dense_lead=3,
+    n_vocab=154880,
+    n_ctx_train=202752,
+    q_lora_rank=2048,
+    kv_lora_rank=512,
+    rope_dim=64,
+    k_head_mla=256,
+    v_head_mla=256,
+    indexer_n_head=32,
+    indexer_head_size=128,
+    indexer_top_k=2048,
+)
 
 PRESETS: dict[str, tuple[str, Dims]] = {
     "glm-5.1": ("glm-dsa", _GLM5),
     "glm-5.2": ("glm-dsa", replace(_GLM5, n_ctx_train=1048576)),
-    "qwen3.5-397b-a17b": ("qwen35moe", Dims(
-        n_layer=60, n_embd=4096, n_head=32, n_head_kv=2, head_dim=256, n_ff=1024, n_expert=512, n_expert_used=10,
-        n_ff_exp=1024, n_vocab=248320, n_ctx_train=262144, ssm_d_conv=4, ssm_d_state=128, ssm_n_group=16,
-        ssm_dt_rank=64, full_attention_interval=4)),
-    "qwen3-coder-next": ("qwen35moe", Dims(
-        n_layer=48, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, n_ff=512, n_expert=512, n_expert_used=10,
-        n_ff_exp=512, n_vocab=151936, n_ctx_train=262144, ssm_d_conv=4, ssm_d_state=128, ssm_n_group=16,
-        ssm_dt_rank=32, full_attention_interval=4)),
-    "deepseek-v3": ("deepseek2", Dims(
-        n_layer=61, n_embd=7168, n_head=128, n_ff=18432, n_expert=256, n_expert_used=8, n_ff_exp=2048,
-        n_expert_shared=1, n_dense_lead=3, n_vocab=129280, n_ctx_train=163840, q_lora_rank=1536,
-        kv_lora_rank=512, rope_dim=64, k_head_mla=192, v_head_mla=128)),
-    "qwen3-235b-a22b": ("qwen3moe", Dims(
-        n_layer=94, n_embd=4096, n_head=64, n_head_kv=4, head_dim=128, n_ff=12288, n_expert=128, n_expert_used=8,
-        n_ff_exp=1536, n_vocab=151936, n_ctx_train=40960)),
-    "qwen3-coder-480b-a35b": ("qwen3moe", Dims(
-        n_layer=62, n_embd=6144, n_head=96, n_head_kv=8, head_dim=128, n_ff=8192, n_expert=160, n_expert_used=8,
-        n_ff_exp=2560, n_vocab=151936, n_ctx_train=262144)),
-    "glm-4.6": ("glm4moe", Dims(
-        n_layer=92, n_nextn=1, n_embd=5120, n_head=96, n_head_kv=8, head_dim=128, n_ff=12288, n_expert=160,
-        n_expert_used=8, n_ff_exp=1536, n_expert_shared=1, n_dense_lead=3, n_vocab=151552, n_ctx_train=202752)),
-    "gpt-oss-120b": ("gpt-oss", Dims(
-        n_layer=36, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_ff=2880, n_expert=128, n_expert_used=4,
-        n_ff_exp=2880, n_vocab=201088, n_ctx_train=131072, n_swa=128)),
+    "qwen3.5-397b-a17b": (
+        "qwen35moe",
+        Dims(
+            n_layer=60,
+            n_embd=4096,
+            n_head=32,
+            n_head_kv=2,
+            head_dim=256,
+            n_ff=1024,
+            n_expert=512,
+            n_expert_used=10,
+            n_ff_exp=1024,
+            n_vocab=248320,
+            n_ctx_train=262144,
+            ssm_d_conv=4,
+            ssm_d_state=128,
+            ssm_n_group=16,
+            ssm_dt_rank=64,
+            full_attention_interval=4,
+        ),
+    ),
+    "qwen3-coder-next": (
+        "qwen35moe",
+        Dims(
+            n_layer=48,
+            n_embd=2048,
+            n_head=16,
+            n_head_kv=2,
+            head_dim=256,
+            n_ff=512,
+            n_expert=512,
+            n_expert_used=10,
+            n_ff_exp=512,
+            n_vocab=151936,
+            n_ctx_train=262144,
+            ssm_d_conv=4,
+            ssm_d_state=128,
+            ssm_n_group=16,
+            ssm_dt_rank=32,
+            full_attention_interval=4,
+        ),
+    ),
+    "deepseek-v3": (
+        "deepseek2",
+        Dims(
+            n_layer=61,
+            n_embd=7168,
+            n_head=128,
+            n_ff=18432,
+            n_expert=256,
+            n_expert_used=8,
+            n_ff_exp=2048,
+            n_expert_shared=1,
+            n_dense_lead=3,
+            n_vocab=129280,
+            n_ctx_train=163840,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            rope_dim=64,
+            k_head_mla=192,
+            v_head_mla=128,
+        ),
+    ),
+    "qwen3-235b-a22b": (
+        "qwen3moe",
+        Dims(
+            n_layer=94,
+            n_embd=4096,
+            n_head=64,
+            n_head_kv=4,
+            head_dim=128,
+            n_ff=12288,
+            n_expert=128,
+            n_expert_used=8,
+            n_ff_exp=1536,
+            n_vocab=151936,
+            n_ctx_train=40960,
+        ),
+    ),
+    "qwen3-coder-480b-a35b": (
+        "qwen3moe",
+        Dims(
+            n_layer=62,
+            n_embd=6144,
+            n_head=96,
+            n_head_kv=8,
+            head_dim=128,
+            n_ff=8192,
+            n_expert=160,
+            n_expert_used=8,
+            n_ff_exp=2560,
+            n_vocab=151936,
+            n_ctx_train=262144,
+        ),
+    ),
+    "glm-4.6": (
+        "glm4moe",
+        Dims(
+            n_layer=92,
+            n_nextn=1,
+            n_embd=5120,
+            n_head=96,
+            n_head_kv=8,
+            head_dim=128,
+            n_ff=12288,
+            n_expert=160,
+            n_expert_used=8,
+            n_ff_exp=1536,
+            n_expert_shared=1,
+            n_dense_lead=3,
+            n_vocab=151552,
+            n_ctx_train=202752,
+        ),
+    ),
+    "gpt-oss-120b": (
+        "gpt-oss",
+        Dims(
+            n_layer=36,
+            n_embd=2880,
+            n_head=64,
+            n_head_kv=8,
+            head_dim=64,
+            n_ff=2880,
+            n_expert=128,
+            n_expert_used=4,
+            n_ff_exp=2880,
+            n_vocab=201088,
+            n_ctx_train=131072,
+            n_swa=128,
+        ),
+    ),
 }
 
 
@@ -441,9 +575,11 @@ PRESET_RECIPES: dict[str, str] = {
     # GLM-5.1: the reference's IQ3_KS routed experts (gate/up iq3_ks, down iq4_ks: 1225 + 1225 + 1638
     # MiB per layer, 307110 MiB of CUDA_Host with an iq4_k token embedding, as in ../shared/reference/000)
     # and ik types for the rest: 318.1 GiB in all and about 13.5 GiB of non-expert weights on the GPU.
-    "glm-5.1": ("ffn_gate_exps=iq3_ks,ffn_up_exps=iq3_ks,ffn_down_exps=iq4_ks,attn_output=iq5_ks,attn_q_b=iq6_k,"
-                "ffn_gate_shexp=iq6_k,ffn_up_shexp=iq6_k,ffn_down_shexp=iq6_k,token_embd=iq4_k,output=iq6_k,"
-                "other=q8_0"),
+    "glm-5.1": (
+        "ffn_gate_exps=iq3_ks,ffn_up_exps=iq3_ks,ffn_down_exps=iq4_ks,attn_output=iq5_ks,attn_q_b=iq6_k,"
+        "ffn_gate_shexp=iq6_k,ffn_up_shexp=iq6_k,ffn_down_shexp=iq6_k,token_embd=iq4_k,output=iq6_k,"
+        "other=q8_0"
+    ),
     "glm-5.2": "ffn_gate_exps=iq2_xxs,ffn_up_exps=iq2_xxs,ffn_down_exps=iq2_s,token_embd=q4_k,output=q6_k,other=q8_0",
     "qwen3.5-397b-a17b": _Q4_K_M,
     "qwen3-coder-next": "ffn_gate_exps=q4_0,ffn_up_exps=q4_0,ffn_down_exps=q4_0,token_embd=q4_0,output=q6_k,other=q8_0",
@@ -487,11 +623,17 @@ def small_dims(arch: str, wide: bool = False) -> Dims:
     if not wide:
         return d
     mla = d.n_head == 2
-    return replace(d, n_embd=512, n_expert=16, n_expert_used=4, n_ff_exp=256, n_ff=1024,
-                   n_head=4 if mla else 8, n_head_kv=1 if mla else 4)
+    return replace(
+        d,
+        n_embd=512,
+        n_expert=16,
+        n_expert_used=4,
+        n_ff_exp=256,
+        n_ff=1024,
+        n_head=4 if mla else 8,
+        n_head_kv=1 if mla else 4,
+    )
 
 
 def with_overrides(d: Dims, **kw: int | None) -> Dims:
     return replace(d, **{k: v for k, v in kw.items() if v is not None})
-
-

@@ -32,8 +32,19 @@ MAX_ARRAY_KEEP = 4096
 
 # value type ids of the GGUF format, and the struct format of each scalar one (read and written)
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
-SCALAR_FORMATS = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f", BOOL: "<?",
-                  U64: "<Q", I64: "<q", F64: "<d"}
+SCALAR_FORMATS = {
+    U8: "<B",
+    I8: "<b",
+    U16: "<H",
+    I16: "<h",
+    U32: "<I",
+    I32: "<i",
+    F32: "<f",
+    BOOL: "<?",
+    U64: "<Q",
+    I64: "<q",
+    F64: "<d",
+}
 _SCALAR, _STRING, _ARRAY = SCALAR_FORMATS, STRING, ARRAY
 _U64 = struct.Struct("<Q")
 
@@ -115,8 +126,10 @@ class _Cursor:
                 hint="re-download or re-copy the file; compare its size with the source",
             )
         if end > MAX_HEADER:
-            raise InputError(f"{self.path}: corrupt header (it runs past {MAX_HEADER >> 20} MiB while reading {what})",
-                             hint="a real header (vocabulary included) is tens of MiB; this one's lengths are damaged")
+            raise InputError(
+                f"{self.path}: corrupt header (it runs past {MAX_HEADER >> 20} MiB while reading {what})",
+                hint="a real header (vocabulary included) is tens of MiB; this one's lengths are damaged",
+            )
         self.buf = self.src.prefix(end)
 
     def unpack(self, fmt: str, what: str) -> Any:
@@ -223,8 +236,10 @@ def parse(src: ByteSource, file_index: int = 0) -> GGUFFile:
     """Parse the header a source holds (local or remote: the one parser)."""
     path, size = src.path, src.size
     if size < MIN_HEADER:
-        raise InputError(f"{path}: file is truncated ({size} bytes; a GGUF header needs at least {MIN_HEADER})",
-                         hint="re-download or re-copy the file; compare its size with the source")
+        raise InputError(
+            f"{path}: file is truncated ({size} bytes; a GGUF header needs at least {MIN_HEADER})",
+            hint="re-download or re-copy the file; compare its size with the source",
+        )
     c = _Cursor(src)
     magic = bytes(c.buf[:4])
     if magic != GGUF_MAGIC:

@@ -154,9 +154,15 @@ def split_evenly(tensors: Sequence[TensorToWrite], count: int) -> list[list[Tens
     return groups
 
 
-def write_model(path: Path, metadata: dict[str, Any], tensors: Sequence[TensorToWrite], *,
-                shards: int = 1, sparse: bool = False,
-                progress: Callable[[int], None] | None = None) -> list[Path]:
+def write_model(
+    path: Path,
+    metadata: dict[str, Any],
+    tensors: Sequence[TensorToWrite],
+    *,
+    shards: int = 1,
+    sparse: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> list[Path]:
     """Write a model as one file or as `shards` files; returns the paths written."""
     if shards <= 1:
         write_gguf(path, metadata, tensors, sparse=sparse)

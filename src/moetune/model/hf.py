@@ -37,8 +37,10 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     """``OWNER/REPO[:QUANT]`` → (repo, quant or None)."""
     m = _SPEC.match(spec.strip())
     if not m:
-        raise InputError(f"--hf {spec!r}: expected OWNER/REPO or OWNER/REPO:QUANT (a directory, a file or a quant "
-                         "tag such as Q4_K_M)")
+        raise InputError(
+            f"--hf {spec!r}: expected OWNER/REPO or OWNER/REPO:QUANT (a directory, a file or a quant "
+            "tag such as Q4_K_M)"
+        )
     return m["repo"], (m["sel"].strip("/") or None) if m["sel"] else None
 
 
@@ -70,8 +72,10 @@ def choose(repo: str, files: list[str], sel: str | None) -> Choice:
     """The one model ``sel`` names in the repository (InputError listing the candidates otherwise)."""
     models = [Choice(repo, c.path, c.n_files, c.include) for c in models_in(files)]
     if not models:
-        raise InputError(f"{repo}: no GGUF file in the repository ({len(files)} files)",
-                         hint="check the repository name; GGUF quants often live in a separate '-GGUF' repository")
+        raise InputError(
+            f"{repo}: no GGUF file in the repository ({len(files)} files)",
+            hint="check the repository name; GGUF quants often live in a separate '-GGUF' repository",
+        )
     picked = models
     if sel is not None:
         exact = [c for c in models if sel in files and _member(c, sel)]
@@ -79,12 +83,17 @@ def choose(repo: str, files: list[str], sel: str | None) -> Choice:
         tag = re.compile(rf"(?:^|[-./]){re.escape(sel)}(?:[-./]|$)", re.I)
         picked = exact or under or [c for c in models if tag.search(c.path)]
         if not picked:
-            raise InputError(f"{repo}: nothing matches {sel!r}", hint="choose one of the models listed below",
-                             details=tuple(_label(c) for c in models))
+            raise InputError(
+                f"{repo}: nothing matches {sel!r}",
+                hint="choose one of the models listed below",
+                details=tuple(_label(c) for c in models),
+            )
     if len(picked) > 1:
-        raise InputError(f"{repo}{':' + sel if sel else ''}: {len(picked)} models match; name one with "
-                         f"{repo}:QUANT (a directory, a file or a quant tag)",
-                         details=tuple(_label(c) for c in picked))
+        raise InputError(
+            f"{repo}{':' + sel if sel else ''}: {len(picked)} models match; name one with "
+            f"{repo}:QUANT (a directory, a file or a quant tag)",
+            details=tuple(_label(c) for c in picked),
+        )
     return picked[0]
 
 
@@ -104,11 +113,15 @@ def list_files(client: Client, endpoint: str, repo: str) -> list[str]:
     try:
         doc = client.json(url)
     except NotFound:
-        raise InputError(f"{repo}: no such repository at {endpoint} (HTTP 404)",
-                         hint="check OWNER/REPO; a private or gated one also needs HF_TOKEN") from None
+        raise InputError(
+            f"{repo}: no such repository at {endpoint} (HTTP 404)",
+            hint="check OWNER/REPO; a private or gated one also needs HF_TOKEN",
+        ) from None
     siblings = doc.get("siblings") if isinstance(doc, dict) else None
     if not isinstance(siblings, list):
-        raise RuntimeFailure(f"{url}: the answer has no 'siblings' list", hint="is HF_ENDPOINT a Hugging Face-style hub?")
+        raise RuntimeFailure(
+            f"{url}: the answer has no 'siblings' list", hint="is HF_ENDPOINT a Hugging Face-style hub?"
+        )
     return [s["rfilename"] for s in siblings if isinstance(s, dict) and isinstance(s.get("rfilename"), str)]
 
 

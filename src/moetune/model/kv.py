@@ -86,8 +86,10 @@ class KVShape:
         try:
             return sum(tk.row_bytes(n) for n in lk.k_rows) + sum(tv.row_bytes(n) for n in lk.v_rows)
         except ValueError as e:
-            raise InputError(f"KV cache type {ctk}/{ctv} cannot hold layer {lk.layer}'s rows ({e})",
-                             hint="choose f16 for the cache (--ctk/--ctv)") from None
+            raise InputError(
+                f"KV cache type {ctk}/{ctv} cannot hold layer {lk.layer}'s rows ({e})",
+                hint="choose f16 for the cache (--ctk/--ctv)",
+            ) from None
 
     def by_layer(self, ctk: str = "f16", ctv: str = "f16") -> dict[int, int]:
         return {lk.layer: self.layer_bytes_per_token(lk, ctk, ctv) for lk in self.layers}
@@ -108,9 +110,17 @@ def _per_layer(p: ModelProfile, key: str, default: int) -> list[int]:
 # ``load_swa_pattern(ml, n_pattern, dense_first)``): the period used when the GGUF has no
 # ``sliding_window_pattern`` key, and whether the full-attention layer opens the period.
 SWA_DEFAULT_PATTERN: dict[str, tuple[int, bool]] = {
-    "gpt-oss": (2, False), "gemma2": (2, False), "gemma3": (6, False), "cohere2": (4, False),
-    "cohere2moe": (4, True), "exaone4": (4, False), "exaone-moe": (4, False), "afmoe": (4, False),
-    "olmo2": (4, False), "mellum": (4, False), "muse-glimmer": (4, False),
+    "gpt-oss": (2, False),
+    "gemma2": (2, False),
+    "gemma3": (6, False),
+    "cohere2": (4, False),
+    "cohere2moe": (4, True),
+    "exaone4": (4, False),
+    "exaone-moe": (4, False),
+    "afmoe": (4, False),
+    "olmo2": (4, False),
+    "mellum": (4, False),
+    "muse-glimmer": (4, False),
 }
 
 
@@ -130,8 +140,10 @@ def swa_layers(p: ModelProfile) -> tuple[int, frozenset[int]]:
     if isinstance(pat, list):
         return n_swa, frozenset(i for i, on in enumerate(pat[:n]) if on)
     if pat is not None and (isinstance(pat, bool) or not isinstance(pat, int) or pat < 0):
-        raise InputError(f"metadata {p.arch}.attention.sliding_window_pattern is {pat!r}; expected a period "
-                         "or one switch per layer", hint="the file's header is damaged")
+        raise InputError(
+            f"metadata {p.arch}.attention.sliding_window_pattern is {pat!r}; expected a period or one switch per layer",
+            hint="the file's header is damaged",
+        )
     period, dense_first = known or (2, False)
     if pat is not None:
         period = int(pat)
@@ -154,9 +166,7 @@ def kv_shape(p: ModelProfile, engine: str = EngineKind.MAINLINE) -> KVShape:
         elif p.arch == "glm-dsa" and p.hp_int("context_length") >= 1048576:
             # GLM-5.2 defaults: indexers on layers 0, 1, then every fourth from 2
             idx_layers = {i for i in range(n) if i < 2 or (i - 2) % 4 == 0}
-        layers = tuple(
-            LayerKV(i, (latent, idx) if idx and i in idx_layers else (latent,), ()) for i in range(n)
-        )
+        layers = tuple(LayerKV(i, (latent, idx) if idx and i in idx_layers else (latent,), ()) for i in range(n))
         return KVShape("mla", layers)
     heads = _per_layer(p, "attention.head_count", 0)
     heads_kv = _per_layer(p, "attention.head_count_kv", heads[0] if heads else 0)
@@ -186,8 +196,15 @@ def kv_shape(p: ModelProfile, engine: str = EngineKind.MAINLINE) -> KVShape:
     return KVShape("gqa", layers, n_swa=n_swa if swa else 0)
 
 
-def checkpoint_bytes(kv: KVShape, engine: str, ctk: str = "f16", ctv: str = "f16", tokens_per_slot: int = 0,
-                     swa_full: bool = False, streams: int = 1) -> int:
+def checkpoint_bytes(
+    kv: KVShape,
+    engine: str,
+    ctk: str = "f16",
+    ctv: str = "f16",
+    tokens_per_slot: int = 0,
+    swa_full: bool = False,
+    streams: int = 1,
+) -> int:
     """Bytes of one context checkpoint: the part of a sequence's state that cannot be rolled back,
     which the server copies to host memory (``llama_state_seq_get_size_ext(ctx, seq,
     LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)``); 0 where the server keeps none.

@@ -24,14 +24,14 @@ def int_range_regex(a: int, b: int) -> str:
     i = next(j for j in range(len(sa)) if sa[j] != sb[j])
     prefix, rest = sa[:i], len(sa) - i - 1
     lo, hi = int(sa[i]), int(sb[i])
-    if sa[i + 1:] == "0" * rest and sb[i + 1:] == "9" * rest:
+    if sa[i + 1 :] == "0" * rest and sb[i + 1 :] == "9" * rest:
         digit = sa[i] if lo == hi else f"[{lo}-{hi}]"
         return prefix + digit + ("[0-9]" * rest if rest < 2 else f"[0-9]{{{rest}}}")
     parts = []
-    if sa[i + 1:] != "0" * rest:
+    if sa[i + 1 :] != "0" * rest:
         parts.append(int_range_regex(int(sa), int(prefix + sa[i] + "9" * rest)))
         lo += 1
-    tail = sb[i + 1:] != "9" * rest
+    tail = sb[i + 1 :] != "9" * rest
     if tail:
         hi -= 1
     if lo <= hi:

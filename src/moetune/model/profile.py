@@ -111,7 +111,9 @@ class Remote:
     download: str  # a command that downloads every file into the current directory
     bytes_fetched: int
     requests: int
-    range_ignored: tuple[str, ...] = ()  # files whose server answered Range with the whole file (closed after the header)
+    range_ignored: tuple[
+        str, ...
+    ] = ()  # files whose server answered Range with the whole file (closed after the header)
 
     def fetched_text(self) -> str:
         return f"fetched {self.bytes_fetched / 1024:,.0f} KiB in {self.requests} requests"
@@ -242,16 +244,36 @@ class ModelProfile:
 # The architecture's integer hyperparameters moetune reads (``<arch>.KEY``), and whether a key may
 # hold one value per layer (an array, as llama.cpp's get_key_or_arr reads it) instead of one value.
 INT_HPARAMS: dict[str, bool] = {
-    "block_count": False, "nextn_predict_layers": False, "leading_dense_block_count": False,
-    "context_length": False, "embedding_length": False, "vocab_size": False,
-    "expert_count": False, "expert_used_count": True, "expert_shared_count": False,
-    "feed_forward_length": True, "expert_feed_forward_length": True, "expert_shared_feed_forward_length": False,
-    "attention.head_count": True, "attention.head_count_kv": True, "attention.key_length": False,
-    "attention.value_length": False, "attention.key_length_mla": False, "attention.value_length_mla": False,
-    "attention.kv_lora_rank": False, "rope.dimension_count": False, "attention.indexer.key_length": False,
-    "attention.indexer.top_k": False, "full_attention_interval": False,
-    "ssm.conv_kernel": False, "ssm.inner_size": False, "ssm.state_size": False, "ssm.group_count": False,
-    "ssm.time_step_rank": False, "attention.q_lora_rank": False, "attention.indexer.head_count": False,
+    "block_count": False,
+    "nextn_predict_layers": False,
+    "leading_dense_block_count": False,
+    "context_length": False,
+    "embedding_length": False,
+    "vocab_size": False,
+    "expert_count": False,
+    "expert_used_count": True,
+    "expert_shared_count": False,
+    "feed_forward_length": True,
+    "expert_feed_forward_length": True,
+    "expert_shared_feed_forward_length": False,
+    "attention.head_count": True,
+    "attention.head_count_kv": True,
+    "attention.key_length": False,
+    "attention.value_length": False,
+    "attention.key_length_mla": False,
+    "attention.value_length_mla": False,
+    "attention.kv_lora_rank": False,
+    "rope.dimension_count": False,
+    "attention.indexer.key_length": False,
+    "attention.indexer.top_k": False,
+    "full_attention_interval": False,
+    "ssm.conv_kernel": False,
+    "ssm.inner_size": False,
+    "ssm.state_size": False,
+    "ssm.group_count": False,
+    "ssm.time_step_rank": False,
+    "attention.q_lora_rank": False,
+    "attention.indexer.head_count": False,
     "attention.sliding_window": False,
 }
 # per-layer arrays of switches (any scalar: 0/1, bool)
@@ -266,9 +288,10 @@ def check_hparams(arch: str, meta: dict[str, Any], where: Path | str) -> None:
 
     def bad(key: str, v: Any, want: str) -> InputError:
         shown = repr(v)
-        return InputError(f"{where}: metadata {arch}.{key} is {shown[:60]}{'...' if len(shown) > 60 else ''}; "
-                          f"expected {want}", hint="the file's header is damaged, or was written by a tool that "
-                          "does not follow llama.cpp's types")
+        return InputError(
+            f"{where}: metadata {arch}.{key} is {shown[:60]}{'...' if len(shown) > 60 else ''}; expected {want}",
+            hint="the file's header is damaged, or was written by a tool that does not follow llama.cpp's types",
+        )
 
     def is_count(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_HPARAM
@@ -306,12 +329,25 @@ def profile_from_files(files: list[GGUFFile], remote: Remote | None = None) -> M
         for ti in f.tensors:
             layer, kind = tensor_kind(ti.name)
             if layer is not None and layer >= n_layer_all:
-                raise InputError(f"{f.path}: tensor {shown(ti.name)} is in layer {layer}, but the model has "
-                                 f"{n_layer_all} layers ({arch}.block_count)",
-                                 hint="llama.cpp refuses a file with tensors it does not expect; the header is "
-                                 "damaged, or the file was cut from another model")
-            tensors.append(Tensor(ti.name, layer, kind, tensor_role(kind), ti.qtype.name, ti.shape, ti.nbytes,
-                                  ti.file_index, ti.offset))
+                raise InputError(
+                    f"{f.path}: tensor {shown(ti.name)} is in layer {layer}, but the model has "
+                    f"{n_layer_all} layers ({arch}.block_count)",
+                    hint="llama.cpp refuses a file with tensors it does not expect; the header is "
+                    "damaged, or the file was cut from another model",
+                )
+            tensors.append(
+                Tensor(
+                    ti.name,
+                    layer,
+                    kind,
+                    tensor_role(kind),
+                    ti.qtype.name,
+                    ti.shape,
+                    ti.nbytes,
+                    ti.file_index,
+                    ti.offset,
+                )
+            )
     return ModelProfile(arch, tuple(f.path for f in files), meta, tuple(tensors), remote)
 
 
@@ -370,9 +406,12 @@ def _cached_profile(key: str | None, shards: list[Path]) -> ModelProfile | None:
         arch, files, meta, rows = pickle.loads(data)
         if len(files) != len(shards):
             return None
-        return ModelProfile(arch, tuple(shards), meta,
-                            tuple(Tensor(n, la, k, r, ty, tuple(sh), nb, fi, off) for n, la, k, r, ty, sh, nb, fi, off
-                                  in rows))
+        return ModelProfile(
+            arch,
+            tuple(shards),
+            meta,
+            tuple(Tensor(n, la, k, r, ty, tuple(sh), nb, fi, off) for n, la, k, r, ty, sh, nb, fi, off in rows),
+        )
     except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
         return None
 
@@ -384,8 +423,9 @@ def _cache_profile(key: str | None, p: ModelProfile) -> None:
 
     if key is None:
         return
-    rows = [(t.name, t.layer, t.kind, t.role, t.type_name, t.shape, t.nbytes, t.file_index, t.offset)
-            for t in p.tensors]
+    rows = [
+        (t.name, t.layer, t.kind, t.role, t.type_name, t.shape, t.nbytes, t.file_index, t.offset) for t in p.tensors
+    ]
     try:
         data = pickle.dumps((p.arch, [str(f) for f in p.files], p.metadata, rows), protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError):
@@ -404,16 +444,30 @@ def open_model(path: str | Path | None, hf: str | None = None, *, timeout_s: flo
     return load_profile(path, timeout_s=timeout_s)
 
 
-def _load_url(url: str, *, timeout_s: float, local_path: str | None = None, download: str | None = None,
-              client: Client | None = None) -> ModelProfile:
+def _load_url(
+    url: str,
+    *,
+    timeout_s: float,
+    local_path: str | None = None,
+    download: str | None = None,
+    client: Client | None = None,
+) -> ModelProfile:
     from moetune.model import remote as r
 
     client = client or r.Client.from_env(timeout_s)
     files = r.read_remote_files(url, client)
     urls = [str(f.path) for f in files]
     st = client.stats
-    return profile_from_files(files, Remote(local_path or r.file_name(urls[0]), download or r.curl_command(urls),
-                                            st.bytes_fetched, st.requests, tuple(st.range_ignored)))
+    return profile_from_files(
+        files,
+        Remote(
+            local_path or r.file_name(urls[0]),
+            download or r.curl_command(urls),
+            st.bytes_fetched,
+            st.requests,
+            tuple(st.range_ignored),
+        ),
+    )
 
 
 def _load_hf(spec: str, *, timeout_s: float) -> ModelProfile:
@@ -421,7 +475,9 @@ def _load_hf(spec: str, *, timeout_s: float) -> ModelProfile:
 
     client = remote.Client.from_env(timeout_s)
     choice, url = hf.resolve(client, remote.hf_endpoint(), spec)
-    return _load_url(url, timeout_s=timeout_s, local_path=choice.path, download=choice.download_command(), client=client)
+    return _load_url(
+        url, timeout_s=timeout_s, local_path=choice.path, download=choice.download_command(), client=client
+    )
 
 
 def fingerprint(p: ModelProfile) -> str:

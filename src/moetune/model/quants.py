@@ -147,8 +147,9 @@ def _gguf_sizes() -> dict[int, tuple[str, int, int]]:
     from moetune import filecache
 
     pkg = importlib.util.find_spec("gguf")
-    path = next(iter(pkg.submodule_search_locations)) + "/constants.py" if pkg and pkg.submodule_search_locations \
-        else None
+    path = (
+        next(iter(pkg.submodule_search_locations)) + "/constants.py" if pkg and pkg.submodule_search_locations else None
+    )
     key = None
     if path is not None:
         try:
@@ -163,8 +164,10 @@ def _gguf_sizes() -> dict[int, tuple[str, int, int]]:
         except (ValueError, TypeError, IndexError, AttributeError):
             pass
     c = gguf_constants()
-    out = {int(qt): (c.GGMLQuantizationType(qt).name, int(block), int(size))
-           for qt, (block, size) in c.GGML_QUANT_SIZES.items()}
+    out = {
+        int(qt): (c.GGMLQuantizationType(qt).name, int(block), int(size))
+        for qt, (block, size) in c.GGML_QUANT_SIZES.items()
+    }
     if key:
         filecache.put("quants", key, json.dumps(out).encode())
     return out
@@ -185,7 +188,9 @@ def _build() -> dict[int, QuantType]:
     for tid in (34, 35, 40, 42):
         if tid in table:
             t = table[tid]
-            table[tid] = QuantType(t.id, t.name, t.block_size, t.type_size, t.row_meta_bytes, frozenset({EngineKind.MAINLINE}))
+            table[tid] = QuantType(
+                t.id, t.name, t.block_size, t.type_size, t.row_meta_bytes, frozenset({EngineKind.MAINLINE})
+            )
     return table
 
 

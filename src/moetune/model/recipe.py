@@ -123,10 +123,19 @@ def recipe_from_doc(doc: Any, source: str) -> Recipe:
             except re.error as e:
                 raise InputError(f"{where}: pattern {pattern!r} is not a regular expression ({e})") from None
             if "," in pattern or "=" in pattern:
-                raise InputError(f"{where}: pattern {pattern!r} has ',' or '=', which llama-quantize's rule "
-                                 "syntax splits on", hint="use alternation (a|b) instead of {m,n} or a list")
-        rules.append(Rule(_type(r["type"], where), roles, _names(r["kind"], where) if "kind" in r else (),
-                          parse_layers(r["layers"], where) if "layers" in r else None, pattern))
+                raise InputError(
+                    f"{where}: pattern {pattern!r} has ',' or '=', which llama-quantize's rule syntax splits on",
+                    hint="use alternation (a|b) instead of {m,n} or a list",
+                )
+        rules.append(
+            Rule(
+                _type(r["type"], where),
+                roles,
+                _names(r["kind"], where) if "kind" in r else (),
+                parse_layers(r["layers"], where) if "layers" in r else None,
+                pattern,
+            )
+        )
     return Recipe(default, tuple(rules), source)
 
 
@@ -156,8 +165,11 @@ def rule_pattern(rule: Rule, profile: ModelProfile) -> str | None:
     hi = last if hi is None else min(hi, last)
     layers: set[int] = set()
     for t in profile.tensors:
-        if not t.name.endswith(".weight") or (rule.roles and t.role not in rule.roles) or \
-                (rule.kinds and t.kind not in rule.kinds):
+        if (
+            not t.name.endswith(".weight")
+            or (rule.roles and t.role not in rule.roles)
+            or (rule.kinds and t.kind not in rule.kinds)
+        ):
             continue
         if t.layer is None:
             if rule.layers is None:

@@ -110,8 +110,9 @@ class Client:
     stored elsewhere, logged or put in a message.
     """
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, token: str | None = None,
-                 token_origin: str | None = None) -> None:
+    def __init__(
+        self, timeout_s: float = DEFAULT_TIMEOUT_S, token: str | None = None, token_origin: str | None = None
+    ) -> None:
         self.timeout_s = timeout_s
         self._token = token
         self._token_origin = token_origin
@@ -137,8 +138,10 @@ class Client:
         for _ in range(MAX_REDIRECTS + 1):
             parts = urlsplit(url)
             if parts.scheme.lower() not in ("http", "https"):
-                raise InputError(f"{shown(seen[0])}: redirected to {parts.scheme or 'a relative'} URL {shown(url)}, "
-                                 "which is not http(s)")
+                raise InputError(
+                    f"{shown(seen[0])}: redirected to {parts.scheme or 'a relative'} URL {shown(url)}, "
+                    "which is not http(s)"
+                )
             req = urllib.request.Request(url, headers=self._headers(url, start, end))
             self.stats.add(requests=1)
             try:
@@ -155,13 +158,17 @@ class Client:
                 raise network_error(seen[0], e, self.timeout_s) from None
             nxt = urljoin(url, location)
             if nxt in seen:
-                loop = " → ".join(shown(u) for u in [*seen[seen.index(nxt):], nxt])
-                raise RuntimeFailure(f"{shown(seen[0])}: redirect loop ({loop})",
-                                     hint="the server is misconfigured; try the URL the loop should end at")
+                loop = " → ".join(shown(u) for u in [*seen[seen.index(nxt) :], nxt])
+                raise RuntimeFailure(
+                    f"{shown(seen[0])}: redirect loop ({loop})",
+                    hint="the server is misconfigured; try the URL the loop should end at",
+                )
             seen.append(nxt)
             url = nxt
-        raise RuntimeFailure(f"{shown(seen[0])}: more than {MAX_REDIRECTS} redirects (last: {shown(url)})",
-                             hint="the server is misconfigured; try the URL the redirects should end at")
+        raise RuntimeFailure(
+            f"{shown(seen[0])}: more than {MAX_REDIRECTS} redirects (last: {shown(url)})",
+            hint="the server is misconfigured; try the URL the redirects should end at",
+        )
 
     def read(self, resp: http.client.HTTPResponse, n: int, url: str) -> bytes:
         """Up to n bytes of a response's body (fewer only at its end), counted in the stats."""
@@ -189,8 +196,10 @@ class Client:
         try:
             return json.loads(body)
         except ValueError:
-            raise RuntimeFailure(f"{shown(url)}: the answer is not JSON ({len(body)} bytes)",
-                                 hint="is this an API endpoint? check HF_ENDPOINT") from None
+            raise RuntimeFailure(
+                f"{shown(url)}: the answer is not JSON ({len(body)} bytes)",
+                hint="is this an API endpoint? check HF_ENDPOINT",
+            ) from None
 
 
 class NotFound(InputError):
@@ -200,12 +209,15 @@ class NotFound(InputError):
 def http_error(url: str, final: str, code: int, reason: str) -> InputError | RuntimeFailure:
     where = shown(url) + ("" if final == url else f" (redirected to {urlsplit(final).netloc})")
     if code in (404, 410):
-        return NotFound(f"{where}: not found (HTTP {code})", hint="check the URL (and for a split model, that every "
-                        "shard is there)")
+        return NotFound(
+            f"{where}: not found (HTTP {code})", hint="check the URL (and for a split model, that every shard is there)"
+        )
     if code in (401, 403):
-        return InputError(f"{where}: access denied (HTTP {code})",
-                          hint="a private or gated repository needs a token: set HF_TOKEN (moetune sends it only to "
-                          "the Hugging Face endpoint, HF_ENDPOINT)")
+        return InputError(
+            f"{where}: access denied (HTTP {code})",
+            hint="a private or gated repository needs a token: set HF_TOKEN (moetune sends it only to "
+            "the Hugging Face endpoint, HF_ENDPOINT)",
+        )
     if 400 <= code < 500:
         return InputError(f"{where}: the server refused the request (HTTP {code} {reason})")
     return RuntimeFailure(f"{where}: server error (HTTP {code} {reason})", hint="try again later")
@@ -214,22 +226,35 @@ def http_error(url: str, final: str, code: int, reason: str) -> InputError | Run
 def network_error(url: str, e: BaseException, timeout_s: float) -> RuntimeFailure:
     reason = e.reason if isinstance(e, urllib.error.URLError) else e
     if isinstance(reason, TimeoutError):
-        return RuntimeFailure(f"{shown(url)}: no answer within {timeout_s:g} s",
-                              hint="check the network, or wait longer with --http-timeout")
-    if isinstance(reason, http.client.IncompleteRead | http.client.RemoteDisconnected | ConnectionResetError
-                  | ConnectionAbortedError | BrokenPipeError):
-        return RuntimeFailure(f"{shown(url)}: the server closed the connection early ({type(reason).__name__})",
-                              hint="try again; a proxy or the server may cut long answers")
-    return RuntimeFailure(f"{shown(url)}: cannot reach the server ({reason})",
-                          hint="check the URL's host and the network (and http_proxy/https_proxy if you use one)")
+        return RuntimeFailure(
+            f"{shown(url)}: no answer within {timeout_s:g} s",
+            hint="check the network, or wait longer with --http-timeout",
+        )
+    if isinstance(
+        reason,
+        http.client.IncompleteRead
+        | http.client.RemoteDisconnected
+        | ConnectionResetError
+        | ConnectionAbortedError
+        | BrokenPipeError,
+    ):
+        return RuntimeFailure(
+            f"{shown(url)}: the server closed the connection early ({type(reason).__name__})",
+            hint="try again; a proxy or the server may cut long answers",
+        )
+    return RuntimeFailure(
+        f"{shown(url)}: cannot reach the server ({reason})",
+        hint="check the URL's host and the network (and http_proxy/https_proxy if you use one)",
+    )
 
 
 def _content_range(value: str | None, url: str) -> tuple[int | None, int]:
     """(first byte, file size) of a Content-Range header."""
     m = _CONTENT_RANGE.match(value or "")
     if not m or m[3] == "*":
-        raise RuntimeFailure(f"{shown(url)}: the server answered a range without the file's size "
-                             f"(Content-Range: {value!r})")
+        raise RuntimeFailure(
+            f"{shown(url)}: the server answered a range without the file's size (Content-Range: {value!r})"
+        )
     return (int(m[1]) if m[1] is not None else None), int(m[3])
 
 
@@ -259,9 +284,10 @@ class HttpSource:
         length = resp.headers.get("Content-Length")
         if length is None or not length.isdigit():
             resp.close()
-            raise RuntimeFailure(f"{shown(self.path)}: the server ignores Range requests and does not say the "
-                                 "file's length", hint="download the file, or serve it from a server with "
-                                 "range support (any static file server or CDN)")
+            raise RuntimeFailure(
+                f"{shown(self.path)}: the server ignores Range requests and does not say the file's length",
+                hint="download the file, or serve it from a server with range support (any static file server or CDN)",
+            )
         self._stream = resp  # the server ignores Range: read the header off the start of the whole file
         self.client.stats.ignored_range(self.path)
         size = int(length)
@@ -270,26 +296,32 @@ class HttpSource:
 
     def _take(self, resp: http.client.HTTPResponse, start: int | None, want: int) -> None:
         if start != len(self.buf):
-            raise RuntimeFailure(f"{shown(self.path)}: asked for bytes from {len(self.buf)}, the server sent "
-                                 f"bytes from {start}")
+            raise RuntimeFailure(
+                f"{shown(self.path)}: asked for bytes from {len(self.buf)}, the server sent bytes from {start}"
+            )
         data = self.client.read(resp, want - len(self.buf), self.path)
         self.buf += data
         if len(self.buf) < want:
-            raise RuntimeFailure(f"{shown(self.path)}: the server sent {len(self.buf)} of {want} bytes and "
-                                 "ended the answer", hint="try again; the file may be changing on the server")
+            raise RuntimeFailure(
+                f"{shown(self.path)}: the server sent {len(self.buf)} of {want} bytes and ended the answer",
+                hint="try again; the file may be changing on the server",
+            )
 
     def _grow(self, want: int) -> None:
         if self._stream is not None:
             self.buf += self.client.read(self._stream, want - len(self.buf), self.path)
             if len(self.buf) < want:
-                raise RuntimeFailure(f"{shown(self.path)}: the answer ended at byte {len(self.buf)} of the "
-                                     f"{self.size} its length said")
+                raise RuntimeFailure(
+                    f"{shown(self.path)}: the answer ended at byte {len(self.buf)} of the {self.size} its length said"
+                )
             return
         _, resp = self.client.get(self._url, len(self.buf), want)
         with resp:
             if resp.status != 206:
-                raise RuntimeFailure(f"{shown(self.path)}: the server stopped answering Range requests "
-                                     f"(HTTP {resp.status})", hint="try again")
+                raise RuntimeFailure(
+                    f"{shown(self.path)}: the server stopped answering Range requests (HTTP {resp.status})",
+                    hint="try again",
+                )
             start, _ = _content_range(resp.headers.get("Content-Range"), self.path)
             self._take(resp, start, want)
 
@@ -333,8 +365,10 @@ def read_remote_files(url: str, client: Client) -> list[GGUFFile]:
             return read_file(client, urls[i], i)
         except NotFound:
             name = unquote(urlsplit(urls[i]).path.rpartition("/")[2])
-            raise InputError(f"{shown(url).rpartition('/')[0]}/: missing shard {name} of {len(urls)} (HTTP 404)",
-                             hint="all shards must sit beside each other on the server") from None
+            raise InputError(
+                f"{shown(url).rpartition('/')[0]}/: missing shard {name} of {len(urls)} (HTTP 404)",
+                hint="all shards must sit beside each other on the server",
+            ) from None
 
     rest = [i for i in range(len(urls)) if i != given]
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(rest) or 1)) as pool:

@@ -52,9 +52,13 @@ class Routing:
         k = sum(next(iter(self.layers.values()), ()))
         uniform = 1 - (1 - k / n) ** 64 if n else None
         per_layer = [touched_by(p, 64) for p in self.layers.values()]
-        return {"source": self.source, "tokens": self.tokens, "layers": len(self.layers),
-                "touched_at_64_tokens": round(sum(per_layer) / len(per_layer), 4) if per_layer else None,
-                "uniform_at_64_tokens": None if uniform is None else round(uniform, 4)}
+        return {
+            "source": self.source,
+            "tokens": self.tokens,
+            "layers": len(self.layers),
+            "touched_at_64_tokens": round(sum(per_layer) / len(per_layer), 4) if per_layer else None,
+            "uniform_at_64_tokens": None if uniform is None else round(uniform, 4),
+        }
 
 
 def touched_by(chances: Sequence[float], tokens: int) -> float:
@@ -82,12 +86,15 @@ def read_routing(path: str | Path, n_expert: int, n_expert_used: int) -> Routing
     except OSError as e:
         raise InputError(f"--routing {p}: cannot read it ({e.strerror or e})", hint=MAKE_ONE) from None
     if magic != GGUF_MAGIC:
-        raise InputError(f"--routing {p}: not a GGUF file (a legacy .dat imatrix keeps no per-expert counts)",
-                         hint=MAKE_ONE)
+        raise InputError(
+            f"--routing {p}: not a GGUF file (a legacy .dat imatrix keeps no per-expert counts)", hint=MAKE_ONE
+        )
     g = read_gguf(p)
     if g.metadata.get("general.type") != "imatrix":
-        raise InputError(f"--routing {p}: a GGUF file, but not an imatrix (general.type is "
-                         f"{g.metadata.get('general.type')!r})", hint=MAKE_ONE)
+        raise InputError(
+            f"--routing {p}: a GGUF file, but not an imatrix (general.type is {g.metadata.get('general.type')!r})",
+            hint=MAKE_ONE,
+        )
     found: dict[int, dict[str, tuple[float, ...]]] = {}
     with open(p, "rb") as f:
         for t in g.tensors:
@@ -102,15 +109,20 @@ def read_routing(path: str | Path, n_expert: int, n_expert_used: int) -> Routing
                 raise InputError(f"--routing {p}: truncated at {t.name}", hint=MAKE_ONE)
             found.setdefault(int(m.group(1)), {})[m.group(2)] = struct.unpack(f"<{t.nbytes // 4}f", data)
     if not found:
-        raise InputError(f"--routing {p}: no expert counts in it (an imatrix of a dense model, or of an "
-                         "older llama-imatrix)", hint=MAKE_ONE)
+        raise InputError(
+            f"--routing {p}: no expert counts in it (an imatrix of a dense model, or of an older llama-imatrix)",
+            hint=MAKE_ONE,
+        )
     layers: dict[int, tuple[float, ...]] = {}
     tokens = 0
     for layer in sorted(found):
         counts = next(found[layer][w] for w in _PREFERRED if w in found[layer])
         if len(counts) != n_expert:
-            raise InputError(f"--routing {p}: layer {layer} has counts for {len(counts)} experts, the model "
-                             f"{n_expert}: an imatrix of another model", hint=MAKE_ONE)
+            raise InputError(
+                f"--routing {p}: layer {layer} has counts for {len(counts)} experts, the model "
+                f"{n_expert}: an imatrix of another model",
+                hint=MAKE_ONE,
+            )
         n_tok = sum(counts) / max(1, n_expert_used)  # every token chose k experts
         if n_tok <= 0:
             continue

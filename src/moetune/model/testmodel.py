@@ -100,7 +100,9 @@ def parse_type_spec(spec: str, kinds: set[str]) -> TypeRecipe:
             if key == "other":
                 default = by_name(val)
             elif key not in kinds:
-                raise InputError(f"--type: no tensor kind {key!r} in this architecture (kinds: {', '.join(sorted(kinds))})")
+                raise InputError(
+                    f"--type: no tensor kind {key!r} in this architecture (kinds: {', '.join(sorted(kinds))})"
+                )
             else:
                 by_kind[key] = by_name(val)
         return TypeRecipe(default, by_kind)
@@ -184,9 +186,17 @@ def plan_tensors(arch: str, dims: Dims, type_spec: str, seed: int = 0) -> tuple[
     return layout, out
 
 
-def generate(out: Path, arch: str, dims: Dims, type_spec: str = "f16", *, shards: int = 1,
-             sparse: bool = False, seed: int = 0,
-             progress: Callable[[int], None] | None = None) -> Generated:
+def generate(
+    out: Path,
+    arch: str,
+    dims: Dims,
+    type_spec: str = "f16",
+    *,
+    shards: int = 1,
+    sparse: bool = False,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> Generated:
     if shards < 1:
         raise InputError(f"--shards {shards}: must be at least 1")
     if not out.name.endswith(".gguf"):

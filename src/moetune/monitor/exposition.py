@@ -105,8 +105,12 @@ _GPU = "node device device_name"
 
 METRICS: tuple[Metric, ...] = (
     _m("snapshot_timestamp_seconds", "gauge", "node", "When the snapshot was taken, seconds since the epoch."),
-    _m("run_info", "gauge", "kind label phase", "1 for each stored run being measured, with its kind, label "
-       "and the benchmark's phase."),
+    _m(
+        "run_info",
+        "gauge",
+        "kind label phase",
+        "1 for each stored run being measured, with its kind, label and the benchmark's phase.",
+    ),
     _m("host_cpu_busy_ratio", "gauge", "node cpu", "Busy share of one CPU core over the sampling interval (0-1)."),
     _m("host_memory_total_bytes", "gauge", "node", "Host memory (MemTotal)."),
     _m("host_memory_used_bytes", "gauge", "node", "Host memory in use (MemTotal - MemAvailable)."),
@@ -125,38 +129,71 @@ METRICS: tuple[Metric, ...] = (
     _m("gpu_power_watts", "gauge", _GPU, "GPU power draw."),
     _m("gpu_pcie_rx_bytes_per_second", "gauge", _GPU, "PCIe traffic from the host to the GPU."),
     _m("gpu_pcie_tx_bytes_per_second", "gauge", _GPU, "PCIe traffic from the GPU to the host."),
-    _m("server_prompt_tokens_total", "counter", "service", "llama-server: prompt tokens processed, cached ones "
-       "excluded."),
+    _m(
+        "server_prompt_tokens_total",
+        "counter",
+        "service",
+        "llama-server: prompt tokens processed, cached ones excluded.",
+    ),
     _m("server_prompt_tokens_cached_total", "counter", "service", "llama-server: prompt tokens reused from the cache."),
     _m("server_prompt_seconds_total", "counter", "service", "llama-server: time spent processing prompts."),
     _m("server_tokens_predicted_total", "counter", "service", "llama-server: tokens generated."),
     _m("server_tokens_predicted_seconds_total", "counter", "service", "llama-server: time spent generating."),
     _m("server_n_decode_total", "counter", "service", "llama-server: llama_decode() calls."),
     _m("server_n_tokens_max", "gauge", "service", "llama-server: longest sequence seen (prompt + generation)."),
-    _m("server_spec_decode_num_draft_tokens_total", "counter", "service", "llama-server: speculative decoding, "
-       "draft tokens generated."),
-    _m("server_spec_decode_num_accepted_tokens_total", "counter", "service", "llama-server: speculative decoding, "
-       "draft tokens accepted."),
-    _m("server_spec_decode_num_drafts_total", "counter", "service", "llama-server: speculative decoding, "
-       "verification steps."),
+    _m(
+        "server_spec_decode_num_draft_tokens_total",
+        "counter",
+        "service",
+        "llama-server: speculative decoding, draft tokens generated.",
+    ),
+    _m(
+        "server_spec_decode_num_accepted_tokens_total",
+        "counter",
+        "service",
+        "llama-server: speculative decoding, draft tokens accepted.",
+    ),
+    _m(
+        "server_spec_decode_num_drafts_total",
+        "counter",
+        "service",
+        "llama-server: speculative decoding, verification steps.",
+    ),
     _m("server_prompt_tokens_seconds", "gauge", "service", "llama-server: its average prompt throughput, tokens/s."),
-    _m("server_predicted_tokens_seconds", "gauge", "service", "llama-server: its average generation throughput, "
-       "tokens/s."),
+    _m(
+        "server_predicted_tokens_seconds",
+        "gauge",
+        "service",
+        "llama-server: its average generation throughput, tokens/s.",
+    ),
     _m("server_requests_processing", "gauge", "service", "llama-server: requests being processed in a slot."),
     _m("server_requests_deferred", "gauge", "service", "llama-server: requests waiting for a slot."),
     _m("server_n_busy_slots_per_decode", "gauge", "service", "llama-server: average busy slots per llama_decode()."),
-    _m("server_kv_cache_usage_ratio", "gauge", "service", "llama-server: share of the KV cache in use (older builds "
-       "and ik_llama.cpp)."),
-    _m("server_kv_cache_tokens", "gauge", "service", "llama-server: tokens in the KV cache (older builds and "
-       "ik_llama.cpp)."),
+    _m(
+        "server_kv_cache_usage_ratio",
+        "gauge",
+        "service",
+        "llama-server: share of the KV cache in use (older builds and ik_llama.cpp).",
+    ),
+    _m(
+        "server_kv_cache_tokens",
+        "gauge",
+        "service",
+        "llama-server: tokens in the KV cache (older builds and ik_llama.cpp).",
+    ),
     _m("load_requests_in_flight", "gauge", "", "Benchmark requests sent and not yet answered in full."),
     _m("load_requests_done_total", "counter", "", "Benchmark requests completed."),
     _m("load_errors_total", "counter", "", "Benchmark requests that failed."),
     _m("load_output_tokens_total", "counter", "", "Tokens the benchmark received."),
-    _m("load_ttft_recent_median_seconds", "gauge", "", "Median time to first token of the benchmark's last 32 "
-       "requests."),
-    _m("load_itl_recent_median_seconds", "gauge", "", "Median inter-token latency of the benchmark's last 32 "
-       "requests."),
+    _m(
+        "load_ttft_recent_median_seconds",
+        "gauge",
+        "",
+        "Median time to first token of the benchmark's last 32 requests.",
+    ),
+    _m(
+        "load_itl_recent_median_seconds", "gauge", "", "Median inter-token latency of the benchmark's last 32 requests."
+    ),
 )
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 
@@ -173,8 +210,9 @@ def _dynamic(group: str, raw: str, labels: tuple[str, ...], origin: str) -> Metr
 
 def _server_metric(key: str) -> tuple[Metric, dict[str, str]]:
     name, labels = split_key(key)
-    m = _dynamic("server", name.rsplit(":", 1)[-1], ("service", *labels),
-                 f"llama-server's {name}, re-exported by moetune.")
+    m = _dynamic(
+        "server", name.rsplit(":", 1)[-1], ("service", *labels), f"llama-server's {name}, re-exported by moetune."
+    )
     return m, {_BAD_NAME_CHAR.sub("_", k): v for k, v in labels.items()}
 
 
@@ -185,8 +223,11 @@ def _series(item: LabelledSnapshot) -> Iterator[Series]:
     s, node = item.snapshot, item.node
     yield BY_NAME[PREFIX + "snapshot_timestamp_seconds"], {"node": node}, s.t
     if item.run is not None:
-        yield (BY_NAME[PREFIX + "run_info"],
-               {"kind": item.kind or "", "label": item.label or "", "phase": s.phase or ""}, 1.0)
+        yield (
+            BY_NAME[PREFIX + "run_info"],
+            {"kind": item.kind or "", "label": item.label or "", "phase": s.phase or ""},
+            1.0,
+        )
 
     def g(name: str, labels: dict[str, str], value: float | None, scale: float = 1.0) -> Iterator[Series]:
         if value is not None:
@@ -230,8 +271,11 @@ def render(items: Iterable[LabelledSnapshot]) -> str:
     families: dict[str, tuple[Metric, list[str]]] = {}
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for item in items:
-        scope = {k: v for k, v in (("run", None if item.run is None else str(item.run)), ("launch", item.launch))
-                 if v is not None}
+        scope = {
+            k: v
+            for k, v in (("run", None if item.run is None else str(item.run)), ("launch", item.launch))
+            if v is not None
+        }
         for metric, own, value in _series(item):
             labels = {**scope, **{k: v for k, v in own.items() if v != ""}}
             key = (metric.name, tuple(sorted(labels.items())))

@@ -54,14 +54,18 @@ class NvmlProbe:
             power_mw = self._try(n.nvmlDeviceGetPowerUsage, h)
             rx = self._try(n.nvmlDeviceGetPcieThroughput, h, getattr(n, "NVML_PCIE_UTIL_RX_BYTES", 1))
             tx = self._try(n.nvmlDeviceGetPcieThroughput, h, getattr(n, "NVML_PCIE_UTIL_TX_BYTES", 0))
-            out.append(GpuSample(
-                index=i, name=self.names[i],
-                util_pct=None if util is None else float(util.gpu),
-                mem_used_bytes=None if mem is None else int(mem.used),
-                mem_total_bytes=None if mem is None else int(mem.total),
-                power_w=None if power_mw is None else power_mw / 1000.0,
-                pcie_rx_bytes_per_s=None if rx is None else rx * 1024.0,  # NVML gives KB/s
-                pcie_tx_bytes_per_s=None if tx is None else tx * 1024.0))
+            out.append(
+                GpuSample(
+                    index=i,
+                    name=self.names[i],
+                    util_pct=None if util is None else float(util.gpu),
+                    mem_used_bytes=None if mem is None else int(mem.used),
+                    mem_total_bytes=None if mem is None else int(mem.total),
+                    power_w=None if power_mw is None else power_mw / 1000.0,
+                    pcie_rx_bytes_per_s=None if rx is None else rx * 1024.0,  # NVML gives KB/s
+                    pcie_tx_bytes_per_s=None if tx is None else tx * 1024.0,
+                )
+            )
         return tuple(out)
 
     def process_memory(self) -> dict[int, int]:

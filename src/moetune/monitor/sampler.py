@@ -79,11 +79,21 @@ def watches_of_launch(launch_run: str) -> list[Watch]:
         procs = RunDir.open(launch_run).procs()
     except Exception:  # a launch being written or removed: nothing to watch this tick
         return []
-    return [Watch(name=r.name, role=str(r.role), node=r.node, pid=r.engine_pid[0], start_ticks=r.engine_pid[1],
-                  ssh=tuple(r.ssh) if r.ssh else None, ssh_target=r.ssh_target,
-                  metrics_url=f"{r.url}/metrics" if str(r.role) == "server" else None,
-                  local_pids=tuple(p for p in (r.pid, r.container_pid) if p is not None))
-            for r in procs if r.engine_pid[0] is not None and r.exited_at is None]
+    return [
+        Watch(
+            name=r.name,
+            role=str(r.role),
+            node=r.node,
+            pid=r.engine_pid[0],
+            start_ticks=r.engine_pid[1],
+            ssh=tuple(r.ssh) if r.ssh else None,
+            ssh_target=r.ssh_target,
+            metrics_url=f"{r.url}/metrics" if str(r.role) == "server" else None,
+            local_pids=tuple(p for p in (r.pid, r.container_pid) if p is not None),
+        )
+        for r in procs
+        if r.engine_pid[0] is not None and r.exited_at is None
+    ]
 
 
 def watches_for_url(url: str) -> Callable[[], list[Watch]]:
@@ -103,12 +113,23 @@ def watches_for_url(url: str) -> Callable[[], list[Watch]]:
     if launch is None and parts.hostname in ("127.0.0.1", "localhost", "::1") and parts.port:
         pid = procfs.listening_pid(parts.port)
         st = procfs.read_proc_stat(pid) if pid else None
-        found = [] if pid is None else [Watch(name="server", role="server", pid=pid,
-                                              start_ticks=st.start_ticks if st else None,
-                                              metrics_url=f"{url.rstrip('/')}/metrics")]
+        found = (
+            []
+            if pid is None
+            else [
+                Watch(
+                    name="server",
+                    role="server",
+                    pid=pid,
+                    start_ticks=st.start_ticks if st else None,
+                    metrics_url=f"{url.rstrip('/')}/metrics",
+                )
+            ]
+        )
 
     def get() -> list[Watch]:
         return watches_of_launch(launch) if launch is not None else list(found or [])
+
     return get
 
 
@@ -120,13 +141,20 @@ class _NodeStream:
 
         self.pids = tuple(sorted(pids))
         each = " ".join(str(p) for p in self.pids)
-        script = (f'while :; do for p in {each}; do echo "$p $(cat /proc/$p/stat 2>/dev/null)"; done; '
-                  f"sleep {interval_s:g}; done")
+        script = (
+            f'while :; do for p in {each}; do echo "$p $(cat /proc/$p/stat 2>/dev/null)"; done; '
+            f"sleep {interval_s:g}; done"
+        )
         self.latest: dict[int, tuple[float, procfs.ProcStat | None]] = {}
         # its own process group, ended as a whole (the node's side ends at its next write: SIGPIPE)
-        self.proc = subprocess.Popen(ssh_argv(ssh, target, script), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            ssh_argv(ssh, target, script),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
         self.thread = threading.Thread(target=self._read, name=f"moetune-sampler-{target}", daemon=True)
         self.thread.start()
 
@@ -172,11 +200,18 @@ class Sampler:
     the sampler's thread; it must not block for long), ``load`` says what the benchmark is doing
     (requests in flight, done, errors), and :attr:`phase` is stamped on each snapshot."""
 
-    def __init__(self, sink: Callable[[Snapshot], None] | None = None, *,
-                 watches: Callable[[], list[Watch]] = list, load: Callable[[], Mapping[str, float]] | None = None,
-                 interval_s: float = DEFAULT_INTERVAL_S, gpus: NvmlProbe | bool | None = True,
-                 scraper: Callable[[str], dict[str, float] | None] = scrape, host: bool = True,
-                 census: bool = False) -> None:
+    def __init__(
+        self,
+        sink: Callable[[Snapshot], None] | None = None,
+        *,
+        watches: Callable[[], list[Watch]] = list,
+        load: Callable[[], Mapping[str, float]] | None = None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        gpus: NvmlProbe | bool | None = True,
+        scraper: Callable[[str], dict[str, float] | None] = scrape,
+        host: bool = True,
+        census: bool = False,
+    ) -> None:
         self.sink = sink
         self.watches = watches
         self.load = load
@@ -186,7 +221,7 @@ class Sampler:
         self.count = 0
         self.cpu_seconds = 0.0  # the sampler thread's own CPU time
         self.errors: list[str] = []
-        self._gpus: NvmlProbe | None = (gpus if isinstance(gpus, NvmlProbe) else None)
+        self._gpus: NvmlProbe | None = gpus if isinstance(gpus, NvmlProbe) else None
         self._want_gpus = gpus is True
         self._scraper = scraper
         self._read_host = host
@@ -257,10 +292,15 @@ class Sampler:
         watches = self.watches()  # asked once a tick: a launch's records are files
         if self._census:
             self.count_cpu(watches)
-        snap = Snapshot(t=time.time(), host=self._host() if self._read_host else HostSample(),
-                        procs=self._proc_samples(now, watches),
-                        gpus=self._gpu_samples(), servers=self._servers(watches),
-                        load=dict(self.load()) if self.load else {}, phase=self.phase)
+        snap = Snapshot(
+            t=time.time(),
+            host=self._host() if self._read_host else HostSample(),
+            procs=self._proc_samples(now, watches),
+            gpus=self._gpu_samples(),
+            servers=self._servers(watches),
+            load=dict(self.load()) if self.load else {},
+            phase=self.phase,
+        )
         self.latest = snap
         self.count += 1
         if self.sink is not None:
@@ -287,9 +327,13 @@ class Sampler:
         mem = procfs.read_meminfo()
         total = mem.get("MemTotal")
         avail = mem.get("MemAvailable")
-        return HostSample(cpu_pct=busy, mem_total_bytes=total,
-                          mem_used_bytes=None if total is None or avail is None else total - avail,
-                          mlocked_bytes=mem.get("Mlocked"), load1=procfs.read_load1())
+        return HostSample(
+            cpu_pct=busy,
+            mem_total_bytes=total,
+            mem_used_bytes=None if total is None or avail is None else total - avail,
+            mlocked_bytes=mem.get("Mlocked"),
+            load1=procfs.read_load1(),
+        )
 
     def _gpu_samples(self) -> tuple[GpuSample, ...]:
         return self._gpus.sample() if self._gpus is not None else ()
@@ -312,14 +356,22 @@ class Sampler:
             prev = self._procs.get(key)
             self._procs[key] = (at, st)
             alive = st is not None and st.state not in ("Z", "X")
-            cpu = (procfs.proc_cpu_pct(prev[1], st, at - prev[0]) if prev is not None and at > prev[0]
-                   else None)
-            out.append(ProcSample(
-                name=w.name, role=w.role, node=w.node, pid=w.pid, cpu_pct=cpu if alive else None,
-                rss_bytes=st.rss_pages * procfs.PAGE_SIZE if st and alive else None,
-                threads=st.threads if st and alive else None, minflt=st.minflt if st else None,
-                majflt=st.majflt if st else None,
-                gpu_mem_bytes=gpu_mem.get(w.pid) if not w.remote else None, alive=alive))
+            cpu = procfs.proc_cpu_pct(prev[1], st, at - prev[0]) if prev is not None and at > prev[0] else None
+            out.append(
+                ProcSample(
+                    name=w.name,
+                    role=w.role,
+                    node=w.node,
+                    pid=w.pid,
+                    cpu_pct=cpu if alive else None,
+                    rss_bytes=st.rss_pages * procfs.PAGE_SIZE if st and alive else None,
+                    threads=st.threads if st and alive else None,
+                    minflt=st.minflt if st else None,
+                    majflt=st.majflt if st else None,
+                    gpu_mem_bytes=gpu_mem.get(w.pid) if not w.remote else None,
+                    alive=alive,
+                )
+            )
         return tuple(out)
 
     def _follow_remote(self, watches: list[Watch]) -> None:
@@ -369,6 +421,7 @@ class RunSink:
 
     def attach(self, db: Any, run_id: int) -> None:
         """From now on, into ``db`` (a ResultsDB) under ``run_id``; what was held first."""
+
         def write(s: Snapshot) -> None:
             db.add_metrics(run_id, s.t, s.to_json())
 
@@ -408,16 +461,27 @@ class RunMonitor:
     """A run's sampler and its sink: started before the run exists (while its server loads), attached
     to it once created, stopped when it ends. Phases name what the benchmark is doing."""
 
-    def __init__(self, watches: Callable[[], list[Watch]], *, load: Callable[[], Mapping[str, float]] | None = None,
-                 interval_s: float | None = None, phase: str | None = None,
-                 on_snapshot: Callable[[Snapshot], None] | None = None) -> None:
+    def __init__(
+        self,
+        watches: Callable[[], list[Watch]],
+        *,
+        load: Callable[[], Mapping[str, float]] | None = None,
+        interval_s: float | None = None,
+        phase: str | None = None,
+        on_snapshot: Callable[[Snapshot], None] | None = None,
+    ) -> None:
         contention.max_foreign_cores(1)  # a bad MOETUNE_MAX_FOREIGN_CORES is told before anything starts
         self._run: tuple[Any, int] | None = None  # (db, run id) once attached, until close stores its contention
         self.counted: contention.Contention | None = None  # what close stored
         self.sink = RunSink()
         self.on_snapshot = on_snapshot
-        self.sampler = Sampler(self._take, watches=watches, load=load,
-                               interval_s=interval_from_env() if interval_s is None else interval_s, census=True)
+        self.sampler = Sampler(
+            self._take,
+            watches=watches,
+            load=load,
+            interval_s=interval_from_env() if interval_s is None else interval_s,
+            census=True,
+        )
         self.sampler.phase = phase
 
     def _take(self, snap: Snapshot) -> None:

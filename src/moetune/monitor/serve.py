@@ -38,6 +38,7 @@ Source = Callable[[], Iterable[LabelledSnapshot]]
 
 def combine(*sources: Source) -> Source:
     """One source from several, in order (the first wins a series two of them write)."""
+
     def source() -> list[LabelledSnapshot]:
         return [item for s in sources for item in s()]
 
@@ -49,8 +50,9 @@ class DbSource:
     with the run's id, kind, label and launch; a snapshot older than ``max_age_s`` (its writer was
     killed, so its run stays ``running``) is left out. Close it when done."""
 
-    def __init__(self, db_path: Path | None = None, *, max_age_s: float = MAX_AGE_S,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, db_path: Path | None = None, *, max_age_s: float = MAX_AGE_S, clock: Callable[[], float] = time.time
+    ) -> None:
         from moetune.store.db import ResultsDB
 
         self.db = ResultsDB.open(db_path)
@@ -74,8 +76,9 @@ class DbSource:
                     continue
                 if now - snap.t > self.max_age_s:
                     continue
-                out.append(LabelledSnapshot(snap, run=run.id, kind=str(run.kind), label=run.label,
-                                            launch=run.meta.launch_run))
+                out.append(
+                    LabelledSnapshot(snap, run=run.id, kind=str(run.kind), label=run.label, launch=run.meta.launch_run)
+                )
         return out
 
     def close(self) -> None:
@@ -114,8 +117,11 @@ class LaunchSource:
             for run in live:
                 sampler = self._launches.get(run)
                 if sampler is None:  # a new launch: its processes' rates come from the next scrape on
-                    sampler = self._launches[run] = Sampler(watches=lambda r=run: watches_of_launch(r),  # type: ignore[misc]
-                                                            gpus=False, host=False)
+                    sampler = self._launches[run] = Sampler(
+                        watches=lambda r=run: watches_of_launch(r),  # type: ignore[misc]
+                        gpus=False,
+                        host=False,
+                    )
                 out.append(LabelledSnapshot(sampler.tick(), launch=run))
             return out
 
@@ -231,16 +237,23 @@ def listen_error(host: str, port: int, e: OSError) -> MoetuneError:
     """What to tell a user whose ``--listen HOST:PORT`` could not be bound: a name that does not
     resolve or an address not of this machine (input, exit 2), a port in use (exit 1)."""
     if isinstance(e, socket.gaierror):
-        return InputError(f"--listen {host}:{port}: cannot resolve {host!r} ({e.strerror})",
-                          hint="give an address of this machine, e.g. 127.0.0.1")
+        return InputError(
+            f"--listen {host}:{port}: cannot resolve {host!r} ({e.strerror})",
+            hint="give an address of this machine, e.g. 127.0.0.1",
+        )
     if e.errno == errno.EADDRINUSE:
-        return RuntimeFailure(f"--listen {host}:{port}: the address is in use",
-                              hint="stop what listens there, or choose another port (--listen HOST:PORT)")
+        return RuntimeFailure(
+            f"--listen {host}:{port}: the address is in use",
+            hint="stop what listens there, or choose another port (--listen HOST:PORT)",
+        )
     if e.errno == errno.EADDRNOTAVAIL:
-        return InputError(f"--listen {host}:{port}: {host} is not an address of this machine",
-                          hint="use 127.0.0.1, or one of this machine's addresses")
-    return RuntimeFailure(f"--listen {host}:{port}: {e.strerror or e}",
-                          hint="choose another address or port (--listen HOST:PORT)")
+        return InputError(
+            f"--listen {host}:{port}: {host} is not an address of this machine",
+            hint="use 127.0.0.1, or one of this machine's addresses",
+        )
+    return RuntimeFailure(
+        f"--listen {host}:{port}: {e.strerror or e}", hint="choose another address or port (--listen HOST:PORT)"
+    )
 
 
 def wait_listening(host: str, port: int, timeout_s: float) -> bool:
@@ -265,8 +278,9 @@ def serve_until_stopped(server: MetricsServer, stop: threading.Event | None = No
         stop.set()
 
     previous = signal.signal(signal.SIGTERM, on_term) if in_main else None
-    worker = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
-                              name="moetune-metrics")
+    worker = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True, name="moetune-metrics"
+    )
     worker.start()
     try:
         while not stop.wait(0.5):  # a timed wait, so Ctrl-C reaches this thread promptly

@@ -88,10 +88,14 @@ class Snapshot:
         host = dict(d.get("host") or {})
         if host.get("cpu_pct") is not None:
             host["cpu_pct"] = tuple(host["cpu_pct"])
-        return cls(t=float(d["t"]), host=pick(HostSample, host),
-                   procs=tuple(pick(ProcSample, p) for p in d.get("procs") or ()),
-                   gpus=tuple(pick(GpuSample, g) for g in d.get("gpus") or ()),
-                   servers={str(k): {str(m): float(v) for m, v in (s or {}).items()}
-                            for k, s in (d.get("servers") or {}).items()},
-                   load={str(k): float(v) for k, v in (d.get("load") or {}).items()},
-                   phase=d.get("phase"))
+        return cls(
+            t=float(d["t"]),
+            host=pick(HostSample, host),
+            procs=tuple(pick(ProcSample, p) for p in d.get("procs") or ()),
+            gpus=tuple(pick(GpuSample, g) for g in d.get("gpus") or ()),
+            servers={
+                str(k): {str(m): float(v) for m, v in (s or {}).items()} for k, s in (d.get("servers") or {}).items()
+            },
+            load={str(k): float(v) for k, v in (d.get("load") or {}).items()},
+            phase=d.get("phase"),
+        )

@@ -65,11 +65,15 @@ class Choice:
 
     def note(self) -> str:
         """The one line the plan prints."""
-        why = (f"{label(self.settings)}: predicted TG {self.tg_tok_s:.1f} tok/s at depth {self.depth}, "
-               f"{label(self.default)} {self.default_tg_tok_s:.1f}")
+        why = (
+            f"{label(self.settings)}: predicted TG {self.tg_tok_s:.1f} tok/s at depth {self.depth}, "
+            f"{label(self.default)} {self.default_tg_tok_s:.1f}"
+        )
         if self.settings == self.default:
-            why = (f"{label(self.settings)}: no variant predicted {MIN_GAIN:.0%} faster at depth {self.depth} "
-                   f"({self.tg_tok_s:.1f} tok/s)")
+            why = (
+                f"{label(self.settings)}: no variant predicted {MIN_GAIN:.0%} faster at depth {self.depth} "
+                f"({self.tg_tok_s:.1f} tok/s)"
+            )
         if self.rejected_for_memory:
             why += f"; {self.rejected_for_memory} faster variant(s) do not fit"
         return why + " (the speed model; --flash-attn on|off, --ctk/--ctv to choose)"

@@ -26,10 +26,24 @@ from moetune.plan.speed import SpeedConstants, Work, decode_seconds, prefill_tok
 
 NOISE_FLOOR_PCT = 3.0  # no calibration claims to predict closer than a run repeats on a quiet machine
 UNCALIBRATED_PCT = 50.0  # the stated uncertainty of the built-in constants
-FITTED = ("token_overhead_us", "cpu_bw_eff", "gpu_bw_eff", "cpu_core_gbs", "split_us", "rpc_hop_us", "rpc_wake_us",
-          "cpu_ctx_gflops_per_core", "gpu_ctx_tflops", "gpu_tflops", "cpu_gflops_per_core", "ik_cpu_gflops_per_core",
-          "ubatch_overhead_us",
-          "cpu_noflash_ctx_factor", "cpu_ctx_quant_factor", "cpu_repack_gain")
+FITTED = (
+    "token_overhead_us",
+    "cpu_bw_eff",
+    "gpu_bw_eff",
+    "cpu_core_gbs",
+    "split_us",
+    "rpc_hop_us",
+    "rpc_wake_us",
+    "cpu_ctx_gflops_per_core",
+    "gpu_ctx_tflops",
+    "gpu_tflops",
+    "cpu_gflops_per_core",
+    "ik_cpu_gflops_per_core",
+    "ubatch_overhead_us",
+    "cpu_noflash_ctx_factor",
+    "cpu_ctx_quant_factor",
+    "cpu_repack_gain",
+)
 AT_MOST = {"cpu_bw_eff": 1.0, "gpu_bw_eff": 1.0}  # a share of the bandwidth
 
 
@@ -52,7 +66,9 @@ def predict_pp(o: Observation, k: SpeedConstants) -> float:
 
 
 def _with(base: SpeedConstants, logs: np.ndarray, names: tuple[str, ...] = FITTED) -> SpeedConstants:
-    vals: dict[str, Any] = {n: min(math.exp(float(v)), AT_MOST.get(n, math.inf)) for n, v in zip(names, logs, strict=True)}
+    vals: dict[str, Any] = {
+        n: min(math.exp(float(v)), AT_MOST.get(n, math.inf)) for n, v in zip(names, logs, strict=True)
+    }
     return replace(base, **vals)
 
 
@@ -77,8 +93,13 @@ def prior_weight(noise_pct: float) -> float:
     return (math.log1p(noise_pct / 100) / math.log(2)) ** 2
 
 
-def fit(obs: list[Observation], prior: SpeedConstants | None = None, iterations: int = 60,
-        noise_pct: float = NOISE_FLOOR_PCT, names: tuple[str, ...] = FITTED) -> SpeedConstants:
+def fit(
+    obs: list[Observation],
+    prior: SpeedConstants | None = None,
+    iterations: int = 60,
+    noise_pct: float = NOISE_FLOOR_PCT,
+    names: tuple[str, ...] = FITTED,
+) -> SpeedConstants:
     """The constants that best explain the measurements (Levenberg-Marquardt on log constants),
     measurements being off by ``noise_pct`` as runs repeat; ``names``: the constants it may move
     (the rest stay at the prior's)."""
@@ -155,13 +176,19 @@ class Calibration:
     uncertainty_pp_pct: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"constants": asdict(self.constants), "runs": len(self.runs), "run_ids": list(self.runs),
-                "observations": self.observations,
-                "error": {"tg_median_abs_pct": self.loo_tg_median_abs_pct,
-                          "pp_median_abs_pct": self.loo_pp_median_abs_pct,
-                          "tg_median_abs_pct_before": self.before_tg_median_abs_pct,
-                          "pp_median_abs_pct_before": self.before_pp_median_abs_pct},
-                "uncertainty": {"tg_pct": self.uncertainty_tg_pct, "pp_pct": self.uncertainty_pp_pct}}
+        return {
+            "constants": asdict(self.constants),
+            "runs": len(self.runs),
+            "run_ids": list(self.runs),
+            "observations": self.observations,
+            "error": {
+                "tg_median_abs_pct": self.loo_tg_median_abs_pct,
+                "pp_median_abs_pct": self.loo_pp_median_abs_pct,
+                "tg_median_abs_pct_before": self.before_tg_median_abs_pct,
+                "pp_median_abs_pct_before": self.before_pp_median_abs_pct,
+            },
+            "uncertainty": {"tg_pct": self.uncertainty_tg_pct, "pp_pct": self.uncertainty_pp_pct},
+        }
 
 
 def calibrate(obs: list[Observation], prior: SpeedConstants | None = None) -> Calibration:
@@ -177,16 +204,29 @@ def calibrate(obs: list[Observation], prior: SpeedConstants | None = None) -> Ca
             loo_tg += tg
             loo_pp += pp
     before_tg, before_pp = _errors(obs, prior)
-    return Calibration(k, runs, len(obs), _median(loo_tg), _median(loo_pp), _median(before_tg), _median(before_pp),
-                       _band(loo_tg) or UNCALIBRATED_PCT, _band(loo_pp) or UNCALIBRATED_PCT)
+    return Calibration(
+        k,
+        runs,
+        len(obs),
+        _median(loo_tg),
+        _median(loo_pp),
+        _median(before_tg),
+        _median(before_pp),
+        _band(loo_tg) or UNCALIBRATED_PCT,
+        _band(loo_pp) or UNCALIBRATED_PCT,
+    )
 
 
 def not_applicable(cal: Calibration) -> str | None:
     """Why a calibration must not replace the built-in constants for a hardware: its stated
     uncertainty is worse than theirs (:data:`UNCALIBRATED_PCT`); None when it may."""
-    worse = [f"{fam} +/-{u:g}%" for fam, u in (("TG", cal.uncertainty_tg_pct), ("PP", cal.uncertainty_pp_pct))
-             if u > UNCALIBRATED_PCT]
+    worse = [
+        f"{fam} +/-{u:g}%"
+        for fam, u in (("TG", cal.uncertainty_tg_pct), ("PP", cal.uncertainty_pp_pct))
+        if u > UNCALIBRATED_PCT
+    ]
     if not worse:
         return None
-    return (f"its stated uncertainty ({', '.join(worse)}) is worse than the built-in constants' "
-            f"(+/-{UNCALIBRATED_PCT:g}%)")
+    return (
+        f"its stated uncertainty ({', '.join(worse)}) is worse than the built-in constants' (+/-{UNCALIBRATED_PCT:g}%)"
+    )

@@ -154,13 +154,19 @@ def _ik_compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> 
     return mask + max(phases)
 
 
-def reserve_bytes(p: ModelProfile, inp: ComputeInputs, sites: Sites, devices: Sequence[str], offload_to: str = "",
-                  n_copies: int = 1) -> dict[str, int]:
+def reserve_bytes(
+    p: ModelProfile, inp: ComputeInputs, sites: Sites, devices: Sequence[str], offload_to: str = "", n_copies: int = 1
+) -> dict[str, int]:
     """Mainline llama.cpp's compute buffer on every device (``devices`` in the engine's order, the
     CPU last): the reserve graph replayed (see the module docstring)."""
     plain = ("f16", "bf16", "f32")  # the other cache types are quantized (attention rotation)
-    nodes = build(p, Shape(inp.n_tok, inp.n_kv, inp.flash_attn, inp.ctk not in plain, inp.ctv not in plain,
-                           inp.n_outputs, inp.n_kv_swa), sites)
+    nodes = build(
+        p,
+        Shape(
+            inp.n_tok, inp.n_kv, inp.flash_attn, inp.ctk not in plain, inp.ctv not in plain, inp.n_outputs, inp.n_kv_swa
+        ),
+        sites,
+    )
     return buffer_sizes(nodes, devices, offload_to, n_copies)
 
 

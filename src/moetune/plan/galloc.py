@@ -124,7 +124,9 @@ class _Buffer:
         self.free = merged
 
 
-def buffer_sizes(nodes: Sequence[Node], devices: Sequence[str], offload_to: str = "", n_copies: int = 1) -> dict[str, int]:
+def buffer_sizes(
+    nodes: Sequence[Node], devices: Sequence[str], offload_to: str = "", n_copies: int = 1
+) -> dict[str, int]:
     """Each device's compute buffer: rules 1-3 over the graph's nodes (in the graph's order).
     ``n_copies`` > 1 is pipeline parallelism (``ggml_backend_sched_new(..., parallel)``: several
     accelerators, every layer offloaded, no tensor override): every graph input and every split
@@ -169,8 +171,9 @@ def buffer_sizes(nodes: Sequence[Node], devices: Sequence[str], offload_to: str 
     return {d: b.peak for d, b in bufs.items()}
 
 
-def _splits(nodes: Sequence[Node], dev: dict[str, str], by_name: dict[str, Node]
-            ) -> tuple[list[tuple[str, str, tuple[str, ...]]], dict[str, int], list[str]]:
+def _splits(
+    nodes: Sequence[Node], dev: dict[str, str], by_name: dict[str, Node]
+) -> tuple[list[tuple[str, str, tuple[str, ...]]], dict[str, int], list[str]]:
     """Rule 2: the nodes in the order the allocator meets them, each split preceded by its input
     copies (and a dependency that keeps each copied tensor until its copy); every tensor's size;
     the copies in order. ``dev`` gains the copies' devices."""
@@ -213,8 +216,14 @@ def _splits(nodes: Sequence[Node], dev: dict[str, str], by_name: dict[str, Node]
     return seq, size, list(copies.values())
 
 
-def _reusable(srcs: Sequence[str], node: Node, size: dict[str, int], children: dict[str, int], at: dict[str, int],
-              pinned: set[str]) -> str:
+def _reusable(
+    srcs: Sequence[str],
+    node: Node,
+    size: dict[str, int],
+    children: dict[str, int],
+    at: dict[str, int],
+    pinned: set[str],
+) -> str:
     """``ggml_gallocr_allocate_node``: the first source, in order, whose buffer the node can take
     over: allocated here, not an output, same size, and this node its last reader."""
     for s in srcs:

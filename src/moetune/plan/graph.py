@@ -62,11 +62,24 @@ class _Graph:
         self.e = F32 * p.n_embd * sh.n_tok  # one row of the residual stream per token
         self.swa = swa_layers(p)[1] if sh.n_kv_swa else frozenset()
 
-    def add(self, name: str, nbytes: int, srcs: tuple[str, ...] = (), *, weight: str = "", weight_bytes: int = 0,
-            batch: int = 0, inplace: bool = False, leaf: bool = False, is_input: bool = False, pinned: bool = False,
-            view_of: str = "") -> str:
-        self.nodes.append(Node(name, int(nbytes), srcs, weight, weight_bytes, batch, inplace, leaf, is_input, pinned,
-                               view_of))
+    def add(
+        self,
+        name: str,
+        nbytes: int,
+        srcs: tuple[str, ...] = (),
+        *,
+        weight: str = "",
+        weight_bytes: int = 0,
+        batch: int = 0,
+        inplace: bool = False,
+        leaf: bool = False,
+        is_input: bool = False,
+        pinned: bool = False,
+        view_of: str = "",
+    ) -> str:
+        self.nodes.append(
+            Node(name, int(nbytes), srcs, weight, weight_bytes, batch, inplace, leaf, is_input, pinned, view_of)
+        )
         return name
 
     def hp(self, key: str, default: int = 0) -> int:
@@ -103,8 +116,9 @@ def _inputs(g: _Graph) -> str:
     return embd
 
 
-def _matmul(g: _Graph, name: str, nbytes: int, src: str, dev: str, tensor: str = "", srcs: tuple[str, ...] = (),
-            batch: int = 0) -> str:
+def _matmul(
+    g: _Graph, name: str, nbytes: int, src: str, dev: str, tensor: str = "", srcs: tuple[str, ...] = (), batch: int = 0
+) -> str:
     """An op that multiplies by a weight on ``dev`` (``tensor``: its name, when an offload may copy it),
     over ``batch`` tokens (the whole ubatch by default)."""
     return g.add(name, nbytes, (src, *srcs), weight=dev, weight_bytes=g.sizes.get(tensor, 0), batch=batch or g.sh.n_tok)
@@ -117,7 +131,10 @@ def _attn_gqa(g: _Graph, il: int, x: str, dev: str, gated: bool) -> str:
     (``llama_mul_mat_hadamard``; ``llama_kv_cache``: ``n_rot_k``/``n_rot_v`` for head sizes that are
     multiples of 64): one more tensor of each size."""
     t = g.sh.n_tok
-    n_head, hk = g.hp("attention.head_count"), g.hp("attention.key_length", g.p.n_embd // max(g.hp("attention.head_count"), 1))
+    n_head, hk = (
+        g.hp("attention.head_count"),
+        g.hp("attention.key_length", g.p.n_embd // max(g.hp("attention.head_count"), 1)),
+    )
     hv = g.hp("attention.value_length", hk)
     n_kv_head = g.hp("attention.head_count_kv", n_head)
     q, kv, qv = F32 * n_head * hk * t, F32 * n_kv_head * hk * t, F32 * n_head * hv * t
@@ -191,8 +208,13 @@ def _indexer(g: _Graph, il: int, x: str, qa: str, dev: str) -> str:
     every other leaf before the first node, so the first layer runs with all of them held."""
     t, n_kv = g.sh.n_tok, g.sh.n_kv
     top_k = min(n_kv, g.hp("attention.indexer.top_k", n_kv))
-    iq = _matmul(g, f"indexer_q-{il}", F32 * g.hp("attention.indexer.head_count") * g.hp("attention.indexer.key_length") * t,
-                 qa, dev)
+    iq = _matmul(
+        g,
+        f"indexer_q-{il}",
+        F32 * g.hp("attention.indexer.head_count") * g.hp("attention.indexer.key_length") * t,
+        qa,
+        dev,
+    )
     fill = g.add(f"topk_fill-{il}", F32 * top_k * t, leaf=True)
     score = g.add(f"indexer_score-{il}", F32 * n_kv * t, (iq, x, "kq_mask_lid"))
     sel = g.add(f"top_k-{il}", F32 * top_k * t, (score,))
@@ -250,8 +272,9 @@ def _ffn_moe(g: _Graph, il: int, x: str, dev: str, t: int) -> str:
         wsum = g.add(f"ffn_moe_weights_sum-{il}", F32 * t, (w,))
         w = g.add(f"ffn_moe_weights_norm-{il}", F32 * used * t, (w, wsum))
     site = {k: g.sites.experts.get(f"blk.{il}.ffn_{k}_exps.weight", dev) for k in ("gate", "up", "down")}
-    gate = _matmul(g, f"ffn_moe_gate-{il}", F32 * n_ff * used * t, x, site["gate"], f"blk.{il}.ffn_gate_exps.weight",
-                   (arg,), t)
+    gate = _matmul(
+        g, f"ffn_moe_gate-{il}", F32 * n_ff * used * t, x, site["gate"], f"blk.{il}.ffn_gate_exps.weight", (arg,), t
+    )
     gate = _expert_bias(g, il, "gate", gate, F32 * n_ff * used * t, site["gate"], arg)
     up = _matmul(g, f"ffn_moe_up-{il}", F32 * n_ff * used * t, x, site["up"], f"blk.{il}.ffn_up_exps.weight", (arg,), t)
     up = _expert_bias(g, il, "up", up, F32 * n_ff * used * t, site["up"], arg)
@@ -295,6 +318,7 @@ def _kept_layers(p: ModelProfile, sites: Sites, keep: int = 2) -> list[int]:
     def sig(il: int) -> tuple[object, ...]:
         ex = tuple(sites.experts.get(f"blk.{il}.ffn_{k}_exps.weight", "") for k in ("gate", "up", "down"))
         return sites.layers[il], _recurrent(p, il), ex, il < p.n_dense_lead
+
     blocks = [list(range(b, min(b + period, p.n_layer))) for b in range(0, p.n_layer, period)]
     sigs = [tuple(sig(il) for il in blk) for blk in blocks]
     out: list[int] = []
@@ -348,10 +372,22 @@ def build(p: ModelProfile, sh: Shape, sites: Sites, every_layer: bool = False) -
     # final hidden state ``t_embd`` and the MTP seed ``t_h_nextn``, the normed hidden state)
     if p.arch == "gpt-oss":
         cur = g.add("out_rows", e_out, (cur, "out_ids"))
-    norm = g.add("result_norm", F32 * p.n_embd * (sh.n_tok if p.is_hybrid_recurrent else rows), (cur,),
-                 weight=sites.output, inplace=True, pinned=True)
+    norm = g.add(
+        "result_norm",
+        F32 * p.n_embd * (sh.n_tok if p.is_hybrid_recurrent else rows),
+        (cur,),
+        weight=sites.output,
+        inplace=True,
+        pinned=True,
+    )
     if p.is_hybrid_recurrent:  # qwen35moe selects the output rows after the final norm
         norm = g.add("result_rows", e_out, (norm, "out_ids"), pinned=True)
-    g.add("result_output", F32 * p.n_vocab * rows, (norm,), weight=sites.output,
-          weight_bytes=g.sizes.get("output.weight", 0), batch=rows)
+    g.add(
+        "result_output",
+        F32 * p.n_vocab * rows,
+        (norm,),
+        weight=sites.output,
+        weight_bytes=g.sizes.get("output.weight", 0),
+        batch=rows,
+    )
     return g.nodes

@@ -28,10 +28,28 @@ from moetune.plan.settings import Settings
 
 # ik_llama.cpp 0.1.5 ``is_model_split_supported``, by GGUF architecture name (qwen3next is commented
 # out there; deepseek2 and glm-dsa, the MLA models, are absent)
-GRAPH_SPLIT_ARCHS = frozenset({
-    "llama", "qwen3moe", "glm4moe", "mistral3", "command-r", "cohere2", "mimo2", "qwen3", "qwen3vl", "hunyuan-moe",
-    "gpt-oss", "ernie4_5-moe", "minimax-m2", "seed_oss", "step35", "qwen35", "qwen35moe", "gemma4",
-})
+GRAPH_SPLIT_ARCHS = frozenset(
+    {
+        "llama",
+        "qwen3moe",
+        "glm4moe",
+        "mistral3",
+        "command-r",
+        "cohere2",
+        "mimo2",
+        "qwen3",
+        "qwen3vl",
+        "hunyuan-moe",
+        "gpt-oss",
+        "ernie4_5-moe",
+        "minimax-m2",
+        "seed_oss",
+        "step35",
+        "qwen35",
+        "qwen35moe",
+        "gemma4",
+    }
+)
 # tensors every GPU gets whole: norms, routers and their biases, the attention output's bias and the
 # routed down projection's bias
 _MIRRORED_KINDS = frozenset({"ffn_gate_inp", "ffn_gate_inp_shexp", "exp_probs_b"})
@@ -43,25 +61,34 @@ def check(p: ModelProfile, hw: Inventory, s: Settings) -> None:
     if s.split_mode != "graph":
         return
     if p.arch not in GRAPH_SPLIT_ARCHS:
-        raise InputError(f"--split-mode graph: ik_llama.cpp does not split {p.arch} (it logs \"Split mode 'graph' is "
-                         "not supported for this model\" and falls back to layer)",
-                         hint="leave --split-mode at layer and place the experts with --strategy; `moetune doctor` "
-                              "reports the fallback in a log as split_mode_fallback")
+        raise InputError(
+            f"--split-mode graph: ik_llama.cpp does not split {p.arch} (it logs \"Split mode 'graph' is "
+            'not supported for this model" and falls back to layer)',
+            hint="leave --split-mode at layer and place the experts with --strategy; `moetune doctor` "
+            "reports the fallback in a log as split_mode_fallback",
+        )
     gpus = [d for d in hw.local.devices if d.kind == DeviceKind.GPU]
     if len(gpus) < 2:
-        raise InputError(f"--split-mode graph needs two or more GPUs on this machine; the hardware has {len(gpus)}",
-                         hint="ik_llama.cpp refuses it (\"not possible to use split mode 'graph' with less than 2 "
-                              "devices\"): leave --split-mode at layer")
+        raise InputError(
+            f"--split-mode graph needs two or more GPUs on this machine; the hardware has {len(gpus)}",
+            hint="ik_llama.cpp refuses it (\"not possible to use split mode 'graph' with less than 2 "
+            'devices"): leave --split-mode at layer',
+        )
     groups = p.hp_int("ssm.group_count") if p.is_hybrid_recurrent else 0
     thin = [g for g, f in shares(hw).items() if groups and f * groups <= 0.5]
     if thin:
-        raise InputError(f"--split-mode graph: ik_llama.cpp divides the delta-net layers by their {groups} key heads, "
-                         f"and {', '.join(thin)}'s share would get none (ik aborts: \"a single GPU participating in "
-                         "the delta-net tensor split\")", hint="plan layer split, or graph split over GPUs of more "
-                                                              "equal memory")
+        raise InputError(
+            f"--split-mode graph: ik_llama.cpp divides the delta-net layers by their {groups} key heads, "
+            f"and {', '.join(thin)}'s share would get none (ik aborts: \"a single GPU participating in "
+            'the delta-net tensor split")',
+            hint="plan layer split, or graph split over GPUs of more equal memory",
+        )
     if any(d.kind == DeviceKind.RPC for d in hw.accelerators()):
-        raise InputError("--split-mode graph divides layers across the local GPUs (a CUDA_Split buffer); the hardware "
-                         "has RPC devices too", hint="plan graph split for the local GPUs alone, or layer split")
+        raise InputError(
+            "--split-mode graph divides layers across the local GPUs (a CUDA_Split buffer); the hardware "
+            "has RPC devices too",
+            hint="plan graph split for the local GPUs alone, or layer split",
+        )
 
 
 def percents(hw: Inventory) -> tuple[int, ...]:
@@ -95,5 +122,10 @@ def parts(t: Tensor, share: dict[str, float]) -> dict[str, float]:
 def is_split(t: Tensor, device: str, layer_device: tuple[str, ...], n_layer: int, share: dict[str, float]) -> bool:
     """Whether graph split divides ``t`` (on ``device`` under the placement): a trunk layer's tensor
     left on its layer's GPU."""
-    return (bool(share) and t.layer is not None and t.layer < n_layer and device in share
-            and device == layer_device[t.layer])
+    return (
+        bool(share)
+        and t.layer is not None
+        and t.layer < n_layer
+        and device in share
+        and device == layer_device[t.layer]
+    )

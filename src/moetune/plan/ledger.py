@@ -74,7 +74,9 @@ class Shortfall:
     """A device that cannot hold what the plan puts on it."""
 
     device: str
-    what: str  # the first item, in allocation order, that crosses the capacity ("margin": only the head-room is missing)
+    what: (
+        str  # the first item, in allocation order, that crosses the capacity ("margin": only the head-room is missing)
+    )
     needed_mib: float  # every item on the device, the margin included
     capacity_mib: float
     margin_mib: float = 0.0
@@ -95,15 +97,26 @@ class Shortfall:
         return text + f"; it runs out when allocating its {self.what}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"device": self.device, "mib": round(self.mib, 1), "what": self.what,
-                "needed_mib": round(self.needed_mib, 1), "capacity_mib": round(self.capacity_mib, 1),
-                "margin_mib": round(self.margin_mib, 1), "message": self.message()}
+        return {
+            "device": self.device,
+            "mib": round(self.mib, 1),
+            "what": self.what,
+            "needed_mib": round(self.needed_mib, 1),
+            "capacity_mib": round(self.capacity_mib, 1),
+            "margin_mib": round(self.margin_mib, 1),
+            "message": self.message(),
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Shortfall:
         """Read a plan document's entry (plans written before ``margin_mib`` have none)."""
-        return cls(str(d["device"]), str(d["what"]), float(d["needed_mib"]), float(d["capacity_mib"]),
-                   float(d.get("margin_mib") or 0.0))
+        return cls(
+            str(d["device"]),
+            str(d["what"]),
+            float(d["needed_mib"]),
+            float(d["capacity_mib"]),
+            float(d.get("margin_mib") or 0.0),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +155,9 @@ def loaded(p: ModelProfile, s: Settings) -> list[Tensor]:
     return ts
 
 
-def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, service: str = "main",
-                   dry_run: bool = False) -> ServiceMemory:
+def service_memory(
+    p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, service: str = "main", dry_run: bool = False
+) -> ServiceMemory:
     """``dry_run``: also the compute buffers as llama-fit-params projects them (mainline; for the
     plan's document and ``--verify``, not for the placement search)."""
     has_gpu = any(d.kind == DeviceKind.GPU for d in hw.accelerators())
@@ -178,8 +192,14 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
             label = "weights (pinned)" if has_gpu and (s.engine == EngineKind.IK or not mmap) else "weights"
         items[dev].append(Item(label, nbytes / MIB, service))
     for dev, nbytes_f in split.items():
-        items[dev].append(Item("weights (split)", nbytes_f / MIB, service,
-                               note=f"{share[dev]:.0%} of each offloaded layer (-sm graph), norms and routers whole"))
+        items[dev].append(
+            Item(
+                "weights (split)",
+                nbytes_f / MIB,
+                service,
+                note=f"{share[dev]:.0%} of each offloaded layer (-sm graph), norms and routers whole",
+            )
+        )
     if rp.nbytes:
         items[CPU].append(Item("repack", rp.nbytes / MIB, service))
     # KV cache and recurrent state follow their layer
@@ -189,7 +209,7 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
 
     def add_kv(layer: int, nbytes: float) -> None:
         dev = pl.layer_device[layer]
-        for d, f in (share.items() if dev in share else ((dev, 1.0),)):  # graph split: divided with the heads
+        for d, f in share.items() if dev in share else ((dev, 1.0),):  # graph split: divided with the heads
             kv_by_dev[d] += nbytes * f
 
     for lk in kv.layers:
@@ -200,8 +220,17 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
         items[dev].append(Item("kv", kv_bytes / MIB, service))
     # compute buffers
     streams = 1 if s.kv_unified or s.slots <= 1 else s.slots
-    inp = ComputeInputs(s.ubatch, s.ctx, s.slots, s.flash_attn, s.kv_unified, s.amb_mib, s.ctk, s.ctv,
-                        n_kv_swa=cells_swa // streams if kv.n_swa else 0)
+    inp = ComputeInputs(
+        s.ubatch,
+        s.ctx,
+        s.slots,
+        s.flash_attn,
+        s.kv_unified,
+        s.amb_mib,
+        s.ctk,
+        s.ctv,
+        n_kv_swa=cells_swa // streams if kv.n_swa else 0,
+    )
     projected: dict[str, float] = {}
     if s.engine == EngineKind.IK:
         for d, role in device_roles(p, pl, experts).items():
@@ -219,8 +248,7 @@ def service_memory(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, s
     if ckpt := checkpoints_item(kv, s, service):
         items[CPU].append(ckpt)
     mapped = {} if not mmap else {str(p.files[i]): (hi - lo) / MIB for i, (lo, hi) in spans.items()}
-    return ServiceMemory(service, dict(items), mapped, cells, dict(on), projected,
-                         cells_swa if kv.n_swa else 0)
+    return ServiceMemory(service, dict(items), mapped, cells, dict(on), projected, cells_swa if kv.n_swa else 0)
 
 
 def checkpoints_item(kv: KVShape, s: Settings, service: str = "") -> Item | None:
@@ -232,9 +260,13 @@ def checkpoints_item(kv: KVShape, s: Settings, service: str = "") -> Item | None
     n = s.checkpoints_per_slot
     if not each or not n:
         return None
-    return Item("checkpoints", s.slots * n * each / MIB, service,
-                note=f"{s.slots} slot(s) x up to {n} x {each / MIB:.3f} MiB: host RAM the server takes as prompts "
-                     "are processed, not at load (--ctx-checkpoints)")
+    return Item(
+        "checkpoints",
+        s.slots * n * each / MIB,
+        service,
+        note=f"{s.slots} slot(s) x up to {n} x {each / MIB:.3f} MiB: host RAM the server takes as prompts "
+        "are processed, not at load (--ctx-checkpoints)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,27 +292,52 @@ def prompt_cache(s: Settings, kv_mib: float, room_mib: float, service: str = "")
         return PromptCache(None, v)
     grows = "host RAM the server takes as prompts are cached, not at load"
     if v == -1:
-        return PromptCache(Item("prompt cache", kv_mib, service, f"--cache-ram -1 (no limit): up to the context's "
-                                                                  f"tokens of cached prompts; {grows}"), v)
+        return PromptCache(
+            Item(
+                "prompt cache",
+                kv_mib,
+                service,
+                f"--cache-ram -1 (no limit): up to the context's tokens of cached prompts; {grows}",
+            ),
+            v,
+        )
     if v is not None:
         return PromptCache(Item("prompt cache", float(v), service, f"--cache-ram {v}: {grows}"), v)
     cap = int(max(0.0, min(float(ENGINE_CACHE_RAM_MIB), room_mib)))
     if cap >= ENGINE_CACHE_RAM_MIB:
-        return PromptCache(Item("prompt cache", float(ENGINE_CACHE_RAM_MIB), service,
-                                f"the engine's default --cache-ram {ENGINE_CACHE_RAM_MIB}: {grows}"), None)
+        return PromptCache(
+            Item(
+                "prompt cache",
+                float(ENGINE_CACHE_RAM_MIB),
+                service,
+                f"the engine's default --cache-ram {ENGINE_CACHE_RAM_MIB}: {grows}",
+            ),
+            None,
+        )
     if cap == 0:
         return PromptCache(None, 0)  # no room left: --cache-ram 0, the server caches no prompts
-    return PromptCache(Item("prompt cache", float(cap), service,
-                            f"--cache-ram {cap}: the host RAM left of the engine's {ENGINE_CACHE_RAM_MIB}; {grows}"),
-                       cap)
+    return PromptCache(
+        Item(
+            "prompt cache",
+            float(cap),
+            service,
+            f"--cache-ram {cap}: the host RAM left of the engine's {ENGINE_CACHE_RAM_MIB}; {grows}",
+        ),
+        cap,
+    )
 
 
 def repack_buffers(cpu: list[Tensor], hw: Inventory, s: Settings) -> Repacked:
     """Of the CPU-resident weights, those mainline moves into its repack buffers (AMX, CPU_REPACK)
     where the plan repacks (:mod:`moetune.plan.repack`): the ledger's ``repack`` line, beside the
     mapped file."""
-    return repacked(cpu, engine=s.engine, repack=s.repacks, isa=hw.local.cpu_isa,
-                    local_gpu=any(d.kind == DeviceKind.GPU for d in hw.local.devices))
+    return repacked(
+        cpu,
+        engine=s.engine,
+        repack=s.repacks,
+        isa=hw.local.cpu_isa,
+        local_gpu=any(d.kind == DeviceKind.GPU for d in hw.local.devices),
+    )
 
 
 def mainline_compute(p: ModelProfile, hw: Inventory, pl: Placement, inp: ComputeInputs) -> dict[str, int]:
@@ -303,8 +360,14 @@ def device_roles(p: ModelProfile, pl: Placement, experts: dict[str, str]) -> dic
     roles: dict[str, DeviceRole] = {}
     for d in sorted(layer_devs | expert_devs | {pl.output_device, CPU}):
         host = d == CPU and bool(layer_devs - {CPU})
-        roles[d] = DeviceRole(layers=d in layer_devs, experts=d in expert_devs, dense=d in dense_devs,
-                              output=d == pl.output_device, host=host, cpu=d == CPU)
+        roles[d] = DeviceRole(
+            layers=d in layer_devs,
+            experts=d in expert_devs,
+            dense=d in dense_devs,
+            output=d == pl.output_device,
+            host=host,
+            cpu=d == CPU,
+        )
     return roles
 
 

@@ -24,8 +24,9 @@ from moetune.plan.settings import Settings
 MIB = 1 << 20
 
 
-def _free(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, reserved: dict[str, float],
-          margins: dict[str, float]) -> dict[str, float]:
+def _free(
+    p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, reserved: dict[str, float], margins: dict[str, float]
+) -> dict[str, float]:
     """Free MiB per accelerator under a placement, after other services' reservations."""
     sm = service_memory(p, hw, pl, s)
     out = {}
@@ -36,8 +37,13 @@ def _free(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, reserved: 
     return out
 
 
-def auto(p: ModelProfile, hw: Inventory, s: Settings, reserved: dict[str, float] | None = None,
-         margins: dict[str, float] | None = None) -> Placement:
+def auto(
+    p: ModelProfile,
+    hw: Inventory,
+    s: Settings,
+    reserved: dict[str, float] | None = None,
+    margins: dict[str, float] | None = None,
+) -> Placement:
     reserved = reserved or {}
     margins = margins or {}
     base = cpu_moe(p, hw)
@@ -71,8 +77,9 @@ def auto(p: ModelProfile, hw: Inventory, s: Settings, reserved: dict[str, float]
     for d in sorted(accs, key=lambda n: -budget[n]):
         place_layers(d, [il for il in moe_layers if base.layer_device[il] != d])
     # (3) single tensors, largest that fits
-    singles = sorted((t for il in moe_layers for t in by_layer[il] if experts[t.name] == CPU),
-                     key=lambda t: (-t.nbytes, t.layer))
+    singles = sorted(
+        (t for il in moe_layers for t in by_layer[il] if experts[t.name] == CPU), key=lambda t: (-t.nbytes, t.layer)
+    )
     for d in sorted(accs, key=lambda n: -budget[n]):
         for t in singles:
             mib = t.nbytes / MIB

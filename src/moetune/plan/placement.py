@@ -56,8 +56,10 @@ def parse_strategy(text: str, what: str = "--strategy") -> Strategy:
     if sep and head == "head-tail":
         m = _HEAD_TAIL.match(arg)
         if not m:
-            raise InputError(f"{what} {s!r}: expected head-tail:H+T or head-tail:H+T+M (layer counts)",
-                             hint="head-tail:12+10 (first 12, last 10 MoE layers), head-tail:8+8+4 (and 4 middle)")
+            raise InputError(
+                f"{what} {s!r}: expected head-tail:H+T or head-tail:H+T+M (layer counts)",
+                hint="head-tail:12+10 (first 12, last 10 MoE layers), head-tail:8+8+4 (and 4 middle)",
+            )
         return Strategy("head-tail", head=int(m[1]), tail=int(m[2]), middle=int(m[3] or 0))
     raise InputError(f"{what} {s!r}: choose {STRATEGY_SYNTAX}")
 
@@ -127,7 +129,9 @@ def split_counts(n_blocks: int, weights: list[float]) -> list[int]:
     return counts
 
 
-def base_layers(p: ModelProfile, hw: Inventory, counts: list[int] | None = None) -> tuple[list[str], str, tuple[int, ...]]:
+def base_layers(
+    p: ModelProfile, hw: Inventory, counts: list[int] | None = None
+) -> tuple[list[str], str, tuple[int, ...]]:
     """Layer devices when every layer is offloaded (-ngl all), split over the accelerators."""
     accs = hw.accelerators()
     if not accs:
@@ -142,8 +146,14 @@ def expert_tensors(p: ModelProfile) -> list[Tensor]:
     return [t for t in p.tensors if t.is_expert and t.layer is not None and t.layer < p.n_layer]
 
 
-def _make(strategy: str, p: ModelProfile, hw: Inventory, on_cpu: set[int] | None,
-          explicit: dict[int, str] | None = None, counts: list[int] | None = None) -> Placement:
+def _make(
+    strategy: str,
+    p: ModelProfile,
+    hw: Inventory,
+    on_cpu: set[int] | None,
+    explicit: dict[int, str] | None = None,
+    counts: list[int] | None = None,
+) -> Placement:
     layers, out, ts = base_layers(p, hw, counts)
     ex = []
     for t in expert_tensors(p):
@@ -185,8 +195,10 @@ def parse_layer_sets(spec: str, p: ModelProfile, hw: Inventory) -> dict[int, str
         dev_s, sep, ranges = part.partition("=")
         dev = names.get(dev_s.strip()) or aliases.get(dev_s.strip())
         if not sep or dev is None:
-            raise InputError(f"layers:{spec}: {part!r} is not DEVICE=RANGE with a device of the hardware file "
-                             f"(devices: {', '.join(names) or 'none'})")
+            raise InputError(
+                f"layers:{spec}: {part!r} is not DEVICE=RANGE with a device of the hardware file "
+                f"(devices: {', '.join(names) or 'none'})"
+            )
         for r in ranges.split("+"):
             m = _RANGE.match(r)
             if not m:
@@ -219,10 +231,13 @@ def head_tail_layers(p: ModelProfile, head: int, tail: int, middle: int = 0) -> 
     moe = moe_layers(p)
     name = head_tail_name(head, tail, middle)
     if head + tail + middle > len(moe):
-        raise InputError(f"{name}: {head + tail + middle} layers, the model has {len(moe)} MoE layers "
-                         f"({moe[0]}-{moe[-1]})" if moe else f"{name}: the model has no MoE layers")
-    between = moe[head:len(moe) - tail]
-    return {*moe[:head], *moe[len(moe) - tail:], *spread(between, middle)}
+        raise InputError(
+            f"{name}: {head + tail + middle} layers, the model has {len(moe)} MoE layers ({moe[0]}-{moe[-1]})"
+            if moe
+            else f"{name}: the model has no MoE layers"
+        )
+    between = moe[head : len(moe) - tail]
+    return {*moe[:head], *moe[len(moe) - tail :], *spread(between, middle)}
 
 
 def head_tail(p: ModelProfile, hw: Inventory, head: int, tail: int, middle: int = 0) -> Placement:
@@ -248,4 +263,3 @@ def accelerator_expert_layers(p: ModelProfile, pl: Placement) -> int:
 
 def with_experts(pl: Placement, experts: dict[str, str], strategy: str) -> Placement:
     return Placement(strategy, pl.layer_device, pl.output_device, tuple(experts.items()), pl.tensor_split)
-

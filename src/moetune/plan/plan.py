@@ -37,7 +37,9 @@ class ServiceSpec:
     devices: tuple[str, ...] | None = None  # accelerators this service may use (None: all)
     engine: str = ""  # engine name for launching (moetune engine list)
     routing: Routing | None = None  # measured expert routing (an imatrix), for prefill's touched experts
-    choose: attention.Choose = field(default_factory=attention.Choose)  # flash attention / cache type left to the speed model
+    choose: attention.Choose = field(
+        default_factory=attention.Choose
+    )  # flash attention / cache type left to the speed model
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,28 +78,43 @@ class Plan:
             if any(i.what == "margin" for i in led.items):
                 continue  # the margin is the head-room; a plan that eats it is a shortfall, not a warning
             if led.shortfall() is None and led.used_mib > NEAR_LIMIT * led.capacity_mib:
-                out.append({"device": led.device, "message": f"{led.device} is {led.used_mib / led.capacity_mib:.0%} "
-                            "full: a driver update or another process can tip it over",
-                            "remedy": "lower -ub or the context, or move one more layer's experts to the CPU"})
+                out.append(
+                    {
+                        "device": led.device,
+                        "message": f"{led.device} is {led.used_mib / led.capacity_mib:.0%} "
+                        "full: a driver update or another process can tip it over",
+                        "remedy": "lower -ub or the context, or move one more layer's experts to the CPU",
+                    }
+                )
         for sp in self.services:
             s, trained = sp.spec.settings, sp.spec.model.hp_int("context_length")
             per_slot = s.ctx // s.slots
             if trained and per_slot > trained and s.server.rope_scaling is None:
                 who = f"{sp.spec.name}: " if len(self.services) > 1 else ""
-                out.append({"device": None, "message": f"{who}--ctx {s.ctx} over {s.slots} slot(s) gives each "
-                            f"{per_slot:,} tokens, past the {trained:,} the model was trained for "
-                            f"({sp.spec.model.arch}.context_length): positions beyond it degrade the answers",
-                            "remedy": f"plan with --rope-scaling yarn (renders --rope-scaling yarn --rope-scale "
-                            f"{per_slot / trained:.2f} --yarn-orig-ctx {trained}; both engines take it), or "
-                            f"--ctx {trained * s.slots} or less"})
+                out.append(
+                    {
+                        "device": None,
+                        "message": f"{who}--ctx {s.ctx} over {s.slots} slot(s) gives each "
+                        f"{per_slot:,} tokens, past the {trained:,} the model was trained for "
+                        f"({sp.spec.model.arch}.context_length): positions beyond it degrade the answers",
+                        "remedy": f"plan with --rope-scaling yarn (renders --rope-scaling yarn --rope-scale "
+                        f"{per_slot / trained:.2f} --yarn-orig-ctx {trained}; both engines take it), or "
+                        f"--ctx {trained * s.slots} or less",
+                    }
+                )
             r = sp.spec.model.remote
             if r is not None:
                 who = f"{sp.spec.name}: " if len(self.services) > 1 else ""
-                out.append({"device": None, "message": f"{who}the model is remote ({sp.spec.model.files[0]}): "
-                            f"llama-server cannot open a URL, so the commands say -m {r.local_path}, where its "
-                            "download puts it",
-                            "remedy": f"download it first ({r.download}) and run the commands from that directory, "
-                            "or plan the downloaded file"})
+                out.append(
+                    {
+                        "device": None,
+                        "message": f"{who}the model is remote ({sp.spec.model.files[0]}): "
+                        f"llama-server cannot open a URL, so the commands say -m {r.local_path}, where its "
+                        "download puts it",
+                        "remedy": f"download it first ({r.download}) and run the commands from that directory, "
+                        "or plan the downloaded file",
+                    }
+                )
         out += _shared_rpc_workers(self.services)
         return out
 
@@ -110,13 +127,21 @@ def _shared_rpc_workers(services: list[ServicePlan]) -> list[dict[str, str | Non
     for sp in services:
         for node in sp.hw.nodes[1:]:
             if node.devices:
-                users.setdefault((f"{node.link_addr or '127.0.0.1'}:{node.rpc_port}", node.name), []).append(sp.spec.name)
-    return [{"device": None, "message": f"services {', '.join(names)} all use the RPC worker {ep} (node {node}): "
-             "an rpc-server serves one client at a time, so only the first of them will start (the others wait for "
-             "the device until the launch times out)",
-             "remedy": "give each service its own RPC worker (`devices:` in the layout, one RPC node each), or keep "
-                       "one on this machine's CPU with `devices: []`"}
-            for (ep, node), names in users.items() if len(names) > 1]
+                users.setdefault((f"{node.link_addr or '127.0.0.1'}:{node.rpc_port}", node.name), []).append(
+                    sp.spec.name
+                )
+    return [
+        {
+            "device": None,
+            "message": f"services {', '.join(names)} all use the RPC worker {ep} (node {node}): "
+            "an rpc-server serves one client at a time, so only the first of them will start (the others wait for "
+            "the device until the launch times out)",
+            "remedy": "give each service its own RPC worker (`devices:` in the layout, one RPC node each), or keep "
+            "one on this machine's CPU with `devices: []`",
+        }
+        for (ep, node), names in users.items()
+        if len(names) > 1
+    ]
 
 
 def _restrict(hw: Inventory, devices: tuple[str, ...] | None) -> Inventory:
@@ -128,9 +153,21 @@ def _restrict(hw: Inventory, devices: tuple[str, ...] | None) -> Inventory:
     if missing:
         raise InputError(f"devices {sorted(missing)} are not in the hardware file")
     local = hw.local
-    nodes = [Node(local.name, local.cores, local.ram_mib, local.ram_bw_gbs,
-                  tuple(d for d in local.devices if d.name in keep), local.ssh, local.link_addr, local.rpc_port,
-                  local.link_gbs, local.bin_dir, local.ram_reserved_mib)]
+    nodes = [
+        Node(
+            local.name,
+            local.cores,
+            local.ram_mib,
+            local.ram_bw_gbs,
+            tuple(d for d in local.devices if d.name in keep),
+            local.ssh,
+            local.link_addr,
+            local.rpc_port,
+            local.link_gbs,
+            local.bin_dir,
+            local.ram_reserved_mib,
+        )
+    ]
     for i, n in enumerate(hw.nodes[1:]):
         # a worker by its node's number (RPC1: the second worker) or by a device's full name
         # (RPC0[10.0.0.2:50052]: each worker numbers its devices from 0); its devices all stay
@@ -139,8 +176,9 @@ def _restrict(hw: Inventory, devices: tuple[str, ...] | None) -> Inventory:
     return Inventory(tuple(nodes), hw.name, hw.source)
 
 
-def place(strategy: str, p: ModelProfile, hw: Inventory, s: Settings, reserved: dict[str, float],
-          margins: dict[str, float]) -> plc.Placement:
+def place(
+    strategy: str, p: ModelProfile, hw: Inventory, s: Settings, reserved: dict[str, float], margins: dict[str, float]
+) -> plc.Placement:
     st = plc.parse_strategy(strategy)
     if st.kind == "auto":
         return auto(p, hw, s, reserved, margins)
@@ -159,8 +197,10 @@ def _check_cache_types(p: ModelProfile, s: Settings) -> None:
     """Mainline llama.cpp refuses an MLA model whose K and V caches differ in type: its V is a view
     of K (``llama_init_from_model``: "model does not support different K and V cache types")."""
     if p.is_mla and s.engine == EngineKind.MAINLINE and s.ctk != s.ctv:
-        raise InputError(f"{p.arch} keeps V inside the K cache (MLA): --ctk {s.ctk} and --ctv {s.ctv} must match",
-                         hint=f"use --ctv {s.ctk} (a quantized cache needs flash attention) or --ctk {s.ctv}")
+        raise InputError(
+            f"{p.arch} keeps V inside the K cache (MLA): --ctk {s.ctk} and --ctv {s.ctv} must match",
+            hint=f"use --ctv {s.ctk} (a quantized cache needs flash attention) or --ctk {s.ctv}",
+        )
 
 
 def _margins(hw: Inventory, s: Settings) -> dict[str, float]:
@@ -169,9 +209,15 @@ def _margins(hw: Inventory, s: Settings) -> dict[str, float]:
     return m
 
 
-def _choose_attention(spec: ServiceSpec, shw: Inventory, hw: Inventory, k: SpeedConstants,
-                      reserved: dict[str, float], margins: dict[str, float],
-                      mems: list[ServiceMemory]) -> attention.Choice:
+def _choose_attention(
+    spec: ServiceSpec,
+    shw: Inventory,
+    hw: Inventory,
+    k: SpeedConstants,
+    reserved: dict[str, float],
+    margins: dict[str, float],
+    mems: list[ServiceMemory],
+) -> attention.Choice:
     """Each variant placed, its memory checked beside the services planned before it, its TG
     predicted at the plan's decision depth (:mod:`moetune.plan.attention`)."""
     depth = attention.decision_depth(spec.settings)
@@ -184,8 +230,13 @@ def _choose_attention(spec: ServiceSpec, shw: Inventory, hw: Inventory, k: Speed
     return attention.pick(scored, depth)
 
 
-def make_plan(services: list[ServiceSpec], hw: Inventory, constants: SpeedConstants | None = None, *,
-              pinned: Mapping[str, plc.Placement] | None = None) -> Plan:
+def make_plan(
+    services: list[ServiceSpec],
+    hw: Inventory,
+    constants: SpeedConstants | None = None,
+    *,
+    pinned: Mapping[str, plc.Placement] | None = None,
+) -> Plan:
     """Place the services, each beside the memory of those placed before it: services with a fixed
     placement (any strategy but ``auto``) first, in their order, then the ``auto`` ones, which fill
     what is left. ``pinned``: services placed exactly so, before all others (another plan's

@@ -46,9 +46,14 @@ CPU_REPACK: dict[str, tuple[tuple[str, int], ...]] = {
 }
 # AMX: type -> (elements per block, the row length's multiple, bytes per block, bytes AMX adds per block)
 AMX: dict[str, tuple[int, int, int, int]] = {
-    "Q4_0": (32, 32, 18, 0), "Q4_1": (32, 32, 20, 0), "Q8_0": (32, 32, 34, 4),
-    "Q4_K": (256, 256, 144, 4), "Q5_K": (256, 256, 176, 4), "Q6_K": (256, 256, 210, 0),
-    "IQ4_XS": (256, 256, 136, 2), "F16": (1, 16, 2, 0),
+    "Q4_0": (32, 32, 18, 0),
+    "Q4_1": (32, 32, 20, 0),
+    "Q8_0": (32, 32, 34, 4),
+    "Q4_K": (256, 256, 144, 4),
+    "Q5_K": (256, 256, 176, 4),
+    "Q6_K": (256, 256, 210, 0),
+    "IQ4_XS": (256, 256, 136, 2),
+    "F16": (1, 16, 2, 0),
 }
 AMX_ROWS = 32  # the output rows (ne[1]) AMX needs a multiple of: TILE_N * 2
 NOT_MATMUL = ("token_embd",)  # 2-D weights read by GET_ROWS, which no extra buffer runs
@@ -98,8 +103,9 @@ def repacks_cpu_weights(engine: str, repack: bool, local_gpu: bool) -> bool:
     return repack and not (engine == EngineKind.MAINLINE and local_gpu)
 
 
-def repacked(cpu_tensors: Iterable[Tensor], *, engine: str, repack: bool, isa: Iterable[str] | None,
-             local_gpu: bool) -> Repacked:
+def repacked(
+    cpu_tensors: Iterable[Tensor], *, engine: str, repack: bool, isa: Iterable[str] | None, local_gpu: bool
+) -> Repacked:
     """What mainline moves into its repack buffers, of the CPU-resident tensors (``isa``: the CPU's
     extensions, None: :data:`X86_DEFAULT_ISA`; ``local_gpu``: a CUDA host buffer comes first, and
     nothing is repacked). ik_llama.cpp's ``-rtr`` repacks in place: no buffer here."""

@@ -71,8 +71,13 @@ class ServeLoad:
         return self.input_len + self.output_len
 
     def to_json(self) -> dict[str, object]:
-        return {"concurrency": self.concurrency, "requests": self.requests, "input_len": self.input_len,
-                "output_len": self.output_len, "slo": self.targets}
+        return {
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "input_len": self.input_len,
+            "output_len": self.output_len,
+            "slo": self.targets,
+        }
 
 
 def slotted(s: Settings, load: ServeLoad) -> Settings:
@@ -92,9 +97,14 @@ def step_seconds(w: Work, depth: int, k: SpeedConstants, streams: int) -> float:
     for d in w.devices:
         share = held_touched(d, w.expert_share, streams)
         read = d.read_bytes - d.held_expert_bytes * w.expert_share + d.held_expert_bytes * share
-        batched = replace(d, read_bytes=read, kv_bytes_per_ctx=d.kv_bytes_per_ctx * streams,
-                          ctx_flop_per_ctx=d.ctx_flop_per_ctx * streams,
-                          kv_bytes_windowed=d.kv_bytes_windowed * streams, ctx_flop_windowed=d.ctx_flop_windowed * streams)
+        batched = replace(
+            d,
+            read_bytes=read,
+            kv_bytes_per_ctx=d.kv_bytes_per_ctx * streams,
+            ctx_flop_per_ctx=d.ctx_flop_per_ctx * streams,
+            kv_bytes_windowed=d.kv_bytes_windowed * streams,
+            ctx_flop_windowed=d.ctx_flop_windowed * streams,
+        )
         t += device_decode_seconds(batched, depth, k)
         flop = 2 * d.active_params * (streams - 1)
         rate = max(1, d.threads) * k.cpu_gflops_per_core * 1e9 if d.cpu else (d.tflops or k.gpu_tflops) * 1e12
@@ -125,9 +135,14 @@ class ServePrediction:
     goodput_req_s: float
 
     def to_json(self) -> dict[str, float]:
-        return {"ttft_ms": round(self.ttft_ms, 3), "itl_ms": round(self.itl_ms, 3), "e2e_ms": round(self.e2e_ms, 3),
-                "request_s": round(self.request_s, 4), "met": round(self.met, 4),
-                "goodput_req_s": round(self.goodput_req_s, 4)}
+        return {
+            "ttft_ms": round(self.ttft_ms, 3),
+            "itl_ms": round(self.itl_ms, 3),
+            "e2e_ms": round(self.e2e_ms, 3),
+            "request_s": round(self.request_s, 4),
+            "met": round(self.met, 4),
+            "goodput_req_s": round(self.goodput_req_s, 4),
+        }
 
 
 def predict_serving(w: Work, k: SpeedConstants, load: ServeLoad) -> ServePrediction:
@@ -143,13 +158,22 @@ def predict_serving(w: Work, k: SpeedConstants, load: ServeLoad) -> ServePredict
 
 def goodput_at(p: ServePrediction, targets: Mapping[str, float], ratio: float) -> float:
     """The goodput if the machine serves ``ratio`` times as fast as predicted."""
-    values = {"ttft_ms": p.ttft_ms / ratio, "itl_ms": p.itl_ms / ratio, "tpot_ms": p.itl_ms / ratio,
-              "e2e_ms": p.e2e_ms / ratio}
+    values = {
+        "ttft_ms": p.ttft_ms / ratio,
+        "itl_ms": p.itl_ms / ratio,
+        "tpot_ms": p.itl_ms / ratio,
+        "e2e_ms": p.e2e_ms / ratio,
+    }
     return p.request_s * ratio * _met(values, targets)
 
 
-def expected_goodput(preds: Sequence[ServePrediction], targets: Mapping[str, float], log_rate_mean: np.ndarray,
-                     log_rate_sd: np.ndarray, best: float) -> tuple[np.ndarray, np.ndarray]:
+def expected_goodput(
+    preds: Sequence[ServePrediction],
+    targets: Mapping[str, float],
+    log_rate_mean: np.ndarray,
+    log_rate_sd: np.ndarray,
+    best: float,
+) -> tuple[np.ndarray, np.ndarray]:
     """Each candidate's expected goodput, and its expected gain over ``best`` (a measured goodput,
     or the least one a measurement can tell when none met the targets) as a share of it:
     ``E[max(0, G - best)] / best``, the belief about its request rate being log-normal with these
@@ -171,4 +195,3 @@ def _met(values: Mapping[str, float], targets: Mapping[str, float]) -> float:
     for key, target in targets.items():
         p *= _meets(values[key], target)
     return p
-

@@ -128,9 +128,11 @@ class Settings:
         if self.ctv != "f16" and not self.flash_attn:
             raise InputError("a quantized V cache needs flash attention", hint="drop --no-flash-attn or use --ctv f16")
         if self.mla not in IK_MLA_MODES:
-            raise InputError(f"-mla {self.mla}: moetune plans modes {' and '.join(map(str, IK_MLA_MODES))}",
-                             hint="modes 0 and 1 keep another cache (full K/V, or a transposed V without flash "
-                                  "attention), which the ledger does not count")
+            raise InputError(
+                f"-mla {self.mla}: moetune plans modes {' and '.join(map(str, IK_MLA_MODES))}",
+                hint="modes 0 and 1 keep another cache (full K/V, or a transposed V without flash "
+                "attention), which the ledger does not count",
+            )
         if self.server.rope_scaling not in (None, *ROPE_SCALINGS):
             raise InputError(f"--rope-scaling {self.server.rope_scaling}: choose {' or '.join(ROPE_SCALINGS)}")
         if self.cache_ram_mib is not None and self.cache_ram_mib < -1:
@@ -138,12 +140,16 @@ class Settings:
         if self.ctx_checkpoints is not None and self.ctx_checkpoints < 0:
             raise InputError(f"--ctx-checkpoints {self.ctx_checkpoints}: must be 0 (none) or more")
         if self.split_mode not in SPLIT_MODES:
-            raise InputError(f"--split-mode {self.split_mode}: moetune plans {' or '.join(SPLIT_MODES)}",
-                             hint="row and tensor (mainline) keep every layer's KV cache and experts on the main GPU "
-                                  "and divide only its matrices, which the ledger does not model")
+            raise InputError(
+                f"--split-mode {self.split_mode}: moetune plans {' or '.join(SPLIT_MODES)}",
+                hint="row and tensor (mainline) keep every layer's KV cache and experts on the main GPU "
+                "and divide only its matrices, which the ledger does not model",
+            )
         if self.split_mode == "graph" and self.engine != EngineKind.IK:
-            raise InputError(f"--split-mode graph: engine {self.engine} has no graph split (its -sm takes none, layer, "
-                             "row, tensor)", hint="plan with --engine ik_llama.cpp, or leave --split-mode at layer")
+            raise InputError(
+                f"--split-mode graph: engine {self.engine} has no graph split (its -sm takes none, layer, row, tensor)",
+                hint="plan with --engine ik_llama.cpp, or leave --split-mode at layer",
+            )
         if self.threads_batch is not None and self.threads_batch < 1:
             raise InputError(f"--threads-batch {self.threads_batch}: must be at least 1")
         if self.ctx // self.slots < 256:

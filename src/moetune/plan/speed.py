@@ -166,8 +166,10 @@ class DeviceWork:
         """KV bytes read and attention FLOPs per token at context depth ``depth``: every cached token
         of the full-attention layers, at most a window of the sliding-window ones."""
         w = min(depth, self.window)
-        return (depth * self.kv_bytes_per_ctx + w * self.kv_bytes_windowed,
-                depth * self.ctx_flop_per_ctx + w * self.ctx_flop_windowed)
+        return (
+            depth * self.kv_bytes_per_ctx + w * self.kv_bytes_windowed,
+            depth * self.ctx_flop_per_ctx + w * self.ctx_flop_windowed,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,8 +202,10 @@ class Work:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Work:
         names = {f.name for f in fields(DeviceWork)}
-        devs = tuple(replace(dw, touched=tuple(dw.touched)) for dw in
-                     (DeviceWork(**{k: v for k, v in d.items() if k in names}) for d in doc["devices"]))
+        devs = tuple(
+            replace(dw, touched=tuple(dw.touched))
+            for dw in (DeviceWork(**{k: v for k, v in d.items() if k in names}) for d in doc["devices"])
+        )
         return cls(**{**{k: v for k, v in doc.items() if k in {f.name for f in fields(cls)}}, "devices": devs})
 
 
@@ -288,8 +292,11 @@ def ubatch_seconds(w: Work, tokens: int, k: SpeedConstants) -> float:
             # each ubatch reads the weights it multiplies once more from RAM (the experts its tokens
             # touch): a smaller -ub reads them more often per prompt token
             if d.bw_gbs > 0:
-                t += (d.read_bytes - d.held_expert_bytes * w.expert_share
-                      + d.held_expert_bytes * held_touched(d, w.expert_share, tokens)) / (d.bw_gbs * GB * k.cpu_bw_eff)
+                t += (
+                    d.read_bytes
+                    - d.held_expert_bytes * w.expert_share
+                    + d.held_expert_bytes * held_touched(d, w.expert_share, tokens)
+                ) / (d.bw_gbs * GB * k.cpu_bw_eff)
         else:
             t += flop / ((d.tflops or k.gpu_tflops) * 1e12)
     return t
@@ -431,8 +438,11 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
         k_flop = 2 * q_per_kv * sum(lk.k_rows)
         v_flop = 2 * q_per_kv * (sum(lk.v_rows) or sum(lk.k_rows))
         flop_d[d] = flop_d.get(d, 0.0) + k_flop + v_flop
-        quant_flop[d] = quant_flop.get(d, 0.0) + (k_flop if s.ctk in QUANT_CACHE else 0.0) + \
-            (v_flop if s.ctv in QUANT_CACHE else 0.0)
+        quant_flop[d] = (
+            quant_flop.get(d, 0.0)
+            + (k_flop if s.ctk in QUANT_CACHE else 0.0)
+            + (v_flop if s.ctv in QUANT_CACHE else 0.0)
+        )
     devs = {d.name: d for d in hw.devices()}
     local_threads = min(s.threads or hw.local.cores, hw.local.cores)
     local_batch_threads = min(s.threads_batch, hw.local.cores) if s.threads_batch else 0
@@ -444,36 +454,78 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
         node = next((n for n in hw.nodes if n.name == dev.node), hw.local)
         threads = (local_threads if dev.kind == DeviceKind.CPU else RPC_WORKER_THREADS) if cpu else 0
         touched = _touched_table(held_by_layer.get(name, {}), routing, frac) if routing is not None else ()
-        out.append(DeviceWork(
-            name, cpu, dev.bw_gbs, threads=threads, cores=node.cores if cpu else 0, tflops=dev.tflops,
-            read_bytes=read.get(name, 0.0), kv_bytes_per_ctx=kv_per_ctx.get(name, 0.0),
-            ctx_flop_per_ctx=ctx_flop.get(name, 0.0), active_params=active.get(name, 0.0),
-            held_expert_bytes=held.get(name, 0.0), touched=touched,
-            batch_threads=local_batch_threads if cpu and dev.kind == DeviceKind.CPU else 0,
-            kv_bytes_windowed=kv_win.get(name, 0.0), ctx_flop_windowed=flop_win.get(name, 0.0),
-            window=kv.n_swa if name in flop_win else 0, flash_attn=s.flash_attn,
-            ctx_quant_share=_share(quant_flop.get(name, 0.0), ctx_flop.get(name, 0.0) + flop_win.get(name, 0.0)),
-            repacked=dev.kind == DeviceKind.CPU and repacks_cpu_weights(s.engine, s.repacks, local_gpu)))
+        out.append(
+            DeviceWork(
+                name,
+                cpu,
+                dev.bw_gbs,
+                threads=threads,
+                cores=node.cores if cpu else 0,
+                tflops=dev.tflops,
+                read_bytes=read.get(name, 0.0),
+                kv_bytes_per_ctx=kv_per_ctx.get(name, 0.0),
+                ctx_flop_per_ctx=ctx_flop.get(name, 0.0),
+                active_params=active.get(name, 0.0),
+                held_expert_bytes=held.get(name, 0.0),
+                touched=touched,
+                batch_threads=local_batch_threads if cpu and dev.kind == DeviceKind.CPU else 0,
+                kv_bytes_windowed=kv_win.get(name, 0.0),
+                ctx_flop_windowed=flop_win.get(name, 0.0),
+                window=kv.n_swa if name in flop_win else 0,
+                flash_attn=s.flash_attn,
+                ctx_quant_share=_share(quant_flop.get(name, 0.0), ctx_flop.get(name, 0.0) + flop_win.get(name, 0.0)),
+                repacked=dev.kind == DeviceKind.CPU and repacks_cpu_weights(s.engine, s.repacks, local_gpu),
+            )
+        )
     n_splits, hops = graph_splits(p, pl, experts)
     kinds = {name: d.kind for name, d in devs.items()}
     rpc_hops = sum(1 for src, dst in hops if kinds.get(src) == DeviceKind.RPC or kinds.get(dst) == DeviceKind.RPC)
-    act = sum(p.n_embd * 4 / (devs[name].link_gbs * GB) for src, dst in hops for name in (src, dst)
-              if kinds.get(name) == DeviceKind.RPC)
+    act = sum(
+        p.n_embd * 4 / (devs[name].link_gbs * GB)
+        for src, dst in hops
+        for name in (src, dst)
+        if kinds.get(name) == DeviceKind.RPC
+    )
     gpus = [d for d in hw.accelerators() if d.kind == DeviceKind.GPU]
-    return Work(tuple(out), n_splits, rpc_hops, act, min(s.ubatch, s.batch), frac, bool(gpus),
-                gpus[0].tflops if gpus else None, gpus[0].link_gbs if gpus else 25.0, local_threads, s.engine)
+    return Work(
+        tuple(out),
+        n_splits,
+        rpc_hops,
+        act,
+        min(s.ubatch, s.batch),
+        frac,
+        bool(gpus),
+        gpus[0].tflops if gpus else None,
+        gpus[0].link_gbs if gpus else 25.0,
+        local_threads,
+        s.engine,
+    )
 
 
-def predict(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings,
-            k: SpeedConstants | None = None, depth: int = 0, routing: Routing | None = None) -> Prediction:
+def predict(
+    p: ModelProfile,
+    hw: Inventory,
+    pl: Placement,
+    s: Settings,
+    k: SpeedConstants | None = None,
+    depth: int = 0,
+    routing: Routing | None = None,
+) -> Prediction:
     k = k or SpeedConstants()
     w = work(p, hw, pl, s, routing)
     return from_work(w, k, depth)
 
 
 def from_work(w: Work, k: SpeedConstants, depth: int = 0, prompt_tokens: int | None = None) -> Prediction:
-    loads = tuple(DeviceLoad(d.device, round((d.read_bytes + d.kv_read(depth)[0]) / MIB, 3),
-                             round(device_decode_seconds(d, depth, k) * 1e3, 4), d.bw_gbs) for d in w.devices)
+    loads = tuple(
+        DeviceLoad(
+            d.device,
+            round((d.read_bytes + d.kv_read(depth)[0]) / MIB, 3),
+            round(device_decode_seconds(d, depth, k) * 1e3, 4),
+            d.bw_gbs,
+        )
+        for d in w.devices
+    )
     return Prediction(1.0 / decode_seconds(w, depth, k), prefill_tok_s(w, k, prompt_tokens), w, k, depth, loads)
 
 

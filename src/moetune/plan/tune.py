@@ -53,8 +53,12 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        parts = [self.strategy, f"t{self.threads}" if self.threads else "t-default", f"ub{self.ubatch}",
-                 "fa" if self.flash_attn else "no-fa"]
+        parts = [
+            self.strategy,
+            f"t{self.threads}" if self.threads else "t-default",
+            f"ub{self.ubatch}",
+            "fa" if self.flash_attn else "no-fa",
+        ]
         if (self.ctk, self.ctv) != ("f16", "f16"):
             parts.append(f"k{self.ctk}-v{self.ctv}")
         if self.repack:
@@ -75,15 +79,37 @@ class Candidate:
         """The base's settings with this candidate's options (repacking stays the base's own word,
         auto included, where it agrees)."""
         repack = base.repack if self.repack == base.repacks else self.repack
-        return replace(base, threads=self.threads, ubatch=self.ubatch, batch=max(self.batch, self.ubatch),
-                       flash_attn=self.flash_attn, ctk=self.ctk, ctv=self.ctv, repack=repack,
-                       amb_mib=self.amb_mib, mla=self.mla, fused_moe=self.fused_moe,
-                       merge_up_gate=self.merge_up_gate)
+        return replace(
+            base,
+            threads=self.threads,
+            ubatch=self.ubatch,
+            batch=max(self.batch, self.ubatch),
+            flash_attn=self.flash_attn,
+            ctk=self.ctk,
+            ctv=self.ctv,
+            repack=repack,
+            amb_mib=self.amb_mib,
+            mla=self.mla,
+            fused_moe=self.fused_moe,
+            merge_up_gate=self.merge_up_gate,
+        )
 
     @classmethod
     def of(cls, strategy: str, s: Settings) -> Candidate:
-        return cls(strategy, s.threads, s.ubatch, s.batch, s.flash_attn, s.ctk, s.ctv, s.repacks, s.amb_mib, s.mla,
-                   s.fused_moe, s.merge_up_gate)
+        return cls(
+            strategy,
+            s.threads,
+            s.ubatch,
+            s.batch,
+            s.flash_attn,
+            s.ctk,
+            s.ctv,
+            s.repacks,
+            s.amb_mib,
+            s.mla,
+            s.fused_moe,
+            s.merge_up_gate,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +178,15 @@ def head_tail_splits(budget: int, moe_layers: int) -> list[str]:
 AMB_TRY_MIB = 512  # the -amb ik_llama.cpp's users start from (its DeepSeek recipes)
 
 
-def default_axes(base: Settings, strategy: str, cores: int, moe_layers: int, accelerators: int,
-                 engine: EngineOptions = EngineOptions(), expert_budget: int = 0) -> Axes:
+def default_axes(
+    base: Settings,
+    strategy: str,
+    cores: int,
+    moe_layers: int,
+    accelerators: int,
+    engine: EngineOptions = EngineOptions(),
+    expert_budget: int = 0,
+) -> Axes:
     """The values worth trying around the user's options: every placement family (where there is an
     accelerator to place on; the head/tail splits of ``expert_budget``, the MoE layers' worth of
     experts `auto` puts on the accelerators: :func:`head_tail_splits`), all cores and fewer, a quarter and four times the ubatch, flash
@@ -163,18 +196,30 @@ def default_axes(base: Settings, strategy: str, cores: int, moe_layers: int, acc
     strategies = [strategy]
     if accelerators:
         ladder = sorted({max(1, moe_layers * i // 4) for i in (1, 2, 3)})
-        strategies += ["auto", "cpu-moe", *(f"n-cpu-moe:{n}" for n in ladder),
-                       *head_tail_splits(expert_budget, moe_layers)]
-    threads: list[int | None] = [base.threads, *(t for t in (max(1, cores // 2), max(1, cores * 3 // 4))
-                                                 if t != (base.threads or cores))]
+        strategies += [
+            "auto",
+            "cpu-moe",
+            *(f"n-cpu-moe:{n}" for n in ladder),
+            *head_tail_splits(expert_budget, moe_layers),
+        ]
+    threads: list[int | None] = [
+        base.threads,
+        *(t for t in (max(1, cores // 2), max(1, cores * 3 // 4)) if t != (base.threads or cores)),
+    ]
     ubs = [base.ubatch, max(32, base.ubatch // 4), base.ubatch * 4]
     caches = [(base.ctk, base.ctv)] + ([("q8_0", "q8_0")] if (base.ctk, base.ctv) == ("f16", "f16") else [])
-    return Axes(tuple(dict.fromkeys(strategies)), tuple(dict.fromkeys(threads)), tuple(dict.fromkeys(ubs)),
-                (base.flash_attn, not base.flash_attn), tuple(dict.fromkeys(caches)), (base.repacks, not base.repacks),
-                (base.amb_mib, AMB_TRY_MIB if base.amb_mib == 0 else 0) if engine.amb else (base.amb_mib,),
-                (base.mla, 2 if base.mla == 3 else 3) if engine.mla else (base.mla,),
-                (base.fused_moe, not base.fused_moe) if engine.fused_moe else (base.fused_moe,),
-                (base.merge_up_gate, not base.merge_up_gate) if engine.merge_up_gate else (base.merge_up_gate,))
+    return Axes(
+        tuple(dict.fromkeys(strategies)),
+        tuple(dict.fromkeys(threads)),
+        tuple(dict.fromkeys(ubs)),
+        (base.flash_attn, not base.flash_attn),
+        tuple(dict.fromkeys(caches)),
+        (base.repacks, not base.repacks),
+        (base.amb_mib, AMB_TRY_MIB if base.amb_mib == 0 else 0) if engine.amb else (base.amb_mib,),
+        (base.mla, 2 if base.mla == 3 else 3) if engine.mla else (base.mla,),
+        (base.fused_moe, not base.fused_moe) if engine.fused_moe else (base.fused_moe,),
+        (base.merge_up_gate, not base.merge_up_gate) if engine.merge_up_gate else (base.merge_up_gate,),
+    )
 
 
 def space(axes: Axes, base: Settings, *, mla_model: bool = False) -> list[Candidate]:
@@ -184,16 +229,27 @@ def space(axes: Axes, base: Settings, *, mla_model: bool = False) -> list[Candid
     value, so no two candidates differ by nothing."""
     out = []
     for st, t, ub, fa, (ctk, ctv), rp, amb, mla, fmoe, muge in itertools.product(
-            axes.strategies, axes.threads, axes.ubatches, axes.flash_attn, axes.cache_types, axes.repack,
-            axes.amb_mib, axes.mla, axes.fused_moe, axes.merge_up_gate):
+        axes.strategies,
+        axes.threads,
+        axes.ubatches,
+        axes.flash_attn,
+        axes.cache_types,
+        axes.repack,
+        axes.amb_mib,
+        axes.mla,
+        axes.fused_moe,
+        axes.merge_up_gate,
+    ):
         if ctv != "f16" and not fa:
             continue
         if fa and not mla_model:
             amb = base.amb_mib
         if not mla_model:
             mla = base.mla
-        out += [Candidate(st, t, ub, max(base.batch, ub), fa, ctk, ctv, rp, amb, mla, fmoe, muge, tr)
-                for tr in axes.transports]
+        out += [
+            Candidate(st, t, ub, max(base.batch, ub), fa, ctk, ctv, rp, amb, mla, fmoe, muge, tr)
+            for tr in axes.transports
+        ]
     return list(dict.fromkeys(out))
 
 
@@ -208,12 +264,22 @@ def features(c: Candidate, cpu_expert_share: float, cores: int) -> np.ndarray:
     measurement of one says less of the other), and the RDMA transport (the same plan, launched
     over another link protocol)."""
     threads = c.threads or cores
-    return np.array([2.0 * cpu_expert_share, 2.0 * min(1.0, threads / max(1, cores)), math.log2(c.ubatch) / 4,
-                     0.5 if c.flash_attn else 0.0, 0.5 if c.ctk != "f16" or c.ctv != "f16" else 0.0,
-                     0.5 if c.repack else 0.0, 0.5 * min(1.0, AMB_TRY_MIB / c.amb_mib) if c.amb_mib > 0 else 0.0,
-                     0.5 if c.mla != 3 else 0.0, 0.5 if not c.fused_moe else 0.0, 0.5 if c.merge_up_gate else 0.0,
-                     0.5 if parse_strategy(c.strategy).kind == "head-tail" else 0.0,
-                     0.5 if c.transport == "rdma" else 0.0])
+    return np.array(
+        [
+            2.0 * cpu_expert_share,
+            2.0 * min(1.0, threads / max(1, cores)),
+            math.log2(c.ubatch) / 4,
+            0.5 if c.flash_attn else 0.0,
+            0.5 if c.ctk != "f16" or c.ctv != "f16" else 0.0,
+            0.5 if c.repack else 0.0,
+            0.5 * min(1.0, AMB_TRY_MIB / c.amb_mib) if c.amb_mib > 0 else 0.0,
+            0.5 if c.mla != 3 else 0.0,
+            0.5 if not c.fused_moe else 0.0,
+            0.5 if c.merge_up_gate else 0.0,
+            0.5 if parse_strategy(c.strategy).kind == "head-tail" else 0.0,
+            0.5 if c.transport == "rdma" else 0.0,
+        ]
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,8 +339,9 @@ def _phi(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def choose(b: Belief, best: float, open_: Sequence[int], noise: float,
-           gains: np.ndarray | None = None) -> tuple[int | None, float]:
+def choose(
+    b: Belief, best: float, open_: Sequence[int], noise: float, gains: np.ndarray | None = None
+) -> tuple[int | None, float]:
     """The open candidate with the largest expected gain, and that gain; None when no candidate
     expects to gain more than ``noise`` (a share of the best). ``gains``: expected gains computed
     otherwise (goodput's, :func:`moetune.plan.serving.expected_goodput`), else :func:`expected_gain`."""

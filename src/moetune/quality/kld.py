@@ -47,8 +47,9 @@ Progress = Callable[[str, int, int], None]  # (label, chunks done, chunks in all
 
 # set by the evaluation itself, not taken from the plan: the chunk length, the batch (one chunk per
 # decode: llama-perplexity needs -b to be below -c or a multiple of it), the sequences it derives
-_SETS_ITSELF = frozenset({"-c", "--ctx-size", "-b", "--batch-size", "--parallel", "-np", "--chunks", "-f", "--file",
-                          "--kl-divergence-base"})
+_SETS_ITSELF = frozenset(
+    {"-c", "--ctx-size", "-b", "--batch-size", "--parallel", "-np", "--chunks", "-f", "--file", "--kl-divergence-base"}
+)
 _SETS_ITSELF_ALONE = frozenset({"--kl-divergence"})
 UBATCH = ("-ub", "--ubatch-size")
 DEFAULT_CTX = 256
@@ -115,9 +116,17 @@ class Candidate:
     complete: bool  # the engine's summary came (else the figures are its last chunk's running values)
 
     def to_json(self) -> dict[str, Any]:
-        return {"plan": self.plan, "label": self.label, "run": self.run_id,
-                "kld": {**self.kld.to_json(), "p99": self.kld_p99}, "top1_agree": self.top1_agree.to_json(),
-                "ppl": self.ppl.to_json(), "tokens": self.tokens, "verdict": self.verdict, "complete": self.complete}
+        return {
+            "plan": self.plan,
+            "label": self.label,
+            "run": self.run_id,
+            "kld": {**self.kld.to_json(), "p99": self.kld_p99},
+            "top1_agree": self.top1_agree.to_json(),
+            "ppl": self.ppl.to_json(),
+            "tokens": self.tokens,
+            "verdict": self.verdict,
+            "complete": self.complete,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +141,14 @@ class Reference:
     reused: bool  # the logits were saved by an earlier run
 
     def to_json(self) -> dict[str, Any]:
-        return {"plan": self.plan, "label": self.label, "run": self.run_id,
-                "ppl": None if self.ppl is None else self.ppl.to_json(), "tokens": self.tokens,
-                "logits": {"path": self.base_path, "size_bytes": self.base_size_bytes, "reused": self.reused}}
+        return {
+            "plan": self.plan,
+            "label": self.label,
+            "run": self.run_id,
+            "ppl": None if self.ppl is None else self.ppl.to_json(),
+            "tokens": self.tokens,
+            "logits": {"path": self.base_path, "size_bytes": self.base_size_bytes, "reused": self.reused},
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,20 +167,28 @@ def _prepare(t: Target, opt: EvalOptions) -> _Plan:
     from moetune.engine import registry
 
     if t.doc is None or t.spec is None or t.server is None:
-        raise InputError(f"{t.name}: quality runs llama-perplexity with a plan's flags; give plan files",
-                         hint="moetune plan MODEL --hw HW -o plan.json (or `--qa FILE --url URL` for a server)")
+        raise InputError(
+            f"{t.name}: quality runs llama-perplexity with a plan's flags; give plan files",
+            hint="moetune plan MODEL --hw HW -o plan.json (or `--qa FILE --url URL` for a server)",
+        )
     chosen = next(s for s in t.spec.servers() if s.name == t.server)
     if chosen.ssh:
-        raise InputError(f"{t.name}: server {chosen.name} runs on node {chosen.node} over ssh; quality runs "
-                         "llama-perplexity on this machine", hint="run `moetune quality` on that node")
+        raise InputError(
+            f"{t.name}: server {chosen.name} runs on node {chosen.node} over ssh; quality runs "
+            "llama-perplexity on this machine",
+            hint="run `moetune quality` on that node",
+        )
     engine = registry.get(chosen.engine)
     try:
         binary = engine.binary("perplexity")
     except InputError:
-        raise InputError(f"engine {engine.name} has no llama-perplexity",
-                         hint="rebuild it (`moetune engine install`), or register a build that has it") from None
-    return _Plan(t, chosen, binary, perplexity_argv(chosen.argv, opt.ctx, opt.chunks), engine.version(),
-                 str(t.label or t.name))
+        raise InputError(
+            f"engine {engine.name} has no llama-perplexity",
+            hint="rebuild it (`moetune engine install`), or register a build that has it",
+        ) from None
+    return _Plan(
+        t, chosen, binary, perplexity_argv(chosen.argv, opt.ctx, opt.chunks), engine.version(), str(t.label or t.name)
+    )
 
 
 def _model_stat(argv: Sequence[str]) -> tuple[int, int] | None:
@@ -201,8 +223,10 @@ def check_text(path: Path, ctx: int) -> None:
 
     readable_file(path, "evaluation text")
     if path.stat().st_size < 2 * ctx:
-        raise InputError(f"{path}: {path.stat().st_size} bytes cannot fill two chunks of {ctx} tokens",
-                         hint="give a longer --text, or a smaller --ctx")
+        raise InputError(
+            f"{path}: {path.stat().st_size} bytes cannot fill two chunks of {ctx} tokens",
+            hint="give a longer --text, or a smaller --ctx",
+        )
 
 
 class _Runner:
@@ -215,13 +239,24 @@ class _Runner:
             self.status(s)
 
     def meta(self, p: _Plan, argv: list[str], details: dict[str, Any]) -> RunMeta:
-        return RunMeta(kind=RunKind.QUALITY, moetune_version=__version__, argv=tuple(sys.argv), started_unix=time.time(),
-                       model=model_ref(model_arg(p.server.argv)), host=HostRef.here(), engine_build=p.engine_version,
-                       plan=p.target.doc, details={"perplexity_argv": argv, "ctx": self.opt.ctx,
-                                                   "chunks": self.opt.chunks, "scored_per_chunk":
-                                                   scored_per_chunk(self.opt.ctx),
-                                                   "text": {"path": str(self.opt.text), "sha256": self.text_sha},
-                                                   **details})
+        return RunMeta(
+            kind=RunKind.QUALITY,
+            moetune_version=__version__,
+            argv=tuple(sys.argv),
+            started_unix=time.time(),
+            model=model_ref(model_arg(p.server.argv)),
+            host=HostRef.here(),
+            engine_build=p.engine_version,
+            plan=p.target.doc,
+            details={
+                "perplexity_argv": argv,
+                "ctx": self.opt.ctx,
+                "chunks": self.opt.chunks,
+                "scored_per_chunk": scored_per_chunk(self.opt.ctx),
+                "text": {"path": str(self.opt.text), "sha256": self.text_sha},
+                **details,
+            },
+        )
 
     def run_engine(self, p: _Plan, extra: list[str], on_line: Callable[[str], None], run_id: int) -> str:
         """Run llama-perplexity for a plan (its RPC workers up first); return its whole output."""
@@ -233,8 +268,11 @@ class _Runner:
             if workers.processes:
                 from moetune.run.launch import launched
 
-                stack.enter_context(launched(workers, t.doc, plan_file=t.name, timeout_s=self.opt.launch_timeout_s,
-                                             run_id=new_launch_id()))
+                stack.enter_context(
+                    launched(
+                        workers, t.doc, plan_file=t.name, timeout_s=self.opt.launch_timeout_s, run_id=new_launch_id()
+                    )
+                )
                 self.say(f"{p.label}: RPC workers up: {', '.join(w.name for w in workers.processes)}")
             return _run(argv, {**os.environ, **p.server.env}, self.opt.timeout_s, on_line)
 
@@ -260,15 +298,22 @@ class _Runner:
             most = min(most, self.opt.chunks) if self.opt.chunks else most
             bound = base_size_bytes(n_vocab, self.opt.ctx, most)
             free = shutil.disk_usage(path.parent).free
-            self.say(f"reference logits: at most {bound / 2**20:.1f} MiB ({n_vocab} tokens of vocabulary, "
-                     f"up to {most} chunks) -> {path}")
+            self.say(
+                f"reference logits: at most {bound / 2**20:.1f} MiB ({n_vocab} tokens of vocabulary, "
+                f"up to {most} chunks) -> {path}"
+            )
             if bound > free:
-                raise InputError(f"the reference logits need up to {bound / 2**20:.0f} MiB; {path.parent} has "
-                                 f"{free / 2**20:.0f} MiB free",
-                                 hint="free space there, set MOETUNE_CACHE_DIR elsewhere, or lower --chunks")
+                raise InputError(
+                    f"the reference logits need up to {bound / 2**20:.0f} MiB; {path.parent} has "
+                    f"{free / 2**20:.0f} MiB free",
+                    hint="free space there, set MOETUNE_CACHE_DIR elsewhere, or lower --chunks",
+                )
         extra = ["--kl-divergence-base", str(path)]
-        run_id = self.db.create_run(self.meta(p, [str(p.binary), *p.argv, *extra], {"role": "reference"}),
-                                    label=f"{p.label} (reference)", target=p.target.name)
+        run_id = self.db.create_run(
+            self.meta(p, [str(p.binary), *p.argv, *extra], {"role": "reference"}),
+            label=f"{p.label} (reference)",
+            target=p.target.name,
+        )
         seen: list[int] = []
         total = [0]
 
@@ -290,36 +335,48 @@ class _Runner:
                 raise RuntimeFailure(f"llama-perplexity printed no perplexity for {p.label}:\n{_tail(text)}")
             nll = stats.per_chunk_ppl(out.running)
             for k, v in enumerate(nll, start=1):
-                self.db.add_sample(run_id, {"chunk": k, "ppl": math.exp(v), "nll": v,
-                                            "running_ppl": out.running[k - 1]})
+                self.db.add_sample(
+                    run_id, {"chunk": k, "ppl": math.exp(v), "nll": v, "running_ppl": out.running[k - 1]}
+                )
             ppl_val, ppl_unc = out.final or (out.running[-1], float("nan"))
             ppl = stats.ppl_interval(ppl_val, ppl_unc, out.running, conf=self.opt.conf, seed=self.opt.seed)
             tokens = len(out.running) * scored_per_chunk(self.opt.ctx)
             size = path.stat().st_size
-            self.db.finish_run(run_id, RunStatus.DONE, {"ppl": ppl.to_json(), "tokens": tokens,
-                                                        "logits": {"path": str(path), "size_bytes": size}})
+            self.db.finish_run(
+                run_id,
+                RunStatus.DONE,
+                {"ppl": ppl.to_json(), "tokens": tokens, "logits": {"path": str(path), "size_bytes": size}},
+            )
             self.db.put_kld_base(key, path, size, run_id)
         except BaseException as e:
             path.unlink(missing_ok=True)
-            self.db.finish_run(run_id, RunStatus.INTERRUPTED if isinstance(e, KeyboardInterrupt) else RunStatus.FAILED,
-                               {"error": str(e)})
+            self.db.finish_run(
+                run_id,
+                RunStatus.INTERRUPTED if isinstance(e, KeyboardInterrupt) else RunStatus.FAILED,
+                {"error": str(e)},
+            )
             raise
         self.say(f"reference logits saved: {path} ({size / 2**20:.1f} MiB)")
         return Reference(p.target.name, p.label, run_id, ppl, tokens, str(path), size, False)
 
     def candidate(self, p: _Plan, ref: Reference) -> Candidate:
         extra = ["--kl-divergence-base", ref.base_path, "--kl-divergence"]
-        run_id = self.db.create_run(self.meta(p, [str(p.binary), *p.argv, *extra],
-                                              {"role": "candidate", "reference": ref.to_json()}),
-                                    label=p.label, target=p.target.name)
+        run_id = self.db.create_run(
+            self.meta(p, [str(p.binary), *p.argv, *extra], {"role": "candidate", "reference": ref.to_json()}),
+            label=p.label,
+            target=p.target.name,
+        )
         try:
             out = self._kld(p, extra, run_id)
             c = _candidate(p, out, run_id, self.opt)
             self.db.finish_run(run_id, RunStatus.DONE, c.to_json())
             return c
         except BaseException as e:
-            self.db.finish_run(run_id, RunStatus.INTERRUPTED if isinstance(e, KeyboardInterrupt) else RunStatus.FAILED,
-                               {"error": str(e)})
+            self.db.finish_run(
+                run_id,
+                RunStatus.INTERRUPTED if isinstance(e, KeyboardInterrupt) else RunStatus.FAILED,
+                {"error": str(e)},
+            )
             raise
 
     def _kld(self, p: _Plan, extra: list[str], run_id: int) -> po.KldOutput:
@@ -349,17 +406,25 @@ class _Runner:
         top = stats.per_chunk([r.same_top for r in out.rows])
         nll = stats.per_chunk([math.log(r.ppl) for r in out.rows])
         for i, r in enumerate(out.rows):
-            self.db.add_sample(run_id, {"chunk": r.chunk, "kld": kld[i], "top1_agree": top[i],
-                                        "ppl": math.exp(nll[i]), "running": {"kld": r.kld, "same_top": r.same_top,
-                                                                             "ppl": r.ppl}})
+            self.db.add_sample(
+                run_id,
+                {
+                    "chunk": r.chunk,
+                    "kld": kld[i],
+                    "top1_agree": top[i],
+                    "ppl": math.exp(nll[i]),
+                    "running": {"kld": r.kld, "same_top": r.same_top, "ppl": r.ppl},
+                },
+            )
         return out
 
 
 def _interval_of(d: Any) -> stats.Interval | None:
     if not isinstance(d, dict):
         return None
-    return stats.Interval(float(d["mean"]), float(d["ci_low"]), float(d["ci_high"]), str(d["method"]),
-                          int(d.get("n_chunks") or 0))
+    return stats.Interval(
+        float(d["mean"]), float(d["ci_low"]), float(d["ci_high"]), str(d["method"]), int(d.get("n_chunks") or 0)
+    )
 
 
 def _candidate(p: _Plan, out: po.KldOutput, run_id: int, opt: EvalOptions) -> Candidate:
@@ -368,22 +433,49 @@ def _candidate(p: _Plan, out: po.KldOutput, run_id: int, opt: EvalOptions) -> Ca
     last = rows[-1]
     kld_chunks = stats.per_chunk([r.kld for r in rows])
     top_chunks = stats.per_chunk([r.same_top for r in rows])
-    kld = stats.interval(s.kld if s else last.kld, s.kld_unc if s else last.kld_unc, kld_chunks,
-                         conf=opt.conf, seed=opt.seed)
+    kld = stats.interval(
+        s.kld if s else last.kld, s.kld_unc if s else last.kld_unc, kld_chunks, conf=opt.conf, seed=opt.seed
+    )
     # a divergence is never negative: below zero is the rounding of the printed running means
     kld = stats.Interval(kld.mean, max(kld.ci_low, min(kld.mean, 0.0)), kld.ci_high, kld.method, kld.n)
-    top = stats.interval(s.same_top if s else last.same_top, s.same_top_unc if s else last.same_top_unc,
-                         top_chunks, conf=opt.conf, seed=opt.seed)
+    top = stats.interval(
+        s.same_top if s else last.same_top,
+        s.same_top_unc if s else last.same_top_unc,
+        top_chunks,
+        conf=opt.conf,
+        seed=opt.seed,
+    )
     top = stats.Interval(top.mean, max(0.0, top.ci_low), min(1.0, top.ci_high), top.method, top.n)
-    ppl = stats.ppl_interval(s.ppl_q if s else last.ppl, s.ppl_q_unc if s else last.ppl_unc,
-                             [r.ppl for r in rows], conf=opt.conf, seed=opt.seed)
-    return Candidate(plan=p.target.name, label=p.label, run_id=run_id, kld=kld,
-                     kld_p99=s.kld_percentiles.get("99.0") if s else None, top1_agree=top, ppl=ppl,
-                     tokens=len(rows) * scored_per_chunk(opt.ctx), verdict=stats.kld_verdict(kld), complete=s is not None)
+    ppl = stats.ppl_interval(
+        s.ppl_q if s else last.ppl,
+        s.ppl_q_unc if s else last.ppl_unc,
+        [r.ppl for r in rows],
+        conf=opt.conf,
+        seed=opt.seed,
+    )
+    return Candidate(
+        plan=p.target.name,
+        label=p.label,
+        run_id=run_id,
+        kld=kld,
+        kld_p99=s.kld_percentiles.get("99.0") if s else None,
+        top1_agree=top,
+        ppl=ppl,
+        tokens=len(rows) * scored_per_chunk(opt.ctx),
+        verdict=stats.kld_verdict(kld),
+        complete=s is not None,
+    )
 
 
-def evaluate(db: ResultsDB, reference: Target, candidates: Sequence[Target], opt: EvalOptions, *,
-             status: Status | None = None, progress: Progress | None = None) -> tuple[Reference, list[Candidate]]:
+def evaluate(
+    db: ResultsDB,
+    reference: Target,
+    candidates: Sequence[Target],
+    opt: EvalOptions,
+    *,
+    status: Status | None = None,
+    progress: Progress | None = None,
+) -> tuple[Reference, list[Candidate]]:
     """The reference's logits (saved, or reused), then each candidate against them, in order."""
     check_text(opt.text, opt.ctx)
     plans = [_prepare(t, opt) for t in [reference, *candidates]]
@@ -403,8 +495,16 @@ def _run(argv: list[str], env: dict[str, str], timeout_s: float, on_line: Callab
     lines: list[str] = []
     from moetune.run.process import end
 
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            cwd=scratch.name, env=env, errors="replace")
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        cwd=scratch.name,
+        env=env,
+        errors="replace",
+    )
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
     try:
@@ -420,9 +520,10 @@ def _run(argv: list[str], env: dict[str, str], timeout_s: float, on_line: Callab
     text = "".join(lines)
     short = po.too_short(text)
     if short is not None:
-        raise InputError(f"the evaluation text holds {short.have or 'too few'} tokens; two chunks of {short.ctx} "
-                         f"need {short.need}", hint="give a longer --text, or a smaller --ctx")
+        raise InputError(
+            f"the evaluation text holds {short.have or 'too few'} tokens; two chunks of {short.ctx} need {short.need}",
+            hint="give a longer --text, or a smaller --ctx",
+        )
     if rc != 0:
         raise RuntimeFailure(f"llama-perplexity exited {rc}:\n{_tail(text)}")
     return text
-

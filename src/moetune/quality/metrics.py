@@ -18,8 +18,11 @@ def quality_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSample
             v = s.get(name)
             if isinstance(v, int | float):
                 values[name].append(float(v))
-    return {name: MetricSamples(tuple(values[name]), hib, unit, family="quality")
-            for name, hib, unit in _METRICS if values[name]}
+    return {
+        name: MetricSamples(tuple(values[name]), hib, unit, family="quality")
+        for name, hib, unit in _METRICS
+        if values[name]
+    }
 
 
 def qa_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:

@@ -174,8 +174,16 @@ def parse_row(line: str) -> KldRow | None:
     if not m:
         return None
     g = m.groups()
-    return KldRow(chunk=int(g[0]), ppl=_f(g[1]), ppl_unc=_f(g[2]), ln_ppl_ratio=_f(g[3]), kld=_f(g[5]),
-                  kld_unc=_f(g[6]), same_top=_f(g[9]) / 100.0, same_top_unc=_f(g[10]) / 100.0)
+    return KldRow(
+        chunk=int(g[0]),
+        ppl=_f(g[1]),
+        ppl_unc=_f(g[2]),
+        ln_ppl_ratio=_f(g[3]),
+        kld=_f(g[5]),
+        kld_unc=_f(g[6]),
+        same_top=_f(g[9]) / 100.0,
+        same_top_unc=_f(g[10]) / 100.0,
+    )
 
 
 def parse_kld(text: str) -> KldOutput:
@@ -202,8 +210,15 @@ def parse_kld(text: str) -> KldOutput:
             pct[{"Maximum": "max", "Median": "median", "Minimum": "min"}.get(name, name)] = _f(pm[2])
     summary = None
     if all(k in found for k in _SUMMARY):
-        summary = KldSummary(ppl_q=found["ppl_q"][0], ppl_q_unc=found["ppl_q"][1], ppl_base=found["ppl_base"][0],
-                             ppl_base_unc=found["ppl_base"][1], kld=found["kld"][0], kld_unc=found["kld"][1],
-                             kld_percentiles=pct, same_top=found["same_top"][0] / 100.0,
-                             same_top_unc=found["same_top"][1] / 100.0)
+        summary = KldSummary(
+            ppl_q=found["ppl_q"][0],
+            ppl_q_unc=found["ppl_q"][1],
+            ppl_base=found["ppl_base"][0],
+            ppl_base_unc=found["ppl_base"][1],
+            kld=found["kld"][0],
+            kld_unc=found["kld"][1],
+            kld_percentiles=pct,
+            same_top=found["same_top"][0] / 100.0,
+            same_top_unc=found["same_top"][1] / 100.0,
+        )
     return KldOutput(era, n_ctx, n_chunk, tuple(rows), summary)

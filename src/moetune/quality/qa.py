@@ -58,8 +58,10 @@ def _answer_index(v: object, n: int, where: str) -> int:
     elif isinstance(v, str) and len(v.strip()) == 1 and v.strip().upper() in LETTERS:
         i = LETTERS.index(v.strip().upper())
     else:
-        raise InputError(f"{where}: answer {v!r} is neither a choice index (0-based) nor a letter",
-                         hint='write "answer": 1 or "answer": "B"')
+        raise InputError(
+            f"{where}: answer {v!r} is neither a choice index (0-based) nor a letter",
+            hint='write "answer": 1 or "answer": "B"',
+        )
     if not 0 <= i < n:
         raise InputError(f"{where}: answer {v!r} is outside its {n} choices")
     return i
@@ -72,8 +74,11 @@ def question_of(d: object, where: str) -> Question:
     q, choices = d.get("question"), d.get("choices")
     if not isinstance(q, str) or not q.strip():
         raise InputError(f"{where}: no question text")
-    if not isinstance(choices, list) or not 2 <= len(choices) <= len(LETTERS) or \
-            not all(isinstance(c, str) and c.strip() for c in choices):
+    if (
+        not isinstance(choices, list)
+        or not 2 <= len(choices) <= len(LETTERS)
+        or not all(isinstance(c, str) and c.strip() for c in choices)
+    ):
         raise InputError(f"{where}: choices must be a list of 2 to {len(LETTERS)} non-empty strings")
     return Question(str(d.get("id", where)), q, tuple(choices), _answer_index(d.get("answer"), len(choices), where))
 
@@ -81,13 +86,16 @@ def question_of(d: object, where: str) -> Question:
 def from_jcommonsenseqa(d: object, where: str) -> Question:
     """One line of JCommonsenseQA (JGLUE): q_id, question, choice0..choice4, label."""
     if not isinstance(d, dict) or "question" not in d or "label" not in d:
-        raise InputError(f"{where}: not a JCommonsenseQA line (q_id, question, choice0..choice4, label)",
-                         hint="moetune's own format is --qa-format jsonl")
+        raise InputError(
+            f"{where}: not a JCommonsenseQA line (q_id, question, choice0..choice4, label)",
+            hint="moetune's own format is --qa-format jsonl",
+        )
     choices: list[object] = []
     while f"choice{len(choices)}" in d:
         choices.append(d[f"choice{len(choices)}"])
-    return question_of({"id": str(d.get("q_id", where)), "question": d["question"], "choices": choices,
-                        "answer": d["label"]}, where)
+    return question_of(
+        {"id": str(d.get("q_id", where)), "question": d["question"], "choices": choices, "answer": d["label"]}, where
+    )
 
 
 READERS = {"jsonl": question_of, "jcommonsenseqa": from_jcommonsenseqa}

@@ -77,9 +77,15 @@ class RunFigures:
     ci_high: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, "run": self.run_id, "target": self.target, "n": self.n, "right": self.right,
-                "unparsable": self.unparsable, "accuracy": {"mean": self.accuracy, "ci_low": self.ci_low,
-                                                            "ci_high": self.ci_high, "method": "wilson"}}
+        return {
+            "label": self.label,
+            "run": self.run_id,
+            "target": self.target,
+            "n": self.n,
+            "right": self.right,
+            "unparsable": self.unparsable,
+            "accuracy": {"mean": self.accuracy, "ci_low": self.ci_low, "ci_high": self.ci_high, "method": "wilson"},
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,22 +96,39 @@ class SoakReport:
     paired: list[stats.Paired]  # each run after the first against the first
 
     def to_json(self) -> dict[str, Any]:
-        return {"questions": self.n_questions, "confidence": self.conf, "runs": [r.to_json() for r in self.runs],
-                "paired": [{"baseline": self.runs[0].label, "candidate": r.label, **p.to_json(),
-                            "test": "McNemar exact (two-sided binomial on the discordant pairs)"}
-                           for r, p in zip(self.runs[1:], self.paired, strict=True)]}
+        return {
+            "questions": self.n_questions,
+            "confidence": self.conf,
+            "runs": [r.to_json() for r in self.runs],
+            "paired": [
+                {
+                    "baseline": self.runs[0].label,
+                    "candidate": r.label,
+                    **p.to_json(),
+                    "test": "McNemar exact (two-sided binomial on the discordant pairs)",
+                }
+                for r, p in zip(self.runs[1:], self.paired, strict=True)
+            ],
+        }
 
 
 def report(runs: Sequence[SoakRun], conf: float = stats.DEFAULT_CONF, alpha: float = 0.05) -> SoakReport:
-    figs = [RunFigures(r.label, r.run_id, r.target, r.n, r.right, r.unparsable, r.accuracy, *r.interval(conf))
-            for r in runs]
-    return SoakReport(runs[0].n if runs else 0, conf, figs,
-                      [stats.paired(runs[0].answers, r.answers, alpha=alpha) for r in runs[1:]])
+    figs = [
+        RunFigures(r.label, r.run_id, r.target, r.n, r.right, r.unparsable, r.accuracy, *r.interval(conf)) for r in runs
+    ]
+    return SoakReport(
+        runs[0].n if runs else 0, conf, figs, [stats.paired(runs[0].answers, r.answers, alpha=alpha) for r in runs[1:]]
+    )
 
 
 def request_body(q: qa.Question, opt: SoakOptions) -> dict[str, Any]:
-    body: dict[str, Any] = {"messages": [{"role": "user", "content": qa.prompt(q)}], "temperature": 0.0,
-                            "seed": 0, "max_tokens": opt.max_tokens, "stream": False}
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": qa.prompt(q)}],
+        "temperature": 0.0,
+        "seed": 0,
+        "max_tokens": opt.max_tokens,
+        "stream": False,
+    }
     if opt.model:
         body["model"] = opt.model
     if opt.thinking != "template":
@@ -121,8 +144,9 @@ def reply_text(doc: Any) -> str:
     return content if isinstance(content, str) else ""
 
 
-async def _ask_all(url: str, questions: Sequence[qa.Question], opt: SoakOptions,
-                   on_reply: Callable[[int, str, dict[str, Any]], None]) -> None:
+async def _ask_all(
+    url: str, questions: Sequence[qa.Question], opt: SoakOptions, on_reply: Callable[[int, str, dict[str, Any]], None]
+) -> None:
     from moetune.bench.http.client import connect
 
     http = connect(url, timeout_s=opt.timeout_s)
@@ -132,27 +156,53 @@ async def _ask_all(url: str, questions: Sequence[qa.Question], opt: SoakOptions,
             try:
                 status, doc = await http.post_json("/v1/chat/completions", request_body(q, opt))
             except Exception as e:
-                raise RuntimeFailure(f"{url}: question {q.id}: {type(e).__name__}: {e}",
-                                     hint="is the server up? (`moetune bench URL` checks it)") from None
+                raise RuntimeFailure(
+                    f"{url}: question {q.id}: {type(e).__name__}: {e}",
+                    hint="is the server up? (`moetune bench URL` checks it)",
+                ) from None
             if status != 200:
                 raise RuntimeFailure(f"{url}: question {q.id}: HTTP {status}: {str(doc)[:300]}")
-            on_reply(i, reply_text(doc), {"latency_s": time.monotonic() - t0,
-                                          "usage": doc.get("usage") if isinstance(doc, dict) else None})
+            on_reply(
+                i,
+                reply_text(doc),
+                {"latency_s": time.monotonic() - t0, "usage": doc.get("usage") if isinstance(doc, dict) else None},
+            )
     finally:
         await http.aclose()
 
 
-def soak(db: ResultsDB, url: str, questions: Sequence[qa.Question], opt: SoakOptions, *, label: str,
-         target: str, details: dict[str, Any] | None = None, meta: dict[str, Any] | None = None,
-         progress: Progress | None = None) -> SoakRun:
+def soak(
+    db: ResultsDB,
+    url: str,
+    questions: Sequence[qa.Question],
+    opt: SoakOptions,
+    *,
+    label: str,
+    target: str,
+    details: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> SoakRun:
     """Ask every question of the server at ``url``; store each answer as it comes."""
     from moetune.bench.http.clock import run as run_loop
 
-    m = RunMeta(kind=RunKind.QA, moetune_version=__version__, argv=tuple(sys.argv), started_unix=time.time(),
-                host=HostRef.here(), details={"questions": len(questions), "url": url, "thinking": opt.thinking,
-                                              "max_tokens": opt.max_tokens, "model": opt.model,
-                                              "rule": "moetune.quality.qa.extract", **(details or {})},
-                **(meta or {}))
+    m = RunMeta(
+        kind=RunKind.QA,
+        moetune_version=__version__,
+        argv=tuple(sys.argv),
+        started_unix=time.time(),
+        host=HostRef.here(),
+        details={
+            "questions": len(questions),
+            "url": url,
+            "thinking": opt.thinking,
+            "max_tokens": opt.max_tokens,
+            "model": opt.model,
+            "rule": "moetune.quality.qa.extract",
+            **(details or {}),
+        },
+        **(meta or {}),
+    )
     run_id = db.create_run(m, label=label, target=target)
     answers: list[tuple[str | None, bool]] = []
 
@@ -161,20 +211,39 @@ def soak(db: ResultsDB, url: str, questions: Sequence[qa.Question], opt: SoakOpt
         a = qa.extract(text, q)
         ok = a == qa.right_letter(q)
         answers.append((a, ok))
-        db.add_sample(run_id, {"id": q.id, "answer": a, "expected": qa.right_letter(q), "right": ok,
-                               "reply": text[:REPLY_KEPT_CHARS], **extra})
+        db.add_sample(
+            run_id,
+            {
+                "id": q.id,
+                "answer": a,
+                "expected": qa.right_letter(q),
+                "right": ok,
+                "reply": text[:REPLY_KEPT_CHARS],
+                **extra,
+            },
+        )
         if progress:
             progress(i + 1, len(questions))
 
     try:
         run_loop(_ask_all(url, questions, opt, on_reply))
     except BaseException as e:
-        db.finish_run(run_id, RunStatus.INTERRUPTED if isinstance(e, KeyboardInterrupt) else RunStatus.FAILED,
-                      {"error": str(e), "answered": len(answers)})
+        db.finish_run(
+            run_id,
+            RunStatus.INTERRUPTED if isinstance(e, KeyboardInterrupt) else RunStatus.FAILED,
+            {"error": str(e), "answered": len(answers)},
+        )
         raise
     r = SoakRun(label, run_id, target, tuple(answers))
     lo, hi = r.interval(opt.conf)
-    db.finish_run(run_id, RunStatus.DONE, {"n": r.n, "right": r.right, "unparsable": r.unparsable,
-                                           "accuracy": {"mean": r.accuracy, "ci_low": lo, "ci_high": hi,
-                                                        "method": "wilson"}})
+    db.finish_run(
+        run_id,
+        RunStatus.DONE,
+        {
+            "n": r.n,
+            "right": r.right,
+            "unparsable": r.unparsable,
+            "accuracy": {"mean": r.accuracy, "ci_low": lo, "ci_high": hi, "method": "wilson"},
+        },
+    )
     return r

@@ -49,8 +49,13 @@ class Interval:
     n: int  # chunks (bootstrap) or chunks seen (engine)
 
     def to_json(self) -> dict[str, float | str | int]:
-        return {"mean": self.mean, "ci_low": self.ci_low, "ci_high": self.ci_high, "method": self.method,
-                "n_chunks": self.n}
+        return {
+            "mean": self.mean,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "method": self.method,
+            "n_chunks": self.n,
+        }
 
 
 def z_of(conf: float) -> float:
@@ -72,8 +77,9 @@ def per_chunk_ppl(running_ppl: Sequence[float]) -> list[float]:
     return per_chunk([math.log(p) for p in running_ppl])
 
 
-def bootstrap_mean(values: Sequence[float], *, conf: float = DEFAULT_CONF, n_boot: int = N_BOOT,
-                   seed: int = 0) -> tuple[float, float]:
+def bootstrap_mean(
+    values: Sequence[float], *, conf: float = DEFAULT_CONF, n_boot: int = N_BOOT, seed: int = 0
+) -> tuple[float, float]:
     """Percentile-bootstrap confidence interval of the mean."""
     a = np.asarray(values, dtype=float)
     if a.size == 1:
@@ -85,8 +91,15 @@ def bootstrap_mean(values: Sequence[float], *, conf: float = DEFAULT_CONF, n_boo
     return float(lo), float(hi)
 
 
-def interval(mean: float, engine_unc: float, chunks: Sequence[float] | None, *, conf: float = DEFAULT_CONF,
-             seed: int = 0, n_seen: int = 0) -> Interval:
+def interval(
+    mean: float,
+    engine_unc: float,
+    chunks: Sequence[float] | None,
+    *,
+    conf: float = DEFAULT_CONF,
+    seed: int = 0,
+    n_seen: int = 0,
+) -> Interval:
     """``mean`` with the bootstrap interval over ``chunks`` (its per-chunk values) when there are
     enough of them, else ``mean ± z·engine_unc``."""
     if chunks is not None and len(chunks) >= MIN_BOOTSTRAP_CHUNKS:
@@ -97,8 +110,9 @@ def interval(mean: float, engine_unc: float, chunks: Sequence[float] | None, *, 
     return Interval(mean, mean - z * unc, mean + z * unc, ENGINE, n_seen or (len(chunks) if chunks else 0))
 
 
-def ppl_interval(ppl: float, ppl_unc: float, running_ppl: Sequence[float], *, conf: float = DEFAULT_CONF,
-                 seed: int = 0) -> Interval:
+def ppl_interval(
+    ppl: float, ppl_unc: float, running_ppl: Sequence[float], *, conf: float = DEFAULT_CONF, seed: int = 0
+) -> Interval:
     """Perplexity with its interval: the bootstrap of the mean NLL over chunks, exponentiated."""
     if len(running_ppl) >= MIN_BOOTSTRAP_CHUNKS:
         lo, hi = bootstrap_mean(per_chunk_ppl(running_ppl), conf=conf, seed=seed)
@@ -155,9 +169,16 @@ class Paired:
         return self.same_answer / self.n if self.n else 0.0
 
     def to_json(self) -> dict[str, float | int | str]:
-        return {"n": self.n, "both_right": self.both_right, "only_baseline": self.only_baseline,
-                "only_candidate": self.only_candidate, "both_wrong": self.both_wrong,
-                "agreement": self.agreement, "p_value": self.p_value, "verdict": self.verdict}
+        return {
+            "n": self.n,
+            "both_right": self.both_right,
+            "only_baseline": self.only_baseline,
+            "only_candidate": self.only_candidate,
+            "both_wrong": self.both_wrong,
+            "agreement": self.agreement,
+            "p_value": self.p_value,
+            "verdict": self.verdict,
+        }
 
 
 def paired_verdict(b: int, c: int, *, alpha: float = 0.05) -> tuple[float, str]:
@@ -167,8 +188,9 @@ def paired_verdict(b: int, c: int, *, alpha: float = 0.05) -> tuple[float, str]:
     return p, BETTER if c > b else WORSE
 
 
-def paired(baseline: Sequence[tuple[str | None, bool]], candidate: Sequence[tuple[str | None, bool]], *,
-           alpha: float = 0.05) -> Paired:
+def paired(
+    baseline: Sequence[tuple[str | None, bool]], candidate: Sequence[tuple[str | None, bool]], *, alpha: float = 0.05
+) -> Paired:
     """Compare two runs question by question; each item is (answer given or None, right)."""
     if len(baseline) != len(candidate):
         raise ValueError("paired runs must answer the same questions")

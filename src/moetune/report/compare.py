@@ -44,8 +44,12 @@ from moetune.store.record import LaunchRef
 
 MetricExtractor = Callable[[Iterable[dict[str, Any]]], dict[str, MetricSamples]]  # reads the samples once
 METRIC_EXTRACTORS: dict[str, MetricExtractor] = {
-    RunKind.BENCH: bench_metrics, RunKind.SERVE_BENCH: serve_bench_metrics, RunKind.LINK_TEST: link_metric_samples,
-    RunKind.QUALITY: quality_metrics, RunKind.QA: qa_metrics}
+    RunKind.BENCH: bench_metrics,
+    RunKind.SERVE_BENCH: serve_bench_metrics,
+    RunKind.LINK_TEST: link_metric_samples,
+    RunKind.QUALITY: quality_metrics,
+    RunKind.QA: qa_metrics,
+}
 COMPARE_SCHEMA_VERSION = 1
 
 
@@ -88,12 +92,24 @@ class CompareRow:
     family: str = ""  # the metric's family (tg, pp, quality…): the views word a verdict by it
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "label": self.label, "metric": self.metric, "unit": self.unit,
-                "higher_is_better": self.higher_is_better, "n": self.n, "median": self.median,
-                "ci_low": self.ci_low, "ci_high": self.ci_high, "baseline_median": self.baseline_median,
-                "change_pct": self.change_pct, "change_ci_low_pct": self.change_ci_low_pct,
-                "change_ci_high_pct": self.change_ci_high_pct, "verdict": self.verdict, "noisy": self.noisy,
-                "family": self.family}
+        return {
+            "run": self.run,
+            "label": self.label,
+            "metric": self.metric,
+            "unit": self.unit,
+            "higher_is_better": self.higher_is_better,
+            "n": self.n,
+            "median": self.median,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "baseline_median": self.baseline_median,
+            "change_pct": self.change_pct,
+            "change_ci_low_pct": self.change_ci_low_pct,
+            "change_ci_high_pct": self.change_ci_high_pct,
+            "verdict": self.verdict,
+            "noisy": self.noisy,
+            "family": self.family,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +131,18 @@ class Comparison:
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": COMPARE_SCHEMA_VERSION,
-            "rule": {"confidence": self.conf, "min_change_pct": self.min_change * 100,
-                     "statistic": "bootstrap CI of the ratio of medians"},
-            "baseline": {"run": self.baseline.run, "label": self.baseline.label,
-                         "metrics": {k: {**s.to_json(), "unit": self.baseline.metrics[k].unit}
-                                     for k, s in self.baseline_stats.items()}},
+            "rule": {
+                "confidence": self.conf,
+                "min_change_pct": self.min_change * 100,
+                "statistic": "bootstrap CI of the ratio of medians",
+            },
+            "baseline": {
+                "run": self.baseline.run,
+                "label": self.baseline.label,
+                "metrics": {
+                    k: {**s.to_json(), "unit": self.baseline.metrics[k].unit} for k, s in self.baseline_stats.items()
+                },
+            },
             "rows": [r.to_json() for r in self.rows],
             "transports": {str(r.run): r.transport for r in [self.baseline, *self.others]},
             "not_compared": [{"run": o.run, "label": o.label, "kind": o.kind} for o in self.not_compared],
@@ -142,16 +165,25 @@ def load_metric(launch: LaunchRef | None) -> dict[str, MetricSamples]:
 def extract(run: Run, samples: Iterable[dict[str, Any]]) -> RunMetrics:
     fn = METRIC_EXTRACTORS.get(run.kind)
     if fn is None:
-        raise InputError(f"run {run.id} is a {run.kind!r} run, which compare does not know how to read",
-                         hint=f"compare runs of kinds: {', '.join(sorted(METRIC_EXTRACTORS))}")
+        raise InputError(
+            f"run {run.id} is a {run.kind!r} run, which compare does not know how to read",
+            hint=f"compare runs of kinds: {', '.join(sorted(METRIC_EXTRACTORS))}",
+        )
     metrics = fn(samples)
     launch = run.meta.launch
     if metrics:  # a run without measured samples stays empty: nothing to compare it by
         metrics.update(load_metric(launch))
     f = run.flags()
-    return RunMetrics(run.id, run.label, run.kind, run.status, metrics,
-                      transport=launch.confirmed if launch is not None else None, flags=f.markers,
-                      flag_notes=tuple(f"run {run.id} ({run.label}): {m}" for m, _ in f.warnings()))
+    return RunMetrics(
+        run.id,
+        run.label,
+        run.kind,
+        run.status,
+        metrics,
+        transport=launch.confirmed if launch is not None else None,
+        flags=f.markers,
+        flag_notes=tuple(f"run {run.id} ({run.label}): {m}" for m, _ in f.warnings()),
+    )
 
 
 def load(db: ResultsDB, runs: list[Run]) -> list[RunMetrics]:
@@ -161,14 +193,22 @@ def load(db: ResultsDB, runs: list[Run]) -> list[RunMetrics]:
     for r in runs:
         rm = replace(extract(r, db.iter_samples(r.id)), quality=quality.get(r.id))
         if not rm.metrics:
-            raise InputError(f"run {r.id} ({r.label}) has no measured samples to compare",
-                             hint="it may have been interrupted before its first sample; run it again")
+            raise InputError(
+                f"run {r.id} ({r.label}) has no measured samples to compare",
+                hint="it may have been interrupted before its first sample; run it again",
+            )
         out.append(rm)
     return out
 
 
-def compare(baseline: RunMetrics, others: list[RunMetrics], *, conf: float = DEFAULT_CONF,
-            min_change: float = DEFAULT_MIN_CHANGE, seed: int = 0) -> Comparison:
+def compare(
+    baseline: RunMetrics,
+    others: list[RunMetrics],
+    *,
+    conf: float = DEFAULT_CONF,
+    min_change: float = DEFAULT_MIN_CHANGE,
+    seed: int = 0,
+) -> Comparison:
     """Every metric the baseline and another run share, as one row per (run, metric); a run that
     shares none is left out with a note that says why (another kind of run, or other workloads)."""
     base_stats = {k: summarize(v.values, conf=conf, seed=seed) for k, v in baseline.metrics.items()}
@@ -195,15 +235,36 @@ def compare(baseline: RunMetrics, others: list[RunMetrics], *, conf: float = DEF
                 continue
             s = summarize(ms.values, conf=conf, seed=seed)
             if base_stats[name].median <= 0 or s.median < 0:  # a count that can be 0 (tokens reused): no ratio
-                notes.append(f"{name}: the baseline's median is {base_stats[name].median:g}, so no change in % "
-                             f"(run {o.run}: {s.median:g})")
+                notes.append(
+                    f"{name}: the baseline's median is {base_stats[name].median:g}, so no change in % "
+                    f"(run {o.run}: {s.median:g})"
+                )
                 continue
-            d = difference(b.values, ms.values, higher_is_better=ms.higher_is_better, conf=conf,
-                           min_change=min_change, seed=seed)
+            d = difference(
+                b.values, ms.values, higher_is_better=ms.higher_is_better, conf=conf, min_change=min_change, seed=seed
+            )
             lo, hi = d.change_ci_pct
             noisy = d.verdict == SAME and abs(d.ratio - 1.0) >= min_change
-            rows.append(CompareRow(o.run, o.label, name, ms.unit, ms.higher_is_better, s.n, s.median, s.ci_low,
-                                   s.ci_high, base_stats[name].median, d.change_pct, lo, hi, d.verdict, noisy, ms.family))
+            rows.append(
+                CompareRow(
+                    o.run,
+                    o.label,
+                    name,
+                    ms.unit,
+                    ms.higher_is_better,
+                    s.n,
+                    s.median,
+                    s.ci_low,
+                    s.ci_high,
+                    base_stats[name].median,
+                    d.change_pct,
+                    lo,
+                    hi,
+                    d.verdict,
+                    noisy,
+                    ms.family,
+                )
+            )
     return Comparison(baseline, base_stats, compared, rows, conf, min_change, notes, skipped)
 
 
@@ -211,11 +272,13 @@ def _unlike(baseline: RunMetrics, o: RunMetrics) -> str:
     """Why a run shares no metric with the baseline."""
     b = f"the baseline run {baseline.run} ({baseline.label})"
     if o.kind != baseline.kind:
-        return (f"run {o.run} ({o.label}) is a {o.kind} run and {b} a {baseline.kind} run, which share no "
-                "metric")
-    return (f"run {o.run} ({o.label}) shares no metric with {b}: it measured {', '.join(list(o.metrics)[:4])}"
-            + (", …" if len(o.metrics) > 4 else "") + f"; the baseline {', '.join(list(baseline.metrics)[:4])}"
-            + (", …" if len(baseline.metrics) > 4 else ""))
+        return f"run {o.run} ({o.label}) is a {o.kind} run and {b} a {baseline.kind} run, which share no metric"
+    return (
+        f"run {o.run} ({o.label}) shares no metric with {b}: it measured {', '.join(list(o.metrics)[:4])}"
+        + (", …" if len(o.metrics) > 4 else "")
+        + f"; the baseline {', '.join(list(baseline.metrics)[:4])}"
+        + (", …" if len(baseline.metrics) > 4 else "")
+    )
 
 
 def require_rows(c: Comparison) -> None:
@@ -226,11 +289,15 @@ def require_rows(c: Comparison) -> None:
     if len(c.not_compared) == 1:
         why = _unlike(c.baseline, c.not_compared[0])
     else:
-        why = (f"runs {', '.join(str(o.run) for o in c.not_compared)} share no metric with the baseline run "
-               f"{c.baseline.run} ({c.baseline.label})")
-    hint = ("compare runs of one kind (`moetune results list --kind KIND`)" if kinds
-            else "compare runs of the same workloads (see `moetune results show RUN`), or choose another "
-                 "--baseline")
+        why = (
+            f"runs {', '.join(str(o.run) for o in c.not_compared)} share no metric with the baseline run "
+            f"{c.baseline.run} ({c.baseline.label})"
+        )
+    hint = (
+        "compare runs of one kind (`moetune results list --kind KIND`)"
+        if kinds
+        else "compare runs of the same workloads (see `moetune results show RUN`), or choose another --baseline"
+    )
     raise InputError(f"nothing to compare: {why}", hint=hint)
 
 
@@ -242,8 +309,9 @@ def run_noise(run: Run, samples: Iterable[dict[str, Any]]) -> list[Warning]:
     return [w for w in bench_warnings(list(samples)) if w.code in NOISE]
 
 
-def runs_to_compare(db: ResultsDB, refs: list[str], *, baseline: str | None = None,
-                    sweep_id: str | None = None) -> list[Run]:
+def runs_to_compare(
+    db: ResultsDB, refs: list[str], *, baseline: str | None = None, sweep_id: str | None = None
+) -> list[Run]:
     """The runs named (ids, labels, `latest`), then a sweep's completed runs in its plans' order;
     the baseline first: ``baseline``, else the sweep's own, else the first named."""
     runs = [db.resolve(r) for r in refs]
@@ -259,6 +327,8 @@ def runs_to_compare(db: ResultsDB, refs: list[str], *, baseline: str | None = No
         base = db.resolve(baseline)
         runs = [base, *[r for r in runs if r.id != base.id]]
     if len(runs) < 2:
-        raise InputError("compare needs at least two runs (RUN_A RUN_B, or RUN --baseline RUN)",
-                         hint="see `moetune results list` for run ids")
+        raise InputError(
+            "compare needs at least two runs (RUN_A RUN_B, or RUN --baseline RUN)",
+            hint="see `moetune results list` for run ids",
+        )
     return runs

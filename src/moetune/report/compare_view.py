@@ -87,16 +87,19 @@ def quality_line(c: Comparison) -> str | None:
     if not any(r.quality for r in runs):
         return None
     return "quality of the same plans (moetune quality): " + "; ".join(
-        f"{r.label} {r.quality.text() if r.quality else 'not measured'}" for r in runs)
+        f"{r.label} {r.quality.text() if r.quality else 'not measured'}" for r in runs
+    )
 
 
 def legend(c: Comparison) -> str:
     worded = sorted({r.family for r in c.rows if r.family in FAMILY_WORDS})
     words = "faster/slower" + (f" (better/worse for {', '.join(worded)})" if worded else "")
-    return (f"median [{c.conf * 100:.0f}% CI]; change vs baseline {c.baseline.label} (run {c.baseline.run}): "
-            f"{words} when the {c.conf * 100:.0f}% CI of the ratio of medians excludes 1 and the change is "
-            f"at least {c.min_change * 100:g}%, else same (no significant difference); same (noisy): the medians "
-            f"differ more than that, but the runs are too noisy to tell")
+    return (
+        f"median [{c.conf * 100:.0f}% CI]; change vs baseline {c.baseline.label} (run {c.baseline.run}): "
+        f"{words} when the {c.conf * 100:.0f}% CI of the ratio of medians excludes 1 and the change is "
+        f"at least {c.min_change * 100:g}%, else same (no significant difference); same (noisy): the medians "
+        f"differ more than that, but the runs are too noisy to tell"
+    )
 
 
 def comparison_table(c: Comparison) -> Group:
@@ -120,8 +123,10 @@ def comparison_table(c: Comparison) -> Group:
                 if i == 0:
                     cell.append("\nbaseline", style="dim")
                 elif r is not None:
-                    cell.append(f"\n{r.change_pct:+.1f}% {verdict_text(r)}",
-                                style="yellow" if r.noisy else VERDICT_STYLE[r.verdict])
+                    cell.append(
+                        f"\n{r.change_pct:+.1f}% {verdict_text(r)}",
+                        style="yellow" if r.noisy else VERDICT_STYLE[r.verdict],
+                    )
                 row.append(cell)
             t.add_row(*row)
         tables.append(t)
@@ -156,9 +161,43 @@ def comparison_markdown(c: Comparison) -> str:
 def comparison_csv(c: Comparison) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["run", "label", "metric", "unit", "n", "median", "ci_low", "ci_high", "baseline_run",
-                "baseline_median", "change_pct", "change_ci_low_pct", "change_ci_high_pct", "verdict", "noisy"])
+    w.writerow(
+        [
+            "run",
+            "label",
+            "metric",
+            "unit",
+            "n",
+            "median",
+            "ci_low",
+            "ci_high",
+            "baseline_run",
+            "baseline_median",
+            "change_pct",
+            "change_ci_low_pct",
+            "change_ci_high_pct",
+            "verdict",
+            "noisy",
+        ]
+    )
     for r in c.rows:
-        w.writerow([r.run, r.label, r.metric, r.unit, r.n, r.median, r.ci_low, r.ci_high, c.baseline.run,
-                    r.baseline_median, r.change_pct, r.change_ci_low_pct, r.change_ci_high_pct, r.verdict, r.noisy])
+        w.writerow(
+            [
+                r.run,
+                r.label,
+                r.metric,
+                r.unit,
+                r.n,
+                r.median,
+                r.ci_low,
+                r.ci_high,
+                c.baseline.run,
+                r.baseline_median,
+                r.change_pct,
+                r.change_ci_low_pct,
+                r.change_ci_high_pct,
+                r.verdict,
+                r.noisy,
+            ]
+        )
     return buf.getvalue()

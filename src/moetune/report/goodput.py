@@ -55,12 +55,25 @@ class GoodputRanking:
         return float(o["req_s"] / b["req_s"] - 1) * 100
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": GOODPUT_SCHEMA_VERSION, "metric": "goodput", "slo": self.slo,
-                "slo_source": self.slo_source, "baseline": {"run": self.baseline.run, "label": self.baseline.label},
-                "ranking": [{"rank": i + 1, "run": r.run, "label": r.label, "best": r.best,
-                             "change_pct": self.change_pct(r), "levels": r.levels}
-                            for i, r in enumerate(self.ranked)],
-                "notes": self.notes}
+        return {
+            "schema_version": GOODPUT_SCHEMA_VERSION,
+            "metric": "goodput",
+            "slo": self.slo,
+            "slo_source": self.slo_source,
+            "baseline": {"run": self.baseline.run, "label": self.baseline.label},
+            "ranking": [
+                {
+                    "rank": i + 1,
+                    "run": r.run,
+                    "label": r.label,
+                    "best": r.best,
+                    "change_pct": self.change_pct(r),
+                    "levels": r.levels,
+                }
+                for i, r in enumerate(self.ranked)
+            ],
+            "notes": self.notes,
+        }
 
 
 def run_goodput(run: Run, samples: Iterable[dict[str, Any]], slo: Mapping[str, float]) -> RunGoodput:
@@ -70,9 +83,16 @@ def run_goodput(run: Run, samples: Iterable[dict[str, Any]], slo: Mapping[str, f
         c, rate = key[2], key[3]
         g = goodput(f.ms, slo, level_span(f.heads))
         ci = wilson(g["met"], g["of"])
-        levels.append({"level": key_name(key), "concurrency": c, "rate": rate, "share": g["share"],
-                       "share_ci": None if ci is None else [round(ci[0], 4), round(ci[1], 4)],
-                       **{k: v for k, v in g.items() if k not in ("slo", "share")}})
+        levels.append(
+            {
+                "level": key_name(key),
+                "concurrency": c,
+                "rate": rate,
+                "share": g["share"],
+                "share_ci": None if ci is None else [round(ci[0], 4), round(ci[1], 4)],
+                **{k: v for k, v in g.items() if k not in ("slo", "share")},
+            }
+        )
     return RunGoodput(run.id, run.label, levels)
 
 
@@ -83,12 +103,16 @@ def choose_slo(runs: list[Run], slo: dict[str, float] | None) -> tuple[dict[str,
     stored = {r.id: r.meta.details.get("slo") or None for r in runs}
     kinds = {tuple(sorted(s.items())) if s else None for s in stored.values()}
     if kinds == {None}:
-        raise InputError("no latency targets to judge goodput by: none of these runs was measured with --slo",
-                         hint=f"give them: --slo {SLO_EXAMPLE}")
+        raise InputError(
+            "no latency targets to judge goodput by: none of these runs was measured with --slo",
+            hint=f"give them: --slo {SLO_EXAMPLE}",
+        )
     if len(kinds) > 1:
         said = "; ".join(f"run {i}: {slo_text(s) if s else 'none'}" for i, s in stored.items())
-        raise InputError(f"the runs were measured with different latency targets ({said})",
-                         hint="give --slo to judge them all by the same targets")
+        raise InputError(
+            f"the runs were measured with different latency targets ({said})",
+            hint="give --slo to judge them all by the same targets",
+        )
     first = next(iter(stored.values()))
     assert first is not None
     return dict(first), "stored"
@@ -97,21 +121,28 @@ def choose_slo(runs: list[Run], slo: dict[str, float] | None) -> tuple[dict[str,
 def rank_goodput(db: ResultsDB, runs: list[Run], slo: dict[str, float] | None) -> GoodputRanking:
     """The serve-bench runs among ``runs`` (the first is the baseline), ranked by goodput; runs of
     other kinds are left out with a note, and fewer than two serve-bench runs is an input error."""
-    notes = [f"run {r.id} ({r.label}) is a {r.kind} run: goodput is a serve-bench figure, not compared"
-             for r in runs if r.kind != RunKind.SERVE_BENCH]
+    notes = [
+        f"run {r.id} ({r.label}) is a {r.kind} run: goodput is a serve-bench figure, not compared"
+        for r in runs
+        if r.kind != RunKind.SERVE_BENCH
+    ]
     serve = [r for r in runs if r.kind == RunKind.SERVE_BENCH]
     if not serve or serve[0] is not runs[0]:
-        raise InputError(f"--metric goodput ranks serve-bench runs; the baseline run {runs[0].id} ({runs[0].label}) "
-                         f"is a {runs[0].kind} run", hint="list serve-bench runs (`moetune results list --kind "
-                                                          "serve-bench`)")
+        raise InputError(
+            f"--metric goodput ranks serve-bench runs; the baseline run {runs[0].id} ({runs[0].label}) "
+            f"is a {runs[0].kind} run",
+            hint="list serve-bench runs (`moetune results list --kind serve-bench`)",
+        )
     if len(serve) < 2:
         raise InputError("--metric goodput needs at least two serve-bench runs", hint="; ".join(notes) or None)
     targets, source = choose_slo(serve, slo)
     data = [run_goodput(r, db.iter_samples(r.id), targets) for r in serve]
     for d in data:
         if not d.levels:
-            raise InputError(f"run {d.run} ({d.label}) has no measured samples to judge",
-                             hint="it may have been interrupted before its first sample; run it again")
+            raise InputError(
+                f"run {d.run} ({d.label}) has no measured samples to judge",
+                hint="it may have been interrupted before its first sample; run it again",
+            )
     ranked = sorted(data, key=lambda d: d.key(), reverse=True)  # stable: ties keep the order given
     return GoodputRanking(targets, source, data[0], ranked, notes)
 
@@ -133,9 +164,11 @@ def _level_names(g: GoodputRanking) -> list[str]:
 
 
 def legend(g: GoodputRanking) -> str:
-    return (f"goodput: requests with {slo_text(g.slo)} ({'--slo' if g.slo_source == '--slo' else 'the runs’ own targets'}; "
-            f"failed ones count as not met), per second of the level, and their share [95% Wilson interval]; "
-            f"ranked by the best level's goodput; change vs baseline {g.baseline.label} (run {g.baseline.run})")
+    return (
+        f"goodput: requests with {slo_text(g.slo)} ({'--slo' if g.slo_source == '--slo' else 'the runs’ own targets'}; "
+        f"failed ones count as not met), per second of the level, and their share [95% Wilson interval]; "
+        f"ranked by the best level's goodput; change vs baseline {g.baseline.label} (run {g.baseline.run})"
+    )
 
 
 def ranking_rows(g: GoodputRanking) -> tuple[list[str], list[list[str]]]:
@@ -147,9 +180,16 @@ def ranking_rows(g: GoodputRanking) -> tuple[list[str], list[list[str]]]:
         best = r.best
         ch = g.change_pct(r)
         change = "baseline" if r is g.baseline else ("-" if ch is None else f"{ch:+.1f}%")
-        rows.append([str(i + 1), r.label, str(r.run),
-                     "-" if best is None else f"{best['req_s']:.2f}/s at {best['level']}", change,
-                     *[_cell(by.get(n)) for n in names]])
+        rows.append(
+            [
+                str(i + 1),
+                r.label,
+                str(r.run),
+                "-" if best is None else f"{best['req_s']:.2f}/s at {best['level']}",
+                change,
+                *[_cell(by.get(n)) for n in names],
+            ]
+        )
     return head, rows
 
 
@@ -177,11 +217,41 @@ def ranking_markdown(g: GoodputRanking) -> str:
 def ranking_csv(g: GoodputRanking) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["rank", "run", "label", "level", "concurrency", "rate", "met", "of", "share", "share_ci_low",
-                "share_ci_high", "req_s", "slo"])
+    w.writerow(
+        [
+            "rank",
+            "run",
+            "label",
+            "level",
+            "concurrency",
+            "rate",
+            "met",
+            "of",
+            "share",
+            "share_ci_low",
+            "share_ci_high",
+            "req_s",
+            "slo",
+        ]
+    )
     for i, r in enumerate(g.ranked):
         for lv in r.levels:
             ci = lv.get("share_ci") or [None, None]
-            w.writerow([i + 1, r.run, r.label, lv["level"], lv["concurrency"], lv["rate"], lv["met"], lv["of"],
-                        lv["share"], ci[0], ci[1], lv["req_s"], ",".join(f"{k}={v:g}" for k, v in g.slo.items())])
+            w.writerow(
+                [
+                    i + 1,
+                    r.run,
+                    r.label,
+                    lv["level"],
+                    lv["concurrency"],
+                    lv["rate"],
+                    lv["met"],
+                    lv["of"],
+                    lv["share"],
+                    ci[0],
+                    ci[1],
+                    lv["req_s"],
+                    ",".join(f"{k}={v:g}" for k, v in g.slo.items()),
+                ]
+            )
     return buf.getvalue()

@@ -41,10 +41,18 @@ def kv_at(p: ModelProfile, q: KvQuery) -> dict[str, Any]:
     kv = kv_shape(p)
     full, windowed = kv.bytes_per_token_split(q.cache_type, q.cache_type)
     cells, cells_swa = full_cells(q.ctx, q.slots), swa_cells(q.ctx, q.slots, q.ubatch, kv.n_swa, swa_full=q.swa_full)
-    return {"ctx": q.ctx, "parallel": q.slots, "ubatch": q.ubatch, "swa_full": q.swa_full, "cache_type": q.cache_type,
-            "full_cells": cells, "swa_cells": cells_swa if kv.n_swa else 0,
-            "full_bytes": full * cells, "swa_bytes": windowed * cells_swa,
-            "total_bytes": full * cells + windowed * cells_swa}
+    return {
+        "ctx": q.ctx,
+        "parallel": q.slots,
+        "ubatch": q.ubatch,
+        "swa_full": q.swa_full,
+        "cache_type": q.cache_type,
+        "full_cells": cells,
+        "swa_cells": cells_swa if kv.n_swa else 0,
+        "full_bytes": full * cells,
+        "swa_bytes": windowed * cells_swa,
+        "total_bytes": full * cells + windowed * cells_swa,
+    }
 
 
 def inspect_json(p: ModelProfile, at: KvQuery | None = None) -> dict[str, Any]:
@@ -118,8 +126,12 @@ def _per_1k(n: int | None) -> str:
 def _remote_json(p: ModelProfile) -> dict[str, Any]:
     r = p.remote
     assert r is not None
-    return {"bytes_fetched": r.bytes_fetched, "requests": r.requests, "download": r.download,
-            "local_path": r.local_path}
+    return {
+        "bytes_fetched": r.bytes_fetched,
+        "requests": r.requests,
+        "download": r.download,
+        "local_path": r.local_path,
+    }
 
 
 def _compress_rows(p: ModelProfile) -> list[tuple[str, list[Any]]]:
@@ -149,8 +161,18 @@ def print_inspect(p: ModelProfile, console: Console, at: KvQuery | None = None) 
     doc = inspect_json(p, at)
     console.print(f"[bold]{p.arch}[/]  {doc['name'] or ''}  ({len(p.files)} file{'s' if len(p.files) > 1 else ''})")
     hp = Table.grid(padding=(0, 2))
-    for k in ("n_layer", "n_layer_trunk", "n_nextn", "n_dense_lead", "n_expert", "n_expert_used",
-              "n_embd", "n_vocab", "context_length", "attention"):
+    for k in (
+        "n_layer",
+        "n_layer_trunk",
+        "n_nextn",
+        "n_dense_lead",
+        "n_expert",
+        "n_expert_used",
+        "n_embd",
+        "n_vocab",
+        "context_length",
+        "attention",
+    ):
         hp.add_row(k, str(doc[k]))
     console.print(hp)
     t = Table(title="layers (MiB)", show_lines=False)
@@ -163,8 +185,12 @@ def print_inspect(p: ModelProfile, console: Console, at: KvQuery | None = None) 
     tot.add_column("what")
     tot.add_column("MiB", justify="right")
     tot.add_column("GiB", justify="right")
-    for label, n in (("experts", p.expert_bytes), ("non-expert", p.other_bytes), ("all tensors", p.total_bytes),
-                     ("loaded by llama.cpp (no NextN)", p.loaded_bytes())):
+    for label, n in (
+        ("experts", p.expert_bytes),
+        ("non-expert", p.other_bytes),
+        ("all tensors", p.total_bytes),
+        ("loaded by llama.cpp (no NextN)", p.loaded_bytes()),
+    ):
         tot.add_row(label, f"{mib(n):,.2f}", f"{n / (1 << 30):,.2f}")
     for ty, n in doc["bytes_by_type"].items():
         tot.add_row(f"  {ty}", f"{mib(n):,.2f}", f"{n / (1 << 30):,.2f}")
@@ -184,16 +210,25 @@ def print_inspect(p: ModelProfile, console: Console, at: KvQuery | None = None) 
         kv.add_row(ty, *row, _per_1k(doc["kv_bytes_per_token_by_engine"][EngineKind.IK][ty]))
     console.print(kv)
     a = doc["kv_at"]
-    text = (f"KV cache at --ctx {a['ctx']} --parallel {a['parallel']} ({a['cache_type']}, llama.cpp): "
-            f"{mib(a['total_bytes']):,.2f} MiB")
+    text = (
+        f"KV cache at --ctx {a['ctx']} --parallel {a['parallel']} ({a['cache_type']}, llama.cpp): "
+        f"{mib(a['total_bytes']):,.2f} MiB"
+    )
     if doc["sliding_window"]:
-        text += (f" = full layers {mib(a['full_bytes']):,.2f} MiB ({a['full_cells']} cells) + windowed "
-                 f"{mib(a['swa_bytes']):,.2f} MiB ({a['swa_cells']} cells at -ub {a['ubatch']}"
-                 f"{', --swa-full' if a['swa_full'] else ''})")
+        text += (
+            f" = full layers {mib(a['full_bytes']):,.2f} MiB ({a['full_cells']} cells) + windowed "
+            f"{mib(a['swa_bytes']):,.2f} MiB ({a['swa_cells']} cells at -ub {a['ubatch']}"
+            f"{', --swa-full' if a['swa_full'] else ''})"
+        )
     console.print(text, markup=False)
     if doc["rs_bytes_per_seq"]:
-        console.print(f"recurrent state: {mib(doc['rs_bytes_per_seq']):.2f} MiB per sequence "
-                      f"({doc['recurrent_layers']} recurrent layers, F32)")
+        console.print(
+            f"recurrent state: {mib(doc['rs_bytes_per_seq']):.2f} MiB per sequence "
+            f"({doc['recurrent_layers']} recurrent layers, F32)"
+        )
     if p.remote:
-        console.print(f"remote: {p.remote.fetched_text()} (headers of {len(p.files)} file"
-                      f"{'s' if len(p.files) > 1 else ''}); download: {p.remote.download}", markup=False)
+        console.print(
+            f"remote: {p.remote.fetched_text()} (headers of {len(p.files)} file"
+            f"{'s' if len(p.files) > 1 else ''}); download: {p.remote.download}",
+            markup=False,
+        )

@@ -32,8 +32,10 @@ from moetune.kinds import RunStatus
 from moetune.report.compare import COMPARE_SCHEMA_VERSION, RunMetrics, extract
 from moetune.store.db import ResultsDB, Run
 
-PAIRED_STATISTIC = ("paired: per round, the ratio of medians (other over baseline, same round); the t interval "
-                    "of the mean log ratio across rounds, exponentiated")
+PAIRED_STATISTIC = (
+    "paired: per round, the ratio of medians (other over baseline, same round); the t interval "
+    "of the mean log ratio across rounds, exponentiated"
+)
 UNPAIRED_STATISTIC = "bootstrap CI of the ratio of medians, every round's samples pooled"
 
 
@@ -50,8 +52,14 @@ class RoundCell:
         return self.median / self.baseline_median
 
     def to_json(self) -> dict[str, Any]:
-        return {"round": self.round, "baseline_run": self.baseline_run, "run": self.run,
-                "baseline_median": self.baseline_median, "median": self.median, "ratio": self.ratio}
+        return {
+            "round": self.round,
+            "baseline_run": self.baseline_run,
+            "run": self.run,
+            "baseline_median": self.baseline_median,
+            "median": self.median,
+            "ratio": self.ratio,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,16 +92,33 @@ class PairedRow:
     def to_json(self) -> dict[str, Any]:
         lo, hi = self.paired.change_ci_pct
         ulo, uhi = self.unpaired.change_ci_pct
-        return {"label": self.label, "runs": list(self.runs), "metric": self.metric, "unit": self.unit,
-                "higher_is_better": self.higher_is_better, "rounds": self.paired.rounds, "n": self.n,
-                "median": self.median, "baseline_median": self.baseline_median,
-                "per_round": [c.to_json() for c in self.per_round],
-                "ratio": self.paired.ratio, "ratio_ci_low": self.paired.ratio_ci_low,
-                "ratio_ci_high": self.paired.ratio_ci_high, "change_pct": self.paired.change_pct,
-                "change_ci_low_pct": lo, "change_ci_high_pct": hi, "verdict": self.verdict, "noisy": self.noisy,
-                "unpaired": {"change_pct": self.unpaired.change_pct, "change_ci_low_pct": ulo,
-                             "change_ci_high_pct": uhi, "verdict": self.unpaired.verdict,
-                             "noisy": self.unpaired_noisy}}
+        return {
+            "label": self.label,
+            "runs": list(self.runs),
+            "metric": self.metric,
+            "unit": self.unit,
+            "higher_is_better": self.higher_is_better,
+            "rounds": self.paired.rounds,
+            "n": self.n,
+            "median": self.median,
+            "baseline_median": self.baseline_median,
+            "per_round": [c.to_json() for c in self.per_round],
+            "ratio": self.paired.ratio,
+            "ratio_ci_low": self.paired.ratio_ci_low,
+            "ratio_ci_high": self.paired.ratio_ci_high,
+            "change_pct": self.paired.change_pct,
+            "change_ci_low_pct": lo,
+            "change_ci_high_pct": hi,
+            "verdict": self.verdict,
+            "noisy": self.noisy,
+            "unpaired": {
+                "change_pct": self.unpaired.change_pct,
+                "change_ci_low_pct": ulo,
+                "change_ci_high_pct": uhi,
+                "verdict": self.unpaired.verdict,
+                "noisy": self.unpaired_noisy,
+            },
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,12 +142,21 @@ class PairedComparison:
         return {
             "schema_version": COMPARE_SCHEMA_VERSION,
             "paired": True,
-            "rule": {"confidence": self.conf, "min_change_pct": self.min_change * 100, "statistic": PAIRED_STATISTIC,
-                     "unpaired_statistic": UNPAIRED_STATISTIC},
-            "sweep": self.sweep, "mode": self.mode,
-            "baseline": {"label": base, "runs": [rr[base] for rr in self.rounds.values()],
-                         "metrics": {k: {**s.to_json(), "unit": self.baseline.metrics[k].unit}
-                                     for k, s in self.baseline_stats.items()}},
+            "rule": {
+                "confidence": self.conf,
+                "min_change_pct": self.min_change * 100,
+                "statistic": PAIRED_STATISTIC,
+                "unpaired_statistic": UNPAIRED_STATISTIC,
+            },
+            "sweep": self.sweep,
+            "mode": self.mode,
+            "baseline": {
+                "label": base,
+                "runs": [rr[base] for rr in self.rounds.values()],
+                "metrics": {
+                    k: {**s.to_json(), "unit": self.baseline.metrics[k].unit} for k, s in self.baseline_stats.items()
+                },
+            },
             "rounds": [{"round": k, "runs": dict(v)} for k, v in self.rounds.items()],
             "rows": [r.to_json() for r in self.rows],
             "transports": {r.label: r.transport for r in [self.baseline, *self.others]},
@@ -132,16 +166,31 @@ class PairedComparison:
 
 def _pooled(label: str, runs: list[RunMetrics]) -> RunMetrics:
     names = [n for n in runs[0].metrics if all(n in r.metrics for r in runs)]
-    metrics = {n: replace(runs[0].metrics[n], values=tuple(v for r in runs for v in r.metrics[n].values))
-               for n in names}
+    metrics = {
+        n: replace(runs[0].metrics[n], values=tuple(v for r in runs for v in r.metrics[n].values)) for n in names
+    }
     transports = sorted({r.transport for r in runs if r.transport})
-    return RunMetrics(runs[0].run, label, runs[0].kind, str(RunStatus.DONE), metrics,
-                      transport="+".join(transports) if transports else None)
+    return RunMetrics(
+        runs[0].run,
+        label,
+        runs[0].kind,
+        str(RunStatus.DONE),
+        metrics,
+        transport="+".join(transports) if transports else None,
+    )
 
 
-def paired_compare(rounds: dict[int, dict[str, int]], metrics: dict[int, RunMetrics], baseline: str, *,
-                   conf: float = DEFAULT_CONF, min_change: float = DEFAULT_MIN_CHANGE, seed: int = 0,
-                   sweep: str | None = None, mode: str | None = None) -> PairedComparison:
+def paired_compare(
+    rounds: dict[int, dict[str, int]],
+    metrics: dict[int, RunMetrics],
+    baseline: str,
+    *,
+    conf: float = DEFAULT_CONF,
+    min_change: float = DEFAULT_MIN_CHANGE,
+    seed: int = 0,
+    sweep: str | None = None,
+    mode: str | None = None,
+) -> PairedComparison:
     """Every other configuration against ``baseline``, metric by metric, paired by round.
     ``rounds`` maps each round to its runs by label; ``metrics`` holds each run's metrics. A metric
     some round lacks is left out with a note."""
@@ -149,8 +198,10 @@ def paired_compare(rounds: dict[int, dict[str, int]], metrics: dict[int, RunMetr
         raise InputError("no complete round to compare", hint="run the interleaved sweep (again) to complete one")
     labels = list(next(iter(rounds.values())))
     if baseline not in labels or len(labels) < 2:
-        raise InputError(f"paired comparison needs the baseline {baseline!r} and another configuration "
-                         f"in every round (got {', '.join(labels)})")
+        raise InputError(
+            f"paired comparison needs the baseline {baseline!r} and another configuration "
+            f"in every round (got {', '.join(labels)})"
+        )
     order = sorted(rounds)
     by_label = {lab: [metrics[rounds[k][lab]] for k in order] for lab in labels}
     pooled = {lab: _pooled(lab, rms) for lab, rms in by_label.items()}
@@ -159,35 +210,68 @@ def paired_compare(rounds: dict[int, dict[str, int]], metrics: dict[int, RunMetr
     rows: list[PairedRow] = []
     notes: list[str] = []
     if len(order) < 2:
-        notes.append("one round: no spread between rounds to judge by, so every verdict is \"same\"; run more rounds")
+        notes.append('one round: no spread between rounds to judge by, so every verdict is "same"; run more rounds')
     for lab in labels:
         if lab == baseline:
             continue
         other = pooled[lab]
-        skipped = [n for n in {*base_pool.metrics, *other.metrics}
-                   if not (n in base_pool.metrics and n in other.metrics)]
+        skipped = [
+            n for n in {*base_pool.metrics, *other.metrics} if not (n in base_pool.metrics and n in other.metrics)
+        ]
         if skipped:
-            notes.append(f"{lab}: not measured in every round of both configurations, not compared: "
-                         + ", ".join(sorted(skipped)))
+            notes.append(
+                f"{lab}: not measured in every round of both configurations, not compared: "
+                + ", ".join(sorted(skipped))
+            )
         for name, ms in other.metrics.items():
             b = base_pool.metrics.get(name)
             if b is None:
                 continue
-            pairs = [(metrics[rounds[k][baseline]].metrics[name].values, metrics[rounds[k][lab]].metrics[name].values)
-                     for k in order]
+            pairs = [
+                (metrics[rounds[k][baseline]].metrics[name].values, metrics[rounds[k][lab]].metrics[name].values)
+                for k in order
+            ]
             pd = paired_difference(pairs, higher_is_better=ms.higher_is_better, conf=conf, min_change=min_change)
-            cells = tuple(RoundCell(k, rounds[k][baseline], rounds[k][lab], median(p[0]), median(p[1]))
-                          for k, p in zip(order, pairs, strict=True))
-            ud = difference(b.values, ms.values, higher_is_better=ms.higher_is_better, conf=conf,
-                            min_change=min_change, seed=seed)
-            rows.append(PairedRow(lab, tuple(rounds[k][lab] for k in order), name, ms.unit, ms.higher_is_better,
-                                  len(ms.values), median(ms.values), base_stats[name].median, cells, pd, ud,
-                                  min_change))
+            cells = tuple(
+                RoundCell(k, rounds[k][baseline], rounds[k][lab], median(p[0]), median(p[1]))
+                for k, p in zip(order, pairs, strict=True)
+            )
+            ud = difference(
+                b.values, ms.values, higher_is_better=ms.higher_is_better, conf=conf, min_change=min_change, seed=seed
+            )
+            rows.append(
+                PairedRow(
+                    lab,
+                    tuple(rounds[k][lab] for k in order),
+                    name,
+                    ms.unit,
+                    ms.higher_is_better,
+                    len(ms.values),
+                    median(ms.values),
+                    base_stats[name].median,
+                    cells,
+                    pd,
+                    ud,
+                    min_change,
+                )
+            )
     if not rows:
-        raise InputError(f"nothing to compare: no metric was measured in every round of {baseline} and another "
-                         "configuration", hint="compare runs of the same workloads")
-    return PairedComparison(base_pool, base_stats, [pooled[lab] for lab in labels if lab != baseline],
-                            {k: dict(rounds[k]) for k in order}, rows, conf, min_change, sweep, mode, notes)
+        raise InputError(
+            f"nothing to compare: no metric was measured in every round of {baseline} and another configuration",
+            hint="compare runs of the same workloads",
+        )
+    return PairedComparison(
+        base_pool,
+        base_stats,
+        [pooled[lab] for lab in labels if lab != baseline],
+        {k: dict(rounds[k]) for k in order},
+        rows,
+        conf,
+        min_change,
+        sweep,
+        mode,
+        notes,
+    )
 
 
 def sweep_rounds(db: ResultsDB, sid: str) -> tuple[dict[str, Any], dict[int, dict[str, int]]]:
@@ -196,8 +280,10 @@ def sweep_rounds(db: ResultsDB, sid: str) -> tuple[dict[str, Any], dict[int, dic
     if spec is None:
         raise InputError(f"no sweep {sid!r}", hint="see `moetune results list` for sweep ids")
     if not spec.get("interleave"):
-        raise InputError(f"sweep {sid} did not interleave its plans: its runs are not paired",
-                         hint=f"compare it unpaired: moetune compare --sweep {sid}")
+        raise InputError(
+            f"sweep {sid} did not interleave its plans: its runs are not paired",
+            hint=f"compare it unpaired: moetune compare --sweep {sid}",
+        )
     labels = [p["label"] for p in spec.get("plans", [])]
     return spec, complete_rounds(tagged_runs(db.runs(sweep_id=sid)), labels)
 
@@ -214,8 +300,15 @@ def _load(db: ResultsDB, rounds: dict[int, dict[str, int]]) -> dict[int, RunMetr
     return out
 
 
-def load_sweep(db: ResultsDB, sid: str, *, baseline: str | None = None, conf: float = DEFAULT_CONF,
-               min_change: float = DEFAULT_MIN_CHANGE, seed: int = 0) -> PairedComparison:
+def load_sweep(
+    db: ResultsDB,
+    sid: str,
+    *,
+    baseline: str | None = None,
+    conf: float = DEFAULT_CONF,
+    min_change: float = DEFAULT_MIN_CHANGE,
+    seed: int = 0,
+) -> PairedComparison:
     """An interleaved sweep's complete rounds, compared (baseline: ``baseline``, else the sweep's,
     else its first plan)."""
     spec, rounds = sweep_rounds(db, sid)
@@ -226,12 +319,20 @@ def load_sweep(db: ResultsDB, sid: str, *, baseline: str | None = None, conf: fl
     if base not in labels:
         raise InputError(f"--baseline {base!r} is not one of the sweep's plans ({', '.join(labels)})")
     mode = (spec.get("interleave") or {}).get("mode")
-    return paired_compare(rounds, _load(db, rounds), base, conf=conf, min_change=min_change, seed=seed, sweep=sid,
-                          mode=mode)
+    return paired_compare(
+        rounds, _load(db, rounds), base, conf=conf, min_change=min_change, seed=seed, sweep=sid, mode=mode
+    )
 
 
-def load_refs(db: ResultsDB, refs: list[str], *, baseline: str | None = None, conf: float = DEFAULT_CONF,
-              min_change: float = DEFAULT_MIN_CHANGE, seed: int = 0) -> PairedComparison:
+def load_refs(
+    db: ResultsDB,
+    refs: list[str],
+    *,
+    baseline: str | None = None,
+    conf: float = DEFAULT_CONF,
+    min_change: float = DEFAULT_MIN_CHANGE,
+    seed: int = 0,
+) -> PairedComparison:
     """Runs named on the command line, paired in order: an id names one run, a label every run
     with that label; the k-th run of each label (by id) is round k. The baseline is ``baseline``'s
     label (a run or a label), else the first one named."""
@@ -240,8 +341,10 @@ def load_refs(db: ResultsDB, refs: list[str], *, baseline: str | None = None, co
         if ref.isdigit() or ref == "latest":
             r = db.resolve(ref)
             if r.status != RunStatus.DONE:
-                raise InputError(f"run {r.id} ({r.label}) is {r.status}: a paired round needs complete runs",
-                                 hint="leave it out, with its partner in the same round")
+                raise InputError(
+                    f"run {r.id} ({r.label}) is {r.status}: a paired round needs complete runs",
+                    hint="leave it out, with its partner in the same round",
+                )
             runs[r.id] = r
         else:
             runs.update((r.id, r) for r in _labelled(db, ref))
@@ -250,9 +353,10 @@ def load_refs(db: ResultsDB, refs: list[str], *, baseline: str | None = None, co
     if base not in labels:
         labels.insert(0, base)
     if len(labels) < 2:
-        raise InputError("a paired comparison needs runs of two configurations (labels): "
-                         f"these runs are all labelled {base!r}",
-                         hint="label each configuration's runs (bench --label A / --label B)")
+        raise InputError(
+            f"a paired comparison needs runs of two configurations (labels): these runs are all labelled {base!r}",
+            hint="label each configuration's runs (bench --label A / --label B)",
+        )
     rounds = rounds_by_order([(r.id, r.label) for r in runs.values()], [base, *[x for x in labels if x != base]])
     return paired_compare(rounds, _load(db, rounds), base, conf=conf, min_change=min_change, seed=seed)
 
@@ -266,4 +370,3 @@ def _labelled(db: ResultsDB, label: str) -> list[Run]:
 def pooled_metrics(c: PairedComparison) -> list[RunMetrics]:
     """Baseline first, then the others: every round's samples pooled (for plots)."""
     return [c.baseline, *c.others]
-

@@ -28,8 +28,9 @@ def _runs(layers: list[dict[str, Any]]) -> list[tuple[str, str]]:
         elif len(devs) == 1:
             sig = f"layer on {layer['device']}, experts on {devs[0]}"
         else:
-            sig = f"layer on {layer['device']}, experts " + ", ".join(f"{k.removeprefix('ffn_').removesuffix('_exps')}:{v}"
-                                                                   for k, v in sorted(ex.items()))
+            sig = f"layer on {layer['device']}, experts " + ", ".join(
+                f"{k.removeprefix('ffn_').removesuffix('_exps')}:{v}" for k, v in sorted(ex.items())
+            )
         if sig != prev_sig:
             if prev_sig is not None:
                 rows.append((f"{start}" if start == last else f"{start}-{last}", prev_sig))
@@ -60,9 +61,15 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
             t.add_row(d["name"] if first else "", *service, Text(it["what"]), f"{it['mib']:,.1f}", "", "")
             first = False
         free = whole_mib(d["capacity_mib"]) - whole_mib(d["used_mib"])  # as the verdict says it
-        t.add_row("", *([""] if several else []), Text("total", style="bold"), f"{d['used_mib']:,.1f}",
-                  f"{whole_mib(d['capacity_mib']):,}", Text(f"{free:,}", style="red" if d["free_mib"] < 0 else "green"),
-                  end_section=True)
+        t.add_row(
+            "",
+            *([""] if several else []),
+            Text("total", style="bold"),
+            f"{d['used_mib']:,.1f}",
+            f"{whole_mib(d['capacity_mib']):,}",
+            Text(f"{free:,}", style="red" if d["free_mib"] < 0 else "green"),
+            end_section=True,
+        )
     out.print(t)
     for n in dict.fromkeys(notes):
         out.print(Text(n, style="dim"))
@@ -74,13 +81,20 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
             lm.add_row(rng, sig)
         out.print(lm)
         pr = sj["predicted"]
-        out.print(f"predicted {sj['name']}: TG {pr['tg_tok_s']:.1f} tok/s, PP {pr['pp_tok_s']:.0f} tok/s "
-                  f"({pr['graph_splits']} graph splits)", markup=False)
+        out.print(
+            f"predicted {sj['name']}: TG {pr['tg_tok_s']:.1f} tok/s, PP {pr['pp_tok_s']:.0f} tok/s "
+            f"({pr['graph_splits']} graph splits)",
+            markup=False,
+        )
         if r := sj.get("routing"):
-            out.print(Text(f"routing: measured over {r['tokens']:,} tokens ({r['source']}): 64 tokens touch "
-                           f"{100 * r['touched_at_64_tokens']:.0f}% of a layer's experts (every expert alike: "
-                           f"{100 * r['uniform_at_64_tokens']:.0f}%); it moves PP where experts stay on the host",
-                           style="dim"))
+            out.print(
+                Text(
+                    f"routing: measured over {r['tokens']:,} tokens ({r['source']}): 64 tokens touch "
+                    f"{100 * r['touched_at_64_tokens']:.0f}% of a layer's experts (every expert alike: "
+                    f"{100 * r['uniform_at_64_tokens']:.0f}%); it moves PP where experts stay on the host",
+                    style="dim",
+                )
+            )
         for n in sj["notes"]:
             out.print(Text("note: " + n, style="dim"))
     if doc["fits"]:
@@ -92,8 +106,13 @@ def print_plan(plan: Plan, doc: dict[str, Any], out: Console) -> None:
     out.print(doc["shell"], markup=False, end="")
     c = doc["speed_constants"]
     out.print(Text(calibration_line(doc), style="dim"))
-    out.print(Text("speed constants: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                   for k, v in c.items()), style="dim"))
+    out.print(
+        Text(
+            "speed constants: "
+            + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.items()),
+            style="dim",
+        )
+    )
 
 
 def calibration_line(doc: dict[str, Any]) -> str:
@@ -106,15 +125,23 @@ def calibration_line(doc: dict[str, Any]) -> str:
         return f"calibration: none, the built-in constants ({unc}; `moetune calibrate` fits them to benchmarks)"
     import datetime
 
-    when = ("" if not cal.get("created_unix") else " of " + datetime.datetime.fromtimestamp(
-        cal["created_unix"], datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"))
+    when = (
+        ""
+        if not cal.get("created_unix")
+        else " of " + datetime.datetime.fromtimestamp(cal["created_unix"], datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    )
     places = f" over {cal['placements']} placements" if cal.get("placements") else ""
     err = cal.get("error") or {}
-    loo = ("" if err.get("tg_median_abs_pct") is None else
-           f"; leave-one-run-out error TG {err['tg_median_abs_pct']}%, PP {err.get('pp_median_abs_pct')}%")
+    loo = (
+        ""
+        if err.get("tg_median_abs_pct") is None
+        else f"; leave-one-run-out error TG {err['tg_median_abs_pct']}%, PP {err.get('pp_median_abs_pct')}%"
+    )
     left = f"; {cal['left_out_contended']} contended runs left out" if cal.get("left_out_contended") else ""
-    return (f"calibration{when}: {cal.get('hardware') or 'this hardware'} / {cal.get('engine') or 'engine'}, from "
-            f"{cal['runs']} runs{places} ({unc}{loo}{left})")
+    return (
+        f"calibration{when}: {cal.get('hardware') or 'this hardware'} / {cal.get('engine') or 'engine'}, from "
+        f"{cal['runs']} runs{places} ({unc}{loo}{left})"
+    )
 
 
 def print_verify(vs: list[Verification], out: Console) -> None:
@@ -125,15 +152,32 @@ def print_verify(vs: list[Verification], out: Console) -> None:
             out.print(f"{title}: {v.why}", markup=False)
             continue
         t = Table(title=title, title_justify="left")
-        for c in ("device", "model plan", "model engine", "context plan", "context engine", "compute plan",
-                  "compute engine", ""):
+        for c in (
+            "device",
+            "model plan",
+            "model engine",
+            "context plan",
+            "context engine",
+            "compute plan",
+            "compute engine",
+            "",
+        ):
             t.add_column(c, justify="left" if c in ("device", "") else "right")
         theirs = {f.device: f for f in v.engine}
         bad = {d.split(" ", 1)[0].rstrip(":") for d in v.disagreements}
         for ours in v.ledger:
             e = theirs.get(ours.device)
-            cells = [f"{x:,.1f}" for x in (ours.model_mib, e.model_mib if e else 0.0, ours.context_mib,
-                                            e.context_mib if e else 0.0, ours.compute_mib, e.compute_mib if e else 0.0)]
+            cells = [
+                f"{x:,.1f}"
+                for x in (
+                    ours.model_mib,
+                    e.model_mib if e else 0.0,
+                    ours.context_mib,
+                    e.context_mib if e else 0.0,
+                    ours.compute_mib,
+                    e.compute_mib if e else 0.0,
+                )
+            ]
             t.add_row(ours.device, *cells, Text("differs", style="red") if ours.device in bad else Text("ok", "green"))
         out.print(t)
         if v.note:

@@ -67,8 +67,9 @@ def panels(runs: list[RunMetrics]) -> list[Panel]:
     return out
 
 
-def plot_runs(runs: list[RunMetrics], path: Path, *, conf: float = DEFAULT_CONF, seed: int = 0,
-              title: str | None = None) -> Path:
+def plot_runs(
+    runs: list[RunMetrics], path: Path, *, conf: float = DEFAULT_CONF, seed: int = 0, title: str | None = None
+) -> Path:
     """Write a PNG: one panel per metric family, bars (or lines over depth or concurrency) with CI whiskers."""
     plt = _pyplot()
 
@@ -79,7 +80,7 @@ def plot_runs(runs: list[RunMetrics], path: Path, *, conf: float = DEFAULT_CONF,
     nrows = (len(layout) + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 4.5 * nrows), squeeze=False)
     flat = [ax for row in axes for ax in row]
-    for ax in flat[len(layout):]:
+    for ax in flat[len(layout) :]:
         ax.set_visible(False)
     width = 0.8 / max(1, len(runs))
     for ax, p in zip(flat, layout, strict=False):
@@ -102,8 +103,14 @@ def plot_runs(runs: list[RunMetrics], path: Path, *, conf: float = DEFAULT_CONF,
                 ax.bar(xs, meds, width, yerr=[los, his], capsize=3, label=lab)
             else:
                 order = sorted(range(len(xs)), key=lambda k: xs[k])
-                ax.errorbar([xs[k] for k in order], [meds[k] for k in order],
-                            yerr=[[los[k] for k in order], [his[k] for k in order]], marker="o", capsize=3, label=lab)
+                ax.errorbar(
+                    [xs[k] for k in order],
+                    [meds[k] for k in order],
+                    yerr=[[los[k] for k in order], [his[k] for k in order]],
+                    marker="o",
+                    capsize=3,
+                    label=lab,
+                )
         if style == "bar":
             ax.set_xticks(range(len(names)), [n.split(":", 1)[-1] for n in names], rotation=20, ha="right")
         else:

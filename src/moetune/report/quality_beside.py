@@ -39,8 +39,14 @@ class QualityBeside:
         return f"{', '.join(parts) or 'no figures'} (run {self.run})"
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "reference": self.reference, "kld_mean": self.kld_mean,
-                "top1_agree": self.top1_agree, "ppl": self.ppl, "verdict": self.verdict}
+        return {
+            "run": self.run,
+            "reference": self.reference,
+            "kld_mean": self.kld_mean,
+            "top1_agree": self.top1_agree,
+            "ppl": self.ppl,
+            "verdict": self.verdict,
+        }
 
 
 def plan_identity(plan: Mapping[str, Any] | None) -> str | None:
@@ -67,9 +73,14 @@ def _mean(doc: Any) -> float | None:
 
 def beside(q: Run) -> QualityBeside:
     s = q.summary or {}
-    return QualityBeside(run=q.id, reference=q.meta.details.get("role") == "reference",
-                         kld_mean=_mean(s.get("kld")), top1_agree=_mean(s.get("top1_agree")), ppl=_mean(s.get("ppl")),
-                         verdict=s.get("verdict") if isinstance(s.get("verdict"), str) else None)
+    return QualityBeside(
+        run=q.id,
+        reference=q.meta.details.get("role") == "reference",
+        kld_mean=_mean(s.get("kld")),
+        top1_agree=_mean(s.get("top1_agree")),
+        ppl=_mean(s.get("ppl")),
+        verdict=s.get("verdict") if isinstance(s.get("verdict"), str) else None,
+    )
 
 
 def quality_of(db: ResultsDB, runs: Sequence[Run]) -> dict[int, QualityBeside]:

@@ -53,13 +53,17 @@ def headline(run: Run, samples: Callable[[int], Iterable[dict[str, Any]]]) -> st
     s = run.summary or {}
     if run.kind == RunKind.BENCH and s.get("workloads"):
         w, d = next(iter(s["workloads"].items()))
-        return ", ".join(f"{fam}:{w} {fmt(d[fam]['median'])}" for fam in ("tg", "pp") if (d.get(fam) or {}).get("median")
-                         is not None)
+        return ", ".join(
+            f"{fam}:{w} {fmt(d[fam]['median'])}" for fam in ("tg", "pp") if (d.get(fam) or {}).get("median") is not None
+        )
     if run.kind == RunKind.SERVE_BENCH and s.get("levels"):
         lv = s["levels"][0]
         name = key_name((lv.get("service"), lv.get("load"), int(lv.get("concurrency") or 0), lv.get("rate")))
-        return ", ".join(f"{fam}:{name} {fmt(p50)}" for fam in ("ttft", "tpot")
-                         if (p50 := (lv.get(f"{fam}_ms") or {}).get("p50")) is not None)
+        return ", ".join(
+            f"{fam}:{name} {fmt(p50)}"
+            for fam in ("ttft", "tpot")
+            if (p50 := (lv.get(f"{fam}_ms") or {}).get("p50")) is not None
+        )
     fn = METRIC_EXTRACTORS.get(run.kind)
     if fn is None:
         return ""
@@ -76,9 +80,17 @@ def runs_table(db: ResultsDB, runs: list[Run]) -> Table:
         counts = db.sample_counts(r.id)
         status = "abandoned" if r.abandoned else str(r.status)
         style = {"done": "", "running": "yellow", "interrupted": "yellow", "failed": "red", "abandoned": "red"}[status]
-        t.add_row(str(r.id), r.kind, r.label, Text(status, style=style), Text(" ".join(r.flags().markers), "yellow"),
-                  r.created_at[:19].replace("T", " "), str(counts.get("measure", 0)), headline(r, db.iter_samples),
-                  r.target)
+        t.add_row(
+            str(r.id),
+            r.kind,
+            r.label,
+            Text(status, style=style),
+            Text(" ".join(r.flags().markers), "yellow"),
+            r.created_at[:19].replace("T", " "),
+            str(counts.get("measure", 0)),
+            headline(r, db.iter_samples),
+            r.target,
+        )
     return t
 
 
@@ -97,9 +109,11 @@ def _context_lines(run: Run) -> list[str]:
     """What a run measured and how, from its record: the same lines for every kind of run."""
     m = run.meta
     status = f"{run.status}, abandoned: the moetune process writing it is gone" if run.abandoned else run.status
-    lines = [f"run {run.id}: {run.label} ({run.kind}, {status})",
-             f"target: {run.target}",
-             f"started: {run.created_at}   finished: {run.finished_at or '-'}"]
+    lines = [
+        f"run {run.id}: {run.label} ({run.kind}, {status})",
+        f"target: {run.target}",
+        f"started: {run.created_at}   finished: {run.finished_at or '-'}",
+    ]
     if m.server is not None:
         slots = f", {m.server.slots} slots" if m.server.slots else ""
         lines.append(f"server: {m.server.url or '-'} ({m.server.dialect}{slots})")
@@ -109,18 +123,27 @@ def _context_lines(run: Run) -> list[str]:
         lines.append(f"model: {m.model.path or '-'}{name} (fingerprint {m.model.fingerprint or '-'})")
     else:
         d = m.details
-        lines.append(f"link: {d.get('from', '?')} -> {d.get('to', '?')} at {d.get('addr', '?')}:{d.get('port', '?')} "
-                     f"({d.get('tool', '?')}, {d.get('duration_s', '?')} s per test)")
+        lines.append(
+            f"link: {d.get('from', '?')} -> {d.get('to', '?')} at {d.get('addr', '?')}:{d.get('port', '?')} "
+            f"({d.get('tool', '?')}, {d.get('duration_s', '?')} s per test)"
+        )
     if m.launch_run:
         lines.append(f"launched: run {m.launch_run} (`moetune ps`; its logs: `moetune doctor {m.launch_run}`)")
     if m.launch is not None:
         lines.append(f"transport: {m.launch.describe()}")
     lines.append(f"host: {m.host.describe()}")
     if (c := run.contention) is not None:
-        lines.append(f"CPU while measuring: the engine {c.engine_cores:.2f} cores, moetune {c.client_cores:.2f}, "
-                     f"foreign {c.foreign_cores:.2f} (peak {c.foreign_peak_cores:.2f}) of {c.cores}"
-                     + (" (contended)" if c.contended else "" if c.judged else
-                        " (not judged: the engine's processes were not seen on this machine)"))
+        lines.append(
+            f"CPU while measuring: the engine {c.engine_cores:.2f} cores, moetune {c.client_cores:.2f}, "
+            f"foreign {c.foreign_cores:.2f} (peak {c.foreign_peak_cores:.2f}) of {c.cores}"
+            + (
+                " (contended)"
+                if c.contended
+                else ""
+                if c.judged
+                else " (not judged: the engine's processes were not seen on this machine)"
+            )
+        )
     lines.append(f"command: {shlex.join(m.argv) or '-'}")  # quoted: it pastes back into a shell
     return lines
 
@@ -146,11 +169,18 @@ def workloads_table(summary: dict[str, Any], conf: float = DEFAULT_CONF) -> Tabl
         cached = num(d.get("cached_n"))
         if d.get("cache_confirmed") is not None:
             cached += " ✓" if d["cache_confirmed"] == 1 else f" ({d['cache_confirmed'] * 100:.0f}% as expected)"
-        t.add_row(w, cell(d.get("tg")), cell(d.get("pp")), str(d.get("n")),
-                  num(d["tg"]["cv"] * 100 if d.get("tg") else None, "{:.1f}%"),
-                  num(d["prompt_n"] if d.get("prompt_n") is not None else d.get("prompt_tokens")),
-                  num(d.get("predicted_n")), cached, num(d.get("overhead_ms"), "{:.1f}"),
-                  num((d.get("client") or {}).get("tg"), "{:.1f}"))
+        t.add_row(
+            w,
+            cell(d.get("tg")),
+            cell(d.get("pp")),
+            str(d.get("n")),
+            num(d["tg"]["cv"] * 100 if d.get("tg") else None, "{:.1f}%"),
+            num(d["prompt_n"] if d.get("prompt_n") is not None else d.get("prompt_tokens")),
+            num(d.get("predicted_n")),
+            cached,
+            num(d.get("overhead_ms"), "{:.1f}"),
+            num((d.get("client") or {}).get("tg"), "{:.1f}"),
+        )
     return t
 
 
@@ -170,14 +200,20 @@ def prediction_lines(rep: dict[str, Any] | None) -> list[str]:
         if cells:
             out.append(f"  {name}: " + ", ".join(cells))
     for mp in rep.get("mispredicted", []):
-        out.append(f"  ! {mp['workload']} {mp['family'].upper()}: off by {mp['error_pct']:+.0f}%, beyond the model's stated "
-                   f"+/-{mp['band_pct']:.0f}%: the speed model does not describe this configuration yet; "
-                   "`moetune calibrate` learns from this run")
+        out.append(
+            f"  ! {mp['workload']} {mp['family'].upper()}: off by {mp['error_pct']:+.0f}%, beyond the model's stated "
+            f"+/-{mp['band_pct']:.0f}%: the speed model does not describe this configuration yet; "
+            "`moetune calibrate` learns from this run"
+        )
     eff = [e for e in rep["efficiency"] if e["pct"] is not None]
     if eff:
-        out.append("decode bandwidth reached (first workload): " + ", ".join(
-            f"{e['device']} {e['bytes_per_s'] / 1e9:.1f} of {e['limit_bytes_per_s'] / 1e9:.0f} GB/s ({e['pct']:.0f}%)"
-            for e in eff))
+        out.append(
+            "decode bandwidth reached (first workload): "
+            + ", ".join(
+                f"{e['device']} {e['bytes_per_s'] / 1e9:.1f} of {e['limit_bytes_per_s'] / 1e9:.0f} GB/s ({e['pct']:.0f}%)"
+                for e in eff
+            )
+        )
     return out
 
 
@@ -209,6 +245,7 @@ def show(run: Run, summary: dict[str, Any], counts: dict[str, int]) -> Renderabl
 
 # -- exports -----------------------------------------------------------------------------------
 
+
 def export_json(db: ResultsDB, runs: list[Run], out: TextIO) -> None:
     """``{schema_version, db, runs: [{...run, derived, samples: [{phase, seq, created_at, data}]}]}``,
     written a sample a line as the samples are read (a long run is never held whole)."""
@@ -224,9 +261,27 @@ def export_json(db: ResultsDB, runs: list[Run], out: TextIO) -> None:
     out.write("\n]}\n")
 
 
-BENCH_COLUMNS = ("workload", "depth", "thinking", "repeat", "t_unix_s", "prompt_n", "prompt_s", "predicted_n",
-                 "predicted_s", "cached_n", "wall_s", "overhead_s", "pp_tokens_per_s", "tg_tokens_per_s",
-                 "client_ttft_s", "client_tg_tokens_per_s", "finish_reason", "reasoning_chars", "content_chars")
+BENCH_COLUMNS = (
+    "workload",
+    "depth",
+    "thinking",
+    "repeat",
+    "t_unix_s",
+    "prompt_n",
+    "prompt_s",
+    "predicted_n",
+    "predicted_s",
+    "cached_n",
+    "wall_s",
+    "overhead_s",
+    "pp_tokens_per_s",
+    "tg_tokens_per_s",
+    "client_ttft_s",
+    "client_tg_tokens_per_s",
+    "finish_reason",
+    "reasoning_chars",
+    "content_chars",
+)
 
 
 def _bench_row(s: dict[str, Any]) -> dict[str, Any]:
@@ -236,14 +291,27 @@ def _bench_row(s: dict[str, Any]) -> dict[str, Any]:
         return None if ms is None else float(ms) / 1000.0
 
     ttft = m.client_ttft_ms(s)
-    return {"workload": s.get("workload"), "depth": s.get("depth"), "thinking": s.get("thinking"),
-            "repeat": s.get("repeat"), "t_unix_s": s.get("t_unix_s"), "prompt_n": t.get("prompt_n"),
-            "prompt_s": sec(t.get("prompt_ms")), "predicted_n": t.get("predicted_n"),
-            "predicted_s": sec(t.get("predicted_ms")), "cached_n": m.cached_tokens(s), "wall_s": s.get("end_s"),
-            "overhead_s": sec(m.overhead_ms(s)), "pp_tokens_per_s": m.pp_tps(s), "tg_tokens_per_s": m.tg_tps(s),
-            "client_ttft_s": None if ttft is None else ttft / 1000.0, "client_tg_tokens_per_s": m.client_tg_tps(s),
-            "finish_reason": s.get("finish_reason"), "reasoning_chars": s.get("reasoning_chars"),
-            "content_chars": s.get("content_chars")}
+    return {
+        "workload": s.get("workload"),
+        "depth": s.get("depth"),
+        "thinking": s.get("thinking"),
+        "repeat": s.get("repeat"),
+        "t_unix_s": s.get("t_unix_s"),
+        "prompt_n": t.get("prompt_n"),
+        "prompt_s": sec(t.get("prompt_ms")),
+        "predicted_n": t.get("predicted_n"),
+        "predicted_s": sec(t.get("predicted_ms")),
+        "cached_n": m.cached_tokens(s),
+        "wall_s": s.get("end_s"),
+        "overhead_s": sec(m.overhead_ms(s)),
+        "pp_tokens_per_s": m.pp_tps(s),
+        "tg_tokens_per_s": m.tg_tps(s),
+        "client_ttft_s": None if ttft is None else ttft / 1000.0,
+        "client_tg_tokens_per_s": m.client_tg_tps(s),
+        "finish_reason": s.get("finish_reason"),
+        "reasoning_chars": s.get("reasoning_chars"),
+        "content_chars": s.get("content_chars"),
+    }
 
 
 def _scalars(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -260,6 +328,7 @@ def export_csv(db: ResultsDB, runs: list[Run], out: TextIO) -> None:
     """One row per sample of every phase: run columns, then the figures (bench) or the flattened
     scalar raw values (other kinds). The samples are read twice, a batch at a time: once for the
     columns (every key any sample has), once for the rows."""
+
     def rows() -> Iterator[dict[str, Any]]:
         for r in runs:
             for s in db.iter_sample_rows(r.id):
@@ -285,10 +354,13 @@ def export_md(db: ResultsDB, runs: list[Run], sink: TextIO) -> None:
         out += [f"- {line}" for line in _context_lines(r)[1:]]
         out.append(f"- status: {r.status}; measured samples: {db.sample_counts(r.id).get('measure', 0)}\n")
         if r.kind == RunKind.BENCH:
-            out.append("| workload | TG tokens/s (median [95% CI]) | PP tokens/s | n | prompt | output | cached "
-                       "| overhead ms |")
+            out.append(
+                "| workload | TG tokens/s (median [95% CI]) | PP tokens/s | n | prompt | output | cached "
+                "| overhead ms |"
+            )
             out.append("|---|---|---|---|---|---|---|---|")
             for w, x in d.get("workloads", {}).items():
+
                 def c(s: dict[str, Any] | None) -> str:
                     return f"{fmt(s['median'])} [{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]" if s else "–"
 
@@ -296,16 +368,19 @@ def export_md(db: ResultsDB, runs: list[Run], sink: TextIO) -> None:
                     return "–" if v is None else f"{v:.0f}"
 
                 oh = x.get("overhead_ms")
-                out.append(f"| {w} | {c(x.get('tg'))} | {c(x.get('pp'))} | {x.get('n')} | {n(x.get('prompt_n'))} | "
-                           f"{n(x.get('predicted_n'))} | {n(x.get('cached_n'))} | "
-                           f"{'–' if oh is None else f'{oh:.1f}'} |")
+                out.append(
+                    f"| {w} | {c(x.get('tg'))} | {c(x.get('pp'))} | {x.get('n')} | {n(x.get('prompt_n'))} | "
+                    f"{n(x.get('predicted_n'))} | {n(x.get('cached_n'))} | "
+                    f"{'–' if oh is None else f'{oh:.1f}'} |"
+                )
             for message, remedy in grouped([Warning.from_json(w) for w in d.get("warnings", [])]):
                 out.append(f"\n> warning: {message}  \n> → {remedy}")
         else:
             out.append("| metric | median | 95% CI | n | unit |")
             out.append("|---|---|---|---|---|")
             for k, s in d.get("metrics", {}).items():
-                out.append(f"| {k} | {fmt(s['median'])} | [{fmt(s['ci_low'])}, {fmt(s['ci_high'])}] | {s['n']} | "
-                           f"{s['unit']} |")
+                out.append(
+                    f"| {k} | {fmt(s['median'])} | [{fmt(s['ci_low'])}, {fmt(s['ci_high'])}] | {s['n']} | {s['unit']} |"
+                )
         out.append("")
     sink.write("\n".join(out) + "\n")

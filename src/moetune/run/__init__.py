@@ -13,5 +13,16 @@ from moetune.run.prepare import LaunchFailed, read_plan
 from moetune.run.record import RunDir
 from moetune.run.stop import stop_run, survivors
 
-__all__ = ["Diagnosis", "Event", "LaunchFailed", "Launched", "RunDir", "launch", "launched", "read_plan", "stop_run",
-           "supervise", "survivors"]
+__all__ = [
+    "Diagnosis",
+    "Event",
+    "LaunchFailed",
+    "Launched",
+    "RunDir",
+    "launch",
+    "launched",
+    "read_plan",
+    "stop_run",
+    "supervise",
+    "survivors",
+]

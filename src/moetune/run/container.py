@@ -45,9 +45,17 @@ class ContainerRun:
     def argv(self, engine_argv: tuple[str, ...], port: int, name: str, env: dict[str, str]) -> tuple[str, ...]:
         """The ``RUNTIME run`` command of ``engine_argv`` (binary first; the binary is the image's)."""
         cmd = Command(name, port, engine_argv)
-        return container_command(self.runtime, self.image, cmd, gpus=self.gpus, name=name,
-                                 entrypoint=self.entrypoint, env=env, host_network=self.host_network,
-                                 label=self.label).argv
+        return container_command(
+            self.runtime,
+            self.image,
+            cmd,
+            gpus=self.gpus,
+            name=name,
+            entrypoint=self.entrypoint,
+            env=env,
+            host_network=self.host_network,
+            label=self.label,
+        ).argv
 
 
 def _run(argv: list[str], timeout_s: float = 30.0) -> subprocess.CompletedProcess[str] | None:

@@ -73,11 +73,14 @@ class LayerExperts:
 
 # -- advice: pure arithmetic ----------------------------------------------------------------
 
+
 def layers_to_offload(shortfall_mib: float, layers: Sequence[LayerExperts], device: str) -> tuple[int, ...] | None:
     """Fewest layers on ``device`` whose experts, moved off, free ``shortfall_mib`` (largest first;
     among equals the last layers, as llama.cpp's --fit leaves the tail on the CPU)."""
-    mine = sorted((x for x in layers if device_key(x.device) == device_key(device) and x.expert_mib > 0),
-                  key=lambda x: (-x.expert_mib, -x.layer))
+    mine = sorted(
+        (x for x in layers if device_key(x.device) == device_key(device) and x.expert_mib > 0),
+        key=lambda x: (-x.expert_mib, -x.layer),
+    )
     freed, chosen = 0.0, []
     for x in mine:
         if freed >= shortfall_mib:
@@ -109,18 +112,26 @@ def lower_ubatch(n_ubatch: int, compute_mib: float, room_mib: float | None) -> i
 
 # -- diagnoses ------------------------------------------------------------------------------
 
+
 def _ev(log: ServerLog | WorkerLog, lines: Sequence[int]) -> tuple[Evidence, ...]:
     return tuple(log.evidence(n) for n in sorted(set(lines)) if 0 < n <= len(log.lines))
 
 
-def out_of_memory(name: str, log: ServerLog, failure: AllocFailure, layers: Sequence[LayerExperts],
-                  uniform: tuple[float, int] | None, n_ubatch: int | None = None) -> Diagnosis:
+def out_of_memory(
+    name: str,
+    log: ServerLog,
+    failure: AllocFailure,
+    layers: Sequence[LayerExperts],
+    uniform: tuple[float, int] | None,
+    n_ubatch: int | None = None,
+) -> Diagnosis:
     """``layers``: the plan's expert placement; ``uniform``: (MiB per MoE layer, MoE layers) of the
     model, for when there is no placement; ``n_ubatch``: the -ub the process was given, where the
     log does not say."""
     dev = device_key(failure.device)
     kind = {COMPUTE: "compute buffer", "kv": "KV cache", "model": "model weights", "output": "output buffer"}.get(
-        failure.what, "buffer")
+        failure.what, "buffer"
+    )
     size = failure.size_mib
     info = log.device(dev)
     free = info.free_mib if info else None
@@ -140,8 +151,7 @@ def out_of_memory(name: str, log: ServerLog, failure: AllocFailure, layers: Sequ
         shortfall = size - room if room is not None else size
         chosen = layers_to_offload(shortfall, layers, dev) if layers else None
         if chosen:
-            advice.append(f"move the experts of {len(chosen)} layer(s) off {dev} "
-                          f"(blk {', '.join(map(str, chosen))})")
+            advice.append(f"move the experts of {len(chosen)} layer(s) off {dev} (blk {', '.join(map(str, chosen))})")
         elif uniform:
             n = uniform_layers_to_offload(shortfall, *uniform)
             if n:
@@ -155,12 +165,24 @@ def out_of_memory(name: str, log: ServerLog, failure: AllocFailure, layers: Sequ
 
 # failures whose diagnosis is one sentence about the failing line's subject, and one remedy
 _PLAIN_FAILURES = (
-    (MODEL_OPEN_FAILED, MODEL_MISSING, "cannot open the model file {subject}",
-     "check the -m path in the plan (and that every shard of a split model is there)"),
-    (BIND_FAILED, PORT_IN_USE, "could not listen on {subject}: the port is in use",
-     "stop what holds the port (`moetune ps`), or give the process another port"),
-    (SPLIT_DEVICES, SPLIT_MODE_DEVICES, "split mode '{subject}' needs two or more devices",
-     "drop -sm {subject} (layer split is the default), or give the server a second GPU"),
+    (
+        MODEL_OPEN_FAILED,
+        MODEL_MISSING,
+        "cannot open the model file {subject}",
+        "check the -m path in the plan (and that every shard of a split model is there)",
+    ),
+    (
+        BIND_FAILED,
+        PORT_IN_USE,
+        "could not listen on {subject}: the port is in use",
+        "stop what holds the port (`moetune ps`), or give the process another port",
+    ),
+    (
+        SPLIT_DEVICES,
+        SPLIT_MODE_DEVICES,
+        "split mode '{subject}' needs two or more devices",
+        "drop -sm {subject} (layer split is the default), or give the server a second GPU",
+    ),
 )
 
 
@@ -184,21 +206,35 @@ def crashed_repacking(log: ServerLog, exit_code: int | None, *, loading: bool) -
 
 
 def repack_crash(name: str, log: ServerLog, exit_code: int | None) -> Diagnosis:
-    code = "" if exit_code is None else f" (exit {exit_code}{', a segmentation fault' if exit_code in CRASH_CODES else ''})"
+    code = (
+        ""
+        if exit_code is None
+        else f" (exit {exit_code}{', a segmentation fault' if exit_code in CRASH_CODES else ''})"
+    )
     lines = repack_evidence(log)
     aborted = [f.line for f in log.failures if f.kind == ABORTED]
-    return Diagnosis(REPACK_CRASH, name,
-                     f"{name}: the engine crashed at load with repacked CPU weights{code}: its CPU's repacking "
-                     f"(the {'/'.join(sorted({b.device for b in log.buffers if b.line in lines}))} buffer) fails "
-                     "on this machine",
-                     "plan with --repack off (mainline's -nr; MOETUNE_REPACK=off for every plan): the weights stay "
-                     "in the mapped file, at some CPU speed",
-                     _ev(log, [*lines, *aborted, len(log.lines)]))
+    return Diagnosis(
+        REPACK_CRASH,
+        name,
+        f"{name}: the engine crashed at load with repacked CPU weights{code}: its CPU's repacking "
+        f"(the {'/'.join(sorted({b.device for b in log.buffers if b.line in lines}))} buffer) fails "
+        "on this machine",
+        "plan with --repack off (mainline's -nr; MOETUNE_REPACK=off for every plan): the weights stay "
+        "in the mapped file, at some CPU speed",
+        _ev(log, [*lines, *aborted, len(log.lines)]),
+    )
 
 
-def server_exit(name: str, log: ServerLog, exit_code: int | None, *, loading: bool,
-                layers: Sequence[LayerExperts] = (), uniform: tuple[float, int] | None = None,
-                n_ubatch: int | None = None) -> Diagnosis:
+def server_exit(
+    name: str,
+    log: ServerLog,
+    exit_code: int | None,
+    *,
+    loading: bool,
+    layers: Sequence[LayerExperts] = (),
+    uniform: tuple[float, int] | None = None,
+    n_ubatch: int | None = None,
+) -> Diagnosis:
     """A server that exited: during load (``loading``) or while serving."""
     code = "" if exit_code is None else f" (exit {exit_code})"
     kinds = {f.kind: f for f in log.failures}
@@ -207,30 +243,46 @@ def server_exit(name: str, log: ServerLog, exit_code: int | None, *, loading: bo
     for kind, code_, says, remedy in _PLAIN_FAILURES:
         if kind in kinds:
             f = kinds[kind]
-            return Diagnosis(code_, name, f"{name}: " + says.format(subject=f.subject), remedy.format(subject=f.subject),
-                             _ev(log, [f.line]))
+            return Diagnosis(
+                code_,
+                name,
+                f"{name}: " + says.format(subject=f.subject),
+                remedy.format(subject=f.subject),
+                _ev(log, [f.line]),
+            )
     if RPC_CONNECT_FAILED in kinds:
         f = kinds[RPC_CONNECT_FAILED]
         return rpc_unreachable(name, f.subject or "?", "the server could not connect", _ev(log, [f.line]))
     if RPC_CRASHED in kinds:
         f = kinds[RPC_CRASHED]
-        return Diagnosis(RPC_LOST, name, f"{name}: lost its RPC worker (it crashed or was stopped first)",
-                         "see the worker's log; stop servers before workers (moetune stop does)",
-                         _ev(log, [f.line]))
+        return Diagnosis(
+            RPC_LOST,
+            name,
+            f"{name}: lost its RPC worker (it crashed or was stopped first)",
+            "see the worker's log; stop servers before workers (moetune stop does)",
+            _ev(log, [f.line]),
+        )
     if BAD_ARGUMENT in kinds:
         f = kinds[BAD_ARGUMENT]
         hint = "check the flag against this engine's dialect and version (llama-server --help)"
         if (f.subject or "").startswith("-fa:"):
-            hint = ("this build's -fa takes a value (-fa on|off|auto): a bare -fa takes the next flag as its value; "
-                    "plan with --engine naming this engine and moetune renders what the build accepts")
+            hint = (
+                "this build's -fa takes a value (-fa on|off|auto): a bare -fa takes the next flag as its value; "
+                "plan with --engine naming this engine and moetune renders what the build accepts"
+            )
         elif (f.subject or "").endswith(": invalid value"):
-            hint = ("the value is not one this build takes, or the flag before it took this one as its value "
-                    "(llama-server --help)")
+            hint = (
+                "the value is not one this build takes, or the flag before it took this one as its value "
+                "(llama-server --help)"
+            )
         if "unknown buffer type" in (f.subject or ""):
-            hint = ("name a buffer type the engine lists (its log shows them: CPU, CUDA0, RPC0[host:port]); "
-                    "an RPC device's exists only once --rpc comes before the -ot that names it")
-        return Diagnosis(BAD_ARGS, name, f"{name}: the engine rejected an argument: {f.subject}", hint,
-                         _ev(log, [f.line]))
+            hint = (
+                "name a buffer type the engine lists (its log shows them: CPU, CUDA0, RPC0[host:port]); "
+                "an RPC device's exists only once --rpc comes before the -ot that names it"
+            )
+        return Diagnosis(
+            BAD_ARGS, name, f"{name}: the engine rejected an argument: {f.subject}", hint, _ev(log, [f.line])
+        )
     if crashed_repacking(log, exit_code, loading=loading):
         return repack_crash(name, log, exit_code)
     last = [e.line for e in log.errors][-4:]
@@ -240,53 +292,89 @@ def server_exit(name: str, log: ServerLog, exit_code: int | None, *, loading: bo
         last = [kinds[MODEL_LOAD_FAILED].line, *last]
     what = log.errors[-1].text if log.errors else "no error line in its log"
     if loading:
-        return Diagnosis(EXITED_DURING_LOAD, name,
-                         f"{name}: exited during load{code}, while {log.phase}: {what}",
-                         "read the evidence lines; `moetune doctor` on the run shows the whole log's findings",
-                         _ev(log, last))
-    return Diagnosis(EXITED, name, f"{name}: exited while serving{code}: {what}",
-                     "read the evidence lines; `moetune doctor` on the run shows the whole log's findings",
-                     _ev(log, last))
+        return Diagnosis(
+            EXITED_DURING_LOAD,
+            name,
+            f"{name}: exited during load{code}, while {log.phase}: {what}",
+            "read the evidence lines; `moetune doctor` on the run shows the whole log's findings",
+            _ev(log, last),
+        )
+    return Diagnosis(
+        EXITED,
+        name,
+        f"{name}: exited while serving{code}: {what}",
+        "read the evidence lines; `moetune doctor` on the run shows the whole log's findings",
+        _ev(log, last),
+    )
 
 
-def worker_exit(name: str, log: WorkerLog, exit_code: int | None, endpoint: str, *, listening: bool = False) -> Diagnosis:
+def worker_exit(
+    name: str, log: WorkerLog, exit_code: int | None, endpoint: str, *, listening: bool = False
+) -> Diagnosis:
     """A worker that exited: before it listened (a launch), or after (``listening``: while serving)."""
     code = "" if exit_code is None else f" (exit {exit_code})"
     if listening:
-        return Diagnosis(EXITED, name, f"{name}: RPC worker {endpoint} exited{code}",
-                         "its servers lost their device: read the worker's log, then launch again",
-                         _ev(log, [e.line for e in log.errors][-3:]))
+        return Diagnosis(
+            EXITED,
+            name,
+            f"{name}: RPC worker {endpoint} exited{code}",
+            "its servers lost their device: read the worker's log, then launch again",
+            _ev(log, [e.line for e in log.errors][-3:]),
+        )
     for f in log.failures:
         if f.kind == BIND_FAILED:
-            return Diagnosis(PORT_IN_USE, name, f"{name}: could not listen on {endpoint}: the port is in use",
-                             "stop what holds the port (`moetune ps`), or give the worker another port",
-                             _ev(log, [f.line]))
+            return Diagnosis(
+                PORT_IN_USE,
+                name,
+                f"{name}: could not listen on {endpoint}: the port is in use",
+                "stop what holds the port (`moetune ps`), or give the worker another port",
+                _ev(log, [f.line]),
+            )
     what = log.errors[-1].text if log.errors else "no error line in its log"
-    return Diagnosis(EXITED_DURING_LOAD, name, f"{name}: RPC worker exited before listening on {endpoint}{code}: "
-                     f"{what}", "run the worker's command by hand to see why", _ev(log, [e.line for e in log.errors]))
+    return Diagnosis(
+        EXITED_DURING_LOAD,
+        name,
+        f"{name}: RPC worker exited before listening on {endpoint}{code}: {what}",
+        "run the worker's command by hand to see why",
+        _ev(log, [e.line for e in log.errors]),
+    )
 
 
 def ssh_failed(name: str, node: str, target: str, detail: str, evidence: tuple[Evidence, ...] = ()) -> Diagnosis:
     """ssh could not reach a node, or could not run the worker there."""
-    return Diagnosis(SSH_FAILED, name, f"{name}: cannot start it on node {node} over ssh ({detail})",
-                     f"check that `ssh -o BatchMode=yes {target} true` works without a prompt (key or agent, "
-                     "host key in known_hosts, the Host entry of your ssh config); MOETUNE_SSH_COMMAND sets "
-                     "other ssh options", evidence)
+    return Diagnosis(
+        SSH_FAILED,
+        name,
+        f"{name}: cannot start it on node {node} over ssh ({detail})",
+        f"check that `ssh -o BatchMode=yes {target} true` works without a prompt (key or agent, "
+        "host key in known_hosts, the Host entry of your ssh config); MOETUNE_SSH_COMMAND sets "
+        "other ssh options",
+        evidence,
+    )
 
 
 def ssh_session_lost(name: str, node: str, endpoint: str, ssh_code: int | None, last: str) -> Diagnosis:
     """The ssh session carrying a worker ended before the worker did (its hangup ends the worker)."""
     code = "" if ssh_code is None else f"ssh exit {ssh_code}"
     why = "; ".join(x for x in (code, last) if x)
-    return Diagnosis(RPC_LOST, name, f"{name}: the ssh session to node {node} ended ({why or 'no reason given'}); "
-                     f"the RPC worker {endpoint} ends with it",
-                     "check the link and ssh between the nodes (keep-alives: ServerAliveInterval), then launch again")
+    return Diagnosis(
+        RPC_LOST,
+        name,
+        f"{name}: the ssh session to node {node} ended ({why or 'no reason given'}); "
+        f"the RPC worker {endpoint} ends with it",
+        "check the link and ssh between the nodes (keep-alives: ServerAliveInterval), then launch again",
+    )
 
 
 def rpc_unreachable(name: str, endpoint: str, why: str, evidence: tuple[Evidence, ...] = ()) -> Diagnosis:
-    return Diagnosis(RPC_UNREACHABLE, name, f"{name}: RPC worker {endpoint} is unreachable ({why})",
-                     "start ggml-rpc-server there first (a plan's own workers are started by `moetune launch`), "
-                     "and check the address and the firewall", evidence)
+    return Diagnosis(
+        RPC_UNREACHABLE,
+        name,
+        f"{name}: RPC worker {endpoint} is unreachable ({why})",
+        "start ggml-rpc-server there first (a plan's own workers are started by `moetune launch`), "
+        "and check the address and the firewall",
+        evidence,
+    )
 
 
 def short_command(cmd: str, limit: int = 240) -> str:
@@ -295,31 +383,46 @@ def short_command(cmd: str, limit: int = 240) -> str:
     if len(cmd) <= limit:
         return cmd
     tail = limit // 3
-    return f"{cmd[:limit - tail - 3].rstrip()} … {cmd[-tail:].lstrip()}"
+    return f"{cmd[: limit - tail - 3].rstrip()} … {cmd[-tail:].lstrip()}"
 
 
 def port_in_use(name: str, endpoint: str, holder: tuple[int, str] | None) -> Diagnosis:
     by = f" by pid {holder[0]} ({short_command(holder[1])})" if holder else ""
-    return Diagnosis(PORT_IN_USE, name, f"{name}: {endpoint} is already in use{by}",
-                     "stop that process (`moetune ps` / `moetune stop RUN` if moetune started it), "
-                     "or give the process another port in the plan")
+    return Diagnosis(
+        PORT_IN_USE,
+        name,
+        f"{name}: {endpoint} is already in use{by}",
+        "stop that process (`moetune ps` / `moetune stop RUN` if moetune started it), "
+        "or give the process another port in the plan",
+    )
 
 
 def binary_missing(name: str, detail: str) -> Diagnosis:
-    return Diagnosis(BINARY_MISSING, name, f"{name}: {detail}",
-                     "build the engine (`moetune engine install`), or register the directory that holds it "
-                     "(`moetune engine add`)")
+    return Diagnosis(
+        BINARY_MISSING,
+        name,
+        f"{name}: {detail}",
+        "build the engine (`moetune engine install`), or register the directory that holds it (`moetune engine add`)",
+    )
 
 
 def model_missing(name: str, path: str) -> Diagnosis:
-    return Diagnosis(MODEL_MISSING, name, f"{name}: model file {path} does not exist",
-                     "fix the -m path in the plan, or download the model there")
+    return Diagnosis(
+        MODEL_MISSING,
+        name,
+        f"{name}: model file {path} does not exist",
+        "fix the -m path in the plan, or download the model there",
+    )
 
 
 def not_healthy(name: str, url: str, waited_s: float, log: ServerLog) -> Diagnosis:
-    return Diagnosis(NOT_HEALTHY, name, f"{name}: {url}/health not 200 after {waited_s:.0f} s (last phase: "
-                     f"{log.phase})", "give it longer with --timeout, or read its log",
-                     _ev(log, [e.line for e in log.errors][-3:]))
+    return Diagnosis(
+        NOT_HEALTHY,
+        name,
+        f"{name}: {url}/health not 200 after {waited_s:.0f} s (last phase: {log.phase})",
+        "give it longer with --timeout, or read its log",
+        _ev(log, [e.line for e in log.errors][-3:]),
+    )
 
 
 def layer_experts_from_plan(plan: dict[str, Any], process: str | None = None) -> list[LayerExperts]:

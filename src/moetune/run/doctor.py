@@ -81,8 +81,14 @@ class Finding:
     data: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"code": self.code, "source": self.source, "title": self.title, "remedy": self.remedy,
-                "evidence": [{"line": e.line, "text": e.text} for e in self.evidence], "data": self.data}
+        return {
+            "code": self.code,
+            "source": self.source,
+            "title": self.title,
+            "remedy": self.remedy,
+            "evidence": [{"line": e.line, "text": e.text} for e in self.evidence],
+            "data": self.data,
+        }
 
 
 def examine(sources: Sequence[Source], *, ram_mib: float | None = None) -> list[Finding]:
@@ -102,28 +108,50 @@ def _server(s: Source, log: ServerLog, ram_mib: float | None) -> list[Finding]:
     loading = log.phase != "ready"
     if diagnose.crashed_repacking(log, s.exit_code, loading=loading):
         d = diagnose.repack_crash(s.name.rsplit("/", 1)[-1], log, s.exit_code)
-        out.append(Finding(diagnose.REPACK_CRASH, s.name, d.message, d.hint, d.evidence[:MAX_EVIDENCE],
-                           {"cause": d.cause, "exit_code": s.exit_code}))
+        out.append(
+            Finding(
+                diagnose.REPACK_CRASH,
+                s.name,
+                d.message,
+                d.hint,
+                d.evidence[:MAX_EVIDENCE],
+                {"cause": d.cause, "exit_code": s.exit_code},
+            )
+        )
     elif log.failed:
         d = diagnose.server_exit(s.name.rsplit("/", 1)[-1], log, s.exit_code, loading=loading)
         out.append(Finding("load_failed", s.name, d.message, d.hint, d.evidence[:MAX_EVIDENCE], {"cause": d.cause}))
     for f in log.failures:
         if f.kind == TEMPLATE_UNSUPPORTED:
-            out.append(Finding("template_unsupported", s.name,
-                               f"the server cannot apply the model's chat template ({f.subject}): chat requests "
-                               "fail with HTTP 500",
-                               "start ik_llama.cpp with --jinja (the commands moetune renders for it have it), or "
-                               "give it a --chat-template it knows", (log.evidence(f.line),), {}))
+            out.append(
+                Finding(
+                    "template_unsupported",
+                    s.name,
+                    f"the server cannot apply the model's chat template ({f.subject}): chat requests "
+                    "fail with HTTP 500",
+                    "start ik_llama.cpp with --jinja (the commands moetune renders for it have it), or "
+                    "give it a --chat-template it knows",
+                    (log.evidence(f.line),),
+                    {},
+                )
+            )
     if log.cache_misses:  # requests that asked for no cache (bench's cache_prompt false) are not among them
         out.append(_cache_misses(s.name, log, log.cache_misses))
     for c in log.split_mode_changes:
-        out.append(Finding("split_mode_fallback", s.name,
-                           f"split mode '{c.requested}' fell back to '{c.actual}' ({c.reason})",
-                           f"drop -sm {c.requested} for this model, it runs as -sm {c.actual} anyway; "
-                           "place the experts with -ot instead",
-                           (log.evidence(c.line), *(log.evidence(n) for n in range(c.line + 1, c.line + 2)
-                                                    if n <= len(log.lines))), {"requested": c.requested,
-                                                                               "actual": c.actual}))
+        out.append(
+            Finding(
+                "split_mode_fallback",
+                s.name,
+                f"split mode '{c.requested}' fell back to '{c.actual}' ({c.reason})",
+                f"drop -sm {c.requested} for this model, it runs as -sm {c.actual} anyway; "
+                "place the experts with -ot instead",
+                (
+                    log.evidence(c.line),
+                    *(log.evidence(n) for n in range(c.line + 1, c.line + 2) if n <= len(log.lines)),
+                ),
+                {"requested": c.requested, "actual": c.actual},
+            )
+        )
     if log.slot_waits:
         out.append(_queueing(s.name, log))
     if log.checkpoint_restores or (log.checkpoints_created and log.full_reprocessing):
@@ -133,13 +161,18 @@ def _server(s: Source, log: ServerLog, ram_mib: float | None) -> list[Finding]:
     ram = ram_mib if ram_mib is not None else (cpu.total_mib if cpu else None)
     if pinned and ram and (pinned >= PINNED_RAM_SHARE * ram or ram - pinned < PINNED_RAM_MARGIN_MIB):
         lines = [p.line for p in log.pinned] or [b.line for b in log.buffers if b.device.endswith("_Host")]
-        out.append(Finding("pinned_near_ram", s.name,
-                           f"pinned host memory {pinned / 1024:.1f} GiB is {pinned / ram:.0%} of RAM "
-                           f"({ram / 1024:.0f} GiB), {max(ram - pinned, 0) / 1024:.1f} GiB left for everything else",
-                           "pin fewer expert tensors: more of them on the GPUs or a smaller quant; --no-host "
-                           "(mainline) keeps CPU tensors pageable at some prefill cost",
-                           tuple(log.evidence(n) for n in lines[:MAX_EVIDENCE]),
-                           {"pinned_mib": pinned, "ram_mib": ram}))
+        out.append(
+            Finding(
+                "pinned_near_ram",
+                s.name,
+                f"pinned host memory {pinned / 1024:.1f} GiB is {pinned / ram:.0%} of RAM "
+                f"({ram / 1024:.0f} GiB), {max(ram - pinned, 0) / 1024:.1f} GiB left for everything else",
+                "pin fewer expert tensors: more of them on the GPUs or a smaller quant; --no-host "
+                "(mainline) keeps CPU tensors pageable at some prefill cost",
+                tuple(log.evidence(n) for n in lines[:MAX_EVIDENCE]),
+                {"pinned_mib": pinned, "ram_mib": ram},
+            )
+        )
     return out
 
 
@@ -150,31 +183,50 @@ def _is_think(m: CacheMiss) -> bool:
     if not (a and b):
         return any(THINK.search(t) for t in (a, b))
     k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return any(THINK.search(t[max(0, k - 7):k + 10]) for t in (a, b))
+    return any(THINK.search(t[max(0, k - 7) : k + 10]) for t in (a, b))
 
 
 def _cache_misses(name: str, log: ServerLog, misses: Sequence[CacheMiss]) -> Finding:
     reeval = sum(m.reevaluated_tokens or 0 for m in misses)
     discarded = sum(m.discarded_tokens or 0 for m in misses)
     think = [m for m in misses if _is_think(m)]
-    title = (f"{len(misses)} prefix-cache {'miss' if len(misses) == 1 else 'misses'}: {reeval} prompt tokens "
-             f"re-evaluated ({discarded} cached tokens thrown away)")
+    title = (
+        f"{len(misses)} prefix-cache {'miss' if len(misses) == 1 else 'misses'}: {reeval} prompt tokens "
+        f"re-evaluated ({discarded} cached tokens thrown away)"
+    )
     if log.uncached_requests:
-        title += (f"; {len(log.uncached_requests)} requests asked for no cache (cache_prompt false, as "
-                  "moetune bench sends) and are not counted")
+        title += (
+            f"; {len(log.uncached_requests)} requests asked for no cache (cache_prompt false, as "
+            "moetune bench sends) and are not counted"
+        )
     if think:
         title += f"; {len(think)} of them diverge at a <think> block"
-        remedy = ("the client sends earlier assistant turns back without their <think>...</think> block, so the "
-                  "cache stops matching there: send the history as the server produced it, or turn thinking off "
-                  "(chat_template_kwargs enable_thinking=false) so there is no block to drop")
+        remedy = (
+            "the client sends earlier assistant turns back without their <think>...</think> block, so the "
+            "cache stops matching there: send the history as the server produced it, or turn thinking off "
+            "(chat_template_kwargs enable_thinking=false) so there is no block to drop"
+        )
     else:
-        remedy = ("the prompt changes early (a date, a system prompt, another client on the same slot): keep the "
-                  "stable part first, and give concurrent clients their own slots (--parallel)")
+        remedy = (
+            "the prompt changes early (a date, a system prompt, another client on the same slot): keep the "
+            "stable part first, and give concurrent clients their own slots (--parallel)"
+        )
     shown = (think or list(misses))[:2]
     lines = sorted({n for m in shown for n in m.lines})
-    return Finding("prefix_cache_miss", name, title, remedy, tuple(log.evidence(n) for n in lines[:MAX_EVIDENCE * 2]),
-                   {"misses": len(misses), "reevaluated_tokens": reeval, "discarded_tokens": discarded,
-                    "think_misses": len(think), "uncached_requests": len(log.uncached_requests)})
+    return Finding(
+        "prefix_cache_miss",
+        name,
+        title,
+        remedy,
+        tuple(log.evidence(n) for n in lines[: MAX_EVIDENCE * 2]),
+        {
+            "misses": len(misses),
+            "reevaluated_tokens": reeval,
+            "discarded_tokens": discarded,
+            "think_misses": len(think),
+            "uncached_requests": len(log.uncached_requests),
+        },
+    )
 
 
 def _checkpoints(name: str, log: ServerLog) -> Finding:
@@ -187,23 +239,43 @@ def _checkpoints(name: str, log: ServerLog) -> Finding:
         peak[c.slot] = max(peak.get(c.slot, 0), c.index or 1)
     size = max((c.size_mib for c in (*log.checkpoints_created, *restores)), default=0.0)
     held = sum(peak.values()) * size
-    title = (f"{len(restores)} context checkpoint restore{'' if len(restores) == 1 else 's'} avoided as many full "
-             f"prompt re-processings ({kept:,} cached tokens reused)")
+    title = (
+        f"{len(restores)} context checkpoint restore{'' if len(restores) == 1 else 's'} avoided as many full "
+        f"prompt re-processings ({kept:,} cached tokens reused)"
+    )
     if forced:
         title += f"; {len(forced)} request{' was' if len(forced) == 1 else 's were'} re-processed in full anyway"
     if peak:
-        title += f"; checkpoints of {size:.3f} MiB held up to {held:,.1f} MiB of host RAM ({max(peak.values())} per slot)"
+        title += (
+            f"; checkpoints of {size:.3f} MiB held up to {held:,.1f} MiB of host RAM ({max(peak.values())} per slot)"
+        )
     if forced:
-        remedy = ("a prompt diverged before the earliest checkpoint its slot kept: keep the stable part of prompts "
-                  "first, raise --ctx-checkpoints (the plan counts their host RAM), and on mainline lower "
-                  "--checkpoint-min-step so that checkpoints lie closer together")
+        remedy = (
+            "a prompt diverged before the earliest checkpoint its slot kept: keep the stable part of prompts "
+            "first, raise --ctx-checkpoints (the plan counts their host RAM), and on mainline lower "
+            "--checkpoint-min-step so that checkpoints lie closer together"
+        )
     else:
-        remedy = ("nothing to fix: the checkpoints work; they take host RAM as prompts are processed, which the "
-                  "plan's ledger counts (its checkpoints item, --ctx-checkpoints N)")
-    lines = [c.line for c in restores[:MAX_EVIDENCE // 2]] + list(forced[:MAX_EVIDENCE // 2])
-    return Finding("checkpoint_restores", name, title, remedy, tuple(log.evidence(n) for n in sorted(lines)),
-                   {"restores": len(restores), "tokens_kept": kept, "full_reprocessing": len(forced),
-                    "created": len(log.checkpoints_created), "checkpoint_mib": size, "held_mib": round(held, 3)})
+        remedy = (
+            "nothing to fix: the checkpoints work; they take host RAM as prompts are processed, which the "
+            "plan's ledger counts (its checkpoints item, --ctx-checkpoints N)"
+        )
+    lines = [c.line for c in restores[: MAX_EVIDENCE // 2]] + list(forced[: MAX_EVIDENCE // 2])
+    return Finding(
+        "checkpoint_restores",
+        name,
+        title,
+        remedy,
+        tuple(log.evidence(n) for n in sorted(lines)),
+        {
+            "restores": len(restores),
+            "tokens_kept": kept,
+            "full_reprocessing": len(forced),
+            "created": len(log.checkpoints_created),
+            "checkpoint_mib": size,
+            "held_mib": round(held, 3),
+        },
+    )
 
 
 def _queueing(name: str, log: ServerLog) -> Finding:
@@ -212,12 +284,16 @@ def _queueing(name: str, log: ServerLog) -> Finding:
     waited = [w.waited_s for w in waits if w.waited_s is not None]
     longest = f", up to {max(waited):.3g} s" if waited else ""
     slots = f"--parallel {n_slots}" if n_slots else "--parallel"
-    lines = sorted({n for w in waits[:MAX_EVIDENCE // 2] for n in (w.line, w.started_line) if n})
-    return Finding("slot_queueing", name, f"{len(waits)} requests waited for a free slot ({slots}){longest}",
-                   "raise --parallel to the number of concurrent clients, and -c with it (the context is divided "
-                   "among the slots); otherwise concurrency only queues and time to first token grows",
-                   tuple(log.evidence(n) for n in lines),
-                   {"waits": len(waits), "n_slots": n_slots, "max_wait_s": max(waited) if waited else None})
+    lines = sorted({n for w in waits[: MAX_EVIDENCE // 2] for n in (w.line, w.started_line) if n})
+    return Finding(
+        "slot_queueing",
+        name,
+        f"{len(waits)} requests waited for a free slot ({slots}){longest}",
+        "raise --parallel to the number of concurrent clients, and -c with it (the context is divided "
+        "among the slots); otherwise concurrency only queues and time to first token grows",
+        tuple(log.evidence(n) for n in lines),
+        {"waits": len(waits), "n_slots": n_slots, "max_wait_s": max(waited) if waited else None},
+    )
 
 
 def _rdma_requested(env: Mapping[str, str] | None) -> bool | None:
@@ -234,16 +310,26 @@ def _worker(s: Source, log: WorkerLog) -> list[Finding]:
     asked = _rdma_requested(s.env)
     if not used or asked:
         return []
-    why = ("GGML_RDMA_DEV was not set" if asked is False
-           else "this build negotiates RDMA on its own whenever a RoCE device matches the address")
+    why = (
+        "GGML_RDMA_DEV was not set"
+        if asked is False
+        else "this build negotiates RDMA on its own whenever a RoCE device matches the address"
+    )
     ev = [e.line for e in (*log.rdma_probed, *log.rdma_activated)]
     if log.transport:
         ev.insert(0, next(n for n, x in enumerate(log.lines, 1) if "transport" in x))
-    return [Finding("rdma_unrequested", s.name, f"RPC transport switched to RDMA without being asked ({why})",
-                    "choose the transport explicitly: GGML_RDMA_DEV=<device> for RDMA, GGML_RPC_NO_RDMA=1 for TCP; "
-                    "confirm it in the worker's log, and stop servers before workers (an RDMA worker stopped "
-                    "first crashes its client)", tuple(log.evidence(n) for n in ev[:MAX_EVIDENCE]),
-                    {"transport": log.transport})]
+    return [
+        Finding(
+            "rdma_unrequested",
+            s.name,
+            f"RPC transport switched to RDMA without being asked ({why})",
+            "choose the transport explicitly: GGML_RDMA_DEV=<device> for RDMA, GGML_RPC_NO_RDMA=1 for TCP; "
+            "confirm it in the worker's log, and stop servers before workers (an RDMA worker stopped "
+            "first crashes its client)",
+            tuple(log.evidence(n) for n in ev[:MAX_EVIDENCE]),
+            {"transport": log.transport},
+        )
+    ]
 
 
 def _thinking(s: Source) -> list[Finding]:
@@ -254,9 +340,15 @@ def _thinking(s: Source) -> list[Finding]:
         return []
     worst = sorted(rs, key=lambda r: -r.reasoning_share)[:3]
     ev = tuple(Evidence(r.line, s.response_lines[r.line - 1][:200]) for r in worst if r.line <= len(s.response_lines))
-    return [Finding("thinking_dominant", s.name,
-                    f"thinking is {thinking / total:.0%} of the output: about {thinking:.0f} of {total} generated "
-                    f"tokens in {len(rs)} responses",
-                    'for short answers turn thinking off: chat_template_kwargs {"enable_thinking": false} per '
-                    "request, or --reasoning-budget 0 / --reasoning off on the server", ev,
-                    {"thinking_tokens": round(thinking), "completion_tokens": total, "responses": len(rs)})]
+    return [
+        Finding(
+            "thinking_dominant",
+            s.name,
+            f"thinking is {thinking / total:.0%} of the output: about {thinking:.0f} of {total} generated "
+            f"tokens in {len(rs)} responses",
+            'for short answers turn thinking off: chat_template_kwargs {"enable_thinking": false} per '
+            "request, or --reasoning-budget 0 / --reasoning off on the server",
+            ev,
+            {"thinking_tokens": round(thinking), "completion_tokens": total, "responses": len(rs)},
+        )
+    ]

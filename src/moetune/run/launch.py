@@ -86,14 +86,30 @@ class Launched:
         return self.run.log_path(name)
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run.run_id, "url": self.url, "urls": self.urls, "pids": self.pids, "nodes": self.nodes,
-                "transports": self.transports, "dir": str(self.run.path)}
+        return {
+            "run": self.run.run_id,
+            "url": self.url,
+            "urls": self.urls,
+            "pids": self.pids,
+            "nodes": self.nodes,
+            "transports": self.transports,
+            "dir": str(self.run.path),
+        }
 
 
-def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None = None, detached: bool = False,
-           timeout_s: float = 1800.0, run_id: str | None = None, on_event: Observer | None = None,
-           transport: str = Transport.TCP, rdma_dev: str | None = None,
-           preflight: Callable[[], None] | None = None) -> Launched:
+def launch(
+    spec: LaunchSpec,
+    plan_doc: dict[str, Any],
+    *,
+    plan_file: str | None = None,
+    detached: bool = False,
+    timeout_s: float = 1800.0,
+    run_id: str | None = None,
+    on_event: Observer | None = None,
+    transport: str = Transport.TCP,
+    rdma_dev: str | None = None,
+    preflight: Callable[[], None] | None = None,
+) -> Launched:
     """Start the plan's processes and return once every server is healthy.
 
     ``preflight`` runs once the RPC workers listen, before the first server starts (`launch
@@ -112,10 +128,20 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
     engines = {_engine_key(p): p for p in prepared}
     versions = {k: _version(p) for k, p in engines.items()}
     now = time.time()
-    info = RunInfo(run=run_id or new_run_id(now, secrets.token_hex(2)), created_at=now, state=LaunchState.STARTING,
-                   launch=spec.to_json(), engines=versions, fingerprint=fingerprint(), machine=machine_facts(),
-                   launcher_pid=os.getpid(), detached=detached, plan_file=plan_file, transport=transport,
-                   launcher_start_ticks=own_start_ticks())
+    info = RunInfo(
+        run=run_id or new_run_id(now, secrets.token_hex(2)),
+        created_at=now,
+        state=LaunchState.STARTING,
+        launch=spec.to_json(),
+        engines=versions,
+        fingerprint=fingerprint(),
+        machine=machine_facts(),
+        launcher_pid=os.getpid(),
+        detached=detached,
+        plan_file=plan_file,
+        transport=transport,
+        launcher_start_ticks=own_start_ticks(),
+    )
     rd = RunDir.create(info, plan_doc)
     procs: dict[str, Process] = {}
 
@@ -137,10 +163,13 @@ def launch(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None 
                 _confirm_transport(rd, p, prepared, transport, emit)
         rd.update(state=LaunchState.HEALTHY)  # inside: a Ctrl-C as it returns stops the run too
         recs = {r.name: r for r in rd.procs()}
-        return Launched(rd, {p.name: p.spec.url for p in prepared if p.spec.role != ProcessRole.RPC},
-                        {n: pid for n, r in recs.items() if (pid := r.remote_pid if r.remote else r.pid) is not None},
-                        {p.name: p.spec.node for p in prepared},
-                        {n: r.transport for n, r in recs.items() if r.role == ProcessRole.RPC})
+        return Launched(
+            rd,
+            {p.name: p.spec.url for p in prepared if p.spec.role != ProcessRole.RPC},
+            {n: pid for n, r in recs.items() if (pid := r.remote_pid if r.remote else r.pid) is not None},
+            {p.name: p.spec.node for p in prepared},
+            {n: r.transport for n, r in recs.items() if r.role == ProcessRole.RPC},
+        )
     except LaunchFailed as e:
         stop_run(rd, final_state=LaunchState.FAILED, notify=notify)
         rd.update(diagnosis=e.diagnosis.to_json())
@@ -188,21 +217,39 @@ def transport_envs(prepared: list[Prepared], transport: str, rdma_dev: str | Non
         lacking = [p for p in users if not p.rdma]
         if lacking:
             where = ", ".join(f"{p.name} ({p.argv[0]} on node {p.spec.node})" for p in lacking)
-            raise InputError(f"--transport rdma: no RDMA transport in the engine build of {where} (a worker of "
-                             "such a build says `transport : TCP`, not `TCP (RDMA auto-negotiate enabled)`)",
-                             hint="build llama.cpp with -DGGML_RPC=ON -DGGML_RPC_RDMA=ON where libibverbs is "
-                             "installed, on both nodes; or launch with --transport tcp")
+            raise InputError(
+                f"--transport rdma: no RDMA transport in the engine build of {where} (a worker of "
+                "such a build says `transport : TCP`, not `TCP (RDMA auto-negotiate enabled)`)",
+                hint="build llama.cpp with -DGGML_RPC=ON -DGGML_RPC_RDMA=ON where libibverbs is "
+                "installed, on both nodes; or launch with --transport tcp",
+            )
     return {p.name: env_for(transport, p.rdma, rdma_dev) for p in users}
 
 
 @contextmanager
-def launched(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | None = None, timeout_s: float = 1800.0,
-             on_event: Observer | None = None, run_id: str | None = None, transport: str = Transport.TCP,
-             rdma_dev: str | None = None) -> Iterator[Launched]:
+def launched(
+    spec: LaunchSpec,
+    plan_doc: dict[str, Any],
+    *,
+    plan_file: str | None = None,
+    timeout_s: float = 1800.0,
+    on_event: Observer | None = None,
+    run_id: str | None = None,
+    transport: str = Transport.TCP,
+    rdma_dev: str | None = None,
+) -> Iterator[Launched]:
     """``with launched(spec, doc) as ln:`` serve on ``ln.url``; on leaving (an exception or Ctrl-C
     included) everything stops in order."""
-    ln = launch(spec, plan_doc, plan_file=plan_file, timeout_s=timeout_s, on_event=on_event, run_id=run_id,
-                transport=transport, rdma_dev=rdma_dev)
+    ln = launch(
+        spec,
+        plan_doc,
+        plan_file=plan_file,
+        timeout_s=timeout_s,
+        on_event=on_event,
+        run_id=run_id,
+        transport=transport,
+        rdma_dev=rdma_dev,
+    )
     try:
         yield ln
     finally:
@@ -212,8 +259,20 @@ def launched(spec: LaunchSpec, plan_doc: dict[str, Any], *, plan_file: str | Non
 def _start(rd: RunDir, p: Prepared, extra_env: dict[str, str]) -> Process:
     env = {**p.spec.env, **extra_env, RUN_ENV: rd.run_id, NAME_ENV: p.name}
     if p.spec.ssh:  # the node's own environment, plus these
-        rec = ProcRecord(p.name, p.spec.role, p.spec.node, p.spec.host, p.spec.port, list(p.argv), env, {},
-                         rd.log_path(p.name).name, "~", ssh_target=p.spec.ssh, ssh=ssh_base())
+        rec = ProcRecord(
+            p.name,
+            p.spec.role,
+            p.spec.node,
+            p.spec.host,
+            p.spec.port,
+            list(p.argv),
+            env,
+            {},
+            rd.log_path(p.name).name,
+            "~",
+            ssh_target=p.spec.ssh,
+            ssh=ssh_base(),
+        )
         rd.add_proc(rec)
 
         def spawned(proc: RemoteProcess) -> None:  # recorded before the wait: a Ctrl-C now still stops it
@@ -224,15 +283,26 @@ def _start(rd: RunDir, p: Prepared, extra_env: dict[str, str]) -> Process:
         return remote
     full_env = {**{k: v for k, v in os.environ.items() if k != auth.KEY_ENV}, **env}  # the key: moetune's alone
     argv = run_argv(rd, p, env)
-    rec = ProcRecord(p.name, p.spec.role, p.spec.node, p.spec.host, p.spec.port, list(argv), env,
-                     recorded_env({k: v for k, v in os.environ.items() if k not in env}), rd.log_path(p.name).name,
-                     os.getcwd(), container=container_name(rd.run_id, p.name) if p.container else None,
-                     runtime=p.container.runtime if p.container else None)
+    rec = ProcRecord(
+        p.name,
+        p.spec.role,
+        p.spec.node,
+        p.spec.host,
+        p.spec.port,
+        list(argv),
+        env,
+        recorded_env({k: v for k, v in os.environ.items() if k not in env}),
+        rd.log_path(p.name).name,
+        os.getcwd(),
+        container=container_name(rd.run_id, p.name) if p.container else None,
+        runtime=p.container.runtime if p.container else None,
+    )
     rd.add_proc(rec)
     proc = LocalProcess.start(p.name, argv, full_env, rd.log_path(p.name))
     pgid = getattr(proc, "pgid", proc.pid)
-    rd.update_proc(p.name, pid=proc.pid, pgid=pgid, start_ticks=getattr(proc, "start_ticks", None),
-                   started_at=time.time())
+    rd.update_proc(
+        p.name, pid=proc.pid, pgid=pgid, start_ticks=getattr(proc, "start_ticks", None), started_at=time.time()
+    )
     return proc
 
 
@@ -263,8 +333,11 @@ def _wait_worker(rd: RunDir, p: Prepared, proc: Process, emit: Observer) -> None
             text = _read(rd.log_path(p.name))
             wlog = parse_worker_log(text)
             if isinstance(proc, RemoteProcess) and not proc.started:
-                raise LaunchFailed(diagnose.ssh_failed(p.name, p.spec.node, proc.target,
-                                                       _last_line(text) or f"ssh exit {proc.returncode}"))
+                raise LaunchFailed(
+                    diagnose.ssh_failed(
+                        p.name, p.spec.node, proc.target, _last_line(text) or f"ssh exit {proc.returncode}"
+                    )
+                )
             raise LaunchFailed(diagnose.worker_exit(p.name, wlog, proc.returncode, p.endpoint + where))
         if port_open(p.spec.host, p.spec.port, timeout_s=0.5):
             rd.update_proc(p.name, ready_at=time.time())
@@ -273,14 +346,20 @@ def _wait_worker(rd: RunDir, p: Prepared, proc: Process, emit: Observer) -> None
             emit(Event(p.name, "ready", elapsed, f"listening on {p.endpoint}{where}{pid}"))
             return
         if elapsed > WORKER_TIMEOUT_S:
-            raise LaunchFailed(Diagnosis(diagnose.NOT_HEALTHY, p.name,
-                                         f"{p.name}: RPC worker not listening on {p.endpoint} after {elapsed:.0f} s",
-                                         "run the worker's command by hand to see why"))
+            raise LaunchFailed(
+                Diagnosis(
+                    diagnose.NOT_HEALTHY,
+                    p.name,
+                    f"{p.name}: RPC worker not listening on {p.endpoint} after {elapsed:.0f} s",
+                    "run the worker's command by hand to see why",
+                )
+            )
         time.sleep(POLL_S / 2)
 
 
-def _wait_server(rd: RunDir, p: Prepared, procs: dict[str, Process], timeout_s: float, plan_doc: dict[str, Any],
-                 emit: Observer) -> None:
+def _wait_server(
+    rd: RunDir, p: Prepared, procs: dict[str, Process], timeout_s: float, plan_doc: dict[str, Any], emit: Observer
+) -> None:
     proc = procs[p.name]
     follower = LogFollower(rd.log_path(p.name), era=LogEra.LEGACY if p.engine.kind == EngineKind.IK else None)
     t0 = time.monotonic()
@@ -301,16 +380,20 @@ def _wait_server(rd: RunDir, p: Prepared, procs: dict[str, Process], timeout_s: 
             rd.update_proc(p.name, exited_at=time.time(), exit_code=proc.returncode)
             log = parse_log(_read(rd.log_path(p.name)), LogEra.LEGACY if p.engine.kind == EngineKind.IK else None)
             layers, uniform = _expert_sizes(plan_doc, p) if log.alloc_failures else ([], None)
-            raise LaunchFailed(diagnose.server_exit(p.name, log, proc.returncode, loading=True, layers=layers,
-                                                    uniform=uniform, n_ubatch=ubatch(p.argv)))
+            raise LaunchFailed(
+                diagnose.server_exit(
+                    p.name, log, proc.returncode, loading=True, layers=layers, uniform=uniform, n_ubatch=ubatch(p.argv)
+                )
+            )
         for name, other in procs.items():
             if name != p.name and not other.alive():
                 rec = rd.proc(name)
                 rd.update_proc(name, exited_at=time.time(), exit_code=other.returncode)
                 wlog = parse_worker_log(_read(rd.log_path(name)))
                 d = diagnose.worker_exit(name, wlog, other.returncode, f"{rec.host}:{rec.port}", listening=True)
-                raise LaunchFailed(Diagnosis(d.cause, name, f"{d.message} while {p.name} was loading", d.hint,
-                                             d.evidence))
+                raise LaunchFailed(
+                    Diagnosis(d.cause, name, f"{d.message} while {p.name} was loading", d.hint, d.evidence)
+                )
         if health(p.spec.url, timeout_s=2.0) == 200:
             read_phases(elapsed)  # the phases the log gained since the last look
             rd.update_proc(p.name, ready_at=time.time())
@@ -323,8 +406,7 @@ def _wait_server(rd: RunDir, p: Prepared, procs: dict[str, Process], timeout_s: 
         time.sleep(POLL_S)
 
 
-def _confirm_transport(rd: RunDir, server: Prepared, prepared: list[Prepared], transport: str,
-                       emit: Observer) -> None:
+def _confirm_transport(rd: RunDir, server: Prepared, prepared: list[Prepared], transport: str, emit: Observer) -> None:
     """Read the transport from the logs of the workers this server uses; record it; fail on a
     contradiction with what was asked (the stop that follows keeps the order)."""
     workers = [p for p in prepared if p.spec.role == ProcessRole.RPC and p.name in server.spec.after]
@@ -356,6 +438,7 @@ def _expert_sizes(plan_doc: dict[str, Any], p: Prepared) -> tuple[list[LayerExpe
     if layers:
         return layers, None
     from moetune.model.profile import load_profile  # only on this failure path
+
     for m in model_paths(p.argv)[:1]:
         try:
             moe = [x.expert_bytes for x in load_profile(m).layers if x.kind == "moe"]
@@ -373,8 +456,13 @@ def _read(path: Path) -> str:
         return ""
 
 
-def watch(rd: RunDir, *, on_event: Observer | None = None, notify: Notify | None = None,
-          on_interrupt: Callable[[], None] | None = None) -> Diagnosis | None:
+def watch(
+    rd: RunDir,
+    *,
+    on_event: Observer | None = None,
+    notify: Notify | None = None,
+    on_interrupt: Callable[[], None] | None = None,
+) -> Diagnosis | None:
     """Stay with a healthy run in the foreground. When a process exits, stop the rest in order,
     record the diagnosis on the run and return it; when the run is stopped from elsewhere, return
     None. Ctrl-C (KeyboardInterrupt) stops the run in order (``on_interrupt`` first) and re-raises."""
@@ -407,13 +495,18 @@ def supervise(rd: RunDir, *, poll_s: float = 0.5, on_event: Observer | None = No
             rd.update_proc(name, exited_at=time.time(), exit_code=proc.returncode)
             emit(Event(name, "exited", 0.0, ""))
             if isinstance(proc, RemoteProcess) and proc.session_lost():
-                return diagnose.ssh_session_lost(name, rec.node, f"{rec.host}:{rec.port}",
-                                                 proc.local.returncode if proc.local else None,
-                                                 ssh_said(_read(rd.log_path(name))))
+                return diagnose.ssh_session_lost(
+                    name,
+                    rec.node,
+                    f"{rec.host}:{rec.port}",
+                    proc.local.returncode if proc.local else None,
+                    ssh_said(_read(rd.log_path(name))),
+                )
             if rec.role == ProcessRole.RPC:
                 wlog = parse_worker_log(_read(rd.log_path(name)))
                 where = f" on {rec.node}" if rec.remote else ""
-                return diagnose.worker_exit(name, wlog, proc.returncode, f"{rec.host}:{rec.port}{where}",
-                                            listening=True)
+                return diagnose.worker_exit(
+                    name, wlog, proc.returncode, f"{rec.host}:{rec.port}{where}", listening=True
+                )
             log = parse_log(_read(rd.log_path(name)))
             return diagnose.server_exit(name, log, proc.returncode, loading=False)

@@ -112,11 +112,19 @@ class LocalProcess:
         self._popen = _children.get(pid)  # when this Python process started it
 
     @classmethod
-    def start(cls, name: str, argv: Sequence[str], env: Mapping[str, str], log: Path,
-              cwd: Path | None = None) -> LocalProcess:
+    def start(
+        cls, name: str, argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: Path | None = None
+    ) -> LocalProcess:
         with open(log, "ab") as f:
-            p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                 env=dict(env), cwd=cwd, start_new_session=True)
+            p = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
         _children[p.pid] = p
         st = read_proc_stat(p.pid)
         return cls(name, p.pid, p.pid, st.start_ticks if st else None)

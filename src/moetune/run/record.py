@@ -94,12 +94,16 @@ class ProcRecord:
     def process(self, run_path: Path | None = None) -> Process | None:
         """The process to watch or stop; ``run_path`` (the run directory) lets a remote one read
         its log for the exit status."""
-        local = (None if self.pid is None else
-                 LocalProcess.attach(self.name, self.pid, self.pgid or self.pid, self.start_ticks))
+        local = (
+            None
+            if self.pid is None
+            else LocalProcess.attach(self.name, self.pid, self.pgid or self.pid, self.start_ticks)
+        )
         if self.ssh_target is not None:
             log = run_path / self.log if run_path is not None else None
-            return RemoteProcess.attach(self.name, self.ssh or [], self.ssh_target, self.remote_pid,
-                                        self.remote_start_ticks, local, log)
+            return RemoteProcess.attach(
+                self.name, self.ssh or [], self.ssh_target, self.remote_pid, self.remote_start_ticks, local, log
+            )
         return local
 
     def alive(self) -> bool:

@@ -38,8 +38,16 @@ from moetune.errors import InputError, RuntimeFailure
 from moetune.run.process import LocalProcess
 
 SSH_ENV = "MOETUNE_SSH_COMMAND"
-SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10",
-               "-o", "ServerAliveCountMax=3")
+SSH_OPTIONS = (
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ConnectTimeout=10",
+    "-o",
+    "ServerAliveInterval=10",
+    "-o",
+    "ServerAliveCountMax=3",
+)
 PID_MARK = "moetune-pid"
 EXIT_MARK = "moetune-exit"
 SSH_FAILED = 255  # what ssh exits with when it could not run the command
@@ -65,24 +73,35 @@ def ssh_argv(base: Sequence[str], target: str, script: str, tty: bool = False) -
     return [*base, "-tt" if tty else "-T", target, "exec /bin/sh -c " + shlex.quote(script)]
 
 
-def run_remote(base: Sequence[str], target: str, script: str, timeout_s: float = CHECK_TIMEOUT_S,
-               stdin: str | None = None) -> str:
+def run_remote(
+    base: Sequence[str], target: str, script: str, timeout_s: float = CHECK_TIMEOUT_S, stdin: str | None = None
+) -> str:
     """Run a short script on ``target`` and return its stdout; RemoteError when ssh fails."""
     try:
-        r = subprocess.run(ssh_argv(base, target, script), input=stdin, capture_output=True, text=True,
-                           timeout=timeout_s, stdin=None if stdin is not None else subprocess.DEVNULL)
+        r = subprocess.run(
+            ssh_argv(base, target, script),
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         raise RemoteError(f"ssh {target}: no answer after {timeout_s:.0f} s", hint=ssh_hint(target)) from None
     except FileNotFoundError:
-        raise RemoteError(f"no ssh client ({base[0]})", hint="install OpenSSH's client (Debian: openssh-client)") from None
+        raise RemoteError(
+            f"no ssh client ({base[0]})", hint="install OpenSSH's client (Debian: openssh-client)"
+        ) from None
     if r.returncode == SSH_FAILED:
         raise RemoteError(f"ssh {target} failed: {last_line(r.stderr) or 'exit 255'}", hint=ssh_hint(target))
     return r.stdout
 
 
 def ssh_hint(target: str) -> str:
-    return (f"check that `ssh -o BatchMode=yes {target} true` works without a prompt (key or agent, host key in "
-            "known_hosts, the Host entry of your ssh config); set MOETUNE_SSH_COMMAND for other options")
+    return (
+        f"check that `ssh -o BatchMode=yes {target} true` works without a prompt (key or agent, host key in "
+        "known_hosts, the Host entry of your ssh config); set MOETUNE_SSH_COMMAND for other options"
+    )
 
 
 _SSH_LINE = re.compile(r"^(ssh: |Connection .*closed|Timeout, server|client_loop: |packet_write|Broken pipe)")
@@ -101,6 +120,7 @@ def last_line(text: str) -> str:
 
 # -- scripts run on the node (pure) ----------------------------------------------------------
 
+
 def _stat_fields(pid: int) -> str:
     """Shell: the /proc/PID/stat fields after ``pid (comm)``; empty where there is no such process."""
     return f"sed 's/.*) //' /proc/{pid}/stat 2>/dev/null"
@@ -115,31 +135,37 @@ def worker_script(argv: Sequence[str], env: Mapping[str, str]) -> str:
     if bad is not None:
         raise InputError(f"environment variable {bad!r}: a shell cannot set that name on a remote node")
     binary = f"./{argv[0]}" if argv[0].startswith("-") else argv[0]
-    return "\n".join([
-        *(f"export {k}={shlex.quote(v)}" for k, v in env.items()),
-        'if command -v stdbuf >/dev/null 2>&1; then sb="stdbuf -oL -eL"; else sb=; fi',
-        f"$sb {shlex.join([binary, *argv[1:]])} </dev/null &",
-        "w=$!",
-        f"""echo "{PID_MARK} $w $(sed 's/.*) //' /proc/$w/stat 2>/dev/null | cut -d' ' -f20)" """.rstrip(),
-        'wait "$w"',
-        "rc=$?",
-        f'echo "{EXIT_MARK} $rc"',
-        'exit "$rc"',
-    ])
+    return "\n".join(
+        [
+            *(f"export {k}={shlex.quote(v)}" for k, v in env.items()),
+            'if command -v stdbuf >/dev/null 2>&1; then sb="stdbuf -oL -eL"; else sb=; fi',
+            f"$sb {shlex.join([binary, *argv[1:]])} </dev/null &",
+            "w=$!",
+            f"""echo "{PID_MARK} $w $(sed 's/.*) //' /proc/$w/stat 2>/dev/null | cut -d' ' -f20)" """.rstrip(),
+            'wait "$w"',
+            "rc=$?",
+            f'echo "{EXIT_MARK} $rc"',
+            'exit "$rc"',
+        ]
+    )
 
 
 def state_script(pid: int) -> str:
     """Prints the process's state and start ticks (``S 4242``), ``alive`` without /proc, or nothing."""
-    return (f"s=$({_stat_fields(pid)} | cut -d' ' -f1,20); if [ -n \"$s\" ]; then echo \"$s\"; "
-            f"elif [ ! -d /proc/self ] && kill -0 {pid} 2>/dev/null; then echo alive; fi; true")
+    return (
+        f's=$({_stat_fields(pid)} | cut -d\' \' -f1,20); if [ -n "$s" ]; then echo "$s"; '
+        f"elif [ ! -d /proc/self ] && kill -0 {pid} 2>/dev/null; then echo alive; fi; true"
+    )
 
 
 def kill_script(pid: int, sig: int, start_ticks: int | None) -> str:
     name = signal.Signals(sig).name.removeprefix("SIG")
     if start_ticks is None:
         return f"kill -s {name} {pid} 2>/dev/null; true"
-    return (f"t=$({_stat_fields(pid)} | cut -d' ' -f20); "
-            f"if [ \"$t\" = {start_ticks} ] || [ ! -d /proc/self ]; then kill -s {name} {pid} 2>/dev/null; fi; true")
+    return (
+        f"t=$({_stat_fields(pid)} | cut -d' ' -f20); "
+        f'if [ "$t" = {start_ticks} ] || [ ! -d /proc/self ]; then kill -s {name} {pid} 2>/dev/null; fi; true'
+    )
 
 
 def parse_state(out: str, start_ticks: int | None) -> bool:
@@ -192,6 +218,7 @@ def _head(path: Path, size: int = 1 << 16) -> str:
 
 # -- the process -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class NodeProbe:
     """What a node's engine directory holds, looked at over ssh before anything starts."""
@@ -210,12 +237,14 @@ class NodeProbe:
 def probe_node(base: Sequence[str], target: str, bin_dir: str, binaries: Sequence[str]) -> NodeProbe:
     names = " ".join(shlex.quote(b) for b in binaries)
     libs = f"{names} lib*ggml-rpc* ../lib/lib*ggml-rpc*"
-    script = "\n".join([
-        "echo \"host $(hostname)\"",
-        f"cd {shlex.quote(bin_dir)} 2>/dev/null || {{ echo nodir; exit 0; }}",
-        f"for b in {names}; do if [ -x \"$b\" ]; then echo \"binary $b\"; break; fi; done",
-        f"if grep -qsF 'RDMA activated' {libs}; then echo rdma; fi",
-    ])
+    script = "\n".join(
+        [
+            'echo "host $(hostname)"',
+            f"cd {shlex.quote(bin_dir)} 2>/dev/null || {{ echo nodir; exit 0; }}",
+            f'for b in {names}; do if [ -x "$b" ]; then echo "binary $b"; break; fi; done',
+            f"if grep -qsF 'RDMA activated' {libs}; then echo rdma; fi",
+        ]
+    )
     out = run_remote(base, target, script)
     lines = out.splitlines()
     binary = next((x.split(" ", 1)[1] for x in lines if x.startswith("binary ")), None)
@@ -226,8 +255,16 @@ def probe_node(base: Sequence[str], target: str, bin_dir: str, binaries: Sequenc
 class RemoteProcess:
     """A process on another node, started here over ssh or attached to from its record."""
 
-    def __init__(self, name: str, ssh: Sequence[str], target: str, remote_pid: int | None,
-                 remote_start_ticks: int | None, local: LocalProcess | None, log: Path | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        ssh: Sequence[str],
+        target: str,
+        remote_pid: int | None,
+        remote_start_ticks: int | None,
+        local: LocalProcess | None,
+        log: Path | None,
+    ) -> None:
         self.name = name
         self.ssh = list(ssh)  # the ssh client and options, without the target
         self.target = target
@@ -238,9 +275,17 @@ class RemoteProcess:
         self.unreachable: str | None = None  # why its node could not be asked, when it could not
 
     @classmethod
-    def start(cls, name: str, target: str, argv: Sequence[str], env: Mapping[str, str], log: Path,
-              ssh: Sequence[str] | None = None, timeout_s: float = START_TIMEOUT_S,
-              on_spawn: Callable[[RemoteProcess], None] | None = None) -> RemoteProcess:
+    def start(
+        cls,
+        name: str,
+        target: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log: Path,
+        ssh: Sequence[str] | None = None,
+        timeout_s: float = START_TIMEOUT_S,
+        on_spawn: Callable[[RemoteProcess], None] | None = None,
+    ) -> RemoteProcess:
         """Start ``argv`` on ``target`` and return once its pid there is known (or ssh gave up).
         ``on_spawn`` sees the process as soon as the local ssh runs (to record it before waiting)."""
         base = list(ssh) if ssh is not None else ssh_base()
@@ -260,8 +305,16 @@ class RemoteProcess:
         return proc
 
     @classmethod
-    def attach(cls, name: str, ssh: Sequence[str], target: str, remote_pid: int | None,
-               remote_start_ticks: int | None, local: LocalProcess | None, log: Path | None) -> RemoteProcess:
+    def attach(
+        cls,
+        name: str,
+        ssh: Sequence[str],
+        target: str,
+        remote_pid: int | None,
+        remote_start_ticks: int | None,
+        local: LocalProcess | None,
+        log: Path | None,
+    ) -> RemoteProcess:
         return cls(name, ssh, target, remote_pid, remote_start_ticks, local, log)
 
     # the local side: what the run record's pid, pgid and start ticks describe
@@ -292,8 +345,9 @@ class RemoteProcess:
 
     def session_lost(self) -> bool:
         """The ssh session ended without the wrapper logging the worker's exit (ssh killed, network)."""
-        return (self.local is not None and not self.local.alive() and self.started
-                and exit_status(_tail(self.log)) is None)
+        return (
+            self.local is not None and not self.local.alive() and self.started and exit_status(_tail(self.log)) is None
+        )
 
     def alive(self) -> bool:
         """While the ssh session runs, the worker does: no round trip needed."""
@@ -316,8 +370,9 @@ class RemoteProcess:
         if self.remote_pid is None:
             return False
         try:
-            alive = parse_state(run_remote(self.ssh, self.target, state_script(self.remote_pid)),
-                                self.remote_start_ticks)
+            alive = parse_state(
+                run_remote(self.ssh, self.target, state_script(self.remote_pid)), self.remote_start_ticks
+            )
         except RemoteError as e:
             self.unreachable = str(e)
             return True

@@ -52,8 +52,10 @@ def launch_of(ref: str, db_path: Path | None = None) -> RunDir:
             raise InputError("no launched runs yet", hint="`moetune launch PLAN` starts one; or pass a log file")
         return max(runs, key=lambda r: r.info().created_at)
     db_file = db_path or default_db()
-    unknown = InputError(f"{ref!r}: no such file, launch or benchmark run",
-                         hint="see `moetune ps --all` for launches, `moetune results list` for benchmark runs")
+    unknown = InputError(
+        f"{ref!r}: no such file, launch or benchmark run",
+        hint="see `moetune ps --all` for launches, `moetune results list` for benchmark runs",
+    )
     try:
         return RunDir.open(ref)
     except InputError:
@@ -65,8 +67,11 @@ def launch_of(ref: str, db_path: Path | None = None) -> RunDir:
         except InputError:
             raise unknown from None
     if run.meta.launch_run is None:
-        raise InputError(f"benchmark run {run.id} ({run.label}) measured {run.target}, which moetune did not "
-                         "launch: there is no log of it to read", hint="pass the server's log file")
+        raise InputError(
+            f"benchmark run {run.id} ({run.label}) measured {run.target}, which moetune did not "
+            "launch: there is no log of it to read",
+            hint="pass the server's log file",
+        )
     return RunDir.open(run.meta.launch_run)
 
 
@@ -92,8 +97,7 @@ def file_source(path: Path, env: Mapping[str, str] | None = None, ram_mib: float
         docs = _json_docs(text)
         if docs is not None:
             responses, lines = responses_from(docs)
-            return Source(str(path), responses=tuple(responses), response_lines=tuple(lines), env=env,
-                          ram_mib=ram_mib)
+            return Source(str(path), responses=tuple(responses), response_lines=tuple(lines), env=env, ram_mib=ram_mib)
     lines = split_lines(text)
     if is_worker_log(lines):
         return Source(str(path), worker=parse_worker_log(text), env=env, ram_mib=ram_mib)
@@ -131,8 +135,17 @@ def responses_from(docs: Sequence[Any]) -> tuple[list[Response], list[str]]:
         n = usage.get("completion_tokens", timings.get("predicted_n"))
         details = usage.get("completion_tokens_details") or {}
         rt = details.get("reasoning_tokens")
-        out.append(Response(len(out) + 1, int(n) if isinstance(n, int) else None, len(reasoning), len(content),
-                            int(rt) if isinstance(rt, int) else None))
-        lines.append(f"response {len(out)}: completion_tokens={n}, reasoning_content {len(reasoning)} chars, "
-                     f"content {len(content)} chars")
+        out.append(
+            Response(
+                len(out) + 1,
+                int(n) if isinstance(n, int) else None,
+                len(reasoning),
+                len(content),
+                int(rt) if isinstance(rt, int) else None,
+            )
+        )
+        lines.append(
+            f"response {len(out)}: completion_tokens={n}, reasoning_content {len(reasoning)} chars, "
+            f"content {len(content)} chars"
+        )
     return out, lines

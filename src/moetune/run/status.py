@@ -28,16 +28,27 @@ class LaunchStatus:
     orphaned: bool = False  # a foreground launch whose launcher is gone (killed): nobody will stop it
     containers: dict[str, str] = field(default_factory=dict)  # process name -> its container's name
 
-
     @property
     def live(self) -> bool:
         return any(self.alive.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "state": self.state, "created_at": self.created_at, "detached": self.detached,
-                "urls": self.urls, "pids": self.pids, "alive": self.alive, "nodes": self.nodes,
-                "transport": self.transport, "transports": self.transports, "dir": self.dir,
-                "diagnosis": self.diagnosis, "orphaned": self.orphaned, "containers": self.containers}
+        return {
+            "run": self.run,
+            "state": self.state,
+            "created_at": self.created_at,
+            "detached": self.detached,
+            "urls": self.urls,
+            "pids": self.pids,
+            "alive": self.alive,
+            "nodes": self.nodes,
+            "transport": self.transport,
+            "transports": self.transports,
+            "dir": self.dir,
+            "diagnosis": self.diagnosis,
+            "orphaned": self.orphaned,
+            "containers": self.containers,
+        }
 
 
 def run_status(rd: RunDir) -> LaunchStatus:
@@ -48,15 +59,23 @@ def run_status(rd: RunDir) -> LaunchStatus:
     if state in (LaunchState.STARTING, LaunchState.HEALTHY) and not any(alive.values()):
         state = LaunchState.EXITED
     return LaunchStatus(
-        run=info.run, state=state, created_at=info.created_at, detached=info.detached,
+        run=info.run,
+        state=state,
+        created_at=info.created_at,
+        detached=info.detached,
         urls={r.name: r.url for r in procs if r.role == ProcessRole.SERVER},
-        pids={r.name: r.remote_pid if r.remote else r.pid for r in procs}, alive=alive,
-        nodes={r.name: r.node for r in procs}, transport=info.transport,
-        transports={r.name: r.transport for r in procs if r.role == ProcessRole.RPC}, dir=str(rd.path),
+        pids={r.name: r.remote_pid if r.remote else r.pid for r in procs},
+        alive=alive,
+        nodes={r.name: r.node for r in procs},
+        transport=info.transport,
+        transports={r.name: r.transport for r in procs if r.role == ProcessRole.RPC},
+        dir=str(rd.path),
         diagnosis=(info.diagnosis or {}).get("message"),
-        orphaned=not info.detached and any(alive.values())
+        orphaned=not info.detached
+        and any(alive.values())
         and not pid_alive(info.launcher_pid, info.launcher_start_ticks),
-        containers={r.name: r.container for r in procs if r.container})
+        containers={r.name: r.container for r in procs if r.container},
+    )
 
 
 def runs(show_all: bool = False) -> list[LaunchStatus]:

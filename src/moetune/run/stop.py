@@ -43,8 +43,9 @@ def _no_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGINT, old)
 
 
-def stop_run(rd: RunDir, *, grace_s: float = 30.0, final_state: LaunchState = LaunchState.STOPPED,
-             notify: Notify | None = None) -> list[ProcRecord]:
+def stop_run(
+    rd: RunDir, *, grace_s: float = 30.0, final_state: LaunchState = LaunchState.STOPPED, notify: Notify | None = None
+) -> list[ProcRecord]:
     """Stop every process of a run in order and record when each went; returns the records."""
     say = notify or (lambda name, what: None)
     with _no_interrupts():
@@ -65,11 +66,22 @@ class Stopped:
     records: list[ProcRecord]  # as the stop left them: when each was signalled and went
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run_id, "processes": [
-            {"name": r.name, "role": r.role, "node": r.node, "pid": r.remote_pid if r.remote else r.pid,
-             "stop_sent_at": r.stop_sent_at, "kill_sent_at": r.kill_sent_at, "exited_at": r.exited_at,
-             "container": r.container}
-            for r in self.records]}
+        return {
+            "run": self.run_id,
+            "processes": [
+                {
+                    "name": r.name,
+                    "role": r.role,
+                    "node": r.node,
+                    "pid": r.remote_pid if r.remote else r.pid,
+                    "stop_sent_at": r.stop_sent_at,
+                    "kill_sent_at": r.kill_sent_at,
+                    "exited_at": r.exited_at,
+                    "container": r.container,
+                }
+                for r in self.records
+            ],
+        }
 
 
 def stop_runs(run_ids: Sequence[str], *, grace_s: float = 30.0, notify: Notify | None = None) -> Iterator[Stopped]:
@@ -94,8 +106,12 @@ def _stop_group(rd: RunDir, recs: list[ProcRecord], grace_s: float, say: Notify)
         rd.update_proc(r.name, stop_sent_at=time.time())
         p.signal(TERM)
         if r.container is not None and r.runtime is not None:
-            main = ((r.container_pid, r.container_start_ticks) if r.container_pid is not None else  # up, or still loading
-                    container.main_pid(r.runtime, r.container) or (None, None))
+            main = (
+                (r.container_pid, r.container_start_ticks)
+                if r.container_pid is not None
+                # up, or still loading
+                else container.main_pid(r.runtime, r.container) or (None, None)
+            )
             if container.end_if_deaf(*main):
                 rd.update_proc(r.name, kill_sent_at=time.time())
         say(r.name, "stopping")
@@ -112,8 +128,10 @@ def _remove_containers(recs: list[ProcRecord]) -> None:
         if r.container is None or r.runtime is None:
             continue
         if not container.remove(r.runtime, r.container):
-            raise RuntimeFailure(f"could not remove container {r.container} of {r.name}",
-                                 hint=f"remove it by hand: {r.runtime} rm -f {r.container}")
+            raise RuntimeFailure(
+                f"could not remove container {r.container} of {r.name}",
+                hint=f"remove it by hand: {r.runtime} rm -f {r.container}",
+            )
 
 
 def _wait_gone(rd: RunDir, procs: dict[str, Process], grace_s: float, say: Notify) -> None:
@@ -131,8 +149,10 @@ def _wait_gone(rd: RunDir, procs: dict[str, Process], grace_s: float, say: Notif
                 say(name, "stopped")
             elif (why := getattr(p, "unreachable", None)) is not None:
                 del pending[name]
-                say(name, f"left running: its node cannot be reached ({why}); "
-                          f"`moetune stop {rd.run_id}` again once it can")
+                say(
+                    name,
+                    f"left running: its node cannot be reached ({why}); `moetune stop {rd.run_id}` again once it can",
+                )
         if not pending:
             return
         now = time.monotonic()
@@ -156,8 +176,11 @@ def _where(p: Process) -> str:
 def _stop_strays(rd: RunDir, grace_s: float, say: Notify) -> None:
     """Processes that carry the run's id but no record (started as Ctrl-C arrived, or children)."""
     known = {pid for r in rd.procs() for pid in (r.pid, r.container_pid)}
-    strays = {f"pid {pid}": LocalProcess.attach(f"pid {pid}", pid, pid, None)
-              for pid in with_env(RUN_ENV, rd.run_id) if pid not in known}
+    strays = {
+        f"pid {pid}": LocalProcess.attach(f"pid {pid}", pid, pid, None)
+        for pid in with_env(RUN_ENV, rd.run_id)
+        if pid not in known
+    }
     if not strays:
         return
     for p in strays.values():
@@ -169,7 +192,7 @@ def _stop_strays(rd: RunDir, grace_s: float, say: Notify) -> None:
     for name, p in strays.items():
         if p.alive():
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(p.pid, KILL)
+                os.kill(p.pid, KILL)
         say(name, "stopped (stray)")
 
 

@@ -70,14 +70,26 @@ def observed(log: WorkerLog) -> str | None:
 
 def mismatch(name: str, requested: str, seen: str | None, log: WorkerLog) -> Diagnosis | None:
     """A diagnosis when the log contradicts what was asked (``auto`` accepts anything)."""
-    if (requested == Transport.AUTO or (requested == Transport.TCP and seen != "RDMA")
-            or (requested == Transport.RDMA and seen == "RDMA")):
+    if (
+        requested == Transport.AUTO
+        or (requested == Transport.TCP and seen != "RDMA")
+        or (requested == Transport.RDMA and seen == "RDMA")
+    ):
         return None
     ev = tuple(log.evidence(e.line) for e in (*log.rdma_activated, *log.rdma_errors)[:4])
     if requested == Transport.RDMA:
         why = "no connection activated RDMA" if seen else "no client connection shows in its log"
-        return Diagnosis(TRANSPORT_MISMATCH, name, f"{name}: asked for RDMA but the worker's log shows {seen or 'nothing'} "
-                         f"({why})", "check the RoCE device and its address (GGML_RDMA_DEV, --rdma-dev), or launch "
-                         "with --transport tcp", ev)
-    return Diagnosis(TRANSPORT_MISMATCH, name, f"{name}: asked for TCP but the worker's log shows {seen or 'nothing'}",
-                     "this build ignores GGML_RPC_NO_RDMA: rebuild with -DGGML_RPC_RDMA=OFF for a TCP baseline", ev)
+        return Diagnosis(
+            TRANSPORT_MISMATCH,
+            name,
+            f"{name}: asked for RDMA but the worker's log shows {seen or 'nothing'} ({why})",
+            "check the RoCE device and its address (GGML_RDMA_DEV, --rdma-dev), or launch with --transport tcp",
+            ev,
+        )
+    return Diagnosis(
+        TRANSPORT_MISMATCH,
+        name,
+        f"{name}: asked for TCP but the worker's log shows {seen or 'nothing'}",
+        "this build ignores GGML_RPC_NO_RDMA: rebuild with -DGGML_RPC_RDMA=OFF for a TCP baseline",
+        ev,
+    )

@@ -35,8 +35,10 @@ from moetune.run.process import end
 TOLERANCE = {"model": 0.005, "context": 0.01, "compute": 0.10}
 IK_HOST_COMPUTE_TOLERANCE = 0.40
 IK_RESERVED = "graph splits"  # ik's last line of the context's reserve
-FIT_PARAMS_NOTE = ("compute: llama-fit-params reserves the logits of every ubatch token, llama-server one per slot; "
-                   "both compute columns are llama-fit-params' case (the plan's own compute figures are llama-server's)")
+FIT_PARAMS_NOTE = (
+    "compute: llama-fit-params reserves the logits of every ubatch token, llama-server one per slot; "
+    "both compute columns are llama-fit-params' case (the plan's own compute figures are llama-server's)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +49,12 @@ class Figures:
     compute_mib: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.device, "model_mib": round(self.model_mib, 2), "context_mib": round(self.context_mib, 2),
-                "compute_mib": round(self.compute_mib, 2)}
+        return {
+            "name": self.device,
+            "model_mib": round(self.model_mib, 2),
+            "context_mib": round(self.context_mib, 2),
+            "compute_mib": round(self.compute_mib, 2),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +72,16 @@ class Verification:
         return None if self.why is not None else not self.disagreements
 
     def to_json(self) -> dict[str, Any]:
-        return {"service": self.service, "tool": self.tool, "devices": [f.to_json() for f in self.engine],
-                "ledger": [f.to_json() for f in self.ledger], "agree": self.agree,
-                "disagreements": list(self.disagreements), "why": self.why, "note": self.note}
+        return {
+            "service": self.service,
+            "tool": self.tool,
+            "devices": [f.to_json() for f in self.engine],
+            "ledger": [f.to_json() for f in self.ledger],
+            "agree": self.agree,
+            "disagreements": list(self.disagreements),
+            "why": self.why,
+            "note": self.note,
+        }
 
 
 def ledger_figures(sp: ServicePlan, dry_run: bool = False) -> list[Figures]:
@@ -86,7 +99,9 @@ def ledger_figures(sp: ServicePlan, dry_run: bool = False) -> list[Figures]:
     return out
 
 
-def compare(ledger: list[Figures], engine: list[Figures], slack_mib: float, host_compute_tol: float | None = None) -> list[str]:
+def compare(
+    ledger: list[Figures], engine: list[Figures], slack_mib: float, host_compute_tol: float | None = None
+) -> list[str]:
     """What disagrees beyond TOLERANCE (or ``slack_mib``, the engine's rounding); ``host_compute_tol``:
     a wider bound for the CPU's compute beside accelerators."""
     theirs = {f.device: f for f in engine}
@@ -103,7 +118,9 @@ def compare(ledger: list[Figures], engine: list[Figures], slack_mib: float, host
                 tol = host_compute_tol
             a, b = getattr(ours, f"{what}_mib"), getattr(e, f"{what}_mib")
             if abs(a - b) > max(tol * b, slack_mib):
-                out.append(f"{ours.device} {what}: plan {a:,.1f} MiB, engine {b:,.1f} MiB ({(a - b) / max(b, 1e-9):+.0%})")
+                out.append(
+                    f"{ours.device} {what}: plan {a:,.1f} MiB, engine {b:,.1f} MiB ({(a - b) / max(b, 1e-9):+.0%})"
+                )
     return out
 
 
@@ -180,8 +197,15 @@ class Subject:
 def subject(sp: ServicePlan, argv: list[str]) -> Subject:
     from moetune.engine.command import service_gpus
 
-    return Subject(sp.spec.name, tuple(ledger_figures(sp, dry_run=True)), {v: k for k, v in sp.hw.engine_names().items()},
-                   argv, sp.spec.engine or None, sp.spec.model.remote is not None, service_gpus(sp))
+    return Subject(
+        sp.spec.name,
+        tuple(ledger_figures(sp, dry_run=True)),
+        {v: k for k, v in sp.hw.engine_names().items()},
+        argv,
+        sp.spec.engine or None,
+        sp.spec.model.remote is not None,
+        service_gpus(sp),
+    )
 
 
 def doc_subjects(doc: dict[str, Any]) -> list[Subject]:
@@ -204,12 +228,25 @@ def doc_subjects(doc: dict[str, Any]) -> list[Subject]:
             items: dict[str, float] = {}
             for i in (sj.get("devices") or {}).get(dev, []):
                 items[i["what"]] = items.get(i["what"], 0.0) + float(i["mib"])
-            figs.append(Figures(dev, items.get("weights", 0.0) + items.get("weights (split)", 0.0)
-                                + items.get("repack", 0.0),
-                                items.get("kv", 0.0) + items.get("output", 0.0),
-                                float(dry.get(dev, 0.0)) if dry else items.get("compute", 0.0)))
-        out.append(Subject(sj["name"], tuple(figs), names, list(sj.get("argv") or []), engines.get(sj["name"]),
-                           is_url(str(sj.get("model", ""))), gpus.get(sj["name"], ())))
+            figs.append(
+                Figures(
+                    dev,
+                    items.get("weights", 0.0) + items.get("weights (split)", 0.0) + items.get("repack", 0.0),
+                    items.get("kv", 0.0) + items.get("output", 0.0),
+                    float(dry.get(dev, 0.0)) if dry else items.get("compute", 0.0),
+                )
+            )
+        out.append(
+            Subject(
+                sj["name"],
+                tuple(figs),
+                names,
+                list(sj.get("argv") or []),
+                engines.get(sj["name"]),
+                is_url(str(sj.get("model", ""))),
+                gpus.get(sj["name"], ()),
+            )
+        )
     return out
 
 
@@ -217,8 +254,13 @@ def verify_service(sub: Subject, engine: Engine | None, timeout_s: float = 120.0
     """Run the engine's dry run for one service's exact argv."""
     ledger, name, argv = sub.ledger, sub.service, sub.argv
     if sub.remote_model:
-        return Verification(name, None, ledger, why="the model is planned from its headers and not downloaded yet: "
-                                                    "--verify needs the files (download them, then plan the local copy)")
+        return Verification(
+            name,
+            None,
+            ledger,
+            why="the model is planned from its headers and not downloaded yet: "
+            "--verify needs the files (download them, then plan the local copy)",
+        )
     if engine is None or not engine.available:
         why = "the engine is not built here" if engine is None or engine.image is None else engine.missing
         return Verification(name, None, ledger, why=f"{why}: nothing to dry-run (moetune engine list)")
@@ -233,27 +275,45 @@ def verify_service(sub: Subject, engine: Engine | None, timeout_s: float = 120.0
         figures = mainline_figures(out, sub.names)
         slack = 1.0
     else:
-        cmd = [str(tool), *strip_flags(argv, {"--host", "--port"}, ()), "--dry-run", "--host", "127.0.0.1",
-               "--port", str(_free_port()), "--no-warmup"]
+        cmd = [
+            str(tool),
+            *strip_flags(argv, {"--host", "--port"}, ()),
+            "--dry-run",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(_free_port()),
+            "--no-warmup",
+        ]
         rc, out = _dry_run(engine, sub, cmd, IK_RESERVED, timeout_s)
         figures = ik_figures(out) if rc is None else []
         slack = 0.02
     tool_name = tool.name
     if not figures:
         last = [ln for ln in out.splitlines() if ln.strip()][-3:]
-        return Verification(name, tool_name, ledger, why=f"{tool_name} gave no figures (exit {rc}): " + " | ".join(last))
+        return Verification(
+            name, tool_name, ledger, why=f"{tool_name} gave no figures (exit {rc}): " + " | ".join(last)
+        )
     missing = [f.device for f in ledger if f.device != "CPU" and f.device not in {e.device for e in figures}]
     if missing and len(missing) == len(ledger) - 1:
-        return Verification(name, tool_name, ledger, tuple(figures),
-                            why=f"the engine sees none of the plan's devices ({', '.join(missing)}) here: --verify "
-                                "needs the hardware the plan is for, with its RPC workers listening")
+        return Verification(
+            name,
+            tool_name,
+            ledger,
+            tuple(figures),
+            why=f"the engine sees none of the plan's devices ({', '.join(missing)}) here: --verify "
+            "needs the hardware the plan is for, with its RPC workers listening",
+        )
     mainline = engine.kind == EngineKind.MAINLINE
     said = compare(list(ledger), figures, slack, None if mainline else IK_HOST_COMPUTE_TOLERANCE)
-    return Verification(name, tool_name, ledger, tuple(figures), tuple(said), note=FIT_PARAMS_NOTE if mainline else None)
+    return Verification(
+        name, tool_name, ledger, tuple(figures), tuple(said), note=FIT_PARAMS_NOTE if mainline else None
+    )
 
 
-def _dry_run(engine: Engine, sub: Subject, cmd: list[str], marker: str | None, timeout_s: float
-             ) -> tuple[int | None, str]:
+def _dry_run(
+    engine: Engine, sub: Subject, cmd: list[str], marker: str | None, timeout_s: float
+) -> tuple[int | None, str]:
     """``run_until`` of the tool here, or, for an image engine, in a container of it (the image's
     ``cmd[0]``, the service's GPUs, the host's network for its RPC workers), removed afterwards."""
     if engine.image is None or engine.runtime is None:
@@ -263,8 +323,15 @@ def _dry_run(engine: Engine, sub: Subject, cmd: list[str], marker: str | None, t
 
     box = container.container_name(f"verify-{secrets.token_hex(3)}", sub.service)
     entry = None if cmd[0] == "llama-server" else cmd[0]  # the image runs llama-server itself
-    run = container_command(engine.runtime, engine.image, Command(sub.service, 0, tuple(cmd)), gpus=sub.gpus,
-                            name=box, entrypoint=entry, host_network=True)
+    run = container_command(
+        engine.runtime,
+        engine.image,
+        Command(sub.service, 0, tuple(cmd)),
+        gpus=sub.gpus,
+        name=box,
+        entrypoint=entry,
+        host_network=True,
+    )
     try:
         return run_until(list(run.argv), marker, timeout_s)
     finally:
@@ -294,9 +361,11 @@ def verify_json(vs: list[Verification]) -> dict[str, Any]:
     plan of one model), every service's in ``services``; ``agree`` is null when nothing ran."""
     ran = [v for v in vs if v.agree is not None]
     many = len(vs) > 1
-    return {"tool": next((v.tool for v in vs if v.tool), None),
-            "devices": [f.to_json() for f in vs[0].engine] if vs else [],
-            "agree": all(v.agree for v in ran) if ran else None,
-            "disagreements": [f"{v.service}: {d}" if many else d for v in vs for d in v.disagreements],
-            "why": "; ".join(f"{v.service}: {v.why}" if many else v.why for v in vs if v.why) or None,
-            "services": [v.to_json() for v in vs]}
+    return {
+        "tool": next((v.tool for v in vs if v.tool), None),
+        "devices": [f.to_json() for f in vs[0].engine] if vs else [],
+        "agree": all(v.agree for v in ran) if ran else None,
+        "disagreements": [f"{v.service}: {d}" if many else d for v in vs for d in v.disagreements],
+        "why": "; ".join(f"{v.service}: {v.why}" if many else v.why for v in vs if v.why) or None,
+        "services": [v.to_json() for v in vs],
+    }

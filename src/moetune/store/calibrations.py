@@ -36,8 +36,9 @@ def load_all() -> dict[str, Any]:
     try:
         doc = json.loads(p.read_text())
     except json.JSONDecodeError as e:
-        raise InputError(f"{p}: not valid JSON ({e})",
-                         hint="fix or delete the file; `moetune calibrate` writes it again") from None
+        raise InputError(
+            f"{p}: not valid JSON ({e})", hint="fix or delete the file; `moetune calibrate` writes it again"
+        ) from None
     return doc if isinstance(doc, dict) else {}
 
 

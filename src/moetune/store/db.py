@@ -64,10 +64,19 @@ class Run:
 
     def header(self) -> dict[str, Any]:
         """The run as every command's ``--json`` names it (``"run": {...}``)."""
-        return {"id": self.id, "kind": str(self.kind), "label": self.label, "target": self.target,
-                "status": str(self.status), "created_at": self.created_at, "finished_at": self.finished_at,
-                "sweep_id": self.sweep_id, "abandoned": self.abandoned, **self._flag_fields(),
-                **({"launch": self.meta.launch.to_json()} if self.meta.launch is not None else {})}
+        return {
+            "id": self.id,
+            "kind": str(self.kind),
+            "label": self.label,
+            "target": self.target,
+            "status": str(self.status),
+            "created_at": self.created_at,
+            "finished_at": self.finished_at,
+            "sweep_id": self.sweep_id,
+            "abandoned": self.abandoned,
+            **self._flag_fields(),
+            **({"launch": self.meta.launch.to_json()} if self.meta.launch is not None else {}),
+        }
 
     def _flag_fields(self) -> dict[str, Any]:
         f = self.flags()
@@ -113,8 +122,9 @@ class ResultsDB:
         except sqlite3.DatabaseError as e:
             if conn is not None:
                 conn.close()
-            raise RuntimeFailure(f"results database {p}: {e}",
-                                 hint="choose another file with --db, or move this one aside") from None
+            raise RuntimeFailure(
+                f"results database {p}: {e}", hint="choose another file with --db, or move this one aside"
+            ) from None
         except OSError as e:
             raise InputError(f"results database {p}: {e}", hint="choose a writable location with --db") from None
         return cls(conn, p)
@@ -133,8 +143,10 @@ class ResultsDB:
             if "full" in msg:
                 hint = "free space on that disk (what was stored before is intact), or use another file with --db"
             elif "locked" in msg or "busy" in msg:
-                hint = ("another process held the database for more than 30 s: wait for it (`moetune ps`, "
-                        "`lsof FILE`), or use another file with --db")
+                hint = (
+                    "another process held the database for more than 30 s: wait for it (`moetune ps`, "
+                    "`lsof FILE`), or use another file with --db"
+                )
             else:
                 hint = "choose another file with --db, or move this one aside"
             raise RuntimeFailure(f"results database {self.path}: {msg}", hint=hint) from None
@@ -153,7 +165,8 @@ class ResultsDB:
             cur = self._conn.execute(
                 "INSERT INTO runs (kind, label, target, meta, status, created_at, sweep_id, writer) "
                 "VALUES (?, ?, ?, ?, 'running', ?, ?, ?)",
-                (str(meta.kind), label, target, _dumps(meta.to_json()), now_iso(), sweep_id, _dumps(writer)))
+                (str(meta.kind), label, target, _dumps(meta.to_json()), now_iso(), sweep_id, _dumps(writer)),
+            )
             assert cur.lastrowid is not None
             return cur.lastrowid
 
@@ -163,28 +176,35 @@ class ResultsDB:
             cur = self._conn.execute(
                 "INSERT INTO samples (run_id, phase, seq, created_at, data) "
                 "SELECT ?, ?, COALESCE(MAX(seq) + 1, 0), ?, ? FROM samples WHERE run_id = ? AND phase = ?",
-                (run_id, phase, now_iso(), _dumps(data), run_id, phase))
+                (run_id, phase, now_iso(), _dumps(data), run_id, phase),
+            )
             assert cur.lastrowid is not None
             return cur.lastrowid
 
     def add_service(self, run_id: int, rec: ServiceRecord) -> None:
         """Record one service of a layout run (``run_services``)."""
         with self._lock, self._writing():
-            self._conn.execute("INSERT INTO run_services (run_id, name, position, meta) VALUES (?, ?, ?, ?)",
-                               (run_id, rec.name, rec.position, _dumps(rec.to_json())))
+            self._conn.execute(
+                "INSERT INTO run_services (run_id, name, position, meta) VALUES (?, ?, ?, ?)",
+                (run_id, rec.name, rec.position, _dumps(rec.to_json())),
+            )
 
     def set_contention(self, run_id: int, c: Contention | None) -> None:
         """Store where the CPU went while the run measured (``moetune.contention``)."""
         with self._lock, self._writing():
-            self._conn.execute("UPDATE runs SET contention = ? WHERE id = ?",
-                               (None if c is None else _dumps(c.to_json()), run_id))
+            self._conn.execute(
+                "UPDATE runs SET contention = ? WHERE id = ?", (None if c is None else _dumps(c.to_json()), run_id)
+            )
 
-    def finish_run(self, run_id: int, status: RunStatus = RunStatus.DONE,
-                   summary: dict[str, Any] | None = None) -> None:
+    def finish_run(
+        self, run_id: int, status: RunStatus = RunStatus.DONE, summary: dict[str, Any] | None = None
+    ) -> None:
         status = RunStatus(status)
         with self._lock, self._writing():
-            self._conn.execute("UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE id = ?",
-                               (str(status), now_iso(), None if summary is None else _dumps(summary), run_id))
+            self._conn.execute(
+                "UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE id = ?",
+                (str(status), now_iso(), None if summary is None else _dumps(summary), run_id),
+            )
 
     def add_metrics(self, run_id: int, t: float, data: dict[str, Any]) -> None:
         """Store one snapshot of the machine (``moetune.monitor.snapshot.Snapshot.to_json()``)."""
@@ -194,8 +214,10 @@ class ResultsDB:
     def create_sweep(self, sweep_id: str, spec: dict[str, Any]) -> bool:
         """Record a sweep; False when it exists already (a resumed sweep)."""
         with self._lock, self._writing():
-            cur = self._conn.execute("INSERT OR IGNORE INTO sweeps (id, created_at, spec) VALUES (?, ?, ?)",
-                                     (sweep_id, now_iso(), _dumps(spec)))
+            cur = self._conn.execute(
+                "INSERT OR IGNORE INTO sweeps (id, created_at, spec) VALUES (?, ?, ?)",
+                (sweep_id, now_iso(), _dumps(spec)),
+            )
             return cur.rowcount == 1
 
     def update_sweep(self, sweep_id: str, spec: dict[str, Any]) -> None:
@@ -206,8 +228,10 @@ class ResultsDB:
     def put_kld_base(self, key: str, path: Path, size_bytes: int, run_id: int) -> None:
         """Record the reference logits a quality run saved (replacing an older record of the key)."""
         with self._lock, self._writing():
-            self._conn.execute("INSERT OR REPLACE INTO kld_bases (key, path, size_bytes, run_id, created_at) "
-                               "VALUES (?, ?, ?, ?, ?)", (key, str(path), size_bytes, run_id, now_iso()))
+            self._conn.execute(
+                "INSERT OR REPLACE INTO kld_bases (key, path, size_bytes, run_id, created_at) VALUES (?, ?, ?, ?, ?)",
+                (key, str(path), size_bytes, run_id, now_iso()),
+            )
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -216,16 +240,25 @@ class ResultsDB:
         row = self._conn.execute("SELECT path, size_bytes, run_id FROM kld_bases WHERE key = ?", (key,)).fetchone()
         return None if row is None else (Path(row[0]), int(row[1]), None if row[2] is None else int(row[2]))
 
-    _RUN_COLS = ("id, kind, label, target, meta, status, created_at, finished_at, summary, sweep_id, writer, "
-                 "contention")
+    _RUN_COLS = "id, kind, label, target, meta, status, created_at, finished_at, summary, sweep_id, writer, contention"
 
     @staticmethod
     def _run(row: tuple[Any, ...]) -> Run:
         kind = RunKind(row[1])
-        return Run(int(row[0]), kind, row[2], row[3], RunMeta.from_json(json.loads(row[4]), kind),
-                   RunStatus(row[5]), row[6], row[7], None if row[8] is None else json.loads(row[8]), row[9],
-                   None if row[10] is None else json.loads(row[10]),
-                   None if row[11] is None else Contention.from_json(json.loads(row[11])))
+        return Run(
+            int(row[0]),
+            kind,
+            row[2],
+            row[3],
+            RunMeta.from_json(json.loads(row[4]), kind),
+            RunStatus(row[5]),
+            row[6],
+            row[7],
+            None if row[8] is None else json.loads(row[8]),
+            row[9],
+            None if row[10] is None else json.loads(row[10]),
+            None if row[11] is None else Contention.from_json(json.loads(row[11])),
+        )
 
     def run(self, run_id: int) -> Run:
         row = self._conn.execute(f"SELECT {self._RUN_COLS} FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -233,8 +266,14 @@ class ResultsDB:
             raise InputError(f"no run {run_id} in {self.path}", hint="see `moetune results list`")
         return self._run(row)
 
-    def runs(self, kind: RunKind | None = None, limit: int | None = None, *, sweep_id: str | None = None,
-             status: RunStatus | None = None) -> list[Run]:
+    def runs(
+        self,
+        kind: RunKind | None = None,
+        limit: int | None = None,
+        *,
+        sweep_id: str | None = None,
+        status: RunStatus | None = None,
+    ) -> list[Run]:
         """Runs, newest first."""
         q = f"SELECT {self._RUN_COLS} FROM runs"
         where, args = [], []
@@ -263,8 +302,9 @@ class ResultsDB:
             if not rows:
                 raise InputError(f"no runs in {self.path} yet", hint="run `moetune bench URL` first")
             return rows[0]
-        row = self._conn.execute(f"SELECT {self._RUN_COLS} FROM runs WHERE label = ? ORDER BY id DESC LIMIT 1",
-                                 (ref,)).fetchone()
+        row = self._conn.execute(
+            f"SELECT {self._RUN_COLS} FROM runs WHERE label = ? ORDER BY id DESC LIMIT 1", (ref,)
+        ).fetchone()
         if row is None:
             raise InputError(f"no run with id or label {ref!r} in {self.path}", hint="see `moetune results list`")
         return self._run(row)
@@ -273,8 +313,9 @@ class ResultsDB:
         """Raw sample data of a run in the order recorded; ``phase=None`` for every phase."""
         return [r.data for r in self.sample_rows(run_id, phase)]
 
-    def iter_samples(self, run_id: int, phase: str = "measure", *, from_seq: int = 0,
-                     batch: int = 256) -> Iterator[dict[str, Any]]:
+    def iter_samples(
+        self, run_id: int, phase: str = "measure", *, from_seq: int = 0, batch: int = 256
+    ) -> Iterator[dict[str, Any]]:
         """Raw sample data of one phase of a run, from its ``from_seq``-th sample on, read a batch at a
         time: a long run's samples, streamed without holding them all (or the connection) at once."""
         seq = from_seq
@@ -282,7 +323,8 @@ class ResultsDB:
             with self._lock:
                 rows = self._conn.execute(
                     "SELECT seq, data FROM samples WHERE run_id = ? AND phase = ? AND seq >= ? ORDER BY seq LIMIT ?",
-                    (run_id, phase, seq, batch)).fetchall()
+                    (run_id, phase, seq, batch),
+                ).fetchall()
             for _, data in rows:
                 yield json.loads(data)
             if len(rows) < batch:
@@ -301,7 +343,8 @@ class ResultsDB:
             with self._lock:
                 rows = self._conn.execute(
                     "SELECT id, run_id, phase, seq, created_at, data FROM samples WHERE run_id = ? AND id > ?"
-                    f"{where} ORDER BY id LIMIT ?", (run_id, after, *((phase,) if phase is not None else ()), batch),
+                    f"{where} ORDER BY id LIMIT ?",
+                    (run_id, after, *((phase,) if phase is not None else ()), batch),
                 ).fetchall()
             for r in rows:
                 yield SampleRow(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]))
@@ -312,23 +355,31 @@ class ResultsDB:
     def services(self, run_id: int) -> list[ServiceRecord]:
         """The services of a layout run in their order; none for a run of one server."""
         with self._lock:
-            rows = self._conn.execute("SELECT meta FROM run_services WHERE run_id = ? ORDER BY position, name",
-                                      (run_id,)).fetchall()
+            rows = self._conn.execute(
+                "SELECT meta FROM run_services WHERE run_id = ? ORDER BY position, name", (run_id,)
+            ).fetchall()
         return [ServiceRecord.from_json(json.loads(r[0])) for r in rows]
 
     def sample_counts(self, run_id: int) -> dict[str, int]:
-        return {r[0]: r[1] for r in self._conn.execute(
-            "SELECT phase, COUNT(*) FROM samples WHERE run_id = ? GROUP BY phase", (run_id,))}
+        return {
+            r[0]: r[1]
+            for r in self._conn.execute(
+                "SELECT phase, COUNT(*) FROM samples WHERE run_id = ? GROUP BY phase", (run_id,)
+            )
+        }
 
     def metrics(self, run_id: int) -> list[dict[str, Any]]:
         """A run's snapshots of the machine, oldest first (JSON as stored; read them with
         ``Snapshot.from_json``)."""
-        return [json.loads(r[0]) for r in self._conn.execute(
-            "SELECT data FROM metrics WHERE run_id = ? ORDER BY t, id", (run_id,))]
+        return [
+            json.loads(r[0])
+            for r in self._conn.execute("SELECT data FROM metrics WHERE run_id = ? ORDER BY t, id", (run_id,))
+        ]
 
     def latest_metrics(self, run_id: int) -> dict[str, Any] | None:
-        row = self._conn.execute("SELECT data FROM metrics WHERE run_id = ? ORDER BY t DESC, id DESC LIMIT 1",
-                                 (run_id,)).fetchone()
+        row = self._conn.execute(
+            "SELECT data FROM metrics WHERE run_id = ? ORDER BY t DESC, id DESC LIMIT 1", (run_id,)
+        ).fetchone()
         return None if row is None else dict(json.loads(row[0]))
 
     def sweep(self, sweep_id: str) -> dict[str, Any] | None:

@@ -58,34 +58,71 @@ def m002_sweeps(db: sqlite3.Connection) -> None:
 def _v1_to_v2(kind: str, d: dict[str, Any]) -> dict[str, Any]:
     """One run's metadata in the record every kind writes from schema 2 on (``store/record.py``).
     Frozen with this migration: the shapes the first release wrote, one per kind."""
+
     def obj(x: Any) -> dict[str, Any]:
         return x if isinstance(x, dict) else {}
 
     srv = obj(d.get("server"))
-    known = ("schema_version", "moetune_version", "argv", "plan", "server", "engine_build", "model",
-             "model_fingerprint", "hardware", "hardware_fingerprint", "launch_run", "started_unix", "target")
+    known = (
+        "schema_version",
+        "moetune_version",
+        "argv",
+        "plan",
+        "server",
+        "engine_build",
+        "model",
+        "model_fingerprint",
+        "hardware",
+        "hardware_fingerprint",
+        "launch_run",
+        "started_unix",
+        "target",
+    )
     out: dict[str, Any] = {
-        "schema_version": 2, "kind": kind, "moetune_version": d.get("moetune_version") or "",
-        "argv": d.get("argv") or [], "started_unix": d.get("started_unix"), "server": None,
+        "schema_version": 2,
+        "kind": kind,
+        "moetune_version": d.get("moetune_version") or "",
+        "argv": d.get("argv") or [],
+        "started_unix": d.get("started_unix"),
+        "server": None,
         "model": {"path": None, "fingerprint": None, "name": None, "note": None},
-        "host": {"fingerprint": None, "facts": {}, "hardware_file": None}, "engine_build": d.get("engine_build"),
-        "plan": d.get("plan"), "launch_run": d.get("launch_run"),
-        "details": {k: v for k, v in d.items() if k not in known}}
+        "host": {"fingerprint": None, "facts": {}, "hardware_file": None},
+        "engine_build": d.get("engine_build"),
+        "plan": d.get("plan"),
+        "launch_run": d.get("launch_run"),
+        "details": {k: v for k, v in d.items() if k not in known},
+    }
     if kind == "bench":
         if srv:
-            out["server"] = {"url": srv.get("url") or "", "dialect": "llama.cpp" if srv.get("props") else "openai",
-                             "build": srv.get("build_info"), "model_path": srv.get("model_path"),
-                             "model_alias": srv.get("model_alias"), "slots": srv.get("total_slots"),
-                             "n_ctx_slot": srv.get("n_ctx"), "busy_slots": None, "props": obj(srv.get("props"))}
+            out["server"] = {
+                "url": srv.get("url") or "",
+                "dialect": "llama.cpp" if srv.get("props") else "openai",
+                "build": srv.get("build_info"),
+                "model_path": srv.get("model_path"),
+                "model_alias": srv.get("model_alias"),
+                "slots": srv.get("total_slots"),
+                "n_ctx_slot": srv.get("n_ctx"),
+                "busy_slots": None,
+                "props": obj(srv.get("props")),
+            }
         m = obj(d.get("model"))
         out["model"].update(path=m.get("path"), fingerprint=m.get("fingerprint"), note=m.get("note"))
         out["host"].update(fingerprint=d.get("hardware_fingerprint"), facts=obj(d.get("hardware")))
     elif kind == "serve-bench":
         if srv:
-            out["server"] = {"url": d.get("target") or "", "props": {}, **{k: srv.get(k) for k in (
-                "dialect", "build", "model_path", "model_alias", "slots", "n_ctx_slot", "busy_slots")}}
-        out["model"].update(path=srv.get("model_path"), fingerprint=d.get("model_fingerprint"),
-                            name=d.get("model") if isinstance(d.get("model"), str) else None)
+            out["server"] = {
+                "url": d.get("target") or "",
+                "props": {},
+                **{
+                    k: srv.get(k)
+                    for k in ("dialect", "build", "model_path", "model_alias", "slots", "n_ctx_slot", "busy_slots")
+                },
+            }
+        out["model"].update(
+            path=srv.get("model_path"),
+            fingerprint=d.get("model_fingerprint"),
+            name=d.get("model") if isinstance(d.get("model"), str) else None,
+        )
         out["host"]["fingerprint"] = d.get("hardware") if isinstance(d.get("hardware"), str) else None
     elif kind == "link-test":
         out["host"]["hardware_file"] = d.get("hardware") if isinstance(d.get("hardware"), str) else None
@@ -102,8 +139,10 @@ def m003_one_run_record(db: sqlite3.Connection) -> None:
             d = {}
         if not isinstance(d, dict) or d.get("schema_version") == 2:
             continue
-        db.execute("UPDATE runs SET meta = ? WHERE id = ?",
-                   (json.dumps(_v1_to_v2(kind, d), separators=(",", ":"), default=str), run_id))
+        db.execute(
+            "UPDATE runs SET meta = ? WHERE id = ?",
+            (json.dumps(_v1_to_v2(kind, d), separators=(",", ":"), default=str), run_id),
+        )
 
 
 def m004_metrics(db: sqlite3.Connection) -> None:
@@ -157,8 +196,16 @@ def m008_run_services(db: sqlite3.Connection) -> None:
         )""")
 
 
-MIGRATIONS: list[Migration] = [m001_runs_and_samples, m002_sweeps, m003_one_run_record, m004_metrics,
-                               m005_run_writer, m006_run_contention, m007_kld_bases, m008_run_services]
+MIGRATIONS: list[Migration] = [
+    m001_runs_and_samples,
+    m002_sweeps,
+    m003_one_run_record,
+    m004_metrics,
+    m005_run_writer,
+    m006_run_contention,
+    m007_kld_bases,
+    m008_run_services,
+]
 
 
 def now_iso() -> str:

@@ -18,7 +18,6 @@ from moetune.kinds import RunKind
 META_SCHEMA = 2
 
 
-
 def _opt_int(x: Any) -> int | None:
     return int(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
@@ -88,12 +87,18 @@ class ServerInfo:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ServerInfo:
         props = d.get("props")
-        return cls(url=str(d.get("url") or ""), dialect=str(d.get("dialect") or "openai"),
-                   build=_opt_str(d.get("build")), model_path=_opt_str(d.get("model_path")),
-                   model_alias=_opt_str(d.get("model_alias")), slots=_opt_int(d.get("slots")),
-                   n_ctx_slot=_opt_int(d.get("n_ctx_slot")), busy_slots=_opt_int(d.get("busy_slots")),
-                   props=dict(props) if isinstance(props, Mapping) else {},
-                   caps=Capabilities.from_json(d.get("caps"), str(d.get("dialect") or "openai")))
+        return cls(
+            url=str(d.get("url") or ""),
+            dialect=str(d.get("dialect") or "openai"),
+            build=_opt_str(d.get("build")),
+            model_path=_opt_str(d.get("model_path")),
+            model_alias=_opt_str(d.get("model_alias")),
+            slots=_opt_int(d.get("slots")),
+            n_ctx_slot=_opt_int(d.get("n_ctx_slot")),
+            busy_slots=_opt_int(d.get("busy_slots")),
+            props=dict(props) if isinstance(props, Mapping) else {},
+            caps=Capabilities.from_json(d.get("caps"), str(d.get("dialect") or "openai")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +133,11 @@ class HostRef:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> HostRef:
         facts = d.get("facts")
-        return cls(_opt_str(d.get("fingerprint")),
-                   {str(k): str(v) for k, v in facts.items()} if isinstance(facts, Mapping) else {},
-                   _opt_str(d.get("hardware_file")))
+        return cls(
+            _opt_str(d.get("fingerprint")),
+            {str(k): str(v) for k, v in facts.items()} if isinstance(facts, Mapping) else {},
+            _opt_str(d.get("hardware_file")),
+        )
 
     @classmethod
     def here(cls, hardware_file: str | None = None) -> HostRef:
@@ -142,10 +149,14 @@ class HostRef:
 
     def describe(self) -> str:
         f = self.facts
-        what = ", ".join(x for x in (f.get("cpu", ""), f"{f['cores']} cores" if f.get("cores") else "",
-                                     f.get("gpus", "")) if x)
-        return f"{self.fingerprint or '-'}" + (f" ({what})" if what else "") + (
-            f", hardware file {self.hardware_file}" if self.hardware_file else "")
+        what = ", ".join(
+            x for x in (f.get("cpu", ""), f"{f['cores']} cores" if f.get("cores") else "", f.get("gpus", "")) if x
+        )
+        return (
+            f"{self.fingerprint or '-'}"
+            + (f" ({what})" if what else "")
+            + (f", hardware file {self.hardware_file}" if self.hardware_file else "")
+        )
 
 
 NO_RPC = "none"  # the transport of a server that uses no RPC worker
@@ -173,22 +184,32 @@ class LaunchRef:
 
     def describe(self) -> str:
         """``TCP (asked tcp; rpc0 TCP), loaded in 3.2 s``."""
-        what = ("none (no RPC worker)" if self.transport == NO_RPC else
-                f"{self.confirmed} (asked {self.transport}"
-                + "".join(f"; {w} {t or 'unknown'}" for w, t in self.workers.items()) + ")")
+        what = (
+            "none (no RPC worker)"
+            if self.transport == NO_RPC
+            else f"{self.confirmed} (asked {self.transport}"
+            + "".join(f"; {w} {t or 'unknown'}" for w, t in self.workers.items())
+            + ")"
+        )
         return what + ("" if self.load_s is None else f", loaded in {self.load_s:.1f} s")
 
     def to_json(self) -> dict[str, Any]:
-        return {"transport": self.transport, "confirmed": self.confirmed, "workers": dict(self.workers),
-                "load_s": self.load_s}
+        return {
+            "transport": self.transport,
+            "confirmed": self.confirmed,
+            "workers": dict(self.workers),
+            "load_s": self.load_s,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> LaunchRef:
         workers = d.get("workers")
         load = d.get("load_s")
-        return cls(str(d.get("transport") or NO_RPC),
-                   {str(k): _opt_str(v) for k, v in workers.items()} if isinstance(workers, Mapping) else {},
-                   float(load) if isinstance(load, int | float) and not isinstance(load, bool) else None)
+        return cls(
+            str(d.get("transport") or NO_RPC),
+            {str(k): _opt_str(v) for k, v in workers.items()} if isinstance(workers, Mapping) else {},
+            float(load) if isinstance(load, int | float) and not isinstance(load, bool) else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,31 +233,46 @@ class RunMeta:
     launch: LaunchRef | None = None  # the transport and load time of the launch behind the server
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": META_SCHEMA, "kind": str(self.kind), "moetune_version": self.moetune_version,
-                "argv": list(self.argv), "started_unix": self.started_unix,
-                "server": None if self.server is None else self.server.to_json(),
-                "model": self.model.to_json(), "host": self.host.to_json(), "engine_build": self.engine_build,
-                "plan": None if self.plan is None else dict(self.plan), "launch_run": self.launch_run,
-                "details": dict(self.details), "launch": None if self.launch is None else self.launch.to_json()}
+        return {
+            "schema_version": META_SCHEMA,
+            "kind": str(self.kind),
+            "moetune_version": self.moetune_version,
+            "argv": list(self.argv),
+            "started_unix": self.started_unix,
+            "server": None if self.server is None else self.server.to_json(),
+            "model": self.model.to_json(),
+            "host": self.host.to_json(),
+            "engine_build": self.engine_build,
+            "plan": None if self.plan is None else dict(self.plan),
+            "launch_run": self.launch_run,
+            "details": dict(self.details),
+            "launch": None if self.launch is None else self.launch.to_json(),
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], kind: str) -> RunMeta:
         """Read a stored record (schema 2; the migration upgraded older ones). Missing parts come
         back empty, never as a crash: a reader shows what is there."""
+
         def obj(key: str) -> Mapping[str, Any]:
             v = d.get(key)
             return v if isinstance(v, Mapping) else {}
 
         started = d.get("started_unix")
-        return cls(kind=RunKind(kind), moetune_version=str(d.get("moetune_version") or ""),
-                   argv=tuple(str(a) for a in d.get("argv") or ()),
-                   started_unix=float(started) if isinstance(started, int | float) else None,
-                   server=ServerInfo.from_json(obj("server")) if obj("server") else None,
-                   model=ModelRef.from_json(obj("model")), host=HostRef.from_json(obj("host")),
-                   engine_build=_opt_str(d.get("engine_build")),
-                   plan=dict(obj("plan")) if d.get("plan") is not None else None,
-                   launch_run=_opt_str(d.get("launch_run")), details=dict(obj("details")),
-                   launch=LaunchRef.from_json(obj("launch")) if obj("launch") else None)
+        return cls(
+            kind=RunKind(kind),
+            moetune_version=str(d.get("moetune_version") or ""),
+            argv=tuple(str(a) for a in d.get("argv") or ()),
+            started_unix=float(started) if isinstance(started, int | float) else None,
+            server=ServerInfo.from_json(obj("server")) if obj("server") else None,
+            model=ModelRef.from_json(obj("model")),
+            host=HostRef.from_json(obj("host")),
+            engine_build=_opt_str(d.get("engine_build")),
+            plan=dict(obj("plan")) if d.get("plan") is not None else None,
+            launch_run=_opt_str(d.get("launch_run")),
+            details=dict(obj("details")),
+            launch=LaunchRef.from_json(obj("launch")) if obj("launch") else None,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -254,9 +290,15 @@ class ServiceRecord:
     workload: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "position": self.position, "server": self.server.to_json(),
-                "model": self.model.to_json(), "launch": None if self.launch is None else self.launch.to_json(),
-                "argv": list(self.argv), "workload": dict(self.workload)}
+        return {
+            "name": self.name,
+            "position": self.position,
+            "server": self.server.to_json(),
+            "model": self.model.to_json(),
+            "launch": None if self.launch is None else self.launch.to_json(),
+            "argv": list(self.argv),
+            "workload": dict(self.workload),
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ServiceRecord:
@@ -264,7 +306,12 @@ class ServiceRecord:
             v = d.get(key)
             return v if isinstance(v, Mapping) else {}
 
-        return cls(name=str(d.get("name") or ""), position=int(d.get("position") or 0),
-                   server=ServerInfo.from_json(obj("server")), model=ModelRef.from_json(obj("model")),
-                   launch=LaunchRef.from_json(obj("launch")) if obj("launch") else None,
-                   argv=tuple(str(a) for a in d.get("argv") or ()), workload=dict(obj("workload")))
+        return cls(
+            name=str(d.get("name") or ""),
+            position=int(d.get("position") or 0),
+            server=ServerInfo.from_json(obj("server")),
+            model=ModelRef.from_json(obj("model")),
+            launch=LaunchRef.from_json(obj("launch")) if obj("launch") else None,
+            argv=tuple(str(a) for a in d.get("argv") or ()),
+            workload=dict(obj("workload")),
+        )

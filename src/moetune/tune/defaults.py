@@ -94,8 +94,10 @@ def pp_rejections(pp_medians: dict[int, float], references: dict[str, float], ma
     for i, pp in pp_medians.items():
         for name, ref in references.items():
             if ref > 0 and pp < (1 - max_loss) * ref:
-                out[i] = (f"rejected: PP {pp:.4g} tok/s is {(1 - pp / ref) * 100:.0f}% below the {name}'s "
-                          f"{ref:.4g} (--max-pp-loss {max_loss * 100:g}%)")
+                out[i] = (
+                    f"rejected: PP {pp:.4g} tok/s is {(1 - pp / ref) * 100:.0f}% below the {name}'s "
+                    f"{ref:.4g} (--max-pp-loss {max_loss * 100:g}%)"
+                )
                 break
     return out
 

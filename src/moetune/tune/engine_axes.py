@@ -20,24 +20,39 @@ def engine_options(engine: str, kind: EngineKind, mla_model: bool) -> core.Engin
     if kind != EngineKind.IK:
         return core.EngineOptions()
     d = dialect(kind, registry.facts_for({engine}).get(engine))
-    return core.EngineOptions(amb=d.amb is not None, mla_model=mla_model, mla=d.mla is not None and mla_model,
-                              fused_moe=d.fused_moe_on != d.fused_moe_off, merge_up_gate=bool(d.merge_up_gate))
+    return core.EngineOptions(
+        amb=d.amb is not None,
+        mla_model=mla_model,
+        mla=d.mla is not None and mla_model,
+        fused_moe=d.fused_moe_on != d.fused_moe_off,
+        merge_up_gate=bool(d.merge_up_gate),
+    )
 
 
-_ENGINE_AXES = {"amb_mib": ("--try-amb", "amb"), "mla": ("--try-mla", "mla"),
-                "fused_moe": ("--try-fmoe", "fused_moe"), "merge_up_gate": ("--try-muge", "merge_up_gate")}
+_ENGINE_AXES = {
+    "amb_mib": ("--try-amb", "amb"),
+    "mla": ("--try-mla", "mla"),
+    "fused_moe": ("--try-fmoe", "fused_moe"),
+    "merge_up_gate": ("--try-muge", "merge_up_gate"),
+}
 
 
-def check_engine_axes(axes: dict[str, tuple[Any, ...]], base: Settings, options: core.EngineOptions,
-                       kind: EngineKind) -> None:
+def check_engine_axes(
+    axes: dict[str, tuple[Any, ...]], base: Settings, options: core.EngineOptions, kind: EngineKind
+) -> None:
     """An engine option asked to vary must be one the build can be told (and, for -mla, one the model has)."""
     for name, (flag, option) in _ENGINE_AXES.items():
         values = axes.get(name)
         if values is None or set(values) <= {getattr(base, name)} or getattr(options, option):
             continue
         if kind != EngineKind.IK:
-            raise InputError(f"{flag}: an ik_llama.cpp option; this search runs {kind}",
-                             hint="--engine ik_llama.cpp, or drop the option")
-        why = "the model has no MLA attention" if name == "mla" and not options.mla_model else \
-            "this ik_llama.cpp build does not take it"
+            raise InputError(
+                f"{flag}: an ik_llama.cpp option; this search runs {kind}",
+                hint="--engine ik_llama.cpp, or drop the option",
+            )
+        why = (
+            "the model has no MLA attention"
+            if name == "mla" and not options.mla_model
+            else "this ik_llama.cpp build does not take it"
+        )
         raise InputError(f"{flag}: {why}", hint="drop the option")

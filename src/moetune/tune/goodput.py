@@ -56,8 +56,9 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
-def windows(samples: Sequence[dict[str, Any]], slo: dict[str, float],
-            concurrency: int) -> tuple[list[float], list[float]]:
+def windows(
+    samples: Sequence[dict[str, Any]], slo: dict[str, float], concurrency: int
+) -> tuple[list[float], list[float]]:
     """The completion windows' goodputs and request rates (requests/s) of one level's raw samples
     (module docstring)."""
     rows = []
@@ -71,7 +72,7 @@ def windows(samples: Sequence[dict[str, Any]], slo: dict[str, float],
         return [], []
     rows.sort()
     c = max(1, concurrency)
-    groups = [rows[i:i + c] for i in range(0, len(rows), c)]
+    groups = [rows[i : i + c] for i in range(0, len(rows), c)]
     if len(groups) > 1 and len(groups[-1]) < c:
         last = groups.pop()
         groups[-1] += last
@@ -93,20 +94,42 @@ def measured(samples: Sequence[dict[str, Any]], load: ServeLoad) -> Goodput:
     return Goodput(tuple(good), tuple(rates), summarize_level(samples, slo), 0.5 / span if span else 0.0)
 
 
-def serve_candidate(db: ResultsDB, path: Path, load: ServeLoad, *, label: str, sweep_id: str,
-                    launch_timeout_s: float, request_timeout_s: float, status: Status,
-                    on_snapshot: Callable[[Snapshot], None] | None = None, transport: str = "tcp",
-                    rdma_dev: str | None = None) -> int:
+def serve_candidate(
+    db: ResultsDB,
+    path: Path,
+    load: ServeLoad,
+    *,
+    label: str,
+    sweep_id: str,
+    launch_timeout_s: float,
+    request_timeout_s: float,
+    status: Status,
+    on_snapshot: Callable[[Snapshot], None] | None = None,
+    transport: str = "tcp",
+    rdma_dev: str | None = None,
+) -> int:
     """Launch the plan at ``path`` with one slot per stream, run serve-bench's closed loop on it,
     store the run under the tune's id; its run id."""
     from moetune.bench.serve.run import ServeBenchSpec, serve_bench
     from moetune.bench.servers import PlanServers
     from moetune.bench.target import plan_target, with_transport
 
-    spec = ServeBenchSpec(url=str(path), concurrency=(load.concurrency,), input_len=load.input_len,
-                          output_len=load.output_len, requests=load.requests, timeout_s=request_timeout_s,
-                          label=label, slo=load.targets)
-    source = PlanServers(with_transport(plan_target(path), transport, rdma_dev), match=True, need_per_slot=load.per_slot, status=status,
-                         timeout_s=launch_timeout_s)
+    spec = ServeBenchSpec(
+        url=str(path),
+        concurrency=(load.concurrency,),
+        input_len=load.input_len,
+        output_len=load.output_len,
+        requests=load.requests,
+        timeout_s=request_timeout_s,
+        label=label,
+        slo=load.targets,
+    )
+    source = PlanServers(
+        with_transport(plan_target(path), transport, rdma_dev),
+        match=True,
+        need_per_slot=load.per_slot,
+        status=status,
+        timeout_s=launch_timeout_s,
+    )
     doc = serve_bench(spec, db, log=status, source=source, on_snapshot=on_snapshot, sweep_id=sweep_id)
     return int(doc["run"]["id"])

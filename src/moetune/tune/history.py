@@ -20,8 +20,9 @@ from moetune.store.db import ResultsDB, Run
 Key = tuple[str | None, str]  # (hardware, engine kind)
 
 
-def gather(db: ResultsDB, runs: list[Run] | None = None, *, include_contended: bool = False,
-           left_out: list[Run] | None = None) -> dict[Key, list[Observation]]:
+def gather(
+    db: ResultsDB, runs: list[Run] | None = None, *, include_contended: bool = False, left_out: list[Run] | None = None
+) -> dict[Key, list[Observation]]:
     """The runs' measurements (default: every bench run) as speed-model equations, per calibration
     key; contended runs are left out (appended to ``left_out``) unless ``include_contended``."""
     groups: dict[Key, list[Observation]] = {}
@@ -47,9 +48,15 @@ def placements(db: ResultsDB, run_ids: tuple[int, ...]) -> int:
     return len(seen)
 
 
-def calibrate_and_save(key: Key, obs: list[Observation], prior: SpeedConstants | None = None, *,
-                       placements: int | None = None, left_out: int = 0,
-                       force: bool = False) -> tuple[Calibration, dict[str, Any]]:
+def calibrate_and_save(
+    key: Key,
+    obs: list[Observation],
+    prior: SpeedConstants | None = None,
+    *,
+    placements: int | None = None,
+    left_out: int = 0,
+    force: bool = False,
+) -> tuple[Calibration, dict[str, Any]]:
     """Fit, and store as the calibration for ``key`` unless its stated uncertainty is worse than
     the built-in one (``force`` stores it anyway); the calibration and its entry (``applied``, and
     ``not_applied``: why not)."""

@@ -167,11 +167,19 @@ def predicted_rates(e: Entry, k: SpeedConstants, w: Workload) -> tuple[float, fl
 
 
 def _tune_id(req: TuneRequest, plan: Plan, labels: list[str]) -> str:
-    key = {"model": [str(f) for f in plan.main.spec.model.files], "hw": plan.hw.name or plan.hw.source or req.hw,
-           "layout": None if req.layout is None else [hashlib.sha256(req.layout.read_bytes()).hexdigest(), req.service],
-           "engine": req.engine, "objective": req.objective, "base": asdict(req.base), "strategy": req.strategy,
-           "workload": req.workload.to_json(), "port": req.port, "candidates": labels,
-           "options": {k: v for k, v in asdict(req.options).items() if k in ("repeats", "warmup")}}
+    key = {
+        "model": [str(f) for f in plan.main.spec.model.files],
+        "hw": plan.hw.name or plan.hw.source or req.hw,
+        "layout": None if req.layout is None else [hashlib.sha256(req.layout.read_bytes()).hexdigest(), req.service],
+        "engine": req.engine,
+        "objective": req.objective,
+        "base": asdict(req.base),
+        "strategy": req.strategy,
+        "workload": req.workload.to_json(),
+        "port": req.port,
+        "candidates": labels,
+        "options": {k: v for k, v in asdict(req.options).items() if k in ("repeats", "warmup")},
+    }
     if req.serve is not None:
         key["serve"] = req.serve.to_json()
     if req.work is not None:
@@ -210,26 +218,35 @@ def tuned_service(req: TuneRequest, hw: Inventory, engine: str, kind: EngineKind
     base = replace(req.base, engine=kind)
     if req.layout is None:
         profile = open_model(model_path(req.model))
-        spec = ServiceSpec("main", profile, base, req.strategy, req.port, engine=engine,
-                           routing=routing_for(req.routing, profile))
+        spec = ServiceSpec(
+            "main", profile, base, req.strategy, req.port, engine=engine, routing=routing_for(req.routing, profile)
+        )
         return Tuned(spec=spec, given=req.model)
     if req.serve is not None:
-        raise InputError("--layout tunes one service's single-stream speed (--objective tg, pp or ttft)",
-                         hint="drop --objective goodput, or tune the model alone")
+        raise InputError(
+            "--layout tunes one service's single-stream speed (--objective tg, pp or ttft)",
+            hint="drop --objective goodput, or tune the model alone",
+        )
     services, given = layout_services(req.layout, base, req.port, engine, kind)
     names = [s.name for s in services]
     if req.service not in names:
-        raise InputError(f"--service {req.service}: {req.layout} has no such service (services: {', '.join(names)})",
-                         hint=f"--service {names[0]}")
+        raise InputError(
+            f"--service {req.service}: {req.layout} has no such service (services: {', '.join(names)})",
+            hint=f"--service {names[0]}",
+        )
     layout = make_plan(services, hw, k)  # as `moetune plan --layout` places it
     at = names.index(req.service)
     others = [sp.spec for sp in layout.services if sp.spec.name != req.service]
     tuned = services[at]
     if req.routing is not None:
         tuned = replace(tuned, routing=routing_for(req.routing, tuned.model))
-    return Tuned(spec=tuned, given=given[at], others=tuple(others),
-                 others_given=tuple(g for i, g in enumerate(given) if i != at),
-                 pinned={sp.spec.name: sp.placement for sp in layout.services if sp.spec.name != req.service})
+    return Tuned(
+        spec=tuned,
+        given=given[at],
+        others=tuple(others),
+        others_given=tuple(g for i, g in enumerate(given) if i != at),
+        pinned={sp.spec.name: sp.placement for sp in layout.services if sp.spec.name != req.service},
+    )
 
 
 def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedConstants]:
@@ -261,8 +278,9 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     if hw.accelerators() and "strategies" not in req.axes:  # the expert budget of the head/tail splits
         with contextlib.suppress(InputError):  # `auto` is a candidate too: its own planning says why
             budget = accelerator_expert_layers(profile, planned("auto", base).main.placement)
-    axes = core.default_axes(base, tuned.spec.strategy, hw.local.cores, moe_layers, len(hw.accelerators()),
-                             options, budget)
+    axes = core.default_axes(
+        base, tuned.spec.strategy, hw.local.cores, moe_layers, len(hw.accelerators()), options, budget
+    )
     axes = replace(axes, **req.axes) if req.axes else axes
     baseline = replace(core.Candidate.of(tuned.spec.strategy, base), transport=req.transport)
     axes = replace(axes, transports=tuple(dict.fromkeys((req.transport, *req.axes.get("transports", ())))))
@@ -284,45 +302,67 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     return entries, k
 
 
-def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
-         progress_for: Callable[[str], Progress | None] | None = None,
-         on_snapshot: Callable[[Snapshot], None] | None = None, quiet: QuietGate | None = None) -> TuneResult:
+def tune(
+    db: ResultsDB,
+    req: TuneRequest,
+    *,
+    status: Status,
+    progress_for: Callable[[str], Progress | None] | None = None,
+    on_snapshot: Callable[[Snapshot], None] | None = None,
+    quiet: QuietGate | None = None,
+) -> TuneResult:
     """The search. ``quiet`` says whether the machine is quiet enough to rank candidates, before each
     launch and after each measurement (default: a busy machine stops it, :class:`MachineBusy`)."""
     gate = quiet or QuietGate(status)
     if req.objective not in core.OBJECTIVES:
         raise InputError(f"--objective {req.objective}: choose {', '.join(core.OBJECTIVES)}")
     if (req.objective == "goodput") != (req.serve is not None):
-        raise InputError("--objective goodput is measured under a serving load with latency targets, and only it is",
-                         hint="--objective goodput --slo ttft_ms=A,itl_ms=B [--concurrency C --requests N]")
+        raise InputError(
+            "--objective goodput is measured under a serving load with latency targets, and only it is",
+            hint="--objective goodput --slo ttft_ms=A,itl_ms=B [--concurrency C --requests N]",
+        )
     if (req.objective in ("replay", "turn")) != (req.work is not None) or (
-            req.work is not None and req.work.name != req.objective):
-        raise InputError(f"--objective {req.objective}: the workload objectives replay:FILE and turn measure a "
-                         "workload, and only they do")
+        req.work is not None and req.work.name != req.objective
+    ):
+        raise InputError(
+            f"--objective {req.objective}: the workload objectives replay:FILE and turn measure a "
+            "workload, and only they do"
+        )
     entries, prior = candidates(req, status)
     if not entries[0].fits:
-        raise InputError(f"the baseline ({entries[0].candidate.label}) does not fit: "
-                         f"{entries[0].plan.shortfalls[0].message}",
-                         hint="`moetune plan` with the same options shows why; give options that fit "
-                              "(a smaller --ctx or -ub, --strategy cpu-moe) as the baseline")
+        raise InputError(
+            f"the baseline ({entries[0].candidate.label}) does not fit: {entries[0].plan.shortfalls[0].message}",
+            hint="`moetune plan` with the same options shows why; give options that fit "
+            "(a smaller --ctx or -ub, --strategy cpu-moe) as the baseline",
+        )
     refuse_unbuilt([e.doc for e in entries], [e.candidate.transport for e in entries], req.rdma_dev)
     tid = _tune_id(req, entries[0].plan, [e.candidate.label for e in entries])
-    feats = np.array([core.features(e.candidate, e.cpu_expert_share, entries[0].plan.hw.local.cores)
-                      for e in entries])
+    feats = np.array([core.features(e.candidate, e.cpu_expert_share, entries[0].plan.hw.local.cores) for e in entries])
     plan_dir = data_dir() / "tune" / tid
     plan_dir.mkdir(parents=True, exist_ok=True)
-    spec: dict[str, Any] = {"kind": "tune", "objective": req.objective, "hw": req.hw, "model": req.model,
-                            "workload": req.workload.to_json(), "candidates": [e.candidate.label for e in entries],
-                            "failed": {}, "serve": req.serve.to_json() if req.serve else None,
-                            "work": req.work.key() if req.work else None}
+    spec: dict[str, Any] = {
+        "kind": "tune",
+        "objective": req.objective,
+        "hw": req.hw,
+        "model": req.model,
+        "workload": req.workload.to_json(),
+        "candidates": [e.candidate.label for e in entries],
+        "failed": {},
+        "serve": req.serve.to_json() if req.serve else None,
+        "work": req.work.key() if req.work else None,
+    }
     if not db.create_sweep(tid, spec):
         spec = db.sweep(tid) or spec
         status(f"resuming tune {tid}")
     failed: dict[str, str] = dict(spec.get("failed") or {})
     by_label = {e.candidate.label: i for i, e in enumerate(entries)}
     for r in db.runs(sweep_id=tid):
-        if (r.status == RunStatus.DONE and r.label in by_label and entries[by_label[r.label]].run is None
-                and not (r.contention and r.contention.contended)):  # a contended one is measured again
+        if (
+            r.status == RunStatus.DONE
+            and r.label in by_label
+            and entries[by_label[r.label]].run is None
+            and not (r.contention and r.contention.contended)
+        ):  # a contended one is measured again
             entries[by_label[r.label]].run = r.id
     for label, why in failed.items():
         if label in by_label:
@@ -350,8 +390,11 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
             values[i] = _bench_values(samples, req)
 
     def refit() -> SpeedConstants:  # from single-stream benchmarks only (serve-bench runs: the GP alone)
-        obs = [o for i in summaries for o in observations(entries[i].run or 0, summaries[i],
-                                                          dict(db.run(entries[i].run or 0).meta.details))]
+        obs = [
+            o
+            for i in summaries
+            for o in observations(entries[i].run or 0, summaries[i], dict(db.run(entries[i].run or 0).meta.details))
+        ]
         return fit(obs, prior) if obs else prior
 
     for i, e in enumerate(entries):
@@ -378,12 +421,13 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
             else:
                 choice, gain = core.choose(view.belief, view.best, open_, view.noise, view.gains)
                 if choice is None:
-                    stopped = (f"no candidate expects to gain more than the noise ({gain * 100:.1f}% < "
-                               f"{view.noise * 100:.1f}%)")
+                    stopped = (
+                        f"no candidate expects to gain more than the noise ({gain * 100:.1f}% < "
+                        f"{view.noise * 100:.1f}%)"
+                    )
                     break
                 nxt = choice
-                status(f"next: {entries[nxt].candidate.label} (expects {view.expect[nxt]:.4g}, "
-                       f"gain {gain * 100:.1f}%)")
+                status(f"next: {entries[nxt].candidate.label} (expects {view.expect[nxt]:.4g}, gain {gain * 100:.1f}%)")
         e = entries[nxt]
         path = plan_dir / f"{_slug(e.candidate.label)}.json"
         path.write_text(json.dumps(e.doc, indent=2))
@@ -392,25 +436,50 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
         status(f"launch {launches}/{req.budget}: {e.candidate.label}")
         try:
             if req.work is not None:
-                e.run = wl.run_candidate(db, path, req.work, label=e.candidate.label, sweep_id=tid,
-                                         repeats=req.options.repeats, warmup=req.options.warmup,
-                                         transport=e.candidate.transport, rdma_dev=req.rdma_dev,
-                                         server=e.plan.main.spec.name,
-                                         launch_timeout_s=req.launch_timeout_s,
-                                         request_timeout_s=req.options.timeout_s, status=status,
-                                         on_snapshot=on_snapshot)
+                e.run = wl.run_candidate(
+                    db,
+                    path,
+                    req.work,
+                    label=e.candidate.label,
+                    sweep_id=tid,
+                    repeats=req.options.repeats,
+                    warmup=req.options.warmup,
+                    transport=e.candidate.transport,
+                    rdma_dev=req.rdma_dev,
+                    server=e.plan.main.spec.name,
+                    launch_timeout_s=req.launch_timeout_s,
+                    request_timeout_s=req.options.timeout_s,
+                    status=status,
+                    on_snapshot=on_snapshot,
+                )
             elif req.serve is not None:
-                e.run = gp.serve_candidate(db, path, req.serve, label=e.candidate.label, sweep_id=tid,
-                                           transport=e.candidate.transport, rdma_dev=req.rdma_dev,
-                                           launch_timeout_s=req.launch_timeout_s,
-                                           request_timeout_s=req.options.timeout_s, status=status,
-                                           on_snapshot=on_snapshot)
+                e.run = gp.serve_candidate(
+                    db,
+                    path,
+                    req.serve,
+                    label=e.candidate.label,
+                    sweep_id=tid,
+                    transport=e.candidate.transport,
+                    rdma_dev=req.rdma_dev,
+                    launch_timeout_s=req.launch_timeout_s,
+                    request_timeout_s=req.options.timeout_s,
+                    status=status,
+                    on_snapshot=on_snapshot,
+                )
             else:
-                target = with_transport(plan_target(path, e.plan.main.spec.name), e.candidate.transport,
-                                        req.rdma_dev)
-                e.run = bench_target(db, target, [req.workload], req.options, label=e.candidate.label,
-                                     sweep_id=tid, launch_timeout_s=req.launch_timeout_s, status=status,
-                                     progress_for=progress_for, on_snapshot=on_snapshot)
+                target = with_transport(plan_target(path, e.plan.main.spec.name), e.candidate.transport, req.rdma_dev)
+                e.run = bench_target(
+                    db,
+                    target,
+                    [req.workload],
+                    req.options,
+                    label=e.candidate.label,
+                    sweep_id=tid,
+                    launch_timeout_s=req.launch_timeout_s,
+                    status=status,
+                    progress_for=progress_for,
+                    on_snapshot=on_snapshot,
+                )
         except MoetuneError as err:  # out of memory at launch, say: recorded, skipped, the search goes on
             e.failed = str(err)
             failed[e.candidate.label] = e.failed
@@ -426,21 +495,47 @@ def tune(db: ResultsDB, req: TuneRequest, *, status: Status,
     rates = {i: dflt.rates(db, e.run, req.workload) for i, e in enumerate(entries) if e.run is not None}
     d_rates = dflt.rates(db, defaults.run if defaults else None, req.workload)
     rejected = pp_rejections(req.objective, req.max_pp_loss, rates, d_rates)
-    judged, best = verdicts(entries, values, None if view is None else view.expect, rejected,
-                            as_time=req.work is not None)
-    d_work = (wl.measured(db.samples(defaults.run), req.work) if req.work is not None and defaults is not None
-              and defaults.run is not None else None)
-    result = TuneResult(tid, req.objective, entries, 0, best, launches, stopped, k, values, summaries, judged,
-                        plan_dir, req.workload, req.serve, goodputs, defaults, rates, d_rates, req.max_pp_loss,
-                        req.work, works, d_work)
+    judged, best = verdicts(
+        entries, values, None if view is None else view.expect, rejected, as_time=req.work is not None
+    )
+    d_work = (
+        wl.measured(db.samples(defaults.run), req.work)
+        if req.work is not None and defaults is not None and defaults.run is not None
+        else None
+    )
+    result = TuneResult(
+        tid,
+        req.objective,
+        entries,
+        0,
+        best,
+        launches,
+        stopped,
+        k,
+        values,
+        summaries,
+        judged,
+        plan_dir,
+        req.workload,
+        req.serve,
+        goodputs,
+        defaults,
+        rates,
+        d_rates,
+        req.max_pp_loss,
+        req.work,
+        works,
+        d_work,
+    )
     if best is not None and not result.plan_path(best).exists():
         result.plan_path(best).write_text(json.dumps(entries[best].doc, indent=2))
     _save_calibration(db, calibrations.plan_key(entries[0].doc))
     return result
 
 
-def _defaults(db: ResultsDB, req: TuneRequest, baseline: Entry, tid: str,
-              failed: dict[str, str]) -> dflt.Defaults | None:
+def _defaults(
+    db: ResultsDB, req: TuneRequest, baseline: Entry, tid: str, failed: dict[str, str]
+) -> dflt.Defaults | None:
     """The engine-defaults baseline of a single-stream search (resumed: its run, or why it failed)."""
     if req.serve is not None:
         return None
@@ -454,10 +549,18 @@ def _defaults(db: ResultsDB, req: TuneRequest, baseline: Entry, tid: str,
     return d
 
 
-def _launch_defaults(db: ResultsDB, req: TuneRequest, d: dflt.Defaults, plan_dir: Path, tid: str,
-                     spec: dict[str, Any], failed: dict[str, str], status: Status,
-                     progress_for: Callable[[str], Progress | None] | None,
-                     on_snapshot: Callable[[Snapshot], None] | None) -> None:
+def _launch_defaults(
+    db: ResultsDB,
+    req: TuneRequest,
+    d: dflt.Defaults,
+    plan_dir: Path,
+    tid: str,
+    spec: dict[str, Any],
+    failed: dict[str, str],
+    status: Status,
+    progress_for: Callable[[str], Progress | None] | None,
+    on_snapshot: Callable[[Snapshot], None] | None,
+) -> None:
     """Measure the engine with the model and no tuning flags, as every candidate is measured; not a
     launch of the budget."""
     path = plan_dir / "engine_defaults.json"
@@ -465,27 +568,54 @@ def _launch_defaults(db: ResultsDB, req: TuneRequest, d: dflt.Defaults, plan_dir
     status(f"engine defaults: {' '.join(d.argv)}")
     try:
         if req.work is not None:
-            d.run = wl.run_candidate(db, path, req.work, label=dflt.LABEL, sweep_id=tid, repeats=req.options.repeats,
-                                     warmup=req.options.warmup, transport=req.transport, rdma_dev=req.rdma_dev,
-                                     launch_timeout_s=req.launch_timeout_s, request_timeout_s=req.options.timeout_s,
-                                     status=status, on_snapshot=on_snapshot)
+            d.run = wl.run_candidate(
+                db,
+                path,
+                req.work,
+                label=dflt.LABEL,
+                sweep_id=tid,
+                repeats=req.options.repeats,
+                warmup=req.options.warmup,
+                transport=req.transport,
+                rdma_dev=req.rdma_dev,
+                launch_timeout_s=req.launch_timeout_s,
+                request_timeout_s=req.options.timeout_s,
+                status=status,
+                on_snapshot=on_snapshot,
+            )
         else:
-            d.run = bench_target(db, plan_target(path), [req.workload], req.options, label=dflt.LABEL,
-                                 sweep_id=tid, launch_timeout_s=req.launch_timeout_s, status=status,
-                                 progress_for=progress_for, on_snapshot=on_snapshot)
+            d.run = bench_target(
+                db,
+                plan_target(path),
+                [req.workload],
+                req.options,
+                label=dflt.LABEL,
+                sweep_id=tid,
+                launch_timeout_s=req.launch_timeout_s,
+                status=status,
+                progress_for=progress_for,
+                on_snapshot=on_snapshot,
+            )
     except MoetuneError as err:
         d.failed = failed[dflt.LABEL] = str(err)
         db.update_sweep(tid, {**spec, "failed": failed})
         status(f"{dflt.LABEL}: failed: {str(err).splitlines()[0]}")
 
 
-def pp_rejections(objective: str, max_pp_loss: float, rates: dict[int, dflt.Rates],
-                  d_rates: dflt.Rates) -> dict[int, str]:
+def pp_rejections(
+    objective: str, max_pp_loss: float, rates: dict[int, dflt.Rates], d_rates: dflt.Rates
+) -> dict[int, str]:
     """--objective tg: the candidates that lose more than --max-pp-loss of a baseline's PP."""
     if objective != "tg":
         return {}
-    refs = {name: pp for name, pp in (("baseline", rates[0].median("pp") if 0 in rates else None),
-                                      (dflt.LABEL, d_rates.median("pp"))) if pp}
+    refs = {
+        name: pp
+        for name, pp in (
+            ("baseline", rates[0].median("pp") if 0 in rates else None),
+            (dflt.LABEL, d_rates.median("pp")),
+        )
+        if pp
+    }
     pps = {i: pp for i, r in rates.items() if i != 0 and (pp := r.median("pp")) is not None}
     return dflt.pp_rejections(pps, refs, max_pp_loss)
 
@@ -498,8 +628,11 @@ def _bench_values(samples: list[dict[str, Any]], req: TuneRequest) -> list[float
         return list(tg.values) if tg else []
     if req.objective == "pp":
         return list(pp.values) if pp else []
-    return [v for a, b in zip(tg.values if tg else (), pp.values if pp else (), strict=False)
-            if (v := objective_value("ttft", a, b, req.workload.pp_tokens)) is not None]
+    return [
+        v
+        for a, b in zip(tg.values if tg else (), pp.values if pp else (), strict=False)
+        if (v := objective_value("ttft", a, b, req.workload.pp_tokens)) is not None
+    ]
 
 
 def _objective(e: Entry, k: SpeedConstants, req: TuneRequest) -> float:
@@ -522,8 +655,14 @@ class _View:
     expect: np.ndarray  # each candidate's expected objective
 
 
-def _view(entries: list[Entry], k: SpeedConstants, req: TuneRequest, feats: np.ndarray,
-          values: dict[int, list[float]], goodputs: dict[int, gp.Goodput]) -> _View | None:
+def _view(
+    entries: list[Entry],
+    k: SpeedConstants,
+    req: TuneRequest,
+    feats: np.ndarray,
+    values: dict[int, list[float]],
+    goodputs: dict[int, gp.Goodput],
+) -> _View | None:
     """The belief corrected by the measurements (None before any). For goodput the Gaussian process
     corrects the predicted request rate with the measured one, and the targets are applied to that
     belief (:func:`moetune.plan.serving.expected_goodput`); gains count from the best goodput

@@ -31,8 +31,15 @@ def changes_numerics(base: Entry, other: Entry) -> bool:
     return (b.ctk, b.ctv) != (o.ctk, o.ctv) or _engine_and_model(base) != _engine_and_model(other)
 
 
-def guard(db: ResultsDB, result: TuneResult, max_kld: float, *, status: Callable[[str], None],
-          ctx: int = 256, chunks: int = 16) -> tuple[TuneResult, dict[int, dict[str, Any]]]:
+def guard(
+    db: ResultsDB,
+    result: TuneResult,
+    max_kld: float,
+    *,
+    status: Callable[[str], None],
+    ctx: int = 256,
+    chunks: int = 16,
+) -> tuple[TuneResult, dict[int, dict[str, Any]]]:
     """``result`` with a best whose KLD from the baseline is at most ``max_kld``; and the quality
     measured, by candidate index (``moetune.quality.kld.Candidate.to_json()``)."""
     from moetune.bench.target import plan_target
@@ -46,16 +53,26 @@ def guard(db: ResultsDB, result: TuneResult, max_kld: float, *, status: Callable
         if not changes_numerics(result.entries[0], result.entries[best]) or best in checked:
             break
         status(f"--max-kld: checking {result.entries[best].candidate.label} against the baseline")
-        _, (cand,) = evaluate(db, plan_target(result.plan_path(0)), [plan_target(result.plan_path(best))],
-                              EvalOptions(text=eval_text(), ctx=ctx, chunks=chunks), status=status)
+        _, (cand,) = evaluate(
+            db,
+            plan_target(result.plan_path(0)),
+            [plan_target(result.plan_path(best))],
+            EvalOptions(text=eval_text(), ctx=ctx, chunks=chunks),
+            status=status,
+        )
         checked[best] = cand.to_json()
         if cand.kld.mean <= max_kld:
             break
         rejected.add(best)
         # the PP rejections (--max-pp-loss) stand: a candidate they keep from winning stays out
         pp_out = pp_rejections(result.objective, result.max_pp_loss, result.rates, result.defaults_rates)
-        judged, new_best = verdicts(result.entries, {i: v for i, v in result.values.items() if i not in rejected},
-                                    None, pp_out, as_time=result.work is not None)
+        judged, new_best = verdicts(
+            result.entries,
+            {i: v for i, v in result.values.items() if i not in rejected},
+            None,
+            pp_out,
+            as_time=result.work is not None,
+        )
         for i in rejected:
             judged[i] = f"rejected: KLD {checked[i]['kld']['mean']:.6f} above --max-kld {max_kld:g}"
         if new_best is not None and new_best != 0:

@@ -43,20 +43,31 @@ def foreign_load(window_s: float = WINDOW_S, sleep: Callable[[float], None] = ti
 
 def _busy(c: Contention, what: str, waited_s: float | None = None) -> MachineBusy:
     after = "" if waited_s is None else f" (still, after waiting {waited_s:.0f} s)"
-    wait = ("; or give --wait-quiet [SECONDS] to wait for the machine to go quiet" if waited_s is None
-            else "; or wait longer (--wait-quiet SECONDS)")
-    return MachineBusy(f"the machine is too busy to rank candidates{after}: {what}: {c.message()}",
-                       hint="stop the programs named (or wait for them) and run the same command again: measured "
-                            f"candidates are kept{wait}; MOETUNE_MAX_FOREIGN_CORES sets the threshold (cores, N% of "
-                            "the machine, or off)")
+    wait = (
+        "; or give --wait-quiet [SECONDS] to wait for the machine to go quiet"
+        if waited_s is None
+        else "; or wait longer (--wait-quiet SECONDS)"
+    )
+    return MachineBusy(
+        f"the machine is too busy to rank candidates{after}: {what}: {c.message()}",
+        hint="stop the programs named (or wait for them) and run the same command again: measured "
+        f"candidates are kept{wait}; MOETUNE_MAX_FOREIGN_CORES sets the threshold (cores, N% of "
+        "the machine, or off)",
+    )
 
 
 class QuietGate:
     """Asked before each launch and after each measurement of a search. ``wait_s`` None: a busy
     machine stops the search; else it is waited for, up to ``wait_s`` seconds each time."""
 
-    def __init__(self, status: Status, wait_s: float | None = None, *, window_s: float = WINDOW_S,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        status: Status,
+        wait_s: float | None = None,
+        *,
+        window_s: float = WINDOW_S,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.status = status
         self.wait_s = wait_s
         self.window_s = window_s
@@ -94,13 +105,17 @@ class QuietGate:
         while True:
             waited = time.monotonic() - start
             top = c.top[0].describe(c.cores) if c.top else "unnamed processes"
-            self.status(f"waiting for the machine to go quiet ({waited:.0f}/{self.wait_s:.0f} s): foreign load "
-                        f"{c.foreign_cores:.2f} cores > {c.max_foreign_cores:g}, mostly {top}")
+            self.status(
+                f"waiting for the machine to go quiet ({waited:.0f}/{self.wait_s:.0f} s): foreign load "
+                f"{c.foreign_cores:.2f} cores > {c.max_foreign_cores:g}, mostly {top}"
+            )
             if waited >= self.wait_s:
                 raise _busy(c, f"over {self.window_s:g} s", waited)
             got = foreign_load(self.window_s, self.sleep)
             if got is None or not got.contended:
-                self.status(f"the machine is quiet (foreign load {0.0 if got is None else got.foreign_cores:.2f} "
-                            f"cores) after {time.monotonic() - start:.0f} s; going on")
+                self.status(
+                    f"the machine is quiet (foreign load {0.0 if got is None else got.foreign_cores:.2f} "
+                    f"cores) after {time.monotonic() - start:.0f} s; going on"
+                )
                 return
             c = got

@@ -30,8 +30,16 @@ def _goodput(r: TuneResult, i: int) -> dict[str, Any] | None:
         return None
     s = summarize(g.values)
     level = g.level.get("goodput") or {}
-    return {"median": s.median, "ci_low": s.ci_low, "ci_high": s.ci_high, "n": s.n, "level_req_s": g.level_req_s,
-            "share": level.get("share"), "met": level.get("met"), "of": level.get("of")}
+    return {
+        "median": s.median,
+        "ci_low": s.ci_low,
+        "ci_high": s.ci_high,
+        "n": s.n,
+        "level_req_s": g.level_req_s,
+        "share": level.get("share"),
+        "met": level.get("met"),
+        "of": level.get("of"),
+    }
 
 
 def _serve(r: TuneResult, i: int) -> dict[str, Any] | None:
@@ -39,9 +47,15 @@ def _serve(r: TuneResult, i: int) -> dict[str, Any] | None:
     if g is None:
         return None
     lv = g.level
-    return {"request_s": lv.get("request_s"), "output_tok_s": lv.get("output_tok_s"),
-            "ttft_ms_p50": (lv.get("ttft_ms") or {}).get("p50"), "itl_ms_p50": (lv.get("itl_ms") or {}).get("p50"),
-            "tpot_ms_p50": (lv.get("tpot_ms") or {}).get("p50"), "ok": lv.get("ok"), "requests": lv.get("requests")}
+    return {
+        "request_s": lv.get("request_s"),
+        "output_tok_s": lv.get("output_tok_s"),
+        "ttft_ms_p50": (lv.get("ttft_ms") or {}).get("p50"),
+        "itl_ms_p50": (lv.get("itl_ms") or {}).get("p50"),
+        "tpot_ms_p50": (lv.get("tpot_ms") or {}).get("p50"),
+        "ok": lv.get("ok"),
+        "requests": lv.get("requests"),
+    }
 
 
 def work_json(m: wl.Measured | None) -> dict[str, Any] | None:
@@ -52,32 +66,54 @@ def work_json(m: wl.Measured | None) -> dict[str, Any] | None:
         return None
     s = summarize(list(m.seconds)) if m.seconds else None
     share = m.cache.reused_share
-    return {"median_s": s.median if s else None, "ci_low_s": s.ci_low if s else None,
-            "ci_high_s": s.ci_high if s else None, "n": len(m.seconds), "seconds": list(m.seconds),
-            "failed": m.totals.failed, "requests": m.requests, "ok": m.ok,
-            "prompt_tokens_processed": m.cache.processed, "prompt_tokens_reused": m.cache.reused,
-            "reused_share": None if share is None else round(share, 4)}
+    return {
+        "median_s": s.median if s else None,
+        "ci_low_s": s.ci_low if s else None,
+        "ci_high_s": s.ci_high if s else None,
+        "n": len(m.seconds),
+        "seconds": list(m.seconds),
+        "failed": m.totals.failed,
+        "requests": m.requests,
+        "ok": m.ok,
+        "prompt_tokens_processed": m.cache.processed,
+        "prompt_tokens_reused": m.cache.reused,
+        "reused_share": None if share is None else round(share, 4),
+    }
 
 
 def _measured(r: TuneResult, i: int) -> dict[str, Any] | None:
     if i in r.works:
-        return {"tg_tok_s": None, "pp_tok_s": None, "goodput_req_s": None, r.objective: work_json(r.works[i]),
-                "run": r.entries[i].run}
+        return {
+            "tg_tok_s": None,
+            "pp_tok_s": None,
+            "goodput_req_s": None,
+            r.objective: work_json(r.works[i]),
+            "run": r.entries[i].run,
+        }
     if i in r.goodputs:
-        return {"tg_tok_s": None, "pp_tok_s": None, "goodput_req_s": _goodput(r, i), "serve": _serve(r, i),
-                "run": r.entries[i].run}
+        return {
+            "tg_tok_s": None,
+            "pp_tok_s": None,
+            "goodput_req_s": _goodput(r, i),
+            "serve": _serve(r, i),
+            "run": r.entries[i].run,
+        }
     s = r.summaries.get(i)
     if s is None:
         return None
     w: dict[str, Any] = next(iter(s.get("workloads", {}).values()), {})
-    return {"tg_tok_s": _ci(w.get("tg")), "pp_tok_s": _ci(w.get("pp")), "goodput_req_s": None,
-            "run": r.entries[i].run}
+    return {"tg_tok_s": _ci(w.get("tg")), "pp_tok_s": _ci(w.get("pp")), "goodput_req_s": None, "run": r.entries[i].run}
 
 
 def _head(r: TuneResult, i: int) -> dict[str, Any]:
     m = _measured(r, i) or {}
-    out = {"label": r.entries[i].candidate.label, "tg_tok_s": m.get("tg_tok_s"), "pp_tok_s": m.get("pp_tok_s"),
-           "goodput_req_s": m.get("goodput_req_s"), "run": r.entries[i].run}
+    out = {
+        "label": r.entries[i].candidate.label,
+        "tg_tok_s": m.get("tg_tok_s"),
+        "pp_tok_s": m.get("pp_tok_s"),
+        "goodput_req_s": m.get("goodput_req_s"),
+        "run": r.entries[i].run,
+    }
     if r.work is not None:
         out[r.objective] = m.get(r.objective)
     return out
@@ -100,25 +136,50 @@ def result_json(r: TuneResult, kld: dict[int, float] | None = None) -> dict[str,
     ``--max-kld`` measured, by candidate index (a candidate's ``kld`` is null where none was)."""
     cands = []
     for i, e in enumerate(r.entries):
-        cands.append({"label": e.candidate.label, "launched": e.run is not None or e.failed is not None,
-                      "fits": e.fits, "predicted": _predicted(r, i), "measured": _measured(r, i),
-                      "verdict": r.verdicts.get(i, ""), "kld": (kld or {}).get(i)})
-    return {"tune": r.tune_id, "objective": r.objective, "launches": r.launches, "stopped": r.stopped,
-            "workload": None if r.serve or r.work else _workload(r),
-            "work": None if r.work is None else {**r.work.key(), "text": wl.describe(r.work),
-                                                 **({"file": str(r.work.file)} if isinstance(r.work, wl.ReplayObjective)
-                                                    else {})},
-            "serve": r.serve.to_json() if r.serve else None,
-            "baseline": _head(r, r.baseline), "best": None if r.best is None else _head(r, r.best), "candidates": cands,
-            "engine_defaults": _defaults(r), "max_pp_loss": r.max_pp_loss if r.objective == "tg" else None,
-            "constants": asdict(r.constants)}
+        cands.append(
+            {
+                "label": e.candidate.label,
+                "launched": e.run is not None or e.failed is not None,
+                "fits": e.fits,
+                "predicted": _predicted(r, i),
+                "measured": _measured(r, i),
+                "verdict": r.verdicts.get(i, ""),
+                "kld": (kld or {}).get(i),
+            }
+        )
+    return {
+        "tune": r.tune_id,
+        "objective": r.objective,
+        "launches": r.launches,
+        "stopped": r.stopped,
+        "workload": None if r.serve or r.work else _workload(r),
+        "work": None
+        if r.work is None
+        else {
+            **r.work.key(),
+            "text": wl.describe(r.work),
+            **({"file": str(r.work.file)} if isinstance(r.work, wl.ReplayObjective) else {}),
+        },
+        "serve": r.serve.to_json() if r.serve else None,
+        "baseline": _head(r, r.baseline),
+        "best": None if r.best is None else _head(r, r.best),
+        "candidates": cands,
+        "engine_defaults": _defaults(r),
+        "max_pp_loss": r.max_pp_loss if r.objective == "tg" else None,
+        "constants": asdict(r.constants),
+    }
 
 
 def _workload(r: TuneResult) -> dict[str, Any]:
     """What the single-stream objective measured: the depth, the prompt and the output lengths."""
     w = r.workload
-    return {"name": w.name, "depth": w.depth, "pp_tokens": w.pp_tokens, "tg_tokens": w.max_tokens,
-            "text": dflt.workload_text(w)}
+    return {
+        "name": w.name,
+        "depth": w.depth,
+        "pp_tokens": w.pp_tokens,
+        "tg_tokens": w.max_tokens,
+        "text": dflt.workload_text(w),
+    }
 
 
 def _rate_ci(v: tuple[float, ...]) -> dict[str, Any] | None:
@@ -141,12 +202,26 @@ def _defaults(r: TuneResult) -> dict[str, Any] | None:
             verdict, text = compare(theirs.values, mine.values, as_time=True)
             ratio = statistics.median(mine.seconds) / statistics.median(theirs.seconds)
             vs = {r.objective: {"ratio_s": round(ratio, 4), "verdict": verdict, "text": text}}
-        return {"label": dflt.LABEL, "argv": d.argv, "run": d.run, "failed": d.failed, "tg_tok_s": None,
-                "pp_tok_s": None, r.objective: work_json(theirs), "best_vs_defaults": vs}
+        return {
+            "label": dflt.LABEL,
+            "argv": d.argv,
+            "run": d.run,
+            "failed": d.failed,
+            "tg_tok_s": None,
+            "pp_tok_s": None,
+            r.objective: work_json(theirs),
+            "best_vs_defaults": vs,
+        }
     best = r.rates.get(r.best) if r.best is not None else None
-    return {"label": dflt.LABEL, "argv": d.argv, "run": d.run, "failed": d.failed,
-            "tg_tok_s": _rate_ci(r.defaults_rates.tg), "pp_tok_s": _rate_ci(r.defaults_rates.pp),
-            "best_vs_defaults": dflt.versus(r.defaults_rates, best) if best and d.run is not None else None}
+    return {
+        "label": dflt.LABEL,
+        "argv": d.argv,
+        "run": d.run,
+        "failed": d.failed,
+        "tg_tok_s": _rate_ci(r.defaults_rates.tg),
+        "pp_tok_s": _rate_ci(r.defaults_rates.pp),
+        "best_vs_defaults": dflt.versus(r.defaults_rates, best) if best and d.run is not None else None,
+    }
 
 
 def _cell(stat: dict[str, Any] | None) -> str:
@@ -189,37 +264,79 @@ def result_table(r: TuneResult, kld: dict[int, float] | None = None) -> Any:
     t = Table(title=f"tune {r.tune_id}: objective {r.objective}{text}", title_justify="left")
     launched = [c for c in doc["candidates"] if c["launched"]]
     if r.work is not None:
-        rest = sorted((c for c in doc["candidates"] if not c["launched"] and c["fits"]),
-                      key=lambda c: c["predicted"][f"{r.objective}_s"] or 0.0)
+        rest = sorted(
+            (c for c in doc["candidates"] if not c["launched"] and c["fits"]),
+            key=lambda c: c["predicted"][f"{r.objective}_s"] or 0.0,
+        )
         return _work_table(t, r, doc, [*launched, *rest[:ROWS_NOT_LAUNCHED]])
     key = {"tg": "tg_tok_s", "pp": "pp_tok_s", "ttft": "tg_tok_s", "goodput": "goodput_req_s"}[r.objective]
-    rest = sorted((c for c in doc["candidates"] if not c["launched"] and c["fits"]),
-                  key=lambda c: -(c["predicted"][key] or 0.0))
+    rest = sorted(
+        (c for c in doc["candidates"] if not c["launched"] and c["fits"]), key=lambda c: -(c["predicted"][key] or 0.0)
+    )
     rows = [*launched, *rest[:ROWS_NOT_LAUNCHED]]
     if r.serve is not None:
-        for col in ("candidate", "predicted goodput/s", "predicted TTFT ms", "predicted ITL ms",
-                    "goodput/s [95% CI]", "met", "TTFT p50 ms", "ITL p50 ms", "verdict"):
+        for col in (
+            "candidate",
+            "predicted goodput/s",
+            "predicted TTFT ms",
+            "predicted ITL ms",
+            "goodput/s [95% CI]",
+            "met",
+            "TTFT p50 ms",
+            "ITL p50 ms",
+            "verdict",
+        ):
             t.add_column(col)
         for c in rows:
             m, p = c["measured"] or {}, c["predicted"]["serve"]
             g, sv = m.get("goodput_req_s") or {}, m.get("serve") or {}
             met = f"{g['met']}/{g['of']}" if g else ""
-            t.add_row(c["label"], fmt(p["goodput_req_s"]), fmt(p["ttft_ms"]), fmt(p["itl_ms"]), _cell(g or None), met,
-                      _opt(sv.get("ttft_ms_p50")), _opt(sv.get("itl_ms_p50")), c["verdict"])
+            t.add_row(
+                c["label"],
+                fmt(p["goodput_req_s"]),
+                fmt(p["ttft_ms"]),
+                fmt(p["itl_ms"]),
+                _cell(g or None),
+                met,
+                _opt(sv.get("ttft_ms_p50")),
+                _opt(sv.get("itl_ms_p50")),
+                c["verdict"],
+            )
         return t
     quality = kld is not None
-    for col in ("candidate", "predicted TG", "predicted PP", "TG [95% CI]", "PP [95% CI]",
-                *(["KLD"] if quality else []), "verdict"):
+    for col in (
+        "candidate",
+        "predicted TG",
+        "predicted PP",
+        "TG [95% CI]",
+        "PP [95% CI]",
+        *(["KLD"] if quality else []),
+        "verdict",
+    ):
         t.add_column(col)
     for c in rows:
         m = c["measured"] or {}
         q = [] if not quality else [_kld_cell(r, c)]
-        t.add_row(c["label"], fmt(c["predicted"]["tg_tok_s"]), fmt(c["predicted"]["pp_tok_s"]),
-                  _cell(m.get("tg_tok_s")), _cell(m.get("pp_tok_s")), *q, c["verdict"])
+        t.add_row(
+            c["label"],
+            fmt(c["predicted"]["tg_tok_s"]),
+            fmt(c["predicted"]["pp_tok_s"]),
+            _cell(m.get("tg_tok_s")),
+            _cell(m.get("pp_tok_s")),
+            *q,
+            c["verdict"],
+        )
     d = doc["engine_defaults"]
     if d is not None:
-        t.add_row(dflt.LABEL, "", "", _cell(d["tg_tok_s"]), _cell(d["pp_tok_s"]), *([""] if quality else []),
-                  "failed: " + d["failed"].splitlines()[0] if d["failed"] else "the engine with no tuning flags")
+        t.add_row(
+            dflt.LABEL,
+            "",
+            "",
+            _cell(d["tg_tok_s"]),
+            _cell(d["pp_tok_s"]),
+            *([""] if quality else []),
+            "failed: " + d["failed"].splitlines()[0] if d["failed"] else "the engine with no tuning flags",
+        )
     return t
 
 
@@ -250,8 +367,13 @@ def _work_table(t: Any, r: TuneResult, doc: dict[str, Any], rows: list[dict[str,
         t.add_row(c["label"], fmt(c["predicted"][f"{r.objective}_s"]), _seconds(m), _cache_cell(m), c["verdict"])
     d = doc["engine_defaults"]
     if d is not None:
-        t.add_row(dflt.LABEL, "", _seconds(d.get(r.objective)), _cache_cell(d.get(r.objective)),
-                  "failed: " + d["failed"].splitlines()[0] if d["failed"] else "the engine with no tuning flags")
+        t.add_row(
+            dflt.LABEL,
+            "",
+            _seconds(d.get(r.objective)),
+            _cache_cell(d.get(r.objective)),
+            "failed: " + d["failed"].splitlines()[0] if d["failed"] else "the engine with no tuning flags",
+        )
     return t
 
 
@@ -277,14 +399,24 @@ def work_lines(doc: dict[str, Any]) -> list[str]:
     def line(who: str, m: dict[str, Any] | None) -> str:
         if not m or m.get("median_s") is None:
             return f"  {who}: not measured"
-        cache = "" if m.get("prompt_tokens_reused") is None else (
-            f"; prompt tokens processed {m['prompt_tokens_processed']}, reused {m['prompt_tokens_reused']} "
-            f"from the cache")
-        return (f"  {who}: {m['median_s']:.4g} s [{m['ci_low_s']:.4g}-{m['ci_high_s']:.4g}] over {m['n']} "
-                f"{'passes' if name == 'replay' else 'sessions'}{cache}")
+        cache = (
+            ""
+            if m.get("prompt_tokens_reused") is None
+            else (
+                f"; prompt tokens processed {m['prompt_tokens_processed']}, reused {m['prompt_tokens_reused']} "
+                f"from the cache"
+            )
+        )
+        return (
+            f"  {who}: {m['median_s']:.4g} s [{m['ci_low_s']:.4g}-{m['ci_high_s']:.4g}] over {m['n']} "
+            f"{'passes' if name == 'replay' else 'sessions'}{cache}"
+        )
 
     d = doc.get("engine_defaults") or {}
-    out = [f"{what} ({doc['work']['text']}):", line(f"baseline ({doc['baseline']['label']})", doc["baseline"].get(name))]
+    out = [
+        f"{what} ({doc['work']['text']}):",
+        line(f"baseline ({doc['baseline']['label']})", doc["baseline"].get(name)),
+    ]
     if d:
         out.append(line(dflt.LABEL, d.get(name)) if not d.get("failed") else f"  {dflt.LABEL}: failed")
     if doc.get("best") is not None and doc["best"]["label"] != doc["baseline"]["label"]:

@@ -27,15 +27,20 @@ def check_transport_axis(transports: Sequence[str], hw: Inventory) -> None:
     what = f"--try-transport {','.join(transports)}" if len(transports) > 1 else f"--transport {transports[0]}"
     nodes = [n for n in hw.nodes[1:] if n.devices]
     if not nodes:
-        raise InputError(f"{what}: the hardware file has no RPC node, so the server talks to no worker and "
-                         "has no transport to choose", hint="drop the option")
+        raise InputError(
+            f"{what}: the hardware file has no RPC node, so the server talks to no worker and "
+            "has no transport to choose",
+            hint="drop the option",
+        )
     if len(transports) > 1 or Transport.RDMA in transports:
         lacking = [n.name for n in nodes if not n.rdma]
         if lacking:
-            raise InputError(f"{what}: the hardware file does not say that the link to node {', '.join(lacking)} "
-                             "carries RDMA, so TCP is the only transport there",
-                             hint="once `ibv_devices` lists the RoCE device on both ends, set `rdma: true` on the "
-                                  "node in the hardware file; else drop the option")
+            raise InputError(
+                f"{what}: the hardware file does not say that the link to node {', '.join(lacking)} "
+                "carries RDMA, so TCP is the only transport there",
+                hint="once `ibv_devices` lists the RoCE device on both ends, set `rdma: true` on the "
+                "node in the hardware file; else drop the option",
+            )
 
 
 def refuse_unbuilt(docs: Sequence[dict[str, Any]], transports: Sequence[str], rdma_dev: str | None) -> None:

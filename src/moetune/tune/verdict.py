@@ -74,9 +74,14 @@ def _ratio_ci(base: list[float], other: list[float], n_boot: int = DEFAULT_N_BOO
     return float(lo), float(hi)
 
 
-def verdicts(entries: Sequence[Judged], values: dict[int, list[float]],
-              expect: np.ndarray | None, rejected: dict[int, str] | None = None, *,
-              as_time: bool = False) -> tuple[dict[int, str], int | None]:
+def verdicts(
+    entries: Sequence[Judged],
+    values: dict[int, list[float]],
+    expect: np.ndarray | None,
+    rejected: dict[int, str] | None = None,
+    *,
+    as_time: bool = False,
+) -> tuple[dict[int, str], int | None]:
     """Each candidate's verdict, and the best: of the measured candidates that beat the baseline (the
     rule of `compare`), the one the search believes fastest (its measurement pooled with its
     neighbours': one lucky launch does not win), else the baseline; with no baseline measured (it

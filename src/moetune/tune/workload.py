@@ -106,14 +106,20 @@ def parse(text: str) -> tuple[str, Path | None]:
     if t.startswith("replay:"):
         path = t.removeprefix("replay:").strip()
         if not path:
-            raise InputError("--objective replay: give the session file, e.g. --objective replay:session.jsonl",
-                             hint="`moetune record` writes one")
+            raise InputError(
+                "--objective replay: give the session file, e.g. --objective replay:session.jsonl",
+                hint="`moetune record` writes one",
+            )
         return "replay", Path(path).expanduser()
     if t == "replay":
-        raise InputError("--objective replay needs the session file: --objective replay:FILE",
-                         hint="`moetune record --upstream URL -o FILE` records one")
-    raise InputError(f"--objective {text!r}: choose one of {', '.join(NAMES)}",
-                     hint="replay:FILE replays a session `moetune record` wrote; turn times an agent's turn")
+        raise InputError(
+            "--objective replay needs the session file: --objective replay:FILE",
+            hint="`moetune record --upstream URL -o FILE` records one",
+        )
+    raise InputError(
+        f"--objective {text!r}: choose one of {', '.join(NAMES)}",
+        hint="replay:FILE replays a session `moetune record` wrote; turn times an agent's turn",
+    )
 
 
 def replay_objective(path: Path, speed: str) -> ReplayObjective:
@@ -133,17 +139,32 @@ def replay_objective(path: Path, speed: str) -> ReplayObjective:
         raise InputError(str(e).replace("--replay ", "--objective replay:", 1), hint=e.hint) from None
     reqs, _ = replay_requests(session.exchanges)
     if not reqs:
-        raise InputError(f"--objective replay:{path}: it records no chat or completions request to replay",
-                         hint="record a client's POST /v1/chat/completions or /v1/completions traffic")
-    calls = tuple(Call(offset_s=r.offset_s, prompt_tokens=r.recorded_prompt_tokens or 0,
-                       completion_tokens=r.recorded_completion_tokens or r.max_tokens) for r in reqs)
-    counted = all(r.recorded_prompt_tokens is not None and r.recorded_completion_tokens is not None
-                  for r in reqs if r.recorded_ok)  # one the recording failed has no counts to give
+        raise InputError(
+            f"--objective replay:{path}: it records no chat or completions request to replay",
+            hint="record a client's POST /v1/chat/completions or /v1/completions traffic",
+        )
+    calls = tuple(
+        Call(
+            offset_s=r.offset_s,
+            prompt_tokens=r.recorded_prompt_tokens or 0,
+            completion_tokens=r.recorded_completion_tokens or r.max_tokens,
+        )
+        for r in reqs
+    )
+    counted = all(
+        r.recorded_prompt_tokens is not None and r.recorded_completion_tokens is not None for r in reqs if r.recorded_ok
+    )  # one the recording failed has no counts to give
     longest = max((c.prompt_tokens + c.completion_tokens for c in calls), default=0)
-    return ReplayObjective(file=path.resolve(), sha256=session.sha256, speed=speed.strip().lower(),
-                           concurrency=replay_concurrency(session.exchanges),
-                           per_slot=longest + TEMPLATE_TOKENS if counted else 0, calls=calls, counted=counted,
-                           excused=tuple(i for i, r in enumerate(reqs) if not r.recorded_ok))
+    return ReplayObjective(
+        file=path.resolve(),
+        sha256=session.sha256,
+        speed=speed.strip().lower(),
+        concurrency=replay_concurrency(session.exchanges),
+        per_slot=longest + TEMPLATE_TOKENS if counted else 0,
+        calls=calls,
+        counted=counted,
+        excused=tuple(i for i, r in enumerate(reqs) if not r.recorded_ok),
+    )
 
 
 def turn_objective(*, system_tokens: int, turns: int, turn_tokens: int, output_len: int, repeats: int) -> TurnObjective:
@@ -158,6 +179,7 @@ def slotted(s: Settings, w: WorkObjective) -> Settings:
 
 
 # ---- what the speed model expects (the search's prior) ------------------------------------------
+
 
 def _request_s(work: Work, k: SpeedConstants, prompt: int, context: int, reply: int) -> float:
     from moetune.plan.speed import decode_seconds, prefill_tok_s
@@ -184,9 +206,11 @@ def predicted_seconds(w: WorkObjective, work: Work, k: SpeedConstants) -> float:
     from moetune.bench.record.schedule import parse_speed
 
     speed = parse_speed(w.speed)
-    return finish_s([c.offset_s / speed if speed else 0.0 for c in w.calls],
-                    [_request_s(work, k, c.prompt_tokens, c.prompt_tokens, c.completion_tokens) for c in w.calls],
-                    w.concurrency)
+    return finish_s(
+        [c.offset_s / speed if speed else 0.0 for c in w.calls],
+        [_request_s(work, k, c.prompt_tokens, c.prompt_tokens, c.completion_tokens) for c in w.calls],
+        w.concurrency,
+    )
 
 
 def finish_s(due_s: Sequence[float], took_s: Sequence[float], slots: int) -> float:
@@ -202,6 +226,7 @@ def finish_s(due_s: Sequence[float], took_s: Sequence[float], slots: int) -> flo
 
 
 # ---- what a candidate measured -------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Measured:
@@ -219,8 +244,10 @@ class Measured:
         if self.seconds:
             return None
         errs = ", ".join(f"{e} x{n}" for e, n in self.errors) or "none recorded"
-        return (f"no pass of the workload ended without a failed request ({self.requests - self.ok} of "
-                f"{self.requests} requests failed: {errs}); `moetune serve-report RUN` shows them")
+        return (
+            f"no pass of the workload ended without a failed request ({self.requests - self.ok} of "
+            f"{self.requests} requests failed: {errs}); `moetune serve-report RUN` shows them"
+        )
 
     @property
     def seconds(self) -> tuple[float, ...]:
@@ -243,28 +270,60 @@ def measured(samples: Sequence[dict[str, Any]], w: WorkObjective) -> Measured:
     else:
         totals = turn_times(samples)
     errors = Counter(str(s["error"]) for s in samples if s.get("error"))
-    return Measured(totals=totals, cache=cache_of(samples), requests=len(samples),
-                    ok=sum(1 for s in samples if not s.get("error")), errors=tuple(sorted(errors.items())))
+    return Measured(
+        totals=totals,
+        cache=cache_of(samples),
+        requests=len(samples),
+        ok=sum(1 for s in samples if not s.get("error")),
+        errors=tuple(sorted(errors.items())),
+    )
 
 
-def run_candidate(db: ResultsDB, path: Path, w: WorkObjective, *, label: str, sweep_id: str, repeats: int,
-                  warmup: int, launch_timeout_s: float, request_timeout_s: float, status: Status,
-                  on_snapshot: Callable[[Snapshot], None] | None = None, transport: str = "tcp",
-                  rdma_dev: str | None = None, server: str | None = None) -> int:
+def run_candidate(
+    db: ResultsDB,
+    path: Path,
+    w: WorkObjective,
+    *,
+    label: str,
+    sweep_id: str,
+    repeats: int,
+    warmup: int,
+    launch_timeout_s: float,
+    request_timeout_s: float,
+    status: Status,
+    on_snapshot: Callable[[Snapshot], None] | None = None,
+    transport: str = "tcp",
+    rdma_dev: str | None = None,
+    server: str | None = None,
+) -> int:
     """Launch the plan at ``path`` as it is (its slots planned for the workload), measure the
     workload on its server (``server``: the one of a layout's), store the run under the tune's id;
     its run id."""
     from moetune.bench.servers import PlanServers
     from moetune.bench.target import plan_target, with_transport
 
-    source = PlanServers(with_transport(plan_target(path, server), transport, rdma_dev), match=False,
-                         need_per_slot=w.per_slot, status=status, timeout_s=launch_timeout_s)
+    source = PlanServers(
+        with_transport(plan_target(path, server), transport, rdma_dev),
+        match=False,
+        need_per_slot=w.per_slot,
+        status=status,
+        timeout_s=launch_timeout_s,
+    )
     if isinstance(w, ReplayObjective):
         from moetune.bench.record.replay import ReplaySpec, replay_bench
 
-        spec = ReplaySpec(w.file, speed=w.speed, concurrency=w.concurrency, timeout_s=request_timeout_s,
-                          label=label, repeats=repeats, warmup=warmup, pin_tokens=True, sweep_id=sweep_id,
-                          objective=w.name)
+        spec = ReplaySpec(
+            w.file,
+            speed=w.speed,
+            concurrency=w.concurrency,
+            timeout_s=request_timeout_s,
+            label=label,
+            repeats=repeats,
+            warmup=warmup,
+            pin_tokens=True,
+            sweep_id=sweep_id,
+            objective=w.name,
+        )
         doc = replay_bench(spec, db, source, log=status, on_snapshot=on_snapshot)
     else:
         import functools
@@ -273,10 +332,18 @@ def run_candidate(db: ResultsDB, path: Path, w: WorkObjective, *, label: str, sw
         from moetune.bench.serve.session_run import bench_sessions
 
         ss = w.session
-        sspec = ServeBenchSpec(url=str(path), concurrency=(1,), output_len=ss.output_len, warmup=warmup,
-                               timeout_s=request_timeout_s, label=label, sessions=ss)
-        run = functools.partial(bench_sessions, sweep_id=sweep_id,
-                                details={"objective": {"name": w.name, "session": ss.to_json()}})
+        sspec = ServeBenchSpec(
+            url=str(path),
+            concurrency=(1,),
+            output_len=ss.output_len,
+            warmup=warmup,
+            timeout_s=request_timeout_s,
+            label=label,
+            sessions=ss,
+        )
+        run = functools.partial(
+            bench_sessions, sweep_id=sweep_id, details={"objective": {"name": w.name, "session": ss.to_json()}}
+        )
         doc = serve_bench(sspec, db, status, source, on_snapshot, workload=run)
     return int(doc["run"]["id"])
 
@@ -285,8 +352,12 @@ def describe(w: WorkObjective) -> str:
     """What the objective measured, in words."""
     if isinstance(w, ReplayObjective):
         pace = {"max": "back to back", "1x": "at the recorded pace"}.get(w.speed, f"at {w.speed} the recorded pace")
-        return (f"replay of {w.file.name} (sha256 {w.sha256[:12]}, {len(w.calls)} requests, up to {w.concurrency} "
-                f"in flight) {pace}: total time per pass")
+        return (
+            f"replay of {w.file.name} (sha256 {w.sha256[:12]}, {len(w.calls)} requests, up to {w.concurrency} "
+            f"in flight) {pace}: total time per pass"
+        )
     ss = w.session
-    return (f"agent turn: system prompt {ss.system_tokens} tokens, {ss.turns} turns of {ss.turn_tokens} tokens in, "
-            f"{ss.output_len} out, prefix cache on: mean turn time per session")
+    return (
+        f"agent turn: system prompt {ss.system_tokens} tokens, {ss.turns} turns of {ss.turn_tokens} tokens in, "
+        f"{ss.output_len} out, prefix cache on: mean turn time per session"
+    )

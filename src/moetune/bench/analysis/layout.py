@@ -24,7 +24,11 @@ from moetune.monitor.snapshot import Snapshot
 
 # (family, higher is better, unit): per request, as `compare` takes them
 FAMILIES: tuple[tuple[str, bool, str], ...] = (
-    ("ttft", False, "ms"), ("itl", False, "ms"), ("tpot", False, "ms"), ("decode", True, "tokens/s"))
+    ("ttft", False, "ms"),
+    ("itl", False, "ms"),
+    ("tpot", False, "ms"),
+    ("decode", True, "tokens/s"),
+)
 SHARED_PHASE = "shared"
 
 
@@ -69,9 +73,18 @@ class Slowdown:
     verdict: str  # slower | faster | same (the shared level against the alone one)
 
     def to_json(self) -> dict[str, Any]:
-        return {"service": self.service, "metric": self.metric, "unit": self.unit, "n_alone": self.n_alone,
-                "n_shared": self.n_shared, "alone_median": self.alone, "shared_median": self.shared,
-                "slowdown": self.slowdown, "slowdown_ci": [self.ci_low, self.ci_high], "verdict": self.verdict}
+        return {
+            "service": self.service,
+            "metric": self.metric,
+            "unit": self.unit,
+            "n_alone": self.n_alone,
+            "n_shared": self.n_shared,
+            "alone_median": self.alone,
+            "shared_median": self.shared,
+            "slowdown": self.slowdown,
+            "slowdown_ci": [self.ci_low, self.ci_high],
+            "verdict": self.verdict,
+        }
 
 
 class ContentionSeries:
@@ -88,8 +101,9 @@ class ContentionSeries:
         for fam, v in _values(s).items():
             by.setdefault(fam, []).append(v)
 
-    def rows(self, *, conf: float = DEFAULT_CONF, min_change: float = DEFAULT_MIN_CHANGE,
-             seed: int = 0) -> list[Slowdown]:
+    def rows(
+        self, *, conf: float = DEFAULT_CONF, min_change: float = DEFAULT_MIN_CHANGE, seed: int = 0
+    ) -> list[Slowdown]:
         out = []
         for service, loads in self.values.items():
             for fam, higher, unit in FAMILIES:
@@ -107,14 +121,31 @@ class ContentionSeries:
                     hi = 1 / d.ratio_ci_low if d.ratio_ci_low > 0 else math.inf
                 else:
                     ratio, lo, hi = d.ratio, d.ratio_ci_low, d.ratio_ci_high
-                out.append(Slowdown(service=service, metric=fam, unit=unit, n_alone=len(a), n_shared=len(b),
-                                    alone=median(a), shared=median(b), slowdown=ratio, ci_low=lo, ci_high=hi,
-                                    verdict=d.verdict))
+                out.append(
+                    Slowdown(
+                        service=service,
+                        metric=fam,
+                        unit=unit,
+                        n_alone=len(a),
+                        n_shared=len(b),
+                        alone=median(a),
+                        shared=median(b),
+                        slowdown=ratio,
+                        ci_low=lo,
+                        ci_high=hi,
+                        verdict=d.verdict,
+                    )
+                )
         return out
 
 
-def contention(samples: Iterable[Mapping[str, Any]], *, conf: float = DEFAULT_CONF,
-               min_change: float = DEFAULT_MIN_CHANGE, seed: int = 0) -> list[Slowdown]:
+def contention(
+    samples: Iterable[Mapping[str, Any]],
+    *,
+    conf: float = DEFAULT_CONF,
+    min_change: float = DEFAULT_MIN_CHANGE,
+    seed: int = 0,
+) -> list[Slowdown]:
     """Every service's slowdown under the shared load, per metric, the samples read once."""
     series = ContentionSeries()
     for s in samples:
@@ -134,15 +165,23 @@ class Busy:
     host_cpu_pct: float | None  # the machine's, all cores, 0-100
 
     def to_json(self) -> dict[str, Any]:
-        return {"phase": self.phase, "snapshots": self.snapshots, "cpu_cores": dict(self.cpu_cores),
-                "gpu_util_pct": dict(self.gpu_util_pct), "host_cpu_pct": self.host_cpu_pct}
+        return {
+            "phase": self.phase,
+            "snapshots": self.snapshots,
+            "cpu_cores": dict(self.cpu_cores),
+            "gpu_util_pct": dict(self.gpu_util_pct),
+            "host_cpu_pct": self.host_cpu_pct,
+        }
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> Busy:
-        return Busy(phase=str(d.get("phase")), snapshots=int(d.get("snapshots") or 0),
-                    cpu_cores={str(k): float(v) for k, v in (d.get("cpu_cores") or {}).items()},
-                    gpu_util_pct={str(k): float(v) for k, v in (d.get("gpu_util_pct") or {}).items()},
-                    host_cpu_pct=d.get("host_cpu_pct"))
+        return Busy(
+            phase=str(d.get("phase")),
+            snapshots=int(d.get("snapshots") or 0),
+            cpu_cores={str(k): float(v) for k, v in (d.get("cpu_cores") or {}).items()},
+            gpu_util_pct={str(k): float(v) for k, v in (d.get("gpu_util_pct") or {}).items()},
+            host_cpu_pct=d.get("host_cpu_pct"),
+        )
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -178,7 +217,13 @@ def busy(snapshots: Iterable[Snapshot], phases: Sequence[str]) -> list[Busy]:
                     gpu.setdefault(f"GPU{g.index} {g.name}", []).append(g.util_pct)
             if (h := s.host.cpu_total_pct) is not None:
                 host.append(h)
-        out.append(Busy(phase=phase, snapshots=len(snaps), cpu_cores={k: round(_mean(v), 3) for k, v in cpu.items()},
-                        gpu_util_pct={k: round(_mean(v), 1) for k, v in gpu.items()},
-                        host_cpu_pct=round(_mean(host), 1) if host else None))
+        out.append(
+            Busy(
+                phase=phase,
+                snapshots=len(snaps),
+                cpu_cores={k: round(_mean(v), 3) for k, v in cpu.items()},
+                gpu_util_pct={k: round(_mean(v), 1) for k, v in gpu.items()},
+                host_cpu_pct=round(_mean(host), 1) if host else None,
+            )
+        )
     return out

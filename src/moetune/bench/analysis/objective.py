@@ -111,8 +111,11 @@ def cache_of(samples: Iterable[Mapping[str, Any]]) -> Cache:
 def objective_metrics(samples: Iterable[Mapping[str, Any]]) -> dict[str, MetricSamples]:
     """``replay_s:SHA`` per replayed file (s per pass) and ``turn_s`` (s per session), for `compare`."""
     held = list(samples)
-    out = {f"{REPLAY_METRIC}:{sha}": MetricSamples(t.seconds, False, "s", "replay total")
-           for sha, t in replay_totals(held).items() if t.seconds}
+    out = {
+        f"{REPLAY_METRIC}:{sha}": MetricSamples(t.seconds, False, "s", "replay total")
+        for sha, t in replay_totals(held).items()
+        if t.seconds
+    }
     turns = turn_times(held)
     if turns.seconds and len(turns.seconds) > 1:
         out[TURN_METRIC] = MetricSamples(turns.seconds, False, "s", "turn time")

@@ -90,18 +90,29 @@ def round_ratio(baseline: Sequence[float], other: Sequence[float]) -> float:
     return mo / mb
 
 
-def paired_difference(rounds: Sequence[tuple[Sequence[float], Sequence[float]]], *, higher_is_better: bool,
-                      conf: float = DEFAULT_CONF, min_change: float = DEFAULT_MIN_CHANGE) -> PairedDifference:
+def paired_difference(
+    rounds: Sequence[tuple[Sequence[float], Sequence[float]]],
+    *,
+    higher_is_better: bool,
+    conf: float = DEFAULT_CONF,
+    min_change: float = DEFAULT_MIN_CHANGE,
+) -> PairedDifference:
     """Is ``other`` different from ``baseline``, judged within rounds? ``rounds`` holds one
     ``(baseline samples, other samples)`` pair per round. The rule is in the module docstring."""
     if not rounds:
         raise ValueError("no rounds")
-    return paired_from_ratios([round_ratio(b, o) for b, o in rounds], higher_is_better=higher_is_better,
-                              conf=conf, min_change=min_change)
+    return paired_from_ratios(
+        [round_ratio(b, o) for b, o in rounds], higher_is_better=higher_is_better, conf=conf, min_change=min_change
+    )
 
 
-def paired_from_ratios(ratios: Sequence[float], *, higher_is_better: bool, conf: float = DEFAULT_CONF,
-                       min_change: float = DEFAULT_MIN_CHANGE) -> PairedDifference:
+def paired_from_ratios(
+    ratios: Sequence[float],
+    *,
+    higher_is_better: bool,
+    conf: float = DEFAULT_CONF,
+    min_change: float = DEFAULT_MIN_CHANGE,
+) -> PairedDifference:
     """The paired verdict from per-round ratios (each positive)."""
     if not ratios or any(r <= 0 or not math.isfinite(r) for r in ratios):
         raise ValueError("paired ratios must be positive and finite")
@@ -115,10 +126,11 @@ def paired_from_ratios(ratios: Sequence[float], *, higher_is_better: bool, conf:
         sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
         half = t_quantile(conf, n - 1) * sd / math.sqrt(n)
         ci = (math.exp(mean - half), math.exp(mean + half))
-    return PairedDifference(tuple(ratios), ratio, ci[0], ci[1],
-                            verdict(ratio, ci, higher_is_better=higher_is_better, min_change=min_change))
+    return PairedDifference(
+        tuple(ratios), ratio, ci[0], ci[1], verdict(ratio, ci, higher_is_better=higher_is_better, min_change=min_change)
+    )
 
 
 def noisy(verdict_: str, ratio: float, min_change: float) -> bool:
-    """"same (noisy)": the change passes the threshold, but the interval is too wide to tell."""
+    """ "same (noisy)": the change passes the threshold, but the interval is too wide to tell."""
     return verdict_ == SAME and abs(ratio - 1.0) >= min_change

@@ -56,8 +56,13 @@ def versus(summary: dict[str, Any], expect: dict[str, Any], band: dict[str, floa
             meas = (w.get(fam) or {}).get("median")
             err = _err(e[key], meas)
             b = float(band.get(f"{fam}_pct") or UNCALIBRATED_PCT)
-            row[fam] = {"predicted": round(e[key], 3), "measured": meas, "error_pct": err, "band_pct": b,
-                        "outside": outside(err, b)}
+            row[fam] = {
+                "predicted": round(e[key], 3),
+                "measured": meas,
+                "error_pct": err,
+                "band_pct": b,
+                "outside": outside(err, b),
+            }
         out[name] = row
     return out
 
@@ -71,8 +76,14 @@ def efficiency(expect_one: dict[str, Any], measured_tg: float | None) -> list[di
     for d in expect_one.get("per_device", []):
         achieved = d["read_mib_per_token"] * MIB * measured_tg
         limit = float(d.get("bw_gbs") or 0.0) * 1e9
-        out.append({"device": d["device"], "bytes_per_s": round(achieved), "limit_bytes_per_s": round(limit),
-                    "pct": round(achieved / limit * 100.0, 1) if limit else None})
+        out.append(
+            {
+                "device": d["device"],
+                "bytes_per_s": round(achieved),
+                "limit_bytes_per_s": round(limit),
+                "pct": round(achieved / limit * 100.0, 1) if limit else None,
+            }
+        )
     return out
 
 
@@ -86,11 +97,22 @@ def report(summary: dict[str, Any], details: dict[str, Any]) -> dict[str, Any] |
     first = next(iter(vs), None)
     head = expect[first] if first else next(iter(expect.values()))
     meas_tg = ((summary.get("workloads", {}).get(first) or {}).get("tg") or {}).get("median") if first else None
-    return {"predicted": {"tg_tok_s": round(head["tg_tok_s"], 3), "pp_tok_s": round(head["pp_tok_s"], 3)},
-            "prediction_error": vs, "efficiency": efficiency(head, meas_tg),
-            "mispredicted": [{"workload": name, "family": fam, "error_pct": round(r[fam]["error_pct"], 1),
-                              "band_pct": r[fam]["band_pct"]}
-                             for name, r in vs.items() for fam in ("tg", "pp") if r[fam]["outside"]]}
+    return {
+        "predicted": {"tg_tok_s": round(head["tg_tok_s"], 3), "pp_tok_s": round(head["pp_tok_s"], 3)},
+        "prediction_error": vs,
+        "efficiency": efficiency(head, meas_tg),
+        "mispredicted": [
+            {
+                "workload": name,
+                "family": fam,
+                "error_pct": round(r[fam]["error_pct"], 1),
+                "band_pct": r[fam]["band_pct"],
+            }
+            for name, r in vs.items()
+            for fam in ("tg", "pp")
+            if r[fam]["outside"]
+        ],
+    }
 
 
 def observations(run_id: int, summary: dict[str, Any], details: dict[str, Any]) -> list[Observation]:
@@ -104,6 +126,9 @@ def observations(run_id: int, summary: dict[str, Any], details: dict[str, Any]) 
         tg, pp = (w.get("tg") or {}).get("median"), (w.get("pp") or {}).get("median")
         if tg or pp:
             prompt = w.get("prompt_n")
-            out.append(Observation(run_id, Work.from_json(e["work"]), int(e.get("depth") or 0), tg, pp,
-                                   int(prompt) if prompt else None))
+            out.append(
+                Observation(
+                    run_id, Work.from_json(e["work"]), int(e.get("depth") or 0), tg, pp, int(prompt) if prompt else None
+                )
+            )
     return out

@@ -47,16 +47,26 @@ class RoundTag:
     position: int  # 0-based place in the round's order
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.sweep, "round": self.round, "attempt": self.attempt, "mode": self.mode,
-                "position": self.position}
+        return {
+            "id": self.sweep,
+            "round": self.round,
+            "attempt": self.attempt,
+            "mode": self.mode,
+            "position": self.position,
+        }
 
     @classmethod
     def from_details(cls, details: Mapping[str, Any]) -> RoundTag | None:
         d = details.get(DETAILS_KEY)
         if not isinstance(d, Mapping) or not isinstance(d.get("round"), int):
             return None
-        return cls(str(d.get("id") or ""), int(d["round"]), str(d.get("attempt") or ""), str(d.get("mode") or ""),
-                   int(d.get("position") or 0))
+        return cls(
+            str(d.get("id") or ""),
+            int(d["round"]),
+            str(d.get("attempt") or ""),
+            str(d.get("mode") or ""),
+            int(d.get("position") or 0),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +121,11 @@ def rounds_by_order(runs: Sequence[tuple[int, str]], labels: Sequence[str]) -> d
         groups[label].append(run)
     counts = {label: len(ids) for label, ids in groups.items()}
     if len(set(counts.values())) != 1 or min(counts.values()) == 0:
-        raise InputError("paired runs come in rounds: every configuration needs the same number of runs, got "
-                         + ", ".join(f"{label} {n}" for label, n in counts.items()),
-                         hint="name the runs of each round (ids), or the labels of runs made in alternation")
+        raise InputError(
+            "paired runs come in rounds: every configuration needs the same number of runs, got "
+            + ", ".join(f"{label} {n}" for label, n in counts.items()),
+            hint="name the runs of each round (ids), or the labels of runs made in alternation",
+        )
     for ids in groups.values():
         ids.sort()
     n = next(iter(counts.values()))

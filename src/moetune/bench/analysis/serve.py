@@ -111,7 +111,7 @@ def event_times(tok: list[list[Any]], server: list[float | None] | None = None) 
             lo = max(lo, out[-1])
         lo = min(lo, t)
         n = j + 1 - i
-        group = server[i:j + 1]
+        group = server[i : j + 1]
         if n > 1 and all(x is not None for x in group):
             last = group[-1]
             out += [min(max(t - (last - x) / 1000, lo), t) for x in group]  # type: ignore[operator]
@@ -161,16 +161,27 @@ def request_metrics(s: dict[str, Any]) -> RequestMetrics:
     prompt_ms = _num(timings.get("prompt_ms"))
     server_wait = ttft - prompt_ms / 1000 if ttft is not None and prompt_ms is not None else None
     return RequestMetrics(
-        error=s.get("error"), ttft_s=ttft, ttfc_s=ttfc,
+        error=s.get("error"),
+        ttft_s=ttft,
+        ttfc_s=ttfc,
         e2e_s=t_end - t_send if t_end is not None and t_send is not None else None,
         latency_s=t_end - t_sched if t_end is not None and t_sched is not None else None,
         slot_wait_s=t_slot - t_sched if t_slot is not None and t_sched is not None else None,
-        itl_s=tuple(itl), server_itl_s=tuple(server_itl), tpot_s=tpot, output_tokens=out_tokens, reasoning_tokens=reasoning,
+        itl_s=tuple(itl),
+        server_itl_s=tuple(server_itl),
+        tpot_s=tpot,
+        output_tokens=out_tokens,
+        reasoning_tokens=reasoning,
         prompt_tokens=s["prompt_tokens"] if isinstance(s.get("prompt_tokens"), int) else None,
         server_prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
-        cached_tokens=cached, server_wait_s=server_wait, retries=len(s.get("retries") or []),
-        max_tokens=int(s.get("max_tokens") or 0), itl_known=itl_known, usage=isinstance(reported, int),
-        prompt_predicted=s.get("prompt_source") == "tokenizer")
+        cached_tokens=cached,
+        server_wait_s=server_wait,
+        retries=len(s.get("retries") or []),
+        max_tokens=int(s.get("max_tokens") or 0),
+        itl_known=itl_known,
+        usage=isinstance(reported, int),
+        prompt_predicted=s.get("prompt_source") == "tokenizer",
+    )
 
 
 def percentiles_ms(values_s: Iterable[float | None]) -> dict[str, float | None]:
@@ -199,24 +210,36 @@ def slowest(samples: Sequence[dict[str, Any]], ms: Sequence[RequestMetrics]) -> 
     m = ms[i]
     p50 = float(np.median([e for e, _ in done]))
     outliers = sum(1 for e, _ in done if e >= SLOW_FACTOR * p50 and (e - p50) * 1000 >= SLOW_MIN_MS)
-    return {"index": samples[i].get("index"), "e2e_ms": round(e2e * 1000, 3), "outliers": outliers,
-            "ttft_ms": None if m.ttft_s is None else round(m.ttft_s * 1000, 3), "output_tokens": m.output_tokens,
-            "median_output_tokens": float(np.median([x.output_tokens for x in ms if x.ok]))}
+    return {
+        "index": samples[i].get("index"),
+        "e2e_ms": round(e2e * 1000, 3),
+        "outliers": outliers,
+        "ttft_ms": None if m.ttft_s is None else round(m.ttft_s * 1000, 3),
+        "output_tokens": m.output_tokens,
+        "median_output_tokens": float(np.median([x.output_tokens for x in ms if x.ok])),
+    }
 
 
 def prompt_token_error(ms: Sequence[RequestMetrics]) -> dict[str, Any] | None:
     """How far the prompt lengths a local tokenizer predicted (serve-bench ``--tokenizer``) were from
     the server's ``usage.prompt_tokens``, over the requests with both: the mean and largest error per
     request and the bias of the total, in percent of the server's count. None without predictions."""
-    pairs = [(m.prompt_tokens, m.server_prompt_tokens) for m in ms
-             if m.prompt_predicted and m.prompt_tokens is not None and m.server_prompt_tokens]
+    pairs = [
+        (m.prompt_tokens, m.server_prompt_tokens)
+        for m in ms
+        if m.prompt_predicted and m.prompt_tokens is not None and m.server_prompt_tokens
+    ]
     if not pairs:
         return None
     errors = [100 * abs(p - s) / s for p, s in pairs]
     served = sum(s for _, s in pairs)
-    return {"requests": len(pairs), "mismatched": sum(1 for p, s in pairs if p != s),
-            "mean_pct": round(sum(errors) / len(errors), 3), "max_pct": round(max(errors), 3),
-            "bias_pct": round(100 * (sum(p for p, _ in pairs) - served) / served, 3)}
+    return {
+        "requests": len(pairs),
+        "mismatched": sum(1 for p, s in pairs if p != s),
+        "mean_pct": round(sum(errors) / len(errors), 3),
+        "max_pct": round(max(errors), 3),
+        "bias_pct": round(100 * (sum(p for p, _ in pairs) - served) / served, 3),
+    }
 
 
 def level_span(samples: Sequence[dict[str, Any]]) -> float | None:
@@ -279,9 +302,11 @@ def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] 
     return f.summary(slo)
 
 
-def level_figures(samples: Iterable[dict[str, Any]], *,
-                  tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
-                  ) -> dict[LevelKey, LevelFigures]:
+def level_figures(
+    samples: Iterable[dict[str, Any]],
+    *,
+    tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
+) -> dict[LevelKey, LevelFigures]:
     """Every level of a run by (service, load, concurrency, rate) (:func:`level_key`), in the order
     the levels first ran (a level that came back later is merged into its first), its samples read
     once and never held: a run of any length, streamed from the history. ``tap`` sees each sample
@@ -295,14 +320,23 @@ def level_figures(samples: Iterable[dict[str, Any]], *,
     return levels
 
 
-def summarize_levels(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None, *,
-                     tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None) -> list[dict[str, Any]]:
+def summarize_levels(
+    samples: Iterable[dict[str, Any]],
+    slo: Mapping[str, float] | None = None,
+    *,
+    tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
+) -> list[dict[str, Any]]:
     """Every level's figures (:func:`level_figures`, :func:`summarize_level`)."""
     return [f.summary(slo) for f in level_figures(samples, tap=tap).values()]
 
 
-def _summary(ms: list[RequestMetrics], heads: list[dict[str, Any]], itl: array[float], server_itl: array[float],
-             slo: Mapping[str, float] | None) -> dict[str, Any]:
+def _summary(
+    ms: list[RequestMetrics],
+    heads: list[dict[str, Any]],
+    itl: array[float],
+    server_itl: array[float],
+    slo: Mapping[str, float] | None,
+) -> dict[str, Any]:
     ok = [m for m in ms if m.ok]
     starts = [_num(s.get("t_sched")) for s in heads]
     ends = [_num(s.get("t_end")) for s in heads]
@@ -337,8 +371,9 @@ def _summary(ms: list[RequestMetrics], heads: list[dict[str, Any]], itl: array[f
         "completed_request_s": _rate(e for e, m in zip(ends, ms, strict=True) if m.ok) if open_loop else None,
         "slowest": slowest(heads, ms),
         "prompt_tokens_mean": round(sum(inputs) / len(inputs), 1) if inputs else None,
-        "prompt_token_mismatches": sum(1 for m in ok if m.prompt_tokens is not None
-                                       and m.server_prompt_tokens not in (None, m.prompt_tokens)),
+        "prompt_token_mismatches": sum(
+            1 for m in ok if m.prompt_tokens is not None and m.server_prompt_tokens not in (None, m.prompt_tokens)
+        ),
         "prompt_token_error": prompt_token_error(ok),
         "itl_unknown": sum(1 for m in ok if not m.itl_known),
         "no_usage": sum(1 for m in ok if not m.usage),
@@ -390,11 +425,13 @@ class LevelSeries:
         m = m or request_metrics(s)
         if not m.ok:
             return
-        for fam, v in (("ttft", None if m.ttft_s is None else m.ttft_s * 1000),
-                       ("itl", sum(m.itl_s) / len(m.itl_s) * 1000 if m.itl_s else None),
-                       ("tpot", None if m.tpot_s is None else m.tpot_s * 1000),
-                       ("e2e", None if m.e2e_s is None else m.e2e_s * 1000),
-                       ("decode", 1 / m.tpot_s if m.tpot_s else None)):
+        for fam, v in (
+            ("ttft", None if m.ttft_s is None else m.ttft_s * 1000),
+            ("itl", sum(m.itl_s) / len(m.itl_s) * 1000 if m.itl_s else None),
+            ("tpot", None if m.tpot_s is None else m.tpot_s * 1000),
+            ("e2e", None if m.e2e_s is None else m.e2e_s * 1000),
+            ("decode", 1 / m.tpot_s if m.tpot_s else None),
+        ):
             if v is not None:
                 series[fam].append(v)
 
@@ -406,7 +443,8 @@ class LevelSeries:
                 if values:
                     higher = fam == "decode"
                     out[f"{fam}:{key_name(key)}"] = MetricSamples(
-                        tuple(values), higher, "tokens/s" if higher else "ms", fam, float(c), "concurrency")
+                        tuple(values), higher, "tokens/s" if higher else "ms", fam, float(c), "concurrency"
+                    )
         return out
 
 

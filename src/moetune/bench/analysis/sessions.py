@@ -94,9 +94,17 @@ def is_session_sample(s: Mapping[str, Any]) -> bool:
 
 
 def turn_samples(samples: Iterable[Mapping[str, Any]]) -> list[TurnSample]:
-    return [TurnSample(int(s["session"]), int(s["turn"]), request_metrics(dict(s)), prompt_cache(s),
-                       int(s.get("stripped_chars") or 0))
-            for s in samples if is_session_sample(s)]
+    return [
+        TurnSample(
+            int(s["session"]),
+            int(s["turn"]),
+            request_metrics(dict(s)),
+            prompt_cache(s),
+            int(s.get("stripped_chars") or 0),
+        )
+        for s in samples
+        if is_session_sample(s)
+    ]
 
 
 def percentiles(values: Iterable[float | int | None], digits: int = 3) -> dict[str, float | None]:
@@ -124,7 +132,8 @@ def _sum(xs: Iterable[int | None]) -> int | None:
 def _figures(ts: Sequence[TurnSample]) -> dict[str, Any]:
     ok = [t for t in ts if t.ok]
     return {
-        "requests": len(ts), "ok": len(ok),
+        "requests": len(ts),
+        "ok": len(ok),
         "errors": dict(sorted(Counter(t.metrics.error for t in ts if t.metrics.error is not None).items())),
         "context_tokens": percentiles((t.cache.context for t in ok), 1),
         "prompt_tokens_processed": percentiles((t.cache.processed for t in ok), 1),
@@ -157,16 +166,21 @@ def per_session(ts: Sequence[TurnSample]) -> list[dict[str, Any]]:
         ok = [t for t in turns if t.ok]
         processed = _sum(t.cache.processed for t in ok)
         reused = _sum(t.cache.reused for t in ok)
-        out.append({
-            "session": s, "turns": len(turns), "ok": len(ok),
-            "errors": dict(sorted(Counter(t.metrics.error for t in turns if t.metrics.error).items())),
-            "context_tokens": ok[-1].cache.context if ok else None,
-            "prompt_tokens_processed": processed, "prompt_tokens_reused": reused,
-            "reused_share": _share(reused, processed),
-            "ttft_ms": percentiles_ms(t.metrics.ttft_s for t in ok),
-            "tg_tok_s": percentiles((t.tg_tok_s for t in ok), 2),
-            "stripped_chars": sum(t.stripped_chars for t in turns),
-        })
+        out.append(
+            {
+                "session": s,
+                "turns": len(turns),
+                "ok": len(ok),
+                "errors": dict(sorted(Counter(t.metrics.error for t in turns if t.metrics.error).items())),
+                "context_tokens": ok[-1].cache.context if ok else None,
+                "prompt_tokens_processed": processed,
+                "prompt_tokens_reused": reused,
+                "reused_share": _share(reused, processed),
+                "ttft_ms": percentiles_ms(t.metrics.ttft_s for t in ok),
+                "tg_tok_s": percentiles((t.tg_tok_s for t in ok), 2),
+                "stripped_chars": sum(t.stripped_chars for t in turns),
+            }
+        )
     return out
 
 
@@ -181,8 +195,11 @@ def tg_vs_context(ts: Sequence[TurnSample]) -> dict[str, Any] | None:
     """TG as a function of the context a turn ran at: TG p50 and context p50 of the first and the
     last turn, the change between them, and the slope over every turn's (context, TG) in tok/s per
     1000 tokens of context (Theil–Sen). None with fewer than three points or no spread in context."""
-    pts = [(float(t.cache.context), tg) for t in ts if t.ok and t.cache.context is not None
-           and (tg := t.tg_tok_s) is not None]
+    pts = [
+        (float(t.cache.context), tg)
+        for t in ts
+        if t.ok and t.cache.context is not None and (tg := t.tg_tok_s) is not None
+    ]
     slope = theil_sen(pts) if len(pts) >= 3 else None
     if slope is None:
         return None
@@ -193,35 +210,50 @@ def tg_vs_context(ts: Sequence[TurnSample]) -> dict[str, Any] | None:
     first, last = by[min(by)], by[max(by)]
     c0, c1 = (float(np.median([p[0] for p in x])) for x in (first, last))
     g0, g1 = (float(np.median([p[1] for p in x])) for x in (first, last))
-    return {"points": len(pts), "turns": [min(by), max(by)], "context_tokens": [round(c0), round(c1)],
-            "tg_tok_s": [round(g0, 2), round(g1, 2)], "change_pct": round((g1 / g0 - 1) * 100, 2) if g0 > 0 else None,
-            "slope_tok_s_per_1k_tokens": round(slope * 1000, 3)}
+    return {
+        "points": len(pts),
+        "turns": [min(by), max(by)],
+        "context_tokens": [round(c0), round(c1)],
+        "tg_tok_s": [round(g0, 2), round(g1, 2)],
+        "change_pct": round((g1 / g0 - 1) * 100, 2) if g0 > 0 else None,
+        "slope_tok_s_per_1k_tokens": round(slope * 1000, 3),
+    }
 
 
-def session_warnings(ts: Sequence[TurnSample], *, strip: bool, slots: int | None, sessions: int,
-                     sequential: bool = False) -> list[str]:
+def session_warnings(
+    ts: Sequence[TurnSample], *, strip: bool, slots: int | None, sessions: int, sequential: bool = False
+) -> list[str]:
     """What makes the session figures less than they seem, read off the samples."""
     out: list[str] = []
     ok = [t for t in ts if t.ok]
     if ok and all(t.cache.source is None for t in ok):
-        out.append("the server reports neither timings.cache_n nor usage.prompt_tokens_details.cached_tokens: "
-                   "prompt tokens processed and reused are null (vLLM reports them with "
-                   "--enable-prompt-tokens-details)")
+        out.append(
+            "the server reports neither timings.cache_n nor usage.prompt_tokens_details.cached_tokens: "
+            "prompt tokens processed and reused are null (vLLM reports them with "
+            "--enable-prompt-tokens-details)"
+        )
     later = [t for t in ok if t.turn > 1 and t.cache.reused is not None]
     if later and not any(t.cache.reused for t in later):
-        out.append("the server reused no prompt tokens between turns: every turn evaluated the whole history "
-                   "(its prefix cache is off, or the slot was given to another conversation)")
+        out.append(
+            "the server reused no prompt tokens between turns: every turn evaluated the whole history "
+            "(its prefix cache is off, or the slot was given to another conversation)"
+        )
     if slots is not None and sessions > slots and not sequential:
-        out.append(f"{sessions} sessions on {slots} slot(s): a slot holds one conversation's cache at a time, so "
-                   "turns wait for a slot and may find another session's prefix there")
+        out.append(
+            f"{sessions} sessions on {slots} slot(s): a slot holds one conversation's cache at a time, so "
+            "turns wait for a slot and may find another session's prefix there"
+        )
     if strip and ok and not any(t.stripped_chars for t in ts):
-        out.append("--strip-thinking had nothing to strip: the replies carried no reasoning (the model did not "
-                   "think, or thinking is off)")
+        out.append(
+            "--strip-thinking had nothing to strip: the replies carried no reasoning (the model did not "
+            "think, or thinking is off)"
+        )
     return out
 
 
-def summarize_sessions(samples: Iterable[Mapping[str, Any]], spec: Mapping[str, Any], *,
-                       slots: int | None = None) -> dict[str, Any]:
+def summarize_sessions(
+    samples: Iterable[Mapping[str, Any]], spec: Mapping[str, Any], *, slots: int | None = None
+) -> dict[str, Any]:
     """The ``sessions`` section of the serve-bench document: the workload (``spec``, as
     :meth:`moetune.bench.serve.sessions.SessionSpec.to_json` gives it), per turn, per session,
     TG against context, the totals and the warnings."""
@@ -233,15 +265,21 @@ def summarize_sessions(samples: Iterable[Mapping[str, Any]], spec: Mapping[str, 
     return {
         "spec": dict(spec),
         "cache_source": sources[0] if len(sources) == 1 else (",".join(sources) or None),
-        "requests": len(ts), "ok": len(ok),
-        "prompt_tokens_processed": processed, "prompt_tokens_reused": reused,
+        "requests": len(ts),
+        "ok": len(ok),
+        "prompt_tokens_processed": processed,
+        "prompt_tokens_reused": reused,
         "reused_share": _share(reused, processed),
         "turns": per_turn(ts),
         "per_session": per_session(ts),
         "tg_vs_context": tg_vs_context(ts),
-        "warnings": session_warnings(ts, strip=bool(spec.get("strip_thinking")), slots=slots,
-                                     sessions=int(spec.get("sessions") or 0),
-                                     sequential=bool(spec.get("sequential"))),
+        "warnings": session_warnings(
+            ts,
+            strip=bool(spec.get("strip_thinking")),
+            slots=slots,
+            sessions=int(spec.get("sessions") or 0),
+            sequential=bool(spec.get("sequential")),
+        ),
     }
 
 

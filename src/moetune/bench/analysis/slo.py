@@ -47,6 +47,7 @@ class RequestMetrics(Protocol):
     @property
     def output_tokens(self) -> int: ...
 
+
 # key -> how tables and messages name the value compared
 SLO_KEYS: dict[str, str] = {"ttft_ms": "TTFT", "itl_ms": "max ITL", "tpot_ms": "TPOT", "e2e_ms": "E2E"}
 SLO_EXAMPLE = "ttft_ms=500,itl_ms=100,e2e_ms=5000"
@@ -82,8 +83,11 @@ def parse_slo(text: str, option: str = "--slo") -> dict[str, float]:
         elif key in SLO_KEYS:
             got[key] = ms
     if problems:
-        raise InputError(f"{option} {text!r}: {'; '.join(problems)}; accepted keys: {', '.join(SLO_KEYS)} "
-                         f"(milliseconds, any subset)", hint=f"e.g. {option} {SLO_EXAMPLE}")
+        raise InputError(
+            f"{option} {text!r}: {'; '.join(problems)}; accepted keys: {', '.join(SLO_KEYS)} "
+            f"(milliseconds, any subset)",
+            hint=f"e.g. {option} {SLO_EXAMPLE}",
+        )
     return {k: got[k] for k in SLO_KEYS if k in got}
 
 
@@ -97,8 +101,12 @@ def request_values(m: RequestMetrics) -> dict[str, float | None]:
     ms = 1000.0
     tpot = m.tpot_s * ms if m.tpot_s is not None else (0.0 if m.output_tokens <= 1 else None)
     itl = max(m.itl_s, default=0.0) * ms if m.itl_known else None
-    return {"ttft_ms": None if m.ttft_s is None else m.ttft_s * ms, "itl_ms": itl, "tpot_ms": tpot,
-            "e2e_ms": None if m.e2e_s is None else m.e2e_s * ms}
+    return {
+        "ttft_ms": None if m.ttft_s is None else m.ttft_s * ms,
+        "itl_ms": itl,
+        "tpot_ms": tpot,
+        "e2e_ms": None if m.e2e_s is None else m.e2e_s * ms,
+    }
 
 
 def goodput(ms: Sequence[RequestMetrics], slo: Mapping[str, float], span_s: float | None) -> dict[str, Any]:
@@ -118,10 +126,16 @@ def goodput(ms: Sequence[RequestMetrics], slo: Mapping[str, float], span_s: floa
         unknown += any(v is None for v in judged)
         met += not over and all(v is not None for v in judged)
     n = len(ms)
-    return {"share": round(met / n, 4) if n else None,
-            "req_s": round(met / span_s, 4) if span_s else None,
-            "slo": dict(slo), "met": met, "of": n, "missed": missed,
-            "failed": sum(1 for m in ms if not m.ok), "unknown": unknown}
+    return {
+        "share": round(met / n, 4) if n else None,
+        "req_s": round(met / span_s, 4) if span_s else None,
+        "slo": dict(slo),
+        "met": met,
+        "of": n,
+        "missed": missed,
+        "failed": sum(1 for m in ms if not m.ok),
+        "unknown": unknown,
+    }
 
 
 def wilson(met: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:

@@ -67,9 +67,18 @@ class Summary:
     outliers: tuple[int, ...]  # indices into the samples
 
     def to_json(self) -> dict[str, float | int | list[int]]:
-        return {"median": self.median, "ci_low": self.ci_low, "ci_high": self.ci_high, "n": self.n,
-                "mean": self.mean, "stdev": self.stdev, "cv": self.cv, "min": self.min, "max": self.max,
-                "outliers": list(self.outliers)}
+        return {
+            "median": self.median,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "n": self.n,
+            "mean": self.mean,
+            "stdev": self.stdev,
+            "cv": self.cv,
+            "min": self.min,
+            "max": self.max,
+            "outliers": list(self.outliers),
+        }
 
 
 class RatioChange:
@@ -127,12 +136,13 @@ def _boot_medians(a: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.nd
     meds = np.empty(n_boot)
     for i in range(0, n_boot, rows):
         k = min(rows, n_boot - i)
-        meds[i:i + k] = np.median(a[rng.integers(0, a.size, size=(k, a.size))], axis=1)
+        meds[i : i + k] = np.median(a[rng.integers(0, a.size, size=(k, a.size))], axis=1)
     return meds
 
 
-def bootstrap_ci(xs: Sequence[float], *, conf: float = DEFAULT_CONF, n_boot: int = DEFAULT_N_BOOT,
-                 seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(
+    xs: Sequence[float], *, conf: float = DEFAULT_CONF, n_boot: int = DEFAULT_N_BOOT, seed: int = 0
+) -> tuple[float, float]:
     """Percentile-bootstrap confidence interval of the median."""
     a = _arr(xs)
     if a.size == 1:
@@ -174,26 +184,44 @@ def first_run_slower(xs: Sequence[float], *, higher_is_better: bool, threshold: 
     return xs[0] < rest if higher_is_better else xs[0] > rest
 
 
-def summarize(xs: Sequence[float], *, conf: float = DEFAULT_CONF, n_boot: int = DEFAULT_N_BOOT,
-              seed: int = 0) -> Summary:
+def summarize(
+    xs: Sequence[float], *, conf: float = DEFAULT_CONF, n_boot: int = DEFAULT_N_BOOT, seed: int = 0
+) -> Summary:
     a = _arr(xs)
     lo, hi = bootstrap_ci(xs, conf=conf, n_boot=n_boot, seed=seed)
-    return Summary(n=int(a.size), median=float(np.median(a)), ci_low=lo, ci_high=hi, mean=float(a.mean()),
-                   stdev=float(a.std(ddof=1)) if a.size > 1 else 0.0, cv=cv(xs), min=float(a.min()),
-                   max=float(a.max()), outliers=outliers(xs))
+    return Summary(
+        n=int(a.size),
+        median=float(np.median(a)),
+        ci_low=lo,
+        ci_high=hi,
+        mean=float(a.mean()),
+        stdev=float(a.std(ddof=1)) if a.size > 1 else 0.0,
+        cv=cv(xs),
+        min=float(a.min()),
+        max=float(a.max()),
+        outliers=outliers(xs),
+    )
 
 
-def verdict(ratio: float, ratio_ci: tuple[float, float], *, higher_is_better: bool,
-            min_change: float = DEFAULT_MIN_CHANGE) -> str:
+def verdict(
+    ratio: float, ratio_ci: tuple[float, float], *, higher_is_better: bool, min_change: float = DEFAULT_MIN_CHANGE
+) -> str:
     lo, hi = ratio_ci
     if lo <= 1.0 <= hi or abs(ratio - 1.0) < min_change:
         return SAME
     return FASTER if (ratio > 1.0) == higher_is_better else SLOWER
 
 
-def difference(baseline: Sequence[float], other: Sequence[float], *, higher_is_better: bool,
-               conf: float = DEFAULT_CONF, min_change: float = DEFAULT_MIN_CHANGE,
-               n_boot: int = DEFAULT_N_BOOT, seed: int = 0) -> Difference:
+def difference(
+    baseline: Sequence[float],
+    other: Sequence[float],
+    *,
+    higher_is_better: bool,
+    conf: float = DEFAULT_CONF,
+    min_change: float = DEFAULT_MIN_CHANGE,
+    n_boot: int = DEFAULT_N_BOOT,
+    seed: int = 0,
+) -> Difference:
     """Is ``other`` different from ``baseline``? The rule is in the module docstring."""
     a, b = _arr(baseline), _arr(other)
     ma, mb = float(np.median(a)), float(np.median(b))
@@ -211,5 +239,4 @@ def difference(baseline: Sequence[float], other: Sequence[float], *, higher_is_b
         tail = (1.0 - conf) / 2.0 * 100.0
         lo, hi = np.percentile(ratios, [tail, 100.0 - tail])
         ci = (float(lo), float(hi))
-    return Difference(ratio, ci[0], ci[1], verdict(ratio, ci, higher_is_better=higher_is_better,
-                                                     min_change=min_change))
+    return Difference(ratio, ci[0], ci[1], verdict(ratio, ci, higher_is_better=higher_is_better, min_change=min_change))

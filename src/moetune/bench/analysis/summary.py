@@ -25,8 +25,9 @@ def _stat(values: tuple[float, ...] | None, conf: float, seed: int, source: str)
     return {**summarize(values, conf=conf, seed=seed).to_json(), "source": source}
 
 
-def workload_summary(name: str, ss: list[dict[str, Any]], *, conf: float = DEFAULT_CONF,
-                     seed: int = 0) -> dict[str, Any]:
+def workload_summary(
+    name: str, ss: list[dict[str, Any]], *, conf: float = DEFAULT_CONF, seed: int = 0
+) -> dict[str, Any]:
     ms = m.bench_metrics(ss)
     tg, pp = ms.get(f"tg:{name}"), ms.get(f"pp:{name}")
     conf_flags = [m.cache_confirmed(s) for s in ss]
@@ -40,13 +41,17 @@ def workload_summary(name: str, ss: list[dict[str, Any]], *, conf: float = DEFAU
         "pp": _stat(pp.values if pp else None, conf, seed, src),
         "overhead_ms": _med([m.overhead_ms(s) for s in ss]),
         "wall_ms": _med([m.wall_ms(s) for s in ss]),
-        "client": {"tg": _med([m.client_tg_tps(s) for s in ss]), "pp": _med([m.client_pp_tps(s) for s in ss]),
-                   "ttft_ms": _med([m.client_ttft_ms(s) for s in ss])},
+        "client": {
+            "tg": _med([m.client_tg_tps(s) for s in ss]),
+            "pp": _med([m.client_pp_tps(s) for s in ss]),
+            "ttft_ms": _med([m.client_ttft_ms(s) for s in ss]),
+        },
         "prompt_tokens": _med([None if (p := m.prompt_tokens(s)) is None else float(p) for s in ss]),
         "prompt_n": _med([m.timings(s).get("prompt_n") for s in ss]),
         "predicted_n": _med([None if (n := m.output_tokens(s)) is None else float(n) for s in ss]),
         "cached_n": _med([None if (c := m.cached_tokens(s)) is None else float(c) for s in ss]),
-        "cache_confirmed": None if all(c is None for c in conf_flags)
+        "cache_confirmed": None
+        if all(c is None for c in conf_flags)
         else sum(1 for c in conf_flags if c) / len(conf_flags),
         "reasoning_share": _med([m.reasoning_share(s) for s in ss]),
         "n": len(ss),

@@ -67,42 +67,68 @@ class Code(StrEnum):
 
 # what the single-stream codes say, and their remedies (serving warnings word theirs per level)
 TEXT: dict[Code, tuple[str, str]] = {
-    Code.FIRST_RUN_SLOWER: ("the first measured run was slower than the rest: caches or the server were still "
-                            "warming up", "use more warm-up runs (--warmup 2 or more)"),
-    Code.OUTLIERS: ("statistical outliers were detected",
-                    "re-run on a quiet machine: stop other programs and servers, and pin the threads"),
+    Code.FIRST_RUN_SLOWER: (
+        "the first measured run was slower than the rest: caches or the server were still warming up",
+        "use more warm-up runs (--warmup 2 or more)",
+    ),
+    Code.OUTLIERS: (
+        "statistical outliers were detected",
+        "re-run on a quiet machine: stop other programs and servers, and pin the threads",
+    ),
     Code.NOISY: ("the runs vary a lot", "quiet the machine, or raise --repeats so that the interval narrows"),
     Code.FEW_SAMPLES: ("fewer than three measured runs: the interval is wide or absent", "use --repeats 5 or more"),
-    Code.CACHE_HIT: ("the server reused cached prompt tokens where none were wanted, so PP was measured on part "
-                     "of the prompt", "leave --cache-bust on, and make sure no other client uses the server"),
-    Code.CACHE_MISS: ("the server's cache did not hold the context the depth test filled",
-                      "free slot 0 (other clients evict it), or run the server with --parallel 1 and a context of "
-                      "at least depth + pp + tg tokens"),
-    Code.CACHE_UNKNOWN: ("the server reports no cached-token count, so the cache state is unconfirmed",
-                         "against llama-server: use a build whose timings carry cache_n, or check prompt_n by hand; "
-                         "a server that is not llama-server ignores cache_prompt=false and may serve repeats from "
-                         "its prefix cache, overstating PP: turn that cache off (vLLM --no-enable-prefix-caching, "
-                         "SGLang --disable-radix-cache) or have it report usage.prompt_tokens_details.cached_tokens "
-                         "(vLLM --enable-prompt-tokens-details)"),
-    Code.THINKING_DOMINATES: ("thinking tokens dominate the output: the answer took a fraction of the time",
-                              "compare thinking-on runs only with thinking-on runs; turn it off with --thinking off "
-                              "where the answer is what matters"),
-    Code.SHORT_OUTPUT: ("the model stopped early: TG from so few tokens is imprecise",
-                        "use --ignore-eos --max-tokens N for exact output lengths"),
-    Code.HIGH_OVERHEAD: ("the client's overhead is a large share of each request, so client-side figures differ "
-                         "from the server's", "trust the server's timings (the primary figures); use longer outputs"),
-    Code.CLIENT_FIGURES: ("the server sends no llama.cpp timings, so TG and PP are the client's figures (source: "
-                          "client): TG from the chunks' arrival times and usage.completion_tokens, PP from "
-                          "usage.prompt_tokens over the time to the first chunk (HTTP, queueing and the first token "
-                          "included); overhead_ms is null",
-                          "compare them only with runs measured the same way; for the server's own PP/TG, "
-                          "benchmark llama-server"),
+    Code.CACHE_HIT: (
+        "the server reused cached prompt tokens where none were wanted, so PP was measured on part of the prompt",
+        "leave --cache-bust on, and make sure no other client uses the server",
+    ),
+    Code.CACHE_MISS: (
+        "the server's cache did not hold the context the depth test filled",
+        "free slot 0 (other clients evict it), or run the server with --parallel 1 and a context of "
+        "at least depth + pp + tg tokens",
+    ),
+    Code.CACHE_UNKNOWN: (
+        "the server reports no cached-token count, so the cache state is unconfirmed",
+        "against llama-server: use a build whose timings carry cache_n, or check prompt_n by hand; "
+        "a server that is not llama-server ignores cache_prompt=false and may serve repeats from "
+        "its prefix cache, overstating PP: turn that cache off (vLLM --no-enable-prefix-caching, "
+        "SGLang --disable-radix-cache) or have it report usage.prompt_tokens_details.cached_tokens "
+        "(vLLM --enable-prompt-tokens-details)",
+    ),
+    Code.THINKING_DOMINATES: (
+        "thinking tokens dominate the output: the answer took a fraction of the time",
+        "compare thinking-on runs only with thinking-on runs; turn it off with --thinking off "
+        "where the answer is what matters",
+    ),
+    Code.SHORT_OUTPUT: (
+        "the model stopped early: TG from so few tokens is imprecise",
+        "use --ignore-eos --max-tokens N for exact output lengths",
+    ),
+    Code.HIGH_OVERHEAD: (
+        "the client's overhead is a large share of each request, so client-side figures differ from the server's",
+        "trust the server's timings (the primary figures); use longer outputs",
+    ),
+    Code.CLIENT_FIGURES: (
+        "the server sends no llama.cpp timings, so TG and PP are the client's figures (source: "
+        "client): TG from the chunks' arrival times and usage.completion_tokens, PP from "
+        "usage.prompt_tokens over the time to the first chunk (HTTP, queueing and the first token "
+        "included); overhead_ms is null",
+        "compare them only with runs measured the same way; for the server's own PP/TG, benchmark llama-server",
+    ),
 }
 NOTES = frozenset({Code.RETRIES})  # told, but not warnings: they change no figure
 # the findings that make a comparison's verdicts less trustworthy: noise, a cache state other
 # than the one the benchmark asked for, and figures by the client's clock (not the server's)
-NOISE = frozenset({Code.NOISY, Code.OUTLIERS, Code.FIRST_RUN_SLOWER, Code.FEW_SAMPLES, Code.CACHE_HIT,
-                   Code.CACHE_MISS, Code.CLIENT_FIGURES})
+NOISE = frozenset(
+    {
+        Code.NOISY,
+        Code.OUTLIERS,
+        Code.FIRST_RUN_SLOWER,
+        Code.FEW_SAMPLES,
+        Code.CACHE_HIT,
+        Code.CACHE_MISS,
+        Code.CLIENT_FIGURES,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +153,24 @@ class Warning:
         return self.code in NOTES
 
     def to_json(self) -> dict[str, str]:
-        return {"code": str(self.code), "subject": self.subject, "detail": self.detail, "message": self.message,
-                "remedy": self.remedy}
+        return {
+            "code": str(self.code),
+            "subject": self.subject,
+            "detail": self.detail,
+            "message": self.message,
+            "remedy": self.remedy,
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Warning:
         """A stored warning (``kind`` was the serving runs' name for ``code`` before schema 2)."""
-        return cls(Code(str(d.get("code") or d.get("kind"))), str(d.get("message") or ""), str(d.get("remedy") or ""),
-                   str(d.get("subject") or ""), str(d.get("detail") or ""))
+        return cls(
+            Code(str(d.get("code") or d.get("kind"))),
+            str(d.get("message") or ""),
+            str(d.get("remedy") or ""),
+            str(d.get("subject") or ""),
+            str(d.get("detail") or ""),
+        )
 
 
 def grouped(warnings: list[Warning]) -> list[tuple[str, str]]:
@@ -150,6 +186,7 @@ def grouped(warnings: list[Warning]) -> list[tuple[str, str]]:
             out += [(w.message, w.remedy) for w in ws]
     return out
 
+
 def _metric_warnings(name: str, ms: MetricSamples) -> list[Warning]:
     xs = list(ms.values)
     out: list[Warning] = []
@@ -157,11 +194,11 @@ def _metric_warnings(name: str, ms: MetricSamples) -> list[Warning]:
         out.append(Warning.of(Code.FEW_SAMPLES, name, f"n={len(xs)}"))
         return out
     med = median(xs)
-    first = (first_run_slower(xs, higher_is_better=ms.higher_is_better)
-             and abs(xs[0] - median(xs[1:])) >= MIN_DEVIATION * abs(median(xs[1:])))
+    first = first_run_slower(xs, higher_is_better=ms.higher_is_better) and abs(
+        xs[0] - median(xs[1:])
+    ) >= MIN_DEVIATION * abs(median(xs[1:]))
     if first:
-        out.append(Warning.of(Code.FIRST_RUN_SLOWER, name,
-                                f"{xs[0]:.4g} vs median {median(xs[1:]):.4g} {ms.unit}"))
+        out.append(Warning.of(Code.FIRST_RUN_SLOWER, name, f"{xs[0]:.4g} vs median {median(xs[1:]):.4g} {ms.unit}"))
     outs = [i for i in outliers(xs) if not (first and i == 0) and abs(xs[i] - med) >= MIN_DEVIATION * abs(med)]
     if outs and len(xs) >= MIN_OUTLIER_N:
         out.append(Warning.of(Code.OUTLIERS, name, f"{len(outs)} of {len(xs)} runs"))
@@ -182,13 +219,25 @@ def _workload_warnings(w: str, ss: list[dict[str, Any]]) -> list[Warning]:
         hits = [s for s in bad if (m.cached_tokens(s) or 0) > int(s["expect_cached"])]
         misses = [s for s in bad if s not in hits]
         if hits:
-            out.append(Warning.of(Code.CACHE_HIT, w, f"{len(hits)} of {len(ss)} requests; e.g. "
-                                    f"{m.cached_tokens(hits[0])} cached, {hits[0]['expect_cached']} expected"))
+            out.append(
+                Warning.of(
+                    Code.CACHE_HIT,
+                    w,
+                    f"{len(hits)} of {len(ss)} requests; e.g. "
+                    f"{m.cached_tokens(hits[0])} cached, {hits[0]['expect_cached']} expected",
+                )
+            )
         if misses:
             s = misses[0]
-            out.append(Warning.of(Code.CACHE_MISS, w, f"{len(misses)} of {len(ss)} requests; e.g. "
-                                    f"{m.cached_tokens(s)} cached and prompt_n {m.timings(s).get('prompt_n')}, "
-                                    f"{s['expect_cached']} and {s.get('expect_prompt_n')} expected"))
+            out.append(
+                Warning.of(
+                    Code.CACHE_MISS,
+                    w,
+                    f"{len(misses)} of {len(ss)} requests; e.g. "
+                    f"{m.cached_tokens(s)} cached and prompt_n {m.timings(s).get('prompt_n')}, "
+                    f"{s['expect_cached']} and {s.get('expect_prompt_n')} expected",
+                )
+            )
     thinking = [m.reasoning_share(s) for s in ss if s.get("thinking")]
     if thinking and median(thinking) > THINKING_SHARE:
         out.append(Warning.of(Code.THINKING_DOMINATES, w, f"{median(thinking) * 100:.0f}% of streamed chunks"))
@@ -199,13 +248,28 @@ def _workload_warnings(w: str, ss: list[dict[str, Any]]) -> list[Warning]:
     over = [(o, m.wall_ms(s)) for s in ss if (o := m.overhead_ms(s)) is not None and m.wall_ms(s) > 0]
     shares = [o / wall for o, wall in over]
     if shares and median(shares) > OVERHEAD_SHARE:
-        out.append(Warning.of(Code.HIGH_OVERHEAD, w, f"{median(shares) * 100:.0f}% of the wall time, "
-                                f"{median([o for o, _ in over]):.1f} ms"))
+        out.append(
+            Warning.of(
+                Code.HIGH_OVERHEAD,
+                w,
+                f"{median(shares) * 100:.0f}% of the wall time, {median([o for o, _ in over]):.1f} ms",
+            )
+        )
     if m.source(ss) == "client":
         counted = sum(1 for s in ss if m.output_tokens(s) is not None and m.prompt_tokens(s) is not None)
-        out.append(Warning.of(Code.CLIENT_FIGURES, w, f"{len(ss)} requests" + (
-            "" if counted == len(ss) else f"; {len(ss) - counted} without usage, whose token counts are unknown "
-                                          "and figures null: the server ignored stream_options.include_usage")))
+        out.append(
+            Warning.of(
+                Code.CLIENT_FIGURES,
+                w,
+                f"{len(ss)} requests"
+                + (
+                    ""
+                    if counted == len(ss)
+                    else f"; {len(ss) - counted} without usage, whose token counts are unknown "
+                    "and figures null: the server ignored stream_options.include_usage"
+                ),
+            )
+        )
     return out
 
 
@@ -220,6 +284,7 @@ def bench_warnings(samples: list[dict[str, Any]]) -> list[Warning]:
 
 
 # -- serving runs ---------------------------------------------------------------------------
+
 
 def _p(level: dict[str, Any], metric: str, q: str = "p50") -> float | None:
     v = (level.get(metric) or {}).get(q)
@@ -240,13 +305,16 @@ def queueing_signature(level: dict[str, Any], base: dict[str, Any]) -> str | Non
     if c <= c0 or ttft is None or tput is None or itl is None:
         return None
     if ttft >= 2 and 0.8 <= tput < 1 + 0.5 * (c / c0 - 1) and 0.8 <= itl <= 1.25:
-        return (f"against c={c0}: TTFT x{ttft:.1f}, output tok/s x{tput:.2f}, ITL x{itl:.2f} "
-                "(flat ITL with rising TTFT is queueing, not batching)")
+        return (
+            f"against c={c0}: TTFT x{ttft:.1f}, output tok/s x{tput:.2f}, ITL x{itl:.2f} "
+            "(flat ITL with rising TTFT is queueing, not batching)"
+        )
     return None
 
 
-def level_warnings(level: dict[str, Any], *, slots: int | None, base: dict[str, Any] | None,
-                 prefix_cache: bool) -> list[Warning]:
+def level_warnings(
+    level: dict[str, Any], *, slots: int | None, base: dict[str, Any] | None, prefix_cache: bool
+) -> list[Warning]:
     out: list[Warning] = []
     c = level["concurrency"]
     signature = queueing_signature(level, base) if base is not None else None
@@ -254,20 +322,29 @@ def level_warnings(level: dict[str, Any], *, slots: int | None, base: dict[str, 
     evidence = f"TTFT p50 {ttft:.0f} ms" if ttft is not None else ""
     if evidence and wait is not None:
         evidence += f", of which {max(wait, 0):.0f} ms before the server started the prompt"
-    remedy = (f"start llama-server with --parallel {c} and -c {c} x the per-slot context you need "
-              f"(a plan: --match-slots), or keep --concurrency at or below the slot count")
+    remedy = (
+        f"start llama-server with --parallel {c} and -c {c} x the per-slot context you need "
+        f"(a plan: --match-slots), or keep --concurrency at or below the slot count"
+    )
     if slots is not None and c <= slots:
         signature = None  # enough slots: whatever slowed the level, it was not slot queueing
     if slots is not None and c > slots:
-        msg = (f"c={c} exceeds the server's {slots} slot{'s' if slots != 1 else ''}: {c - slots} request(s) at a "
-               f"time wait in the server's queue, so TTFT includes queueing")
+        msg = (
+            f"c={c} exceeds the server's {slots} slot{'s' if slots != 1 else ''}: {c - slots} request(s) at a "
+            f"time wait in the server's queue, so TTFT includes queueing"
+        )
         msg += f" (measured: {evidence}" + (f"; {signature})" if signature else ")") if evidence else ""
         out.append(Warning(Code.QUEUEING, msg, remedy))
     elif signature is not None:
         out.append(Warning(Code.QUEUEING, f"c={c} shows the queueing signature {signature}", remedy))
     elif slots is None and wait is not None and ttft and wait > max(50.0, 0.5 * ttft):
-        out.append(Warning(Code.QUEUEING, f"c={c}: requests queue in the server before their prompt is processed "
-                                    f"({evidence})", remedy))
+        out.append(
+            Warning(
+                Code.QUEUEING,
+                f"c={c}: requests queue in the server before their prompt is processed ({evidence})",
+                remedy,
+            )
+        )
     client_queue = _client_queue(level)
     if client_queue is not None:
         out.append(client_queue)
@@ -278,55 +355,102 @@ def level_warnings(level: dict[str, Any], *, slots: int | None, base: dict[str, 
     if errors:
         n = sum(errors.values())
         kinds = ", ".join(f"{k} x{v}" for k, v in errors.items())
-        out.append(Warning(Code.ERRORS, f"c={c}: {n} of {level['requests']} requests failed ({kinds}); they are kept "
-                                  "as samples and left out of the latency figures", _error_remedy(errors)))
+        out.append(
+            Warning(
+                Code.ERRORS,
+                f"c={c}: {n} of {level['requests']} requests failed ({kinds}); they are kept "
+                "as samples and left out of the latency figures",
+                _error_remedy(errors),
+            )
+        )
     if level.get("retries"):
-        out.append(Warning(Code.RETRIES, f"c={c}: {level['retries']} request(s) were sent again on a new connection: "
-                                   "the server closed a kept-alive connection as it was reused; none was lost",
-                          "nothing to do (llama-server closes a connection after each streamed response, and "
-                          "idle ones after 5 s); TTFT counts from the attempt that was answered"))
+        out.append(
+            Warning(
+                Code.RETRIES,
+                f"c={c}: {level['retries']} request(s) were sent again on a new connection: "
+                "the server closed a kept-alive connection as it was reused; none was lost",
+                "nothing to do (llama-server closes a connection after each streamed response, and "
+                "idle ones after 5 s); TTFT counts from the attempt that was answered",
+            )
+        )
     if level.get("cached_tokens") and not prefix_cache:
-        out.append(Warning(Code.CACHE_HIT, f"c={c}: {level['cached_tokens']} prompt tokens came from the server's prefix "
-                                     "cache although every prompt was unique, so TTFT is lower than for a "
-                                     "cold prompt", "check the server honours cache_prompt=false"))
+        out.append(
+            Warning(
+                Code.CACHE_HIT,
+                f"c={c}: {level['cached_tokens']} prompt tokens came from the server's prefix "
+                "cache although every prompt was unique, so TTFT is lower than for a "
+                "cold prompt",
+                "check the server honours cache_prompt=false",
+            )
+        )
     out_tok, reason = level.get("output_tokens") or 0, level.get("reasoning_tokens") or 0
     if out_tok and reason > 0.5 * out_tok:
         ttfc = _p(level, "ttfc_ms")
-        out.append(Warning(Code.THINKING, f"c={c}: {100 * reason / out_tok:.0f}% of output tokens were reasoning; TTFT "
-                                    "counts the first reasoning token" + (
-                                        f", the first answer token came at {ttfc:.0f} ms (p50)" if ttfc else ""),
-                          "pass --thinking off to measure answers only, or read ttfc_ms"))
+        out.append(
+            Warning(
+                Code.THINKING,
+                f"c={c}: {100 * reason / out_tok:.0f}% of output tokens were reasoning; TTFT "
+                "counts the first reasoning token"
+                + (f", the first answer token came at {ttfc:.0f} ms (p50)" if ttfc else ""),
+                "pass --thinking off to measure answers only, or read ttfc_ms",
+            )
+        )
     if level.get("short_outputs"):
-        out.append(Warning(Code.SHORT_OUTPUT, f"c={c}: {level['short_outputs']} request(s) produced fewer tokens than "
-                                        "asked (a full slot context or a stop)",
-                          "check prompt + output fits the per-slot context"))
+        out.append(
+            Warning(
+                Code.SHORT_OUTPUT,
+                f"c={c}: {level['short_outputs']} request(s) produced fewer tokens than "
+                "asked (a full slot context or a stop)",
+                "check prompt + output fits the per-slot context",
+            )
+        )
     ok = level.get("ok", level["requests"])
     if level.get("itl_unknown"):
         n = level["itl_unknown"]
-        out.append(Warning(Code.ITL_UNKNOWN, f"c={c}: ITL is unknown for {n} of {ok} requests: the server streamed "
-                                             "more tokens than chunks without saying how many each chunk carried, so "
-                                             "itl_ms leaves them out" + (" and is null" if n == ok else "")
-                           + "; tpot_ms (from usage.completion_tokens) is their per-token figure",
-                           "use a server that counts tokens per chunk: vLLM and SGLang honour "
-                           "stream_options.continuous_usage_stats (serve-bench asks for it), llama-server sends "
-                           "timings per token"))
+        out.append(
+            Warning(
+                Code.ITL_UNKNOWN,
+                f"c={c}: ITL is unknown for {n} of {ok} requests: the server streamed "
+                "more tokens than chunks without saying how many each chunk carried, so "
+                "itl_ms leaves them out"
+                + (" and is null" if n == ok else "")
+                + "; tpot_ms (from usage.completion_tokens) is their per-token figure",
+                "use a server that counts tokens per chunk: vLLM and SGLang honour "
+                "stream_options.continuous_usage_stats (serve-bench asks for it), llama-server sends "
+                "timings per token",
+            )
+        )
     if level.get("no_usage"):
-        out.append(Warning(Code.NO_USAGE, f"c={c}: {level['no_usage']} of {ok} responses carried no usage, so their "
-                                          "output tokens are counted as one per streamed chunk (an assumption)",
-                           "use a server that honours stream_options.include_usage, or check the output lengths"))
+        out.append(
+            Warning(
+                Code.NO_USAGE,
+                f"c={c}: {level['no_usage']} of {ok} responses carried no usage, so their "
+                "output tokens are counted as one per streamed chunk (an assumption)",
+                "use a server that honours stream_options.include_usage, or check the output lengths",
+            )
+        )
     predicted = level.get("prompt_token_error")
     if predicted:
         if predicted["mean_pct"] > PREDICTED_ERROR_PCT:
-            out.append(Warning(Code.PROMPT_MISMATCH, f"c={c}: the prompt lengths --tokenizer predicted were off by "
-                               f"{predicted['mean_pct']:.1f}% on average (at most {predicted['max_pct']:.1f}%, "
-                               f"{predicted['mismatched']} of {predicted['requests']} requests) from the server's "
-                               "usage.prompt_tokens; prompt_tokens_mean is the server's count",
-                               "give the served model's own tokenizer.json, or drop --tokenizer to fit prompts by "
-                               "probe requests"))
+            out.append(
+                Warning(
+                    Code.PROMPT_MISMATCH,
+                    f"c={c}: the prompt lengths --tokenizer predicted were off by "
+                    f"{predicted['mean_pct']:.1f}% on average (at most {predicted['max_pct']:.1f}%, "
+                    f"{predicted['mismatched']} of {predicted['requests']} requests) from the server's "
+                    "usage.prompt_tokens; prompt_tokens_mean is the server's count",
+                    "give the served model's own tokenizer.json, or drop --tokenizer to fit prompts by probe requests",
+                )
+            )
     elif level.get("prompt_token_mismatches"):
-        out.append(Warning(Code.PROMPT_MISMATCH, f"c={c}: for {level['prompt_token_mismatches']} request(s) the server "
-                                           "counted a different prompt length than /tokenize gave",
-                          "the chat template may depend on request fields; input lengths are approximate"))
+        out.append(
+            Warning(
+                Code.PROMPT_MISMATCH,
+                f"c={c}: for {level['prompt_token_mismatches']} request(s) the server "
+                "counted a different prompt length than /tokenize gave",
+                "the chat template may depend on request fields; input lengths are approximate",
+            )
+        )
     return [replace(w, subject=f"c={c}") for w in out]
 
 
@@ -353,14 +477,21 @@ def _client_queue(level: dict[str, Any]) -> Warning | None:
         return None
     evidence, e2e = over_capacity(level), _p(level, "e2e_ms")
     if evidence is not None:
-        return Warning(Code.CLIENT_QUEUE, f"c={c}: the offered rate {level['rate']}/s is more than {_streams(c)} "
-                       f"complete ({evidence}): requests waited for a client slot (p90 {sw:.0f} ms), and "
-                       "latency_ms includes this queue", "lower --rate or raise --concurrency")
+        return Warning(
+            Code.CLIENT_QUEUE,
+            f"c={c}: the offered rate {level['rate']}/s is more than {_streams(c)} "
+            f"complete ({evidence}): requests waited for a client slot (p90 {sw:.0f} ms), and "
+            "latency_ms includes this queue",
+            "lower --rate or raise --concurrency",
+        )
     if e2e is not None and sw > max(BURST_WAIT_FACTOR * e2e, BURST_WAIT_MS):  # enough streams, arrivals bunch up
-        return Warning(Code.CLIENT_QUEUE, f"c={c}: requests waited for a client slot in bursts (p90 {sw:.0f} ms, "
-                       f"{sw / e2e:.1f}x what a request takes, E2E p50 {e2e:.0f} ms), although {_streams(c)} keep up with "
-                       f"{level['rate']}/s on average; latency_ms includes this queue",
-                       "raise --concurrency to absorb bursts, or use --arrivals constant")
+        return Warning(
+            Code.CLIENT_QUEUE,
+            f"c={c}: requests waited for a client slot in bursts (p90 {sw:.0f} ms, "
+            f"{sw / e2e:.1f}x what a request takes, E2E p50 {e2e:.0f} ms), although {_streams(c)} keep up with "
+            f"{level['rate']}/s on average; latency_ms includes this queue",
+            "raise --concurrency to absorb bursts, or use --arrivals constant",
+        )
     return None
 
 
@@ -371,19 +502,27 @@ def _latency_outlier(level: dict[str, Any]) -> Warning | None:
         return None
     worst, ttft = float(sl["e2e_ms"]), sl.get("ttft_ms")
     tokens, typical = sl.get("output_tokens"), sl.get("median_output_tokens")
-    msg = (f"c={c}: {n} of {level.get('ok', level['requests'])} requests took {SLOW_FACTOR:g}x the E2E p50 or "
-           f"more: the slowest {_secs(worst)} against {_secs(e2e)} (request {sl.get('index')}, TTFT "
-           f"{_secs(ttft) if ttft is not None else '?'}, {tokens} output tokens against {typical:g} on median); the "
-           "mean and the tail percentiles carry it")
+    msg = (
+        f"c={c}: {n} of {level.get('ok', level['requests'])} requests took {SLOW_FACTOR:g}x the E2E p50 or "
+        f"more: the slowest {_secs(worst)} against {_secs(e2e)} (request {sl.get('index')}, TTFT "
+        f"{_secs(ttft) if ttft is not None else '?'}, {tokens} output tokens against {typical:g} on median); the "
+        "mean and the tail percentiles carry it"
+    )
     if tokens and typical and tokens > 3 * typical:
-        remedy = ("it generated far more tokens than the others: fix the output length (--output-len, with "
-                  "ignore_eos) to compare latencies")
+        remedy = (
+            "it generated far more tokens than the others: fix the output length (--output-len, with "
+            "ignore_eos) to compare latencies"
+        )
     elif ttft is not None and ttft > 0.5 * worst:
-        remedy = ("it waited before its first token: read the server's log at that time (another client, a "
-                  "prompt-cache restore, swapping, a reload) and run the level again")
+        remedy = (
+            "it waited before its first token: read the server's log at that time (another client, a "
+            "prompt-cache restore, swapping, a reload) and run the level again"
+        )
     else:
-        remedy = ("it stalled while generating: read the server's log at that time (swapping, another client, a "
-                  "GPU or network fault) and run the level again")
+        remedy = (
+            "it stalled while generating: read the server's log at that time (swapping, another client, a "
+            "GPU or network fault) and run the level again"
+        )
     return Warning(Code.LATENCY_OUTLIER, msg, remedy)
 
 
@@ -408,46 +547,75 @@ def _error_remedy(errors: dict[str, int]) -> str:
     return "read the error details in the stored samples (moetune serve-report RUN --json)"
 
 
-def run_warnings(server: ServerInfo, concurrency: list[int], skipped_overlong: int, *,
-                 tokenizer: dict[str, Any] | None = None) -> list[Warning]:
+def run_warnings(
+    server: ServerInfo, concurrency: list[int], skipped_overlong: int, *, tokenizer: dict[str, Any] | None = None
+) -> list[Warning]:
     """The warnings about the server as the run found it; ``tokenizer`` is what serve-bench
     ``--tokenizer`` measured (:meth:`moetune.bench.serve.tokenizer.TokenizerCounter.describe`)."""
     out: list[Warning] = []
     if server.slots is None:
-        out.append(Warning(Code.NO_SLOT_INFO, "the server does not report its slots (/props): queueing can only be "
-                                        "recognised from the numbers",
-                          "run against llama-server, or compare levels with the same slot count"))
+        out.append(
+            Warning(
+                Code.NO_SLOT_INFO,
+                "the server does not report its slots (/props): queueing can only be recognised from the numbers",
+                "run against llama-server, or compare levels with the same slot count",
+            )
+        )
     if not server.caps.timings:
-        out.append(Warning(Code.NO_SERVER_TIMINGS, "the server sends no llama.cpp timings: server_itl_ms and "
-                                                   "server_wait_ms are null (queueing in the server cannot be told "
-                                                   "from its prompt processing), and TTFT, ITL and TPOT are the "
-                                                   "client's clock only",
-                           "compare these runs with runs against the same kind of server; llama-server gives the "
-                           "server's side too"))
+        out.append(
+            Warning(
+                Code.NO_SERVER_TIMINGS,
+                "the server sends no llama.cpp timings: server_itl_ms and "
+                "server_wait_ms are null (queueing in the server cannot be told "
+                "from its prompt processing), and TTFT, ITL and TPOT are the "
+                "client's clock only",
+                "compare these runs with runs against the same kind of server; llama-server gives the "
+                "server's side too",
+            )
+        )
     tk = tokenizer or {}
     check = tk.get("check_error_pct")
     if check is not None and check > PREDICTED_ERROR_PCT:
-        out.append(Warning(Code.PROMPT_MISMATCH, f"--tokenizer predicted a probe prompt of {tk['check_tokens']} "
-                           f"tokens (by the server's usage.prompt_tokens) as {tk['check_predicted']}, "
-                           f"{check:.1f}% off: it is likely not the served model's tokenizer",
-                           "give the served model's own tokenizer.json, or drop --tokenizer to fit prompts by "
-                           "probe requests"))
+        out.append(
+            Warning(
+                Code.PROMPT_MISMATCH,
+                f"--tokenizer predicted a probe prompt of {tk['check_tokens']} "
+                f"tokens (by the server's usage.prompt_tokens) as {tk['check_predicted']}, "
+                f"{check:.1f}% off: it is likely not the served model's tokenizer",
+                "give the served model's own tokenizer.json, or drop --tokenizer to fit prompts by probe requests",
+            )
+        )
     if not server.caps.exact_prompts and tokenizer is None:
-        out.append(Warning(Code.NO_TOKENIZER, "the server has no /tokenize and /apply-template: prompts are not "
-                                              "counted before sending (synthetic ones are fitted to --input-len on "
-                                              "one probe prompt, by the usage.prompt_tokens of requests for one "
-                                              "token), and each request's length is the server's usage.prompt_tokens "
-                                              "(prompt_tokens_mean)",
-                           "read prompt_tokens_mean for the lengths sent; for lengths counted before sending, "
-                           "give the served model's tokenizer.json with --tokenizer, or benchmark llama-server"))
+        out.append(
+            Warning(
+                Code.NO_TOKENIZER,
+                "the server has no /tokenize and /apply-template: prompts are not "
+                "counted before sending (synthetic ones are fitted to --input-len on "
+                "one probe prompt, by the usage.prompt_tokens of requests for one "
+                "token), and each request's length is the server's usage.prompt_tokens "
+                "(prompt_tokens_mean)",
+                "read prompt_tokens_mean for the lengths sent; for lengths counted before sending, "
+                "give the served model's tokenizer.json with --tokenizer, or benchmark llama-server",
+            )
+        )
     busy = server.busy_slots
     if busy:
-        out.append(Warning(Code.SERVER_BUSY, f"{busy} server slot(s) were busy when the benchmark started: another "
-                                       "client shares the server", "stop other clients for clean numbers"))
+        out.append(
+            Warning(
+                Code.SERVER_BUSY,
+                f"{busy} server slot(s) were busy when the benchmark started: another client shares the server",
+                "stop other clients for clean numbers",
+            )
+        )
     if skipped_overlong:
-        out.append(Warning(Code.SKIPPED, f"{skipped_overlong} dataset prompt(s) were skipped: prompt + output is longer "
-                                   f"than the per-slot context ({server.n_ctx_slot} tokens)",
-                          "raise the server's context per slot to include them"))
+        out.append(
+            Warning(
+                Code.SKIPPED,
+                f"{skipped_overlong} dataset prompt(s) were skipped: prompt + output is longer "
+                f"than the per-slot context ({server.n_ctx_slot} tokens)",
+                "raise the server's context per slot to include them",
+            )
+        )
     return [replace(w, subject="server") for w in out]
 
 

@@ -22,6 +22,7 @@ framed by ``Content-Length``, chunked encoding or the end of the connection; it 
 alive and reuses them; it reports a connection that closes before the answer as
 :class:`Disconnected`, and one that closes in the middle of a body as :class:`Truncated`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -106,7 +107,7 @@ def sse_payloads(buf: bytes, data: bytes) -> tuple[list[bytes], bytes]:
         buf = buf.replace(b"\r\n", b"\n")
     out = []
     while (i := buf.find(b"\n\n")) >= 0:
-        event, buf = buf[:i], buf[i + 2:]
+        event, buf = buf[:i], buf[i + 2 :]
         out += [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
     return out, buf
 
@@ -174,7 +175,7 @@ class _Conn:
             if end < 0:
                 return
             lines = self.buf[:end].decode("latin-1").split("\r\n")
-            self.buf = self.buf[end + 4:]
+            self.buf = self.buf[end + 4 :]
             parts = lines[0].split(" ", 2)
             if len(parts) < 2 or not parts[0].startswith("HTTP/") or not _DIGITS.fullmatch(parts[1]):
                 raise ValueError(f"not an HTTP response: {lines[0][:80]!r}")
@@ -201,13 +202,13 @@ class _Conn:
                         if not _HEX.fullmatch(field):  # RFC 9112: chunk-size = 1*HEXDIG
                             raise ValueError(f"bad chunk size {field[:40]!r}")
                         size = int(field, 16)
-                        self.buf = self.buf[i + 2:]
+                        self.buf = self.buf[i + 2 :]
                         self.chunk_left = size if size else -2
                     elif self.chunk_left == -2:  # trailers end with an empty line
                         i = self.buf.find(b"\r\n")
                         if i < 0:
                             break
-                        trailer, self.buf = self.buf[:i], self.buf[i + 2:]
+                        trailer, self.buf = self.buf[:i], self.buf[i + 2 :]
                         if not trailer:
                             self.done = True
                             break
@@ -219,12 +220,12 @@ class _Conn:
                             self.chunk_left -= len(self.buf)
                             self.buf = b""
                             break
-                        out.append(self.buf[:self.chunk_left])
-                        self.buf = self.buf[self.chunk_left + 2:]
+                        out.append(self.buf[: self.chunk_left])
+                        self.buf = self.buf[self.chunk_left + 2 :]
                         self.chunk_left = -1
             elif self.remaining is not None:
-                take = self.buf[:self.remaining]
-                self.buf = self.buf[len(take):]
+                take = self.buf[: self.remaining]
+                self.buf = self.buf[len(take) :]
                 self.remaining -= len(take)
                 out.append(take)
                 self.done = self.remaining == 0
@@ -302,12 +303,13 @@ class RawClient:
             self.all.discard(c)
 
     @asynccontextmanager
-    async def _request(self, method: str, path: str, body: bytes | None
-                       ) -> AsyncIterator[StreamReply]:
+    async def _request(self, method: str, path: str, body: bytes | None) -> AsyncIterator[StreamReply]:
         c = await self._acquire()
         c._reset()
-        head = (f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                "Accept: text/event-stream, application/json\r\nConnection: keep-alive\r\n")
+        head = (
+            f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            "Accept: text/event-stream, application/json\r\nConnection: keep-alive\r\n"
+        )
         head += "".join(f"{k}: {v}\r\n" for k, v in self.auth.items())
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"

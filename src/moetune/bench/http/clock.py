@@ -92,6 +92,7 @@ def arrival_window() -> Window:
     ``time.monotonic()`` for both."""
     sel = _STAMPS.get(asyncio.get_running_loop())
     if sel is None:
+
         def now(kernel_t: float | None = None) -> tuple[float, float]:
             t = time.monotonic()
             return t, t
@@ -168,6 +169,7 @@ class SockReader:
             self.loop.remove_reader(self.sock.fileno())
             self.sock.close()
 
+
 class ProtocolReader(asyncio.Protocol):
     """An asyncio transport (used for TLS), stamped by the arrival clock."""
 
@@ -202,8 +204,9 @@ class ProtocolReader(asyncio.Protocol):
             self.transport.close()
 
 
-async def open_timestamped(sink: Sink, host: str, port: int, ssl_ctx: Any,
-                           addrs: dict[tuple[str, int], tuple[Any, ...]]) -> SockReader | ProtocolReader:
+async def open_timestamped(
+    sink: Sink, host: str, port: int, ssl_ctx: Any, addrs: dict[tuple[str, int], tuple[Any, ...]]
+) -> SockReader | ProtocolReader:
     """A connection to ``host:port`` whose reads go to ``sink`` with their arrival times: the
     kernel's receive timestamps on plain TCP (``SO_TIMESTAMPNS``, read by :class:`SockReader`), the
     loop's with TLS (``ssl_ctx``) or where the kernel has none. ``addrs`` keeps each address once

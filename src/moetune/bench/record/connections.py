@@ -34,8 +34,10 @@ class Upstream:
         except ValueError:
             port = -1
         if u.scheme not in ("http", "https") or not u.hostname or port == -1 or u.query or u.fragment:
-            raise InputError(f"--upstream {url!r} is not an http(s) URL of a server",
-                             hint="give the server's base URL, e.g. --upstream http://127.0.0.1:8080")
+            raise InputError(
+                f"--upstream {url!r} is not an http(s) URL of a server",
+                hint="give the server's base URL, e.g. --upstream http://127.0.0.1:8080",
+            )
         return cls(u.scheme, u.hostname, port or (443 if u.scheme == "https" else 80), u.path.rstrip("/"))
 
     @property

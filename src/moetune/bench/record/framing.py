@@ -12,8 +12,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
-                        "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +55,9 @@ class Head:
         conn = self.tokens("connection")
         return "keep-alive" in conn if self.version == "HTTP/1.0" else "close" not in conn
 
-    def forwarded(self, *, keep: frozenset[str] = frozenset(), drop: frozenset[str] = frozenset()
-                  ) -> list[tuple[str, str]]:
+    def forwarded(
+        self, *, keep: frozenset[str] = frozenset(), drop: frozenset[str] = frozenset()
+    ) -> list[tuple[str, str]]:
         """The end-to-end headers: without the hop-by-hop ones (but those in ``keep``), those the
         ``Connection`` header names, and those in ``drop`` (lower-case names)."""
         named = self.tokens("connection")
@@ -140,7 +152,7 @@ class BodyReader:
         if not self.chunked:
             if self.left is None:
                 return len(data), data
-            take = data[:self.left]
+            take = data[: self.left]
             self.left -= len(take)
             self.done = self.left == 0
             return len(take), take
@@ -153,10 +165,10 @@ class BodyReader:
         while pos < len(buf) and not self.done:
             if self.state in (_DATA, _CRLF):
                 take = min(self.n, len(buf) - pos)
-                piece = buf[pos:pos + take]
+                piece = buf[pos : pos + take]
                 if self.state == _DATA:
                     out.append(piece)
-                elif piece != b"\r\n"[2 - self.n:2 - self.n + take]:
+                elif piece != b"\r\n"[2 - self.n : 2 - self.n + take]:
                     raise ValueError("a chunk is not followed by CRLF")
                 pos += take
                 self.n -= take

@@ -101,8 +101,9 @@ class Recorder:
                 up.close()
             writer.close()
 
-    async def exchange(self, req: Request, up: UpstreamConn | None, reader: asyncio.StreamReader,
-                       writer: asyncio.StreamWriter) -> tuple[UpstreamConn | None, bool]:
+    async def exchange(
+        self, req: Request, up: UpstreamConn | None, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[UpstreamConn | None, bool]:
         """Forward one request and relay its answer; log it. Returns the upstream connection to
         keep for the next request, and whether the client connection stays open."""
         if self.t0 is None:
@@ -126,9 +127,14 @@ class Recorder:
                     except (OSError, TimeoutError) as e:
                         up = None
                         relay.error = "upstream_unreachable"
-                        writer.write(_error_answer(502, f"moetune record: the upstream {self.cfg.upstream.url} "
-                                                   f"is unreachable ({e})", "upstream_unreachable",
-                                                   close=not req.keep_alive))
+                        writer.write(
+                            _error_answer(
+                                502,
+                                f"moetune record: the upstream {self.cfg.upstream.url} is unreachable ({e})",
+                                "upstream_unreachable",
+                                close=not req.keep_alive,
+                            )
+                        )
                         return None, req.keep_alive
                     connect_ms = (time.monotonic() - t) * 1000
                 reused = up.answered > 0
@@ -152,8 +158,13 @@ class Recorder:
             if relay.error is not None and not relay.written and relay.error != "client_closed":
                 kind = relay.error.split(":", 1)[0]
                 writer.write(_error_answer(502, f"moetune record: {relay.error}", kind, close=True))
-            if relay.error is None and relay.head is not None and relay.head.keep_alive \
-                    and relay.body is not None and not relay.body.until_close:
+            if (
+                relay.error is None
+                and relay.head is not None
+                and relay.head.keep_alive
+                and relay.body is not None
+                and not relay.body.until_close
+            ):
                 up.answered += 1
                 up.relay = None
             else:
@@ -189,23 +200,47 @@ class Recorder:
         d = sorted(relay.delays)
         rec = relay.rec
         e = Exchange(
-            seq=rec.index, method=req.method, path=path, query=query, body=body, body_bytes=len(req.body),
-            t_unix=req.t_unix, t_start_s=req.t_head - self.t0, t_sent_s=rel(t_sent), t_headers_s=rel(relay.t_headers),
-            t_first_chunk_s=rel(relay.t_first_chunk), t_first_token_s=rel(rec.chunks[0][0] if rec.chunks else None),
-            t_end_s=t_end - self.t0, status=rec.status if relay.head is not None else (502 if relay.error else None),
-            stream=stream, events=events, prompt_tokens=prompt, completion_tokens=completion, tokens_from=source,
-            usage=rec.usage, finish_reason=finish, error=relay.error or rec.error,
+            seq=rec.index,
+            method=req.method,
+            path=path,
+            query=query,
+            body=body,
+            body_bytes=len(req.body),
+            t_unix=req.t_unix,
+            t_start_s=req.t_head - self.t0,
+            t_sent_s=rel(t_sent),
+            t_headers_s=rel(relay.t_headers),
+            t_first_chunk_s=rel(relay.t_first_chunk),
+            t_first_token_s=rel(rec.chunks[0][0] if rec.chunks else None),
+            t_end_s=t_end - self.t0,
+            status=rec.status if relay.head is not None else (502 if relay.error else None),
+            stream=stream,
+            events=events,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            tokens_from=source,
+            usage=rec.usage,
+            finish_reason=finish,
+            error=relay.error or rec.error,
             redacted=self.cfg.redact,
-            proxy=ProxyDelays(forward_ms=None if t_sent is None else (t_sent - req.t_in) * 1000, connect_ms=connect_ms,
-                              first_byte_ms=relay.first_byte_ms, piece_p50_ms=d[len(d) // 2] if d else None,
-                              piece_max_ms=d[-1] if d else None, pieces=len(d)))
+            proxy=ProxyDelays(
+                forward_ms=None if t_sent is None else (t_sent - req.t_in) * 1000,
+                connect_ms=connect_ms,
+                first_byte_ms=relay.first_byte_ms,
+                piece_p50_ms=d[len(d) // 2] if d else None,
+                piece_max_ms=d[-1] if d else None,
+                pieces=len(d),
+            ),
+        )
         self.out.write(json.dumps(e.to_json(), ensure_ascii=False) + "\n")
         self.out.flush()
         self.exchanges.append(e)
         tokens = "" if e.completion_tokens is None else f", {e.prompt_tokens or '?'}+{e.completion_tokens} tokens"
         took = (e.t_end_s or 0) - e.t_start_s
-        self.log(f"#{e.seq} {e.method} {e.target} {e.status or '-'}{tokens}, {took:.2f} s"
-                 + (f" ({e.error})" if e.error else ""))
+        self.log(
+            f"#{e.seq} {e.method} {e.target} {e.status or '-'}{tokens}, {took:.2f} s"
+            + (f" ({e.error})" if e.error else "")
+        )
 
 
 async def _answered(relay: Relay, reader: asyncio.StreamReader) -> None:
@@ -277,8 +312,10 @@ async def _serve(cfg: RecordConfig, rec: Recorder, ready: Callable[[str], None],
     finally:
         server.close()
         if rec.active and signals.count < 2:
-            rec.log(f"stopping: {len(rec.active)} request(s) in flight get {cfg.grace_s:g} s to end "
-                    "(signal again to cut them)")
+            rec.log(
+                f"stopping: {len(rec.active)} request(s) in flight get {cfg.grace_s:g} s to end "
+                "(signal again to cut them)"
+            )
             waiting = asyncio.ensure_future(signals.wait(2))
             deadline = time.monotonic() + cfg.grace_s
             while rec.active and time.monotonic() < deadline and not waiting.done():
@@ -289,15 +326,17 @@ async def _serve(cfg: RecordConfig, rec: Recorder, ready: Callable[[str], None],
         await asyncio.gather(*rec.handlers, return_exceptions=True)
 
 
-def record(cfg: RecordConfig, log: Callable[[str], None] = lambda s: None,
-           ready: Callable[[str], None] = lambda url: None) -> dict[str, Any]:
+def record(
+    cfg: RecordConfig, log: Callable[[str], None] = lambda s: None, ready: Callable[[str], None] = lambda url: None
+) -> dict[str, Any]:
     """Run the proxy until SIGINT or SIGTERM; return the session's :func:`summarize`. ``ready`` gets
     the proxy's URL once it listens; ``log`` a line per request. The output file is started empty."""
     try:
         out = open(cfg.output, "w", encoding="utf-8")  # noqa: SIM115 (closed below, kept open while serving)
     except OSError as e:
-        raise InputError(f"-o {cfg.output}: cannot write it ({e.strerror or e})",
-                         hint="choose a writable path") from None
+        raise InputError(
+            f"-o {cfg.output}: cannot write it ({e.strerror or e})", hint="choose a writable path"
+        ) from None
     rec = Recorder(cfg, log, out)
     signals = Signals()
     signals.install()
@@ -320,5 +359,7 @@ def check_output(path: Path, *, force: bool) -> None:
     if path.is_dir():
         raise InputError(f"-o {path}: is a directory", hint="give a file name, e.g. -o session.jsonl")
     if path.exists() and path.stat().st_size and not force:
-        raise InputError(f"-o {path}: the file exists and holds another session",
-                         hint="choose another file, or add --force to replace it")
+        raise InputError(
+            f"-o {path}: the file exists and holds another session",
+            hint="choose another file, or add --force to replace it",
+        )

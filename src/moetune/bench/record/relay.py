@@ -28,8 +28,7 @@ class Relay:
     """One answer on its way from the upstream to the client: written through as it arrives, read
     on the side for the log."""
 
-    def __init__(self, req: Request, client: asyncio.WriteTransport, rec: RequestRecord,
-                 pieces: list[float]) -> None:
+    def __init__(self, req: Request, client: asyncio.WriteTransport, rec: RequestRecord, pieces: list[float]) -> None:
         self.req, self.client, self.rec, self.pieces = req, client, rec, pieces
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.head_buf = b""
@@ -91,7 +90,7 @@ class Relay:
                     raise ValueError("response head too large")
                 return b"", b""
             head = parse_head(self.head_buf[:end])
-            data, self.head_buf = self.head_buf[end + 4:], b""
+            data, self.head_buf = self.head_buf[end + 4 :], b""
             status = status_of(head)
             if 100 <= status < 200 and status != 101:  # an interim answer: the final one follows
                 continue
@@ -168,8 +167,9 @@ class Relay:
         if not isinstance(doc, dict):
             return None, None, None, False, 0, None
         choices: list[Any] = doc["choices"] if isinstance(doc.get("choices"), list) else []
-        finish = next((str(c["finish_reason"]) for c in choices if isinstance(c, dict) and c.get("finish_reason")),
-                      None)
+        finish = next(
+            (str(c["finish_reason"]) for c in choices if isinstance(c, dict) and c.get("finish_reason")), None
+        )
         usage, timings = doc.get("usage"), doc.get("timings")
         rec.usage = usage if isinstance(usage, dict) else None
         p, c, src = token_counts(rec.usage, timings if isinstance(timings, dict) else None, None)

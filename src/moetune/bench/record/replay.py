@@ -95,8 +95,10 @@ def load_session(path: Path) -> Session:
             if i == len(lines):  # no newline after it: a line cut off mid-write
                 torn = True
                 continue
-            raise InputError(f"--replay {path}: line {i} is not a recorded request ({type(e).__name__}: {e})",
-                             hint="give a file `moetune record` wrote") from None
+            raise InputError(
+                f"--replay {path}: line {i} is not a recorded request ({type(e).__name__}: {e})",
+                hint="give a file `moetune record` wrote",
+            ) from None
     if not out:
         raise InputError(f"--replay {path}: no recorded requests in it", hint="give a file `moetune record` wrote")
     return Session(path, hashlib.sha256(data).hexdigest(), out, torn)
@@ -116,16 +118,28 @@ def _watches(src: ServerSource) -> Callable[[], list[Watch]]:
     return watches_for_url(src.target)
 
 
-def _workload(spec: ReplaySpec, session: Session, reqs: list[ReplayRequest], skipped: int, concurrency: int,
-              model: str | None) -> dict[str, Any]:
-    return {"replay": {"file": str(session.path.resolve()), "sha256": session.sha256, "speed": spec.speed,
-                       "requests": len(reqs), "skipped": skipped, "repeats": spec.repeats, "warmup": spec.warmup,
-                       "pin_tokens": spec.pin_tokens,
-                       "recorded_concurrency": replay_concurrency(session.exchanges),
-                       "recorded_span_s": round(reqs[-1].offset_s, 3) if reqs else 0.0,
-                       "redacted": any(e.redacted for e in session.exchanges), "model": model},
-            "concurrency": [concurrency], "timeout_s": spec.timeout_s,
-            "prefix_cache": True}  # the session's requests may meet the cache they fill: no warning for it
+def _workload(
+    spec: ReplaySpec, session: Session, reqs: list[ReplayRequest], skipped: int, concurrency: int, model: str | None
+) -> dict[str, Any]:
+    return {
+        "replay": {
+            "file": str(session.path.resolve()),
+            "sha256": session.sha256,
+            "speed": spec.speed,
+            "requests": len(reqs),
+            "skipped": skipped,
+            "repeats": spec.repeats,
+            "warmup": spec.warmup,
+            "pin_tokens": spec.pin_tokens,
+            "recorded_concurrency": replay_concurrency(session.exchanges),
+            "recorded_span_s": round(reqs[-1].offset_s, 3) if reqs else 0.0,
+            "redacted": any(e.redacted for e in session.exchanges),
+            "model": model,
+        },
+        "concurrency": [concurrency],
+        "timeout_s": spec.timeout_s,
+        "prefix_cache": True,
+    }  # the session's requests may meet the cache they fill: no warning for it
 
 
 def _token_advice(reqs: list[ReplayRequest], samples: list[dict[str, Any]]) -> list[Warning]:
@@ -135,16 +149,28 @@ def _token_advice(reqs: list[ReplayRequest], samples: list[dict[str, Any]]) -> l
     if not differ:
         return []
     i = differ[0]
-    return [Warning(Code.REPLAY_TOKENS, f"{len(differ)} of {len(reqs)} replayed requests generated another number "
-                    f"of tokens than recorded (request {i}, recorded #{reqs[i].seq}: "
-                    f"{reqs[i].recorded_completion_tokens} recorded, {counts[i]} now)",
-                    "the same counts need the same model and deterministic lengths: record requests with max_tokens "
-                    "and ignore_eos (or temperature 0 and a seed), and replay against the same model",
-                    subject="replay")]
+    return [
+        Warning(
+            Code.REPLAY_TOKENS,
+            f"{len(differ)} of {len(reqs)} replayed requests generated another number "
+            f"of tokens than recorded (request {i}, recorded #{reqs[i].seq}: "
+            f"{reqs[i].recorded_completion_tokens} recorded, {counts[i]} now)",
+            "the same counts need the same model and deterministic lengths: record requests with max_tokens "
+            "and ignore_eos (or temperature 0 and a seed), and replay against the same model",
+            subject="replay",
+        )
+    ]
 
 
-async def _replay(spec: ReplaySpec, session: Session, source: ServerSource, db: ResultsDB,
-                  log: Callable[[str], None], monitor: RunMonitor, meter: LoadMeter) -> dict[str, Any]:
+async def _replay(
+    spec: ReplaySpec,
+    session: Session,
+    source: ServerSource,
+    db: ResultsDB,
+    log: Callable[[str], None],
+    monitor: RunMonitor,
+    meter: LoadMeter,
+) -> dict[str, Any]:
     reqs, skipped = replay_requests(session.exchanges)
     offsets = due_offsets(reqs, parse_speed(spec.speed))
     c = spec.concurrency or replay_concurrency(session.exchanges)
@@ -169,30 +195,61 @@ async def _replay(spec: ReplaySpec, session: Session, source: ServerSource, db: 
 
         def prepared(p: int) -> list[Prepared]:  # one pass; several passes: each its own salt
             salt = f"{tag}.r{p}" if spec.passes > 1 else None
-            return [Prepared(replay_body(r, m, salt=salt, pin=spec.pin_tokens),
-                             (r.recorded_completion_tokens or r.max_tokens) if spec.pin_tokens else r.max_tokens,
-                             r.target) for r, m in zip(reqs, models, strict=True)]
+            return [
+                Prepared(
+                    replay_body(r, m, salt=salt, pin=spec.pin_tokens),
+                    (r.recorded_completion_tokens or r.max_tokens) if spec.pin_tokens else r.max_tokens,
+                    r.target,
+                )
+                for r, m in zip(reqs, models, strict=True)
+            ]
 
-        log(f"replaying {len(reqs)} requests from {session.path} at {spec.speed} with up to {c} in flight"
+        log(
+            f"replaying {len(reqs)} requests from {session.path} at {spec.speed} with up to {c} in flight"
             + (f", {spec.repeats} times after {spec.warmup} warmup pass(es)" if spec.passes > 1 else "")
-            + (f" ({skipped} other recorded requests skipped)" if skipped else ""))
+            + (f" ({skipped} other recorded requests skipped)" if skipped else "")
+        )
         if session.torn_tail:
             log(f"{session.path}: its last line was cut off (the recorder was killed while writing it); left out")
         advice = [w for w in run_warnings(info, [c], 0) if w.code != Code.NO_TOKENIZER]
         ln = source.current
         meta = RunMeta(
-            kind=RunKind.SERVE_BENCH, moetune_version=__version__, argv=tuple(sys.argv), started_unix=time.time(),
-            server=info, model=model_ref(info.model_path, name=spec.model or (served[0] if served else None)),
-            host=HostRef.here(), engine_build=(ln.engine_build if ln else None) or info.build,
-            plan=source.plan.doc if isinstance(source, PlanServers) else None, launch_run=ln.launch_run if ln else None,
+            kind=RunKind.SERVE_BENCH,
+            moetune_version=__version__,
+            argv=tuple(sys.argv),
+            started_unix=time.time(),
+            server=info,
+            model=model_ref(info.model_path, name=spec.model or (served[0] if served else None)),
+            host=HostRef.here(),
+            engine_build=(ln.engine_build if ln else None) or info.build,
+            plan=source.plan.doc if isinstance(source, PlanServers) else None,
+            launch_run=ln.launch_run if ln else None,
             launch=ln.facts if ln else None,
-            details={"workload": _workload(spec, session, reqs, skipped, c, spec.model),
-                     "client": {"library": "asyncio", "moetune": __version__}, "run_tag": None,
-                     "skipped_overlong": 0, "slo": dict(spec.slo) if spec.slo else None,
-                     **({"objective": {"name": spec.objective, "file": str(session.path.resolve()),
-                                       "sha256": session.sha256}} if spec.objective else {})})
-        run_id = db.create_run(meta, label=spec.label or f"replay {session.path.name} {spec.speed}",
-                               target=source.target, sweep_id=spec.sweep_id)
+            details={
+                "workload": _workload(spec, session, reqs, skipped, c, spec.model),
+                "client": {"library": "asyncio", "moetune": __version__},
+                "run_tag": None,
+                "skipped_overlong": 0,
+                "slo": dict(spec.slo) if spec.slo else None,
+                **(
+                    {
+                        "objective": {
+                            "name": spec.objective,
+                            "file": str(session.path.resolve()),
+                            "sha256": session.sha256,
+                        }
+                    }
+                    if spec.objective
+                    else {}
+                ),
+            },
+        )
+        run_id = db.create_run(
+            meta,
+            label=spec.label or f"replay {session.path.name} {spec.speed}",
+            target=source.target,
+            sweep_id=spec.sweep_id,
+        )
         monitor.attach(db, run_id)
         writer = sink = SampleWriter(db, run_id)
         load = LoadSpec(c, requests=len(reqs), offsets=offsets)
@@ -201,16 +258,26 @@ async def _replay(spec: ReplaySpec, session: Session, source: ServerSource, db: 
         for p in range(spec.passes):
             k = p - spec.warmup  # the measured pass's number; negative: a warmup pass
             phase = "warmup" if k < 0 else "measure"
-            monitor.phase(f"replay warmup {p + 1}" if k < 0 else f"replay c={c}" + (
-                f" pass {k + 1}/{spec.repeats}" if spec.repeats > 1 else ""))
+            monitor.phase(
+                f"replay warmup {p + 1}"
+                if k < 0
+                else f"replay c={c}" + (f" pass {k + 1}/{spec.repeats}" if spec.repeats > 1 else "")
+            )
             mark = {"replay": {"sha256": session.sha256[:16], "repeat": k}} if spec.passes > 1 else {}
 
             def store(r: Any, mark: dict[str, Any] = mark, phase: str = phase, k: int = k) -> None:
                 sink.add({**r.to_sample(), **_at(mark, r.index - k * len(reqs))}, phase)
 
             try:
-                records = await run_level(http, prepared(p), load, RequestOptions(timeout_s=spec.timeout_s),
-                                          store, meter=meter, first_index=k * len(reqs))
+                records = await run_level(
+                    http,
+                    prepared(p),
+                    load,
+                    RequestOptions(timeout_s=spec.timeout_s),
+                    store,
+                    meter=meter,
+                    first_index=k * len(reqs),
+                )
             except ServerGone as gone:
                 level = summarize_level([*samples, *({**r.to_sample(), **mark} for r in gone.records)], spec.slo)
                 level["stopped"] = str(gone)
@@ -242,16 +309,23 @@ def _at(mark: dict[str, Any], position: int) -> dict[str, Any]:
     return {"replay": {**mark["replay"], "request": position}} if mark else {}
 
 
-def replay_bench(spec: ReplaySpec, db: ResultsDB, source: ServerSource, log: Callable[[str], None] = lambda s: None,
-                 on_snapshot: Callable[[Snapshot], None] | None = None) -> dict[str, Any]:
+def replay_bench(
+    spec: ReplaySpec,
+    db: ResultsDB,
+    source: ServerSource,
+    log: Callable[[str], None] = lambda s: None,
+    on_snapshot: Callable[[Snapshot], None] | None = None,
+) -> dict[str, Any]:
     """Replay ``spec.file`` against ``source`` (a running server, or a plan moetune launches),
     store it in ``db`` as a serve-bench run, and return serve-bench's document (one level)."""
     parse_speed(spec.speed)  # a bad one is an input error before anything starts
     session = load_session(spec.file)
     reqs, _ = replay_requests(session.exchanges)
     if not reqs:
-        raise InputError(f"--replay {spec.file}: it records no chat or completions request to replay",
-                         hint="record a client's POST /v1/chat/completions or /v1/completions traffic")
+        raise InputError(
+            f"--replay {spec.file}: it records no chat or completions request to replay",
+            hint="record a client's POST /v1/chat/completions or /v1/completions traffic",
+        )
     meter = LoadMeter()
     try:
         with RunMonitor(_watches(source), load=meter.figures, on_snapshot=on_snapshot) as monitor:

@@ -51,8 +51,10 @@ def parse_speed(text: str) -> float | None:
     m = _SPEED.match(t)
     factor = float(m[1]) if m else 0.0
     if factor <= 0:
-        raise InputError(f"--speed {text!r}: give max, or a factor such as 1x, 2x or 0.5x",
-                         hint="1x keeps the recorded timing, max sends as fast as the client slots allow")
+        raise InputError(
+            f"--speed {text!r}: give max, or a factor such as 1x, 2x or 0.5x",
+            hint="1x keeps the recorded timing, max sends as fast as the client slots allow",
+        )
     return factor
 
 
@@ -68,10 +70,19 @@ def replay_requests(exchanges: Sequence[Exchange]) -> tuple[list[ReplayRequest],
     """The requests to replay in their recorded order, and how many recorded ones are not replayed."""
     keep = sorted((e for e in exchanges if replayable(e)), key=lambda e: (e.t_start_s, e.seq))
     t0 = keep[0].t_start_s if keep else 0.0
-    reqs = [ReplayRequest(e.seq, e.target, e.body, e.t_start_s - t0, _max_tokens(e.body),
-                          e.completion_tokens if e.tokens_from in ("usage", "timings") else None, e.prompt_tokens,
-                          e.status is not None and 200 <= e.status < 300 and e.error is None)
-            for e in keep]
+    reqs = [
+        ReplayRequest(
+            e.seq,
+            e.target,
+            e.body,
+            e.t_start_s - t0,
+            _max_tokens(e.body),
+            e.completion_tokens if e.tokens_from in ("usage", "timings") else None,
+            e.prompt_tokens,
+            e.status is not None and 200 <= e.status < 300 and e.error is None,
+        )
+        for e in keep
+    ]
     return reqs, len(exchanges) - len(keep)
 
 
@@ -109,7 +120,9 @@ def salted(body: Mapping[str, Any], salt: str) -> dict[str, Any]:
         if isinstance(content, str):
             first["content"] = f"{salt} {content}"
         elif isinstance(content, list):
-            at = next((i for i, p in enumerate(content) if isinstance(p, dict) and isinstance(p.get("text"), str)), None)
+            at = next(
+                (i for i, p in enumerate(content) if isinstance(p, dict) and isinstance(p.get("text"), str)), None
+            )
             if at is not None:
                 content = list(content)
                 content[at] = {**content[at], "text": f"{salt} {content[at]['text']}"}
@@ -140,8 +153,11 @@ def replay_body(r: ReplayRequest, model: str | None, *, salt: str | None = None,
         doc = pinned(doc, r.recorded_completion_tokens)
     doc["stream"] = True
     options = doc.get("stream_options")
-    doc["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True,
-                             "continuous_usage_stats": True}
+    doc["stream_options"] = {
+        **(options if isinstance(options, dict) else {}),
+        "include_usage": True,
+        "continuous_usage_stats": True,
+    }
     doc["timings_per_token"] = True
     if model is not None:
         doc["model"] = model
@@ -151,5 +167,8 @@ def replay_body(r: ReplayRequest, model: str | None, *, salt: str | None = None,
 def token_differences(reqs: Sequence[ReplayRequest], completion_tokens: Sequence[int | None]) -> list[int]:
     """The replayed requests (by position) whose completion tokens differ from the recording's,
     of those where both are known."""
-    return [i for i, (r, n) in enumerate(zip(reqs, completion_tokens, strict=True))
-            if r.recorded_completion_tokens is not None and n is not None and n != r.recorded_completion_tokens]
+    return [
+        i
+        for i, (r, n) in enumerate(zip(reqs, completion_tokens, strict=True))
+        if r.recorded_completion_tokens is not None and n is not None and n != r.recorded_completion_tokens
+    ]

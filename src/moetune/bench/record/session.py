@@ -30,7 +30,9 @@ class ProxyDelays:
     forward_ms: float | None = None  # the request's last byte in → handed to the kernel for the upstream
     # (connecting included; not the send itself, after which a local upstream may run before the proxy does)
     connect_ms: float | None = None  # of which: opening a connection to the upstream (None: one was open)
-    first_byte_ms: float | None = None  # the upstream's first response byte reached this machine → written to the client
+    first_byte_ms: float | None = (
+        None  # the upstream's first response byte reached this machine → written to the client
+    )
     piece_p50_ms: float | None = None  # each piece of the response: reached this machine → written (median, largest)
     piece_max_ms: float | None = None
     pieces: int = 0
@@ -105,11 +107,14 @@ class Exchange:
 
 # ---- tokens -------------------------------------------------------------------------------------
 
-def token_counts(usage: Mapping[str, Any] | None, timings: Mapping[str, Any] | None, events: int | None
-                 ) -> tuple[int | None, int | None, str | None]:
+
+def token_counts(
+    usage: Mapping[str, Any] | None, timings: Mapping[str, Any] | None, events: int | None
+) -> tuple[int | None, int | None, str | None]:
     """(prompt tokens, completion tokens, where the completion count came from): the response's
     ``usage``, else llama-server's ``timings``, else the streamed events that carried text
     (``events``, None for an answer that was not streamed)."""
+
     def num(d: Mapping[str, Any] | None, k: str) -> int | None:
         v = (d or {}).get(k)
         return v if isinstance(v, int) and not isinstance(v, bool) else None
@@ -127,6 +132,7 @@ def token_counts(usage: Mapping[str, Any] | None, timings: Mapping[str, Any] | N
 
 
 # ---- redaction ----------------------------------------------------------------------------------
+
 
 def filler(text: str) -> str:
     """Text of the same length (in characters) with none of its words: its whitespace kept, every
@@ -161,8 +167,10 @@ def _redact_content(content: Any) -> Any:
     if isinstance(content, str):
         return filler(content)
     if isinstance(content, list):  # parts: {"type": "text", "text": ...}, images and the like kept
-        return [{**p, "text": filler(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str) else p
-                for p in content]
+        return [
+            {**p, "text": filler(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str) else p
+            for p in content
+        ]
     return content
 
 
@@ -202,6 +210,7 @@ def _redact_call(call: Any) -> Any:
 
 # ---- the session as a whole ---------------------------------------------------------------------
 
+
 def concurrency(exchanges: Iterable[Exchange]) -> int:
     """The most requests that were in flight at once (from their start to their end)."""
     edges = []
@@ -221,8 +230,7 @@ def percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
         return {"p50": None, "p99": None, "max": None, "n": 0}
     a = np.asarray(values, dtype=float)
     p50, p99 = np.percentile(a, [50, 99])
-    return {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "max": round(float(a.max()), 3),
-            "n": len(values)}
+    return {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "max": round(float(a.max()), 3), "n": len(values)}
 
 
 def summarize(exchanges: Sequence[Exchange], piece_ms: Sequence[float] = ()) -> dict[str, Any]:
@@ -252,13 +260,17 @@ def summarize(exchanges: Sequence[Exchange], piece_ms: Sequence[float] = ()) -> 
 
 def summary_lines(s: Mapping[str, Any]) -> list[str]:
     """:func:`summarize`'s figures for a person."""
+
     def ms(p: Mapping[str, Any]) -> str:
         return "-" if not p["n"] else f"p50 {p['p50']:.3f} ms, p99 {p['p99']:.3f} ms (n={p['n']})"
 
     errs = ", ".join(f"{k} x{v}" for k, v in s["errors"].items())
     px = s["proxy_ms"]
-    return [f"{s['requests']} requests ({', '.join(f'{k} x{v}' for k, v in s['paths'].items()) or 'none'})"
-            + (f", errors: {errs}" if errs else "") + f"; {s['prompt_tokens']} prompt and "
-            f"{s['completion_tokens']} completion tokens; at most {s['concurrency']} at once",
-            f"added by the proxy: forwarding a request {ms(px['forward'])}; first byte of an answer "
-            f"{ms(px['first_byte'])}; each relayed piece {ms(px['piece'])}"]
+    return [
+        f"{s['requests']} requests ({', '.join(f'{k} x{v}' for k, v in s['paths'].items()) or 'none'})"
+        + (f", errors: {errs}" if errs else "")
+        + f"; {s['prompt_tokens']} prompt and "
+        f"{s['completion_tokens']} completion tokens; at most {s['concurrency']} at once",
+        f"added by the proxy: forwarding a request {ms(px['forward'])}; first byte of an answer "
+        f"{ms(px['first_byte'])}; each relayed piece {ms(px['piece'])}",
+    ]

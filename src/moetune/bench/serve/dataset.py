@@ -40,10 +40,48 @@ from moetune.engine import auth
 from moetune.errors import InputError, RuntimeFailure
 
 # filler words; a few are multi-byte in UTF-8, so the fitting is exercised on them too
-WORDS = ("the", "model", "expert", "router", "layer", "token", "cache", "memory", "device", "bandwidth",
-         "prefill", "decode", "batch", "slot", "server", "request", "latency", "throughput", "tensor",
-         "weight", "gate", "attention", "context", "queue", "stream", "kernel", "buffer", "split", "offload",
-         "quant", "sample", "measure", "café", "naïve", "über", "Straße", "日本語", "データ", "Ωmega", "ünïcode")
+WORDS = (
+    "the",
+    "model",
+    "expert",
+    "router",
+    "layer",
+    "token",
+    "cache",
+    "memory",
+    "device",
+    "bandwidth",
+    "prefill",
+    "decode",
+    "batch",
+    "slot",
+    "server",
+    "request",
+    "latency",
+    "throughput",
+    "tensor",
+    "weight",
+    "gate",
+    "attention",
+    "context",
+    "queue",
+    "stream",
+    "kernel",
+    "buffer",
+    "split",
+    "offload",
+    "quant",
+    "sample",
+    "measure",
+    "café",
+    "naïve",
+    "über",
+    "Straße",
+    "日本語",
+    "データ",
+    "Ωmega",
+    "ünïcode",
+)
 
 
 PADS = (".", "a", " a", ",", "-", " x.")  # tails that close the last few tokens' gap
@@ -71,9 +109,11 @@ class ServerTokenCounter:
         self.calls += 1
         status, body = await self.http.post_json(path, doc)
         if status != 200 or not isinstance(body, dict):
-            raise RuntimeFailure(f"{path} answered HTTP {status}: {str(body)[:200]}",
-                                 hint="serve-bench counts prompt tokens with llama-server's /apply-template "
-                                      "and /tokenize; point it at a llama-server")
+            raise RuntimeFailure(
+                f"{path} answered HTTP {status}: {str(body)[:200]}",
+                hint="serve-bench counts prompt tokens with llama-server's /apply-template "
+                "and /tokenize; point it at a llama-server",
+            )
         return body
 
     async def chat_tokens(self, content: str) -> int:
@@ -89,8 +129,9 @@ class ServerTokenCounter:
         return await self._count(text, add_special=False)
 
     async def _count(self, text: str, *, add_special: bool) -> int:
-        toks = (await self._post("/tokenize", {"content": text, "add_special": add_special,
-                                               "parse_special": True})).get("tokens")
+        toks = (
+            await self._post("/tokenize", {"content": text, "add_special": add_special, "parse_special": True})
+        ).get("tokens")
         if not isinstance(toks, list):
             raise RuntimeFailure("/tokenize gave no tokens")
         return len(toks)
@@ -105,8 +146,12 @@ class UsageTokenCounter:
         self.calls = 0
 
     async def chat_tokens(self, content: str) -> int:
-        req: dict[str, Any] = {"model": self.model, "messages": [{"role": "user", "content": content}],
-                               "max_tokens": 1, "stream": False}
+        req: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 1,
+            "stream": False,
+        }
         if self.thinking is not None:
             req["chat_template_kwargs"] = {"enable_thinking": self.thinking}
         self.calls += 1
@@ -114,11 +159,16 @@ class UsageTokenCounter:
         usage = body.get("usage") if isinstance(body, dict) else None
         n = usage.get("prompt_tokens") if isinstance(usage, dict) else None
         if status != 200 or not isinstance(n, int):
-            raise RuntimeFailure(f"{CHAT_PATH} answered HTTP {status} without usage.prompt_tokens: {str(body)[:200]}",
-                                 hint=auth.refused_hint(status, "serve-bench sizes prompts by the server's own "
-                                                        "count: without /tokenize it needs usage in chat responses "
-                                                        "(every OpenAI-compatible server sends it; check --model and "
-                                                        "the server's log)"))
+            raise RuntimeFailure(
+                f"{CHAT_PATH} answered HTTP {status} without usage.prompt_tokens: {str(body)[:200]}",
+                hint=auth.refused_hint(
+                    status,
+                    "serve-bench sizes prompts by the server's own "
+                    "count: without /tokenize it needs usage in chat responses "
+                    "(every OpenAI-compatible server sends it; check --model and "
+                    "the server's log)",
+                ),
+            )
         return n
 
     async def text_tokens(self, text: str) -> int:
@@ -126,8 +176,10 @@ class UsageTokenCounter:
 
 
 def uncountable_replies() -> InputError:
-    return InputError("this server has no /tokenize, so the dataset's replies cannot be counted to set each "
-                      "request's output length", hint="give --output-len N")
+    return InputError(
+        "this server has no /tokenize, so the dataset's replies cannot be counted to set each request's output length",
+        hint="give --output-len N",
+    )
 
 
 def filler_text(seed: int, n_words: int) -> str:
@@ -141,8 +193,9 @@ def request_tag(run_tag: str, i: int, width: int = 0) -> str:
     return f"{run_tag}.{i:0{width}d} "
 
 
-async def fit_content(counter: TokenCounter, prefix: str, filler: str, target: int, start: int,
-                      per_char: float | None = None) -> tuple[str, int]:
+async def fit_content(
+    counter: TokenCounter, prefix: str, filler: str, target: int, start: int, per_char: float | None = None
+) -> tuple[str, int]:
     """``prefix + filler[:n]`` whose templated prompt has ``target`` tokens (or the largest count
     below it when no cut hits it exactly). ``start`` is the first guess for n; ``per_char`` (tokens
     per character) the step size, measured here when not given."""
@@ -156,9 +209,11 @@ async def fit_content(counter: TokenCounter, prefix: str, filler: str, target: i
     lo, hi = 0, len(filler)  # count(lo) <= target < count(hi), as far as measured
     if per_char is None:
         if await count(0) > target:
-            raise InputError(f"--input-len {target} is shorter than the prompt's fixed part "
-                             f"({cache[0]} tokens: chat template and request tag)",
-                             hint=f"use --input-len {cache[0]} or more")
+            raise InputError(
+                f"--input-len {target} is shorter than the prompt's fixed part "
+                f"({cache[0]} tokens: chat template and request tag)",
+                hint=f"use --input-len {cache[0]} or more",
+            )
         if await count(hi) < target:
             return prefix + filler, cache[hi]
         per_char = (cache[hi] - cache[0]) / max(1, hi)
@@ -201,8 +256,9 @@ async def _filler(counter: TokenCounter, input_len: int, seed: int) -> str:
     return filler
 
 
-async def synthetic_prompts(counter: TokenCounter, n: int, input_len: int, output_len: int, *, seed: int,
-                            run_tag: str, unique: bool) -> list[Prompt]:
+async def synthetic_prompts(
+    counter: TokenCounter, n: int, input_len: int, output_len: int, *, seed: int, run_tag: str, unique: bool
+) -> list[Prompt]:
     """``n`` prompts of exactly ``input_len`` tokens (templated) asking for ``output_len`` tokens."""
     filler = await _filler(counter, input_len, seed)
     out: list[Prompt] = []
@@ -218,8 +274,9 @@ async def synthetic_prompts(counter: TokenCounter, n: int, input_len: int, outpu
     return out if unique else out * n
 
 
-async def probed_prompts(counter: TokenCounter, n: int, input_len: int, output_len: int, *, seed: int,
-                         run_tag: str, unique: bool) -> list[Prompt]:
+async def probed_prompts(
+    counter: TokenCounter, n: int, input_len: int, output_len: int, *, seed: int, run_tag: str, unique: bool
+) -> list[Prompt]:
     """``n`` prompts of about ``input_len`` tokens for a server that counts only by answering: one
     probe prompt is fitted exactly, behind the tag with index ``n`` (which no request carries),
     and every request gets the same text behind its own tag of the same shape. Their lengths are
@@ -228,7 +285,7 @@ async def probed_prompts(counter: TokenCounter, n: int, input_len: int, output_l
     width = len(str(n))
     probe_tag = request_tag(run_tag, n, width) if unique else ""
     text, count = await fit_content(counter, probe_tag, filler, input_len, len(filler) // 2)
-    body = text[len(probe_tag):]
+    body = text[len(probe_tag) :]
     if not unique:  # the same prompt for every request: the one counted
         return [Prompt(body, count, output_len)] * n
     return [Prompt(request_tag(run_tag, i, width) + body, None, output_len) for i in range(n)]
@@ -271,9 +328,11 @@ def load_sharegpt(path: Path) -> list[tuple[str, str | None]]:
         if prompt and prompt.strip():
             pairs.append((prompt, reply))
     if not pairs:
-        raise InputError(f"--dataset {path}: no conversations with a human turn",
-                         hint='expected ShareGPT records: {"conversations": [{"from": "human", "value": "..."}, '
-                              '{"from": "gpt", "value": "..."}]}')
+        raise InputError(
+            f"--dataset {path}: no conversations with a human turn",
+            hint='expected ShareGPT records: {"conversations": [{"from": "human", "value": "..."}, '
+            '{"from": "gpt", "value": "..."}]}',
+        )
     return pairs
 
 
@@ -284,9 +343,17 @@ class DatasetPick:
     skipped_no_reply: int  # no reply to take the output length from
 
 
-async def dataset_prompts(counter: TokenCounter | None, pairs: Sequence[tuple[str, str | None]], n: int, *,
-                          output_len: int | None, n_ctx_slot: int | None, seed: int, run_tag: str,
-                          unique: bool) -> DatasetPick:
+async def dataset_prompts(
+    counter: TokenCounter | None,
+    pairs: Sequence[tuple[str, str | None]],
+    n: int,
+    *,
+    output_len: int | None,
+    n_ctx_slot: int | None,
+    seed: int,
+    run_tag: str,
+    unique: bool,
+) -> DatasetPick:
     """``n`` prompts drawn from ``pairs`` (shuffled by ``seed``; reused with new tags when the
     dataset is smaller than ``n``), skipping those that do not fit a slot's context. Without a
     ``counter`` (a server with no /tokenize) prompts are not counted, nor skipped, and
@@ -320,7 +387,9 @@ async def dataset_prompts(counter: TokenCounter | None, pairs: Sequence[tuple[st
             continue
         out.append(Prompt(tag + content, p, m))
     if not out:
-        raise InputError(f"no prompt in the dataset fits: {overlong} longer than the per-slot context "
-                         f"({n_ctx_slot} tokens), {no_reply} without a reply to set the output length",
-                         hint="give --output-len, or start the server with a larger context per slot")
+        raise InputError(
+            f"no prompt in the dataset fits: {overlong} longer than the per-slot context "
+            f"({n_ctx_slot} tokens), {no_reply} without a reply to set the output length",
+            hint="give --output-len, or start the server with a larger context per slot",
+        )
     return DatasetPick(out, overlong, no_reply)

@@ -95,9 +95,14 @@ class _Service:
         n = self.load.spec.warmup
         if not n or self.load.kind == REPLAY:
             return
-        warm = self.prompts[:n] if self.load.kind != SESSIONS else [
-            Prompt(f"w{i} {self.texts[0][0].turns[0]}", None, self.load.spec.sessions.output_len)  # type: ignore[union-attr]
-            for i in range(n)]
+        warm = (
+            self.prompts[:n]
+            if self.load.kind != SESSIONS
+            else [
+                Prompt(f"w{i} {self.texts[0][0].turns[0]}", None, self.load.spec.sessions.output_len)  # type: ignore[union-attr]
+                for i in range(n)
+            ]
+        )
         await run_level(self.http, warm, LoadSpec(1, requests=n), self.options, sink, first_index=-n)
 
     async def run_pass(self, n: int, sink: Callable[[dict[str, Any]], None], meter: LoadMeter | None) -> None:
@@ -108,23 +113,47 @@ class _Service:
         first = n * PASS_INDEX
         if self.load.kind == SESSIONS:
             assert spec.sessions is not None
-            await run_sessions(self.http, self.texts[min(n, len(self.texts) - 1)], spec.sessions, self.options, sink,
-                               meter=meter)
+            await run_sessions(
+                self.http, self.texts[min(n, len(self.texts) - 1)], spec.sessions, self.options, sink, meter=meter
+            )
             return
         if self.load.kind == REPLAY:
             load = LoadSpec(self.concurrency, requests=len(self.prepared), offsets=self.offsets)
-            await run_level(self.http, self.prepared, load, self.options, lambda r: sink(r.to_sample()),
-                            first_index=first, meter=meter, keep=False)
+            await run_level(
+                self.http,
+                self.prepared,
+                load,
+                self.options,
+                lambda r: sink(r.to_sample()),
+                first_index=first,
+                meter=meter,
+                keep=False,
+            )
             return
         c = self.concurrency
-        load = LoadSpec(c, requests=spec.level_requests(c), duration_s=spec.duration_s, rate=spec.rate,
-                        arrivals=spec.arrivals, seed=spec.seed + c + n)
-        await run_level(self.http, self.prompts[spec.warmup:] or self.prompts, load, self.options,
-                        lambda r: sink(r.to_sample()), first_index=first, meter=meter, keep=False)
+        load = LoadSpec(
+            c,
+            requests=spec.level_requests(c),
+            duration_s=spec.duration_s,
+            rate=spec.rate,
+            arrivals=spec.arrivals,
+            seed=spec.seed + c + n,
+        )
+        await run_level(
+            self.http,
+            self.prompts[spec.warmup :] or self.prompts,
+            load,
+            self.options,
+            lambda r: sink(r.to_sample()),
+            first_index=first,
+            meter=meter,
+            keep=False,
+        )
 
 
-def _sink(writer: SampleWriter, svc: _Service, load: str | None, rnd: int,
-          phase: str = "measure") -> Callable[[dict[str, Any]], None]:
+def _sink(
+    writer: SampleWriter, svc: _Service, load: str | None, rnd: int, phase: str = "measure"
+) -> Callable[[dict[str, Any]], None]:
     tags = {SERVICE: svc.name, **({LOAD: load} if load else {}), "round": rnd}
     return lambda s: writer.add({**s, **tags}, phase)
 
@@ -141,8 +170,16 @@ async def _prepare(ld: ServiceLoad, ln: Launched, passes: int, log: Log) -> _Ser
 
         model = spec.model or await _model_name(http)
         run_tag = os.urandom(2).hex()
-        counter = token_counter(http, info, model, spec.thinking, tokenizer=spec.tokenizer, log=log,
-                                probe_tag=f"{run_tag}.probe", seed=spec.seed)
+        counter = token_counter(
+            http,
+            info,
+            model,
+            spec.thinking,
+            tokenizer=spec.tokenizer,
+            log=log,
+            probe_tag=f"{run_tag}.probe",
+            seed=spec.seed,
+        )
         local = counter.describe() if isinstance(counter, TokenizerCounter) else None
         t = time.monotonic()
         if ld.kind == SESSIONS:
@@ -150,16 +187,19 @@ async def _prepare(ld: ServiceLoad, ln: Launched, passes: int, log: Log) -> _Ser
 
             assert spec.sessions is not None
             exact = info.caps.tokenize or bool(local)
-            texts = [await session_texts(counter, spec.sessions, f"{run_tag}.{p}", seed=spec.seed, exact=exact)
-                     for p in range(passes)]
+            texts = [
+                await session_texts(counter, spec.sessions, f"{run_tag}.{p}", seed=spec.seed, exact=exact)
+                for p in range(passes)
+            ]
             options = RequestOptions(model=model, cache_prompt=True, thinking=spec.thinking, timeout_s=spec.timeout_s)
             svc = _Service(ld, ln, http, info, model, options, spec.sessions.sessions, texts=texts)
             log(f"{ld.service}: prepared {passes} x {spec.sessions.sessions} sessions ({time.monotonic() - t:.1f} s)")
         else:
             c = spec.concurrency[0]
             prompts, skipped = await level_prompts(spec, counter, info, spec.warmup + spec.prompt_pool(c), run_tag)
-            options = RequestOptions(model=model, cache_prompt=spec.prefix_cache, thinking=spec.thinking,
-                                     timeout_s=spec.timeout_s)
+            options = RequestOptions(
+                model=model, cache_prompt=spec.prefix_cache, thinking=spec.thinking, timeout_s=spec.timeout_s
+            )
             svc = _Service(ld, ln, http, info, model, options, c, prompts=prompts, skipped=skipped)
             log(f"{ld.service}: prepared {len(prompts)} prompts ({time.monotonic() - t:.1f} s)")
         svc.advice = run_warnings(info, [svc.concurrency], svc.skipped, tokenizer=local)
@@ -187,18 +227,30 @@ async def _prepare_replay(ld: ServiceLoad, ln: Launched, http: StreamingHttp, in
     session = load_session(ld.replay)
     reqs, skipped = replay_requests(session.exchanges)
     if not reqs:
-        raise InputError(f"--load {ld.service}=replay:{ld.replay}: it records no chat or completions request "
-                         "to replay", hint="record a client's POST /v1/chat/completions or /v1/completions traffic")
+        raise InputError(
+            f"--load {ld.service}=replay:{ld.replay}: it records no chat or completions request to replay",
+            hint="record a client's POST /v1/chat/completions or /v1/completions traffic",
+        )
     served = await served_models(http)
     models = [choose_model(r.body.get("model"), served, ld.spec.model) for r in reqs]
     prepared = [Prepared(replay_body(r, m), r.max_tokens, r.target) for r, m in zip(reqs, models, strict=True)]
     offsets = due_offsets(reqs, parse_speed(ld.speed))
     c = ld.concurrency or replay_concurrency(session.exchanges)
-    log(f"{ld.service}: replaying {len(reqs)} requests from {ld.replay} at {ld.speed} with up to {c} in flight"
-        + (f" ({skipped} other recorded requests skipped)" if skipped else ""))
-    svc = _Service(ld, ln, http, info, ld.spec.model or (served[0] if served else "moetune"),
-                   RequestOptions(timeout_s=ld.spec.timeout_s), c, prepared=prepared,
-                   offsets=None if offsets is None else tuple(offsets))
+    log(
+        f"{ld.service}: replaying {len(reqs)} requests from {ld.replay} at {ld.speed} with up to {c} in flight"
+        + (f" ({skipped} other recorded requests skipped)" if skipped else "")
+    )
+    svc = _Service(
+        ld,
+        ln,
+        http,
+        info,
+        ld.spec.model or (served[0] if served else "moetune"),
+        RequestOptions(timeout_s=ld.spec.timeout_s),
+        c,
+        prepared=prepared,
+        offsets=None if offsets is None else tuple(offsets),
+    )
     svc.advice = [w for w in run_warnings(info, [c], 0) if w.code != Code.NO_TOKENIZER]
     return svc
 
@@ -254,8 +306,9 @@ def _gone(svc: _Service, gone: ServerGone, load: str) -> RuntimeFailure:
     return RuntimeFailure(f"{svc.name} ({load}): {gone}" + (f"; {note}" if note else ""), hint=gone.hint)
 
 
-def _levels(db: ResultsDB, run_id: int, services: list[_Service] | list[ServiceRecord],
-            slo: dict[str, float] | None) -> list[dict[str, Any]]:
+def _levels(
+    db: ResultsDB, run_id: int, services: list[_Service] | list[ServiceRecord], slo: dict[str, float] | None
+) -> list[dict[str, Any]]:
     """The run's levels, per service (in the services' order) shared then alone, each annotated by
     its own server's slots."""
     levels = summarize_levels(db.iter_samples(run_id), slo)
@@ -267,8 +320,11 @@ def _levels(db: ResultsDB, run_id: int, services: list[_Service] | list[ServiceR
         for lv in mine:
             lv["server"] = info.to_json()
         wl = s.load.to_json() if isinstance(s, _Service) else dict(s.workload)
-        annotate(mine, slots=info.slots, prefix_cache=wl.get("kind") in (SESSIONS, REPLAY)
-                 or bool((wl.get("workload") or {}).get("prefix_cache")))
+        annotate(
+            mine,
+            slots=info.slots,
+            prefix_cache=wl.get("kind") in (SESSIONS, REPLAY) or bool((wl.get("workload") or {}).get("prefix_cache")),
+        )
         out += mine
     return out
 
@@ -279,8 +335,12 @@ def layout_figures(db: ResultsDB, run_id: int, names: list[str], levels: list[di
     rows = contention(db.iter_samples(run_id))
     phases = [*(alone_phase(n) for n in names), SHARED_PHASE]
     seen = busy((Snapshot.from_json(m) for m in db.metrics(run_id)), phases)
-    return {"services": names, "contention": [r.to_json() for r in rows], "busy": [b.to_json() for b in seen],
-            "throughput": _throughput(levels)}
+    return {
+        "services": names,
+        "contention": [r.to_json() for r in rows],
+        "busy": [b.to_json() for b in seen],
+        "throughput": _throughput(levels),
+    }
 
 
 def _throughput(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -292,14 +352,28 @@ def _throughput(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for name, d in by.items():
         a, s = d.get(ALONE) or {}, d.get(SHARED) or {}
         ta, ts = a.get("output_tok_s"), s.get("output_tok_s")
-        out.append({"service": name, "alone_output_tok_s": ta, "shared_output_tok_s": ts,
-                    "alone_request_s": a.get("request_s"), "shared_request_s": s.get("request_s"),
-                    "ratio": round(ts / ta, 4) if ta and ts is not None else None})
+        out.append(
+            {
+                "service": name,
+                "alone_output_tok_s": ta,
+                "shared_output_tok_s": ts,
+                "alone_request_s": a.get("request_s"),
+                "shared_request_s": s.get("request_s"),
+                "ratio": round(ts / ta, 4) if ta and ts is not None else None,
+            }
+        )
     return out
 
 
-async def _bench(spec: LayoutSpec, target: Target, servers: dict[str, Launched], db: ResultsDB, log: Log,
-                 monitor: RunMonitor, meter: LoadMeter) -> dict[str, Any]:
+async def _bench(
+    spec: LayoutSpec,
+    target: Target,
+    servers: dict[str, Launched],
+    db: ResultsDB,
+    log: Log,
+    monitor: RunMonitor,
+    meter: LoadMeter,
+) -> dict[str, Any]:
     services: list[_Service] = []
     run_id: int | None = None
     writer: SampleWriter | None = None
@@ -312,31 +386,54 @@ async def _bench(spec: LayoutSpec, target: Target, servers: dict[str, Launched],
         for ld in spec.loads:
             services.append(await _prepare(ld, servers[ld.service], passes, log))
         first = services[0]
-        details = {"layout": {"services": names, "rounds": spec.rounds, "idle": [
-                       s.name for s in (target.spec.servers() if target.spec else ()) if s.name not in names]},
-                   "workload": {"layout": [s.load.to_json() for s in services]},
-                   "client": {"library": "asyncio", "moetune": __version__}, "run_tag": None,
-                   "slo": dict(spec.slo) if spec.slo else None}
-        meta = RunMeta(kind=RunKind.SERVE_BENCH, moetune_version=__version__, argv=tuple(sys.argv),
-                       started_unix=time.time(), server=None,
-                       model=ModelRef(name=", ".join(f"{s.name}: {s.model}" for s in services)),
-                       host=HostRef.here(), engine_build=first.launched.engine_build or first.info.build,
-                       plan=target.doc, launch_run=first.launched.launch_run, launch=None, details=details)
-        label = spec.label or "layout " + " ".join(f"{s.name}={s.load.kind}:{s.concurrency or 'rec'}"
-                                                   for s in services)
+        details = {
+            "layout": {
+                "services": names,
+                "rounds": spec.rounds,
+                "idle": [s.name for s in (target.spec.servers() if target.spec else ()) if s.name not in names],
+            },
+            "workload": {"layout": [s.load.to_json() for s in services]},
+            "client": {"library": "asyncio", "moetune": __version__},
+            "run_tag": None,
+            "slo": dict(spec.slo) if spec.slo else None,
+        }
+        meta = RunMeta(
+            kind=RunKind.SERVE_BENCH,
+            moetune_version=__version__,
+            argv=tuple(sys.argv),
+            started_unix=time.time(),
+            server=None,
+            model=ModelRef(name=", ".join(f"{s.name}: {s.model}" for s in services)),
+            host=HostRef.here(),
+            engine_build=first.launched.engine_build or first.info.build,
+            plan=target.doc,
+            launch_run=first.launched.launch_run,
+            launch=None,
+            details=details,
+        )
+        label = spec.label or "layout " + " ".join(f"{s.name}={s.load.kind}:{s.concurrency or 'rec'}" for s in services)
         run_id = db.create_run(meta, label=label, target=target.name)
         monitor.attach(db, run_id)
         for i, s in enumerate(services):
-            db.add_service(run_id, ServiceRecord(
-                name=s.name, position=i, server=s.info, model=model_ref(s.info.model_path, name=s.model),
-                launch=s.launched.facts, argv=s.launched.server.argv, workload=s.load.to_json()))
+            db.add_service(
+                run_id,
+                ServiceRecord(
+                    name=s.name,
+                    position=i,
+                    server=s.info,
+                    model=model_ref(s.info.model_path, name=s.model),
+                    launch=s.launched.facts,
+                    argv=s.launched.server.argv,
+                    workload=s.load.to_json(),
+                ),
+            )
         writer = w = SampleWriter(db, run_id)
         for s in services:
             monitor.phase(f"warmup {s.name}")
             await s.warmup(lambda r, s=s: w.add({**r.to_sample(), SERVICE: s.name}, "warmup"))  # type: ignore[misc]
         n = 0
         for rnd in range(spec.rounds):
-            for load in ((ALONE, SHARED) if rnd % 2 == 0 else (SHARED, ALONE)):
+            for load in (ALONE, SHARED) if rnd % 2 == 0 else (SHARED, ALONE):
                 if load == ALONE:
                     for s in services:
                         monitor.phase(alone_phase(s.name))
@@ -365,21 +462,47 @@ async def _bench(spec: LayoutSpec, target: Target, servers: dict[str, Launched],
                 levels = _levels(db, run_id, services, spec.slo)
                 advice = [a for s in services for a in s.advice]
                 lay = layout_figures(db, run_id, names, levels)
-                db.finish_run(run_id, status, {"levels": levels, "warnings": [a.to_json() for a in advice],
-                                               "layout": lay, **({"error": error} if error else {})})
+                db.finish_run(
+                    run_id,
+                    status,
+                    {
+                        "levels": levels,
+                        "warnings": [a.to_json() for a in advice],
+                        "layout": lay,
+                        **({"error": error} if error else {}),
+                    },
+                )
     assert run_id is not None
-    return layout_doc(db.run(run_id), levels, lay, [a for s in services for a in s.advice], db.services(run_id),
-                      samples=writer.count if writer else 0, slo=spec.slo)
+    return layout_doc(
+        db.run(run_id),
+        levels,
+        lay,
+        [a for s in services for a in s.advice],
+        db.services(run_id),
+        samples=writer.count if writer else 0,
+        slo=spec.slo,
+    )
 
 
-def layout_doc(run: Run, levels: list[dict[str, Any]], layout: dict[str, Any], advice: list[Warning],
-               services: list[ServiceRecord], *, samples: int, slo: dict[str, float] | None) -> dict[str, Any]:
+def layout_doc(
+    run: Run,
+    levels: list[dict[str, Any]],
+    layout: dict[str, Any],
+    advice: list[Warning],
+    services: list[ServiceRecord],
+    *,
+    samples: int,
+    slo: dict[str, float] | None,
+) -> dict[str, Any]:
     """serve-bench's document (:func:`moetune.bench.serve.run.report_doc`) with the ``layout``
     section: each service (its record), its contention and what was busy."""
     doc = report_doc(run, levels, advice, samples=samples, slo=slo)
-    doc["layout"] = {**layout, "services": [s.to_json() for s in services],
-                     "idle": (run.meta.details.get("layout") or {}).get("idle") or [], "rounds":
-                     (run.meta.details.get("layout") or {}).get("rounds")}
+    doc["layout"] = {
+        **layout,
+        "services": [s.to_json() for s in services],
+        "idle": (run.meta.details.get("layout") or {}).get("idle") or [],
+        "rounds": (run.meta.details.get("layout") or {}).get("rounds"),
+    }
     return doc
 
 
@@ -400,19 +523,28 @@ def is_layout_run(run: Run) -> bool:
 def check_loads(target: Target, loads: tuple[ServiceLoad, ...]) -> None:
     """Every loaded service is a server of the plan; a URL has no layout."""
     if target.spec is None:
-        raise InputError("--load drives the services of a layout plan; TARGET is a running server's URL",
-                         hint="give the plan `moetune plan --layout` wrote, or drop --load")
+        raise InputError(
+            "--load drives the services of a layout plan; TARGET is a running server's URL",
+            hint="give the plan `moetune plan --layout` wrote, or drop --load",
+        )
     if not loads:
         raise InputError("give at least one --load SERVICE=SPEC")
     names = [p.name for p in target.spec.servers()]
     for ld in loads:
         if ld.service not in names:
-            raise InputError(f"--load {ld.service}=: {target.name} has no such server (servers: {', '.join(names)})",
-                             hint="name a service of the layout (`moetune plan --layout` named them)")
+            raise InputError(
+                f"--load {ld.service}=: {target.name} has no such server (servers: {', '.join(names)})",
+                hint="name a service of the layout (`moetune plan --layout` named them)",
+            )
 
 
-def layout_bench(target: Target, spec: LayoutSpec, db: ResultsDB, log: Log = lambda s: None,
-                 on_snapshot: Callable[[Snapshot], None] | None = None) -> dict[str, Any]:
+def layout_bench(
+    target: Target,
+    spec: LayoutSpec,
+    db: ResultsDB,
+    log: Log = lambda s: None,
+    on_snapshot: Callable[[Snapshot], None] | None = None,
+) -> dict[str, Any]:
     """Launch the layout, run the loads alone and together, store it as one run; return its
     document (:func:`layout_doc`)."""
     check_loads(target, spec.loads)
@@ -421,10 +553,12 @@ def layout_bench(target: Target, spec: LayoutSpec, db: ResultsDB, log: Log = lam
     launch_id = new_launch_id()
     meter = LoadMeter()
     names = tuple(ld.service for ld in spec.loads)
-    with (RunMonitor(lambda: watches_of_launch(launch_id), load=meter.figures, on_snapshot=on_snapshot,
-                     phase="launch") as monitor,
-          launched_servers(target, names, timeout_s=spec.launch_timeout_s, status=log,
-                           launch_id=launch_id) as servers):
+    with (
+        RunMonitor(
+            lambda: watches_of_launch(launch_id), load=meter.figures, on_snapshot=on_snapshot, phase="launch"
+        ) as monitor,
+        launched_servers(target, names, timeout_s=spec.launch_timeout_s, status=log, launch_id=launch_id) as servers,
+    ):
         doc = run_loop(_bench(spec, target, servers, db, log, monitor, meter))
     run = db.run(doc["run"]["id"])
     flags = run.flags()

@@ -42,9 +42,11 @@ class ServerGone(RuntimeFailure):
     """The server stopped answering during a level: its samples so far are stored, the rest unsent."""
 
     def __init__(self, failed_in_a_row: int, last_error: str, records: list[RequestRecord], done: int) -> None:
-        super().__init__(f"the server stopped answering: {failed_in_a_row} requests in a row got no answer "
-                         f"({last_error}); the level was stopped, {done} requests were measured",
-                         hint="the server crashed or was stopped; its log says why (`moetune doctor` for a launch)")
+        super().__init__(
+            f"the server stopped answering: {failed_in_a_row} requests in a row got no answer "
+            f"({last_error}); the level was stopped, {done} requests were measured",
+            hint="the server crashed or was stopped; its log says why (`moetune doctor` for a launch)",
+        )
         self.records = records  # empty unless run_level kept them
         self.done = done
 
@@ -82,8 +84,12 @@ class LoadMeter:
                 self._itl.append((arrivals[-1] - arrivals[0]) / (tokens - 1))
 
     def figures(self) -> dict[str, float]:
-        out = {"requests_in_flight": float(self.in_flight), "requests_done_total": float(self.done),
-               "errors_total": float(self.errors), "output_tokens_total": float(self.output_tokens)}
+        out = {
+            "requests_in_flight": float(self.in_flight),
+            "requests_done_total": float(self.done),
+            "errors_total": float(self.errors),
+            "output_tokens_total": float(self.output_tokens),
+        }
         if self._ttft:
             out["ttft_recent_median_seconds"] = statistics.median(self._ttft)
         if self._itl:
@@ -92,8 +98,11 @@ class LoadMeter:
 
 
 def _unanswered(rec: RequestRecord) -> bool:
-    return rec.status is None and rec.error is not None and rec.error.split(":")[0].removesuffix(
-        "_after_retries") in _UNANSWERED
+    return (
+        rec.status is None
+        and rec.error is not None
+        and rec.error.split(":")[0].removesuffix("_after_retries") in _UNANSWERED
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +159,16 @@ class RequestOptions:
 
 def request_body(p: ChatPrompt, o: RequestOptions) -> bytes:
     doc: dict[str, Any] = {
-        "model": o.model, "messages": p.messages(), "stream": True, "max_tokens": p.max_tokens,
+        "model": o.model,
+        "messages": p.messages(),
+        "stream": True,
+        "max_tokens": p.max_tokens,
         # usage in every chunk where the server can (vLLM, SGLang): tokens per chunk, as timings_per_token
         # gives them on llama-server; usage at the end at least everywhere else
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "timings_per_token": True,
-        "cache_prompt": o.cache_prompt, "ignore_eos": o.ignore_eos,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "timings_per_token": True,
+        "cache_prompt": o.cache_prompt,
+        "ignore_eos": o.ignore_eos,
     }
     if o.thinking is not None:
         doc["chat_template_kwargs"] = {"enable_thinking": o.thinking}
@@ -180,10 +194,19 @@ async def _sleep_until(t: float) -> None:
         await asyncio.sleep(delay)
 
 
-async def run_level(http: StreamingHttp, prompts: Sequence[Prompt | Prepared], spec: LoadSpec, options: RequestOptions,
-                    on_sample: Callable[[RequestRecord], None], *, first_index: int = 0,
-                    progress: Callable[[int], None] | None = None, max_retries: int = 2,
-                    meter: LoadMeter | None = None, keep: bool = True) -> list[RequestRecord]:
+async def run_level(
+    http: StreamingHttp,
+    prompts: Sequence[Prompt | Prepared],
+    spec: LoadSpec,
+    options: RequestOptions,
+    on_sample: Callable[[RequestRecord], None],
+    *,
+    first_index: int = 0,
+    progress: Callable[[int], None] | None = None,
+    max_retries: int = 2,
+    meter: LoadMeter | None = None,
+    keep: bool = True,
+) -> list[RequestRecord]:
     """Run one load level; return its records (each was also given to ``on_sample`` as it ended).
     With ``keep=False`` none are kept and the list is empty: a caller that stores each sample as it
     comes reads them back from there, and a long level does not pile its records up in memory."""
@@ -214,22 +237,30 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt | Prepared], s
     async def one(i: int, t_sched: float, t_slot: float | None) -> None:
         p = prompts[i % len(prompts)]
         path = p.path if isinstance(p, Prepared) else CHAT_PATH
-        rec = RequestRecord(index=first_index + i, concurrency=spec.concurrency, rate=spec.rate,
-                            prompt_tokens=p.prompt_tokens, max_tokens=p.max_tokens, t_sched=t_sched,
-                            prompt_source=p.source if isinstance(p, Prompt) else None)
+        rec = RequestRecord(
+            index=first_index + i,
+            concurrency=spec.concurrency,
+            rate=spec.rate,
+            prompt_tokens=p.prompt_tokens,
+            max_tokens=p.max_tokens,
+            t_sched=t_sched,
+            prompt_source=p.source if isinstance(p, Prompt) else None,
+        )
         if t_slot is None:
             async with slots:
                 rec.t_slot = time.monotonic()
                 if meter:
                     meter.started()
-                await stream_chat(http, bodies[i % len(bodies)], rec, max_retries=max_retries,
-                                  timeout_s=options.timeout_s, path=path)
+                await stream_chat(
+                    http, bodies[i % len(bodies)], rec, max_retries=max_retries, timeout_s=options.timeout_s, path=path
+                )
         else:
             rec.t_slot = t_slot
             if meter:
                 meter.started()
-            await stream_chat(http, bodies[i % len(bodies)], rec, max_retries=max_retries,
-                              timeout_s=options.timeout_s, path=path)
+            await stream_chat(
+                http, bodies[i % len(bodies)], rec, max_retries=max_retries, timeout_s=options.timeout_s, path=path
+            )
         if meter:
             meter.finished(rec)
         nonlocal in_a_row, done, last_error
@@ -244,6 +275,7 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt | Prepared], s
 
     slots = asyncio.Semaphore(spec.concurrency)
     if spec.rate is None and spec.offsets is None:
+
         async def worker() -> None:
             while (i := take()) is not None:
                 t = time.monotonic()
@@ -254,8 +286,11 @@ async def run_level(http: StreamingHttp, prompts: Sequence[Prompt | Prepared], s
                 tg.create_task(worker())
     else:
         async with asyncio.TaskGroup() as tg:
-            due_times = spec.offsets if spec.offsets is not None else \
-                arrival_offsets(spec.rate or 0.0, spec.arrivals, spec.seed)
+            due_times = (
+                spec.offsets
+                if spec.offsets is not None
+                else arrival_offsets(spec.rate or 0.0, spec.arrivals, spec.seed)
+            )
             for i, offset in enumerate(due_times):
                 due = t0 + offset
                 if spec.requests is not None and i >= spec.requests:

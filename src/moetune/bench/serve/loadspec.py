@@ -37,6 +37,7 @@ def _int(lo: int) -> Callable[[str], int]:
         if n < lo:
             raise ValueError(f"at least {lo}")
         return n
+
     parse.__doc__ = f"an integer, at least {lo}"
     return parse
 
@@ -47,6 +48,7 @@ def _float(lo: float, open_: bool = False) -> Callable[[str], float]:
         if x < lo or (open_ and x == lo):
             raise ValueError("too small")
         return x
+
     parse.__doc__ = f"a number {'above' if open_ else 'at least'} {lo:g}"
     return parse
 
@@ -63,6 +65,7 @@ def _choice(*options: str) -> Callable[[str], str]:
         if v not in options:
             raise ValueError("not a choice")
         return v
+
     parse.__doc__ = " or ".join(options)
     return parse
 
@@ -95,20 +98,50 @@ def _speed(v: str) -> str:
 
 # key -> how its value is read; the keys are serve-bench's option names (a dash for each underscore)
 KEYS: dict[str, Callable[[str], Any]] = {
-    "concurrency": _int(1), "rate": _float(0, True), "arrivals": _choice(*ARRIVALS), "requests": _int(1),
-    "duration": _float(0, True), "input-len": _int(1), "output-len": _int(1), "dataset": _file,
-    "tokenizer": _file, "warmup": _int(0), "seed": _int(-2**31), "prefix-cache": _flag,
-    "thinking": _choice("on", "off", "default"), "timeout": _float(1), "model": _text,
-    "replay": _file, "speed": _speed,
-    "sessions": _int(1), "turns": _int(1), "system-tokens": _int(16), "turn-tokens": _int(1),
-    "think-time": _float(0), "strip-thinking": _flag,
+    "concurrency": _int(1),
+    "rate": _float(0, True),
+    "arrivals": _choice(*ARRIVALS),
+    "requests": _int(1),
+    "duration": _float(0, True),
+    "input-len": _int(1),
+    "output-len": _int(1),
+    "dataset": _file,
+    "tokenizer": _file,
+    "warmup": _int(0),
+    "seed": _int(-(2**31)),
+    "prefix-cache": _flag,
+    "thinking": _choice("on", "off", "default"),
+    "timeout": _float(1),
+    "model": _text,
+    "replay": _file,
+    "speed": _speed,
+    "sessions": _int(1),
+    "turns": _int(1),
+    "system-tokens": _int(16),
+    "turn-tokens": _int(1),
+    "think-time": _float(0),
+    "strip-thinking": _flag,
 }
 ALIASES = {"c": "concurrency", "prompt": "input-len", "output": "output-len"}
 FLAGS = ("prefix-cache", "strip-thinking")  # a key alone turns these on
 LEVEL_KEYS = ("concurrency", "rate", "arrivals", "requests", "duration", "input-len", "dataset", "prefix-cache")
 SESSION_KEYS = ("turns", "system-tokens", "turn-tokens", "think-time", "strip-thinking")
-NOT_WITH_REPLAY = ("rate", "arrivals", "dataset", "input-len", "output-len", "requests", "duration", "warmup",
-                   "seed", "prefix-cache", "thinking", "tokenizer", *SESSION_KEYS, "sessions")
+NOT_WITH_REPLAY = (
+    "rate",
+    "arrivals",
+    "dataset",
+    "input-len",
+    "output-len",
+    "requests",
+    "duration",
+    "warmup",
+    "seed",
+    "prefix-cache",
+    "thinking",
+    "tokenizer",
+    *SESSION_KEYS,
+    "sessions",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,8 +179,10 @@ class ServiceLoad:
             return f"replay of {self.replay.name} at {self.speed}{c}"
         if s.sessions is not None:
             ss = s.sessions
-            return (f"{ss.sessions} sessions x {ss.turns} turns ({ss.system_tokens} system + {ss.turn_tokens} per "
-                    f"turn + {ss.output_len} reply tokens)")
+            return (
+                f"{ss.sessions} sessions x {ss.turns} turns ({ss.system_tokens} system + {ss.turn_tokens} per "
+                f"turn + {ss.output_len} reply tokens)"
+            )
         n = s.level_requests(s.concurrency[0])
         size = f"{s.dataset.name}" if s.dataset is not None else f"{s.input_len} prompt tokens"
         out = f"{s.output_len or 64} output" if s.dataset is None or s.output_len else "the replies' lengths"
@@ -158,11 +193,19 @@ class ServiceLoad:
     def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
 
-        w = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.spec).items()
-             if k not in ("url", "label", "slo")}
-        return {"service": self.service, "kind": self.kind, "describe": self.describe(),
-                "replay": None if self.replay is None else str(self.replay.resolve()), "speed": self.speed,
-                "workload": w}
+        w = {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in asdict(self.spec).items()
+            if k not in ("url", "label", "slo")
+        }
+        return {
+            "service": self.service,
+            "kind": self.kind,
+            "describe": self.describe(),
+            "replay": None if self.replay is None else str(self.replay.resolve()),
+            "speed": self.speed,
+            "workload": w,
+        }
 
 
 def split_load(text: str) -> tuple[str, str]:
@@ -170,8 +213,10 @@ def split_load(text: str) -> tuple[str, str]:
     name, sep, spec = text.partition("=")
     name = name.strip()
     if not sep or not name:
-        raise InputError(f"--load {text!r}: give SERVICE=SPEC, e.g. main=concurrency:1,requests:8",
-                         hint="SERVICE is a server of the layout plan (`moetune plan --layout` names them)")
+        raise InputError(
+            f"--load {text!r}: give SERVICE=SPEC, e.g. main=concurrency:1,requests:8",
+            hint="SERVICE is a server of the layout plan (`moetune plan --layout` names them)",
+        )
     return name, spec.strip()
 
 
@@ -218,16 +263,19 @@ def service_load(service: str, keys: Mapping[str, Any], defaults: Mapping[str, A
     if "replay" in k:
         bad = [x for x in NOT_WITH_REPLAY if x in given]
         if bad:
-            raise InputError(f"{where}: a replay sends the recorded requests as they are: drop {', '.join(bad)}",
-                             hint="speed paces the replay, concurrency bounds the requests in flight")
+            raise InputError(
+                f"{where}: a replay sends the recorded requests as they are: drop {', '.join(bad)}",
+                hint="speed paces the replay, concurrency bounds the requests in flight",
+            )
     elif "speed" in given:
         raise InputError(f"{where}: speed paces a replay", hint="add replay:FILE, or drop speed")
     if "sessions" in k and "replay" not in k:
         bad = [x for x in LEVEL_KEYS if x in given]
         if bad:
-            raise InputError(f"{where}: sessions run conversations, not load levels: {', '.join(bad)} do not apply",
-                             hint="the sessions are the concurrency; their sizes are system-tokens, turn-tokens "
-                                  "and output-len")
+            raise InputError(
+                f"{where}: sessions run conversations, not load levels: {', '.join(bad)} do not apply",
+                hint="the sessions are the concurrency; their sizes are system-tokens, turn-tokens and output-len",
+            )
     elif "sessions" not in k:
         bad = [x for x in SESSION_KEYS if x in given]
         if bad:
@@ -236,23 +284,41 @@ def service_load(service: str, keys: Mapping[str, Any], defaults: Mapping[str, A
         clash("dataset", "input-len")
         clash("requests", "duration")
     if k.get("strip-thinking") and k.get("thinking") == "off":
-        raise InputError(f"{where}: strip-thinking removes the reasoning, and with thinking:off the replies "
-                         "have none", hint="drop one of them")
+        raise InputError(
+            f"{where}: strip-thinking removes the reasoning, and with thinking:off the replies have none",
+            hint="drop one of them",
+        )
     sessions = None
     if "sessions" in k and "replay" not in k:
-        sessions = SessionSpec(sessions=k["sessions"], turns=k.get("turns", 4),
-                               system_tokens=k.get("system-tokens", 512), turn_tokens=k.get("turn-tokens", 128),
-                               output_len=k.get("output-len", 64), think_time_s=k.get("think-time", 0.0),
-                               strip_thinking=bool(k.get("strip-thinking")))
+        sessions = SessionSpec(
+            sessions=k["sessions"],
+            turns=k.get("turns", 4),
+            system_tokens=k.get("system-tokens", 512),
+            turn_tokens=k.get("turn-tokens", 128),
+            output_len=k.get("output-len", 64),
+            think_time_s=k.get("think-time", 0.0),
+            strip_thinking=bool(k.get("strip-thinking")),
+        )
     spec = ServeBenchSpec(
-        url="", concurrency=(k.get("concurrency", 1),), rate=k.get("rate"), arrivals=k.get("arrivals", "poisson"),
-        dataset=k.get("dataset"), input_len=k.get("input-len", 128), output_len=k.get("output-len"),
-        requests=k.get("requests"), duration_s=k.get("duration"), warmup=k.get("warmup", 2), seed=k.get("seed", 0),
+        url="",
+        concurrency=(k.get("concurrency", 1),),
+        rate=k.get("rate"),
+        arrivals=k.get("arrivals", "poisson"),
+        dataset=k.get("dataset"),
+        input_len=k.get("input-len", 128),
+        output_len=k.get("output-len"),
+        requests=k.get("requests"),
+        duration_s=k.get("duration"),
+        warmup=k.get("warmup", 2),
+        seed=k.get("seed", 0),
         prefix_cache=bool(k.get("prefix-cache", False)),
-        thinking={"on": True, "off": False}.get(k.get("thinking", "default")), timeout_s=k.get("timeout", 600),
-        model=k.get("model"), sessions=sessions, tokenizer=k.get("tokenizer"))
-    return ServiceLoad(service=service, spec=spec, replay=k.get("replay"), speed=k.get("speed", "1x"),
-                       keys=tuple(keys))
+        thinking={"on": True, "off": False}.get(k.get("thinking", "default")),
+        timeout_s=k.get("timeout", 600),
+        model=k.get("model"),
+        sessions=sessions,
+        tokenizer=k.get("tokenizer"),
+    )
+    return ServiceLoad(service=service, spec=spec, replay=k.get("replay"), speed=k.get("speed", "1x"), keys=tuple(keys))
 
 
 def parse_loads(texts: tuple[str, ...] | list[str], defaults: Mapping[str, Any] | None = None) -> list[ServiceLoad]:

@@ -171,9 +171,16 @@ def _deltas(choices: Any) -> tuple[str, str, bool, str | None] | None:
     return "".join(contents), "".join(reasons), tool, finish
 
 
-async def stream_chat(http: StreamingHttp, body: bytes, rec: RequestRecord, *, max_retries: int = 2,
-                      timeout_s: float | None = None, path: str = CHAT_PATH,
-                      on_text: Callable[[str, str], None] | None = None) -> None:
+async def stream_chat(
+    http: StreamingHttp,
+    body: bytes,
+    rec: RequestRecord,
+    *,
+    max_retries: int = 2,
+    timeout_s: float | None = None,
+    path: str = CHAT_PATH,
+    on_text: Callable[[str, str], None] | None = None,
+) -> None:
     """Send one streaming chat request (or, to another ``path``, a completion) and record it. Never
     raises for transport or HTTP errors; a request not complete within ``timeout_s`` (retries
     included) ends as a ``timeout`` error. ``on_text`` gets the text of each event (content,
@@ -186,8 +193,14 @@ async def stream_chat(http: StreamingHttp, body: bytes, rec: RequestRecord, *, m
     rec.t_end = time.monotonic()
 
 
-async def _attempts(http: StreamingHttp, body: bytes, rec: RequestRecord, max_retries: int, path: str,
-                    on_text: Callable[[str, str], None] | None = None) -> None:
+async def _attempts(
+    http: StreamingHttp,
+    body: bytes,
+    rec: RequestRecord,
+    max_retries: int,
+    path: str,
+    on_text: Callable[[str, str], None] | None = None,
+) -> None:
     clock = time.monotonic
     for attempt in range(max_retries + 1):
         rec.t_attempt = rec.t_send = clock()

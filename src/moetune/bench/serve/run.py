@@ -145,7 +145,8 @@ def check_context(spec: ServeBenchSpec, info: ServerInfo) -> None:
                 f"--system-tokens {ss.system_tokens} + --turns {ss.turns} x (--turn-tokens {ss.turn_tokens} + "
                 f"--output-len {ss.output_len}) = {need} tokens do not fit the server's per-slot context of "
                 f"{info.n_ctx_slot} tokens ({slots} slot(s)), chat template aside",
-                hint=f"lower them, or restart llama-server with --parallel {slots} -c {slots * need * 5 // 4} or more")
+                hint=f"lower them, or restart llama-server with --parallel {slots} -c {slots * need * 5 // 4} or more",
+            )
         return
     if spec.dataset is not None or info.n_ctx_slot is None:
         return
@@ -155,11 +156,13 @@ def check_context(spec: ServeBenchSpec, info: ServerInfo) -> None:
         raise InputError(
             f"--input-len {spec.input_len} + --output-len {spec.output_len or 64} = {need} tokens do not fit the "
             f"server's per-slot context of {info.n_ctx_slot} tokens ({slots} slot(s))",
-            hint=f"lower them, or restart llama-server with --parallel {slots} -c {slots * need} or more")
+            hint=f"lower them, or restart llama-server with --parallel {slots} -c {slots * need} or more",
+        )
 
 
-async def level_prompts(spec: ServeBenchSpec, counter: TokenCounter, info: ServerInfo, n: int,
-                        run_tag: str) -> tuple[list[Prompt], int]:
+async def level_prompts(
+    spec: ServeBenchSpec, counter: TokenCounter, info: ServerInfo, n: int, run_tag: str
+) -> tuple[list[Prompt], int]:
     """``n`` prompts of the spec's workload (synthetic, or from its dataset), counted exactly where
     the server or a tokenizer can; and how many dataset entries were too long for a slot."""
     unique = not spec.prefix_cache
@@ -167,13 +170,21 @@ async def level_prompts(spec: ServeBenchSpec, counter: TokenCounter, info: Serve
     counted = info.caps.exact_prompts or predicted
     if spec.dataset is None:
         fit = synthetic_prompts if counted else probed_prompts
-        prompts = await fit(counter, n, spec.input_len, spec.output_len or 64, seed=spec.seed,
-                            run_tag=run_tag, unique=unique)
+        prompts = await fit(
+            counter, n, spec.input_len, spec.output_len or 64, seed=spec.seed, run_tag=run_tag, unique=unique
+        )
         skipped = 0
     else:
-        pick = await dataset_prompts(counter if counted else None, load_sharegpt(spec.dataset), n,
-                                     output_len=spec.output_len, n_ctx_slot=info.n_ctx_slot, seed=spec.seed,
-                                     run_tag=run_tag, unique=unique)
+        pick = await dataset_prompts(
+            counter if counted else None,
+            load_sharegpt(spec.dataset),
+            n,
+            output_len=spec.output_len,
+            n_ctx_slot=info.n_ctx_slot,
+            seed=spec.seed,
+            run_tag=run_tag,
+            unique=unique,
+        )
         prompts, skipped = pick.prompts, pick.skipped_overlong
     return ([replace(p, source=SOURCE) for p in prompts] if predicted else prompts), skipped
 
@@ -183,17 +194,22 @@ def _level_line(lv: dict[str, Any]) -> str:
         return "-" if x is None else f"{x:.1f}"
 
     errs = sum(lv["errors"].values())
-    return (f"c={lv['concurrency']}: {lv['ok']}/{lv['requests']} ok{f', {errs} errors' if errs else ''}, "
-            f"TTFT p50 {f(lv['ttft_ms']['p50'])} ms, ITL p50 {f(lv['itl_ms']['p50'])} ms, "
-            f"{f(lv['output_tok_s'])} tok/s ({f(lv['duration_s'])} s)" + _goodput_part(lv.get("goodput"))
-            + _predicted_part(lv.get("prompt_token_error")))
+    return (
+        f"c={lv['concurrency']}: {lv['ok']}/{lv['requests']} ok{f', {errs} errors' if errs else ''}, "
+        f"TTFT p50 {f(lv['ttft_ms']['p50'])} ms, ITL p50 {f(lv['itl_ms']['p50'])} ms, "
+        f"{f(lv['output_tok_s'])} tok/s ({f(lv['duration_s'])} s)"
+        + _goodput_part(lv.get("goodput"))
+        + _predicted_part(lv.get("prompt_token_error"))
+    )
 
 
 def _predicted_part(e: dict[str, Any] | None) -> str:
     if not e:
         return ""
-    return (f", prompt lengths predicted within {e['mean_pct']:.2f}% of the server's (mean; max "
-            f"{e['max_pct']:.2f}%, {e['mismatched']} of {e['requests']} off)")
+    return (
+        f", prompt lengths predicted within {e['mean_pct']:.2f}% of the server's (mean; max "
+        f"{e['max_pct']:.2f}%, {e['mismatched']} of {e['requests']} off)"
+    )
 
 
 def _goodput_part(g: dict[str, Any] | None) -> str:
@@ -217,12 +233,28 @@ class _Run:
     label: str
 
 
-async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, source: ServerSource, db: ResultsDB,
-                 log: Callable[[str], None], monitor: RunMonitor, sweep_id: str | None = None) -> _Run:
+async def _setup(
+    spec: ServeBenchSpec,
+    http: StreamingHttp,
+    info: ServerInfo,
+    source: ServerSource,
+    db: ResultsDB,
+    log: Callable[[str], None],
+    monitor: RunMonitor,
+    sweep_id: str | None = None,
+) -> _Run:
     model = spec.model or await _model_name(http)
     run_tag = os.urandom(2).hex()
-    counter = token_counter(http, info, model, spec.thinking, tokenizer=spec.tokenizer, log=log,
-                            probe_tag=f"{run_tag}.probe", seed=spec.seed)
+    counter = token_counter(
+        http,
+        info,
+        model,
+        spec.thinking,
+        tokenizer=spec.tokenizer,
+        log=log,
+        probe_tag=f"{run_tag}.probe",
+        seed=spec.seed,
+    )
     pools = [spec.prompt_pool(c) for c in spec.concurrency]
     t = time.monotonic()
     prompts, skipped = await level_prompts(spec, counter, info, spec.warmup + sum(pools), run_tag)
@@ -231,24 +263,37 @@ async def _setup(spec: ServeBenchSpec, http: StreamingHttp, info: ServerInfo, so
     log(prepared_line(f"{len(prompts)} prompts", counter, time.monotonic() - t))
     tokenizer = counter.describe() if isinstance(counter, TokenizerCounter) else None
     advice = run_warnings(info, list(spec.concurrency), skipped, tokenizer=tokenizer)
-    workload = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()
-                if k not in ("url", "label", "slo")}
+    workload = {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items() if k not in ("url", "label", "slo")
+    }
     ln = source.current
     meta = RunMeta(
-        kind=RunKind.SERVE_BENCH, moetune_version=__version__, argv=tuple(sys.argv), started_unix=time.time(),
-        server=info, model=model_ref(info.model_path, name=model),
-        host=HostRef.here(), engine_build=(ln.engine_build if ln else None) or info.build,
+        kind=RunKind.SERVE_BENCH,
+        moetune_version=__version__,
+        argv=tuple(sys.argv),
+        started_unix=time.time(),
+        server=info,
+        model=model_ref(info.model_path, name=model),
+        host=HostRef.here(),
+        engine_build=(ln.engine_build if ln else None) or info.build,
         plan=source.plan.doc if isinstance(source, PlanServers) else None,
         launch_run=ln.launch_run if ln else None,
         launch=ln.facts if ln else None,
-        details={"workload": workload, "client": {"library": "asyncio", "moetune": __version__},
-                 "run_tag": run_tag, "skipped_overlong": skipped, "slo": dict(spec.slo) if spec.slo else None,
-                 **({"tokenizer": tokenizer} if tokenizer is not None else {})})
+        details={
+            "workload": workload,
+            "client": {"library": "asyncio", "moetune": __version__},
+            "run_tag": run_tag,
+            "skipped_overlong": skipped,
+            "slo": dict(spec.slo) if spec.slo else None,
+            **({"tokenizer": tokenizer} if tokenizer is not None else {}),
+        },
+    )
     label = spec.label or f"serve c={','.join(map(str, spec.concurrency))}"
     run_id = db.create_run(meta, label=label, target=source.target, sweep_id=sweep_id)
     monitor.attach(db, run_id)
-    options = RequestOptions(model=model, cache_prompt=spec.prefix_cache, thinking=spec.thinking,
-                             timeout_s=spec.timeout_s)
+    options = RequestOptions(
+        model=model, cache_prompt=spec.prefix_cache, thinking=spec.thinking, timeout_s=spec.timeout_s
+    )
     return _Run(run_id, SampleWriter(db, run_id), prompts, pools, options, meta, advice, label)
 
 
@@ -276,8 +321,15 @@ async def _connect(spec: ServeBenchSpec, url: str) -> tuple[StreamingHttp, Serve
     return http, info
 
 
-async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log: Callable[[str], None],
-                 monitor: RunMonitor, meter: LoadMeter, sweep_id: str | None = None) -> dict[str, Any]:
+async def _bench(
+    spec: ServeBenchSpec,
+    source: ServerSource,
+    db: ResultsDB,
+    log: Callable[[str], None],
+    monitor: RunMonitor,
+    meter: LoadMeter,
+    sweep_id: str | None = None,
+) -> dict[str, Any]:
     http: StreamingHttp | None = None
     run: _Run | None = None
     levels: list[dict[str, Any]] = []
@@ -297,20 +349,40 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
                 run = await _setup(spec, http, info, source, db, log, monitor, sweep_id)
             if spec.warmup and (i == 0 or fresh):
                 monitor.phase(f"warmup c={c}")
-                await run_level(http, run.prompts[:spec.warmup], LoadSpec(1, requests=spec.warmup), run.options,
-                                _sink(run.writer, "warmup"), first_index=-spec.warmup)
+                await run_level(
+                    http,
+                    run.prompts[: spec.warmup],
+                    LoadSpec(1, requests=spec.warmup),
+                    run.options,
+                    _sink(run.writer, "warmup"),
+                    first_index=-spec.warmup,
+                )
             monitor.phase(f"c={c}")
             pool = run.pools[i]
-            pass_prompts = run.prompts[offset:offset + pool] or run.prompts
+            pass_prompts = run.prompts[offset : offset + pool] or run.prompts
             offset += pool
-            load = LoadSpec(c, requests=spec.level_requests(c), duration_s=spec.duration_s, rate=spec.rate,
-                            arrivals=spec.arrivals, seed=spec.seed + c)
+            load = LoadSpec(
+                c,
+                requests=spec.level_requests(c),
+                duration_s=spec.duration_s,
+                rate=spec.rate,
+                arrivals=spec.arrivals,
+                seed=spec.seed + c,
+            )
             before = run.writer.stored.get("measure", 0)
             try:
                 # the level's records are not kept: each is stored as it ends, and its figures are read
                 # back from the history (a long level's records would grow without bound)
-                await run_level(http, pass_prompts, load, run.options, _sink(run.writer, "measure"),
-                                first_index=offset, meter=meter, keep=False)
+                await run_level(
+                    http,
+                    pass_prompts,
+                    load,
+                    run.options,
+                    _sink(run.writer, "measure"),
+                    first_index=offset,
+                    meter=meter,
+                    keep=False,
+                )
             except ServerGone as gone:
                 level = _stored_level(run, db, before, spec.slo)
                 level["stopped"] = str(gone)
@@ -330,34 +402,67 @@ async def _bench(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log:
         if http is not None:
             await http.aclose()
         if run is not None:
-            finish_levels(db, run.run_id, run.writer, status, levels, run.advice, error=error,
-                          slots=run.meta.server.slots if run.meta.server else None, prefix_cache=spec.prefix_cache)
+            finish_levels(
+                db,
+                run.run_id,
+                run.writer,
+                status,
+                levels,
+                run.advice,
+                error=error,
+                slots=run.meta.server.slots if run.meta.server else None,
+                prefix_cache=spec.prefix_cache,
+            )
     assert run is not None
     return report_doc(db.run(run.run_id), levels, run.advice, samples=run.writer.count, slo=spec.slo)
 
 
-def finish_levels(db: ResultsDB, run_id: int, writer: SampleWriter, status: RunStatus, levels: list[dict[str, Any]],
-                  advice: list[Warning], *, slots: int | None, prefix_cache: bool, error: str | None,
-                  extra: dict[str, Any] | None = None) -> None:
+def finish_levels(
+    db: ResultsDB,
+    run_id: int,
+    writer: SampleWriter,
+    status: RunStatus,
+    levels: list[dict[str, Any]],
+    advice: list[Warning],
+    *,
+    slots: int | None,
+    prefix_cache: bool,
+    error: str | None,
+    extra: dict[str, Any] | None = None,
+) -> None:
     """The end of a serve-bench run, whatever ended it: its samples drained into the history, its
     levels annotated with their warnings, its status and summary stored (``extra`` beside the levels)."""
     try:
         writer.close()
     finally:
         annotate(levels, slots=slots, prefix_cache=prefix_cache)
-        db.finish_run(run_id, status, {"levels": levels, "warnings": [a.to_json() for a in advice], **(extra or {}),
-                                       **({"error": error} if error else {})})
+        db.finish_run(
+            run_id,
+            status,
+            {
+                "levels": levels,
+                "warnings": [a.to_json() for a in advice],
+                **(extra or {}),
+                **({"error": error} if error else {}),
+            },
+        )
 
 
-def stored_report(db: ResultsDB, run: Run, slo: dict[str, float] | None = None, *,
-                  tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None) -> dict[str, Any]:
+def stored_report(
+    db: ResultsDB,
+    run: Run,
+    slo: dict[str, float] | None = None,
+    *,
+    tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
+) -> dict[str, Any]:
     """:func:`report_doc` of a stored serve-bench run, its figures and warnings derived again from
     its samples (what each level ran on, a plan relaunched per level, is read from its summary).
     Goodput is judged by ``slo`` when given, else by the targets the run was measured with. The
     samples are streamed once (a long run is never held whole); ``tap`` sees each as it passes."""
     if run.kind != RunKind.SERVE_BENCH:
-        raise InputError(f"run {run.id} is a {run.kind} run, not {RunKind.SERVE_BENCH}",
-                         hint="see `moetune results show`")
+        raise InputError(
+            f"run {run.id} is a {run.kind} run, not {RunKind.SERVE_BENCH}", hint="see `moetune results show`"
+        )
     m = run.meta
     server = None if m.server is None else m.server.to_json()
     slo = slo or m.details.get("slo") or None
@@ -374,8 +479,11 @@ def stored_report(db: ResultsDB, run: Run, slo: dict[str, float] | None = None, 
     stored = {(lv["concurrency"], lv["rate"]): lv for lv in (run.summary or {}).get("levels", [])}
     for lv in levels:
         lv["server"] = stored.get((lv["concurrency"], lv["rate"]), {}).get("server", server)
-    annotate(levels, slots=m.server.slots if m.server else None,
-             prefix_cache=bool(ss or m.details.get("workload", {}).get("prefix_cache")))
+    annotate(
+        levels,
+        slots=m.server.slots if m.server else None,
+        prefix_cache=bool(ss or m.details.get("workload", {}).get("prefix_cache")),
+    )
     advice = [Warning.from_json(w) for w in (run.summary or {}).get("warnings") or []]
     sessions = None
     if ss:
@@ -383,33 +491,58 @@ def stored_report(db: ResultsDB, run: Run, slo: dict[str, float] | None = None, 
     return report_doc(run, levels, advice, samples=sum(lv["requests"] for lv in levels), slo=slo, sessions=sessions)
 
 
-def report_doc(run: Run, levels: list[dict[str, Any]], advice: list[Warning], *, samples: int,
-               slo: dict[str, float] | None = None, sessions: dict[str, Any] | None = None) -> dict[str, Any]:
+def report_doc(
+    run: Run,
+    levels: list[dict[str, Any]],
+    advice: list[Warning],
+    *,
+    samples: int,
+    slo: dict[str, float] | None = None,
+    sessions: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The document `serve-bench --json` and `serve-report --json` print: the run (as every
     command names it), what it measured with, its warnings, the latency targets its goodput is
     judged by (``slo``, null without), the ``--tokenizer`` that counted its prompts and the chat
     template's tokens it measured (null without), and one entry per load level; an agent-sessions
     run adds ``sessions`` (:func:`moetune.bench.analysis.sessions.summarize_sessions`)."""
     m = run.meta
-    return {"run": {**run.header(), "server": None if m.server is None else m.server.to_json(),
-                    "model": m.model.to_json(), "client": m.details.get("client"),
-                    "workload": m.details.get("workload"), "warnings": [a.message for a in advice],
-                    "advice": [a.to_json() for a in advice], "samples": samples,
-                    "slo": dict(slo) if slo else None, "tokenizer": m.details.get("tokenizer"),
-                    "flags": run.flags().to_json()},
-            "levels": levels, **({"sessions": sessions} if sessions is not None else {})}
+    return {
+        "run": {
+            **run.header(),
+            "server": None if m.server is None else m.server.to_json(),
+            "model": m.model.to_json(),
+            "client": m.details.get("client"),
+            "workload": m.details.get("workload"),
+            "warnings": [a.message for a in advice],
+            "advice": [a.to_json() for a in advice],
+            "samples": samples,
+            "slo": dict(slo) if slo else None,
+            "tokenizer": m.details.get("tokenizer"),
+            "flags": run.flags().to_json(),
+        },
+        "levels": levels,
+        **({"sessions": sessions} if sessions is not None else {}),
+    }
 
 
-def server_source(spec: ServeBenchSpec, target: str, *, match_slots: bool, server: str | None,
-                  status: Callable[[str], None], transport: str | None = None,
-                  rdma_dev: str | None = None) -> ServerSource:
+def server_source(
+    spec: ServeBenchSpec,
+    target: str,
+    *,
+    match_slots: bool,
+    server: str | None,
+    status: Callable[[str], None],
+    transport: str | None = None,
+    rdma_dev: str | None = None,
+) -> ServerSource:
     """TARGET (a URL, or a plan moetune launches with ``transport``) as the source of each level's server."""
     t = with_transport(resolve(target, server), transport, rdma_dev)
     if t.url is not None:
         if match_slots:
-            raise InputError("--match-slots resizes a server moetune starts from a plan; it cannot change a "
-                             "running one", hint="restart the server with --parallel N and -c N x per-slot context, "
-                                                 "or give a plan")
+            raise InputError(
+                "--match-slots resizes a server moetune starts from a plan; it cannot change a running one",
+                hint="restart the server with --parallel N and -c N x per-slot context, or give a plan",
+            )
         return RunningServer(t.url)
     # each slot needs room for a synthetic prompt and its output (a whole session); a dataset's vary (4096 then)
     need = spec.input_len + (spec.output_len or 64) if spec.dataset is None else 4096
@@ -425,14 +558,21 @@ def _watches(src: ServerSource) -> Callable[[], list[Watch]]:
     return watches_for_url(src.target)
 
 
-Workload = Callable[[ServeBenchSpec, ServerSource, ResultsDB, Callable[[str], None], RunMonitor, LoadMeter],
-                    Coroutine[Any, Any, dict[str, Any]]]
+Workload = Callable[
+    [ServeBenchSpec, ServerSource, ResultsDB, Callable[[str], None], RunMonitor, LoadMeter],
+    Coroutine[Any, Any, dict[str, Any]],
+]
 
 
-def serve_bench(spec: ServeBenchSpec, db: ResultsDB, log: Callable[[str], None] = lambda s: None,
-                source: ServerSource | None = None,
-                on_snapshot: Callable[[Snapshot], None] | None = None, workload: Workload | None = None,
-                sweep_id: str | None = None) -> dict[str, Any]:
+def serve_bench(
+    spec: ServeBenchSpec,
+    db: ResultsDB,
+    log: Callable[[str], None] = lambda s: None,
+    source: ServerSource | None = None,
+    on_snapshot: Callable[[Snapshot], None] | None = None,
+    workload: Workload | None = None,
+    sweep_id: str | None = None,
+) -> dict[str, Any]:
     """Run the benchmark against ``spec.url`` (or the servers ``source`` launches); store it in
     ``db`` (a ResultsDB); return the result document (``run`` and ``levels``). The machine and the
     load are sampled throughout, stored with the run and given to ``on_snapshot`` (a live view).

@@ -80,8 +80,9 @@ class _TextTokens:
         return await self.counter.text_tokens(text)
 
 
-async def _exact_text(counter: _TextTokens, prefix: str, target: int, seed: int,
-                      per_char: float | None) -> tuple[str, float]:
+async def _exact_text(
+    counter: _TextTokens, prefix: str, target: int, seed: int, per_char: float | None
+) -> tuple[str, float]:
     """``prefix`` and filler of exactly ``target`` tokens (or the nearest count below), and the
     tokens per character measured on the way."""
     filler = filler_text(seed, max(64, target * 2))
@@ -99,8 +100,9 @@ async def _calibrated(counter: TokenCounter, seed: int) -> float:
     return max(1e-3, (full - empty) / len(probe))
 
 
-async def session_texts(counter: TokenCounter, spec: SessionSpec, run_tag: str, *, seed: int,
-                        exact: bool) -> list[SessionTexts]:
+async def session_texts(
+    counter: TokenCounter, spec: SessionSpec, run_tag: str, *, seed: int, exact: bool
+) -> list[SessionTexts]:
     """Each session's system prompt (unique: it starts with the session's tag) and turn messages
     (the same for every session: their histories differ from the first token already)."""
     if exact:
@@ -128,9 +130,17 @@ async def session_texts(counter: TokenCounter, spec: SessionSpec, run_tag: str, 
     return [SessionTexts(system, tuple(turns)) for system in systems]
 
 
-async def run_sessions(http: StreamingHttp, texts: list[SessionTexts], spec: SessionSpec, options: RequestOptions,
-                       on_sample: Callable[[dict[str, Any]], None], *, meter: LoadMeter | None = None,
-                       on_turn: Callable[[int], None] | None = None, max_retries: int = 2) -> list[dict[str, Any]]:
+async def run_sessions(
+    http: StreamingHttp,
+    texts: list[SessionTexts],
+    spec: SessionSpec,
+    options: RequestOptions,
+    on_sample: Callable[[dict[str, Any]], None],
+    *,
+    meter: LoadMeter | None = None,
+    on_turn: Callable[[int], None] | None = None,
+    max_retries: int = 2,
+) -> list[dict[str, Any]]:
     """Run every session to its last turn, or to its first failed one (a conversation does not go
     on without its reply); return the samples (each also given to ``on_sample`` as it ended).
     Raises :class:`ServerGone` when every session ended on a request the server never answered."""
@@ -155,8 +165,13 @@ async def run_sessions(http: StreamingHttp, texts: list[SessionTexts], spec: Ses
                 if on_turn:
                     on_turn(reached)
             rec, reply = await _send(http, turn, spec, options, next(index), due, meter, max_retries)
-            sample = {**rec.to_sample(), "session": s, "turn": turn.turn, "messages": len(turn.history),
-                      "stripped_chars": turn.stripped_chars}
+            sample = {
+                **rec.to_sample(),
+                "session": s,
+                "turn": turn.turn,
+                "messages": len(turn.history),
+                "stripped_chars": turn.stripped_chars,
+            }
             samples.append(sample)
             records.append(rec)
             last[s] = rec
@@ -179,10 +194,19 @@ async def run_sessions(http: StreamingHttp, texts: list[SessionTexts], spec: Ses
     return samples
 
 
-async def _send(http: StreamingHttp, turn: Turn, spec: SessionSpec, options: RequestOptions, index: int, due: float,
-                meter: LoadMeter | None, max_retries: int) -> tuple[RequestRecord, Reply]:
-    rec = RequestRecord(index=index, concurrency=spec.streams, rate=None, prompt_tokens=None,
-                        max_tokens=turn.max_tokens, t_sched=due)
+async def _send(
+    http: StreamingHttp,
+    turn: Turn,
+    spec: SessionSpec,
+    options: RequestOptions,
+    index: int,
+    due: float,
+    meter: LoadMeter | None,
+    max_retries: int,
+) -> tuple[RequestRecord, Reply]:
+    rec = RequestRecord(
+        index=index, concurrency=spec.streams, rate=None, prompt_tokens=None, max_tokens=turn.max_tokens, t_sched=due
+    )
     rec.t_slot = time.monotonic()
     content: list[str] = []
     reasoning: list[str] = []
@@ -193,8 +217,9 @@ async def _send(http: StreamingHttp, turn: Turn, spec: SessionSpec, options: Req
 
     if meter:
         meter.started()
-    await stream_chat(http, request_body(turn, options), rec, max_retries=max_retries, timeout_s=options.timeout_s,
-                      on_text=keep)
+    await stream_chat(
+        http, request_body(turn, options), rec, max_retries=max_retries, timeout_s=options.timeout_s, on_text=keep
+    )
     if meter:
         meter.finished(rec)
     return rec, Reply("".join(content), "".join(reasoning))
@@ -204,15 +229,25 @@ def _turn_line(doc: dict[str, Any]) -> str:
     def f(x: Any, fmt: str = ".0f") -> str:
         return "-" if x is None else format(x, fmt)
 
-    return (f"turn {doc['turn']}: {doc['ok']}/{doc['requests']} ok, context p50 {f(doc['context_tokens']['p50'])}, "
-            f"processed p50 {f(doc['prompt_tokens_processed']['p50'])}, reused p50 "
-            f"{f(doc['prompt_tokens_reused']['p50'])} tokens, TTFT p50 {f(doc['ttft_ms']['p50'], '.1f')} ms, "
-            f"TG p50 {f(doc['tg_tok_s']['p50'], '.1f')} tok/s")
+    return (
+        f"turn {doc['turn']}: {doc['ok']}/{doc['requests']} ok, context p50 {f(doc['context_tokens']['p50'])}, "
+        f"processed p50 {f(doc['prompt_tokens_processed']['p50'])}, reused p50 "
+        f"{f(doc['prompt_tokens_reused']['p50'])} tokens, TTFT p50 {f(doc['ttft_ms']['p50'], '.1f')} ms, "
+        f"TG p50 {f(doc['tg_tok_s']['p50'], '.1f')} tok/s"
+    )
 
 
-async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: ResultsDB, log: Callable[[str], None],
-                         monitor: RunMonitor, meter: LoadMeter, *, sweep_id: str | None = None,
-                         details: dict[str, Any] | None = None) -> dict[str, Any]:
+async def bench_sessions(
+    spec: ServeBenchSpec,
+    source: ServerSource,
+    db: ResultsDB,
+    log: Callable[[str], None],
+    monitor: RunMonitor,
+    meter: LoadMeter,
+    *,
+    sweep_id: str | None = None,
+    details: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The sessions workload (``spec.sessions``) as one serve-bench run: its requests are one load
     level (concurrency = sessions), and the ``sessions`` section gives them per turn and session;
     ``sweep_id`` files it under a sweep or a tune, ``details`` adds to what the run records."""
@@ -235,30 +270,60 @@ async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: Results
         monitor.phase("prepare")
         model = spec.model or await _model_name(http)
         run_tag = os.urandom(2).hex()
-        counter = token_counter(http, info, model, spec.thinking, tokenizer=spec.tokenizer, log=log,
-                                probe_tag=f"{run_tag}.probe", seed=spec.seed)
+        counter = token_counter(
+            http,
+            info,
+            model,
+            spec.thinking,
+            tokenizer=spec.tokenizer,
+            log=log,
+            probe_tag=f"{run_tag}.probe",
+            seed=spec.seed,
+        )
         t = time.monotonic()
         local = counter.describe() if isinstance(counter, TokenizerCounter) else None
         texts = await session_texts(counter, ss, run_tag, seed=spec.seed, exact=info.caps.tokenize or bool(local))
-        how = ("exact token counts" if info.caps.tokenize else "lengths counted by --tokenizer" if local else
-               "lengths fitted to the server's usage.prompt_tokens (no /tokenize)")
-        log(f"prepared {ss.sessions} sessions of {ss.turns} turns, {how} ({counter.calls} calls, "
-            f"{time.monotonic() - t:.1f} s)")
+        how = (
+            "exact token counts"
+            if info.caps.tokenize
+            else "lengths counted by --tokenizer"
+            if local
+            else "lengths fitted to the server's usage.prompt_tokens (no /tokenize)"
+        )
+        log(
+            f"prepared {ss.sessions} sessions of {ss.turns} turns, {how} ({counter.calls} calls, "
+            f"{time.monotonic() - t:.1f} s)"
+        )
         advice = run_warnings(info, [ss.streams], 0, tokenizer=local)
-        workload = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()
-                    if k not in ("url", "label", "slo")}
+        workload = {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in asdict(spec).items()
+            if k not in ("url", "label", "slo")
+        }
         ln = source.current
         meta = RunMeta(
-            kind=RunKind.SERVE_BENCH, moetune_version=__version__, argv=tuple(sys.argv), started_unix=time.time(),
-            server=info, model=model_ref(info.model_path, name=model), host=HostRef.here(),
+            kind=RunKind.SERVE_BENCH,
+            moetune_version=__version__,
+            argv=tuple(sys.argv),
+            started_unix=time.time(),
+            server=info,
+            model=model_ref(info.model_path, name=model),
+            host=HostRef.here(),
             engine_build=(ln.engine_build if ln else None) or info.build,
             plan=source.plan.doc if isinstance(source, PlanServers) else None,
             launch_run=ln.launch_run if ln else None,
             launch=ln.facts if ln else None,
-            details={"workload": workload, "client": {"library": "asyncio", "moetune": __version__},
-                     "run_tag": run_tag, "skipped_overlong": 0, "sessions": ss.to_json(),
-                     "slo": dict(spec.slo) if spec.slo else None, **({"tokenizer": local} if local else {}),
-                     **(details or {})})
+            details={
+                "workload": workload,
+                "client": {"library": "asyncio", "moetune": __version__},
+                "run_tag": run_tag,
+                "skipped_overlong": 0,
+                "sessions": ss.to_json(),
+                "slo": dict(spec.slo) if spec.slo else None,
+                **({"tokenizer": local} if local else {}),
+                **(details or {}),
+            },
+        )
         label = spec.label or f"sessions {ss.sessions}x{ss.turns}" + (" stripped" if ss.strip_thinking else "")
         run_id = db.create_run(meta, label=label, target=source.target, sweep_id=sweep_id)
         monitor.attach(db, run_id)
@@ -267,11 +332,24 @@ async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: Results
         if spec.warmup:  # one by one, each its own conversation, stored apart
             monitor.phase("warmup")
             warm = [Prompt(f"{run_tag}.w{i} {texts[0].turns[0]}", None, ss.output_len) for i in range(spec.warmup)]
-            await run_level(http, warm, LoadSpec(1, requests=spec.warmup), options,
-                            lambda r: w.add(r.to_sample(), "warmup"), first_index=-spec.warmup)
+            await run_level(
+                http,
+                warm,
+                LoadSpec(1, requests=spec.warmup),
+                options,
+                lambda r: w.add(r.to_sample(), "warmup"),
+                first_index=-spec.warmup,
+            )
         try:
-            samples = await run_sessions(http, texts, ss, options, lambda s: w.add(s, "measure"), meter=meter,
-                                         on_turn=lambda n: monitor.phase(f"turn {n}"))
+            samples = await run_sessions(
+                http,
+                texts,
+                ss,
+                options,
+                lambda s: w.add(s, "measure"),
+                meter=meter,
+                on_turn=lambda n: monitor.phase(f"turn {n}"),
+            )
         except ServerGone as gone:
             level = summarize_level([r.to_sample() for r in gone.records], spec.slo)
             level["stopped"] = str(gone)
@@ -293,15 +371,29 @@ async def bench_sessions(spec: ServeBenchSpec, source: ServerSource, db: Results
         if http is not None:
             await http.aclose()
         if writer is not None and run_id is not None:
-            finish_levels(db, run_id, writer, status, levels, advice, slots=slots, prefix_cache=True, error=error,
-                          extra={"sessions": sessions_doc})
+            finish_levels(
+                db,
+                run_id,
+                writer,
+                status,
+                levels,
+                advice,
+                slots=slots,
+                prefix_cache=True,
+                error=error,
+                extra={"sessions": sessions_doc},
+            )
     assert run_id is not None and writer is not None
     return report_doc(db.run(run_id), levels, advice, samples=writer.count, slo=spec.slo, sessions=sessions_doc)
 
 
-def serve_sessions(spec: ServeBenchSpec, db: ResultsDB, log: Callable[[str], None] = lambda s: None,
-                   source: ServerSource | None = None,
-                   on_snapshot: Callable[[Snapshot], None] | None = None) -> dict[str, Any]:
+def serve_sessions(
+    spec: ServeBenchSpec,
+    db: ResultsDB,
+    log: Callable[[str], None] = lambda s: None,
+    source: ServerSource | None = None,
+    on_snapshot: Callable[[Snapshot], None] | None = None,
+) -> dict[str, Any]:
     """:func:`moetune.bench.serve.run.serve_bench` with the sessions workload (``spec.sessions``)."""
     if spec.sessions is None:
         raise ValueError("spec.sessions is not set")

@@ -65,10 +65,16 @@ class SessionSpec:
         return self.system_tokens + self.turns * (self.turn_tokens + self.output_len)
 
     def to_json(self) -> dict[str, int | float | bool]:
-        return {"sessions": self.sessions, "turns": self.turns, "system_tokens": self.system_tokens,
-                "turn_tokens": self.turn_tokens, "output_len": self.output_len,
-                "think_time_s": self.think_time_s, "strip_thinking": self.strip_thinking,
-                **({"sequential": True} if self.sequential else {})}
+        return {
+            "sessions": self.sessions,
+            "turns": self.turns,
+            "system_tokens": self.system_tokens,
+            "turn_tokens": self.turn_tokens,
+            "output_len": self.output_len,
+            "think_time_s": self.think_time_s,
+            "strip_thinking": self.strip_thinking,
+            **({"sequential": True} if self.sequential else {}),
+        }
 
 
 @dataclass(frozen=True, slots=True)

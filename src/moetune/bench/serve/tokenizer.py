@@ -55,15 +55,16 @@ class LocalTokenizer:
 def load_tokenizer(path: Path) -> LocalTokenizer:
     """Load ``path`` (a Hugging Face ``tokenizer.json``); an :class:`InputError` (exit 2) says why not."""
     if importlib.util.find_spec("tokenizers") is None:  # an optional dependency
-        raise InputError("--tokenizer needs the Python package `tokenizers`, which is not installed",
-                         hint=INSTALL)
+        raise InputError("--tokenizer needs the Python package `tokenizers`, which is not installed", hint=INSTALL)
     try:
         st = path.stat()
     except OSError as e:
         raise InputError(f"--tokenizer {path}: {e.strerror or e}") from None
     if not path.is_file():
-        raise InputError(f"--tokenizer {path}: not a file", hint="give the model's tokenizer.json (a file in its "
-                                                                    "Hugging Face repository)")
+        raise InputError(
+            f"--tokenizer {path}: not a file",
+            hint="give the model's tokenizer.json (a file in its Hugging Face repository)",
+        )
     return _load(str(path.resolve()), st.st_mtime_ns, st.st_size, str(path))
 
 
@@ -85,12 +86,13 @@ def _load(path: str, mtime_ns: int, size: int, given: str) -> LocalTokenizer:
     except ValueError as e:  # UnicodeDecodeError included
         raise InputError(f"{what}: not JSON ({e})", hint=hint) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
-        raise InputError(f"{what}: JSON, but not a tokenizer (no \"model\" object)", hint=hint)
+        raise InputError(f'{what}: JSON, but not a tokenizer (no "model" object)', hint=hint)
     try:
         tok = Tokenizer.from_str(data.decode())
     except Exception as e:  # the Rust side raises plain Exceptions
-        raise InputError(f"{what}: not a tokenizer the `tokenizers` package reads ({str(e)[:200]})",
-                         hint=hint) from None
+        raise InputError(
+            f"{what}: not a tokenizer the `tokenizers` package reads ({str(e)[:200]})", hint=hint
+        ) from None
     return LocalTokenizer(Path(path), hashlib.sha256(data).hexdigest(), tok)
 
 
@@ -109,9 +111,13 @@ class Calibration:
         return 100 * abs(self.check_predicted - self.check_tokens) / max(1, self.check_tokens)
 
     def to_json(self) -> dict[str, Any]:
-        return {"template_tokens": self.overhead_tokens, "check_tokens": self.check_tokens,
-                "check_predicted": self.check_predicted, "check_error_pct": round(self.check_error_pct, 3),
-                "probe_requests": self.probe_requests}
+        return {
+            "template_tokens": self.overhead_tokens,
+            "check_tokens": self.check_tokens,
+            "check_predicted": self.check_predicted,
+            "check_error_pct": round(self.check_error_pct, 3),
+            "probe_requests": self.probe_requests,
+        }
 
 
 class TokenizerCounter:
@@ -149,16 +155,27 @@ class TokenizerCounter:
 
     def describe(self) -> dict[str, Any]:
         """What the run stores about its prompt counting."""
-        return {"path": str(self.tokenizer.path), "sha256": self.tokenizer.sha256,
-                **(self.calibration.to_json() if self.calibration else {})}
+        return {
+            "path": str(self.tokenizer.path),
+            "sha256": self.tokenizer.sha256,
+            **(self.calibration.to_json() if self.calibration else {}),
+        }
 
 
 Counter = ServerTokenCounter | UsageTokenCounter | TokenizerCounter
 
 
-def token_counter(http: StreamingHttp, info: ServerInfo, model: str, thinking: bool | None, *,
-                  tokenizer: Path | None = None, log: Callable[[str], None] = lambda s: None, probe_tag: str = "",
-                  seed: int = 0) -> Counter:
+def token_counter(
+    http: StreamingHttp,
+    info: ServerInfo,
+    model: str,
+    thinking: bool | None,
+    *,
+    tokenizer: Path | None = None,
+    log: Callable[[str], None] = lambda s: None,
+    probe_tag: str = "",
+    seed: int = 0,
+) -> Counter:
     """How a run counts prompts: llama-server's template and tokenizer where the server has them
     (a ``tokenizer`` given is then not used, and ``log`` says so); else the ``tokenizer.json``
     given, its template overhead measured by probes whose text is ``probe_tag``; else the
@@ -179,8 +196,12 @@ def prepared_line(what: str, counter: Counter, took_s: float) -> str:
         return f"prepared {what} with exact token counts ({counter.calls} tokenizer calls, {took_s:.1f} s)"
     if isinstance(counter, TokenizerCounter) and counter.calibration is not None:
         cal = counter.calibration
-        return (f"prepared {what} counted by --tokenizer plus {cal.overhead_tokens} template tokens ({counter.calls} "
-                f"probe requests; a probe of {cal.check_tokens} tokens predicted within {cal.check_error_pct:.1f}%, "
-                f"{took_s:.1f} s)")
-    return (f"prepared {what}; the server has no /tokenize, so their lengths are its usage.prompt_tokens "
-            f"({counter.calls} probe requests, {took_s:.1f} s)")
+        return (
+            f"prepared {what} counted by --tokenizer plus {cal.overhead_tokens} template tokens ({counter.calls} "
+            f"probe requests; a probe of {cal.check_tokens} tokens predicted within {cal.check_error_pct:.1f}%, "
+            f"{took_s:.1f} s)"
+        )
+    return (
+        f"prepared {what}; the server has no /tokenize, so their lengths are its usage.prompt_tokens "
+        f"({counter.calls} probe requests, {took_s:.1f} s)"
+    )

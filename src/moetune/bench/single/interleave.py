@@ -67,8 +67,14 @@ class RoundOutcome:
     launch_s: float | None = None  # launches mode: seconds from the launch's start to the server ready
 
     def to_json(self) -> dict[str, Any]:
-        return {"round": self.round, "label": self.label, "run": self.run, "status": self.status,
-                "error": self.error, "launch_s": self.launch_s}
+        return {
+            "round": self.round,
+            "label": self.label,
+            "run": self.run,
+            "status": self.status,
+            "error": self.error,
+            "launch_s": self.launch_s,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,22 +125,36 @@ def together_problems(entries: Sequence[SweepEntry]) -> tuple[list[str], list[st
     for name, parts in used.items():
         total = sum(mib for _, mib in parts) + margin[name]
         if len(parts) > 1 and total > capacity[name]:
-            problems.append(f"{name}: {' + '.join(f'{mib:,.0f} MiB ({lab})' for lab, mib in parts)}"
-                            + (f" + {margin[name]:,.0f} MiB margin" if margin[name] else "")
-                            + f" = {total:,.0f} MiB, more than its {capacity[name]:,.0f} MiB")
+            problems.append(
+                f"{name}: {' + '.join(f'{mib:,.0f} MiB ({lab})' for lab, mib in parts)}"
+                + (f" + {margin[name]:,.0f} MiB margin" if margin[name] else "")
+                + f" = {total:,.0f} MiB, more than its {capacity[name]:,.0f} MiB"
+            )
     return problems, unchecked
 
 
-def run_interleaved(db: ResultsDB, spec: SweepSpec, workloads: list[Workload], options: BenchOptions, *,
-                    mode: str = LAUNCHES, rounds: int = 4, sid: str | None = None, launch_timeout_s: float = 600.0,
-                    status: Status | None = None, progress_for: Callable[[str], Progress | None] | None = None,
-                    on_snapshot: Callable[[Snapshot], None] | None = None) -> InterleaveResult:
+def run_interleaved(
+    db: ResultsDB,
+    spec: SweepSpec,
+    workloads: list[Workload],
+    options: BenchOptions,
+    *,
+    mode: str = LAUNCHES,
+    rounds: int = 4,
+    sid: str | None = None,
+    launch_timeout_s: float = 600.0,
+    status: Status | None = None,
+    progress_for: Callable[[str], Progress | None] | None = None,
+    on_snapshot: Callable[[Snapshot], None] | None = None,
+) -> InterleaveResult:
     """Run every round not yet complete, in alternating order; stop at the first failure."""
     if mode not in MODES:
         raise InputError(f"--interleave {mode}: choose {' or '.join(MODES)}")
     if len(spec.entries) < 2:
-        raise InputError("an interleaved sweep alternates two or more plans; got one",
-                         hint="moetune sweep A.json B.json --interleave")
+        raise InputError(
+            "an interleaved sweep alternates two or more plans; got one",
+            hint="moetune sweep A.json B.json --interleave",
+        )
     if rounds < 1:
         raise InputError("--rounds must be at least 1")
     say: Status = status or (lambda _s: None)
@@ -142,16 +162,23 @@ def run_interleaved(db: ResultsDB, spec: SweepSpec, workloads: list[Workload], o
     sid = sid or sweep_id(spec, workloads, options, interleave=mode)
 
     def record(n: int) -> dict[str, Any]:
-        return {"name": spec.name, "baseline": spec.baseline, "plans": plan_record(spec),
-                "workloads": [w.to_json() for w in workloads], "options": asdict(options),
-                "interleave": {"mode": mode, "rounds": n}}
+        return {
+            "name": spec.name,
+            "baseline": spec.baseline,
+            "plans": plan_record(spec),
+            "workloads": [w.to_json() for w in workloads],
+            "options": asdict(options),
+            "interleave": {"mode": mode, "rounds": n},
+        }
 
     if not db.create_sweep(sid, record(rounds)):
         old = (db.sweep(sid) or {}).get("interleave") or {}
         if old.get("mode") != mode:
-            raise InputError(f"sweep {sid} is not an interleaved sweep by {mode}"
-                             + (f" (it interleaves by {old['mode']})" if old.get("mode") else ""),
-                             hint="drop --sweep-id, or give the sweep's own mode")
+            raise InputError(
+                f"sweep {sid} is not an interleaved sweep by {mode}"
+                + (f" (it interleaves by {old['mode']})" if old.get("mode") else ""),
+                hint="drop --sweep-id, or give the sweep's own mode",
+            )
         db.update_sweep(sid, record(max(rounds, int(old.get("rounds") or 0))))
     labels = [e.label for e in spec.entries]
     done = complete_rounds(tagged_runs(db.runs(sweep_id=sid)), labels)
@@ -172,8 +199,18 @@ def run_interleaved(db: ResultsDB, spec: SweepSpec, workloads: list[Workload], o
                 for pos, lab in enumerate(round_order(labels, r)):
                     say(f"round {r}/{rounds}: {lab}")
                     tag = RoundTag(sid, r, attempt, mode, pos)
-                    o = _measure(db, entries[lab], up, workloads, options, tag, launch_timeout_s=launch_timeout_s,
-                                 status=say, progress_for=progress_for, on_snapshot=on_snapshot)
+                    o = _measure(
+                        db,
+                        entries[lab],
+                        up,
+                        workloads,
+                        options,
+                        tag,
+                        launch_timeout_s=launch_timeout_s,
+                        status=say,
+                        progress_for=progress_for,
+                        on_snapshot=on_snapshot,
+                    )
                     outcomes.append(o)
                     if o.launch_s is not None:
                         launch_s, launches = launch_s + o.launch_s, launches + 1
@@ -202,10 +239,11 @@ def _servers(spec: SweepSpec, mode: str, timeout_s: float, status: Status) -> It
         return
     problems, unchecked = together_problems(spec.entries)
     if problems:
-        raise InputError("--interleave batches keeps every plan up at once, and these plans cannot be: "
-                         + "; ".join(problems),
-                         hint="use --interleave launches (a launch per plan per round), or plan them to share "
-                              "the machine (other ports, less memory each)")
+        raise InputError(
+            "--interleave batches keeps every plan up at once, and these plans cannot be: " + "; ".join(problems),
+            hint="use --interleave launches (a launch per plan per round), or plan them to share "
+            "the machine (other ports, less memory each)",
+        )
     if unchecked:
         status(f"{', '.join(unchecked)}: no memory ledger in the plan, so fitting together was not checked")
     from moetune.bench.servers import launched, new_launch_id
@@ -214,16 +252,26 @@ def _servers(spec: SweepSpec, mode: str, timeout_s: float, status: Status) -> It
         t = time.monotonic()
         for e in spec.entries:
             status(f"launching {e.label} for every round")
-            up.servers[e.label] = stack.enter_context(launched(e.target, timeout_s=timeout_s, status=status,
-                                                               launch_id=new_launch_id()))
+            up.servers[e.label] = stack.enter_context(
+                launched(e.target, timeout_s=timeout_s, status=status, launch_id=new_launch_id())
+            )
         up.launch_s = time.monotonic() - t
         yield up
 
 
-def _measure(db: ResultsDB, e: SweepEntry, up: _Up, workloads: list[Workload], options: BenchOptions,
-             tag: RoundTag, *, launch_timeout_s: float, status: Status,
-             progress_for: Callable[[str], Progress | None] | None,
-             on_snapshot: Callable[[Snapshot], None] | None) -> RoundOutcome:
+def _measure(
+    db: ResultsDB,
+    e: SweepEntry,
+    up: _Up,
+    workloads: list[Workload],
+    options: BenchOptions,
+    tag: RoundTag,
+    *,
+    launch_timeout_s: float,
+    status: Status,
+    progress_for: Callable[[str], Progress | None] | None,
+    on_snapshot: Callable[[Snapshot], None] | None,
+) -> RoundOutcome:
     """One plan's run in one round: launched for it, or on its server that stays up."""
     details = {DETAILS_KEY: tag.to_json()}
     name = f"{e.label} · round {tag.round}"
@@ -233,18 +281,36 @@ def _measure(db: ResultsDB, e: SweepEntry, up: _Up, workloads: list[Workload], o
         if srv is None:
             t = time.monotonic()
             ready: list[float] = []
-            run_id = bench_target(db, e.target, workloads, options, label=e.label, sweep_id=tag.sweep,
-                                  launch_timeout_s=launch_timeout_s, status=status,
-                                  progress_for=(lambda _lab: progress) if progress_for else None,
-                                  on_start=lambda _r: ready.append(time.monotonic() - t),
-                                  on_snapshot=on_snapshot, details=details)
+            run_id = bench_target(
+                db,
+                e.target,
+                workloads,
+                options,
+                label=e.label,
+                sweep_id=tag.sweep,
+                launch_timeout_s=launch_timeout_s,
+                status=status,
+                progress_for=(lambda _lab: progress) if progress_for else None,
+                on_start=lambda _r: ready.append(time.monotonic() - t),
+                on_snapshot=on_snapshot,
+                details=details,
+            )
             return RoundOutcome(tag.round, e.label, run_id, MEASURED, launch_s=ready[0] if ready else None)
         assert e.target.doc is not None
         facts = replace(srv.facts, load_s=None)  # one launch for every round: its load time is no round's
-        run_id = bench(db, srv.url, workloads, options, label=e.label, target=e.target.name, sweep_id=tag.sweep,
-                       launch=Launch(e.target.doc, srv.engine_build, srv.model_path, srv.launch_run, e.target.server,
-                                     facts),
-                       progress=progress, on_snapshot=on_snapshot, details=details)
+        run_id = bench(
+            db,
+            srv.url,
+            workloads,
+            options,
+            label=e.label,
+            target=e.target.name,
+            sweep_id=tag.sweep,
+            launch=Launch(e.target.doc, srv.engine_build, srv.model_path, srv.launch_run, e.target.server, facts),
+            progress=progress,
+            on_snapshot=on_snapshot,
+            details=details,
+        )
         return RoundOutcome(tag.round, e.label, run_id, MEASURED)
     except MoetuneError as err:
         return RoundOutcome(tag.round, e.label, None, FAILED, str(err))

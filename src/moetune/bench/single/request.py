@@ -76,12 +76,15 @@ def _chat_choices(choices: Any) -> bool:
 
 def unreadable(where: str, payload: bytes, why: str) -> RuntimeFailure:
     shown = payload[:80].decode(errors="replace")
-    return RuntimeFailure(f"{where}: the server sent an event moetune cannot read ({why}): {one_line(shown)}",
-                          hint="is this an OpenAI-compatible server? moetune reads its streamed chat chunks")
+    return RuntimeFailure(
+        f"{where}: the server sent an event moetune cannot read ({why}): {one_line(shown)}",
+        hint="is this an OpenAI-compatible server? moetune reads its streamed chat chunks",
+    )
 
 
-async def stream(http: StreamingHttp, url: str, path: str, body: dict[str, Any], *, timeout_s: float,
-                 attempts: int = 2) -> dict[str, Any]:
+async def stream(
+    http: StreamingHttp, url: str, path: str, body: dict[str, Any], *, timeout_s: float, attempts: int = 2
+) -> dict[str, Any]:
     """POST a streaming request; return the raw observations (see the module docstring). A request
     whose connection the server had closed before answering is sent again (``retried``)."""
     for attempt in range(attempts):
@@ -96,8 +99,9 @@ async def stream(http: StreamingHttp, url: str, path: str, body: dict[str, Any],
             if kind in RETRYABLE and attempt < attempts - 1 and not answered:
                 continue
             if kind == "timeout":
-                raise RuntimeFailure(f"{url}{path}: no answer within {timeout_s:g} s",
-                                     hint="raise --timeout, or lower --max-tokens") from None
+                raise RuntimeFailure(
+                    f"{url}{path}: no answer within {timeout_s:g} s", hint="raise --timeout, or lower --max-tokens"
+                ) from None
             raise unreachable(url, f"request to {path} failed", f"{kind}: {e}") from None
         if attempt:
             raw["retried"] = True
@@ -105,8 +109,9 @@ async def stream(http: StreamingHttp, url: str, path: str, body: dict[str, Any],
     raise AssertionError("unreachable")
 
 
-async def _stream(http: StreamingHttp, url: str, path: str, body: dict[str, Any],
-                  answered: list[bool]) -> dict[str, Any]:
+async def _stream(
+    http: StreamingHttp, url: str, path: str, body: dict[str, Any], answered: list[bool]
+) -> dict[str, Any]:
     c = _Collect()
     t_unix = time.time()
     t0 = time.monotonic()
@@ -117,9 +122,10 @@ async def _stream(http: StreamingHttp, url: str, path: str, body: dict[str, Any]
         answered.append(True)
         if reply.status != 200:
             text = b"".join([p async for _, _, p in reply.pieces]).decode(errors="replace")[:500]
-            raise RuntimeFailure(f"{url}{path}: HTTP {reply.status}: {text}",
-                                 hint=auth.refused_hint(reply.status, "the server refused the request; its message "
-                                                                      "says why"))
+            raise RuntimeFailure(
+                f"{url}{path}: HTTP {reply.status}: {text}",
+                hint=auth.refused_hint(reply.status, "the server refused the request; its message says why"),
+            )
         async for t, _, piece in reply.pieces:
             payloads, buf = sse_payloads(buf, piece)
             for payload in payloads:

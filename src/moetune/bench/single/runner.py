@@ -72,17 +72,34 @@ class Launch:
         return sj.get("predicted") if sj and (sj.get("predicted") or {}).get("work") else None
 
 
-def run_meta(info: ServerInfo, workloads: list[Workload], options: BenchOptions, *,
-             launch: Launch | None = None, argv: list[str] | None = None,
-             details: Mapping[str, Any] | None = None) -> RunMeta:
+def run_meta(
+    info: ServerInfo,
+    workloads: list[Workload],
+    options: BenchOptions,
+    *,
+    launch: Launch | None = None,
+    argv: list[str] | None = None,
+    details: Mapping[str, Any] | None = None,
+) -> RunMeta:
     return RunMeta(
-        kind=RunKind.BENCH, moetune_version=__version__, argv=tuple(sys.argv if argv is None else argv),
-        started_unix=time.time(), server=info,
+        kind=RunKind.BENCH,
+        moetune_version=__version__,
+        argv=tuple(sys.argv if argv is None else argv),
+        started_unix=time.time(),
+        server=info,
         model=model_ref((launch.model_path if launch else None) or info.model_path, name=info.model_alias),
-        host=HostRef.here(), engine_build=(launch.engine_build if launch else None) or info.build,
-        plan=launch.plan if launch else None, launch_run=launch.launch_run if launch else None,
-        launch=launch.facts if launch else None, details={"workloads": [w.to_json() for w in workloads], "options": asdict(options),
-                 **_expected(launch, workloads), **(details or {})})
+        host=HostRef.here(),
+        engine_build=(launch.engine_build if launch else None) or info.build,
+        plan=launch.plan if launch else None,
+        launch_run=launch.launch_run if launch else None,
+        launch=launch.facts if launch else None,
+        details={
+            "workloads": [w.to_json() for w in workloads],
+            "options": asdict(options),
+            **_expected(launch, workloads),
+            **(details or {}),
+        },
+    )
 
 
 def _expected(launch: Launch | None, workloads: list[Workload]) -> dict[str, Any]:
@@ -92,34 +109,58 @@ def _expected(launch: Launch | None, workloads: list[Workload]) -> dict[str, Any
         return {}
     from moetune.bench.analysis.predicted import expected
 
-    return {"predicted": expected(predicted, [(w.name, 0, None) if w.kind == CHAT else (w.name, w.depth, w.pp_tokens)
-                                            for w in workloads]),
-            "prediction_uncertainty": launch.uncertainty() if launch else None}
+    return {
+        "predicted": expected(
+            predicted, [(w.name, 0, None) if w.kind == CHAT else (w.name, w.depth, w.pp_tokens) for w in workloads]
+        ),
+        "prediction_uncertainty": launch.uncertainty() if launch else None,
+    }
 
 
 def _check_depths(info: ServerInfo, workloads: list[Workload]) -> None:
     depths = [w.name for w in workloads if w.kind != CHAT]
     if depths and not info.caps.depth:
-        missing = [e for e, ok in (("/props", info.caps.props), ("/tokenize", info.caps.tokenize),
-                                   ("timings", info.caps.timings)) if not ok]
-        raise InputError(f"depth workloads ({', '.join(depths)}) need llama-server: token-id prompts on /completion "
-                         f"pinned to a slot, and the cache confirmed by its timings; {info.url} has no "
-                         f"{', '.join(missing)} (an OpenAI-compatible server that is not llama-server)",
-                         hint="drop --depth (chat workloads work against any OpenAI-compatible server), or point "
-                              "bench at a llama-server")
+        missing = [
+            e
+            for e, ok in (
+                ("/props", info.caps.props),
+                ("/tokenize", info.caps.tokenize),
+                ("timings", info.caps.timings),
+            )
+            if not ok
+        ]
+        raise InputError(
+            f"depth workloads ({', '.join(depths)}) need llama-server: token-id prompts on /completion "
+            f"pinned to a slot, and the cache confirmed by its timings; {info.url} has no "
+            f"{', '.join(missing)} (an OpenAI-compatible server that is not llama-server)",
+            hint="drop --depth (chat workloads work against any OpenAI-compatible server), or point "
+            "bench at a llama-server",
+        )
     for w in workloads:
         if w.kind == CHAT or info.n_ctx_slot is None:
             continue
         need = w.depth + w.pp_tokens + w.max_tokens
         if need > info.n_ctx_slot:
-            raise InputError(f"workload {w.name}: depth {w.depth} + pp {w.pp_tokens} + tg {w.max_tokens} = {need} "
-                             f"tokens, more than the server's context per slot ({info.n_ctx_slot})",
-                             hint="lower --depth, --pp-tokens or --tg-tokens, or start the server with a larger -c")
+            raise InputError(
+                f"workload {w.name}: depth {w.depth} + pp {w.pp_tokens} + tg {w.max_tokens} = {need} "
+                f"tokens, more than the server's context per slot ({info.n_ctx_slot})",
+                hint="lower --depth, --pp-tokens or --tg-tokens, or start the server with a larger -c",
+            )
 
 
 class _Session:
-    def __init__(self, db: ResultsDB, run_id: int, url: str, http: StreamingHttp, options: BenchOptions,
-                 progress: Progress | None, total: int, model: str | None, monitor: RunMonitor) -> None:
+    def __init__(
+        self,
+        db: ResultsDB,
+        run_id: int,
+        url: str,
+        http: StreamingHttp,
+        options: BenchOptions,
+        progress: Progress | None,
+        total: int,
+        model: str | None,
+        monitor: RunMonitor,
+    ) -> None:
         self.db, self.run_id, self.url, self.http, self.opt = db, run_id, url, http, options
         self.model = model
         self.monitor = monitor
@@ -132,8 +173,15 @@ class _Session:
             self.progress(what, self.done, self.total)
 
     def _base(self, w: Workload, i: int) -> dict[str, Any]:
-        return {"workload": w.name, "kind": w.kind, "depth": w.depth if w.kind != CHAT else None, "repeat": i,
-                "thinking": w.thinking, "ignore_eos": w.ignore_eos, "max_tokens": w.max_tokens}
+        return {
+            "workload": w.name,
+            "kind": w.kind,
+            "depth": w.depth if w.kind != CHAT else None,
+            "repeat": i,
+            "thinking": w.thinking,
+            "ignore_eos": w.ignore_eos,
+            "max_tokens": w.max_tokens,
+        }
 
     async def _stream(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await stream(self.http, self.url, path, body, timeout_s=self.opt.timeout_s)
@@ -144,8 +192,11 @@ class _Session:
             self.monitor.phase(f"{w.name} {phase}")
             body = chat_body(w, cache_prompt=not self.opt.cache_bust, model=self.model)
             raw = await self._stream("/v1/chat/completions", body)
-            sample = {**self._base(w, i - self.opt.warmup if phase == "measure" else i),
-                      "expect_cached": 0 if self.opt.cache_bust else None, **raw}
+            sample = {
+                **self._base(w, i - self.opt.warmup if phase == "measure" else i),
+                "expect_cached": 0 if self.opt.cache_bust else None,
+                **raw,
+            }
             self.db.add_sample(self.run_id, sample, phase=phase)
             self._tick(f"{w.name} {phase}")
 
@@ -162,8 +213,12 @@ class _Session:
                 self.db.add_sample(self.run_id, {**self._base(w, i), "fill_tokens": len(fill), **raw}, phase="fill")
             body = completion_body(fill + block, w.max_tokens, cache_prompt=bool(fill))
             raw = await self._stream("/completion", body)
-            sample = {**self._base(w, i - self.opt.warmup if phase == "measure" else i),
-                      "expect_cached": len(fill), "expect_prompt_n": len(block), **raw}
+            sample = {
+                **self._base(w, i - self.opt.warmup if phase == "measure" else i),
+                "expect_cached": len(fill),
+                "expect_prompt_n": len(block),
+                **raw,
+            }
             self.db.add_sample(self.run_id, sample, phase=phase)
             self._tick(f"{w.name} {phase}")
 
@@ -173,11 +228,23 @@ def default_label(info: ServerInfo) -> str:
     return f"{info.model_alias}@{where}" if info.model_alias else where
 
 
-def bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOptions, *, label: str | None = None,
-          target: str | None = None, launch: Launch | None = None, sweep_id: str | None = None,
-          progress: Progress | None = None, on_start: Callable[[int], None] | None = None,
-          monitor: RunMonitor | None = None, on_snapshot: Callable[[Snapshot], None] | None = None,
-          explain: Callable[[], str | None] | None = None, details: Mapping[str, Any] | None = None) -> int:
+def bench(
+    db: ResultsDB,
+    url: str,
+    workloads: list[Workload],
+    options: BenchOptions,
+    *,
+    label: str | None = None,
+    target: str | None = None,
+    launch: Launch | None = None,
+    sweep_id: str | None = None,
+    progress: Progress | None = None,
+    on_start: Callable[[int], None] | None = None,
+    monitor: RunMonitor | None = None,
+    on_snapshot: Callable[[Snapshot], None] | None = None,
+    explain: Callable[[], str | None] | None = None,
+    details: Mapping[str, Any] | None = None,
+) -> int:
     """Benchmark the server at ``url``; return the run's id. Every sample is committed as it comes;
     on Ctrl-C the run is marked interrupted (its samples stay) and KeyboardInterrupt propagates.
 
@@ -191,15 +258,41 @@ def bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOpti
     with contextlib.ExitStack() as stack:
         if monitor is None:
             monitor = stack.enter_context(RunMonitor(watches_for_url(url), on_snapshot=on_snapshot))
-        return run_loop(_bench(db, url, workloads, options, label=label, target=target, launch=launch,
-                               sweep_id=sweep_id, progress=progress, on_start=on_start, monitor=monitor,
-                               explain=explain, details=details))
+        return run_loop(
+            _bench(
+                db,
+                url,
+                workloads,
+                options,
+                label=label,
+                target=target,
+                launch=launch,
+                sweep_id=sweep_id,
+                progress=progress,
+                on_start=on_start,
+                monitor=monitor,
+                explain=explain,
+                details=details,
+            )
+        )
 
 
-async def _bench(db: ResultsDB, url: str, workloads: list[Workload], options: BenchOptions, *, label: str | None,
-                 target: str | None, launch: Launch | None, sweep_id: str | None, progress: Progress | None,
-                 on_start: Callable[[int], None] | None, monitor: RunMonitor,
-                 explain: Callable[[], str | None] | None, details: Mapping[str, Any] | None = None) -> int:
+async def _bench(
+    db: ResultsDB,
+    url: str,
+    workloads: list[Workload],
+    options: BenchOptions,
+    *,
+    label: str | None,
+    target: str | None,
+    launch: Launch | None,
+    sweep_id: str | None,
+    progress: Progress | None,
+    on_start: Callable[[int], None] | None,
+    monitor: RunMonitor,
+    explain: Callable[[], str | None] | None,
+    details: Mapping[str, Any] | None = None,
+) -> int:
     http = connect(url, timeout_s=options.timeout_s)
     try:
         info = await probe(http, url)
@@ -209,8 +302,17 @@ async def _bench(db: ResultsDB, url: str, workloads: list[Workload], options: Be
         monitor.attach(db, run_id)
         if on_start:
             on_start(run_id)
-        s = _Session(db, run_id, url, http, options, progress, len(workloads) * (options.warmup + options.repeats),
-                     info.model_alias, monitor)
+        s = _Session(
+            db,
+            run_id,
+            url,
+            http,
+            options,
+            progress,
+            len(workloads) * (options.warmup + options.repeats),
+            info.model_alias,
+            monitor,
+        )
         if progress:
             progress("starting", 0, s.total)
         try:
@@ -225,8 +327,11 @@ async def _bench(db: ResultsDB, url: str, workloads: list[Workload], options: Be
             summary["error"] = f"{e}; {note}" if note else str(e)
             db.finish_run(run_id, RunStatus.FAILED, summary)
             if note:
-                raise RuntimeFailure(summary["error"], hint=f"`moetune doctor` reads the launch's logs; the "
-                                     f"{len(db.samples(run_id))} samples measured before are kept in run {run_id}") from None
+                raise RuntimeFailure(
+                    summary["error"],
+                    hint=f"`moetune doctor` reads the launch's logs; the "
+                    f"{len(db.samples(run_id))} samples measured before are kept in run {run_id}",
+                ) from None
             if isinstance(e, MoetuneError):
                 raise
             raise RuntimeFailure(f"{url}: {e}") from None
@@ -236,32 +341,63 @@ async def _bench(db: ResultsDB, url: str, workloads: list[Workload], options: Be
     return run_id
 
 
-def bench_target(db: ResultsDB, t: Target, workloads: list[Workload], options: BenchOptions, *,
-                 label: str | None = None, launch_timeout_s: float = 600.0, sweep_id: str | None = None,
-                 status: Callable[[str], None] | None = None,
-                 progress_for: Callable[[str], Progress | None] | None = None,
-                 on_start: Callable[[int], None] | None = None,
-                 on_snapshot: Callable[[Snapshot], None] | None = None,
-                 details: Mapping[str, Any] | None = None) -> int:
+def bench_target(
+    db: ResultsDB,
+    t: Target,
+    workloads: list[Workload],
+    options: BenchOptions,
+    *,
+    label: str | None = None,
+    launch_timeout_s: float = 600.0,
+    sweep_id: str | None = None,
+    status: Callable[[str], None] | None = None,
+    progress_for: Callable[[str], Progress | None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+    on_snapshot: Callable[[Snapshot], None] | None = None,
+    details: Mapping[str, Any] | None = None,
+) -> int:
     """:func:`bench` of a target: the server at its URL, or its plan's server, launched for the
     benchmark and stopped after it (sampled from its start)."""
     if t.url is not None:
         lab = label or t.url.split("://", 1)[-1]
-        return bench(db, t.url, workloads, options, label=label, target=t.name, sweep_id=sweep_id,
-                     progress=progress_for(lab) if progress_for else None, on_start=on_start,
-                     on_snapshot=on_snapshot, details=details)
+        return bench(
+            db,
+            t.url,
+            workloads,
+            options,
+            label=label,
+            target=t.name,
+            sweep_id=sweep_id,
+            progress=progress_for(lab) if progress_for else None,
+            on_start=on_start,
+            on_snapshot=on_snapshot,
+            details=details,
+        )
     from moetune.bench.servers import launched, new_launch_id, why_gone
 
     assert t.doc is not None
     lab = label or str(t.label)
     launch_id = new_launch_id()
-    with RunMonitor(lambda: watches_of_launch(launch_id), phase="launch", on_snapshot=on_snapshot) as monitor, \
-            launched(t, timeout_s=launch_timeout_s, status=status, launch_id=launch_id) as srv:
+    with (
+        RunMonitor(lambda: watches_of_launch(launch_id), phase="launch", on_snapshot=on_snapshot) as monitor,
+        launched(t, timeout_s=launch_timeout_s, status=status, launch_id=launch_id) as srv,
+    ):
         try:
-            return bench(db, srv.url, workloads, options, label=lab, target=t.name, sweep_id=sweep_id,
-                         launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run, t.server, srv.facts),
-                         progress=progress_for(lab) if progress_for else None, on_start=on_start, monitor=monitor,
-                         explain=lambda: why_gone(srv), details=details)
+            return bench(
+                db,
+                srv.url,
+                workloads,
+                options,
+                label=lab,
+                target=t.name,
+                sweep_id=sweep_id,
+                launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run, t.server, srv.facts),
+                progress=progress_for(lab) if progress_for else None,
+                on_start=on_start,
+                monitor=monitor,
+                explain=lambda: why_gone(srv),
+                details=details,
+            )
         finally:
             monitor.close()  # its last sample while the processes still run
 

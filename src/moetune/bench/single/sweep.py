@@ -66,8 +66,9 @@ class Outcome:
     error: str | None = None
 
 
-def load_sweep(paths: list[Path], server: str | None = None, transports: Sequence[str] | None = None,
-               rdma_dev: str | None = None) -> SweepSpec:
+def load_sweep(
+    paths: list[Path], server: str | None = None, transports: Sequence[str] | None = None, rdma_dev: str | None = None
+) -> SweepSpec:
     """Plan files (labels from their "label" or file name), or one sweep YAML file; each plan's
     server to measure chosen by the one rule (:func:`moetune.bench.target.choose_server`).
     ``transports`` (``--transport``): one sets every plan's, several measure every plan with each."""
@@ -82,20 +83,25 @@ def load_sweep(paths: list[Path], server: str | None = None, transports: Sequenc
             except (OSError, yaml.YAMLError) as e:
                 raise InputError(f"sweep file {p}: {e}") from None
             if not isinstance(doc, dict) or not isinstance(doc.get("plans"), list):
-                raise InputError(f"sweep file {p}: expected a mapping with a \"plans\" list",
-                                 hint="plans: [{label: cpu-moe, plan: cpu-moe.json}, ...]")
+                raise InputError(
+                    f'sweep file {p}: expected a mapping with a "plans" list',
+                    hint="plans: [{label: cpu-moe, plan: cpu-moe.json}, ...]",
+                )
             name = doc.get("name", name)
             baseline = doc.get("baseline", baseline)
             for item in doc["plans"]:
                 if isinstance(item, str):
                     item = {"plan": item}
                 if not isinstance(item, dict) or "plan" not in item:
-                    raise InputError(f"sweep file {p}: each plan needs a \"plan\" path ({item!r})")
+                    raise InputError(f'sweep file {p}: each plan needs a "plan" path ({item!r})')
                 t = plan_target((p.parent / str(item["plan"])).resolve(), server)
                 if item.get("transport") is not None:
                     if transports:
-                        raise InputError(f"sweep file {p}: plan {item.get('label') or t.label!r} sets its transport; "
-                                         "--transport sets every plan's", hint="drop one of them")
+                        raise InputError(
+                            f"sweep file {p}: plan {item.get('label') or t.label!r} sets its transport; "
+                            "--transport sets every plan's",
+                            hint="drop one of them",
+                        )
                     t = _entry_transport(t, item["transport"], p)
                 entries.append(SweepEntry(str(item.get("label") or t.label), t))
         else:
@@ -117,15 +123,17 @@ def _entry_transport(t: Target, value: object, path: Path) -> Target:
     return with_transport(t, str(value))
 
 
-def _with_transports(entries: list[SweepEntry], transports: Sequence[str] | None,
-                     rdma_dev: str | None) -> list[SweepEntry]:
+def _with_transports(
+    entries: list[SweepEntry], transports: Sequence[str] | None, rdma_dev: str | None
+) -> list[SweepEntry]:
     """One transport: every plan launched with it; several: every plan once per transport."""
     if not transports:
         return [SweepEntry(e.label, with_transport(e.target, None, rdma_dev)) for e in entries]
     if len(transports) == 1:
         return [SweepEntry(e.label, with_transport(e.target, transports[0], rdma_dev)) for e in entries]
-    return [SweepEntry(f"{e.label} ({tr})", with_transport(e.target, tr, rdma_dev))
-            for e in entries for tr in transports]
+    return [
+        SweepEntry(f"{e.label} ({tr})", with_transport(e.target, tr, rdma_dev)) for e in entries for tr in transports
+    ]
 
 
 def check_transports(spec: SweepSpec) -> None:
@@ -139,9 +147,14 @@ def check_transports(spec: SweepSpec) -> None:
 
 def plan_record(spec: SweepSpec) -> list[dict[str, str]]:
     """The sweep's plans as its record lists them: label, path, and a transport other than tcp."""
-    return [{"label": e.label, "path": str(e.path),
-             **({"transport": e.target.transport} if e.target.transport != Transport.TCP else {})}
-            for e in spec.entries]
+    return [
+        {
+            "label": e.label,
+            "path": str(e.path),
+            **({"transport": e.target.transport} if e.target.transport != Transport.TCP else {}),
+        }
+        for e in spec.entries
+    ]
 
 
 def _entry_key(e: SweepEntry) -> dict[str, object]:
@@ -159,22 +172,38 @@ def sweep_id(spec: SweepSpec, workloads: list[Workload], options: BenchOptions, 
     key: dict[str, object] = {
         "entries": [_entry_key(e) for e in spec.entries],
         "workloads": [w.to_json() for w in workloads],
-        "options": {k: v for k, v in asdict(options).items() if k in ("repeats", "warmup", "cache_bust")}}
+        "options": {k: v for k, v in asdict(options).items() if k in ("repeats", "warmup", "cache_bust")},
+    }
     if interleave is not None:
         key["interleave"] = interleave
     return "sw-" + hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def run_sweep(db: ResultsDB, spec: SweepSpec, workloads: list[Workload], options: BenchOptions, *,
-              sid: str | None = None, launch_timeout_s: float = 600.0,
-              status: Callable[[str], None] | None = None,
-              progress_for: Callable[[str], Progress | None] | None = None,
-              on_snapshot: Callable[[Snapshot], None] | None = None) -> tuple[str, list[Outcome]]:
+def run_sweep(
+    db: ResultsDB,
+    spec: SweepSpec,
+    workloads: list[Workload],
+    options: BenchOptions,
+    *,
+    sid: str | None = None,
+    launch_timeout_s: float = 600.0,
+    status: Callable[[str], None] | None = None,
+    progress_for: Callable[[str], Progress | None] | None = None,
+    on_snapshot: Callable[[Snapshot], None] | None = None,
+) -> tuple[str, list[Outcome]]:
     """Run every plan not yet complete in this sweep; return the sweep id and one outcome per plan."""
     check_transports(spec)
     sid = sid or sweep_id(spec, workloads, options)
-    db.create_sweep(sid, {"name": spec.name, "baseline": spec.baseline, "plans": plan_record(spec),
-                          "workloads": [w.to_json() for w in workloads], "options": asdict(options)})
+    db.create_sweep(
+        sid,
+        {
+            "name": spec.name,
+            "baseline": spec.baseline,
+            "plans": plan_record(spec),
+            "workloads": [w.to_json() for w in workloads],
+            "options": asdict(options),
+        },
+    )
     outcomes: list[Outcome] = []
     for e in spec.entries:
         done = [r for r in db.runs(sweep_id=sid) if r.label == e.label and r.status == RunStatus.DONE]
@@ -184,9 +213,18 @@ def run_sweep(db: ResultsDB, spec: SweepSpec, workloads: list[Workload], options
             outcomes.append(Outcome(e.label, done[0].id, RESUMED))
             continue
         try:
-            run_id = bench_target(db, e.target, workloads, options, label=e.label, sweep_id=sid,
-                                  launch_timeout_s=launch_timeout_s, status=status, progress_for=progress_for,
-                                  on_snapshot=on_snapshot)
+            run_id = bench_target(
+                db,
+                e.target,
+                workloads,
+                options,
+                label=e.label,
+                sweep_id=sid,
+                launch_timeout_s=launch_timeout_s,
+                status=status,
+                progress_for=progress_for,
+                on_snapshot=on_snapshot,
+            )
             outcomes.append(Outcome(e.label, run_id, MEASURED))
         except MoetuneError as err:  # one plan failing (out of memory, say) must not lose the others
             if status:

@@ -84,11 +84,23 @@ def parse_rows(text: str) -> list[SweepRow]:
 def row_sample(row: SweepRow, repeat: int) -> dict[str, Any]:
     """A row as a depth sample: the server's ``timings`` shape, so every analysis reads it as it
     reads ``bench --depth`` (PP = prompt_n / prompt_ms, TG = predicted_n / predicted_ms)."""
-    return {"workload": f"d{row.n_kv}", "kind": DEPTH, "depth": row.n_kv, "repeat": repeat, "thinking": None,
-            "ignore_eos": True, "max_tokens": row.tg, "source": "llama-sweep-bench",
-            "timings": {"prompt_n": row.pp, "prompt_ms": row.t_pp_s * 1000.0, "predicted_n": row.tg,
-                        "predicted_ms": row.t_tg_s * 1000.0},
-            "end_s": row.t_pp_s + row.t_tg_s}
+    return {
+        "workload": f"d{row.n_kv}",
+        "kind": DEPTH,
+        "depth": row.n_kv,
+        "repeat": repeat,
+        "thinking": None,
+        "ignore_eos": True,
+        "max_tokens": row.tg,
+        "source": "llama-sweep-bench",
+        "timings": {
+            "prompt_n": row.pp,
+            "prompt_ms": row.t_pp_s * 1000.0,
+            "predicted_n": row.tg,
+            "predicted_ms": row.t_tg_s * 1000.0,
+        },
+        "end_s": row.t_pp_s + row.t_tg_s,
+    }
 
 
 def sweep_argv(server_argv: Sequence[str], ctx: int, tg: int | None = None) -> list[str]:
@@ -118,25 +130,36 @@ class SweepOptions:
     timeout_s: float = 3600.0
 
 
-def bench_sweep(db: ResultsDB, t: Target, opt: SweepOptions, *, label: str | None = None,
-                launch_timeout_s: float = 600.0, status: Callable[[str], None] | None = None,
-                progress: Progress | None = None) -> int:
+def bench_sweep(
+    db: ResultsDB,
+    t: Target,
+    opt: SweepOptions,
+    *,
+    label: str | None = None,
+    launch_timeout_s: float = 600.0,
+    status: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
+) -> int:
     """Run llama-sweep-bench with the plan's server flags (its RPC workers started first, stopped
     after); store each row as it comes. Returns the run's id."""
     from moetune.engine import registry
     from moetune.engine.launchspec import LaunchSpec
 
     if t.doc is None or t.spec is None or t.server is None:
-        raise InputError(f"--sweep runs llama-sweep-bench from a plan's flags; {t.name} is a URL",
-                         hint="give the plan file (moetune plan ... -o plan.json)")
+        raise InputError(
+            f"--sweep runs llama-sweep-bench from a plan's flags; {t.name} is a URL",
+            hint="give the plan file (moetune plan ... -o plan.json)",
+        )
     chosen = next(s for s in t.spec.servers() if s.name == t.server)
     engine = registry.get(chosen.engine)
     try:
         binary = engine.binary("sweep")
     except InputError:
-        raise InputError(f"engine {engine.name} has no llama-sweep-bench (it comes with ik_llama.cpp)",
-                         hint="plan with --engine ik_llama.cpp (moetune engine install --kind ik_llama.cpp "
-                              "builds it), or register an ik_llama.cpp build that has it") from None
+        raise InputError(
+            f"engine {engine.name} has no llama-sweep-bench (it comes with ik_llama.cpp)",
+            hint="plan with --engine ik_llama.cpp (moetune engine install --kind ik_llama.cpp "
+            "builds it), or register an ik_llama.cpp build that has it",
+        ) from None
     plan_ctx = int(_flag(chosen.argv, "-c", "--ctx-size") or 4096)
     ctx = opt.ctx or plan_ctx
     ub = int(_flag(chosen.argv, "-ub", "--ubatch-size") or 512)
@@ -145,10 +168,24 @@ def bench_sweep(db: ResultsDB, t: Target, opt: SweepOptions, *, label: str | Non
     argv = [str(binary), *sweep_argv(chosen.argv, ctx, opt.tg)]
     depths = len(range(0, ctx, ub))
     total = depths * opt.repeats
-    meta = RunMeta(kind=RunKind.BENCH, moetune_version=__version__, argv=tuple(sys.argv), started_unix=time.time(),
-                   model=model_ref(model_arg(chosen.argv)), host=HostRef.here(), engine_build=engine.version(),
-                   plan=t.doc, details={"backend": "llama-sweep-bench", "sweep_argv": argv, "ctx": ctx, "ubatch": ub,
-                                        "repeats": opt.repeats, **_expected(t, chosen.name, ctx, ub)})
+    meta = RunMeta(
+        kind=RunKind.BENCH,
+        moetune_version=__version__,
+        argv=tuple(sys.argv),
+        started_unix=time.time(),
+        model=model_ref(model_arg(chosen.argv)),
+        host=HostRef.here(),
+        engine_build=engine.version(),
+        plan=t.doc,
+        details={
+            "backend": "llama-sweep-bench",
+            "sweep_argv": argv,
+            "ctx": ctx,
+            "ubatch": ub,
+            "repeats": opt.repeats,
+            **_expected(t, chosen.name, ctx, ub),
+        },
+    )
     run_id = db.create_run(meta, label=label or f"{t.label} (sweep-bench)", target=t.name)
     workers = LaunchSpec(tuple(t.spec.workers()))
     done = 0
@@ -169,8 +206,9 @@ def bench_sweep(db: ResultsDB, t: Target, opt: SweepOptions, *, label: str | Non
             if workers.processes:  # RPC workers through `moetune launch`: stopped on leaving
                 from moetune.run.launch import launched
 
-                stack.enter_context(launched(workers, t.doc, plan_file=t.name, timeout_s=launch_timeout_s,
-                                             run_id=launch_id))
+                stack.enter_context(
+                    launched(workers, t.doc, plan_file=t.name, timeout_s=launch_timeout_s, run_id=launch_id)
+                )
                 if status:
                     status(f"RPC workers up: {', '.join(p.name for p in workers.processes)}")
             stack.callback(monitor.close)  # its last sample before the workers stop
@@ -202,8 +240,10 @@ def _expected(t: Target, service: str, ctx: int, ub: int) -> dict[str, Any]:
     predicted = launch.predicted()
     if predicted is None:
         return {}
-    return {"predicted": expected(predicted, [(f"d{d}", d, ub) for d in range(0, ctx, ub)]),
-            "prediction_uncertainty": launch.uncertainty()}
+    return {
+        "predicted": expected(predicted, [(f"d{d}", d, ub) for d in range(0, ctx, ub)]),
+        "prediction_uncertainty": launch.uncertainty(),
+    }
 
 
 def _summary(db: ResultsDB, run_id: int) -> dict[str, Any] | None:
@@ -211,14 +251,19 @@ def _summary(db: ResultsDB, run_id: int) -> dict[str, Any] | None:
     return run_summary(samples) if samples else None
 
 
-def _run(argv: list[str], timeout_s: float, status: Callable[[str], None] | None,
-         on_pid: Callable[[int], None] = lambda pid: None) -> Iterator[SweepRow]:
+def _run(
+    argv: list[str],
+    timeout_s: float,
+    status: Callable[[str], None] | None,
+    on_pid: Callable[[int], None] = lambda pid: None,
+) -> Iterator[SweepRow]:
     """Run llama-sweep-bench; yield its rows as they are printed; fail naming its last words."""
     if status:
         status("llama-sweep-bench: loading the model")
     scratch = tempfile.TemporaryDirectory(prefix="moetune-sweep-")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            cwd=scratch.name)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, cwd=scratch.name
+    )
     on_pid(proc.pid)
     tail: list[str] = []
     deadline = time.monotonic() + timeout_s

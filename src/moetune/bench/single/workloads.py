@@ -20,16 +20,22 @@ from moetune.errors import InputError
 
 CHAT, DEPTH = "chat", "depth"
 
-SHORT_JSON_PROMPT = ("Write a JSON object with 5 fields describing a software project. Include name, language, "
-                     "version, description, and license.")
-LONG_OPENAPI_PROMPT = ("Write a detailed OpenAPI 3.0 specification in JSON for a task management API. Include "
-                       "endpoints for CRUD operations on projects and tasks, with request/response schemas, error "
-                       "responses, and authentication via Bearer token.")
+SHORT_JSON_PROMPT = (
+    "Write a JSON object with 5 fields describing a software project. Include name, language, "
+    "version, description, and license."
+)
+LONG_OPENAPI_PROMPT = (
+    "Write a detailed OpenAPI 3.0 specification in JSON for a task management API. Include "
+    "endpoints for CRUD operations on projects and tasks, with request/response schemas, error "
+    "responses, and authentication via Bearer token."
+)
 REFERENCE_SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "top_k": 45, "min_p": 0.01}
 
 # Text whose tokens fill contexts for depth workloads (any valid, non-special tokens will do).
-FILLER_TEXT = ("The quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches; "
-               "pack my box with five dozen liquor jugs, then sphinx of black quartz, judge my vow. ")
+FILLER_TEXT = (
+    "The quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches; "
+    "pack my box with five dozen liquor jugs, then sphinx of black quartz, judge my vow. "
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +66,9 @@ def builtin(name: str) -> Workload:
         return Workload("short-json", CHAT, 256, ({"role": "user", "content": SHORT_JSON_PROMPT},))
     if name == "long-openapi":
         return Workload("long-openapi", CHAT, 2048, ({"role": "user", "content": LONG_OPENAPI_PROMPT},))
-    raise InputError(f"unknown workload {name!r}", hint=f"choose from {', '.join(BUILTIN_NAMES)}, or give --prompt-file")
+    raise InputError(
+        f"unknown workload {name!r}", hint=f"choose from {', '.join(BUILTIN_NAMES)}, or give --prompt-file"
+    )
 
 
 BUILTIN_NAMES = ("short-json", "long-openapi", "reference")  # reference = both, as the field report runs them
@@ -87,8 +95,10 @@ def load_prompt_file(path: Path) -> Workload:
     if isinstance(doc, list):
         doc = {"messages": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list) or not doc["messages"]:
-        raise InputError(f"--prompt-file {path}: expected a request body with \"messages\", or a list of messages",
-                         hint='e.g. {"messages": [{"role": "user", "content": "..."}], "max_tokens": 256}')
+        raise InputError(
+            f'--prompt-file {path}: expected a request body with "messages", or a list of messages',
+            hint='e.g. {"messages": [{"role": "user", "content": "..."}], "max_tokens": 256}',
+        )
     body = dict(doc)
     messages = tuple({"role": str(m["role"]), "content": str(m["content"])} for m in body.pop("messages"))
     max_tokens = int(body.pop("max_tokens", body.pop("n_predict", 256)))
@@ -100,13 +110,22 @@ def load_prompt_file(path: Path) -> Workload:
     for k in ("model", "stream", "stream_options", "cache_prompt"):
         body.pop(k, None)
     sampling = {k: body.pop(k) for k in list(body) if k in ("temperature", "top_p", "top_k", "min_p", "seed")}
-    return Workload(name, CHAT, max_tokens, messages, ignore_eos, None if thinking is None else bool(thinking),
-                    sampling, body)
+    return Workload(
+        name, CHAT, max_tokens, messages, ignore_eos, None if thinking is None else bool(thinking), sampling, body
+    )
 
 
-def expand(names: list[str], prompt_files: list[Path], *, thinking: str | None = None, max_tokens: int | None = None,
-           ignore_eos: bool = False, depths: list[int] | None = None, pp_tokens: int = 512,
-           tg_tokens: int = 128) -> list[Workload]:
+def expand(
+    names: list[str],
+    prompt_files: list[Path],
+    *,
+    thinking: str | None = None,
+    max_tokens: int | None = None,
+    ignore_eos: bool = False,
+    depths: list[int] | None = None,
+    pp_tokens: int = 512,
+    tg_tokens: int = 128,
+) -> list[Workload]:
     """The workload list of one run, from the CLI's choices.
 
     ``thinking``: None keeps each workload's own setting (the built-ins: off, as the reference
@@ -134,8 +153,11 @@ def expand(names: list[str], prompt_files: list[Path], *, thinking: str | None =
     for d in depths or []:
         if d < 0:
             raise InputError(f"--depth {d}: depths are token counts, 0 or more")
-        out.append(Workload(f"d{d}", DEPTH, tg_tokens, ignore_eos=True, thinking=None, sampling={},
-                            depth=d, pp_tokens=pp_tokens))
+        out.append(
+            Workload(
+                f"d{d}", DEPTH, tg_tokens, ignore_eos=True, thinking=None, sampling={}, depth=d, pp_tokens=pp_tokens
+            )
+        )
     names_seen = [w.name for w in out]
     dup = {n for n in names_seen if names_seen.count(n) > 1}
     if dup:
@@ -149,8 +171,15 @@ def chat_body(w: Workload, *, cache_prompt: bool, model: str | None = None) -> d
     """The /v1/chat/completions request for a chat workload (streamed, usage included: the token
     counts of servers without llama.cpp's ``timings``). ``model``: the name the server lists
     (OpenAI servers other than llama-server refuse a request without it, or with another)."""
-    body: dict[str, Any] = {"messages": list(w.messages), "max_tokens": w.max_tokens, **w.sampling, **w.extra,
-                            "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": cache_prompt}
+    body: dict[str, Any] = {
+        "messages": list(w.messages),
+        "max_tokens": w.max_tokens,
+        **w.sampling,
+        **w.extra,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "cache_prompt": cache_prompt,
+    }
     if model is not None:
         body = {"model": model, **body}
     if w.ignore_eos:
@@ -183,5 +212,12 @@ def depth_prompts(filler: list[int], depth: int, pp_tokens: int, count: int) -> 
 
 def completion_body(prompt: list[int], n_predict: int, *, cache_prompt: bool = True) -> dict[str, Any]:
     """A raw /completion request (token ids in, no template), pinned to slot 0 so its cache is ours."""
-    return {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": cache_prompt,
-            "id_slot": 0, "stream": True, "temperature": 0.0}
+    return {
+        "prompt": prompt,
+        "n_predict": n_predict,
+        "ignore_eos": True,
+        "cache_prompt": cache_prompt,
+        "id_slot": 0,
+        "stream": True,
+        "temperature": 0.0,
+    }

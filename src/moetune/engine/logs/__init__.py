@@ -51,17 +51,43 @@ from moetune.engine.logs.types import (
 from moetune.kinds import LogEra, LogPhase
 
 __all__ = [
-    "BUFFER_KINDS", "AllocFailure", "Buffer", "CacheMiss", "Checkpoint", "ContextParams",
-    "Device", "DeviceBuffers", "Evidence", "Failure", "MemoryBreakdown", "MemoryRow", "PhaseMark", "PinnedAlloc",
-    "RequestTiming", "ServerLog", "SlotWait", "SplitModeChange", "WorkerLog", "detect_era", "device_key",
-    "is_worker_log", "parse_log", "parse_worker_log", "phases_in", "split_lines",
+    "BUFFER_KINDS",
+    "AllocFailure",
+    "Buffer",
+    "CacheMiss",
+    "Checkpoint",
+    "ContextParams",
+    "Device",
+    "DeviceBuffers",
+    "Evidence",
+    "Failure",
+    "MemoryBreakdown",
+    "MemoryRow",
+    "PhaseMark",
+    "PinnedAlloc",
+    "RequestTiming",
+    "ServerLog",
+    "SlotWait",
+    "SplitModeChange",
+    "WorkerLog",
+    "detect_era",
+    "device_key",
+    "is_worker_log",
+    "parse_log",
+    "parse_worker_log",
+    "phases_in",
+    "split_lines",
 ]
 
-_MAINLINE_MARK = re.compile(r"^\d+\.\d{2}\.\d{3}\.\d{3} [IWEDT] |^(?:load_tensors|sched_reserve|llama_context|"
-                            r"llama_kv_cache|common_memory_breakdown_print|print_info):")
-_LEGACY_MARK = re.compile(r"^(?:llm_load_tensors|llm_load_print_meta|llama_kv_cache_init|llama_new_context_with_model|"
-                          r"llama_init_from_model|ggml_cuda_init):|^(?:INFO|WARN|ERR|VERB) \[|of pinned host memory|"
-                          r"Common part does not match fully|======== Cache:")
+_MAINLINE_MARK = re.compile(
+    r"^\d+\.\d{2}\.\d{3}\.\d{3} [IWEDT] |^(?:load_tensors|sched_reserve|llama_context|"
+    r"llama_kv_cache|common_memory_breakdown_print|print_info):"
+)
+_LEGACY_MARK = re.compile(
+    r"^(?:llm_load_tensors|llm_load_print_meta|llama_kv_cache_init|llama_new_context_with_model|"
+    r"llama_init_from_model|ggml_cuda_init):|^(?:INFO|WARN|ERR|VERB) \[|of pinned host memory|"
+    r"Common part does not match fully|======== Cache:"
+)
 _GRAMMARS = {LogEra.MAINLINE: mainline, LogEra.LEGACY: legacy}
 
 

@@ -53,8 +53,10 @@ MIB_PER_BYTE = 1.0 / (1024 * 1024)
 
 def rule(pattern: str, flags: int = 0) -> Callable[[Action], Rule]:
     """Decorator: ``@rule(r"...")`` turns an action into a (pattern, action) rule."""
+
     def wrap(action: Action) -> Rule:
         return re.compile(pattern, flags), action
+
     return wrap
 
 
@@ -78,15 +80,21 @@ class _Timing:
         if self.prompt is None:
             return None
         ev, tot = self.eval or (None, None), self.total or (None, None)
-        return RequestTiming(self.prompt[0], self.prompt[1], ev[0], ev[1], tot[0], tot[1], self.slot, self.task,
-                             self.line)
+        return RequestTiming(
+            self.prompt[0], self.prompt[1], ev[0], ev[1], tot[0], tot[1], self.slot, self.task, self.line
+        )
 
 
 class Acc:
     """Mutable collection of what a log says; one per parse."""
 
-    def __init__(self, era: LogEra, lines: Sequence[str], times: Sequence[float | None],
-                 levels: Sequence[str | None] | None = None) -> None:
+    def __init__(
+        self,
+        era: LogEra,
+        lines: Sequence[str],
+        times: Sequence[float | None],
+        levels: Sequence[str | None] | None = None,
+    ) -> None:
         self.era = era
         self.lines = tuple(lines)
         self.times = tuple(times)
@@ -146,8 +154,13 @@ class Acc:
             if f.device == device and n - f.line <= 3:
                 return
         phase = self.current_phase()
-        what = {LogPhase.LOADING_TENSORS: MODEL, LogPhase.CREATING_CONTEXT: KV,
-                LogPhase.ALLOCATING_COMPUTE: COMPUTE}.get(phase, "unknown") if phase else "unknown"
+        what = (
+            {LogPhase.LOADING_TENSORS: MODEL, LogPhase.CREATING_CONTEXT: KV, LogPhase.ALLOCATING_COMPUTE: COMPUTE}.get(
+                phase, "unknown"
+            )
+            if phase
+            else "unknown"
+        )
         self.alloc_failures.append(AllocFailure(device, size_mib, what, n))
         self.fail(ALLOC_FAILED, device, n)
 
@@ -178,8 +191,9 @@ class Acc:
         key = {"prompt eval": "prompt", "eval": "eval", "total": "total"}[what]
         setattr(self.pending_timing, key, (ms, tokens))
         if what == "prompt eval" and self.pending_miss is not None:
-            self.misses.append(replace(self.pending_miss, reevaluated_tokens=tokens,
-                                       lines=(*self.pending_miss.lines, n)))
+            self.misses.append(
+                replace(self.pending_miss, reevaluated_tokens=tokens, lines=(*self.pending_miss.lines, n))
+            )
             self.pending_miss = None
         if what == "total":
             self.flush_timing()
@@ -202,16 +216,32 @@ class Acc:
         for q in self.queued:  # still waiting when the log ends
             self.waits.append(SlotWait(q, None, None))
         return ServerLog(
-            era=self.era, lines=self.lines, times_s=self.times, devices=tuple(self.devices),
-            buffers=tuple(self.buffers), kv_self_mib=self.kv_self_mib, graph_nodes=self.graph_nodes,
-            graph_splits=self.graph_splits, context=self.context, pinned=tuple(self.pinned), timings=tuple(self.timings),
-            memory_breakdowns=tuple(self.tables), warnings=tuple(self.warnings), errors=tuple(self.errors),
-            alloc_failures=tuple(self.alloc_failures), failures=tuple(self.failures),
-            split_mode_changes=tuple(self.split_changes), cache_misses=tuple(self.misses),
+            era=self.era,
+            lines=self.lines,
+            times_s=self.times,
+            devices=tuple(self.devices),
+            buffers=tuple(self.buffers),
+            kv_self_mib=self.kv_self_mib,
+            graph_nodes=self.graph_nodes,
+            graph_splits=self.graph_splits,
+            context=self.context,
+            pinned=tuple(self.pinned),
+            timings=tuple(self.timings),
+            memory_breakdowns=tuple(self.tables),
+            warnings=tuple(self.warnings),
+            errors=tuple(self.errors),
+            alloc_failures=tuple(self.alloc_failures),
+            failures=tuple(self.failures),
+            split_mode_changes=tuple(self.split_changes),
+            cache_misses=tuple(self.misses),
             uncached_requests=tuple(self.uncached),
-            slot_waits=tuple(self.waits), checkpoints_created=tuple(self.ckpt_created),
-            checkpoint_restores=tuple(self.ckpt_restored), full_reprocessing=tuple(self.full_reprocessing),
-            phases=tuple(self.phases), listening=self.listening)
+            slot_waits=tuple(self.waits),
+            checkpoints_created=tuple(self.ckpt_created),
+            checkpoint_restores=tuple(self.ckpt_restored),
+            full_reprocessing=tuple(self.full_reprocessing),
+            phases=tuple(self.phases),
+            listening=self.listening,
+        )
 
 
 def run_grammar(acc: Acc, rules: Sequence[Rule]) -> None:
@@ -243,6 +273,7 @@ def to_mib(size: str, unit: str) -> float:
 
 
 # -- lines ggml and the server print alike in both eras -------------------------------------
+
 
 @rule(r"\bid\s+(\d+) \| task (-?\d+) \|")
 def _slot_task(acc: Acc, m: re.Match[str], n: int) -> None:
@@ -306,8 +337,10 @@ def _rpc_crashed(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.fail(RPC_CRASHED, None, n)
 
 
-@rule(r"error: invalid argument: (.+)|error while handling argument \"([^\"]+)\"(?:: (.+))?|unknown argument: (\S+)"
-      r"|error: invalid parameter for argument: (\S+)")
+@rule(
+    r"error: invalid argument: (.+)|error while handling argument \"([^\"]+)\"(?:: (.+))?|unknown argument: (\S+)"
+    r"|error: invalid parameter for argument: (\S+)"
+)
 def _bad_argument(acc: Acc, m: re.Match[str], n: int) -> None:
     """Subject: the argument, and the engine's reason where it gives one (``-ot: unknown buffer type``;
     ik_llama.cpp: ``invalid parameter`` for a value it cannot take)."""
@@ -346,30 +379,64 @@ def _context_buffer(acc: Acc, m: re.Match[str], n: int) -> None:
 PHASE_SHARED_RULES: tuple[Rule, ...] = (_pinned, _context_buffer)
 
 SHARED_RULES: tuple[Rule, ...] = (
-    _slot_task, _timing, _alloc_named, _alloc_cuda, _alloc_model, _alloc_was_compute, _alloc_was_kv,
-    _alloc_was_output, _model_open, _model_load, _rpc_connect, _rpc_crashed, _bad_argument, _abort,
-    _pinned, _pinned_done, _context_buffer,
+    _slot_task,
+    _timing,
+    _alloc_named,
+    _alloc_cuda,
+    _alloc_model,
+    _alloc_was_compute,
+    _alloc_was_kv,
+    _alloc_was_output,
+    _model_open,
+    _model_load,
+    _rpc_connect,
+    _rpc_crashed,
+    _bad_argument,
+    _abort,
+    _pinned,
+    _pinned_done,
+    _context_buffer,
 )
 
 # A memory breakdown table row (mainline, but ik_llama.cpp may adopt it; the grammar decides)
 TABLE_HEADER = re.compile(r"\|\s*memory breakdown \[MiB\]\s*\|")
 TABLE_DEVICE = re.compile(
     r"\|\s+- (?P<name>\S+)(?: \((?P<desc>[^|]*)\))?\s*\|\s*(?P<total>-?\d+) = (?P<free>-?\d+) \+ \(\s*(?P<self>-?\d+) ="
-    r"\s*(?P<model>-?\d+) \+\s*(?P<ctx>-?\d+) \+\s*(?P<compute>-?\d+)\) \+\s*(?P<unacc>-?\d+) \|")
+    r"\s*(?P<model>-?\d+) \+\s*(?P<ctx>-?\d+) \+\s*(?P<compute>-?\d+)\) \+\s*(?P<unacc>-?\d+) \|"
+)
 TABLE_OTHER = re.compile(
     r"\|\s+- (?P<name>\S+)(?: \((?P<desc>[^|]*)\))?\s*\|\s*(?P<self>-?\d+) =\s*(?P<model>-?\d+) \+\s*(?P<ctx>-?\d+)"
-    r" \+\s*(?P<compute>-?\d+)\s*\|")
+    r" \+\s*(?P<compute>-?\d+)\s*\|"
+)
 
 
 def table_row(text: str) -> MemoryRow | None:
     m = TABLE_DEVICE.search(text)
     if m:
-        return MemoryRow(m["name"], (m["desc"] or "").strip(), int(m["total"]), int(m["free"]), int(m["self"]),
-                         int(m["model"]), int(m["ctx"]), int(m["compute"]), int(m["unacc"]))
+        return MemoryRow(
+            m["name"],
+            (m["desc"] or "").strip(),
+            int(m["total"]),
+            int(m["free"]),
+            int(m["self"]),
+            int(m["model"]),
+            int(m["ctx"]),
+            int(m["compute"]),
+            int(m["unacc"]),
+        )
     m = TABLE_OTHER.search(text)
     if m:
-        return MemoryRow(m["name"], (m["desc"] or "").strip(), None, None, int(m["self"]), int(m["model"]),
-                         int(m["ctx"]), int(m["compute"]), None)
+        return MemoryRow(
+            m["name"],
+            (m["desc"] or "").strip(),
+            None,
+            None,
+            int(m["self"]),
+            int(m["model"]),
+            int(m["ctx"]),
+            int(m["compute"]),
+            None,
+        )
     return None
 
 
@@ -403,7 +470,9 @@ def collect_tables(acc: Acc) -> None:
 ERROR_WORDS = re.compile(r"^ERR \[|\b(?:error|failed|failure|out of memory|GGML_ASSERT|GGML_ABORT)\b", re.I)
 WARNING_WORDS = re.compile(
     r"^WARN \[|\bwarning\b|=> changing|not supported for this model|does not match fully|-- ignoring"
-    r"|is not in special_eog_ids", re.I)
+    r"|is not in special_eog_ids",
+    re.I,
+)
 
 
 def classify_by_words(acc: Acc) -> None:
@@ -412,4 +481,3 @@ def classify_by_words(acc: Acc) -> None:
             acc.errors.append(Evidence(n, text))
         elif WARNING_WORDS.search(text):
             acc.warnings.append(Evidence(n, text))
-

@@ -43,8 +43,10 @@ from moetune.kinds import LogEra, LogPhase
 
 TIMESTAMP = re.compile(r"\btimestamp=(\d+)")
 # where a detokenized "cache :" / "prompt:" text stops: the next line that looks like a log statement
-STATEMENT = re.compile(r"^(?:INFO|WARN|ERR|VERB) \[|^[A-Za-z_][\w]*: |^slot |^srv |^\s*(?:prompt eval|eval|total) time"
-                       r"|^=+|^prompt: |^cache : ")
+STATEMENT = re.compile(
+    r"^(?:INFO|WARN|ERR|VERB) \[|^[A-Za-z_][\w]*: |^slot |^srv |^\s*(?:prompt eval|eval|total) time"
+    r"|^=+|^prompt: |^cache : "
+)
 
 
 def _text_block(acc: Acc, n: int, first: str) -> tuple[str, int]:
@@ -97,7 +99,10 @@ def _slots(acc: Acc, m: re.Match[str], n: int) -> None:
 PHASE_RULES: tuple[Rule, ...] = (
     phase_rule(r"^llama_model_loader: loaded meta data|^llm_load_print_meta:", LogPhase.LOADING_MODEL),
     phase_rule(r"^llm_load_tensors:", LogPhase.LOADING_TENSORS),
-    phase_rule(r"^llama_kv_cache_init:|^(?:llama_init_from_model|llama_new_context_with_model): n_ctx", LogPhase.CREATING_CONTEXT),
+    phase_rule(
+        r"^llama_kv_cache_init:|^(?:llama_init_from_model|llama_new_context_with_model): n_ctx",
+        LogPhase.CREATING_CONTEXT,
+    ),
     phase_rule(r"warming up the model", LogPhase.WARMUP),
     phase_rule(r"\bmodel loaded\b", LogPhase.READY),
 )
@@ -136,6 +141,7 @@ def _split_mode(acc: Acc, m: re.Match[str], n: int) -> None:
 
 # -- prefix cache ---------------------------------------------------------------------------
 
+
 class _Cache:
     def __init__(self) -> None:
         self.report: tuple[int, int, int] | None = None  # (line, cache_size, n_past) of "======== Cache:"
@@ -146,8 +152,10 @@ def _cache_state(acc: Acc) -> _Cache:
     return acc.era_state
 
 
-@rule(r"======== Cache: cache_size = (\d+), n_past0? =\s*(\d+)(?:, n_past1 =\s*(\d+), n_past_prompt1 =\s*\d+,"
-      r"\s*n_past2 =\s*(\d+))?")
+@rule(
+    r"======== Cache: cache_size = (\d+), n_past0? =\s*(\d+)(?:, n_past1 =\s*(\d+), n_past_prompt1 =\s*\d+,"
+    r"\s*n_past2 =\s*(\d+))?"
+)
 def _cache_report(acc: Acc, m: re.Match[str], n: int) -> None:
     n_past = int(m[2])
     if m[3] is not None:  # older form: the exact match (n_past1) unless the non-exact one is much longer
@@ -176,11 +184,13 @@ def _cache_text(acc: Acc, m: re.Match[str], n: int) -> None:
     text, last = _text_block(acc, n, m[2])
     lines = (*miss.lines, *range(n, last + 1))
     if m[1] == "cache :":
-        acc.pending_miss = CacheMiss(miss.line, miss.slot, miss.cached_tokens, miss.common_tokens, None, text,
-                                     miss.prompt_text, lines)
+        acc.pending_miss = CacheMiss(
+            miss.line, miss.slot, miss.cached_tokens, miss.common_tokens, None, text, miss.prompt_text, lines
+        )
     else:
-        acc.pending_miss = CacheMiss(miss.line, miss.slot, miss.cached_tokens, miss.common_tokens, None,
-                                     miss.cache_text, text, lines)
+        acc.pending_miss = CacheMiss(
+            miss.line, miss.slot, miss.cached_tokens, miss.common_tokens, None, miss.cache_text, text, lines
+        )
 
 
 # -- context checkpoints (ik_llama.cpp's server, for recurrent models) ---------------------------
@@ -207,6 +217,7 @@ def _full_reprocessing(acc: Acc, m: re.Match[str], n: int) -> None:
 
 # -- slots ----------------------------------------------------------------------------------
 
+
 @rule(r"no slot is available")
 def _no_slot(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.start_queue_wait(n)
@@ -217,9 +228,30 @@ def _slot_start(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.slot_started(n)
 
 
-RULES: tuple[Rule, ...] = (*SHARED_RULES, _slot_task, _cuda_device, _model_buffer, _kv_self, _graph, _ctx_param, _slots,
-                           *PHASE_RULES, _listening, _bind, _split_devices, _template, _split_mode, _cache_report, _cache_miss, _cache_text,
-                           _no_slot, _slot_start, _checkpoint_created, _checkpoint_restored, _full_reprocessing)
+RULES: tuple[Rule, ...] = (
+    *SHARED_RULES,
+    _slot_task,
+    _cuda_device,
+    _model_buffer,
+    _kv_self,
+    _graph,
+    _ctx_param,
+    _slots,
+    *PHASE_RULES,
+    _listening,
+    _bind,
+    _split_devices,
+    _template,
+    _split_mode,
+    _cache_report,
+    _cache_miss,
+    _cache_text,
+    _no_slot,
+    _slot_start,
+    _checkpoint_created,
+    _checkpoint_restored,
+    _full_reprocessing,
+)
 
 # the rules a progress display needs: which phase the new lines reach
 PHASE_ONLY_RULES: tuple[Rule, ...] = (*PHASE_RULES, _listening, *PHASE_SHARED_RULES)

@@ -52,10 +52,10 @@ def split_prefix(raw: str) -> tuple[str, float | None, str | None]:
     m = PREFIX.match(raw)
     if m:
         t = int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6
-        return raw[m.end():], t, m[5]
+        return raw[m.end() :], t, m[5]
     m = LEVEL_ONLY.match(raw)
     if m:
-        return raw[m.end():], None, m[1]
+        return raw[m.end() :], None, m[1]
     return raw, None, None
 
 
@@ -70,6 +70,7 @@ def continued(acc: Acc, n: int, first: str) -> str:
 
 
 # -- devices and buffers --------------------------------------------------------------------
+
 
 @rule(r"(?:^|\s-\s+)(" + BACKENDS + r")\s*: (.+?)\s*(?:\((\d+) MiB, (\d+) MiB free\)|\(\.\.\.\))?\s*$")
 def _device(acc: Acc, m: re.Match[str], n: int) -> None:
@@ -128,6 +129,7 @@ def _bind(acc: Acc, m: re.Match[str], n: int) -> None:
 
 # -- slots: queueing and prefix-cache misses --------------------------------------------------
 
+
 class _Slots:
     """Per-slot state the slot lines need; kept on the accumulator."""
 
@@ -145,7 +147,9 @@ def _slots_state(acc: Acc) -> _Slots:
     return acc.era_state
 
 
-@rule(r"get_availabl\w*: id\s+(\d+) \| task -?\d+ \|\s+- (skipping, is_processing = 1|skipping, slot is empty|checking)")
+@rule(
+    r"get_availabl\w*: id\s+(\d+) \| task -?\d+ \|\s+- (skipping, is_processing = 1|skipping, slot is empty|checking)"
+)
 def _slot_search(acc: Acc, m: re.Match[str], n: int) -> None:
     st = _slots_state(acc)
     slot = int(m[1])
@@ -183,14 +187,18 @@ def _slot_forced(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.full_reprocessing.append(n)
 
 
-@rule(r"id\s+(\d+) \| task -?\d+ \| created context checkpoint (\d+) of \d+ \(pos_min = -?\d+, pos_max = (-?\d+),"
-      r" n_tokens = \d+, size = ([\d.]+) MiB\)")
+@rule(
+    r"id\s+(\d+) \| task -?\d+ \| created context checkpoint (\d+) of \d+ \(pos_min = -?\d+, pos_max = (-?\d+),"
+    r" n_tokens = \d+, size = ([\d.]+) MiB\)"
+)
 def _checkpoint_created(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.ckpt_created.append(Checkpoint(n, int(m[1]), int(m[3]), num(m[4]), index=int(m[2])))
 
 
-@rule(r"id\s+(\d+) \| task -?\d+ \| restored context checkpoint \(pos_min = -?\d+, pos_max = (-?\d+), n_tokens = \d+,"
-      r" n_past = (\d+), size = ([\d.]+) MiB\)")
+@rule(
+    r"id\s+(\d+) \| task -?\d+ \| restored context checkpoint \(pos_min = -?\d+, pos_max = (-?\d+), n_tokens = \d+,"
+    r" n_past = (\d+), size = ([\d.]+) MiB\)"
+)
 def _checkpoint_restored(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.ckpt_restored.append(Checkpoint(n, int(m[1]), int(m[2]), num(m[4]), n_past=int(m[3])))
 
@@ -227,12 +235,32 @@ def _slot_cached(acc: Acc, m: re.Match[str], n: int) -> None:
     acc.miss(CacheMiss(n, slot, before, common, None, old, new, (*lines, n)))
 
 
-SLOT_RULES: tuple[Rule, ...] = (_slot_search, _slot_launch, _slot_release, _prompt_restored, _slot_similarity,
-                                _slot_forced, _slot_new_prompt, _slot_debug, _slot_cached, _checkpoint_created,
-                                _checkpoint_restored)
+SLOT_RULES: tuple[Rule, ...] = (
+    _slot_search,
+    _slot_launch,
+    _slot_release,
+    _prompt_restored,
+    _slot_similarity,
+    _slot_forced,
+    _slot_new_prompt,
+    _slot_debug,
+    _slot_cached,
+    _checkpoint_created,
+    _checkpoint_restored,
+)
 
-RULES: tuple[Rule, ...] = (*SHARED_RULES, _device, _model_buffer, _graph, _ctx_param, _slots, *PHASE_RULES,
-                           _listening, _bind, *SLOT_RULES)
+RULES: tuple[Rule, ...] = (
+    *SHARED_RULES,
+    _device,
+    _model_buffer,
+    _graph,
+    _ctx_param,
+    _slots,
+    *PHASE_RULES,
+    _listening,
+    _bind,
+    *SLOT_RULES,
+)
 
 # the rules a progress display needs: which phase the new lines reach
 PHASE_ONLY_RULES: tuple[Rule, ...] = (*PHASE_RULES, _listening, *PHASE_SHARED_RULES)

@@ -64,8 +64,19 @@ def parse_worker_log(text: str) -> WorkerLog:
             errors.append(Evidence(n, line))
     # the bind failure is printed (stderr) before the banner (stdout, flushed at exit): name the endpoint
     failures = [Failure(f.kind, f.subject or endpoint, f.line) for f in failures]
-    return WorkerLog(lines, version, endpoint, tuple(devices), transport, tuple(probed), tuple(activated),
-                     tuple(rdma_errors), connections, tuple(errors), tuple(failures))
+    return WorkerLog(
+        lines,
+        version,
+        endpoint,
+        tuple(devices),
+        transport,
+        tuple(probed),
+        tuple(activated),
+        tuple(rdma_errors),
+        connections,
+        tuple(errors),
+        tuple(failures),
+    )
 
 
 def is_worker_log(lines: Sequence[str]) -> bool:

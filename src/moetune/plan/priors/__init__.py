@@ -147,8 +147,7 @@ def _keys(doc: Any, where: str, cls: type, required: Iterable[str]) -> dict[str,
     return dict(doc)
 
 
-def _number(v: Any, where: str, name: str, *, integer: bool = False, minimum: float = 0.0,
-            strict: bool = True) -> Any:
+def _number(v: Any, where: str, name: str, *, integer: bool = False, minimum: float = 0.0, strict: bool = True) -> Any:
     ok = isinstance(v, int) if integer else isinstance(v, int | float)
     if isinstance(v, bool) or not ok or not math.isfinite(v) or (v <= minimum if strict else v < minimum):
         kind = "an integer" if integer else "a number"
@@ -174,8 +173,11 @@ def _memory(doc: Any, where: str) -> Memory:
         _number(d[k], where, k, integer=True)
     peak = d["channels"] * d["mts"] * 8 / 1000
     if abs(d["bw_gbs"] - peak) > 0.01 * peak:
-        raise _fail(where, f"bw_gbs {d['bw_gbs']:g}: the table gives the peak, channels x MT/s x 8 bytes = {peak:g}",
-                    hint="a measured figure goes in measured_gbs")
+        raise _fail(
+            where,
+            f"bw_gbs {d['bw_gbs']:g}: the table gives the peak, channels x MT/s x 8 bytes = {peak:g}",
+            hint="a measured figure goes in measured_gbs",
+        )
     if d.get("measured_gbs") is not None:
         _number(d["measured_gbs"], where, "measured_gbs")
     return Memory(**d)
@@ -187,13 +189,30 @@ def _rig(doc: Any, where: str) -> Rig:
     gpus = d.get("gpus") or []
     if not isinstance(gpus, list):
         raise _fail(where, "gpus: expected a list")
-    return Rig(**{**d, "memory": _memory(d["memory"], f"{where}.memory"),
-                  "gpus": tuple(_gpu(g, f"{where}.gpus[{i}]") for i, g in enumerate(gpus))})
+    return Rig(
+        **{
+            **d,
+            "memory": _memory(d["memory"], f"{where}.memory"),
+            "gpus": tuple(_gpu(g, f"{where}.gpus[{i}]") for i, g in enumerate(gpus)),
+        }
+    )
 
 
 BOOL_FIELDS = ("reference", "fit", "flash_attn", "repack", "merge_up_gate", "merge_qkv", "grouped_experts")
-REQUIRED_ROW = ("id", "rig", "source", "engine", "tool", "model", "preset", "quant", "command", "placement",
-                "threads", "tg_tok_s")
+REQUIRED_ROW = (
+    "id",
+    "rig",
+    "source",
+    "engine",
+    "tool",
+    "model",
+    "preset",
+    "quant",
+    "command",
+    "placement",
+    "threads",
+    "tg_tok_s",
+)
 
 
 def _row(doc: Any, where: str, rigs: Mapping[str, Rig]) -> Row:
@@ -267,17 +286,31 @@ def rig_inventory(rig: Rig, gpus_used: int) -> Inventory:
     """The rig as a hardware file would say it, with the GPUs the command ran on (its first
     ``gpus_used``: CUDA0, CUDA1, ...)."""
     mib = 1024.0
-    devs = tuple(Device(f"CUDA{i}", DeviceKind.GPU, g.mem_mib, g.bw_gbs, "local", g.link_gbs, tflops=g.tflops)
-                 for i, g in enumerate(rig.gpus[:gpus_used]))
+    devs = tuple(
+        Device(f"CUDA{i}", DeviceKind.GPU, g.mem_mib, g.bw_gbs, "local", g.link_gbs, tflops=g.tflops)
+        for i, g in enumerate(rig.gpus[:gpus_used])
+    )
     node = Node("local", rig.cores, rig.memory.gib * mib, rig.memory.bw_gbs, devs)
     return Inventory((node,), name=rig.id)
 
 
 def row_settings(row: Row) -> Settings:
-    return Settings(ctx=row.ctx, batch=row.batch, ubatch=min(row.ubatch, row.batch), ctk=row.ctk, ctv=row.ctv,
-                    flash_attn=row.flash_attn, engine=row.engine_kind, repack=row.repack, threads=row.threads,
-                    threads_batch=row.threads_batch, mla=row.mla, merge_up_gate=row.merge_up_gate,
-                    merge_qkv=row.merge_qkv, grouped_experts=row.grouped_experts)
+    return Settings(
+        ctx=row.ctx,
+        batch=row.batch,
+        ubatch=min(row.ubatch, row.batch),
+        ctk=row.ctk,
+        ctv=row.ctv,
+        flash_attn=row.flash_attn,
+        engine=row.engine_kind,
+        repack=row.repack,
+        threads=row.threads,
+        threads_batch=row.threads_batch,
+        mla=row.mla,
+        merge_up_gate=row.merge_up_gate,
+        merge_qkv=row.merge_qkv,
+        grouped_experts=row.grouped_experts,
+    )
 
 
 def row_work(row: Row, rig: Rig, profile: ModelProfile) -> Work:
@@ -297,15 +330,31 @@ def observation(index: int, row: Row, w: Work) -> Observation:
 # The speed model's guesses before the published table (the defaults of SpeedConstants until it):
 # the fit starts from them and is pulled toward them, so the shipped constants are reproducible from
 # the table (benchmarks/bench_priors.py refits them).
-GUESSES = replace(SpeedConstants(), gpu_bw_eff=0.75, cpu_bw_eff=0.55, cpu_core_gbs=10.0, split_us=25.0,
-                  token_overhead_us=300.0, gpu_tflops=80.0, cpu_gflops_per_core=40.0, ik_cpu_gflops_per_core=40.0,
-                  ubatch_overhead_us=2000.0)
+GUESSES = replace(
+    SpeedConstants(),
+    gpu_bw_eff=0.75,
+    cpu_bw_eff=0.55,
+    cpu_core_gbs=10.0,
+    split_us=25.0,
+    token_overhead_us=300.0,
+    gpu_tflops=80.0,
+    cpu_gflops_per_core=40.0,
+    ik_cpu_gflops_per_core=40.0,
+    ubatch_overhead_us=2000.0,
+)
 # The constants the published rows see and the shipped defaults take from their fit: memory
 # efficiencies, per-thread rates and fixed costs. The rest (RPC hops, attention over the context,
 # repacking, flash attention and quantized-cache factors) are left to the testbed's measurements:
 # these rows have no RPC device and are measured at depth 0.
-ADOPTED = ("gpu_bw_eff", "cpu_bw_eff", "cpu_core_gbs", "token_overhead_us", "gpu_tflops",
-           "ik_cpu_gflops_per_core", "ubatch_overhead_us")
+ADOPTED = (
+    "gpu_bw_eff",
+    "cpu_bw_eff",
+    "cpu_core_gbs",
+    "token_overhead_us",
+    "gpu_tflops",
+    "ik_cpu_gflops_per_core",
+    "ubatch_overhead_us",
+)
 
 
 def fit_rows(obs: list[Observation], prior: SpeedConstants = GUESSES) -> SpeedConstants:
@@ -341,9 +390,18 @@ class Predicted:
 
 
 def predicted(rows: list[Row], obs: list[Observation], k: SpeedConstants) -> list[Predicted]:
-    return [Predicted(row=r.id, rig=r.rig, reference=r.reference, measured_tg=r.tg_tok_s, measured_pp=r.pp_tok_s,
-                      tg=predict_tg(o, k), pp=predict_pp(o, k) if r.pp_tok_s else None)
-            for r, o in zip(rows, obs, strict=True)]
+    return [
+        Predicted(
+            row=r.id,
+            rig=r.rig,
+            reference=r.reference,
+            measured_tg=r.tg_tok_s,
+            measured_pp=r.pp_tok_s,
+            tg=predict_tg(o, k),
+            pp=predict_pp(o, k) if r.pp_tok_s else None,
+        )
+        for r, o in zip(rows, obs, strict=True)
+    ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -364,8 +422,14 @@ def leave_one_rig_out(rows: list[Row], obs: list[Observation], prior: SpeedConst
         train = [(r, o) for r, o in zip(rows, obs, strict=True) if r.rig != rig and fitted(r)]
         k = fit_rows([o for _, o in train], prior)
         held = [(r, o) for r, o in zip(rows, obs, strict=True) if r.rig == rig]
-        out.append(RigOut(rig=rig, fitted_on=tuple(dict.fromkeys(r.rig for r, _ in train)), constants=k,
-                          predictions=tuple(predicted([r for r, _ in held], [o for _, o in held], k))))
+        out.append(
+            RigOut(
+                rig=rig,
+                fitted_on=tuple(dict.fromkeys(r.rig for r, _ in train)),
+                constants=k,
+                predictions=tuple(predicted([r for r, _ in held], [o for _, o in held], k)),
+            )
+        )
     return out
 
 
@@ -379,8 +443,10 @@ def median_abs(xs: Iterable[float | None]) -> float | None:
 
 def observations(table: Table, profiles: Mapping[tuple[str, str], ModelProfile]) -> list[Observation]:
     """Every row as an observation (run = its index), its model the profile of ``(preset, recipe)``."""
-    return [observation(i, r, row_work(r, table.rig(r.rig), profiles[(r.preset, r.quant_recipe)]))
-            for i, r in enumerate(table.rows)]
+    return [
+        observation(i, r, row_work(r, table.rig(r.rig), profiles[(r.preset, r.quant_recipe)]))
+        for i, r in enumerate(table.rows)
+    ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -420,7 +486,11 @@ def report(table: Table, obs: list[Observation], shipped: SpeedConstants | None 
     rows = list(table.rows)
     outs = leave_one_rig_out(rows, obs)
     held = {p.row: p for ro in outs for p in ro.predictions}
-    return Report(rows=tuple(rows), guessed=tuple(predicted(rows, obs, GUESSES)),
-                  shipped=tuple(predicted(rows, obs, shipped or SpeedConstants())),
-                  refit=fit_rows([o for r, o in zip(rows, obs, strict=True) if fitted(r)]),
-                  held_out=tuple(held[r.id] for r in rows), rig_outs=tuple(outs))
+    return Report(
+        rows=tuple(rows),
+        guessed=tuple(predicted(rows, obs, GUESSES)),
+        shipped=tuple(predicted(rows, obs, shipped or SpeedConstants())),
+        refit=fit_rows([o for r, o in zip(rows, obs, strict=True) if fitted(r)]),
+        held_out=tuple(held[r.id] for r in rows),
+        rig_outs=tuple(outs),
+    )

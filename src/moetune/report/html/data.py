@@ -99,8 +99,11 @@ def _sample_span(row: SampleRow) -> tuple[float, float] | None:
     d = row.data
     stored = iso_epoch(row.created_at)
     dur = d.get("end_s")
-    if not isinstance(dur, int | float) and isinstance(d.get("t_end"), int | float) \
-            and isinstance(d.get("t_sched"), int | float):
+    if (
+        not isinstance(dur, int | float)
+        and isinstance(d.get("t_end"), int | float)
+        and isinstance(d.get("t_sched"), int | float)
+    ):
         dur = d["t_end"] - d["t_sched"]
     dur = float(dur) if isinstance(dur, int | float) and dur >= 0 else 0.0
     start = d.get("t_unix_s")

@@ -18,8 +18,10 @@ from moetune.report.paired import PairedComparison, load_refs, load_sweep
 from moetune.store.db import ResultsDB, Run
 
 PLAN_KEYS = ("services", "devices", "launch")
-PLAN_HINT = ("write one with `moetune plan MODEL --hw HW -o plan.json`; runs are named by id, label or `latest` "
-             "(see `moetune results list`)")
+PLAN_HINT = (
+    "write one with `moetune plan MODEL --hw HW -o plan.json`; runs are named by id, label or `latest` "
+    "(see `moetune results list`)"
+)
 
 
 def is_plan_arg(arg: str) -> bool:
@@ -83,7 +85,9 @@ def run_report(db: ResultsDB, run: Run) -> RunReport:
     return RunReport(run, counts, figures, prediction, snaps, phases(snaps, db.iter_sample_rows(run.id)), serve)
 
 
-def comparison(runs: Sequence[Run], samples: Callable[[Run], Iterable[dict[str, Any]]]) -> tuple[Comparison | None, list[str]]:
+def comparison(
+    runs: Sequence[Run], samples: Callable[[Run], Iterable[dict[str, Any]]]
+) -> tuple[Comparison | None, list[str]]:
     """`moetune compare`'s comparison of the runs against the first that has samples, and what to
     tell beside it (runs left out and why, noise warnings)."""
     from moetune.bench.analysis.warnings import grouped
@@ -120,8 +124,10 @@ def _plans(files: Sequence[PlanSource], runs: Sequence[Run]) -> tuple[PlanSource
     """The plan files, then the plans the runs recorded; one entry per distinct document."""
     titles: dict[str, list[str]] = {}
     docs: dict[str, Mapping[str, Any]] = {}
-    sources = [*((p.title, p.doc) for p in files),
-               *((f"plan of run {r.id} ({r.label})", r.meta.plan) for r in runs if r.meta.plan)]
+    sources = [
+        *((p.title, p.doc) for p in files),
+        *((f"plan of run {r.id} ({r.label})", r.meta.plan) for r in runs if r.meta.plan),
+    ]
     for title, doc in sources:
         key = json.dumps(doc, sort_keys=True, default=str)
         docs.setdefault(key, doc)
@@ -129,8 +135,9 @@ def _plans(files: Sequence[PlanSource], runs: Sequence[Run]) -> tuple[PlanSource
     return tuple(PlanSource(", ".join(titles[k]), docs[k]) for k in docs)
 
 
-def _runs(db: ResultsDB, refs: Sequence[str], sweep: str | None,
-          paired: bool) -> tuple[list[Run], PairedComparison | None]:
+def _runs(
+    db: ResultsDB, refs: Sequence[str], sweep: str | None, paired: bool
+) -> tuple[list[Run], PairedComparison | None]:
     """The runs to show, and their paired comparison where they were made in alternation: an
     interleaved sweep (every run of its complete rounds), or runs named with ``paired``."""
     if sweep is not None:
@@ -150,8 +157,15 @@ def _runs(db: ResultsDB, refs: Sequence[str], sweep: str | None,
     return [db.resolve(str(i)) for i in ids], comp
 
 
-def gather(args: Sequence[str], db_path: Path | None, *, generated_at: str, version: str = "",
-           sweep: str | None = None, paired: bool = False) -> ReportData:
+def gather(
+    args: Sequence[str],
+    db_path: Path | None,
+    *,
+    generated_at: str,
+    version: str = "",
+    sweep: str | None = None,
+    paired: bool = False,
+) -> ReportData:
     """Everything the page shows: the plans given, the runs named (by id, label or `latest`) or a
     sweep's; runs made in alternation (``paired``, an interleaved sweep) compared round by round."""
     if not args and sweep is None:
@@ -163,8 +177,17 @@ def gather(args: Sequence[str], db_path: Path | None, *, generated_at: str, vers
     with ResultsDB.open(db_path) as db:
         runs, pair = _runs(db, refs, sweep, paired)
         reports = tuple(run_report(db, r) for r in runs)
-        comp, notes = (comparison(runs, lambda r: db.iter_samples(r.id)) if len(runs) > 1 and pair is None
-                       else (None, []))
+        comp, notes = (
+            comparison(runs, lambda r: db.iter_samples(r.id)) if len(runs) > 1 and pair is None else (None, [])
+        )
         path = str(db.path)
-    return ReportData(plans=_plans(files, runs), runs=reports, comparison=comp, paired=pair,
-                      compare_notes=tuple(notes), generated_at=generated_at, version=version, db_path=path)
+    return ReportData(
+        plans=_plans(files, runs),
+        runs=reports,
+        comparison=comp,
+        paired=pair,
+        compare_notes=tuple(notes),
+        generated_at=generated_at,
+        version=version,
+        db_path=path,
+    )

@@ -58,12 +58,22 @@ def fmt_bytes(n: float) -> str:
     return fmt_mib(n / MIB)
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Cell]], *, cls: str = "",
-          numeric_from: int = 1, caption: str | None = None) -> str:
+def table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Cell]],
+    *,
+    cls: str = "",
+    numeric_from: int = 1,
+    caption: str | None = None,
+) -> str:
     """A table; columns from ``numeric_from`` on are right-aligned (figures)."""
-    head = "".join(f'<th{" class=num" if i >= numeric_from else ""}>{esc(h)}</th>' for i, h in enumerate(headers))
-    body = "".join("<tr>" + "".join(f'<td{" class=num" if i >= numeric_from else ""}>{cell(c)}</td>'
-                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    head = "".join(f"<th{' class=num' if i >= numeric_from else ''}>{esc(h)}</th>" for i, h in enumerate(headers))
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td{' class=num' if i >= numeric_from else ''}>{cell(c)}</td>" for i, c in enumerate(r))
+        + "</tr>"
+        for r in rows
+    )
     cap = f"<caption>{esc(caption)}</caption>" if caption else ""
     return f'<table class="{esc(cls)}">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 

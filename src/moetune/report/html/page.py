@@ -11,8 +11,13 @@ from moetune.report.html.runs_section import compare_section, runs_section
 from moetune.report.html.serve_section import serve_section
 from moetune.report.html.timeseries import timeseries_section
 
-SECTIONS = (("plan", "Plan"), ("runs", "Runs"), ("timeseries", "Machine during the runs"),
-            ("serve", "Serve-bench: latency and throughput"), ("compare", "Comparison"))
+SECTIONS = (
+    ("plan", "Plan"),
+    ("runs", "Runs"),
+    ("timeseries", "Machine during the runs"),
+    ("serve", "Serve-bench: latency and throughput"),
+    ("compare", "Comparison"),
+)
 
 CSS = """
 :root { --fg: #1f2937; --dim: #6b7280; --line: #e5e7eb; --bg: #fff; --panel: #f9fafb;
@@ -96,18 +101,22 @@ def render_page(data: ReportData) -> str:
     if data.plans:
         what.append(f"{len(data.plans)} plan{'s' if len(data.plans) > 1 else ''}")
     if data.runs:
-        what.append(f"{len(data.runs)} run{'s' if len(data.runs) > 1 else ''}: "
-                    + ", ".join(f"{rr.run.id} ({rr.run.label})" for rr in data.runs))
+        what.append(
+            f"{len(data.runs)} run{'s' if len(data.runs) > 1 else ''}: "
+            + ", ".join(f"{rr.run.id} ({rr.run.label})" for rr in data.runs)
+        )
     title = "moetune report" + (f": {data.runs[0].run.label}" if len(data.runs) == 1 else "")
     nav = "".join(f'<a href="#{sid}">{esc(name)}</a>' for sid, name in SECTIONS)
     sections = "".join(section(sid, name, bodies[sid]) for sid, name in SECTIONS)
     source = f" · results from {data.db_path}" if data.db_path else ""
-    return ("<!DOCTYPE html>\n"
-            '<html lang="en"><head><meta charset="utf-8">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{esc(title)}</title><style>{CSS}</style></head><body><main>"
-            f"<header><h1>{esc(title)}</h1><div class=dim>{esc('; '.join(what) or 'nothing to show')}</div>"
-            f"<nav>{nav}</nav></header>{sections}"
-            f"<footer>made by moetune {esc(data.version)} at {esc(data.generated_at)}{esc(source)}; "
-            "figures are derived from the stored raw samples; this page loads nothing from anywhere.</footer>"
-            "</main></body></html>\n")
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body><main>"
+        f"<header><h1>{esc(title)}</h1><div class=dim>{esc('; '.join(what) or 'nothing to show')}</div>"
+        f"<nav>{nav}</nav></header>{sections}"
+        f"<footer>made by moetune {esc(data.version)} at {esc(data.generated_at)}{esc(source)}; "
+        "figures are derived from the stored raw samples; this page loads nothing from anywhere.</footer>"
+        "</main></body></html>\n"
+    )

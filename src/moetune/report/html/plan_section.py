@@ -17,12 +17,29 @@ from moetune.report.html.svg import PALETTE, Segment, legend, n, stacked_bar, sv
 
 CPU_COLOR = "#a3a3a3"
 NONE_COLOR = "#f3f4f6"
-MEMORY_COLORS = {"weights": "#4e79a7", "weights (pinned)": "#3b5f86", "kv": "#f28e2b", "compute": "#e15759",
-                 "overhead": "#9c755f", "output": "#76b7b2", "repack": "#b07aa1", "margin": "#d4d4d8",
-                 "weights (split)": "#6a8fc0", "checkpoints": "#edc948", "prompt cache": "#ff9da7"}
-WHAT_NAMES = {"kv": "KV cache", "compute": "compute buffer", "overhead": "backend overhead",
-              "output": "output buffer", "margin": "safety margin", "repack": "repacked weights",
-              "checkpoints": "context checkpoints", "prompt cache": "prompt cache (grows as prompts are cached)"}
+MEMORY_COLORS = {
+    "weights": "#4e79a7",
+    "weights (pinned)": "#3b5f86",
+    "kv": "#f28e2b",
+    "compute": "#e15759",
+    "overhead": "#9c755f",
+    "output": "#76b7b2",
+    "repack": "#b07aa1",
+    "margin": "#d4d4d8",
+    "weights (split)": "#6a8fc0",
+    "checkpoints": "#edc948",
+    "prompt cache": "#ff9da7",
+}
+WHAT_NAMES = {
+    "kv": "KV cache",
+    "compute": "compute buffer",
+    "overhead": "backend overhead",
+    "output": "output buffer",
+    "margin": "safety margin",
+    "repack": "repacked weights",
+    "checkpoints": "context checkpoints",
+    "prompt cache": "prompt cache (grows as prompts are cached)",
+}
 EXPERT_ORDER = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
 
 
@@ -65,14 +82,18 @@ def memory_bars(devices: Sequence[Mapping[str, Any]], *, width: float = 720) -> 
         used = float(d.get("used_mib") or sum(s.value for s in segs))
         free = cap - used
         state = "over" if free < 0 else "ok"
-        summary = (f"{fmt_mib(used)} of {fmt_mib(cap)} used · "
-                   + (f"{fmt_mib(-free)} over" if free < 0 else f"{fmt_mib(free)} free"))
-        rows.append(f'<div class="device" data-device="{esc(name)}"><div class="dev-name">{esc(name)} '
-                    f'<span class="dim">{esc(d.get("kind") or "")}</span></div>'
-                    f'{stacked_bar(segs, cap, width=width, label=f"memory of {name}")}'
-                    f'<div class="dev-sum {state}">{esc(summary)}</div></div>')
-    return f'<div class="devices">{"".join(rows)}</div>' + legend([(what_name(w), c) for w, c in seen.items()],
-                                                                 swatch="box")
+        summary = f"{fmt_mib(used)} of {fmt_mib(cap)} used · " + (
+            f"{fmt_mib(-free)} over" if free < 0 else f"{fmt_mib(free)} free"
+        )
+        rows.append(
+            f'<div class="device" data-device="{esc(name)}"><div class="dev-name">{esc(name)} '
+            f'<span class="dim">{esc(d.get("kind") or "")}</span></div>'
+            f"{stacked_bar(segs, cap, width=width, label=f'memory of {name}')}"
+            f'<div class="dev-sum {state}">{esc(summary)}</div></div>'
+        )
+    return f'<div class="devices">{"".join(rows)}</div>' + legend(
+        [(what_name(w), c) for w, c in seen.items()], swatch="box"
+    )
 
 
 def _tensor_rows(layers: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -109,13 +130,24 @@ def layer_map(layers: Sequence[Mapping[str, Any]], colors: Mapping[str, str], *,
             else:
                 got = (layer.get("experts") or {}).get(kind)
                 dev = "" if got is None else str(got)
-                tip = (f"layer {idx} {kind}: on {dev}" + (f" ({fmt_mib(float(layer['expert_mib']))} of experts "
-                       "in this layer)" if layer.get("expert_mib") else "")) if dev else \
-                    f"layer {idx}: {layer.get('kind', 'dense')}, no {kind}"
+                tip = (
+                    (
+                        f"layer {idx} {kind}: on {dev}"
+                        + (
+                            f" ({fmt_mib(float(layer['expert_mib']))} of experts in this layer)"
+                            if layer.get("expert_mib")
+                            else ""
+                        )
+                    )
+                    if dev
+                    else f"layer {idx}: {layer.get('kind', 'dense')}, no {kind}"
+                )
             fill = colors.get(dev, NONE_COLOR) if dev else NONE_COLOR
-            parts.append(f'<rect class="cell" data-layer="{esc(idx)}" data-tensor="{esc(kind)}" '
-                         f'data-device="{esc(dev)}" x="{n(x + 0.5)}" y="{n(y + 1)}" width="{n(cw - 1)}" '
-                         f'height="{n(cell_h - 2)}" fill="{fill}">{title(tip)}</rect>')
+            parts.append(
+                f'<rect class="cell" data-layer="{esc(idx)}" data-tensor="{esc(kind)}" '
+                f'data-device="{esc(dev)}" x="{n(x + 0.5)}" y="{n(y + 1)}" width="{n(cw - 1)}" '
+                f'height="{n(cell_h - 2)}" fill="{fill}">{title(tip)}</rect>'
+            )
     step = next(s for s in (1, 2, 5, 10, 20, 50, 100, 1000) if s * cw >= 24)
     base = top + cell_h * len(rows)
     for c, layer in enumerate(layers):
@@ -125,8 +157,9 @@ def layer_map(layers: Sequence[Mapping[str, Any]], colors: Mapping[str, str], *,
             parts.append(f'<line x1="{n(x)}" x2="{n(x)}" y1="{n(base)}" y2="{n(base + 4)}" stroke="#6b7280"/>')
             parts.append(text(x, base + 15, str(idx), anchor="middle", cls="tick"))
     parts.append(text(label_w + cw * len(layers) / 2, h - 2, "layer index", anchor="middle", cls="axis-label"))
-    used = {str(layer.get("device")) for layer in layers} | {str(v) for layer in layers
-                                                             for v in (layer.get("experts") or {}).values()}
+    used = {str(layer.get("device")) for layer in layers} | {
+        str(v) for layer in layers for v in (layer.get("experts") or {}).values()
+    }
     items = [(name, c) for name, c in colors.items() if name in used]
     if any(not layer.get("experts") for layer in layers) and len(rows) > 1:
         items.append(("no expert tensor (dense layer)", NONE_COLOR))
@@ -136,36 +169,57 @@ def layer_map(layers: Sequence[Mapping[str, Any]], colors: Mapping[str, str], *,
 def _routing(r: Mapping[str, Any] | None) -> str | None:
     if not r:
         return None
-    return (f"measured over {r['tokens']:,} tokens ({r['source']}): 64 tokens touch "
-            f"{100 * r['touched_at_64_tokens']:.0f}% of a layer's experts (alike: {100 * r['uniform_at_64_tokens']:.0f}%)")
+    return (
+        f"measured over {r['tokens']:,} tokens ({r['source']}): 64 tokens touch "
+        f"{100 * r['touched_at_64_tokens']:.0f}% of a layer's experts (alike: {100 * r['uniform_at_64_tokens']:.0f}%)"
+    )
 
 
 def _prediction(sj: Mapping[str, Any]) -> str:
     pr = sj.get("predicted") or {}
     if not pr:
         return ""
-    head = facts([("predicted TG", Raw(f"<b>{esc(fmt(pr.get('tg_tok_s')))}</b> tokens/s")),
-                  ("predicted PP", Raw(f"<b>{esc(fmt(pr.get('pp_tok_s')))}</b> tokens/s")),
-                  ("graph splits", pr.get("graph_splits")), ("RPC hops", pr.get("rpc_hops") or None),
-                  ("per token", f"{fmt(pr['ms_per_token'])} ms" if pr.get("ms_per_token") else None),
-                  ("routing", _routing(sj.get("routing")))])
+    head = facts(
+        [
+            ("predicted TG", Raw(f"<b>{esc(fmt(pr.get('tg_tok_s')))}</b> tokens/s")),
+            ("predicted PP", Raw(f"<b>{esc(fmt(pr.get('pp_tok_s')))}</b> tokens/s")),
+            ("graph splits", pr.get("graph_splits")),
+            ("RPC hops", pr.get("rpc_hops") or None),
+            ("per token", f"{fmt(pr['ms_per_token'])} ms" if pr.get("ms_per_token") else None),
+            ("routing", _routing(sj.get("routing"))),
+        ]
+    )
     per = pr.get("per_device") or []
     rows = [(d.get("device"), d.get("read_mib_per_token"), d.get("decode_ms"), d.get("bw_gbs")) for d in per]
-    return head + (table(["device", "read per token (MiB)", "decode time per token (ms)", "bandwidth (GB/s)"],
-                         rows, caption="where a token's time goes (decode)") if rows else "")
+    return head + (
+        table(
+            ["device", "read per token (MiB)", "decode time per token (ms)", "bandwidth (GB/s)"],
+            rows,
+            caption="where a token's time goes (decode)",
+        )
+        if rows
+        else ""
+    )
 
 
 def _settings(sj: Mapping[str, Any]) -> str:
     s = sj.get("settings") or {}
     kv = f"{s.get('ctk')}/{s.get('ctv')}" if s.get("ctk") else None
-    return facts([("model", sj.get("model_given") or sj.get("model")), ("architecture", sj.get("arch")),
-                  ("strategy", sj.get("strategy")), ("engine", s.get("engine")), ("context", s.get("ctx")),
-                  ("slots", s.get("slots")), ("batch / ubatch", f"{s.get('batch')} / {s.get('ubatch')}"
-                                               if s.get("batch") else None),
-                  ("KV cache types", kv), ("flash attention", None if "flash_attn" not in s else
-                                           ("on" if s["flash_attn"] else "off")),
-                  ("tensor split", ",".join(str(x) for x in sj.get("tensor_split") or []) or None)],
-                 cls="facts cols")
+    return facts(
+        [
+            ("model", sj.get("model_given") or sj.get("model")),
+            ("architecture", sj.get("arch")),
+            ("strategy", sj.get("strategy")),
+            ("engine", s.get("engine")),
+            ("context", s.get("ctx")),
+            ("slots", s.get("slots")),
+            ("batch / ubatch", f"{s.get('batch')} / {s.get('ubatch')}" if s.get("batch") else None),
+            ("KV cache types", kv),
+            ("flash attention", None if "flash_attn" not in s else ("on" if s["flash_attn"] else "off")),
+            ("tensor split", ",".join(str(x) for x in sj.get("tensor_split") or []) or None),
+        ],
+        cls="facts cols",
+    )
 
 
 def commands(doc: Mapping[str, Any]) -> str:
@@ -176,8 +230,10 @@ def commands(doc: Mapping[str, Any]) -> str:
     lines = []
     for p in procs:
         binary = "rpc-server" if p.get("role") == "rpc" else "llama-server"
-        lines.append(f"# {p.get('name')} ({p.get('role')}, engine {p.get('engine')})\n"
-                     + shlex.join([binary, *(str(a) for a in p.get("argv") or [])]))
+        lines.append(
+            f"# {p.get('name')} ({p.get('role')}, engine {p.get('engine')})\n"
+            + shlex.join([binary, *(str(a) for a in p.get("argv") or [])])
+        )
     return code_block("\n".join(lines)) if lines else note("the plan holds no command")
 
 
@@ -191,8 +247,10 @@ def verdict(doc: Mapping[str, Any]) -> str:
     """What keeps the plan from fitting, and what to watch."""
     msgs = "".join(f"<li>{esc(s.get('message', s))}</li>" for s in doc.get("shortfalls") or [])
     out = f'<ul class="shortfalls">{msgs}</ul>' if msgs else ""
-    warns = "".join(f"<li>{esc(w.get('message'))}<br><span class=dim>→ {esc(w.get('remedy') or '')}</span></li>"
-                    for w in doc.get("warnings") or [])
+    warns = "".join(
+        f"<li>{esc(w.get('message'))}<br><span class=dim>→ {esc(w.get('remedy') or '')}</span></li>"
+        for w in doc.get("warnings") or []
+    )
     return out + (f'<ul class="warnings">{warns}</ul>' if warns else "")
 
 
@@ -201,16 +259,23 @@ def plan_block(src: PlanSource) -> str:
     colors = device_colors(doc)
     label = f" · {doc['label']}" if doc.get("label") else ""
     hw = f" on {str(doc['hardware']).rsplit('/', 1)[-1]}" if doc.get("hardware") else ""  # a file: its name
-    parts = [f'<h3>{esc(src.title)}{esc(label)}<span class="dim">{esc(hw)}</span> {verdict_badge(doc)}</h3>',
-             verdict(doc)]
+    parts = [
+        f'<h3>{esc(src.title)}{esc(label)}<span class="dim">{esc(hw)}</span> {verdict_badge(doc)}</h3>',
+        verdict(doc),
+    ]
     if doc.get("devices"):
         parts += ["<h4>Memory per device</h4>", memory_bars(doc["devices"])]
     services = doc.get("services") or []
     for sj in services:
         name = f" of {sj.get('name')}" if len(services) > 1 else ""
-        parts += [f"<h4>Service {esc(sj.get('name'))}</h4>" if len(services) > 1 else "", _settings(sj),
-                  f"<h4>Layer map{esc(name)}</h4>", layer_map(sj.get("layers") or [], colors),
-                  f"<h4>Predicted speed{esc(name)}</h4>", _prediction(sj)]
+        parts += [
+            f"<h4>Service {esc(sj.get('name'))}</h4>" if len(services) > 1 else "",
+            _settings(sj),
+            f"<h4>Layer map{esc(name)}</h4>",
+            layer_map(sj.get("layers") or [], colors),
+            f"<h4>Predicted speed{esc(name)}</h4>",
+            _prediction(sj),
+        ]
         parts += [note("note: " + str(x), "dim") for x in sj.get("notes") or []]
     parts += ["<h4>Command</h4>", commands(doc)]
     return f'<div class="plan">{"".join(parts)}</div>'
@@ -218,6 +283,7 @@ def plan_block(src: PlanSource) -> str:
 
 def plan_section(plans: Sequence[PlanSource]) -> str:
     if not plans:
-        return note("no plan: give a plan file (moetune plan MODEL --hw HW -o plan.json), or runs of a plan "
-                    "moetune launched")
+        return note(
+            "no plan: give a plan file (moetune plan MODEL --hw HW -o plan.json), or runs of a plan moetune launched"
+        )
     return "".join(plan_block(p) for p in plans)

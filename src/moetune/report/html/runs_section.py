@@ -21,8 +21,12 @@ from moetune.report.paired import PairedComparison
 from moetune.report.paired_view import legend as paired_legend
 from moetune.report.paired_view import paired_cell, ratios_cell, title, unpaired_cell
 
-STATUS_TONE = {RunStatus.DONE: "good", RunStatus.RUNNING: "warn", RunStatus.INTERRUPTED: "warn",
-               RunStatus.FAILED: "bad"}
+STATUS_TONE = {
+    RunStatus.DONE: "good",
+    RunStatus.RUNNING: "warn",
+    RunStatus.INTERRUPTED: "warn",
+    RunStatus.FAILED: "bad",
+}
 
 
 def run_color(i: int) -> str:
@@ -33,8 +37,10 @@ def _ci(s: Mapping[str, Any] | None) -> Cell:
     if not s:
         return None
     client = " (client)" if s.get("source") == "client" else ""
-    return Raw(f"<b>{esc(fmt(s['median']))}</b> <span class=dim>[{esc(fmt(s['ci_low']))}, "
-               f"{esc(fmt(s['ci_high']))}]{esc(client)}</span>")
+    return Raw(
+        f"<b>{esc(fmt(s['median']))}</b> <span class=dim>[{esc(fmt(s['ci_low']))}, "
+        f"{esc(fmt(s['ci_high']))}]{esc(client)}</span>"
+    )
 
 
 def _context(rr: RunReport) -> str:
@@ -48,12 +54,20 @@ def _context(rr: RunReport) -> str:
     if m.model.path or m.model.name:
         named = m.model.name and m.model.name != m.model.path
         model = (m.model.path or "") + (f" as {m.model.name!r}" if named else "")
-    return facts([("started (UTC)", r.created_at.replace("T", " ")[:23]),
-                  ("finished (UTC)", (r.finished_at or "").replace("T", " ")[:23] or "–"),
-                  ("target", r.target), ("server", server), ("engine build", m.engine_build), ("model", model),
-                  ("host", m.host.describe() if m.host.fingerprint else None),
-                  ("launch", m.launch_run), ("samples", counts),
-                  ("command", Raw(f"<code>{esc(shlex.join(m.argv))}</code>") if m.argv else None)])
+    return facts(
+        [
+            ("started (UTC)", r.created_at.replace("T", " ")[:23]),
+            ("finished (UTC)", (r.finished_at or "").replace("T", " ")[:23] or "–"),
+            ("target", r.target),
+            ("server", server),
+            ("engine build", m.engine_build),
+            ("model", model),
+            ("host", m.host.describe() if m.host.fingerprint else None),
+            ("launch", m.launch_run),
+            ("samples", counts),
+            ("command", Raw(f"<code>{esc(shlex.join(m.argv))}</code>") if m.argv else None),
+        ]
+    )
 
 
 def _workloads(summary: Mapping[str, Any]) -> str:
@@ -63,19 +77,36 @@ def _workloads(summary: Mapping[str, Any]) -> str:
     rows = []
     for name, d in ws.items():
         tg = d.get("tg") or {}
-        rows.append([name, _ci(d.get("tg")), _ci(d.get("pp")), d.get("n"),
-                     f"{tg['cv'] * 100:.1f}%" if tg.get("cv") is not None else None,
-                     d.get("prompt_n") if d.get("prompt_n") is not None else d.get("prompt_tokens"),
-                     d.get("predicted_n"), d.get("cached_n")])
-    out = table(["workload", "TG tokens/s", "PP tokens/s", "n", "CV TG", "prompt", "output", "cached"], rows,
-                caption="median [95% CI] per workload")
+        rows.append(
+            [
+                name,
+                _ci(d.get("tg")),
+                _ci(d.get("pp")),
+                d.get("n"),
+                f"{tg['cv'] * 100:.1f}%" if tg.get("cv") is not None else None,
+                d.get("prompt_n") if d.get("prompt_n") is not None else d.get("prompt_tokens"),
+                d.get("predicted_n"),
+                d.get("cached_n"),
+            ]
+        )
+    out = table(
+        ["workload", "TG tokens/s", "PP tokens/s", "n", "CV TG", "prompt", "output", "cached"],
+        rows,
+        caption="median [95% CI] per workload",
+    )
     charts = []
     for fam, what in (("tg", "TG"), ("pp", "PP")):
-        bars = [Interval(name, d[fam]["median"], d[fam]["ci_low"], d[fam]["ci_high"], run_color(i))
-                for i, (name, d) in enumerate(ws.items()) if d.get(fam)]
+        bars = [
+            Interval(name, d[fam]["median"], d[fam]["ci_low"], d[fam]["ci_high"], run_color(i))
+            for i, (name, d) in enumerate(ws.items())
+            if d.get(fam)
+        ]
         if bars:
-            charts.append(figure(f"{what}: median and 95% CI per workload",
-                                 interval_bars(bars, unit=f"{what} (tokens/s)", width=520)))
+            charts.append(
+                figure(
+                    f"{what}: median and 95% CI per workload", interval_bars(bars, unit=f"{what} (tokens/s)", width=520)
+                )
+            )
     return out + (f'<div class="charts">{"".join(charts)}</div>' if charts else "")
 
 
@@ -90,15 +121,34 @@ def _prediction(rep: Mapping[str, Any] | None) -> str:
                 continue
             err = r.get("error_pct")
             flag = Raw(badge("beyond the stated band", "bad")) if r.get("outside") else ""
-            rows.append([name, fam.upper(), r.get("predicted"), r.get("measured"),
-                         None if err is None else f"{err:+.0f}%", f"±{r.get('band_pct', 0):.0f}%", flag])
-    out = table(["workload", "figure", "predicted tokens/s", "measured tokens/s", "error", "stated band", ""],
-                rows, numeric_from=2, caption="predicted vs measured (error = predicted over measured)") if rows else ""
+            rows.append(
+                [
+                    name,
+                    fam.upper(),
+                    r.get("predicted"),
+                    r.get("measured"),
+                    None if err is None else f"{err:+.0f}%",
+                    f"±{r.get('band_pct', 0):.0f}%",
+                    flag,
+                ]
+            )
+    out = (
+        table(
+            ["workload", "figure", "predicted tokens/s", "measured tokens/s", "error", "stated band", ""],
+            rows,
+            numeric_from=2,
+            caption="predicted vs measured (error = predicted over measured)",
+        )
+        if rows
+        else ""
+    )
     eff = [e for e in rep.get("efficiency") or [] if e.get("pct") is not None]
     if eff:
-        out += table(["device", "bandwidth reached (GB/s)", "device bandwidth (GB/s)", "share"],
-                     [[e["device"], e["bytes_per_s"] / 1e9, e["limit_bytes_per_s"] / 1e9, f"{e['pct']:.0f}%"]
-                      for e in eff], caption="decode bandwidth reached (first workload)")
+        out += table(
+            ["device", "bandwidth reached (GB/s)", "device bandwidth (GB/s)", "share"],
+            [[e["device"], e["bytes_per_s"] / 1e9, e["limit_bytes_per_s"] / 1e9, f"{e['pct']:.0f}%"] for e in eff],
+            caption="decode bandwidth reached (first workload)",
+        )
     return out
 
 
@@ -114,10 +164,14 @@ def _metrics(summary: Mapping[str, Any]) -> str:
         fams.setdefault(fam, str(s.get("unit") or ""))
         rows.setdefault(subject or "-", {})[fam] = s
     heads = [f"{f} ({u})" if u else f for f, u in fams.items()]
-    return table(["", *heads, "n"], [[subject, *(_ci(by.get(f)) for f in fams),
-                                      max((int(s.get("n") or 0) for s in by.values()), default=0)]
-                                     for subject, by in rows.items()],
-                 caption="median [95% CI] of the per-request figures")
+    return table(
+        ["", *heads, "n"],
+        [
+            [subject, *(_ci(by.get(f)) for f in fams), max((int(s.get("n") or 0) for s in by.values()), default=0)]
+            for subject, by in rows.items()
+        ],
+        caption="median [95% CI] of the per-request figures",
+    )
 
 
 def warnings_list(ws: Sequence[Mapping[str, Any]]) -> str:
@@ -130,8 +184,10 @@ def warnings_list(ws: Sequence[Mapping[str, Any]]) -> str:
 
 def run_block(rr: RunReport) -> str:
     r = rr.run
-    head = (f'<h3>Run {r.id} · {esc(r.label)} {badge(str(r.kind))} '
-            f'{badge(str(r.status), STATUS_TONE.get(r.status, ""))}</h3>')
+    head = (
+        f"<h3>Run {r.id} · {esc(r.label)} {badge(str(r.kind))} "
+        f"{badge(str(r.status), STATUS_TONE.get(r.status, ''))}</h3>"
+    )
     if r.kind == RunKind.BENCH:
         body = _workloads(rr.derived) + _prediction(rr.prediction) + warnings_list(rr.derived.get("warnings") or [])
     else:
@@ -156,8 +212,10 @@ def _cmp_cell(r: CompareRow | None) -> Cell:
     if r is None:
         return None
     tone = "warn" if r.noisy else VERDICT_TONE.get(r.verdict, "dim")
-    return Raw(f"<b>{esc(fmt(r.median))}</b> <span class=dim>[{esc(fmt(r.ci_low))}–{esc(fmt(r.ci_high))}]</span>"
-               f'<br><span class="verdict-{tone}">{esc(f"{r.change_pct:+.1f}% {verdict_text(r)}")}</span>')
+    return Raw(
+        f"<b>{esc(fmt(r.median))}</b> <span class=dim>[{esc(fmt(r.ci_low))}–{esc(fmt(r.ci_high))}]</span>"
+        f'<br><span class="verdict-{tone}">{esc(f"{r.change_pct:+.1f}% {verdict_text(r)}")}</span>'
+    )
 
 
 def comparison_tables(c: Comparison) -> str:
@@ -170,8 +228,12 @@ def comparison_tables(c: Comparison) -> str:
         base: list[Cell] = [c.baseline.label, c.baseline.run]
         for nm in names:
             s = c.baseline_stats[nm]
-            base.append(Raw(f"<b>{esc(fmt(s.median))}</b> <span class=dim>[{esc(fmt(s.ci_low))}–"
-                            f"{esc(fmt(s.ci_high))}]</span><br><span class=dim>baseline</span>"))
+            base.append(
+                Raw(
+                    f"<b>{esc(fmt(s.median))}</b> <span class=dim>[{esc(fmt(s.ci_low))}–"
+                    f"{esc(fmt(s.ci_high))}]</span><br><span class=dim>baseline</span>"
+                )
+            )
         rows = [base] + [[o.label, o.run, *(_cmp_cell(by.get((o.run, nm))) for nm in names)] for o in c.others]
         out.append(f"<h4>{esc(fam.upper())} ({esc(unit)})</h4>")
         out.append(table(["run", "id", *(nm.split(":", 1)[-1] for nm in names)], rows, cls="compare"))
@@ -184,8 +246,12 @@ def comparison_tables(c: Comparison) -> str:
                 r = by.get((o.run, nm))
                 if r is not None:
                     bars.append(Interval(pre + o.label, r.median, r.ci_low, r.ci_high, run_color(order[o.run])))
-        out.append(figure(f"{fam.upper()}: median and {c.conf * 100:.0f}% CI per run",
-                          interval_bars(bars, unit=f"{fam.upper()} ({unit})", width=720, label_w=240)))
+        out.append(
+            figure(
+                f"{fam.upper()}: median and {c.conf * 100:.0f}% CI per run",
+                interval_bars(bars, unit=f"{fam.upper()} ({unit})", width=720, label_w=240),
+            )
+        )
     return "".join(out) + note(legend(c), "dim")
 
 
@@ -195,12 +261,24 @@ def paired_tables(c: PairedComparison) -> str:
     rows: list[list[Cell]] = []
     for r in c.rows:
         tone = "warn" if r.noisy else VERDICT_TONE.get(r.verdict, "dim")
-        rows.append([r.label, r.metric, f"{fmt(r.baseline_median)} → {fmt(r.median)} {r.unit}", ratios_cell(r),
-                     Raw(f'<span class="verdict-{tone}">{esc(paired_cell(r))}</span>'),
-                     Raw(f"<span class=dim>{esc(unpaired_cell(r))}</span>")])
-    out = [f"<h4>{esc(title(c))}</h4>",
-           table(["configuration", "metric", "median (pooled)", "ratio per round", "paired change [CI]", "unpaired"],
-                 rows, cls="compare")]
+        rows.append(
+            [
+                r.label,
+                r.metric,
+                f"{fmt(r.baseline_median)} → {fmt(r.median)} {r.unit}",
+                ratios_cell(r),
+                Raw(f'<span class="verdict-{tone}">{esc(paired_cell(r))}</span>'),
+                Raw(f"<span class=dim>{esc(unpaired_cell(r))}</span>"),
+            ]
+        )
+    out = [
+        f"<h4>{esc(title(c))}</h4>",
+        table(
+            ["configuration", "metric", "median (pooled)", "ratio per round", "paired change [CI]", "unpaired"],
+            rows,
+            cls="compare",
+        ),
+    ]
     order = {o.label: i + 1 for i, o in enumerate(c.others)}
     for metric in c.metric_names():
         bars = []
@@ -209,14 +287,21 @@ def paired_tables(c: PairedComparison) -> str:
                 lo, hi = r.paired.ratio_ci_low, r.paired.ratio_ci_high
                 if not (math.isfinite(lo) and math.isfinite(hi)):  # one round: no interval
                     lo = hi = r.paired.ratio
-                bars.append(Interval(r.label, 100 * r.paired.ratio, 100 * lo, 100 * hi, run_color(order.get(r.label, 0))))
-        out.append(figure(f"{metric}: paired ratio to {c.baseline.label} and its {c.conf * 100:.0f}% interval",
-                          interval_bars(bars, unit=f"% of {c.baseline.label}", width=720, label_w=240)))
+                bars.append(
+                    Interval(r.label, 100 * r.paired.ratio, 100 * lo, 100 * hi, run_color(order.get(r.label, 0)))
+                )
+        out.append(
+            figure(
+                f"{metric}: paired ratio to {c.baseline.label} and its {c.conf * 100:.0f}% interval",
+                interval_bars(bars, unit=f"% of {c.baseline.label}", width=720, label_w=240),
+            )
+        )
     return "".join(out) + note(paired_legend(c), "dim")
 
 
-def compare_section(c: Comparison | None, notes: Sequence[str], n_runs: int,
-                    paired: PairedComparison | None = None) -> str:
+def compare_section(
+    c: Comparison | None, notes: Sequence[str], n_runs: int, paired: PairedComparison | None = None
+) -> str:
     parts = []
     if paired is not None:
         parts.append(paired_tables(paired))

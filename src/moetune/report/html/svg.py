@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from moetune.report.html.markup import esc, fmt
 
 # colour-blind-friendly categorical colours (Tableau 10), in order of use
-PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
-           "#9c755f", "#bab0ac")
+PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
 BAND_FILLS = ("#eef3f9", "#f8f3ea")
 AXIS = "#6b7280"
 GRID = "#e5e7eb"
@@ -87,11 +86,9 @@ def clip(s: str, px: float, char_px: float = 6.2) -> str:
     return s if len(s) <= most else s[: most - 1] + "…"
 
 
-def text(x: float, y: float, s: str, *, anchor: str = "start", cls: str = "", size: int = FONT,
-         extra: str = "") -> str:
+def text(x: float, y: float, s: str, *, anchor: str = "start", cls: str = "", size: int = FONT, extra: str = "") -> str:
     c = f' class="{esc(cls)}"' if cls else ""
-    return (f'<text x="{n(x)}" y="{n(y)}" font-size="{size}" text-anchor="{anchor}"{c}{extra}>'
-            f"{esc(s)}</text>")
+    return f'<text x="{n(x)}" y="{n(y)}" font-size="{size}" text-anchor="{anchor}"{c}{extra}>{esc(s)}</text>'
 
 
 def title(s: str) -> str:
@@ -100,11 +97,14 @@ def title(s: str) -> str:
 
 
 def svg(width: float, height: float, body: str, *, label: str, cls: str = "chart") -> str:
-    return (f'<svg class="{esc(cls)}" viewBox="0 0 {n(width)} {n(height)}" width="{n(width)}" '
-            f'height="{n(height)}" role="img" aria-label="{esc(label)}">{body}</svg>')
+    return (
+        f'<svg class="{esc(cls)}" viewBox="0 0 {n(width)} {n(height)}" width="{n(width)}" '
+        f'height="{n(height)}" role="img" aria-label="{esc(label)}">{body}</svg>'
+    )
 
 
 # -- line charts --------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class Series:
@@ -137,10 +137,21 @@ def _segments(points: Sequence[tuple[float, float | None]]) -> list[list[tuple[f
     return [s for s in out if s]
 
 
-def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, bands: Sequence[Band] = (),
-               width: float = 600, height: float = 230, x_ticks: Sequence[float] | None = None,
-               x_tick_labels: Sequence[str] | None = None, y_max: float | None = None,
-               x_range: tuple[float, float] | None = None, max_dots: int = 160, log2_x: bool = False) -> str:
+def line_chart(
+    series: Sequence[Series],
+    *,
+    x_label: str,
+    y_label: str,
+    bands: Sequence[Band] = (),
+    width: float = 600,
+    height: float = 230,
+    x_ticks: Sequence[float] | None = None,
+    x_tick_labels: Sequence[str] | None = None,
+    y_max: float | None = None,
+    x_range: tuple[float, float] | None = None,
+    max_dots: int = 160,
+    log2_x: bool = False,
+) -> str:
     """Lines over shared axes (y from 0), with phase bands behind them. Axis labels carry the unit.
     ``log2_x`` spaces x by its logarithm (concurrency 1, 2, 4 … 64), every x being positive."""
     tx: Callable[[float], float] = (lambda v: math.log2(v)) if log2_x else (lambda v: v)
@@ -162,14 +173,19 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, bands: S
     for i, b in enumerate(bands):
         bx0, bx1 = lin(max(tx(b.x0), x0)), lin(min(tx(b.x1), x1))
         if b.x1 <= b.x0:
-            parts.append(f'<g class="phase">{title(b.label)}<line x1="{n(bx0)}" x2="{n(bx0)}" y1="{n(top)}" '
-                         f'y2="{n(top + ph)}" stroke="{AXIS}" stroke-dasharray="3 3"/>'
-                         + text(bx0 + 3, top - 6, b.label, size=10, cls="phase-label") + "</g>")
+            parts.append(
+                f'<g class="phase">{title(b.label)}<line x1="{n(bx0)}" x2="{n(bx0)}" y1="{n(top)}" '
+                f'y2="{n(top + ph)}" stroke="{AXIS}" stroke-dasharray="3 3"/>'
+                + text(bx0 + 3, top - 6, b.label, size=10, cls="phase-label")
+                + "</g>"
+            )
             continue
         w = max(bx1 - bx0, 0.5)
         label = text(bx0 + 3, top - 6, b.label, size=10, cls="phase-label") if w >= 6.2 * len(b.label) + 6 else ""
-        parts.append(f'<g class="phase">{title(b.label)}<rect class="band" x="{n(bx0)}" y="{n(top)}" '
-                     f'width="{n(w)}" height="{n(ph)}" fill="{BAND_FILLS[i % 2]}"/>{label}</g>')
+        parts.append(
+            f'<g class="phase">{title(b.label)}<rect class="band" x="{n(bx0)}" y="{n(top)}" '
+            f'width="{n(w)}" height="{n(ph)}" fill="{BAND_FILLS[i % 2]}"/>{label}</g>'
+        )
     for v in yt:
         y = sy(v)
         parts.append(f'<line x1="{n(left)}" x2="{n(left + pw)}" y1="{n(y)}" y2="{n(y)}" stroke="{GRID}"/>')
@@ -177,7 +193,7 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, bands: S
     if x_ticks is not None:
         ticks = list(x_ticks)
     elif log2_x:
-        ticks = [2.0 ** k for k in range(math.ceil(x0), math.floor(x1) + 1)]
+        ticks = [2.0**k for k in range(math.ceil(x0), math.floor(x1) + 1)]
     else:
         ticks = [t for t in nice_ticks(x0, x1, 6) if x0 <= t <= x1]
     labels = list(x_tick_labels) if x_tick_labels is not None else [tick_label(t) for t in ticks]
@@ -188,8 +204,16 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, bands: S
     parts.append(f'<line x1="{n(left)}" x2="{n(left + pw)}" y1="{n(top + ph)}" y2="{n(top + ph)}" stroke="{AXIS}"/>')
     parts.append(f'<line x1="{n(left)}" x2="{n(left)}" y1="{n(top)}" y2="{n(top + ph)}" stroke="{AXIS}"/>')
     parts.append(text(left + pw / 2, height - 6, x_label, anchor="middle", cls="axis-label"))
-    parts.append(text(0, 0, y_label, anchor="middle", cls="axis-label",
-                      extra=f' transform="translate(13 {n(top + ph / 2)}) rotate(-90)"'))
+    parts.append(
+        text(
+            0,
+            0,
+            y_label,
+            anchor="middle",
+            cls="axis-label",
+            extra=f' transform="translate(13 {n(top + ph / 2)}) rotate(-90)"',
+        )
+    )
     for s in series:
         dash = ' stroke-dasharray="5 3"' if s.dash else ""
         body = [title(s.name)]
@@ -197,9 +221,11 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, bands: S
             coords = " ".join(f"{n(sx(x))},{n(sy(y))}" for x, y in seg)
             body.append(f'<polyline points="{coords}" fill="none" stroke="{s.color}" stroke-width="1.8"{dash}/>')
             if len(s.points) <= max_dots:
-                body += [f'<circle cx="{n(sx(x))}" cy="{n(sy(y))}" r="2.6" fill="{s.color}">'
-                         f"{title(f'{s.name}: {fmt(y)} {s.unit} at {tick_label(x)}'.replace('  ', ' '))}</circle>"
-                         for x, y in seg]
+                body += [
+                    f'<circle cx="{n(sx(x))}" cy="{n(sy(y))}" r="2.6" fill="{s.color}">'
+                    f"{title(f'{s.name}: {fmt(y)} {s.unit} at {tick_label(x)}'.replace('  ', ' '))}</circle>"
+                    for x, y in seg
+                ]
         parts.append(f'<g class="series" data-name="{esc(s.name)}">{"".join(body)}</g>')
     if not pts:
         parts.append(text(left + pw / 2, top + ph / 2, "no data", anchor="middle", cls="tick"))
@@ -213,11 +239,15 @@ def legend(items: Sequence[tuple[str, str]] | Sequence[Series], *, swatch: str =
         name, color, dash = (it.name, it.color, it.dash) if isinstance(it, Series) else (it[0], it[1], False)
         if swatch == "line":
             dashed = ' stroke-dasharray="5 3"' if dash else ""
-            mark = (f'<svg width="22" height="10" aria-hidden="true"><line x1="1" x2="21" y1="5" y2="5" '
-                    f'stroke="{color}" stroke-width="2.5"{dashed}/></svg>')
+            mark = (
+                f'<svg width="22" height="10" aria-hidden="true"><line x1="1" x2="21" y1="5" y2="5" '
+                f'stroke="{color}" stroke-width="2.5"{dashed}/></svg>'
+            )
         else:
-            mark = (f'<svg width="12" height="12" aria-hidden="true"><rect width="12" height="12" rx="2" '
-                    f'fill="{color}"/></svg>')
+            mark = (
+                f'<svg width="12" height="12" aria-hidden="true"><rect width="12" height="12" rx="2" '
+                f'fill="{color}"/></svg>'
+            )
         out.append(f"<li>{mark}{esc(name)}</li>")
     return f'<ul class="legend">{"".join(out)}</ul>'
 
@@ -227,6 +257,7 @@ def figure(caption: str, chart: str, legend_html: str = "") -> str:
 
 
 # -- bars ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class Segment:
@@ -238,8 +269,9 @@ class Segment:
     tip: str
 
 
-def stacked_bar(segments: Sequence[Segment], capacity: float, *, width: float = 640, height: float = 26,
-                label: str = "") -> str:
+def stacked_bar(
+    segments: Sequence[Segment], capacity: float, *, width: float = 640, height: float = 26, label: str = ""
+) -> str:
     """A horizontal bar whose full length is the capacity (or the total, when it overflows), the
     segments laid left to right in proportion to their values; the free rest drawn empty, and
     a red mark at the capacity when the total exceeds it."""
@@ -250,17 +282,23 @@ def stacked_bar(segments: Sequence[Segment], capacity: float, *, width: float = 
     for s in segments:
         w = max(0.0, s.value) * scale
         inner = text(x + 4, height / 2 + 4, s.label, cls="seg-label", size=10) if w >= 6.2 * len(s.label) + 8 else ""
-        parts.append(f'<g class="seg" data-what="{esc(s.label)}" data-value="{s.value:.6g}">{title(s.tip)}'
-                     f'<rect x="{x:.3f}" y="0" width="{w:.3f}" height="{n(height)}" fill="{s.color}" stroke="#fff" '
-                     f'stroke-width="0.6"/>{inner}</g>')
+        parts.append(
+            f'<g class="seg" data-what="{esc(s.label)}" data-value="{s.value:.6g}">{title(s.tip)}'
+            f'<rect x="{x:.3f}" y="0" width="{w:.3f}" height="{n(height)}" fill="{s.color}" stroke="#fff" '
+            f'stroke-width="0.6"/>{inner}</g>'
+        )
         x += w
     if capacity > total:
-        parts.append(f'<rect class="free" x="{x:.3f}" y="0.5" width="{capacity * scale - x:.3f}" '
-                     f'height="{n(height - 1)}" fill="#fff" stroke="#cbd5e1"/>')
+        parts.append(
+            f'<rect class="free" x="{x:.3f}" y="0.5" width="{capacity * scale - x:.3f}" '
+            f'height="{n(height - 1)}" fill="#fff" stroke="#cbd5e1"/>'
+        )
     else:
         cx = capacity * scale
-        parts.append(f'<line class="over" x1="{cx:.3f}" x2="{cx:.3f}" y1="0" y2="{n(height)}" stroke="#dc2626" '
-                     'stroke-width="2"/>')
+        parts.append(
+            f'<line class="over" x1="{cx:.3f}" x2="{cx:.3f}" y1="0" y2="{n(height)}" stroke="#dc2626" '
+            'stroke-width="2"/>'
+        )
     return svg(width, height, "".join(parts), label=label or "memory", cls="bar")
 
 
@@ -293,13 +331,19 @@ def interval_bars(rows: Sequence[Interval], *, unit: str, width: float = 600, la
         ym = y + bar_h / 2
         tip = f"{r.label}: {fmt(r.median)} {unit} [{fmt(r.low)}, {fmt(r.high)}]"
         parts.append(f"<g>{title(tip)}" + text(label_w - 8, ym + 4, clip(r.label, label_w - 12), anchor="end") + "</g>")
-        parts.append(f'<g class="ibar">{title(tip)}<rect x="{n(sx(0))}" y="{n(y)}" width="{n(sx(r.median) - sx(0))}" '
-                     f'height="{n(bar_h)}" fill="{r.color}" fill-opacity="0.75"/>'
-                     f'<line x1="{n(sx(r.low))}" x2="{n(sx(r.high))}" y1="{n(ym)}" y2="{n(ym)}" stroke="#111827" '
-                     'stroke-width="1.4"/>'
-                     + "".join(f'<line x1="{n(sx(v))}" x2="{n(sx(v))}" y1="{n(ym - 5)}" y2="{n(ym + 5)}" '
-                               'stroke="#111827" stroke-width="1.4"/>' for v in (r.low, r.high))
-                     + text(sx(max(r.high, r.median)) + 6, ym + 4, fmt(r.median), cls="value") + "</g>")
+        parts.append(
+            f'<g class="ibar">{title(tip)}<rect x="{n(sx(0))}" y="{n(y)}" width="{n(sx(r.median) - sx(0))}" '
+            f'height="{n(bar_h)}" fill="{r.color}" fill-opacity="0.75"/>'
+            f'<line x1="{n(sx(r.low))}" x2="{n(sx(r.high))}" y1="{n(ym)}" y2="{n(ym)}" stroke="#111827" '
+            'stroke-width="1.4"/>'
+            + "".join(
+                f'<line x1="{n(sx(v))}" x2="{n(sx(v))}" y1="{n(ym - 5)}" y2="{n(ym + 5)}" '
+                'stroke="#111827" stroke-width="1.4"/>'
+                for v in (r.low, r.high)
+            )
+            + text(sx(max(r.high, r.median)) + 6, ym + 4, fmt(r.median), cls="value")
+            + "</g>"
+        )
     parts.append(f'<line x1="{n(label_w)}" x2="{n(width - 60)}" y1="{n(base)}" y2="{n(base)}" stroke="{AXIS}"/>')
     parts.append(text((label_w + width - 60) / 2, height - 4, unit, anchor="middle", cls="axis-label"))
     return svg(width, height, "".join(parts), label=f"medians with confidence intervals, {unit}")

@@ -31,9 +31,17 @@ def _bands(phases: Sequence[PhaseBand], t0: float, div: float, lo: float, hi: fl
     return out
 
 
-def _series(snaps: Sequence[Snapshot], t0: float, div: float, keys: Sequence[str],
-            value: Callable[[Snapshot, str], float | None], *, unit: str, dashed: Sequence[str] = (),
-            color_of: Callable[[int, str], str] | None = None) -> list[Series]:
+def _series(
+    snaps: Sequence[Snapshot],
+    t0: float,
+    div: float,
+    keys: Sequence[str],
+    value: Callable[[Snapshot, str], float | None],
+    *,
+    unit: str,
+    dashed: Sequence[str] = (),
+    color_of: Callable[[int, str], str] | None = None,
+) -> list[Series]:
     out = []
     for i, k in enumerate(keys):
         pts = tuple(((s.t - t0) / div, value(s, k)) for s in snaps)
@@ -64,50 +72,95 @@ def run_charts(rr: RunReport) -> str:
 
     def chart(caption: str, series: list[Series], y_label: str, y_max: float | None = None) -> None:
         if series:
-            charts.append(figure(caption, line_chart(series, x_label=x_label, y_label=y_label, bands=bands,
-                                                     width=WIDTH, x_range=(lo, hi), y_max=y_max), legend(series)))
+            charts.append(
+                figure(
+                    caption,
+                    line_chart(
+                        series,
+                        x_label=x_label,
+                        y_label=y_label,
+                        bands=bands,
+                        width=WIDTH,
+                        x_range=(lo, hi),
+                        y_max=y_max,
+                    ),
+                    legend(series),
+                )
+            )
 
-    chart("Host CPU", _series(snaps, t0, div, ["host, all cores"], lambda s, _: s.host.cpu_total_pct, unit="%"),
-          "CPU (% of all cores)", 100.0)
+    chart(
+        "Host CPU",
+        _series(snaps, t0, div, ["host, all cores"], lambda s, _: s.host.cpu_total_pct, unit="%"),
+        "CPU (% of all cores)",
+        100.0,
+    )
     procs = list(dict.fromkeys(_proc_key(p) for s in snaps for p in s.procs))
 
     def proc(s: Snapshot, k: str, attr: str) -> float | None:
         v = next((getattr(p, attr) for p in s.procs if _proc_key(p) == k and p.alive), None)
         return None if v is None else float(v)
 
-    chart("Engine processes: CPU", _series(snaps, t0, div, procs, lambda s, k: proc(s, k, "cpu_pct"), unit="%"),
-          "CPU (% of one core)")
-    mem_values = [float(p.rss_bytes) for s in snaps for p in s.procs if p.rss_bytes is not None] + \
-        [float(s.host.mem_used_bytes) for s in snaps if s.host.mem_used_bytes is not None]
+    chart(
+        "Engine processes: CPU",
+        _series(snaps, t0, div, procs, lambda s, k: proc(s, k, "cpu_pct"), unit="%"),
+        "CPU (% of one core)",
+    )
+    mem_values = [float(p.rss_bytes) for s in snaps for p in s.procs if p.rss_bytes is not None] + [
+        float(s.host.mem_used_bytes) for s in snaps if s.host.mem_used_bytes is not None
+    ]
     scale, mu = _mem_unit(mem_values)
     host_mem = "host memory used"
 
     def mem(s: Snapshot, k: str) -> float | None:
-        v = (s.host.mem_used_bytes if k == host_mem else proc(s, k, "rss_bytes"))
+        v = s.host.mem_used_bytes if k == host_mem else proc(s, k, "rss_bytes")
         return None if v is None else v / scale
 
-    chart("Memory: engine processes' RSS and the host's use",
-          _series(snaps, t0, div, [*procs, host_mem], mem, unit=mu, dashed=[host_mem]), f"memory ({mu})")
+    chart(
+        "Memory: engine processes' RSS and the host's use",
+        _series(snaps, t0, div, [*procs, host_mem], mem, unit=mu, dashed=[host_mem]),
+        f"memory ({mu})",
+    )
     gpus = list(dict.fromkeys(f"GPU{g.index} {g.name}".strip() for s in snaps for g in s.gpus))
 
     def gpu(s: Snapshot, k: str, attr: str) -> float | None:
         v = next((getattr(g, attr) for g in s.gpus if f"GPU{g.index} {g.name}".strip() == k), None)
         return None if v is None else float(v)
 
-    chart("GPU utilisation", _series(snaps, t0, div, gpus, lambda s, k: gpu(s, k, "util_pct"), unit="%"),
-          "utilisation (%)", 100.0)
+    chart(
+        "GPU utilisation",
+        _series(snaps, t0, div, gpus, lambda s, k: gpu(s, k, "util_pct"), unit="%"),
+        "utilisation (%)",
+        100.0,
+    )
     totals = [f"{k} total" for k in gpus]
 
     def gmem(s: Snapshot, k: str) -> float | None:
         v = gpu(s, k.removesuffix(" total"), "mem_total_bytes" if k.endswith(" total") else "mem_used_bytes")
         return None if v is None else v / GIB
 
-    chart("GPU memory used", _series(snaps, t0, div, [*gpus, *totals], gmem, unit="GiB", dashed=totals,
-                                     color_of=lambda i, k: PALETTE[i % len(gpus)] if gpus else PALETTE[0]),
-          "memory (GiB)")
+    chart(
+        "GPU memory used",
+        _series(
+            snaps,
+            t0,
+            div,
+            [*gpus, *totals],
+            gmem,
+            unit="GiB",
+            dashed=totals,
+            color_of=lambda i, k: PALETTE[i % len(gpus)] if gpus else PALETTE[0],
+        ),
+        "memory (GiB)",
+    )
     load_keys = list(dict.fromkeys(k for s in snaps for k in s.load))
-    served = list(dict.fromkeys(f"{name}: requests processing" for s in snaps for name, m in s.servers.items()
-                                if "llamacpp:requests_processing" in m))
+    served = list(
+        dict.fromkeys(
+            f"{name}: requests processing"
+            for s in snaps
+            for name, m in s.servers.items()
+            if "llamacpp:requests_processing" in m
+        )
+    )
 
     def load(s: Snapshot, k: str) -> float | None:
         if k in s.load:
@@ -116,11 +169,14 @@ def run_charts(rr: RunReport) -> str:
         return s.servers.get(name, {}).get("llamacpp:requests_processing")
 
     in_flight = [k for k in load_keys if k == "requests_in_flight"]  # bench.serve.load.LoadMeter's
-    chart("Load", _series(snaps, t0, div, [*in_flight, *served], load,
-                          unit="requests"), "requests")
+    chart("Load", _series(snaps, t0, div, [*in_flight, *served], load, unit="requests"), "requests")
     phases = ", ".join(p.label for p in rr.phases)
-    return ('<div class="charts">' + "".join(charts) + "</div>"
-            + (f'<p class="dim">phases (shaded): {esc(phases)}</p>' if phases else ""))
+    return (
+        '<div class="charts">'
+        + "".join(charts)
+        + "</div>"
+        + (f'<p class="dim">phases (shaded): {esc(phases)}</p>' if phases else "")
+    )
 
 
 def timeseries_section(runs: Sequence[RunReport]) -> str:
@@ -128,5 +184,7 @@ def timeseries_section(runs: Sequence[RunReport]) -> str:
         return note("no runs given, so no machine metrics")
     if not any(rr.snapshots for rr in runs):
         return note("no machine metrics were recorded for these runs (the sampler stores them while a run measures)")
-    return "".join(f'<div class="ts" id="ts-{rr.run.id}"><h3>Run {rr.run.id} · {esc(rr.run.label)}</h3>'
-                   f"{run_charts(rr)}</div>" for rr in runs)
+    return "".join(
+        f'<div class="ts" id="ts-{rr.run.id}"><h3>Run {rr.run.id} · {esc(rr.run.label)}</h3>{run_charts(rr)}</div>'
+        for rr in runs
+    )
