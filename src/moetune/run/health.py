@@ -42,6 +42,21 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+TCP_LISTEN = "0A"  # /proc/net/tcp's state of a listening socket
+
+
+def tcp_states(port: int) -> set[str]:
+    """The states (/proc/net/tcp's hex codes) of this machine's TCP sockets on a local port."""
+    out: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                parts = line.split()
+                if len(parts) > 3 and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                    out.add(parts[3])
+    return out
+
+
 def listener_of(port: int) -> tuple[int, str] | None:
     """(pid, command line) of the local process listening on a TCP port, where /proc tells."""
     inodes: set[str] = set()
@@ -49,7 +64,7 @@ def listener_of(port: int) -> tuple[int, str] | None:
         with contextlib.suppress(OSError):
             for line in Path(table).read_text().splitlines()[1:]:
                 parts = line.split()
-                if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                if len(parts) > 9 and parts[3] == TCP_LISTEN and int(parts[1].rsplit(":", 1)[1], 16) == port:
                     inodes.add(parts[9])
     if not inodes:
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -27,7 +28,7 @@ from moetune.plan.ledger import Shortfall
 from moetune.plan.settings import is_loopback
 from moetune.run.container import ContainerRun
 from moetune.run.diagnose import Diagnosis
-from moetune.run.health import listener_of, port_free, port_open
+from moetune.run.health import TCP_LISTEN, listener_of, port_free, port_open, tcp_states
 from moetune.run.remote import NodeProbe, RemoteError, probe_node, ssh_base
 from moetune.run.transport import engine_files, rdma_capable
 
@@ -41,8 +42,11 @@ class LaunchFailed(RuntimeFailure):
     """A launch that could not start or come up; carries the diagnosis."""
 
     def __init__(self, diagnosis: Diagnosis, run_id: str | None = None) -> None:
-        super().__init__(diagnosis.message, hint=diagnosis.hint,
-                         details=tuple(f"{e.line:>5} | {e.text[:200]}" for e in diagnosis.evidence[:6]))
+        super().__init__(
+            diagnosis.message,
+            hint=diagnosis.hint,
+            details=tuple(f"{e.line:>5} | {e.text[:200]}" for e in diagnosis.evidence[:6]),
+        )
         self.diagnosis = diagnosis
         self.run_id = run_id
 
@@ -83,8 +87,10 @@ def read_plan(path: Path) -> tuple[LaunchSpec, dict[str, Any]]:
         raise InputError(f"{path}: a plan is a JSON object", hint="pass the output of `moetune plan --json`")
     launch = doc.get("launch", doc)
     if not isinstance(launch, dict) or "processes" not in launch:
-        raise InputError(f"{path}: no launch section (a 'launch' object with 'processes')",
-                         hint="pass the output of `moetune plan --json`")
+        raise InputError(
+            f"{path}: no launch section (a 'launch' object with 'processes')",
+            hint="pass the output of `moetune plan --json`",
+        )
     spec = LaunchSpec.from_json(launch)
     if not spec.servers():
         raise InputError(f"{path}: the plan starts no server")
@@ -104,9 +110,12 @@ def check_fits(doc: dict[str, Any], path: Path, force: bool) -> list[str]:
     said = said or ["the plan says it does not fit (no shortfall recorded)"]
     if force:
         return said
-    raise InputError(f"{path}: the plan does not fit: {said[0]}", details=tuple(said[1:]),
-                     hint="plan again with less on that device (another --strategy, a smaller context or -ub, "
-                     "a quantized KV cache), or start it anyway with `moetune launch --force`")
+    raise InputError(
+        f"{path}: the plan does not fit: {said[0]}",
+        details=tuple(said[1:]),
+        hint="plan again with less on that device (another --strategy, a smaller context or -ub, "
+        "a quantized KV cache), or start it anyway with `moetune launch --force`",
+    )
 
 
 def _flag_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
@@ -149,12 +158,16 @@ def check_bind(p: ProcessSpec) -> None:
     try:
         why = bind_problem(host)
     except ValueError:
-        raise InputError(f"plan: RPC worker {p.name} binds to {host!r}, which is not an IP address",
-                         hint="give the worker's address on the link between the nodes") from None
+        raise InputError(
+            f"plan: RPC worker {p.name} binds to {host!r}, which is not an IP address",
+            hint="give the worker's address on the link between the nodes",
+        ) from None
     if why and not p.allow_public_bind:
-        raise InputError(f"refusing to start RPC worker {p.name} on port {p.port} of {why}; {RPC_NO_AUTH}",
-                         hint="bind it to the node's address on the private link (hardware file: link_addr), or "
-                         "set `allow_public_bind: true` on the node if a firewall keeps everyone else out")
+        raise InputError(
+            f"refusing to start RPC worker {p.name} on port {p.port} of {why}; {RPC_NO_AUTH}",
+            hint="bind it to the node's address on the private link (hardware file: link_addr), or "
+            "set `allow_public_bind: true` on the node if a firewall keeps everyone else out",
+        )
 
 
 def public_bind_warnings(spec: LaunchSpec) -> list[tuple[str, str]]:
@@ -163,17 +176,29 @@ def public_bind_warnings(spec: LaunchSpec) -> list[tuple[str, str]]:
     out = []
     for p in spec.servers():
         if not is_loopback(host := bind_host(p)):
-            auth = ("clients must send a key from " + ", ".join(keys) if (keys := api_key_files(p.argv)) else
-                    "llama-server has no authentication without --api-key-file: anyone who reaches it can use it")
-            out.append((f"server {p.name} will listen on {host}:{p.port}, reachable from the network; {auth}",
-                        "plan with --listen 127.0.0.1 to keep it on this machine" if keys else
-                        "plan with --api-key-file FILE, or --listen 127.0.0.1"))
+            auth = (
+                "clients must send a key from " + ", ".join(keys)
+                if (keys := api_key_files(p.argv))
+                else "llama-server has no authentication without --api-key-file: anyone who reaches it can use it"
+            )
+            out.append(
+                (
+                    f"server {p.name} will listen on {host}:{p.port}, reachable from the network; {auth}",
+                    "plan with --listen 127.0.0.1 to keep it on this machine"
+                    if keys
+                    else "plan with --api-key-file FILE, or --listen 127.0.0.1",
+                )
+            )
     for p in spec.workers():
         with contextlib.suppress(ValueError):
             why = bind_problem(bind_host(p))
             if why and p.allow_public_bind:
-                out.append((f"RPC worker {p.name} on node {p.node} will listen on {why} (allow_public_bind); "
-                            f"{RPC_NO_AUTH}", RPC_PUBLIC_BIND_REMEDY))
+                out.append(
+                    (
+                        f"RPC worker {p.name} on node {p.node} will listen on {why} (allow_public_bind); {RPC_NO_AUTH}",
+                        RPC_PUBLIC_BIND_REMEDY,
+                    )
+                )
     return out
 
 
@@ -185,11 +210,20 @@ def final_argv(p: ProcessSpec, binary: Path | PurePosixPath, kind: str) -> tuple
     port_flags = ("--port",) if p.role == ProcessRole.SERVER else ("-p", "--port")
     given = _flag_values(args, port_flags)
     if given and given[-1] != str(p.port):
-        raise InputError(f"plan: process {p.name} says port {p.port} but its arguments say {given[-1]}",
-                         hint="regenerate the plan")
+        raise InputError(
+            f"plan: process {p.name} says port {p.port} but its arguments say {given[-1]}", hint="regenerate the plan"
+        )
     if not given:
-        args += ["--host", p.host, "--port", str(p.port)] if p.role == ProcessRole.SERVER else ["-H", p.host, "-p", str(p.port)]
-    if p.role == ProcessRole.SERVER and kind != EngineKind.IK and not any(a in VERBOSITY_FLAGS or a.startswith("--verbosity=") for a in args):
+        args += (
+            ["--host", p.host, "--port", str(p.port)]
+            if p.role == ProcessRole.SERVER
+            else ["-H", p.host, "-p", str(p.port)]
+        )
+    if (
+        p.role == ProcessRole.SERVER
+        and kind != EngineKind.IK
+        and not any(a in VERBOSITY_FLAGS or a.startswith("--verbosity=") for a in args)
+    ):
         args += MAINLINE_VERBOSITY
     if p.role == ProcessRole.SERVER and METRICS_FLAG not in args:
         args.append(METRICS_FLAG)
@@ -227,12 +261,16 @@ def _remote(p: ProcessSpec, e: Engine) -> Prepared:
     """A worker on another node: its engine directory and binary, looked at over ssh."""
     assert p.ssh is not None
     if p.role != ProcessRole.RPC:
-        raise InputError(f"plan: process {p.name} is a {p.role} on node {p.node}; only RPC workers run on other nodes",
-                         hint="run llama-server on the first node of the hardware file")
+        raise InputError(
+            f"plan: process {p.name} is a {p.role} on node {p.node}; only RPC workers run on other nodes",
+            hint="run llama-server on the first node of the hardware file",
+        )
     bin_dir = p.bin_dir or e.bin_dir
     if bin_dir is None:
-        raise InputError(f"plan: node {p.node} has no bin_dir and engine {e.name} is a container image",
-                         hint="give the node's engine directory as bin_dir in the hardware file")
+        raise InputError(
+            f"plan: node {p.node} has no bin_dir and engine {e.name} is a container image",
+            hint="give the node's engine directory as bin_dir in the hardware file",
+        )
     try:
         node = probe_node(ssh_base(), p.ssh, bin_dir, BINARIES[ProcessRole.RPC])
     except RemoteError as err:
@@ -275,6 +313,24 @@ def prepare(spec: LaunchSpec) -> list[Prepared]:
     return out
 
 
+LINGER_WAIT_S = 75.0  # a stopped server's connections hold its port at most this long (tcp_fin_timeout 60 s)
+
+
+def _lingering_frees(host: str, port: int, wait_s: float = LINGER_WAIT_S) -> bool:
+    """Whether a port comes free within ``wait_s`` where only a stopped server's connections hold it
+    (one launch of a tune after another on the same port): they linger in FIN_WAIT/TIME_WAIT, and
+    ik_llama.cpp's server binds without SO_REUSEADDR, so they block the next one for up to a minute.
+    A port something listens on is not waited for."""
+    deadline = time.monotonic() + wait_s
+    while (states := tcp_states(port)) and TCP_LISTEN not in states:
+        if port_free(host, port):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return port_free(host, port)
+
+
 def preflight(prepared: Sequence[Prepared]) -> None:
     own = {x.endpoint for x in prepared if x.spec.role == ProcessRole.RPC}
     for x in prepared:
@@ -284,7 +340,7 @@ def preflight(prepared: Sequence[Prepared]) -> None:
         if x.remote:  # seen from here, as the server will see it
             if port_open(x.spec.host, x.spec.port, timeout_s=2):
                 raise LaunchFailed(diagnose.port_in_use(x.name, f"{x.endpoint} (node {x.spec.node})", None))
-        elif not port_free(x.spec.host, x.spec.port):
+        elif not port_free(x.spec.host, x.spec.port) and not _lingering_frees(x.spec.host, x.spec.port):
             raise LaunchFailed(diagnose.port_in_use(x.name, x.endpoint, listener_of(x.spec.port)))
         for ep in rpc_endpoints(x.argv):
             if ep in own:
