@@ -140,6 +140,16 @@ def main(results: Path) -> None:
             )
         after = {key: round(statistics.median(p[key] for p in pairs), 3) for key in pairs[0] if key != "pair"}
         measured = {labels[o.run]: round(o.measured_tg or 0.0, 1) for o in obs}
+        k0 = SpeedConstants()
+        per_config = {
+            labels[o.run]: {
+                "measured_tg": round(o.measured_tg or 0.0, 1),
+                "predicted_tg": round(predict_tg(o, k0), 1),
+                "measured_pp": round(o.measured_pp or 0.0, 1),
+                "predicted_pp": round(predict_pp(o, k0), 1),
+            }
+            for o in obs
+        }
         best = max(measured, key=lambda x: measured[x])
         t1 = time.monotonic()
         tr = run_cli(
@@ -188,6 +198,7 @@ def main(results: Path) -> None:
         "grid_wall_s": round(grid_s, 1),
         "load_average_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
         "measured_tg": measured,
+        "per_configuration": per_config,
         "before": before,
         "after_two_placements": after,
         "pairs": pairs,
@@ -222,10 +233,13 @@ def main(results: Path) -> None:
         "",
         f"tune (budget 4, from cpu-moe t1): {json.dumps(tune)}",
         "",
-        "| configuration | TG tok/s |",
-        "|---|---:|",
+        "| configuration | TG tok/s | predicted (built-in) | PP tok/s | predicted (built-in) |",
+        "|---|---:|---:|---:|---:|",
     ]
-    lines += [f"| {k} | {v} |" for k, v in sorted(measured.items())]
+    lines += [
+        f"| {k} | {v['measured_tg']} | {v['predicted_tg']} | {v['measured_pp']} | {v['predicted_pp']} |"
+        for k, v in sorted(per_config.items())
+    ]
     (results / "speed_axes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
