@@ -119,8 +119,9 @@ def test_tune_skips_what_does_not_fit_records_a_failed_launch_and_resumes(bin_di
     # -ub 65536 without flash attention wants ~145 GiB of compute buffer on the RPC worker: the
     # hardware file claims 200 GB there, so the ledger lets it through and the worker's allocation
     # fails at launch; the host is given just enough RAM for `auto` at that ubatch, not for cpu-moe
+    # (no prompt cache: it would take what the host has left, and the RAM given is the point here)
     model, hw = make_testbed(tmp_path, rpc_mem_mib=200000, cpu_ram_mib=100000)
-    s = Settings(ctx=65536, batch=65536, ubatch=65536, flash_attn=False, threads=1)
+    s = Settings(ctx=65536, batch=65536, ubatch=65536, flash_attn=False, threads=1, cache_ram_mib=0)
     auto_cpu = next(
         led for led in plan_files(PlanRequest(str(hw), str(model), None, "auto", s)).plan.ledgers if led.device == "CPU"
     )
@@ -139,6 +140,8 @@ def test_tune_skips_what_does_not_fit_records_a_failed_launch_and_resumes(bin_di
         "-ub",
         "65536",
         "--no-flash-attn",
+        "--cache-ram",
+        "0",
         "-t",
         "1",
         "--try-strategy",

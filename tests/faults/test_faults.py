@@ -307,11 +307,12 @@ def test_the_historys_disk_full_is_one_clear_error_and_nothing_stored_is_lost(
         )
         assert first.exit_code == 0, first.stderr
         filler = small_disk / "filler"
-        with open(filler, "wb") as f:  # fill the disk, then free a little: the next run starts and then runs out
+        # fill the disk, then free a little: the next run starts and then runs out. Unbuffered: a
+        # buffered file keeps what the full disk refused and raises it again when it closes
+        with open(filler, "wb", buffering=0) as f:
             try:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
+                while f.write(b"\0" * 65536):
+                    pass
             except OSError:
                 pass
         filler.write_bytes(b"\0" * (filler.stat().st_size - 96 * 1024))
