@@ -181,3 +181,53 @@ def test_tune_one_service_of_a_running_layout(bin_dir: Path, tmp_path: Path) -> 
     assert [sj["name"] for sj in best["services"]] == ["main", "worker"] and best["fits"]
     assert not [w for w in best["warnings"] if "RPC worker" in (w["message"] or "")]
     assert doc["engine_defaults"]["run"] is not None  # the engine's own choices, the main model alone
+
+
+@pytest.mark.server
+def test_tune_one_service_while_the_others_serve_their_load(bin_dir: Path, tmp_path: Path) -> None:
+    """--with-load: each candidate of the CPU-only main service is measured alone and while the
+    worker (its model on a loopback rpc-server device) serves four streams on the same two cores;
+    the objective is main's TG under the load, slower than alone, and stored in the tune's runs."""
+    import json
+
+    from moetune.model.archs import Dims
+    from moetune.model.testmodel import generate
+    from moetune.store.db import ResultsDB
+    from tests.engine_harness import free_port
+
+    model, hw = make_testbed(tmp_path, rpc_mem_mib=16000)
+    worker = tmp_path / "worker.gguf"
+    generate(worker, "qwen3moe", Dims(n_layer=2), "f16")
+    lay = tmp_path / "loaded.yaml"
+    lay.write_text(
+        yaml.safe_dump(
+            {
+                "services": [
+                    {"name": "main", "model": str(model), "devices": [], "ctx": 1024, "ubatch": 128},
+                    {"name": "worker", "model": str(worker), "strategy": "all-gpu", "parallel": 4, "ctx": 2048},
+                ]
+            }
+        )
+    )
+    db = tmp_path / "t.db"
+    r = run_cli(
+        "tune", "--layout", str(lay), "--service", "main", "--hw", str(hw), "-t", "1",
+        "--try-threads", "1,2", "--try-ubatch", "128", "--try-fa", "on", "--try-cache", "f16/f16",
+        "--try-repack", "off", "--repack", "off", "--depth", "0", "--pp-tokens", "64", "--tg-tokens", "24",
+        "-r", "5", "--warmup", "1", "--with-load", "worker=c:4,requests:8,prompt:128,output:64,warmup:1",
+        "--port", str(free_port()), "--budget", "2", "--max-pp-loss", "100", "--db", str(db), "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["with_load"][0]["service"] == "worker" and doc["engine_defaults"] is None
+    launched = [c for c in doc["candidates"] if c["launched"]]
+    assert len(launched) == 2
+    base = doc["candidates"][0]["measured"]
+    assert base["tg_tok_s"]["median"] < base["alone"]["tg_tok_s"]["median"]  # the worker's load slows main
+    with ResultsDB.open(db) as h:
+        runs = [h.run(c["measured"]["run"]) for c in launched]
+    assert all(run.kind == "serve-bench" and run.sweep_id == doc["tune"] for run in runs)
+    bad = run_cli("tune", "--layout", str(lay), "--service", "main", "--hw", str(hw), "--with-load", "main=c:1")
+    assert bad.exit_code == 2 and "main is the service tuned" in bad.stderr
+    bad = run_cli("tune", str(model), "--hw", str(hw), "--with-load", "worker=c:1")
+    assert bad.exit_code == 2 and "--layout" in bad.stderr

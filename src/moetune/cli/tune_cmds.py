@@ -63,6 +63,14 @@ def _list(kind: str) -> Any:
     "others keep their placements, planned first, so no candidate takes their memory.",
 )
 @click.option("--service", help="With --layout: the service to tune.")
+@click.option(
+    "--with-load",
+    "with_load",
+    multiple=True,
+    metavar="SERVICE=SPEC",
+    help="With --layout: while each candidate is measured, this other service of the layout serves this load "
+    "(serve-bench's --load SPEC, e.g. worker=c:2,requests:8,prompt:256,output:64); repeat it per service.",
+)
 @plan_options
 @click.option(
     "--budget",
@@ -231,6 +239,7 @@ def tune_cmd(
     model: str | None,
     layout: Path | None,
     service: str | None,
+    with_load: tuple[str, ...],
     hw_path: str | None,
     strategy: str,
     engine_name: str | None,
@@ -294,7 +303,10 @@ def tune_cmd(
     placements `moetune plan --layout` gives them: they are planned first, so a candidate that would
     take their memory does not fit and is never launched. Each candidate is the whole layout (the
     winner written with -o is the layout's plan) and is launched whole; NAME's server is measured
-    while the others stand idle. The engine-defaults run is NAME's model alone.
+    while the others stand idle. The engine-defaults run is NAME's model alone. With --with-load
+    OTHER=SPEC (repeatable), NAME's single stream is measured alone and then while each OTHER serves
+    its load (serve-bench LAYOUT --load): the objective is NAME's figure under the load (the depth
+    sent as prompt), its figure alone beside it; no engine-defaults run then.
 
     --objective goodput measures each candidate with serve-bench instead: --concurrency closed-loop
     streams (the plan gets as many slots), --requests requests of --pp-tokens prompt tokens and
@@ -350,6 +362,9 @@ def tune_cmd(
     }
     routing = settings_kw.pop("routing")
     port = plan_port(settings_kw, port)
+    from moetune.tune.under_load import check as check_loads
+
+    loads = check_loads(with_load, layout, service, objective)
     req = TuneRequest(
         hw_path,
         model or "",
@@ -371,6 +386,7 @@ def tune_cmd(
         layout=layout,
         service=service,
         work=work,
+        with_load=tuple(loads),
     )
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
 

@@ -44,6 +44,7 @@ import numpy as np
 from moetune.bench.analysis.predicted import observations
 from moetune.bench.analysis.single import bench_metrics
 from moetune.bench.analysis.summary import run_summary
+from moetune.bench.serve.loadspec import ServiceLoad
 from moetune.bench.single.runner import BenchOptions, Progress, bench_target
 from moetune.bench.single.workloads import Workload
 from moetune.bench.target import plan_target, with_transport
@@ -65,6 +66,7 @@ from moetune.store import calibrations
 from moetune.store.db import ResultsDB
 from moetune.tune import defaults as dflt
 from moetune.tune import goodput as gp
+from moetune.tune import under_load as ul
 from moetune.tune import workload as wl
 from moetune.tune.engine_axes import check_engine_axes, engine_options
 from moetune.tune.history import calibrate_and_save, gather, placements
@@ -98,6 +100,7 @@ class TuneRequest:
     layout: Path | None = None  # tune one service of this layout (``service``), the others' placements kept
     service: str | None = None
     work: wl.WorkObjective | None = None  # the workload of --objective replay:FILE and turn
+    with_load: tuple[ServiceLoad, ...] = ()  # the layout's other services' loads, on while a candidate is measured
 
 
 @dataclass
@@ -141,6 +144,8 @@ class TuneResult:
     work: wl.WorkObjective | None = None  # --objective replay:FILE or turn
     works: dict[int, wl.Measured] = field(default_factory=dict)  # measured, with a workload objective
     defaults_work: wl.Measured | None = None  # the engine defaults' measurement of the workload
+    loaded: dict[int, ul.Measured] = field(default_factory=dict)  # measured under --with-load, per entry
+    with_load: tuple[ServiceLoad, ...] = ()  # the other services' loads they were measured under
 
     def plan_path(self, i: int) -> Path:
         return self.plan_dir / f"{_slug(self.entries[i].candidate.label)}.json"
@@ -167,7 +172,7 @@ def predicted_rates(e: Entry, k: SpeedConstants, w: Workload) -> tuple[float, fl
 
 
 def _tune_id(req: TuneRequest, plan: Plan, labels: list[str]) -> str:
-    key = {
+    key: dict[str, Any] = {
         "model": [str(f) for f in plan.main.spec.model.files],
         "hw": plan.hw.name or plan.hw.source or req.hw,
         "layout": None if req.layout is None else [hashlib.sha256(req.layout.read_bytes()).hexdigest(), req.service],
@@ -184,6 +189,8 @@ def _tune_id(req: TuneRequest, plan: Plan, labels: list[str]) -> str:
         key["serve"] = req.serve.to_json()
     if req.work is not None:
         key["work"] = req.work.key()
+    if req.with_load:
+        key["with_load"] = [ld.to_json() for ld in req.with_load]
     return "tu-" + hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -372,12 +379,16 @@ def tune(
     summaries: dict[int, dict[str, Any]] = {}
     goodputs: dict[int, gp.Goodput] = {}
     works: dict[int, wl.Measured] = {}
+    loaded: dict[int, ul.Measured] = {}
 
     def measured(i: int) -> None:
         run = entries[i].run
         assert run is not None
         samples = db.samples(run)
-        if req.work is not None:
+        if req.with_load:
+            loaded[i] = ul.measured(samples, entries[i].plan.main.spec.name)
+            values[i] = list(loaded[i].shared.of(req.objective))
+        elif req.work is not None:
             works[i] = wl.measured(samples, req.work)
             values[i] = works[i].values
             if (why := works[i].problem()) is not None:
@@ -435,7 +446,23 @@ def tune(
         gate.before_launch()  # a busy machine: MachineBusy, or a wait with --wait-quiet
         status(f"launch {launches}/{req.budget}: {e.candidate.label}")
         try:
-            if req.work is not None:
+            if req.with_load:
+                e.run = ul.run_candidate(
+                    db,
+                    path,
+                    e.plan.main.spec.name,
+                    req.with_load,
+                    req.workload,
+                    req.options,
+                    label=e.candidate.label,
+                    sweep_id=tid,
+                    launch_timeout_s=req.launch_timeout_s,
+                    status=status,
+                    on_snapshot=on_snapshot,
+                    transport=e.candidate.transport,
+                    rdma_dev=req.rdma_dev,
+                )
+            elif req.work is not None:
                 e.run = wl.run_candidate(
                     db,
                     path,
@@ -493,6 +520,7 @@ def tune(
         k = refit()
     view = _view(entries, k, req, feats, values, goodputs)
     rates = {i: dflt.rates(db, e.run, req.workload) for i, e in enumerate(entries) if e.run is not None}
+    rates.update({i: dflt.Rates(m.shared.tg, m.shared.pp) for i, m in loaded.items()})  # under the load
     d_rates = dflt.rates(db, defaults.run if defaults else None, req.workload)
     rejected = pp_rejections(req.objective, req.max_pp_loss, rates, d_rates)
     judged, best = verdicts(
@@ -526,6 +554,8 @@ def tune(
         req.work,
         works,
         d_work,
+        loaded,
+        req.with_load,
     )
     if best is not None and not result.plan_path(best).exists():
         result.plan_path(best).write_text(json.dumps(entries[best].doc, indent=2))
@@ -536,8 +566,9 @@ def tune(
 def _defaults(
     db: ResultsDB, req: TuneRequest, baseline: Entry, tid: str, failed: dict[str, str]
 ) -> dflt.Defaults | None:
-    """The engine-defaults baseline of a single-stream search (resumed: its run, or why it failed)."""
-    if req.serve is not None:
+    """The engine-defaults baseline of a single-stream search (resumed: its run, or why it failed);
+    none under --with-load (the engine's own choices take the others' memory)."""
+    if req.serve is not None or req.with_load:
         return None
     plan = baseline.plan
     if len(plan.services) > 1:  # a layout's service: the engine's own choices for its model, measured alone

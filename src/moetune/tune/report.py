@@ -82,6 +82,15 @@ def work_json(m: wl.Measured | None) -> dict[str, Any] | None:
 
 
 def _measured(r: TuneResult, i: int) -> dict[str, Any] | None:
+    if i in r.loaded:  # under the other services' load (--with-load), and alone
+        m = r.loaded[i]
+        return {
+            "tg_tok_s": _rate_ci(m.shared.tg),
+            "pp_tok_s": _rate_ci(m.shared.pp),
+            "goodput_req_s": None,
+            "alone": {"tg_tok_s": _rate_ci(m.alone.tg), "pp_tok_s": _rate_ci(m.alone.pp)},
+            "run": r.entries[i].run,
+        }
     if i in r.works:
         return {
             "tg_tok_s": None,
@@ -167,6 +176,7 @@ def result_json(r: TuneResult, kld: dict[int, float] | None = None) -> dict[str,
         "engine_defaults": _defaults(r),
         "max_pp_loss": r.max_pp_loss if r.objective == "tg" else None,
         "constants": asdict(r.constants),
+        "with_load": [ld.to_json() for ld in r.with_load] or None,
     }
 
 
@@ -261,6 +271,8 @@ def result_table(r: TuneResult, kld: dict[int, float] | None = None) -> Any:
     doc = result_json(r, kld)
     text = f" ({dflt.workload_text(r.workload)})" if r.serve is None and r.work is None else ""
     text = f" ({wl.describe(r.work)})" if r.work is not None else text
+    if r.with_load:
+        text += ", beside " + "; ".join(f"{ld.service}: {ld.describe()}" for ld in r.with_load)
     t = Table(title=f"tune {r.tune_id}: objective {r.objective}{text}", title_justify="left")
     launched = [c for c in doc["candidates"] if c["launched"]]
     if r.work is not None:
@@ -304,12 +316,15 @@ def result_table(r: TuneResult, kld: dict[int, float] | None = None) -> Any:
             )
         return t
     quality = kld is not None
+    loaded = bool(r.with_load)  # the measured columns are under the others' load; alone beside them
+    under = " under load" if loaded else ""
     for col in (
         "candidate",
         "predicted TG",
         "predicted PP",
-        "TG [95% CI]",
-        "PP [95% CI]",
+        f"TG{under} [95% CI]",
+        f"PP{under} [95% CI]",
+        *(["TG alone", "PP alone"] if loaded else []),
         *(["KLD"] if quality else []),
         "verdict",
     ):
@@ -317,12 +332,14 @@ def result_table(r: TuneResult, kld: dict[int, float] | None = None) -> Any:
     for c in rows:
         m = c["measured"] or {}
         q = [] if not quality else [_kld_cell(r, c)]
+        alone = m.get("alone") or {}
         t.add_row(
             c["label"],
             fmt(c["predicted"]["tg_tok_s"]),
             fmt(c["predicted"]["pp_tok_s"]),
             _cell(m.get("tg_tok_s")),
             _cell(m.get("pp_tok_s")),
+            *([_cell(alone.get("tg_tok_s")), _cell(alone.get("pp_tok_s"))] if loaded else []),
             *q,
             c["verdict"],
         )

@@ -67,6 +67,7 @@ class LayoutSpec:
     label: str | None = None
     slo: dict[str, float] | None = None
     launch_timeout_s: float = 600.0
+    sweep_id: str | None = None  # the search the run belongs to (tune --with-load)
 
 
 @dataclass
@@ -412,7 +413,7 @@ async def _bench(
             details=details,
         )
         label = spec.label or "layout " + " ".join(f"{s.name}={s.load.kind}:{s.concurrency or 'rec'}" for s in services)
-        run_id = db.create_run(meta, label=label, target=target.name)
+        run_id = db.create_run(meta, label=label, target=target.name, sweep_id=spec.sweep_id)
         monitor.attach(db, run_id)
         for i, s in enumerate(services):
             db.add_service(
