@@ -45,7 +45,7 @@ FIT_PARAMS_NOTE = (
 class Figures:
     device: str  # the plan's name for it
     model_mib: float
-    context_mib: float  # KV cache, recurrent state and output buffer
+    context_mib: float  # KV cache and recurrent state (and ik_llama.cpp's output buffer)
     compute_mib: float
 
     def to_json(self) -> dict[str, Any]:
@@ -95,7 +95,11 @@ def ledger_figures(sp: ServicePlan, dry_run: bool = False) -> list[Figures]:
         if dry_run and sp.memory.dry_run_compute_mib:
             compute = sp.memory.dry_run_compute_mib.get(d.name, 0.0)
         weights = items.get("weights", 0.0) + items.get("weights (split)", 0.0) + items.get("repack", 0.0)
-        out.append(Figures(d.name, weights, items.get("kv", 0.0) + items.get("output", 0.0), compute))
+        # mainline's memory breakdown has the KV cache (and recurrent state) as context, not the
+        # output buffer (llama_context::memory_breakdown: model, memory, compute); ik logs it beside
+        # its KV, and its figures count it
+        output = 0.0 if sp.spec.settings.engine == EngineKind.MAINLINE else items.get("output", 0.0)
+        out.append(Figures(d.name, weights, items.get("kv", 0.0) + output, compute))
     return out
 
 
