@@ -122,10 +122,14 @@ def test_the_cli_wants_a_model_or_a_layout_with_a_service(tmp_path: Path) -> Non
 
 
 @pytest.mark.server
-def test_tune_one_service_of_a_running_layout(bin_dir: Path, tmp_path: Path) -> None:
+def test_tune_one_service_of_a_running_layout(bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two launches of the main service's candidates, each with the worker started beside it (idle,
     on its own RPC device); the winner written with -o is the whole layout's plan."""
     import json
+
+    import moetune.tune.loop as loop
+
+    monkeypatch.setattr(loop.core, "choose", lambda belief, best, open_, noise, gains: (open_[0], 1.0))
 
     from moetune.hardware.inventory import load
     from tests.engine_harness import free_port
