@@ -32,6 +32,23 @@ class DeviceKind(StrEnum):
     RPC = "rpc"  # a device behind a llama.cpp RPC worker on another node
 
 
+class StrategyKind(StrEnum):
+    """Which family a placement strategy (``--strategy``) belongs to; the string's syntax is read by
+    :func:`moetune.plan.placement.parse_strategy`."""
+
+    AUTO = "auto"  # the planner fits the most it can on the accelerators
+    CPU_MOE = "cpu-moe"  # every routed expert on the CPU
+    ALL_GPU = "all-gpu"  # everything on the accelerators
+    N_CPU_MOE = "n-cpu-moe"  # n-cpu-moe:N, the experts of the first N layers on the CPU
+    LAYERS = "layers"  # layers:CUDA0=3-14,CUDA1=68-77, the experts of those layers on those devices
+    HEAD_TAIL = "head-tail"  # head-tail:H+T[+M], the first H, last T (and M middle) MoE layers' experts
+
+    @property
+    def takes_argument(self) -> bool:
+        """Whether the strategy is written ``KIND:ARGUMENT`` (otherwise the bare word)."""
+        return self in (StrategyKind.N_CPU_MOE, StrategyKind.LAYERS, StrategyKind.HEAD_TAIL)
+
+
 class ProcessRole(StrEnum):
     """What a process of a launch is."""
 

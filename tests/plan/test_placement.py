@@ -93,6 +93,25 @@ def test_parse_strategy(text: str, expect: plc.Strategy) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        ("auto", "auto"),
+        (" cpu-moe ", "cpu-moe"),
+        ("all-gpu", "all-gpu"),
+        ("n-cpu-moe: 64", "n-cpu-moe:64"),
+        ("layers: CUDA0=3-14,CUDA1=68-77 ", "layers:CUDA0=3-14,CUDA1=68-77"),
+        ("head-tail:8 + 8 + 4", "head-tail:8+8+4"),
+        ("head-tail:12+10+0", "head-tail:12+10"),
+    ],
+)
+def test_strategy_written_back(text: str, canonical: str) -> None:
+    """The parsed strategy writes itself back in the form the placements carry as their name."""
+    st = plc.parse_strategy(text)
+    assert str(st) == canonical
+    assert plc.parse_strategy(canonical) == st
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         ("bogus", "--strategy 'bogus': choose auto, cpu-moe"),

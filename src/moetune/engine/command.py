@@ -21,7 +21,7 @@ from moetune.engine.formats import (
 )
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.engine.render import defaults_argv, override_rules, server_argv
-from moetune.kinds import DeviceKind, EngineKind, ProcessRole
+from moetune.kinds import DeviceKind, EngineKind, ProcessRole, StrategyKind
 from moetune.plan.placement import parse_strategy
 from moetune.plan.plan import Plan, ServicePlan
 
@@ -90,7 +90,7 @@ def service_notes(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
             f"{','.join(map(str, sp.placement.tensor_split))} (the ledger's weights (split)); the layer map "
             "shows where each would sit in layer split"
         ]
-    if st.kind != "n-cpu-moe":
+    if st.kind != StrategyKind.N_CPU_MOE:
         return [*chosen, *graph]
     n = st.n
     own = service_dialect(sp, facts)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from moetune.hardware.inventory import Inventory
+from moetune.kinds import StrategyKind
 from moetune.model.profile import ModelProfile, Tensor
 from moetune.plan.ledger import combine, service_memory
 from moetune.plan.placement import CPU, Placement, cpu_moe, expert_tensors, with_experts
@@ -49,7 +50,9 @@ def auto(
     base = cpu_moe(p, hw)
     accs = [d.name for d in hw.accelerators()]
     if not accs:
-        return Placement("auto", base.layer_device, base.output_device, base.expert_device, base.tensor_split)
+        return Placement(
+            str(StrategyKind.AUTO), base.layer_device, base.output_device, base.expert_device, base.tensor_split
+        )
     experts = dict(base.expert_device)
     by_layer: dict[int, list[Tensor]] = defaultdict(list)
     for t in expert_tensors(p):
@@ -89,7 +92,7 @@ def auto(
     # verify with the real ledger; give back the last tensors placed on a device that overflows
     order = [name for name, dev in experts.items() if dev != CPU]
     for _ in range(len(order) + 1):
-        pl = with_experts(base, experts, "auto")
+        pl = with_experts(base, experts, str(StrategyKind.AUTO))
         free = _free(p, hw, pl, s, reserved, margins)
         over = [d for d in accs if free[d] < 0]
         if not over:
@@ -98,7 +101,7 @@ def auto(
             mine = [n for n in order if experts[n] == d]
             if mine:
                 experts[mine[-1]] = CPU
-    return with_experts(base, experts, "auto")
+    return with_experts(base, experts, str(StrategyKind.AUTO))
 
 
 def _compute_growth(p: ModelProfile, hw: Inventory, base: Placement, s: Settings, dev: str) -> float:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from moetune.errors import InputError
 from moetune.hardware.inventory import Inventory
+from moetune.kinds import StrategyKind
 from moetune.model.profile import ModelProfile, Tensor
 
 CPU = "CPU"
@@ -25,14 +26,23 @@ STRATEGY_SYNTAX = "auto, cpu-moe, all-gpu, n-cpu-moe:N, layers:CUDA0=3-14,CUDA1=
 @dataclass(frozen=True, slots=True)
 class Strategy:
     """A strategy string, parsed (:func:`parse_strategy`): the one reading of it that planning and
-    rendering share."""
+    rendering share; ``str()`` writes it back in its canonical form."""
 
-    kind: str  # auto | cpu-moe | all-gpu | n-cpu-moe | layers | head-tail
+    kind: StrategyKind
     n: int = 0  # n-cpu-moe:N
     spec: str = ""  # layers:SPEC
     head: int = 0  # head-tail:H+T+M: the first H, the last T and M middle MoE layers' experts on the accelerators
     tail: int = 0
     middle: int = 0
+
+    def __str__(self) -> str:
+        if self.kind == StrategyKind.N_CPU_MOE:
+            return f"{self.kind}:{self.n}"
+        if self.kind == StrategyKind.LAYERS:
+            return f"{self.kind}:{self.spec}"
+        if self.kind == StrategyKind.HEAD_TAIL:
+            return f"{self.kind}:{self.head}+{self.tail}" + (f"+{self.middle}" if self.middle else "")
+        return str(self.kind)
 
 
 _HEAD_TAIL = re.compile(r"^\s*(\d+)\s*\+\s*(\d+)\s*(?:\+\s*(\d+)\s*)?$")
@@ -43,29 +53,30 @@ def parse_strategy(text: str, what: str = "--strategy") -> Strategy:
     ``head-tail:H+T[+M]`` (syntax only: a layer set's devices and layers are checked against the
     model and the hardware when placed). ``what``: the option the text came from, for the errors."""
     s = text.strip()
-    if s in ("auto", "cpu-moe", "all-gpu"):
-        return Strategy(s)
+    bare = {str(k): k for k in StrategyKind if not k.takes_argument}
+    if s in bare:
+        return Strategy(bare[s])
     head, sep, arg = s.partition(":")
-    if sep and head == "n-cpu-moe":
+    if sep and head == StrategyKind.N_CPU_MOE:
         try:
-            return Strategy("n-cpu-moe", n=int(arg))
+            return Strategy(StrategyKind.N_CPU_MOE, n=int(arg))
         except ValueError:
             raise InputError(f"{what} {s!r}: N must be an integer", hint="n-cpu-moe:64") from None
-    if sep and head == "layers" and arg.strip():
-        return Strategy("layers", spec=arg.strip())
-    if sep and head == "head-tail":
+    if sep and head == StrategyKind.LAYERS and arg.strip():
+        return Strategy(StrategyKind.LAYERS, spec=arg.strip())
+    if sep and head == StrategyKind.HEAD_TAIL:
         m = _HEAD_TAIL.match(arg)
         if not m:
             raise InputError(
                 f"{what} {s!r}: expected head-tail:H+T or head-tail:H+T+M (layer counts)",
                 hint="head-tail:12+10 (first 12, last 10 MoE layers), head-tail:8+8+4 (and 4 middle)",
             )
-        return Strategy("head-tail", head=int(m[1]), tail=int(m[2]), middle=int(m[3] or 0))
+        return Strategy(StrategyKind.HEAD_TAIL, head=int(m[1]), tail=int(m[2]), middle=int(m[3] or 0))
     raise InputError(f"{what} {s!r}: choose {STRATEGY_SYNTAX}")
 
 
 def head_tail_name(head: int, tail: int, middle: int = 0) -> str:
-    return f"head-tail:{head}+{tail}" + (f"+{middle}" if middle else "")
+    return str(Strategy(StrategyKind.HEAD_TAIL, head=head, tail=tail, middle=middle))
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,19 +179,19 @@ def _make(
 
 
 def cpu_moe(p: ModelProfile, hw: Inventory) -> Placement:
-    return _make("cpu-moe", p, hw, set(range(p.n_layer_all)))
+    return _make(str(StrategyKind.CPU_MOE), p, hw, set(range(p.n_layer_all)))
 
 
 def n_cpu_moe(p: ModelProfile, hw: Inventory, n: int) -> Placement:
     """Experts of the first N layers on the CPU (mainline's --n-cpu-moe N)."""
     if n < 0:
         raise InputError(f"n-cpu-moe:{n}: N must be >= 0")
-    return _make(f"n-cpu-moe:{n}", p, hw, set(range(n)))
+    return _make(str(Strategy(StrategyKind.N_CPU_MOE, n=n)), p, hw, set(range(n)))
 
 
 def gpu_layers(p: ModelProfile, hw: Inventory) -> Placement:
     """Everything on the accelerators (no expert override)."""
-    return _make("all-gpu", p, hw, set())
+    return _make(str(StrategyKind.ALL_GPU), p, hw, set())
 
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
@@ -212,7 +223,7 @@ def parse_layer_sets(spec: str, p: ModelProfile, hw: Inventory) -> dict[int, str
 
 
 def layer_sets(p: ModelProfile, hw: Inventory, spec: str) -> Placement:
-    return _make(f"layers:{spec}", p, hw, None, parse_layer_sets(spec, p, hw))
+    return _make(str(Strategy(StrategyKind.LAYERS, spec=spec)), p, hw, None, parse_layer_sets(spec, p, hw))
 
 
 def moe_layers(p: ModelProfile) -> list[int]:

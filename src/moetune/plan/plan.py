@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import moetune.plan.attention as attention
 from moetune.errors import InputError
 from moetune.hardware.inventory import Inventory, Node, rpc_name
-from moetune.kinds import DeviceKind, EngineKind
+from moetune.kinds import DeviceKind, EngineKind, StrategyKind
 from moetune.model.profile import ModelProfile
 from moetune.model.routing import Routing
 from moetune.plan import graph_split
@@ -180,17 +180,21 @@ def place(
     strategy: str, p: ModelProfile, hw: Inventory, s: Settings, reserved: dict[str, float], margins: dict[str, float]
 ) -> plc.Placement:
     st = plc.parse_strategy(strategy)
-    if st.kind == "auto":
+    if st.kind == StrategyKind.AUTO:
         return auto(p, hw, s, reserved, margins)
-    if st.kind == "cpu-moe":
+    if st.kind == StrategyKind.CPU_MOE:
         return plc.cpu_moe(p, hw)
-    if st.kind == "all-gpu":
+    if st.kind == StrategyKind.ALL_GPU:
         return plc.gpu_layers(p, hw)
-    if st.kind == "n-cpu-moe":
+    if st.kind == StrategyKind.N_CPU_MOE:
         return plc.n_cpu_moe(p, hw, st.n)
-    if st.kind == "head-tail":
+    if st.kind == StrategyKind.HEAD_TAIL:
         return plc.head_tail(p, hw, st.head, st.tail, st.middle)
     return plc.layer_sets(p, hw, st.spec)
+
+
+def _is_auto(spec: ServiceSpec) -> bool:
+    return plc.parse_strategy(spec.strategy).kind == StrategyKind.AUTO
 
 
 def _check_cache_types(p: ModelProfile, s: Settings) -> None:
@@ -251,7 +255,7 @@ def make_plan(
     if unknown := sorted(set(pinned) - set(names)):
         raise InputError(f"pinned placements of services the plan does not have: {', '.join(unknown)}")
     k = constants or SpeedConstants()
-    order = sorted(range(len(services)), key=lambda i: (services[i].name not in pinned, services[i].strategy == "auto"))
+    order = sorted(range(len(services)), key=lambda i: (services[i].name not in pinned, _is_auto(services[i])))
     planned: dict[int, ServicePlan] = {}
     mems: list[ServiceMemory] = []
     for i in order:

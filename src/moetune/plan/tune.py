@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from moetune.errors import InputError
+from moetune.kinds import StrategyKind
 from moetune.plan.placement import head_tail_name, parse_strategy
 from moetune.plan.settings import Settings
 
@@ -142,7 +143,9 @@ class EngineOptions:
 
 
 # a comma that starts another strategy (one of a layer set's own commas starts a DEVICE=RANGE)
-_NEXT_STRATEGY = re.compile(r",(?=\s*(?:(?:auto|cpu-moe|all-gpu)\s*(?:[,;]|$)|(?:n-cpu-moe|layers|head-tail):))")
+_BARE = "|".join(re.escape(k) for k in StrategyKind if not k.takes_argument)
+_WITH_ARGUMENT = "|".join(re.escape(k) for k in StrategyKind if k.takes_argument)
+_NEXT_STRATEGY = re.compile(rf",(?=\s*(?:(?:{_BARE})\s*(?:[,;]|$)|(?:{_WITH_ARGUMENT}):))")
 
 
 def split_strategies(values: Sequence[str]) -> tuple[str, ...]:
@@ -276,7 +279,7 @@ def features(c: Candidate, cpu_expert_share: float, cores: int) -> np.ndarray:
             0.5 if c.mla != 3 else 0.0,
             0.5 if not c.fused_moe else 0.0,
             0.5 if c.merge_up_gate else 0.0,
-            0.5 if parse_strategy(c.strategy).kind == "head-tail" else 0.0,
+            0.5 if parse_strategy(c.strategy).kind == StrategyKind.HEAD_TAIL else 0.0,
             0.5 if c.transport == "rdma" else 0.0,
         ]
     )

@@ -24,7 +24,7 @@ from typing import Any
 
 from moetune.errors import InputError
 from moetune.hardware.inventory import Device, Inventory, Node
-from moetune.kinds import DeviceKind, EngineKind
+from moetune.kinds import DeviceKind, EngineKind, StrategyKind
 from moetune.model.archs import PRESET_RECIPES, PRESETS
 from moetune.model.kv import CACHE_TYPES
 from moetune.model.profile import ModelProfile
@@ -229,7 +229,7 @@ def _row(doc: Any, where: str, rigs: Mapping[str, Rig]) -> Row:
     if d["preset"] not in PRESETS:
         raise _fail(where, f"preset {d['preset']!r}: not a moetune preset", hint=f"presets: {', '.join(PRESETS)}")
     strategy = parse_strategy(str(d["placement"]), f"{where}: placement")
-    if strategy.kind == "auto":
+    if strategy.kind == StrategyKind.AUTO:
         raise _fail(where, "placement auto: give the command's placement (cpu-moe, n-cpu-moe:N, layers:...)")
     rig = rigs[d["rig"]]
     used = _number(d["gpus_used"], where, "gpus_used", integer=True, strict=False)
