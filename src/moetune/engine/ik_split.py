@@ -16,14 +16,14 @@ from __future__ import annotations
 import itertools
 
 from moetune.model.kv import kv_shape
-from moetune.model.profile import ModelProfile
+from moetune.model.profile import EXPERT_KINDS, ModelProfile
 from moetune.model.quants import by_name
 from moetune.plan.compute import mla_heads
 from moetune.plan.ledger import kv_cells
 from moetune.plan.settings import Settings
 
 F32 = 4
-_EXPS = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps"}
+_EXPS = frozenset(EXPERT_KINDS)
 _SHEXP = {"ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"}
 _DENSE = {"ffn_gate", "ffn_up", "ffn_down"}
 _NORMS = {

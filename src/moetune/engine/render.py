@@ -14,12 +14,14 @@ from moetune.engine.server_args import need_flag, server_options
 from moetune.errors import InputError
 from moetune.kinds import EngineKind
 from moetune.model.layer_regex import layers_regex
-from moetune.model.profile import ModelProfile
+from moetune.model.profile import EXPERT_PARTS, ModelProfile, expert_part
 from moetune.plan.placement import CPU, Placement
 from moetune.plan.settings import Settings, engine_repacks
 
 MAX_OVERRIDES = 4096  # llama.cpp's limit on tensor buffer overrides
-EXPERT_SUFFIX = {"ffn_gate_exps": "gate", "ffn_up_exps": "up", "ffn_down_exps": "down", "ffn_gate_up_exps": "gate_up"}
+# every routed expert of every layer, written shortest part first as llama.cpp's docs write it:
+# \.ffn_(up|down|gate|gate_up)_exps
+ALL_EXPERTS = r"\.ffn_(" + "|".join(sorted(EXPERT_PARTS, key=lambda k: (len(k), k))) + ")_exps"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,7 @@ def override_rules(p: ModelProfile, pl: Placement) -> list[OverrideRule]:
         dev = pl.experts().get(t.name)
         if dev is None or dev == pl.layer_device[t.layer]:
             continue
-        moved[dev][t.layer].add(EXPERT_SUFFIX[t.kind])
+        moved[dev][t.layer].add(expert_part(t.kind))
     all_moe = {t.layer for t in p.tensors if t.is_expert and t.layer is not None and t.layer < p.n_layer}
     rules: list[OverrideRule] = []
     for dev in sorted(moved, key=lambda d: (d == CPU, d)):
@@ -52,7 +54,7 @@ def override_rules(p: ModelProfile, pl: Placement) -> list[OverrideRule]:
             k = sorted(kind_set)
             kind_re = k[0] if len(k) == 1 else "(" + "|".join(k) + ")"
             if dev == CPU and set(layers) == all_moe and len(k) >= 3:
-                rules.append(OverrideRule(r"\.ffn_(up|down|gate|gate_up)_exps", dev))
+                rules.append(OverrideRule(ALL_EXPERTS, dev))
             else:
                 rules.append(OverrideRule(rf"blk\.{layers_regex(layers)}\.ffn_{kind_re}_exps", dev))
     return rules

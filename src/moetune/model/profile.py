@@ -36,7 +36,18 @@ OTHER = "other"
 # every role, as recipes (`moetune quantize --recipe`) name them
 ROLES = (EXPERT, SHARED, ATTENTION, DENSE_FFN, ROUTER, NORM, RECURRENT, NEXTN, EMBED, OUTPUT, OTHER)
 
+# The routed experts' tensor kinds, in the order tables show them (gate, up, down; the fused
+# gate+up last): the one table of them, which every other use derives from (expert_part, EXPERT_PARTS).
 EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
+
+
+def expert_part(kind: str) -> str:
+    """What an expert kind names between ``ffn_`` and ``_exps``: ``ffn_gate_up_exps`` -> ``gate_up``
+    (the word ``-ot`` patterns, the routing counts and the plan's tables use)."""
+    return kind.removeprefix("ffn_").removesuffix("_exps")
+
+
+EXPERT_PARTS = tuple(expert_part(k) for k in EXPERT_KINDS)  # gate, up, down, gate_up
 # the layer as llama.cpp formats it (ASCII digits; more than nine is no layer llama.cpp loads)
 _BLK = re.compile(r"^blk\.([0-9]{1,9})\.(.+?)(?:\.(weight|bias|scale))?$")
 

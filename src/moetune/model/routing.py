@@ -26,9 +26,10 @@ from pathlib import Path
 
 from moetune.errors import InputError
 from moetune.model.gguf_read import read_gguf
+from moetune.model.profile import EXPERT_PARTS
 
 GGUF_MAGIC = b"GGUF"
-_COUNTS = re.compile(r"^blk\.(\d+)\.ffn_(up|gate|gate_up|down)_exps\.weight\.counts$")
+_COUNTS = re.compile(rf"^blk\.(\d+)\.ffn_({'|'.join(EXPERT_PARTS)})_exps\.weight\.counts$")
 _PREFERRED = ("up", "gate_up", "gate", "down")  # the same routing; the first found stands for its layer
 MAKE_ONE = "make one with `llama-imatrix -m MODEL.gguf -f TEXT.txt -o imatrix.gguf` (llama.cpp's, GGUF output)"
 

@@ -176,7 +176,9 @@ def print_inspect(p: ModelProfile, console: Console, at: KvQuery | None = None) 
         hp.add_row(k, str(doc[k]))
     console.print(hp)
     t = Table(title="layers (MiB)", show_lines=False)
-    for col in ("layers", "kind", "gate_exps", "up_exps", "down_exps", "experts", "non-expert"):
+    # the columns of _compress_rows: the first three expert kinds (gate, up, down), without ffn_
+    expert_cols = [k.removeprefix("ffn_") for k in EXPERT_KINDS[:3]]
+    for col in ("layers", "kind", *expert_cols, "experts", "non-expert"):
         t.add_column(col, justify="right" if col not in ("kind",) else "left")
     for label, cells in _compress_rows(p):
         t.add_row(label, *cells)

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from moetune.model.profile import expert_part
 from moetune.plan.ledger import whole_mib
 from moetune.plan.plan import Plan
 
@@ -29,7 +30,7 @@ def _runs(layers: list[dict[str, Any]]) -> list[tuple[str, str]]:
             sig = f"layer on {layer['device']}, experts on {devs[0]}"
         else:
             sig = f"layer on {layer['device']}, experts " + ", ".join(
-                f"{k.removeprefix('ffn_').removesuffix('_exps')}:{v}" for k, v in sorted(ex.items())
+                f"{expert_part(k)}:{v}" for k, v in sorted(ex.items())
             )
         if sig != prev_sig:
             if prev_sig is not None:

@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from moetune.model.profile import EXPERT_KINDS, expert_part
 from moetune.report.html.data import PlanSource
 from moetune.report.html.markup import Raw, badge, code_block, esc, facts, fmt, fmt_mib, note, table
 from moetune.report.html.svg import PALETTE, Segment, legend, n, stacked_bar, svg, text, title
@@ -40,7 +41,6 @@ WHAT_NAMES = {
     "checkpoints": "context checkpoints",
     "prompt cache": "prompt cache (grows as prompts are cached)",
 }
-EXPERT_ORDER = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
 
 
 def what_name(what: str) -> str:
@@ -98,13 +98,13 @@ def memory_bars(devices: Sequence[Mapping[str, Any]], *, width: float = 720) -> 
 
 def _tensor_rows(layers: Sequence[Mapping[str, Any]]) -> list[str]:
     kinds = {str(k) for layer in layers for k in (layer.get("experts") or {})}
-    return [k for k in EXPERT_ORDER if k in kinds] + sorted(kinds - set(EXPERT_ORDER))
+    return [k for k in EXPERT_KINDS if k in kinds] + sorted(kinds - set(EXPERT_KINDS))
 
 
 def _row_name(kind: str) -> str:
     if kind == "layer":
         return "layer (attention, KV)"
-    return "experts " + kind.removeprefix("ffn_").removesuffix("_exps").replace("_", "+")
+    return "experts " + expert_part(kind).replace("_", "+")
 
 
 def layer_map(layers: Sequence[Mapping[str, Any]], colors: Mapping[str, str], *, width: float = 1160) -> str:
