@@ -26,6 +26,22 @@ class RuntimeFailure(MoetuneError):
     exit_code = 1
 
 
+REPORT_IT = (
+    "this is a bug in moetune, not in your input: please report it with the command line, "
+    "`moetune --version` and the files it read"
+)
+
+
+class InternalError(MoetuneError):
+    """moetune broke one of its own rules (two of its results disagree): a bug, not the user's
+    input. The message says which rule; the hint asks for a report. Exit code 1."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = REPORT_IT, details: tuple[str, ...] = ()) -> None:
+        super().__init__(message, hint, details)
+
+
 class MachineBusy(MoetuneError):
     """Other programs keep the machine too busy to measure (`tune`: to rank configurations). Exit code 3."""
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from moetune.engine import ik_split
 from moetune.engine.dialect import Dialect, engine_devices
 from moetune.engine.server_args import need_flag, server_options
-from moetune.errors import InputError
+from moetune.errors import InputError, InternalError
 from moetune.kinds import EngineKind
 from moetune.model.layer_regex import layers_regex
 from moetune.model.profile import EXPERT_PARTS, ModelProfile, expert_part
@@ -61,7 +61,8 @@ def override_rules(p: ModelProfile, pl: Placement) -> list[OverrideRule]:
 
 
 def check_rules(p: ModelProfile, pl: Placement, rules: list[OverrideRule]) -> None:
-    """The rules, applied first-match like llama.cpp, must send every expert tensor where the plan says."""
+    """The rules, applied first-match like llama.cpp, must send every expert tensor where the plan
+    says; :class:`InternalError` where one does not (the rules and the plan disagree: a bug)."""
     compiled = [(re.compile(r.pattern), r.device) for r in rules]
     experts = pl.experts()
     for t in p.tensors:
@@ -69,7 +70,7 @@ def check_rules(p: ModelProfile, pl: Placement, rules: list[OverrideRule]) -> No
             continue
         dev = next((d for rx, d in compiled if rx.search(t.name)), pl.layer_device[t.layer])
         if dev != experts[t.name]:
-            raise AssertionError(f"override rules send {t.name} to {dev}, the plan says {experts[t.name]}")
+            raise InternalError(f"override rules send {t.name} to {dev}, the plan says {experts[t.name]}")
 
 
 def _tensor_split(
