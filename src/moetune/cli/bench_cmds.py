@@ -428,7 +428,7 @@ def sweep_cmd(
     from moetune.bench.analysis.warnings import grouped
     from moetune.bench.single.sweep import FAILED, baseline_of, run_sweep
     from moetune.errors import RuntimeFailure
-    from moetune.report.compare import compare, load, run_noise
+    from moetune.report.compare import compare_runs
     from moetune.report.plot import plot_runs
     from moetune.store.db import ResultsDB
 
@@ -448,10 +448,11 @@ def sweep_cmd(
             )
         ok = [o for o in outcomes if o.run is not None]
         base = baseline_of(spec, outcomes, baseline)
-        runs = load(db, [db.run(o.run) for o in [base, *[o for o in ok if o is not base]] if o.run is not None])
-        comp = compare(runs[0], runs[1:], min_change=min_change / 100, seed=options.seed)
+        runs = [db.run(o.run) for o in [base, *[o for o in ok if o is not base]] if o.run is not None]
+        compared = compare_runs(db, runs, min_change=min_change / 100, seed=options.seed)
+        comp = compared.comparison
         if plot_path:
-            plot_runs(runs, plot_path, seed=options.seed, title=f"sweep {sid}")
+            plot_runs(list(compared.metrics), plot_path, seed=options.seed, title=f"sweep {sid}")
         if as_json:
             print_json(
                 {
@@ -466,7 +467,7 @@ def sweep_cmd(
             for o in ok:
                 assert o.run is not None
                 run = db.run(o.run)
-                for message, remedy in grouped(run_noise(run, db.iter_samples(o.run))) + run.flags().warnings():
+                for message, remedy in grouped(compared.noise[o.run]) + run.flags().warnings():
                     warn(f"{o.label} (run {o.run}): {message}", remedy)
             out.print(
                 f"sweep {sid}: {len(ok)} of {len(outcomes)} plans measured; re-run the same command to resume"

@@ -203,7 +203,7 @@ def compare_cmd(
     from moetune.bench.analysis.summary import run_summary
     from moetune.bench.analysis.warnings import grouped
     from moetune.kinds import RunStatus
-    from moetune.report.compare import compare, load, require_rows, run_noise, runs_to_compare
+    from moetune.report.compare import compare_runs, require_rows, runs_to_compare
     from moetune.report.plot import plot_runs
     from moetune.report.results_view import prediction_lines
     from moetune.store.db import ResultsDB
@@ -213,8 +213,7 @@ def compare_cmd(
         for r in runs:
             if r.status != RunStatus.DONE:
                 warn(f"run {r.id} ({r.label}) is {r.status}: comparing the samples it has")
-        data = load(db, runs)
-        noise = {r.id: run_noise(r, db.iter_samples(r.id)) for r in runs}
+        compared = compare_runs(db, runs, conf=confidence, min_change=min_change / 100, seed=seed)
         preds = {
             r.id: rep
             for r in runs
@@ -222,7 +221,7 @@ def compare_cmd(
             and r.meta.details.get("predicted")
             and (rep := report(run_summary(db.samples(r.id)), dict(r.meta.details)))
         }
-    comp = compare(data[0], data[1:], conf=confidence, min_change=min_change / 100, seed=seed)
+    comp, noise = compared.comparison, compared.noise
     require_rows(comp)
     if plot_path:
         plot_runs([comp.baseline, *comp.others], plot_path, conf=confidence, seed=seed)

@@ -187,7 +187,9 @@ def extract(run: Run, samples: Iterable[dict[str, Any]]) -> RunMetrics:
 
 
 def load(db: ResultsDB, runs: list[Run]) -> list[RunMetrics]:
-    """The runs' metrics, each with the quality measured of its plan, where there is one."""
+    """The runs' metrics, each with the quality measured of its plan, where there is one. A run
+    without measured samples (interrupted before its first, say) is an input error that names it:
+    there is nothing to compare it by (:func:`compare_runs`' rule)."""
     out = []
     quality = quality_of(db, runs)
     for r in runs:
@@ -199,6 +201,36 @@ def load(db: ResultsDB, runs: list[Run]) -> list[RunMetrics]:
             )
         out.append(rm)
     return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunsCompared:
+    """What :func:`compare_runs` gives: the comparison, every run's metrics (the baseline first, in
+    the runs' order, those not compared included), and each run's noise warnings (:func:`run_noise`)."""
+
+    comparison: Comparison
+    metrics: tuple[RunMetrics, ...]
+    noise: dict[int, list[Warning]]
+
+
+def compare_runs(
+    db: ResultsDB,
+    runs: list[Run],
+    *,
+    conf: float = DEFAULT_CONF,
+    min_change: float = DEFAULT_MIN_CHANGE,
+    seed: int = 0,
+) -> RunsCompared:
+    """The one comparison policy of `moetune compare`, `moetune sweep` and `moetune report`: the
+    first run is the baseline; every run must be of a kind compare reads and have measured samples,
+    or the comparison is refused with an input error naming the first that has none (the report
+    says it in place of the comparison); each run has the quality of its plan beside it and its
+    noise warnings. Whether rows are required is the caller's (:func:`require_rows`): a sweep with
+    one plan measured still ends with its table."""
+    data = load(db, runs)
+    noise = {r.id: run_noise(r, db.iter_samples(r.id)) for r in runs}
+    comp = compare(data[0], data[1:], conf=conf, min_change=min_change, seed=seed)
+    return RunsCompared(comparison=comp, metrics=tuple(data), noise=noise)
 
 
 def compare(

@@ -5,7 +5,7 @@ command uses, and hand :mod:`.page` one :class:`~.data.ReportData`."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,37 +85,25 @@ def run_report(db: ResultsDB, run: Run) -> RunReport:
     return RunReport(run, counts, figures, prediction, snaps, phases(snaps, db.iter_sample_rows(run.id)), serve)
 
 
-def comparison(
-    runs: Sequence[Run], samples: Callable[[Run], Iterable[dict[str, Any]]]
-) -> tuple[Comparison | None, list[str]]:
-    """`moetune compare`'s comparison of the runs against the first that has samples, and what to
-    tell beside it (runs left out and why, noise warnings)."""
+def comparison(db: ResultsDB, runs: list[Run]) -> tuple[Comparison | None, list[str]]:
+    """`moetune compare`'s comparison of the runs (:func:`~moetune.report.compare.compare_runs`,
+    its rule for runs without samples included), and what to tell beside it (runs left out and
+    why, noise warnings); where compare would refuse, no comparison and its reason as a note."""
     from moetune.bench.analysis.warnings import grouped
-    from moetune.report.compare import METRIC_EXTRACTORS, compare, extract, require_rows, run_noise
+    from moetune.report.compare import compare_runs, require_rows
 
-    notes: list[str] = []
-    data = []
-    for r in runs:
-        if r.kind not in METRIC_EXTRACTORS:
-            notes.append(f"run {r.id} ({r.label}) is a {r.kind} run, which compare does not read: not compared")
-            continue
-        rm = extract(r, samples(r))
-        if not rm.metrics:
-            notes.append(f"run {r.id} ({r.label}) has no measured samples: not compared")
-            continue
-        data.append(rm)
-    if len(data) < 2:
-        return None, notes
-    if data[0].run != runs[0].id:
-        notes.append(f"the baseline is run {data[0].run} ({data[0].label}), the first run with samples")
-    c = compare(data[0], data[1:])
-    notes += c.notes
+    try:
+        compared = compare_runs(db, runs)
+    except InputError as e:
+        return None, [str(e)]
+    c = compared.comparison
     try:
         require_rows(c)
     except InputError as e:
-        return None, [*notes, str(e)]
+        return None, [*c.notes, str(e)]
+    notes = list(c.notes)
     for r in runs:
-        for message, _remedy in grouped(run_noise(r, samples(r))):
+        for message, _remedy in grouped(compared.noise[r.id]):
             notes.append(f"run {r.id}: {message}")
     return c, notes
 
@@ -177,9 +165,7 @@ def gather(
     with ResultsDB.open(db_path) as db:
         runs, pair = _runs(db, refs, sweep, paired)
         reports = tuple(run_report(db, r) for r in runs)
-        comp, notes = (
-            comparison(runs, lambda r: db.iter_samples(r.id)) if len(runs) > 1 and pair is None else (None, [])
-        )
+        comp, notes = comparison(db, runs) if len(runs) > 1 and pair is None else (None, [])
         path = str(db.path)
     return ReportData(
         plans=_plans(files, runs),
