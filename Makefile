@@ -42,6 +42,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts benchmarks
 	$(BIN)/ruff format --check src tests scripts benchmarks
 	$(BIN)/mypy
+	$(BIN)/python scripts/code_metrics.py
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor, or a page
 # left out of the nav, fails it. tests/test_docs.py builds it too, and runs or explains every example.
