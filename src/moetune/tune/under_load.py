@@ -56,10 +56,10 @@ def check(loads: Sequence[str], layout: Path | None, service: str | None, object
         return []
     if layout is None or service is None:
         raise InputError("--with-load loads the other services of a layout", hint="give --layout FILE --service NAME")
-    if objective not in OBJECTIVES:
+    if objective not in (*OBJECTIVES, "weighted"):
         raise InputError(
             f"--with-load measures the tuned service's single stream under load: --objective {objective} is not one",
-            hint=f"--objective {' | '.join(OBJECTIVES)}",
+            hint=f"--objective {' | '.join(OBJECTIVES)} | weighted:SERVICE=METRIC:WEIGHT,...",
         )
     out = parse_loads(list(loads))
     if any(ld.service == service for ld in out):
@@ -98,6 +98,7 @@ def run_candidate(
     on_snapshot: Callable[[Snapshot], None] | None = None,
     transport: str | None = None,
     rdma_dev: str | None = None,
+    slo: dict[str, float] | None = None,
 ) -> int:
     """Launch the candidate's layout, measure the tuned service alone and under the others' load,
     store it as one serve-bench run under the tune's id; its run id."""
@@ -110,6 +111,7 @@ def run_candidate(
         label=label,
         launch_timeout_s=launch_timeout_s,
         sweep_id=sweep_id,
+        slo=slo,
     )
     doc = layout_bench(target, spec, db, log=status, on_snapshot=on_snapshot)
     return int(doc["run"]["id"])
