@@ -73,10 +73,15 @@ class Slowdown:
             "n_shared": self.n_shared,
             "alone_median": self.alone,
             "shared_median": self.shared,
-            "slowdown": self.slowdown,
-            "slowdown_ci": [self.ci_low, self.ci_high],
+            "slowdown": _finite(self.slowdown),
+            "slowdown_ci": [_finite(self.ci_low), _finite(self.ci_high)],
             "verdict": self.verdict,
         }
+
+
+def _finite(x: float) -> float | None:
+    """A ratio as JSON keeps it: an unbounded one (a speed whose interval reaches 0) as null."""
+    return x if math.isfinite(x) else None
 
 
 class ContentionSeries:
