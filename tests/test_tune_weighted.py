@@ -69,6 +69,14 @@ def test_a_spec_that_does_not_suit_the_search_is_refused(
     assert e.value.hint is not None and hint in e.value.hint
 
 
+def test_targets_without_a_goodput_term_are_refused() -> None:
+    from dataclasses import replace
+
+    with pytest.raises(InputError, match="--slo: only a goodput term") as e:
+        wt.check(replace(wt.parse("weighted:main=tg:1,worker0=ttft:1"), slo=SLO), **CHECK)  # type: ignore[arg-type]
+    assert e.value.hint is not None and "drop --slo" in e.value.hint
+
+
 def test_a_spec_that_suits_the_search_passes() -> None:
     from dataclasses import replace
 

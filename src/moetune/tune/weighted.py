@@ -202,6 +202,11 @@ def check(
                 f"{where}: {t.service}=goodput counts the requests that meet latency targets: give --slo",
                 hint="--slo ttft_ms=500,itl_ms=100",
             )
+    if w.slo and not any(t.metric == "goodput" for t in w.terms):
+        raise InputError(
+            f"--slo: only a goodput term counts requests by latency targets, and {w.text} has none",
+            hint="drop --slo, or weigh a loaded service's goodput (e.g. worker0=goodput:0.5)",
+        )
 
 
 # ---- a candidate's figures, from its run's raw samples ------------------------------------------
