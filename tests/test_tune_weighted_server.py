@@ -43,6 +43,14 @@ def _worker(tmp_path: Path) -> Path:
     return worker
 
 
+@pytest.fixture(scope="module")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The models, a hardware file and the layout, made once for the tests that launch nothing."""
+    d = tmp_path_factory.mktemp("weighted")
+    model, hw = make_testbed(d)
+    return model, hw, _layout(d, model, _worker(d))
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -58,9 +66,10 @@ def _worker(tmp_path: Path) -> Path:
         (["--layout", "L", "--objective", "weighted:main=tg:1", "--concurrency", "2"], "--concurrency: only with"),
     ],
 )
-def test_the_command_line_refuses_a_bad_weighted_objective(tmp_path: Path, args: list[str], message: str) -> None:
-    model, hw = make_testbed(tmp_path)
-    lay = _layout(tmp_path, model, _worker(tmp_path))
+def test_the_command_line_refuses_a_bad_weighted_objective(
+    testbed: tuple[Path, Path, Path], tmp_path: Path, args: list[str], message: str
+) -> None:
+    model, hw, lay = testbed
     args = [str(lay) if a == "L" else a for a in args]
     where = [] if "--layout" in args else [str(model)]
     service = ["--service", "main"] if "--layout" in args else []

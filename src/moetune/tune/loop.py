@@ -276,6 +276,13 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     inputs = read_inputs(req.hw, req.engine)
     hw, calib, k = inputs.hw, inputs.calib, inputs.constants
     tuned = tuned_service(req, hw, inputs.engine, inputs.kind, k)
+    if req.weighted is not None:  # its services against the layout's, before anything is planned
+        wt.check(
+            req.weighted,
+            tuned=req.service,
+            loaded=[ld.service for ld in req.with_load],
+            services=[tuned.spec.name, *(o.name for o in tuned.others)] if req.layout is not None else None,
+        )
     engine, kind, profile = tuned.spec.engine, tuned.spec.settings.engine, tuned.spec.model
     base = tuned.spec.settings
     if req.serve is not None:
@@ -352,13 +359,6 @@ def tune(
     if (req.objective == "weighted") != (req.weighted is not None):
         raise InputError(f"--objective {req.objective}: the weighted terms come with --objective weighted:... only")
     entries, prior = candidates(req, status)
-    if req.weighted is not None:
-        wt.check(
-            req.weighted,
-            tuned=req.service,
-            loaded=[ld.service for ld in req.with_load],
-            services=[sp.spec.name for sp in entries[0].plan.services] if req.layout is not None else None,
-        )
     if not entries[0].fits:
         raise InputError(
             f"the baseline ({entries[0].candidate.label}) does not fit: {entries[0].plan.shortfalls[0].message}",
