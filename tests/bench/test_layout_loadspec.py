@@ -125,6 +125,23 @@ def test_the_slowdown_of_the_loaded_service_with_its_interval() -> None:
     assert json.loads(json.dumps(tpot.to_json()))["slowdown_ci"][0] == tpot.ci_low
 
 
+def test_an_unbounded_slowdown_is_stored_as_null_and_read_as_inf() -> None:
+    """A speed whose interval reaches 0 under the shared load has no upper bound on its slowdown: the
+    run's summary (JSON without NaN or infinity) keeps null, and the tables read it inf."""
+    import math
+
+    from moetune.bench.analysis.layout import Slowdown
+    from moetune.report.layout_view import slowdown_text
+
+    row = Slowdown(
+        service="main", metric="decode", unit="tokens/s", n_alone=3, n_shared=3, alone=10.0, shared=0.0,
+        slowdown=math.inf, ci_low=2.0, ci_high=math.inf, verdict="slower",
+    ).to_json()  # fmt: skip
+    assert row["slowdown"] is None and row["slowdown_ci"] == [2.0, None]
+    json.dumps(row, allow_nan=False)
+    assert slowdown_text(row) == "inf [2.00, inf]"
+
+
 def test_levels_and_compare_metrics_per_service_and_load() -> None:
     samples = _run(random.Random(2))
     levels = summarize_levels(samples)

@@ -83,12 +83,16 @@ def _list(kind: str) -> Any:
     "--objective",
     default="tg",
     show_default=True,
-    metavar="tg|pp|ttft|goodput|turn|replay:FILE",
+    metavar="tg|pp|ttft|goodput|turn|replay:FILE|weighted:SERVICE=METRIC:WEIGHT,...",
     help="What to optimise: decode speed, prefill speed, the first token's latency (prompt/PP + 1/TG), "
     "goodput (requests/s meeting --slo under --concurrency streams, serve-bench); turn: the time of "
     "an agent's turn (--turns turns of --pp-tokens in and --tg-tokens out after a --depth-token "
     "system prompt, the prefix cache on); replay:FILE: the total time of a session `moetune record` "
-    "wrote, replayed (--replay-speed).",
+    "wrote, replayed (--replay-speed); weighted:SERVICE=METRIC:WEIGHT,... (with --layout): a score of "
+    "several services' figures measured at once, each relative to the baseline's (weight x figure / "
+    "baseline figure; latencies inverted, baseline / figure): the tuned service's tg, pp, ttft, itl, tpot, "
+    "a --with-load service's goodput (--slo), throughput (tok_s), ttft, itl, tpot; e.g. "
+    "weighted:main=tg:1,worker0=goodput:0.5.",
 )
 @click.option(
     "--replay-speed",
@@ -106,8 +110,8 @@ def _list(kind: str) -> Any:
 )
 @click.option(
     "--slo",
-    help="Latency targets of --objective goodput, e.g. ttft_ms=500,itl_ms=100 (keys: ttft_ms, "
-    "itl_ms, tpot_ms, e2e_ms).",
+    help="Latency targets of --objective goodput (and of a weighted objective's goodput terms), e.g. "
+    "ttft_ms=500,itl_ms=100 (keys: ttft_ms, itl_ms, tpot_ms, e2e_ms).",
 )
 @click.option(
     "--concurrency",
@@ -308,6 +312,15 @@ def tune_cmd(
     its load (serve-bench LAYOUT --load): the objective is NAME's figure under the load (the depth
     sent as prompt), its figure alone beside it; no engine-defaults run then.
 
+    --objective weighted:SERVICE=METRIC:WEIGHT,... (with --layout) answers a layout's trade in one
+    score: each candidate's layout is measured as under --with-load (NAME's single stream and every
+    OTHER's load at once) and scored sum(WEIGHT x figure / the baseline's figure), a latency
+    (ttft, itl, tpot) inverted (the baseline's / the figure): relative to the baseline, which
+    scores the sum of the weights. NAME's metrics: tg, pp, ttft, itl, tpot; an OTHER's (it needs
+    --with-load): goodput (requests/s meeting --slo), throughput (tok_s: output tokens/s), ttft,
+    itl, tpot. E.g. weighted:main=tg:1,worker0=goodput:0.5 weighs main's decode speed against
+    half as much of worker0's goodput. The table shows each term and the score.
+
     --objective goodput measures each candidate with serve-bench instead: --concurrency closed-loop
     streams (the plan gets as many slots), --requests requests of --pp-tokens prompt tokens and
     --tg-tokens output tokens, and the rate of requests meeting every --slo target.
@@ -340,6 +353,7 @@ def tune_cmd(
     if (layout is None) != (service is None):
         raise click.UsageError("--service names the layout's service to tune: give --layout and --service together")
     try_strategy = split_strategies(try_strategy_s) if try_strategy_s else None
+    weighted = _weighted(objective, slo)
     objective, work = _work(objective, replay_speed, turns, depth, pp_tokens, tg_tokens, repeats)
     serve = _serve_load(objective, slo, concurrency, requests, depth or 0, pp_tokens, tg_tokens)
     (workload,) = expand([], [], depths=[0 if work else depth or 0], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
@@ -387,6 +401,7 @@ def tune_cmd(
         service=service,
         work=work,
         with_load=tuple(loads),
+        weighted=weighted,
     )
     with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
 
@@ -490,6 +505,19 @@ def _work(
     return name, None
 
 
+def _weighted(objective: str, slo: str | None) -> Any:
+    """The terms of --objective weighted:... (None for the other objectives), with --slo's targets."""
+    from dataclasses import replace
+
+    from moetune.bench.analysis.slo import parse_slo
+    from moetune.tune import weighted as wt
+
+    if not objective.strip().startswith("weighted"):
+        return None
+    w = wt.parse(objective)
+    return replace(w, slo=tuple(parse_slo(slo).items())) if slo else w
+
+
 def _serve_load(
     objective: str,
     slo: str | None,
@@ -506,7 +534,9 @@ def _serve_load(
 
     if objective != "goodput":
         given = [
-            n for n, v in (("--slo", slo), ("--concurrency", concurrency), ("--requests", requests)) if v is not None
+            n
+            for n, v in (("--slo", slo), ("--concurrency", concurrency), ("--requests", requests))
+            if v is not None and not (n == "--slo" and objective == "weighted")
         ]
         if given:
             raise InputError(f"{', '.join(given)}: only with --objective goodput")

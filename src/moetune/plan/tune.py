@@ -25,7 +25,7 @@ from moetune.kinds import StrategyKind
 from moetune.plan.placement import head_tail_name, parse_strategy
 from moetune.plan.settings import Settings
 
-OBJECTIVES = ("tg", "pp", "ttft", "goodput", "replay", "turn")
+OBJECTIVES = ("tg", "pp", "ttft", "goodput", "replay", "turn", "weighted")
 BIAS_SD = 0.35  # prior spread of the model's overall log error (before any measurement)
 LOCAL_SD = 0.25  # prior spread of its error that differs between candidates
 LENGTH = 0.6  # how far (in feature units) a measurement's correction reaches

@@ -66,8 +66,14 @@ def levels_table(levels: list[dict[str, Any]]) -> Table:
 
 
 def slowdown_text(row: Mapping[str, Any]) -> str:
+    """``1.42x [1.10, 1.80]``; an unbounded ratio (null in the document) reads inf."""
+
+    def x(v: float | None) -> str:
+        return "inf" if v is None else f"{v:.2f}"
+
     lo, hi = row["slowdown_ci"]
-    return f"{row['slowdown']:.2f}x [{lo:.2f}, {hi:.2f}]"
+    ratio = row["slowdown"]
+    return ("inf" if ratio is None else f"{ratio:.2f}x") + f" [{x(lo)}, {x(hi)}]"
 
 
 def contention_table(rows: list[dict[str, Any]]) -> Table:

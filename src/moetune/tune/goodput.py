@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moetune.bench.analysis.serve import level_span, request_metrics, summarize_level
+from moetune.bench.analysis.serve import RequestMetrics, level_span, request_metrics, summarize_level
 from moetune.bench.analysis.slo import goodput
 from moetune.monitor.snapshot import Snapshot
 from moetune.plan.serving import ServeLoad
@@ -61,30 +61,39 @@ def windows(
 ) -> tuple[list[float], list[float]]:
     """The completion windows' goodputs and request rates (requests/s) of one level's raw samples
     (module docstring)."""
+    good = window_rates(samples, concurrency, lambda m: float(goodput([m], slo, None)["met"] == 1))
+    rates = window_rates(samples, concurrency, lambda m: float(m.ok))
+    return good, rates
+
+
+def window_rates(
+    samples: Sequence[dict[str, Any]], concurrency: int, count: Callable[[RequestMetrics], float]
+) -> list[float]:
+    """Per completion window of one level's raw samples (module docstring), what ``count`` counts of
+    its requests over the window's span: its met requests, completed requests, output tokens."""
     rows = []
     for s in samples:
         m = request_metrics(s)
         end = _num(s.get("t_end")) or _num(s.get("t_send"))
         if end is not None:
-            rows.append((end, goodput([m], slo, None)["met"] == 1, m.ok))
+            rows.append((end, m))
     t0 = min((t for s in samples if (t := _num(s.get("t_sched"))) is not None), default=None)
     if t0 is None or not rows:
-        return [], []
-    rows.sort()
+        return []
+    rows.sort(key=lambda r: r[0])
     c = max(1, concurrency)
     groups = [rows[i : i + c] for i in range(0, len(rows), c)]
     if len(groups) > 1 and len(groups[-1]) < c:
         last = groups.pop()
         groups[-1] += last
-    good, rates = [], []
+    out = []
     start = t0
     for g in groups:
         end = g[-1][0]
         if end > start:
-            good.append(sum(1 for _, met, _ in g if met) / (end - start))
-            rates.append(sum(1 for _, _, ok in g if ok) / (end - start))
+            out.append(sum(count(m) for _, m in g) / (end - start))
         start = end
-    return good, rates
+    return out
 
 
 def measured(samples: Sequence[dict[str, Any]], load: ServeLoad) -> Goodput:

@@ -25,6 +25,13 @@ engine defaults, is planned with a slot per request the workload has in flight, 
 measured on the user's workload: a pass's total time over a recorded session, or an agent turn's
 time. The search ranks the reciprocals (passes or turns per second), the speed model's expected
 time is the prior, and the constants are not refitted from those runs either.
+
+With ``--objective weighted:SERVICE=METRIC:WEIGHT,...`` (:mod:`moetune.tune.weighted`) each
+candidate's layout is measured by the under-load path (the tuned service's single stream and every
+``--with-load`` service's load at once) and ranked by its score, the weighted sum of its services'
+figures each relative to the baseline's; the scores are computed again after every measurement
+(they are relative to the baseline's figures), the prior is the score the speed model expects of
+the tuned service's terms (the others' as the baseline's), and there is no engine-defaults run.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ from moetune.store.db import ResultsDB
 from moetune.tune import defaults as dflt
 from moetune.tune import goodput as gp
 from moetune.tune import under_load as ul
+from moetune.tune import weighted as wt
 from moetune.tune import workload as wl
 from moetune.tune.engine_axes import check_engine_axes, engine_options
 from moetune.tune.history import calibrate_and_save, gather, placements
@@ -75,6 +83,7 @@ from moetune.tune.transport_axis import check_transport_axis, refuse_unbuilt
 from moetune.tune.verdict import measurements, verdicts
 
 Status = Callable[[str], None]
+NO_SCORE = "no weighted score"
 MIN_NOISE = 0.01  # the search stops when no candidate expects to gain this share, at least
 
 
@@ -101,6 +110,7 @@ class TuneRequest:
     service: str | None = None
     work: wl.WorkObjective | None = None  # the workload of --objective replay:FILE and turn
     with_load: tuple[ServiceLoad, ...] = ()  # the layout's other services' loads, on while a candidate is measured
+    weighted: wt.Weighted | None = None  # --objective weighted:...: several services' figures in one score
 
 
 @dataclass
@@ -146,6 +156,8 @@ class TuneResult:
     defaults_work: wl.Measured | None = None  # the engine defaults' measurement of the workload
     loaded: dict[int, ul.Measured] = field(default_factory=dict)  # measured under --with-load, per entry
     with_load: tuple[ServiceLoad, ...] = ()  # the other services' loads they were measured under
+    weighted: wt.Weighted | None = None
+    scores: dict[int, wt.Score] = field(default_factory=dict)  # each measured candidate's weighted score
 
     def plan_path(self, i: int) -> Path:
         return self.plan_dir / f"{_slug(self.entries[i].candidate.label)}.json"
@@ -191,6 +203,8 @@ def _tune_id(req: TuneRequest, plan: Plan, labels: list[str]) -> str:
         key["work"] = req.work.key()
     if req.with_load:
         key["with_load"] = [ld.to_json() for ld in req.with_load]
+    if req.weighted is not None:
+        key["weighted"] = req.weighted.to_json()
     return "tu-" + hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -262,6 +276,13 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     inputs = read_inputs(req.hw, req.engine)
     hw, calib, k = inputs.hw, inputs.calib, inputs.constants
     tuned = tuned_service(req, hw, inputs.engine, inputs.kind, k)
+    if req.weighted is not None:  # its services against the layout's, before anything is planned
+        wt.check(
+            req.weighted,
+            tuned=req.service,
+            loaded=[ld.service for ld in req.with_load],
+            services=[tuned.spec.name, *(o.name for o in tuned.others)] if req.layout is not None else None,
+        )
     engine, kind, profile = tuned.spec.engine, tuned.spec.settings.engine, tuned.spec.model
     base = tuned.spec.settings
     if req.serve is not None:
@@ -335,6 +356,8 @@ def tune(
             f"--objective {req.objective}: the workload objectives replay:FILE and turn measure a "
             "workload, and only they do"
         )
+    if (req.objective == "weighted") != (req.weighted is not None):
+        raise InputError(f"--objective {req.objective}: the weighted terms come with --objective weighted:... only")
     entries, prior = candidates(req, status)
     if not entries[0].fits:
         raise InputError(
@@ -357,6 +380,7 @@ def tune(
         "failed": {},
         "serve": req.serve.to_json() if req.serve else None,
         "work": req.work.key() if req.work else None,
+        "weighted": req.weighted.to_json() if req.weighted else None,
     }
     if not db.create_sweep(tid, spec):
         spec = db.sweep(tid) or spec
@@ -380,12 +404,27 @@ def tune(
     goodputs: dict[int, gp.Goodput] = {}
     works: dict[int, wl.Measured] = {}
     loaded: dict[int, ul.Measured] = {}
+    figs: dict[int, dict[wt.Term, wt.Figure]] = {}
+    scores: dict[int, wt.Score] = {}
+    streams = {ld.service: max(1, ld.concurrency) for ld in req.with_load}
 
     def measured(i: int) -> None:
         run = entries[i].run
         assert run is not None
         samples = db.samples(run)
-        if req.with_load:
+        if req.weighted is not None:  # every score again: they are relative to the baseline's figures
+            loaded[i] = ul.measured(samples, entries[i].plan.main.spec.name)
+            figs[i] = wt.figures(samples, req.weighted, streams)
+            scores.clear()
+            scores.update(wt.scores(req.weighted, figs))
+            values.clear()
+            values.update({j: list(sc.samples) for j, sc in scores.items()})
+            for j, sc in scores.items():  # a score the reference's figures may give later
+                if sc.problem is not None:
+                    entries[j].failed = f"{NO_SCORE}: {sc.problem}"
+                elif (entries[j].failed or "").startswith(NO_SCORE):
+                    entries[j].failed = None
+        elif req.with_load:
             loaded[i] = ul.measured(samples, entries[i].plan.main.spec.name)
             values[i] = list(loaded[i].shared.of(req.objective))
         elif req.work is not None:
@@ -428,7 +467,7 @@ def tune(
         else:
             view = _view(entries, k, req, feats, values, goodputs)
             if view is None:
-                nxt = max(open_, key=lambda j: _objective(entries[j], k, req))
+                nxt = max(open_, key=lambda j: _objective(entries[j], k, req, entries[0]))
             else:
                 choice, gain = core.choose(view.belief, view.best, open_, view.noise, view.gains)
                 if choice is None:
@@ -446,7 +485,7 @@ def tune(
         gate.before_launch()  # a busy machine: MachineBusy, or a wait with --wait-quiet
         status(f"launch {launches}/{req.budget}: {e.candidate.label}")
         try:
-            if req.with_load:
+            if req.with_load or req.weighted is not None:
                 e.run = ul.run_candidate(
                     db,
                     path,
@@ -461,6 +500,7 @@ def tune(
                     on_snapshot=on_snapshot,
                     transport=e.candidate.transport,
                     rdma_dev=req.rdma_dev,
+                    slo=dict(req.weighted.slo) if req.weighted and req.weighted.slo else None,
                 )
             elif req.work is not None:
                 e.run = wl.run_candidate(
@@ -556,6 +596,8 @@ def tune(
         d_work,
         loaded,
         req.with_load,
+        req.weighted,
+        scores,
     )
     if best is not None and not result.plan_path(best).exists():
         result.plan_path(best).write_text(json.dumps(entries[best].doc, indent=2))
@@ -568,7 +610,7 @@ def _defaults(
 ) -> dflt.Defaults | None:
     """The engine-defaults baseline of a single-stream search (resumed: its run, or why it failed);
     none under --with-load (the engine's own choices take the others' memory)."""
-    if req.serve is not None or req.with_load:
+    if req.serve is not None or req.with_load or req.weighted is not None:
         return None
     plan = baseline.plan
     if len(plan.services) > 1:  # a layout's service: the engine's own choices for its model, measured alone
@@ -666,7 +708,21 @@ def _bench_values(samples: list[dict[str, Any]], req: TuneRequest) -> list[float
     ]
 
 
-def _objective(e: Entry, k: SpeedConstants, req: TuneRequest) -> float:
+def predicted_single(e: Entry, k: SpeedConstants, w: Workload) -> wt.Predicted:
+    """The speed model's single-stream figures of ``e``'s tuned service (a weighted score's prior)."""
+    tg, pp = predicted_rates(e, k, w)
+    return wt.Predicted(tg=tg, pp=pp, ttft_s=w.pp_tokens / pp + 1 / tg if tg > 0 and pp > 0 else 0.0)
+
+
+def _objective(e: Entry, k: SpeedConstants, req: TuneRequest, base: Entry) -> float:
+    """What the speed model expects of ``e``'s objective (``base``: the baseline, for the weighted score)."""
+    if req.weighted is not None:
+        return wt.predicted(
+            req.weighted,
+            e.plan.main.spec.name,
+            predicted_single(e, k, req.workload),
+            predicted_single(base, k, req.workload),
+        )
     if req.work is not None:
         return 1.0 / max(wl.predicted_seconds(req.work, e.work, k), 1e-9)
     if req.serve is not None:
@@ -702,7 +758,7 @@ def _view(
         meas = measurements(values)
         if not meas:
             return None
-        b = core.belief([_objective(e, k, req) for e in entries], feats, meas)
+        b = core.belief([_objective(e, k, req, entries[0]) for e in entries], feats, meas)
         return _View(b, max(m.value for m in meas), _noise(meas), None, np.exp(b.mean))
     meas = measurements({i: list(g.rates) for i, g in goodputs.items()})
     if not meas:

@@ -9,8 +9,9 @@ from typing import Any
 from moetune.bench.analysis.stats import summarize
 from moetune.plan.serving import predict_serving
 from moetune.tune import defaults as dflt
+from moetune.tune import weighted as wt
 from moetune.tune import workload as wl
-from moetune.tune.loop import TuneResult, predicted_rates
+from moetune.tune.loop import TuneResult, predicted_rates, predicted_single
 from moetune.tune.verdict import compare
 
 ROWS_NOT_LAUNCHED = 5  # the table shows the launched candidates and this many of the rest
@@ -84,13 +85,16 @@ def work_json(m: wl.Measured | None) -> dict[str, Any] | None:
 def _measured(r: TuneResult, i: int) -> dict[str, Any] | None:
     if i in r.loaded:  # under the other services' load (--with-load), and alone
         m = r.loaded[i]
-        return {
+        out = {
             "tg_tok_s": _rate_ci(m.shared.tg),
             "pp_tok_s": _rate_ci(m.shared.pp),
             "goodput_req_s": None,
             "alone": {"tg_tok_s": _rate_ci(m.alone.tg), "pp_tok_s": _rate_ci(m.alone.pp)},
             "run": r.entries[i].run,
         }
+        if r.weighted is not None:
+            out["weighted"] = _score_json(r.scores.get(i))
+        return out
     if i in r.works:
         return {
             "tg_tok_s": None,
@@ -125,6 +129,19 @@ def _head(r: TuneResult, i: int) -> dict[str, Any]:
     }
     if r.work is not None:
         out[r.objective] = m.get(r.objective)
+    if r.weighted is not None:
+        out["weighted"] = m.get("weighted")
+    return out
+
+
+def _score_json(sc: wt.Score | None) -> dict[str, Any] | None:
+    """A candidate's weighted score: each term (its figure, the baseline's, the ratio and the
+    weighted contribution), the score (their sum) and its 95% interval over the score's samples."""
+    if sc is None:
+        return None
+    out = sc.to_json()
+    s = summarize(list(sc.samples)) if len(sc.samples) > 1 else None
+    out["ci_low"], out["ci_high"] = (s.ci_low, s.ci_high) if s else (None, None)
     return out
 
 
@@ -137,6 +154,10 @@ def _predicted(r: TuneResult, i: int) -> dict[str, Any]:
         out.update(goodput_req_s=round(sp.goodput_req_s, 4), serve=sp.to_json())
     if r.work is not None:
         out[f"{r.objective}_s"] = round(wl.predicted_seconds(r.work, e.work, r.constants), 4)
+    if r.weighted is not None:
+        base = predicted_single(r.entries[r.baseline], r.constants, r.workload)
+        mine = predicted_single(e, r.constants, r.workload)
+        out["weighted_score"] = round(wt.predicted(r.weighted, e.plan.main.spec.name, mine, base), 4)
     return out
 
 
@@ -177,6 +198,7 @@ def result_json(r: TuneResult, kld: dict[int, float] | None = None) -> dict[str,
         "max_pp_loss": r.max_pp_loss if r.objective == "tg" else None,
         "constants": asdict(r.constants),
         "with_load": [ld.to_json() for ld in r.with_load] or None,
+        "weighted": None if r.weighted is None else r.weighted.to_json(),
     }
 
 
@@ -281,6 +303,12 @@ def result_table(r: TuneResult, kld: dict[int, float] | None = None) -> Any:
             key=lambda c: c["predicted"][f"{r.objective}_s"] or 0.0,
         )
         return _work_table(t, r, doc, [*launched, *rest[:ROWS_NOT_LAUNCHED]])
+    if r.weighted is not None:
+        rest = sorted(
+            (c for c in doc["candidates"] if not c["launched"] and c["fits"]),
+            key=lambda c: -c["predicted"]["weighted_score"],
+        )
+        return _weighted_table(t, r.weighted, [*launched, *rest[:ROWS_NOT_LAUNCHED]])
     key = {"tg": "tg_tok_s", "pp": "pp_tok_s", "ttft": "tg_tok_s", "goodput": "goodput_req_s"}[r.objective]
     rest = sorted(
         (c for c in doc["candidates"] if not c["launched"] and c["fits"]), key=lambda c: -(c["predicted"][key] or 0.0)
@@ -354,6 +382,33 @@ def result_table(r: TuneResult, kld: dict[int, float] | None = None) -> Any:
             *([""] if quality else []),
             "failed: " + d["failed"].splitlines()[0] if d["failed"] else "the engine with no tuning flags",
         )
+    return t
+
+
+def _weighted_table(t: Any, w: wt.Weighted, rows: list[dict[str, Any]]) -> Any:
+    """The table of a weighted objective: per term the figure under the shared load and its weighted
+    share of the score (weight x figure / the baseline's; a latency the baseline's / the figure)."""
+    from moetune.report.compare_view import fmt
+
+    t.title += f" = {' + '.join(f'{x.weight:g} x {x.name}' for x in w.terms)}, each relative to the baseline"
+    t.add_column("candidate")
+    t.add_column("predicted score")
+    for x in w.terms:
+        t.add_column(f"{x.service} {x.metric} {x.unit} -> x{x.weight:g}" + ("" if x.higher else " (inverted)"))
+    t.add_column("score [95% CI]")
+    t.add_column("verdict")
+    for c in rows:
+        sc = (c["measured"] or {}).get("weighted") or {}
+        parts = sc.get("terms") or [{} for _ in w.terms]
+        cells = [
+            "" if p.get("value") is None else f"{fmt(p['value'])} -> {_opt(p.get('contribution')) or '?'}"
+            for p in parts
+        ]
+        total = sc.get("score")
+        score = "" if total is None else fmt(total)
+        if total is not None and sc.get("ci_low") is not None:
+            score += f" [{fmt(sc['ci_low'])}-{fmt(sc['ci_high'])}]"
+        t.add_row(c["label"], fmt(c["predicted"]["weighted_score"]), *cells, score, c["verdict"])
     return t
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moetune.bench.analysis.serve import ALONE, LOAD, SERVICE, SHARED, request_metrics
+from moetune.bench.analysis.serve import ALONE, LOAD, SERVICE, SHARED, RequestFigures, request_figures, request_metrics
 from moetune.bench.serve.loadspec import ServiceLoad, parse_loads, service_load
 from moetune.bench.single.runner import BenchOptions
 from moetune.bench.single.workloads import Workload
@@ -56,10 +56,10 @@ def check(loads: Sequence[str], layout: Path | None, service: str | None, object
         return []
     if layout is None or service is None:
         raise InputError("--with-load loads the other services of a layout", hint="give --layout FILE --service NAME")
-    if objective not in OBJECTIVES:
+    if objective not in (*OBJECTIVES, "weighted"):
         raise InputError(
             f"--with-load measures the tuned service's single stream under load: --objective {objective} is not one",
-            hint=f"--objective {' | '.join(OBJECTIVES)}",
+            hint=f"--objective {' | '.join(OBJECTIVES)} | weighted:SERVICE=METRIC:WEIGHT,...",
         )
     out = parse_loads(list(loads))
     if any(ld.service == service for ld in out):
@@ -98,6 +98,7 @@ def run_candidate(
     on_snapshot: Callable[[Snapshot], None] | None = None,
     transport: str | None = None,
     rdma_dev: str | None = None,
+    slo: dict[str, float] | None = None,
 ) -> int:
     """Launch the candidate's layout, measure the tuned service alone and under the others' load,
     store it as one serve-bench run under the tune's id; its run id."""
@@ -110,28 +111,30 @@ def run_candidate(
         label=label,
         launch_timeout_s=launch_timeout_s,
         sweep_id=sweep_id,
+        slo=slo,
     )
     doc = layout_bench(target, spec, db, log=status, on_snapshot=on_snapshot)
     return int(doc["run"]["id"])
 
 
 def _rates(samples: Sequence[dict[str, Any]], service: str, load: str) -> Rates:
-    tg: list[float] = []
-    pp: list[float] = []
-    ttft: list[float] = []
+    """``service``'s requests under ``load``, as rates (:func:`request_figures`, the figures every
+    per-request table reads)."""
+    figs = service_figures(samples, service, load)
+    return Rates(
+        tg=tuple(f.decode_tok_s for f in figs if f.decode_tok_s),
+        pp=tuple(f.prefill_tok_s for f in figs if f.prefill_tok_s),
+        ttft=tuple(1000 / f.ttft_ms for f in figs if f.ttft_ms),
+    )
+
+
+def service_figures(samples: Sequence[dict[str, Any]], service: str, load: str) -> list[RequestFigures]:
+    """The figures of ``service``'s successful requests under ``load`` (alone or shared), in order."""
+    out = []
     for s in samples:
-        if s.get(SERVICE) != service or s.get(LOAD) != load:
-            continue
-        m = request_metrics(s)
-        if not m.ok:
-            continue
-        if m.tpot_s:
-            tg.append(1.0 / m.tpot_s)
-        if m.ttft_s:
-            ttft.append(1.0 / m.ttft_s)
-            if m.input_tokens:
-                pp.append(m.input_tokens / m.ttft_s)
-    return Rates(tg=tuple(tg), pp=tuple(pp), ttft=tuple(ttft))
+        if s.get(SERVICE) == service and s.get(LOAD) == load and (f := request_figures(request_metrics(s))):
+            out.append(f)
+    return out
 
 
 def measured(samples: Sequence[dict[str, Any]], service: str) -> Measured:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # the command line reads this module's defaults before anythi
 
 Status = Callable[[str], None]
 SINGLE = ("tg", "pp", "ttft")
-NAMES = (*SINGLE, "goodput", "turn", "replay:FILE")
+NAMES = (*SINGLE, "goodput", "turn", "replay:FILE", "weighted:SERVICE=METRIC:WEIGHT,...")
 TEMPLATE_TOKENS = 64  # a slot's room for the chat template's tokens beyond what the texts count
 DEFAULT_TURNS = 4
 DEFAULT_SYSTEM_TOKENS = 512  # --objective turn without --depth
@@ -98,11 +98,14 @@ WorkObjective = ReplayObjective | TurnObjective
 
 
 def parse(text: str) -> tuple[str, Path | None]:
-    """``--objective``'s value: its name, and the file of ``replay:FILE``; an InputError that lists
+    """``--objective``'s value: its name, and the file of ``replay:FILE`` (``weighted:...``: the
+    name only, its terms read by :func:`moetune.tune.weighted.parse`); an InputError that lists
     the objectives for anything else."""
     t = text.strip()
     if t in (*SINGLE, "goodput", "turn"):
         return t, None
+    if t.startswith("weighted"):  # its terms: moetune.tune.weighted.parse
+        return "weighted", None
     if t.startswith("replay:"):
         path = t.removeprefix("replay:").strip()
         if not path:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from moetune.bench.analysis.serve import ALONE, LOAD, SERVICE, SHARED, request_metrics
+from moetune.bench.analysis.serve import ALONE, LOAD, SERVICE, SHARED, request_figures, request_metrics
 from moetune.bench.analysis.stats import DEFAULT_CONF, DEFAULT_MIN_CHANGE, difference, median
 from moetune.monitor.snapshot import Snapshot
 
@@ -30,6 +30,7 @@ FAMILIES: tuple[tuple[str, bool, str], ...] = (
     ("decode", True, "tokens/s"),
 )
 SHARED_PHASE = "shared"
+_FAMILY_NAMES = frozenset(f for f, _, _ in FAMILIES)
 
 
 def alone_phase(service: str) -> str:
@@ -42,18 +43,9 @@ def is_layout_sample(s: Mapping[str, Any]) -> bool:
 
 
 def _values(s: Mapping[str, Any]) -> dict[str, float]:
-    m = request_metrics(dict(s))
-    if not m.ok:
-        return {}
-    out: dict[str, float] = {}
-    if m.ttft_s is not None:
-        out["ttft"] = m.ttft_s * 1000
-    if m.itl_s:
-        out["itl"] = sum(m.itl_s) / len(m.itl_s) * 1000
-    if m.tpot_s:
-        out["tpot"] = m.tpot_s * 1000
-        out["decode"] = 1 / m.tpot_s
-    return out
+    """A request's figures of :data:`FAMILIES` (:func:`moetune.bench.analysis.serve.request_figures`)."""
+    f = request_figures(request_metrics(dict(s)))
+    return {} if f is None else {k: v for k, v in f.families().items() if k in _FAMILY_NAMES}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,10 +73,15 @@ class Slowdown:
             "n_shared": self.n_shared,
             "alone_median": self.alone,
             "shared_median": self.shared,
-            "slowdown": self.slowdown,
-            "slowdown_ci": [self.ci_low, self.ci_high],
+            "slowdown": _finite(self.slowdown),
+            "slowdown_ci": [_finite(self.ci_low), _finite(self.ci_high)],
             "verdict": self.verdict,
         }
+
+
+def _finite(x: float) -> float | None:
+    """A ratio as JSON keeps it: an unbounded one (a speed whose interval reaches 0) as null."""
+    return x if math.isfinite(x) else None
 
 
 class ContentionSeries:

@@ -80,6 +80,47 @@ class RequestMetrics:
         return self.prompt_tokens if self.prompt_tokens is not None else self.server_prompt_tokens
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestFigures:
+    """One successful request's figures, as every per-request table reads them (one source: the
+    contention rows, `compare`'s serve-bench metrics, tune's figures under load): latencies in ms,
+    rates in tokens/s; None where the request has none (one token: no TPOT nor ITL)."""
+
+    ttft_ms: float | None = None
+    itl_ms: float | None = None  # the request's mean inter-token latency
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    decode_tok_s: float | None = None  # 1 / TPOT
+    prefill_tok_s: float | None = None  # prompt tokens over the time to the first token
+
+    def families(self) -> dict[str, float]:
+        """The known figures by family name: ttft, itl, tpot, e2e (ms), decode, prefill (tokens/s)."""
+        pairs = (
+            ("ttft", self.ttft_ms),
+            ("itl", self.itl_ms),
+            ("tpot", self.tpot_ms),
+            ("e2e", self.e2e_ms),
+            ("decode", self.decode_tok_s),
+            ("prefill", self.prefill_tok_s),
+        )
+        return {k: v for k, v in pairs if v is not None}
+
+
+def request_figures(m: RequestMetrics) -> RequestFigures | None:
+    """A request's figures (:class:`RequestFigures`); None for a failed one."""
+    if not m.ok:
+        return None
+    n_in = m.input_tokens
+    return RequestFigures(
+        ttft_ms=None if m.ttft_s is None else m.ttft_s * 1000,
+        itl_ms=sum(m.itl_s) / len(m.itl_s) * 1000 if m.itl_s else None,
+        tpot_ms=None if m.tpot_s is None else m.tpot_s * 1000,
+        e2e_ms=None if m.e2e_s is None else m.e2e_s * 1000,
+        decode_tok_s=1 / m.tpot_s if m.tpot_s else None,
+        prefill_tok_s=n_in / m.ttft_s if m.ttft_s and n_in else None,
+    )
+
+
 def _num(x: Any) -> float | None:
     t = type(x)
     if t is float:  # the common case first: a long run calls this tens of millions of times
@@ -422,17 +463,11 @@ class LevelSeries:
         if "chunks" not in s:
             return
         series = self.levels.setdefault(level_key(s), {f: [] for f in self.FAMILIES})
-        m = m or request_metrics(s)
-        if not m.ok:
+        f = request_figures(m or request_metrics(s))
+        if f is None:
             return
-        for fam, v in (
-            ("ttft", None if m.ttft_s is None else m.ttft_s * 1000),
-            ("itl", sum(m.itl_s) / len(m.itl_s) * 1000 if m.itl_s else None),
-            ("tpot", None if m.tpot_s is None else m.tpot_s * 1000),
-            ("e2e", None if m.e2e_s is None else m.e2e_s * 1000),
-            ("decode", 1 / m.tpot_s if m.tpot_s else None),
-        ):
-            if v is not None:
+        for fam, v in f.families().items():
+            if fam in series:
                 series[fam].append(v)
 
     def metrics(self) -> dict[str, MetricSamples]:

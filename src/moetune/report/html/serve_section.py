@@ -163,8 +163,9 @@ def session_charts(sessions: Mapping[str, Any]) -> str:
 
 
 def _slowdown(r: Mapping[str, Any]) -> str:
-    lo, hi = r["slowdown_ci"]
-    return f"{r['slowdown']:.2f}x [{lo:.2f}, {hi:.2f}]"
+    from moetune.report.layout_view import slowdown_text
+
+    return slowdown_text(r)
 
 
 def layout_block(doc: Mapping[str, Any]) -> str:
