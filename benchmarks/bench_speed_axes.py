@@ -1,14 +1,18 @@
 """The speed model against the engine over the axes `tune` turns (issue #25): an exhaustive grid on
 the tuning testbed's model (tests/tune_testbed.py, this machine's 2 cores and no RPC device) of
-placement (auto | cpu-moe) x threads (1 | 2) x -ub (128 | 512) x flash attention (on | off) x KV
-cache (f16/f16 | q8_0/q8_0, the quantized V only with flash attention), repacking off (this CPU's
-mainline build segfaults with repacked quantized weights), measured at depth 512 by `moetune sweep`.
+placement (auto | cpu-moe) x threads (1 | 2) x -ub (128 | 512) x attention (flash attention on
+with an f16 cache, off, on with a q8_0 cache) x CPU weight repacking (off | on), measured at depth
+512 by `moetune sweep`.
 
-Reports the Spearman rank correlation of predicted and measured TG and PP with the built-in
-constants, and after calibrating on each pair of grid runs of two placements (predicting the rest:
-median absolute errors and rank correlation, median over the pairs), and `moetune tune`'s launches
-to the grid's best (budget 4). Targets from the issue: TG median error <= 10%, PP <= 15%, TG rank
-correlation >= 0.8 after calibrating on 2 runs.
+First `moetune hw attention --write` measures this CPU's attention kernels into the testbed's
+hardware file (llama-bench on a generated model of the testbed's shapes, half a minute): every
+plan of the grid starts from them. Reports the Spearman rank correlation (ties ranked alike) of
+predicted and measured TG and PP with the built-in constants, with the measured attention terms,
+and after calibrating on pairs of grid runs of two placements (predicting the rest: median
+absolute errors and rank correlation, median over the pairs); and `moetune tune --budget 3`
+after calibrating on two runs, against the grid's best. Targets from the issue: TG median error
+<= 10%, PP <= 15%, TG rank correlation >= 0.8 after calibrating on 2 runs; tune within 3% of the
+grid's best.
 
 Writes results/speed_axes.json and results/speed_axes.md. The machine is shared: the benchmark
 reports the load average it started and ended with, and a grid measured beside other work says
@@ -20,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -37,37 +42,65 @@ from tests.engine_harness import free_port  # noqa: E402
 from tests.helpers import run_cli  # noqa: E402
 from tests.tune_testbed import make_testbed  # noqa: E402
 
+from moetune.hardware.inventory import load  # noqa: E402
 from moetune.plan.calibrate import Observation, fit, predict_pp, predict_tg  # noqa: E402
-from moetune.plan.speed import SpeedConstants  # noqa: E402
+from moetune.plan.speed import SpeedConstants, base_constants  # noqa: E402
 from moetune.store.db import ResultsDB  # noqa: E402
 from moetune.tune.history import gather  # noqa: E402
 
 DEPTH = 512
-WORKLOAD = ["--depth", str(DEPTH), "--pp-tokens", "256", "--tg-tokens", "32", "-r", "2", "--warmup", "1"]
-CACHES = (("f16", "f16"), ("q8_0", "q8_0"))
-QUIET_LOAD = 1.5  # a load average above it on 2 cores: other work competes with the engine's threads
+WORKLOAD = ["--depth", str(DEPTH), "--pp-tokens", "256", "--tg-tokens", "64", "-r", "2", "--warmup", "1"]
+ATTENTION = ((True, "f16"), (False, "f16"), (True, "q8_0"))  # flash attention, cache type of K and V
+MAX_PAIRS = 60  # calibrations on pairs of runs (a seeded sample of them, each a fit)
+QUIET_LOAD = 1.5
+# the two grid runs a calibration is made from: two placements, two thread counts
+CALIBRATE_ON = (
+    "cpu-moe t1 ub512 fa f16",
+    "auto t2 ub128 no-fa f16",
+)  # a load average above it on 2 cores: other work competes with the engine's threads
 
 
-def grid() -> list[tuple[str, int, int, bool, tuple[str, str]]]:
+Config = tuple[str, int, int, bool, str, bool]  # strategy, threads, ubatch, flash attention, cache, repack
+
+
+def grid() -> list[Config]:
     return [
-        (st, t, ub, fa, c)
-        for st, t, ub, fa, c in itertools.product(("auto", "cpu-moe"), (1, 2), (128, 512), (True, False), CACHES)
-        if fa or c[1] == "f16"
+        (st, t, ub, fa, c, rp)
+        for st, t, ub, (fa, c), rp in itertools.product(
+            ("auto", "cpu-moe"), (1, 2), (128, 512), ATTENTION, (False, True)
+        )
     ]
 
 
-def label(st: str, t: int, ub: int, fa: bool, c: tuple[str, str]) -> str:
-    return f"{st} t{t} ub{ub} {'fa' if fa else 'no-fa'} {c[0]}"
+def label(st: str, t: int, ub: int, fa: bool, c: str, rp: bool) -> str:
+    return f"{st} t{t} ub{ub} {'fa' if fa else 'no-fa'} {c}{' repack' if rp else ''}"
+
+
+def ranks(x: list[float]) -> np.ndarray:
+    """Ranks from 0, tied values sharing their mean rank (a speed model that predicts two
+    configurations alike claims no order between them)."""
+    a = np.asarray(x, dtype=float)
+    order = np.argsort(a, kind="stable")
+    r = np.empty(len(a))
+    r[order] = np.arange(len(a), dtype=float)
+    for v in np.unique(a):
+        same = a == v
+        r[same] = r[same].mean()
+    return r
 
 
 def spearman(a: list[float], b: list[float]) -> float:
-    ra, rb = (np.argsort(np.argsort(x)).astype(float) for x in (a, b))
-    return float(np.corrcoef(ra, rb)[0, 1]) if len(a) > 2 else float("nan")
+    if len(a) <= 2:
+        return float("nan")
+    ra, rb = ranks(a), ranks([round(x, 6) for x in b])
+    if ra.std() == 0 or rb.std() == 0:
+        return 0.0
+    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def plan_grid(d: Path, model: Path, hw: Path, port: int) -> Path:
     plans = []
-    for i, (st, t, ub, fa, (ctk, ctv)) in enumerate(grid()):
+    for i, (st, t, ub, fa, c, rp) in enumerate(grid()):
         out = d / f"g{i}.json"
         r = run_cli(
             "plan",
@@ -83,9 +116,11 @@ def plan_grid(d: Path, model: Path, hw: Path, port: int) -> Path:
             "--flash-attn",
             "on" if fa else "off",
             "--ctk",
-            ctk,
+            c,
             "--ctv",
-            ctv,
+            c,
+            "--repack",
+            "on" if rp else "off",
             "--port",
             str(port),
             "-o",
@@ -94,7 +129,7 @@ def plan_grid(d: Path, model: Path, hw: Path, port: int) -> Path:
         )
         if r.exit_code != 0:
             raise RuntimeError(r.stderr)
-        plans.append({"label": label(st, t, ub, fa, (ctk, ctv)), "plan": out.name})
+        plans.append({"label": label(st, t, ub, fa, c, rp), "plan": out.name})
     sweep = d / "grid.yaml"
     sweep.write_text(yaml.safe_dump({"name": "speed axes", "plans": plans}))
     return sweep
@@ -117,6 +152,12 @@ def main(results: Path) -> None:
         d = Path(tmp)
         os.environ["MOETUNE_DATA_DIR"] = str(d / "data")
         model, hw = make_testbed(d, rpc_devices=0)
+        t0 = time.monotonic()
+        pr = run_cli("hw", "attention", str(hw), "--write", "--json")
+        if pr.exit_code != 0:
+            raise RuntimeError(pr.stderr)
+        probe = json.loads(pr.stdout)
+        probe_s = time.monotonic() - t0
         port = free_port()
         db = d / "grid.db"
         t0 = time.monotonic()
@@ -129,28 +170,38 @@ def main(results: Path) -> None:
             labels = {run.id: run.label for run in h.runs()}
         obs = [o for o in obs if o.depth == DEPTH] or obs
         by_run = {o.run: o for o in obs}
-        before = scores(obs, SpeedConstants())
+        k0 = SpeedConstants()
+        kb = base_constants(load(hw))
+        before = scores(obs, k0)
+        probed = scores(obs, kb)
+        two = [
+            (a, b)
+            for a, b in itertools.combinations(sorted(by_run), 2)
+            if labels[a].split()[0] != labels[b].split()[0]  # two placements
+        ]
         pairs = []
-        for a, b in itertools.combinations(sorted(by_run), 2):
-            if labels[a].split()[0] == labels[b].split()[0]:
-                continue  # two placements
-            k = fit([by_run[a], by_run[b]])
+        for a, b in random.Random(0).sample(two, min(MAX_PAIRS, len(two))):
+            k = fit([by_run[a], by_run[b]], kb)
             pairs.append(
                 {"pair": [labels[a], labels[b]], **scores([o for r_, o in by_run.items() if r_ not in (a, b)], k)}
             )
         after = {key: round(statistics.median(p[key] for p in pairs), 3) for key in pairs[0] if key != "pair"}
         measured = {labels[o.run]: round(o.measured_tg or 0.0, 1) for o in obs}
-        k0 = SpeedConstants()
         per_config = {
             labels[o.run]: {
                 "measured_tg": round(o.measured_tg or 0.0, 1),
                 "predicted_tg": round(predict_tg(o, k0), 1),
+                "probed_tg": round(predict_tg(o, kb), 1),
                 "measured_pp": round(o.measured_pp or 0.0, 1),
                 "predicted_pp": round(predict_pp(o, k0), 1),
+                "probed_pp": round(predict_pp(o, kb), 1),
             }
             for o in obs
         }
         best = max(measured, key=lambda x: measured[x])
+        # tune after calibrating on two runs of two placements (the tests' pair)
+        ids = {v: k for k, v in labels.items()}
+        cal = run_cli("calibrate", *(str(ids[x]) for x in CALIBRATE_ON), "--db", str(db), "--json", "--force")
         t1 = time.monotonic()
         tr = run_cli(
             "tune",
@@ -172,17 +223,21 @@ def main(results: Path) -> None:
             "--try-cache",
             "f16/f16,q8_0/q8_0",
             "--try-repack",
-            "off",
+            "off,on",
             *WORKLOAD,
             "--port",
             str(port),
             "--budget",
-            "4",
+            "3",
             "--db",
             str(d / "tune.db"),
             "--json",
         )
-        tune: dict[str, Any] = {"exit_code": tr.exit_code, "wall_s": round(time.monotonic() - t1, 1)}
+        tune: dict[str, Any] = {
+            "calibrated_on": list(CALIBRATE_ON) if cal.exit_code == 0 else None,
+            "exit_code": tr.exit_code,
+            "wall_s": round(time.monotonic() - t1, 1),
+        }
         if tr.exit_code == 0:
             doc = json.loads(tr.stdout)
             found = doc["best"]["label"]
@@ -195,22 +250,29 @@ def main(results: Path) -> None:
     out = {
         "workload": " ".join(WORKLOAD),
         "configurations": len(measured),
+        "probe_s": round(probe_s, 1),
+        "probe": probe,
         "grid_wall_s": round(grid_s, 1),
         "load_average_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
         "measured_tg": measured,
         "per_configuration": per_config,
         "before": before,
+        "with_measured_attention": probed,
         "after_two_placements": after,
         "pairs": pairs,
         "tune": tune,
     }
     (results / "speed_axes.json").write_text(json.dumps(out, indent=2))
+    row = "| {} | {tg_median_abs_pct}% | {pp_median_abs_pct}% | {tg_spearman} | {pp_spearman} |"
     lines = [
-        "# speed model over the engine axes (flash attention, cache type, threads, ubatch)",
+        "# speed model over the engine axes (flash attention, cache type, repacking, threads, ubatch)",
         "",
         "`python benchmarks/run.py speed_axes`: " + str(len(measured)) + " configurations of the tuning "
-        f"testbed's model on this machine's 2 cores, `moetune sweep` {' '.join(WORKLOAD)}; load average "
-        f"{out['load_average_before_after'][0]} before, {out['load_average_before_after'][1]} after.",
+        f"testbed's model on this machine's {os.cpu_count()} cores, `moetune sweep` {' '.join(WORKLOAD)} "
+        f"({out['grid_wall_s']} s); load average {out['load_average_before_after'][0]} before, "
+        f"{out['load_average_before_after'][1]} after. `moetune hw attention --write` first ({out['probe_s']} s): "
+        + ", ".join(f"{k}={v}" for k, v in probe["constants"].items())
+        + ".",
         "",
         *(
             [
@@ -223,21 +285,22 @@ def main(results: Path) -> None:
         ),
         "| constants | TG median error | PP median error | TG rank corr. | PP rank corr. |",
         "|---|---:|---:|---:|---:|",
-        f"| built-in | {before['tg_median_abs_pct']}% | {before['pp_median_abs_pct']}% | {before['tg_spearman']} | "
-        f"{before['pp_spearman']} |",
-        f"| calibrated on 2 runs of two placements (median of {len(pairs)} pairs, the rest predicted) | "
-        f"{after['tg_median_abs_pct']}% | {after['pp_median_abs_pct']}% | {after['tg_spearman']} | "
-        f"{after['pp_spearman']} |",
+        row.format("built-in", **before),
+        row.format("built-in + this CPU's measured attention (`hw attention`)", **probed),
+        row.format(
+            f"calibrated on 2 runs of two placements (median of {len(pairs)} pairs, the rest predicted)", **after
+        ),
         "",
         "Targets (issue #25): TG <= 10%, PP <= 15%, TG rank correlation >= 0.8 after calibration.",
         "",
-        f"tune (budget 4, from cpu-moe t1): {json.dumps(tune)}",
+        f"tune (budget 3, from cpu-moe t1, after calibrating on {' and '.join(CALIBRATE_ON)}): {json.dumps(tune)}",
         "",
-        "| configuration | TG tok/s | predicted (built-in) | PP tok/s | predicted (built-in) |",
-        "|---|---:|---:|---:|---:|",
+        "| configuration | TG tok/s | built-in | measured attention | PP tok/s | built-in | measured attention |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {k} | {v['measured_tg']} | {v['predicted_tg']} | {v['measured_pp']} | {v['predicted_pp']} |"
+        f"| {k} | {v['measured_tg']} | {v['predicted_tg']} | {v['probed_tg']} | {v['measured_pp']} | "
+        f"{v['predicted_pp']} | {v['probed_pp']} |"
         for k, v in sorted(per_config.items())
     ]
     (results / "speed_axes.md").write_text("\n".join(lines) + "\n")
@@ -245,10 +308,10 @@ def main(results: Path) -> None:
 
 
 def _grid_label(tune_label: str) -> str:
-    """A tune candidate's label (``auto t2 ub512 fa kq8_0-vq8_0``) as this grid names it."""
+    """A tune candidate's label (``auto t2 ub512 fa kq8_0-vq8_0 repack``) as this grid names it."""
     parts = tune_label.split()
     cache = next((p[1:].split("-v")[0] for p in parts if p.startswith("k")), "f16")
-    return " ".join([*parts[:4], cache])
+    return " ".join([*parts[:4], cache, *(["repack"] if "repack" in parts else [])])
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ from moetune.plan import priors
 from moetune.plan.attention import Choose
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.settings import Settings
-from moetune.plan.speed import SpeedConstants
+from moetune.plan.speed import SpeedConstants, base_constants
 from moetune.store import calibrations
 
 
@@ -176,7 +176,10 @@ def read_inputs(hw_path: str | Path, engine: str | None) -> Inputs:
     hw = inventory.load(hw_path)
     name, kind = registry.resolve(engine)
     calib = calibration_for(hw, kind)
-    return Inputs(hw, name, kind, calib, SpeedConstants.from_json(calib["constants"]) if calib else SpeedConstants())
+    # the CPU's measured attention terms (cpu.speed) over a calibration's: measured alone, not
+    # confounded with the rest of a run
+    k = base_constants(hw, SpeedConstants.from_json(calib["constants"]) if calib else None)
+    return Inputs(hw, name, kind, calib, k)
 
 
 def model_path(model: str | Path) -> str | Path:
@@ -247,6 +250,8 @@ def document(
             "left_out_contended": calib.get("left_out_contended"),
         }
     )
+    # the CPU's attention kernels as `moetune hw attention` measured them (cpu.speed), if it did
+    doc["speed_cpu_measured"] = dict(p.hw.local.cpu_speed) or None
     band = (calib or {}).get("uncertainty") or {}
     doc["speed_uncertainty"] = {
         "source": "calibration" if calib else "built-in",

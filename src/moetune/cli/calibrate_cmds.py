@@ -41,7 +41,7 @@ def calibrate_cmd(
     """
     from moetune.plan.calibrate import FITTED
     from moetune.store.db import ResultsDB, Run
-    from moetune.tune.history import calibrate_and_save, gather, placements
+    from moetune.tune.history import calibrate_and_save, gather, placements, plan_prior
 
     left: list[Run] = []
     with ResultsDB.open(db_path) as db:
@@ -69,10 +69,16 @@ def calibrate_cmd(
                 "prediction to compare with" + ("; --include-contended fits contended runs" if left else ""),
             )
         places = {k: placements(db, tuple(sorted({o.run for o in obs}))) for k, obs in groups.items()}
+        priors = {k: plan_prior(db, obs) for k, obs in groups.items()}
     results = []
     for (hardware, engine), obs in groups.items():
         cal, entry = calibrate_and_save(
-            (hardware, engine), obs, placements=places[(hardware, engine)], left_out=len(left), force=force
+            (hardware, engine),
+            obs,
+            priors[(hardware, engine)],
+            placements=places[(hardware, engine)],
+            left_out=len(left),
+            force=force,
         )
         results.append({**entry, "left_out_runs": [r.id for r in left]})
         if not as_json:

@@ -22,6 +22,7 @@ from moetune.cli.common import (
     warn,
 )
 from moetune.errors import InputError
+from moetune.kinds import EngineKind
 
 
 @click.command()
@@ -192,6 +193,101 @@ def hw_probe(output: Path | None, measure: bool, as_json: bool) -> None:
         common.out.print(f"wrote {output}")
     else:
         common.print_text(text)
+
+
+@hw.command("attention")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--node", "node_name", help="The node whose CPU this machine is (default: the first).")
+@click.option("--engine", "engine", help="The llama.cpp build whose kernels to measure (default: the built-in).")
+@click.option("-t", "--threads", type=click.IntRange(1), help="Threads (default: the node's cores).")
+@click.option(
+    "--model",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A GGUF to measure on (default: a generated MoE model, 60 MB; a small model of your family "
+    "measures its head shapes).",
+)
+@click.option(
+    "--depth", type=click.IntRange(64), default=2048, show_default=True, help="Context depth of the deep tests."
+)
+@click.option("-r", "--repeats", type=click.IntRange(1), default=5, show_default=True, help="Samples per test.")
+@click.option("--write", is_flag=True, help="Store the constants in the file's cpu.speed (the file is rewritten).")
+@json_option
+def hw_attention(
+    path: Path,
+    node_name: str | None,
+    engine: str | None,
+    threads: int | None,
+    model: Path | None,
+    depth: int,
+    repeats: int,
+    write: bool,
+    as_json: bool,
+) -> None:
+    """Measure this CPU's attention kernels and fit the speed model's six attention constants.
+
+    llama-bench runs flash attention on and off with an f16 cache, and on with a q8_0 cache, at
+    depth 0 and --depth, TG and PP (about a minute on 2 cores); the speed model's own equations
+    are fitted to the rows. These differ by CPU (on an AMX Xeon a q8_0 cache decodes faster than
+    f16, on an AMD EPYC slower), and two calibration runs of one cache type cannot see them. With
+    --write they go into the hardware file's cpu.speed, and every plan on it starts from them
+    (over a stored calibration's values: they were measured alone); run it on the machine itself,
+    quiet: it measures whatever else runs too.
+    """
+    import tempfile
+
+    import yaml
+
+    from moetune.engine import registry
+    from moetune.hardware import inventory
+    from moetune.model.profile import load_profile
+    from moetune.tune import cpu_attention as attention
+
+    inv = inventory.load(path)
+    node = next((n for n in inv.nodes if n.name == node_name), None) if node_name else inv.local
+    if node is None:
+        raise InputError(
+            f"--node {node_name}: no such node in {path}", hint="nodes: " + ", ".join(n.name for n in inv.nodes)
+        )
+    name, kind = registry.resolve(engine)
+    if kind != EngineKind.MAINLINE:
+        raise InputError(
+            f"--engine {name}: ik_llama.cpp's llama-bench has no --n-depth",
+            hint="measure with a mainline build (the built-in one); the constants are the CPU's",
+        )
+    binary = registry.get(name).binary("bench")
+    t = min(threads or node.cores, node.cores)
+    from moetune.tune.quiet import foreign_load
+
+    busy = foreign_load()
+    if busy is not None and busy.contended:
+        warn(
+            f"the machine is busy: {busy.message()}; the constants will measure that load too",
+            "stop the programs named and run it again (MOETUNE_MAX_FOREIGN_CORES sets the threshold)",
+        )
+    with tempfile.TemporaryDirectory(prefix="moetune-attention-") as tmp:
+        gguf = model or attention.probe_model(Path(tmp))
+        with common.err.status("llama-bench", spinner="dots") as st:
+            rows = attention.measure(binary, gguf, t, depth, repeats, progress=st.update)
+        fitted = attention.fit_attention(load_profile(gguf), node, t, rows)
+    if write:
+        nodes = tuple(
+            replace(n, cpu_speed=tuple(sorted(fitted.constants.items()))) if n is node else n for n in inv.nodes
+        )
+        path.write_text(yaml.safe_dump(inventory.to_dict(replace(inv, nodes=nodes)), sort_keys=False))
+    if as_json:
+        print_json({**fitted.to_json(), "node": node.name, "written": write})
+        return
+    common.out.print(f"{node.name}: {t} threads, llama-bench (best of {repeats}), fitted:", markup=False)
+    for r, (ptg, ppp) in zip(fitted.rows, fitted.predicted, strict=True):
+        common.out.print(
+            f"  {r.label:<12} depth {r.depth:>5}  TG {r.tg_tok_s:8.1f} (model {ptg:8.1f})  "
+            f"PP {r.pp_tok_s:8.1f} (model {ppp:8.1f}) tok/s",
+            markup=False,
+        )
+    common.out.print("cpu:\n  speed:", markup=False)
+    for k, v in fitted.constants.items():
+        common.out.print(f"    {k}: {v}", markup=False)
+    common.out.print(f"written to {path}" if write else "(--write stores them in the file's cpu.speed)", markup=False)
 
 
 @hw.command("example")

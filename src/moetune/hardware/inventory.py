@@ -78,6 +78,8 @@ class Node:
     # the CPU's vector extensions the engine's repacked kernels test (plan.repack.ISA_WORDS: avx2,
     # avx512, amx, dotprod, i8mm); None: not said (an x86 CPU with AVX2 is assumed)
     cpu_isa: tuple[str, ...] | None = None
+    # the speed model's constants measured on this CPU (cpu.speed: `moetune hw attention`), sorted
+    cpu_speed: tuple[tuple[str, float], ...] = ()
 
     @property
     def remote(self) -> bool:
@@ -261,6 +263,7 @@ def from_dict(doc: Any, source: str | None = None) -> Inventory:
                 n.allow_public_bind,
                 n.rdma,
                 None if n.cpu.isa is None else tuple(n.cpu.isa),
+                tuple(sorted((n.cpu.speed or {}).items())),
             )
         )
     return Inventory(tuple(nodes), hw.name, source)
@@ -298,7 +301,7 @@ def load(path: str | Path) -> Inventory:
 
 # A file that validated once is kept, as the inventory it became, under the hash of its bytes: the
 # next plan reads it without YAML or pydantic (about 0.15 s of a 0.4 s plan on a 2-core machine).
-_CACHE_SALT = b"moetune-hardware-v3"  # v2: infinite amounts refused; v3: cpu isa
+_CACHE_SALT = b"moetune-hardware-v4"  # v2: infinite amounts refused; v3: cpu isa; v4: cpu speed
 
 
 def _read_cache(key: str) -> Inventory | None:
@@ -315,6 +318,7 @@ def _read_cache(key: str) -> Inventory | None:
                     **n,
                     "devices": tuple(Device(**{**d, "kind": DeviceKind(d["kind"])}) for d in n["devices"]),
                     "cpu_isa": None if n.get("cpu_isa") is None else tuple(n["cpu_isa"]),
+                    "cpu_speed": tuple((str(k), float(v)) for k, v in n.get("cpu_speed") or ()),
                 }
             )
             for n in doc["nodes"]
@@ -345,6 +349,8 @@ def to_dict(inv: Inventory) -> dict[str, Any]:
             node["cpu"]["reserved_mib"] = n.ram_reserved_mib
         if n.cpu_isa is not None:
             node["cpu"]["isa"] = list(n.cpu_isa)
+        if n.cpu_speed:
+            node["cpu"]["speed"] = dict(n.cpu_speed)
         node["devices"] = [
             {
                 k: v

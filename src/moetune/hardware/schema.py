@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from moetune.hardware import DEFAULT_RPC_PORT
+from moetune.hardware import CPU_SPEED_KEYS, DEFAULT_RPC_PORT
 
 
 class DeviceIn(BaseModel):
@@ -34,6 +34,18 @@ class CpuIn(BaseModel):
     name: str | None = None
     # vector extensions the engine's repacked kernels use (plan.repack); absent: AVX2 assumed
     isa: list[Literal["avx2", "avx512", "amx", "dotprod", "i8mm"]] | None = None
+    # the speed model's constants measured on this CPU (`moetune hw attention` writes them)
+    speed: dict[str, float] | None = None
+
+    @field_validator("speed")
+    @classmethod
+    def _speed(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for k, x in (v or {}).items():
+            if k not in CPU_SPEED_KEYS:
+                raise ValueError(f"cpu.speed: {k!r} is not one a CPU can carry (known: {', '.join(CPU_SPEED_KEYS)})")
+            if not x > 0:
+                raise ValueError(f"cpu.speed.{k}: {x} must be positive")
+        return v
 
 
 class NodeIn(BaseModel):

@@ -42,6 +42,9 @@ FITTED = (
     "ubatch_overhead_us",
     "cpu_noflash_ctx_factor",
     "cpu_ctx_quant_factor",
+    "cpu_pp_ctx_gflops_per_core",
+    "cpu_pp_noflash_ctx_factor",
+    "cpu_pp_ctx_quant_factor",
     "cpu_repack_gain",
 )
 AT_MOST = {"cpu_bw_eff": 1.0, "gpu_bw_eff": 1.0}  # a share of the bandwidth
@@ -62,7 +65,7 @@ def predict_tg(o: Observation, k: SpeedConstants) -> float:
 
 
 def predict_pp(o: Observation, k: SpeedConstants) -> float:
-    return prefill_tok_s(o.work, k, o.prompt_tokens)
+    return prefill_tok_s(o.work, k, o.prompt_tokens, o.depth)
 
 
 def _with(base: SpeedConstants, logs: np.ndarray, names: tuple[str, ...] = FITTED) -> SpeedConstants:

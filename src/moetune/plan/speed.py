@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from moetune.errors import InputError
+from moetune.hardware import CPU_SPEED_KEYS
 from moetune.hardware.inventory import Device, Inventory
 from moetune.kinds import DeviceKind, EngineKind
 from moetune.model.kv import CACHE_TYPES, KVShape, kv_shape
@@ -46,6 +47,7 @@ from moetune.plan.settings import Settings
 GB = 1e9
 MIB = 1 << 20
 RPC_WORKER_THREADS = 1  # ggml-rpc-server's CPU backend computes on one thread unless told -t (moetune does not)
+CPU_KERNEL_CONSTANTS = CPU_SPEED_KEYS  # the constants a hardware file's cpu.speed measures for its CPU
 SOFT_MAX_P = 4.0  # how sharply the CPU's time follows the larger of its memory and compute limits
 
 
@@ -94,6 +96,10 @@ class SpeedConstants:
     # 512 with flash attention, a q8_0/q8_0 cache decodes 510 tok/s against f16's 354: less the
     # cache's bytes (17/32 of f16's), attention 4x faster
     cpu_ctx_quant_factor: float = 4.0
+    # the same three while prefilling (a ubatch's queries against the cache): PP_CTX_PLACEHOLDER
+    cpu_pp_ctx_gflops_per_core: float = 20.0
+    cpu_pp_noflash_ctx_factor: float = 1.0
+    cpu_pp_ctx_quant_factor: float = 1.0
     # CPU weight repacking (mainline's CPU_REPACK/AMX extra buffers, ik's -rtr): the weights in the
     # interleaved layout the GEMV/GEMM kernels read several rows per block of quantized activations
     # from (ggml-cpu repack.cpp): decode and prefill matmuls on the CPU are this much faster;
@@ -129,6 +135,14 @@ class SpeedConstants:
         """Constants as stored (a plan, a calibration); names this version does not know are ignored."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in (doc or {}).items() if k in names})
+
+
+def base_constants(hw: Inventory, k: SpeedConstants | None = None) -> SpeedConstants:
+    """The constants a plan on ``hw`` starts from: ``k`` (the built-in ones) with what the hardware
+    file measured for its first node's CPU (``cpu.speed``, `moetune hw attention`)."""
+    k = k or SpeedConstants()
+    measured: dict[str, Any] = dict(hw.local.cpu_speed)
+    return replace(k, **measured) if measured else k
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +236,15 @@ def cpu_ctx_gflops(d: DeviceWork, k: SpeedConstants) -> float:
     return rate / ((1.0 - q) + q / k.cpu_ctx_quant_factor)
 
 
+def cpu_pp_ctx_gflops(d: DeviceWork, k: SpeedConstants) -> float:
+    """Attention FLOP/s per CPU thread while prefilling: a ubatch's queries against the cache (and
+    themselves), the same three variants as decode with their own rates (batched, the cache's rows
+    are read once per ubatch, not once per token)."""
+    rate = k.cpu_pp_ctx_gflops_per_core * (1.0 if d.flash_attn else k.cpu_pp_noflash_ctx_factor) * 1e9
+    q = min(1.0, max(0.0, d.ctx_quant_share))
+    return rate / ((1.0 - q) + q / k.cpu_pp_ctx_quant_factor)
+
+
 def device_decode_seconds(d: DeviceWork, depth: int, k: SpeedConstants) -> float:
     kv, flop = d.kv_read(depth)
     read = d.read_bytes + kv
@@ -277,11 +300,17 @@ def cpu_gflops(w: Work, k: SpeedConstants) -> float:
     return k.ik_cpu_gflops_per_core if w.engine == EngineKind.IK else k.cpu_gflops_per_core
 
 
-def ubatch_seconds(w: Work, tokens: int, k: SpeedConstants) -> float:
-    """Seconds to prefill one ubatch of ``tokens`` tokens."""
+def ubatch_seconds(w: Work, tokens: int, k: SpeedConstants, depth: int = 0) -> float:
+    """Seconds to prefill one ubatch of ``tokens`` tokens on top of ``depth`` cached ones."""
     t = k.ubatch_overhead_us * 1e-6 + switch_seconds(w, k)
     for d in w.devices:
         flop = 2 * d.active_params * tokens
+        # attention: each token of the ubatch over the cache and the ubatch's tokens before it
+        attn = tokens * d.kv_read(depth + tokens // 2)[1]
+        if d.cpu:
+            t += attn / (d.prefill_threads * cpu_pp_ctx_gflops(d, k))
+        else:
+            t += attn / ((d.tflops or k.gpu_tflops) * 1e12)
         if d.device == CPU and w.offload and tokens >= k.offload_min_batch * w.offload_batch_scale:
             # CPU-resident expert matmuls run on the GPU: the weights they touch cross the host link
             t += d.held_expert_bytes * held_touched(d, w.expert_share, tokens) / (w.offload_link_gbs * GB)
@@ -302,12 +331,14 @@ def ubatch_seconds(w: Work, tokens: int, k: SpeedConstants) -> float:
     return t
 
 
-def prefill_tok_s(w: Work, k: SpeedConstants, prompt_tokens: int | None = None) -> float:
-    """Prefill throughput: a prompt of ``prompt_tokens`` goes in ubatches of the plan's size (the
-    last one partial); without a length, one full ubatch."""
+def prefill_tok_s(w: Work, k: SpeedConstants, prompt_tokens: int | None = None, depth: int = 0) -> float:
+    """Prefill throughput: a prompt of ``prompt_tokens`` on top of ``depth`` cached tokens goes in
+    ubatches of the plan's size (the last one partial), each over the context before it; without a
+    length, one full ubatch."""
     n = prompt_tokens or w.ubatch
     full, rest = divmod(n, w.ubatch)
-    t = full * ubatch_seconds(w, w.ubatch, k) + (ubatch_seconds(w, rest, k) if rest else 0.0)
+    t = sum(ubatch_seconds(w, w.ubatch, k, depth + i * w.ubatch) for i in range(full))
+    t += ubatch_seconds(w, rest, k, depth + full * w.ubatch) if rest else 0.0
     return n / t if t > 0 else 0.0
 
 
@@ -526,7 +557,8 @@ def from_work(w: Work, k: SpeedConstants, depth: int = 0, prompt_tokens: int | N
         )
         for d in w.devices
     )
-    return Prediction(1.0 / decode_seconds(w, depth, k), prefill_tok_s(w, k, prompt_tokens), w, k, depth, loads)
+    pp = prefill_tok_s(w, k, prompt_tokens, depth)
+    return Prediction(1.0 / decode_seconds(w, depth, k), pp, w, k, depth, loads)
 
 
 def at_depth(predicted: dict[str, Any], depth: int, prompt_tokens: int | None = None) -> dict[str, Any] | None:

@@ -122,8 +122,13 @@ def calibration_line(doc: dict[str, Any]) -> str:
     cal = doc.get("speed_calibration")
     band = doc.get("speed_uncertainty") or (cal or {}).get("uncertainty") or {}
     unc = f"stated uncertainty TG +/-{band.get('tg_pct')}%, PP +/-{band.get('pp_pct')}%"
+    cpu = (
+        f"; this CPU's attention kernels as `moetune hw attention` measured them ({len(doc['speed_cpu_measured'])} terms)"
+        if doc.get("speed_cpu_measured")
+        else ""
+    )
     if not cal:
-        return f"calibration: none, the built-in constants ({unc}; `moetune calibrate` fits them to benchmarks)"
+        return f"calibration: none, the built-in constants ({unc}; `moetune calibrate` fits them to benchmarks){cpu}"
     import datetime
 
     when = (
@@ -141,7 +146,7 @@ def calibration_line(doc: dict[str, Any]) -> str:
     left = f"; {cal['left_out_contended']} contended runs left out" if cal.get("left_out_contended") else ""
     return (
         f"calibration{when}: {cal.get('hardware') or 'this hardware'} / {cal.get('engine') or 'engine'}, from "
-        f"{cal['runs']} runs{places} ({unc}{loo}{left})"
+        f"{cal['runs']} runs{places} ({unc}{loo}{left}){cpu}"
     )
 
 

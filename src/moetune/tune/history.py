@@ -48,6 +48,17 @@ def placements(db: ResultsDB, run_ids: tuple[int, ...]) -> int:
     return len(seen)
 
 
+def plan_prior(db: ResultsDB, obs: list[Observation]) -> SpeedConstants:
+    """The constants the newest of the runs' plans was predicted with (the hardware's measured CPU
+    terms and the calibration it had, if any): what a calibration is pulled toward; the built-in
+    ones for runs stored without them."""
+    for rid in sorted({o.run for o in obs}, reverse=True):
+        for e in (db.run(rid).meta.details.get("predicted") or {}).values():
+            if isinstance(e, dict) and isinstance(e.get("constants"), dict):
+                return SpeedConstants.from_json(e["constants"])
+    return SpeedConstants()
+
+
 def calibrate_and_save(
     key: Key,
     obs: list[Observation],

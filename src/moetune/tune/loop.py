@@ -77,7 +77,7 @@ from moetune.tune import under_load as ul
 from moetune.tune import weighted as wt
 from moetune.tune import workload as wl
 from moetune.tune.engine_axes import check_engine_axes, engine_options
-from moetune.tune.history import calibrate_and_save, gather, placements
+from moetune.tune.history import calibrate_and_save, gather, placements, plan_prior
 from moetune.tune.quiet import QuietGate
 from moetune.tune.transport_axis import check_transport_axis, refuse_unbuilt
 from moetune.tune.verdict import measurements, verdicts
@@ -180,7 +180,7 @@ def objective_value(objective: str, tg: float | None, pp: float | None, prompt_t
 
 
 def predicted_rates(e: Entry, k: SpeedConstants, w: Workload) -> tuple[float, float]:
-    return 1.0 / decode_seconds(e.work, w.depth, k), prefill_tok_s(e.work, k, w.pp_tokens)
+    return 1.0 / decode_seconds(e.work, w.depth, k), prefill_tok_s(e.work, k, w.pp_tokens, w.depth)
 
 
 def _tune_id(req: TuneRequest, plan: Plan, labels: list[str]) -> str:
@@ -781,4 +781,4 @@ def _save_calibration(db: ResultsDB, key: tuple[str | None, str]) -> None:
     obs = gather(db).get(key, [])
     runs = tuple(sorted({o.run for o in obs}))
     if len(runs) >= 2:
-        calibrate_and_save(key, obs, placements=placements(db, runs))
+        calibrate_and_save(key, obs, plan_prior(db, obs), placements=placements(db, runs))

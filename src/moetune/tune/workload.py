@@ -187,7 +187,7 @@ def slotted(s: Settings, w: WorkObjective) -> Settings:
 def _request_s(work: Work, k: SpeedConstants, prompt: int, context: int, reply: int) -> float:
     from moetune.plan.speed import decode_seconds, prefill_tok_s
 
-    pp = prefill_tok_s(work, k, max(1, prompt)) if prompt else 0.0
+    pp = prefill_tok_s(work, k, max(1, prompt), max(0, context - prompt)) if prompt else 0.0
     return (prompt / pp if pp > 0 else 0.0) + reply * decode_seconds(work, context, k)
 
 
