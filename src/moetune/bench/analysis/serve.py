@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from moetune.bench.analysis.level_summary import LevelSummary, Percentiles, PromptTokenError, Slowest
 from moetune.bench.analysis.slo import goodput
 from moetune.bench.analysis.stats import MetricSamples
 
@@ -241,7 +242,7 @@ def _rate(times: Iterable[float | None]) -> float | None:
     return round((len(ts) - 1) / (ts[-1] - ts[0]), 4) if len(ts) > 2 and ts[-1] > ts[0] else None
 
 
-def slowest(samples: Sequence[dict[str, Any]], ms: Sequence[RequestMetrics]) -> dict[str, Any] | None:
+def slowest(samples: Sequence[Mapping[str, Any]], ms: Sequence[RequestMetrics]) -> Slowest | None:
     """The successful request that took longest end to end, with what tells a stall from a long answer,
     and how many requests took :data:`SLOW_FACTOR` times the median or more (``outliers``)."""
     done = [(m.e2e_s, i) for i, m in enumerate(ms) if m.ok and m.e2e_s is not None]
@@ -251,17 +252,17 @@ def slowest(samples: Sequence[dict[str, Any]], ms: Sequence[RequestMetrics]) -> 
     m = ms[i]
     p50 = float(np.median([e for e, _ in done]))
     outliers = sum(1 for e, _ in done if e >= SLOW_FACTOR * p50 and (e - p50) * 1000 >= SLOW_MIN_MS)
-    return {
-        "index": samples[i].get("index"),
-        "e2e_ms": round(e2e * 1000, 3),
-        "outliers": outliers,
-        "ttft_ms": None if m.ttft_s is None else round(m.ttft_s * 1000, 3),
-        "output_tokens": m.output_tokens,
-        "median_output_tokens": float(np.median([x.output_tokens for x in ms if x.ok])),
-    }
+    return Slowest(
+        index=samples[i].get("index"),
+        e2e_ms=round(e2e * 1000, 3),
+        outliers=outliers,
+        ttft_ms=None if m.ttft_s is None else round(m.ttft_s * 1000, 3),
+        output_tokens=m.output_tokens,
+        median_output_tokens=float(np.median([x.output_tokens for x in ms if x.ok])),
+    )
 
 
-def prompt_token_error(ms: Sequence[RequestMetrics]) -> dict[str, Any] | None:
+def prompt_token_error(ms: Sequence[RequestMetrics]) -> PromptTokenError | None:
     """How far the prompt lengths a local tokenizer predicted (serve-bench ``--tokenizer``) were from
     the server's ``usage.prompt_tokens``, over the requests with both: the mean and largest error per
     request and the bias of the total, in percent of the server's count. None without predictions."""
@@ -274,13 +275,13 @@ def prompt_token_error(ms: Sequence[RequestMetrics]) -> dict[str, Any] | None:
         return None
     errors = [100 * abs(p - s) / s for p, s in pairs]
     served = sum(s for _, s in pairs)
-    return {
-        "requests": len(pairs),
-        "mismatched": sum(1 for p, s in pairs if p != s),
-        "mean_pct": round(sum(errors) / len(errors), 3),
-        "max_pct": round(max(errors), 3),
-        "bias_pct": round(100 * (sum(p for p, _ in pairs) - served) / served, 3),
-    }
+    return PromptTokenError(
+        requests=len(pairs),
+        mismatched=sum(1 for p, s in pairs if p != s),
+        mean_pct=round(sum(errors) / len(errors), 3),
+        max_pct=round(max(errors), 3),
+        bias_pct=round(100 * (sum(p for p, _ in pairs) - served) / served, 3),
+    )
 
 
 def level_span(samples: Sequence[dict[str, Any]]) -> float | None:
@@ -324,12 +325,12 @@ class LevelFigures:
         self.ms.append(_gaps_taken(m or request_metrics(s), self.itl, self.server_itl))
         self.heads.append({k: s.get(k) for k in _HEAD})
 
-    def summary(self, slo: Mapping[str, float] | None = None) -> dict[str, Any]:
-        """The figures (:func:`summarize_level`)."""
+    def summary(self, slo: Mapping[str, float] | None = None) -> LevelSummary:
+        """The figures (:func:`level_summary`)."""
         return _summary(self.ms, self.heads, self.itl, self.server_itl, slo)
 
 
-def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> dict[str, Any]:
+def level_summary(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> LevelSummary:
     """One load level's figures from its raw samples (all of one concurrency and rate), read once.
 
     Open-loop levels add ``offered_request_s`` (the rate requests came due at) and
@@ -341,6 +342,11 @@ def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] 
     for s in samples:
         f.add(s)
     return f.summary(slo)
+
+
+def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """:func:`level_summary` as the document ``serve-bench --json`` prints (:meth:`LevelSummary.to_json`)."""
+    return level_summary(samples, slo).to_json()
 
 
 def level_figures(
@@ -361,14 +367,28 @@ def level_figures(
     return levels
 
 
+def level_summaries(
+    samples: Iterable[dict[str, Any]],
+    slo: Mapping[str, float] | None = None,
+    *,
+    tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
+) -> list[LevelSummary]:
+    """Every level's figures (:func:`level_figures`, :func:`level_summary`)."""
+    return [f.summary(slo) for f in level_figures(samples, tap=tap).values()]
+
+
 def summarize_levels(
     samples: Iterable[dict[str, Any]],
     slo: Mapping[str, float] | None = None,
     *,
     tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every level's figures (:func:`level_figures`, :func:`summarize_level`)."""
-    return [f.summary(slo) for f in level_figures(samples, tap=tap).values()]
+    """:func:`level_summaries` as documents (:meth:`LevelSummary.to_json`)."""
+    return [lv.to_json() for lv in level_summaries(samples, slo, tap=tap)]
+
+
+def _percentiles(values_s: Iterable[float | None]) -> Percentiles:
+    return Percentiles(**percentiles_ms(values_s))
 
 
 def _summary(
@@ -377,7 +397,7 @@ def _summary(
     itl: array[float],
     server_itl: array[float],
     slo: Mapping[str, float] | None,
-) -> dict[str, Any]:
+) -> LevelSummary:
     ok = [m for m in ms if m.ok]
     starts = [_num(s.get("t_sched")) for s in heads]
     ends = [_num(s.get("t_end")) for s in heads]
@@ -386,43 +406,43 @@ def _summary(
     first = heads[0] if heads else {}
     open_loop = bool(first.get("rate"))
     inputs = [n for m in ms if (n := m.input_tokens) is not None]
-    return {
-        **({SERVICE: first[SERVICE], LOAD: first.get(LOAD)} if first.get(SERVICE) else {}),
-        "concurrency": int(first.get("concurrency") or 0),
-        "rate": first.get("rate"),
-        "requests": len(ms),
-        "ok": len(ok),
-        "errors": dict(sorted(Counter(m.error for m in ms if m.error is not None).items())),
-        "duration_s": round(span, 4) if span else None,
-        "ttft_ms": percentiles_ms(m.ttft_s for m in ok),
-        "ttfc_ms": percentiles_ms(m.ttfc_s for m in ok),
-        "itl_ms": percentiles_ms(itl),
-        "server_itl_ms": percentiles_ms(server_itl),
-        "tpot_ms": percentiles_ms(m.tpot_s for m in ok),
-        "e2e_ms": percentiles_ms(m.e2e_s for m in ok),
-        "latency_ms": percentiles_ms(m.latency_s for m in ms if m.latency_s is not None),
-        "slot_wait_ms": percentiles_ms(m.slot_wait_s for m in ms),
-        "server_wait_ms": percentiles_ms(m.server_wait_s for m in ok),
-        "output_tokens": out_tokens,
-        "reasoning_tokens": sum(m.reasoning_tokens for m in ok),
-        "output_tok_s": round(out_tokens / span, 3) if span else None,
-        "request_s": round(len(ok) / span, 4) if span else None,
-        "goodput": goodput(ms, slo, span) if slo else None,
-        "offered_request_s": _rate(starts) if open_loop else None,
-        "completed_request_s": _rate(e for e, m in zip(ends, ms, strict=True) if m.ok) if open_loop else None,
-        "slowest": slowest(heads, ms),
-        "prompt_tokens_mean": round(sum(inputs) / len(inputs), 1) if inputs else None,
-        "prompt_token_mismatches": sum(
+    return LevelSummary(
+        service=first[SERVICE] if first.get(SERVICE) else None,
+        load=first.get(LOAD) if first.get(SERVICE) else None,
+        concurrency=int(first.get("concurrency") or 0),
+        rate=first.get("rate"),
+        requests=len(ms),
+        ok=len(ok),
+        errors=dict(sorted(Counter(m.error for m in ms if m.error is not None).items())),
+        duration_s=round(span, 4) if span else None,
+        ttft_ms=_percentiles(m.ttft_s for m in ok),
+        ttfc_ms=_percentiles(m.ttfc_s for m in ok),
+        itl_ms=_percentiles(itl),
+        server_itl_ms=_percentiles(server_itl),
+        tpot_ms=_percentiles(m.tpot_s for m in ok),
+        e2e_ms=_percentiles(m.e2e_s for m in ok),
+        latency_ms=_percentiles(m.latency_s for m in ms if m.latency_s is not None),
+        slot_wait_ms=_percentiles(m.slot_wait_s for m in ms),
+        server_wait_ms=_percentiles(m.server_wait_s for m in ok),
+        output_tokens=out_tokens,
+        reasoning_tokens=sum(m.reasoning_tokens for m in ok),
+        output_tok_s=round(out_tokens / span, 3) if span else None,
+        request_s=round(len(ok) / span, 4) if span else None,
+        goodput=goodput(ms, slo, span) if slo else None,
+        offered_request_s=_rate(starts) if open_loop else None,
+        completed_request_s=_rate(e for e, m in zip(ends, ms, strict=True) if m.ok) if open_loop else None,
+        slowest=slowest(heads, ms),
+        prompt_tokens_mean=round(sum(inputs) / len(inputs), 1) if inputs else None,
+        prompt_token_mismatches=sum(
             1 for m in ok if m.prompt_tokens is not None and m.server_prompt_tokens not in (None, m.prompt_tokens)
         ),
-        "prompt_token_error": prompt_token_error(ok),
-        "itl_unknown": sum(1 for m in ok if not m.itl_known),
-        "no_usage": sum(1 for m in ok if not m.usage),
-        "cached_tokens": sum(m.cached_tokens for m in ok),
-        "short_outputs": sum(1 for m in ok if m.max_tokens and m.output_tokens < m.max_tokens),
-        "retries": sum(m.retries for m in ms),
-        "warnings": [],
-    }
+        prompt_token_error=prompt_token_error(ok),
+        itl_unknown=sum(1 for m in ok if not m.itl_known),
+        no_usage=sum(1 for m in ok if not m.usage),
+        cached_tokens=sum(m.cached_tokens for m in ok),
+        short_outputs=sum(1 for m in ok if m.max_tokens and m.output_tokens < m.max_tokens),
+        retries=sum(m.retries for m in ms),
+    )
 
 
 def level_of(s: Mapping[str, Any]) -> tuple[int, Any]:
