@@ -31,7 +31,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -131,23 +131,46 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def event_times(tok: list[list[Any]], server: list[float | None] | None = None) -> list[float]:
+class TokenEvent(NamedTuple):
+    """One streamed event of a request, as its figures read it (stored as a list: :func:`token_event`)."""
+
+    t: float  # when it arrived (the kernel's receive time of the read that brought it)
+    tokens: int  # the new tokens it brought
+    content: int  # the content characters it carried
+    reasoning: int  # the reasoning characters it carried
+    server_ms: float | None = None  # the server's clock (llama-server's ``timings.predicted_ms``)
+    earliest: float | None = None  # the earliest it can have arrived (< t: read late, with later events)
+
+
+_make_event = TokenEvent._make
+
+
+def token_event(c: Sequence[Any]) -> TokenEvent:
+    """The one reader of a stored event: ``[t, tokens, content chars, reasoning chars, server ms,
+    earliest t]`` (:class:`moetune.bench.serve.request.RequestRecord`); events of older runs lack
+    the last two fields, which read as None, as do values that are not finite numbers."""
+    n = len(c)
+    # _make: a long run reads tens of millions of events, and keywords cost twice the time
+    return _make_event((c[0], c[1], c[2], c[3], _num(c[4]) if n > 4 else None, _num(c[5]) if n > 5 else None))
+
+
+def event_times(tok: Sequence[TokenEvent], server: Sequence[float | None] | None = None) -> list[float]:
     """Each token event's arrival time. Events read together share the kernel's time of the last
-    of them; they arrived between the read's earliest time (6th field, or the previous event)
+    of them; they arrived between the read's earliest time (``earliest``, or the previous event)
     and that time. They are placed in that interval by the server's own clock when every one of
     them carries it (llama-server's ``timings.predicted_ms``), else evenly. When the client read
     at once, the interval is empty and they all keep the read's time. ``server``: each event's
     server time (ms), when the caller has them already."""
     if server is None:
-        server = _server_ms(tok)
+        server = [e.server_ms for e in tok]
     out: list[float] = []
     i = 0
     while i < len(tok):
-        t = float(tok[i][0])
+        t = float(tok[i].t)
         j = i
-        while j + 1 < len(tok) and tok[j + 1][0] == tok[i][0]:
+        while j + 1 < len(tok) and tok[j + 1].t == tok[i].t:
             j += 1
-        earliest = _num(tok[i][5]) if len(tok[i]) > 5 else None
+        earliest = tok[i].earliest
         lo = t if earliest is None else earliest
         if out:
             lo = max(lo, out[-1])
@@ -163,37 +186,32 @@ def event_times(tok: list[list[Any]], server: list[float | None] | None = None) 
     return out
 
 
-def _server_ms(tok: list[list[Any]]) -> list[float | None]:
-    """Each token event's server time (``timings.predicted_ms``, 5th field), where it has one."""
-    return [_num(c[4]) if len(c) > 4 else None for c in tok]
-
-
 def request_metrics(s: dict[str, Any]) -> RequestMetrics:
     t_send = _num(s.get("t_send"))
     t_end = _num(s.get("t_end"))
     t_sched = _num(s.get("t_sched"))
     t_slot = _num(s.get("t_slot"))
-    chunks = [c for c in s.get("chunks") or [] if c[1] > 0 or c[2] > 0 or c[3] > 0]
-    tok = [c for c in chunks if c[1] > 0]  # events that brought new tokens
-    server_ms = _server_ms(tok)
+    chunks = [e for e in map(token_event, s.get("chunks") or []) if e.tokens > 0 or e.content > 0 or e.reasoning > 0]
+    tok = [e for e in chunks if e.tokens > 0]  # events that brought new tokens
+    server_ms = [e.server_ms for e in tok]
     times = event_times(tok, server_ms)
-    first = times[0] if times else (chunks[0][0] if chunks else None)
+    first = times[0] if times else (chunks[0].t if chunks else None)
     ttft = first - t_send if first is not None and t_send is not None else None
-    ttfc = next((c[0] - t_send for c in chunks if c[2] > 0), None) if t_send is not None else None
-    counted = sum(int(c[1]) for c in tok)
+    ttfc = next((e.t - t_send for e in chunks if e.content > 0), None) if t_send is not None else None
+    counted = sum(int(e.tokens) for e in tok)
     usage = s.get("usage") or {}
     reported = usage.get("completion_tokens")
     itl_known = s.get("count_source") in ("timings", "usage") or not isinstance(reported, int) or reported == counted
     itl: list[float] = []
-    for (a, b), c in zip(itertools.pairwise(times), tok[1:], strict=True):
-        itl.extend([(b - a) / int(c[1])] * int(c[1]))
+    for (a, b), e in zip(itertools.pairwise(times), tok[1:], strict=True):
+        itl.extend([(b - a) / int(e.tokens)] * int(e.tokens))
     if not itl_known:
         itl = []
     server_itl: list[float] = []
-    for (ms0, ms1), cur in zip(itertools.pairwise(server_ms), tok[1:], strict=True):
+    for (ms0, ms1), e in zip(itertools.pairwise(server_ms), tok[1:], strict=True):
         if ms0 is not None and ms1 is not None:
-            server_itl.extend([(ms1 - ms0) / 1000 / int(cur[1])] * int(cur[1]))
-    reasoning = sum(int(c[1]) for c in tok if c[3] > 0 and c[2] == 0)
+            server_itl.extend([(ms1 - ms0) / 1000 / int(e.tokens)] * int(e.tokens))
+    reasoning = sum(int(e.tokens) for e in tok if e.reasoning > 0 and e.content == 0)
     out_tokens: int = reported if isinstance(reported, int) else counted
     tpot = (times[-1] - times[0]) / (out_tokens - 1) if len(times) > 1 and out_tokens > 1 else None
     timings = s.get("timings") or {}
