@@ -21,7 +21,7 @@ from typing import Any
 
 from moetune import __version__
 from moetune.bench.analysis.level_summary import LevelGoodput, LevelSummary, PromptTokenError
-from moetune.bench.analysis.serve import RequestMetrics, level_summary, summarize_levels
+from moetune.bench.analysis.serve import RequestMetrics, level_summaries, level_summary
 from moetune.bench.analysis.sessions import is_session_sample, summarize_sessions
 from moetune.bench.analysis.warnings import Warning, annotate, run_warnings
 from moetune.bench.http.client import StreamingHttp, connect
@@ -474,10 +474,11 @@ def stored_report(
                 turns.append(s)
             yield s
 
-    levels = summarize_levels(stream(), slo, tap=tap)
+    figures = level_summaries(stream(), slo, tap=tap)
     stored = {(lv["concurrency"], lv["rate"]): lv for lv in (run.summary or {}).get("levels", [])}
-    for lv in levels:
-        lv["server"] = stored.get((lv["concurrency"], lv["rate"]), {}).get("server", server)
+    levels = [
+        {**lv.to_json(), "server": stored.get((lv.concurrency, lv.rate), {}).get("server", server)} for lv in figures
+    ]
     annotate(
         levels,
         slots=m.server.slots if m.server else None,
@@ -487,7 +488,7 @@ def stored_report(
     sessions = None
     if ss:
         sessions = summarize_sessions(turns, ss, slots=m.server.slots if m.server else None)
-    return report_doc(run, levels, advice, samples=sum(lv["requests"] for lv in levels), slo=slo, sessions=sessions)
+    return report_doc(run, levels, advice, samples=sum(lv.requests for lv in figures), slo=slo, sessions=sessions)
 
 
 def report_doc(
