@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +27,7 @@ def _levels(text: str) -> tuple[int, ...]:
     return cs
 
 
-def _ms(d: dict[str, Any], q: str) -> str:
-    v = d.get(q)
+def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
@@ -43,9 +43,11 @@ SLO_HELP = (
 )
 
 
-def levels_table(levels: list[dict[str, Any]], slo: dict[str, float] | None = None) -> Table:
+def levels_table(levels: Sequence[Mapping[str, Any]], slo: dict[str, float] | None = None) -> Table:
     from rich import box
     from rich.table import Table
+
+    from moetune.bench.analysis.level_summary import LevelSummary
 
     caption = None
     if slo:
@@ -78,30 +80,32 @@ def levels_table(levels: list[dict[str, Any]], slo: dict[str, float] | None = No
     )
     for col in cols:
         t.add_column(col, justify="right", no_wrap=True)
-    for lv in levels:
-        errs = sum(lv["errors"].values())
-        slots = (lv.get("server") or {}).get("slots")
+    for d in levels:
+        lv = LevelSummary.from_json(d)
+        errs = lv.error_count
+        slots = (d.get("server") or {}).get("slots")
         good: tuple[str, ...] = ()
         if slo:
-            g = lv.get("goodput") or {}
+            g = lv.goodput
+            share, req_s = (None, None) if g is None else (g.share, g.req_s)
             good = (
-                "-" if g.get("share") is None else f"{g['share'] * 100:.1f}",
-                "-" if g.get("req_s") is None else f"{g['req_s']:.2f}",
+                "-" if share is None else f"{share * 100:.1f}",
+                "-" if req_s is None else f"{req_s:.2f}",
             )
         t.add_row(
-            str(lv["concurrency"]) + (f"@{lv['rate']}/s" if lv.get("rate") else ""),
+            str(lv.concurrency) + (f"@{lv.rate}/s" if lv.rate else ""),
             "?" if slots is None else str(slots),
-            str(lv["ok"]),
+            str(lv.ok),
             f"[red]{errs}[/]" if errs else "0",
-            _ms(lv["ttft_ms"], "p50"),
-            _ms(lv["ttft_ms"], "p99"),
-            _ms(lv["ttfc_ms"], "p50"),
-            _ms(lv["itl_ms"], "p50"),
-            _ms(lv["itl_ms"], "p99"),
-            _ms(lv["tpot_ms"], "p50"),
-            _ms(lv["e2e_ms"], "p50"),
-            "-" if lv["request_s"] is None else f"{lv['request_s']:.2f}",
-            "-" if lv["output_tok_s"] is None else f"{lv['output_tok_s']:.1f}",
+            _ms(lv.ttft_ms.p50),
+            _ms(lv.ttft_ms.p99),
+            _ms(lv.ttfc_ms.p50),
+            _ms(lv.itl_ms.p50),
+            _ms(lv.itl_ms.p99),
+            _ms(lv.tpot_ms.p50),
+            _ms(lv.e2e_ms.p50),
+            "-" if lv.request_s is None else f"{lv.request_s:.2f}",
+            "-" if lv.output_tok_s is None else f"{lv.output_tok_s:.1f}",
             *good,
         )
     return t

@@ -82,15 +82,15 @@ def run_goodput(run: Run, samples: Iterable[dict[str, Any]], slo: Mapping[str, f
     for key, f in level_figures(s for s in samples if "chunks" in s).items():
         c, rate = key[2], key[3]
         g = goodput(f.ms, slo, level_span(f.heads))
-        ci = wilson(g["met"], g["of"])
+        ci = wilson(g.met, g.of)
         levels.append(
             {
                 "level": key_name(key),
                 "concurrency": c,
                 "rate": rate,
-                "share": g["share"],
+                "share": g.share,
                 "share_ci": None if ci is None else [round(ci[0], 4), round(ci[1], 4)],
-                **{k: v for k, v in g.items() if k not in ("slo", "share")},
+                **{k: v for k, v in g.to_json().items() if k not in ("slo", "share")},
             }
         )
     return RunGoodput(run.id, run.label, levels)

@@ -4,12 +4,13 @@ throughput beside, and what the sampler saw busy phase by phase."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich import box
 from rich.table import Table
 
+from moetune.bench.analysis.level_summary import LevelSummary
 from moetune.report.compare_view import fmt
 
 
@@ -17,12 +18,11 @@ def _f(x: float | None) -> str:
     return "-" if x is None else fmt(x)
 
 
-def _ms(d: Mapping[str, Any] | None, q: str) -> str:
-    v = (d or {}).get(q)
+def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def levels_table(levels: list[dict[str, Any]]) -> Table:
+def levels_table(levels: Sequence[Mapping[str, Any]]) -> Table:
     t = Table(
         title="per service, times in ms (alone: the others idle; shared: every loaded service at once)",
         title_justify="left",
@@ -45,22 +45,22 @@ def levels_table(levels: list[dict[str, Any]]) -> Table:
         "out\ntok/s",
     ):
         t.add_column(col, justify="left" if col in ("service", "load") else "right", no_wrap=True)
-    for lv in levels:
-        errs = sum((lv.get("errors") or {}).values())
+    for lv in map(LevelSummary.from_json, levels):
+        errs = lv.error_count
         t.add_row(
-            str(lv.get("service")),
-            str(lv.get("load")),
-            str(lv.get("concurrency")) + (f"@{lv['rate']}/s" if lv.get("rate") else ""),
-            str(lv.get("ok")),
+            str(lv.service),
+            str(lv.load),
+            str(lv.concurrency) + (f"@{lv.rate}/s" if lv.rate else ""),
+            str(lv.ok),
             f"[red]{errs}[/]" if errs else "0",
-            _ms(lv.get("ttft_ms"), "p50"),
-            _ms(lv.get("ttft_ms"), "p99"),
-            _ms(lv.get("itl_ms"), "p50"),
-            _ms(lv.get("itl_ms"), "p99"),
-            _ms(lv.get("tpot_ms"), "p50"),
-            _ms(lv.get("e2e_ms"), "p50"),
-            "-" if lv.get("request_s") is None else f"{lv['request_s']:.2f}",
-            "-" if lv.get("output_tok_s") is None else f"{lv['output_tok_s']:.1f}",
+            _ms(lv.ttft_ms.p50),
+            _ms(lv.ttft_ms.p99),
+            _ms(lv.itl_ms.p50),
+            _ms(lv.itl_ms.p99),
+            _ms(lv.tpot_ms.p50),
+            _ms(lv.e2e_ms.p50),
+            "-" if lv.request_s is None else f"{lv.request_s:.2f}",
+            "-" if lv.output_tok_s is None else f"{lv.output_tok_s:.1f}",
         )
     return t
 

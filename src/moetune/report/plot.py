@@ -4,10 +4,12 @@ throughput by concurrency."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moetune.bench.analysis.level_summary import LevelSummary, Percentiles
 from moetune.bench.analysis.stats import DEFAULT_CONF, summarize
 from moetune.errors import InputError
 from moetune.report.compare import RunMetrics
@@ -138,20 +140,25 @@ LATENCY_PNG = "serve-latency.png"
 THROUGHPUT_PNG = "serve-throughput.png"
 
 
-def plot_sweep(levels: list[dict[str, Any]], out_dir: Path, *, title: str = "") -> list[Path]:
+def plot_sweep(docs: Sequence[Mapping[str, Any]], out_dir: Path, *, title: str = "") -> list[Path]:
     """Write serve-latency.png (TTFT and ITL p50/p90/p99 by concurrency) and serve-throughput.png
     (output tokens/s and requests/s by concurrency) into ``out_dir``; return their paths."""
     plt = _pyplot()
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    levels = sorted(levels, key=lambda lv: lv["concurrency"])
-    cs = [lv["concurrency"] for lv in levels]
+    levels = sorted((LevelSummary.from_json(d) for d in docs), key=lambda lv: lv.concurrency)
+    cs = [lv.concurrency for lv in levels]
 
-    def series(metric: str, q: str) -> list[float]:
-        return [float("nan") if lv[metric][q] is None else lv[metric][q] for lv in levels]
+    def series(of: Callable[[LevelSummary], Percentiles], q: str) -> list[float]:
+        vs = [of(lv).to_json()[q] for lv in levels]
+        return [float("nan") if v is None else v for v in vs]
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, metric, name in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "ITL")):
+    panels: tuple[tuple[Any, Callable[[LevelSummary], Percentiles], str], ...] = (
+        (axes[0], lambda lv: lv.ttft_ms, "TTFT"),
+        (axes[1], lambda lv: lv.itl_ms, "ITL"),
+    )
+    for ax, metric, name in panels:
         for q, style in (("p50", "o-"), ("p90", "s--"), ("p99", "^:")):
             ax.plot(cs, series(metric, q), style, label=q)
         ax.set_xscale("log", base=2)
@@ -169,13 +176,13 @@ def plot_sweep(levels: list[dict[str, Any]], out_dir: Path, *, title: str = "") 
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    ax.plot(cs, [lv["output_tok_s"] or 0 for lv in levels], "o-", color="tab:blue", label="output tokens/s")
+    ax.plot(cs, [lv.output_tok_s or 0 for lv in levels], "o-", color="tab:blue", label="output tokens/s")
     ax.set_xscale("log", base=2)
     ax.set_xticks(cs, [str(c) for c in cs])
     ax.set_xlabel("concurrency")
     ax.set_ylabel("output tokens/s", color="tab:blue")
     ax2 = ax.twinx()
-    ax2.plot(cs, [lv["request_s"] or 0 for lv in levels], "s--", color="tab:orange", label="requests/s")
+    ax2.plot(cs, [lv.request_s or 0 for lv in levels], "s--", color="tab:orange", label="requests/s")
     ax2.set_ylabel("requests/s", color="tab:orange")
     ax.grid(alpha=0.3)
     ax.set_title(title or "serve-bench: throughput by concurrency")

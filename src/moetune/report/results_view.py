@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from moetune.bench.analysis import single as m
+from moetune.bench.analysis.level_summary import LevelSummary
 from moetune.bench.analysis.serve import key_name
 from moetune.bench.analysis.stats import DEFAULT_CONF, MetricSamples, median, summarize
 from moetune.bench.analysis.summary import run_summary
@@ -57,12 +58,12 @@ def headline(run: Run, samples: Callable[[int], Iterable[dict[str, Any]]]) -> st
             f"{fam}:{w} {fmt(d[fam]['median'])}" for fam in ("tg", "pp") if (d.get(fam) or {}).get("median") is not None
         )
     if run.kind == RunKind.SERVE_BENCH and s.get("levels"):
-        lv = s["levels"][0]
-        name = key_name((lv.get("service"), lv.get("load"), int(lv.get("concurrency") or 0), lv.get("rate")))
+        lv = LevelSummary.from_json(s["levels"][0])
+        name = key_name((lv.service, lv.load, lv.concurrency, lv.rate))
         return ", ".join(
             f"{fam}:{name} {fmt(p50)}"
-            for fam in ("ttft", "tpot")
-            if (p50 := (lv.get(f"{fam}_ms") or {}).get("p50")) is not None
+            for fam, p50 in (("ttft", lv.ttft_ms.p50), ("tpot", lv.tpot_ms.p50))
+            if p50 is not None
         )
     fn = METRIC_EXTRACTORS.get(run.kind)
     if fn is None:

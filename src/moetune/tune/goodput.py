@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moetune.bench.analysis.serve import RequestMetrics, level_span, request_metrics, summarize_level
+from moetune.bench.analysis.level_summary import LevelSummary
+from moetune.bench.analysis.serve import RequestMetrics, level_span, level_summary, request_metrics
 from moetune.bench.analysis.slo import goodput
 from moetune.monitor.snapshot import Snapshot
 from moetune.plan.serving import ServeLoad
@@ -43,13 +44,13 @@ Status = Callable[[str], None]
 class Goodput:
     values: tuple[float, ...]  # each completion window's goodput, requests/s
     rates: tuple[float, ...]  # each completion window's completed requests/s
-    level: dict[str, Any]  # serve-bench's figures of the level (summarize_level), goodput included
+    level: LevelSummary  # serve-bench's figures of the level, goodput included
     floor: float  # what a level with no request meeting the targets stands for in the search
 
     @property
     def level_req_s(self) -> float | None:
-        g = self.level.get("goodput") or {}
-        return g.get("req_s")
+        g = self.level.goodput
+        return None if g is None else g.req_s
 
 
 def _num(x: Any) -> float | None:
@@ -61,7 +62,7 @@ def windows(
 ) -> tuple[list[float], list[float]]:
     """The completion windows' goodputs and request rates (requests/s) of one level's raw samples
     (module docstring)."""
-    good = window_rates(samples, concurrency, lambda m: float(goodput([m], slo, None)["met"] == 1))
+    good = window_rates(samples, concurrency, lambda m: float(goodput([m], slo, None).met == 1))
     rates = window_rates(samples, concurrency, lambda m: float(m.ok))
     return good, rates
 
@@ -100,7 +101,7 @@ def measured(samples: Sequence[dict[str, Any]], load: ServeLoad) -> Goodput:
     slo = load.targets
     span = level_span(samples)
     good, rates = windows(samples, slo, load.concurrency)
-    return Goodput(tuple(good), tuple(rates), summarize_level(samples, slo), 0.5 / span if span else 0.0)
+    return Goodput(tuple(good), tuple(rates), level_summary(samples, slo), 0.5 / span if span else 0.0)
 
 
 def serve_candidate(

@@ -30,16 +30,16 @@ def _goodput(r: TuneResult, i: int) -> dict[str, Any] | None:
     if g is None or not g.values:
         return None
     s = summarize(g.values)
-    level = g.level.get("goodput") or {}
+    level = g.level.goodput
     return {
         "median": s.median,
         "ci_low": s.ci_low,
         "ci_high": s.ci_high,
         "n": s.n,
         "level_req_s": g.level_req_s,
-        "share": level.get("share"),
-        "met": level.get("met"),
-        "of": level.get("of"),
+        "share": None if level is None else level.share,
+        "met": None if level is None else level.met,
+        "of": None if level is None else level.of,
     }
 
 
@@ -49,13 +49,13 @@ def _serve(r: TuneResult, i: int) -> dict[str, Any] | None:
         return None
     lv = g.level
     return {
-        "request_s": lv.get("request_s"),
-        "output_tok_s": lv.get("output_tok_s"),
-        "ttft_ms_p50": (lv.get("ttft_ms") or {}).get("p50"),
-        "itl_ms_p50": (lv.get("itl_ms") or {}).get("p50"),
-        "tpot_ms_p50": (lv.get("tpot_ms") or {}).get("p50"),
-        "ok": lv.get("ok"),
-        "requests": lv.get("requests"),
+        "request_s": lv.request_s,
+        "output_tok_s": lv.output_tok_s,
+        "ttft_ms_p50": lv.ttft_ms.p50,
+        "itl_ms_p50": lv.itl_ms.p50,
+        "tpot_ms_p50": lv.tpot_ms.p50,
+        "ok": lv.ok,
+        "requests": lv.requests,
     }
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from moetune.bench.analysis.serve import LOAD, SERVICE, SHARED, request_figures, request_metrics, summarize_level
+from moetune.bench.analysis.serve import LOAD, SERVICE, SHARED, level_summary, request_figures, request_metrics
 from moetune.errors import InputError
 
 PREFIX = "weighted:"
@@ -240,15 +240,16 @@ def figures(samples: Sequence[Mapping[str, Any]], w: Weighted, concurrency: Mapp
             vals = [v for s in mine if (f := request_figures(request_metrics(s))) and (v := f.families().get(fam))]
             out[t] = Figure(value=float(np.median(vals)) if vals else None, spread=tuple(vals), n=len(vals))
             continue
-        level = summarize_level(mine, slo or None) if mine else {}
+        level = level_summary(mine, slo or None) if mine else None
         c = concurrency.get(t.service, 1)
-        span = level.get("duration_s")
+        span = None if level is None else level.duration_s
+        ok = level is not None and level.ok > 0
         if t.metric == "goodput":
-            value = (level.get("goodput") or {}).get("req_s") if level.get("ok") else None
+            value = level.goodput.req_s if ok and level is not None and level.goodput is not None else None
             good = window_rates(mine, c, lambda m: float(_met(m, slo)))
             out[t] = Figure(value=value, spread=tuple(good), floor=0.5 / span if span else 0.0, n=len(mine))
         else:
-            value = level.get("output_tok_s") if level.get("ok") else None
+            value = level.output_tok_s if ok and level is not None else None
             toks = window_rates(mine, c, lambda m: float(m.output_tokens) if m.ok else 0.0)
             out[t] = Figure(value=value, spread=tuple(toks), n=len(mine))
     return out
@@ -257,7 +258,7 @@ def figures(samples: Sequence[Mapping[str, Any]], w: Weighted, concurrency: Mapp
 def _met(m: Any, slo: Mapping[str, float]) -> bool:
     from moetune.bench.analysis.slo import goodput
 
-    return bool(goodput([m], slo, None)["met"] == 1)
+    return bool(goodput([m], slo, None).met == 1)
 
 
 # ---- the score -----------------------------------------------------------------------------------

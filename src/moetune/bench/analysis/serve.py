@@ -31,10 +31,11 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from moetune.bench.analysis.level_summary import LevelSummary, Percentiles, PromptTokenError, Slowest
 from moetune.bench.analysis.slo import goodput
 from moetune.bench.analysis.stats import MetricSamples
 
@@ -130,23 +131,46 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def event_times(tok: list[list[Any]], server: list[float | None] | None = None) -> list[float]:
+class TokenEvent(NamedTuple):
+    """One streamed event of a request, as its figures read it (stored as a list: :func:`token_event`)."""
+
+    t: float  # when it arrived (the kernel's receive time of the read that brought it)
+    tokens: int  # the new tokens it brought
+    content: int  # the content characters it carried
+    reasoning: int  # the reasoning characters it carried
+    server_ms: float | None = None  # the server's clock (llama-server's ``timings.predicted_ms``)
+    earliest: float | None = None  # the earliest it can have arrived (< t: read late, with later events)
+
+
+_make_event = TokenEvent._make
+
+
+def token_event(c: Sequence[Any]) -> TokenEvent:
+    """The one reader of a stored event: ``[t, tokens, content chars, reasoning chars, server ms,
+    earliest t]`` (:class:`moetune.bench.serve.request.RequestRecord`); events of older runs lack
+    the last two fields, which read as None, as do values that are not finite numbers."""
+    n = len(c)
+    # _make: a long run reads tens of millions of events, and keywords cost twice the time
+    return _make_event((c[0], c[1], c[2], c[3], _num(c[4]) if n > 4 else None, _num(c[5]) if n > 5 else None))
+
+
+def event_times(tok: Sequence[TokenEvent], server: Sequence[float | None] | None = None) -> list[float]:
     """Each token event's arrival time. Events read together share the kernel's time of the last
-    of them; they arrived between the read's earliest time (6th field, or the previous event)
+    of them; they arrived between the read's earliest time (``earliest``, or the previous event)
     and that time. They are placed in that interval by the server's own clock when every one of
     them carries it (llama-server's ``timings.predicted_ms``), else evenly. When the client read
     at once, the interval is empty and they all keep the read's time. ``server``: each event's
     server time (ms), when the caller has them already."""
     if server is None:
-        server = _server_ms(tok)
+        server = [e.server_ms for e in tok]
     out: list[float] = []
     i = 0
     while i < len(tok):
-        t = float(tok[i][0])
+        t = float(tok[i].t)
         j = i
-        while j + 1 < len(tok) and tok[j + 1][0] == tok[i][0]:
+        while j + 1 < len(tok) and tok[j + 1].t == tok[i].t:
             j += 1
-        earliest = _num(tok[i][5]) if len(tok[i]) > 5 else None
+        earliest = tok[i].earliest
         lo = t if earliest is None else earliest
         if out:
             lo = max(lo, out[-1])
@@ -162,37 +186,32 @@ def event_times(tok: list[list[Any]], server: list[float | None] | None = None) 
     return out
 
 
-def _server_ms(tok: list[list[Any]]) -> list[float | None]:
-    """Each token event's server time (``timings.predicted_ms``, 5th field), where it has one."""
-    return [_num(c[4]) if len(c) > 4 else None for c in tok]
-
-
 def request_metrics(s: dict[str, Any]) -> RequestMetrics:
     t_send = _num(s.get("t_send"))
     t_end = _num(s.get("t_end"))
     t_sched = _num(s.get("t_sched"))
     t_slot = _num(s.get("t_slot"))
-    chunks = [c for c in s.get("chunks") or [] if c[1] > 0 or c[2] > 0 or c[3] > 0]
-    tok = [c for c in chunks if c[1] > 0]  # events that brought new tokens
-    server_ms = _server_ms(tok)
+    chunks = [e for e in map(token_event, s.get("chunks") or []) if e.tokens > 0 or e.content > 0 or e.reasoning > 0]
+    tok = [e for e in chunks if e.tokens > 0]  # events that brought new tokens
+    server_ms = [e.server_ms for e in tok]
     times = event_times(tok, server_ms)
-    first = times[0] if times else (chunks[0][0] if chunks else None)
+    first = times[0] if times else (chunks[0].t if chunks else None)
     ttft = first - t_send if first is not None and t_send is not None else None
-    ttfc = next((c[0] - t_send for c in chunks if c[2] > 0), None) if t_send is not None else None
-    counted = sum(int(c[1]) for c in tok)
+    ttfc = next((e.t - t_send for e in chunks if e.content > 0), None) if t_send is not None else None
+    counted = sum(int(e.tokens) for e in tok)
     usage = s.get("usage") or {}
     reported = usage.get("completion_tokens")
     itl_known = s.get("count_source") in ("timings", "usage") or not isinstance(reported, int) or reported == counted
     itl: list[float] = []
-    for (a, b), c in zip(itertools.pairwise(times), tok[1:], strict=True):
-        itl.extend([(b - a) / int(c[1])] * int(c[1]))
+    for (a, b), e in zip(itertools.pairwise(times), tok[1:], strict=True):
+        itl.extend([(b - a) / int(e.tokens)] * int(e.tokens))
     if not itl_known:
         itl = []
     server_itl: list[float] = []
-    for (ms0, ms1), cur in zip(itertools.pairwise(server_ms), tok[1:], strict=True):
+    for (ms0, ms1), e in zip(itertools.pairwise(server_ms), tok[1:], strict=True):
         if ms0 is not None and ms1 is not None:
-            server_itl.extend([(ms1 - ms0) / 1000 / int(cur[1])] * int(cur[1]))
-    reasoning = sum(int(c[1]) for c in tok if c[3] > 0 and c[2] == 0)
+            server_itl.extend([(ms1 - ms0) / 1000 / int(e.tokens)] * int(e.tokens))
+    reasoning = sum(int(e.tokens) for e in tok if e.reasoning > 0 and e.content == 0)
     out_tokens: int = reported if isinstance(reported, int) else counted
     tpot = (times[-1] - times[0]) / (out_tokens - 1) if len(times) > 1 and out_tokens > 1 else None
     timings = s.get("timings") or {}
@@ -241,7 +260,7 @@ def _rate(times: Iterable[float | None]) -> float | None:
     return round((len(ts) - 1) / (ts[-1] - ts[0]), 4) if len(ts) > 2 and ts[-1] > ts[0] else None
 
 
-def slowest(samples: Sequence[dict[str, Any]], ms: Sequence[RequestMetrics]) -> dict[str, Any] | None:
+def slowest(samples: Sequence[Mapping[str, Any]], ms: Sequence[RequestMetrics]) -> Slowest | None:
     """The successful request that took longest end to end, with what tells a stall from a long answer,
     and how many requests took :data:`SLOW_FACTOR` times the median or more (``outliers``)."""
     done = [(m.e2e_s, i) for i, m in enumerate(ms) if m.ok and m.e2e_s is not None]
@@ -251,17 +270,17 @@ def slowest(samples: Sequence[dict[str, Any]], ms: Sequence[RequestMetrics]) -> 
     m = ms[i]
     p50 = float(np.median([e for e, _ in done]))
     outliers = sum(1 for e, _ in done if e >= SLOW_FACTOR * p50 and (e - p50) * 1000 >= SLOW_MIN_MS)
-    return {
-        "index": samples[i].get("index"),
-        "e2e_ms": round(e2e * 1000, 3),
-        "outliers": outliers,
-        "ttft_ms": None if m.ttft_s is None else round(m.ttft_s * 1000, 3),
-        "output_tokens": m.output_tokens,
-        "median_output_tokens": float(np.median([x.output_tokens for x in ms if x.ok])),
-    }
+    return Slowest(
+        index=samples[i].get("index"),
+        e2e_ms=round(e2e * 1000, 3),
+        outliers=outliers,
+        ttft_ms=None if m.ttft_s is None else round(m.ttft_s * 1000, 3),
+        output_tokens=m.output_tokens,
+        median_output_tokens=float(np.median([x.output_tokens for x in ms if x.ok])),
+    )
 
 
-def prompt_token_error(ms: Sequence[RequestMetrics]) -> dict[str, Any] | None:
+def prompt_token_error(ms: Sequence[RequestMetrics]) -> PromptTokenError | None:
     """How far the prompt lengths a local tokenizer predicted (serve-bench ``--tokenizer``) were from
     the server's ``usage.prompt_tokens``, over the requests with both: the mean and largest error per
     request and the bias of the total, in percent of the server's count. None without predictions."""
@@ -274,13 +293,13 @@ def prompt_token_error(ms: Sequence[RequestMetrics]) -> dict[str, Any] | None:
         return None
     errors = [100 * abs(p - s) / s for p, s in pairs]
     served = sum(s for _, s in pairs)
-    return {
-        "requests": len(pairs),
-        "mismatched": sum(1 for p, s in pairs if p != s),
-        "mean_pct": round(sum(errors) / len(errors), 3),
-        "max_pct": round(max(errors), 3),
-        "bias_pct": round(100 * (sum(p for p, _ in pairs) - served) / served, 3),
-    }
+    return PromptTokenError(
+        requests=len(pairs),
+        mismatched=sum(1 for p, s in pairs if p != s),
+        mean_pct=round(sum(errors) / len(errors), 3),
+        max_pct=round(max(errors), 3),
+        bias_pct=round(100 * (sum(p for p, _ in pairs) - served) / served, 3),
+    )
 
 
 def level_span(samples: Sequence[dict[str, Any]]) -> float | None:
@@ -324,12 +343,12 @@ class LevelFigures:
         self.ms.append(_gaps_taken(m or request_metrics(s), self.itl, self.server_itl))
         self.heads.append({k: s.get(k) for k in _HEAD})
 
-    def summary(self, slo: Mapping[str, float] | None = None) -> dict[str, Any]:
-        """The figures (:func:`summarize_level`)."""
+    def summary(self, slo: Mapping[str, float] | None = None) -> LevelSummary:
+        """The figures (:func:`level_summary`)."""
         return _summary(self.ms, self.heads, self.itl, self.server_itl, slo)
 
 
-def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> dict[str, Any]:
+def level_summary(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> LevelSummary:
     """One load level's figures from its raw samples (all of one concurrency and rate), read once.
 
     Open-loop levels add ``offered_request_s`` (the rate requests came due at) and
@@ -341,6 +360,11 @@ def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] 
     for s in samples:
         f.add(s)
     return f.summary(slo)
+
+
+def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """:func:`level_summary` as the document ``serve-bench --json`` prints (:meth:`LevelSummary.to_json`)."""
+    return level_summary(samples, slo).to_json()
 
 
 def level_figures(
@@ -361,14 +385,28 @@ def level_figures(
     return levels
 
 
+def level_summaries(
+    samples: Iterable[dict[str, Any]],
+    slo: Mapping[str, float] | None = None,
+    *,
+    tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
+) -> list[LevelSummary]:
+    """Every level's figures (:func:`level_figures`, :func:`level_summary`)."""
+    return [f.summary(slo) for f in level_figures(samples, tap=tap).values()]
+
+
 def summarize_levels(
     samples: Iterable[dict[str, Any]],
     slo: Mapping[str, float] | None = None,
     *,
     tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every level's figures (:func:`level_figures`, :func:`summarize_level`)."""
-    return [f.summary(slo) for f in level_figures(samples, tap=tap).values()]
+    """:func:`level_summaries` as documents (:meth:`LevelSummary.to_json`)."""
+    return [lv.to_json() for lv in level_summaries(samples, slo, tap=tap)]
+
+
+def _percentiles(values_s: Iterable[float | None]) -> Percentiles:
+    return Percentiles(**percentiles_ms(values_s))
 
 
 def _summary(
@@ -377,7 +415,7 @@ def _summary(
     itl: array[float],
     server_itl: array[float],
     slo: Mapping[str, float] | None,
-) -> dict[str, Any]:
+) -> LevelSummary:
     ok = [m for m in ms if m.ok]
     starts = [_num(s.get("t_sched")) for s in heads]
     ends = [_num(s.get("t_end")) for s in heads]
@@ -386,43 +424,43 @@ def _summary(
     first = heads[0] if heads else {}
     open_loop = bool(first.get("rate"))
     inputs = [n for m in ms if (n := m.input_tokens) is not None]
-    return {
-        **({SERVICE: first[SERVICE], LOAD: first.get(LOAD)} if first.get(SERVICE) else {}),
-        "concurrency": int(first.get("concurrency") or 0),
-        "rate": first.get("rate"),
-        "requests": len(ms),
-        "ok": len(ok),
-        "errors": dict(sorted(Counter(m.error for m in ms if m.error is not None).items())),
-        "duration_s": round(span, 4) if span else None,
-        "ttft_ms": percentiles_ms(m.ttft_s for m in ok),
-        "ttfc_ms": percentiles_ms(m.ttfc_s for m in ok),
-        "itl_ms": percentiles_ms(itl),
-        "server_itl_ms": percentiles_ms(server_itl),
-        "tpot_ms": percentiles_ms(m.tpot_s for m in ok),
-        "e2e_ms": percentiles_ms(m.e2e_s for m in ok),
-        "latency_ms": percentiles_ms(m.latency_s for m in ms if m.latency_s is not None),
-        "slot_wait_ms": percentiles_ms(m.slot_wait_s for m in ms),
-        "server_wait_ms": percentiles_ms(m.server_wait_s for m in ok),
-        "output_tokens": out_tokens,
-        "reasoning_tokens": sum(m.reasoning_tokens for m in ok),
-        "output_tok_s": round(out_tokens / span, 3) if span else None,
-        "request_s": round(len(ok) / span, 4) if span else None,
-        "goodput": goodput(ms, slo, span) if slo else None,
-        "offered_request_s": _rate(starts) if open_loop else None,
-        "completed_request_s": _rate(e for e, m in zip(ends, ms, strict=True) if m.ok) if open_loop else None,
-        "slowest": slowest(heads, ms),
-        "prompt_tokens_mean": round(sum(inputs) / len(inputs), 1) if inputs else None,
-        "prompt_token_mismatches": sum(
+    return LevelSummary(
+        service=first[SERVICE] if first.get(SERVICE) else None,
+        load=first.get(LOAD) if first.get(SERVICE) else None,
+        concurrency=int(first.get("concurrency") or 0),
+        rate=first.get("rate"),
+        requests=len(ms),
+        ok=len(ok),
+        errors=dict(sorted(Counter(m.error for m in ms if m.error is not None).items())),
+        duration_s=round(span, 4) if span else None,
+        ttft_ms=_percentiles(m.ttft_s for m in ok),
+        ttfc_ms=_percentiles(m.ttfc_s for m in ok),
+        itl_ms=_percentiles(itl),
+        server_itl_ms=_percentiles(server_itl),
+        tpot_ms=_percentiles(m.tpot_s for m in ok),
+        e2e_ms=_percentiles(m.e2e_s for m in ok),
+        latency_ms=_percentiles(m.latency_s for m in ms if m.latency_s is not None),
+        slot_wait_ms=_percentiles(m.slot_wait_s for m in ms),
+        server_wait_ms=_percentiles(m.server_wait_s for m in ok),
+        output_tokens=out_tokens,
+        reasoning_tokens=sum(m.reasoning_tokens for m in ok),
+        output_tok_s=round(out_tokens / span, 3) if span else None,
+        request_s=round(len(ok) / span, 4) if span else None,
+        goodput=goodput(ms, slo, span) if slo else None,
+        offered_request_s=_rate(starts) if open_loop else None,
+        completed_request_s=_rate(e for e, m in zip(ends, ms, strict=True) if m.ok) if open_loop else None,
+        slowest=slowest(heads, ms),
+        prompt_tokens_mean=round(sum(inputs) / len(inputs), 1) if inputs else None,
+        prompt_token_mismatches=sum(
             1 for m in ok if m.prompt_tokens is not None and m.server_prompt_tokens not in (None, m.prompt_tokens)
         ),
-        "prompt_token_error": prompt_token_error(ok),
-        "itl_unknown": sum(1 for m in ok if not m.itl_known),
-        "no_usage": sum(1 for m in ok if not m.usage),
-        "cached_tokens": sum(m.cached_tokens for m in ok),
-        "short_outputs": sum(1 for m in ok if m.max_tokens and m.output_tokens < m.max_tokens),
-        "retries": sum(m.retries for m in ms),
-        "warnings": [],
-    }
+        prompt_token_error=prompt_token_error(ok),
+        itl_unknown=sum(1 for m in ok if not m.itl_known),
+        no_usage=sum(1 for m in ok if not m.usage),
+        cached_tokens=sum(m.cached_tokens for m in ok),
+        short_outputs=sum(1 for m in ok if m.max_tokens and m.output_tokens < m.max_tokens),
+        retries=sum(m.retries for m in ms),
+    )
 
 
 def level_of(s: Mapping[str, Any]) -> tuple[int, Any]:

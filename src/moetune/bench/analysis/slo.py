@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
+from moetune.bench.analysis.level_summary import LevelGoodput
 from moetune.errors import InputError
 
 
@@ -109,7 +110,7 @@ def request_values(m: RequestMetrics) -> dict[str, float | None]:
     }
 
 
-def goodput(ms: Sequence[RequestMetrics], slo: Mapping[str, float], span_s: float | None) -> dict[str, Any]:
+def goodput(ms: Sequence[RequestMetrics], slo: Mapping[str, float], span_s: float | None) -> LevelGoodput:
     """One level's goodput: ``share`` (met / of), ``req_s`` (met / span), ``met``, ``of``, the
     targets, and for each target how many successful requests ``missed`` it; ``failed`` and
     ``unknown`` (successful requests a target could not judge) count as not met."""
@@ -126,16 +127,16 @@ def goodput(ms: Sequence[RequestMetrics], slo: Mapping[str, float], span_s: floa
         unknown += any(v is None for v in judged)
         met += not over and all(v is not None for v in judged)
     n = len(ms)
-    return {
-        "share": round(met / n, 4) if n else None,
-        "req_s": round(met / span_s, 4) if span_s else None,
-        "slo": dict(slo),
-        "met": met,
-        "of": n,
-        "missed": missed,
-        "failed": sum(1 for m in ms if not m.ok),
-        "unknown": unknown,
-    }
+    return LevelGoodput(
+        share=round(met / n, 4) if n else None,
+        req_s=round(met / span_s, 4) if span_s else None,
+        slo=dict(slo),
+        met=met,
+        of=n,
+        missed=missed,
+        failed=sum(1 for m in ms if not m.ok),
+        unknown=unknown,
+    )
 
 
 def wilson(met: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:

@@ -13,11 +13,13 @@ known, and from the numbers (the signature against the lowest level) when it is 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from moetune.bench.analysis import single as m
+from moetune.bench.analysis.level_summary import LevelSummary
 from moetune.bench.analysis.serve import SLOW_FACTOR
 from moetune.bench.analysis.stats import MetricSamples, cv, first_run_slower, median, outliers
 from moetune.store.record import ServerInfo
@@ -286,22 +288,22 @@ def bench_warnings(samples: list[dict[str, Any]]) -> list[Warning]:
 # -- serving runs ---------------------------------------------------------------------------
 
 
-def _p(level: dict[str, Any], metric: str, q: str = "p50") -> float | None:
-    v = (level.get(metric) or {}).get(q)
-    return float(v) if isinstance(v, int | float) else None
-
-
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def queueing_signature(level: dict[str, Any], base: dict[str, Any]) -> str | None:
+def queueing_signature(level: Mapping[str, Any], base: Mapping[str, Any]) -> str | None:
+    """The numbers of queueing against a lower level (stored levels: :func:`_queueing`)."""
+    return _queueing(LevelSummary.from_json(level), LevelSummary.from_json(base))
+
+
+def _queueing(level: LevelSummary, base: LevelSummary) -> str | None:
     """The numbers of queueing against a lower level: TTFT up at least 2x, throughput about the
     same (not down by more than 20%, up by less than half the added concurrency), ITL within 20-25%."""
-    c, c0 = level["concurrency"], base["concurrency"]
-    ttft = _ratio(_p(level, "ttft_ms"), _p(base, "ttft_ms"))
-    tput = _ratio(level.get("output_tok_s"), base.get("output_tok_s"))
-    itl = _ratio(_p(level, "itl_ms"), _p(base, "itl_ms"))
+    c, c0 = level.concurrency, base.concurrency
+    ttft = _ratio(level.ttft_ms.p50, base.ttft_ms.p50)
+    tput = _ratio(level.output_tok_s, base.output_tok_s)
+    itl = _ratio(level.itl_ms.p50, base.itl_ms.p50)
     if c <= c0 or ttft is None or tput is None or itl is None:
         return None
     if ttft >= 2 and 0.8 <= tput < 1 + 0.5 * (c / c0 - 1) and 0.8 <= itl <= 1.25:
@@ -313,12 +315,24 @@ def queueing_signature(level: dict[str, Any], base: dict[str, Any]) -> str | Non
 
 
 def level_warnings(
-    level: dict[str, Any], *, slots: int | None, base: dict[str, Any] | None, prefix_cache: bool
+    level: Mapping[str, Any], *, slots: int | None, base: Mapping[str, Any] | None, prefix_cache: bool
+) -> list[Warning]:
+    """A stored level's warnings (``base``: the run's lowest level, to tell queueing from batching)."""
+    return _level_warnings(
+        LevelSummary.from_json(level),
+        slots=slots,
+        base=None if base is None else LevelSummary.from_json(base),
+        prefix_cache=prefix_cache,
+    )
+
+
+def _level_warnings(
+    level: LevelSummary, *, slots: int | None, base: LevelSummary | None, prefix_cache: bool
 ) -> list[Warning]:
     out: list[Warning] = []
-    c = level["concurrency"]
-    signature = queueing_signature(level, base) if base is not None else None
-    ttft, wait = _p(level, "ttft_ms"), _p(level, "server_wait_ms")
+    c = level.concurrency
+    signature = _queueing(level, base) if base is not None else None
+    ttft, wait = level.ttft_ms.p50, level.server_wait_ms.p50
     evidence = f"TTFT p50 {ttft:.0f} ms" if ttft is not None else ""
     if evidence and wait is not None:
         evidence += f", of which {max(wait, 0):.0f} ms before the server started the prompt"
@@ -351,41 +365,41 @@ def level_warnings(
     slow = _latency_outlier(level)
     if slow is not None:
         out.append(slow)
-    errors: dict[str, int] = level.get("errors") or {}
+    errors = dict(level.errors)
     if errors:
         n = sum(errors.values())
         kinds = ", ".join(f"{k} x{v}" for k, v in errors.items())
         out.append(
             Warning(
                 Code.ERRORS,
-                f"c={c}: {n} of {level['requests']} requests failed ({kinds}); they are kept "
+                f"c={c}: {n} of {level.requests} requests failed ({kinds}); they are kept "
                 "as samples and left out of the latency figures",
                 _error_remedy(errors),
             )
         )
-    if level.get("retries"):
+    if level.retries:
         out.append(
             Warning(
                 Code.RETRIES,
-                f"c={c}: {level['retries']} request(s) were sent again on a new connection: "
+                f"c={c}: {level.retries} request(s) were sent again on a new connection: "
                 "the server closed a kept-alive connection as it was reused; none was lost",
                 "nothing to do (llama-server closes a connection after each streamed response, and "
                 "idle ones after 5 s); TTFT counts from the attempt that was answered",
             )
         )
-    if level.get("cached_tokens") and not prefix_cache:
+    if level.cached_tokens and not prefix_cache:
         out.append(
             Warning(
                 Code.CACHE_HIT,
-                f"c={c}: {level['cached_tokens']} prompt tokens came from the server's prefix "
+                f"c={c}: {level.cached_tokens} prompt tokens came from the server's prefix "
                 "cache although every prompt was unique, so TTFT is lower than for a "
                 "cold prompt",
                 "check the server honours cache_prompt=false",
             )
         )
-    out_tok, reason = level.get("output_tokens") or 0, level.get("reasoning_tokens") or 0
+    out_tok, reason = level.output_tokens, level.reasoning_tokens
     if out_tok and reason > 0.5 * out_tok:
-        ttfc = _p(level, "ttfc_ms")
+        ttfc = level.ttfc_ms.p50
         out.append(
             Warning(
                 Code.THINKING,
@@ -395,18 +409,18 @@ def level_warnings(
                 "pass --thinking off to measure answers only, or read ttfc_ms",
             )
         )
-    if level.get("short_outputs"):
+    if level.short_outputs:
         out.append(
             Warning(
                 Code.SHORT_OUTPUT,
-                f"c={c}: {level['short_outputs']} request(s) produced fewer tokens than "
+                f"c={c}: {level.short_outputs} request(s) produced fewer tokens than "
                 "asked (a full slot context or a stop)",
                 "check prompt + output fits the per-slot context",
             )
         )
-    ok = level.get("ok", level["requests"])
-    if level.get("itl_unknown"):
-        n = level["itl_unknown"]
+    ok = level.ok
+    if level.itl_unknown:
+        n = level.itl_unknown
         out.append(
             Warning(
                 Code.ITL_UNKNOWN,
@@ -420,33 +434,33 @@ def level_warnings(
                 "timings per token",
             )
         )
-    if level.get("no_usage"):
+    if level.no_usage:
         out.append(
             Warning(
                 Code.NO_USAGE,
-                f"c={c}: {level['no_usage']} of {ok} responses carried no usage, so their "
+                f"c={c}: {level.no_usage} of {ok} responses carried no usage, so their "
                 "output tokens are counted as one per streamed chunk (an assumption)",
                 "use a server that honours stream_options.include_usage, or check the output lengths",
             )
         )
-    predicted = level.get("prompt_token_error")
-    if predicted:
-        if predicted["mean_pct"] > PREDICTED_ERROR_PCT:
+    predicted = level.prompt_token_error
+    if predicted is not None:
+        if predicted.mean_pct > PREDICTED_ERROR_PCT:
             out.append(
                 Warning(
                     Code.PROMPT_MISMATCH,
                     f"c={c}: the prompt lengths --tokenizer predicted were off by "
-                    f"{predicted['mean_pct']:.1f}% on average (at most {predicted['max_pct']:.1f}%, "
-                    f"{predicted['mismatched']} of {predicted['requests']} requests) from the server's "
+                    f"{predicted.mean_pct:.1f}% on average (at most {predicted.max_pct:.1f}%, "
+                    f"{predicted.mismatched} of {predicted.requests} requests) from the server's "
                     "usage.prompt_tokens; prompt_tokens_mean is the server's count",
                     "give the served model's own tokenizer.json, or drop --tokenizer to fit prompts by probe requests",
                 )
             )
-    elif level.get("prompt_token_mismatches"):
+    elif level.prompt_token_mismatches:
         out.append(
             Warning(
                 Code.PROMPT_MISMATCH,
-                f"c={c}: for {level['prompt_token_mismatches']} request(s) the server "
+                f"c={c}: for {level.prompt_token_mismatches} request(s) the server "
                 "counted a different prompt length than /tokenize gave",
                 "the chat template may depend on request fields; input lengths are approximate",
             )
@@ -454,14 +468,14 @@ def level_warnings(
     return [replace(w, subject=f"c={c}") for w in out]
 
 
-def over_capacity(level: dict[str, Any]) -> str | None:
+def over_capacity(level: LevelSummary) -> str | None:
     """The evidence that an open-loop level offered more requests than its streams complete: they
     finished clearly slower than they came due, or c / E2E p50 is below the rate."""
-    rate, c = level.get("rate"), level["concurrency"]
+    rate, c = level.rate, level.concurrency
     if not rate:
         return None
-    offered = level.get("offered_request_s") or float(rate)
-    done, e2e = level.get("completed_request_s"), _p(level, "e2e_ms")
+    offered = level.offered_request_s or float(rate)
+    done, e2e = level.completed_request_s, level.e2e_ms.p50
     capacity = c * 1000 / e2e if e2e else None
     evidence = []
     if done is not None and done < (1 - BEHIND_MARGIN) * offered:
@@ -471,15 +485,15 @@ def over_capacity(level: dict[str, Any]) -> str | None:
     return "; ".join(evidence) or None
 
 
-def _client_queue(level: dict[str, Any]) -> Warning | None:
-    c, sw = level["concurrency"], _p(level, "slot_wait_ms", "p90")
-    if not level.get("rate") or sw is None or sw <= CLIENT_WAIT_MS:
+def _client_queue(level: LevelSummary) -> Warning | None:
+    c, sw = level.concurrency, level.slot_wait_ms.p90
+    if not level.rate or sw is None or sw <= CLIENT_WAIT_MS:
         return None
-    evidence, e2e = over_capacity(level), _p(level, "e2e_ms")
+    evidence, e2e = over_capacity(level), level.e2e_ms.p50
     if evidence is not None:
         return Warning(
             Code.CLIENT_QUEUE,
-            f"c={c}: the offered rate {level['rate']}/s is more than {_streams(c)} "
+            f"c={c}: the offered rate {level.rate}/s is more than {_streams(c)} "
             f"complete ({evidence}): requests waited for a client slot (p90 {sw:.0f} ms), and "
             "latency_ms includes this queue",
             "lower --rate or raise --concurrency",
@@ -489,22 +503,21 @@ def _client_queue(level: dict[str, Any]) -> Warning | None:
             Code.CLIENT_QUEUE,
             f"c={c}: requests waited for a client slot in bursts (p90 {sw:.0f} ms, "
             f"{sw / e2e:.1f}x what a request takes, E2E p50 {e2e:.0f} ms), although {_streams(c)} keep up with "
-            f"{level['rate']}/s on average; latency_ms includes this queue",
+            f"{level.rate}/s on average; latency_ms includes this queue",
             "raise --concurrency to absorb bursts, or use --arrivals constant",
         )
     return None
 
 
-def _latency_outlier(level: dict[str, Any]) -> Warning | None:
-    c, sl, e2e = level["concurrency"], level.get("slowest") or {}, _p(level, "e2e_ms")
-    n = int(sl.get("outliers") or 0)
-    if not n or e2e is None:
+def _latency_outlier(level: LevelSummary) -> Warning | None:
+    c, sl, e2e = level.concurrency, level.slowest, level.e2e_ms.p50
+    if sl is None or not sl.outliers or e2e is None:
         return None
-    worst, ttft = float(sl["e2e_ms"]), sl.get("ttft_ms")
-    tokens, typical = sl.get("output_tokens"), sl.get("median_output_tokens")
+    n, worst, ttft = sl.outliers, float(sl.e2e_ms), sl.ttft_ms
+    tokens, typical = sl.output_tokens, sl.median_output_tokens
     msg = (
-        f"c={c}: {n} of {level.get('ok', level['requests'])} requests took {SLOW_FACTOR:g}x the E2E p50 or "
-        f"more: the slowest {_secs(worst)} against {_secs(e2e)} (request {sl.get('index')}, TTFT "
+        f"c={c}: {n} of {level.ok} requests took {SLOW_FACTOR:g}x the E2E p50 or "
+        f"more: the slowest {_secs(worst)} against {_secs(e2e)} (request {sl.index}, TTFT "
         f"{_secs(ttft) if ttft is not None else '?'}, {tokens} output tokens against {typical:g} on median); the "
         "mean and the tail percentiles carry it"
     )
@@ -621,11 +634,13 @@ def run_warnings(
 
 def annotate(levels: list[dict[str, Any]], *, slots: int | None, prefix_cache: bool) -> list[list[Warning]]:
     """Fill each level's ``warnings`` (message strings), ``notes`` and ``advice``; return the advice."""
-    base = min(levels, key=lambda lv: lv["concurrency"], default=None)
+    figures = [LevelSummary.from_json(lv) for lv in levels]
+    base = min(range(len(levels)), key=lambda i: figures[i].concurrency, default=None)
     out = []
-    for lv in levels:
+    for i, (lv, f) in enumerate(zip(levels, figures, strict=True)):
         lv_slots = (lv.get("server") or {}).get("slots", slots)  # a plan relaunched per level: its own
-        adv = level_warnings(lv, slots=lv_slots, base=base if base is not lv else None, prefix_cache=prefix_cache)
+        low = figures[base] if base is not None and base != i else None
+        adv = _level_warnings(f, slots=lv_slots, base=low, prefix_cache=prefix_cache)
         lv["warnings"] = [a.message for a in adv if not a.is_note]
         lv["notes"] = [a.message for a in adv if a.is_note]
         lv["advice"] = [a.to_json() for a in adv]

@@ -211,7 +211,7 @@ class Recorder:
             t_sent_s=rel(t_sent),
             t_headers_s=rel(relay.t_headers),
             t_first_chunk_s=rel(relay.t_first_chunk),
-            t_first_token_s=rel(rec.chunks[0][0] if rec.chunks else None),
+            t_first_token_s=rel(rec.events()[0].t if rec.chunks else None),
             t_end_s=t_end - self.t0,
             status=rec.status if relay.head is not None else (502 if relay.error else None),
             stream=stream,

@@ -157,7 +157,7 @@ class Relay:
         rec = self.rec
         if self.sse is not None:
             events = len(rec.chunks)
-            counted = sum(int(c[1] or 0) for c in rec.chunks)
+            counted = sum(int(e.tokens or 0) for e in rec.events())
             p, c, src = token_counts(rec.usage, rec.timings, counted)
             return p, c, src, True, events, rec.finish_reason
         doc: Any = None

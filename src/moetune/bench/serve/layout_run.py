@@ -29,7 +29,8 @@ from typing import Any
 
 from moetune import __version__
 from moetune.bench.analysis.layout import SHARED_PHASE, alone_phase, busy, contention
-from moetune.bench.analysis.serve import ALONE, LOAD, SERVICE, SHARED, summarize_levels
+from moetune.bench.analysis.level_summary import LevelSummary
+from moetune.bench.analysis.serve import ALONE, LOAD, SERVICE, SHARED, level_summaries
 from moetune.bench.analysis.warnings import Code, Warning, annotate, run_warnings
 from moetune.bench.http.client import StreamingHttp, connect
 from moetune.bench.http.clock import run as run_loop
@@ -312,14 +313,13 @@ def _levels(
 ) -> list[dict[str, Any]]:
     """The run's levels, per service (in the services' order) shared then alone, each annotated by
     its own server's slots."""
-    levels = summarize_levels(db.iter_samples(run_id), slo)
+    levels = level_summaries(db.iter_samples(run_id), slo)
     out: list[dict[str, Any]] = []
     for s in services:
         name = s.name
         info = s.info if isinstance(s, _Service) else s.server
-        mine = sorted((lv for lv in levels if lv.get(SERVICE) == name), key=lambda lv: lv.get(LOAD) != SHARED)
-        for lv in mine:
-            lv["server"] = info.to_json()
+        figures = sorted((lv for lv in levels if lv.service == name), key=lambda lv: lv.load != SHARED)
+        mine = [{**lv.to_json(), "server": info.to_json()} for lv in figures]
         wl = s.load.to_json() if isinstance(s, _Service) else dict(s.workload)
         annotate(
             mine,
@@ -346,20 +346,20 @@ def layout_figures(db: ResultsDB, run_id: int, names: list[str], levels: list[di
 
 def _throughput(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per service, output tokens/s and requests/s alone and shared (one figure a level: no interval)."""
-    by: dict[str, dict[str, dict[str, Any]]] = {}
-    for lv in levels:
-        by.setdefault(lv[SERVICE], {})[lv[LOAD]] = lv
+    by: dict[str | None, dict[str | None, LevelSummary]] = {}
+    for lv in map(LevelSummary.from_json, levels):
+        by.setdefault(lv.service, {})[lv.load] = lv
     out = []
     for name, d in by.items():
-        a, s = d.get(ALONE) or {}, d.get(SHARED) or {}
-        ta, ts = a.get("output_tok_s"), s.get("output_tok_s")
+        a, s = d.get(ALONE), d.get(SHARED)
+        ta, ts = (None if a is None else a.output_tok_s), (None if s is None else s.output_tok_s)
         out.append(
             {
                 "service": name,
                 "alone_output_tok_s": ta,
                 "shared_output_tok_s": ts,
-                "alone_request_s": a.get("request_s"),
-                "shared_request_s": s.get("request_s"),
+                "alone_request_s": None if a is None else a.request_s,
+                "shared_request_s": None if s is None else s.request_s,
                 "ratio": round(ts / ta, 4) if ta and ts is not None else None,
             }
         )

@@ -75,8 +75,9 @@ class LoadMeter:
         self.done += 1
         if rec.error is not None:
             self.errors += 1
-        arrivals = [float(c[0]) for c in rec.chunks if c[0] is not None and c[1]]
-        tokens = sum(int(c[1] or 0) for c in rec.chunks)
+        events = rec.events()
+        arrivals = [float(e.t) for e in events if e.t is not None and e.tokens]
+        tokens = sum(int(e.tokens or 0) for e in events)
         self.output_tokens += tokens
         if arrivals and rec.error is None:
             self._ttft.append(arrivals[0] - rec.t_sched)

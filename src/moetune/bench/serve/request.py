@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from moetune.bench.analysis.serve import TokenEvent, token_event
 from moetune.bench.http.client import RETRYABLE, StreamingHttp, sse_payloads
 
 CHAT_PATH = "/v1/chat/completions"
@@ -60,6 +61,10 @@ class RequestRecord:
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None  # the server's last timings object
     prompt_source: str | None = None  # "tokenizer": prompt_tokens was predicted by serve-bench --tokenizer
+
+    def events(self) -> list[TokenEvent]:
+        """Its stream events by name (``chunks`` read by :func:`token_event`)."""
+        return [token_event(c) for c in self.chunks]
 
     def to_sample(self) -> dict[str, Any]:
         d = asdict(self)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from moetune import __version__
-from moetune.bench.analysis.serve import RequestMetrics, summarize_level, summarize_levels
+from moetune.bench.analysis.level_summary import LevelGoodput, LevelSummary, PromptTokenError
+from moetune.bench.analysis.serve import RequestMetrics, level_summaries, level_summary
 from moetune.bench.analysis.sessions import is_session_sample, summarize_sessions
 from moetune.bench.analysis.warnings import Warning, annotate, run_warnings
 from moetune.bench.http.client import StreamingHttp, connect
@@ -189,34 +190,34 @@ async def level_prompts(
     return ([replace(p, source=SOURCE) for p in prompts] if predicted else prompts), skipped
 
 
-def _level_line(lv: dict[str, Any]) -> str:
-    def f(x: Any) -> str:
+def _level_line(lv: LevelSummary) -> str:
+    def f(x: float | None) -> str:
         return "-" if x is None else f"{x:.1f}"
 
-    errs = sum(lv["errors"].values())
+    errs = lv.error_count
     return (
-        f"c={lv['concurrency']}: {lv['ok']}/{lv['requests']} ok{f', {errs} errors' if errs else ''}, "
-        f"TTFT p50 {f(lv['ttft_ms']['p50'])} ms, ITL p50 {f(lv['itl_ms']['p50'])} ms, "
-        f"{f(lv['output_tok_s'])} tok/s ({f(lv['duration_s'])} s)"
-        + _goodput_part(lv.get("goodput"))
-        + _predicted_part(lv.get("prompt_token_error"))
+        f"c={lv.concurrency}: {lv.ok}/{lv.requests} ok{f', {errs} errors' if errs else ''}, "
+        f"TTFT p50 {f(lv.ttft_ms.p50)} ms, ITL p50 {f(lv.itl_ms.p50)} ms, "
+        f"{f(lv.output_tok_s)} tok/s ({f(lv.duration_s)} s)"
+        + _goodput_part(lv.goodput)
+        + _predicted_part(lv.prompt_token_error)
     )
 
 
-def _predicted_part(e: dict[str, Any] | None) -> str:
-    if not e:
+def _predicted_part(e: PromptTokenError | None) -> str:
+    if e is None:
         return ""
     return (
-        f", prompt lengths predicted within {e['mean_pct']:.2f}% of the server's (mean; max "
-        f"{e['max_pct']:.2f}%, {e['mismatched']} of {e['requests']} off)"
+        f", prompt lengths predicted within {e.mean_pct:.2f}% of the server's (mean; max "
+        f"{e.max_pct:.2f}%, {e.mismatched} of {e.requests} off)"
     )
 
 
-def _goodput_part(g: dict[str, Any] | None) -> str:
-    if not g:
+def _goodput_part(g: LevelGoodput | None) -> str:
+    if g is None:
         return ""
-    rate = "-" if g["req_s"] is None else f"{g['req_s']:.2f}"
-    return f", goodput {g['met']}/{g['of']} met the targets, {rate} req/s"
+    rate = "-" if g.req_s is None else f"{g.req_s:.2f}"
+    return f", goodput {g.met}/{g.of} met the targets, {rate} req/s"
 
 
 @dataclass
@@ -304,10 +305,10 @@ def _gone_message(gone: ServerGone, concurrency: int, source: ServerSource) -> s
     return f"{msg}; {note}" if note else msg
 
 
-def _stored_level(run: _Run, db: ResultsDB, first_seq: int, slo: dict[str, float] | None) -> dict[str, Any]:
+def _stored_level(run: _Run, db: ResultsDB, first_seq: int, slo: dict[str, float] | None) -> LevelSummary:
     """The figures of the level whose samples are stored from ``first_seq`` on, once all are stored."""
     run.writer.flush()
-    return summarize_level(db.iter_samples(run.run_id, "measure", from_seq=first_seq), slo)
+    return level_summary(db.iter_samples(run.run_id, "measure", from_seq=first_seq), slo)
 
 
 async def _connect(spec: ServeBenchSpec, url: str) -> tuple[StreamingHttp, ServerInfo]:
@@ -384,15 +385,13 @@ async def _bench(
                     keep=False,
                 )
             except ServerGone as gone:
-                level = _stored_level(run, db, before, spec.slo)
-                level["stopped"] = str(gone)
-                levels.append(level)
+                stopped = _stored_level(run, db, before, spec.slo)
+                levels.append({**stopped.to_json(), "stopped": str(gone)})
                 error = _gone_message(gone, c, source)
                 log(error)
                 raise RuntimeFailure(error, hint=gone.hint) from None
             level = _stored_level(run, db, before, spec.slo)
-            level["server"] = {**info.to_json(), **source.level_info(c)}
-            levels.append(level)
+            levels.append({**level.to_json(), "server": {**info.to_json(), **source.level_info(c)}})
             log(_level_line(level))
         status = RunStatus.DONE
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -475,10 +474,11 @@ def stored_report(
                 turns.append(s)
             yield s
 
-    levels = summarize_levels(stream(), slo, tap=tap)
+    figures = level_summaries(stream(), slo, tap=tap)
     stored = {(lv["concurrency"], lv["rate"]): lv for lv in (run.summary or {}).get("levels", [])}
-    for lv in levels:
-        lv["server"] = stored.get((lv["concurrency"], lv["rate"]), {}).get("server", server)
+    levels = [
+        {**lv.to_json(), "server": stored.get((lv.concurrency, lv.rate), {}).get("server", server)} for lv in figures
+    ]
     annotate(
         levels,
         slots=m.server.slots if m.server else None,
@@ -488,7 +488,7 @@ def stored_report(
     sessions = None
     if ss:
         sessions = summarize_sessions(turns, ss, slots=m.server.slots if m.server else None)
-    return report_doc(run, levels, advice, samples=sum(lv["requests"] for lv in levels), slo=slo, sessions=sessions)
+    return report_doc(run, levels, advice, samples=sum(lv.requests for lv in figures), slo=slo, sessions=sessions)
 
 
 def report_doc(

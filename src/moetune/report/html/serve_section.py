@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from moetune.bench.analysis.level_summary import LevelSummary, Percentiles
 from moetune.kinds import RunKind
 from moetune.report.html.data import RunReport
 from moetune.report.html.markup import esc, note, table
@@ -15,23 +16,29 @@ PCTS = ("p50", "p90", "p99")
 PCT_COLORS = dict(zip(PCTS, (PALETTE[0], PALETTE[1], PALETTE[3]), strict=True))
 
 
-def _axis(levels: Sequence[Mapping[str, Any]]) -> tuple[list[float], str]:
+def _axis(levels: Sequence[LevelSummary]) -> tuple[list[float], str]:
     """The x of each level: its offered rate when every level is open-loop, else its concurrency."""
-    if levels and all(lv.get("rate") for lv in levels):
-        return [float(lv["rate"]) for lv in levels], "offered load (requests/s)"
-    return [float(lv.get("concurrency") or 0) for lv in levels], "concurrency (streams)"
+    if levels and all(lv.rate for lv in levels):
+        return [float(lv.rate or 0) for lv in levels], "offered load (requests/s)"
+    return [float(lv.concurrency) for lv in levels], "concurrency (streams)"
 
 
-def _pct_series(levels: Sequence[Mapping[str, Any]], xs: Sequence[float], key: str) -> list[Series]:
+def _pcts(p: Percentiles) -> tuple[float | None, float | None, float | None]:
+    """p50, p90, p99 (:data:`PCTS`)."""
+    return p.p50, p.p90, p.p99
+
+
+def _pct_series(xs: Sequence[float], values: Sequence[Percentiles]) -> list[Series]:
     out = []
-    for p in PCTS:
-        pts = tuple((x, (lv.get(key) or {}).get(p)) for x, lv in zip(xs, levels, strict=True))
+    for i, p in enumerate(PCTS):
+        pts = tuple((x, _pcts(v)[i]) for x, v in zip(xs, values, strict=True))
         if any(y is not None for _, y in pts):
             out.append(Series(f"{p}", pts, PCT_COLORS[p], dash=p != "p50", unit="ms"))
     return out
 
 
-def level_charts(levels: Sequence[Mapping[str, Any]]) -> str:
+def level_charts(docs: Sequence[Mapping[str, Any]]) -> str:
+    levels = [LevelSummary.from_json(d) for d in docs]
     xs, x_label = _axis(levels)
     ticks = sorted(set(xs))  # a tick at every level measured
     log = bool(ticks) and ticks[0] > 0 and ticks[-1] / ticks[0] >= 8  # 1, 2, 4 … 64 evenly spaced
@@ -51,47 +58,47 @@ def level_charts(levels: Sequence[Mapping[str, Any]]) -> str:
             legend(series),
         )
 
-    def per_level(key: str) -> tuple[tuple[float, float | None], ...]:
-        return tuple((x, lv.get(key)) for x, lv in zip(xs, levels, strict=True))
+    def per_level(values: Sequence[float | None]) -> tuple[tuple[float, float | None], ...]:
+        return tuple(zip(xs, values, strict=True))
 
+    pcts = (
+        ("TTFT", "Time to first token", [lv.ttft_ms for lv in levels]),
+        ("ITL", "Inter-token latency", [lv.itl_ms for lv in levels]),
+    )
     charts = [
-        chart(f"{what} (percentiles)", series, f"{key.split('_')[0].upper()} (ms)")
-        for key, what in (("ttft_ms", "Time to first token"), ("itl_ms", "Inter-token latency"))
-        if (series := _pct_series(levels, xs, key))
+        chart(f"{what} (percentiles)", series, f"{name} (ms)")
+        for name, what, values in pcts
+        if (series := _pct_series(xs, values))
     ]
     charts.append(
         chart(
             "Throughput: output tokens",
-            [Series("output tokens/s", per_level("output_tok_s"), PALETTE[2], unit="tokens/s")],
+            [Series("output tokens/s", per_level([lv.output_tok_s for lv in levels]), PALETTE[2], unit="tokens/s")],
             "output (tokens/s)",
         )
     )
-    reqs = [Series("requests/s completed", per_level("request_s"), PALETTE[4], unit="requests/s")]
-    good = tuple((x, (lv.get("goodput") or {}).get("req_s")) for x, lv in zip(xs, levels, strict=True))
+    reqs = [Series("requests/s completed", per_level([lv.request_s for lv in levels]), PALETTE[4], unit="requests/s")]
+    good = per_level([None if lv.goodput is None else lv.goodput.req_s for lv in levels])
     if any(y is not None for _, y in good):
         reqs.append(Series("goodput (met every target), requests/s", good, PALETTE[6], dash=True, unit="requests/s"))
     charts.append(chart("Throughput: requests", reqs, "requests/s"))
     return f'<div class="charts">{"".join(charts)}</div>'
 
 
-def levels_table(levels: Sequence[Mapping[str, Any]]) -> str:
-    def p(lv: Mapping[str, Any], key: str) -> list[float | None]:
-        d = lv.get(key) or {}
-        return [d.get(q) for q in PCTS]
-
+def levels_table(docs: Sequence[Mapping[str, Any]]) -> str:
     rows = []
-    for lv in levels:
-        errs = ", ".join(f"{k} {v}" for k, v in (lv.get("errors") or {}).items()) or None
-        gp = lv.get("goodput") or {}
+    for lv in map(LevelSummary.from_json, docs):
+        errs = ", ".join(f"{k} {v}" for k, v in lv.errors.items()) or None
+        share = None if lv.goodput is None else lv.goodput.share
         rows.append(
             [
-                f"c={lv.get('concurrency')}" + (f" @{lv['rate']}/s" if lv.get("rate") else ""),
-                f"{lv.get('ok')}/{lv.get('requests')}",
-                *p(lv, "ttft_ms"),
-                *p(lv, "itl_ms"),
-                lv.get("output_tok_s"),
-                lv.get("request_s"),
-                None if gp.get("share") is None else f"{gp['share'] * 100:.0f}%",
+                f"c={lv.concurrency}" + (f" @{lv.rate}/s" if lv.rate else ""),
+                f"{lv.ok}/{lv.requests}",
+                *_pcts(lv.ttft_ms),
+                *_pcts(lv.itl_ms),
+                lv.output_tok_s,
+                lv.request_s,
+                None if share is None else f"{share * 100:.0f}%",
                 errs,
             ]
         )
@@ -179,15 +186,17 @@ def layout_block(doc: Mapping[str, Any]) -> str:
     )
     rows = [
         [
-            lv.get("service"),
-            lv.get("load"),
-            lv.get("concurrency"),
-            f"{lv.get('ok')}/{lv.get('requests')}",
-            *((lv.get(k) or {}).get("p50") for k in ("ttft_ms", "itl_ms", "tpot_ms")),
-            lv.get("output_tok_s"),
-            lv.get("request_s"),
+            lv.service,
+            lv.load,
+            lv.concurrency,
+            f"{lv.ok}/{lv.requests}",
+            lv.ttft_ms.p50,
+            lv.itl_ms.p50,
+            lv.tpot_ms.p50,
+            lv.output_tok_s,
+            lv.request_s,
         ]
-        for lv in levels
+        for lv in map(LevelSummary.from_json, levels)
     ]
     out = (
         f'<p class="dim">layout: every service alone (the others idle), then all at once</p><ul>{services}</ul>'
