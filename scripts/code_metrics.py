@@ -38,9 +38,9 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "moetune"
 # one when the code gets better, never raise it
 CEILINGS: dict[str, float] = {
     "dict_str_any": 413,
-    "any_signature_pct": 19.97,
+    "any_signature_pct": 19.8,
     "positional_calls": 314,
-    "longest_function": 252,
+    "longest_function": 247,
 }
 MAX_POSITIONAL = 4  # more positional arguments than this in one call is counted
 TOP = 10

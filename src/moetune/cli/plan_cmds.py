@@ -267,7 +267,7 @@ def hw_attention(
     with tempfile.TemporaryDirectory(prefix="moetune-attention-") as tmp:
         gguf = model or attention.probe_model(Path(tmp))
         with common.err.status("llama-bench", spinner="dots") as st:
-            rows = attention.measure(binary, gguf, t, depth, repeats, progress=st.update)
+            rows = attention.measure(binary, gguf, threads=t, depth=depth, repeats=repeats, progress=st.update)
         fitted = attention.fit_attention(load_profile(gguf), node, t, rows)
     if write:
         nodes = tuple(

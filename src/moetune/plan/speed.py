@@ -141,8 +141,7 @@ def base_constants(hw: Inventory, k: SpeedConstants | None = None) -> SpeedConst
     """The constants a plan on ``hw`` starts from: ``k`` (the built-in ones) with what the hardware
     file measured for its first node's CPU (``cpu.speed``, `moetune hw attention`)."""
     k = k or SpeedConstants()
-    measured: dict[str, Any] = dict(hw.local.cpu_speed)
-    return replace(k, **measured) if measured else k
+    return SpeedConstants.from_json({**asdict(k), **dict(hw.local.cpu_speed)}) if hw.local.cpu_speed else k
 
 
 @dataclass(frozen=True, slots=True)

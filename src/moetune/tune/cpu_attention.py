@@ -166,7 +166,7 @@ def probe_model(d: Path) -> Path:
 
 
 def bench_argv(
-    binary: Path, model: Path, threads: int, depth: int, flash_attn: bool, cache: str, repeats: int
+    binary: Path, model: Path, *, threads: int, depth: int, flash_attn: bool, cache: str, repeats: int
 ) -> list[str]:
     return [
         str(binary),
@@ -215,6 +215,7 @@ def parse_bench(text: str, flash_attn: bool, cache: str) -> list[Row]:
 def measure(
     binary: Path,
     model: Path,
+    *,
     threads: int,
     depth: int = DEFAULT_DEPTH,
     repeats: int = 5,
@@ -225,7 +226,7 @@ def measure(
     for i, (fa, cache) in enumerate(VARIANTS):
         if progress is not None:
             progress(f"llama-bench: {'fa' if fa else 'no-fa'} {cache} ({i + 1}/{len(VARIANTS)})")
-        argv = bench_argv(binary, model, threads, depth, fa, cache, repeats)
+        argv = bench_argv(binary, model, threads=threads, depth=depth, flash_attn=fa, cache=cache, repeats=repeats)
         r = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
         if r.returncode != 0:
             tail = (r.stderr or "").strip().splitlines()[-3:]

@@ -330,18 +330,8 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     return entries, k
 
 
-def tune(
-    db: ResultsDB,
-    req: TuneRequest,
-    *,
-    status: Status,
-    progress_for: Callable[[str], Progress | None] | None = None,
-    on_snapshot: Callable[[Snapshot], None] | None = None,
-    quiet: QuietGate | None = None,
-) -> TuneResult:
-    """The search. ``quiet`` says whether the machine is quiet enough to rank candidates, before each
-    launch and after each measurement (default: a busy machine stops it, :class:`MachineBusy`)."""
-    gate = quiet or QuietGate(status)
+def _check_request(req: TuneRequest) -> None:
+    """The objective and the options that go with it agree."""
     if req.objective not in core.OBJECTIVES:
         raise InputError(f"--objective {req.objective}: choose {', '.join(core.OBJECTIVES)}")
     if (req.objective == "goodput") != (req.serve is not None):
@@ -358,6 +348,38 @@ def tune(
         )
     if (req.objective == "weighted") != (req.weighted is not None):
         raise InputError(f"--objective {req.objective}: the weighted terms come with --objective weighted:... only")
+
+
+def _resume(db: ResultsDB, tid: str, entries: list[Entry], failed: dict[str, str]) -> None:
+    """The candidates an earlier run of this search measured (a contended one is measured again)
+    or saw fail."""
+    by_label = {e.candidate.label: i for i, e in enumerate(entries)}
+    for r in db.runs(sweep_id=tid):
+        if (
+            r.status == RunStatus.DONE
+            and r.label in by_label
+            and entries[by_label[r.label]].run is None
+            and not (r.contention and r.contention.contended)
+        ):
+            entries[by_label[r.label]].run = r.id
+    for label, why in failed.items():
+        if label in by_label:
+            entries[by_label[label]].failed = why
+
+
+def tune(
+    db: ResultsDB,
+    req: TuneRequest,
+    *,
+    status: Status,
+    progress_for: Callable[[str], Progress | None] | None = None,
+    on_snapshot: Callable[[Snapshot], None] | None = None,
+    quiet: QuietGate | None = None,
+) -> TuneResult:
+    """The search. ``quiet`` says whether the machine is quiet enough to rank candidates, before each
+    launch and after each measurement (default: a busy machine stops it, :class:`MachineBusy`)."""
+    gate = quiet or QuietGate(status)
+    _check_request(req)
     entries, prior = candidates(req, status)
     if not entries[0].fits:
         raise InputError(
@@ -386,18 +408,7 @@ def tune(
         spec = db.sweep(tid) or spec
         status(f"resuming tune {tid}")
     failed: dict[str, str] = dict(spec.get("failed") or {})
-    by_label = {e.candidate.label: i for i, e in enumerate(entries)}
-    for r in db.runs(sweep_id=tid):
-        if (
-            r.status == RunStatus.DONE
-            and r.label in by_label
-            and entries[by_label[r.label]].run is None
-            and not (r.contention and r.contention.contended)
-        ):  # a contended one is measured again
-            entries[by_label[r.label]].run = r.id
-    for label, why in failed.items():
-        if label in by_label:
-            entries[by_label[label]].failed = why
+    _resume(db, tid, entries, failed)
     defaults = _defaults(db, req, entries[0], tid, failed)
     values: dict[int, list[float]] = {}
     summaries: dict[int, dict[str, Any]] = {}
