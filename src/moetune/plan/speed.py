@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from moetune.errors import InputError
-from moetune.hardware import CPU_SPEED_KEYS
 from moetune.hardware.inventory import Device, Inventory
 from moetune.kinds import DeviceKind, EngineKind
 from moetune.model.kv import CACHE_TYPES, KVShape, kv_shape
@@ -47,7 +46,6 @@ from moetune.plan.settings import Settings
 GB = 1e9
 MIB = 1 << 20
 RPC_WORKER_THREADS = 1  # ggml-rpc-server's CPU backend computes on one thread unless told -t (moetune does not)
-CPU_KERNEL_CONSTANTS = CPU_SPEED_KEYS  # the constants a hardware file's cpu.speed measures for its CPU
 SOFT_MAX_P = 4.0  # how sharply the CPU's time follows the larger of its memory and compute limits
 
 
@@ -96,7 +94,10 @@ class SpeedConstants:
     # 512 with flash attention, a q8_0/q8_0 cache decodes 510 tok/s against f16's 354: less the
     # cache's bytes (17/32 of f16's), attention 4x faster
     cpu_ctx_quant_factor: float = 4.0
-    # the same three while prefilling (a ubatch's queries against the cache): PP_CTX_PLACEHOLDER
+    # the same three while prefilling: a ubatch's queries against the cache before it and themselves
+    # (batched, each cached row read once a ubatch). Guesses: no machine's figure is built in, as
+    # they differ by CPU (this project's EPYC, `moetune hw attention`: 32 GFLOP/s a core with flash
+    # attention, 0.79x without, 0.2x over q8_0 rows); the hardware file's cpu.speed gives them
     cpu_pp_ctx_gflops_per_core: float = 20.0
     cpu_pp_noflash_ctx_factor: float = 1.0
     cpu_pp_ctx_quant_factor: float = 1.0

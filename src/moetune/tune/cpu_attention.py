@@ -24,13 +24,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from moetune.errors import InputError
+from moetune.hardware import CPU_SPEED_KEYS
 from moetune.hardware.inventory import Inventory, Node
 from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile
 from moetune.plan.calibrate import Observation, fit, predict_pp, predict_tg
 from moetune.plan.placement import cpu_moe
 from moetune.plan.settings import Settings
-from moetune.plan.speed import CPU_KERNEL_CONSTANTS, SpeedConstants, Work, work
+from moetune.plan.speed import SpeedConstants, Work, work
 
 # (flash attention, cache type of K and V): the engine's default, the one without flash attention,
 # the quantized one (a quantized V needs flash attention)
@@ -139,8 +140,8 @@ def fit_attention(
             hint="run `moetune hw attention` again; a test llama-bench failed is named in its output",
         )
     obs = observations(profile, node, threads, rows)
-    k = fit(obs, prior or SpeedConstants(), iterations=120, names=(*CPU_KERNEL_CONSTANTS, *NUISANCE))
-    constants = {n: float(f"{getattr(k, n):.3g}") for n in CPU_KERNEL_CONSTANTS}
+    k = fit(obs, prior or SpeedConstants(), iterations=120, names=(*CPU_SPEED_KEYS, *NUISANCE))
+    constants = {n: float(f"{getattr(k, n):.3g}") for n in CPU_SPEED_KEYS}
     return Fitted(
         constants=constants,
         rows=tuple(rows),
