@@ -215,7 +215,7 @@ def _print_run(db: ResultsDB, run_id: int, as_json: bool) -> None:
     if as_json:
         print_json({"run": {**r.header(), "db": str(db.path)}, **summary, **(rep or {}), "flags": r.flags().to_json()})
         return
-    print_wide(workloads_table(summary))
+    print_wide(workloads_table(typed))
     for line in prediction_lines(rep):
         out.print(line, markup=False, highlight=False)
     for message, remedy in grouped(list(typed.warnings)) + r.flags().warnings():
