@@ -37,8 +37,8 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "moetune"
 # the figures of 2026-12-02 (issue #28's targets: dict_str_any down 80%, positional_calls 0): lower
 # one when the code gets better, never raise it
 CEILINGS: dict[str, float] = {
-    "dict_str_any": 413,
-    "any_signature_pct": 19.8,
+    "dict_str_any": 403,
+    "any_signature_pct": 19.66,
     "positional_calls": 314,
     "longest_function": 247,
 }

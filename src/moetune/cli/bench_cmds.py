@@ -204,20 +204,21 @@ def progress_bar(enabled: bool = True, bars: bool = True) -> Iterator[Bars]:
 
 def _print_run(db: ResultsDB, run_id: int, as_json: bool) -> None:
     from moetune.bench.analysis.predicted import report
-    from moetune.bench.analysis.summary import run_summary
-    from moetune.bench.analysis.warnings import Warning, grouped
+    from moetune.bench.analysis.summary import bench_summary
+    from moetune.bench.analysis.warnings import grouped
     from moetune.report.results_view import prediction_lines, workloads_table
 
     r = db.run(run_id)
-    summary = run_summary(db.samples(run_id))
-    rep = report(summary, dict(r.meta.details))
+    typed = bench_summary(db.samples(run_id))
+    summary = typed.to_json()
+    rep = report(typed, dict(r.meta.details))
     if as_json:
         print_json({"run": {**r.header(), "db": str(db.path)}, **summary, **(rep or {}), "flags": r.flags().to_json()})
         return
-    print_wide(workloads_table(summary))
+    print_wide(workloads_table(typed))
     for line in prediction_lines(rep):
         out.print(line, markup=False, highlight=False)
-    for message, remedy in grouped([Warning.from_json(w) for w in summary["warnings"]]) + r.flags().warnings():
+    for message, remedy in grouped(list(typed.warnings)) + r.flags().warnings():
         warn(message, remedy)
     out.print(f"run {run_id} ({r.label}) stored in {db.path}; `moetune results show {run_id}` for details")
 

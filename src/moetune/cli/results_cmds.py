@@ -200,7 +200,7 @@ def compare_cmd(
         _compare_goodput(run_refs, baseline_ref, sweep_id, plot_path, fmt, slo_text, db_path, as_json)
         return
     from moetune.bench.analysis.predicted import report
-    from moetune.bench.analysis.summary import run_summary
+    from moetune.bench.analysis.summary import bench_summary
     from moetune.bench.analysis.warnings import grouped
     from moetune.kinds import RunStatus
     from moetune.report.compare import compare_runs, require_rows, runs_to_compare
@@ -219,7 +219,7 @@ def compare_cmd(
             for r in runs
             if r.kind == RunKind.BENCH
             and r.meta.details.get("predicted")
-            and (rep := report(run_summary(db.samples(r.id)), dict(r.meta.details)))
+            and (rep := report(bench_summary(db.samples(r.id)), dict(r.meta.details)))
         }
     comp, noise = compared.comparison, compared.noise
     require_rows(comp)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import shlex
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TextIO
 
 from rich.console import Group, RenderableType
@@ -18,11 +18,12 @@ from rich.table import Table
 from rich.text import Text
 
 from moetune.bench.analysis import single as m
+from moetune.bench.analysis.bench_summary import BenchSummary, Stat
 from moetune.bench.analysis.level_summary import LevelSummary
 from moetune.bench.analysis.serve import key_name
 from moetune.bench.analysis.stats import DEFAULT_CONF, MetricSamples, median, summarize
 from moetune.bench.analysis.summary import run_summary
-from moetune.bench.analysis.warnings import Warning, grouped
+from moetune.bench.analysis.warnings import grouped
 from moetune.kinds import RunKind
 from moetune.report.compare import METRIC_EXTRACTORS
 from moetune.report.compare_view import fmt
@@ -53,10 +54,9 @@ def headline(run: Run, samples: Callable[[int], Iterable[dict[str, Any]]]) -> st
     of another kind), from its samples."""
     s = run.summary or {}
     if run.kind == RunKind.BENCH and s.get("workloads"):
-        w, d = next(iter(s["workloads"].items()))
-        return ", ".join(
-            f"{fam}:{w} {fmt(d[fam]['median'])}" for fam in ("tg", "pp") if (d.get(fam) or {}).get("median") is not None
-        )
+        bench = BenchSummary.from_json(s)
+        w = next(iter(bench.workloads))
+        return ", ".join(f"{fam}:{w} {fmt(med)}" for fam in ("tg", "pp") if (med := bench.median(w, fam)) is not None)
     if run.kind == RunKind.SERVE_BENCH and s.get("levels"):
         lv = LevelSummary.from_json(s["levels"][0])
         name = key_name((lv.service, lv.load, lv.concurrency, lv.rate))
@@ -149,16 +149,18 @@ def _context_lines(run: Run) -> list[str]:
     return lines
 
 
-def workloads_table(summary: dict[str, Any], conf: float = DEFAULT_CONF) -> Table:
+def workloads_table(summary: BenchSummary | Mapping[str, object], conf: float = DEFAULT_CONF) -> Table:
+    """A bench run's figures per workload (its :class:`BenchSummary`, or the summary's JSON)."""
+    bench = summary if isinstance(summary, BenchSummary) else BenchSummary.from_json(summary)
     t = Table(title=f"median [{conf * 100:.0f}% CI], tokens/s", title_justify="left")
     for c in ("workload", "TG", "PP", "n", "CV TG", "prompt", "output", "cached", "overhead ms", "client TG"):
         t.add_column(c, justify="left" if c == "workload" else "right")
 
-    def cell(s: dict[str, Any] | None) -> str:
-        if not s:
+    def cell(s: Stat | None) -> str:
+        if s is None:
             return "–"
-        label = " (client)" if s.get("source") == "client" else ""  # no server timings: the client's clock
-        return f"{fmt(s['median'])} [{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]{label}"
+        label = " (client)" if s.source == "client" else ""  # no server timings: the client's clock
+        return f"{fmt(s.median)} [{fmt(s.ci_low)}, {fmt(s.ci_high)}]{label}"
 
     def num(x: float | None, f: str = "{:.0f}") -> str:
         if x is None:
@@ -166,21 +168,21 @@ def workloads_table(summary: dict[str, Any], conf: float = DEFAULT_CONF) -> Tabl
         t = f.format(x)
         return t.lstrip("-") if t.strip("-0.") == "" else t  # no "-0.0" for a value just below zero
 
-    for w, d in summary.get("workloads", {}).items():
-        cached = num(d.get("cached_n"))
-        if d.get("cache_confirmed") is not None:
-            cached += " ✓" if d["cache_confirmed"] == 1 else f" ({d['cache_confirmed'] * 100:.0f}% as expected)"
+    for w, d in bench.workloads.items():
+        cached = num(d.cached_n)
+        if d.cache_confirmed is not None:
+            cached += " ✓" if d.cache_confirmed == 1 else f" ({d.cache_confirmed * 100:.0f}% as expected)"
         t.add_row(
             w,
-            cell(d.get("tg")),
-            cell(d.get("pp")),
-            str(d.get("n")),
-            num(d["tg"]["cv"] * 100 if d.get("tg") else None, "{:.1f}%"),
-            num(d["prompt_n"] if d.get("prompt_n") is not None else d.get("prompt_tokens")),
-            num(d.get("predicted_n")),
+            cell(d.tg),
+            cell(d.pp),
+            str(d.n),
+            num(d.tg.cv * 100 if d.tg else None, "{:.1f}%"),
+            num(d.prompt_n if d.prompt_n is not None else d.prompt_tokens),
+            num(d.predicted_n),
             cached,
-            num(d.get("overhead_ms"), "{:.1f}"),
-            num((d.get("client") or {}).get("tg"), "{:.1f}"),
+            num(d.overhead_ms, "{:.1f}"),
+            num(d.client.tg, "{:.1f}"),
         )
     return t
 
@@ -360,21 +362,22 @@ def export_md(db: ResultsDB, runs: list[Run], sink: TextIO) -> None:
                 "| overhead ms |"
             )
             out.append("|---|---|---|---|---|---|---|---|")
-            for w, x in d.get("workloads", {}).items():
+            bench = BenchSummary.from_json(d)
+            for w, x in bench.workloads.items():
 
-                def c(s: dict[str, Any] | None) -> str:
-                    return f"{fmt(s['median'])} [{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]" if s else "–"
+                def c(s: Stat | None) -> str:
+                    return "–" if s is None else f"{fmt(s.median)} [{fmt(s.ci_low)}, {fmt(s.ci_high)}]"
 
                 def n(v: float | None) -> str:
                     return "–" if v is None else f"{v:.0f}"
 
-                oh = x.get("overhead_ms")
+                oh = x.overhead_ms
                 out.append(
-                    f"| {w} | {c(x.get('tg'))} | {c(x.get('pp'))} | {x.get('n')} | {n(x.get('prompt_n'))} | "
-                    f"{n(x.get('predicted_n'))} | {n(x.get('cached_n'))} | "
+                    f"| {w} | {c(x.tg)} | {c(x.pp)} | {x.n} | {n(x.prompt_n)} | "
+                    f"{n(x.predicted_n)} | {n(x.cached_n)} | "
                     f"{'–' if oh is None else f'{oh:.1f}'} |"
                 )
-            for message, remedy in grouped([Warning.from_json(w) for w in d.get("warnings", [])]):
+            for message, remedy in grouped(list(bench.warnings)):
                 out.append(f"\n> warning: {message}  \n> → {remedy}")
         else:
             out.append("| metric | median | 95% CI | n | unit |")

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from moetune.bench.analysis.predicted import observations
-from moetune.bench.analysis.summary import run_summary
+from moetune.bench.analysis.summary import bench_summary
 from moetune.kinds import RunKind
 from moetune.plan.calibrate import Calibration, Observation, calibrate, not_applicable
 from moetune.plan.speed import SpeedConstants
@@ -32,7 +32,7 @@ def gather(
             if left_out is not None:
                 left_out.append(r)
             continue
-        obs = observations(r.id, run_summary(db.samples(r.id)), dict(r.meta.details)) if plan else []
+        obs = observations(r.id, bench_summary(db.samples(r.id)), dict(r.meta.details)) if plan else []
         if plan and obs:
             groups.setdefault(calibrations.plan_key(plan), []).extend(obs)
     return groups

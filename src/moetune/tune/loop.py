@@ -48,9 +48,10 @@ from typing import Any
 
 import numpy as np
 
+from moetune.bench.analysis.bench_summary import BenchSummary
 from moetune.bench.analysis.predicted import observations
 from moetune.bench.analysis.single import bench_metrics
-from moetune.bench.analysis.summary import run_summary
+from moetune.bench.analysis.summary import bench_summary
 from moetune.bench.serve.loadspec import ServiceLoad
 from moetune.bench.single.runner import BenchOptions, Progress, bench_target
 from moetune.bench.single.workloads import Workload
@@ -141,7 +142,7 @@ class TuneResult:
     stopped: str
     constants: SpeedConstants
     values: dict[int, list[float]]  # measured objective samples per entry (higher is better)
-    summaries: dict[int, dict[str, Any]]
+    summaries: dict[int, BenchSummary]
     verdicts: dict[int, str]
     plan_dir: Path
     workload: Workload
@@ -411,7 +412,7 @@ def tune(
     _resume(db, tid, entries, failed)
     defaults = _defaults(db, req, entries[0], tid, failed)
     values: dict[int, list[float]] = {}
-    summaries: dict[int, dict[str, Any]] = {}
+    summaries: dict[int, BenchSummary] = {}
     goodputs: dict[int, gp.Goodput] = {}
     works: dict[int, wl.Measured] = {}
     loaded: dict[int, ul.Measured] = {}
@@ -447,7 +448,7 @@ def tune(
             goodputs[i] = gp.measured(samples, req.serve)
             values[i] = list(goodputs[i].values)
         else:
-            summaries[i] = run_summary(samples)
+            summaries[i] = bench_summary(samples)
             values[i] = _bench_values(samples, req)
 
     def refit() -> SpeedConstants:  # from single-stream benchmarks only (serve-bench runs: the GP alone)

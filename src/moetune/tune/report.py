@@ -6,6 +6,7 @@ import statistics
 from dataclasses import asdict
 from typing import Any
 
+from moetune.bench.analysis.bench_summary import Stat
 from moetune.bench.analysis.stats import summarize
 from moetune.plan.serving import predict_serving
 from moetune.tune import defaults as dflt
@@ -17,10 +18,10 @@ from moetune.tune.verdict import compare
 ROWS_NOT_LAUNCHED = 5  # the table shows the launched candidates and this many of the rest
 
 
-def _ci(stat: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not stat:
+def _ci(stat: Stat | None) -> dict[str, float] | None:
+    if stat is None:
         return None
-    return {"median": stat["median"], "ci_low": stat["ci_low"], "ci_high": stat["ci_high"]}
+    return {"median": stat.median, "ci_low": stat.ci_low, "ci_high": stat.ci_high}
 
 
 def _goodput(r: TuneResult, i: int) -> dict[str, Any] | None:
@@ -114,8 +115,7 @@ def _measured(r: TuneResult, i: int) -> dict[str, Any] | None:
     s = r.summaries.get(i)
     if s is None:
         return None
-    w: dict[str, Any] = next(iter(s.get("workloads", {}).values()), {})
-    return {"tg_tok_s": _ci(w.get("tg")), "pp_tok_s": _ci(w.get("pp")), "goodput_req_s": None, "run": r.entries[i].run}
+    return {"tg_tok_s": _ci(s.tg), "pp_tok_s": _ci(s.pp), "goodput_req_s": None, "run": r.entries[i].run}
 
 
 def _head(r: TuneResult, i: int) -> dict[str, Any]:

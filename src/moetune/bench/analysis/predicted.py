@@ -4,13 +4,15 @@ A benchmark of a plan stores, for each workload, what the plan's speed model pre
 that workload (TG at its context depth, PP at the plan's ubatch) and each device's bytes read per
 token; here those are set beside the measured medians (the error a calibration will learn from)
 and turned into achieved decode bandwidth per device against the device's own (the hardware
-file's figure). Pure functions over the run's JSON.
+file's figure). Pure functions over the run's summary (:class:`BenchSummary`, or its stored JSON).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from moetune.bench.analysis.bench_summary import BenchSummary
 from moetune.plan.calibrate import UNCALIBRATED_PCT, Observation
 from moetune.plan.speed import Work, at_depth
 
@@ -41,19 +43,26 @@ def outside(error_pct: float | None, band_pct: float) -> bool:
     return ratio > 1 + band_pct / 100.0 or ratio < 1 / (1 + band_pct / 100.0)
 
 
-def versus(summary: dict[str, Any], expect: dict[str, Any], band: dict[str, float] | None = None) -> dict[str, Any]:
+def _typed(summary: BenchSummary | Mapping[str, object]) -> BenchSummary:
+    return summary if isinstance(summary, BenchSummary) else BenchSummary.from_json(summary)
+
+
+def versus(
+    summary: BenchSummary | Mapping[str, object], expect: dict[str, Any], band: dict[str, float] | None = None
+) -> dict[str, Any]:
     """Per workload: ``{tg: {predicted, measured, error_pct, band_pct, outside}, pp: {...}}`` (error
     = predicted over measured, in percent: +20 means the plan promised 20% more than it got;
     ``outside``: beyond the prediction's stated uncertainty)."""
     band = band or {}
+    s = _typed(summary)
     out: dict[str, Any] = {}
-    for name, w in summary.get("workloads", {}).items():
+    for name in s.workloads:
         e = expect.get(name)
         if e is None:
             continue
         row = {}
         for fam, key in (("tg", "tg_tok_s"), ("pp", "pp_tok_s")):
-            meas = (w.get(fam) or {}).get("median")
+            meas = s.median(name, fam)
             err = _err(e[key], meas)
             b = float(band.get(f"{fam}_pct") or UNCALIBRATED_PCT)
             row[fam] = {
@@ -87,16 +96,17 @@ def efficiency(expect_one: dict[str, Any], measured_tg: float | None) -> list[di
     return out
 
 
-def report(summary: dict[str, Any], details: dict[str, Any]) -> dict[str, Any] | None:
+def report(summary: BenchSummary | Mapping[str, object], details: dict[str, Any]) -> dict[str, Any] | None:
     """The ``predicted`` / ``prediction_error`` / ``efficiency`` of a run whose details carry the
     plan's expectation (None for a run of a bare URL)."""
     expect = details.get("predicted")
     if not expect:
         return None
-    vs = versus(summary, expect, details.get("prediction_uncertainty"))
+    s = _typed(summary)
+    vs = versus(s, expect, details.get("prediction_uncertainty"))
     first = next(iter(vs), None)
     head = expect[first] if first else next(iter(expect.values()))
-    meas_tg = ((summary.get("workloads", {}).get(first) or {}).get("tg") or {}).get("median") if first else None
+    meas_tg = s.median(first, "tg") if first else None
     return {
         "predicted": {"tg_tok_s": round(head["tg_tok_s"], 3), "pp_tok_s": round(head["pp_tok_s"], 3)},
         "prediction_error": vs,
@@ -115,17 +125,20 @@ def report(summary: dict[str, Any], details: dict[str, Any]) -> dict[str, Any] |
     }
 
 
-def observations(run_id: int, summary: dict[str, Any], details: dict[str, Any]) -> list[Observation]:
+def observations(
+    run_id: int, summary: BenchSummary | Mapping[str, object], details: dict[str, Any]
+) -> list[Observation]:
     """The run's measurements as equations of the speed model: one per workload whose plan
     prediction carries the work (TG at its depth, PP over the prompt it processed)."""
+    s = _typed(summary)
     out = []
     for name, e in (details.get("predicted") or {}).items():
-        w = summary.get("workloads", {}).get(name)
-        if not w or not isinstance(e.get("work"), dict):
+        w = s.workloads.get(name)
+        if w is None or not isinstance(e.get("work"), dict):
             continue
-        tg, pp = (w.get("tg") or {}).get("median"), (w.get("pp") or {}).get("median")
+        tg, pp = s.median(name, "tg"), s.median(name, "pp")
         if tg or pp:
-            prompt = w.get("prompt_n")
+            prompt = w.prompt_n
             out.append(
                 Observation(
                     run_id, Work.from_json(e["work"]), int(e.get("depth") or 0), tg, pp, int(prompt) if prompt else None

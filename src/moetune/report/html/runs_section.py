@@ -9,6 +9,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from moetune.bench.analysis.bench_summary import BenchSummary, Stat
 from moetune.bench.analysis.stats import FASTER, SLOWER
 from moetune.bench.analysis.warnings import Warning, grouped
 from moetune.kinds import RunKind, RunStatus
@@ -70,23 +71,27 @@ def _context(rr: RunReport) -> str:
     )
 
 
-def _workloads(summary: Mapping[str, Any]) -> str:
-    ws = summary.get("workloads") or {}
+def _stat(s: Stat | None) -> Cell:
+    return None if s is None else _ci(s.to_json())
+
+
+def _workloads(summary: BenchSummary | Mapping[str, object]) -> str:
+    bench = summary if isinstance(summary, BenchSummary) else BenchSummary.from_json(summary)
+    ws = bench.workloads
     if not ws:
         return note("no measured samples")
     rows = []
     for name, d in ws.items():
-        tg = d.get("tg") or {}
         rows.append(
             [
                 name,
-                _ci(d.get("tg")),
-                _ci(d.get("pp")),
-                d.get("n"),
-                f"{tg['cv'] * 100:.1f}%" if tg.get("cv") is not None else None,
-                d.get("prompt_n") if d.get("prompt_n") is not None else d.get("prompt_tokens"),
-                d.get("predicted_n"),
-                d.get("cached_n"),
+                _stat(d.tg),
+                _stat(d.pp),
+                d.n,
+                f"{d.tg.cv * 100:.1f}%" if d.tg is not None else None,
+                d.prompt_n if d.prompt_n is not None else d.prompt_tokens,
+                d.predicted_n,
+                d.cached_n,
             ]
         )
     out = table(
@@ -97,9 +102,9 @@ def _workloads(summary: Mapping[str, Any]) -> str:
     charts = []
     for fam, what in (("tg", "TG"), ("pp", "PP")):
         bars = [
-            Interval(name, d[fam]["median"], d[fam]["ci_low"], d[fam]["ci_high"], run_color(i))
+            Interval(name, st.median, st.ci_low, st.ci_high, run_color(i))
             for i, (name, d) in enumerate(ws.items())
-            if d.get(fam)
+            if (st := d.tg if fam == "tg" else d.pp) is not None
         ]
         if bars:
             charts.append(
