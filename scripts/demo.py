@@ -132,7 +132,18 @@ def ask_one_question(model: Path) -> None:
         moetune("stop", str(run["run"]))
 
 
-def write_plans(model: Path) -> Path:
+def measure_attention() -> dict[str, float]:
+    """This CPU's attention kernels (`moetune hw attention --write`), for the plans' hardware files."""
+    hw = OUT / "hw-attention.yaml"
+    hw.write_text(
+        yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20}}]})
+    )
+    moetune("hw", "attention", str(hw.relative_to(ROOT)), "--write")
+    speed: dict[str, float] = yaml.safe_load(hw.read_text())["nodes"][0]["cpu"]["speed"]
+    return speed
+
+
+def write_plans(model: Path, speed: dict[str, float]) -> Path:
     """One plan per strategy, made by `moetune plan`: the hardware is this machine plus a loopback
     ggml-rpc-server worker whose device (RPC0) holds 80 MiB, standing in for a small GPU. Each
     plan's launch section starts the worker first and stops it last."""
@@ -147,7 +158,7 @@ def write_plans(model: Path) -> Path:
                 {
                     "name": "demo-loopback-rpc",
                     "nodes": [  # one name: one calibration
-                        {"name": "local", "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20}},
+                        {"name": "local", "cpu": {"cores": 2, "ram_mib": 16384, "ram_bw_gbs": 20, "speed": speed}},
                         {
                             "name": "rpc-worker",
                             "link_addr": "127.0.0.1",
@@ -202,8 +213,8 @@ def main() -> None:
     step("3. plan it, launch it, ask one question, stop it")
     ask_one_question(model)
 
-    step("4. plan three expert placements, sweep them (launch, bench, stop each), then compare")
-    sweep = write_plans(model)
+    step("4. measure this CPU's attention kernels, plan three expert placements on it, sweep them, compare")
+    sweep = write_plans(model, measure_attention())
     print(f"plans: {', '.join(str(p.relative_to(ROOT)) for p in sorted(sweep.parent.glob('*.json')))}")
     plot = OUT / "compare.png"
     args = [
