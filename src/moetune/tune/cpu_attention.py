@@ -1,12 +1,11 @@
-"""The CPU's attention kernels, measured on this machine (`moetune hw attention`, `hw probe
---attention`): how fast the engine attends over its cache here, with flash attention and an f16
+"""The CPU's attention kernels, measured on this machine (`moetune hw attention`): how fast the engine attends over its cache here, with flash attention and an f16
 cache, without flash attention, and over a q8_0 cache, while decoding and while prefilling.
 
 These rates are properties of the CPU and the engine's kernels, not of a placement: on the AMX Xeon
 the speed model's built-in factors were measured on, a q8_0 cache decoded 44% faster than f16 with
 flash attention; on this project's AMD EPYC (AVX-512, no AMX) it decodes slower, and prefills at
-about 0.6 the speed (issue #25). A calibration from two runs of f16 placements cannot see either. So
-llama-bench measures the three variants at depth 0 and at a depth on a generated model, and the
+about a fifth of f16's attention rate (issue #25). A calibration from two runs of f16 placements cannot see either. So
+llama-bench measures the three variants at depth 0, half a depth and a depth on a generated model, and the
 speed model's own equations are fitted to those rows (:func:`moetune.plan.calibrate.fit`, moving
 the six attention constants and, as nuisances, the costs the rows share); the six are kept in the
 hardware file (``cpu.speed``) and every plan on that hardware starts from them
@@ -45,7 +44,7 @@ TG_TOKENS = 64
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Row:
-    """One llama-bench test: a variant at a depth, its best TG (``tg32``) and PP (``pp256``)."""
+    """One llama-bench test: a variant at a depth, its best TG (``tg64``) and PP (``pp256``)."""
 
     flash_attn: bool
     cache: str
