@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -29,8 +28,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from tests.engine_harness import free_port  # noqa: E402
 from tests.helpers import run_cli  # noqa: E402
-from tests.tune_testbed import make_testbed  # noqa: E402
+from tests.tune_testbed import TRY_EVERY_AXIS, make_testbed  # noqa: E402
 
+from moetune.bench.analysis.stats import bootstrap_ci  # noqa: E402
 from moetune.engine import registry  # noqa: E402
 
 DEPTH = 512
@@ -72,9 +72,7 @@ def _verdict(ratios: list[float], tolerance: float) -> str:
     """The winner against the defaults from the per-round ratios: "faster" or "slower" where the
     rounds' 95% bootstrap interval of the median ratio lies above 1 or below 1 - ``tolerance``,
     else "same" (within noise, or within the tolerated loss)."""
-    rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
-    lo, hi = meds[50], meds[1949]
+    lo, hi = bootstrap_ci(ratios, conf=0.95)
     return "faster" if lo > 1 else "slower" if hi < 1 - tolerance else "same"
 
 
@@ -93,16 +91,7 @@ def main(results: Path) -> None:
             str(model),
             "--hw",
             str(hw),
-            "--try-threads",
-            "1,2",
-            "--try-ubatch",
-            "128,512",
-            "--try-fa",
-            "on,off",
-            "--try-cache",
-            "f16/f16,q8_0/q8_0",
-            "--try-repack",
-            "off,on",
+            *TRY_EVERY_AXIS,
             *WORKLOAD,
             "--port",
             str(free_port()),

@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from tests.engine_harness import free_port  # noqa: E402
 from tests.helpers import run_cli  # noqa: E402
-from tests.tune_testbed import make_testbed  # noqa: E402
+from tests.tune_testbed import TRY_EVERY_AXIS, make_testbed  # noqa: E402
 
 from moetune.hardware.inventory import load  # noqa: E402
 from moetune.plan.calibrate import Observation, fit, predict_pp, predict_tg  # noqa: E402
@@ -214,16 +214,7 @@ def main(results: Path) -> None:
             "1",
             "--try-strategy",
             "auto,cpu-moe",
-            "--try-threads",
-            "1,2",
-            "--try-ubatch",
-            "128,512",
-            "--try-fa",
-            "on,off",
-            "--try-cache",
-            "f16/f16,q8_0/q8_0",
-            "--try-repack",
-            "off,on",
+            *TRY_EVERY_AXIS,
             *WORKLOAD,
             "--port",
             str(port),

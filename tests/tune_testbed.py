@@ -40,6 +40,20 @@ TRY = [
     "--repack",
     "off",
 ]  # repacking crashes at load on an AMX CPU (DESIGN.md section 5)
+# every engine axis tune turns on a CPU, repacking included (it crashes only on an AMX CPU): the
+# benchmarks' search (benchmarks/bench_speed_axes.py, bench_referee.py)
+TRY_EVERY_AXIS = [
+    "--try-threads",
+    ",".join(map(str, THREADS)),
+    "--try-ubatch",
+    ",".join(map(str, UBATCHES)),
+    "--try-fa",
+    "on,off",
+    "--try-cache",
+    "f16/f16,q8_0/q8_0",
+    "--try-repack",
+    "off,on",
+]
 WORKLOAD = ["--depth", "0", "--pp-tokens", "256", "--tg-tokens", "64", "-r", "3", "--warmup", "1"]
 WORKLOAD_NAME = "d0"
 # the two grid runs a calibration is made from: two placements, two thread counts (two runs of one

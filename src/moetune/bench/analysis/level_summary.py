@@ -13,17 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-
-def _f(x: object) -> float | None:
-    return x if isinstance(x, int | float) and not isinstance(x, bool) else None
-
-
-def _i(x: object) -> int:
-    return x if isinstance(x, int) and not isinstance(x, bool) else 0
-
-
-def _m(x: object) -> Mapping[str, object]:
-    return x if isinstance(x, Mapping) else {}
+from moetune.bench.analysis.jsonread import integer as _i
+from moetune.bench.analysis.jsonread import mapping as _m
+from moetune.bench.analysis.jsonread import number as _f
 
 
 def _floats(x: object) -> dict[str, float]:
