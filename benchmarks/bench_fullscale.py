@@ -184,7 +184,7 @@ def verdicts(fit: Path, p: ModelProfile, point: Point, ends: list[str]) -> list[
     """moetune's and llama-fit-params' verdict with every device given 0.93x and 1.07x the plan's
     largest per-device need (equal capacities keep the plan's layer split)."""
     hw_big = from_dict(loopback_hw(ends, mem_mib=1e7, cpu_ram_mib=1e8))
-    sp = make_plan([ServiceSpec("t", p, point.settings(p), "cpu-moe")], hw_big).main
+    sp = make_plan([ServiceSpec(name="t", model=p, settings=point.settings(p), strategy="cpu-moe")], hw_big).main
     free = {m[1]: int(m[2]) for m in _FREE.finditer(engine_run(fit, sp, []).text)}
     need = max(
         f.model_mib + f.context_mib + f.compute_mib for f in ledger_figures(sp, dry_run=True) if f.device != "CPU"
@@ -196,7 +196,7 @@ def verdicts(fit: Path, p: ModelProfile, point: Point, ends: list[str]) -> list[
             out.append({"factor": factor, "skipped": "a device would need more than the host has free"})
             continue
         hw = from_dict(loopback_hw(ends, mem_mib=cap, cpu_ram_mib=1e8))
-        ours = make_plan([ServiceSpec("t", p, point.settings(p), "cpu-moe")], hw)
+        ours = make_plan([ServiceSpec(name="t", model=p, settings=point.settings(p), strategy="cpu-moe")], hw)
         assert ours.main.placement == sp.placement, "equal capacities keep the layer split"
         fitt = ",".join(str(int(free[e] - cap)) for e in sorted(free))  # RPC0, RPC1 in endpoint order
         theirs = engine_run(fit, ours.main, ["-fitt", fitt])
@@ -245,7 +245,7 @@ def run_grid(d: Path, points: list[Point]) -> tuple[list[dict[str, Any]], list[d
                 s = pt.settings(models[pt.preset])
                 if not n_rpc:  # the engine's default target (-fitt 1024) as the host's head-room
                     s = replace(s, host_margin_mib=1024.0)
-                plan = make_plan([ServiceSpec("t", models[pt.preset], s, "cpu-moe")], hw)
+                plan = make_plan([ServiceSpec(name="t", model=models[pt.preset], settings=s, strategy="cpu-moe")], hw)
                 run = engine_run(fit, plan.main, [])
                 theirs = mainline_figures(run.text, {v: k for k, v in plan.main.hw.engine_names().items()})
                 if not theirs:
@@ -290,7 +290,9 @@ def server_rows(d: Path) -> list[dict[str, Any]]:
         p = load_profile(g.files[0])
         s = Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=cache, ctv=cache, slots=slots, repack=REPACK)
         with rpc_workers(server.parent, n_rpc) as ends:
-            sp = make_plan([ServiceSpec("t", p, s, "cpu-moe")], from_dict(loopback_hw(ends, 1e7, 1e8))).main
+            sp = make_plan(
+                [ServiceSpec(name="t", model=p, settings=s, strategy="cpu-moe")], from_dict(loopback_hw(ends, 1e7, 1e8))
+            ).main
             ok, log = reserve_log(server, [*strip_endpoint(service_argv(sp)), "-lv", "4"], timeout=600)
         theirs = parse_log(log).device_buffers() if ok else {}
         for dev, items in sp.memory.items.items():

@@ -46,7 +46,8 @@ def main(results: Path) -> None:
                             Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=ct, ctv=ct), engine=EngineKind.IK
                         )
                         plan = make_plan(
-                            [ServiceSpec("t", p, s, strategy, engine="ik")], from_dict(loopback_hw(ends[:n_rpc]))
+                            [ServiceSpec(name="t", model=p, settings=s, strategy=strategy, engine="ik")],
+                            from_dict(loopback_hw(ends[:n_rpc])),
                         )
                         sp = plan.main
                         ok, log = reserve_log(

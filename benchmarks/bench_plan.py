@@ -72,9 +72,14 @@ def plan_timing(d: Path) -> dict[str, object]:
     hw = load("rtx-pro-6000x2")
     worker = Settings(ctx=2 * 131072, slots=2, ctk="q8_0", ctv="q8_0")
     services = [
-        ServiceSpec("grandpa", glm, Settings(ctx=32768, ctk="q8_0", ctv="q8_0", batch=4096, ubatch=4096), "auto"),
-        ServiceSpec("coder1", coder, worker, "all-gpu", 8081, ("CUDA0",)),
-        ServiceSpec("coder2", coder, worker, "all-gpu", 8082, ("CUDA1",)),
+        ServiceSpec(
+            name="grandpa",
+            model=glm,
+            settings=Settings(ctx=32768, ctk="q8_0", ctv="q8_0", batch=4096, ubatch=4096),
+            strategy="auto",
+        ),
+        ServiceSpec(name="coder1", model=coder, settings=worker, strategy="all-gpu", port=8081, devices=("CUDA0",)),
+        ServiceSpec(name="coder2", model=coder, settings=worker, strategy="all-gpu", port=8082, devices=("CUDA1",)),
     ]
     layout_ms = _median_ms(lambda: make_plan(services, hw))
     single_ms = _median_ms(lambda: make_plan([services[0]], hw))
@@ -102,7 +107,13 @@ def fit_params_side_by_side(d: Path) -> dict[str, object]:
     prof = load_profile(g.files[0])
     hw = from_dict({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 24000, "ram_bw_gbs": 20}}]})
     s = Settings(ctx=32768, ctk="q8_0", ctv="q8_0")
-    ours = _median_ms(lambda: (load_profile(g.files[0]), make_plan([ServiceSpec("m", prof, s, "cpu-moe")], hw)), 5)
+    ours = _median_ms(
+        lambda: (
+            load_profile(g.files[0]),
+            make_plan([ServiceSpec(name="m", model=prof, settings=s, strategy="cpu-moe")], hw),
+        ),
+        5,
+    )
     return {
         "llama_fit_params_s": round(statistics.median(ts), 3),
         "llama_fit_params_rc": r.returncode,
@@ -135,7 +146,7 @@ def ledger_table(d: Path) -> list[dict[str, object]]:
         with rpc_workers(server.parent, n_rpc) as ends:
             hw = from_dict(loopback_hw(ends))
             s = Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=ct, ctv=ct)
-            sp = make_plan([ServiceSpec("t", models[(arch, wide)], s, strat)], hw).main
+            sp = make_plan([ServiceSpec(name="t", model=models[(arch, wide)], settings=s, strategy=strat)], hw).main
             ok, log = reserve_log(server, [*strip_endpoint(service_argv(sp)), "-lv", "4"], timeout=120)
             if not ok:
                 rows.append({"case": [arch, wide, ctx, ub, ct, strat, n_rpc], "error": log[-300:]})

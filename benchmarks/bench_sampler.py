@@ -46,7 +46,13 @@ REPEATS = 4
 def _watch(pid: int, url: str) -> list[Watch]:
     st = read_proc_stat(pid)
     return [
-        Watch("server", "server", pid=pid, start_ticks=st.start_ticks if st else None, metrics_url=f"{url}/metrics")
+        Watch(
+            name="server",
+            role="server",
+            pid=pid,
+            start_ticks=st.start_ticks if st else None,
+            metrics_url=f"{url}/metrics",
+        )
     ]
 
 

@@ -113,7 +113,18 @@ def test_foreign_load_is_never_negative() -> None:
 def tally_of(*intervals: tuple[float, dict[tuple[str, int], float], float], seen: bool = True) -> c.Tally:
     t = c.Tally()
     for seconds, by, engine in intervals:
-        t.add(c.Split(seconds, 2, engine + sum(by.values()), engine, 0.05, sum(by.values()), by, seen))
+        t.add(
+            c.Split(
+                seconds=seconds,
+                cores=2,
+                machine=engine + sum(by.values()),
+                engine=engine,
+                client=0.05,
+                foreign=sum(by.values()),
+                by_process=by,
+                engine_seen=seen,
+            )
+        )
     return t
 
 
@@ -280,7 +291,17 @@ def test_a_calibration_worse_than_the_built_in_constants_is_not_applied() -> Non
     from moetune.plan.speed import SpeedConstants
 
     def cal(tg: float, pp: float) -> Calibration:
-        return Calibration(SpeedConstants(), (1, 2), 4, 80.0, 10.0, 30.0, 30.0, tg, pp)
+        return Calibration(
+            constants=SpeedConstants(),
+            runs=(1, 2),
+            observations=4,
+            loo_tg_median_abs_pct=80.0,
+            loo_pp_median_abs_pct=10.0,
+            before_tg_median_abs_pct=30.0,
+            before_pp_median_abs_pct=30.0,
+            uncertainty_tg_pct=tg,
+            uncertainty_pp_pct=pp,
+        )
 
     assert not_applicable(cal(12.0, UNCALIBRATED_PCT)) is None  # no PP measured: the built-in band
     why = not_applicable(cal(160.0, 20.0))

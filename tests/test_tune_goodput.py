@@ -50,7 +50,7 @@ def test_completion_windows_are_rounds_of_the_streams() -> None:
     good, rates = windows(s, SLO, 2)
     assert good == pytest.approx([4.0, 2.0, 2.0, 4.0])  # met requests / 0.5 s
     assert rates == pytest.approx([4.0, 4.0, 2.0, 4.0])  # completed requests / 0.5 s
-    g = measured(s, ServeLoad(2, 8, 16, 16, tuple(SLO.items())))
+    g = measured(s, ServeLoad(concurrency=2, requests=8, input_len=16, output_len=16, slo=tuple(SLO.items())))
     assert g.level_req_s == pytest.approx(6 / 2.0)  # serve-bench's figure: 6 met over the level's 2 s
     assert statistics.mean(good) == pytest.approx(g.level_req_s)  # windows of equal spans average to it
     assert g.floor == pytest.approx(0.25)  # half a request over the level's 2 s

@@ -94,7 +94,8 @@ def make_testbed(
 
 def grid() -> list[Candidate]:
     return [
-        Candidate(st, t, ub, 2048, fa) for st, t, ub, fa in itertools.product(STRATEGIES, THREADS, UBATCHES, FLASH_ATTN)
+        Candidate(strategy=st, threads=t, ubatch=ub, batch=2048, flash_attn=fa)
+        for st, t, ub, fa in itertools.product(STRATEGIES, THREADS, UBATCHES, FLASH_ATTN)
     ]
 
 

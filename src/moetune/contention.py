@@ -119,7 +119,7 @@ def descendants(procs: Mapping[int, procfs.ProcStat], roots: Collection[int]) ->
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Split:
     """Where the CPU time of one interval went, in core-seconds."""
 
@@ -134,7 +134,12 @@ class Split:
 
 
 def split(
-    before: Census, after: Census, engine_roots: Collection[int], client: Collection[int], clk_tck: int = procfs.CLK_TCK
+    before: Census,
+    after: Census,
+    engine_roots: Collection[int],
+    client: Collection[int],
+    *,
+    clk_tck: int = procfs.CLK_TCK,
 ) -> Split:
     """The interval between two readings: the engine's processes (``engine_roots`` and their
     descendants), the client's (``client``, not their children), and the rest of the machine."""
@@ -157,7 +162,16 @@ def split(
         for pid, st in after.procs.items()
         if pid not in engine and pid not in own and (u := used(pid)) > 0
     }
-    return Split(max(0.0, after.t - before.t), after.cores, machine, e, c, max(0.0, machine - e - c), by, bool(engine))
+    return Split(
+        seconds=max(0.0, after.t - before.t),
+        cores=after.cores,
+        machine=machine,
+        engine=e,
+        client=c,
+        foreign=max(0.0, machine - e - c),
+        by_process=by,
+        engine_seen=bool(engine),
+    )
 
 
 # -- a run's verdict ---------------------------------------------------------------------------
@@ -179,7 +193,7 @@ class ForeignLoad:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Contention:
     """Where the CPU went while a run measured, and whether another program took too much of it."""
 
@@ -245,20 +259,20 @@ class Contention:
 
         limit = d.get("max_foreign_cores")
         return cls(
-            num("seconds"),
-            int(num("cores")),
-            num("engine_cores"),
-            num("client_cores"),
-            num("foreign_cores"),
-            num("foreign_peak_cores"),
-            float(limit) if isinstance(limit, int | float) else None,
-            tuple(
+            seconds=num("seconds"),
+            cores=int(num("cores")),
+            engine_cores=num("engine_cores"),
+            client_cores=num("client_cores"),
+            foreign_cores=num("foreign_cores"),
+            foreign_peak_cores=num("foreign_peak_cores"),
+            max_foreign_cores=float(limit) if isinstance(limit, int | float) else None,
+            top=tuple(
                 ForeignLoad(
                     str(t.get("comm") or "?"), tuple(int(p) for p in t.get("pids") or ()), float(t.get("cores") or 0.0)
                 )
                 for t in d.get("top") or ()
             ),
-            d.get("judged") is not False,
+            judged=d.get("judged") is not False,
         )
 
 
@@ -306,15 +320,15 @@ class Tally:
             if used / t >= 0.01
         )
         return Contention(
-            round(t, 3),
-            self.cores,
-            round(self.engine / t, 3),
-            round(self.client / t, 3),
-            round(self.foreign / t, 3),
-            round(self.peak, 3),
-            max_foreign,
-            named,
-            self.engine_seen or not engine,
+            seconds=round(t, 3),
+            cores=self.cores,
+            engine_cores=round(self.engine / t, 3),
+            client_cores=round(self.client / t, 3),
+            foreign_cores=round(self.foreign / t, 3),
+            foreign_peak_cores=round(self.peak, 3),
+            max_foreign_cores=max_foreign,
+            top=named,
+            judged=self.engine_seen or not engine,
         )
 
 

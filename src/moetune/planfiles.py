@@ -89,13 +89,13 @@ def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list
         settings = lift_extra(settings)  # the service's args: flags a plan option says, taken as it
         model = s.model if is_url(s.model) else absolute(p.parent / os.path.expanduser(s.model))
         spec = ServiceSpec(
-            s.name,
-            load_profile(model),
-            settings,
-            s.strategy,
-            s.port or base_port + i,
-            tuple(s.devices) if s.devices is not None else None,
-            s.engine or "",
+            name=s.name,
+            model=load_profile(model),
+            settings=settings,
+            strategy=s.strategy,
+            port=s.port or base_port + i,
+            devices=tuple(s.devices) if s.devices is not None else None,
+            engine=s.engine or "",
         )
         out.append((spec, s.model))
     return out
@@ -349,11 +349,11 @@ def plan_files(req: PlanRequest) -> Planned:
             notices.append(note)
         services = [
             ServiceSpec(
-                "main",
-                profile,
-                base,
-                req.strategy,
-                req.port,
+                name="main",
+                model=profile,
+                settings=base,
+                strategy=req.strategy,
+                port=req.port,
                 engine=engine,
                 routing=routing_for(req.routing, profile),
                 choose=req.choose,

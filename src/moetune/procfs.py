@@ -26,7 +26,7 @@ class CpuTimes:
     total: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProcStat:
     """What /proc/PID/stat says of one process."""
 

@@ -32,10 +32,14 @@ def plan_doc(model_path: Path, *extra: str, label: str | None = None, rpc: bool 
     after: tuple[str, ...] = ()
     if rpc:
         rport = free_port()
-        procs.append(ProcessSpec("rpc0", "rpc", engine, (), "127.0.0.1", rport))
+        procs.append(ProcessSpec(name="rpc0", role="rpc", engine=engine, argv=(), host="127.0.0.1", port=rport))
         argv += ["--rpc", f"127.0.0.1:{rport}"]
         after = ("rpc0",)
-    procs.append(ProcessSpec("main", "server", engine, tuple(argv), "127.0.0.1", free_port(), after=after))
+    procs.append(
+        ProcessSpec(
+            name="main", role="server", engine=engine, argv=tuple(argv), host="127.0.0.1", port=free_port(), after=after
+        )
+    )
     doc: dict[str, Any] = {"launch": LaunchSpec(tuple(procs)).to_json()}
     if label:
         doc["label"] = label

@@ -169,8 +169,8 @@ def test_busy_says_which_process_was_busy_in_each_phase() -> None:
             host=HostSample(cpu_pct=(90.0, 80.0)),
             phase=phase,
             procs=(
-                ProcSample("main", "server", "local", 1, cpu_pct=main),
-                ProcSample("worker", "server", "local", 2, cpu_pct=worker),
+                ProcSample(name="main", role="server", node="local", pid=1, cpu_pct=main),
+                ProcSample(name="worker", role="server", node="local", pid=2, cpu_pct=worker),
             ),
         )
 
@@ -225,8 +225,10 @@ def _two_servers(path: Path) -> Path:
     from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 
     procs = (
-        ProcessSpec("main", "server", "llama.cpp", ("-m", "/m.gguf"), "127.0.0.1", 1),
-        ProcessSpec("worker0", "server", "llama.cpp", ("-m", "/w.gguf"), "127.0.0.1", 2),
+        ProcessSpec(name="main", role="server", engine="llama.cpp", argv=("-m", "/m.gguf"), host="127.0.0.1", port=1),
+        ProcessSpec(
+            name="worker0", role="server", engine="llama.cpp", argv=("-m", "/w.gguf"), host="127.0.0.1", port=2
+        ),
     )
     path.write_text(json.dumps({"launch": LaunchSpec(procs).to_json()}))
     return path

@@ -255,7 +255,9 @@ def test_round_tags_round_trip_through_details() -> None:
 
 
 def entry(label: str, port: int, used: float | None, capacity: float = 1000.0, margin: float = 100.0) -> SweepEntry:
-    spec = LaunchSpec((ProcessSpec("main", ProcessRole.SERVER, "llama.cpp", (), "127.0.0.1", port),))
+    spec = LaunchSpec(
+        (ProcessSpec(name="main", role=ProcessRole.SERVER, engine="llama.cpp", argv=(), host="127.0.0.1", port=port),)
+    )
     doc: dict[str, object] = {"launch": spec.to_json()}
     if used is not None:
         doc["devices"] = [

@@ -24,7 +24,9 @@ from tests.helpers import free_port, run_cli
 
 def test_a_prediction_moves_with_the_context_as_the_model_does(tmp_path: Path) -> None:
     p = load_profile(generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "f16").files[0])
-    sp = make_plan([ServiceSpec("t", p, Settings(ctx=65536), "cpu-moe")], load("rtx-pro-6000")).main
+    sp = make_plan(
+        [ServiceSpec(name="t", model=p, settings=Settings(ctx=65536), strategy="cpu-moe")], load("rtx-pro-6000")
+    ).main
     stored = sp.prediction.to_json()
     for depth in (0, 4096, 65536):
         direct = predict(p, sp.hw, sp.placement, sp.spec.settings, depth=depth)
@@ -36,7 +38,7 @@ def test_a_prediction_moves_with_the_context_as_the_model_does(tmp_path: Path) -
 def test_versus_and_efficiency(tmp_path: Path) -> None:
     p = load_profile(generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "f16").files[0])
     stored = make_plan(
-        [ServiceSpec("t", p, Settings(ctx=8192), "cpu-moe")], load("rtx-pro-6000")
+        [ServiceSpec(name="t", model=p, settings=Settings(ctx=8192), strategy="cpu-moe")], load("rtx-pro-6000")
     ).main.prediction.to_json()
     exp = expected(stored, [("short", 0, None), ("d4096", 4096, 300)])
     assert exp["d4096"]["tg_tok_s"] < exp["short"]["tg_tok_s"]

@@ -34,7 +34,13 @@ from tests.helpers import run_cli
 # -- what a run records ----------------------------------------------------------------------
 
 MAIN = ProcessSpec(
-    "main", "server", "llama.cpp", ("-m", "m.gguf", "--rpc", "127.0.0.1:50052"), "127.0.0.1", 8080, after=("rpc0",)
+    name="main",
+    role="server",
+    engine="llama.cpp",
+    argv=("-m", "m.gguf", "--rpc", "127.0.0.1:50052"),
+    host="127.0.0.1",
+    port=8080,
+    after=("rpc0",),
 )
 
 
@@ -44,9 +50,24 @@ MAIN = ProcessSpec(
         (MAIN, {"rpc0": "TCP"}, "tcp", "tcp", "TCP"),
         (MAIN, {"rpc0": "RDMA", "rpc1": "TCP"}, "rdma", "rdma", "RDMA"),  # another server's worker is not this one's
         (MAIN, {"rpc0": None}, "auto", "auto", "unknown"),  # the log told nothing
-        (ProcessSpec("main", "server", "llama.cpp", ("-m", "m.gguf"), "127.0.0.1", 8080), {}, "tcp", NO_RPC, NO_RPC),
         (
-            ProcessSpec("main", "server", "llama.cpp", ("--rpc", "10.0.0.2:50052"), "127.0.0.1", 8080),
+            ProcessSpec(
+                name="main", role="server", engine="llama.cpp", argv=("-m", "m.gguf"), host="127.0.0.1", port=8080
+            ),
+            {},
+            "tcp",
+            NO_RPC,
+            NO_RPC,
+        ),
+        (
+            ProcessSpec(
+                name="main",
+                role="server",
+                engine="llama.cpp",
+                argv=("--rpc", "10.0.0.2:50052"),
+                host="127.0.0.1",
+                port=8080,
+            ),
             {},
             "tcp",
             "tcp",
@@ -94,14 +115,14 @@ def test_the_target_carries_the_transport(tmp_path: Path) -> None:
 
 def _plan(path: Path, label: str) -> Path:
     procs = (
-        ProcessSpec("rpc0", "rpc", "llama.cpp", (), "127.0.0.1", 50052),
+        ProcessSpec(name="rpc0", role="rpc", engine="llama.cpp", argv=(), host="127.0.0.1", port=50052),
         ProcessSpec(
-            "main",
-            "server",
-            "llama.cpp",
-            ("-m", "m.gguf", "--rpc", "127.0.0.1:50052"),
-            "127.0.0.1",
-            8080,
+            name="main",
+            role="server",
+            engine="llama.cpp",
+            argv=("-m", "m.gguf", "--rpc", "127.0.0.1:50052"),
+            host="127.0.0.1",
+            port=8080,
             after=("rpc0",),
         ),
     )
@@ -305,11 +326,18 @@ def test_transport_axis_doubles_the_space() -> None:
     from moetune.plan.settings import Settings
 
     base = Settings()
-    axes = Axes(("auto",), (None,), (512,), (True,), (("f16", "f16"),), transports=("tcp", "rdma"))
+    axes = Axes(
+        strategies=("auto",),
+        threads=(None,),
+        ubatches=(512,),
+        flash_attn=(True,),
+        cache_types=(("f16", "f16"),),
+        transports=("tcp", "rdma"),
+    )
     cands = space(axes, base)
     assert [c.transport for c in cands] == ["tcp", "rdma"]
     assert [c.label for c in cands] == ["auto t-default ub512 fa", "auto t-default ub512 fa rdma"]
-    assert Candidate("auto").transport == "tcp"
+    assert Candidate(strategy="auto").transport == "tcp"
 
 
 def test_tune_refuses_transports_before_any_launch(tmp_path: Path, models: Path, bin_dir: Path) -> None:

@@ -112,7 +112,7 @@ def test_a_worker_started_over_ssh_in_a_hostile_directory(fake_ssh: Path, tmp_pa
     out = tmp_path / "argv"
     args = ["-H", "127.0.0.1", "-p", "50052", text]
     p = RemoteProcess.start(
-        "w", "node-b", [str(binary), *args], {"ODD": text, "STUB_OUT": str(out)}, tmp_path / "w.log"
+        "w", "node-b", [str(binary), *args], {"ODD": text, "STUB_OUT": str(out)}, log=tmp_path / "w.log"
     )
     wait_for(lambda: not p.alive(), 10, "the stub to finish")
     assert p.returncode == 0, (tmp_path / "w.log").read_text()
@@ -123,7 +123,7 @@ def test_a_worker_started_over_ssh_in_a_hostile_directory(fake_ssh: Path, tmp_pa
 def test_a_link_test_command_survives_the_remote_shell(tmp_path: Path) -> None:
     binary = _stub(tmp_path / "$(x) it's")
     out = tmp_path / "argv"
-    node = Node("b", 4, 1024, 10, (), ssh="node-b")
+    node = Node(name="b", cores=4, ram_mib=1024, ram_bw_gbs=10, devices=(), ssh="node-b")
     argv = End(node, ("ssh",)).argv(["env", f"STUB_OUT={out}", str(binary), *HOSTILE])
     r = subprocess.run(["bash", "-c", argv[-1]], cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr

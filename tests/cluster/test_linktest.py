@@ -19,15 +19,18 @@ CPU = {"cores": 2, "ram_mib": 4000, "ram_bw_gbs": 20}
 
 def test_summary_from_raw_numbers() -> None:
     r = LinkResult(
-        "a",
-        "b",
-        "10.0.0.2",
-        5201,
-        "builtin",
-        3.0,
-        tuple(x * 1e-6 for x in range(1, 101)),
-        1,
-        (Throughput(1, 3_750_000_000, 3.0, "builtin"), Throughput(8, 15_000_000_000, 3.0, "builtin")),
+        src="a",
+        dst="b",
+        addr="10.0.0.2",
+        port=5201,
+        tool="builtin",
+        duration_s=3.0,
+        rtt_s=tuple(x * 1e-6 for x in range(1, 101)),
+        msg_bytes=1,
+        throughput=(
+            Throughput(streams=1, bytes=3_750_000_000, seconds=3.0, tool="builtin"),
+            Throughput(streams=8, bytes=15_000_000_000, seconds=3.0, tool="builtin"),
+        ),
     )
     s = summary(r)
     assert s["single_bits_per_s"] == pytest.approx(10e9) and s["parallel_bits_per_s"] == pytest.approx(40e9)

@@ -103,7 +103,7 @@ def test_scripts_quote_everything() -> None:
 
 def test_start_stop_by_remote_pid(fake_ssh: Path, tmp_path: Path) -> None:
     log = tmp_path / "w.log"
-    p = RemoteProcess.start("w", "node-b", ["sleep", "30"], {"MOETUNE_RUN": "t1"}, log)
+    p = RemoteProcess.start("w", "node-b", ["sleep", "30"], {"MOETUNE_RUN": "t1"}, log=log)
     try:
         assert p.started and p.remote_pid is not None
         assert Path(f"/proc/{p.remote_pid}/cmdline").read_bytes().split(b"\0")[0] == b"sleep"
@@ -122,17 +122,25 @@ def test_start_stop_by_remote_pid(fake_ssh: Path, tmp_path: Path) -> None:
 
 def test_attached_without_session_asks_the_node(fake_ssh: Path, tmp_path: Path) -> None:
     """From another process, once the ssh session is gone: alive and stop go over ssh."""
-    started = RemoteProcess.start("w", "node-b", ["sleep", "30"], {}, tmp_path / "w.log")
+    started = RemoteProcess.start("w", "node-b", ["sleep", "30"], {}, log=tmp_path / "w.log")
     assert started.remote_pid is not None and started.local is not None
     os.kill(started.local.pid, signal.SIGKILL)  # the session dies; the worker lives on
     wait_for(lambda: not started.local.alive(), 10, "the ssh client to go")  # type: ignore[union-attr]
     try:
         p = RemoteProcess.attach(
-            "w", ssh_base(), "node-b", started.remote_pid, started.remote_start_ticks, None, tmp_path / "w.log"
+            "w",
+            ssh_base(),
+            "node-b",
+            started.remote_pid,
+            remote_start_ticks=started.remote_start_ticks,
+            local=None,
+            log=tmp_path / "w.log",
         )
         assert not started.alive()  # its session is gone: a watcher counts the worker as lost
         assert p.alive() and p.group_alive()  # but it still runs there: a stop must still stop it
-        wrong = RemoteProcess.attach("w", ssh_base(), "node-b", started.remote_pid, 1, None, None)
+        wrong = RemoteProcess.attach(
+            "w", ssh_base(), "node-b", started.remote_pid, remote_start_ticks=1, local=None, log=None
+        )
         assert not wrong.remote_alive()  # same pid, another start time: not ours
         wrong.signal(signal.SIGKILL)
         assert p.remote_alive()  # and not signalled
@@ -144,7 +152,7 @@ def test_attached_without_session_asks_the_node(fake_ssh: Path, tmp_path: Path) 
 
 
 def test_killed_worker_status_reaches_the_log(fake_ssh: Path, tmp_path: Path) -> None:
-    p = RemoteProcess.start("w", "node-b", ["sleep", "30"], {}, tmp_path / "w.log")
+    p = RemoteProcess.start("w", "node-b", ["sleep", "30"], {}, log=tmp_path / "w.log")
     assert p.remote_pid is not None
     os.kill(p.remote_pid, signal.SIGKILL)
     wait_for(lambda: not p.alive(), 10, "the session to end")
@@ -156,7 +164,7 @@ def test_ssh_failures(fake_ssh: Path, tmp_path: Path) -> None:
         run_remote(ssh_base(), "unreachable", "true")
     assert e.value.hint and "BatchMode=yes unreachable true" in e.value.hint
     t0 = time.monotonic()
-    p = RemoteProcess.start("w", "unreachable", ["sleep", "30"], {}, tmp_path / "w.log")
+    p = RemoteProcess.start("w", "unreachable", ["sleep", "30"], {}, log=tmp_path / "w.log")
     assert time.monotonic() - t0 < 10
     assert not p.started and not p.alive() and not p.group_alive()
     assert "Could not resolve hostname" in (tmp_path / "w.log").read_text()

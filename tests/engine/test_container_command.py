@@ -53,7 +53,16 @@ def test_the_reference_base_command_from_a_plan_on_one_gpu_of_two(tmp_path: Path
         server=ServerOptions(host="0.0.0.0"),
     )  # plan --listen 0.0.0.0
     plan = make_plan(
-        [ServiceSpec("glm", load_profile(g.files[0]), s, "cpu-moe", port=8000, devices=("CUDA1",))],
+        [
+            ServiceSpec(
+                name="glm",
+                model=load_profile(g.files[0]),
+                settings=s,
+                strategy="cpu-moe",
+                port=8000,
+                devices=("CUDA1",),
+            )
+        ],
         load("rtx-pro-6000x2"),
     )
     sp = plan.main

@@ -61,7 +61,12 @@ def test_an_older_ik_build_with_a_bare_fa() -> None:
 
 
 def test_the_dialect_follows_what_the_build_accepts() -> None:
-    f = EngineFacts(EngineKind.MAINLINE, "version: 1", frozenset({"-fa on", "--no-mmap"}), NCpuMoeRule.FIRST)
+    f = EngineFacts(
+        kind=EngineKind.MAINLINE,
+        version="version: 1",
+        accepts=frozenset({"-fa on", "--no-mmap"}),
+        n_cpu_moe=NCpuMoeRule.FIRST,
+    )
     d = dialect(EngineKind.MAINLINE, f)
     assert (d.fit_off, d.no_repack, d.no_mmap, d.kv_unified) == ((), (), ("--no-mmap",), ())
     k = dialect(EngineKind.MAINLINE)

@@ -50,7 +50,9 @@ CPU_ONLY = {"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 24000, "r
 
 def plan_of(p: ModelProfile, kind: EngineKind, hw: dict[str, Any] | None = None, **kw: Any) -> Plan:
     s = replace(Settings(ctx=2048, ubatch=512, batch=2048), engine=kind, **kw)
-    return make_plan([ServiceSpec("t", p, s, "auto", engine=ENGINE)], from_dict(hw or CPU_ONLY))
+    return make_plan(
+        [ServiceSpec(name="t", model=p, settings=s, strategy="auto", engine=ENGINE)], from_dict(hw or CPU_ONLY)
+    )
 
 
 def ik_part(argv: list[str]) -> list[str]:

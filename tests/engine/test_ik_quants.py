@@ -67,7 +67,9 @@ def check_placement(
     ik_bin_dir: Path, p: ModelProfile, facts: dict[str, EngineFacts], workers: list[str], strategy: str
 ) -> None:
     s = replace(Settings(ctx=2048, ubatch=256, batch=2048, ctk="q8_0", ctv="q8_0"), engine=EngineKind.IK)
-    plan = make_plan([ServiceSpec("t", p, s, strategy, engine=ENGINE)], from_dict(loopback_hw(workers)))
+    plan = make_plan(
+        [ServiceSpec(name="t", model=p, settings=s, strategy=strategy, engine=ENGINE)], from_dict(loopback_hw(workers))
+    )
     sp = plan.main
     ok, log = reserve_log(
         ik_bin_dir / "llama-server", strip_endpoint(service_argv(sp, facts)), timeout=120, marker=IK_RESERVED

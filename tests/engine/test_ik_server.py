@@ -64,7 +64,7 @@ def ik_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelProfil
 
 def ik_plan(p: ModelProfile, hw_doc: dict[str, object], strategy: str, ctx: int = 4096) -> Plan:
     s = replace(Settings(ctx=ctx, ubatch=512, batch=2048, ctk="f16", ctv="f16"), engine=EngineKind.IK)
-    return make_plan([ServiceSpec("t", p, s, strategy, engine=ENGINE)], from_dict(hw_doc))
+    return make_plan([ServiceSpec(name="t", model=p, settings=s, strategy=strategy, engine=ENGINE)], from_dict(hw_doc))
 
 
 def service_notes_for(plan: Plan, n: int) -> list[str]:
@@ -192,11 +192,13 @@ def test_the_n_cpu_moe_note_is_the_builds_rule(
     on_cpu = sorted({int(k.split(".")[1]) for k, v in overrides_in(log).items() if v.startswith("CPU")})
     d = dialect(EngineKind.IK, facts[ENGINE])
     n_dev = len(engine_devices(d, [(a.name, True) for a in plan.hw.accelerators()]))
-    assert on_cpu == n_cpu_moe_layers(d.n_cpu_moe, n, p.n_layer, list(sp.placement.layer_device), n_dev)
+    assert on_cpu == n_cpu_moe_layers(d.n_cpu_moe, n, p.n_layer, list(sp.placement.layer_device), n_devices=n_dev)
     # a build without a GPU backend counts the CPU as a device beside the RPC servers: with one RPC
     # device that is two devices already, and N is taken from the end of each one's layers
     assert n_dev == n_rpc + 1 and on_cpu != list(range(n))
-    assert n_cpu_moe_note(d, n, p.n_layer, list(sp.placement.layer_device), n_dev) in service_notes_for(plan, n)
+    assert n_cpu_moe_note(d, n, p.n_layer, list(sp.placement.layer_device), n_devices=n_dev) in service_notes_for(
+        plan, n
+    )
 
 
 def test_a_random_vocabulary_reply_comes_back_whole(
@@ -231,8 +233,10 @@ def test_a_layout_of_two_services_on_ik(
     weights the shared plan gives it."""
     s = replace(Settings(ctx=2048, ubatch=256, batch=2048, ctk="q8_0", ctv="q8_0"), engine=EngineKind.IK)
     services = [
-        ServiceSpec("big", ik_models["glm4moe"], s, "auto", port=9100, engine=ENGINE),
-        ServiceSpec("small", ik_models["qwen3moe"], s, "cpu-moe", port=9101, engine=ENGINE),
+        ServiceSpec(name="big", model=ik_models["glm4moe"], settings=s, strategy="auto", port=9100, engine=ENGINE),
+        ServiceSpec(
+            name="small", model=ik_models["qwen3moe"], settings=s, strategy="cpu-moe", port=9101, engine=ENGINE
+        ),
     ]
     plan = make_plan(services, from_dict(loopback_hw(workers[:1])))
     for sp in plan.services:

@@ -41,7 +41,7 @@ def test_both_eras_read_checkpoints_restores_and_full_reprocessing(path: Path, e
 @pytest.mark.parametrize("path", [MAINLINE, IK])
 def test_doctor_counts_restores_and_what_they_kept(path: Path) -> None:
     log = parse_log(path.read_text(errors="replace"))
-    (f,) = [f for f in examine([Source(path.name, server=log)]) if f.code == "checkpoint_restores"]
+    (f,) = [f for f in examine([Source(name=path.name, server=log)]) if f.code == "checkpoint_restores"]
     assert f.data["restores"] == 1 and f.data["full_reprocessing"] == 1
     assert f.data["tokens_kept"] == log.checkpoint_restores[0].tokens_kept
     assert "avoided as many full prompt re-processings" in f.title and "--ctx-checkpoints" in f.remedy
@@ -53,7 +53,7 @@ def test_doctor_counts_restores_and_what_they_kept(path: Path) -> None:
 def test_no_finding_without_checkpoints() -> None:
     log = parse_log((LOGS / "real_serve.mainline.log").read_text(errors="replace"))
     assert not log.checkpoints_created
-    assert not [f for f in examine([Source("s", server=log)]) if f.code == "checkpoint_restores"]
+    assert not [f for f in examine([Source(name="s", server=log)]) if f.code == "checkpoint_restores"]
 
 
 def test_ledger_size_matches_both_engines_logs(tmp_path: Path) -> None:

@@ -171,7 +171,7 @@ def test_ik_llama_cpp_is_a_built_in_engine_too(tmp_path: Path, monkeypatch: pyte
     assert registry.resolve("ik_llama.cpp") == (ik.name, EngineKind.IK)
     mine = tmp_path / "mine"
     _script(mine / "llama-server", "echo 'version: 4000 (abc)' >&2")
-    registry.add("my-ik", "ik_llama.cpp", str(mine), None, None)
+    registry.add("my-ik", "ik_llama.cpp", str(mine), None, runtime=None)
     assert registry.resolve("ik_llama.cpp") == ("my-ik", EngineKind.IK)
     _script(build_for(recipe=IK).bin_dir / "llama-server", "echo 'version: 0 (ik-llama-cpp-python-0.1.5)' >&2")
     assert registry.resolve("ik_llama.cpp") == (ik.name, EngineKind.IK)

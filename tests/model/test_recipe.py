@@ -171,7 +171,7 @@ def test_the_requantize_of_a_quantized_source_needs_consent(tmp_path: Path) -> N
 
 def test_each_dialect_spells_the_rules_its_way() -> None:
     rules = [(r"^blk\.([0-3])\.ffn_up_exps\.weight$", "IQ4_KS"), (".", "Q8_0")]
-    assert quantize_argv(IK, "q", "in.gguf", "out.gguf", "IQ4_KS", rules, imatrix="m.dat", threads=2) == [
+    assert quantize_argv(IK, "q", "in.gguf", "out.gguf", ftype="IQ4_KS", rules=rules, imatrix="m.dat", threads=2) == [
         "q",
         "--imatrix",
         "m.dat",
@@ -182,7 +182,7 @@ def test_each_dialect_spells_the_rules_its_way() -> None:
         "IQ4_KS",
         "2",
     ]
-    assert quantize_argv(MAIN, "q", "in.gguf", "out.gguf", "Q8_0", rules[1:], allow_requantize=True) == [
+    assert quantize_argv(MAIN, "q", "in.gguf", "out.gguf", ftype="Q8_0", rules=rules[1:], allow_requantize=True) == [
         "q",
         "--allow-requantize",
         "--tensor-type",

@@ -135,7 +135,7 @@ def test_concentrated_routing_speeds_up_prefill_with_experts_on_the_host_and_not
     s = Settings(ctx=4096, ubatch=128)
 
     def plan(routing: object) -> dict[str, object]:
-        pl = make_plan([ServiceSpec("main", p, s, "cpu-moe", routing=routing)], hw)  # type: ignore[arg-type]
+        pl = make_plan([ServiceSpec(name="main", model=p, settings=s, strategy="cpu-moe", routing=routing)], hw)  # type: ignore[arg-type]
         return pl.main.prediction.to_json()
 
     uniform, measured = plan(None), plan(read_routing(hot, p.n_expert, p.n_expert_used))

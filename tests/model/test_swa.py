@@ -28,7 +28,7 @@ def _profile(arch: str, n_layer: int = 8, **hp: Any) -> ModelProfile:
         f"{arch}.attention.value_length": 64,
     }
     meta.update({f"{arch}.{k}": v for k, v in hp.items()})
-    return ModelProfile(arch, ("m.gguf",), meta, ())
+    return ModelProfile(arch=arch, files=("m.gguf",), metadata=meta, tensors=())
 
 
 @pytest.mark.parametrize(
@@ -98,13 +98,18 @@ def test_decode_reads_at_most_a_window_of_the_windowed_layers(tmp_path: Any) -> 
     from tests.helpers import loopback_hw
 
     p = load_profile(generate(tmp_path / "g.gguf", "gpt-oss", small_dims("gpt-oss"), "f16").files[0])
-    sp = make_plan([ServiceSpec("t", p, Settings(ctx=8192), "cpu-moe")], from_dict(loopback_hw([]))).main
+    sp = make_plan(
+        [ServiceSpec(name="t", model=p, settings=Settings(ctx=8192), strategy="cpu-moe")], from_dict(loopback_hw([]))
+    ).main
     d = next(x for x in sp.prediction.work.devices if x.kv_bytes_windowed)
     full, windowed = kv_shape(p).bytes_per_token_split()
     assert (d.kv_bytes_per_ctx, d.kv_bytes_windowed, d.window) == (full, windowed, 128)
     assert d.kv_read(100)[0] == 100 * (full + windowed)
     assert d.kv_read(4096)[0] == 4096 * full + 128 * windowed
-    sp = make_plan([ServiceSpec("t", p, Settings(ctx=8192, swa_full=True), "cpu-moe")], from_dict(loopback_hw([]))).main
+    sp = make_plan(
+        [ServiceSpec(name="t", model=p, settings=Settings(ctx=8192, swa_full=True), strategy="cpu-moe")],
+        from_dict(loopback_hw([])),
+    ).main
     assert all(x.window == 0 for x in sp.prediction.work.devices)
 
 
@@ -128,7 +133,7 @@ def test_gpt_oss_placement_moves_expert_biases_with_their_weights(tmp_path: Any)
     assert p.layers[0].experts["ffn_up_exps"] == ("MXFP4", up.nbytes + 2880 * 128 * 4)
     hw = from_dict(loopback_hw([], mem_mib=1e7, cpu_ram_mib=1e8))
     for strategy in ("cpu-moe", "n-cpu-moe:10"):
-        sp = make_plan([ServiceSpec("t", p, Settings(ctx=8192), strategy)], hw).main
+        sp = make_plan([ServiceSpec(name="t", model=p, settings=Settings(ctx=8192), strategy=strategy)], hw).main
         rules = override_rules(p, sp.placement)
         check_rules(p, sp.placement, rules)  # every expert tensor, biases included, where the plan says
         ex = sp.placement.experts()

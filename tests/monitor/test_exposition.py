@@ -28,13 +28,25 @@ FULL = Snapshot(
         cpu_pct=(50.0, 12.5), mem_total_bytes=64 << 30, mem_used_bytes=20 << 30, mlocked_bytes=1 << 30, load1=1.5
     ),
     procs=(
-        ProcSample("main", "server", "local", 100, cpu_pct=250.0, rss_bytes=3 << 30, threads=9, minflt=70, majflt=7),
-        ProcSample("rpc-b", "rpc", "node-b", 200, cpu_pct=None, rss_bytes=None, threads=None, alive=False),
+        ProcSample(
+            name="main",
+            role="server",
+            node="local",
+            pid=100,
+            cpu_pct=250.0,
+            rss_bytes=3 << 30,
+            threads=9,
+            minflt=70,
+            majflt=7,
+        ),
+        ProcSample(
+            name="rpc-b", role="rpc", node="node-b", pid=200, cpu_pct=None, rss_bytes=None, threads=None, alive=False
+        ),
     ),
     gpus=(
         GpuSample(
-            0,
-            "NVIDIA H200",
+            index=0,
+            name="NVIDIA H200",
             util_pct=87.5,
             mem_used_bytes=100 << 30,
             mem_total_bytes=141 << 30,
@@ -75,7 +87,7 @@ def one(
 
 
 def test_a_full_snapshot_renders_every_family_with_its_type_labels_and_value() -> None:
-    text = render([LabelledSnapshot(FULL, run=7, kind="serve-bench", label="glm", launch="20250101-abc")])
+    text = render([LabelledSnapshot(snapshot=FULL, run=7, kind="serve-bench", label="glm", launch="20250101-abc")])
     fams = families(text)
     base = {"run": "7", "launch": "20250101-abc"}
     expected = [  # name, own labels, value
@@ -129,8 +141,8 @@ def test_a_full_snapshot_renders_every_family_with_its_type_labels_and_value() -
 
 def test_one_family_block_per_name_with_help_and_type_first() -> None:
     items = [
-        LabelledSnapshot(FULL, run=1, kind="bench", label="a"),
-        LabelledSnapshot(FULL, run=2, kind="bench", label="b"),
+        LabelledSnapshot(snapshot=FULL, run=1, kind="bench", label="a"),
+        LabelledSnapshot(snapshot=FULL, run=2, kind="bench", label="b"),
     ]
     text = render(items)
     seen: list[str] = []
@@ -152,7 +164,11 @@ def test_values_that_are_none_are_left_out() -> None:
     text = render(
         [
             LabelledSnapshot(
-                Snapshot(t=5.0, procs=(ProcSample("main", "server", "local", 1),), gpus=(GpuSample(0, "g"),))
+                snapshot=Snapshot(
+                    t=5.0,
+                    procs=(ProcSample(name="main", role="server", node="local", pid=1),),
+                    gpus=(GpuSample(index=0, name="g"),),
+                )
             )
         ]
     )
@@ -166,8 +182,8 @@ def test_values_that_are_none_are_left_out() -> None:
 
 def test_label_values_are_escaped() -> None:
     nasty = 'say "hi"\nback\\slash'
-    snap = Snapshot(t=1.0, procs=(ProcSample(nasty, "server", "local", 1, threads=3),), phase=nasty)
-    text = render([LabelledSnapshot(snap, run=3, kind="bench", label=nasty, launch=nasty)])
+    snap = Snapshot(t=1.0, procs=(ProcSample(name=nasty, role="server", node="local", pid=1, threads=3),), phase=nasty)
+    text = render([LabelledSnapshot(snapshot=snap, run=3, kind="bench", label=nasty, launch=nasty)])
     assert r'label="say \"hi\"\nback\\slash"' in text
     assert "\nback" not in text.replace("\\nback", "")  # no raw newline inside a line
     fams = families(text)
@@ -180,7 +196,9 @@ def test_label_values_are_escaped() -> None:
 def test_a_series_two_items_write_is_written_once_the_first_items() -> None:
     a = Snapshot(t=1.0, host=HostSample(mem_used_bytes=1))
     b = Snapshot(t=2.0, host=HostSample(mem_used_bytes=2))
-    text = render([LabelledSnapshot(a), LabelledSnapshot(b), LabelledSnapshot(b, node="other")])
+    text = render(
+        [LabelledSnapshot(snapshot=a), LabelledSnapshot(snapshot=b), LabelledSnapshot(snapshot=b, node="other")]
+    )
     samples = families(text)["moetune_host_memory_used_bytes"][1]
     assert sorted((s[1]["node"], s[2]) for s in samples) == [("local", 1), ("other", 2)]
 
@@ -264,7 +282,7 @@ def test_series_keys_round_trip(key: str, name: str, labels: dict[str, str]) -> 
 
 def test_parsed_server_metrics_render_as_moetune_series() -> None:
     parsed = parse_text(LLAMA_SERVER)
-    fams = families(render([LabelledSnapshot(Snapshot(t=1.0, servers={"glm": parsed}))]))
+    fams = families(render([LabelledSnapshot(snapshot=Snapshot(t=1.0, servers={"glm": parsed}))]))
     assert one(fams, "moetune_server_prompt_tokens_total", service="glm")[2] == 6886
     assert one(fams, "moetune_server_kv_cache_usage_ratio", service="glm")[2] == 0.25
     assert one(fams, "moetune_server_odd", service="glm")[1]["a"] == 'x"y'

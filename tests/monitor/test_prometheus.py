@@ -62,7 +62,7 @@ def test_prometheus_scrapes_the_endpoint_and_answers_queries(tmp_path: Path) -> 
             Snapshot(
                 t=time.time(),
                 host=HostSample(mem_used_bytes=123_456_789, mem_total_bytes=1 << 34),
-                gpus=(GpuSample(0, "NVIDIA H200", util_pct=42.0),),
+                gpus=(GpuSample(index=0, name="NVIDIA H200", util_pct=42.0),),
                 servers={"main": {"llamacpp:tokens_predicted_total": 640.0}},
                 load={"requests_in_flight": 3.0},
                 phase="c=4",

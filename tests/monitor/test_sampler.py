@@ -44,7 +44,7 @@ def busy_and_idle() -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[
 
 def _watch(name: str, p: subprocess.Popen[bytes]) -> Watch:
     st = read_proc_stat(p.pid)
-    return Watch(name, "server", pid=p.pid, start_ticks=st.start_ticks if st else None)
+    return Watch(name=name, role="server", pid=p.pid, start_ticks=st.start_ticks if st else None)
 
 
 def test_a_busy_process_reads_busy_and_an_idle_one_idle(busy_and_idle: Any) -> None:
@@ -118,9 +118,9 @@ def test_server_metrics_are_scraped_and_a_server_without_them_is_not_asked_again
         return {"llamacpp:requests_processing": 2.0}
 
     ws = [
-        Watch("a", "server", pid=os.getpid(), metrics_url="http://good/metrics"),
-        Watch("b", "server", pid=os.getpid(), metrics_url="http://bad/metrics"),
-        Watch("c", "server", pid=os.getpid(), metrics_url="http://loading/metrics"),
+        Watch(name="a", role="server", pid=os.getpid(), metrics_url="http://good/metrics"),
+        Watch(name="b", role="server", pid=os.getpid(), metrics_url="http://bad/metrics"),
+        Watch(name="c", role="server", pid=os.getpid(), metrics_url="http://loading/metrics"),
     ]
     s = Sampler(watches=lambda: ws, gpus=False, scraper=scraper)
     snaps = [s.tick() for _ in range(4)]
@@ -184,8 +184,8 @@ def test_a_process_on_another_node_is_read_over_one_ssh_session(tmp_path: Path, 
     busy, _ = busy_and_idle
     st = read_proc_stat(busy.pid)
     w = Watch(
-        "rpc0",
-        "rpc",
+        name="rpc0",
+        role="rpc",
         node="node-b",
         pid=busy.pid,
         start_ticks=st.start_ticks if st else None,

@@ -70,7 +70,7 @@ def test_the_server_serves_its_source_at_each_scrape() -> None:
 
     def source() -> list[LabelledSnapshot]:
         calls.append(time.time())
-        return [LabelledSnapshot(snap(100.0 + len(calls), used=len(calls)), run=4, kind="bench", label="x")]
+        return [LabelledSnapshot(snapshot=snap(100.0 + len(calls), used=len(calls)), run=4, kind="bench", label="x")]
 
     with serving(source) as server:
         for n in (1, 2):
@@ -94,7 +94,7 @@ def test_a_failing_source_fails_the_scrape_not_the_server(capsys: pytest.Capture
     def source() -> list[LabelledSnapshot]:
         if state["fail"]:
             raise RuntimeError("database is locked")
-        return [LabelledSnapshot(snap(1.0))]
+        return [LabelledSnapshot(snapshot=snap(1.0))]
 
     with serving(source) as server:
         r = httpx.get(server.url + "/metrics", timeout=5)
@@ -105,7 +105,11 @@ def test_a_failing_source_fails_the_scrape_not_the_server(capsys: pytest.Capture
 
 
 def test_sources_combine_in_order() -> None:
-    a = combine(lambda: [LabelledSnapshot(snap(1.0), run=1)], lambda: [], lambda: [LabelledSnapshot(snap(2.0), run=2)])
+    a = combine(
+        lambda: [LabelledSnapshot(snapshot=snap(1.0), run=1)],
+        lambda: [],
+        lambda: [LabelledSnapshot(snapshot=snap(2.0), run=2)],
+    )
     assert [i.run for i in a()] == [1, 2]
 
 
@@ -120,7 +124,11 @@ def test_the_db_source_exports_the_newest_snapshot_of_each_running_run(tmp_path:
         live = make_run(db, "live", launch="L7")
         db.add_metrics(live, now - 3, snap(now - 3, used=1).to_json())
         db.add_metrics(
-            live, now - 1, snap(now - 1, used=2, procs=(ProcSample("main", "server", "local", 9, threads=4),)).to_json()
+            live,
+            now - 1,
+            snap(
+                now - 1, used=2, procs=(ProcSample(name="main", role="server", node="local", pid=9, threads=4),)
+            ).to_json(),
         )
         stale = make_run(db, "killed")  # its writer died: still running, no fresh snapshot
         db.add_metrics(stale, now - 60, snap(now - 60).to_json())

@@ -66,7 +66,13 @@ def test_a_real_llama_servers_metrics_parse_and_re_export(bin_dir: Path, tmp_pat
     fams = {
         f.name: f
         for f in text_string_to_metric_families(
-            render([LabelledSnapshot(Snapshot(t=1.0, servers={"main": after}), run=1, kind="serve-bench", label="x")])
+            render(
+                [
+                    LabelledSnapshot(
+                        snapshot=Snapshot(t=1.0, servers={"main": after}), run=1, kind="serve-bench", label="x"
+                    )
+                ]
+            )
         )
     }
     for name in USED:

@@ -24,7 +24,7 @@ def bed(axes_bed: tuple[Path, Path]) -> tuple[Path, Path]:
 def planned(bed: tuple[Path, Path], s: Settings, choose: Choose) -> tuple[Settings, str | None]:
     p: ModelProfile = load_profile(bed[0])
     hw: Inventory = load(bed[1])
-    sp = make_plan([ServiceSpec("main", p, s, "auto", choose=choose)], hw).main
+    sp = make_plan([ServiceSpec(name="main", model=p, settings=s, strategy="auto", choose=choose)], hw).main
     return sp.spec.settings, sp.attention_note
 
 

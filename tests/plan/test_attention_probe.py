@@ -139,7 +139,7 @@ def test_prefill_attends_over_the_context(bed: ModelProfile) -> None:
     assert prefill_tok_s(wq, k, 256, 2048) < 0.6 * deep  # the quantized rows at a fifth of the rate
     # a plan's PP (one ubatch from empty) is what the prefill of that ubatch at depth 0 is
     pl = cpu_moe(bed, hw)
-    assert predict(bed, hw, pl, Settings(threads=2), k).pp_tok_s == pytest.approx(prefill_tok_s(w, k, None, 0))
+    assert predict(bed, hw, pl, Settings(threads=2), k=k).pp_tok_s == pytest.approx(prefill_tok_s(w, k, None, 0))
 
 
 @pytest.mark.server

@@ -51,48 +51,63 @@ def observations(n_runs: int, seed: int = 0) -> list[Observation]:
         threads = rng.choice([4, 8, 16])
         devs = (
             DeviceWork(
-                "CPU",
-                True,
-                200.0,
-                threads,
-                16,
-                None,
-                rng.uniform(50, 4000) * MIB,
-                rng.uniform(0, 40) * 1e3,
-                rng.uniform(0.0, 2e4),
-                rng.uniform(1e8, 3e9),
-                1e11,
+                device="CPU",
+                cpu=True,
+                bw_gbs=200.0,
+                threads=threads,
+                cores=16,
+                tflops=None,
+                read_bytes=rng.uniform(50, 4000) * MIB,
+                kv_bytes_per_ctx=rng.uniform(0, 40) * 1e3,
+                ctx_flop_per_ctx=rng.uniform(0.0, 2e4),
+                active_params=rng.uniform(1e8, 3e9),
+                held_expert_bytes=1e11,
             ),
             DeviceWork(
-                "CUDA0",
-                False,
-                1790.0,
-                0,
-                0,
-                None,
-                rng.uniform(100, 9000) * MIB,
-                rng.uniform(0, 4e5),
-                rng.uniform(0.0, 2e5),
-                rng.uniform(1e8, 8e9),
+                device="CUDA0",
+                cpu=False,
+                bw_gbs=1790.0,
+                threads=0,
+                cores=0,
+                tflops=None,
+                read_bytes=rng.uniform(100, 9000) * MIB,
+                kv_bytes_per_ctx=rng.uniform(0, 4e5),
+                ctx_flop_per_ctx=rng.uniform(0.0, 2e5),
+                active_params=rng.uniform(1e8, 8e9),
             ),
             DeviceWork(
-                "RPC0[10.0.0.2:50052]",
-                False,
-                900.0,
-                0,
-                0,
-                60.0,
-                rng.uniform(0, 3000) * MIB,
-                0.0,
-                0.0,
-                rng.uniform(0, 3e9),
+                device="RPC0[10.0.0.2:50052]",
+                cpu=False,
+                bw_gbs=900.0,
+                threads=0,
+                cores=0,
+                tflops=60.0,
+                read_bytes=rng.uniform(0, 3000) * MIB,
+                kv_bytes_per_ctx=0.0,
+                ctx_flop_per_ctx=0.0,
+                active_params=rng.uniform(0, 3e9),
             ),
         )
         w = Work(
-            devs, rng.randint(2, 160), rng.randint(0, 40), 2e-4, rng.choice([256, 512, 2048]), 8 / 256, True, None, 25.0
+            devices=devs,
+            graph_splits=rng.randint(2, 160),
+            rpc_hops=rng.randint(0, 40),
+            rpc_activation_s=2e-4,
+            ubatch=rng.choice([256, 512, 2048]),
+            expert_share=8 / 256,
+            offload=True,
+            offload_tflops=None,
+            offload_link_gbs=25.0,
         )
         for depth in (0, rng.choice([1000, 8000, 32000])):
-            o = Observation(run, w, depth, None, None, rng.choice([None, 300, 4096]))
+            o = Observation(
+                run=run,
+                work=w,
+                depth=depth,
+                measured_tg=None,
+                measured_pp=None,
+                prompt_tokens=rng.choice([None, 300, 4096]),
+            )
             obs.append(replace(o, measured_tg=predict_tg(o, TRUE), measured_pp=predict_pp(o, TRUE)))
     return obs
 
@@ -183,10 +198,14 @@ def test_a_host_on_one_thread_pays_a_wake_up_per_rpc_hop() -> None:
     """With one host thread no thread of ggml's pool polls while the host waits for an RPC reply,
     and waking its sleeping core costs (measured: cpu-moe on one thread, 17 hops a token, ran 1.7x
     faster beside a spinning process that kept the cores awake)."""
-    cpu = DeviceWork("CPU", True, 20.0, 1, 2, None, 12 * MIB)
-    rpc = DeviceWork("RPC0[127.0.0.1:50052]", True, 20.0, 1, 2, None, 7 * MIB)
+    cpu = DeviceWork(device="CPU", cpu=True, bw_gbs=20.0, threads=1, cores=2, tflops=None, read_bytes=12 * MIB)
+    rpc = DeviceWork(
+        device="RPC0[127.0.0.1:50052]", cpu=True, bw_gbs=20.0, threads=1, cores=2, tflops=None, read_bytes=7 * MIB
+    )
     k = SpeedConstants()
-    one, two = (Work((replace(cpu, threads=t), rpc), 18, 17, host_threads=t) for t in (1, 2))
+    one, two = (
+        Work(devices=(replace(cpu, threads=t), rpc), graph_splits=18, rpc_hops=17, host_threads=t) for t in (1, 2)
+    )
     gap = decode_seconds(one, 0, k) - decode_seconds(two, 0, k)
     host_read = device_decode_seconds(replace(cpu, threads=1), 0, k) - device_decode_seconds(
         replace(cpu, threads=2), 0, k
@@ -198,7 +217,7 @@ def test_a_host_on_one_thread_pays_a_wake_up_per_rpc_hop() -> None:
     )
     # runs of one and two threads, with one hop and with seventeen: the fit finds the wake-up
     obs = [
-        Observation(i, w, 0, None)
+        Observation(run=i, work=w, depth=0, measured_tg=None)
         for i, w in enumerate(
             (one, two, replace(one, graph_splits=2, rpc_hops=1), replace(two, graph_splits=2, rpc_hops=1))
         )

@@ -60,7 +60,7 @@ def test_ledger_counts_every_slots_checkpoints_on_the_host(
     qwen35: ModelProfile, slots: int, n: int | None, want_n: int
 ) -> None:
     s = Settings(ctx=65536 * slots, slots=slots, ctx_checkpoints=n)
-    sp = make_plan([ServiceSpec("q", qwen35, s, "cpu-moe")], load("rtx-pro-6000x2")).main
+    sp = make_plan([ServiceSpec(name="q", model=qwen35, settings=s, strategy="cpu-moe")], load("rtx-pro-6000x2")).main
     items = [i for its in sp.memory.items.values() for i in its if i.what == "checkpoints"]
     if not want_n:
         assert not items
@@ -152,7 +152,10 @@ def test_both_engines_parse_the_rendered_flag(kind: str) -> None:
 
 
 def test_cpu_only_hardware_file_has_the_item(small: dict[str, ModelProfile]) -> None:
-    sp = make_plan([ServiceSpec("t", small["qwen35moe"], Settings(), "cpu-moe")], from_dict(loopback_hw([]))).main
+    sp = make_plan(
+        [ServiceSpec(name="t", model=small["qwen35moe"], settings=Settings(), strategy="cpu-moe")],
+        from_dict(loopback_hw([])),
+    ).main
     assert any(i.what == "checkpoints" for i in sp.memory.items["CPU"])
 
 

@@ -43,7 +43,7 @@ def test_checkpoint_size_matches_llama_server(bin_dir: Path, tmp_path: Path, arc
         dims = with_overrides(dims, ssm_dt_rank=8)  # 8 value heads: a state large against the log's 0.001 MiB
     p = load_profile(generate(tmp_path / f"{arch}.gguf", arch, dims, "f16").files[0])
     s = Settings(ctx=8192 * par, slots=par, ubatch=256, ctx_checkpoints=4)
-    sp = make_plan([ServiceSpec("t", p, s, "cpu-moe")], from_dict(loopback_hw([]))).main
+    sp = make_plan([ServiceSpec(name="t", model=p, settings=s, strategy="cpu-moe")], from_dict(loopback_hw([]))).main
     ckpt = next(i for i in sp.memory.items["CPU"] if i.what == "checkpoints")
     each = checkpoint_bytes(kv_shape(p), s.engine, tokens_per_slot=s.ctx // par, streams=par) / MIB
     assert ckpt.mib == pytest.approx(par * 4 * each)

@@ -81,12 +81,18 @@ def test_verdicts_agree_with_llama_fit_params(
     p = load_profile(generate(tmp_path / f"{arch}.gguf", arch, MODELS[arch], "f16").files[0])
     s = Settings(ctx=ctx, ubatch=ub)
     need = (
-        make_plan([ServiceSpec("t", p, s, "all-gpu")], from_dict(loopback_hw([endpoint], mem_mib=1e6)))
+        make_plan(
+            [ServiceSpec(name="t", model=p, settings=s, strategy="all-gpu")],
+            from_dict(loopback_hw([endpoint], mem_mib=1e6)),
+        )
         .ledgers[0]
         .used_mib
     )
     for factor in (0.93, 1.07):
         cap = need * factor
-        ours = make_plan([ServiceSpec("t", p, s, "all-gpu")], from_dict(loopback_hw([endpoint], mem_mib=cap))).fits
+        ours = make_plan(
+            [ServiceSpec(name="t", model=p, settings=s, strategy="all-gpu")],
+            from_dict(loopback_hw([endpoint], mem_mib=cap)),
+        ).fits
         theirs = fit_params_fits(bin_dir, p, endpoint, free, cap, ctx, ub)
         assert ours == theirs == (factor > 1), (factor, round(cap, 1), ours, theirs)

@@ -83,7 +83,7 @@ def test_ledger_matches_llama_fit_params_at_full_scale(
     s = Settings(
         ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=cache, ctv=cache if fa else "f16", flash_attn=fa, repack=False
     )
-    sp = make_plan([ServiceSpec("t", replicas[preset], s, "cpu-moe")], hw).main
+    sp = make_plan([ServiceSpec(name="t", model=replicas[preset], settings=s, strategy="cpu-moe")], hw).main
     r = subprocess.run(
         [str(bin_dir / "llama-fit-params"), *strip_flags(service_argv(sp)), "-lv", "4"],
         capture_output=True,
@@ -113,7 +113,8 @@ def test_ledger_matches_llama_servers_own_reserve_at_full_scale(bin_dir: Path, t
     with rpc_workers(bin_dir, 2) as ends:
         s = Settings(ctx=65536, ubatch=2048, ctk="f16", ctv="f16", slots=4, repack=False)
         sp = make_plan(
-            [ServiceSpec("t", p, s, "cpu-moe")], from_dict(loopback_hw(ends, mem_mib=1e7, cpu_ram_mib=1e8))
+            [ServiceSpec(name="t", model=p, settings=s, strategy="cpu-moe")],
+            from_dict(loopback_hw(ends, mem_mib=1e7, cpu_ram_mib=1e8)),
         ).main
         ok, log = reserve_log(bin_dir / "llama-server", [*strip_endpoint(service_argv(sp)), "-lv", "4"], timeout=300)
     assert ok, log[-2000:]

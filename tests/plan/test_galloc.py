@@ -13,7 +13,7 @@ GPU, RPC = "CUDA0", "RPC0"
 
 
 def N(name: str, nbytes: int, *srcs: str, **kw: object) -> Node:  # a table-friendly constructor
-    return Node(name, nbytes, tuple(srcs), **kw)  # type: ignore[arg-type]
+    return Node(name=name, nbytes=nbytes, srcs=tuple(srcs), **kw)  # type: ignore[arg-type]
 
 
 # (case, nodes, peak bytes on the CPU): ggml_dyn_tallocr on one buffer

@@ -67,7 +67,7 @@ def test_graph_split_divides_layers_and_kv_by_the_rendered_shares(
     models: dict[str, ModelProfile], arch: str, mem: tuple[float, float], pct: tuple[int, int]
 ) -> None:
     p = models[arch]
-    sp = make_plan([ServiceSpec("t", p, IK, "all-gpu")], from_dict(two_gpus(mem))).main
+    sp = make_plan([ServiceSpec(name="t", model=p, settings=IK, strategy="all-gpu")], from_dict(two_gpus(mem))).main
     argv = service_argv(sp)
     assert argv[argv.index("-sm") + 1] == "graph"
     assert argv[argv.index("-ts") + 1] == f"{pct[0]},{pct[1]}"
@@ -91,7 +91,7 @@ def test_graph_split_divides_layers_and_kv_by_the_rendered_shares(
 
 def test_experts_on_the_cpu_stay_there(models: dict[str, ModelProfile]) -> None:
     p = models["qwen3moe"]
-    sp = make_plan([ServiceSpec("t", p, IK, "cpu-moe")], from_dict(two_gpus())).main
+    sp = make_plan([ServiceSpec(name="t", model=p, settings=IK, strategy="cpu-moe")], from_dict(two_gpus())).main
     experts = sum(t.nbytes for t in p.loaded_tensors() if t.is_expert) / MIB
     cpu = _items(sp, "weights (pinned)")["CPU"] + _items(sp, "weights").get("CPU", 0.0)
     assert cpu >= experts
@@ -158,7 +158,7 @@ def test_graph_split_refused_with_rpc_devices(models: dict[str, ModelProfile]) -
         }
     )
     with pytest.raises(InputError, match="RPC devices"):
-        make_plan([ServiceSpec("t", models["qwen3moe"], IK, "all-gpu")], from_dict(hw))
+        make_plan([ServiceSpec(name="t", model=models["qwen3moe"], settings=IK, strategy="all-gpu")], from_dict(hw))
 
 
 def test_split_mode_as_an_extra_flag_names_the_option(models: dict[str, ModelProfile], tmp_path: Path) -> None:
@@ -200,9 +200,9 @@ def test_split_against_ik_llama_cpps_own_estimate(
     hw = from_dict(two_gpus((24000 * pct[0] / 50, 24000 * pct[1] / 50)))
     if arch == "qwen35moe" and pct[1] == 25:  # 2 key heads: a quarter of them is none
         with pytest.raises(InputError, match="key heads"):
-            make_plan([ServiceSpec("t", p, IK, "all-gpu")], hw)
+            make_plan([ServiceSpec(name="t", model=p, settings=IK, strategy="all-gpu")], hw)
         return
-    sp = make_plan([ServiceSpec("t", p, IK, "all-gpu")], hw).main
+    sp = make_plan([ServiceSpec(name="t", model=p, settings=IK, strategy="all-gpu")], hw).main
     argv = service_argv(sp)
     ts = argv[argv.index("-ts") + 1]
     assert ts == f"{pct[0]},{pct[1]}"

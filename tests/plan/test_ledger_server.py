@@ -122,7 +122,9 @@ def test_ledger_matches_llama_server(
     hw = from_dict(loopback_hw(workers[:n_rpc]))
     # repack off: it crashes at load on an AVX-512 CPU with AMX (DESIGN.md section 5); tests/plan/test_repack_server.py
     s = Settings(ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=ct, ctv=ct, repack=False)
-    plan = make_plan([ServiceSpec("t", p, s, "cpu-moe" if strategy == "cpu-only" else strategy)], hw)
+    plan = make_plan(
+        [ServiceSpec(name="t", model=p, settings=s, strategy="cpu-moe" if strategy == "cpu-only" else strategy)], hw
+    )
     sp = plan.main
     ok, log = reserve_log(bin_dir / "llama-server", [*strip_endpoint(service_argv(sp)), "-lv", "5"], timeout=120)
     assert ok, log[-2000:]

@@ -78,14 +78,14 @@ def test_bad_layer_sets(glm51: ModelProfile, spec: str) -> None:
 @pytest.mark.parametrize(
     ("text", "expect"),
     [
-        ("auto", plc.Strategy("auto")),
-        (" cpu-moe ", plc.Strategy("cpu-moe")),
-        ("all-gpu", plc.Strategy("all-gpu")),
-        ("n-cpu-moe:64", plc.Strategy("n-cpu-moe", n=64)),
-        ("layers:CUDA0=3-14,CUDA1=68-77", plc.Strategy("layers", spec="CUDA0=3-14,CUDA1=68-77")),
-        ("head-tail:12+10", plc.Strategy("head-tail", head=12, tail=10)),
-        ("head-tail:8 + 8 + 4", plc.Strategy("head-tail", head=8, tail=8, middle=4)),
-        ("head-tail:0+14", plc.Strategy("head-tail", tail=14)),
+        ("auto", plc.Strategy(kind="auto")),
+        (" cpu-moe ", plc.Strategy(kind="cpu-moe")),
+        ("all-gpu", plc.Strategy(kind="all-gpu")),
+        ("n-cpu-moe:64", plc.Strategy(kind="n-cpu-moe", n=64)),
+        ("layers:CUDA0=3-14,CUDA1=68-77", plc.Strategy(kind="layers", spec="CUDA0=3-14,CUDA1=68-77")),
+        ("head-tail:12+10", plc.Strategy(kind="head-tail", head=12, tail=10)),
+        ("head-tail:8 + 8 + 4", plc.Strategy(kind="head-tail", head=8, tail=8, middle=4)),
+        ("head-tail:0+14", plc.Strategy(kind="head-tail", tail=14)),
     ],
 )
 def test_parse_strategy(text: str, expect: plc.Strategy) -> None:
@@ -151,7 +151,7 @@ def _expert_layers(pl: plc.Placement) -> dict[str, set[int]]:
 def test_head_tail_on_glm51(
     glm51: ModelProfile, gpus: tuple[float, ...], head: int, tail: int, middle: int, expect: dict[str, set[int]]
 ) -> None:
-    pl = plc.head_tail(glm51, _hw(*gpus), head, tail, middle)
+    pl = plc.head_tail(glm51, _hw(*gpus), head, tail, middle=middle)
     got = _expert_layers(pl)
     assert set(range(3, 78)) - set().union(*expect.values()) == got.pop("CPU", set())
     assert got == expect

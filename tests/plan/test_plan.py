@@ -21,9 +21,9 @@ REF = Settings(ctx=32768, ctk="q8_0", ctv="q8_0", batch=8192, ubatch=8192, engin
 
 def test_reference_case_n_cpu_moe_64_fits_58_oom_on_compute(glm51: ModelProfile) -> None:
     hw = load("rtx-pro-6000")
-    p64 = make_plan([ServiceSpec("glm", glm51, REF, "n-cpu-moe:64")], hw)
+    p64 = make_plan([ServiceSpec(name="glm", model=glm51, settings=REF, strategy="n-cpu-moe:64")], hw)
     assert p64.fits
-    p58 = make_plan([ServiceSpec("glm", glm51, REF, "n-cpu-moe:58")], hw)
+    p58 = make_plan([ServiceSpec(name="glm", model=glm51, settings=REF, strategy="n-cpu-moe:58")], hw)
     assert not p58.fits
     (sf,) = p58.shortfalls
     assert sf.device == "CUDA0" and sf.what == "compute"
@@ -37,7 +37,7 @@ def test_reference_case_n_cpu_moe_64_fits_58_oom_on_compute(glm51: ModelProfile)
 
 def test_reference_kv_and_host_buffers(glm51: ModelProfile) -> None:
     hw = load("rtx-pro-6000")
-    p = make_plan([ServiceSpec("glm", glm51, REF, "cpu-moe")], hw)
+    p = make_plan([ServiceSpec(name="glm", model=glm51, settings=REF, strategy="cpu-moe")], hw)
     items = {(led.device, i.what): i.mib for led in p.ledgers for i in led.items}
     assert items[("CUDA0", "kv")] == pytest.approx(1491.79, rel=0.001)  # llama_kv_cache_init, reference 000
     assert items[("CPU", "weights (pinned)")] == pytest.approx(307110.47, rel=0.0001)  # CUDA_Host buffer
@@ -46,7 +46,10 @@ def test_reference_kv_and_host_buffers(glm51: ModelProfile) -> None:
 def test_auto_beats_fixed_strategies_and_fits(glm51: ModelProfile) -> None:
     hw = load("rtx-pro-6000x2")
     s = Settings(ctx=32768, ctk="q8_0", ctv="q8_0", batch=4096, ubatch=4096)
-    plans = {st: make_plan([ServiceSpec("glm", glm51, s, st)], hw) for st in ("cpu-moe", "n-cpu-moe:64", "auto")}
+    plans = {
+        st: make_plan([ServiceSpec(name="glm", model=glm51, settings=s, strategy=st)], hw)
+        for st in ("cpu-moe", "n-cpu-moe:64", "auto")
+    }
     assert all(pl.fits for pl in plans.values())
     tg = {st: pl.main.prediction.tg_tok_s for st, pl in plans.items()}
     assert tg["auto"] > tg["n-cpu-moe:64"] > tg["cpu-moe"]
@@ -82,9 +85,14 @@ def test_layout_with_two_workers(glm51: ModelProfile, tmp_path: object) -> None:
     hw = load("rtx-pro-6000x2")
     worker = Settings(ctx=2 * 131072, slots=2, ctk="q8_0", ctv="q8_0")
     services = [
-        ServiceSpec("grandpa", glm51, Settings(ctx=32768, ctk="q8_0", ctv="q8_0", batch=4096, ubatch=4096), "auto"),
-        ServiceSpec("coder1", coder, worker, "all-gpu", 8081, ("CUDA0",)),
-        ServiceSpec("coder2", coder, worker, "all-gpu", 8082, ("CUDA1",)),
+        ServiceSpec(
+            name="grandpa",
+            model=glm51,
+            settings=Settings(ctx=32768, ctk="q8_0", ctv="q8_0", batch=4096, ubatch=4096),
+            strategy="auto",
+        ),
+        ServiceSpec(name="coder1", model=coder, settings=worker, strategy="all-gpu", port=8081, devices=("CUDA0",)),
+        ServiceSpec(name="coder2", model=coder, settings=worker, strategy="all-gpu", port=8082, devices=("CUDA1",)),
     ]
     t0 = time.perf_counter()
     p = make_plan(services, hw)
@@ -148,7 +156,11 @@ def test_shortfall_numbers_add_up(items: list[tuple[str, float]], capacity: floa
     assert short == need - cap
     assert sf.mib == pytest.approx(sum(m for _, m in items) - capacity)
     assert Shortfall.from_json(sf.to_json()) == Shortfall(
-        sf.device, sf.what, round(sf.needed_mib, 1), round(sf.capacity_mib, 1), round(sf.margin_mib, 1)
+        device=sf.device,
+        what=sf.what,
+        needed_mib=round(sf.needed_mib, 1),
+        capacity_mib=round(sf.capacity_mib, 1),
+        margin_mib=round(sf.margin_mib, 1),
     )
 
 
@@ -162,7 +174,9 @@ def test_no_shortfall_when_everything_fits() -> None:
 )
 def test_mainline_mla_needs_one_cache_type(glm51: ModelProfile, engine: EngineKind, ctv: str, refused: bool) -> None:
     """llama_init_from_model refuses an MLA model with different K and V cache types (V is a view of K)."""
-    spec = ServiceSpec("t", glm51, Settings(ctx=8192, ctk="q8_0", ctv=ctv, engine=engine), "cpu-moe")
+    spec = ServiceSpec(
+        name="t", model=glm51, settings=Settings(ctx=8192, ctk="q8_0", ctv=ctv, engine=engine), strategy="cpu-moe"
+    )
     if refused:
         with pytest.raises(InputError, match="--ctk q8_0 and --ctv f16 must match"):
             make_plan([spec], load("rtx-pro-6000"))

@@ -183,8 +183,12 @@ def test_the_shipped_constants_are_the_tables_fit(table: priors.Table, obs: list
 
 
 def _rig(gpu: bool) -> Inventory:
-    devs = (Device("CUDA0", DeviceKind.GPU, 24576, 1000.0, "local", 25.0),) if gpu else ()
-    return Inventory((Node("local", 32, 768 * 1024, 460.8, devs),))
+    devs = (
+        (Device(name="CUDA0", kind=DeviceKind.GPU, mem_mib=24576, bw_gbs=1000.0, node="local", link_gbs=25.0),)
+        if gpu
+        else ()
+    )
+    return Inventory((Node(name="local", cores=32, ram_mib=768 * 1024, ram_bw_gbs=460.8, devices=devs),))
 
 
 @pytest.mark.parametrize(("engine", "streamed"), [(EngineKind.MAINLINE, True), (EngineKind.IK, False)])

@@ -28,7 +28,10 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> ModelProfile:
 
 
 def cpu_items(plan_ram_mib: float, m: ModelProfile, s: Settings) -> tuple[dict[str, float], Settings, bool]:
-    p = make_plan([ServiceSpec("main", m, s, "cpu-moe")], from_dict(loopback_hw([], cpu_ram_mib=plan_ram_mib)))
+    p = make_plan(
+        [ServiceSpec(name="main", model=m, settings=s, strategy="cpu-moe")],
+        from_dict(loopback_hw([], cpu_ram_mib=plan_ram_mib)),
+    )
     cpu = next(led for led in p.ledgers if led.device == "CPU")
     items: dict[str, float] = {}
     for it in cpu.items:

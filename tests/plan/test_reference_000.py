@@ -60,7 +60,9 @@ def glm51(tmp_path_factory: pytest.TempPathFactory) -> ModelProfile:
 
 def _plan_doc(p: ModelProfile, row: str) -> dict[str, Any]:
     strategy, devices, _ = ROWS[row]
-    plan = make_plan([ServiceSpec("glm", p, SETTINGS, strategy, devices=devices)], load(HW))
+    plan = make_plan(
+        [ServiceSpec(name="glm", model=p, settings=SETTINGS, strategy=strategy, devices=devices)], load(HW)
+    )
     assert plan.fits, plan.shortfalls
     pred = plan.main.prediction.to_json()
     return {"hardware": HW, "services": [{"name": "glm", "settings": {"engine": "ik_llama.cpp"}, "predicted": pred}]}

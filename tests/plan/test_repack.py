@@ -39,7 +39,17 @@ def test_repacking_follows_the_engine_and_renders_only_a_difference(
 def tensor(
     type_name: str, shape: tuple[int, ...], kind: str = "attn_q", expert: bool = False, nbytes: int = 0
 ) -> Tensor:
-    return Tensor(f"blk.0.{kind}.weight", 0, kind, EXPERT if expert else "attn", type_name, shape, nbytes, 0, 0)
+    return Tensor(
+        name=f"blk.0.{kind}.weight",
+        layer=0,
+        kind=kind,
+        role=EXPERT if expert else "attn",
+        type_name=type_name,
+        shape=shape,
+        nbytes=nbytes,
+        file_index=0,
+        offset=0,
+    )
 
 
 @pytest.mark.parametrize(

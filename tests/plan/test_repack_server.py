@@ -34,7 +34,7 @@ def test_repack_buffer_matches_llama_server(bin_dir: Path, tmp_path: Path, types
     hw = from_dict(
         {"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20, "isa": list(ISA)}}]}
     )
-    sp = make_plan([ServiceSpec("t", p, Settings(ctx=1024, repack=None), "auto")], hw).main
+    sp = make_plan([ServiceSpec(name="t", model=p, settings=Settings(ctx=1024, repack=None), strategy="auto")], hw).main
     argv = strip_endpoint(service_argv(sp))
     assert "-nr" not in argv  # the engine's default, said by saying nothing
     _, log = reserve_log(bin_dir / "llama-server", [*argv, "-lv", "4"], timeout=60)
@@ -56,7 +56,9 @@ def test_nothing_is_repacked_off_or_beside_a_cuda_gpu(tmp_path: Path) -> None:
     gpu = {**cpu, "devices": [{"name": "CUDA0", "mem_mib": 24000, "bw_gbs": 900}]}
 
     def repack_mib(node: dict[str, object], s: Settings) -> float:
-        sp = make_plan([ServiceSpec("t", p, s, "cpu-moe")], from_dict({"nodes": [node]})).main
+        sp = make_plan(
+            [ServiceSpec(name="t", model=p, settings=s, strategy="cpu-moe")], from_dict({"nodes": [node]})
+        ).main
         return sum(i.mib for i in sp.memory.items["CPU"] if i.what == "repack")
 
     assert repack_mib(cpu, Settings()) > 0  # mainline's default, AVX2 assumed

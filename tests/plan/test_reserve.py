@@ -37,7 +37,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelProfile
 def compute_mib(p: ModelProfile, n_rpc: int, ctx: int, ub: int, cache: str, fa: bool, outputs: int) -> list[float]:
     """Compute buffers (accelerators in the engine's order, then the CPU) of the cpu-moe plan."""
     hw = from_dict(loopback_hw([f"127.0.0.1:{50000 + i}" for i in range(n_rpc)], mem_mib=1e7, cpu_ram_mib=1e8))
-    inp = ComputeInputs(ub, ctx, 1, fa, ctk=cache, ctv=cache if fa else "f16", n_outputs=outputs)
+    inp = ComputeInputs(
+        ubatch=ub, ctx=ctx, slots=1, flash_attn=fa, ctk=cache, ctv=cache if fa else "f16", n_outputs=outputs
+    )
     got = mainline_compute(p, hw, cpu_moe(p, hw), inp)
     return [got[d.name] / MIB for d in hw.devices()]
 
@@ -176,7 +178,10 @@ def nodes_of(p: ModelProfile, sh: Shape) -> dict[str, int]:
 
 def test_logits_are_for_the_output_rows_only(replicas: dict[str, ModelProfile]) -> None:
     p = replicas["glm-4.6"]
-    every, one = nodes_of(p, Shape(2048, 4096, True)), nodes_of(p, Shape(2048, 4096, True, n_out=4))
+    every, one = (
+        nodes_of(p, Shape(n_tok=2048, n_kv=4096, flash_attn=True)),
+        nodes_of(p, Shape(n_tok=2048, n_kv=4096, flash_attn=True, n_out=4)),
+    )
     assert every["result_output"] == 4 * p.n_vocab * 2048
     assert one["result_output"] == 4 * p.n_vocab * 4
     last = p.n_layer - 1  # the last layer's FFN runs on the output rows too
@@ -190,13 +195,13 @@ def test_a_quantized_cache_rotates_q_k_and_v(
     replicas: dict[str, ModelProfile], cache: str, rotations: set[str]
 ) -> None:
     quant = cache != "f16"
-    names = nodes_of(replicas["glm-4.6"], Shape(512, 4096, True, quant, quant))
+    names = nodes_of(replicas["glm-4.6"], Shape(n_tok=512, n_kv=4096, flash_attn=True, k_quant=quant, v_quant=quant))
     assert {n for n in names if n.endswith("_rot-0")} == rotations
 
 
 def test_hybrid_layers_read_the_mask_only_where_they_attend(replicas: dict[str, ModelProfile]) -> None:
     p = replicas["qwen3-coder-next"]
-    nodes = build(p, Shape(512, 4096, True), Sites(tuple(["RPC0"] * p.n_layer), {}, "RPC0"))
+    nodes = build(p, Shape(n_tok=512, n_kv=4096, flash_attn=True), Sites(tuple(["RPC0"] * p.n_layer), {}, "RPC0"))
     readers = sorted({int(n.name.rsplit("-", 1)[1]) for n in nodes if "kq_mask" in n.srcs})
     assert readers[0] == 3 and all((il + 1) % 4 == 0 for il in readers)
 
@@ -217,7 +222,7 @@ def test_leaving_out_repeated_layers_changes_no_buffer(
     hw = from_dict(loopback_hw([f"127.0.0.1:{50000 + i}" for i in range(n_rpc)], mem_mib=1e7, cpu_ram_mib=1e8))
     pl = cpu_moe(p, hw)
     sites = Sites(tuple(pl.layer_device[: p.n_layer]), pl.experts(), pl.output_device)
-    sh, devs = Shape(ub, 32768, fa), [d.name for d in hw.devices()]
+    sh, devs = Shape(n_tok=ub, n_kv=32768, flash_attn=fa), [d.name for d in hw.devices()]
     short, full = build(p, sh, sites), build(p, sh, sites, every_layer=True)
     assert len(short) < len(full) / 2
     assert buffer_sizes(short, devs) == buffer_sizes(full, devs)
@@ -225,13 +230,18 @@ def test_leaving_out_repeated_layers_changes_no_buffer(
 
 def test_dsa_has_a_top_k_leaf_per_layer(replicas: dict[str, ModelProfile]) -> None:
     p = replicas["glm-5.1"]
-    nodes = build(p, Shape(512, 32768, True), Sites(tuple(["RPC0"] * p.n_layer), {}, "RPC0"))
+    nodes = build(p, Shape(n_tok=512, n_kv=32768, flash_attn=True), Sites(tuple(["RPC0"] * p.n_layer), {}, "RPC0"))
     fills = [n for n in nodes if n.name.startswith("topk_fill-")]
     assert len(fills) == p.n_layer and all(n.leaf and n.nbytes == 4 * 2048 * 512 for n in fills)
 
 
 def test_the_input_branch_is_pinned(replicas: dict[str, ModelProfile]) -> None:
-    nodes = {n.name: n for n in build(replicas["glm-4.6"], Shape(512, 4096, True), Sites(("RPC0",) * 92, {}, "RPC0"))}
+    nodes = {
+        n.name: n
+        for n in build(
+            replicas["glm-4.6"], Shape(n_tok=512, n_kv=4096, flash_attn=True), Sites(("RPC0",) * 92, {}, "RPC0")
+        )
+    }
     assert nodes["mixed_copy"].pinned and nodes["inp_embd"].is_input
     assert nodes["embd"].weight == CPU  # the token embedding stays on the CPU
 
@@ -243,8 +253,8 @@ def test_cuda_offload_moves_the_host_experts_and_copies_their_weights(replicas: 
     doc["nodes"][0]["devices"] = [{"name": "CUDA0", "kind": "gpu", "mem_mib": 1e6, "bw_gbs": 1000}]
     hw = from_dict(doc)
     pl = cpu_moe(p, hw)
-    big = mainline_compute(p, hw, pl, ComputeInputs(2048, 8192, 1, n_outputs=1))
-    small = mainline_compute(p, hw, pl, ComputeInputs(16, 8192, 1, n_outputs=1))
+    big = mainline_compute(p, hw, pl, ComputeInputs(ubatch=2048, ctx=8192, slots=1, n_outputs=1))
+    small = mainline_compute(p, hw, pl, ComputeInputs(ubatch=16, ctx=8192, slots=1, n_outputs=1))
     largest = max(t.nbytes for t in p.tensors if t.is_expert)
     assert big["CUDA0"] > largest > big[CPU]  # the experts' weights pass through the GPU's buffer
     assert small["CUDA0"] < largest  # under 32 tokens the CPU computes them

@@ -23,9 +23,9 @@ from moetune.plan.speed import DeviceWork, SpeedConstants, Work, decode_seconds,
 K = SpeedConstants()
 # one CPU holding everything: 100 MB of dense weights and 1,600 MB of experts (k/E = 1/16)
 CPU = DeviceWork(
-    "CPU",
-    True,
-    20.0,
+    device="CPU",
+    cpu=True,
+    bw_gbs=20.0,
     threads=2,
     cores=2,
     read_bytes=100e6 + 1600e6 / 16,
@@ -34,11 +34,13 @@ CPU = DeviceWork(
     active_params=1e8,
     held_expert_bytes=1600e6,
 )
-W = Work((CPU,), graph_splits=1, rpc_hops=0, ubatch=512, expert_share=1 / 16)
+W = Work(devices=(CPU,), graph_splits=1, rpc_hops=0, ubatch=512, expert_share=1 / 16)
 
 
 def load(c: int = 4, slo: dict[str, float] | None = None, n_in: int = 128, n_out: int = 64) -> ServeLoad:
-    return ServeLoad(c, 8 * c, n_in, n_out, tuple((slo or {"ttft_ms": 1e9}).items()))
+    return ServeLoad(
+        concurrency=c, requests=8 * c, input_len=n_in, output_len=n_out, slo=tuple((slo or {"ttft_ms": 1e9}).items())
+    )
 
 
 def test_one_stream_steps_as_the_single_stream_model_decodes() -> None:
@@ -55,7 +57,12 @@ def test_c_streams_share_a_step_that_reads_more_experts_but_not_c_times_the_weig
 def test_the_share_of_experts_a_step_reads_saturates() -> None:
     # at 64 streams nearly every expert is touched: 1 - (15/16)^64 = 98.4%; the step's read is then
     # close to the whole model, and more streams add only their own compute and cache
-    dense_only = Work((DeviceWork("CPU", True, 20.0, threads=2, cores=2, read_bytes=1700e6),), 1, 0, ubatch=512)
+    dense_only = Work(
+        devices=(DeviceWork(device="CPU", cpu=True, bw_gbs=20.0, threads=2, cores=2, read_bytes=1700e6),),
+        graph_splits=1,
+        rpc_hops=0,
+        ubatch=512,
+    )
     assert step_seconds(W, 0, K, 64) == pytest.approx(
         step_seconds(dense_only, 0, K, 1) + 63 * 2 * 1e8 / (2 * K.cpu_gflops_per_core * 1e9), rel=0.03
     )

@@ -129,7 +129,7 @@ def test_calibration_fits_the_attention_factors_from_runs_that_vary_them(
     for i, kw in enumerate(({}, {"flash_attn": False}, {"ctk": "q8_0", "ctv": "q8_0"})):
         w = predict(p, hw, cpu_moe(p, hw), replace(Settings(threads=2), **kw)).work
         for depth in (0, 512, 2048):
-            o = Observation(i, w, depth, None)
+            o = Observation(run=i, work=w, depth=depth, measured_tg=None)
             obs.append(replace(o, measured_tg=1.0 / decode_seconds(w, depth, true)))
     k = fit(obs, noise_pct=1.0)
     prior = SpeedConstants()

@@ -95,7 +95,7 @@ def test_swa_kv_matches_llama_server(
     s = Settings(
         ctx=ctx, ubatch=ub, batch=max(ub, 2048), ctk=ct, ctv=ct, slots=par, swa_full=swa_full, repack=False
     )  # repacking crashes at load on an AMX CPU (DESIGN.md section 5)
-    sp = make_plan([ServiceSpec("t", p, s, strategy)], hw).main
+    sp = make_plan([ServiceSpec(name="t", model=p, settings=s, strategy=strategy)], hw).main
     argv = strip_endpoint(service_argv(sp))
     assert ("--swa-full" in argv) == swa_full
     ok, log = reserve_log(bin_dir / "llama-server", [*argv, "-lv", "4"], timeout=60)
@@ -190,7 +190,7 @@ def test_ik_llama_cpp_keeps_every_layers_context(ik_bin_dir: Path, models: dict[
     as the ledger counts it for that engine."""
     p = models[False]
     s = Settings(ctx=4096, engine=EngineKind.IK)
-    sp = make_plan([ServiceSpec("t", p, s, "cpu-moe")], from_dict(loopback_hw([]))).main
+    sp = make_plan([ServiceSpec(name="t", model=p, settings=s, strategy="cpu-moe")], from_dict(loopback_hw([]))).main
     assert sp.memory.swa_cells == 0
     ok, log = reserve_log(
         ik_bin_dir / "llama-server", [*strip_endpoint(service_argv(sp))], timeout=60, marker="compute buffer size"

@@ -47,7 +47,7 @@ def test_the_axes_try_every_placement_family_only_where_there_is_an_accelerator(
 
 def test_the_space_leaves_out_what_the_engine_refuses() -> None:
     base = Settings()
-    cands = space(default_axes(base, "auto", 4, 8, 1), base)
+    cands = space(default_axes(base, "auto", 4, 8, accelerators=1), base)
     assert not [c for c in cands if c.ctv != "f16" and not c.flash_attn]  # a quantized V cache needs FA
     assert len(cands) == len(set(cands))
     big = next(c for c in cands if c.ubatch == 2048 and not c.repack)
@@ -60,7 +60,10 @@ def test_the_space_leaves_out_what_the_engine_refuses() -> None:
 
 def _feats(n: int) -> np.ndarray:
     return np.array(
-        [features(Candidate("auto", t, 512), share, 8) for share, t in [(i / max(1, n - 1), 8) for i in range(n)]]
+        [
+            features(Candidate(strategy="auto", threads=t, ubatch=512), share, 8)
+            for share, t in [(i / max(1, n - 1), 8) for i in range(n)]
+        ]
     )
 
 
@@ -109,30 +112,34 @@ IK_MLA = EngineOptions(amb=True, mla_model=True, mla=True, fused_moe=True, merge
 def test_the_engine_axes_follow_what_the_build_renders_and_the_model_has(
     engine: EngineOptions, amb: tuple[int, ...], mla: tuple[int, ...], fmoe: tuple[bool, ...], muge: tuple[bool, ...]
 ) -> None:
-    axes = default_axes(Settings(), "auto", 4, 8, 1, engine)
+    axes = default_axes(Settings(), "auto", 4, 8, accelerators=1, engine=engine)
     assert (axes.amb_mib, axes.mla, axes.fused_moe, axes.merge_up_gate) == (amb, mla, fmoe, muge)
     # the user's own values come first (the baseline's), the alternative second
-    ax = default_axes(Settings(amb_mib=256, mla=2, fused_moe=False, merge_up_gate=True), "auto", 4, 8, 1, IK_MLA)
+    ax = default_axes(
+        Settings(amb_mib=256, mla=2, fused_moe=False, merge_up_gate=True), "auto", 4, 8, accelerators=1, engine=IK_MLA
+    )
     assert (ax.amb_mib, ax.mla, ax.fused_moe, ax.merge_up_gate) == ((256, 0), (2, 3), (False, True), (True, False))
 
 
 def test_mainline_spaces_and_labels_are_unchanged_by_the_engine_axes() -> None:
     base = Settings()
-    cands = space(default_axes(base, "auto", 4, 8, 1), base)
+    cands = space(default_axes(base, "auto", 4, 8, accelerators=1), base)
     assert all((c.amb_mib, c.mla, c.fused_moe, c.merge_up_gate) == (0, 3, True, False) for c in cands)
-    assert Candidate("auto", 2, 128, 2048, False).label == "auto t2 ub128 no-fa"
+    assert (
+        Candidate(strategy="auto", threads=2, ubatch=128, batch=2048, flash_attn=False).label == "auto t2 ub128 no-fa"
+    )
     assert all(not f[6:].any() for f in (features(c, 0.5, 4) for c in cands))  # the distances stay as they were
 
 
 def test_amb_only_where_it_bounds_something_and_the_mla_mode_only_on_an_mla_model() -> None:
     base = Settings()
-    axes = default_axes(base, "auto", 4, 8, 1, IK_ALL)
+    axes = default_axes(base, "auto", 4, 8, accelerators=1, engine=IK_ALL)
     plain = space(axes, base)
     assert {c.amb_mib for c in plain if c.flash_attn} == {0}  # flash attention on a GQA model: nothing to bound
     assert {c.amb_mib for c in plain if not c.flash_attn} == {0, AMB_TRY_MIB}
     forced = space(replace(axes, mla=(3, 2)), base)  # --try-mla on a model without MLA changes nothing
     assert {c.mla for c in forced} == {3} and len(forced) == len(plain)
-    mla = space(default_axes(base, "auto", 4, 8, 1, IK_MLA), base, mla_model=True)
+    mla = space(default_axes(base, "auto", 4, 8, accelerators=1, engine=IK_MLA), base, mla_model=True)
     assert {(c.amb_mib, c.mla) for c in mla if c.flash_attn} == {(0, 3), (0, 2), (AMB_TRY_MIB, 3), (AMB_TRY_MIB, 2)}
     # with flash attention both -amb values and both modes; without it, the same, where plain had -amb alone
     assert len(mla) == 2 * len(plain) + len([c for c in plain if c.flash_attn]) * 2
@@ -142,13 +149,30 @@ def test_amb_only_where_it_bounds_something_and_the_mla_mode_only_on_an_mla_mode
 @pytest.mark.parametrize(
     ("cand", "label", "settings"),
     [
-        (Candidate("auto", 2, 512, amb_mib=512), "auto t2 ub512 fa amb512", {"amb_mib": 512}),
-        (Candidate("auto", 2, 512, mla=2), "auto t2 ub512 fa mla2", {"mla": 2}),
-        (Candidate("cpu-moe", None, 128, fused_moe=False), "cpu-moe t-default ub128 fa no-fmoe", {"fused_moe": False}),
-        (Candidate("auto", 2, 512, merge_up_gate=True), "auto t2 ub512 fa muge", {"merge_up_gate": True}),
+        (Candidate(strategy="auto", threads=2, ubatch=512, amb_mib=512), "auto t2 ub512 fa amb512", {"amb_mib": 512}),
+        (Candidate(strategy="auto", threads=2, ubatch=512, mla=2), "auto t2 ub512 fa mla2", {"mla": 2}),
+        (
+            Candidate(strategy="cpu-moe", threads=None, ubatch=128, fused_moe=False),
+            "cpu-moe t-default ub128 fa no-fmoe",
+            {"fused_moe": False},
+        ),
+        (
+            Candidate(strategy="auto", threads=2, ubatch=512, merge_up_gate=True),
+            "auto t2 ub512 fa muge",
+            {"merge_up_gate": True},
+        ),
         (
             Candidate(
-                "auto", 1, 512, 2048, False, repack=True, amb_mib=256, mla=2, fused_moe=False, merge_up_gate=True
+                strategy="auto",
+                threads=1,
+                ubatch=512,
+                batch=2048,
+                flash_attn=False,
+                repack=True,
+                amb_mib=256,
+                mla=2,
+                fused_moe=False,
+                merge_up_gate=True,
             ),
             "auto t1 ub512 no-fa repack amb256 mla2 no-fmoe muge",
             {"amb_mib": 256, "mla": 2, "fused_moe": False, "merge_up_gate": True, "repack": True},
@@ -165,17 +189,17 @@ def test_a_candidate_carries_the_ik_options_into_its_label_and_settings(
 
 
 def test_the_ik_options_place_a_candidate_apart_from_its_neighbours() -> None:
-    a = features(Candidate("auto", 4, 512), 0.5, 4)
+    a = features(Candidate(strategy="auto", threads=4, ubatch=512), 0.5, 4)
     for other in (
-        Candidate("auto", 4, 512, amb_mib=512),
-        Candidate("auto", 4, 512, mla=2),
-        Candidate("auto", 4, 512, fused_moe=False),
-        Candidate("auto", 4, 512, merge_up_gate=True),
+        Candidate(strategy="auto", threads=4, ubatch=512, amb_mib=512),
+        Candidate(strategy="auto", threads=4, ubatch=512, mla=2),
+        Candidate(strategy="auto", threads=4, ubatch=512, fused_moe=False),
+        Candidate(strategy="auto", threads=4, ubatch=512, merge_up_gate=True),
     ):
         d = features(other, 0.5, 4) - a
         assert np.count_nonzero(d) == 1 and float(np.abs(d).sum()) == pytest.approx(0.5)
     # a looser -amb bound sits closer to none
-    assert features(Candidate("auto", 4, 512, amb_mib=2048), 0.5, 4)[6] == pytest.approx(0.125)
+    assert features(Candidate(strategy="auto", threads=4, ubatch=512, amb_mib=2048), 0.5, 4)[6] == pytest.approx(0.125)
 
 
 @pytest.mark.parametrize(
@@ -239,7 +263,9 @@ def test_the_default_axes_split_autos_expert_budget_between_head_and_tail() -> N
         "head-tail:5+5",
         "head-tail:4+4+2",
     )
-    assert default_axes(base, "auto", 16, 40, 0, expert_budget=10).strategies == ("auto",)
+    assert default_axes(base, "auto", 16, 40, accelerators=0, expert_budget=10).strategies == ("auto",)
     # a head/tail split sits apart from auto's layers of the same bytes, not far
-    d = features(Candidate("head-tail:5+5", 4), 0.75, 4) - features(Candidate("auto", 4), 0.75, 4)
+    d = features(Candidate(strategy="head-tail:5+5", threads=4), 0.75, 4) - features(
+        Candidate(strategy="auto", threads=4), 0.75, 4
+    )
     assert float(np.linalg.norm(d)) == pytest.approx(0.5)

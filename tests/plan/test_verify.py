@@ -28,7 +28,7 @@ def test_compare_names_what_differs_beyond_the_tolerances() -> None:
 
 
 def test_without_a_dry_run_the_verdict_is_null() -> None:
-    doc = verify_json([Verification("main", None, why="the engine is not built here")])
+    doc = verify_json([Verification(service="main", tool=None, why="the engine is not built here")])
     assert doc["agree"] is None and doc["why"] == "the engine is not built here" and doc["devices"] == []
 
 

@@ -127,8 +127,14 @@ def snapshot(t: float, phase: str | None, *, cpu: float = 50.0, rss_gib: float =
     return Snapshot(
         t=t,
         host=HostSample(cpu_pct=(cpu, cpu / 2), mem_total_bytes=64 * GIB, mem_used_bytes=int(10 * GIB), load1=1.0),
-        procs=(ProcSample("main", "server", "local", 4242, cpu_pct=cpu * 1.5, rss_bytes=int(rss_gib * GIB)),),
-        gpus=(GpuSample(0, "RTX", util_pct=cpu, mem_used_bytes=20 * GIB, mem_total_bytes=24 * GIB),) if gpu else (),
+        procs=(
+            ProcSample(
+                name="main", role="server", node="local", pid=4242, cpu_pct=cpu * 1.5, rss_bytes=int(rss_gib * GIB)
+            ),
+        ),
+        gpus=(GpuSample(index=0, name="RTX", util_pct=cpu, mem_used_bytes=20 * GIB, mem_total_bytes=24 * GIB),)
+        if gpu
+        else (),
         servers={"main": {"llamacpp:requests_processing": 1.0}},
         load={"requests_in_flight": 1.0},
         phase=phase,

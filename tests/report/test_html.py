@@ -149,7 +149,8 @@ def test_layer_map_puts_layer_3s_experts_on_the_cpu() -> None:
 
 def test_phases_from_snapshots_last_until_the_next_snapshot() -> None:
     snaps = [
-        Snapshot(t, phase=p) for t, p in ((0, None), (1, "pp512"), (2, "pp512"), (3, "tg128"), (4, None), (5, "tg128"))
+        Snapshot(t=t, phase=p)
+        for t, p in ((0, None), (1, "pp512"), (2, "pp512"), (3, "tg128"), (4, None), (5, "tg128"))
     ]
     assert snapshot_phases(snaps) == [PhaseBand("pp512", 1, 3), PhaseBand("tg128", 3, 4), PhaseBand("tg128", 5, 5)]
 

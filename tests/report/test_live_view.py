@@ -14,11 +14,15 @@ def test_the_load_the_engine_the_host_and_each_gpu() -> None:
         phase="c=4",
         host=HostSample(cpu_pct=(100.0, 90.0), mem_total_bytes=24 * GIB, mem_used_bytes=12 * GIB),
         procs=(
-            ProcSample("main", "server", "local", 1, cpu_pct=150.0, rss_bytes=2 * GIB),
-            ProcSample("rpc0", "rpc", "local", 2, cpu_pct=37.0, rss_bytes=GIB),
-            ProcSample("old", "server", "local", 3, cpu_pct=None, rss_bytes=None, alive=False),
+            ProcSample(name="main", role="server", node="local", pid=1, cpu_pct=150.0, rss_bytes=2 * GIB),
+            ProcSample(name="rpc0", role="rpc", node="local", pid=2, cpu_pct=37.0, rss_bytes=GIB),
+            ProcSample(name="old", role="server", node="local", pid=3, cpu_pct=None, rss_bytes=None, alive=False),
         ),
-        gpus=(GpuSample(0, "H200", util_pct=87.0, mem_used_bytes=20 * GIB, mem_total_bytes=96 * GIB, power_w=215.4),),
+        gpus=(
+            GpuSample(
+                index=0, name="H200", util_pct=87.0, mem_used_bytes=20 * GIB, mem_total_bytes=96 * GIB, power_w=215.4
+            ),
+        ),
         load={
             "requests_in_flight": 4,
             "requests_done_total": 37,

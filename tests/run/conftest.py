@@ -44,7 +44,9 @@ def slow_model(models: Path) -> Path:
 
 
 def worker(name: str = "rpc0", port: int | None = None) -> ProcessSpec:
-    return ProcessSpec(name, "rpc", registry.get().name, (), "127.0.0.1", port or free_port())
+    return ProcessSpec(
+        name=name, role="rpc", engine=registry.get().name, argv=(), host="127.0.0.1", port=port or free_port()
+    )
 
 
 def server(
@@ -55,12 +57,12 @@ def server(
         argv += ["--rpc", ",".join(f"{w.host}:{w.port}" for w in workers)]
     argv += extra
     return ProcessSpec(
-        name,
-        "server",
-        registry.get().name,
-        tuple(argv),
-        "127.0.0.1",
-        port or free_port(),
+        name=name,
+        role="server",
+        engine=registry.get().name,
+        argv=tuple(argv),
+        host="127.0.0.1",
+        port=port or free_port(),
         after=tuple(w.name for w in workers),
     )
 

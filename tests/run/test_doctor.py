@@ -124,7 +124,7 @@ def test_failed_load_is_a_finding() -> None:
 
 
 def test_nothing_to_say() -> None:
-    assert examine([Source("empty")]) == []
+    assert examine([Source(name="empty")]) == []
     assert findings("real_serve.mainline.log") == []
 
 
@@ -164,9 +164,32 @@ def launched(run_id: str, created_at: float, log_fixture: str) -> str:
     from moetune.kinds import LaunchState, ProcessRole
     from moetune.run.record import ProcRecord, RunDir, RunInfo
 
-    rd = RunDir.create(RunInfo(run_id, created_at, LaunchState.STOPPED, {}, {}, "fp", {}, 1, False), {})
+    rd = RunDir.create(
+        RunInfo(
+            run=run_id,
+            created_at=created_at,
+            state=LaunchState.STOPPED,
+            launch={},
+            engines={},
+            fingerprint="fp",
+            machine={},
+            launcher_pid=1,
+            detached=False,
+        ),
+        {},
+    )
     rd.add_proc(
-        ProcRecord("main", ProcessRole.SERVER, "local", "127.0.0.1", 8080, ["llama-server"], {}, {}, "main.log")
+        ProcRecord(
+            name="main",
+            role=ProcessRole.SERVER,
+            node="local",
+            host="127.0.0.1",
+            port=8080,
+            argv=["llama-server"],
+            env={},
+            env_inherited={},
+            log="main.log",
+        )
     )
     shutil.copy(FIX / log_fixture, rd.log_path("main"))
     return run_id

@@ -26,7 +26,14 @@ KEPT = ["it's $(touch PWNED) `x`;*", "-rf", "modèles 模型", ".hidden", "a b",
 
 
 def _server(name: str) -> ProcessSpec:
-    return ProcessSpec(name, ProcessRole.SERVER, registry.get().name, ("-m", "/nonexistent.gguf"), "127.0.0.1", 18080)
+    return ProcessSpec(
+        name=name,
+        role=ProcessRole.SERVER,
+        engine=registry.get().name,
+        argv=("-m", "/nonexistent.gguf"),
+        host="127.0.0.1",
+        port=18080,
+    )
 
 
 def _files_outside(root: Path, keep: Path) -> list[Path]:
@@ -64,7 +71,17 @@ def _run_dir(run: str = "20260101-000000-abcd") -> RunDir:
 
 
 def _rec(name: str) -> ProcRecord:
-    return ProcRecord(name, ProcessRole.SERVER, "local", "127.0.0.1", 1, ["x"], {}, {}, f"{name}.log")
+    return ProcRecord(
+        name=name,
+        role=ProcessRole.SERVER,
+        node="local",
+        host="127.0.0.1",
+        port=1,
+        argv=["x"],
+        env={},
+        env_inherited={},
+        log=f"{name}.log",
+    )
 
 
 @pytest.mark.parametrize("name", KEPT, ids=[repr(n) for n in KEPT])

@@ -30,7 +30,9 @@ BIN = Path("/opt/llama/bin/llama-server")
 def proc(
     name: str, role: str = "server", argv: tuple[str, ...] = (), port: int = 8080, after: tuple[str, ...] = ()
 ) -> ProcessSpec:
-    return ProcessSpec(name, role, "llama.cpp-b11434", argv, "127.0.0.1", port, after=after)
+    return ProcessSpec(
+        name=name, role=role, engine="llama.cpp-b11434", argv=argv, host="127.0.0.1", port=port, after=after
+    )
 
 
 @pytest.mark.parametrize(

@@ -28,15 +28,15 @@ def _run(run_id: str, state: LaunchState, pid: int | None) -> RunDir:
     )
     rd = RunDir.create(info, {})
     rec = ProcRecord(
-        "main",
-        ProcessRole.SERVER,
-        "local",
-        "127.0.0.1",
-        8080,
-        ["llama-server"],
-        {},
-        {},
-        "main.log",
+        name="main",
+        role=ProcessRole.SERVER,
+        node="local",
+        host="127.0.0.1",
+        port=8080,
+        argv=["llama-server"],
+        env={},
+        env_inherited={},
+        log="main.log",
         pid=pid,
         start_ticks=None,
     )

@@ -184,7 +184,7 @@ def add_cmd(
     """
     from moetune.engine import registry
 
-    e = registry.add(name, kind, bin_dir, image, runtime, replace)
+    e = registry.add(name, kind, bin_dir, image, runtime=runtime, replace=replace)
     if as_json:
         print_json({"name": e.name, "kind": e.kind, "bin_dir": e.bin_dir, "image": e.image, "runtime": e.runtime})
     else:

@@ -555,7 +555,9 @@ def _serve_load(
             f"--requests {n}: at least 2 x --concurrency ({2 * c}), two rounds of the streams, "
             "for the goodput's interval"
         )
-    return ServeLoad(c, n, pp_tokens, tg_tokens, tuple(parse_slo(slo).items()))
+    return ServeLoad(
+        concurrency=c, requests=n, input_len=pp_tokens, output_len=tg_tokens, slo=tuple(parse_slo(slo).items())
+    )
 
 
 def register(cli: click.Group) -> None:

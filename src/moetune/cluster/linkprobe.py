@@ -148,7 +148,7 @@ def throughput(host: str, port: int, streams: int, duration_s: float) -> dict[st
     return {"streams": streams, "bytes": sum(got), "seconds": seconds, "per_stream_bytes": got}
 
 
-def measure(host: str, port: int, duration_s: float, streams: list[int], pings: int, size: int, stop: bool) -> int:
+def measure(host: str, port: int, *, duration_s: float, streams: list[int], pings: int, size: int, stop: bool) -> int:
     doc: dict[str, object] = {"host": host, "port": port, "python": sys.version.split()[0]}
     try:
         doc["rtt_s"] = round_trips(host, port, pings, size)
@@ -183,7 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "serve":
         return serve(a.bind, a.port, a.idle)
     return measure(
-        a.host, a.port, a.duration, [int(x) for x in a.streams.split(",") if x], a.pings, a.size, not a.no_stop
+        a.host,
+        a.port,
+        duration_s=a.duration,
+        streams=[int(x) for x in a.streams.split(",") if x],
+        pings=a.pings,
+        size=a.size,
+        stop=not a.no_stop,
     )
 
 

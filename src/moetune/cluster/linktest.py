@@ -40,7 +40,7 @@ LISTEN_TIMEOUT_S = 20.0
 PROBE = Path(__file__).with_name("linkprobe.py")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Throughput:
     streams: int
     bytes: int  # received
@@ -53,7 +53,7 @@ class Throughput:
         return self.bytes * 8 / self.seconds if self.seconds > 0 else 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LinkResult:
     src: str
     dst: str
@@ -128,11 +128,11 @@ def iperf3_throughput(doc: dict[str, Any], streams: int) -> Throughput:
         raise RuntimeFailure(f"iperf3: {doc['error']}")
     rec = doc["end"]["sum_received"]
     return Throughput(
-        streams,
-        int(rec["bytes"]),
-        float(rec["seconds"]),
-        IPERF3,
-        {"sum_sent": doc["end"].get("sum_sent"), "sum_received": rec},
+        streams=streams,
+        bytes=int(rec["bytes"]),
+        seconds=float(rec["seconds"]),
+        tool=IPERF3,
+        raw={"sum_sent": doc["end"].get("sum_sent"), "sum_received": rec},
     )
 
 
@@ -220,7 +220,7 @@ def _client(end: End, cmd: Sequence[str], stdin: str | None, timeout_s: float) -
 
 
 def builtin_run(
-    a: End, b: End, addr: str, port: int, streams: Sequence[int], duration_s: float, pings: int
+    a: End, b: End, addr: str, port: int, *, streams: Sequence[int], duration_s: float, pings: int
 ) -> dict[str, Any]:
     """The built-in script on both ends: round trips, then each stream count in turn."""
     script = PROBE.read_text()
@@ -260,7 +260,7 @@ def builtin_run(
     return doc
 
 
-def iperf3_run(a: End, b: End, addr: str, port: int, streams: int, duration_s: float) -> Throughput:
+def iperf3_run(a: End, b: End, addr: str, port: int, *, streams: int, duration_s: float) -> Throughput:
     srv = _start_server(
         b, ["iperf3", "-s", "-1", "-B", addr, "-p", str(port), "--forceflush"], None, "Server listening"
     )
@@ -302,24 +302,34 @@ def link_test(
                     hint="install it there (Debian: apt install iperf3), or use --tool builtin",
                 )
         counts = [1, streams]
-        doc = builtin_run(src, dst, addr, port, counts if tool == BUILTIN else [], duration_s, pings)
+        doc = builtin_run(
+            src, dst, addr, port, streams=counts if tool == BUILTIN else [], duration_s=duration_s, pings=pings
+        )
         if tool == BUILTIN:
             tps = tuple(
                 Throughput(
-                    int(t["streams"]),
-                    int(t["bytes"]),
-                    float(t["seconds"]),
-                    BUILTIN,
-                    {"per_stream_bytes": t.get("per_stream_bytes")},
+                    streams=int(t["streams"]),
+                    bytes=int(t["bytes"]),
+                    seconds=float(t["seconds"]),
+                    tool=BUILTIN,
+                    raw={"per_stream_bytes": t.get("per_stream_bytes")},
                 )
                 for t in doc["throughput"]
             )
         else:
-            tps = tuple(iperf3_run(src, dst, addr, port, n, duration_s) for n in counts)
+            tps = tuple(iperf3_run(src, dst, addr, port, streams=n, duration_s=duration_s) for n in counts)
     except RemoteError as e:
         raise RuntimeFailure(f"link-test: {e}", hint=e.hint) from None
     return LinkResult(
-        a, b, addr, port, tool, duration_s, tuple(float(x) for x in doc["rtt_s"]), int(doc["msg_bytes"]), tps
+        src=a,
+        dst=b,
+        addr=addr,
+        port=port,
+        tool=tool,
+        duration_s=duration_s,
+        rtt_s=tuple(float(x) for x in doc["rtt_s"]),
+        msg_bytes=int(doc["msg_bytes"]),
+        throughput=tps,
     )
 
 

@@ -97,7 +97,8 @@ def service_notes(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     dialects = [own, *(dialect(k) for k in EngineKind if k != own.kind)]
     devs = list(sp.placement.layer_device)
     notes = [
-        n_cpu_moe_note(d, n, sp.spec.model.n_layer, devs, len(engine_devices(d, _accelerators(sp)))) for d in dialects
+        n_cpu_moe_note(d, n, sp.spec.model.n_layer, devs, n_devices=len(engine_devices(d, _accelerators(sp))))
+        for d in dialects
     ]
     return [*chosen, *graph, *notes, "rendered as explicit -ot overrides, which mean the same in every engine"]
 
@@ -179,12 +180,12 @@ def launch_spec(plan: Plan, engine: str, argvs: list[list[str]] | None = None) -
         host = n.link_addr or "127.0.0.1"
         procs.append(
             ProcessSpec(
-                name,
-                ProcessRole.RPC,
-                engine,
-                ("-H", host, "-p", str(n.rpc_port)),
-                host,
-                n.rpc_port,
+                name=name,
+                role=ProcessRole.RPC,
+                engine=engine,
+                argv=("-H", host, "-p", str(n.rpc_port)),
+                host=host,
+                port=n.rpc_port,
                 node=n.name,
                 ssh=n.ssh,
                 bin_dir=n.bin_dir,
@@ -195,12 +196,12 @@ def launch_spec(plan: Plan, engine: str, argvs: list[list[str]] | None = None) -
     for sp, argv in zip(plan.services, argvs, strict=True):
         procs.append(
             ProcessSpec(
-                sp.spec.name,
-                ProcessRole.SERVER,
-                sp.spec.engine or engine,
-                tuple(argv),
-                sp.spec.settings.server.host,
-                sp.spec.port,
+                name=sp.spec.name,
+                role=ProcessRole.SERVER,
+                engine=sp.spec.engine or engine,
+                argv=tuple(argv),
+                host=sp.spec.settings.server.host,
+                port=sp.spec.port,
                 env=dict(sp.spec.settings.server.env),
                 after=tuple(workers),
                 gpus=service_gpus(sp),
@@ -214,6 +215,7 @@ def plan_json(
     engine: str,
     binary: str = "llama-server",
     facts: Facts | None = None,
+    *,
     argvs: list[list[str]] | None = None,
 ) -> dict[str, Any]:
     """The plan's document: verdict, ledgers, prediction, commands and what to launch (in the
@@ -282,7 +284,7 @@ def has_gpus(sp: ServicePlan) -> bool:
 
 
 def render_text(
-    plan: Plan, doc: dict[str, Any], fmt: str, image: str | None = None, images: Mapping[str, str] | None = None
+    plan: Plan, doc: dict[str, Any], fmt: str, image: str | None = None, *, images: Mapping[str, str] | None = None
 ) -> str:
     """Every service's command in one of FORMATS (``doc`` is ``plan_json(plan, ...)``). A container's
     flags follow the engine the service is planned for, its image too unless ``image`` is given:

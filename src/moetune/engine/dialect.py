@@ -13,7 +13,7 @@ from moetune.engine.facts import KNOWN, EngineFacts, NCpuMoeRule, n_cpu_moe_laye
 from moetune.kinds import EngineKind
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Dialect:
     kind: str
     ctx: str = "-c"
@@ -56,10 +56,10 @@ class Dialect:
     version: str = ""  # the build whose facts shaped this dialect
 
 
-MAINLINE_DIALECT = Dialect(EngineKind.MAINLINE)
+MAINLINE_DIALECT = Dialect(kind=EngineKind.MAINLINE)
 
 IK_DIALECT = Dialect(
-    EngineKind.IK,
+    kind=EngineKind.IK,
     slots="--parallel",
     no_repack=(),  # run-time repacking is opt-in (-rtr) in ik_llama.cpp
     repack=("-rtr",),
@@ -140,11 +140,11 @@ def engine_devices(d: Dialect, accelerators: list[tuple[str, bool]]) -> list[str
 
 
 def n_cpu_moe_note(
-    d: Dialect, n: int, n_layer: int, layer_device: list[str] | None = None, n_devices: int | None = None
+    d: Dialect, n: int, n_layer: int, layer_device: list[str] | None = None, *, n_devices: int | None = None
 ) -> str:
     """What `--n-cpu-moe n` means for this build, in layer numbers (``layer_device``: each layer's
     device, and ``n_devices``, the engine's device count: the multi-device rules depend on them)."""
-    layers = n_cpu_moe_layers(d.n_cpu_moe, n, n_layer, layer_device, n_devices)
+    layers = n_cpu_moe_layers(d.n_cpu_moe, n, n_layer, layer_device, n_devices=n_devices)
     return f"{d.kind}: --n-cpu-moe {n} keeps the experts of layers {_ranges(layers)} on the CPU"
 
 
@@ -182,9 +182,9 @@ def quantize_argv(
     binary: str,
     source: str,
     output: str,
+    *,
     ftype: str,
     rules: list[tuple[str, str]],
-    *,
     imatrix: str | None = None,
     allow_requantize: bool = False,
     threads: int | None = None,

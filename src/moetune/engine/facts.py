@@ -84,7 +84,7 @@ def probe_name(args: tuple[str, ...]) -> str:
     return " ".join(args) if args[0] in ("-fa", "-fit", "-sm", "-lm") else args[0]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineFacts:
     kind: EngineKind
     version: str  # the build's version line, e.g. "version: 0 (ik-llama-cpp-python-0.1.5)"
@@ -113,11 +113,11 @@ class EngineFacts:
         acc, hf = d["accepts"], d.get("help_flags", [])
         assert isinstance(acc, list) and isinstance(hf, list)
         return cls(
-            EngineKind(str(d["kind"])),
-            str(d["version"]),
-            frozenset(map(str, acc)),
-            NCpuMoeRule(str(d["n_cpu_moe"])),
-            frozenset(map(str, hf)),
+            kind=EngineKind(str(d["kind"])),
+            version=str(d["version"]),
+            accepts=frozenset(map(str, acc)),
+            n_cpu_moe=NCpuMoeRule(str(d["n_cpu_moe"])),
+            help_flags=frozenset(map(str, hf)),
         )
 
 
@@ -167,16 +167,22 @@ def parse_help(
     else:
         rule = NCpuMoeRule.FIRST
     m = re.search(r"version: .*", version_text)
-    return EngineFacts(kind, m[0].strip() if m else "unknown", frozenset(accepts), rule, flags)
+    return EngineFacts(
+        kind=kind,
+        version=m[0].strip() if m else "unknown",
+        accepts=frozenset(accepts),
+        n_cpu_moe=rule,
+        help_flags=flags,
+    )
 
 
 # The facts of the builds `moetune engine install` makes, for plans rendered where the engine is
 # not built: tests/engine/test_facts_server.py asks the real binaries the same questions.
 KNOWN: dict[EngineKind, EngineFacts] = {
     EngineKind.MAINLINE: EngineFacts(
-        EngineKind.MAINLINE,
-        "version: 0.6.0-dev (build 0, commit unknown)",
-        frozenset(
+        kind=EngineKind.MAINLINE,
+        version="version: 0.6.0-dev (build 0, commit unknown)",
+        accepts=frozenset(
             {
                 "-fa on",
                 "-ot",
@@ -192,12 +198,12 @@ KNOWN: dict[EngineKind, EngineFacts] = {
                 "--log-disable",
             }
         ),
-        NCpuMoeRule.FIRST,
+        n_cpu_moe=NCpuMoeRule.FIRST,
     ),
     EngineKind.IK: EngineFacts(
-        EngineKind.IK,
-        "version: 0 (ik-llama-cpp-python-0.1.5)",
-        frozenset(
+        kind=EngineKind.IK,
+        version="version: 0 (ik-llama-cpp-python-0.1.5)",
+        accepts=frozenset(
             {
                 "-fa on",
                 "-no-fa",
@@ -223,7 +229,7 @@ KNOWN: dict[EngineKind, EngineFacts] = {
                 "--log-disable",
             }
         ),
-        NCpuMoeRule.IK_SPLIT_TAIL,
+        n_cpu_moe=NCpuMoeRule.IK_SPLIT_TAIL,
     ),
 }
 
@@ -273,7 +279,7 @@ def probe(
 
 
 def n_cpu_moe_layers(
-    rule: NCpuMoeRule, n: int, n_layer: int, layer_device: list[str] | None = None, n_devices: int | None = None
+    rule: NCpuMoeRule, n: int, n_layer: int, layer_device: list[str] | None = None, *, n_devices: int | None = None
 ) -> list[int]:
     """The layers whose experts ``--n-cpu-moe n`` keeps on the CPU under ``rule``. ``layer_device``
     (each layer's device, in order) and ``n_devices`` (the devices the engine counts, some perhaps

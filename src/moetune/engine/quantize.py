@@ -198,7 +198,7 @@ _FTYPES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TensorOut:
     """One tensor of the output: its type and bytes as the engine will write them."""
 
@@ -214,7 +214,7 @@ class TensorOut:
     fallback: str = ""  # why the engine wrote another type than the rule's
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class QuantPlan:
     kind: EngineKind
     ftype: str  # llama-quantize's file type argument
@@ -352,7 +352,19 @@ def plan_quantize(
         src = by_name(t.type_name)
         j = next(j for j, rx in enumerate(compiled) if rx.search(t.name))
         if not quantizable(kind, t.name, t.shape):
-            out.append(TensorOut(t.name, t.layer, t.kind, t.role, t.shape, src.name, src.name, t.nbytes, 0))
+            out.append(
+                TensorOut(
+                    name=t.name,
+                    layer=t.layer,
+                    kind=t.kind,
+                    role=t.role,
+                    shape=t.shape,
+                    source_type=src.name,
+                    type=src.name,
+                    nbytes=t.nbytes,
+                    rule=0,
+                )
+            )
             kept.add(j)
             continue
         took.add(j)
@@ -364,16 +376,16 @@ def plan_quantize(
                 needs.append(f"{t.name} ({qt.name.lower()})")
         out.append(
             TensorOut(
-                t.name,
-                t.layer,
-                t.kind,
-                t.role,
-                t.shape,
-                src.name,
-                qt.name,
-                qt.tensor_bytes(t.shape),
-                kept_by.get(j),
-                note,
+                name=t.name,
+                layer=t.layer,
+                kind=t.kind,
+                role=t.role,
+                shape=t.shape,
+                source_type=src.name,
+                type=qt.name,
+                nbytes=qt.tensor_bytes(t.shape),
+                rule=kept_by.get(j),
+                fallback=note,
             )
         )
     for j in range(len(rules) - 1):
@@ -408,7 +420,14 @@ def plan_quantize(
             "quantized already; llama-quantize refuses to requantize it",
             hint="quantize from an f16/bf16 source, or give --allow-requantize (quality suffers)",
         )
-    return QuantPlan(kind, _ftype(kind, recipe.default), tuple(rules), tuple(out), tuple(warnings), bool(requant))
+    return QuantPlan(
+        kind=kind,
+        ftype=_ftype(kind, recipe.default),
+        rules=tuple(rules),
+        tensors=tuple(out),
+        warnings=tuple(warnings),
+        requantize=bool(requant),
+    )
 
 
 def output_profile(profile: ModelProfile, qp: QuantPlan, out: Path) -> ModelProfile:

@@ -46,7 +46,7 @@ BINARIES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Engine:
     name: str
     kind: EngineKind
@@ -258,9 +258,9 @@ def _user_file() -> Path:
 
 def _engine_of(b: Build) -> Engine:
     return Engine(
-        b.name,
-        b.recipe.kind,
-        str(b.bin_dir),
+        name=b.name,
+        kind=b.recipe.kind,
+        bin_dir=str(b.bin_dir),
         builtin=True,
         release=b.version,
         backend=b.opts.backend,
@@ -398,7 +398,7 @@ def _check_server(d: Path) -> None:
 
 
 def add(
-    name: str, kind: str, bin_dir: str | None, image: str | None, runtime: str | None, replace: bool = False
+    name: str, kind: str, bin_dir: str | None, image: str | None, *, runtime: str | None, replace: bool = False
 ) -> Engine:
     """Register an engine after checking it runs here; an existing entry is replaced only when asked."""
     if kind not in KINDS:
@@ -429,7 +429,7 @@ def add(
                 f"--runtime {runtime}: {runtime} is not installed (not on PATH)",
                 hint=f"install {runtime}, or choose the other runtime",
             )
-    e = Engine(name, EngineKind(kind), bin_dir, image, runtime if image else None)
+    e = Engine(name=name, kind=EngineKind(kind), bin_dir=bin_dir, image=image, runtime=runtime if image else None)
     _save([*(u for u in users if u.name != name), e])
     return e
 

@@ -74,7 +74,7 @@ def check_rules(p: ModelProfile, pl: Placement, rules: list[OverrideRule]) -> No
 
 
 def _tensor_split(
-    p: ModelProfile, pl: Placement, s: Settings, d: Dialect, accelerators: list[tuple[str, bool]] | None
+    p: ModelProfile, pl: Placement, s: Settings, d: Dialect, *, accelerators: list[tuple[str, bool]] | None
 ) -> tuple[float, ...]:
     """-ts in the engine's terms: mainline takes the plan's layer counts; ik_llama.cpp, which splits
     by bytes over its own device numbering, the shares that give the plan's layers (ik_split)."""
@@ -191,7 +191,7 @@ def server_argv(
         argv += [d.split_mode, s.split_mode]
     if rpc:
         argv += [d.rpc, ",".join(rpc)]
-    if ts := _tensor_split(p, pl, s, d, accelerators):
+    if ts := _tensor_split(p, pl, s, d, accelerators=accelerators):
         argv += [d.tensor_split, ",".join(f"{x:g}" for x in ts)]
     rules = override_rules(p, pl)
     n_over = sum(1 for t in p.tensors if t.is_expert)

@@ -170,7 +170,7 @@ def own_flags(s: Settings) -> list[tuple[str, ...]]:
     return words + flag_words(o.extra_args)
 
 
-def _value(args: Sequence[str], i: int, name: str, option: str, kind: type) -> tuple[Any, int]:
+def _value(args: Sequence[str], i: int, name: str, option: str, *, kind: type) -> tuple[Any, int]:
     """The value of the flag at ``args[i]`` (``--flag=V`` or ``--flag V``) and the index after it."""
     word = args[i]
     text, nxt = (
@@ -189,7 +189,7 @@ def _value(args: Sequence[str], i: int, name: str, option: str, kind: type) -> t
         ) from None
 
 
-def _set(s: Settings, field: str, value: Any, option: str, name: str) -> Settings:
+def _set(s: Settings, field: str, value: Any, option: str, *, name: str) -> Settings:
     """``s`` with ``field`` (``server.x`` for a server option) set; InputError when the plan's
     option already says another value."""
     server = field.startswith("server.")
@@ -216,12 +216,12 @@ def lift_extra(s: Settings) -> Settings:
         name = flag_name(word) if is_flag(word) else ""
         if name in LIFTED:
             option, field, kind = LIFTED[name]
-            value, i = (True, i + 1) if kind is None else _value(args, i, name, option, kind)
+            value, i = (True, i + 1) if kind is None else _value(args, i, name, option, kind=kind)
             if kind is int and value < 1:
                 raise InputError(f"--engine-arg {name} {value}: must be at least 1")
-            s = _set(s, field, value, option, name)
+            s = _set(s, field, value, option, name=name)
         elif name in flag_of:
-            value, i = _value(args, i, name, "--sampling", float)
+            value, i = _value(args, i, name, "--sampling", kind=float)
             if sampling.get(key := flag_of[name], value) != value:
                 raise InputError(
                     f"--engine-arg {name} {value:g}: the plan already says --sampling {key}={sampling[key]:g}",
@@ -229,13 +229,13 @@ def lift_extra(s: Settings) -> Settings:
                 )
             sampling[key] = value
         elif name == "--reasoning-budget":
-            value, i = _value(args, i, name, "--thinking on|off", int)
+            value, i = _value(args, i, name, "--thinking on|off", kind=int)
             if value not in (0, -1):
                 raise InputError(
                     f"--engine-arg --reasoning-budget {value}: moetune plans -1 or 0 (--thinking on|off)",
                     hint="say it with --thinking on|off",
                 )
-            s = _set(s, "server.thinking", value == -1, "--thinking", name)
+            s = _set(s, "server.thinking", value == -1, "--thinking", name=name)
         else:
             rest.append(word)
             i += 1
@@ -309,13 +309,8 @@ def server_options(s: Settings, d: Dialect, engine: str = "", trained_ctx: int =
     for key, value in o.sampling:
         add("--sampling", SAMPLING_FLAGS[key], f"{value:g}")
     if o.rope_scaling:
-        add(
-            "--rope-scaling",
-            "--rope-scaling",
-            o.rope_scaling,
-            "--rope-scale",
-            f"{rope_factor(s.ctx // s.slots, trained_ctx):g}",
-        )
+        scale = f"{rope_factor(s.ctx // s.slots, trained_ctx):g}"
+        add("--rope-scaling", *("--rope-scaling", o.rope_scaling, "--rope-scale", scale))
         if trained_ctx:
             add("--rope-scaling", "--yarn-orig-ctx", str(trained_ctx))
     if o.api_key_file:

@@ -40,7 +40,7 @@ DEFAULT_PCIE_GBS = 25.0  # PCIe 4.0 x16 effective, when a GPU's link is not give
 
 
 # ---- core model ------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Device:
     name: str  # the buffer type name the engine uses: CUDA0, CPU, RPC0[10.0.0.2:50052]
     kind: DeviceKind
@@ -60,7 +60,7 @@ class Device:
         return self.kind != DeviceKind.CPU
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Node:
     name: str
     cores: int
@@ -105,14 +105,14 @@ class Inventory:
             for i, d in enumerate(n.devices):
                 out.append(
                     Device(
-                        rpc_name(i, n),
-                        DeviceKind.RPC,
-                        d.mem_mib,
-                        d.bw_gbs,
-                        n.name,
-                        n.link_gbs or d.link_gbs,
-                        d.reserved_mib,
-                        d.tflops,
+                        name=rpc_name(i, n),
+                        kind=DeviceKind.RPC,
+                        mem_mib=d.mem_mib,
+                        bw_gbs=d.bw_gbs,
+                        node=n.name,
+                        link_gbs=n.link_gbs or d.link_gbs,
+                        reserved_mib=d.reserved_mib,
+                        tflops=d.tflops,
                     )
                 )
         return list(self.local.devices) + out if self.local_first else out + list(self.local.devices)
@@ -126,7 +126,15 @@ class Inventory:
 
     def cpu(self) -> Device:
         n = self.local
-        return Device("CPU", DeviceKind.CPU, n.ram_mib, n.ram_bw_gbs, n.name, n.ram_bw_gbs, n.ram_reserved_mib)
+        return Device(
+            name="CPU",
+            kind=DeviceKind.CPU,
+            mem_mib=n.ram_mib,
+            bw_gbs=n.ram_bw_gbs,
+            node=n.name,
+            link_gbs=n.ram_bw_gbs,
+            reserved_mib=n.ram_reserved_mib,
+        )
 
     def engine_names(self) -> dict[str, str]:
         """Buffer-type name -> the device name llama.cpp logs: RPC devices are numbered across all
@@ -236,34 +244,34 @@ def from_dict(doc: Any, source: str | None = None) -> Inventory:
         names.add(n.name)
         devs = tuple(
             Device(
-                d.name,
-                DeviceKind(d.kind),
-                d.mem_mib,
-                d.bw_gbs,
-                n.name,
-                d.link_gbs or DEFAULT_PCIE_GBS,
-                d.reserved_mib,
-                d.tflops,
+                name=d.name,
+                kind=DeviceKind(d.kind),
+                mem_mib=d.mem_mib,
+                bw_gbs=d.bw_gbs,
+                node=n.name,
+                link_gbs=d.link_gbs or DEFAULT_PCIE_GBS,
+                reserved_mib=d.reserved_mib,
+                tflops=d.tflops,
             )
             for d in n.devices
         )
         nodes.append(
             Node(
-                n.name,
-                n.cpu.cores,
-                n.cpu.ram_mib,
-                n.cpu.ram_bw_gbs,
-                devs,
-                n.ssh,
-                n.link_addr,
-                n.rpc_port,
-                n.link_gbs,
-                n.bin_dir,
-                n.cpu.reserved_mib,
-                n.allow_public_bind,
-                n.rdma,
-                None if n.cpu.isa is None else tuple(n.cpu.isa),
-                tuple(sorted((n.cpu.speed or {}).items())),
+                name=n.name,
+                cores=n.cpu.cores,
+                ram_mib=n.cpu.ram_mib,
+                ram_bw_gbs=n.cpu.ram_bw_gbs,
+                devices=devs,
+                ssh=n.ssh,
+                link_addr=n.link_addr,
+                rpc_port=n.rpc_port,
+                link_gbs=n.link_gbs,
+                bin_dir=n.bin_dir,
+                ram_reserved_mib=n.cpu.reserved_mib,
+                allow_public_bind=n.allow_public_bind,
+                rdma=n.rdma,
+                cpu_isa=None if n.cpu.isa is None else tuple(n.cpu.isa),
+                cpu_speed=tuple(sorted((n.cpu.speed or {}).items())),
             )
         )
     return Inventory(tuple(nodes), hw.name, source)

@@ -133,16 +133,20 @@ def parse_gpus(text: str, ram_mib: float) -> ProbedGpus:
             link = round(PCIE_GBS_PER_LANE[int(gen)] * int(width) * 0.8, 1)
         elif shared is None:
             notes.append(f"CUDA{idx} ({name}): PCIe link not reported, {link:g} GB/s assumed (set link_gbs)")
-        devs.append(Device(f"CUDA{idx}", DeviceKind.GPU, round(mem), bw, "local", link))
+        devs.append(
+            Device(name=f"CUDA{idx}", kind=DeviceKind.GPU, mem_mib=round(mem), bw_gbs=bw, node="local", link_gbs=link)
+        )
     return ProbedGpus(tuple(devs), n_unified > 0, tuple(notes))
 
 
 def local_node(
-    gpus: ProbedGpus, ram_mib: float, cores: int, ram_bw_gbs: float, cpu_isa: tuple[str, ...] | None = None
+    gpus: ProbedGpus, ram_mib: float, cores: int, ram_bw_gbs: float, *, cpu_isa: tuple[str, ...] | None = None
 ) -> Node:
     """This machine as a node: where a GPU shares the host's memory, the CPU keeps only its share."""
     cpu_ram = ram_mib * UNIFIED_CPU_SHARE if gpus.unified else ram_mib
-    return Node("local", cores, round(cpu_ram), ram_bw_gbs, gpus.devices, cpu_isa=cpu_isa)
+    return Node(
+        name="local", cores=cores, ram_mib=round(cpu_ram), ram_bw_gbs=ram_bw_gbs, devices=gpus.devices, cpu_isa=cpu_isa
+    )
 
 
 # /proc/cpuinfo's flags (x86 "flags", Arm "Features") -> the words of the hardware file's cpu.isa
@@ -234,4 +238,4 @@ def probe(measure: bool = True, notes: list[str] | None = None) -> Inventory:
         isa = parse_isa(Path("/proc/cpuinfo").read_text())
     except OSError:
         isa = None
-    return Inventory((local_node(gpus, ram, _cores(), bw, isa),), name=os.uname().nodename)
+    return Inventory((local_node(gpus, ram, _cores(), bw, cpu_isa=isa),), name=os.uname().nodename)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Dims:
     """Shape of a generated model. ``n_layer`` counts trunk blocks; NextN blocks come after them."""
 

@@ -82,7 +82,7 @@ class SkippedArray:
     length: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TensorInfo:
     name: str
     shape: tuple[int, ...]  # ggml order: ne0 (row length) first
@@ -92,7 +92,7 @@ class TensorInfo:
     file_index: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GGUFFile:
     path: Path | str  # a URL for a file read over HTTP
     version: int
@@ -292,8 +292,17 @@ def parse(src: ByteSource, file_index: int = 0) -> GGUFFile:
                 f"{path}: file is truncated (tensor {shown(name)} ends at byte {start + nbytes}, file has {size})",
                 hint="re-download or re-copy the file; compare its size with the source",
             )
-        tensors.append(TensorInfo(name, shape, qt, start, nbytes, file_index))
-    return GGUFFile(path, version, meta, tuple(tensors), alignment, data_offset, size, header_end)
+        tensors.append(TensorInfo(name=name, shape=shape, qtype=qt, offset=start, nbytes=nbytes, file_index=file_index))
+    return GGUFFile(
+        path=path,
+        version=version,
+        metadata=meta,
+        tensors=tuple(tensors),
+        alignment=alignment,
+        data_offset=data_offset,
+        file_size=size,
+        header_bytes=header_end,
+    )
 
 
 def shard_names(name: str) -> list[str]:

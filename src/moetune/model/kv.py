@@ -42,7 +42,7 @@ def full_cells(ctx: int, slots: int, unified: bool = False) -> int:
     return -(-(ctx // slots) // KV_PAD) * KV_PAD * slots
 
 
-def swa_cells(ctx: int, slots: int, ubatch: int, n_swa: int, unified: bool = False, swa_full: bool = False) -> int:
+def swa_cells(ctx: int, slots: int, ubatch: int, n_swa: int, *, unified: bool = False, swa_full: bool = False) -> int:
     """Cells of the sliding-window layers' cache (``llama_kv_cache_iswa``): per stream the window
     times the sequences it is shared by (all of them in a unified cache, one otherwise) plus one
     ubatch, at most the full cache's, padded to 256; the full cache's with ``--swa-full``."""
@@ -62,7 +62,7 @@ class LayerKV:
     swa: bool = False  # a sliding-window layer: its cache holds about a window, not the context
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KVShape:
     family: str  # gqa | mla | hybrid
     layers: tuple[LayerKV, ...]
@@ -167,7 +167,7 @@ def kv_shape(p: ModelProfile, engine: str = EngineKind.MAINLINE) -> KVShape:
             # GLM-5.2 defaults: indexers on layers 0, 1, then every fourth from 2
             idx_layers = {i for i in range(n) if i < 2 or (i - 2) % 4 == 0}
         layers = tuple(LayerKV(i, (latent, idx) if idx and i in idx_layers else (latent,), ()) for i in range(n))
-        return KVShape("mla", layers)
+        return KVShape(family="mla", layers=layers)
     heads = _per_layer(p, "attention.head_count", 0)
     heads_kv = _per_layer(p, "attention.head_count_kv", heads[0] if heads else 0)
     if len(heads_kv) == 1:
@@ -189,11 +189,16 @@ def kv_shape(p: ModelProfile, engine: str = EngineKind.MAINLINE) -> KVShape:
         r = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
         s = d_state * d_inner
         layers = tuple(LayerKV(i, (heads_kv[i] * hk,), (heads_kv[i] * hv,)) for i in attn)
-        return KVShape("hybrid", layers, tuple(i for i in range(n) if rec[i]), (r + s) * F32_BYTES)
+        return KVShape(
+            family="hybrid",
+            layers=layers,
+            recurrent_layers=tuple(i for i in range(n) if rec[i]),
+            rs_bytes_per_layer_seq=(r + s) * F32_BYTES,
+        )
     # ik_llama.cpp (0.1.5) has no split cache: it masks the window but keeps every layer's context
     n_swa, swa = swa_layers(p) if engine == EngineKind.MAINLINE else (0, frozenset[int]())
     layers = tuple(LayerKV(i, (heads_kv[i] * hk,), (heads_kv[i] * hv,), i in swa) for i in range(n) if heads_kv[i])
-    return KVShape("gqa", layers, n_swa=n_swa if swa else 0)
+    return KVShape(family="gqa", layers=layers, n_swa=n_swa if swa else 0)
 
 
 def checkpoint_bytes(
@@ -201,6 +206,7 @@ def checkpoint_bytes(
     engine: str,
     ctk: str = "f16",
     ctv: str = "f16",
+    *,
     tokens_per_slot: int = 0,
     swa_full: bool = False,
     streams: int = 1,

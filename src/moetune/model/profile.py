@@ -87,7 +87,7 @@ def tensor_role(kind: str) -> str:
     return OTHER
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Tensor:
     name: str
     layer: int | None
@@ -104,7 +104,7 @@ class Tensor:
         return self.role == EXPERT
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Layer:
     index: int
     kind: str  # dense | moe | nextn
@@ -113,7 +113,7 @@ class Layer:
     experts: dict[str, tuple[str, int]]  # kind -> (type name, bytes)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Remote:
     """A model whose headers were read over HTTP: where a plan expects it once downloaded, how to
     download it, and what reading the headers cost."""
@@ -130,7 +130,7 @@ class Remote:
         return f"fetched {self.bytes_fetched / 1024:,.0f} KiB in {self.requests} requests"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelProfile:
     arch: str
     files: tuple[Path | str, ...]  # URLs (str) for a remote model
@@ -241,7 +241,9 @@ class ModelProfile:
                     experts[t.kind] = (ty if t.name.endswith(".bias") else t.type_name, b + t.nbytes)
             kind = "nextn" if i >= self.n_layer else ("moe" if experts else "dense")
             eb = sum(b for _, b in experts.values())
-            out.append(Layer(i, kind, eb, sum(t.nbytes for t in ts) - eb, experts))
+            out.append(
+                Layer(index=i, kind=kind, expert_bytes=eb, other_bytes=sum(t.nbytes for t in ts) - eb, experts=experts)
+            )
         return tuple(out)
 
     def bytes_by_type(self, *, experts: bool | None = None) -> dict[str, int]:
@@ -348,18 +350,20 @@ def profile_from_files(files: list[GGUFFile], remote: Remote | None = None) -> M
                 )
             tensors.append(
                 Tensor(
-                    ti.name,
-                    layer,
-                    kind,
-                    tensor_role(kind),
-                    ti.qtype.name,
-                    ti.shape,
-                    ti.nbytes,
-                    ti.file_index,
-                    ti.offset,
+                    name=ti.name,
+                    layer=layer,
+                    kind=kind,
+                    role=tensor_role(kind),
+                    type_name=ti.qtype.name,
+                    shape=ti.shape,
+                    nbytes=ti.nbytes,
+                    file_index=ti.file_index,
+                    offset=ti.offset,
                 )
             )
-    return ModelProfile(arch, tuple(f.path for f in files), meta, tuple(tensors), remote)
+    return ModelProfile(
+        arch=arch, files=tuple(f.path for f in files), metadata=meta, tensors=tuple(tensors), remote=remote
+    )
 
 
 def is_url(path: str | os.PathLike[str]) -> bool:
@@ -418,10 +422,23 @@ def _cached_profile(key: str | None, shards: list[Path]) -> ModelProfile | None:
         if len(files) != len(shards):
             return None
         return ModelProfile(
-            arch,
-            tuple(shards),
-            meta,
-            tuple(Tensor(n, la, k, r, ty, tuple(sh), nb, fi, off) for n, la, k, r, ty, sh, nb, fi, off in rows),
+            arch=arch,
+            files=tuple(shards),
+            metadata=meta,
+            tensors=tuple(
+                Tensor(
+                    name=n,
+                    layer=la,
+                    kind=k,
+                    role=r,
+                    type_name=ty,
+                    shape=tuple(sh),
+                    nbytes=nb,
+                    file_index=fi,
+                    offset=off,
+                )
+                for n, la, k, r, ty, sh, nb, fi, off in rows
+            ),
         )
     except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
         return None
@@ -472,11 +489,11 @@ def _load_url(
     return profile_from_files(
         files,
         Remote(
-            local_path or r.file_name(urls[0]),
-            download or r.curl_command(urls),
-            st.bytes_fetched,
-            st.requests,
-            tuple(st.range_ignored),
+            local_path=local_path or r.file_name(urls[0]),
+            download=download or r.curl_command(urls),
+            bytes_fetched=st.bytes_fetched,
+            requests=st.requests,
+            range_ignored=tuple(st.range_ignored),
         ),
     )
 

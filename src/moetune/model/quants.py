@@ -23,7 +23,7 @@ from types import ModuleType
 from moetune.kinds import EngineKind
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class QuantType:
     id: int
     name: str  # upper case, as llama.cpp prints it (Q8_0, IQ3_KS)
@@ -176,20 +176,34 @@ def _gguf_sizes() -> dict[int, tuple[str, int, int]]:
 def _build() -> dict[int, QuantType]:
     table: dict[int, QuantType] = {}
     for qt, (name, block, size) in _gguf_sizes().items():
-        table[qt] = QuantType(qt, name, block, size)
+        table[qt] = QuantType(id=qt, name=name, block_size=block, type_size=size)
     for tid, (name, block, size) in _MAINLINE_EXTRA.items():
-        table.setdefault(tid, QuantType(tid, name, block, size))
+        table.setdefault(tid, QuantType(id=tid, name=name, block_size=block, type_size=size))
     for tid, (name, block, size, meta) in {**_IK_ONLY, **_IK_OWN_BLOCKS}.items():
-        table[tid] = QuantType(tid, name, block, size, meta, frozenset({EngineKind.IK}))
+        table[tid] = QuantType(
+            id=tid, name=name, block_size=block, type_size=size, row_meta_bytes=meta, engines=frozenset({EngineKind.IK})
+        )
     for tid, (name, base, meta) in _IK_REPACKED.items():
         b = table[base]
-        table[tid] = QuantType(tid, name, b.block_size, b.type_size, meta, frozenset({EngineKind.IK}))
+        table[tid] = QuantType(
+            id=tid,
+            name=name,
+            block_size=b.block_size,
+            type_size=b.type_size,
+            row_meta_bytes=meta,
+            engines=frozenset({EngineKind.IK}),
+        )
     # ik_llama.cpp reads mainline files but not the newest mainline-only types.
     for tid in (34, 35, 40, 42):
         if tid in table:
             t = table[tid]
             table[tid] = QuantType(
-                t.id, t.name, t.block_size, t.type_size, t.row_meta_bytes, frozenset({EngineKind.MAINLINE})
+                id=t.id,
+                name=t.name,
+                block_size=t.block_size,
+                type_size=t.type_size,
+                row_meta_bytes=t.row_meta_bytes,
+                engines=frozenset({EngineKind.MAINLINE}),
             )
     return table
 

@@ -27,7 +27,7 @@ from moetune.model.profile import ROLES, ModelProfile
 from moetune.model.quants import QuantType, UnknownQuantType, by_name
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Rule:
     type: QuantType
     roles: tuple[str, ...] = ()
@@ -129,11 +129,11 @@ def recipe_from_doc(doc: Any, source: str) -> Recipe:
                 )
         rules.append(
             Rule(
-                _type(r["type"], where),
-                roles,
-                _names(r["kind"], where) if "kind" in r else (),
-                parse_layers(r["layers"], where) if "layers" in r else None,
-                pattern,
+                type=_type(r["type"], where),
+                roles=roles,
+                kinds=_names(r["kind"], where) if "kind" in r else (),
+                layers=parse_layers(r["layers"], where) if "layers" in r else None,
+                pattern=pattern,
             )
         )
     return Recipe(default, tuple(rules), source)

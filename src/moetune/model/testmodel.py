@@ -158,7 +158,7 @@ def quantizable(qt: QuantType) -> bool:
     return True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Generated:
     arch: str
     files: list[Path]
@@ -216,4 +216,11 @@ def generate(
     for t in tensors:
         types[t.qtype.name] = types.get(t.qtype.name, 0) + t.nbytes
     servable = all(quantizable(t.qtype) for t in tensors)
-    return Generated(arch, files, len(tensors), sum(t.nbytes for t in tensors), types, servable)
+    return Generated(
+        arch=arch,
+        files=files,
+        n_tensors=len(tensors),
+        tensor_bytes=sum(t.nbytes for t in tensors),
+        types=types,
+        servable=servable,
+    )

@@ -84,7 +84,7 @@ class Metric:
     help: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LabelledSnapshot:
     """One snapshot and what it belongs to, as a source hands it to :func:`render`."""
 

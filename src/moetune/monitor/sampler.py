@@ -45,7 +45,7 @@ def interval_from_env() -> float:
         return DEFAULT_INTERVAL_S
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Watch:
     """One engine process to watch."""
 

@@ -77,7 +77,9 @@ class DbSource:
                 if now - snap.t > self.max_age_s:
                     continue
                 out.append(
-                    LabelledSnapshot(snap, run=run.id, kind=str(run.kind), label=run.label, launch=run.meta.launch_run)
+                    LabelledSnapshot(
+                        snapshot=snap, run=run.id, kind=str(run.kind), label=run.label, launch=run.meta.launch_run
+                    )
                 )
         return out
 
@@ -113,7 +115,7 @@ class LaunchSource:
             live = self.live()
             for gone in set(self._launches) - set(live):
                 self._launches.pop(gone).close()
-            out = [LabelledSnapshot(self._host.tick())]
+            out = [LabelledSnapshot(snapshot=self._host.tick())]
             for run in live:
                 sampler = self._launches.get(run)
                 if sampler is None:  # a new launch: its processes' rates come from the next scrape on
@@ -122,7 +124,7 @@ class LaunchSource:
                         gpus=False,
                         host=False,
                     )
-                out.append(LabelledSnapshot(sampler.tick(), launch=run))
+                out.append(LabelledSnapshot(snapshot=sampler.tick(), launch=run))
             return out
 
     def close(self) -> None:

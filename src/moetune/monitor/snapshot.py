@@ -16,7 +16,7 @@ from typing import Any
 SNAPSHOT_SCHEMA = 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HostSample:
     cpu_pct: tuple[float, ...] | None = None  # per core, 0-100 each
     mem_total_bytes: int | None = None
@@ -30,7 +30,7 @@ class HostSample:
         return None if not self.cpu_pct else sum(self.cpu_pct) / len(self.cpu_pct)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProcSample:
     """One engine process (a server or an RPC worker; local, or on a node over ssh)."""
 
@@ -47,7 +47,7 @@ class ProcSample:
     alive: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuSample:
     index: int
     name: str
@@ -59,7 +59,7 @@ class GpuSample:
     pcie_tx_bytes_per_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Snapshot:
     t: float  # wall clock, seconds since the epoch
     host: HostSample = field(default_factory=HostSample)

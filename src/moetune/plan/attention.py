@@ -54,7 +54,7 @@ def label(s: Settings) -> str:
     return f"flash attention {'on' if s.flash_attn else 'off'}, {s.ctk}/{s.ctv} cache"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Choice:
     settings: Settings
     depth: int
@@ -88,4 +88,11 @@ def pick(scored: list[tuple[Settings, float, bool]], depth: int) -> Choice:
     if scored[0][2] and best[1] < default_tg * (1 + MIN_GAIN):
         best = scored[0]
     rejected = sum(1 for s, tg, fits in scored if not fits and tg > best[1])
-    return Choice(best[0], depth, best[1], default, default_tg, rejected)
+    return Choice(
+        settings=best[0],
+        depth=depth,
+        tg_tok_s=best[1],
+        default=default,
+        default_tg_tok_s=default_tg,
+        rejected_for_memory=rejected,
+    )

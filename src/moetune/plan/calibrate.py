@@ -50,7 +50,7 @@ FITTED = (
 AT_MOST = {"cpu_bw_eff": 1.0, "gpu_bw_eff": 1.0}  # a share of the bandwidth
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Observation:
     run: int  # the run it came from (leave-one-out leaves runs out, not single workloads)
     work: Work  # what the plan asked of the hardware
@@ -101,6 +101,7 @@ def fit(
     prior: SpeedConstants | None = None,
     iterations: int = 60,
     noise_pct: float = NOISE_FLOOR_PCT,
+    *,
     names: tuple[str, ...] = FITTED,
 ) -> SpeedConstants:
     """The constants that best explain the measurements (Levenberg-Marquardt on log constants),
@@ -166,7 +167,7 @@ def _band(xs: list[float]) -> float | None:
     return round(max(NOISE_FLOOR_PCT, (math.exp(2 * rms) - 1) * 100.0), 1)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Calibration:
     constants: SpeedConstants
     runs: tuple[int, ...]
@@ -208,15 +209,15 @@ def calibrate(obs: list[Observation], prior: SpeedConstants | None = None) -> Ca
             loo_pp += pp
     before_tg, before_pp = _errors(obs, prior)
     return Calibration(
-        k,
-        runs,
-        len(obs),
-        _median(loo_tg),
-        _median(loo_pp),
-        _median(before_tg),
-        _median(before_pp),
-        _band(loo_tg) or UNCALIBRATED_PCT,
-        _band(loo_pp) or UNCALIBRATED_PCT,
+        constants=k,
+        runs=runs,
+        observations=len(obs),
+        loo_tg_median_abs_pct=_median(loo_tg),
+        loo_pp_median_abs_pct=_median(loo_pp),
+        before_tg_median_abs_pct=_median(before_tg),
+        before_pp_median_abs_pct=_median(before_pp),
+        uncertainty_tg_pct=_band(loo_tg) or UNCALIBRATED_PCT,
+        uncertainty_pp_pct=_band(loo_pp) or UNCALIBRATED_PCT,
     )
 
 

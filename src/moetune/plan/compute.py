@@ -24,7 +24,7 @@ from moetune.plan.graph import Shape, Sites, build
 MIB = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ComputeInputs:
     ubatch: int
     ctx: int  # total context (-c)
@@ -47,7 +47,7 @@ class ComputeInputs:
         return max(KV_PAD, -(-cells // KV_PAD) * KV_PAD)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceRole:
     """What runs on a device, as far as ik_llama.cpp's compute buffer is concerned."""
 
@@ -126,7 +126,12 @@ def _ik_compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> 
     if role.host and not role.layers:
         base = mask + n_tok * 4 * e
         if role.experts:
-            base = max(base, n_tok * 16 * _ffn_width(p, DeviceRole(False, True, False, False, False)))
+            base = max(
+                base,
+                n_tok
+                * 16
+                * _ffn_width(p, DeviceRole(layers=False, experts=True, dense=False, output=False, host=False)),
+            )
         return base
     phases = [n_tok * 16 * _ffn_width(p, role)]
     if role.layers:
@@ -155,7 +160,13 @@ def _ik_compute_bytes(p: ModelProfile, inp: ComputeInputs, role: DeviceRole) -> 
 
 
 def reserve_bytes(
-    p: ModelProfile, inp: ComputeInputs, sites: Sites, devices: Sequence[str], offload_to: str = "", n_copies: int = 1
+    p: ModelProfile,
+    inp: ComputeInputs,
+    sites: Sites,
+    devices: Sequence[str],
+    *,
+    offload_to: str = "",
+    n_copies: int = 1,
 ) -> dict[str, int]:
     """Mainline llama.cpp's compute buffer on every device (``devices`` in the engine's order, the
     CPU last): the reserve graph replayed (see the module docstring)."""
@@ -163,7 +174,13 @@ def reserve_bytes(
     nodes = build(
         p,
         Shape(
-            inp.n_tok, inp.n_kv, inp.flash_attn, inp.ctk not in plain, inp.ctv not in plain, inp.n_outputs, inp.n_kv_swa
+            n_tok=inp.n_tok,
+            n_kv=inp.n_kv,
+            flash_attn=inp.flash_attn,
+            k_quant=inp.ctk not in plain,
+            v_quant=inp.ctv not in plain,
+            n_out=inp.n_outputs,
+            n_kv_swa=inp.n_kv_swa,
         ),
         sites,
     )

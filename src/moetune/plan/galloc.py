@@ -34,7 +34,7 @@ CPU = "CPU"
 OFFLOAD_MIN_BATCH = 32  # ggml-cuda.cu: GGML_OP_OFFLOAD_MIN_BATCH, default 32
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Node:
     """One tensor of the graph: a leaf (an input, or a constant the graph fills) or an op's result."""
 
@@ -160,7 +160,7 @@ def buffer_sizes(
         node = by_name.get(name)
         if name in at or name.endswith("@dep") or (node is not None and node.view_of):
             pass
-        elif node is not None and node.inplace and (src := _reusable(srcs, node, size, children, at, pinned)):
+        elif node is not None and node.inplace and (src := _reusable(srcs, node, size, children, at=at, pinned=pinned)):
             at[name] = at.pop(src)
         else:
             at[name] = bufs[d].alloc(size[name])
@@ -221,6 +221,7 @@ def _reusable(
     node: Node,
     size: dict[str, int],
     children: dict[str, int],
+    *,
     at: dict[str, int],
     pinned: set[str],
 ) -> str:

@@ -27,7 +27,7 @@ from moetune.plan.galloc import CPU, Node
 F32 = 4
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Shape:
     """The reserved batch: tokens, KV cells per stream, flash attention, cache types, outputs."""
 
@@ -78,7 +78,19 @@ class _Graph:
         view_of: str = "",
     ) -> str:
         self.nodes.append(
-            Node(name, int(nbytes), srcs, weight, weight_bytes, batch, inplace, leaf, is_input, pinned, view_of)
+            Node(
+                name=name,
+                nbytes=int(nbytes),
+                srcs=srcs,
+                weight=weight,
+                weight_bytes=weight_bytes,
+                batch=batch,
+                inplace=inplace,
+                leaf=leaf,
+                is_input=is_input,
+                pinned=pinned,
+                view_of=view_of,
+            )
         )
         return name
 
@@ -117,14 +129,22 @@ def _inputs(g: _Graph) -> str:
 
 
 def _matmul(
-    g: _Graph, name: str, nbytes: int, src: str, dev: str, tensor: str = "", srcs: tuple[str, ...] = (), batch: int = 0
+    g: _Graph,
+    name: str,
+    *,
+    nbytes: int,
+    src: str,
+    dev: str,
+    tensor: str = "",
+    srcs: tuple[str, ...] = (),
+    batch: int = 0,
 ) -> str:
     """An op that multiplies by a weight on ``dev`` (``tensor``: its name, when an offload may copy it),
     over ``batch`` tokens (the whole ubatch by default)."""
     return g.add(name, nbytes, (src, *srcs), weight=dev, weight_bytes=g.sizes.get(tensor, 0), batch=batch or g.sh.n_tok)
 
 
-def _attn_gqa(g: _Graph, il: int, x: str, dev: str, gated: bool) -> str:
+def _attn_gqa(g: _Graph, il: int, x: str, dev: str, *, gated: bool) -> str:
     """``build_qkv`` + q/k norms + rope (in place) + ``build_attn`` (qwen3moe.cpp, glm4-moe.cpp;
     qwen35moe's full-attention layers add an output gate computed with Q). A quantized K cache
     rotates Q and K by a Hadamard matrix, a quantized V cache rotates V and un-rotates the output
@@ -144,16 +164,16 @@ def _attn_gqa(g: _Graph, il: int, x: str, dev: str, gated: bool) -> str:
     idxs = "k_idxs_swa" if windowed else "k_idxs"
     # a Q/K norm is a new tensor; without one, a bias (gpt-oss) is added in place
     normed = f"blk.{il}.attn_q_norm.weight" in g.sizes or f"blk.{il}.attn_q.bias" not in g.sizes
-    qfull = _matmul(g, f"Qcur-{il}", 2 * q if gated else q, x, dev)
+    qfull = _matmul(g, f"Qcur-{il}", nbytes=2 * q if gated else q, src=x, dev=dev)
     qr = g.add(f"Qnorm-{il}", q, (qfull,), weight=dev, inplace=not normed)
     qr = g.add(f"Qrope-{il}", q, (qr, "inp_pos"), inplace=True)
     if rot_k:
         qr = g.add(f"Q_rot-{il}", q, (qr,))
-    v = _matmul(g, f"Vcur-{il}", kv, x, dev)
+    v = _matmul(g, f"Vcur-{il}", nbytes=kv, src=x, dev=dev)
     if rot_v:
         v = g.add(f"V_rot-{il}", kv, (v,))
     g.add(f"v_set-{il}", 0, (v, idxs), view_of=v)
-    k = _matmul(g, f"Kcur-{il}", kv, x, dev)
+    k = _matmul(g, f"Kcur-{il}", nbytes=kv, src=x, dev=dev)
     k = g.add(f"Knorm-{il}", kv, (k,), weight=dev, inplace=not normed)
     k = g.add(f"Krope-{il}", kv, (k, "inp_pos"), inplace=True)
     if rot_k:
@@ -171,7 +191,7 @@ def _attn_gqa(g: _Graph, il: int, x: str, dev: str, gated: bool) -> str:
         # buffer, unless flash attention's output reaches it as a reshaped view (then the gate's)
         gate = g.add(f"gate_reshaped-{il}", qv, (qfull,))
         o = g.add(f"attn_gated-{il}", qv, (gate, o) if g.sh.flash_attn else (o, gate), inplace=True)
-    return _matmul(g, f"attn_out-{il}", g.e, o, dev)
+    return _matmul(g, f"attn_out-{il}", nbytes=g.e, src=o, dev=dev)
 
 
 def _attn_mla(g: _Graph, il: int, x: str, dev: str) -> str:
@@ -182,14 +202,14 @@ def _attn_mla(g: _Graph, il: int, x: str, dev: str) -> str:
     n_head = g.hp("attention.head_count")
     lora, rope = g.hp("attention.kv_lora_rank"), g.hp("rope.dimension_count")
     k_mla, v_mla = g.hp("attention.key_length_mla"), g.hp("attention.value_length_mla")
-    qa = _matmul(g, f"q_a-{il}", F32 * g.hp("attention.q_lora_rank", g.p.n_embd) * t, x, dev)
-    q = _matmul(g, f"q-{il}", F32 * n_head * k_mla * t, qa, dev)
-    qna = _matmul(g, f"q_nope_absorbed-{il}", F32 * n_head * lora * t, q, dev)
+    qa = _matmul(g, f"q_a-{il}", nbytes=F32 * g.hp("attention.q_lora_rank", g.p.n_embd) * t, src=x, dev=dev)
+    q = _matmul(g, f"q-{il}", nbytes=F32 * n_head * k_mla * t, src=qa, dev=dev)
+    qna = _matmul(g, f"q_nope_absorbed-{il}", nbytes=F32 * n_head * lora * t, src=q, dev=dev)
     qpe = g.add(f"q_pe-{il}", F32 * n_head * rope * t, (q, "inp_pos"))
     qcur = g.add(f"Qcur-{il}", F32 * n_head * (lora + rope) * t, (qna, qpe))
-    kv = _matmul(g, f"kv_cmpr_pe-{il}", F32 * (lora + rope) * t, x, dev)
+    kv = _matmul(g, f"kv_cmpr_pe-{il}", nbytes=F32 * (lora + rope) * t, src=x, dev=dev)
     g.add(f"k_set-{il}", 0, (kv, "k_idxs"), view_of=kv)
-    sel = (_indexer(g, il, x, qa, dev),) if g.p.arch == "glm-dsa" else ()
+    sel = (_indexer(g, il, x, qa, dev=dev),) if g.p.arch == "glm-dsa" else ()
     if g.sh.flash_attn:
         qp = g.add(f"Q_fa-{il}", F32 * n_head * lora * t, (qcur, *sel))
         lat = g.add(f"fattn_mla-{il}", F32 * n_head * v_mla * t, (qp, "kq_mask"), weight=dev)
@@ -198,10 +218,10 @@ def _attn_mla(g: _Graph, il: int, x: str, dev: str) -> str:
         kqv = g.add(f"kqv-{il}", F32 * n_head * lora * t, (kq,))
         lat = g.add(f"kqv_mla-{il}", F32 * n_head * v_mla * t, (kqv,), weight=dev)
     o = g.add(f"attn_cont-{il}", F32 * n_head * v_mla * t, (lat,))
-    return _matmul(g, f"attn_out-{il}", g.e, o, dev)
+    return _matmul(g, f"attn_out-{il}", nbytes=g.e, src=o, dev=dev)
 
 
-def _indexer(g: _Graph, il: int, x: str, qa: str, dev: str) -> str:
+def _indexer(g: _Graph, il: int, x: str, qa: str, *, dev: str) -> str:
     """glm-dsa.cpp's lightning indexer (fused, ``cparams.fused_lid``): its queries, one F32 score per
     key and token (heads summed), the top-k, and the two F16 masks built from it; the layer's
     zero-filled top-k tensor is a graph leaf (``ggml_new_tensor_4d`` + ``ggml_fill``), allocated with
@@ -211,9 +231,9 @@ def _indexer(g: _Graph, il: int, x: str, qa: str, dev: str) -> str:
     iq = _matmul(
         g,
         f"indexer_q-{il}",
-        F32 * g.hp("attention.indexer.head_count") * g.hp("attention.indexer.key_length") * t,
-        qa,
-        dev,
+        nbytes=F32 * g.hp("attention.indexer.head_count") * g.hp("attention.indexer.key_length") * t,
+        src=qa,
+        dev=dev,
     )
     fill = g.add(f"topk_fill-{il}", F32 * top_k * t, leaf=True)
     score = g.add(f"indexer_score-{il}", F32 * n_kv * t, (iq, x, "kq_mask_lid"))
@@ -231,35 +251,35 @@ def _attn_deltanet(g: _Graph, il: int, x: str, dev: str) -> str:
     d_inner, d_state, n_group = g.hp("ssm.inner_size"), g.hp("ssm.state_size"), g.hp("ssm.group_count")
     n_v = g.hp("ssm.time_step_rank")
     conv = F32 * (d_inner + 2 * n_group * d_state)
-    qkv = _matmul(g, f"qkv_mixed-{il}", conv * t, x, dev)
+    qkv = _matmul(g, f"qkv_mixed-{il}", nbytes=conv * t, src=x, dev=dev)
     ci = g.add(f"conv_input-{il}", conv * (t + max(g.hp("ssm.conv_kernel") - 1, 0)), (qkv,))
     co = g.add(f"conv_output-{il}", conv * t, (ci,))
     q = g.add(f"q_conv-{il}", F32 * n_group * d_state * t, (co,))
     k = g.add(f"k_conv-{il}", F32 * n_group * d_state * t, (co,))
     dn = g.add(f"delta_out-{il}", F32 * (d_inner * t + n_v * d_state * d_state), (q, k, co))
     nrm = g.add(f"gated_norm-{il}", F32 * d_inner * t, (dn,), weight=dev)
-    z = _matmul(g, f"z-{il}", F32 * d_inner * t, x, dev)
+    z = _matmul(g, f"z-{il}", nbytes=F32 * d_inner * t, src=x, dev=dev)
     zs = g.add(f"z_silu-{il}", F32 * d_inner * t, (z,))
     gated = g.add(f"attn_gated-{il}", F32 * d_inner * t, (nrm, zs), inplace=True)
-    return _matmul(g, f"linear_attn_out-{il}", g.e, gated, dev)
+    return _matmul(g, f"linear_attn_out-{il}", nbytes=g.e, src=gated, dev=dev)
 
 
-def _ffn_dense(g: _Graph, il: int, x: str, dev: str, t: int) -> str:
+def _ffn_dense(g: _Graph, il: int, x: str, dev: str, *, t: int) -> str:
     n_ff = g.hp("feed_forward_length")
-    gate = _matmul(g, f"ffn_gate-{il}", F32 * n_ff * t, x, dev, batch=t)
-    up = _matmul(g, f"ffn_up-{il}", F32 * n_ff * t, x, dev, batch=t)
+    gate = _matmul(g, f"ffn_gate-{il}", nbytes=F32 * n_ff * t, src=x, dev=dev, batch=t)
+    up = _matmul(g, f"ffn_up-{il}", nbytes=F32 * n_ff * t, src=x, dev=dev, batch=t)
     act = g.add(f"ffn_swiglu-{il}", F32 * n_ff * t, (gate, up))
-    return _matmul(g, f"ffn_out-{il}", F32 * g.p.n_embd * t, act, dev, batch=t)
+    return _matmul(g, f"ffn_out-{il}", nbytes=F32 * g.p.n_embd * t, src=act, dev=dev, batch=t)
 
 
-def _ffn_moe(g: _Graph, il: int, x: str, dev: str, t: int) -> str:
+def _ffn_moe(g: _Graph, il: int, x: str, dev: str, *, t: int) -> str:
     """``build_moe_ffn``: the router on the layer's device, the experts' matmuls on their weights'
     devices (the up-projection input and the top-k copied there), their down projections' outputs
     (``[n_embd, n_expert_used, n_tokens]``) weighted and summed where the next op with a weight runs,
     then the shared expert (qwen35moe, glm4moe, deepseek2, glm-dsa), on the layer's device."""
     used, n_exp, e = g.p.n_expert_used, g.p.n_expert, F32 * g.p.n_embd * t
     n_ff = g.hp("expert_feed_forward_length")
-    logits = _matmul(g, f"ffn_moe_logits-{il}", F32 * n_exp * t, x, dev, batch=t)
+    logits = _matmul(g, f"ffn_moe_logits-{il}", nbytes=F32 * n_exp * t, src=x, dev=dev, batch=t)
     if f"blk.{il}.ffn_gate_inp.bias" in g.sizes:  # gpt-oss: the router's bias (ggml_add, a new tensor)
         logits = g.add(f"ffn_moe_logits_biased-{il}", F32 * n_exp * t, (logits,), weight=dev, inplace=True)
     probs = g.add(f"ffn_moe_probs-{il}", F32 * n_exp * t, (logits,), inplace=True)
@@ -273,27 +293,52 @@ def _ffn_moe(g: _Graph, il: int, x: str, dev: str, t: int) -> str:
         w = g.add(f"ffn_moe_weights_norm-{il}", F32 * used * t, (w, wsum))
     site = {k: g.sites.experts.get(f"blk.{il}.ffn_{k}_exps.weight", dev) for k in ("gate", "up", "down")}
     gate = _matmul(
-        g, f"ffn_moe_gate-{il}", F32 * n_ff * used * t, x, site["gate"], f"blk.{il}.ffn_gate_exps.weight", (arg,), t
+        g,
+        f"ffn_moe_gate-{il}",
+        nbytes=F32 * n_ff * used * t,
+        src=x,
+        dev=site["gate"],
+        tensor=f"blk.{il}.ffn_gate_exps.weight",
+        srcs=(arg,),
+        batch=t,
     )
-    gate = _expert_bias(g, il, "gate", gate, F32 * n_ff * used * t, site["gate"], arg)
-    up = _matmul(g, f"ffn_moe_up-{il}", F32 * n_ff * used * t, x, site["up"], f"blk.{il}.ffn_up_exps.weight", (arg,), t)
-    up = _expert_bias(g, il, "up", up, F32 * n_ff * used * t, site["up"], arg)
+    gate = _expert_bias(g, il, "gate", cur=gate, nbytes=F32 * n_ff * used * t, dev=site["gate"], arg=arg)
+    up = _matmul(
+        g,
+        f"ffn_moe_up-{il}",
+        nbytes=F32 * n_ff * used * t,
+        src=x,
+        dev=site["up"],
+        tensor=f"blk.{il}.ffn_up_exps.weight",
+        srcs=(arg,),
+        batch=t,
+    )
+    up = _expert_bias(g, il, "up", cur=up, nbytes=F32 * n_ff * used * t, dev=site["up"], arg=arg)
     act = g.add(f"ffn_moe_swiglu-{il}", F32 * n_ff * used * t, (gate, up))
-    down = _matmul(g, f"ffn_moe_down-{il}", e * used, act, site["down"], f"blk.{il}.ffn_down_exps.weight", (arg,), t)
-    down = _expert_bias(g, il, "down", down, e * used, site["down"], arg)
+    down = _matmul(
+        g,
+        f"ffn_moe_down-{il}",
+        nbytes=e * used,
+        src=act,
+        dev=site["down"],
+        tensor=f"blk.{il}.ffn_down_exps.weight",
+        srcs=(arg,),
+        batch=t,
+    )
+    down = _expert_bias(g, il, "down", cur=down, nbytes=e * used, dev=site["down"], arg=arg)
     wd = g.add(f"ffn_moe_weighted-{il}", e * used, (down, w), inplace=True)
     out = g.add(f"ffn_moe_out-{il}", e, (wd,))
     shexp = g.hp("expert_shared_feed_forward_length") or (n_ff * g.hp("expert_shared_count"))
     if shexp:
-        sg = _matmul(g, f"ffn_shexp_gate-{il}", F32 * shexp * t, x, dev, batch=t)
-        su = _matmul(g, f"ffn_shexp_up-{il}", F32 * shexp * t, x, dev, batch=t)
+        sg = _matmul(g, f"ffn_shexp_gate-{il}", nbytes=F32 * shexp * t, src=x, dev=dev, batch=t)
+        su = _matmul(g, f"ffn_shexp_up-{il}", nbytes=F32 * shexp * t, src=x, dev=dev, batch=t)
         sa = g.add(f"ffn_shexp_swiglu-{il}", F32 * shexp * t, (sg, su))
-        sd = _matmul(g, f"ffn_shexp-{il}", e, sa, dev, batch=t)
+        sd = _matmul(g, f"ffn_shexp-{il}", nbytes=e, src=sa, dev=dev, batch=t)
         out = g.add(f"ffn_out-{il}", e, (out, sd), inplace=True)
     return out
 
 
-def _expert_bias(g: _Graph, il: int, kind: str, cur: str, nbytes: int, dev: str, arg: str) -> str:
+def _expert_bias(g: _Graph, il: int, kind: str, *, cur: str, nbytes: int, dev: str, arg: str) -> str:
     """gpt-oss's expert biases: ``ggml_add_id`` of the selected experts' rows on the experts' device
     (where the bias lives with its weight), which the allocator runs in place."""
     if f"blk.{il}.ffn_{kind}_exps.bias" not in g.sizes:
@@ -366,7 +411,7 @@ def build(p: ModelProfile, sh: Shape, sites: Sites, every_layer: bool = False) -
         res = g.add(f"ffn_inp-{il}", e, (cur, a) if _recurrent(p, il) else (a, cur), inplace=True)
         n = g.add(f"ffn_norm-{il}", e, (res,), weight=dev)
         moe = any(f"blk.{il}.ffn_{k}_exps.weight" in g.sizes for k in ("gate", "up", "down"))
-        f = _ffn_moe(g, il, n, dev, t) if moe else _ffn_dense(g, il, n, dev, t)
+        f = _ffn_moe(g, il, n, dev, t=t) if moe else _ffn_dense(g, il, n, dev, t=t)
         cur = g.add(f"l_out-{il}", e, (f, res), inplace=True)
     # the graph's outputs are never freed (``llm_graph_result::set_outputs`` flags the logits, the
     # final hidden state ``t_embd`` and the MTP seed ``t_h_nextn``, the normed hidden state)

@@ -119,7 +119,7 @@ def parts(t: Tensor, share: dict[str, float]) -> dict[str, float]:
     return {g: t.nbytes * f for g, f in share.items()}
 
 
-def is_split(t: Tensor, device: str, layer_device: tuple[str, ...], n_layer: int, share: dict[str, float]) -> bool:
+def is_split(t: Tensor, device: str, layer_device: tuple[str, ...], n_layer: int, *, share: dict[str, float]) -> bool:
     """Whether graph split divides ``t`` (on ``device`` under the placement): a trunk layer's tensor
     left on its layer's GPU."""
     return (

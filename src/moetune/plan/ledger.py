@@ -60,7 +60,9 @@ class DeviceLedger:
                 what = it.what
                 break
         margin = sum((i.mib for i in self.items if i.what == "margin"), 0.0)
-        return Shortfall(self.device, what, self.used_mib, self.capacity_mib, margin)
+        return Shortfall(
+            device=self.device, what=what, needed_mib=self.used_mib, capacity_mib=self.capacity_mib, margin_mib=margin
+        )
 
 
 def whole_mib(mib: float) -> int:
@@ -69,7 +71,7 @@ def whole_mib(mib: float) -> int:
     return round(round(mib, 1))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Shortfall:
     """A device that cannot hold what the plan puts on it."""
 
@@ -111,15 +113,15 @@ class Shortfall:
     def from_json(cls, d: dict[str, Any]) -> Shortfall:
         """Read a plan document's entry (plans written before ``margin_mib`` have none)."""
         return cls(
-            str(d["device"]),
-            str(d["what"]),
-            float(d["needed_mib"]),
-            float(d["capacity_mib"]),
-            float(d.get("margin_mib") or 0.0),
+            device=str(d["device"]),
+            what=str(d["what"]),
+            needed_mib=float(d["needed_mib"]),
+            capacity_mib=float(d["capacity_mib"]),
+            margin_mib=float(d.get("margin_mib") or 0.0),
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServiceMemory:
     """One service's items per device, before they are summed with other services'."""
 
@@ -140,7 +142,7 @@ def kv_cells(s: Settings) -> int:
 
 def swa_cells(s: Settings, n_swa: int) -> int:
     """Cells of the sliding-window layers' cache (``model.kv.swa_cells``)."""
-    return kv.swa_cells(s.ctx, s.slots, s.ubatch, n_swa, s.kv_unified, s.swa_full)
+    return kv.swa_cells(s.ctx, s.slots, s.ubatch, n_swa, unified=s.kv_unified, swa_full=s.swa_full)
 
 
 def loaded(p: ModelProfile, s: Settings) -> list[Tensor]:
@@ -156,7 +158,7 @@ def loaded(p: ModelProfile, s: Settings) -> list[Tensor]:
 
 
 def service_memory(
-    p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, service: str = "main", dry_run: bool = False
+    p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, *, service: str = "main", dry_run: bool = False
 ) -> ServiceMemory:
     """``dry_run``: also the compute buffers as llama-fit-params projects them (mainline; for the
     plan's document and ``--verify``, not for the placement search)."""
@@ -171,7 +173,7 @@ def service_memory(
     split: dict[str, float] = defaultdict(float)  # graph split: each GPU's part of the CUDA_Split buffer
     for t, d in placed:
         on[d].append(t.name)
-        if graph_split.is_split(t, d, pl.layer_device, p.n_layer, share):
+        if graph_split.is_split(t, d, pl.layer_device, p.n_layer, share=share):
             for g, b in graph_split.parts(t, share).items():
                 split[g] += b
             continue
@@ -221,14 +223,14 @@ def service_memory(
     # compute buffers
     streams = 1 if s.kv_unified or s.slots <= 1 else s.slots
     inp = ComputeInputs(
-        s.ubatch,
-        s.ctx,
-        s.slots,
-        s.flash_attn,
-        s.kv_unified,
-        s.amb_mib,
-        s.ctk,
-        s.ctv,
+        ubatch=s.ubatch,
+        ctx=s.ctx,
+        slots=s.slots,
+        flash_attn=s.flash_attn,
+        kv_unified=s.kv_unified,
+        amb_mib=s.amb_mib,
+        ctk=s.ctk,
+        ctv=s.ctv,
         n_kv_swa=cells_swa // streams if kv.n_swa else 0,
     )
     projected: dict[str, float] = {}
@@ -248,7 +250,15 @@ def service_memory(
     if ckpt := checkpoints_item(kv, s, service):
         items[CPU].append(ckpt)
     mapped = {} if not mmap else {str(p.files[i]): (hi - lo) / MIB for i, (lo, hi) in spans.items()}
-    return ServiceMemory(service, dict(items), mapped, cells, dict(on), projected, cells_swa if kv.n_swa else 0)
+    return ServiceMemory(
+        service=service,
+        items=dict(items),
+        mapped_span_mib=mapped,
+        kv_cells=cells,
+        tensors_on=dict(on),
+        dry_run_compute_mib=projected,
+        swa_cells=cells_swa if kv.n_swa else 0,
+    )
 
 
 def checkpoints_item(kv: KVShape, s: Settings, service: str = "") -> Item | None:
@@ -256,7 +266,9 @@ def checkpoints_item(kv: KVShape, s: Settings, service: str = "") -> Item | None
     the state that cannot be rolled back (``model.kv.checkpoint_bytes``); None where the server
     makes none. The server allocates them as prompts are processed, not at load."""
     streams = 1 if s.kv_unified or s.slots <= 1 else s.slots
-    each = checkpoint_bytes(kv, s.engine, s.ctk, s.ctv, s.ctx // s.slots, s.swa_full, streams)
+    each = checkpoint_bytes(
+        kv, s.engine, s.ctk, s.ctv, tokens_per_slot=s.ctx // s.slots, swa_full=s.swa_full, streams=streams
+    )
     n = s.checkpoints_per_slot
     if not each or not n:
         return None
@@ -350,7 +362,9 @@ def mainline_compute(p: ModelProfile, hw: Inventory, pl: Placement, inp: Compute
     accs = hw.accelerators()
     offload = next((d.name for d in accs if d.kind == DeviceKind.GPU), "")
     pipeline = len(accs) > 1 and all(d == pl.layer_device[int(n.split(".")[1])] for n, d in experts.items())
-    return reserve_bytes(p, inp, sites, [d.name for d in hw.devices()], offload, 4 if pipeline else 1)
+    return reserve_bytes(
+        p, inp, sites, [d.name for d in hw.devices()], offload_to=offload, n_copies=4 if pipeline else 1
+    )
 
 
 def device_roles(p: ModelProfile, pl: Placement, experts: dict[str, str]) -> dict[str, DeviceRole]:

@@ -26,7 +26,7 @@ MIB = 1 << 20
 
 
 def _free(
-    p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, reserved: dict[str, float], margins: dict[str, float]
+    p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, *, reserved: dict[str, float], margins: dict[str, float]
 ) -> dict[str, float]:
     """Free MiB per accelerator under a placement, after other services' reservations."""
     sm = service_memory(p, hw, pl, s)
@@ -43,6 +43,7 @@ def auto(
     hw: Inventory,
     s: Settings,
     reserved: dict[str, float] | None = None,
+    *,
     margins: dict[str, float] | None = None,
 ) -> Placement:
     reserved = reserved or {}
@@ -51,16 +52,20 @@ def auto(
     accs = [d.name for d in hw.accelerators()]
     if not accs:
         return Placement(
-            str(StrategyKind.AUTO), base.layer_device, base.output_device, base.expert_device, base.tensor_split
+            strategy=str(StrategyKind.AUTO),
+            layer_device=base.layer_device,
+            output_device=base.output_device,
+            expert_device=base.expert_device,
+            tensor_split=base.tensor_split,
         )
     experts = dict(base.expert_device)
     by_layer: dict[int, list[Tensor]] = defaultdict(list)
     for t in expert_tensors(p):
         assert t.layer is not None
         by_layer[t.layer].append(t)
-    free = _free(p, hw, base, s, reserved, margins)
+    free = _free(p, hw, base, s, reserved=reserved, margins=margins)
     # headroom for the compute buffer growing once a device computes experts
-    grow = {d: _compute_growth(p, hw, base, s, d) for d in accs}
+    grow = {d: _compute_growth(p, hw, base, s, dev=d) for d in accs}
     budget = {d: free[d] - grow[d] for d in accs}
 
     def place_layers(target: str, layers: list[int]) -> None:
@@ -93,7 +98,7 @@ def auto(
     order = [name for name, dev in experts.items() if dev != CPU]
     for _ in range(len(order) + 1):
         pl = with_experts(base, experts, str(StrategyKind.AUTO))
-        free = _free(p, hw, pl, s, reserved, margins)
+        free = _free(p, hw, pl, s, reserved=reserved, margins=margins)
         over = [d for d in accs if free[d] < 0]
         if not over:
             return pl
@@ -104,15 +109,15 @@ def auto(
     return with_experts(base, experts, str(StrategyKind.AUTO))
 
 
-def _compute_growth(p: ModelProfile, hw: Inventory, base: Placement, s: Settings, dev: str) -> float:
+def _compute_growth(p: ModelProfile, hw: Inventory, base: Placement, s: Settings, *, dev: str) -> float:
     """MiB the compute buffer of `dev` grows by when it gains expert work."""
     trial = {name: (dev if i == 0 else d) for i, (name, d) in enumerate(base.expert_device)}
     with_one = with_experts(base, trial, "probe")
-    before = _compute_mib(p, hw, base, s, dev)
-    after = _compute_mib(p, hw, with_one, s, dev)
+    before = _compute_mib(p, hw, base, s, dev=dev)
+    after = _compute_mib(p, hw, with_one, s, dev=dev)
     return max(0.0, after - before)
 
 
-def _compute_mib(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, dev: str) -> float:
+def _compute_mib(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, *, dev: str) -> float:
     sm = service_memory(p, hw, pl, s)
     return sum(i.mib for i in sm.items.get(dev, []) if i.what == "compute")

@@ -23,7 +23,7 @@ CPU = "CPU"
 STRATEGY_SYNTAX = "auto, cpu-moe, all-gpu, n-cpu-moe:N, layers:CUDA0=3-14,CUDA1=68-77 or head-tail:H+T[+M]"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Strategy:
     """A strategy string, parsed (:func:`parse_strategy`): the one reading of it that planning and
     rendering share; ``str()`` writes it back in its canonical form."""
@@ -55,15 +55,15 @@ def parse_strategy(text: str, what: str = "--strategy") -> Strategy:
     s = text.strip()
     bare = {str(k): k for k in StrategyKind if not k.takes_argument}
     if s in bare:
-        return Strategy(bare[s])
+        return Strategy(kind=bare[s])
     head, sep, arg = s.partition(":")
     if sep and head == StrategyKind.N_CPU_MOE:
         try:
-            return Strategy(StrategyKind.N_CPU_MOE, n=int(arg))
+            return Strategy(kind=StrategyKind.N_CPU_MOE, n=int(arg))
         except ValueError:
             raise InputError(f"{what} {s!r}: N must be an integer", hint="n-cpu-moe:64") from None
     if sep and head == StrategyKind.LAYERS and arg.strip():
-        return Strategy(StrategyKind.LAYERS, spec=arg.strip())
+        return Strategy(kind=StrategyKind.LAYERS, spec=arg.strip())
     if sep and head == StrategyKind.HEAD_TAIL:
         m = _HEAD_TAIL.match(arg)
         if not m:
@@ -71,15 +71,15 @@ def parse_strategy(text: str, what: str = "--strategy") -> Strategy:
                 f"{what} {s!r}: expected head-tail:H+T or head-tail:H+T+M (layer counts)",
                 hint="head-tail:12+10 (first 12, last 10 MoE layers), head-tail:8+8+4 (and 4 middle)",
             )
-        return Strategy(StrategyKind.HEAD_TAIL, head=int(m[1]), tail=int(m[2]), middle=int(m[3] or 0))
+        return Strategy(kind=StrategyKind.HEAD_TAIL, head=int(m[1]), tail=int(m[2]), middle=int(m[3] or 0))
     raise InputError(f"{what} {s!r}: choose {STRATEGY_SYNTAX}")
 
 
 def head_tail_name(head: int, tail: int, middle: int = 0) -> str:
-    return str(Strategy(StrategyKind.HEAD_TAIL, head=head, tail=tail, middle=middle))
+    return str(Strategy(kind=StrategyKind.HEAD_TAIL, head=head, tail=tail, middle=middle))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Placement:
     strategy: str
     layer_device: tuple[str, ...]  # device per block (trunk and NextN), index = layer
@@ -162,6 +162,7 @@ def _make(
     p: ModelProfile,
     hw: Inventory,
     on_cpu: set[int] | None,
+    *,
     explicit: dict[int, str] | None = None,
     counts: list[int] | None = None,
 ) -> Placement:
@@ -175,7 +176,9 @@ def _make(
             ex.append((t.name, CPU))
         else:
             ex.append((t.name, layers[t.layer]))
-    return Placement(strategy, tuple(layers), out, tuple(ex), ts)
+    return Placement(
+        strategy=strategy, layer_device=tuple(layers), output_device=out, expert_device=tuple(ex), tensor_split=ts
+    )
 
 
 def cpu_moe(p: ModelProfile, hw: Inventory) -> Placement:
@@ -186,7 +189,7 @@ def n_cpu_moe(p: ModelProfile, hw: Inventory, n: int) -> Placement:
     """Experts of the first N layers on the CPU (mainline's --n-cpu-moe N)."""
     if n < 0:
         raise InputError(f"n-cpu-moe:{n}: N must be >= 0")
-    return _make(str(Strategy(StrategyKind.N_CPU_MOE, n=n)), p, hw, set(range(n)))
+    return _make(str(Strategy(kind=StrategyKind.N_CPU_MOE, n=n)), p, hw, set(range(n)))
 
 
 def gpu_layers(p: ModelProfile, hw: Inventory) -> Placement:
@@ -223,7 +226,9 @@ def parse_layer_sets(spec: str, p: ModelProfile, hw: Inventory) -> dict[int, str
 
 
 def layer_sets(p: ModelProfile, hw: Inventory, spec: str) -> Placement:
-    return _make(str(Strategy(StrategyKind.LAYERS, spec=spec)), p, hw, None, parse_layer_sets(spec, p, hw))
+    return _make(
+        str(Strategy(kind=StrategyKind.LAYERS, spec=spec)), p, hw, None, explicit=parse_layer_sets(spec, p, hw)
+    )
 
 
 def moe_layers(p: ModelProfile) -> list[int]:
@@ -251,7 +256,7 @@ def head_tail_layers(p: ModelProfile, head: int, tail: int, middle: int = 0) -> 
     return {*moe[:head], *moe[len(moe) - tail :], *spread(between, middle)}
 
 
-def head_tail(p: ModelProfile, hw: Inventory, head: int, tail: int, middle: int = 0) -> Placement:
+def head_tail(p: ModelProfile, hw: Inventory, head: int, tail: int, *, middle: int = 0) -> Placement:
     """The experts of the first H and last T MoE layers (and M middle ones) on the accelerators,
     each with its layer (the layer split spreads the layers over the accelerators by their memory:
     with two, the head's experts land on the first, the tail's on the last), the rest on the CPU."""
@@ -273,4 +278,10 @@ def accelerator_expert_layers(p: ModelProfile, pl: Placement) -> int:
 
 
 def with_experts(pl: Placement, experts: dict[str, str], strategy: str) -> Placement:
-    return Placement(strategy, pl.layer_device, pl.output_device, tuple(experts.items()), pl.tensor_split)
+    return Placement(
+        strategy=strategy,
+        layer_device=pl.layer_device,
+        output_device=pl.output_device,
+        expert_device=tuple(experts.items()),
+        tensor_split=pl.tensor_split,
+    )

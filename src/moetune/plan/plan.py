@@ -27,7 +27,7 @@ from moetune.plan.speed import Prediction, SpeedConstants, predict
 NEAR_LIMIT = 0.97  # warn when a device is this full
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServiceSpec:
     name: str
     model: ModelProfile
@@ -42,7 +42,7 @@ class ServiceSpec:
     )  # flash attention / cache type left to the speed model
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServicePlan:
     spec: ServiceSpec
     hw: Inventory
@@ -155,17 +155,17 @@ def _restrict(hw: Inventory, devices: tuple[str, ...] | None) -> Inventory:
     local = hw.local
     nodes = [
         Node(
-            local.name,
-            local.cores,
-            local.ram_mib,
-            local.ram_bw_gbs,
-            tuple(d for d in local.devices if d.name in keep),
-            local.ssh,
-            local.link_addr,
-            local.rpc_port,
-            local.link_gbs,
-            local.bin_dir,
-            local.ram_reserved_mib,
+            name=local.name,
+            cores=local.cores,
+            ram_mib=local.ram_mib,
+            ram_bw_gbs=local.ram_bw_gbs,
+            devices=tuple(d for d in local.devices if d.name in keep),
+            ssh=local.ssh,
+            link_addr=local.link_addr,
+            rpc_port=local.rpc_port,
+            link_gbs=local.link_gbs,
+            bin_dir=local.bin_dir,
+            ram_reserved_mib=local.ram_reserved_mib,
         )
     ]
     for i, n in enumerate(hw.nodes[1:]):
@@ -177,11 +177,11 @@ def _restrict(hw: Inventory, devices: tuple[str, ...] | None) -> Inventory:
 
 
 def place(
-    strategy: str, p: ModelProfile, hw: Inventory, s: Settings, reserved: dict[str, float], margins: dict[str, float]
+    strategy: str, p: ModelProfile, hw: Inventory, s: Settings, *, reserved: dict[str, float], margins: dict[str, float]
 ) -> plc.Placement:
     st = plc.parse_strategy(strategy)
     if st.kind == StrategyKind.AUTO:
-        return auto(p, hw, s, reserved, margins)
+        return auto(p, hw, s, reserved, margins=margins)
     if st.kind == StrategyKind.CPU_MOE:
         return plc.cpu_moe(p, hw)
     if st.kind == StrategyKind.ALL_GPU:
@@ -189,7 +189,7 @@ def place(
     if st.kind == StrategyKind.N_CPU_MOE:
         return plc.n_cpu_moe(p, hw, st.n)
     if st.kind == StrategyKind.HEAD_TAIL:
-        return plc.head_tail(p, hw, st.head, st.tail, st.middle)
+        return plc.head_tail(p, hw, st.head, st.tail, middle=st.middle)
     return plc.layer_sets(p, hw, st.spec)
 
 
@@ -218,6 +218,7 @@ def _choose_attention(
     shw: Inventory,
     hw: Inventory,
     k: SpeedConstants,
+    *,
     reserved: dict[str, float],
     margins: dict[str, float],
     mems: list[ServiceMemory],
@@ -227,10 +228,10 @@ def _choose_attention(
     depth = attention.decision_depth(spec.settings)
     scored = []
     for s in attention.variants(spec.settings, spec.choose):
-        pl = place(spec.strategy, spec.model, shw, s, reserved, margins)
-        mem = service_memory(spec.model, shw, pl, s, spec.name, dry_run=True)
+        pl = place(spec.strategy, spec.model, shw, s, reserved=reserved, margins=margins)
+        mem = service_memory(spec.model, shw, pl, s, service=spec.name, dry_run=True)
         fits = all(led.shortfall() is None for led in combine(hw, [*mems, mem], margins))
-        scored.append((s, predict(spec.model, shw, pl, s, k, depth=depth, routing=spec.routing).tg_tok_s, fits))
+        scored.append((s, predict(spec.model, shw, pl, s, k=k, depth=depth, routing=spec.routing).tg_tok_s, fits))
     return attention.pick(scored, depth)
 
 
@@ -271,14 +272,16 @@ def make_plan(
         margins = _margins(hw, spec.settings)
         note = None
         if spec.choose and spec.name not in pinned:
-            choice = _choose_attention(spec, shw, hw, k, reserved, margins, mems)
+            choice = _choose_attention(spec, shw, hw, k, reserved=reserved, margins=margins, mems=mems)
             spec, note = replace(spec, settings=choice.settings), choice.note()
-        pl = pinned.get(spec.name) or place(spec.strategy, spec.model, shw, spec.settings, reserved, margins)
+        pl = pinned.get(spec.name) or place(
+            spec.strategy, spec.model, shw, spec.settings, reserved=reserved, margins=margins
+        )
         if spec.settings.split_mode == "graph":  # -ts: the GPUs' shares of every split layer
             pl = replace(pl, tensor_split=graph_split.percents(shw))
-        mem = service_memory(spec.model, shw, pl, spec.settings, spec.name, dry_run=True)
-        pred = predict(spec.model, shw, pl, spec.settings, k, routing=spec.routing)
-        planned[i] = ServicePlan(spec, shw, pl, mem, pred, note)
+        mem = service_memory(spec.model, shw, pl, spec.settings, service=spec.name, dry_run=True)
+        pred = predict(spec.model, shw, pl, spec.settings, k=k, routing=spec.routing)
+        planned[i] = ServicePlan(spec=spec, hw=shw, placement=pl, memory=mem, prediction=pred, attention_note=note)
         mems.append(mem)
     margins = _margins(hw, services[0].settings)
     room = next((led.free_mib for led in combine(hw, mems, margins) if led.device == plc.CPU), 0.0)

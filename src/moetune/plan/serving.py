@@ -51,7 +51,7 @@ _GH_X, _GH_W = np.polynomial.hermite_e.hermegauss(24)  # E[f(Z)], Z ~ N(0, 1): s
 _GH_W = _GH_W / math.sqrt(2 * math.pi)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServeLoad:
     """serve-bench's closed loop as `tune --objective goodput` runs it."""
 
@@ -125,7 +125,7 @@ def _meets(predicted_ms: float, target_ms: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServePrediction:
     ttft_ms: float
     itl_ms: float  # one decode step of all the streams: the gap between a stream's tokens
@@ -153,7 +153,9 @@ def predict_serving(w: Work, k: SpeedConstants, load: ServeLoad) -> ServePredict
     rate = c / e2e if e2e > 0 else 0.0
     values = {"ttft_ms": ttft * 1e3, "itl_ms": step * 1e3, "tpot_ms": step * 1e3, "e2e_ms": e2e * 1e3}
     met = _met(values, load.targets)
-    return ServePrediction(ttft * 1e3, step * 1e3, e2e * 1e3, rate, met, rate * met)
+    return ServePrediction(
+        ttft_ms=ttft * 1e3, itl_ms=step * 1e3, e2e_ms=e2e * 1e3, request_s=rate, met=met, goodput_req_s=rate * met
+    )
 
 
 def goodput_at(p: ServePrediction, targets: Mapping[str, float], ratio: float) -> float:
@@ -172,6 +174,7 @@ def expected_goodput(
     targets: Mapping[str, float],
     log_rate_mean: np.ndarray,
     log_rate_sd: np.ndarray,
+    *,
     best: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each candidate's expected goodput, and its expected gain over ``best`` (a measured goodput,

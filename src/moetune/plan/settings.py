@@ -33,7 +33,7 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerOptions:
     """What the server is told besides memory and speed. None of it changes the ledger; all of it
     is rendered into every command, kept in the plan and used by every launch."""
@@ -68,7 +68,7 @@ def repack_word(repack: bool | None) -> str:
     return next(k for k, v in REPACK_CHOICES.items() if v is repack)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     ctx: int = 4096  # total context (-c), shared by the slots
     slots: int = 1  # --parallel

@@ -49,7 +49,7 @@ RPC_WORKER_THREADS = 1  # ggml-rpc-server's CPU backend computes on one thread u
 SOFT_MAX_P = 4.0  # how sharply the CPU's time follows the larger of its memory and compute limits
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SpeedConstants:
     # Marked "published": fitted to the table of published measurements shipped with moetune
     # (moetune/plan/priors/published.yaml: 15 rows on 7 rigs, EPYC/Threadripper + one GPU and CPU-only,
@@ -145,7 +145,7 @@ def base_constants(hw: Inventory, k: SpeedConstants | None = None) -> SpeedConst
     return SpeedConstants.from_json({**asdict(k), **dict(hw.local.cpu_speed)}) if hw.local.cpu_speed else k
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceWork:
     """What one device does: per token of decode, per ubatch of prefill."""
 
@@ -186,7 +186,7 @@ class DeviceWork:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Work:
     """Everything a placement asks of the hardware, before any constant turns it into time."""
 
@@ -350,7 +350,7 @@ class DeviceLoad:
     bw_gbs: float = 0.0  # the device's memory bandwidth in the hardware file (the physical limit)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Prediction:
     tg_tok_s: float
     pp_tok_s: float
@@ -427,7 +427,7 @@ def _touched_table(by_layer: dict[int, float], routing: Routing, expert_share: f
     return tuple(round(x, 6) for x in out)
 
 
-def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Routing | None = None) -> Work:
+def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, *, routing: Routing | None = None) -> Work:
     """What the placement asks of each device (no constants involved); with measured ``routing``,
     the share of each device's experts a batch touches."""
     experts = pl.experts()
@@ -487,9 +487,9 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
         touched = _touched_table(held_by_layer.get(name, {}), routing, frac) if routing is not None else ()
         out.append(
             DeviceWork(
-                name,
-                cpu,
-                dev.bw_gbs,
+                device=name,
+                cpu=cpu,
+                bw_gbs=dev.bw_gbs,
                 threads=threads,
                 cores=node.cores if cpu else 0,
                 tflops=dev.tflops,
@@ -519,17 +519,17 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, routing: Ro
     )
     gpus = [d for d in hw.accelerators() if d.kind == DeviceKind.GPU]
     return Work(
-        tuple(out),
-        n_splits,
-        rpc_hops,
-        act,
-        min(s.ubatch, s.batch),
-        frac,
-        bool(gpus),
-        gpus[0].tflops if gpus else None,
-        gpus[0].link_gbs if gpus else 25.0,
-        local_threads,
-        s.engine,
+        devices=tuple(out),
+        graph_splits=n_splits,
+        rpc_hops=rpc_hops,
+        rpc_activation_s=act,
+        ubatch=min(s.ubatch, s.batch),
+        expert_share=frac,
+        offload=bool(gpus),
+        offload_tflops=gpus[0].tflops if gpus else None,
+        offload_link_gbs=gpus[0].link_gbs if gpus else 25.0,
+        host_threads=local_threads,
+        engine=s.engine,
     )
 
 
@@ -538,12 +538,13 @@ def predict(
     hw: Inventory,
     pl: Placement,
     s: Settings,
+    *,
     k: SpeedConstants | None = None,
     depth: int = 0,
     routing: Routing | None = None,
 ) -> Prediction:
     k = k or SpeedConstants()
-    w = work(p, hw, pl, s, routing)
+    w = work(p, hw, pl, s, routing=routing)
     return from_work(w, k, depth)
 
 
@@ -558,7 +559,9 @@ def from_work(w: Work, k: SpeedConstants, depth: int = 0, prompt_tokens: int | N
         for d in w.devices
     )
     pp = prefill_tok_s(w, k, prompt_tokens, depth)
-    return Prediction(1.0 / decode_seconds(w, depth, k), pp, w, k, depth, loads)
+    return Prediction(
+        tg_tok_s=1.0 / decode_seconds(w, depth, k), pp_tok_s=pp, work=w, constants=k, depth=depth, per_device=loads
+    )
 
 
 def at_depth(predicted: dict[str, Any], depth: int, prompt_tokens: int | None = None) -> dict[str, Any] | None:

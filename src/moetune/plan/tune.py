@@ -35,7 +35,7 @@ LENGTH = 0.6  # how far (in feature units) a measurement's correction reaches
 LAUNCH_NOISE = 0.05
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Candidate:
     strategy: str
     threads: int | None = None  # None: the engine's default (every core)
@@ -98,22 +98,22 @@ class Candidate:
     @classmethod
     def of(cls, strategy: str, s: Settings) -> Candidate:
         return cls(
-            strategy,
-            s.threads,
-            s.ubatch,
-            s.batch,
-            s.flash_attn,
-            s.ctk,
-            s.ctv,
-            s.repacks,
-            s.amb_mib,
-            s.mla,
-            s.fused_moe,
-            s.merge_up_gate,
+            strategy=strategy,
+            threads=s.threads,
+            ubatch=s.ubatch,
+            batch=s.batch,
+            flash_attn=s.flash_attn,
+            ctk=s.ctk,
+            ctv=s.ctv,
+            repack=s.repacks,
+            amb_mib=s.amb_mib,
+            mla=s.mla,
+            fused_moe=s.fused_moe,
+            merge_up_gate=s.merge_up_gate,
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Axes:
     """What the search may change; each axis lists the values to try."""
 
@@ -130,7 +130,7 @@ class Axes:
     transports: tuple[str, ...] = ("tcp",)  # RPC transports (``--try-transport``, where the link has RDMA)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineOptions:
     """The engine's own options worth searching, as far as the build renders them (its dialect) and
     the model makes them matter: ik_llama.cpp's; mainline has none of them."""
@@ -186,6 +186,7 @@ def default_axes(
     strategy: str,
     cores: int,
     moe_layers: int,
+    *,
     accelerators: int,
     engine: EngineOptions = EngineOptions(),
     expert_budget: int = 0,
@@ -212,16 +213,16 @@ def default_axes(
     ubs = [base.ubatch, max(32, base.ubatch // 4), base.ubatch * 4]
     caches = [(base.ctk, base.ctv)] + ([("q8_0", "q8_0")] if (base.ctk, base.ctv) == ("f16", "f16") else [])
     return Axes(
-        tuple(dict.fromkeys(strategies)),
-        tuple(dict.fromkeys(threads)),
-        tuple(dict.fromkeys(ubs)),
-        (base.flash_attn, not base.flash_attn),
-        tuple(dict.fromkeys(caches)),
-        (base.repacks, not base.repacks),
-        (base.amb_mib, AMB_TRY_MIB if base.amb_mib == 0 else 0) if engine.amb else (base.amb_mib,),
-        (base.mla, 2 if base.mla == 3 else 3) if engine.mla else (base.mla,),
-        (base.fused_moe, not base.fused_moe) if engine.fused_moe else (base.fused_moe,),
-        (base.merge_up_gate, not base.merge_up_gate) if engine.merge_up_gate else (base.merge_up_gate,),
+        strategies=tuple(dict.fromkeys(strategies)),
+        threads=tuple(dict.fromkeys(threads)),
+        ubatches=tuple(dict.fromkeys(ubs)),
+        flash_attn=(base.flash_attn, not base.flash_attn),
+        cache_types=tuple(dict.fromkeys(caches)),
+        repack=(base.repacks, not base.repacks),
+        amb_mib=(base.amb_mib, AMB_TRY_MIB if base.amb_mib == 0 else 0) if engine.amb else (base.amb_mib,),
+        mla=(base.mla, 2 if base.mla == 3 else 3) if engine.mla else (base.mla,),
+        fused_moe=(base.fused_moe, not base.fused_moe) if engine.fused_moe else (base.fused_moe,),
+        merge_up_gate=(base.merge_up_gate, not base.merge_up_gate) if engine.merge_up_gate else (base.merge_up_gate,),
     )
 
 
@@ -250,7 +251,21 @@ def space(axes: Axes, base: Settings, *, mla_model: bool = False) -> list[Candid
         if not mla_model:
             mla = base.mla
         out += [
-            Candidate(st, t, ub, max(base.batch, ub), fa, ctk, ctv, rp, amb, mla, fmoe, muge, tr)
+            Candidate(
+                strategy=st,
+                threads=t,
+                ubatch=ub,
+                batch=max(base.batch, ub),
+                flash_attn=fa,
+                ctk=ctk,
+                ctv=ctv,
+                repack=rp,
+                amb_mib=amb,
+                mla=mla,
+                fused_moe=fmoe,
+                merge_up_gate=muge,
+                transport=tr,
+            )
             for tr in axes.transports
         ]
     return list(dict.fromkeys(out))
@@ -343,7 +358,7 @@ def _phi(x: np.ndarray) -> np.ndarray:
 
 
 def choose(
-    b: Belief, best: float, open_: Sequence[int], noise: float, gains: np.ndarray | None = None
+    b: Belief, best: float, open_: Sequence[int], noise: float, *, gains: np.ndarray | None = None
 ) -> tuple[int | None, float]:
     """The open candidate with the largest expected gain, and that gain; None when no candidate
     expects to gain more than ``noise`` (a share of the best). ``gains``: expected gains computed

@@ -31,7 +31,7 @@ def container_name(run_id: str, process: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", f"{NAME_PREFIX}-{run_id}-{process}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ContainerRun:
     """How a prepared process runs in a container of its engine's image."""
 

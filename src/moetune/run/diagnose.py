@@ -48,7 +48,7 @@ HOST_DEVICES = ("CPU", "Host")  # memory moetune cannot move experts off (only t
 MIN_UBATCH = 32  # below this the GPU no longer takes over CPU-resident expert matmuls for prefill
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Diagnosis:
     cause: str
     process: str
@@ -122,6 +122,7 @@ def out_of_memory(
     log: ServerLog,
     failure: AllocFailure,
     layers: Sequence[LayerExperts],
+    *,
     uniform: tuple[float, int] | None,
     n_ubatch: int | None = None,
 ) -> Diagnosis:
@@ -160,7 +161,7 @@ def out_of_memory(
         advice.append("lower -ub or -c" if dev in HOST_DEVICES else f"put less on {dev}")
     hint = "; or ".join(advice) + "; `moetune plan` sizes the compute buffer before launching"
     lines = [failure.line, *(e.line for e in log.errors if e.line >= failure.line)][:6]
-    return Diagnosis(OUT_OF_MEMORY, name, message, hint, _ev(log, lines))
+    return Diagnosis(cause=OUT_OF_MEMORY, process=name, message=message, hint=hint, evidence=_ev(log, lines))
 
 
 # failures whose diagnosis is one sentence about the failing line's subject, and one remedy
@@ -214,14 +215,14 @@ def repack_crash(name: str, log: ServerLog, exit_code: int | None) -> Diagnosis:
     lines = repack_evidence(log)
     aborted = [f.line for f in log.failures if f.kind == ABORTED]
     return Diagnosis(
-        REPACK_CRASH,
-        name,
-        f"{name}: the engine crashed at load with repacked CPU weights{code}: its CPU's repacking "
+        cause=REPACK_CRASH,
+        process=name,
+        message=f"{name}: the engine crashed at load with repacked CPU weights{code}: its CPU's repacking "
         f"(the {'/'.join(sorted({b.device for b in log.buffers if b.line in lines}))} buffer) fails "
         "on this machine",
-        "plan with --repack off (mainline's -nr; MOETUNE_REPACK=off for every plan): the weights stay "
+        hint="plan with --repack off (mainline's -nr; MOETUNE_REPACK=off for every plan): the weights stay "
         "in the mapped file, at some CPU speed",
-        _ev(log, [*lines, *aborted, len(log.lines)]),
+        evidence=_ev(log, [*lines, *aborted, len(log.lines)]),
     )
 
 
@@ -239,16 +240,16 @@ def server_exit(
     code = "" if exit_code is None else f" (exit {exit_code})"
     kinds = {f.kind: f for f in log.failures}
     if log.alloc_failures:
-        return out_of_memory(name, log, log.alloc_failures[0], layers, uniform, n_ubatch)
+        return out_of_memory(name, log, log.alloc_failures[0], layers, uniform=uniform, n_ubatch=n_ubatch)
     for kind, code_, says, remedy in _PLAIN_FAILURES:
         if kind in kinds:
             f = kinds[kind]
             return Diagnosis(
-                code_,
-                name,
-                f"{name}: " + says.format(subject=f.subject),
-                remedy.format(subject=f.subject),
-                _ev(log, [f.line]),
+                cause=code_,
+                process=name,
+                message=f"{name}: " + says.format(subject=f.subject),
+                hint=remedy.format(subject=f.subject),
+                evidence=_ev(log, [f.line]),
             )
     if RPC_CONNECT_FAILED in kinds:
         f = kinds[RPC_CONNECT_FAILED]
@@ -256,11 +257,11 @@ def server_exit(
     if RPC_CRASHED in kinds:
         f = kinds[RPC_CRASHED]
         return Diagnosis(
-            RPC_LOST,
-            name,
-            f"{name}: lost its RPC worker (it crashed or was stopped first)",
-            "see the worker's log; stop servers before workers (moetune stop does)",
-            _ev(log, [f.line]),
+            cause=RPC_LOST,
+            process=name,
+            message=f"{name}: lost its RPC worker (it crashed or was stopped first)",
+            hint="see the worker's log; stop servers before workers (moetune stop does)",
+            evidence=_ev(log, [f.line]),
         )
     if BAD_ARGUMENT in kinds:
         f = kinds[BAD_ARGUMENT]
@@ -281,7 +282,11 @@ def server_exit(
                 "an RPC device's exists only once --rpc comes before the -ot that names it"
             )
         return Diagnosis(
-            BAD_ARGS, name, f"{name}: the engine rejected an argument: {f.subject}", hint, _ev(log, [f.line])
+            cause=BAD_ARGS,
+            process=name,
+            message=f"{name}: the engine rejected an argument: {f.subject}",
+            hint=hint,
+            evidence=_ev(log, [f.line]),
         )
     if crashed_repacking(log, exit_code, loading=loading):
         return repack_crash(name, log, exit_code)
@@ -293,18 +298,18 @@ def server_exit(
     what = log.errors[-1].text if log.errors else "no error line in its log"
     if loading:
         return Diagnosis(
-            EXITED_DURING_LOAD,
-            name,
-            f"{name}: exited during load{code}, while {log.phase}: {what}",
-            "read the evidence lines; `moetune doctor` on the run shows the whole log's findings",
-            _ev(log, last),
+            cause=EXITED_DURING_LOAD,
+            process=name,
+            message=f"{name}: exited during load{code}, while {log.phase}: {what}",
+            hint="read the evidence lines; `moetune doctor` on the run shows the whole log's findings",
+            evidence=_ev(log, last),
         )
     return Diagnosis(
-        EXITED,
-        name,
-        f"{name}: exited while serving{code}: {what}",
-        "read the evidence lines; `moetune doctor` on the run shows the whole log's findings",
-        _ev(log, last),
+        cause=EXITED,
+        process=name,
+        message=f"{name}: exited while serving{code}: {what}",
+        hint="read the evidence lines; `moetune doctor` on the run shows the whole log's findings",
+        evidence=_ev(log, last),
     )
 
 
@@ -315,65 +320,65 @@ def worker_exit(
     code = "" if exit_code is None else f" (exit {exit_code})"
     if listening:
         return Diagnosis(
-            EXITED,
-            name,
-            f"{name}: RPC worker {endpoint} exited{code}",
-            "its servers lost their device: read the worker's log, then launch again",
-            _ev(log, [e.line for e in log.errors][-3:]),
+            cause=EXITED,
+            process=name,
+            message=f"{name}: RPC worker {endpoint} exited{code}",
+            hint="its servers lost their device: read the worker's log, then launch again",
+            evidence=_ev(log, [e.line for e in log.errors][-3:]),
         )
     for f in log.failures:
         if f.kind == BIND_FAILED:
             return Diagnosis(
-                PORT_IN_USE,
-                name,
-                f"{name}: could not listen on {endpoint}: the port is in use",
-                "stop what holds the port (`moetune ps`), or give the worker another port",
-                _ev(log, [f.line]),
+                cause=PORT_IN_USE,
+                process=name,
+                message=f"{name}: could not listen on {endpoint}: the port is in use",
+                hint="stop what holds the port (`moetune ps`), or give the worker another port",
+                evidence=_ev(log, [f.line]),
             )
     what = log.errors[-1].text if log.errors else "no error line in its log"
     return Diagnosis(
-        EXITED_DURING_LOAD,
-        name,
-        f"{name}: RPC worker exited before listening on {endpoint}{code}: {what}",
-        "run the worker's command by hand to see why",
-        _ev(log, [e.line for e in log.errors]),
+        cause=EXITED_DURING_LOAD,
+        process=name,
+        message=f"{name}: RPC worker exited before listening on {endpoint}{code}: {what}",
+        hint="run the worker's command by hand to see why",
+        evidence=_ev(log, [e.line for e in log.errors]),
     )
 
 
-def ssh_failed(name: str, node: str, target: str, detail: str, evidence: tuple[Evidence, ...] = ()) -> Diagnosis:
+def ssh_failed(name: str, node: str, target: str, detail: str, *, evidence: tuple[Evidence, ...] = ()) -> Diagnosis:
     """ssh could not reach a node, or could not run the worker there."""
     return Diagnosis(
-        SSH_FAILED,
-        name,
-        f"{name}: cannot start it on node {node} over ssh ({detail})",
-        f"check that `ssh -o BatchMode=yes {target} true` works without a prompt (key or agent, "
+        cause=SSH_FAILED,
+        process=name,
+        message=f"{name}: cannot start it on node {node} over ssh ({detail})",
+        hint=f"check that `ssh -o BatchMode=yes {target} true` works without a prompt (key or agent, "
         "host key in known_hosts, the Host entry of your ssh config); MOETUNE_SSH_COMMAND sets "
         "other ssh options",
-        evidence,
+        evidence=evidence,
     )
 
 
-def ssh_session_lost(name: str, node: str, endpoint: str, ssh_code: int | None, last: str) -> Diagnosis:
+def ssh_session_lost(name: str, node: str, endpoint: str, ssh_code: int | None, *, last: str) -> Diagnosis:
     """The ssh session carrying a worker ended before the worker did (its hangup ends the worker)."""
     code = "" if ssh_code is None else f"ssh exit {ssh_code}"
     why = "; ".join(x for x in (code, last) if x)
     return Diagnosis(
-        RPC_LOST,
-        name,
-        f"{name}: the ssh session to node {node} ended ({why or 'no reason given'}); "
+        cause=RPC_LOST,
+        process=name,
+        message=f"{name}: the ssh session to node {node} ended ({why or 'no reason given'}); "
         f"the RPC worker {endpoint} ends with it",
-        "check the link and ssh between the nodes (keep-alives: ServerAliveInterval), then launch again",
+        hint="check the link and ssh between the nodes (keep-alives: ServerAliveInterval), then launch again",
     )
 
 
 def rpc_unreachable(name: str, endpoint: str, why: str, evidence: tuple[Evidence, ...] = ()) -> Diagnosis:
     return Diagnosis(
-        RPC_UNREACHABLE,
-        name,
-        f"{name}: RPC worker {endpoint} is unreachable ({why})",
-        "start ggml-rpc-server there first (a plan's own workers are started by `moetune launch`), "
+        cause=RPC_UNREACHABLE,
+        process=name,
+        message=f"{name}: RPC worker {endpoint} is unreachable ({why})",
+        hint="start ggml-rpc-server there first (a plan's own workers are started by `moetune launch`), "
         "and check the address and the firewall",
-        evidence,
+        evidence=evidence,
     )
 
 
@@ -389,39 +394,39 @@ def short_command(cmd: str, limit: int = 240) -> str:
 def port_in_use(name: str, endpoint: str, holder: tuple[int, str] | None) -> Diagnosis:
     by = f" by pid {holder[0]} ({short_command(holder[1])})" if holder else ""
     return Diagnosis(
-        PORT_IN_USE,
-        name,
-        f"{name}: {endpoint} is already in use{by}",
-        "stop that process (`moetune ps` / `moetune stop RUN` if moetune started it), "
+        cause=PORT_IN_USE,
+        process=name,
+        message=f"{name}: {endpoint} is already in use{by}",
+        hint="stop that process (`moetune ps` / `moetune stop RUN` if moetune started it), "
         "or give the process another port in the plan",
     )
 
 
 def binary_missing(name: str, detail: str) -> Diagnosis:
     return Diagnosis(
-        BINARY_MISSING,
-        name,
-        f"{name}: {detail}",
-        "build the engine (`moetune engine install`), or register the directory that holds it (`moetune engine add`)",
+        cause=BINARY_MISSING,
+        process=name,
+        message=f"{name}: {detail}",
+        hint="build the engine (`moetune engine install`), or register the directory that holds it (`moetune engine add`)",
     )
 
 
 def model_missing(name: str, path: str) -> Diagnosis:
     return Diagnosis(
-        MODEL_MISSING,
-        name,
-        f"{name}: model file {path} does not exist",
-        "fix the -m path in the plan, or download the model there",
+        cause=MODEL_MISSING,
+        process=name,
+        message=f"{name}: model file {path} does not exist",
+        hint="fix the -m path in the plan, or download the model there",
     )
 
 
 def not_healthy(name: str, url: str, waited_s: float, log: ServerLog) -> Diagnosis:
     return Diagnosis(
-        NOT_HEALTHY,
-        name,
-        f"{name}: {url}/health not 200 after {waited_s:.0f} s (last phase: {log.phase})",
-        "give it longer with --timeout, or read its log",
-        _ev(log, [e.line for e in log.errors][-3:]),
+        cause=NOT_HEALTHY,
+        process=name,
+        message=f"{name}: {url}/health not 200 after {waited_s:.0f} s (last phase: {log.phase})",
+        hint="give it longer with --timeout, or read its log",
+        evidence=_ev(log, [e.line for e in log.errors][-3:]),
     )
 
 

@@ -36,7 +36,7 @@ THINKING_SHARE = 0.5
 MAX_EVIDENCE = 6
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Response:
     """One chat completion response (or a bench sample) a user captured."""
 
@@ -57,7 +57,7 @@ class Response:
         return (self.completion_tokens or 0) * self.reasoning_share
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Source:
     """One input: a server log, a worker log or a file of responses, with what is known around it."""
 
@@ -71,7 +71,7 @@ class Source:
     exit_code: int | None = None  # how the process ended, when the run recorded it
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Finding:
     code: str
     source: str
@@ -110,29 +110,38 @@ def _server(s: Source, log: ServerLog, ram_mib: float | None) -> list[Finding]:
         d = diagnose.repack_crash(s.name.rsplit("/", 1)[-1], log, s.exit_code)
         out.append(
             Finding(
-                diagnose.REPACK_CRASH,
-                s.name,
-                d.message,
-                d.hint,
-                d.evidence[:MAX_EVIDENCE],
-                {"cause": d.cause, "exit_code": s.exit_code},
+                code=diagnose.REPACK_CRASH,
+                source=s.name,
+                title=d.message,
+                remedy=d.hint,
+                evidence=d.evidence[:MAX_EVIDENCE],
+                data={"cause": d.cause, "exit_code": s.exit_code},
             )
         )
     elif log.failed:
         d = diagnose.server_exit(s.name.rsplit("/", 1)[-1], log, s.exit_code, loading=loading)
-        out.append(Finding("load_failed", s.name, d.message, d.hint, d.evidence[:MAX_EVIDENCE], {"cause": d.cause}))
+        out.append(
+            Finding(
+                code="load_failed",
+                source=s.name,
+                title=d.message,
+                remedy=d.hint,
+                evidence=d.evidence[:MAX_EVIDENCE],
+                data={"cause": d.cause},
+            )
+        )
     for f in log.failures:
         if f.kind == TEMPLATE_UNSUPPORTED:
             out.append(
                 Finding(
-                    "template_unsupported",
-                    s.name,
-                    f"the server cannot apply the model's chat template ({f.subject}): chat requests "
+                    code="template_unsupported",
+                    source=s.name,
+                    title=f"the server cannot apply the model's chat template ({f.subject}): chat requests "
                     "fail with HTTP 500",
-                    "start ik_llama.cpp with --jinja (the commands moetune renders for it have it), or "
+                    remedy="start ik_llama.cpp with --jinja (the commands moetune renders for it have it), or "
                     "give it a --chat-template it knows",
-                    (log.evidence(f.line),),
-                    {},
+                    evidence=(log.evidence(f.line),),
+                    data={},
                 )
             )
     if log.cache_misses:  # requests that asked for no cache (bench's cache_prompt false) are not among them
@@ -140,16 +149,16 @@ def _server(s: Source, log: ServerLog, ram_mib: float | None) -> list[Finding]:
     for c in log.split_mode_changes:
         out.append(
             Finding(
-                "split_mode_fallback",
-                s.name,
-                f"split mode '{c.requested}' fell back to '{c.actual}' ({c.reason})",
-                f"drop -sm {c.requested} for this model, it runs as -sm {c.actual} anyway; "
+                code="split_mode_fallback",
+                source=s.name,
+                title=f"split mode '{c.requested}' fell back to '{c.actual}' ({c.reason})",
+                remedy=f"drop -sm {c.requested} for this model, it runs as -sm {c.actual} anyway; "
                 "place the experts with -ot instead",
-                (
+                evidence=(
                     log.evidence(c.line),
                     *(log.evidence(n) for n in range(c.line + 1, c.line + 2) if n <= len(log.lines)),
                 ),
-                {"requested": c.requested, "actual": c.actual},
+                data={"requested": c.requested, "actual": c.actual},
             )
         )
     if log.slot_waits:
@@ -163,14 +172,14 @@ def _server(s: Source, log: ServerLog, ram_mib: float | None) -> list[Finding]:
         lines = [p.line for p in log.pinned] or [b.line for b in log.buffers if b.device.endswith("_Host")]
         out.append(
             Finding(
-                "pinned_near_ram",
-                s.name,
-                f"pinned host memory {pinned / 1024:.1f} GiB is {pinned / ram:.0%} of RAM "
+                code="pinned_near_ram",
+                source=s.name,
+                title=f"pinned host memory {pinned / 1024:.1f} GiB is {pinned / ram:.0%} of RAM "
                 f"({ram / 1024:.0f} GiB), {max(ram - pinned, 0) / 1024:.1f} GiB left for everything else",
-                "pin fewer expert tensors: more of them on the GPUs or a smaller quant; --no-host "
+                remedy="pin fewer expert tensors: more of them on the GPUs or a smaller quant; --no-host "
                 "(mainline) keeps CPU tensors pageable at some prefill cost",
-                tuple(log.evidence(n) for n in lines[:MAX_EVIDENCE]),
-                {"pinned_mib": pinned, "ram_mib": ram},
+                evidence=tuple(log.evidence(n) for n in lines[:MAX_EVIDENCE]),
+                data={"pinned_mib": pinned, "ram_mib": ram},
             )
         )
     return out
@@ -214,12 +223,12 @@ def _cache_misses(name: str, log: ServerLog, misses: Sequence[CacheMiss]) -> Fin
     shown = (think or list(misses))[:2]
     lines = sorted({n for m in shown for n in m.lines})
     return Finding(
-        "prefix_cache_miss",
-        name,
-        title,
-        remedy,
-        tuple(log.evidence(n) for n in lines[: MAX_EVIDENCE * 2]),
-        {
+        code="prefix_cache_miss",
+        source=name,
+        title=title,
+        remedy=remedy,
+        evidence=tuple(log.evidence(n) for n in lines[: MAX_EVIDENCE * 2]),
+        data={
             "misses": len(misses),
             "reevaluated_tokens": reeval,
             "discarded_tokens": discarded,
@@ -262,12 +271,12 @@ def _checkpoints(name: str, log: ServerLog) -> Finding:
         )
     lines = [c.line for c in restores[: MAX_EVIDENCE // 2]] + list(forced[: MAX_EVIDENCE // 2])
     return Finding(
-        "checkpoint_restores",
-        name,
-        title,
-        remedy,
-        tuple(log.evidence(n) for n in sorted(lines)),
-        {
+        code="checkpoint_restores",
+        source=name,
+        title=title,
+        remedy=remedy,
+        evidence=tuple(log.evidence(n) for n in sorted(lines)),
+        data={
             "restores": len(restores),
             "tokens_kept": kept,
             "full_reprocessing": len(forced),
@@ -286,13 +295,13 @@ def _queueing(name: str, log: ServerLog) -> Finding:
     slots = f"--parallel {n_slots}" if n_slots else "--parallel"
     lines = sorted({n for w in waits[: MAX_EVIDENCE // 2] for n in (w.line, w.started_line) if n})
     return Finding(
-        "slot_queueing",
-        name,
-        f"{len(waits)} requests waited for a free slot ({slots}){longest}",
-        "raise --parallel to the number of concurrent clients, and -c with it (the context is divided "
+        code="slot_queueing",
+        source=name,
+        title=f"{len(waits)} requests waited for a free slot ({slots}){longest}",
+        remedy="raise --parallel to the number of concurrent clients, and -c with it (the context is divided "
         "among the slots); otherwise concurrency only queues and time to first token grows",
-        tuple(log.evidence(n) for n in lines),
-        {"waits": len(waits), "n_slots": n_slots, "max_wait_s": max(waited) if waited else None},
+        evidence=tuple(log.evidence(n) for n in lines),
+        data={"waits": len(waits), "n_slots": n_slots, "max_wait_s": max(waited) if waited else None},
     )
 
 
@@ -320,14 +329,14 @@ def _worker(s: Source, log: WorkerLog) -> list[Finding]:
         ev.insert(0, next(n for n, x in enumerate(log.lines, 1) if "transport" in x))
     return [
         Finding(
-            "rdma_unrequested",
-            s.name,
-            f"RPC transport switched to RDMA without being asked ({why})",
-            "choose the transport explicitly: GGML_RDMA_DEV=<device> for RDMA, GGML_RPC_NO_RDMA=1 for TCP; "
+            code="rdma_unrequested",
+            source=s.name,
+            title=f"RPC transport switched to RDMA without being asked ({why})",
+            remedy="choose the transport explicitly: GGML_RDMA_DEV=<device> for RDMA, GGML_RPC_NO_RDMA=1 for TCP; "
             "confirm it in the worker's log, and stop servers before workers (an RDMA worker stopped "
             "first crashes its client)",
-            tuple(log.evidence(n) for n in ev[:MAX_EVIDENCE]),
-            {"transport": log.transport},
+            evidence=tuple(log.evidence(n) for n in ev[:MAX_EVIDENCE]),
+            data={"transport": log.transport},
         )
     ]
 
@@ -342,13 +351,13 @@ def _thinking(s: Source) -> list[Finding]:
     ev = tuple(Evidence(r.line, s.response_lines[r.line - 1][:200]) for r in worst if r.line <= len(s.response_lines))
     return [
         Finding(
-            "thinking_dominant",
-            s.name,
-            f"thinking is {thinking / total:.0%} of the output: about {thinking:.0f} of {total} generated "
+            code="thinking_dominant",
+            source=s.name,
+            title=f"thinking is {thinking / total:.0%} of the output: about {thinking:.0f} of {total} generated "
             f"tokens in {len(rs)} responses",
-            'for short answers turn thinking off: chat_template_kwargs {"enable_thinking": false} per '
+            remedy='for short answers turn thinking off: chat_template_kwargs {"enable_thinking": false} per '
             "request, or --reasoning-budget 0 / --reasoning off on the server",
-            ev,
-            {"thinking_tokens": round(thinking), "completion_tokens": total, "responses": len(rs)},
+            evidence=ev,
+            data={"thinking_tokens": round(thinking), "completion_tokens": total, "responses": len(rs)},
         )
     ]

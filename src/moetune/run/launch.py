@@ -69,7 +69,7 @@ class Event:
 Observer = Callable[[Event], None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Launched:
     run: RunDir
     urls: dict[str, str]  # server name -> URL
@@ -159,16 +159,16 @@ def launch(
             if p.spec.role == ProcessRole.RPC:
                 _wait_worker(rd, p, procs[p.name], emit)
             else:
-                _wait_server(rd, p, procs, timeout_s, plan_doc, emit)
-                _confirm_transport(rd, p, prepared, transport, emit)
+                _wait_server(rd, p, procs, timeout_s, plan_doc=plan_doc, emit=emit)
+                _confirm_transport(rd, p, prepared, transport, emit=emit)
         rd.update(state=LaunchState.HEALTHY)  # inside: a Ctrl-C as it returns stops the run too
         recs = {r.name: r for r in rd.procs()}
         return Launched(
-            rd,
-            {p.name: p.spec.url for p in prepared if p.spec.role != ProcessRole.RPC},
-            {n: pid for n, r in recs.items() if (pid := r.remote_pid if r.remote else r.pid) is not None},
-            {p.name: p.spec.node for p in prepared},
-            {n: r.transport for n, r in recs.items() if r.role == ProcessRole.RPC},
+            run=rd,
+            urls={p.name: p.spec.url for p in prepared if p.spec.role != ProcessRole.RPC},
+            pids={n: pid for n, r in recs.items() if (pid := r.remote_pid if r.remote else r.pid) is not None},
+            nodes={p.name: p.spec.node for p in prepared},
+            transports={n: r.transport for n, r in recs.items() if r.role == ProcessRole.RPC},
         )
     except LaunchFailed as e:
         stop_run(rd, final_state=LaunchState.FAILED, notify=notify)
@@ -260,16 +260,16 @@ def _start(rd: RunDir, p: Prepared, extra_env: dict[str, str]) -> Process:
     env = {**p.spec.env, **extra_env, RUN_ENV: rd.run_id, NAME_ENV: p.name}
     if p.spec.ssh:  # the node's own environment, plus these
         rec = ProcRecord(
-            p.name,
-            p.spec.role,
-            p.spec.node,
-            p.spec.host,
-            p.spec.port,
-            list(p.argv),
-            env,
-            {},
-            rd.log_path(p.name).name,
-            "~",
+            name=p.name,
+            role=p.spec.role,
+            node=p.spec.node,
+            host=p.spec.host,
+            port=p.spec.port,
+            argv=list(p.argv),
+            env=env,
+            env_inherited={},
+            log=rd.log_path(p.name).name,
+            cwd="~",
             ssh_target=p.spec.ssh,
             ssh=ssh_base(),
         )
@@ -278,22 +278,24 @@ def _start(rd: RunDir, p: Prepared, extra_env: dict[str, str]) -> Process:
         def spawned(proc: RemoteProcess) -> None:  # recorded before the wait: a Ctrl-C now still stops it
             rd.update_proc(p.name, pid=proc.pid, pgid=proc.pgid, start_ticks=proc.start_ticks, started_at=time.time())
 
-        remote = RemoteProcess.start(p.name, p.spec.ssh, p.argv, env, rd.log_path(p.name), rec.ssh, on_spawn=spawned)
+        remote = RemoteProcess.start(
+            p.name, p.spec.ssh, p.argv, env, log=rd.log_path(p.name), ssh=rec.ssh, on_spawn=spawned
+        )
         rd.update_proc(p.name, remote_pid=remote.remote_pid, remote_start_ticks=remote.remote_start_ticks)
         return remote
     full_env = {**{k: v for k, v in os.environ.items() if k != auth.KEY_ENV}, **env}  # the key: moetune's alone
     argv = run_argv(rd, p, env)
     rec = ProcRecord(
-        p.name,
-        p.spec.role,
-        p.spec.node,
-        p.spec.host,
-        p.spec.port,
-        list(argv),
-        env,
-        recorded_env({k: v for k, v in os.environ.items() if k not in env}),
-        rd.log_path(p.name).name,
-        os.getcwd(),
+        name=p.name,
+        role=p.spec.role,
+        node=p.spec.node,
+        host=p.spec.host,
+        port=p.spec.port,
+        argv=list(argv),
+        env=env,
+        env_inherited=recorded_env({k: v for k, v in os.environ.items() if k not in env}),
+        log=rd.log_path(p.name).name,
+        cwd=os.getcwd(),
         container=container_name(rd.run_id, p.name) if p.container else None,
         runtime=p.container.runtime if p.container else None,
     )
@@ -348,17 +350,17 @@ def _wait_worker(rd: RunDir, p: Prepared, proc: Process, emit: Observer) -> None
         if elapsed > WORKER_TIMEOUT_S:
             raise LaunchFailed(
                 Diagnosis(
-                    diagnose.NOT_HEALTHY,
-                    p.name,
-                    f"{p.name}: RPC worker not listening on {p.endpoint} after {elapsed:.0f} s",
-                    "run the worker's command by hand to see why",
+                    cause=diagnose.NOT_HEALTHY,
+                    process=p.name,
+                    message=f"{p.name}: RPC worker not listening on {p.endpoint} after {elapsed:.0f} s",
+                    hint="run the worker's command by hand to see why",
                 )
             )
         time.sleep(POLL_S / 2)
 
 
 def _wait_server(
-    rd: RunDir, p: Prepared, procs: dict[str, Process], timeout_s: float, plan_doc: dict[str, Any], emit: Observer
+    rd: RunDir, p: Prepared, procs: dict[str, Process], timeout_s: float, *, plan_doc: dict[str, Any], emit: Observer
 ) -> None:
     proc = procs[p.name]
     follower = LogFollower(rd.log_path(p.name), era=LogEra.LEGACY if p.engine.kind == EngineKind.IK else None)
@@ -392,7 +394,13 @@ def _wait_server(
                 wlog = parse_worker_log(_read(rd.log_path(name)))
                 d = diagnose.worker_exit(name, wlog, other.returncode, f"{rec.host}:{rec.port}", listening=True)
                 raise LaunchFailed(
-                    Diagnosis(d.cause, name, f"{d.message} while {p.name} was loading", d.hint, d.evidence)
+                    Diagnosis(
+                        cause=d.cause,
+                        process=name,
+                        message=f"{d.message} while {p.name} was loading",
+                        hint=d.hint,
+                        evidence=d.evidence,
+                    )
                 )
         if health(p.spec.url, timeout_s=2.0) == 200:
             read_phases(elapsed)  # the phases the log gained since the last look
@@ -406,7 +414,9 @@ def _wait_server(
         time.sleep(POLL_S)
 
 
-def _confirm_transport(rd: RunDir, server: Prepared, prepared: list[Prepared], transport: str, emit: Observer) -> None:
+def _confirm_transport(
+    rd: RunDir, server: Prepared, prepared: list[Prepared], transport: str, *, emit: Observer
+) -> None:
     """Read the transport from the logs of the workers this server uses; record it; fail on a
     contradiction with what was asked (the stop that follows keeps the order)."""
     workers = [p for p in prepared if p.spec.role == ProcessRole.RPC and p.name in server.spec.after]
@@ -500,7 +510,7 @@ def supervise(rd: RunDir, *, poll_s: float = 0.5, on_event: Observer | None = No
                     rec.node,
                     f"{rec.host}:{rec.port}",
                     proc.local.returncode if proc.local else None,
-                    ssh_said(_read(rd.log_path(name))),
+                    last=ssh_said(_read(rd.log_path(name))),
                 )
             if rec.role == ProcessRole.RPC:
                 wlog = parse_worker_log(_read(rd.log_path(name)))

@@ -51,7 +51,7 @@ class LaunchFailed(RuntimeFailure):
         self.run_id = run_id
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Prepared:
     spec: ProcessSpec
     engine: Engine
@@ -278,7 +278,9 @@ def _remote(p: ProcessSpec, e: Engine) -> Prepared:
     if node.binary_path is None:
         where = f"{bin_dir} on node {p.node} ({node.hostname})"
         raise LaunchFailed(diagnose.binary_missing(p.name, f"no {' or '.join(BINARIES[ProcessRole.RPC])} in {where}"))
-    return Prepared(p, e, final_argv(p, PurePosixPath(node.binary_path), e.kind), node.rdma, node)
+    return Prepared(
+        spec=p, engine=e, argv=final_argv(p, PurePosixPath(node.binary_path), e.kind), rdma=node.rdma, node=node
+    )
 
 
 def _in_container(p: ProcessSpec, e: Engine, label: str) -> Prepared:
@@ -289,8 +291,15 @@ def _in_container(p: ProcessSpec, e: Engine, label: str) -> Prepared:
         raise LaunchFailed(diagnose.binary_missing(p.name, f"engine {e.name}: {e.missing}"))
     entry = e.entrypoint(p.role)
     name = PurePosixPath(entry or BINARIES[p.role][0]).name
-    run = ContainerRun(e.runtime, e.image, entry, p.gpus, host_network=p.role == ProcessRole.RPC, label=label)
-    return Prepared(p, e, final_argv(p, PurePosixPath(name), e.kind), container=run)
+    run = ContainerRun(
+        runtime=e.runtime,
+        image=e.image,
+        entrypoint=entry,
+        gpus=p.gpus,
+        host_network=p.role == ProcessRole.RPC,
+        label=label,
+    )
+    return Prepared(spec=p, engine=e, argv=final_argv(p, PurePosixPath(name), e.kind), container=run)
 
 
 def prepare(spec: LaunchSpec) -> list[Prepared]:
@@ -308,7 +317,9 @@ def prepare(spec: LaunchSpec) -> list[Prepared]:
             out.append(_in_container(p, e, labels[p.name]))
             continue
         binary = _binary(p, e)
-        out.append(Prepared(p, e, final_argv(p, binary, e.kind), rdma_capable(engine_files(binary))))
+        out.append(
+            Prepared(spec=p, engine=e, argv=final_argv(p, binary, e.kind), rdma=rdma_capable(engine_files(binary)))
+        )
     preflight(out)
     return out
 

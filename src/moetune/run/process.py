@@ -113,7 +113,7 @@ class LocalProcess:
 
     @classmethod
     def start(
-        cls, name: str, argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: Path | None = None
+        cls, name: str, argv: Sequence[str], env: Mapping[str, str], log: Path, *, cwd: Path | None = None
     ) -> LocalProcess:
         with open(log, "ab") as f:
             p = subprocess.Popen(

@@ -42,7 +42,7 @@ RECORDED_ENV = re.compile(r"^(LLAMA_|GGML_|CUDA_|HIP_|ROCR_|HSA_|OMP_|MOETUNE_|P
 _ID = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProcRecord:
     name: str
     role: ProcessRole
@@ -102,7 +102,13 @@ class ProcRecord:
         if self.ssh_target is not None:
             log = run_path / self.log if run_path is not None else None
             return RemoteProcess.attach(
-                self.name, self.ssh or [], self.ssh_target, self.remote_pid, self.remote_start_ticks, local, log
+                self.name,
+                self.ssh or [],
+                self.ssh_target,
+                self.remote_pid,
+                remote_start_ticks=self.remote_start_ticks,
+                local=local,
+                log=log,
             )
         return local
 
@@ -110,7 +116,7 @@ class ProcRecord:
         return self.pid is not None and pid_alive(self.pid, self.start_ticks)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunInfo:
     run: str
     created_at: float

@@ -74,7 +74,7 @@ def ssh_argv(base: Sequence[str], target: str, script: str, tty: bool = False) -
 
 
 def run_remote(
-    base: Sequence[str], target: str, script: str, timeout_s: float = CHECK_TIMEOUT_S, stdin: str | None = None
+    base: Sequence[str], target: str, script: str, timeout_s: float = CHECK_TIMEOUT_S, *, stdin: str | None = None
 ) -> str:
     """Run a short script on ``target`` and return its stdout; RemoteError when ssh fails."""
     try:
@@ -219,7 +219,7 @@ def _head(path: Path, size: int = 1 << 16) -> str:
 # -- the process -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeProbe:
     """What a node's engine directory holds, looked at over ssh before anything starts."""
 
@@ -249,7 +249,9 @@ def probe_node(base: Sequence[str], target: str, bin_dir: str, binaries: Sequenc
     lines = out.splitlines()
     binary = next((x.split(" ", 1)[1] for x in lines if x.startswith("binary ")), None)
     host = next((x.split(" ", 1)[1] for x in lines if x.startswith("host ")), target)
-    return NodeProbe(target, bin_dir, None if "nodir" in lines else binary, "rdma" in lines, host)
+    return NodeProbe(
+        target=target, bin_dir=bin_dir, binary=None if "nodir" in lines else binary, rdma="rdma" in lines, hostname=host
+    )
 
 
 class RemoteProcess:
@@ -261,6 +263,7 @@ class RemoteProcess:
         ssh: Sequence[str],
         target: str,
         remote_pid: int | None,
+        *,
         remote_start_ticks: int | None,
         local: LocalProcess | None,
         log: Path | None,
@@ -281,6 +284,7 @@ class RemoteProcess:
         target: str,
         argv: Sequence[str],
         env: Mapping[str, str],
+        *,
         log: Path,
         ssh: Sequence[str] | None = None,
         timeout_s: float = START_TIMEOUT_S,
@@ -290,7 +294,7 @@ class RemoteProcess:
         ``on_spawn`` sees the process as soon as the local ssh runs (to record it before waiting)."""
         base = list(ssh) if ssh is not None else ssh_base()
         local = LocalProcess.start(name, ssh_argv(base, target, worker_script(argv, env), tty=True), os.environ, log)
-        proc = cls(name, base, target, None, None, local, log)
+        proc = cls(name, base, target, None, remote_start_ticks=None, local=local, log=log)
         if on_spawn is not None:
             on_spawn(proc)
         deadline = time.monotonic() + timeout_s
@@ -311,11 +315,12 @@ class RemoteProcess:
         ssh: Sequence[str],
         target: str,
         remote_pid: int | None,
+        *,
         remote_start_ticks: int | None,
         local: LocalProcess | None,
         log: Path | None,
     ) -> RemoteProcess:
-        return cls(name, ssh, target, remote_pid, remote_start_ticks, local, log)
+        return cls(name, ssh, target, remote_pid, remote_start_ticks=remote_start_ticks, local=local, log=log)
 
     # the local side: what the run record's pid, pgid and start ticks describe
     @property

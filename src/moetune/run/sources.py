@@ -97,11 +97,13 @@ def file_source(path: Path, env: Mapping[str, str] | None = None, ram_mib: float
         docs = _json_docs(text)
         if docs is not None:
             responses, lines = responses_from(docs)
-            return Source(str(path), responses=tuple(responses), response_lines=tuple(lines), env=env, ram_mib=ram_mib)
+            return Source(
+                name=str(path), responses=tuple(responses), response_lines=tuple(lines), env=env, ram_mib=ram_mib
+            )
     lines = split_lines(text)
     if is_worker_log(lines):
-        return Source(str(path), worker=parse_worker_log(text), env=env, ram_mib=ram_mib)
-    return Source(str(path), server=parse_log(text), env=env, ram_mib=ram_mib)
+        return Source(name=str(path), worker=parse_worker_log(text), env=env, ram_mib=ram_mib)
+    return Source(name=str(path), server=parse_log(text), env=env, ram_mib=ram_mib)
 
 
 def _json_docs(text: str) -> list[Any] | None:
@@ -137,11 +139,11 @@ def responses_from(docs: Sequence[Any]) -> tuple[list[Response], list[str]]:
         rt = details.get("reasoning_tokens")
         out.append(
             Response(
-                len(out) + 1,
-                int(n) if isinstance(n, int) else None,
-                len(reasoning),
-                len(content),
-                int(rt) if isinstance(rt, int) else None,
+                line=len(out) + 1,
+                completion_tokens=int(n) if isinstance(n, int) else None,
+                reasoning_chars=len(reasoning),
+                content_chars=len(content),
+                reasoning_tokens=int(rt) if isinstance(rt, int) else None,
             )
         )
         lines.append(

@@ -11,7 +11,7 @@ from moetune.run.process import pid_alive
 from moetune.run.record import RunDir
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchStatus:
     run: str
     state: LaunchState

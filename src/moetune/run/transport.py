@@ -80,16 +80,16 @@ def mismatch(name: str, requested: str, seen: str | None, log: WorkerLog) -> Dia
     if requested == Transport.RDMA:
         why = "no connection activated RDMA" if seen else "no client connection shows in its log"
         return Diagnosis(
-            TRANSPORT_MISMATCH,
-            name,
-            f"{name}: asked for RDMA but the worker's log shows {seen or 'nothing'} ({why})",
-            "check the RoCE device and its address (GGML_RDMA_DEV, --rdma-dev), or launch with --transport tcp",
-            ev,
+            cause=TRANSPORT_MISMATCH,
+            process=name,
+            message=f"{name}: asked for RDMA but the worker's log shows {seen or 'nothing'} ({why})",
+            hint="check the RoCE device and its address (GGML_RDMA_DEV, --rdma-dev), or launch with --transport tcp",
+            evidence=ev,
         )
     return Diagnosis(
-        TRANSPORT_MISMATCH,
-        name,
-        f"{name}: asked for TCP but the worker's log shows {seen or 'nothing'}",
-        "this build ignores GGML_RPC_NO_RDMA: rebuild with -DGGML_RPC_RDMA=OFF for a TCP baseline",
-        ev,
+        cause=TRANSPORT_MISMATCH,
+        process=name,
+        message=f"{name}: asked for TCP but the worker's log shows {seen or 'nothing'}",
+        hint="this build ignores GGML_RPC_NO_RDMA: rebuild with -DGGML_RPC_RDMA=OFF for a TCP baseline",
+        evidence=ev,
     )

@@ -57,7 +57,7 @@ class Figures:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Verification:
     service: str
     tool: str | None
@@ -184,7 +184,7 @@ def run_until(cmd: list[str], marker: str | None, timeout_s: float) -> tuple[int
         return rc, f.read()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Subject:
     """What one dry run checks: a service's ledger per device, the engine's names for the plan's
     devices, and the service's exact arguments (after llama-server)."""
@@ -202,13 +202,13 @@ def subject(sp: ServicePlan, argv: list[str]) -> Subject:
     from moetune.engine.command import service_gpus
 
     return Subject(
-        sp.spec.name,
-        tuple(ledger_figures(sp, dry_run=True)),
-        {v: k for k, v in sp.hw.engine_names().items()},
-        argv,
-        sp.spec.engine or None,
-        sp.spec.model.remote is not None,
-        service_gpus(sp),
+        service=sp.spec.name,
+        ledger=tuple(ledger_figures(sp, dry_run=True)),
+        names={v: k for k, v in sp.hw.engine_names().items()},
+        argv=argv,
+        engine=sp.spec.engine or None,
+        remote_model=sp.spec.model.remote is not None,
+        gpus=service_gpus(sp),
     )
 
 
@@ -242,13 +242,13 @@ def doc_subjects(doc: dict[str, Any]) -> list[Subject]:
             )
         out.append(
             Subject(
-                sj["name"],
-                tuple(figs),
-                names,
-                list(sj.get("argv") or []),
-                engines.get(sj["name"]),
-                is_url(str(sj.get("model", ""))),
-                gpus.get(sj["name"], ()),
+                service=sj["name"],
+                ledger=tuple(figs),
+                names=names,
+                argv=list(sj.get("argv") or []),
+                engine=engines.get(sj["name"]),
+                remote_model=is_url(str(sj.get("model", ""))),
+                gpus=gpus.get(sj["name"], ()),
             )
         )
     return out
@@ -259,23 +259,25 @@ def verify_service(sub: Subject, engine: Engine | None, timeout_s: float = 120.0
     ledger, name, argv = sub.ledger, sub.service, sub.argv
     if sub.remote_model:
         return Verification(
-            name,
-            None,
-            ledger,
+            service=name,
+            tool=None,
+            ledger=ledger,
             why="the model is planned from its headers and not downloaded yet: "
             "--verify needs the files (download them, then plan the local copy)",
         )
     if engine is None or not engine.available:
         why = "the engine is not built here" if engine is None or engine.image is None else engine.missing
-        return Verification(name, None, ledger, why=f"{why}: nothing to dry-run (moetune engine list)")
+        return Verification(
+            service=name, tool=None, ledger=ledger, why=f"{why}: nothing to dry-run (moetune engine list)"
+        )
     role = "fit" if engine.kind == EngineKind.MAINLINE else "server"
     try:
         tool = engine.binary(role) if engine.image is None else PurePosixPath(engine.entrypoint(role) or "llama-server")
     except InputError:  # a registered build or image without llama-fit-params
-        return Verification(name, None, ledger, why=f"engine {engine.name} has no llama-fit-params")
+        return Verification(service=name, tool=None, ledger=ledger, why=f"engine {engine.name} has no llama-fit-params")
     if engine.kind == EngineKind.MAINLINE:
         cmd = [str(tool), *strip_flags(argv), "-lv", "4"]
-        rc, out = _dry_run(engine, sub, cmd, None, timeout_s)
+        rc, out = _dry_run(engine, sub, cmd, None, timeout_s=timeout_s)
         figures = mainline_figures(out, sub.names)
         slack = 1.0
     else:
@@ -289,34 +291,42 @@ def verify_service(sub: Subject, engine: Engine | None, timeout_s: float = 120.0
             str(_free_port()),
             "--no-warmup",
         ]
-        rc, out = _dry_run(engine, sub, cmd, IK_RESERVED, timeout_s)
+        rc, out = _dry_run(engine, sub, cmd, IK_RESERVED, timeout_s=timeout_s)
         figures = ik_figures(out) if rc is None else []
         slack = 0.02
     tool_name = tool.name
     if not figures:
         last = [ln for ln in out.splitlines() if ln.strip()][-3:]
         return Verification(
-            name, tool_name, ledger, why=f"{tool_name} gave no figures (exit {rc}): " + " | ".join(last)
+            service=name,
+            tool=tool_name,
+            ledger=ledger,
+            why=f"{tool_name} gave no figures (exit {rc}): " + " | ".join(last),
         )
     missing = [f.device for f in ledger if f.device != "CPU" and f.device not in {e.device for e in figures}]
     if missing and len(missing) == len(ledger) - 1:
         return Verification(
-            name,
-            tool_name,
-            ledger,
-            tuple(figures),
+            service=name,
+            tool=tool_name,
+            ledger=ledger,
+            engine=tuple(figures),
             why=f"the engine sees none of the plan's devices ({', '.join(missing)}) here: --verify "
             "needs the hardware the plan is for, with its RPC workers listening",
         )
     mainline = engine.kind == EngineKind.MAINLINE
     said = compare(list(ledger), figures, slack, None if mainline else IK_HOST_COMPUTE_TOLERANCE)
     return Verification(
-        name, tool_name, ledger, tuple(figures), tuple(said), note=FIT_PARAMS_NOTE if mainline else None
+        service=name,
+        tool=tool_name,
+        ledger=ledger,
+        engine=tuple(figures),
+        disagreements=tuple(said),
+        note=FIT_PARAMS_NOTE if mainline else None,
     )
 
 
 def _dry_run(
-    engine: Engine, sub: Subject, cmd: list[str], marker: str | None, timeout_s: float
+    engine: Engine, sub: Subject, cmd: list[str], marker: str | None, *, timeout_s: float
 ) -> tuple[int | None, str]:
     """``run_until`` of the tool here, or, for an image engine, in a container of it (the image's
     ``cmd[0]``, the service's GPUs, the host's network for its RPC workers), removed afterwards."""

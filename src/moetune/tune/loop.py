@@ -241,7 +241,13 @@ def tuned_service(req: TuneRequest, hw: Inventory, engine: str, kind: EngineKind
     if req.layout is None:
         profile = open_model(model_path(req.model))
         spec = ServiceSpec(
-            "main", profile, base, req.strategy, req.port, engine=engine, routing=routing_for(req.routing, profile)
+            name="main",
+            model=profile,
+            settings=base,
+            strategy=req.strategy,
+            port=req.port,
+            engine=engine,
+            routing=routing_for(req.routing, profile),
         )
         return Tuned(spec=spec, given=req.model)
     if req.serve is not None:
@@ -308,7 +314,13 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
         with contextlib.suppress(InputError):  # `auto` is a candidate too: its own planning says why
             budget = accelerator_expert_layers(profile, planned("auto", base).main.placement)
     axes = core.default_axes(
-        base, tuned.spec.strategy, hw.local.cores, moe_layers, len(hw.accelerators()), options, budget
+        base,
+        tuned.spec.strategy,
+        hw.local.cores,
+        moe_layers,
+        accelerators=len(hw.accelerators()),
+        engine=options,
+        expert_budget=budget,
     )
     axes = replace(axes, **req.axes) if req.axes else axes
     baseline = replace(core.Candidate.of(tuned.spec.strategy, base), transport=req.transport)
@@ -481,7 +493,7 @@ def tune(
             if view is None:
                 nxt = max(open_, key=lambda j: _objective(entries[j], k, req, entries[0]))
             else:
-                choice, gain = core.choose(view.belief, view.best, open_, view.noise, view.gains)
+                choice, gain = core.choose(view.belief, view.best, open_, view.noise, gains=view.gains)
                 if choice is None:
                     stopped = (
                         f"no candidate expects to gain more than the noise ({gain * 100:.1f}% < "
@@ -779,7 +791,7 @@ def _view(
     b = core.belief([p.request_s for p in sps], feats, meas)
     best = max((statistics.median(v) for v in values.values() if v), default=0.0)
     best = max(best, min(g.floor for g in goodputs.values()), 1e-9)
-    expect, gains = expected_goodput(sps, req.serve.targets, b.mean, b.sd, best)
+    expect, gains = expected_goodput(sps, req.serve.targets, b.mean, b.sd, best=best)
     return _View(b, best, _noise(meas), gains, expect)
 
 

@@ -197,7 +197,9 @@ def bench_sweep(
 
     def started(pid: int) -> None:
         st = read_proc_stat(pid)
-        bench_proc[:] = [Watch("llama-sweep-bench", "server", pid=pid, start_ticks=st.start_ticks if st else None)]
+        bench_proc[:] = [
+            Watch(name="llama-sweep-bench", role="server", pid=pid, start_ticks=st.start_ticks if st else None)
+        ]
 
     try:
         with ExitStack() as stack:

@@ -65,7 +65,7 @@ def phase_rule(pattern: str, phase: LogPhase) -> Rule:
     return re.compile(pattern), lambda acc, m, n: acc.phase(phase, n)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class _Timing:
     """The timing lines of one request as they arrive: (ms, tokens) of each."""
 
@@ -81,7 +81,15 @@ class _Timing:
             return None
         ev, tot = self.eval or (None, None), self.total or (None, None)
         return RequestTiming(
-            self.prompt[0], self.prompt[1], ev[0], ev[1], tot[0], tot[1], self.slot, self.task, self.line
+            prompt_ms=self.prompt[0],
+            prompt_tokens=self.prompt[1],
+            eval_ms=ev[0],
+            eval_tokens=ev[1],
+            total_ms=tot[0],
+            total_tokens=tot[1],
+            slot=self.slot,
+            task=self.task,
+            line=self.line,
         )
 
 
@@ -187,7 +195,8 @@ class Acc:
     def timing(self, what: str, ms: float, tokens: int, n: int) -> None:
         if what == "prompt eval" or self.pending_timing is None:
             self.flush_timing()
-            self.pending_timing = _Timing(n, *self.slot_task)
+            slot, task = self.slot_task
+            self.pending_timing = _Timing(line=n, slot=slot, task=task)
         key = {"prompt eval": "prompt", "eval": "eval", "total": "total"}[what]
         setattr(self.pending_timing, key, (ms, tokens))
         if what == "prompt eval" and self.pending_miss is not None:
@@ -414,28 +423,28 @@ def table_row(text: str) -> MemoryRow | None:
     m = TABLE_DEVICE.search(text)
     if m:
         return MemoryRow(
-            m["name"],
-            (m["desc"] or "").strip(),
-            int(m["total"]),
-            int(m["free"]),
-            int(m["self"]),
-            int(m["model"]),
-            int(m["ctx"]),
-            int(m["compute"]),
-            int(m["unacc"]),
+            name=m["name"],
+            description=(m["desc"] or "").strip(),
+            total_mib=int(m["total"]),
+            free_mib=int(m["free"]),
+            self_mib=int(m["self"]),
+            model_mib=int(m["model"]),
+            context_mib=int(m["ctx"]),
+            compute_mib=int(m["compute"]),
+            unaccounted_mib=int(m["unacc"]),
         )
     m = TABLE_OTHER.search(text)
     if m:
         return MemoryRow(
-            m["name"],
-            (m["desc"] or "").strip(),
-            None,
-            None,
-            int(m["self"]),
-            int(m["model"]),
-            int(m["ctx"]),
-            int(m["compute"]),
-            None,
+            name=m["name"],
+            description=(m["desc"] or "").strip(),
+            total_mib=None,
+            free_mib=None,
+            self_mib=int(m["self"]),
+            model_mib=int(m["model"]),
+            context_mib=int(m["ctx"]),
+            compute_mib=int(m["compute"]),
+            unaccounted_mib=None,
         )
     return None
 

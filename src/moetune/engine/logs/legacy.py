@@ -65,7 +65,7 @@ def _slot_task(acc: Acc, m: re.Match[str], n: int) -> None:
 
 @rule(r"^\s*Device (\d+): (.+?), compute capability .*?VRAM: (\d+) MiB")
 def _cuda_device(acc: Acc, m: re.Match[str], n: int) -> None:
-    acc.devices.append(Device(f"CUDA{m[1]}", m[2], num(m[3]), None, n))
+    acc.devices.append(Device(name=f"CUDA{m[1]}", description=m[2], total_mib=num(m[3]), free_mib=None, line=n))
 
 
 @rule(r"^llm_load_tensors:\s+(\S+) (?:model )?buffer size =\s*([\d.]+) MiB")
@@ -173,7 +173,18 @@ def _cache_miss(acc: Acc, m: re.Match[str], n: int) -> None:
         cached, common, lines = rep[1], rep[2], (rep[0], n)
     else:
         cached, common, lines = None, None, (n,)
-    acc.miss(CacheMiss(n, acc.slot_task[0], cached, common, None, None, None, lines))
+    acc.miss(
+        CacheMiss(
+            line=n,
+            slot=acc.slot_task[0],
+            cached_tokens=cached,
+            common_tokens=common,
+            reevaluated_tokens=None,
+            cache_text=None,
+            prompt_text=None,
+            lines=lines,
+        )
+    )
 
 
 @rule(r"^(cache :|prompt:) ?(.*)$")
@@ -185,11 +196,25 @@ def _cache_text(acc: Acc, m: re.Match[str], n: int) -> None:
     lines = (*miss.lines, *range(n, last + 1))
     if m[1] == "cache :":
         acc.pending_miss = CacheMiss(
-            miss.line, miss.slot, miss.cached_tokens, miss.common_tokens, None, text, miss.prompt_text, lines
+            line=miss.line,
+            slot=miss.slot,
+            cached_tokens=miss.cached_tokens,
+            common_tokens=miss.common_tokens,
+            reevaluated_tokens=None,
+            cache_text=text,
+            prompt_text=miss.prompt_text,
+            lines=lines,
         )
     else:
         acc.pending_miss = CacheMiss(
-            miss.line, miss.slot, miss.cached_tokens, miss.common_tokens, None, miss.cache_text, text, lines
+            line=miss.line,
+            slot=miss.slot,
+            cached_tokens=miss.cached_tokens,
+            common_tokens=miss.common_tokens,
+            reevaluated_tokens=None,
+            cache_text=miss.cache_text,
+            prompt_text=text,
+            lines=lines,
         )
 
 
@@ -201,13 +226,13 @@ _SLOT = r"(?:id\s+(\d+) \| task -?\d+ \| )?"
 @rule(_SLOT + r"created context checkpoint (\d+) of \d+ \(pos_min = -?\d+, pos_max = (-?\d+), size = ([\d.]+) MiB")
 def _checkpoint_created(acc: Acc, m: re.Match[str], n: int) -> None:
     slot = int(m[1]) if m[1] else acc.slot_task[0]
-    acc.ckpt_created.append(Checkpoint(n, slot, int(m[3]), num(m[4]), index=int(m[2])))
+    acc.ckpt_created.append(Checkpoint(line=n, slot=slot, pos_max=int(m[3]), size_mib=num(m[4]), index=int(m[2])))
 
 
 @rule(_SLOT + r"restored context checkpoint took\s+[\d.]+ ms \(pos_min = -?\d+, pos_max = (-?\d+), size = ([\d.]+) MiB")
 def _checkpoint_restored(acc: Acc, m: re.Match[str], n: int) -> None:
     slot = int(m[1]) if m[1] else acc.slot_task[0]
-    acc.ckpt_restored.append(Checkpoint(n, slot, int(m[2]), num(m[3])))
+    acc.ckpt_restored.append(Checkpoint(line=n, slot=slot, pos_max=int(m[2]), size_mib=num(m[3])))
 
 
 @rule(r"forcing full prompt re-processing")

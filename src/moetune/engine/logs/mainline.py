@@ -75,7 +75,15 @@ def continued(acc: Acc, n: int, first: str) -> str:
 @rule(r"(?:^|\s-\s+)(" + BACKENDS + r")\s*: (.+?)\s*(?:\((\d+) MiB, (\d+) MiB free\)|\(\.\.\.\))?\s*$")
 def _device(acc: Acc, m: re.Match[str], n: int) -> None:
     if not any(d.name == m[1] for d in acc.devices):
-        acc.devices.append(Device(m[1], m[2], num(m[3]) if m[3] else None, num(m[4]) if m[4] else None, n))
+        acc.devices.append(
+            Device(
+                name=m[1],
+                description=m[2],
+                total_mib=num(m[3]) if m[3] else None,
+                free_mib=num(m[4]) if m[4] else None,
+                line=n,
+            )
+        )
 
 
 @rule(r"load_tensors:\s+(\S+) model buffer size =\s*([\d.]+) MiB")
@@ -192,7 +200,7 @@ def _slot_forced(acc: Acc, m: re.Match[str], n: int) -> None:
     r" n_tokens = \d+, size = ([\d.]+) MiB\)"
 )
 def _checkpoint_created(acc: Acc, m: re.Match[str], n: int) -> None:
-    acc.ckpt_created.append(Checkpoint(n, int(m[1]), int(m[3]), num(m[4]), index=int(m[2])))
+    acc.ckpt_created.append(Checkpoint(line=n, slot=int(m[1]), pos_max=int(m[3]), size_mib=num(m[4]), index=int(m[2])))
 
 
 @rule(
@@ -200,7 +208,9 @@ def _checkpoint_created(acc: Acc, m: re.Match[str], n: int) -> None:
     r" n_past = (\d+), size = ([\d.]+) MiB\)"
 )
 def _checkpoint_restored(acc: Acc, m: re.Match[str], n: int) -> None:
-    acc.ckpt_restored.append(Checkpoint(n, int(m[1]), int(m[2]), num(m[4]), n_past=int(m[3])))
+    acc.ckpt_restored.append(
+        Checkpoint(line=n, slot=int(m[1]), pos_max=int(m[2]), size_mib=num(m[4]), n_past=int(m[3]))
+    )
 
 
 @rule(r"id\s+(\d+) \| task -?\d+ \| new prompt, ")
@@ -232,7 +242,18 @@ def _slot_cached(acc: Acc, m: re.Match[str], n: int) -> None:
     old = next((t[5:] for _, t in debug if t.startswith("old: ")), None)
     new = next((t[5:] for _, t in debug if t.startswith("new: ")), None)
     lines = tuple(k for k, t in debug if t.startswith(("old: ", "new: ")))
-    acc.miss(CacheMiss(n, slot, before, common, None, old, new, (*lines, n)))
+    acc.miss(
+        CacheMiss(
+            line=n,
+            slot=slot,
+            cached_tokens=before,
+            common_tokens=common,
+            reevaluated_tokens=None,
+            cache_text=old,
+            prompt_text=new,
+            lines=(*lines, n),
+        )
+    )
 
 
 SLOT_RULES: tuple[Rule, ...] = (

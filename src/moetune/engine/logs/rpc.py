@@ -45,9 +45,9 @@ def parse_worker_log(text: str) -> WorkerLog:
         elif m := TRANSPORT.search(line):
             transport = m[1]
         elif m := DEVICE.search(line):
-            devices.append(Device(m[1], m[2], float(m[3]), float(m[4]), n))
+            devices.append(Device(name=m[1], description=m[2], total_mib=float(m[3]), free_mib=float(m[4]), line=n))
         elif m := DEVICE_IK.search(line):
-            devices.append(Device(m[1], "", float(m[2]), float(m[3]), n))
+            devices.append(Device(name=m[1], description="", total_mib=float(m[2]), free_mib=float(m[3]), line=n))
         elif ACCEPTED.search(line):
             connections += 1
         if RDMA_PROBED.search(line):
@@ -65,17 +65,17 @@ def parse_worker_log(text: str) -> WorkerLog:
     # the bind failure is printed (stderr) before the banner (stdout, flushed at exit): name the endpoint
     failures = [Failure(f.kind, f.subject or endpoint, f.line) for f in failures]
     return WorkerLog(
-        lines,
-        version,
-        endpoint,
-        tuple(devices),
-        transport,
-        tuple(probed),
-        tuple(activated),
-        tuple(rdma_errors),
-        connections,
-        tuple(errors),
-        tuple(failures),
+        lines=lines,
+        version=version,
+        endpoint=endpoint,
+        devices=tuple(devices),
+        transport=transport,
+        rdma_probed=tuple(probed),
+        rdma_activated=tuple(activated),
+        rdma_errors=tuple(rdma_errors),
+        connections=connections,
+        errors=tuple(errors),
+        failures=tuple(failures),
     )
 
 

@@ -41,7 +41,7 @@ class Evidence:
     text: str  # the line without its timestamp/level prefix
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Device:
     name: str  # CUDA0, RPC0, CPU
     description: str
@@ -58,7 +58,7 @@ class Buffer:
     line: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceBuffers:
     device: str
     model_mib: float = 0.0
@@ -72,7 +72,7 @@ class DeviceBuffers:
         return self.model_mib + self.kv_mib + self.rs_mib + self.compute_mib + self.output_mib
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryRow:
     """One row of mainline's ``memory breakdown [MiB]`` table (whole MiB, as printed)."""
 
@@ -106,7 +106,7 @@ class PinnedAlloc:
     line: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestTiming:
     """The server's per-request timing lines (``prompt eval time``, ``eval time``, ``total time``)."""
 
@@ -160,7 +160,7 @@ class SplitModeChange:
     line: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CacheMiss:
     """A request whose prompt matched the slot's cached tokens only in part."""
 
@@ -180,7 +180,7 @@ class CacheMiss:
         return max(self.cached_tokens - self.common_tokens, 0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Checkpoint:
     """A context checkpoint the server created or restored (hybrid recurrent and sliding-window
     models keep them: their state cannot be rolled back to an earlier token otherwise)."""
@@ -214,7 +214,7 @@ class PhaseMark:
     t_s: float | None  # seconds since the engine started, where the log has timestamps
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ContextParams:
     n_ctx: int | None = None
     n_batch: int | None = None
@@ -223,7 +223,7 @@ class ContextParams:
     n_slots: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerLog:
     """A llama-server (or ik_llama.cpp server) log, parsed."""
 
@@ -293,7 +293,9 @@ class ServerLog:
         out: dict[str, dict[str, float]] = {}
         for (dev, kind), mib in sums.items():
             out.setdefault(dev, {})[kind] = mib
-        return {dev: DeviceBuffers(dev, **{f"{k}_mib": v for k, v in kinds.items()}) for dev, kinds in out.items()}
+        return {
+            dev: DeviceBuffers(device=dev, **{f"{k}_mib": v for k, v in kinds.items()}) for dev, kinds in out.items()
+        }
 
     def pinned_host_mib(self) -> float:
         """Host memory the engine pinned: ik_llama.cpp's explicit allocations, else CUDA_Host buffers."""
@@ -302,7 +304,7 @@ class ServerLog:
         return sum(b.size_mib for b in self.buffers if b.device.endswith("_Host") and b.kind != COMPUTE)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerLog:
     """A ggml-rpc-server (rpc-server) log."""
 

@@ -287,10 +287,18 @@ def rig_inventory(rig: Rig, gpus_used: int) -> Inventory:
     ``gpus_used``: CUDA0, CUDA1, ...)."""
     mib = 1024.0
     devs = tuple(
-        Device(f"CUDA{i}", DeviceKind.GPU, g.mem_mib, g.bw_gbs, "local", g.link_gbs, tflops=g.tflops)
+        Device(
+            name=f"CUDA{i}",
+            kind=DeviceKind.GPU,
+            mem_mib=g.mem_mib,
+            bw_gbs=g.bw_gbs,
+            node="local",
+            link_gbs=g.link_gbs,
+            tflops=g.tflops,
+        )
         for i, g in enumerate(rig.gpus[:gpus_used])
     )
-    node = Node("local", rig.cores, rig.memory.gib * mib, rig.memory.bw_gbs, devs)
+    node = Node(name="local", cores=rig.cores, ram_mib=rig.memory.gib * mib, ram_bw_gbs=rig.memory.bw_gbs, devices=devs)
     return Inventory((node,), name=rig.id)
 
 
@@ -317,11 +325,18 @@ def row_work(row: Row, rig: Rig, profile: ModelProfile) -> Work:
     """What the row's command asks of the rig, by the same placement and work a plan uses."""
     hw = rig_inventory(rig, row.gpus_used)
     s = row_settings(row)
-    return work(profile, hw, place(row.placement, profile, hw, s, {}, {}), s)
+    return work(profile, hw, place(row.placement, profile, hw, s, reserved={}, margins={}), s)
 
 
 def observation(index: int, row: Row, w: Work) -> Observation:
-    return Observation(index, w, row.depth, row.tg_tok_s, row.pp_tok_s, row.pp_tokens)
+    return Observation(
+        run=index,
+        work=w,
+        depth=row.depth,
+        measured_tg=row.tg_tok_s,
+        measured_pp=row.pp_tok_s,
+        prompt_tokens=row.pp_tokens,
+    )
 
 
 # --- fitting and the leave-one-rig-out error ---------------------------------------------------
