@@ -168,3 +168,10 @@ def test_port_taken(tmp_path: Path) -> None:
         )
     assert r.exit_code == 1
     assert "the server end on b (here) did not start" in r.stderr and "Address already in use" in r.stderr
+
+
+def test_iperf3_json_without_its_figures_is_a_runtime_failure() -> None:
+    with pytest.raises(RuntimeFailure, match="iperf3: no 'end'"):
+        iperf3_throughput({"start": {}}, 1)
+    with pytest.raises(RuntimeFailure, match="iperf3: no number 'bytes'"):
+        iperf3_throughput({"end": {"sum_received": {"bytes": "many", "seconds": 1.0}}}, 1)

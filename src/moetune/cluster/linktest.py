@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ class Throughput:
     bytes: int  # received
     seconds: float
     tool: str
-    raw: dict[str, Any] = field(default_factory=dict, compare=False)  # the tool's own numbers
+    raw: dict[str, object] = field(default_factory=dict, compare=False)  # the tool's own numbers
 
     @property
     def bits_per_s(self) -> float:
@@ -122,17 +122,51 @@ def summary(r: LinkResult) -> dict[str, Any]:
     }
 
 
-def iperf3_throughput(doc: dict[str, Any], streams: int) -> Throughput:
+def _object(doc: Mapping[str, object], key: str, what: str) -> Mapping[str, object]:
+    v = doc.get(key)
+    if not isinstance(v, Mapping):
+        raise RuntimeFailure(f"{what}: no {key!r} object in its output")
+    return v
+
+
+def _number(doc: Mapping[str, object], key: str, what: str) -> float:
+    v = doc.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise RuntimeFailure(f"{what}: no number {key!r} in its output")
+    return v
+
+
+def _list(doc: Mapping[str, object], key: str, what: str) -> list[object]:
+    v = doc.get(key)
+    if not isinstance(v, list):
+        raise RuntimeFailure(f"{what}: no list {key!r} in its output")
+    return v
+
+
+def _mapping(x: object) -> Mapping[str, object]:
+    if not isinstance(x, Mapping):
+        raise RuntimeFailure(f"{BUILTIN}: a throughput test that is not an object")
+    return x
+
+
+def _float(x: object) -> float:
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        raise RuntimeFailure(f"{BUILTIN}: a round trip that is not a number")
+    return float(x)
+
+
+def iperf3_throughput(doc: Mapping[str, object], streams: int) -> Throughput:
     """iperf3 -J client output: what the receiver got."""
     if doc.get("error"):
         raise RuntimeFailure(f"iperf3: {doc['error']}")
-    rec = doc["end"]["sum_received"]
+    end = _object(doc, "end", "iperf3")
+    rec = _object(end, "sum_received", "iperf3")
     return Throughput(
         streams=streams,
-        bytes=int(rec["bytes"]),
-        seconds=float(rec["seconds"]),
+        bytes=int(_number(rec, "bytes", "iperf3")),
+        seconds=float(_number(rec, "seconds", "iperf3")),
         tool=IPERF3,
-        raw={"sum_sent": doc["end"].get("sum_sent"), "sum_received": rec},
+        raw={"sum_sent": end.get("sum_sent"), "sum_received": rec},
     )
 
 
@@ -221,7 +255,7 @@ def _client(end: End, cmd: Sequence[str], stdin: str | None, timeout_s: float) -
 
 def builtin_run(
     a: End, b: End, addr: str, port: int, *, streams: Sequence[int], duration_s: float, pings: int
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The built-in script on both ends: round trips, then each stream count in turn."""
     script = PROBE.read_text()
     idle = max(30.0, 3 * duration_s)
@@ -251,7 +285,9 @@ def builtin_run(
         )
     finally:
         _finish(srv, 10)
-    doc: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    doc: object = json.loads(out.strip().splitlines()[-1])
+    if not isinstance(doc, dict):
+        raise RuntimeFailure(f"link-test from {a.where} to {addr}:{port}: the probe wrote no JSON object")
     if "error" in doc:
         raise RuntimeFailure(
             f"link-test from {a.where} to {addr}:{port}: {doc['error']}",
@@ -308,13 +344,13 @@ def link_test(
         if tool == BUILTIN:
             tps = tuple(
                 Throughput(
-                    streams=int(t["streams"]),
-                    bytes=int(t["bytes"]),
-                    seconds=float(t["seconds"]),
+                    streams=int(_number(t, "streams", BUILTIN)),
+                    bytes=int(_number(t, "bytes", BUILTIN)),
+                    seconds=float(_number(t, "seconds", BUILTIN)),
                     tool=BUILTIN,
                     raw={"per_stream_bytes": t.get("per_stream_bytes")},
                 )
-                for t in doc["throughput"]
+                for t in (_mapping(x) for x in _list(doc, "throughput", BUILTIN))
             )
         else:
             tps = tuple(iperf3_run(src, dst, addr, port, streams=n, duration_s=duration_s) for n in counts)
@@ -327,15 +363,17 @@ def link_test(
         port=port,
         tool=tool,
         duration_s=duration_s,
-        rtt_s=tuple(float(x) for x in doc["rtt_s"]),
-        msg_bytes=int(doc["msg_bytes"]),
+        rtt_s=tuple(_float(x) for x in _list(doc, "rtt_s", BUILTIN)),
+        msg_bytes=int(_number(doc, "msg_bytes", BUILTIN)),
         throughput=tps,
     )
 
 
-def samples(r: LinkResult) -> list[dict[str, Any]]:
+def samples(r: LinkResult) -> list[dict[str, object]]:
     """Raw samples for the results database: the round trips, then one per throughput test."""
-    out: list[dict[str, Any]] = [{"test": "latency", "tool": BUILTIN, "msg_bytes": r.msg_bytes, "rtt_s": list(r.rtt_s)}]
+    out: list[dict[str, object]] = [
+        {"test": "latency", "tool": BUILTIN, "msg_bytes": r.msg_bytes, "rtt_s": list(r.rtt_s)}
+    ]
     for t in r.throughput:
         out.append(
             {
