@@ -346,19 +346,18 @@ def examples() -> list[str]:
     return sorted(q.stem for q in (Path(__file__).parent / "examples").glob("*.yaml"))
 
 
-def to_dict(inv: Inventory) -> dict[str, Any]:
+def to_dict(inv: Inventory) -> dict[str, object]:
+    """The hardware file's document (YAML, ``hw probe --json``) of ``inv``."""
     nodes = []
     for n in inv.nodes:
-        node: dict[str, Any] = {
-            "name": n.name,
-            "cpu": {"cores": n.cores, "ram_mib": n.ram_mib, "ram_bw_gbs": n.ram_bw_gbs},
-        }
+        cpu: dict[str, object] = {"cores": n.cores, "ram_mib": n.ram_mib, "ram_bw_gbs": n.ram_bw_gbs}
         if n.ram_reserved_mib:
-            node["cpu"]["reserved_mib"] = n.ram_reserved_mib
+            cpu["reserved_mib"] = n.ram_reserved_mib
         if n.cpu_isa is not None:
-            node["cpu"]["isa"] = list(n.cpu_isa)
+            cpu["isa"] = list(n.cpu_isa)
         if n.cpu_speed:
-            node["cpu"]["speed"] = dict(n.cpu_speed)
+            cpu["speed"] = dict(n.cpu_speed)
+        node: dict[str, object] = {"name": n.name, "cpu": cpu}
         node["devices"] = [
             {
                 k: v
@@ -385,7 +384,7 @@ def to_dict(inv: Inventory) -> dict[str, Any]:
         if n.rdma:
             node["rdma"] = True
         nodes.append(node)
-    out: dict[str, Any] = {"nodes": nodes}
+    out: dict[str, object] = {"nodes": nodes}
     if inv.name:
         out["name"] = inv.name
     return out
