@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,7 +64,7 @@ class TensorSpec:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    metadata: dict[str, Any]
+    metadata: dict[str, object]
     tensors: list[TensorSpec]
 
 
@@ -81,7 +80,7 @@ class _T:
         self.out.append(TensorSpec(name, tuple(shape), kind, f32 or len(shape) == 1))
 
 
-def _common_meta(arch: str, d: Dims) -> dict[str, Any]:
+def _common_meta(arch: str, d: Dims) -> dict[str, object]:
     return {
         "general.architecture": arch,
         "general.name": f"moetune-{arch}",
@@ -211,7 +210,7 @@ def glm4moe(d: Dims) -> Layout:
     return Layout(meta, t.out)
 
 
-def _mla_meta(arch: str, d: Dims) -> dict[str, Any]:
+def _mla_meta(arch: str, d: Dims) -> dict[str, object]:
     meta = _common_meta(arch, d)
     meta.update(
         {

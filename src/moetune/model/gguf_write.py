@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,7 +75,7 @@ def _value(vtype: int, v: Any) -> bytes:
     return struct.pack(SCALAR_FORMATS[vtype], v)
 
 
-def _kv(key: str, v: Any) -> bytes:
+def _kv(key: str, v: object) -> bytes:
     out = bytearray(_str(key))
     if isinstance(v, Typed):
         vtype, val = v.vtype, v.value
@@ -96,9 +96,12 @@ def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
-def write_gguf(path: Path, metadata: dict[str, Any], tensors: Sequence[TensorToWrite], *, sparse: bool) -> int:
+def write_gguf(path: Path, metadata: Mapping[str, object], tensors: Sequence[TensorToWrite], *, sparse: bool) -> int:
     """Write one GGUF file; returns its size in bytes."""
-    alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(align, int | float | str):
+        raise TypeError(f"general.alignment: {align!r} is not a number")
+    alignment = int(align)
     header = bytearray(GGUF_MAGIC)
     header += struct.pack("<IQQ", 3, len(tensors), len(metadata))
     for k, v in metadata.items():
@@ -156,7 +159,7 @@ def split_evenly(tensors: Sequence[TensorToWrite], count: int) -> list[list[Tens
 
 def write_model(
     path: Path,
-    metadata: dict[str, Any],
+    metadata: Mapping[str, object],
     tensors: Sequence[TensorToWrite],
     *,
     shards: int = 1,
@@ -171,7 +174,7 @@ def write_model(
         return [path]
     out: list[Path] = []
     for i, group in enumerate(split_evenly(tensors, shards)):
-        meta: dict[str, Any] = dict(metadata) if i == 0 else {}
+        meta: dict[str, object] = dict(metadata) if i == 0 else {}
         meta["split.no"] = Typed(U16, i)
         meta["split.count"] = Typed(U16, shards)
         meta["split.tensors.count"] = Typed(I32, len(tensors))

@@ -9,7 +9,6 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType, LlamaFileType
@@ -48,7 +47,7 @@ CHAT_TEMPLATE = (
 _TT_NORMAL, _TT_UNKNOWN, _TT_CONTROL, _TT_UNUSED, _TT_BYTE = 1, 2, 3, 5, 6
 
 
-def vocab_metadata(n_vocab: int) -> dict[str, Any]:
+def vocab_metadata(n_vocab: int) -> dict[str, object]:
     """A byte-level SentencePiece vocabulary: <unk>, <s>, </s>, 256 byte tokens, then padding."""
     if n_vocab < 259:
         raise InputError(f"--vocab {n_vocab} is too small: the byte vocabulary needs at least 259 tokens")
