@@ -235,7 +235,7 @@ def document(
     commands than the plan's own, as tune's engine-defaults baseline runs)."""
     from moetune.plan.calibrate import UNCALIBRATED_PCT
 
-    doc = plan_json(p, engine, facts=plan_facts(p) if facts is None else facts, argvs=argvs)
+    doc: dict[str, Any] = plan_json(p, engine, facts=plan_facts(p) if facts is None else facts, argvs=argvs)
     doc["speed_calibration"] = (
         None
         if calib is None

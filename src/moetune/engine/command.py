@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any
 
 from moetune.engine.dialect import Dialect, dialect, engine_devices, n_cpu_moe_note
 from moetune.engine.facts import EngineFacts
@@ -21,6 +20,7 @@ from moetune.engine.formats import (
 )
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.engine.render import defaults_argv, override_rules, server_argv
+from moetune.jsonread import integer, mapping, mappings, strings
 from moetune.kinds import DeviceKind, EngineKind, ProcessRole, StrategyKind
 from moetune.plan.placement import parse_strategy
 from moetune.plan.plan import Plan, ServicePlan
@@ -103,7 +103,7 @@ def service_notes(sp: ServicePlan, facts: Facts | None = None) -> list[str]:
     return [*chosen, *graph, *notes, "rendered as explicit -ot overrides, which mean the same in every engine"]
 
 
-def _layer_map(sp: ServicePlan) -> list[dict[str, Any]]:
+def _layer_map(sp: ServicePlan) -> list[dict[str, object]]:
     ex = sp.placement.experts()
     by_layer: dict[int, dict[str, str]] = {}
     for t in sp.spec.model.tensors:
@@ -125,7 +125,7 @@ def _layer_map(sp: ServicePlan) -> list[dict[str, Any]]:
     return out
 
 
-def service_json(sp: ServicePlan, argv: list[str], facts: Facts | None = None) -> dict[str, Any]:
+def service_json(sp: ServicePlan, argv: list[str], facts: Facts | None = None) -> dict[str, object]:
     return {
         "name": sp.spec.name,
         "model": str(sp.spec.model.files[0]),
@@ -155,7 +155,7 @@ def service_json(sp: ServicePlan, argv: list[str], facts: Facts | None = None) -
     }
 
 
-def _remote_json(sp: ServicePlan) -> dict[str, Any]:
+def _remote_json(sp: ServicePlan) -> dict[str, object]:
     """A model planned from its URL: its files, where the commands expect it (-m) and how to get it there."""
     r = sp.spec.model.remote
     assert r is not None
@@ -217,7 +217,7 @@ def plan_json(
     facts: Facts | None = None,
     *,
     argvs: list[list[str]] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The plan's document: verdict, ledgers, prediction, commands and what to launch (in the
     dialect of each service's engine build, from ``facts``)."""
     argvs = argvs if argvs is not None else [service_argv(sp, facts) for sp in plan.services]
@@ -261,16 +261,16 @@ def plan_json(
     }
 
 
-def commands(doc: dict[str, Any], binary: str = "llama-server") -> list[Command]:
+def commands(doc: Mapping[str, object], binary: str = "llama-server") -> list[Command]:
     """Every service's command, from the plan's document."""
+
+    def env(sj: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
+        pairs = mapping(mapping(sj.get("settings")).get("server")).get("env", ())
+        return tuple((str(k), str(v)) for k, v in pairs) if isinstance(pairs, list | tuple) else ()
+
     return [
-        Command(
-            sj["name"],
-            sj["port"],
-            (binary, *sj["argv"]),
-            tuple((str(k), str(v)) for k, v in sj["settings"].get("server", {}).get("env", ())),
-        )
-        for sj in doc["services"]
+        Command(str(sj["name"]), integer(sj["port"]), (binary, *strings(sj["argv"])), env(sj))
+        for sj in mappings(doc["services"])
     ]
 
 
@@ -284,13 +284,18 @@ def has_gpus(sp: ServicePlan) -> bool:
 
 
 def render_text(
-    plan: Plan, doc: dict[str, Any], fmt: str, image: str | None = None, *, images: Mapping[str, str] | None = None
+    plan: Plan,
+    doc: Mapping[str, object],
+    fmt: str,
+    image: str | None = None,
+    *,
+    images: Mapping[str, str] | None = None,
 ) -> str:
     """Every service's command in one of FORMATS (``doc`` is ``plan_json(plan, ...)``). A container's
     flags follow the engine the service is planned for, its image too unless ``image`` is given:
     the image of its engine (``images``, by engine name, for the engines registered with one), else
     the engine kind's published image."""
-    cmds = commands(doc, doc["argv"][0])
+    cmds = commands(doc, strings(doc["argv"])[0])
     if fmt == "argv":
         return argv_lines(cmds)
     if fmt == "shell":

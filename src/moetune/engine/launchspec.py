@@ -8,8 +8,8 @@ start first and stop last.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from moetune.errors import InputError
 from moetune.kinds import ProcessRole
@@ -65,7 +65,26 @@ class ProcessSpec:
         return f"http://{host}:{self.port}"
 
 
-def _role(p: dict[str, Any]) -> ProcessRole:
+def _items(x: object) -> list[object]:
+    """A JSON list's entries; TypeError (a malformed section) for anything else."""
+    if not isinstance(x, list | tuple):
+        raise TypeError(f"expected a list, got {x!r}")
+    return list(x)
+
+
+def _object(x: object) -> Mapping[str, object]:
+    if not isinstance(x, Mapping):
+        raise TypeError(f"expected an object, got {x!r}")
+    return x
+
+
+def _int(x: object) -> int:
+    if not isinstance(x, int | float | str):
+        raise TypeError(f"expected a number, got {x!r}")
+    return int(x)
+
+
+def _role(p: Mapping[str, object]) -> ProcessRole:
     role = str(p["role"])
     if role not in tuple(ProcessRole):
         raise InputError(f"plan: process {p['name']} has unknown role {role!r}")
@@ -82,29 +101,30 @@ class LaunchSpec:
     def workers(self) -> list[ProcessSpec]:
         return [p for p in self.processes if p.role == ProcessRole.RPC]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"schema_version": LAUNCH_SCHEMA_VERSION, "processes": [asdict(p) for p in self.processes]}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> LaunchSpec:
+    def from_json(cls, doc: Mapping[str, object]) -> LaunchSpec:
         try:
             procs = []
-            for p in doc["processes"]:
+            for p in map(_object, _items(doc["processes"])):
+                ssh, bin_dir = p.get("ssh"), p.get("bin_dir")
                 procs.append(
                     ProcessSpec(
                         name=str(p["name"]),
                         role=_role(p),
                         engine=str(p["engine"]),
-                        argv=tuple(str(a) for a in p["argv"]),
+                        argv=tuple(str(a) for a in _items(p["argv"])),
                         host=str(p["host"]),
-                        port=int(p["port"]),
+                        port=_int(p["port"]),
                         node=str(p.get("node", "local")),
-                        ssh=p.get("ssh"),
-                        bin_dir=p.get("bin_dir"),
-                        env={str(k): str(v) for k, v in (p.get("env") or {}).items()},
-                        after=tuple(str(a) for a in p.get("after", ())),
+                        ssh=None if ssh is None else str(ssh),
+                        bin_dir=None if bin_dir is None else str(bin_dir),
+                        env={str(k): str(v) for k, v in _object(p.get("env") or {}).items()},
+                        after=tuple(str(a) for a in _items(p.get("after", ()))),
                         allow_public_bind=bool(p.get("allow_public_bind", False)),
-                        gpus=tuple(str(g) for g in p.get("gpus", ())),
+                        gpus=tuple(str(g) for g in _items(p.get("gpus", ()))),
                     )
                 )
         except (KeyError, TypeError, ValueError) as e:

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from moetune.engine.facts import EngineFacts, probe
 from moetune.engine.install import (
@@ -99,7 +98,7 @@ class Engine:
         backend, rdma = detect_traits(Path(self.bin_dir))
         return backend, "on" if rdma else "off"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         backend, rdma = self.traits()
         return {
             "name": self.name,
@@ -440,7 +439,7 @@ class Removed:
     purged: Path | None = None  # the build deleted from the cache (the built-in engine, with purge)
     freed_bytes: int = 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "name": self.engine.name,
             "kind": self.engine.kind,
