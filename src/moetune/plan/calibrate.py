@@ -17,8 +17,7 @@ floor) is what a measurement is checked against. Pure: observations in, constant
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -69,10 +68,10 @@ def predict_pp(o: Observation, k: SpeedConstants) -> float:
 
 
 def _with(base: SpeedConstants, logs: np.ndarray, names: tuple[str, ...] = FITTED) -> SpeedConstants:
-    vals: dict[str, Any] = {
+    vals: dict[str, float] = {
         n: min(math.exp(float(v)), AT_MOST.get(n, math.inf)) for n, v in zip(names, logs, strict=True)
     }
-    return replace(base, **vals)
+    return SpeedConstants.from_json({**asdict(base), **vals})
 
 
 def _residuals(obs: list[Observation], k: SpeedConstants) -> np.ndarray:
@@ -179,7 +178,7 @@ class Calibration:
     uncertainty_tg_pct: float  # the stated ~95% band of a prediction
     uncertainty_pp_pct: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "constants": asdict(self.constants),
             "runs": len(self.runs),

@@ -6,10 +6,11 @@ margin. Pure: a profile, a placement and settings in, numbers out.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from moetune.hardware.inventory import Inventory
+from moetune.jsonread import real
 from moetune.kinds import DeviceKind, EngineKind
 from moetune.model import kv
 from moetune.model.kv import KVShape, checkpoint_bytes, full_cells, kv_shape
@@ -98,7 +99,7 @@ class Shortfall:
             return text + f"; everything but the margin fits, with {cap - (need - margin):,} MiB to spare"
         return text + f"; it runs out when allocating its {self.what}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "device": self.device,
             "mib": round(self.mib, 1),
@@ -110,14 +111,14 @@ class Shortfall:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Shortfall:
+    def from_json(cls, d: Mapping[str, object]) -> Shortfall:
         """Read a plan document's entry (plans written before ``margin_mib`` have none)."""
         return cls(
             device=str(d["device"]),
             what=str(d["what"]),
-            needed_mib=float(d["needed_mib"]),
-            capacity_mib=float(d["capacity_mib"]),
-            margin_mib=float(d.get("margin_mib") or 0.0),
+            needed_mib=real(d["needed_mib"]),
+            capacity_mib=real(d["capacity_mib"]),
+            margin_mib=real(d.get("margin_mib") or 0.0),
         )
 
 

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from moetune.errors import InputError
 from moetune.hardware.inventory import Device, Inventory
+from moetune.jsonread import mapping, number
 from moetune.kinds import DeviceKind, EngineKind
 from moetune.model.kv import CACHE_TYPES, KVShape, kv_shape
 from moetune.model.profile import ModelProfile
@@ -119,7 +121,7 @@ class SpeedConstants:
 
     def with_overrides(self, pairs: dict[str, str]) -> SpeedConstants:
         names = {f.name for f in fields(self)}
-        kw: dict[str, Any] = {}
+        kw: dict[str, float] = {}
         for k, v in pairs.items():
             if k not in names:
                 raise InputError(f"--speed {k}: unknown constant (known: {', '.join(sorted(names))})")
@@ -129,13 +131,16 @@ class SpeedConstants:
                 raise InputError(f"--speed {k}={v}: not a number") from None
             if kw[k] <= 0:
                 raise InputError(f"--speed {k}={v}: must be positive")
-        return replace(self, **kw)
+        return SpeedConstants.from_json({**asdict(self), **kw})
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any] | None) -> SpeedConstants:
-        """Constants as stored (a plan, a calibration); names this version does not know are ignored."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in (doc or {}).items() if k in names})
+    def from_json(cls, doc: Mapping[str, object] | None) -> SpeedConstants:
+        """Constants as stored (a plan, a calibration); names this version does not know are ignored,
+        and so are values that are not numbers."""
+        doc = doc or {}
+        given = {f.name: v for f in fields(cls) if (v := number(doc.get(f.name))) is not None}
+        batch = given.pop("offload_min_batch", None)  # the one whole number
+        return cls(**given, offload_min_batch=cls().offload_min_batch if batch is None else int(batch))
 
 
 def base_constants(hw: Inventory, k: SpeedConstants | None = None) -> SpeedConstants:
@@ -210,7 +215,7 @@ class Work:
         DeepSeek-V3: 1024 tokens), mainline from ``offload_min_batch`` tokens whatever the experts."""
         return 1.0 / self.expert_share if self.engine == EngineKind.IK and 0 < self.expert_share < 1 else 1.0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {**asdict(self), "devices": [asdict(d) for d in self.devices]}
 
     @classmethod
@@ -367,7 +372,7 @@ class Prediction:
     def rpc_hops(self) -> int:
         return self.work.rpc_hops
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "tg_tok_s": round(self.tg_tok_s, 3),
             "pp_tok_s": round(self.pp_tok_s, 3),
@@ -564,11 +569,12 @@ def from_work(w: Work, k: SpeedConstants, depth: int = 0, prompt_tokens: int | N
     )
 
 
-def at_depth(predicted: dict[str, Any], depth: int, prompt_tokens: int | None = None) -> dict[str, Any] | None:
+def at_depth(predicted: Mapping[str, object], depth: int, prompt_tokens: int | None = None) -> dict[str, Any] | None:
     """A stored prediction (``Prediction.to_json()``) for one workload: TG at context depth
     ``depth``, PP for a prompt of ``prompt_tokens`` (the plan's ubatch when not known), with the
     constants it was made with. None for a prediction stored without its work (by an earlier moetune)."""
-    if not isinstance(predicted.get("work"), dict):
+    work = predicted.get("work")
+    if not isinstance(work, dict):
         return None
-    w = Work.from_json(predicted["work"])
-    return from_work(w, SpeedConstants.from_json(predicted.get("constants")), depth, prompt_tokens).to_json()
+    w = Work.from_json(work)
+    return from_work(w, SpeedConstants.from_json(mapping(predicted.get("constants"))), depth, prompt_tokens).to_json()
