@@ -228,7 +228,7 @@ class Contention:
             f"{self.engine_cores:.2f}, moetune {self.client_cores:.2f}): {top}"
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "contended": self.contended,
             "seconds": round(self.seconds, 3),
@@ -381,7 +381,7 @@ class RunFlags:
             )
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "contended": self.contended,
             "noisy": bool(self.noisy),

@@ -72,7 +72,7 @@ class Snapshot:
     load: Mapping[str, float] = field(default_factory=dict)
     phase: str | None = None  # the benchmark's phase when taken ("pp512", "c=4", "loading tensors")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         d = asdict(self)
         d["schema"] = SNAPSHOT_SCHEMA
         d["servers"] = {k: dict(v) for k, v in self.servers.items()}

@@ -9,9 +9,8 @@ shortfall and the bytes of each layer's experts on it (from the plan, else from 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from moetune.engine.logs import Evidence, ServerLog, WorkerLog, device_key
 from moetune.engine.logs.types import (
@@ -56,7 +55,7 @@ class Diagnosis:
     hint: str  # what to change
     evidence: tuple[Evidence, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         d = asdict(self)
         d["evidence"] = [{"line": e.line, "text": e.text} for e in self.evidence]
         return d
@@ -430,7 +429,7 @@ def not_healthy(name: str, url: str, waited_s: float, log: ServerLog) -> Diagnos
     )
 
 
-def layer_experts_from_plan(plan: dict[str, Any], process: str | None = None) -> list[LayerExperts]:
+def layer_experts_from_plan(plan: Mapping[str, object], process: str | None = None) -> list[LayerExperts]:
     """Where the plan put each layer's experts, and how much they weigh.
 
     Reads ``moetune plan --json``: ``services[].layers[]`` entries ``{"index": 3, "experts":
@@ -438,11 +437,15 @@ def layer_experts_from_plan(plan: dict[str, Any], process: str | None = None) ->
     process's, else all of them); a top-level ``layers`` list of the same entries is read too.
     A layer whose expert tensors sit on several devices counts on each by its share of them.
     """
-    entries: list[Any] = []
-    for svc in plan.get("services") or []:
+
+    def listed(x: object) -> list[object]:
+        return list(x) if isinstance(x, list) else []
+
+    entries: list[object] = []
+    for svc in listed(plan.get("services")):
         if isinstance(svc, dict) and (process is None or svc.get("name") in (process, None)):
-            entries += svc.get("layers") or []
-    entries += plan.get("layers") or []
+            entries += listed(svc.get("layers"))
+    entries += listed(plan.get("layers"))
     out: list[LayerExperts] = []
     for x in entries:
         if not isinstance(x, dict):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import moetune.run.diagnose as diagnose
 from moetune.engine.logs import CacheMiss, Evidence, ServerLog, WorkerLog
@@ -78,9 +77,9 @@ class Finding:
     title: str
     remedy: str
     evidence: tuple[Evidence, ...]
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, object] = field(default_factory=dict)  # the figures behind the finding, for --json
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "code": self.code,
             "source": self.source,

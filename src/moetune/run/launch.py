@@ -14,11 +14,10 @@ import os
 import secrets
 import shlex
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import moetune.run.diagnose as diagnose
 from moetune.engine import auth
@@ -85,7 +84,7 @@ class Launched:
     def log(self, name: str) -> Path:
         return self.run.log_path(name)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "run": self.run.run_id,
             "url": self.url,
@@ -99,7 +98,7 @@ class Launched:
 
 def launch(
     spec: LaunchSpec,
-    plan_doc: dict[str, Any],
+    plan_doc: Mapping[str, object],
     *,
     plan_file: str | None = None,
     detached: bool = False,
@@ -229,7 +228,7 @@ def transport_envs(prepared: list[Prepared], transport: str, rdma_dev: str | Non
 @contextmanager
 def launched(
     spec: LaunchSpec,
-    plan_doc: dict[str, Any],
+    plan_doc: Mapping[str, object],
     *,
     plan_file: str | None = None,
     timeout_s: float = 1800.0,
@@ -360,7 +359,13 @@ def _wait_worker(rd: RunDir, p: Prepared, proc: Process, emit: Observer) -> None
 
 
 def _wait_server(
-    rd: RunDir, p: Prepared, procs: dict[str, Process], timeout_s: float, *, plan_doc: dict[str, Any], emit: Observer
+    rd: RunDir,
+    p: Prepared,
+    procs: dict[str, Process],
+    timeout_s: float,
+    *,
+    plan_doc: Mapping[str, object],
+    emit: Observer,
 ) -> None:
     proc = procs[p.name]
     follower = LogFollower(rd.log_path(p.name), era=LogEra.LEGACY if p.engine.kind == EngineKind.IK else None)
@@ -441,7 +446,7 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _expert_sizes(plan_doc: dict[str, Any], p: Prepared) -> tuple[list[LayerExperts], tuple[float, int] | None]:
+def _expert_sizes(plan_doc: Mapping[str, object], p: Prepared) -> tuple[list[LayerExperts], tuple[float, int] | None]:
     """Per-layer expert sizes for the out-of-memory advice: the plan's placement, else the model's
     average MoE layer (read from its headers)."""
     layers = diagnose.layer_experts_from_plan(plan_doc, p.name)

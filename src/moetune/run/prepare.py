@@ -11,10 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 import moetune.run.diagnose as diagnose
 from moetune.engine import registry
@@ -73,7 +72,7 @@ class Prepared:
         return f"{self.spec.host}:{self.spec.port}"
 
 
-def read_plan(path: Path) -> tuple[LaunchSpec, dict[str, Any]]:
+def read_plan(path: Path) -> tuple[LaunchSpec, dict[str, object]]:
     """A plan file (with a ``launch`` key) or a plain launch spec; returns the spec and the document."""
     from moetune.paths import readable_file
 
@@ -97,14 +96,23 @@ def read_plan(path: Path) -> tuple[LaunchSpec, dict[str, Any]]:
     return spec, doc
 
 
-def check_fits(doc: dict[str, Any], path: Path, force: bool) -> list[str]:
+def _entries(x: object) -> list[Mapping[str, object]]:
+    """A list of objects (none for a missing or empty one); TypeError for anything else."""
+    if not x:
+        return []
+    if not isinstance(x, list) or not all(isinstance(e, Mapping) for e in x):
+        raise TypeError(f"expected a list of objects, got {x!r}")
+    return x
+
+
+def check_fits(doc: Mapping[str, object], path: Path, force: bool) -> list[str]:
     """The plan's own verdict, before anything starts: a plan that says it does not fit is refused
     (InputError naming each device and its shortfall) unless ``force``; then the shortfalls come
     back, to be said as warnings. A bare launch spec has no verdict and passes."""
     if doc.get("fits", True) is not False:
         return []
     try:
-        said = [Shortfall.from_json(sf).message() for sf in doc.get("shortfalls") or []]
+        said = [Shortfall.from_json(sf).message() for sf in _entries(doc.get("shortfalls"))]
     except (KeyError, TypeError, ValueError, AttributeError):
         said = []
     said = said or ["the plan says it does not fit (no shortfall recorded)"]

@@ -23,7 +23,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -121,14 +121,14 @@ class RunInfo:
     run: str
     created_at: float
     state: LaunchState
-    launch: dict[str, Any]
+    launch: dict[str, object]  # Launched.to_json()
     engines: dict[str, str]  # engine name -> its version line
     fingerprint: str
     machine: dict[str, str]
     launcher_pid: int
     detached: bool
     plan_file: str | None = None
-    diagnosis: dict[str, Any] | None = None
+    diagnosis: dict[str, object] | None = None  # Diagnosis.to_json()
     schema_version: int = RUN_SCHEMA_VERSION
     order: list[str] = field(default_factory=list)  # process names in start order
     transport: str | None = None  # the RPC transport asked for: tcp | rdma | auto
@@ -150,7 +150,7 @@ class RunDir:
 
     # -- creation and lookup ------------------------------------------------------------------
     @classmethod
-    def create(cls, info: RunInfo, plan_doc: dict[str, Any]) -> RunDir:
+    def create(cls, info: RunInfo, plan_doc: Mapping[str, object]) -> RunDir:
         path = runs_dir() / info.run
         path.mkdir(parents=True, exist_ok=False)
         rd = cls(path)
@@ -208,7 +208,7 @@ class RunDir:
             self._write("run.json", asdict(info))
             return info
 
-    def plan(self) -> dict[str, Any]:
+    def plan(self) -> dict[str, object]:
         return self._read("plan.json")
 
     def _proc_file(self, name: str, ext: str) -> str:

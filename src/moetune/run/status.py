@@ -32,7 +32,7 @@ class LaunchStatus:
     def live(self) -> bool:
         return any(self.alive.values())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:  # read by key in cli/run_cmds.py (ps)
         return {
             "run": self.run,
             "state": self.state,
@@ -58,6 +58,7 @@ def run_status(rd: RunDir) -> LaunchStatus:
     state = info.state
     if state in (LaunchState.STARTING, LaunchState.HEALTHY) and not any(alive.values()):
         state = LaunchState.EXITED
+    message = (info.diagnosis or {}).get("message")
     return LaunchStatus(
         run=info.run,
         state=state,
@@ -70,7 +71,7 @@ def run_status(rd: RunDir) -> LaunchStatus:
         transport=info.transport,
         transports={r.name: r.transport for r in procs if r.role == ProcessRole.RPC},
         dir=str(rd.path),
-        diagnosis=(info.diagnosis or {}).get("message"),
+        diagnosis=None if message is None else str(message),
         orphaned=not info.detached
         and any(alive.values())
         and not pid_alive(info.launcher_pid, info.launcher_start_ticks),

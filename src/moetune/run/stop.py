@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import moetune.run.container as container
 from moetune.errors import RuntimeFailure
@@ -65,7 +64,7 @@ class Stopped:
     run_id: str
     records: list[ProcRecord]  # as the stop left them: when each was signalled and went
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "run": self.run_id,
             "processes": [

@@ -18,14 +18,15 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
 
 from moetune.engine.argv import strip_flags
 from moetune.engine.logs import parse_log
 from moetune.engine.registry import Engine
 from moetune.errors import InputError
+from moetune.jsonread import mapping, mappings, real, strings
 from moetune.kinds import EngineKind
 from moetune.plan.plan import ServicePlan
 from moetune.run.process import end
@@ -48,7 +49,7 @@ class Figures:
     context_mib: float  # KV cache and recurrent state (and ik_llama.cpp's output buffer)
     compute_mib: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "name": self.device,
             "model_mib": round(self.model_mib, 2),
@@ -71,7 +72,7 @@ class Verification:
     def agree(self) -> bool | None:
         return None if self.why is not None else not self.disagreements
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "service": self.service,
             "tool": self.tool,
@@ -212,43 +213,46 @@ def subject(sp: ServicePlan, argv: list[str]) -> Subject:
     )
 
 
-def doc_subjects(doc: dict[str, Any]) -> list[Subject]:
+def doc_subjects(doc: Mapping[str, object]) -> list[Subject]:
     """The subjects of a plan document (what `launch --verify` has): each service's figures from its
     own device ledger in the document, RPC devices numbered as the engine numbers them, its engine
     from the launch section."""
     from moetune.model.profile import is_url
 
-    order = [d["name"] for d in doc.get("devices") or []]
-    kinds = {d["name"]: d.get("kind") for d in doc.get("devices") or []}
+    devices = mappings(doc.get("devices"))
+    order = [str(d["name"]) for d in devices]
+    kinds = {str(d["name"]): d.get("kind") for d in devices}
     names = {f"RPC{k}": n for k, n in enumerate(n for n in order if kinds[n] == "rpc")}
-    procs = (doc.get("launch") or {}).get("processes", [])
-    engines = {p["name"]: p.get("engine") for p in procs}
-    gpus = {p["name"]: tuple(p.get("gpus") or ()) for p in procs}
+    procs = mappings(mapping(doc.get("launch")).get("processes"))
+    engines = {str(p["name"]): None if p.get("engine") is None else str(p.get("engine")) for p in procs}
+    gpus = {str(p["name"]): tuple(strings(p.get("gpus"))) for p in procs}
     out = []
-    for sj in doc.get("services") or []:
+    for sj in mappings(doc.get("services")):
         figs = []
-        dry = sj.get("dry_run_compute_mib") or {}  # absent from plans written before it
+        dry = mapping(sj.get("dry_run_compute_mib"))  # absent from plans written before it
+        ledger = mapping(sj.get("devices"))
         for dev in order:
             items: dict[str, float] = {}
-            for i in (sj.get("devices") or {}).get(dev, []):
-                items[i["what"]] = items.get(i["what"], 0.0) + float(i["mib"])
+            for i in mappings(ledger.get(dev)):
+                items[str(i["what"])] = items.get(str(i["what"]), 0.0) + real(i["mib"])
             figs.append(
                 Figures(
                     dev,
                     items.get("weights", 0.0) + items.get("weights (split)", 0.0) + items.get("repack", 0.0),
                     items.get("kv", 0.0) + items.get("output", 0.0),
-                    float(dry.get(dev, 0.0)) if dry else items.get("compute", 0.0),
+                    real(dry.get(dev, 0.0)) if dry else items.get("compute", 0.0),
                 )
             )
+        service = str(sj["name"])
         out.append(
             Subject(
-                service=sj["name"],
+                service=service,
                 ledger=tuple(figs),
                 names=names,
-                argv=list(sj.get("argv") or []),
-                engine=engines.get(sj["name"]),
+                argv=strings(sj.get("argv")),
+                engine=engines.get(service),
                 remote_model=is_url(str(sj.get("model", ""))),
-                gpus=gpus.get(sj["name"], ()),
+                gpus=gpus.get(service, ()),
             )
         )
     return out
@@ -370,7 +374,7 @@ def verify_plan(services: list[ServicePlan], argvs: list[list[str]], timeout_s: 
     return verify_subjects([subject(sp, argv) for sp, argv in zip(services, argvs, strict=True)], timeout_s)
 
 
-def verify_json(vs: list[Verification]) -> dict[str, Any]:
+def verify_json(vs: list[Verification]) -> dict[str, object]:
     """The plan document's ``verify`` section: the first service's devices at the top (as for a
     plan of one model), every service's in ``services``; ``agree`` is null when nothing ran."""
     ran = [v for v in vs if v.agree is not None]
