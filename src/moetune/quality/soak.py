@@ -27,7 +27,7 @@ Progress = Callable[[int, int], None]
 REPLY_KEPT_CHARS = 400
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SoakOptions:
     thinking: str = "off"  # off | on | template (send none)
     max_tokens: int = 16
@@ -64,7 +64,7 @@ class SoakRun:
         return stats.wilson(self.right, self.n, conf=conf)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunFigures:
     label: str
     run_id: int
@@ -114,7 +114,19 @@ class SoakReport:
 
 def report(runs: Sequence[SoakRun], conf: float = stats.DEFAULT_CONF, alpha: float = 0.05) -> SoakReport:
     figs = [
-        RunFigures(r.label, r.run_id, r.target, r.n, r.right, r.unparsable, r.accuracy, *r.interval(conf)) for r in runs
+        RunFigures(
+            label=r.label,
+            run_id=r.run_id,
+            target=r.target,
+            n=r.n,
+            right=r.right,
+            unparsable=r.unparsable,
+            accuracy=r.accuracy,
+            ci_low=lo,
+            ci_high=hi,
+        )
+        for r in runs
+        for lo, hi in (r.interval(conf),)
     ]
     return SoakReport(
         runs[0].n if runs else 0, conf, figs, [stats.paired(runs[0].answers, r.answers, alpha=alpha) for r in runs[1:]]

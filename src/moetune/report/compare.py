@@ -53,7 +53,7 @@ METRIC_EXTRACTORS: dict[str, MetricExtractor] = {
 COMPARE_SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunMetrics:
     run: int
     label: str
@@ -72,7 +72,7 @@ class RunMetrics:
         return self.label + (f" [{', '.join(self.flags)}]" if self.flags else "")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CompareRow:
     run: int
     label: str
@@ -112,7 +112,7 @@ class CompareRow:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Comparison:
     baseline: RunMetrics
     baseline_stats: dict[str, Summary]
@@ -175,11 +175,11 @@ def extract(run: Run, samples: Iterable[dict[str, Any]]) -> RunMetrics:
         metrics.update(load_metric(launch))
     f = run.flags()
     return RunMetrics(
-        run.id,
-        run.label,
-        run.kind,
-        run.status,
-        metrics,
+        run=run.id,
+        label=run.label,
+        kind=run.kind,
+        status=run.status,
+        metrics=metrics,
         transport=launch.confirmed if launch is not None else None,
         flags=f.markers,
         flag_notes=tuple(f"run {run.id} ({run.label}): {m}" for m, _ in f.warnings()),
@@ -279,25 +279,34 @@ def compare(
             noisy = d.verdict == SAME and abs(d.ratio - 1.0) >= min_change
             rows.append(
                 CompareRow(
-                    o.run,
-                    o.label,
-                    name,
-                    ms.unit,
-                    ms.higher_is_better,
-                    s.n,
-                    s.median,
-                    s.ci_low,
-                    s.ci_high,
-                    base_stats[name].median,
-                    d.change_pct,
-                    lo,
-                    hi,
-                    d.verdict,
-                    noisy,
-                    ms.family,
+                    run=o.run,
+                    label=o.label,
+                    metric=name,
+                    unit=ms.unit,
+                    higher_is_better=ms.higher_is_better,
+                    n=s.n,
+                    median=s.median,
+                    ci_low=s.ci_low,
+                    ci_high=s.ci_high,
+                    baseline_median=base_stats[name].median,
+                    change_pct=d.change_pct,
+                    change_ci_low_pct=lo,
+                    change_ci_high_pct=hi,
+                    verdict=d.verdict,
+                    noisy=noisy,
+                    family=ms.family,
                 )
             )
-    return Comparison(baseline, base_stats, compared, rows, conf, min_change, notes, skipped)
+    return Comparison(
+        baseline=baseline,
+        baseline_stats=base_stats,
+        others=compared,
+        rows=rows,
+        conf=conf,
+        min_change=min_change,
+        notes=notes,
+        not_compared=skipped,
+    )
 
 
 def _unlike(baseline: RunMetrics, o: RunMetrics) -> str:

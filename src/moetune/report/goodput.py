@@ -40,7 +40,7 @@ class RunGoodput:
         return (b["req_s"], b["share"] or 0.0) if b else (-1.0, -1.0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GoodputRanking:
     slo: dict[str, float]
     slo_source: str  # "--slo" or "stored"
@@ -144,7 +144,7 @@ def rank_goodput(db: ResultsDB, runs: list[Run], slo: dict[str, float] | None) -
                 hint="it may have been interrupted before its first sample; run it again",
             )
     ranked = sorted(data, key=lambda d: d.key(), reverse=True)  # stable: ties keep the order given
-    return GoodputRanking(targets, source, data[0], ranked, notes)
+    return GoodputRanking(slo=targets, slo_source=source, baseline=data[0], ranked=ranked, notes=notes)
 
 
 def _cell(lv: dict[str, Any] | None) -> str:

@@ -33,7 +33,7 @@ from moetune.store.migrations import migrate, now_iso
 from moetune.store.record import RunMeta, ServiceRecord
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Run:
     id: int
     kind: RunKind
@@ -86,7 +86,7 @@ class Run:
         return {**self.header(), "meta": self.meta.to_json(), "summary": self.summary, "flags": self.flags().to_json()}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SampleRow:
     id: int
     run_id: int
@@ -246,18 +246,18 @@ class ResultsDB:
     def _run(row: tuple[Any, ...]) -> Run:
         kind = RunKind(row[1])
         return Run(
-            int(row[0]),
-            kind,
-            row[2],
-            row[3],
-            RunMeta.from_json(json.loads(row[4]), kind),
-            RunStatus(row[5]),
-            row[6],
-            row[7],
-            None if row[8] is None else json.loads(row[8]),
-            row[9],
-            None if row[10] is None else json.loads(row[10]),
-            None if row[11] is None else Contention.from_json(json.loads(row[11])),
+            id=int(row[0]),
+            kind=kind,
+            label=row[2],
+            target=row[3],
+            meta=RunMeta.from_json(json.loads(row[4]), kind),
+            status=RunStatus(row[5]),
+            created_at=row[6],
+            finished_at=row[7],
+            summary=None if row[8] is None else json.loads(row[8]),
+            sweep_id=row[9],
+            writer=None if row[10] is None else json.loads(row[10]),
+            contention=None if row[11] is None else Contention.from_json(json.loads(row[11])),
         )
 
     def run(self, run_id: int) -> Run:
@@ -347,7 +347,7 @@ class ResultsDB:
                     (run_id, after, *((phase,) if phase is not None else ()), batch),
                 ).fetchall()
             for r in rows:
-                yield SampleRow(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]))
+                yield SampleRow(id=r[0], run_id=r[1], phase=r[2], seq=r[3], created_at=r[4], data=json.loads(r[5]))
             if len(rows) < batch:
                 return
             after = rows[-1][0]

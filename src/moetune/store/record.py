@@ -65,7 +65,7 @@ class Capabilities:
         return cls(props=True, tokenize=True, apply_template=True, timings=True)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerInfo:
     """What a server said about itself when a benchmark began; None where it did not say."""
 
@@ -212,7 +212,7 @@ class LaunchRef:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunMeta:
     """Everything a run records about its context. ``details`` holds the kind's own settings as
     plain JSON (bench: ``workloads``, ``options``; serve-bench: ``workload``, ``client``,

@@ -36,7 +36,7 @@ class PhaseBand:
     t1: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunReport:
     """One run as the page shows it: its record, its figures derived from its samples, the
     prediction beside them, the machine's snapshots and its phases, and (serve-bench) its levels."""
@@ -50,7 +50,7 @@ class RunReport:
     serve: Mapping[str, Any] | None = None  # moetune.bench.serve.run.stored_report
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReportData:
     plans: tuple[PlanSource, ...] = ()
     runs: tuple[RunReport, ...] = ()
