@@ -115,7 +115,7 @@ class Candidate:
     verdict: str
     complete: bool  # the engine's summary came (else the figures are its last chunk's running values)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "plan": self.plan,
             "label": self.label,
@@ -140,7 +140,7 @@ class Reference:
     base_size_bytes: int
     reused: bool  # the logits were saved by an earlier run
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "plan": self.plan,
             "label": self.label,
@@ -243,7 +243,7 @@ class _Runner:
         if self.status:
             self.status(s)
 
-    def meta(self, p: _Plan, argv: list[str], details: dict[str, Any]) -> RunMeta:
+    def meta(self, p: _Plan, argv: list[str], details: dict[str, object]) -> RunMeta:
         return RunMeta(
             kind=RunKind.QUALITY,
             moetune_version=__version__,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +76,7 @@ class RunFigures:
     ci_low: float
     ci_high: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "label": self.label,
             "run": self.run_id,
@@ -95,7 +95,7 @@ class SoakReport:
     runs: list[RunFigures]
     paired: list[stats.Paired]  # each run after the first against the first
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "questions": self.n_questions,
             "confidence": self.conf,
@@ -133,8 +133,8 @@ def report(runs: Sequence[SoakRun], conf: float = stats.DEFAULT_CONF, alpha: flo
     )
 
 
-def request_body(q: qa.Question, opt: SoakOptions) -> dict[str, Any]:
-    body: dict[str, Any] = {
+def request_body(q: qa.Question, opt: SoakOptions) -> dict[str, object]:
+    body: dict[str, object] = {
         "messages": [{"role": "user", "content": qa.prompt(q)}],
         "temperature": 0.0,
         "seed": 0,
@@ -157,7 +157,10 @@ def reply_text(doc: Any) -> str:
 
 
 async def _ask_all(
-    url: str, questions: Sequence[qa.Question], opt: SoakOptions, on_reply: Callable[[int, str, dict[str, Any]], None]
+    url: str,
+    questions: Sequence[qa.Question],
+    opt: SoakOptions,
+    on_reply: Callable[[int, str, dict[str, object]], None],
 ) -> None:
     from moetune.bench.http.client import connect
 
@@ -191,8 +194,8 @@ def soak(
     *,
     label: str,
     target: str,
-    details: dict[str, Any] | None = None,
-    meta: dict[str, Any] | None = None,
+    details: Mapping[str, object] | None = None,
+    meta: dict[str, Any] | None = None,  # RunMeta's fields
     progress: Progress | None = None,
 ) -> SoakRun:
     """Ask every question of the server at ``url``; store each answer as it comes."""
@@ -218,7 +221,7 @@ def soak(
     run_id = db.create_run(m, label=label, target=target)
     answers: list[tuple[str | None, bool]] = []
 
-    def on_reply(i: int, text: str, extra: dict[str, Any]) -> None:
+    def on_reply(i: int, text: str, extra: dict[str, object]) -> None:
         q = questions[i]
         a = qa.extract(text, q)
         ok = a == qa.right_letter(q)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import Any
 
 from moetune.bench.analysis.link import link_metric_samples
 from moetune.bench.analysis.objective import serve_bench_metrics
@@ -42,7 +41,7 @@ from moetune.report.quality_beside import QualityBeside, quality_of
 from moetune.store.db import ResultsDB, Run
 from moetune.store.record import LaunchRef
 
-MetricExtractor = Callable[[Iterable[dict[str, Any]]], dict[str, MetricSamples]]  # reads the samples once
+MetricExtractor = Callable[[Iterable[dict[str, object]]], dict[str, MetricSamples]]  # reads the samples once
 METRIC_EXTRACTORS: dict[str, MetricExtractor] = {
     RunKind.BENCH: bench_metrics,
     RunKind.SERVE_BENCH: serve_bench_metrics,
@@ -91,7 +90,7 @@ class CompareRow:
     noisy: bool = False  # "same" only because the interval is wide: the medians differ by more than the threshold
     family: str = ""  # the metric's family (tg, pp, quality…): the views word a verdict by it
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "run": self.run,
             "label": self.label,
@@ -128,7 +127,7 @@ class Comparison:
         (a run that lacks one shows a dash there)."""
         return [n for n in self.baseline.metrics if any(n in o.metrics for o in self.others)]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "schema_version": COMPARE_SCHEMA_VERSION,
             "rule": {
@@ -162,7 +161,7 @@ def load_metric(launch: LaunchRef | None) -> dict[str, MetricSamples]:
     return {LOAD_METRIC: MetricSamples((launch.load_s,), higher_is_better=False, unit="s", family="load")}
 
 
-def extract(run: Run, samples: Iterable[dict[str, Any]]) -> RunMetrics:
+def extract(run: Run, samples: Iterable[dict[str, object]]) -> RunMetrics:
     fn = METRIC_EXTRACTORS.get(run.kind)
     if fn is None:
         raise InputError(
@@ -342,7 +341,7 @@ def require_rows(c: Comparison) -> None:
     raise InputError(f"nothing to compare: {why}", hint=hint)
 
 
-def run_noise(run: Run, samples: Iterable[dict[str, Any]]) -> list[Warning]:
+def run_noise(run: Run, samples: Iterable[dict[str, object]]) -> list[Warning]:
     """The warnings that make a run's verdicts less trustworthy (noise, cache state): a bench
     run's (the samples of another kind are not read)."""
     if run.kind != RunKind.BENCH:

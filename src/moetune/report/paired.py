@@ -51,7 +51,7 @@ class RoundCell:
     def ratio(self) -> float:
         return self.median / self.baseline_median
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "round": self.round,
             "baseline_run": self.baseline_run,
@@ -89,7 +89,7 @@ class PairedRow:
     def unpaired_noisy(self) -> bool:
         return noisy(self.unpaired.verdict, self.unpaired.ratio, self.min_change)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         lo, hi = self.paired.change_ci_pct
         ulo, uhi = self.unpaired.change_ci_pct
         return {
@@ -137,7 +137,7 @@ class PairedComparison:
     def metric_names(self) -> list[str]:
         return [n for n in self.baseline.metrics if any(r.metric == n for r in self.rows)]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         base = self.baseline.label
         return {
             "schema_version": COMPARE_SCHEMA_VERSION,

@@ -41,7 +41,7 @@ import hashlib
 import json
 import re
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -185,7 +185,7 @@ def predicted_rates(e: Entry, k: SpeedConstants, w: Workload) -> tuple[float, fl
 
 
 def _tune_id(req: TuneRequest, plan: Plan, labels: list[str]) -> str:
-    key: dict[str, Any] = {
+    key: dict[str, object] = {
         "model": [str(f) for f in plan.main.spec.model.files],
         "hw": plan.hw.name or plan.hw.source or req.hw,
         "layout": None if req.layout is None else [hashlib.sha256(req.layout.read_bytes()).hexdigest(), req.service],
@@ -441,7 +441,7 @@ def _start(
     feats = np.array([core.features(e.candidate, e.cpu_expert_share, entries[0].plan.hw.local.cores) for e in entries])
     plan_dir = data_dir() / "tune" / tid
     plan_dir.mkdir(parents=True, exist_ok=True)
-    spec: dict[str, Any] = {
+    spec: dict[str, object] = {
         "kind": "tune",
         "objective": req.objective,
         "hw": req.hw,
@@ -456,7 +456,8 @@ def _start(
     if not db.create_sweep(tid, spec):
         spec = db.sweep(tid) or spec
         status(f"resuming tune {tid}")
-    failed: dict[str, str] = dict(spec.get("failed") or {})
+    stored = spec.get("failed")
+    failed = {str(k): str(v) for k, v in stored.items()} if isinstance(stored, Mapping) else {}
     _resume(db, tid, entries, failed)
     return _Search(
         db=db,
@@ -485,7 +486,7 @@ class _Search:
     prior: SpeedConstants  # the constants before this search's measurements
     k: SpeedConstants  # refitted after each measurement
     tid: str
-    spec: dict[str, Any]  # the sweep's record
+    spec: dict[str, object]  # the sweep's record
     failed: dict[str, str]  # the candidates that failed to launch, and why
     feats: np.ndarray
     plan_dir: Path
@@ -793,7 +794,7 @@ def pp_rejections(
     return dflt.pp_rejections(pps, refs, max_pp_loss)
 
 
-def _bench_values(samples: list[dict[str, Any]], req: TuneRequest) -> list[float]:
+def _bench_values(samples: list[dict[str, object]], req: TuneRequest) -> list[float]:
     """A single-stream objective's samples from a benchmark run: one per measured run."""
     ms = bench_metrics(samples)
     tg, pp = ms.get(f"tg:{req.workload.name}"), ms.get(f"pp:{req.workload.name}")

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from moetune.bench.serve.sessions import SessionSpec
 from moetune.errors import InputError
@@ -72,7 +72,7 @@ class ReplayObjective:
 
     name = "replay"
 
-    def key(self) -> dict[str, Any]:
+    def key(self) -> dict[str, object]:
         return {"replay": self.sha256, "speed": self.speed}
 
 
@@ -90,7 +90,7 @@ class TurnObjective:
     def per_slot(self) -> int:
         return self.session.context_need() * 5 // 4 + TEMPLATE_TOKENS
 
-    def key(self) -> dict[str, Any]:
+    def key(self) -> dict[str, object]:
         return {"turn": self.session.to_json()}
 
 
@@ -277,7 +277,7 @@ class Measured:
         return statistics.median(self.seconds) if self.seconds else None
 
 
-def measured(samples: Sequence[dict[str, Any]], w: WorkObjective) -> Measured:
+def measured(samples: Sequence[dict[str, object]], w: WorkObjective) -> Measured:
     from moetune.bench.analysis.objective import Totals, cache_of, replay_totals, turn_times
 
     if isinstance(w, ReplayObjective):
