@@ -41,7 +41,7 @@ import hashlib
 import json
 import re
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,7 @@ from moetune.tune import workload as wl
 from moetune.tune.engine_axes import check_engine_axes, engine_options
 from moetune.tune.history import calibrate_and_save, gather, placements, plan_prior
 from moetune.tune.quiet import QuietGate
+from moetune.tune.record import TuneRecord
 from moetune.tune.transport_axis import check_transport_axis, refuse_unbuilt
 from moetune.tune.verdict import measurements, verdicts
 
@@ -441,23 +442,21 @@ def _start(
     feats = np.array([core.features(e.candidate, e.cpu_expert_share, entries[0].plan.hw.local.cores) for e in entries])
     plan_dir = data_dir() / "tune" / tid
     plan_dir.mkdir(parents=True, exist_ok=True)
-    spec: dict[str, object] = {
-        "kind": "tune",
-        "objective": req.objective,
-        "hw": req.hw,
-        "model": req.model,
-        "workload": req.workload.to_json(),
-        "candidates": [e.candidate.label for e in entries],
-        "failed": {},
-        "serve": req.serve.to_json() if req.serve else None,
-        "work": req.work.key() if req.work else None,
-        "weighted": req.weighted.to_json() if req.weighted else None,
-    }
-    if not db.create_sweep(tid, spec):
-        spec = db.sweep(tid) or spec
+    record = TuneRecord(
+        objective=req.objective,
+        hw=req.hw,
+        model=req.model,
+        workload=req.workload.to_json(),
+        candidates=tuple(e.candidate.label for e in entries),
+        serve=req.serve.to_json() if req.serve else None,
+        work=req.work.key() if req.work else None,
+        weighted=req.weighted.to_json() if req.weighted else None,
+    )
+    if not db.create_sweep(tid, record.to_json()):
+        stored = db.sweep(tid)
+        record = record if stored is None else TuneRecord.from_json(stored)
         status(f"resuming tune {tid}")
-    stored = spec.get("failed")
-    failed = {str(k): str(v) for k, v in stored.items()} if isinstance(stored, Mapping) else {}
+    failed = dict(record.failed)
     _resume(db, tid, entries, failed)
     return _Search(
         db=db,
@@ -466,7 +465,7 @@ def _start(
         prior=prior,
         k=prior,
         tid=tid,
-        spec=spec,
+        record=record,
         failed=failed,
         feats=feats,
         plan_dir=plan_dir,
@@ -486,7 +485,7 @@ class _Search:
     prior: SpeedConstants  # the constants before this search's measurements
     k: SpeedConstants  # refitted after each measurement
     tid: str
-    spec: dict[str, object]  # the sweep's record
+    record: TuneRecord  # the sweep's record, as stored
     failed: dict[str, str]  # the candidates that failed to launch, and why
     feats: np.ndarray
     plan_dir: Path
@@ -597,7 +596,7 @@ class _Search:
         except MoetuneError as err:  # out of memory at launch, say: recorded, skipped, the search goes on
             e.failed = str(err)
             self.failed[e.candidate.label] = e.failed
-            self.db.update_sweep(self.tid, {**self.spec, "failed": self.failed})
+            self.db.update_sweep(self.tid, replace(self.record, failed=dict(self.failed)).to_json())
             self.status(f"{e.candidate.label}: failed: {str(err).splitlines()[0]}")
             return
         if not gate.accept(self.db, e.run):  # contended, and the machine waited for: measure it again
@@ -710,7 +709,7 @@ class _Search:
                 )
         except MoetuneError as err:
             d.failed = self.failed[dflt.LABEL] = str(err)
-            db.update_sweep(self.tid, {**self.spec, "failed": self.failed})
+            db.update_sweep(self.tid, replace(self.record, failed=dict(self.failed)).to_json())
             status(f"{dflt.LABEL}: failed: {str(err).splitlines()[0]}")
 
     def result(self, defaults: dflt.Defaults | None) -> TuneResult:
