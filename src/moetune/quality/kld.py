@@ -281,29 +281,35 @@ class _Runner:
                 self.say(f"{p.label}: RPC workers up: {', '.join(w.name for w in workers.processes)}")
             return _run(argv, {**os.environ, **p.server.env}, self.opt.timeout_s, on_line)
 
+    def _reused(self, p: _Plan, key: str) -> Reference | None:
+        """The reference logits an earlier run saved under ``key``, if their file is still whole."""
+        known = self.db.kld_base(key)
+        if known is None or not known[0].is_file() or known[0].stat().st_size != known[1]:
+            return None
+        path, size, rid = known
+        ppl = None
+        tokens = 0
+        if rid is not None:
+            r = self.db.run(rid)
+            s = r.summary or {}
+            ppl = _interval_of(s.get("ppl"))
+            tokens = int(s.get("tokens") or 0)
+        self.say(f"reference logits reused: {path} ({size / 2**20:.1f} MiB)")
+        return Reference(
+            plan=p.target.name,
+            label=p.label,
+            run_id=rid,
+            ppl=ppl,
+            tokens=tokens,
+            base_path=str(path),
+            base_size_bytes=size,
+            reused=True,
+        )
+
     def reference(self, p: _Plan) -> Reference:
         key = base_key(p.argv, _model_stat(p.server.argv), self.text_sha, p.engine_version)
-        known = self.db.kld_base(key)
-        if known is not None and known[0].is_file() and known[0].stat().st_size == known[1]:
-            path, size, rid = known
-            ppl = None
-            tokens = 0
-            if rid is not None:
-                r = self.db.run(rid)
-                s = r.summary or {}
-                ppl = _interval_of(s.get("ppl"))
-                tokens = int(s.get("tokens") or 0)
-            self.say(f"reference logits reused: {path} ({size / 2**20:.1f} MiB)")
-            return Reference(
-                plan=p.target.name,
-                label=p.label,
-                run_id=rid,
-                ppl=ppl,
-                tokens=tokens,
-                base_path=str(path),
-                base_size_bytes=size,
-                reused=True,
-            )
+        if (reused := self._reused(p, key)) is not None:
+            return reused
         path = self.db.path.parent.resolve() / "quality-logits" / f"{key}.kld"  # beside the history that records it
         path.parent.mkdir(parents=True, exist_ok=True)
         n_vocab = _n_vocab(p.server.argv)
