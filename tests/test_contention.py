@@ -186,7 +186,7 @@ def test_noisy_when_an_interval_is_wider_than_the_limit() -> None:
 def test_the_flags_of_a_stored_run(tmp_path: Any) -> None:
     busy = tally_of((2.0, {("python3", 11): 3.0}, 1.0)).result(0.5)
     with ResultsDB.open(tmp_path / "r.db") as db:
-        rid = db.create_run(RunMeta(RunKind.BENCH), label="x", target="t")
+        rid = db.create_run(RunMeta(kind=RunKind.BENCH), label="x", target="t")
         db.finish_run(rid, summary=summary((100, 99, 101), (500, 499, 501)))
         assert db.run(rid).contention is None and db.run(rid).flags().markers == ()
         db.set_contention(rid, busy)
@@ -270,13 +270,13 @@ def test_compare_marks_a_flagged_run_and_says_why() -> None:
     from moetune.report.compare_view import comparison_markdown
 
     ms = {"tg:d0": MetricSamples((100.0, 101.0, 99.0), True)}
-    base = RunMetrics(1, "quiet", "bench", "done", ms)
+    base = RunMetrics(run=1, label="quiet", kind="bench", status="done", metrics=ms)
     busy = RunMetrics(
-        2,
-        "busy",
-        "bench",
-        "done",
-        {"tg:d0": MetricSamples((50.0, 60.0, 40.0), True)},
+        run=2,
+        label="busy",
+        kind="bench",
+        status="done",
+        metrics={"tg:d0": MetricSamples((50.0, 60.0, 40.0), True)},
         flags=("contended",),
         flag_notes=("run 2 (busy): contended: foreign load 1.80 cores ...",),
     )
@@ -314,8 +314,8 @@ def test_a_contended_measurement_stops_the_search_or_is_measured_again(
     monkeypatch.setenv("MOETUNE_MAX_FOREIGN_CORES", "off")  # the window before the next launch: quiet
     busy = tally_of((2.0, {("cpu-hog", 11): 3.0}, 1.0)).result(0.5)
     with ResultsDB.open(tmp_path / "r.db") as db:
-        rid = db.create_run(RunMeta(RunKind.BENCH), label="x", target="t")
-        quiet = db.create_run(RunMeta(RunKind.BENCH), label="y", target="t")
+        rid = db.create_run(RunMeta(kind=RunKind.BENCH), label="x", target="t")
+        quiet = db.create_run(RunMeta(kind=RunKind.BENCH), label="y", target="t")
         db.set_contention(rid, busy)
         with pytest.raises(MachineBusy, match=rf"run {rid} was contended while it measured: .*cpu-hog \(pid 11\)"):
             QuietGate(print).accept(db, rid)

@@ -26,7 +26,14 @@ def _request(tmp_path: Path, rpc_mem_mib: float, **axes: tuple[object, ...]) -> 
         "cache_types": (("f16", "f16"),),
         "repack": (False,),
     }
-    return TuneRequest(str(hw), str(model), Settings(threads=1), w, BenchOptions(), axes={**small, **axes})
+    return TuneRequest(
+        hw=str(hw),
+        model=str(model),
+        base=Settings(threads=1),
+        workload=w,
+        options=BenchOptions(),
+        axes={**small, **axes},
+    )
 
 
 def test_the_default_families_split_autos_expert_budget_between_head_and_tail(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ def fake_bench(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str]]]:
         tg = 100.0
         for flag, f in SPEED.items():
             tg *= f if flag in argv else 1.0
-        run = db.create_run(RunMeta(RunKind.BENCH), label=label, target=target.name, sweep_id=sweep_id)
+        run = db.create_run(RunMeta(kind=RunKind.BENCH), label=label, target=target.name, sweep_id=sweep_id)
         for s in run_samples([tg, tg * 1.01, tg * 0.99], workload=workloads[0].name):
             db.add_sample(run, s)
         db.finish_run(run, RunStatus.DONE, {})

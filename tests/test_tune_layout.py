@@ -54,11 +54,11 @@ def request(tmp_path: Path, rpc_mem_mib: float, worker_strategy: str = "all-gpu"
     model, hw = make_testbed(tmp_path, rpc_mem_mib=rpc_mem_mib)
     (w,) = expand([], [], depths=[0], pp_tokens=64, tg_tokens=16)
     return TuneRequest(
-        str(hw),
-        "",
-        Settings(threads=1),
-        w,
-        BenchOptions(),
+        hw=str(hw),
+        model="",
+        base=Settings(threads=1),
+        workload=w,
+        options=BenchOptions(),
         axes=SMALL,
         layout=layout(tmp_path, model, worker_strategy),
         service=service,
@@ -84,11 +84,11 @@ def test_no_candidate_takes_the_others_memory(tmp_path: Path) -> None:
     assert by["cpu-moe"].fits and by["auto"].fits
     alone, _ = candidates(
         TuneRequest(
-            request(tmp_path, 110).hw,
-            str(tmp_path / "tune-model.gguf"),
-            Settings(threads=1),
-            request(tmp_path, 110).workload,
-            BenchOptions(),
+            hw=request(tmp_path, 110).hw,
+            model=str(tmp_path / "tune-model.gguf"),
+            base=Settings(threads=1),
+            workload=request(tmp_path, 110).workload,
+            options=BenchOptions(),
             strategy="cpu-moe",
             axes=SMALL,
         ),

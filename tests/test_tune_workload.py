@@ -208,10 +208,10 @@ def test_compare_pairs_the_passes_of_one_file_only() -> None:
     ma, mb = objective_metrics(a), objective_metrics(b)
     assert set(ma) == {f"replay_s:{SHA[:16]}"} and not ma[f"replay_s:{SHA[:16]}"].higher_is_better
     c = compare(
-        RunMetrics(1, "a", "serve-bench", "done", ma),
+        RunMetrics(run=1, label="a", kind="serve-bench", status="done", metrics=ma),
         [
-            RunMetrics(2, "b", "serve-bench", "done", mb),
-            RunMetrics(3, "c", "serve-bench", "done", objective_metrics(other)),
+            RunMetrics(run=2, label="b", kind="serve-bench", status="done", metrics=mb),
+            RunMetrics(run=3, label="c", kind="serve-bench", status="done", metrics=objective_metrics(other)),
         ],
     )
     (row,) = c.rows

@@ -320,8 +320,8 @@ def test_intact_and_stripped_compare_turn_by_turn() -> None:
     intact = [sample(s, t, processed=100, reused=400 * (t - 1)) for s in range(4) for t in (1, 2, 3)]
     stripped = [sample(s, t, processed=160, reused=300 * (t - 1)) for s in range(4) for t in (1, 2, 3)]
     c = compare(
-        RunMetrics(1, "intact", "serve-bench", "done", serve_run_metrics(intact)),
-        [RunMetrics(2, "stripped", "serve-bench", "done", serve_run_metrics(stripped))],
+        RunMetrics(run=1, label="intact", kind="serve-bench", status="done", metrics=serve_run_metrics(intact)),
+        [RunMetrics(run=2, label="stripped", kind="serve-bench", status="done", metrics=serve_run_metrics(stripped))],
     )
     rows = {r.metric: r for r in c.rows}
     assert rows["reused:turn=3"].verdict == "slower" and rows["reused:turn=3"].change_pct == pytest.approx(-25)
@@ -333,8 +333,8 @@ def test_a_baseline_that_reused_nothing_gives_a_note_not_a_ratio() -> None:
     cold = [sample(s, t, processed=100 * t, reused=0) for s in range(4) for t in (1, 2)]
     warm = [sample(s, t, processed=100, reused=100 * (t - 1)) for s in range(4) for t in (1, 2)]
     c = compare(
-        RunMetrics(1, "cold", "serve-bench", "done", serve_run_metrics(cold)),
-        [RunMetrics(2, "warm", "serve-bench", "done", serve_run_metrics(warm))],
+        RunMetrics(run=1, label="cold", kind="serve-bench", status="done", metrics=serve_run_metrics(cold)),
+        [RunMetrics(run=2, label="warm", kind="serve-bench", status="done", metrics=serve_run_metrics(warm))],
     )
     assert "reused:turn=2" not in {r.metric for r in c.rows}
     assert "reused:turn=2: the baseline's median is 0, so no change in % (run 2: 100)" in c.notes

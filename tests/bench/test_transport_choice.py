@@ -90,7 +90,7 @@ def test_launch_ref_in_the_run_record() -> None:
     assert ref.describe() == "TCP (asked tcp; rpc0 TCP), loaded in 3.2 s"
     assert LaunchRef(NO_RPC, {}, 1.0).describe() == "none (no RPC worker), loaded in 1.0 s"
     assert LaunchRef("auto", {"rpc0": "TCP", "rpc1": "RDMA"}).confirmed == "RDMA+TCP"
-    meta = RunMeta(RunKind.BENCH, launch=ref)
+    meta = RunMeta(kind=RunKind.BENCH, launch=ref)
     assert RunMeta.from_json(json.loads(json.dumps(meta.to_json())), "bench").launch == ref
     old = meta.to_json()
     del old["launch"]  # written before runs recorded their launch
@@ -212,7 +212,7 @@ def test_rdma_refused_before_any_launch_on_builds_without_it(tmp_path: Path, bin
 
 
 def _run(db: ResultsDB, label: str, tg: float, launch: LaunchRef | None) -> int:
-    rid = db.create_run(RunMeta(RunKind.BENCH, launch=launch), label=label, target="p.json")
+    rid = db.create_run(RunMeta(kind=RunKind.BENCH, launch=launch), label=label, target="p.json")
     for s in run_samples([tg * f for f in (0.999, 1.0, 1.001)]):
         db.add_sample(rid, s)
     db.finish_run(rid)
@@ -239,7 +239,7 @@ def test_compare_has_load_s_and_the_transport(tmp_path: Path) -> None:
 
 
 def launched_as(r: RunMetrics, transport: str) -> RunMetrics:
-    return RunMetrics(r.run, r.label, r.kind, r.status, r.metrics, transport=transport)
+    return RunMetrics(run=r.run, label=r.label, kind=r.kind, status=r.status, metrics=r.metrics, transport=transport)
 
 
 def test_paired_load_s_over_rounds_gives_a_verdict() -> None:
@@ -247,11 +247,11 @@ def test_paired_load_s_over_rounds_gives_a_verdict() -> None:
 
     def rm(run: int, label: str, load_s: float, transport: str) -> RunMetrics:
         return RunMetrics(
-            run,
-            label,
-            "bench",
-            "done",
-            {
+            run=run,
+            label=label,
+            kind="bench",
+            status="done",
+            metrics={
                 "tg:short-json": MetricSamples((20.0, 20.1, 19.9), True, "tokens/s", "tg"),
                 LOAD_METRIC: MetricSamples((load_s,), False, "s", "load"),
             },

@@ -55,7 +55,7 @@ def test_prometheus_scrapes_the_endpoint_and_answers_queries(tmp_path: Path) -> 
     db_path = tmp_path / "results.sqlite"
     label = 'glm "q4"\nrun'
     with ResultsDB.open(db_path) as db:
-        rid = db.create_run(RunMeta(RunKind.SERVE_BENCH), label=label, target="http://127.0.0.1:1")
+        rid = db.create_run(RunMeta(kind=RunKind.SERVE_BENCH), label=label, target="http://127.0.0.1:1")
         db.add_metrics(
             rid,
             time.time(),

@@ -114,7 +114,7 @@ def test_sources_combine_in_order() -> None:
 
 
 def make_run(db: ResultsDB, label: str, launch: str | None = None) -> int:
-    return db.create_run(RunMeta(RunKind.SERVE_BENCH, launch_run=launch), label=label, target="http://127.0.0.1:1")
+    return db.create_run(RunMeta(kind=RunKind.SERVE_BENCH, launch_run=launch), label=label, target="http://127.0.0.1:1")
 
 
 def test_the_db_source_exports_the_newest_snapshot_of_each_running_run(tmp_path: Path) -> None:

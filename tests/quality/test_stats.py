@@ -54,4 +54,6 @@ def test_interval_bootstrap_or_engine() -> None:
 
 @pytest.mark.parametrize(("high", "verdict"), [(0.0005, "same"), (0.005, "close"), (0.02, "worse")])
 def test_kld_verdict(high: float, verdict: str) -> None:
-    assert stats.kld_verdict(stats.Interval(high / 2, 0.0, high, "bootstrap", 8)) == verdict
+    assert (
+        stats.kld_verdict(stats.Interval(mean=high / 2, ci_low=0.0, ci_high=high, method="bootstrap", n=8)) == verdict
+    )

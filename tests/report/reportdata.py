@@ -147,7 +147,7 @@ def fill_history(path: Path, *, label_a: str = "cpu-moe", label_b: str = "head+t
     with ResultsDB.open(path) as db:
         for label, tg in ((label_a, 18.84), (label_b, 21.75)):
             meta = RunMeta(
-                RunKind.BENCH,
+                kind=RunKind.BENCH,
                 argv=("moetune", "bench", "plan.json"),
                 engine_build="b1",
                 plan=plan_doc(label="the plan"),
@@ -162,7 +162,7 @@ def fill_history(path: Path, *, label_a: str = "cpu-moe", label_b: str = "head+t
         a = ids[label_a]
         for k in range(12):
             db.add_metrics(a, T0 + k, snapshot(T0 + k, "short-json" if k < 6 else "d4096", cpu=20.0 + 5 * k).to_json())
-        meta = RunMeta(RunKind.SERVE_BENCH, argv=("moetune", "serve-bench"), details={"workload": {}})
+        meta = RunMeta(kind=RunKind.SERVE_BENCH, argv=("moetune", "serve-bench"), details={"workload": {}})
         sid = db.create_run(meta, label="serve", target="http://127.0.0.1:8080")
         for c in (1, 2, 4):
             for i in range(6):

@@ -26,7 +26,7 @@ def rm(run: int, label: str, tgs: list[float], pps: list[float] | None = None) -
     ms = {"tg:short-json": MetricSamples(tuple(tgs), True, "tokens/s", "tg")}
     if pps:
         ms["pp:short-json"] = MetricSamples(tuple(pps), True, "tokens/s", "pp")
-    return RunMetrics(run, label, "bench", "done", ms)
+    return RunMetrics(run=run, label=label, kind="bench", status="done", metrics=ms)
 
 
 def test_the_reference_table_with_verdicts() -> None:
@@ -85,7 +85,7 @@ def test_other_kinds_through_the_extractor_registry(tmp_path: Path, latency_kind
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
         ids = []
         for label, ttft in (("p1", 0.50), ("p2", 0.40)):
-            rid = db.create_run(RunMeta(RunKind("link-test")), label=label, target="t")
+            rid = db.create_run(RunMeta(kind=RunKind("link-test")), label=label, target="t")
             for d in (-0.002, 0.0, 0.001, 0.002, -0.001):
                 db.add_sample(rid, {"ttft_s": ttft + d})
             db.finish_run(rid)
@@ -99,13 +99,13 @@ def test_other_kinds_through_the_extractor_registry(tmp_path: Path, latency_kind
 def test_unknown_kinds_and_empty_runs_are_input_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(METRIC_EXTRACTORS, RunKind.LINK_TEST)
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
-        rid = db.create_run(RunMeta(RunKind("link-test")), label="l", target="t")  # no extractor registered
+        rid = db.create_run(RunMeta(kind=RunKind("link-test")), label="l", target="t")  # no extractor registered
         with pytest.raises(InputError, match="link-test"):
             extract(db.run(rid), [])
-        empty = db.create_run(RunMeta(RunKind("bench")), label="e", target="t")
+        empty = db.create_run(RunMeta(kind=RunKind("bench")), label="e", target="t")
         with pytest.raises(InputError, match="no measured samples"):
             load(db, [db.run(empty)])
-        full = db.create_run(RunMeta(RunKind("bench")), label="f", target="t")
+        full = db.create_run(RunMeta(kind=RunKind("bench")), label="f", target="t")
         for s in run_samples([20.0, 20.1, 19.9]):
             db.add_sample(full, s)
         (got,) = cmp.load(db, [db.run(full)])
@@ -127,11 +127,11 @@ def test_every_kind_of_run_is_registered() -> None:
 
 def serve_rm(run: int, label: str, ttft_by_c: dict[int, list[float]]) -> RunMetrics:
     return RunMetrics(
-        run,
-        label,
-        "serve-bench",
-        "done",
-        {
+        run=run,
+        label=label,
+        kind="serve-bench",
+        status="done",
+        metrics={
             f"ttft:c={c}": MetricSamples(tuple(v), False, "ms", "ttft", float(c), "concurrency")
             for c, v in ttft_by_c.items()
         },
@@ -140,11 +140,11 @@ def serve_rm(run: int, label: str, ttft_by_c: dict[int, list[float]]) -> RunMetr
 
 def test_a_run_sharing_nothing_is_named_and_the_rest_compared() -> None:
     other = RunMetrics(
-        4,
-        "other workload",
-        "bench",
-        "done",
-        {"tg:long-openapi": MetricSamples((10.0, 10.1, 10.2), True, "tokens/s", "tg")},
+        run=4,
+        label="other workload",
+        kind="bench",
+        status="done",
+        metrics={"tg:long-openapi": MetricSamples((10.0, 10.1, 10.2), True, "tokens/s", "tg")},
     )
     c = compare(rm(1, "a", BASE), [rm(2, "b", [18.81, 18.86, 18.84, 18.82, 18.85]), other])
     assert [o.run for o in c.others] == [2] and [o.run for o in c.not_compared] == [4]
@@ -175,8 +175,12 @@ def test_a_column_two_runs_share_stays_when_a_third_lacks_it() -> None:
         ),
         (
             [
-                RunMetrics(2, "x", "bench", "done", {"tg:other": MetricSamples((1.0,), True)}),
-                RunMetrics(3, "y", "bench", "done", {"tg:else": MetricSamples((1.0,), True)}),
+                RunMetrics(
+                    run=2, label="x", kind="bench", status="done", metrics={"tg:other": MetricSamples((1.0,), True)}
+                ),
+                RunMetrics(
+                    run=3, label="y", kind="bench", status="done", metrics={"tg:else": MetricSamples((1.0,), True)}
+                ),
             ],
             "nothing to compare: runs 2, 3 share no metric with the baseline run 1 (a)",
         ),
@@ -207,11 +211,11 @@ def test_plot_panels_are_titled_by_their_axis_with_a_tick_at_each_level() -> Non
     (wide,) = panels([serve_rm(1, "a", {c: [1.0] for c in (1, 2, 4, 8, 16)})])
     assert wide.log_x and wide.xticklabels == ("1", "2", "4", "8", "16")
     depth = RunMetrics(
-        1,
-        "d",
-        "bench",
-        "done",
-        {f"tg:d{d}": MetricSamples((20.0,), True, "tokens/s", "tg", float(d), DEPTH_AXIS) for d in (0, 4096)},
+        run=1,
+        label="d",
+        kind="bench",
+        status="done",
+        metrics={f"tg:d{d}": MetricSamples((20.0,), True, "tokens/s", "tg", float(d), DEPTH_AXIS) for d in (0, 4096)},
     )
     (dp,) = panels([depth])
     assert dp.title == "TG vs context depth" and dp.xticks == (0.0, 4096.0) and not dp.log_x
@@ -225,7 +229,9 @@ def test_quality_rows_are_worded_better_or_worse_not_faster() -> None:
     from moetune.quality.metrics import quality_metrics
 
     def q(run: int, label: str, klds: list[float]) -> RunMetrics:
-        return RunMetrics(run, label, RunKind.QUALITY, "done", quality_metrics({"kld": k} for k in klds))
+        return RunMetrics(
+            run=run, label=label, kind=RunKind.QUALITY, status="done", metrics=quality_metrics({"kld": k} for k in klds)
+        )
 
     c = compare(
         q(1, "f16", [0.010, 0.011, 0.012, 0.011, 0.010]),

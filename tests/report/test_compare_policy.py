@@ -27,7 +27,7 @@ def _history(path: Path, *, empty_b: bool) -> list[int]:
     ids = []
     with ResultsDB.open(path) as db:
         for label, tg in (("a", 10.0), ("b", 12.0), ("c", 11.5)):
-            rid = db.create_run(RunMeta(RunKind.BENCH), label=label, target="u")
+            rid = db.create_run(RunMeta(kind=RunKind.BENCH), label=label, target="u")
             if not (label == "b" and empty_b):
                 for s in run_samples([tg, tg * 1.01, tg * 0.99]):
                     db.add_sample(rid, s)

@@ -93,7 +93,7 @@ def test_stacked_bar_widths_are_proportional_to_the_bytes() -> None:
 
 def test_line_chart_draws_bands_breaks_and_escapes() -> None:
     chart = line_chart(
-        [Series("a<b>", ((0, 1.0), (1, 2.0), (2, None), (3, 4.0)), "#000", unit="%")],
+        [Series(name="a<b>", points=((0, 1.0), (1, 2.0), (2, None), (3, 4.0)), color="#000", unit="%")],
         x_label="time (s)",
         y_label="CPU (%)",
         bands=[Band(0, 1.5, "pp512"), Band(1.5, 3, "tg<128>")],
@@ -157,7 +157,7 @@ def test_phases_from_snapshots_last_until_the_next_snapshot() -> None:
 
 def test_phases_from_samples_when_no_snapshot_names_one() -> None:
     def row(i: int, data: dict[str, object], at: str) -> SampleRow:
-        return SampleRow(i, 1, "measure", i, at, dict(data))
+        return SampleRow(id=i, run_id=1, phase="measure", seq=i, created_at=at, data=dict(data))
 
     rows = [
         row(0, {"workload": "short", "t_unix_s": 100.0, "end_s": 2.0}, ""),
@@ -264,11 +264,11 @@ def test_plan_args_and_run_refs() -> None:
 def test_a_run_without_samples_is_shown_and_left_out_of_the_comparison(tmp_path: Path) -> None:
     path = tmp_path / "r.sqlite"
     with ResultsDB.open(path) as db:
-        a = db.create_run(RunMeta(RunKind.BENCH), label="a", target="u")
+        a = db.create_run(RunMeta(kind=RunKind.BENCH), label="a", target="u")
         for s in run_samples([10.0, 10.1, 9.9]):
             db.add_sample(a, {**s, "t_unix_s": T0})
         db.finish_run(a)
-        b = db.create_run(RunMeta(RunKind.BENCH), label="b", target="u")  # interrupted before its first sample
+        b = db.create_run(RunMeta(kind=RunKind.BENCH), label="b", target="u")  # interrupted before its first sample
         db.add_metrics(a, T0, {"t": T0, "schema": 99, "host": {"cpu_pct": [10.0]}, "novel": {"x": 1}})
         db.add_metrics(a, T0 + 1, {"no": "t"})  # a row this moetune cannot read: left out
         db.add_metrics(a, T0 + 2, snapshot(T0 + 2, None, gpu=False).to_json())

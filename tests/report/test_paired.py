@@ -31,7 +31,7 @@ def rm(run: int, label: str, tgs: list[float], pps: list[float] | None = None) -
     ms = {"tg:short-json": MetricSamples(tuple(tgs), True, "tokens/s", "tg")}
     if pps is not None:
         ms["pp:short-json"] = MetricSamples(tuple(pps), True, "tokens/s", "pp")
-    return RunMetrics(run, label, "bench", "done", ms)
+    return RunMetrics(run=run, label=label, kind="bench", status="done", metrics=ms)
 
 
 def drifting() -> tuple[dict[int, dict[str, int]], dict[int, RunMetrics]]:
@@ -119,7 +119,7 @@ def fill(db: ResultsDB, sid: str | None, rounds: list[tuple[float, float]], *, i
     for k, (a, b) in enumerate(rounds, 1):
         for pos, (lab, tg) in enumerate((("A", a), ("B", b))):
             details = {"sweep": RoundTag(sid, k, f"t{k}", "launches", pos).to_json()} if sid else {}
-            rid = db.create_run(RunMeta(RunKind.BENCH, details=details), label=lab, target="t", sweep_id=sid)
+            rid = db.create_run(RunMeta(kind=RunKind.BENCH, details=details), label=lab, target="t", sweep_id=sid)
             for s in run_samples([tg * 0.998, tg, tg * 1.002]):
                 db.add_sample(rid, s)
             db.finish_run(rid, RunStatus.INTERRUPTED if interrupt == k and lab == "B" else RunStatus.DONE)

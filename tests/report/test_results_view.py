@@ -22,7 +22,7 @@ def db_path(tmp_path: Path) -> Path:
     with ResultsDB.open(path) as db:
         for label, tg in (("cpu-moe", 18.84), ("head+tail", 21.75)):
             meta = RunMeta(
-                RunKind.BENCH, argv=("moetune", "bench"), engine_build="b1", model=ModelRef("/m.gguf", "abc")
+                kind=RunKind.BENCH, argv=("moetune", "bench"), engine_build="b1", model=ModelRef("/m.gguf", "abc")
             )
             rid = db.create_run(meta, label=label, target="http://127.0.0.1:8080")
             db.add_sample(rid, sample(tg=tg * 0.5), phase="warmup")
@@ -108,7 +108,7 @@ def test_show_prints_a_command_that_pastes_back(tmp_path: Path) -> None:
     path = tmp_path / "q.sqlite"
     with ResultsDB.open(path) as db:
         db.create_run(
-            RunMeta(RunKind.BENCH, argv=argv, launch_run="20260101-100000-aaaa"),
+            RunMeta(kind=RunKind.BENCH, argv=argv, launch_run="20260101-100000-aaaa"),
             label="1 thread",
             target="http://127.0.0.1:8080",
         )
@@ -153,7 +153,7 @@ def test_bad_input_exits_2(db_path: Path, args: tuple[str, ...], code: int, msg:
 
 def test_runs_without_a_common_metric(db_path: Path) -> None:
     with ResultsDB.open(db_path) as db:
-        rid = db.create_run(RunMeta(RunKind("bench")), label="other", target="t")
+        rid = db.create_run(RunMeta(kind=RunKind("bench")), label="other", target="t")
         for s in run_samples([20.0, 20.1, 19.9], workload="my-prompt"):
             db.add_sample(rid, s)
     r = run_cli("compare", "1", str(rid), "--db", str(db_path))
@@ -226,17 +226,17 @@ def test_the_list_line_comes_from_what_a_run_stored_when_it_ended(tmp_path: Path
         raise AssertionError(f"run {run_id}'s samples were read")
 
     with ResultsDB.open(tmp_path / "h.sqlite") as db:
-        done = db.create_run(RunMeta(RunKind.BENCH), label="b", target="t")
+        done = db.create_run(RunMeta(kind=RunKind.BENCH), label="b", target="t")
         for s in run_samples([20.0, 22.0, 21.0]):
             db.add_sample(done, s)
         db.finish_run(done, RunStatus.DONE, run_summary(db.samples(done)))
-        serve = db.create_run(RunMeta(RunKind.SERVE_BENCH), label="s", target="t")
+        serve = db.create_run(RunMeta(kind=RunKind.SERVE_BENCH), label="s", target="t")
         db.finish_run(
             serve,
             RunStatus.DONE,
             {"levels": [{"concurrency": 4, "rate": None, "ttft_ms": {"p50": 123.4}, "tpot_ms": {"p50": 45.6}}]},
         )
-        running = db.create_run(RunMeta(RunKind.BENCH), label="r", target="t")
+        running = db.create_run(RunMeta(kind=RunKind.BENCH), label="r", target="t")
         for s in run_samples([10.0, 12.0]):
             db.add_sample(running, s)
         assert headline(db.run(done), unread) == "tg:short-json 21.00, pp:short-json 25.00"

@@ -205,8 +205,8 @@ def test_doctor_takes_run_references_as_compare_does(tmp_path: Path) -> None:
     newer = launched("20260102-100000-bbbb", 1_767_348_000.0, "real_think_mismatch.mainline.log")
     db = tmp_path / "r.sqlite"
     with ResultsDB.open(db) as h:
-        h.create_run(RunMeta(RunKind.BENCH, launch_run=older), label="parallel-1", target="http://127.0.0.1:8080")
-        h.create_run(RunMeta(RunKind.BENCH), label="by-hand", target="http://10.0.0.2:8080")
+        h.create_run(RunMeta(kind=RunKind.BENCH, launch_run=older), label="parallel-1", target="http://127.0.0.1:8080")
+        h.create_run(RunMeta(kind=RunKind.BENCH), label="by-hand", target="http://10.0.0.2:8080")
 
     latest = run_cli("doctor", "latest", "--json", "--db", str(db))
     assert latest.exit_code == 0, latest.stderr
@@ -223,5 +223,5 @@ def test_doctor_takes_run_references_as_compare_does(tmp_path: Path) -> None:
         unknown = run_cli("doctor", ref, "--db", str(db))
         assert unknown.exit_code == 2 and f"'{ref}': no such file, launch or benchmark run" in unknown.stderr
     with ResultsDB.open(db) as h:
-        h.create_run(RunMeta(RunKind.BENCH, launch_run=older), label="q4.k", target="http://127.0.0.1:8080")
+        h.create_run(RunMeta(kind=RunKind.BENCH, launch_run=older), label="q4.k", target="http://127.0.0.1:8080")
     assert run_cli("doctor", "q4.k", "--db", str(db)).exit_code == 0

@@ -123,7 +123,7 @@ def test_a_label(tmp_path: Path, label: str) -> None:
     assert path.parent == plan_dir and path.resolve().parent == plan_dir and "\0" not in str(path)
     path.write_text("{}")
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
-        run = db.run(db.create_run(RunMeta(RunKind.BENCH), label=label, target="t"))
+        run = db.run(db.create_run(RunMeta(kind=RunKind.BENCH), label=label, target="t"))
         assert run.label == label
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "plans",

@@ -28,9 +28,9 @@ def test_creates_missing_directories(tmp_path: Path) -> None:
 def test_run_life_cycle(tmp_path: Path) -> None:
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
         meta = RunMeta(
-            RunKind.BENCH,
+            kind=RunKind.BENCH,
             argv=("moetune", "bench"),
-            server=ServerInfo("http://x:1", slots=2),
+            server=ServerInfo(url="http://x:1", slots=2),
             details={"workloads": []},
         )
         rid = db.create_run(meta, label="cpu-moe", target="http://x:1")
@@ -59,7 +59,7 @@ def test_samples_are_committed_as_they_arrive(tmp_path: Path) -> None:
     """Another connection sees each sample at once: a killed writer loses nothing it added."""
     path = tmp_path / "r.sqlite"
     db = ResultsDB.open(path)
-    rid = db.create_run(RunMeta(RunKind("bench")), label="x", target="u")
+    rid = db.create_run(RunMeta(kind=RunKind("bench")), label="x", target="u")
     db.add_sample(rid, {"n": 1})
     reader = sqlite3.connect(path)
     assert reader.execute("SELECT COUNT(*) FROM samples WHERE run_id = ?", (rid,)).fetchone()[0] == 1
@@ -75,10 +75,10 @@ def test_samples_are_committed_as_they_arrive(tmp_path: Path) -> None:
 
 def test_runs_newest_first_filtered_and_limited(tmp_path: Path) -> None:
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
-        a = db.create_run(RunMeta(RunKind("bench")), label="a", target="t")
-        b = db.create_run(RunMeta(RunKind("serve-bench")), label="b", target="t")
+        a = db.create_run(RunMeta(kind=RunKind("bench")), label="a", target="t")
+        b = db.create_run(RunMeta(kind=RunKind("serve-bench")), label="b", target="t")
         db.create_sweep("sw-1", {"plans": []})
-        c = db.create_run(RunMeta(RunKind("bench")), label="c", target="t", sweep_id="sw-1")
+        c = db.create_run(RunMeta(kind=RunKind("bench")), label="c", target="t", sweep_id="sw-1")
         assert [r.id for r in db.runs()] == [c, b, a]
         assert [r.id for r in db.runs(kind="bench")] == [c, a]
         assert [r.id for r in db.runs(limit=1)] == [c]
@@ -91,7 +91,7 @@ def test_runs_newest_first_filtered_and_limited(tmp_path: Path) -> None:
 def test_resolve_by_id_label_or_latest(tmp_path: Path, ref: str, label: str) -> None:
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
         for lab in ("a", "b", "b2"):
-            db.create_run(RunMeta(RunKind("bench")), label=lab, target="t")
+            db.create_run(RunMeta(kind=RunKind("bench")), label=lab, target="t")
         assert db.resolve(ref).label == label
 
 
@@ -109,7 +109,7 @@ def test_bad_kind_status_and_values_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="nonsense"):
         RunKind("nonsense")
     with ResultsDB.open(tmp_path / "r.sqlite") as db:
-        rid = db.create_run(RunMeta(RunKind("link-test")), label="x", target="t")
+        rid = db.create_run(RunMeta(kind=RunKind("link-test")), label="x", target="t")
         with pytest.raises(ValueError, match="great"):
             db.finish_run(rid, "great")  # type: ignore[arg-type]
         with pytest.raises(ValueError):
@@ -119,8 +119,8 @@ def test_bad_kind_status_and_values_are_refused(tmp_path: Path) -> None:
 
 def test_samples_stream_a_batch_at_a_time_as_they_were_stored(tmp_path: Path) -> None:
     with ResultsDB.open(tmp_path / "h.sqlite") as db:
-        rid = db.create_run(RunMeta(RunKind.SERVE_BENCH), label="x", target="t")
-        other = db.create_run(RunMeta(RunKind.SERVE_BENCH), label="y", target="t")
+        rid = db.create_run(RunMeta(kind=RunKind.SERVE_BENCH), label="x", target="t")
+        other = db.create_run(RunMeta(kind=RunKind.SERVE_BENCH), label="y", target="t")
         for i in range(7):
             db.add_sample(rid, {"i": i}, phase="warmup" if i == 2 else "measure")
             db.add_sample(other, {"i": -i})

@@ -51,7 +51,7 @@ def test_upgrades_the_first_releases_database(tmp_path: Path) -> None:
         assert r.meta.details["workloads"] == [{"name": "short-json", "kind": "chat"}]
         samples = db.samples(1)
         assert [s["timings"]["predicted_n"] for s in samples] == [61, 61, 61]
-        rid = db.create_run(RunMeta(RunKind("bench")), label="new", target="t", sweep_id=None)
+        rid = db.create_run(RunMeta(kind=RunKind("bench")), label="new", target="t", sweep_id=None)
         assert rid == 2
 
 

@@ -60,7 +60,7 @@ def eval_text() -> Path:
     return Path(str(resources.files("moetune.quality") / "data" / "eval.txt"))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EvalOptions:
     text: Path
     ctx: int = DEFAULT_CTX  # tokens per chunk (llama-perplexity -c); the second half of each is scored
@@ -102,7 +102,7 @@ def base_key(argv: Sequence[str], model_stat: tuple[int, int] | None, text_sha: 
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Candidate:
     plan: str
     label: str
@@ -115,7 +115,7 @@ class Candidate:
     verdict: str
     complete: bool  # the engine's summary came (else the figures are its last chunk's running values)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "plan": self.plan,
             "label": self.label,
@@ -129,7 +129,7 @@ class Candidate:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Reference:
     plan: str
     label: str
@@ -140,7 +140,7 @@ class Reference:
     base_size_bytes: int
     reused: bool  # the logits were saved by an earlier run
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "plan": self.plan,
             "label": self.label,
@@ -151,7 +151,7 @@ class Reference:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Plan:
     """A plan's server as llama-perplexity runs it."""
 
@@ -187,7 +187,12 @@ def _prepare(t: Target, opt: EvalOptions) -> _Plan:
             hint="rebuild it (`moetune engine install`), or register a build that has it",
         ) from None
     return _Plan(
-        t, chosen, binary, perplexity_argv(chosen.argv, opt.ctx, opt.chunks), engine.version(), str(t.label or t.name)
+        target=t,
+        server=chosen,
+        binary=binary,
+        argv=perplexity_argv(chosen.argv, opt.ctx, opt.chunks),
+        engine_version=engine.version(),
+        label=str(t.label or t.name),
     )
 
 
@@ -238,7 +243,7 @@ class _Runner:
         if self.status:
             self.status(s)
 
-    def meta(self, p: _Plan, argv: list[str], details: dict[str, Any]) -> RunMeta:
+    def meta(self, p: _Plan, argv: list[str], details: dict[str, object]) -> RunMeta:
         return RunMeta(
             kind=RunKind.QUALITY,
             moetune_version=__version__,
@@ -276,20 +281,35 @@ class _Runner:
                 self.say(f"{p.label}: RPC workers up: {', '.join(w.name for w in workers.processes)}")
             return _run(argv, {**os.environ, **p.server.env}, self.opt.timeout_s, on_line)
 
+    def _reused(self, p: _Plan, key: str) -> Reference | None:
+        """The reference logits an earlier run saved under ``key``, if their file is still whole."""
+        known = self.db.kld_base(key)
+        if known is None or not known[0].is_file() or known[0].stat().st_size != known[1]:
+            return None
+        path, size, rid = known
+        ppl = None
+        tokens = 0
+        if rid is not None:
+            r = self.db.run(rid)
+            s = r.summary or {}
+            ppl = _interval_of(s.get("ppl"))
+            tokens = int(s.get("tokens") or 0)
+        self.say(f"reference logits reused: {path} ({size / 2**20:.1f} MiB)")
+        return Reference(
+            plan=p.target.name,
+            label=p.label,
+            run_id=rid,
+            ppl=ppl,
+            tokens=tokens,
+            base_path=str(path),
+            base_size_bytes=size,
+            reused=True,
+        )
+
     def reference(self, p: _Plan) -> Reference:
         key = base_key(p.argv, _model_stat(p.server.argv), self.text_sha, p.engine_version)
-        known = self.db.kld_base(key)
-        if known is not None and known[0].is_file() and known[0].stat().st_size == known[1]:
-            path, size, rid = known
-            ppl = None
-            tokens = 0
-            if rid is not None:
-                r = self.db.run(rid)
-                s = r.summary or {}
-                ppl = _interval_of(s.get("ppl"))
-                tokens = int(s.get("tokens") or 0)
-            self.say(f"reference logits reused: {path} ({size / 2**20:.1f} MiB)")
-            return Reference(p.target.name, p.label, rid, ppl, tokens, str(path), size, True)
+        if (reused := self._reused(p, key)) is not None:
+            return reused
         path = self.db.path.parent.resolve() / "quality-logits" / f"{key}.kld"  # beside the history that records it
         path.parent.mkdir(parents=True, exist_ok=True)
         n_vocab = _n_vocab(p.server.argv)
@@ -357,7 +377,16 @@ class _Runner:
             )
             raise
         self.say(f"reference logits saved: {path} ({size / 2**20:.1f} MiB)")
-        return Reference(p.target.name, p.label, run_id, ppl, tokens, str(path), size, False)
+        return Reference(
+            plan=p.target.name,
+            label=p.label,
+            run_id=run_id,
+            ppl=ppl,
+            tokens=tokens,
+            base_path=str(path),
+            base_size_bytes=size,
+            reused=False,
+        )
 
     def candidate(self, p: _Plan, ref: Reference) -> Candidate:
         extra = ["--kl-divergence-base", ref.base_path, "--kl-divergence"]
@@ -423,7 +452,11 @@ def _interval_of(d: Any) -> stats.Interval | None:
     if not isinstance(d, dict):
         return None
     return stats.Interval(
-        float(d["mean"]), float(d["ci_low"]), float(d["ci_high"]), str(d["method"]), int(d.get("n_chunks") or 0)
+        mean=float(d["mean"]),
+        ci_low=float(d["ci_low"]),
+        ci_high=float(d["ci_high"]),
+        method=str(d["method"]),
+        n=int(d.get("n_chunks") or 0),
     )
 
 
@@ -437,7 +470,9 @@ def _candidate(p: _Plan, out: po.KldOutput, run_id: int, opt: EvalOptions) -> Ca
         s.kld if s else last.kld, s.kld_unc if s else last.kld_unc, kld_chunks, conf=opt.conf, seed=opt.seed
     )
     # a divergence is never negative: below zero is the rounding of the printed running means
-    kld = stats.Interval(kld.mean, max(kld.ci_low, min(kld.mean, 0.0)), kld.ci_high, kld.method, kld.n)
+    kld = stats.Interval(
+        mean=kld.mean, ci_low=max(kld.ci_low, min(kld.mean, 0.0)), ci_high=kld.ci_high, method=kld.method, n=kld.n
+    )
     top = stats.interval(
         s.same_top if s else last.same_top,
         s.same_top_unc if s else last.same_top_unc,
@@ -445,7 +480,9 @@ def _candidate(p: _Plan, out: po.KldOutput, run_id: int, opt: EvalOptions) -> Ca
         conf=opt.conf,
         seed=opt.seed,
     )
-    top = stats.Interval(top.mean, max(0.0, top.ci_low), min(1.0, top.ci_high), top.method, top.n)
+    top = stats.Interval(
+        mean=top.mean, ci_low=max(0.0, top.ci_low), ci_high=min(1.0, top.ci_high), method=top.method, n=top.n
+    )
     ppl = stats.ppl_interval(
         s.ppl_q if s else last.ppl,
         s.ppl_q_unc if s else last.ppl_unc,

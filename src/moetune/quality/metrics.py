@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from moetune.bench.analysis.stats import MetricSamples
 
 _METRICS = (("kld", False, "nats"), ("top1_agree", True, "fraction"), ("ppl", False, "ppl"))
 
 
-def quality_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:
+def quality_metrics(samples: Iterable[dict[str, object]]) -> dict[str, MetricSamples]:
     values: dict[str, list[float]] = {name: [] for name, _, _ in _METRICS}
     for s in samples:
         for name, _, _ in _METRICS:
@@ -25,8 +24,8 @@ def quality_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSample
     }
 
 
-def qa_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:
+def qa_metrics(samples: Iterable[dict[str, object]]) -> dict[str, MetricSamples]:
     """A soak's per-question latency (seconds). Its accuracy is not a median's business: two soaks
     are judged question by question, paired (`moetune quality --qa`, McNemar's exact test)."""
-    lat = [float(s["latency_s"]) for s in samples if isinstance(s.get("latency_s"), int | float)]
+    lat = [float(v) for s in samples if isinstance(v := s.get("latency_s"), int | float)]
     return {"qa_latency": MetricSamples(tuple(lat), False, "s", family="qa")} if lat else {}

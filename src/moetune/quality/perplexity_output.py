@@ -50,7 +50,7 @@ def _f(s: str) -> float:
     return float(s)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KldRow:
     """One chunk's row: each value the mean over chunks 1..``chunk`` (fractions, not percent)."""
 
@@ -64,7 +64,7 @@ class KldRow:
     same_top_unc: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KldSummary:
     """The summary after the last chunk (fractions, not percent)."""
 
@@ -79,7 +79,7 @@ class KldSummary:
     same_top_unc: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KldOutput:
     era: LogEra
     n_ctx: int | None
@@ -92,7 +92,7 @@ class KldOutput:
         return self.summary is not None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PplOutput:
     era: LogEra
     n_ctx: int | None
@@ -166,7 +166,7 @@ def parse_ppl(text: str) -> PplOutput:
         if k not in running:
             break
         ordered.append(running[k])
-    return PplOutput(era, n_ctx, n_chunk, tuple(ordered), final)
+    return PplOutput(era=era, n_ctx=n_ctx, n_chunk=n_chunk, running=tuple(ordered), final=final)
 
 
 def parse_row(line: str) -> KldRow | None:
@@ -221,4 +221,4 @@ def parse_kld(text: str) -> KldOutput:
             same_top=found["same_top"][0] / 100.0,
             same_top_unc=found["same_top"][1] / 100.0,
         )
-    return KldOutput(era, n_ctx, n_chunk, tuple(rows), summary)
+    return KldOutput(era=era, n_ctx=n_ctx, n_chunk=n_chunk, rows=tuple(rows), summary=summary)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ Progress = Callable[[int, int], None]
 REPLY_KEPT_CHARS = 400
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SoakOptions:
     thinking: str = "off"  # off | on | template (send none)
     max_tokens: int = 16
@@ -64,7 +64,7 @@ class SoakRun:
         return stats.wilson(self.right, self.n, conf=conf)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunFigures:
     label: str
     run_id: int
@@ -76,7 +76,7 @@ class RunFigures:
     ci_low: float
     ci_high: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "label": self.label,
             "run": self.run_id,
@@ -95,7 +95,7 @@ class SoakReport:
     runs: list[RunFigures]
     paired: list[stats.Paired]  # each run after the first against the first
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "questions": self.n_questions,
             "confidence": self.conf,
@@ -114,15 +114,27 @@ class SoakReport:
 
 def report(runs: Sequence[SoakRun], conf: float = stats.DEFAULT_CONF, alpha: float = 0.05) -> SoakReport:
     figs = [
-        RunFigures(r.label, r.run_id, r.target, r.n, r.right, r.unparsable, r.accuracy, *r.interval(conf)) for r in runs
+        RunFigures(
+            label=r.label,
+            run_id=r.run_id,
+            target=r.target,
+            n=r.n,
+            right=r.right,
+            unparsable=r.unparsable,
+            accuracy=r.accuracy,
+            ci_low=lo,
+            ci_high=hi,
+        )
+        for r in runs
+        for lo, hi in (r.interval(conf),)
     ]
     return SoakReport(
         runs[0].n if runs else 0, conf, figs, [stats.paired(runs[0].answers, r.answers, alpha=alpha) for r in runs[1:]]
     )
 
 
-def request_body(q: qa.Question, opt: SoakOptions) -> dict[str, Any]:
-    body: dict[str, Any] = {
+def request_body(q: qa.Question, opt: SoakOptions) -> dict[str, object]:
+    body: dict[str, object] = {
         "messages": [{"role": "user", "content": qa.prompt(q)}],
         "temperature": 0.0,
         "seed": 0,
@@ -145,7 +157,10 @@ def reply_text(doc: Any) -> str:
 
 
 async def _ask_all(
-    url: str, questions: Sequence[qa.Question], opt: SoakOptions, on_reply: Callable[[int, str, dict[str, Any]], None]
+    url: str,
+    questions: Sequence[qa.Question],
+    opt: SoakOptions,
+    on_reply: Callable[[int, str, dict[str, object]], None],
 ) -> None:
     from moetune.bench.http.client import connect
 
@@ -179,8 +194,8 @@ def soak(
     *,
     label: str,
     target: str,
-    details: dict[str, Any] | None = None,
-    meta: dict[str, Any] | None = None,
+    details: Mapping[str, object] | None = None,
+    meta: dict[str, Any] | None = None,  # RunMeta's fields
     progress: Progress | None = None,
 ) -> SoakRun:
     """Ask every question of the server at ``url``; store each answer as it comes."""
@@ -206,7 +221,7 @@ def soak(
     run_id = db.create_run(m, label=label, target=target)
     answers: list[tuple[str | None, bool]] = []
 
-    def on_reply(i: int, text: str, extra: dict[str, Any]) -> None:
+    def on_reply(i: int, text: str, extra: dict[str, object]) -> None:
         q = questions[i]
         a = qa.extract(text, q)
         ok = a == qa.right_letter(q)

@@ -40,7 +40,7 @@ CLOSE_KLD = 0.01  # below this: a small loss (about q6_K); above: worse
 SAME, CLOSE, WORSE, BETTER = "same", "close", "worse", "better"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Interval:
     mean: float
     ci_low: float
@@ -104,10 +104,16 @@ def interval(
     enough of them, else ``mean ± z·engine_unc``."""
     if chunks is not None and len(chunks) >= MIN_BOOTSTRAP_CHUNKS:
         lo, hi = bootstrap_mean(chunks, conf=conf, seed=seed)
-        return Interval(mean, min(lo, mean), max(hi, mean), BOOTSTRAP, len(chunks))
+        return Interval(mean=mean, ci_low=min(lo, mean), ci_high=max(hi, mean), method=BOOTSTRAP, n=len(chunks))
     unc = engine_unc if math.isfinite(engine_unc) else 0.0
     z = z_of(conf)
-    return Interval(mean, mean - z * unc, mean + z * unc, ENGINE, n_seen or (len(chunks) if chunks else 0))
+    return Interval(
+        mean=mean,
+        ci_low=mean - z * unc,
+        ci_high=mean + z * unc,
+        method=ENGINE,
+        n=n_seen or (len(chunks) if chunks else 0),
+    )
 
 
 def ppl_interval(
@@ -116,7 +122,13 @@ def ppl_interval(
     """Perplexity with its interval: the bootstrap of the mean NLL over chunks, exponentiated."""
     if len(running_ppl) >= MIN_BOOTSTRAP_CHUNKS:
         lo, hi = bootstrap_mean(per_chunk_ppl(running_ppl), conf=conf, seed=seed)
-        return Interval(ppl, min(math.exp(lo), ppl), max(math.exp(hi), ppl), BOOTSTRAP, len(running_ppl))
+        return Interval(
+            mean=ppl,
+            ci_low=min(math.exp(lo), ppl),
+            ci_high=max(math.exp(hi), ppl),
+            method=BOOTSTRAP,
+            n=len(running_ppl),
+        )
     return interval(ppl, ppl_unc, None, conf=conf, n_seen=len(running_ppl))
 
 
@@ -151,7 +163,7 @@ def mcnemar_exact(b: int, c: int) -> float:
     return min(1.0, 2.0 * tail)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Paired:
     """Two configurations' answers to the same questions."""
 
@@ -199,4 +211,13 @@ def paired(
     c = sum(1 for x, y in zip(baseline, candidate, strict=True) if not x[1] and y[1])
     same = sum(1 for x, y in zip(baseline, candidate, strict=True) if x[0] == y[0])
     p, v = paired_verdict(b, c, alpha=alpha)
-    return Paired(len(baseline), rr, b, c, len(baseline) - rr - b - c, same, p, v)
+    return Paired(
+        n=len(baseline),
+        both_right=rr,
+        only_baseline=b,
+        only_candidate=c,
+        both_wrong=len(baseline) - rr - b - c,
+        same_answer=same,
+        p_value=p,
+        verdict=v,
+    )

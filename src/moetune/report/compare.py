@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import Any
 
 from moetune.bench.analysis.link import link_metric_samples
 from moetune.bench.analysis.objective import serve_bench_metrics
@@ -42,7 +41,7 @@ from moetune.report.quality_beside import QualityBeside, quality_of
 from moetune.store.db import ResultsDB, Run
 from moetune.store.record import LaunchRef
 
-MetricExtractor = Callable[[Iterable[dict[str, Any]]], dict[str, MetricSamples]]  # reads the samples once
+MetricExtractor = Callable[[Iterable[dict[str, object]]], dict[str, MetricSamples]]  # reads the samples once
 METRIC_EXTRACTORS: dict[str, MetricExtractor] = {
     RunKind.BENCH: bench_metrics,
     RunKind.SERVE_BENCH: serve_bench_metrics,
@@ -53,7 +52,7 @@ METRIC_EXTRACTORS: dict[str, MetricExtractor] = {
 COMPARE_SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunMetrics:
     run: int
     label: str
@@ -72,7 +71,7 @@ class RunMetrics:
         return self.label + (f" [{', '.join(self.flags)}]" if self.flags else "")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CompareRow:
     run: int
     label: str
@@ -91,7 +90,7 @@ class CompareRow:
     noisy: bool = False  # "same" only because the interval is wide: the medians differ by more than the threshold
     family: str = ""  # the metric's family (tg, pp, quality…): the views word a verdict by it
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "run": self.run,
             "label": self.label,
@@ -112,7 +111,7 @@ class CompareRow:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Comparison:
     baseline: RunMetrics
     baseline_stats: dict[str, Summary]
@@ -128,7 +127,7 @@ class Comparison:
         (a run that lacks one shows a dash there)."""
         return [n for n in self.baseline.metrics if any(n in o.metrics for o in self.others)]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "schema_version": COMPARE_SCHEMA_VERSION,
             "rule": {
@@ -162,7 +161,7 @@ def load_metric(launch: LaunchRef | None) -> dict[str, MetricSamples]:
     return {LOAD_METRIC: MetricSamples((launch.load_s,), higher_is_better=False, unit="s", family="load")}
 
 
-def extract(run: Run, samples: Iterable[dict[str, Any]]) -> RunMetrics:
+def extract(run: Run, samples: Iterable[dict[str, object]]) -> RunMetrics:
     fn = METRIC_EXTRACTORS.get(run.kind)
     if fn is None:
         raise InputError(
@@ -175,11 +174,11 @@ def extract(run: Run, samples: Iterable[dict[str, Any]]) -> RunMetrics:
         metrics.update(load_metric(launch))
     f = run.flags()
     return RunMetrics(
-        run.id,
-        run.label,
-        run.kind,
-        run.status,
-        metrics,
+        run=run.id,
+        label=run.label,
+        kind=run.kind,
+        status=run.status,
+        metrics=metrics,
         transport=launch.confirmed if launch is not None else None,
         flags=f.markers,
         flag_notes=tuple(f"run {run.id} ({run.label}): {m}" for m, _ in f.warnings()),
@@ -279,25 +278,34 @@ def compare(
             noisy = d.verdict == SAME and abs(d.ratio - 1.0) >= min_change
             rows.append(
                 CompareRow(
-                    o.run,
-                    o.label,
-                    name,
-                    ms.unit,
-                    ms.higher_is_better,
-                    s.n,
-                    s.median,
-                    s.ci_low,
-                    s.ci_high,
-                    base_stats[name].median,
-                    d.change_pct,
-                    lo,
-                    hi,
-                    d.verdict,
-                    noisy,
-                    ms.family,
+                    run=o.run,
+                    label=o.label,
+                    metric=name,
+                    unit=ms.unit,
+                    higher_is_better=ms.higher_is_better,
+                    n=s.n,
+                    median=s.median,
+                    ci_low=s.ci_low,
+                    ci_high=s.ci_high,
+                    baseline_median=base_stats[name].median,
+                    change_pct=d.change_pct,
+                    change_ci_low_pct=lo,
+                    change_ci_high_pct=hi,
+                    verdict=d.verdict,
+                    noisy=noisy,
+                    family=ms.family,
                 )
             )
-    return Comparison(baseline, base_stats, compared, rows, conf, min_change, notes, skipped)
+    return Comparison(
+        baseline=baseline,
+        baseline_stats=base_stats,
+        others=compared,
+        rows=rows,
+        conf=conf,
+        min_change=min_change,
+        notes=notes,
+        not_compared=skipped,
+    )
 
 
 def _unlike(baseline: RunMetrics, o: RunMetrics) -> str:
@@ -333,7 +341,7 @@ def require_rows(c: Comparison) -> None:
     raise InputError(f"nothing to compare: {why}", hint=hint)
 
 
-def run_noise(run: Run, samples: Iterable[dict[str, Any]]) -> list[Warning]:
+def run_noise(run: Run, samples: Iterable[dict[str, object]]) -> list[Warning]:
     """The warnings that make a run's verdicts less trustworthy (noise, cache state): a bench
     run's (the samples of another kind are not read)."""
     if run.kind != RunKind.BENCH:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from moetune.bench.analysis.level_summary import LevelGoodput
 from moetune.bench.analysis.serve import key_name, level_figures, level_span
 from moetune.bench.analysis.slo import SLO_EXAMPLE, goodput, slo_text, wilson
 from moetune.errors import InputError
@@ -24,23 +25,55 @@ from moetune.store.db import ResultsDB, Run
 GOODPUT_SCHEMA_VERSION = 1
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoodputLevel:
+    """One level of a run judged by the ranking's targets: its goodput and the 95% Wilson interval
+    of its share."""
+
+    level: str  # the level's name (``c=4``, ``c=4 @2/s``)
+    concurrency: int
+    rate: float | None
+    goodput: LevelGoodput
+    share_ci: tuple[float, float] | None
+
+    @property
+    def req_s(self) -> float | None:
+        return self.goodput.req_s
+
+    @property
+    def share(self) -> float | None:
+        return self.goodput.share
+
+    def to_json(self) -> dict[str, object]:
+        """``{level, concurrency, rate, share, share_ci, req_s, met, of, missed, failed, unknown}``."""
+        return {
+            "level": self.level,
+            "concurrency": self.concurrency,
+            "rate": self.rate,
+            "share": self.share,
+            "share_ci": None if self.share_ci is None else list(self.share_ci),
+            **{k: v for k, v in self.goodput.to_json().items() if k not in ("slo", "share")},
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class RunGoodput:
     run: int
     label: str
-    levels: list[dict[str, Any]]  # {level, concurrency, rate, share, share_ci, req_s, met, of, missed, ...}
+    levels: list[GoodputLevel]
 
     @property
-    def best(self) -> dict[str, Any] | None:
-        rated = [lv for lv in self.levels if lv["req_s"] is not None]
-        return max(rated, key=lambda lv: (lv["req_s"], lv["share"] or 0.0), default=None)
+    def best(self) -> GoodputLevel | None:
+        rated = [(lv, r) for lv in self.levels if (r := lv.req_s) is not None]
+        best = max(rated, key=lambda x: (x[1], x[0].share or 0.0), default=None)
+        return None if best is None else best[0]
 
     def key(self) -> tuple[float, float]:
         b = self.best
-        return (b["req_s"], b["share"] or 0.0) if b else (-1.0, -1.0)
+        return (b.req_s or 0.0, b.share or 0.0) if b else (-1.0, -1.0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GoodputRanking:
     slo: dict[str, float]
     slo_source: str  # "--slo" or "stored"
@@ -50,11 +83,11 @@ class GoodputRanking:
 
     def change_pct(self, r: RunGoodput) -> float | None:
         b, o = self.baseline.best, r.best
-        if b is None or o is None or not b["req_s"]:
+        if b is None or o is None or not b.req_s or o.req_s is None:
             return None
-        return float(o["req_s"] / b["req_s"] - 1) * 100
+        return float(o.req_s / b.req_s - 1) * 100
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "schema_version": GOODPUT_SCHEMA_VERSION,
             "metric": "goodput",
@@ -66,9 +99,9 @@ class GoodputRanking:
                     "rank": i + 1,
                     "run": r.run,
                     "label": r.label,
-                    "best": r.best,
+                    "best": None if (b := r.best) is None else b.to_json(),
                     "change_pct": self.change_pct(r),
-                    "levels": r.levels,
+                    "levels": [lv.to_json() for lv in r.levels],
                 }
                 for i, r in enumerate(self.ranked)
             ],
@@ -76,7 +109,7 @@ class GoodputRanking:
         }
 
 
-def run_goodput(run: Run, samples: Iterable[dict[str, Any]], slo: Mapping[str, float]) -> RunGoodput:
+def run_goodput(run: Run, samples: Iterable[dict[str, object]], slo: Mapping[str, float]) -> RunGoodput:
     """Each level's goodput, the samples read once (a run of any length, streamed)."""
     levels = []
     for key, f in level_figures(s for s in samples if "chunks" in s).items():
@@ -84,14 +117,13 @@ def run_goodput(run: Run, samples: Iterable[dict[str, Any]], slo: Mapping[str, f
         g = goodput(f.ms, slo, level_span(f.heads))
         ci = wilson(g.met, g.of)
         levels.append(
-            {
-                "level": key_name(key),
-                "concurrency": c,
-                "rate": rate,
-                "share": g.share,
-                "share_ci": None if ci is None else [round(ci[0], 4), round(ci[1], 4)],
-                **{k: v for k, v in g.to_json().items() if k not in ("slo", "share")},
-            }
+            GoodputLevel(
+                level=key_name(key),
+                concurrency=c,
+                rate=rate,
+                goodput=g,
+                share_ci=None if ci is None else (round(ci[0], 4), round(ci[1], 4)),
+            )
         )
     return RunGoodput(run.id, run.label, levels)
 
@@ -144,22 +176,22 @@ def rank_goodput(db: ResultsDB, runs: list[Run], slo: dict[str, float] | None) -
                 hint="it may have been interrupted before its first sample; run it again",
             )
     ranked = sorted(data, key=lambda d: d.key(), reverse=True)  # stable: ties keep the order given
-    return GoodputRanking(targets, source, data[0], ranked, notes)
+    return GoodputRanking(slo=targets, slo_source=source, baseline=data[0], ranked=ranked, notes=notes)
 
 
-def _cell(lv: dict[str, Any] | None) -> str:
+def _cell(lv: GoodputLevel | None) -> str:
     if lv is None:
         return "–"
-    rate = "-" if lv["req_s"] is None else f"{lv['req_s']:.2f}/s"
-    share = "-" if lv["share"] is None else f"{lv['share'] * 100:.0f}%"
-    ci = lv.get("share_ci")
+    rate = "-" if lv.req_s is None else f"{lv.req_s:.2f}/s"
+    share = "-" if lv.share is None else f"{lv.share * 100:.0f}%"
+    ci = lv.share_ci
     return f"{rate} {share}" + (f" [{ci[0] * 100:.0f}–{ci[1] * 100:.0f}]" if ci else "")
 
 
 def _level_names(g: GoodputRanking) -> list[str]:
     names: list[str] = []
     for r in g.ranked:
-        names += [lv["level"] for lv in r.levels if lv["level"] not in names]
+        names += [lv.level for lv in r.levels if lv.level not in names]
     return names
 
 
@@ -176,7 +208,7 @@ def ranking_rows(g: GoodputRanking) -> tuple[list[str], list[list[str]]]:
     head = ["rank", "configuration", "run", "best", "change", *names]
     rows = []
     for i, r in enumerate(g.ranked):
-        by = {lv["level"]: lv for lv in r.levels}
+        by = {lv.level: lv for lv in r.levels}
         best = r.best
         ch = g.change_pct(r)
         change = "baseline" if r is g.baseline else ("-" if ch is None else f"{ch:+.1f}%")
@@ -185,7 +217,7 @@ def ranking_rows(g: GoodputRanking) -> tuple[list[str], list[list[str]]]:
                 str(i + 1),
                 r.label,
                 str(r.run),
-                "-" if best is None else f"{best['req_s']:.2f}/s at {best['level']}",
+                "-" if best is None else f"{best.req_s or 0.0:.2f}/s at {best.level}",
                 change,
                 *[_cell(by.get(n)) for n in names],
             ]
@@ -236,21 +268,21 @@ def ranking_csv(g: GoodputRanking) -> str:
     )
     for i, r in enumerate(g.ranked):
         for lv in r.levels:
-            ci = lv.get("share_ci") or [None, None]
+            ci = lv.share_ci or (None, None)
             w.writerow(
                 [
                     i + 1,
                     r.run,
                     r.label,
-                    lv["level"],
-                    lv["concurrency"],
-                    lv["rate"],
-                    lv["met"],
-                    lv["of"],
-                    lv["share"],
+                    lv.level,
+                    lv.concurrency,
+                    lv.rate,
+                    lv.goodput.met,
+                    lv.goodput.of,
+                    lv.share,
                     ci[0],
                     ci[1],
-                    lv["req_s"],
+                    lv.req_s,
                     ",".join(f"{k}={v:g}" for k, v in g.slo.items()),
                 ]
             )

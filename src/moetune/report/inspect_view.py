@@ -35,27 +35,52 @@ class KvQuery:
     swa_full: bool = False
 
 
-def kv_at(p: ModelProfile, q: KvQuery) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KvAt:
+    """KV cells and bytes at a query's context, slots and ubatch (the document's ``kv_at``)."""
+
+    q: KvQuery
+    full_cells: int
+    swa_cells: int
+    full_bytes: int
+    swa_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.full_bytes + self.swa_bytes
+
+    def to_json(self) -> dict[str, object]:
+        q = self.q
+        return {
+            "ctx": q.ctx,
+            "parallel": q.slots,
+            "ubatch": q.ubatch,
+            "swa_full": q.swa_full,
+            "cache_type": q.cache_type,
+            "full_cells": self.full_cells,
+            "swa_cells": self.swa_cells,
+            "full_bytes": self.full_bytes,
+            "swa_bytes": self.swa_bytes,
+            "total_bytes": self.total_bytes,
+        }
+
+
+def kv_at(p: ModelProfile, q: KvQuery) -> KvAt:
     """KV cells and bytes at the query's context, slots and ubatch, as llama.cpp sizes them (the
     ledger's rule, ``model.kv``): the full-attention layers' cache and the sliding-window layers'."""
     kv = kv_shape(p)
     full, windowed = kv.bytes_per_token_split(q.cache_type, q.cache_type)
     cells, cells_swa = full_cells(q.ctx, q.slots), swa_cells(q.ctx, q.slots, q.ubatch, kv.n_swa, swa_full=q.swa_full)
-    return {
-        "ctx": q.ctx,
-        "parallel": q.slots,
-        "ubatch": q.ubatch,
-        "swa_full": q.swa_full,
-        "cache_type": q.cache_type,
-        "full_cells": cells,
-        "swa_cells": cells_swa if kv.n_swa else 0,
-        "full_bytes": full * cells,
-        "swa_bytes": windowed * cells_swa,
-        "total_bytes": full * cells + windowed * cells_swa,
-    }
+    return KvAt(
+        q=q,
+        full_cells=cells,
+        swa_cells=cells_swa if kv.n_swa else 0,
+        full_bytes=full * cells,
+        swa_bytes=windowed * cells_swa,
+    )
 
 
-def inspect_json(p: ModelProfile, at: KvQuery | None = None) -> dict[str, Any]:
+def inspect_json(p: ModelProfile, at: KvQuery | None = None) -> dict[str, object]:
     kv = kv_shape(p)
     kv_ik = kv_shape(p, EngineKind.IK)
     swa = [lk.layer for lk in kv.layers if lk.swa]
@@ -99,7 +124,7 @@ def inspect_json(p: ModelProfile, at: KvQuery | None = None) -> dict[str, Any]:
         # holds about a window per sequence, not the context)
         "kv_bytes_per_token_full": _kv_bytes(kv, swa=False),
         "kv_bytes_per_token_swa": _kv_bytes(kv, swa=True),
-        "kv_at": kv_at(p, at or KvQuery()),
+        "kv_at": kv_at(p, at or KvQuery()).to_json(),
         "kv_bytes_per_token_by_engine": {EngineKind.MAINLINE: _kv_bytes(kv), EngineKind.IK: _kv_bytes(kv_ik)},
         "recurrent_layers": len(kv.recurrent_layers),
         "rs_bytes_per_seq": kv.rs_bytes_per_seq,
@@ -123,7 +148,7 @@ def _per_1k(n: int | None) -> str:
     return "-" if n is None else f"{mib(n * 1024):.2f}"
 
 
-def _remote_json(p: ModelProfile) -> dict[str, Any]:
+def _remote_json(p: ModelProfile) -> dict[str, object]:
     r = p.remote
     assert r is not None
     return {
@@ -194,39 +219,42 @@ def print_inspect(p: ModelProfile, console: Console, at: KvQuery | None = None) 
         ("loaded by llama.cpp (no NextN)", p.loaded_bytes()),
     ):
         tot.add_row(label, f"{mib(n):,.2f}", f"{n / (1 << 30):,.2f}")
-    for ty, n in doc["bytes_by_type"].items():
+    for ty, n in p.bytes_by_type().items():
         tot.add_row(f"  {ty}", f"{mib(n):,.2f}", f"{n / (1 << 30):,.2f}")
     console.print(tot)
+    shape, shape_ik = kv_shape(p), kv_shape(p, EngineKind.IK)
+    mainline, ik = _kv_bytes(shape), _kv_bytes(shape_ik)
+    full, windowed = _kv_bytes(shape, swa=False), _kv_bytes(shape, swa=True)
     kv = Table(title="KV cache per 1k tokens (MiB)")
     kv.add_column("cache type")
     kv.add_column(EngineKind.MAINLINE, justify="right")
-    if doc["sliding_window"]:
-        n_swa = len(doc["swa_layers"])
-        kv.add_column(f"{doc['kv_layers'] - n_swa} full layers", justify="right")
-        kv.add_column(f"{n_swa} windowed ({doc['sliding_window']} tokens)", justify="right")
+    if shape.n_swa:
+        n_swa = sum(1 for lk in shape.layers if lk.swa)
+        kv.add_column(f"{len(shape.layers) - n_swa} full layers", justify="right")
+        kv.add_column(f"{n_swa} windowed ({shape.n_swa} tokens)", justify="right")
     kv.add_column(EngineKind.IK, justify="right")
     for ty in CACHE_TYPES:
-        row = [_per_1k(doc["kv_bytes_per_token_by_engine"][EngineKind.MAINLINE][ty])]
-        if doc["sliding_window"]:
-            row += [_per_1k(doc["kv_bytes_per_token_full"][ty]), _per_1k(doc["kv_bytes_per_token_swa"][ty])]
-        kv.add_row(ty, *row, _per_1k(doc["kv_bytes_per_token_by_engine"][EngineKind.IK][ty]))
+        row = [_per_1k(mainline[ty])]
+        if shape.n_swa:
+            row += [_per_1k(full[ty]), _per_1k(windowed[ty])]
+        kv.add_row(ty, *row, _per_1k(ik[ty]))
     console.print(kv)
-    a = doc["kv_at"]
+    a = kv_at(p, at or KvQuery())
     text = (
-        f"KV cache at --ctx {a['ctx']} --parallel {a['parallel']} ({a['cache_type']}, llama.cpp): "
-        f"{mib(a['total_bytes']):,.2f} MiB"
+        f"KV cache at --ctx {a.q.ctx} --parallel {a.q.slots} ({a.q.cache_type}, llama.cpp): "
+        f"{mib(a.total_bytes):,.2f} MiB"
     )
-    if doc["sliding_window"]:
+    if shape.n_swa:
         text += (
-            f" = full layers {mib(a['full_bytes']):,.2f} MiB ({a['full_cells']} cells) + windowed "
-            f"{mib(a['swa_bytes']):,.2f} MiB ({a['swa_cells']} cells at -ub {a['ubatch']}"
-            f"{', --swa-full' if a['swa_full'] else ''})"
+            f" = full layers {mib(a.full_bytes):,.2f} MiB ({a.full_cells} cells) + windowed "
+            f"{mib(a.swa_bytes):,.2f} MiB ({a.swa_cells} cells at -ub {a.q.ubatch}"
+            f"{', --swa-full' if a.q.swa_full else ''})"
         )
     console.print(text, markup=False)
-    if doc["rs_bytes_per_seq"]:
+    if shape.rs_bytes_per_seq:
         console.print(
-            f"recurrent state: {mib(doc['rs_bytes_per_seq']):.2f} MiB per sequence "
-            f"({doc['recurrent_layers']} recurrent layers, F32)"
+            f"recurrent state: {mib(shape.rs_bytes_per_seq):.2f} MiB per sequence "
+            f"({len(shape.recurrent_layers)} recurrent layers, F32)"
         )
     if p.remote:
         console.print(

@@ -39,7 +39,7 @@ PAIRED_STATISTIC = (
 UNPAIRED_STATISTIC = "bootstrap CI of the ratio of medians, every round's samples pooled"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RoundCell:
     round: int
     baseline_run: int
@@ -51,7 +51,7 @@ class RoundCell:
     def ratio(self) -> float:
         return self.median / self.baseline_median
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "round": self.round,
             "baseline_run": self.baseline_run,
@@ -62,7 +62,7 @@ class RoundCell:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PairedRow:
     label: str
     runs: tuple[int, ...]  # by round
@@ -89,7 +89,7 @@ class PairedRow:
     def unpaired_noisy(self) -> bool:
         return noisy(self.unpaired.verdict, self.unpaired.ratio, self.min_change)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         lo, hi = self.paired.change_ci_pct
         ulo, uhi = self.unpaired.change_ci_pct
         return {
@@ -121,7 +121,7 @@ class PairedRow:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PairedComparison:
     baseline: RunMetrics  # every round's samples pooled (``run``: its first round's run)
     baseline_stats: dict[str, Summary]
@@ -137,7 +137,7 @@ class PairedComparison:
     def metric_names(self) -> list[str]:
         return [n for n in self.baseline.metrics if any(r.metric == n for r in self.rows)]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         base = self.baseline.label
         return {
             "schema_version": COMPARE_SCHEMA_VERSION,
@@ -171,11 +171,11 @@ def _pooled(label: str, runs: list[RunMetrics]) -> RunMetrics:
     }
     transports = sorted({r.transport for r in runs if r.transport})
     return RunMetrics(
-        runs[0].run,
-        label,
-        runs[0].kind,
-        str(RunStatus.DONE),
-        metrics,
+        run=runs[0].run,
+        label=label,
+        kind=runs[0].kind,
+        status=str(RunStatus.DONE),
+        metrics=metrics,
         transport="+".join(transports) if transports else None,
     )
 
@@ -233,7 +233,13 @@ def paired_compare(
             ]
             pd = paired_difference(pairs, higher_is_better=ms.higher_is_better, conf=conf, min_change=min_change)
             cells = tuple(
-                RoundCell(k, rounds[k][baseline], rounds[k][lab], median(p[0]), median(p[1]))
+                RoundCell(
+                    round=k,
+                    baseline_run=rounds[k][baseline],
+                    run=rounds[k][lab],
+                    baseline_median=median(p[0]),
+                    median=median(p[1]),
+                )
                 for k, p in zip(order, pairs, strict=True)
             )
             ud = difference(
@@ -241,18 +247,18 @@ def paired_compare(
             )
             rows.append(
                 PairedRow(
-                    lab,
-                    tuple(rounds[k][lab] for k in order),
-                    name,
-                    ms.unit,
-                    ms.higher_is_better,
-                    len(ms.values),
-                    median(ms.values),
-                    base_stats[name].median,
-                    cells,
-                    pd,
-                    ud,
-                    min_change,
+                    label=lab,
+                    runs=tuple(rounds[k][lab] for k in order),
+                    metric=name,
+                    unit=ms.unit,
+                    higher_is_better=ms.higher_is_better,
+                    n=len(ms.values),
+                    median=median(ms.values),
+                    baseline_median=base_stats[name].median,
+                    per_round=cells,
+                    paired=pd,
+                    unpaired=ud,
+                    min_change=min_change,
                 )
             )
     if not rows:
@@ -261,16 +267,16 @@ def paired_compare(
             hint="compare runs of the same workloads",
         )
     return PairedComparison(
-        base_pool,
-        base_stats,
-        [pooled[lab] for lab in labels if lab != baseline],
-        {k: dict(rounds[k]) for k in order},
-        rows,
-        conf,
-        min_change,
-        sweep,
-        mode,
-        notes,
+        baseline=base_pool,
+        baseline_stats=base_stats,
+        others=[pooled[lab] for lab in labels if lab != baseline],
+        rounds={k: dict(rounds[k]) for k in order},
+        rows=rows,
+        conf=conf,
+        min_change=min_change,
+        sweep=sweep,
+        mode=mode,
+        notes=notes,
     )
 
 

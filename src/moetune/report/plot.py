@@ -37,7 +37,7 @@ def _families(runs: list[RunMetrics], on_axis: bool) -> dict[str, list[str]]:
     return fams
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Panel:
     """One panel of a comparison plot: bars per metric, or lines over the metrics' axis."""
 
@@ -60,12 +60,21 @@ class Panel:
 
 def panels(runs: list[RunMetrics]) -> list[Panel]:
     """The panels of :func:`plot_runs`, titled by the axis their metrics are placed on."""
-    out = [Panel("bar", f, tuple(n), f.upper()) for f, n in _families(runs, False).items()]
+    out = [Panel(style="bar", family=f, names=tuple(n), title=f.upper()) for f, n in _families(runs, False).items()]
     for fam, names in _families(runs, True).items():
         placed = [ms for r in runs for n in names if (ms := r.metrics.get(n)) is not None]
         axis = next((ms.x_label for ms in placed if ms.x_label), None) or "x"
         xs = tuple(sorted({ms.x for ms in placed if ms.x is not None}))
-        out.append(Panel("line", fam, tuple(names), f"{fam.upper()} vs {axis.split(' (')[0]}", axis, xs))
+        out.append(
+            Panel(
+                style="line",
+                family=fam,
+                names=tuple(names),
+                title=f"{fam.upper()} vs {axis.split(' (')[0]}",
+                xlabel=axis,
+                xticks=xs,
+            )
+        )
     return out
 
 

@@ -38,7 +38,7 @@ class QualityBeside:
             parts.append(self.verdict)
         return f"{', '.join(parts) or 'no figures'} (run {self.run})"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "run": self.run,
             "reference": self.reference,

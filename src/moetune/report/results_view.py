@@ -33,7 +33,7 @@ EXPORT_SCHEMA_VERSION = 1
 FORMATS = ("md", "csv", "json")
 
 
-def derived(run: Run, samples: Iterable[dict[str, Any]], *, seed: int = 0) -> dict[str, Any]:
+def derived(run: Run, samples: Iterable[dict[str, object]], *, seed: int = 0) -> dict[str, Any]:
     """A run's figures from its measured samples (bench: the full summary; other kinds: their
     metrics, the samples read once: a long serve-bench run is streamed, never held)."""
     if run.kind == RunKind.BENCH:
@@ -42,12 +42,12 @@ def derived(run: Run, samples: Iterable[dict[str, Any]], *, seed: int = 0) -> di
     return metric_figures(fn(samples) if fn is not None else {}, seed=seed)
 
 
-def metric_figures(metrics: dict[str, MetricSamples], *, seed: int = 0) -> dict[str, Any]:
+def metric_figures(metrics: dict[str, MetricSamples], *, seed: int = 0) -> dict[str, object]:
     """``{metrics: {name: {median, ci_low, ci_high, ..., unit}}}`` of a run that is not a bench run."""
     return {"metrics": {k: {**summarize(v.values, seed=seed).to_json(), "unit": v.unit} for k, v in metrics.items()}}
 
 
-def headline(run: Run, samples: Callable[[int], Iterable[dict[str, Any]]]) -> str:
+def headline(run: Run, samples: Callable[[int], Iterable[dict[str, object]]]) -> str:
     """Two medians for a line of `results list`: TG and PP of a bench run's first workload, TTFT and
     TPOT (ms) of a serve-bench run's first level, from the figures the run stored when it ended (a
     long serve-bench run's samples take seconds to read); a run without them (still running, or
@@ -95,7 +95,7 @@ def runs_table(db: ResultsDB, runs: list[Run]) -> Table:
     return t
 
 
-def runs_json(db: ResultsDB, runs: list[Run]) -> list[dict[str, Any]]:
+def runs_json(db: ResultsDB, runs: list[Run]) -> list[dict[str, object]]:
     out = []
     for r in runs:
         d = r.to_json()
@@ -287,7 +287,7 @@ BENCH_COLUMNS = (
 )
 
 
-def _bench_row(s: dict[str, Any]) -> dict[str, Any]:
+def _bench_row(s: dict[str, object]) -> dict[str, object]:
     t = m.timings(s)
 
     def sec(ms: Any) -> float | None:
@@ -317,8 +317,8 @@ def _bench_row(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _scalars(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _scalars(d: dict[str, object], prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
     for k, v in d.items():
         if isinstance(v, dict):
             out.update(_scalars(v, f"{prefix}{k}."))
@@ -332,7 +332,7 @@ def export_csv(db: ResultsDB, runs: list[Run], out: TextIO) -> None:
     scalar raw values (other kinds). The samples are read twice, a batch at a time: once for the
     columns (every key any sample has), once for the rows."""
 
-    def rows() -> Iterator[dict[str, Any]]:
+    def rows() -> Iterator[dict[str, object]]:
         for r in runs:
             for s in db.iter_sample_rows(r.id):
                 base = {"run": r.id, "label": r.label, "kind": r.kind, "phase": s.phase, "seq": s.seq}

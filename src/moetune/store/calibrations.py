@@ -29,7 +29,7 @@ def plan_key(plan: Mapping[str, Any]) -> tuple[str | None, str]:
     return plan.get("hardware"), str((services[0].get("settings") or {}).get("engine", "llama.cpp"))
 
 
-def load_all() -> dict[str, Any]:
+def load_all() -> dict[str, object]:
     p = _file()
     if not p.exists():
         return {}
@@ -42,11 +42,13 @@ def load_all() -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def find(hardware: str | None, engine: str) -> dict[str, Any] | None:
-    return load_all().get(key(hardware, engine))
+def find(hardware: str | None, engine: str) -> dict[str, object] | None:
+    """The stored calibration of (hardware, engine kind), if any (a value that is no JSON object: none)."""
+    entry = load_all().get(key(hardware, engine))
+    return {str(k): v for k, v in entry.items()} if isinstance(entry, Mapping) else None
 
 
-def save(hardware: str | None, engine: str, calibration: dict[str, Any]) -> dict[str, Any]:
+def save(hardware: str | None, engine: str, calibration: Mapping[str, object]) -> dict[str, object]:
     doc = load_all()
     entry = {**calibration, "hardware": hardware, "engine": engine, "created_unix": time.time()}
     doc[key(hardware, engine)] = entry

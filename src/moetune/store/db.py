@@ -18,7 +18,7 @@ import os
 import socket
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -33,7 +33,33 @@ from moetune.store.migrations import migrate, now_iso
 from moetune.store.record import RunMeta, ServiceRecord
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Writer:
+    """The process that writes a run (the ``writer`` column): a run left ``running`` by one that is
+    gone was abandoned."""
+
+    pid: int
+    start_ticks: int | None
+    host: str
+
+    @classmethod
+    def own(cls) -> Writer:
+        return cls(pid=os.getpid(), start_ticks=own_start_ticks(), host=socket.gethostname())
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> Writer:
+        pid, ticks = d.get("pid"), d.get("start_ticks")
+        return cls(
+            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else 0,
+            start_ticks=ticks if isinstance(ticks, int) and not isinstance(ticks, bool) else None,
+            host=str(d.get("host") or ""),
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {"pid": self.pid, "start_ticks": self.start_ticks, "host": self.host}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Run:
     id: int
     kind: RunKind
@@ -43,9 +69,9 @@ class Run:
     status: RunStatus
     created_at: str
     finished_at: str | None
-    summary: dict[str, Any] | None
+    summary: dict[str, Any] | None  # as the run kind's writer stored it (bench: BenchSummary.to_json())
     sweep_id: str | None
-    writer: dict[str, Any] | None = None  # the process writing it: pid, start_ticks, host
+    writer: Writer | None = None  # the process writing it
     contention: Contention | None = None  # where the CPU went while it measured (None: not counted)
 
     def flags(self) -> RunFlags:
@@ -56,13 +82,13 @@ class Run:
     def abandoned(self) -> bool:
         """Left ``running`` by a moetune process that is gone (killed): it will never finish. Its
         samples are kept; a sweep or tune measures it again."""
-        w = self.writer or {}
-        if self.status != RunStatus.RUNNING or w.get("host") != socket.gethostname() or not w.get("pid"):
+        w = self.writer
+        if self.status != RunStatus.RUNNING or w is None or w.host != socket.gethostname() or not w.pid:
             return False
-        st = read_proc_stat(int(w["pid"]))
-        return st is None or st.state in ("Z", "X") or st.start_ticks != w.get("start_ticks")
+        st = read_proc_stat(w.pid)
+        return st is None or st.state in ("Z", "X") or st.start_ticks != w.start_ticks
 
-    def header(self) -> dict[str, Any]:
+    def header(self) -> dict[str, object]:
         """The run as every command's ``--json`` names it (``"run": {...}``)."""
         return {
             "id": self.id,
@@ -78,22 +104,22 @@ class Run:
             **({"launch": self.meta.launch.to_json()} if self.meta.launch is not None else {}),
         }
 
-    def _flag_fields(self) -> dict[str, Any]:
+    def _flag_fields(self) -> dict[str, object]:
         f = self.flags()
         return {"contended": f.contended, "noisy": bool(f.noisy)}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {**self.header(), "meta": self.meta.to_json(), "summary": self.summary, "flags": self.flags().to_json()}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SampleRow:
     id: int
     run_id: int
     phase: str
     seq: int
     created_at: str
-    data: dict[str, Any]
+    data: dict[str, object]
 
 
 def _dumps(doc: Any) -> str:
@@ -161,7 +187,7 @@ class ResultsDB:
 
     def create_run(self, meta: RunMeta, *, label: str, target: str, sweep_id: str | None = None) -> int:
         with self._lock, self._writing():
-            writer = {"pid": os.getpid(), "start_ticks": own_start_ticks(), "host": socket.gethostname()}
+            writer = Writer.own().to_json()
             cur = self._conn.execute(
                 "INSERT INTO runs (kind, label, target, meta, status, created_at, sweep_id, writer) "
                 "VALUES (?, ?, ?, ?, 'running', ?, ?, ?)",
@@ -170,7 +196,7 @@ class ResultsDB:
             assert cur.lastrowid is not None
             return cur.lastrowid
 
-    def add_sample(self, run_id: int, data: dict[str, Any], *, phase: str = "measure") -> int:
+    def add_sample(self, run_id: int, data: Mapping[str, object], *, phase: str = "measure") -> int:
         """Store one raw sample; committed before this returns."""
         with self._lock, self._writing():
             cur = self._conn.execute(
@@ -197,7 +223,7 @@ class ResultsDB:
             )
 
     def finish_run(
-        self, run_id: int, status: RunStatus = RunStatus.DONE, summary: dict[str, Any] | None = None
+        self, run_id: int, status: RunStatus = RunStatus.DONE, summary: Mapping[str, object] | None = None
     ) -> None:
         status = RunStatus(status)
         with self._lock, self._writing():
@@ -206,12 +232,12 @@ class ResultsDB:
                 (str(status), now_iso(), None if summary is None else _dumps(summary), run_id),
             )
 
-    def add_metrics(self, run_id: int, t: float, data: dict[str, Any]) -> None:
+    def add_metrics(self, run_id: int, t: float, data: Mapping[str, object]) -> None:
         """Store one snapshot of the machine (``moetune.monitor.snapshot.Snapshot.to_json()``)."""
         with self._lock, self._writing():
             self._conn.execute("INSERT INTO metrics (run_id, t, data) VALUES (?, ?, ?)", (run_id, t, _dumps(data)))
 
-    def create_sweep(self, sweep_id: str, spec: dict[str, Any]) -> bool:
+    def create_sweep(self, sweep_id: str, spec: Mapping[str, object]) -> bool:
         """Record a sweep; False when it exists already (a resumed sweep)."""
         with self._lock, self._writing():
             cur = self._conn.execute(
@@ -220,7 +246,7 @@ class ResultsDB:
             )
             return cur.rowcount == 1
 
-    def update_sweep(self, sweep_id: str, spec: dict[str, Any]) -> None:
+    def update_sweep(self, sweep_id: str, spec: Mapping[str, object]) -> None:
         """Rewrite a sweep's record (a tune's state: the candidates that failed, and why)."""
         with self._lock, self._writing():
             self._conn.execute("UPDATE sweeps SET spec = ? WHERE id = ?", (_dumps(spec), sweep_id))
@@ -246,18 +272,18 @@ class ResultsDB:
     def _run(row: tuple[Any, ...]) -> Run:
         kind = RunKind(row[1])
         return Run(
-            int(row[0]),
-            kind,
-            row[2],
-            row[3],
-            RunMeta.from_json(json.loads(row[4]), kind),
-            RunStatus(row[5]),
-            row[6],
-            row[7],
-            None if row[8] is None else json.loads(row[8]),
-            row[9],
-            None if row[10] is None else json.loads(row[10]),
-            None if row[11] is None else Contention.from_json(json.loads(row[11])),
+            id=int(row[0]),
+            kind=kind,
+            label=row[2],
+            target=row[3],
+            meta=RunMeta.from_json(json.loads(row[4]), kind),
+            status=RunStatus(row[5]),
+            created_at=row[6],
+            finished_at=row[7],
+            summary=None if row[8] is None else json.loads(row[8]),
+            sweep_id=row[9],
+            writer=None if row[10] is None else Writer.from_json(json.loads(row[10])),
+            contention=None if row[11] is None else Contention.from_json(json.loads(row[11])),
         )
 
     def run(self, run_id: int) -> Run:
@@ -309,13 +335,13 @@ class ResultsDB:
             raise InputError(f"no run with id or label {ref!r} in {self.path}", hint="see `moetune results list`")
         return self._run(row)
 
-    def samples(self, run_id: int, phase: str | None = "measure") -> list[dict[str, Any]]:
+    def samples(self, run_id: int, phase: str | None = "measure") -> list[dict[str, object]]:
         """Raw sample data of a run in the order recorded; ``phase=None`` for every phase."""
         return [r.data for r in self.sample_rows(run_id, phase)]
 
     def iter_samples(
         self, run_id: int, phase: str = "measure", *, from_seq: int = 0, batch: int = 256
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[dict[str, object]]:
         """Raw sample data of one phase of a run, from its ``from_seq``-th sample on, read a batch at a
         time: a long run's samples, streamed without holding them all (or the connection) at once."""
         seq = from_seq
@@ -347,7 +373,7 @@ class ResultsDB:
                     (run_id, after, *((phase,) if phase is not None else ()), batch),
                 ).fetchall()
             for r in rows:
-                yield SampleRow(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]))
+                yield SampleRow(id=r[0], run_id=r[1], phase=r[2], seq=r[3], created_at=r[4], data=json.loads(r[5]))
             if len(rows) < batch:
                 return
             after = rows[-1][0]
@@ -368,7 +394,7 @@ class ResultsDB:
             )
         }
 
-    def metrics(self, run_id: int) -> list[dict[str, Any]]:
+    def metrics(self, run_id: int) -> list[dict[str, object]]:
         """A run's snapshots of the machine, oldest first (JSON as stored; read them with
         ``Snapshot.from_json``)."""
         return [
@@ -376,7 +402,7 @@ class ResultsDB:
             for r in self._conn.execute("SELECT data FROM metrics WHERE run_id = ? ORDER BY t, id", (run_id,))
         ]
 
-    def latest_metrics(self, run_id: int) -> dict[str, Any] | None:
+    def latest_metrics(self, run_id: int) -> dict[str, object] | None:
         row = self._conn.execute(
             "SELECT data FROM metrics WHERE run_id = ? ORDER BY t DESC, id DESC LIMIT 1", (run_id,)
         ).fetchone()

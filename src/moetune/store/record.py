@@ -65,7 +65,7 @@ class Capabilities:
         return cls(props=True, tokenize=True, apply_template=True, timings=True)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerInfo:
     """What a server said about itself when a benchmark began; None where it did not say."""
 
@@ -80,8 +80,8 @@ class ServerInfo:
     props: Mapping[str, Any] = field(default_factory=dict)  # /props without the template and defaults
     caps: Capabilities = field(default_factory=Capabilities)
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self)}
         return {**out, "props": dict(self.props), "caps": self.caps.to_json()}
 
     @classmethod
@@ -111,7 +111,7 @@ class ModelRef:
     name: str | None = None
     note: str | None = None  # why the fingerprint is missing
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
@@ -127,7 +127,7 @@ class HostRef:
     facts: Mapping[str, str] = field(default_factory=dict)  # cpu, cores, ram_kib, gpus, hostname
     hardware_file: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"fingerprint": self.fingerprint, "facts": dict(self.facts), "hardware_file": self.hardware_file}
 
     @classmethod
@@ -193,7 +193,7 @@ class LaunchRef:
         )
         return what + ("" if self.load_s is None else f", loaded in {self.load_s:.1f} s")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "transport": self.transport,
             "confirmed": self.confirmed,
@@ -212,7 +212,7 @@ class LaunchRef:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunMeta:
     """Everything a run records about its context. ``details`` holds the kind's own settings as
     plain JSON (bench: ``workloads``, ``options``; serve-bench: ``workload``, ``client``,
@@ -232,7 +232,7 @@ class RunMeta:
     details: Mapping[str, Any] = field(default_factory=dict)
     launch: LaunchRef | None = None  # the transport and load time of the launch behind the server
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "schema_version": META_SCHEMA,
             "kind": str(self.kind),
@@ -289,7 +289,7 @@ class ServiceRecord:
     argv: tuple[str, ...] = ()  # the server's argv as launched
     workload: Mapping[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "name": self.name,
             "position": self.position,

@@ -30,7 +30,7 @@ MAX_PP_LOSS = 0.10  # --max-pp-loss's default: the share of the baselines' PP a 
 class Defaults:
     """The engine-defaults baseline: its document, its run (or why it failed)."""
 
-    doc: dict[str, Any]
+    doc: dict[str, Any]  # the plan document
     run: int | None = None
     failed: str | None = None
 
@@ -43,7 +43,7 @@ class Defaults:
         return list(self.doc["argv"])
 
 
-def defaults_doc(plan: Plan, engine: str, model: str) -> dict[str, Any]:
+def defaults_doc(plan: Plan, engine: str, model: str) -> dict[str, object]:
     """The baseline plan's document with the engine's no-flag command in place of the plan's."""
     doc = document(plan, engine, None, [model], argvs=[defaults_service_argv(sp) for sp in plan.services])
     doc = copy.deepcopy(doc)
@@ -74,9 +74,9 @@ def rates(db: ResultsDB, run: int | None, w: Workload) -> Rates:
     return Rates(tuple(tg.values) if tg else (), tuple(pp.values) if pp else ())
 
 
-def versus(base: Rates, other: Rates) -> dict[str, Any]:
+def versus(base: Rates, other: Rates) -> dict[str, object]:
     """``other`` against ``base``, TG and PP, by the rule of `compare`: ratio of medians and verdict."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for what in ("tg", "pp"):
         a, b = (base.tg, other.tg) if what == "tg" else (base.pp, other.pp)
         if len(a) < 2 or len(b) < 2:

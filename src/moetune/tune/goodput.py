@@ -58,7 +58,7 @@ def _num(x: Any) -> float | None:
 
 
 def windows(
-    samples: Sequence[dict[str, Any]], slo: dict[str, float], concurrency: int
+    samples: Sequence[dict[str, object]], slo: dict[str, float], concurrency: int
 ) -> tuple[list[float], list[float]]:
     """The completion windows' goodputs and request rates (requests/s) of one level's raw samples
     (module docstring)."""
@@ -68,7 +68,7 @@ def windows(
 
 
 def window_rates(
-    samples: Sequence[dict[str, Any]], concurrency: int, count: Callable[[RequestMetrics], float]
+    samples: Sequence[dict[str, object]], concurrency: int, count: Callable[[RequestMetrics], float]
 ) -> list[float]:
     """Per completion window of one level's raw samples (module docstring), what ``count`` counts of
     its requests over the window's span: its met requests, completed requests, output tokens."""
@@ -97,7 +97,7 @@ def window_rates(
     return out
 
 
-def measured(samples: Sequence[dict[str, Any]], load: ServeLoad) -> Goodput:
+def measured(samples: Sequence[dict[str, object]], load: ServeLoad) -> Goodput:
     slo = load.targets
     span = level_span(samples)
     good, rates = windows(samples, slo, load.concurrency)

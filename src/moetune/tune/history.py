@@ -7,7 +7,6 @@ built-in constants' is not stored (:func:`moetune.plan.calibrate.not_applicable`
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from moetune.bench.analysis.predicted import observations
 from moetune.bench.analysis.summary import bench_summary
@@ -67,7 +66,7 @@ def calibrate_and_save(
     placements: int | None = None,
     left_out: int = 0,
     force: bool = False,
-) -> tuple[Calibration, dict[str, Any]]:
+) -> tuple[Calibration, dict[str, object]]:
     """Fit, and store as the calibration for ``key`` unless its stated uncertainty is worse than
     the built-in one (``force`` stores it anyway); the calibration and its entry (``applied``, and
     ``not_applied``: why not)."""

@@ -80,6 +80,7 @@ from moetune.tune import workload as wl
 from moetune.tune.engine_axes import check_engine_axes, engine_options
 from moetune.tune.history import calibrate_and_save, gather, placements, plan_prior
 from moetune.tune.quiet import QuietGate
+from moetune.tune.record import TuneRecord
 from moetune.tune.transport_axis import check_transport_axis, refuse_unbuilt
 from moetune.tune.verdict import measurements, verdicts
 
@@ -88,7 +89,7 @@ NO_SCORE = "no weighted score"
 MIN_NOISE = 0.01  # the search stops when no candidate expects to gain this share, at least
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TuneRequest:
     hw: str
     model: str
@@ -114,7 +115,7 @@ class TuneRequest:
     weighted: wt.Weighted | None = None  # --objective weighted:...: several services' figures in one score
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Entry:
     """One candidate: its plan, what the model says, and what happened."""
 
@@ -131,7 +132,7 @@ class Entry:
         return self.plan.fits
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TuneResult:
     tune_id: str
     objective: str
@@ -185,7 +186,7 @@ def predicted_rates(e: Entry, k: SpeedConstants, w: Workload) -> tuple[float, fl
 
 
 def _tune_id(req: TuneRequest, plan: Plan, labels: list[str]) -> str:
-    key: dict[str, Any] = {
+    key: dict[str, object] = {
         "model": [str(f) for f in plan.main.spec.model.files],
         "hw": plan.hw.name or plan.hw.source or req.hw,
         "layout": None if req.layout is None else [hashlib.sha256(req.layout.read_bytes()).hexdigest(), req.service],
@@ -235,7 +236,7 @@ class Tuned:
         return [self.given, *self.others_given]
 
 
-def tuned_service(req: TuneRequest, hw: Inventory, engine: str, kind: EngineKind, k: SpeedConstants) -> Tuned:
+def tuned_service(req: TuneRequest, hw: Inventory, *, engine: str, kind: EngineKind, k: SpeedConstants) -> Tuned:
     """What ``req`` tunes. With a layout: the named service, the others as the layout's plan places them."""
     base = replace(req.base, engine=kind)
     if req.layout is None:
@@ -255,7 +256,7 @@ def tuned_service(req: TuneRequest, hw: Inventory, engine: str, kind: EngineKind
             "--layout tunes one service's single-stream speed (--objective tg, pp or ttft)",
             hint="drop --objective goodput, or tune the model alone",
         )
-    services, given = layout_services(req.layout, base, req.port, engine, kind)
+    services, given = layout_services(req.layout, base, req.port, engine=engine, kind=kind)
     names = [s.name for s in services]
     if req.service not in names:
         raise InputError(
@@ -282,7 +283,7 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     calibration for this hardware, else the built-in ones)."""
     inputs = read_inputs(req.hw, req.engine)
     hw, calib, k = inputs.hw, inputs.calib, inputs.constants
-    tuned = tuned_service(req, hw, inputs.engine, inputs.kind, k)
+    tuned = tuned_service(req, hw, engine=inputs.engine, kind=inputs.kind, k=k)
     if req.weighted is not None:  # its services against the layout's, before anything is planned
         wt.check(
             req.weighted,
@@ -316,8 +317,8 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
     axes = core.default_axes(
         base,
         tuned.spec.strategy,
-        hw.local.cores,
-        moe_layers,
+        cores=hw.local.cores,
+        moe_layers=moe_layers,
         accelerators=len(hw.accelerators()),
         engine=options,
         expert_budget=budget,
@@ -339,7 +340,9 @@ def candidates(req: TuneRequest, status: Status) -> tuple[list[Entry], SpeedCons
             continue
         doc = document(plan, engine, calib, tuned.given_models)
         doc["label"] = c.label
-        entries.append(Entry(c, plan, doc, plan.main.prediction.work, _cpu_share(plan)))
+        entries.append(
+            Entry(candidate=c, plan=plan, doc=doc, work=plan.main.prediction.work, cpu_expert_share=_cpu_share(plan))
+        )
     return entries, k
 
 
@@ -394,243 +397,369 @@ def tune(
     gate = quiet or QuietGate(status)
     _check_request(req)
     entries, prior = candidates(req, status)
-    if not entries[0].fits:
+    _check_baseline(entries[0])
+    refuse_unbuilt([e.doc for e in entries], [e.candidate.transport for e in entries], req.rdma_dev)
+    s = _start(db, req, entries, prior, status=status, progress_for=progress_for, on_snapshot=on_snapshot)
+    defaults = _defaults(db, req, entries[0], tid=s.tid, failed=s.failed)
+    s.measure_resumed()
+    while True:
+        if defaults is not None and defaults.pending and entries[0].run is not None:  # beside the baseline
+            s.launch_defaults(defaults)
+        if s.launches >= req.budget:
+            break
+        nxt = s.next_candidate()
+        if nxt is None:
+            break
+        s.launch(nxt, gate)
+    result = s.result(defaults)
+    if result.best is not None and not result.plan_path(result.best).exists():
+        result.plan_path(result.best).write_text(json.dumps(entries[result.best].doc, indent=2))
+    _save_calibration(db, calibrations.plan_key(entries[0].doc))
+    return result
+
+
+def _check_baseline(baseline: Entry) -> None:
+    if not baseline.fits:
         raise InputError(
-            f"the baseline ({entries[0].candidate.label}) does not fit: {entries[0].plan.shortfalls[0].message}",
+            f"the baseline ({baseline.candidate.label}) does not fit: {baseline.plan.shortfalls[0].message}",
             hint="`moetune plan` with the same options shows why; give options that fit "
             "(a smaller --ctx or -ub, --strategy cpu-moe) as the baseline",
         )
-    refuse_unbuilt([e.doc for e in entries], [e.candidate.transport for e in entries], req.rdma_dev)
+
+
+def _start(
+    db: ResultsDB,
+    req: TuneRequest,
+    entries: list[Entry],
+    prior: SpeedConstants,
+    *,
+    status: Status,
+    progress_for: Callable[[str], Progress | None] | None,
+    on_snapshot: Callable[[Snapshot], None] | None,
+) -> _Search:
+    """The search's record (created, or an earlier run's resumed: what it measured and saw fail)."""
     tid = _tune_id(req, entries[0].plan, [e.candidate.label for e in entries])
     feats = np.array([core.features(e.candidate, e.cpu_expert_share, entries[0].plan.hw.local.cores) for e in entries])
     plan_dir = data_dir() / "tune" / tid
     plan_dir.mkdir(parents=True, exist_ok=True)
-    spec: dict[str, Any] = {
-        "kind": "tune",
-        "objective": req.objective,
-        "hw": req.hw,
-        "model": req.model,
-        "workload": req.workload.to_json(),
-        "candidates": [e.candidate.label for e in entries],
-        "failed": {},
-        "serve": req.serve.to_json() if req.serve else None,
-        "work": req.work.key() if req.work else None,
-        "weighted": req.weighted.to_json() if req.weighted else None,
-    }
-    if not db.create_sweep(tid, spec):
-        spec = db.sweep(tid) or spec
+    record = TuneRecord(
+        objective=req.objective,
+        hw=req.hw,
+        model=req.model,
+        workload=req.workload.to_json(),
+        candidates=tuple(e.candidate.label for e in entries),
+        serve=req.serve.to_json() if req.serve else None,
+        work=req.work.key() if req.work else None,
+        weighted=req.weighted.to_json() if req.weighted else None,
+    )
+    if not db.create_sweep(tid, record.to_json()):
+        stored = db.sweep(tid)
+        record = record if stored is None else TuneRecord.from_json(stored)
         status(f"resuming tune {tid}")
-    failed: dict[str, str] = dict(spec.get("failed") or {})
+    failed = dict(record.failed)
     _resume(db, tid, entries, failed)
-    defaults = _defaults(db, req, entries[0], tid, failed)
-    values: dict[int, list[float]] = {}
-    summaries: dict[int, BenchSummary] = {}
-    goodputs: dict[int, gp.Goodput] = {}
-    works: dict[int, wl.Measured] = {}
-    loaded: dict[int, ul.Measured] = {}
-    figs: dict[int, dict[wt.Term, wt.Figure]] = {}
-    scores: dict[int, wt.Score] = {}
-    streams = {ld.service: max(1, ld.concurrency) for ld in req.with_load}
+    return _Search(
+        db=db,
+        req=req,
+        entries=entries,
+        prior=prior,
+        k=prior,
+        tid=tid,
+        record=record,
+        failed=failed,
+        feats=feats,
+        plan_dir=plan_dir,
+        status=status,
+        progress_for=progress_for,
+        on_snapshot=on_snapshot,
+    )
 
-    def measured(i: int) -> None:
+
+@dataclass(kw_only=True)
+class _Search:
+    """A search under way: its candidates, what it measured of them, and what it learned."""
+
+    db: ResultsDB
+    req: TuneRequest
+    entries: list[Entry]
+    prior: SpeedConstants  # the constants before this search's measurements
+    k: SpeedConstants  # refitted after each measurement
+    tid: str
+    record: TuneRecord  # the sweep's record, as stored
+    failed: dict[str, str]  # the candidates that failed to launch, and why
+    feats: np.ndarray
+    plan_dir: Path
+    status: Status
+    progress_for: Callable[[str], Progress | None] | None
+    on_snapshot: Callable[[Snapshot], None] | None
+    launches: int = 0
+    stopped: str = "budget spent"
+    values: dict[int, list[float]] = field(default_factory=dict)
+    summaries: dict[int, BenchSummary] = field(default_factory=dict)
+    goodputs: dict[int, gp.Goodput] = field(default_factory=dict)
+    works: dict[int, wl.Measured] = field(default_factory=dict)
+    loaded: dict[int, ul.Measured] = field(default_factory=dict)
+    figs: dict[int, dict[wt.Term, wt.Figure]] = field(default_factory=dict)
+    scores: dict[int, wt.Score] = field(default_factory=dict)
+
+    def measure_resumed(self) -> None:
+        """What an earlier run of this search measured, read back; its launches counted."""
+        for i, e in enumerate(self.entries):
+            if e.run is not None:
+                self.measured(i)
+        self.k = self.refit()
+        self.launches = sum(1 for e in self.entries if e.run is not None or e.failed is not None)
+
+    def measured(self, i: int) -> None:
+        """Read entry ``i``'s run: its objective's samples (and the weighted scores, all again)."""
+        req, entries = self.req, self.entries
         run = entries[i].run
         assert run is not None
-        samples = db.samples(run)
+        samples = self.db.samples(run)
         if req.weighted is not None:  # every score again: they are relative to the baseline's figures
-            loaded[i] = ul.measured(samples, entries[i].plan.main.spec.name)
-            figs[i] = wt.figures(samples, req.weighted, streams)
-            scores.clear()
-            scores.update(wt.scores(req.weighted, figs))
-            values.clear()
-            values.update({j: list(sc.samples) for j, sc in scores.items()})
-            for j, sc in scores.items():  # a score the reference's figures may give later
+            self.loaded[i] = ul.measured(samples, entries[i].plan.main.spec.name)
+            streams = {ld.service: max(1, ld.concurrency) for ld in req.with_load}
+            self.figs[i] = wt.figures(samples, req.weighted, streams)
+            self.scores.clear()
+            self.scores.update(wt.scores(req.weighted, self.figs))
+            self.values.clear()
+            self.values.update({j: list(sc.samples) for j, sc in self.scores.items()})
+            for j, sc in self.scores.items():  # a score the reference's figures may give later
                 if sc.problem is not None:
                     entries[j].failed = f"{NO_SCORE}: {sc.problem}"
                 elif (entries[j].failed or "").startswith(NO_SCORE):
                     entries[j].failed = None
         elif req.with_load:
-            loaded[i] = ul.measured(samples, entries[i].plan.main.spec.name)
-            values[i] = list(loaded[i].shared.of(req.objective))
+            self.loaded[i] = ul.measured(samples, entries[i].plan.main.spec.name)
+            self.values[i] = list(self.loaded[i].shared.of(req.objective))
         elif req.work is not None:
-            works[i] = wl.measured(samples, req.work)
-            values[i] = works[i].values
-            if (why := works[i].problem()) is not None:
+            self.works[i] = wl.measured(samples, req.work)
+            self.values[i] = self.works[i].values
+            if (why := self.works[i].problem()) is not None:
                 entries[i].failed = why
         elif req.serve is not None:
-            goodputs[i] = gp.measured(samples, req.serve)
-            values[i] = list(goodputs[i].values)
+            self.goodputs[i] = gp.measured(samples, req.serve)
+            self.values[i] = list(self.goodputs[i].values)
         else:
-            summaries[i] = bench_summary(samples)
-            values[i] = _bench_values(samples, req)
+            self.summaries[i] = bench_summary(samples)
+            self.values[i] = _bench_values(samples, req)
 
-    def refit() -> SpeedConstants:  # from single-stream benchmarks only (serve-bench runs: the GP alone)
+    def refit(self) -> SpeedConstants:
+        """The constants fitted to single-stream benchmarks only (serve-bench runs: the GP alone)."""
         obs = [
             o
-            for i in summaries
-            for o in observations(entries[i].run or 0, summaries[i], dict(db.run(entries[i].run or 0).meta.details))
+            for i in self.summaries
+            for o in observations(
+                self.entries[i].run or 0, self.summaries[i], dict(self.db.run(self.entries[i].run or 0).meta.details)
+            )
         ]
-        return fit(obs, prior) if obs else prior
+        return fit(obs, self.prior) if obs else self.prior
 
-    for i, e in enumerate(entries):
-        if e.run is not None:
-            measured(i)
-    k = refit()
-    launches = sum(1 for e in entries if e.run is not None or e.failed is not None)
-    stopped = "budget spent"
-    while True:
-        if defaults is not None and defaults.pending and entries[0].run is not None:  # beside the baseline
-            _launch_defaults(db, req, defaults, plan_dir, tid, spec, failed, status, progress_for, on_snapshot)
-        if launches >= req.budget:
-            break
+    def view(self) -> _View | None:
+        return _view(self.entries, self.k, self.req, feats=self.feats, values=self.values, goodputs=self.goodputs)
+
+    def next_candidate(self) -> int | None:
+        """The candidate to launch next (the baseline first); None, with why in ``stopped``, when
+        none is left or none expects to gain more than the noise."""
+        entries = self.entries
         open_ = [i for i, e in enumerate(entries) if e.fits and e.run is None and e.failed is None]
         if not open_:
-            stopped = "every candidate that fits was tried"
-            break
+            self.stopped = "every candidate that fits was tried"
+            return None
         if entries[0].run is None and entries[0].failed is None:
-            nxt = 0
-        else:
-            view = _view(entries, k, req, feats, values, goodputs)
-            if view is None:
-                nxt = max(open_, key=lambda j: _objective(entries[j], k, req, entries[0]))
-            else:
-                choice, gain = core.choose(view.belief, view.best, open_, view.noise, gains=view.gains)
-                if choice is None:
-                    stopped = (
-                        f"no candidate expects to gain more than the noise ({gain * 100:.1f}% < "
-                        f"{view.noise * 100:.1f}%)"
-                    )
-                    break
-                nxt = choice
-                status(f"next: {entries[nxt].candidate.label} (expects {view.expect[nxt]:.4g}, gain {gain * 100:.1f}%)")
-        e = entries[nxt]
-        path = plan_dir / f"{_slug(e.candidate.label)}.json"
+            return 0
+        view = self.view()
+        if view is None:
+            return max(open_, key=lambda j: _objective(entries[j], self.k, self.req, entries[0]))
+        choice, gain = core.choose(view.belief, view.best, open_, noise=view.noise, gains=view.gains)
+        if choice is None:
+            self.stopped = (
+                f"no candidate expects to gain more than the noise ({gain * 100:.1f}% < {view.noise * 100:.1f}%)"
+            )
+            return None
+        self.status(
+            f"next: {entries[choice].candidate.label} (expects {view.expect[choice]:.4g}, gain {gain * 100:.1f}%)"
+        )
+        return choice
+
+    def launch(self, nxt: int, gate: QuietGate) -> None:
+        """Launch and measure candidate ``nxt``: a launch that fails is recorded and skipped, a
+        contended measurement is dropped (to be measured again)."""
+        e = self.entries[nxt]
+        path = self.plan_dir / f"{_slug(e.candidate.label)}.json"
         path.write_text(json.dumps(e.doc, indent=2))
-        launches += 1
+        self.launches += 1
         gate.before_launch()  # a busy machine: MachineBusy, or a wait with --wait-quiet
-        status(f"launch {launches}/{req.budget}: {e.candidate.label}")
+        self.status(f"launch {self.launches}/{self.req.budget}: {e.candidate.label}")
         try:
-            if req.with_load or req.weighted is not None:
-                e.run = ul.run_candidate(
-                    db,
-                    path,
-                    e.plan.main.spec.name,
-                    req.with_load,
-                    req.workload,
-                    req.options,
-                    label=e.candidate.label,
-                    sweep_id=tid,
-                    launch_timeout_s=req.launch_timeout_s,
-                    status=status,
-                    on_snapshot=on_snapshot,
-                    transport=e.candidate.transport,
-                    rdma_dev=req.rdma_dev,
-                    slo=dict(req.weighted.slo) if req.weighted and req.weighted.slo else None,
-                )
-            elif req.work is not None:
-                e.run = wl.run_candidate(
+            e.run = self._run_candidate(e, path)
+        except MoetuneError as err:  # out of memory at launch, say: recorded, skipped, the search goes on
+            e.failed = str(err)
+            self.failed[e.candidate.label] = e.failed
+            self.db.update_sweep(self.tid, replace(self.record, failed=dict(self.failed)).to_json())
+            self.status(f"{e.candidate.label}: failed: {str(err).splitlines()[0]}")
+            return
+        if not gate.accept(self.db, e.run):  # contended, and the machine waited for: measure it again
+            e.run, self.launches = None, self.launches - 1
+            return
+        self.measured(nxt)
+        self.k = self.refit()
+
+    def _run_candidate(self, e: Entry, path: Path) -> int:
+        """One candidate's run, measured as its objective is."""
+        req, db, status, on_snapshot = self.req, self.db, self.status, self.on_snapshot
+        if req.with_load or req.weighted is not None:
+            return ul.run_candidate(
+                db,
+                path,
+                e.plan.main.spec.name,
+                loads=req.with_load,
+                w=req.workload,
+                options=req.options,
+                label=e.candidate.label,
+                sweep_id=self.tid,
+                launch_timeout_s=req.launch_timeout_s,
+                status=status,
+                on_snapshot=on_snapshot,
+                transport=e.candidate.transport,
+                rdma_dev=req.rdma_dev,
+                slo=dict(req.weighted.slo) if req.weighted and req.weighted.slo else None,
+            )
+        if req.work is not None:
+            return wl.run_candidate(
+                db,
+                path,
+                req.work,
+                label=e.candidate.label,
+                sweep_id=self.tid,
+                repeats=req.options.repeats,
+                warmup=req.options.warmup,
+                transport=e.candidate.transport,
+                rdma_dev=req.rdma_dev,
+                server=e.plan.main.spec.name,
+                launch_timeout_s=req.launch_timeout_s,
+                request_timeout_s=req.options.timeout_s,
+                status=status,
+                on_snapshot=on_snapshot,
+            )
+        if req.serve is not None:
+            return gp.serve_candidate(
+                db,
+                path,
+                req.serve,
+                label=e.candidate.label,
+                sweep_id=self.tid,
+                transport=e.candidate.transport,
+                rdma_dev=req.rdma_dev,
+                launch_timeout_s=req.launch_timeout_s,
+                request_timeout_s=req.options.timeout_s,
+                status=status,
+                on_snapshot=on_snapshot,
+            )
+        target = with_transport(plan_target(path, e.plan.main.spec.name), e.candidate.transport, req.rdma_dev)
+        return bench_target(
+            db,
+            target,
+            [req.workload],
+            req.options,
+            label=e.candidate.label,
+            sweep_id=self.tid,
+            launch_timeout_s=req.launch_timeout_s,
+            status=status,
+            progress_for=self.progress_for,
+            on_snapshot=on_snapshot,
+        )
+
+    def launch_defaults(self, d: dflt.Defaults) -> None:
+        """Measure the engine with the model and no tuning flags, as every candidate is measured; not
+        a launch of the budget."""
+        req, db, status = self.req, self.db, self.status
+        path = self.plan_dir / "engine_defaults.json"
+        path.write_text(json.dumps(d.doc, indent=2))
+        status(f"engine defaults: {' '.join(d.argv)}")
+        try:
+            if req.work is not None:
+                d.run = wl.run_candidate(
                     db,
                     path,
                     req.work,
-                    label=e.candidate.label,
-                    sweep_id=tid,
+                    label=dflt.LABEL,
+                    sweep_id=self.tid,
                     repeats=req.options.repeats,
                     warmup=req.options.warmup,
-                    transport=e.candidate.transport,
-                    rdma_dev=req.rdma_dev,
-                    server=e.plan.main.spec.name,
-                    launch_timeout_s=req.launch_timeout_s,
-                    request_timeout_s=req.options.timeout_s,
-                    status=status,
-                    on_snapshot=on_snapshot,
-                )
-            elif req.serve is not None:
-                e.run = gp.serve_candidate(
-                    db,
-                    path,
-                    req.serve,
-                    label=e.candidate.label,
-                    sweep_id=tid,
-                    transport=e.candidate.transport,
+                    transport=req.transport,
                     rdma_dev=req.rdma_dev,
                     launch_timeout_s=req.launch_timeout_s,
                     request_timeout_s=req.options.timeout_s,
                     status=status,
-                    on_snapshot=on_snapshot,
+                    on_snapshot=self.on_snapshot,
                 )
             else:
-                target = with_transport(plan_target(path, e.plan.main.spec.name), e.candidate.transport, req.rdma_dev)
-                e.run = bench_target(
+                d.run = bench_target(
                     db,
-                    target,
+                    plan_target(path),
                     [req.workload],
                     req.options,
-                    label=e.candidate.label,
-                    sweep_id=tid,
+                    label=dflt.LABEL,
+                    sweep_id=self.tid,
                     launch_timeout_s=req.launch_timeout_s,
                     status=status,
-                    progress_for=progress_for,
-                    on_snapshot=on_snapshot,
+                    progress_for=self.progress_for,
+                    on_snapshot=self.on_snapshot,
                 )
-        except MoetuneError as err:  # out of memory at launch, say: recorded, skipped, the search goes on
-            e.failed = str(err)
-            failed[e.candidate.label] = e.failed
-            db.update_sweep(tid, {**spec, "failed": failed})
-            status(f"{e.candidate.label}: failed: {str(err).splitlines()[0]}")
-            continue
-        if not gate.accept(db, e.run):  # contended, and the machine waited for: measure it again
-            e.run, launches = None, launches - 1
-            continue
-        measured(nxt)
-        k = refit()
-    view = _view(entries, k, req, feats, values, goodputs)
-    rates = {i: dflt.rates(db, e.run, req.workload) for i, e in enumerate(entries) if e.run is not None}
-    rates.update({i: dflt.Rates(m.shared.tg, m.shared.pp) for i, m in loaded.items()})  # under the load
-    d_rates = dflt.rates(db, defaults.run if defaults else None, req.workload)
-    rejected = pp_rejections(req.objective, req.max_pp_loss, rates, d_rates)
-    judged, best = verdicts(
-        entries, values, None if view is None else view.expect, rejected, as_time=req.work is not None
-    )
-    d_work = (
-        wl.measured(db.samples(defaults.run), req.work)
-        if req.work is not None and defaults is not None and defaults.run is not None
-        else None
-    )
-    result = TuneResult(
-        tid,
-        req.objective,
-        entries,
-        0,
-        best,
-        launches,
-        stopped,
-        k,
-        values,
-        summaries,
-        judged,
-        plan_dir,
-        req.workload,
-        req.serve,
-        goodputs,
-        defaults,
-        rates,
-        d_rates,
-        req.max_pp_loss,
-        req.work,
-        works,
-        d_work,
-        loaded,
-        req.with_load,
-        req.weighted,
-        scores,
-    )
-    if best is not None and not result.plan_path(best).exists():
-        result.plan_path(best).write_text(json.dumps(entries[best].doc, indent=2))
-    _save_calibration(db, calibrations.plan_key(entries[0].doc))
-    return result
+        except MoetuneError as err:
+            d.failed = self.failed[dflt.LABEL] = str(err)
+            db.update_sweep(self.tid, replace(self.record, failed=dict(self.failed)).to_json())
+            status(f"{dflt.LABEL}: failed: {str(err).splitlines()[0]}")
+
+    def result(self, defaults: dflt.Defaults | None) -> TuneResult:
+        """The search's outcome: each candidate's verdict and the best (the winner, else the baseline)."""
+        db, req, entries = self.db, self.req, self.entries
+        view = self.view()
+        rates = {i: dflt.rates(db, e.run, req.workload) for i, e in enumerate(entries) if e.run is not None}
+        rates.update({i: dflt.Rates(m.shared.tg, m.shared.pp) for i, m in self.loaded.items()})  # under the load
+        d_rates = dflt.rates(db, defaults.run if defaults else None, req.workload)
+        rejected = pp_rejections(req.objective, req.max_pp_loss, rates, d_rates)
+        judged, best = verdicts(
+            entries, self.values, None if view is None else view.expect, rejected, as_time=req.work is not None
+        )
+        d_work = (
+            wl.measured(db.samples(defaults.run), req.work)
+            if req.work is not None and defaults is not None and defaults.run is not None
+            else None
+        )
+        return TuneResult(
+            tune_id=self.tid,
+            objective=req.objective,
+            entries=entries,
+            baseline=0,
+            best=best,
+            launches=self.launches,
+            stopped=self.stopped,
+            constants=self.k,
+            values=self.values,
+            summaries=self.summaries,
+            verdicts=judged,
+            plan_dir=self.plan_dir,
+            workload=req.workload,
+            serve=req.serve,
+            goodputs=self.goodputs,
+            defaults=defaults,
+            rates=rates,
+            defaults_rates=d_rates,
+            max_pp_loss=req.max_pp_loss,
+            work=req.work,
+            works=self.works,
+            defaults_work=d_work,
+            loaded=self.loaded,
+            with_load=req.with_load,
+            weighted=req.weighted,
+            scores=self.scores,
+        )
 
 
 def _defaults(
-    db: ResultsDB, req: TuneRequest, baseline: Entry, tid: str, failed: dict[str, str]
+    db: ResultsDB, req: TuneRequest, baseline: Entry, *, tid: str, failed: dict[str, str]
 ) -> dflt.Defaults | None:
     """The engine-defaults baseline of a single-stream search (resumed: its run, or why it failed);
     none under --with-load (the engine's own choices take the others' memory)."""
@@ -644,59 +773,6 @@ def _defaults(
     d.run = next((r.id for r in db.runs(sweep_id=tid) if r.label == dflt.LABEL and r.status == RunStatus.DONE), None)
     d.failed = failed.get(dflt.LABEL) if d.run is None else None
     return d
-
-
-def _launch_defaults(
-    db: ResultsDB,
-    req: TuneRequest,
-    d: dflt.Defaults,
-    plan_dir: Path,
-    tid: str,
-    spec: dict[str, Any],
-    failed: dict[str, str],
-    status: Status,
-    progress_for: Callable[[str], Progress | None] | None,
-    on_snapshot: Callable[[Snapshot], None] | None,
-) -> None:
-    """Measure the engine with the model and no tuning flags, as every candidate is measured; not a
-    launch of the budget."""
-    path = plan_dir / "engine_defaults.json"
-    path.write_text(json.dumps(d.doc, indent=2))
-    status(f"engine defaults: {' '.join(d.argv)}")
-    try:
-        if req.work is not None:
-            d.run = wl.run_candidate(
-                db,
-                path,
-                req.work,
-                label=dflt.LABEL,
-                sweep_id=tid,
-                repeats=req.options.repeats,
-                warmup=req.options.warmup,
-                transport=req.transport,
-                rdma_dev=req.rdma_dev,
-                launch_timeout_s=req.launch_timeout_s,
-                request_timeout_s=req.options.timeout_s,
-                status=status,
-                on_snapshot=on_snapshot,
-            )
-        else:
-            d.run = bench_target(
-                db,
-                plan_target(path),
-                [req.workload],
-                req.options,
-                label=dflt.LABEL,
-                sweep_id=tid,
-                launch_timeout_s=req.launch_timeout_s,
-                status=status,
-                progress_for=progress_for,
-                on_snapshot=on_snapshot,
-            )
-    except MoetuneError as err:
-        d.failed = failed[dflt.LABEL] = str(err)
-        db.update_sweep(tid, {**spec, "failed": failed})
-        status(f"{dflt.LABEL}: failed: {str(err).splitlines()[0]}")
 
 
 def pp_rejections(
@@ -717,7 +793,7 @@ def pp_rejections(
     return dflt.pp_rejections(pps, refs, max_pp_loss)
 
 
-def _bench_values(samples: list[dict[str, Any]], req: TuneRequest) -> list[float]:
+def _bench_values(samples: list[dict[str, object]], req: TuneRequest) -> list[float]:
     """A single-stream objective's samples from a benchmark run: one per measured run."""
     ms = bench_metrics(samples)
     tg, pp = ms.get(f"tg:{req.workload.name}"), ms.get(f"pp:{req.workload.name}")
@@ -755,7 +831,7 @@ def _objective(e: Entry, k: SpeedConstants, req: TuneRequest, base: Entry) -> fl
     return objective_value(req.objective, tg, pp, req.workload.pp_tokens) or 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _View:
     """What the search believes after its measurements."""
 
@@ -770,6 +846,7 @@ def _view(
     entries: list[Entry],
     k: SpeedConstants,
     req: TuneRequest,
+    *,
     feats: np.ndarray,
     values: dict[int, list[float]],
     goodputs: dict[int, gp.Goodput],
@@ -783,7 +860,7 @@ def _view(
         if not meas:
             return None
         b = core.belief([_objective(e, k, req, entries[0]) for e in entries], feats, meas)
-        return _View(b, max(m.value for m in meas), _noise(meas), None, np.exp(b.mean))
+        return _View(belief=b, best=max(m.value for m in meas), noise=_noise(meas), gains=None, expect=np.exp(b.mean))
     meas = measurements({i: list(g.rates) for i, g in goodputs.items()})
     if not meas:
         return None
@@ -791,8 +868,8 @@ def _view(
     b = core.belief([p.request_s for p in sps], feats, meas)
     best = max((statistics.median(v) for v in values.values() if v), default=0.0)
     best = max(best, min(g.floor for g in goodputs.values()), 1e-9)
-    expect, gains = expected_goodput(sps, req.serve.targets, b.mean, b.sd, best=best)
-    return _View(b, best, _noise(meas), gains, expect)
+    expect, gains = expected_goodput(sps, req.serve.targets, log_rate_mean=b.mean, log_rate_sd=b.sd, best=best)
+    return _View(belief=b, best=best, noise=_noise(meas), gains=gains, expect=expect)
 
 
 def _noise(meas: list[core.Measured]) -> float:

@@ -39,13 +39,14 @@ def guard(
     status: Callable[[str], None],
     ctx: int = 256,
     chunks: int = 16,
-) -> tuple[TuneResult, dict[int, dict[str, Any]]]:
+) -> tuple[TuneResult, dict[int, dict[str, object]]]:
     """``result`` with a best whose KLD from the baseline is at most ``max_kld``; and the quality
     measured, by candidate index (``moetune.quality.kld.Candidate.to_json()``)."""
     from moetune.bench.target import plan_target
     from moetune.quality.kld import EvalOptions, eval_text, evaluate
 
-    checked: dict[int, dict[str, Any]] = {}
+    checked: dict[int, dict[str, object]] = {}
+    kld_mean: dict[int, float] = {}
     rejected: set[int] = set()
     while result.best not in (None, 0):
         best = result.best
@@ -61,6 +62,7 @@ def guard(
             status=status,
         )
         checked[best] = cand.to_json()
+        kld_mean[best] = cand.kld.mean
         if cand.kld.mean <= max_kld:
             break
         rejected.add(best)
@@ -74,7 +76,7 @@ def guard(
             as_time=result.work is not None,
         )
         for i in rejected:
-            judged[i] = f"rejected: KLD {checked[i]['kld']['mean']:.6f} above --max-kld {max_kld:g}"
+            judged[i] = f"rejected: KLD {kld_mean[i]:.6f} above --max-kld {max_kld:g}"
         if new_best is not None and new_best != 0:
             judged[new_best] = judged[new_best] if judged[new_best].startswith("best") else f"best, {judged[new_best]}"
         status(f"--max-kld: {result.entries[best].candidate.label} rejected (KLD {cand.kld.mean:.6f})")

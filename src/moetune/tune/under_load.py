@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from moetune.bench.analysis.serve import ALONE, LOAD, SERVICE, SHARED, RequestFigures, request_figures, request_metrics
 from moetune.bench.serve.loadspec import ServiceLoad, parse_loads, service_load
@@ -72,7 +71,7 @@ def check(loads: Sequence[str], layout: Path | None, service: str | None, object
 
 def tuned_load(service: str, w: Workload, options: BenchOptions) -> ServiceLoad:
     """The search's workload as the tuned service's load: one stream, a request per repeat."""
-    keys: dict[str, Any] = {
+    keys: dict[str, object] = {
         "concurrency": 1,
         "requests": options.repeats,
         "input-len": w.depth + w.pp_tokens,
@@ -87,10 +86,10 @@ def run_candidate(
     db: ResultsDB,
     path: Path,
     service: str,
+    *,
     loads: Sequence[ServiceLoad],
     w: Workload,
     options: BenchOptions,
-    *,
     label: str,
     sweep_id: str,
     launch_timeout_s: float,
@@ -117,7 +116,7 @@ def run_candidate(
     return int(doc["run"]["id"])
 
 
-def _rates(samples: Sequence[dict[str, Any]], service: str, load: str) -> Rates:
+def _rates(samples: Sequence[dict[str, object]], service: str, load: str) -> Rates:
     """``service``'s requests under ``load``, as rates (:func:`request_figures`, the figures every
     per-request table reads)."""
     figs = service_figures(samples, service, load)
@@ -128,7 +127,7 @@ def _rates(samples: Sequence[dict[str, Any]], service: str, load: str) -> Rates:
     )
 
 
-def service_figures(samples: Sequence[dict[str, Any]], service: str, load: str) -> list[RequestFigures]:
+def service_figures(samples: Sequence[dict[str, object]], service: str, load: str) -> list[RequestFigures]:
     """The figures of ``service``'s successful requests under ``load`` (alone or shared), in order."""
     out = []
     for s in samples:
@@ -137,6 +136,6 @@ def service_figures(samples: Sequence[dict[str, Any]], service: str, load: str) 
     return out
 
 
-def measured(samples: Sequence[dict[str, Any]], service: str) -> Measured:
+def measured(samples: Sequence[dict[str, object]], service: str) -> Measured:
     """The tuned service's figures from a candidate's run: under the shared load, and alone."""
     return Measured(shared=_rates(samples, service, SHARED), alone=_rates(samples, service, ALONE))

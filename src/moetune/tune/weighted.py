@@ -101,7 +101,7 @@ class Weighted:
     def services(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(t.service for t in self.terms))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "text": self.text,
             "terms": [
@@ -227,7 +227,7 @@ def figures(samples: Sequence[Mapping[str, Any]], w: Weighted, concurrency: Mapp
     ``concurrency``: each loaded service's streams (its completion windows)."""
     from moetune.tune.goodput import window_rates
 
-    by: dict[str, list[dict[str, Any]]] = {}
+    by: dict[str, list[dict[str, object]]] = {}
     for s in samples:
         if s.get(LOAD) == SHARED and s.get(SERVICE) in w.services:
             by.setdefault(str(s[SERVICE]), []).append(dict(s))
@@ -274,7 +274,7 @@ class Part:
     ratio: float | None  # value / reference (latencies: reference / value)
     contribution: float | None  # weight x ratio
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         t = self.term
         return {
             "service": t.service,
@@ -297,7 +297,7 @@ class Score:
     reference: int | None = None  # the candidate it is relative to
     problem: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "score": self.total,
             "terms": [p.to_json() for p in self.parts],

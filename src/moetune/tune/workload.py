@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from moetune.bench.serve.sessions import SessionSpec
 from moetune.errors import InputError
@@ -72,7 +72,7 @@ class ReplayObjective:
 
     name = "replay"
 
-    def key(self) -> dict[str, Any]:
+    def key(self) -> dict[str, object]:
         return {"replay": self.sha256, "speed": self.speed}
 
 
@@ -90,7 +90,7 @@ class TurnObjective:
     def per_slot(self) -> int:
         return self.session.context_need() * 5 // 4 + TEMPLATE_TOKENS
 
-    def key(self) -> dict[str, Any]:
+    def key(self) -> dict[str, object]:
         return {"turn": self.session.to_json()}
 
 
@@ -171,7 +171,16 @@ def replay_objective(path: Path, speed: str) -> ReplayObjective:
 
 
 def turn_objective(*, system_tokens: int, turns: int, turn_tokens: int, output_len: int, repeats: int) -> TurnObjective:
-    return TurnObjective(session=SessionSpec(repeats, turns, system_tokens, turn_tokens, output_len, sequential=True))
+    return TurnObjective(
+        session=SessionSpec(
+            sessions=repeats,
+            turns=turns,
+            system_tokens=system_tokens,
+            turn_tokens=turn_tokens,
+            output_len=output_len,
+            sequential=True,
+        )
+    )
 
 
 def slotted(s: Settings, w: WorkObjective) -> Settings:
@@ -184,7 +193,7 @@ def slotted(s: Settings, w: WorkObjective) -> Settings:
 # ---- what the speed model expects (the search's prior) ------------------------------------------
 
 
-def _request_s(work: Work, k: SpeedConstants, prompt: int, context: int, reply: int) -> float:
+def _request_s(work: Work, k: SpeedConstants, *, prompt: int, context: int, reply: int) -> float:
     from moetune.plan.speed import decode_seconds, prefill_tok_s
 
     pp = prefill_tok_s(work, k, max(1, prompt), max(0, context - prompt)) if prompt else 0.0
@@ -203,7 +212,7 @@ def predicted_seconds(w: WorkObjective, work: Work, k: SpeedConstants) -> float:
         for t in range(ss.turns):
             prompt = ss.turn_tokens + (ss.system_tokens if t == 0 else ss.output_len)
             ctx += ss.turn_tokens
-            total += _request_s(work, k, prompt, ctx, ss.output_len)
+            total += _request_s(work, k, prompt=prompt, context=ctx, reply=ss.output_len)
             ctx += ss.output_len
         return total / ss.turns
     from moetune.bench.record.schedule import parse_speed
@@ -211,7 +220,10 @@ def predicted_seconds(w: WorkObjective, work: Work, k: SpeedConstants) -> float:
     speed = parse_speed(w.speed)
     return finish_s(
         [c.offset_s / speed if speed else 0.0 for c in w.calls],
-        [_request_s(work, k, c.prompt_tokens, c.prompt_tokens, c.completion_tokens) for c in w.calls],
+        [
+            _request_s(work, k, prompt=c.prompt_tokens, context=c.prompt_tokens, reply=c.completion_tokens)
+            for c in w.calls
+        ],
         w.concurrency,
     )
 
@@ -265,7 +277,7 @@ class Measured:
         return statistics.median(self.seconds) if self.seconds else None
 
 
-def measured(samples: Sequence[dict[str, Any]], w: WorkObjective) -> Measured:
+def measured(samples: Sequence[dict[str, object]], w: WorkObjective) -> Measured:
     from moetune.bench.analysis.objective import Totals, cache_of, replay_totals, turn_times
 
     if isinstance(w, ReplayObjective):
@@ -347,7 +359,7 @@ def run_candidate(
         run = functools.partial(
             bench_sessions, sweep_id=sweep_id, details={"objective": {"name": w.name, "session": ss.to_json()}}
         )
-        doc = serve_bench(sspec, db, status, source, on_snapshot, workload=run)
+        doc = serve_bench(sspec, db, status, source=source, on_snapshot=on_snapshot, workload=run)
     return int(doc["run"]["id"])
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from moetune.bench.analysis.jsonread import number
 from moetune.monitor.snapshot import Snapshot
 from moetune.report.compare import Comparison
 from moetune.report.paired import PairedComparison
@@ -36,7 +37,7 @@ class PhaseBand:
     t1: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunReport:
     """One run as the page shows it: its record, its figures derived from its samples, the
     prediction beside them, the machine's snapshots and its phases, and (serve-bench) its levels."""
@@ -50,7 +51,7 @@ class RunReport:
     serve: Mapping[str, Any] | None = None  # moetune.bench.serve.run.stored_report
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReportData:
     plans: tuple[PlanSource, ...] = ()
     runs: tuple[RunReport, ...] = ()
@@ -87,9 +88,9 @@ def _sample_label(row: SampleRow) -> str | None:
     d = row.data
     if d.get("workload") is not None:
         return str(d["workload"])
-    if d.get("concurrency") is not None:
+    if (c := number(d.get("concurrency"))) is not None:
         rate = d.get("rate")
-        return f"c={int(d['concurrency'])}" + (f" @{rate}/s" if rate else "")
+        return f"c={int(c)}" + (f" @{rate}/s" if rate else "")
     return None
 
 
@@ -99,12 +100,9 @@ def _sample_span(row: SampleRow) -> tuple[float, float] | None:
     d = row.data
     stored = iso_epoch(row.created_at)
     dur = d.get("end_s")
-    if (
-        not isinstance(dur, int | float)
-        and isinstance(d.get("t_end"), int | float)
-        and isinstance(d.get("t_sched"), int | float)
-    ):
-        dur = d["t_end"] - d["t_sched"]
+    t_end, t_sched = d.get("t_end"), d.get("t_sched")
+    if not isinstance(dur, int | float) and isinstance(t_end, int | float) and isinstance(t_sched, int | float):
+        dur = t_end - t_sched
     dur = float(dur) if isinstance(dur, int | float) and dur >= 0 else 0.0
     start = d.get("t_unix_s")
     if isinstance(start, int | float):

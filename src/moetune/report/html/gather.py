@@ -82,7 +82,15 @@ def run_report(db: ResultsDB, run: Run) -> RunReport:
         figures = derived(run, db.iter_samples(run.id))
     prediction = report(figures, dict(run.meta.details)) if run.kind == RunKind.BENCH else None
     snaps = read_snapshots(db.metrics(run.id))
-    return RunReport(run, counts, figures, prediction, snaps, phases(snaps, db.iter_sample_rows(run.id)), serve)
+    return RunReport(
+        run=run,
+        counts=counts,
+        derived=figures,
+        prediction=prediction,
+        snapshots=snaps,
+        phases=phases(snaps, db.iter_sample_rows(run.id)),
+        serve=serve,
+    )
 
 
 def comparison(db: ResultsDB, runs: list[Run]) -> tuple[Comparison | None, list[str]]:

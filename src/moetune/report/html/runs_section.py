@@ -102,7 +102,7 @@ def _workloads(summary: BenchSummary | Mapping[str, object]) -> str:
     charts = []
     for fam, what in (("tg", "TG"), ("pp", "PP")):
         bars = [
-            Interval(name, st.median, st.ci_low, st.ci_high, run_color(i))
+            Interval(label=name, median=st.median, low=st.ci_low, high=st.ci_high, color=run_color(i))
             for i, (name, d) in enumerate(ws.items())
             if (st := d.tg if fam == "tg" else d.pp) is not None
         ]
@@ -246,11 +246,23 @@ def comparison_tables(c: Comparison) -> str:
         for nm in names:
             pre = "" if len(names) == 1 else f"{nm.split(':', 1)[-1]} · "  # one metric: the run alone names a bar
             s = c.baseline_stats[nm]
-            bars.append(Interval(pre + c.baseline.label, s.median, s.ci_low, s.ci_high, run_color(0)))
+            bars.append(
+                Interval(
+                    label=pre + c.baseline.label, median=s.median, low=s.ci_low, high=s.ci_high, color=run_color(0)
+                )
+            )
             for o in c.others:
                 r = by.get((o.run, nm))
                 if r is not None:
-                    bars.append(Interval(pre + o.label, r.median, r.ci_low, r.ci_high, run_color(order[o.run])))
+                    bars.append(
+                        Interval(
+                            label=pre + o.label,
+                            median=r.median,
+                            low=r.ci_low,
+                            high=r.ci_high,
+                            color=run_color(order[o.run]),
+                        )
+                    )
         out.append(
             figure(
                 f"{fam.upper()}: median and {c.conf * 100:.0f}% CI per run",
@@ -293,7 +305,13 @@ def paired_tables(c: PairedComparison) -> str:
                 if not (math.isfinite(lo) and math.isfinite(hi)):  # one round: no interval
                     lo = hi = r.paired.ratio
                 bars.append(
-                    Interval(r.label, 100 * r.paired.ratio, 100 * lo, 100 * hi, run_color(order.get(r.label, 0)))
+                    Interval(
+                        label=r.label,
+                        median=100 * r.paired.ratio,
+                        low=100 * lo,
+                        high=100 * hi,
+                        color=run_color(order.get(r.label, 0)),
+                    )
                 )
         out.append(
             figure(

@@ -33,7 +33,7 @@ def _pct_series(xs: Sequence[float], values: Sequence[Percentiles]) -> list[Seri
     for i, p in enumerate(PCTS):
         pts = tuple((x, _pcts(v)[i]) for x, v in zip(xs, values, strict=True))
         if any(y is not None for _, y in pts):
-            out.append(Series(f"{p}", pts, PCT_COLORS[p], dash=p != "p50", unit="ms"))
+            out.append(Series(name=f"{p}", points=pts, color=PCT_COLORS[p], dash=p != "p50", unit="ms"))
     return out
 
 
@@ -73,14 +73,36 @@ def level_charts(docs: Sequence[Mapping[str, Any]]) -> str:
     charts.append(
         chart(
             "Throughput: output tokens",
-            [Series("output tokens/s", per_level([lv.output_tok_s for lv in levels]), PALETTE[2], unit="tokens/s")],
+            [
+                Series(
+                    name="output tokens/s",
+                    points=per_level([lv.output_tok_s for lv in levels]),
+                    color=PALETTE[2],
+                    unit="tokens/s",
+                )
+            ],
             "output (tokens/s)",
         )
     )
-    reqs = [Series("requests/s completed", per_level([lv.request_s for lv in levels]), PALETTE[4], unit="requests/s")]
+    reqs = [
+        Series(
+            name="requests/s completed",
+            points=per_level([lv.request_s for lv in levels]),
+            color=PALETTE[4],
+            unit="requests/s",
+        )
+    ]
     good = per_level([None if lv.goodput is None else lv.goodput.req_s for lv in levels])
     if any(y is not None for _, y in good):
-        reqs.append(Series("goodput (met every target), requests/s", good, PALETTE[6], dash=True, unit="requests/s"))
+        reqs.append(
+            Series(
+                name="goodput (met every target), requests/s",
+                points=good,
+                color=PALETTE[6],
+                dash=True,
+                unit="requests/s",
+            )
+        )
     charts.append(chart("Throughput: requests", reqs, "requests/s"))
     return f'<div class="charts">{"".join(charts)}</div>'
 
@@ -148,12 +170,12 @@ def session_charts(sessions: Mapping[str, Any]) -> str:
         )
 
     tokens = [
-        Series("processed", p50("prompt_tokens_processed"), PALETTE[1], unit="tokens"),
-        Series("reused from the cache", p50("prompt_tokens_reused"), PALETTE[2], unit="tokens"),
-        Series("context", p50("context_tokens"), PALETTE[0], dash=True, unit="tokens"),
+        Series(name="processed", points=p50("prompt_tokens_processed"), color=PALETTE[1], unit="tokens"),
+        Series(name="reused from the cache", points=p50("prompt_tokens_reused"), color=PALETTE[2], unit="tokens"),
+        Series(name="context", points=p50("context_tokens"), color=PALETTE[0], dash=True, unit="tokens"),
     ]
-    speed = [Series("TTFT p50", p50("ttft_ms"), PALETTE[3], unit="ms")]
-    decode = [Series("decode p50", p50("tg_tok_s"), PALETTE[4], unit="tokens/s")]
+    speed = [Series(name="TTFT p50", points=p50("ttft_ms"), color=PALETTE[3], unit="ms")]
+    decode = [Series(name="decode p50", points=p50("tg_tok_s"), color=PALETTE[4], unit="tokens/s")]
     spec = sessions.get("spec") or {}
     what = f"{spec.get('sessions')} sessions x {spec.get('turns')} turns" + (
         ", thinking stripped from the history" if spec.get("strip_thinking") else ""

@@ -106,7 +106,7 @@ def svg(width: float, height: float, body: str, *, label: str, cls: str = "chart
 # -- line charts --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Series:
     """One line: points (x, y); a None y breaks the line there."""
 
@@ -302,7 +302,7 @@ def stacked_bar(
     return svg(width, height, "".join(parts), label=label or "memory", cls="bar")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Interval:
     """A median and its confidence interval, drawn as a bar with a whisker."""
 

@@ -22,7 +22,7 @@ def _clock(snaps: Sequence[Snapshot], phases: Sequence[PhaseBand]) -> tuple[floa
     return (t0, 60.0, "min") if t1 - t0 > 900 else (t0, 1.0, "s")
 
 
-def _bands(phases: Sequence[PhaseBand], t0: float, div: float, lo: float, hi: float) -> list[Band]:
+def _bands(phases: Sequence[PhaseBand], t0: float, div: float, *, lo: float, hi: float) -> list[Band]:
     out = []
     for p in phases:
         a, b = (p.t0 - t0) / div, (p.t1 - t0) / div
@@ -36,8 +36,8 @@ def _series(
     t0: float,
     div: float,
     keys: Sequence[str],
-    value: Callable[[Snapshot, str], float | None],
     *,
+    value: Callable[[Snapshot, str], float | None],
     unit: str,
     dashed: Sequence[str] = (),
     color_of: Callable[[int, str], str] | None = None,
@@ -47,7 +47,7 @@ def _series(
         pts = tuple(((s.t - t0) / div, value(s, k)) for s in snaps)
         if any(y is not None for _, y in pts):
             color = color_of(i, k) if color_of else PALETTE[i % len(PALETTE)]
-            out.append(Series(k, pts, color, dash=k in dashed, unit=unit))
+            out.append(Series(name=k, points=pts, color=color, dash=k in dashed, unit=unit))
     return out
 
 
@@ -66,7 +66,7 @@ def run_charts(rr: RunReport) -> str:
         return note(f"run {rr.run.id}: no machine metrics were recorded for it")
     t0, div, tu = _clock(snaps, rr.phases)
     lo, hi = 0.0, (max(s.t for s in snaps) - t0) / div
-    bands = _bands(rr.phases, t0, div, lo, hi)
+    bands = _bands(rr.phases, t0, div, lo=lo, hi=hi)
     x_label = f"time since the first snapshot ({tu})"
     charts: list[str] = []
 
@@ -90,7 +90,7 @@ def run_charts(rr: RunReport) -> str:
 
     chart(
         "Host CPU",
-        _series(snaps, t0, div, ["host, all cores"], lambda s, _: s.host.cpu_total_pct, unit="%"),
+        _series(snaps, t0, div, ["host, all cores"], value=lambda s, _: s.host.cpu_total_pct, unit="%"),
         "CPU (% of all cores)",
         100.0,
     )
@@ -102,7 +102,7 @@ def run_charts(rr: RunReport) -> str:
 
     chart(
         "Engine processes: CPU",
-        _series(snaps, t0, div, procs, lambda s, k: proc(s, k, "cpu_pct"), unit="%"),
+        _series(snaps, t0, div, procs, value=lambda s, k: proc(s, k, "cpu_pct"), unit="%"),
         "CPU (% of one core)",
     )
     mem_values = [float(p.rss_bytes) for s in snaps for p in s.procs if p.rss_bytes is not None] + [
@@ -117,7 +117,7 @@ def run_charts(rr: RunReport) -> str:
 
     chart(
         "Memory: engine processes' RSS and the host's use",
-        _series(snaps, t0, div, [*procs, host_mem], mem, unit=mu, dashed=[host_mem]),
+        _series(snaps, t0, div, [*procs, host_mem], value=mem, unit=mu, dashed=[host_mem]),
         f"memory ({mu})",
     )
     gpus = list(dict.fromkeys(f"GPU{g.index} {g.name}".strip() for s in snaps for g in s.gpus))
@@ -128,7 +128,7 @@ def run_charts(rr: RunReport) -> str:
 
     chart(
         "GPU utilisation",
-        _series(snaps, t0, div, gpus, lambda s, k: gpu(s, k, "util_pct"), unit="%"),
+        _series(snaps, t0, div, gpus, value=lambda s, k: gpu(s, k, "util_pct"), unit="%"),
         "utilisation (%)",
         100.0,
     )
@@ -145,7 +145,7 @@ def run_charts(rr: RunReport) -> str:
             t0,
             div,
             [*gpus, *totals],
-            gmem,
+            value=gmem,
             unit="GiB",
             dashed=totals,
             color_of=lambda i, k: PALETTE[i % len(gpus)] if gpus else PALETTE[0],
@@ -169,7 +169,7 @@ def run_charts(rr: RunReport) -> str:
         return s.servers.get(name, {}).get("llamacpp:requests_processing")
 
     in_flight = [k for k in load_keys if k == "requests_in_flight"]  # bench.serve.load.LoadMeter's
-    chart("Load", _series(snaps, t0, div, [*in_flight, *served], load, unit="requests"), "requests")
+    chart("Load", _series(snaps, t0, div, [*in_flight, *served], value=load, unit="requests"), "requests")
     phases = ", ".join(p.label for p in rr.phases)
     return (
         '<div class="charts">'
