@@ -27,7 +27,7 @@ CTX = ("--ctx-size", "-c")
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d+/?$")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
     """A running server (``url``) or a plan moetune launches (``plan_path``, its launch spec and
     document, and the name of the server to measure)."""

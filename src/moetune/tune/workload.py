@@ -171,7 +171,16 @@ def replay_objective(path: Path, speed: str) -> ReplayObjective:
 
 
 def turn_objective(*, system_tokens: int, turns: int, turn_tokens: int, output_len: int, repeats: int) -> TurnObjective:
-    return TurnObjective(session=SessionSpec(repeats, turns, system_tokens, turn_tokens, output_len, sequential=True))
+    return TurnObjective(
+        session=SessionSpec(
+            sessions=repeats,
+            turns=turns,
+            system_tokens=system_tokens,
+            turn_tokens=turn_tokens,
+            output_len=output_len,
+            sequential=True,
+        )
+    )
 
 
 def slotted(s: Settings, w: WorkObjective) -> Settings:
@@ -316,7 +325,7 @@ def run_candidate(
         from moetune.bench.record.replay import ReplaySpec, replay_bench
 
         spec = ReplaySpec(
-            w.file,
+            file=w.file,
             speed=w.speed,
             concurrency=w.concurrency,
             timeout_s=request_timeout_s,
@@ -347,7 +356,7 @@ def run_candidate(
         run = functools.partial(
             bench_sessions, sweep_id=sweep_id, details={"objective": {"name": w.name, "session": ss.to_json()}}
         )
-        doc = serve_bench(sspec, db, status, source, on_snapshot, workload=run)
+        doc = serve_bench(sspec, db, log=status, source=source, on_snapshot=on_snapshot, workload=run)
     return int(doc["run"]["id"])
 
 

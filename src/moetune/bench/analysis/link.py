@@ -14,9 +14,18 @@ def link_metric_samples(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSa
     out: dict[str, MetricSamples] = {}
     for s in samples:
         if s.get("test") == "latency" and s.get("rtt_s"):
-            out["rtt"] = MetricSamples(tuple(float(x) * 1e6 for x in s["rtt_s"]), False, "µs", "rtt")
+            out["rtt"] = MetricSamples(
+                values=tuple(float(x) * 1e6 for x in s["rtt_s"]), higher_is_better=False, unit="µs", family="rtt"
+            )
         elif s.get("test") == "throughput" and s.get("seconds"):
             gbit = float(s["bytes"]) * 8 / float(s["seconds"]) / 1e9
             key = f"throughput:{s.get('streams')} stream{'s' if s.get('streams') != 1 else ''}"
-            out[key] = MetricSamples((gbit,), True, "Gbit/s", "throughput", float(s.get("streams") or 1), "streams")
+            out[key] = MetricSamples(
+                values=(gbit,),
+                higher_is_better=True,
+                unit="Gbit/s",
+                family="throughput",
+                x=float(s.get("streams") or 1),
+                x_label="streams",
+            )
     return out

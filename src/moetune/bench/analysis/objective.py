@@ -112,13 +112,15 @@ def objective_metrics(samples: Iterable[Mapping[str, Any]]) -> dict[str, MetricS
     """``replay_s:SHA`` per replayed file (s per pass) and ``turn_s`` (s per session), for `compare`."""
     held = list(samples)
     out = {
-        f"{REPLAY_METRIC}:{sha}": MetricSamples(t.seconds, False, "s", "replay total")
+        f"{REPLAY_METRIC}:{sha}": MetricSamples(
+            values=t.seconds, higher_is_better=False, unit="s", family="replay total"
+        )
         for sha, t in replay_totals(held).items()
         if t.seconds
     }
     turns = turn_times(held)
     if turns.seconds and len(turns.seconds) > 1:
-        out[TURN_METRIC] = MetricSamples(turns.seconds, False, "s", "turn time")
+        out[TURN_METRIC] = MetricSamples(values=turns.seconds, higher_is_better=False, unit="s", family="turn time")
     return out
 
 

@@ -141,7 +141,12 @@ def observations(
             prompt = w.prompt_n
             out.append(
                 Observation(
-                    run_id, Work.from_json(e["work"]), int(e.get("depth") or 0), tg, pp, int(prompt) if prompt else None
+                    run=run_id,
+                    work=Work.from_json(e["work"]),
+                    depth=int(e.get("depth") or 0),
+                    measured_tg=tg,
+                    measured_pp=pp,
+                    prompt_tokens=int(prompt) if prompt else None,
                 )
             )
     return out

@@ -45,7 +45,7 @@ SLOW_FACTOR = 5.0
 SLOW_MIN_MS = 500.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestMetrics:
     error: str | None
     ttft_s: float | None
@@ -345,7 +345,7 @@ class LevelFigures:
 
     def summary(self, slo: Mapping[str, float] | None = None) -> LevelSummary:
         """The figures (:func:`level_summary`)."""
-        return _summary(self.ms, self.heads, self.itl, self.server_itl, slo)
+        return _summary(self.ms, self.heads, self.itl, server_itl=self.server_itl, slo=slo)
 
 
 def level_summary(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> LevelSummary:
@@ -413,6 +413,7 @@ def _summary(
     ms: list[RequestMetrics],
     heads: list[dict[str, Any]],
     itl: array[float],
+    *,
     server_itl: array[float],
     slo: Mapping[str, float] | None,
 ) -> LevelSummary:
@@ -516,7 +517,12 @@ class LevelSeries:
                 if values:
                     higher = fam == "decode"
                     out[f"{fam}:{key_name(key)}"] = MetricSamples(
-                        tuple(values), higher, "tokens/s" if higher else "ms", fam, float(c), "concurrency"
+                        values=tuple(values),
+                        higher_is_better=higher,
+                        unit="tokens/s" if higher else "ms",
+                        family=fam,
+                        x=float(c),
+                        x_label="concurrency",
                     )
         return out
 

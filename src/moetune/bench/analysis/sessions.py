@@ -69,7 +69,7 @@ def prompt_cache(s: Mapping[str, Any]) -> PromptCache:
     return PromptCache(prompt_tokens, None, None, None)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TurnSample:
     """One turn of one session: what the figures are made of."""
 
@@ -96,11 +96,11 @@ def is_session_sample(s: Mapping[str, Any]) -> bool:
 def turn_samples(samples: Iterable[Mapping[str, Any]]) -> list[TurnSample]:
     return [
         TurnSample(
-            int(s["session"]),
-            int(s["turn"]),
-            request_metrics(dict(s)),
-            prompt_cache(s),
-            int(s.get("stripped_chars") or 0),
+            session=int(s["session"]),
+            turn=int(s["turn"]),
+            metrics=request_metrics(dict(s)),
+            cache=prompt_cache(s),
+            stripped_chars=int(s.get("stripped_chars") or 0),
         )
         for s in samples
         if is_session_sample(s)
@@ -303,7 +303,14 @@ def session_metric_samples(samples: Iterable[Mapping[str, Any]]) -> dict[str, Me
         }
         for fam, (values, higher, unit) in series.items():
             if values:
-                out[f"{fam}:turn={n}"] = MetricSamples(tuple(values), higher, unit, f"{fam} by turn", float(n), "turn")
+                out[f"{fam}:turn={n}"] = MetricSamples(
+                    values=tuple(values),
+                    higher_is_better=higher,
+                    unit=unit,
+                    family=f"{fam} by turn",
+                    x=float(n),
+                    x_label="turn",
+                )
     return out
 
 

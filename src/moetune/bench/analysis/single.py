@@ -162,5 +162,12 @@ def bench_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]
         for fam, fn in ((TG, tg_tps if server else client_tg_tps), (PP, pp_tps if server else client_pp_tps)):
             vals = tuple(v for v in (fn(s) for s in ss) if v is not None)
             if vals:
-                out[f"{fam}:{w}"] = MetricSamples(vals, True, "tokens/s", fam, x, DEPTH_AXIS if x is not None else None)
+                out[f"{fam}:{w}"] = MetricSamples(
+                    values=vals,
+                    higher_is_better=True,
+                    unit="tokens/s",
+                    family=fam,
+                    x=x,
+                    x_label=DEPTH_AXIS if x is not None else None,
+                )
     return out

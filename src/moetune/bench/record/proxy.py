@@ -50,7 +50,7 @@ GRACE_S = 5.0  # requests in flight at a stop get this long to end
 CLIENT_CHECK_S = 0.1  # how often a request in flight checks that its client is still there
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RecordConfig:
     host: str
     port: int
@@ -60,7 +60,7 @@ class RecordConfig:
     grace_s: float = GRACE_S
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Recorder:
     """The proxy's state: its configuration, the session so far, the log file, what is in flight."""
 
@@ -337,7 +337,7 @@ def record(
         raise InputError(
             f"-o {cfg.output}: cannot write it ({e.strerror or e})", hint="choose a writable path"
         ) from None
-    rec = Recorder(cfg, log, out)
+    rec = Recorder(cfg=cfg, log=log, out=out)
     signals = Signals()
     signals.install()
     try:

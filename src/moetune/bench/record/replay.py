@@ -50,7 +50,7 @@ from moetune.store.db import ResultsDB
 from moetune.store.record import HostRef, RunMeta
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReplaySpec:
     file: Path
     speed: str = "1x"  # 1x, Nx or max
@@ -119,7 +119,7 @@ def _watches(src: ServerSource) -> Callable[[], list[Watch]]:
 
 
 def _workload(
-    spec: ReplaySpec, session: Session, reqs: list[ReplayRequest], skipped: int, concurrency: int, model: str | None
+    spec: ReplaySpec, session: Session, reqs: list[ReplayRequest], *, skipped: int, concurrency: int, model: str | None
 ) -> dict[str, Any]:
     return {
         "replay": {
@@ -151,11 +151,11 @@ def _token_advice(reqs: list[ReplayRequest], samples: list[dict[str, Any]]) -> l
     i = differ[0]
     return [
         Warning(
-            Code.REPLAY_TOKENS,
-            f"{len(differ)} of {len(reqs)} replayed requests generated another number "
+            code=Code.REPLAY_TOKENS,
+            message=f"{len(differ)} of {len(reqs)} replayed requests generated another number "
             f"of tokens than recorded (request {i}, recorded #{reqs[i].seq}: "
             f"{reqs[i].recorded_completion_tokens} recorded, {counts[i]} now)",
-            "the same counts need the same model and deterministic lengths: record requests with max_tokens "
+            remedy="the same counts need the same model and deterministic lengths: record requests with max_tokens "
             "and ignore_eos (or temperature 0 and a seed), and replay against the same model",
             subject="replay",
         )
@@ -166,6 +166,7 @@ async def _replay(
     spec: ReplaySpec,
     session: Session,
     source: ServerSource,
+    *,
     db: ResultsDB,
     log: Callable[[str], None],
     monitor: RunMonitor,
@@ -226,7 +227,7 @@ async def _replay(
             launch_run=ln.launch_run if ln else None,
             launch=ln.facts if ln else None,
             details={
-                "workload": _workload(spec, session, reqs, skipped, c, spec.model),
+                "workload": _workload(spec, session, reqs, skipped=skipped, concurrency=c, model=spec.model),
                 "client": {"library": "asyncio", "moetune": __version__},
                 "run_tag": None,
                 "skipped_overlong": 0,
@@ -252,7 +253,7 @@ async def _replay(
         )
         monitor.attach(db, run_id)
         writer = sink = SampleWriter(db, run_id)
-        load = LoadSpec(c, requests=len(reqs), offsets=offsets)
+        load = LoadSpec(concurrency=c, requests=len(reqs), offsets=offsets)
         samples: list[dict[str, Any]] = []
         first: list[dict[str, Any]] = []
         for p in range(spec.passes):
@@ -273,8 +274,8 @@ async def _replay(
                     http,
                     prepared(p),
                     load,
-                    RequestOptions(timeout_s=spec.timeout_s),
-                    store,
+                    options=RequestOptions(timeout_s=spec.timeout_s),
+                    on_sample=store,
                     meter=meter,
                     first_index=k * len(reqs),
                 )
@@ -299,7 +300,17 @@ async def _replay(
     finally:
         await http.aclose()
         if run_id is not None and writer is not None:
-            finish_levels(db, run_id, writer, status, levels, advice, slots=slots, prefix_cache=True, error=error)
+            finish_levels(
+                db,
+                run_id,
+                writer,
+                status=status,
+                levels=levels,
+                advice=advice,
+                slots=slots,
+                prefix_cache=True,
+                error=error,
+            )
     assert run_id is not None and writer is not None
     return report_doc(db.run(run_id), levels, advice, samples=writer.count, slo=spec.slo)
 
@@ -313,6 +324,7 @@ def replay_bench(
     spec: ReplaySpec,
     db: ResultsDB,
     source: ServerSource,
+    *,
     log: Callable[[str], None] = lambda s: None,
     on_snapshot: Callable[[Snapshot], None] | None = None,
 ) -> dict[str, Any]:
@@ -329,6 +341,6 @@ def replay_bench(
     meter = LoadMeter()
     try:
         with RunMonitor(_watches(source), load=meter.figures, on_snapshot=on_snapshot) as monitor:
-            return run_loop(_replay(spec, session, source, db, log, monitor, meter))
+            return run_loop(_replay(spec, session, source, db=db, log=log, monitor=monitor, meter=meter))
     finally:
         source.close()

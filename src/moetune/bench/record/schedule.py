@@ -27,7 +27,7 @@ REPLAYED_PATHS = ("/chat/completions", "/completions")
 _SPEED = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)x$")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReplayRequest:
     seq: int  # the recorded request's
     target: str  # its path and query
@@ -72,14 +72,14 @@ def replay_requests(exchanges: Sequence[Exchange]) -> tuple[list[ReplayRequest],
     t0 = keep[0].t_start_s if keep else 0.0
     reqs = [
         ReplayRequest(
-            e.seq,
-            e.target,
-            e.body,
-            e.t_start_s - t0,
-            _max_tokens(e.body),
-            e.completion_tokens if e.tokens_from in ("usage", "timings") else None,
-            e.prompt_tokens,
-            e.status is not None and 200 <= e.status < 300 and e.error is None,
+            seq=e.seq,
+            target=e.target,
+            body=e.body,
+            offset_s=e.t_start_s - t0,
+            max_tokens=_max_tokens(e.body),
+            recorded_completion_tokens=e.completion_tokens if e.tokens_from in ("usage", "timings") else None,
+            recorded_prompt_tokens=e.prompt_tokens,
+            recorded_ok=e.status is not None and 200 <= e.status < 300 and e.error is None,
         )
         for e in keep
     ]

@@ -23,7 +23,7 @@ SCHEMA = 1
 FILLER = "loremipsumdolorsitametconsecteturadipiscingelitseddoeiusmodtempor"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProxyDelays:
     """What the proxy added to one request, in ms on this machine's clock."""
 
@@ -45,7 +45,7 @@ class ProxyDelays:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Exchange:
     """One request through the proxy and its answer: a line of the session file."""
 

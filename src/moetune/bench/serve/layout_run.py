@@ -71,7 +71,7 @@ class LayoutSpec:
     sweep_id: str | None = None  # the search the run belongs to (tune --with-load)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Service:
     """One loaded service, once prepared: its connection and what each pass sends."""
 
@@ -105,7 +105,9 @@ class _Service:
                 for i in range(n)
             ]
         )
-        await run_level(self.http, warm, LoadSpec(1, requests=n), self.options, sink, first_index=-n)
+        await run_level(
+            self.http, warm, LoadSpec(concurrency=1, requests=n), options=self.options, on_sample=sink, first_index=-n
+        )
 
     async def run_pass(self, n: int, sink: Callable[[dict[str, Any]], None], meter: LoadMeter | None) -> None:
         """The service's workload once (pass ``n`` of the run); each request to ``sink`` as it ends."""
@@ -116,17 +118,22 @@ class _Service:
         if self.load.kind == SESSIONS:
             assert spec.sessions is not None
             await run_sessions(
-                self.http, self.texts[min(n, len(self.texts) - 1)], spec.sessions, self.options, sink, meter=meter
+                self.http,
+                self.texts[min(n, len(self.texts) - 1)],
+                spec.sessions,
+                options=self.options,
+                on_sample=sink,
+                meter=meter,
             )
             return
         if self.load.kind == REPLAY:
-            load = LoadSpec(self.concurrency, requests=len(self.prepared), offsets=self.offsets)
+            load = LoadSpec(concurrency=self.concurrency, requests=len(self.prepared), offsets=self.offsets)
             await run_level(
                 self.http,
                 self.prepared,
                 load,
-                self.options,
-                lambda r: sink(r.to_sample()),
+                options=self.options,
+                on_sample=lambda r: sink(r.to_sample()),
                 first_index=first,
                 meter=meter,
                 keep=False,
@@ -134,7 +141,7 @@ class _Service:
             return
         c = self.concurrency
         load = LoadSpec(
-            c,
+            concurrency=c,
             requests=spec.level_requests(c),
             duration_s=spec.duration_s,
             rate=spec.rate,
@@ -145,8 +152,8 @@ class _Service:
             self.http,
             self.prompts[spec.warmup :] or self.prompts,
             load,
-            self.options,
-            lambda r: sink(r.to_sample()),
+            options=self.options,
+            on_sample=lambda r: sink(r.to_sample()),
             first_index=first,
             meter=meter,
             keep=False,
@@ -154,7 +161,7 @@ class _Service:
 
 
 def _sink(
-    writer: SampleWriter, svc: _Service, load: str | None, rnd: int, phase: str = "measure"
+    writer: SampleWriter, svc: _Service, load: str | None, *, rnd: int, phase: str = "measure"
 ) -> Callable[[dict[str, Any]], None]:
     tags = {SERVICE: svc.name, **({LOAD: load} if load else {}), "round": rnd}
     return lambda s: writer.add({**s, **tags}, phase)
@@ -166,7 +173,7 @@ async def _prepare(ld: ServiceLoad, ln: Launched, passes: int, log: Log) -> _Ser
     try:
         info = await probe(http, ln.url)
         if ld.kind == REPLAY:  # the recorded requests, as they are
-            return await _prepare_replay(ld, ln, http, info, log)
+            return await _prepare_replay(ld, ln, http, info=info, log=log)
         check_context(spec, info)
         from moetune.bench.serve.tokenizer import TokenizerCounter, token_counter
 
@@ -194,15 +201,36 @@ async def _prepare(ld: ServiceLoad, ln: Launched, passes: int, log: Log) -> _Ser
                 for p in range(passes)
             ]
             options = RequestOptions(model=model, cache_prompt=True, thinking=spec.thinking, timeout_s=spec.timeout_s)
-            svc = _Service(ld, ln, http, info, model, options, spec.sessions.sessions, texts=texts)
+            svc = _Service(
+                load=ld,
+                launched=ln,
+                http=http,
+                info=info,
+                model=model,
+                options=options,
+                concurrency=spec.sessions.sessions,
+                texts=texts,
+            )
             log(f"{ld.service}: prepared {passes} x {spec.sessions.sessions} sessions ({time.monotonic() - t:.1f} s)")
         else:
             c = spec.concurrency[0]
-            prompts, skipped = await level_prompts(spec, counter, info, spec.warmup + spec.prompt_pool(c), run_tag)
+            prompts, skipped = await level_prompts(
+                spec, counter, info, n=spec.warmup + spec.prompt_pool(c), run_tag=run_tag
+            )
             options = RequestOptions(
                 model=model, cache_prompt=spec.prefix_cache, thinking=spec.thinking, timeout_s=spec.timeout_s
             )
-            svc = _Service(ld, ln, http, info, model, options, c, prompts=prompts, skipped=skipped)
+            svc = _Service(
+                load=ld,
+                launched=ln,
+                http=http,
+                info=info,
+                model=model,
+                options=options,
+                concurrency=c,
+                prompts=prompts,
+                skipped=skipped,
+            )
             log(f"{ld.service}: prepared {len(prompts)} prompts ({time.monotonic() - t:.1f} s)")
         svc.advice = run_warnings(info, [svc.concurrency], svc.skipped, tokenizer=local)
         return svc
@@ -214,7 +242,9 @@ async def _prepare(ld: ServiceLoad, ln: Launched, passes: int, log: Log) -> _Ser
         raise
 
 
-async def _prepare_replay(ld: ServiceLoad, ln: Launched, http: StreamingHttp, info: ServerInfo, log: Log) -> _Service:
+async def _prepare_replay(
+    ld: ServiceLoad, ln: Launched, http: StreamingHttp, *, info: ServerInfo, log: Log
+) -> _Service:
     from moetune.bench.record.replay import load_session, served_models
     from moetune.bench.record.schedule import (
         choose_model,
@@ -243,13 +273,13 @@ async def _prepare_replay(ld: ServiceLoad, ln: Launched, http: StreamingHttp, in
         + (f" ({skipped} other recorded requests skipped)" if skipped else "")
     )
     svc = _Service(
-        ld,
-        ln,
-        http,
-        info,
-        ld.spec.model or (served[0] if served else "moetune"),
-        RequestOptions(timeout_s=ld.spec.timeout_s),
-        c,
+        load=ld,
+        launched=ln,
+        http=http,
+        info=info,
+        model=ld.spec.model or (served[0] if served else "moetune"),
+        options=RequestOptions(timeout_s=ld.spec.timeout_s),
+        concurrency=c,
         prepared=prepared,
         offsets=None if offsets is None else tuple(offsets),
     )
@@ -257,14 +287,14 @@ async def _prepare_replay(ld: ServiceLoad, ln: Launched, http: StreamingHttp, in
     return svc
 
 
-async def _alone(svc: _Service, n: int, rnd: int, writer: SampleWriter, meter: LoadMeter) -> None:
+async def _alone(svc: _Service, n: int, rnd: int, *, writer: SampleWriter, meter: LoadMeter) -> None:
     try:
-        await svc.run_pass(n, _sink(writer, svc, ALONE, rnd), meter)
+        await svc.run_pass(n, _sink(writer, svc, ALONE, rnd=rnd), meter)
     except ServerGone as gone:
         raise _gone(svc, gone, "alone") from None
 
 
-async def _shared(services: list[_Service], n: int, rnd: int, writer: SampleWriter, meter: LoadMeter) -> None:
+async def _shared(services: list[_Service], n: int, rnd: int, *, writer: SampleWriter, meter: LoadMeter) -> None:
     """Every service's pass at once; one that finishes first keeps its load on (phase ``fill``)
     until the last is done."""
     remaining = {s.name for s in services}
@@ -272,11 +302,11 @@ async def _shared(services: list[_Service], n: int, rnd: int, writer: SampleWrit
 
     async def keep_busy(svc: _Service) -> None:
         while True:
-            await svc.run_pass(n, _sink(writer, svc, SHARED, rnd, "fill"), None)
+            await svc.run_pass(n, _sink(writer, svc, SHARED, rnd=rnd, phase="fill"), None)
 
     async def one(svc: _Service) -> None:
         try:
-            await svc.run_pass(n, _sink(writer, svc, SHARED, rnd), meter)
+            await svc.run_pass(n, _sink(writer, svc, SHARED, rnd=rnd), meter)
         except ServerGone as gone:
             raise _gone(svc, gone, "shared") from None
         remaining.discard(svc.name)
@@ -370,6 +400,7 @@ async def _bench(
     spec: LayoutSpec,
     target: Target,
     servers: dict[str, Launched],
+    *,
     db: ResultsDB,
     log: Log,
     monitor: RunMonitor,
@@ -439,11 +470,11 @@ async def _bench(
                     for s in services:
                         monitor.phase(alone_phase(s.name))
                         log(f"round {rnd + 1}: {s.name} alone ({s.load.describe()})")
-                        await _alone(s, n, rnd, w, meter)
+                        await _alone(s, n, rnd, writer=w, meter=meter)
                 else:
                     monitor.phase(SHARED_PHASE)
                     log(f"round {rnd + 1}: {', '.join(names)} at once")
-                    await _shared(services, n, rnd, w, meter)
+                    await _shared(services, n, rnd, writer=w, meter=meter)
                 n += 1
         status = RunStatus.DONE
     except RuntimeFailure as e:
@@ -478,8 +509,8 @@ async def _bench(
         db.run(run_id),
         levels,
         lay,
-        [a for s in services for a in s.advice],
-        db.services(run_id),
+        advice=[a for s in services for a in s.advice],
+        services=db.services(run_id),
         samples=writer.count if writer else 0,
         slo=spec.slo,
     )
@@ -489,9 +520,9 @@ def layout_doc(
     run: Run,
     levels: list[dict[str, Any]],
     layout: dict[str, Any],
+    *,
     advice: list[Warning],
     services: list[ServiceRecord],
-    *,
     samples: int,
     slo: dict[str, float] | None,
 ) -> dict[str, Any]:
@@ -514,7 +545,9 @@ def stored_layout_report(db: ResultsDB, run: Run, slo: dict[str, float] | None =
     levels = _levels(db, run.id, services, slo)
     lay = layout_figures(db, run.id, [s.name for s in services], levels)
     advice = [Warning.from_json(w) for w in (run.summary or {}).get("warnings") or []]
-    return layout_doc(run, levels, lay, advice, services, samples=sum(lv["requests"] for lv in levels), slo=slo)
+    return layout_doc(
+        run, levels, lay, advice=advice, services=services, samples=sum(lv["requests"] for lv in levels), slo=slo
+    )
 
 
 def is_layout_run(run: Run) -> bool:
@@ -543,6 +576,7 @@ def layout_bench(
     target: Target,
     spec: LayoutSpec,
     db: ResultsDB,
+    *,
     log: Log = lambda s: None,
     on_snapshot: Callable[[Snapshot], None] | None = None,
 ) -> dict[str, Any]:
@@ -560,7 +594,7 @@ def layout_bench(
         ) as monitor,
         launched_servers(target, names, timeout_s=spec.launch_timeout_s, status=log, launch_id=launch_id) as servers,
     ):
-        doc = run_loop(_bench(spec, target, servers, db, log, monitor, meter))
+        doc = run_loop(_bench(spec, target, servers, db=db, log=log, monitor=monitor, meter=meter))
     run = db.run(doc["run"]["id"])
     flags = run.flags()
     doc["run"].update(contended=flags.contended, noisy=bool(flags.noisy), flags=flags.to_json())

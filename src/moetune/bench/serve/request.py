@@ -31,7 +31,7 @@ CHAT_PATH = "/v1/chat/completions"
 SAMPLE_SCHEMA = 1
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RequestRecord:
     """Raw facts about one request; times are ``time.monotonic()`` seconds."""
 
@@ -192,7 +192,7 @@ async def stream_chat(
     reasoning) of the answered attempt."""
     try:
         async with asyncio.timeout(timeout_s):
-            await _attempts(http, body, rec, max_retries, path, on_text)
+            await _attempts(http, body, rec, max_retries=max_retries, path=path, on_text=on_text)
     except TimeoutError:
         rec.error, rec.detail = "timeout", f"no complete answer within {timeout_s} s"
     rec.t_end = time.monotonic()
@@ -202,6 +202,7 @@ async def _attempts(
     http: StreamingHttp,
     body: bytes,
     rec: RequestRecord,
+    *,
     max_retries: int,
     path: str,
     on_text: Callable[[str, str], None] | None = None,

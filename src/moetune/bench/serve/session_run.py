@@ -81,7 +81,7 @@ class _TextTokens:
 
 
 async def _exact_text(
-    counter: _TextTokens, prefix: str, target: int, seed: int, per_char: float | None
+    counter: _TextTokens, prefix: str, target: int, *, seed: int, per_char: float | None
 ) -> tuple[str, float]:
     """``prefix`` and filler of exactly ``target`` tokens (or the nearest count below), and the
     tokens per character measured on the way."""
@@ -89,7 +89,7 @@ async def _exact_text(
     while await counter.chat_tokens(prefix + filler) < target:
         filler += " " + filler_text(seed + len(filler), max(64, target))
     start = round(target / per_char) if per_char else len(filler) // 2
-    text, count = await fit_content(counter, prefix, filler, target, start, per_char)
+    text, count = await fit_content(counter, prefix, filler, target=target, start=start, per_char=per_char)
     return text, max(1e-3, count / max(1, len(text)))
 
 
@@ -111,11 +111,13 @@ async def session_texts(
         per_char: float | None = None
         turns: list[str] = []
         for t in range(spec.turns):
-            text, per_char = await _exact_text(tc, "", spec.turn_tokens, seed + 1 + t, per_char)
+            text, per_char = await _exact_text(tc, "", spec.turn_tokens, seed=seed + 1 + t, per_char=per_char)
             turns.append(text)
         systems = []
         for s in range(spec.sessions):
-            text, per_char = await _exact_text(tc, session_tag(run_tag, s), spec.system_tokens, seed, per_char)
+            text, per_char = await _exact_text(
+                tc, session_tag(run_tag, s), spec.system_tokens, seed=seed, per_char=per_char
+            )
             systems.append(text)
     else:
         rate = await _calibrated(counter, seed)
@@ -134,9 +136,9 @@ async def run_sessions(
     http: StreamingHttp,
     texts: list[SessionTexts],
     spec: SessionSpec,
+    *,
     options: RequestOptions,
     on_sample: Callable[[dict[str, Any]], None],
-    *,
     meter: LoadMeter | None = None,
     on_turn: Callable[[int], None] | None = None,
     max_retries: int = 2,
@@ -164,7 +166,9 @@ async def run_sessions(
                 reached = turn.turn
                 if on_turn:
                     on_turn(reached)
-            rec, reply = await _send(http, turn, spec, options, next(index), due, meter, max_retries)
+            rec, reply = await _send(
+                http, turn, spec, options=options, index=next(index), due=due, meter=meter, max_retries=max_retries
+            )
             sample = {
                 **rec.to_sample(),
                 "session": s,
@@ -198,6 +202,7 @@ async def _send(
     http: StreamingHttp,
     turn: Turn,
     spec: SessionSpec,
+    *,
     options: RequestOptions,
     index: int,
     due: float,
@@ -241,10 +246,10 @@ async def bench_sessions(
     spec: ServeBenchSpec,
     source: ServerSource,
     db: ResultsDB,
+    *,
     log: Callable[[str], None],
     monitor: RunMonitor,
     meter: LoadMeter,
-    *,
     sweep_id: str | None = None,
     details: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -335,9 +340,9 @@ async def bench_sessions(
             await run_level(
                 http,
                 warm,
-                LoadSpec(1, requests=spec.warmup),
-                options,
-                lambda r: w.add(r.to_sample(), "warmup"),
+                LoadSpec(concurrency=1, requests=spec.warmup),
+                options=options,
+                on_sample=lambda r: w.add(r.to_sample(), "warmup"),
                 first_index=-spec.warmup,
             )
         try:
@@ -345,8 +350,8 @@ async def bench_sessions(
                 http,
                 texts,
                 ss,
-                options,
-                lambda s: w.add(s, "measure"),
+                options=options,
+                on_sample=lambda s: w.add(s, "measure"),
                 meter=meter,
                 on_turn=lambda n: monitor.phase(f"turn {n}"),
             )
@@ -375,9 +380,9 @@ async def bench_sessions(
                 db,
                 run_id,
                 writer,
-                status,
-                levels,
-                advice,
+                status=status,
+                levels=levels,
+                advice=advice,
                 slots=slots,
                 prefix_cache=True,
                 error=error,
@@ -390,6 +395,7 @@ async def bench_sessions(
 def serve_sessions(
     spec: ServeBenchSpec,
     db: ResultsDB,
+    *,
     log: Callable[[str], None] = lambda s: None,
     source: ServerSource | None = None,
     on_snapshot: Callable[[Snapshot], None] | None = None,
@@ -397,4 +403,4 @@ def serve_sessions(
     """:func:`moetune.bench.serve.run.serve_bench` with the sessions workload (``spec.sessions``)."""
     if spec.sessions is None:
         raise ValueError("spec.sessions is not set")
-    return serve_bench(spec, db, log, source, on_snapshot, workload=bench_sessions)
+    return serve_bench(spec, db, log=log, source=source, on_snapshot=on_snapshot, workload=bench_sessions)

@@ -57,7 +57,7 @@ from moetune.store.db import ResultsDB
 Status = Callable[[str], None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RoundOutcome:
     round: int
     label: str
@@ -77,7 +77,7 @@ class RoundOutcome:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InterleaveResult:
     sweep: str
     mode: str
@@ -183,7 +183,12 @@ def run_interleaved(
     labels = [e.label for e in spec.entries]
     done = complete_rounds(tagged_runs(db.runs(sweep_id=sid)), labels)
     todo = [r for r in range(1, rounds + 1) if r not in done]
-    outcomes = [RoundOutcome(r, lab, done[r][lab], RESUMED) for r in sorted(done) if r <= rounds for lab in labels]
+    outcomes = [
+        RoundOutcome(round=r, label=lab, run=done[r][lab], status=RESUMED)
+        for r in sorted(done)
+        if r <= rounds
+        for lab in labels
+    ]
     for r in sorted(done):
         if r <= rounds:
             say(f"round {r}: complete in runs {', '.join(str(done[r][lab]) for lab in labels)}, skipped")
@@ -198,14 +203,14 @@ def run_interleaved(
                 failed = False
                 for pos, lab in enumerate(round_order(labels, r)):
                     say(f"round {r}/{rounds}: {lab}")
-                    tag = RoundTag(sid, r, attempt, mode, pos)
+                    tag = RoundTag(sweep=sid, round=r, attempt=attempt, mode=mode, position=pos)
                     o = _measure(
                         db,
                         entries[lab],
                         up,
-                        workloads,
-                        options,
-                        tag,
+                        workloads=workloads,
+                        options=options,
+                        tag=tag,
                         launch_timeout_s=launch_timeout_s,
                         status=say,
                         progress_for=progress_for,
@@ -220,7 +225,15 @@ def run_interleaved(
                         break
                 if failed:
                     break
-    return InterleaveResult(sid, mode, rounds, outcomes, launches, launch_s, time.monotonic() - t0)
+    return InterleaveResult(
+        sweep=sid,
+        mode=mode,
+        rounds=rounds,
+        outcomes=outcomes,
+        launches=launches,
+        launch_s=launch_s,
+        wall_s=time.monotonic() - t0,
+    )
 
 
 class _Up:
@@ -263,10 +276,10 @@ def _measure(
     db: ResultsDB,
     e: SweepEntry,
     up: _Up,
+    *,
     workloads: list[Workload],
     options: BenchOptions,
     tag: RoundTag,
-    *,
     launch_timeout_s: float,
     status: Status,
     progress_for: Callable[[str], Progress | None] | None,
@@ -295,7 +308,9 @@ def _measure(
                 on_snapshot=on_snapshot,
                 details=details,
             )
-            return RoundOutcome(tag.round, e.label, run_id, MEASURED, launch_s=ready[0] if ready else None)
+            return RoundOutcome(
+                round=tag.round, label=e.label, run=run_id, status=MEASURED, launch_s=ready[0] if ready else None
+            )
         assert e.target.doc is not None
         facts = replace(srv.facts, load_s=None)  # one launch for every round: its load time is no round's
         run_id = bench(
@@ -306,11 +321,18 @@ def _measure(
             label=e.label,
             target=e.target.name,
             sweep_id=tag.sweep,
-            launch=Launch(e.target.doc, srv.engine_build, srv.model_path, srv.launch_run, e.target.server, facts),
+            launch=Launch(
+                plan=e.target.doc,
+                engine_build=srv.engine_build,
+                model_path=srv.model_path,
+                launch_run=srv.launch_run,
+                service=e.target.server,
+                facts=facts,
+            ),
             progress=progress,
             on_snapshot=on_snapshot,
             details=details,
         )
-        return RoundOutcome(tag.round, e.label, run_id, MEASURED)
+        return RoundOutcome(round=tag.round, label=e.label, run=run_id, status=MEASURED)
     except MoetuneError as err:
-        return RoundOutcome(tag.round, e.label, None, FAILED, str(err))
+        return RoundOutcome(round=tag.round, label=e.label, run=None, status=FAILED, error=str(err))

@@ -91,7 +91,7 @@ async def stream(
         answered: list[bool] = []
         try:
             async with asyncio.timeout(timeout_s):
-                raw = await _stream(http, url, path, body, answered)
+                raw = await _stream(http, url, path, body=body, answered=answered)
         except RuntimeFailure:
             raise
         except Exception as e:
@@ -110,7 +110,7 @@ async def stream(
 
 
 async def _stream(
-    http: StreamingHttp, url: str, path: str, body: dict[str, Any], answered: list[bool]
+    http: StreamingHttp, url: str, path: str, *, body: dict[str, Any], answered: list[bool]
 ) -> dict[str, Any]:
     c = _Collect()
     t_unix = time.time()

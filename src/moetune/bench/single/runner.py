@@ -38,7 +38,7 @@ from moetune.store.record import HostRef, LaunchRef, RunMeta, ServerInfo
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BenchOptions:
     repeats: int = 5
     warmup: int = 1
@@ -47,7 +47,7 @@ class BenchOptions:
     seed: int = 0  # bootstrap seed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Launch:
     """What moetune knows of a server it launched for the benchmark (none for a bare URL)."""
 
@@ -154,6 +154,7 @@ class _Session:
         db: ResultsDB,
         run_id: int,
         url: str,
+        *,
         http: StreamingHttp,
         options: BenchOptions,
         progress: Progress | None,
@@ -306,12 +307,12 @@ async def _bench(
             db,
             run_id,
             url,
-            http,
-            options,
-            progress,
-            len(workloads) * (options.warmup + options.repeats),
-            info.model_alias,
-            monitor,
+            http=http,
+            options=options,
+            progress=progress,
+            total=len(workloads) * (options.warmup + options.repeats),
+            model=info.model_alias,
+            monitor=monitor,
         )
         if progress:
             progress("starting", 0, s.total)
@@ -391,7 +392,14 @@ def bench_target(
                 label=lab,
                 target=t.name,
                 sweep_id=sweep_id,
-                launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run, t.server, srv.facts),
+                launch=Launch(
+                    plan=t.doc,
+                    engine_build=srv.engine_build,
+                    model_path=srv.model_path,
+                    launch_run=srv.launch_run,
+                    service=t.server,
+                    facts=srv.facts,
+                ),
                 progress=progress_for(lab) if progress_for else None,
                 on_start=on_start,
                 monitor=monitor,

@@ -38,7 +38,7 @@ FILLER_TEXT = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
     name: str  # unique within a run: short-json, short-json+think, d512, my-prompt
     kind: str  # chat | depth
@@ -63,9 +63,16 @@ class Workload:
 
 def builtin(name: str) -> Workload:
     if name == "short-json":
-        return Workload("short-json", CHAT, 256, ({"role": "user", "content": SHORT_JSON_PROMPT},))
+        return Workload(
+            name="short-json", kind=CHAT, max_tokens=256, messages=({"role": "user", "content": SHORT_JSON_PROMPT},)
+        )
     if name == "long-openapi":
-        return Workload("long-openapi", CHAT, 2048, ({"role": "user", "content": LONG_OPENAPI_PROMPT},))
+        return Workload(
+            name="long-openapi",
+            kind=CHAT,
+            max_tokens=2048,
+            messages=({"role": "user", "content": LONG_OPENAPI_PROMPT},),
+        )
     raise InputError(
         f"unknown workload {name!r}", hint=f"choose from {', '.join(BUILTIN_NAMES)}, or give --prompt-file"
     )
@@ -87,7 +94,7 @@ def load_prompt_file(path: Path) -> Workload:
     if path.suffix.lower() != ".json":
         if not text.strip():
             raise InputError(f"--prompt-file {path} is empty")
-        return Workload(name, CHAT, 256, ({"role": "user", "content": text},))
+        return Workload(name=name, kind=CHAT, max_tokens=256, messages=({"role": "user", "content": text},))
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -111,7 +118,14 @@ def load_prompt_file(path: Path) -> Workload:
         body.pop(k, None)
     sampling = {k: body.pop(k) for k in list(body) if k in ("temperature", "top_p", "top_k", "min_p", "seed")}
     return Workload(
-        name, CHAT, max_tokens, messages, ignore_eos, None if thinking is None else bool(thinking), sampling, body
+        name=name,
+        kind=CHAT,
+        max_tokens=max_tokens,
+        messages=messages,
+        ignore_eos=ignore_eos,
+        thinking=None if thinking is None else bool(thinking),
+        sampling=sampling,
+        extra=body,
     )
 
 
@@ -155,7 +169,14 @@ def expand(
             raise InputError(f"--depth {d}: depths are token counts, 0 or more")
         out.append(
             Workload(
-                f"d{d}", DEPTH, tg_tokens, ignore_eos=True, thinking=None, sampling={}, depth=d, pp_tokens=pp_tokens
+                name=f"d{d}",
+                kind=DEPTH,
+                max_tokens=tg_tokens,
+                ignore_eos=True,
+                thinking=None,
+                sampling={},
+                depth=d,
+                pp_tokens=pp_tokens,
             )
         )
     names_seen = [w.name for w in out]
