@@ -13,12 +13,13 @@ known, and from the numbers (the signature against the lowest level) when it is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from moetune.bench.analysis import single as m
+from moetune.bench.analysis.jsonread import mapping, number, optional_integer
 from moetune.bench.analysis.level_summary import LevelSummary
 from moetune.bench.analysis.serve import SLOW_FACTOR
 from moetune.bench.analysis.stats import MetricSamples, cv, first_run_slower, median, outliers
@@ -164,7 +165,7 @@ class Warning:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Warning:
+    def from_json(cls, d: Mapping[str, object]) -> Warning:
         """A stored warning (``kind`` was the serving runs' name for ``code`` before schema 2)."""
         return cls(
             code=Code(str(d.get("code") or d.get("kind"))),
@@ -210,7 +211,7 @@ def _metric_warnings(name: str, ms: MetricSamples) -> list[Warning]:
     return out
 
 
-def _workload_warnings(w: str, ss: list[dict[str, Any]]) -> list[Warning]:
+def _workload_warnings(w: str, ss: Sequence[m.Sample]) -> list[Warning]:
     out: list[Warning] = []
     expected = [s for s in ss if s.get("expect_cached") is not None]
     if expected:
@@ -218,7 +219,7 @@ def _workload_warnings(w: str, ss: list[dict[str, Any]]) -> list[Warning]:
         if all(c is None for _, c in conf):
             out.append(Warning.of(Code.CACHE_UNKNOWN, w, f"{len(expected)} requests"))
         bad = [s for s, c in conf if c is False]
-        hits = [s for s in bad if (m.cached_tokens(s) or 0) > int(s["expect_cached"])]
+        hits = [s for s in bad if (m.cached_tokens(s) or 0) > (number(s["expect_cached"]) or 0)]
         misses = [s for s in bad if s not in hits]
         if hits:
             out.append(
@@ -275,7 +276,7 @@ def _workload_warnings(w: str, ss: list[dict[str, Any]]) -> list[Warning]:
     return out
 
 
-def bench_warnings(samples: list[dict[str, Any]]) -> list[Warning]:
+def bench_warnings(samples: Sequence[m.Sample]) -> list[Warning]:
     """Every warning a bench run's measured samples call for."""
     out: list[Warning] = []
     for w, ss in m.by_workload(samples).items():
@@ -563,7 +564,7 @@ def _error_remedy(errors: dict[str, int]) -> str:
 
 
 def run_warnings(
-    server: ServerInfo, concurrency: list[int], skipped_overlong: int, *, tokenizer: dict[str, Any] | None = None
+    server: ServerInfo, concurrency: list[int], skipped_overlong: int, *, tokenizer: Mapping[str, object] | None = None
 ) -> list[Warning]:
     """The warnings about the server as the run found it; ``tokenizer`` is what serve-bench
     ``--tokenizer`` measured (:meth:`moetune.bench.serve.tokenizer.TokenizerCounter.describe`)."""
@@ -589,7 +590,7 @@ def run_warnings(
             )
         )
     tk = tokenizer or {}
-    check = tk.get("check_error_pct")
+    check = number(tk.get("check_error_pct"))
     if check is not None and check > PREDICTED_ERROR_PCT:
         out.append(
             Warning(
@@ -634,13 +635,16 @@ def run_warnings(
     return [replace(w, subject="server") for w in out]
 
 
-def annotate(levels: list[dict[str, Any]], *, slots: int | None, prefix_cache: bool) -> list[list[Warning]]:
+def annotate(
+    levels: Sequence[MutableMapping[str, object]], *, slots: int | None, prefix_cache: bool
+) -> list[list[Warning]]:
     """Fill each level's ``warnings`` (message strings), ``notes`` and ``advice``; return the advice."""
     figures = [LevelSummary.from_json(lv) for lv in levels]
     base = min(range(len(levels)), key=lambda i: figures[i].concurrency, default=None)
     out = []
     for i, (lv, f) in enumerate(zip(levels, figures, strict=True)):
-        lv_slots = (lv.get("server") or {}).get("slots", slots)  # a plan relaunched per level: its own
+        server = mapping(lv.get("server"))  # a plan relaunched per level: its own slots
+        lv_slots = optional_integer(server["slots"]) if "slots" in server else slots
         low = figures[base] if base is not None and base != i else None
         adv = _level_warnings(f, slots=lv_slots, base=low, prefix_cache=prefix_cache)
         lv["warnings"] = [a.message for a in adv if not a.is_note]
