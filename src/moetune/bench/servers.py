@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from moetune.bench.target import CTX, PARALLEL, Target, flag_value, match_slots
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
@@ -191,7 +191,7 @@ class ServerSource(Protocol):
         """The URL for a level, and whether the server behind it is new (just launched)."""
         ...
 
-    def level_info(self, concurrency: int) -> dict[str, Any]:
+    def level_info(self, concurrency: int) -> dict[str, object]:
         """What the level ran on beyond the server's own answers (the launched argv)."""
         ...
 
@@ -212,7 +212,7 @@ class RunningServer:
     def url_for(self, concurrency: int) -> tuple[str, bool]:
         return self.target, False
 
-    def level_info(self, concurrency: int) -> dict[str, Any]:
+    def level_info(self, concurrency: int) -> dict[str, object]:
         return {}
 
     def close(self) -> None:
@@ -263,7 +263,7 @@ class PlanServers:
         self.facts[concurrency] = self.current.facts
         return self.current.url, True
 
-    def level_info(self, concurrency: int) -> dict[str, Any]:
+    def level_info(self, concurrency: int) -> dict[str, object]:
         if concurrency not in self.argv:
             return {}
         return {"argv": self.argv[concurrency], "launch": self.facts[concurrency].to_json()}

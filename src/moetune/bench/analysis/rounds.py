@@ -46,7 +46,7 @@ class RoundTag:
     mode: str  # launches | batches
     position: int  # 0-based place in the round's order
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "id": self.sweep,
             "round": self.round,

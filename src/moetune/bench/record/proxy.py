@@ -328,7 +328,7 @@ async def _serve(cfg: RecordConfig, rec: Recorder, ready: Callable[[str], None],
 
 def record(
     cfg: RecordConfig, log: Callable[[str], None] = lambda s: None, ready: Callable[[str], None] = lambda url: None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Run the proxy until SIGINT or SIGTERM; return the session's :func:`summarize`. ``ready`` gets
     the proxy's URL once it listens; ``log`` a line per request. The output file is started empty."""
     try:

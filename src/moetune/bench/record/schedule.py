@@ -107,7 +107,7 @@ def choose_model(recorded: Any, served: Sequence[str], override: str | None) -> 
     return served[0]
 
 
-def salted(body: Mapping[str, Any], salt: str) -> dict[str, Any]:
+def salted(body: Mapping[str, Any], salt: str) -> dict[str, object]:
     """The body with ``salt`` and a space before its first text: the first message's content (a
     string, or its first text part) or a completion's prompt. Every request of one pass of a replay
     gets the same salt, so the prefixes they share stay shared, while a pass shares none with
@@ -133,7 +133,7 @@ def salted(body: Mapping[str, Any], salt: str) -> dict[str, Any]:
     return doc
 
 
-def pinned(body: Mapping[str, Any], tokens: int) -> dict[str, Any]:
+def pinned(body: Mapping[str, Any], tokens: int) -> dict[str, object]:
     """The body asking for exactly ``tokens`` tokens (``max_tokens`` and ``ignore_eos``), so that a
     replay does the recorded work whatever the model now says."""
     doc = {k: v for k, v in body.items() if k not in ("max_completion_tokens", "n_predict")}

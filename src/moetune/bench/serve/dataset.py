@@ -105,7 +105,7 @@ class ServerTokenCounter:
         self.thinking = thinking
         self.calls = 0
 
-    async def _post(self, path: str, doc: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, path: str, doc: dict[str, object]) -> dict[str, object]:
         self.calls += 1
         status, body = await self.http.post_json(path, doc)
         if status != 200 or not isinstance(body, dict):
@@ -117,7 +117,7 @@ class ServerTokenCounter:
         return body
 
     async def chat_tokens(self, content: str) -> int:
-        req: dict[str, Any] = {"messages": [{"role": "user", "content": content}]}
+        req: dict[str, object] = {"messages": [{"role": "user", "content": content}]}
         if self.thinking is not None:
             req["chat_template_kwargs"] = {"enable_thinking": self.thinking}
         prompt = (await self._post("/apply-template", req)).get("prompt")
@@ -146,7 +146,7 @@ class UsageTokenCounter:
         self.calls = 0
 
     async def chat_tokens(self, content: str) -> int:
-        req: dict[str, Any] = {
+        req: dict[str, object] = {
             "model": self.model,
             "messages": [{"role": "user", "content": content}],
             "max_tokens": 1,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moetune import __version__
+from moetune.bench.analysis.jsonread import mapping
 from moetune.bench.analysis.layout import SHARED_PHASE, alone_phase, busy, contention
 from moetune.bench.analysis.level_summary import LevelSummary
 from moetune.bench.analysis.serve import ALONE, LOAD, SERVICE, SHARED, level_summaries
@@ -354,7 +355,7 @@ def _levels(
         annotate(
             mine,
             slots=info.slots,
-            prefix_cache=wl.get("kind") in (SESSIONS, REPLAY) or bool((wl.get("workload") or {}).get("prefix_cache")),
+            prefix_cache=wl.get("kind") in (SESSIONS, REPLAY) or bool(mapping(wl.get("workload")).get("prefix_cache")),
         )
         out += mine
     return out

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from moetune.bench.http.client import StreamingHttp
 from moetune.bench.serve.request import CHAT_PATH, RequestRecord, stream_chat
@@ -159,7 +159,7 @@ class RequestOptions:
 
 
 def request_body(p: ChatPrompt, o: RequestOptions) -> bytes:
-    doc: dict[str, Any] = {
+    doc: dict[str, object] = {
         "model": o.model,
         "messages": p.messages(),
         "stream": True,

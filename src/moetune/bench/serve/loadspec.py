@@ -190,7 +190,7 @@ class ServiceLoad:
         rate = f" at {s.rate:g}/s" if s.rate else ""
         return f"c={s.concurrency[0]}{rate}, {how} of {size} -> {out}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         from dataclasses import asdict
 
         w = {

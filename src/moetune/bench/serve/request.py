@@ -66,7 +66,7 @@ class RequestRecord:
         """Its stream events by name (``chunks`` read by :func:`token_event`)."""
         return [token_event(c) for c in self.chunks]
 
-    def to_sample(self) -> dict[str, Any]:
+    def to_sample(self) -> dict[str, object]:
         d = asdict(self)
         d["schema"] = SAMPLE_SCHEMA
         for k, v in d.items():  # JSON has no NaN

@@ -22,12 +22,13 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from moetune import __version__
+from moetune.bench.analysis.jsonread import mapping, number
 from moetune.bench.analysis.serve import summarize_level
 from moetune.bench.analysis.sessions import summarize_sessions
 from moetune.bench.analysis.warnings import Warning, run_warnings
@@ -230,15 +231,18 @@ async def _send(
     return rec, Reply("".join(content), "".join(reasoning))
 
 
-def _turn_line(doc: dict[str, Any]) -> str:
-    def f(x: Any, fmt: str = ".0f") -> str:
+def _turn_line(doc: Mapping[str, object]) -> str:
+    """One entry of :func:`moetune.bench.analysis.sessions.per_turn` as a progress line."""
+
+    def f(key: str, fmt: str = ".0f") -> str:
+        x = number(mapping(doc.get(key)).get("p50"))
         return "-" if x is None else format(x, fmt)
 
     return (
-        f"turn {doc['turn']}: {doc['ok']}/{doc['requests']} ok, context p50 {f(doc['context_tokens']['p50'])}, "
-        f"processed p50 {f(doc['prompt_tokens_processed']['p50'])}, reused p50 "
-        f"{f(doc['prompt_tokens_reused']['p50'])} tokens, TTFT p50 {f(doc['ttft_ms']['p50'], '.1f')} ms, "
-        f"TG p50 {f(doc['tg_tok_s']['p50'], '.1f')} tok/s"
+        f"turn {doc['turn']}: {doc['ok']}/{doc['requests']} ok, context p50 {f('context_tokens')}, "
+        f"processed p50 {f('prompt_tokens_processed')}, reused p50 "
+        f"{f('prompt_tokens_reused')} tokens, TTFT p50 {f('ttft_ms', '.1f')} ms, "
+        f"TG p50 {f('tg_tok_s', '.1f')} tok/s"
     )
 
 
@@ -366,7 +370,8 @@ async def bench_sessions(
         level["server"] = {**info.to_json(), **source.level_info(ss.streams)}
         levels.append(level)
         sessions_doc = summarize_sessions(samples, ss.to_json(), slots=slots)
-        for turn in sessions_doc["turns"]:
+        turns = sessions_doc["turns"]
+        for turn in turns if isinstance(turns, list) else []:
             log(_turn_line(turn))
         status = RunStatus.DONE
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -66,7 +66,7 @@ class RoundOutcome:
     error: str | None = None
     launch_s: float | None = None  # launches mode: seconds from the launch's start to the server ready
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "round": self.round,
             "label": self.label,
@@ -161,7 +161,7 @@ def run_interleaved(
     check_transports(spec)
     sid = sid or sweep_id(spec, workloads, options, interleave=mode)
 
-    def record(n: int) -> dict[str, Any]:
+    def record(n: int) -> dict[str, object]:
         return {
             "name": spec.name,
             "baseline": spec.baseline,

@@ -102,7 +102,7 @@ def run_meta(
     )
 
 
-def _expected(launch: Launch | None, workloads: list[Workload]) -> dict[str, Any]:
+def _expected(launch: Launch | None, workloads: list[Workload]) -> dict[str, object]:
     """``{"predicted": {workload: the plan's prediction for it}}`` when a plan was launched."""
     predicted = launch.predicted() if launch else None
     if predicted is None:
@@ -173,7 +173,7 @@ class _Session:
         if self.progress:
             self.progress(what, self.done, self.total)
 
-    def _base(self, w: Workload, i: int) -> dict[str, Any]:
+    def _base(self, w: Workload, i: int) -> dict[str, object]:
         return {
             "workload": w.name,
             "kind": w.kind,
@@ -325,11 +325,11 @@ async def _bench(
         except (MoetuneError, ValueError) as e:
             note = explain() if explain else None  # a launched server that died says why
             summary = _safe_summary(db, run_id, options) or {}
-            summary["error"] = f"{e}; {note}" if note else str(e)
+            summary["error"] = message = f"{e}; {note}" if note else str(e)
             db.finish_run(run_id, RunStatus.FAILED, summary)
             if note:
                 raise RuntimeFailure(
-                    summary["error"],
+                    message,
                     hint=f"`moetune doctor` reads the launch's logs; the "
                     f"{len(db.samples(run_id))} samples measured before are kept in run {run_id}",
                 ) from None
@@ -410,6 +410,6 @@ def bench_target(
             monitor.close()  # its last sample while the processes still run
 
 
-def _safe_summary(db: ResultsDB, run_id: int, options: BenchOptions) -> dict[str, Any] | None:
+def _safe_summary(db: ResultsDB, run_id: int, options: BenchOptions) -> dict[str, object] | None:
     samples = db.samples(run_id)
     return run_summary(samples, seed=options.seed) if samples else None

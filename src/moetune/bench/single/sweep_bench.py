@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
 
 from moetune import __version__
 from moetune.bench.analysis.summary import run_summary
@@ -83,7 +82,7 @@ def parse_rows(text: str) -> list[SweepRow]:
     return [r for r in map(parse_row, text.splitlines()) if r is not None]
 
 
-def row_sample(row: SweepRow, repeat: int) -> dict[str, Any]:
+def row_sample(row: SweepRow, repeat: int) -> dict[str, object]:
     """A row as a depth sample: the server's ``timings`` shape, so every analysis reads it as it
     reads ``bench --depth`` (PP = prompt_n / prompt_ms, TG = predicted_n / predicted_ms)."""
     return {
@@ -232,7 +231,7 @@ def bench_sweep(
     return run_id
 
 
-def _expected(t: Target, service: str, ctx: int, ub: int) -> dict[str, Any]:
+def _expected(t: Target, service: str, ctx: int, ub: int) -> dict[str, object]:
     """The plan's prediction at every depth the sweep measures (as bench's runs store it)."""
     from moetune.bench.analysis.predicted import expected
     from moetune.bench.single.runner import Launch
@@ -248,7 +247,7 @@ def _expected(t: Target, service: str, ctx: int, ub: int) -> dict[str, Any]:
     }
 
 
-def _summary(db: ResultsDB, run_id: int) -> dict[str, Any] | None:
+def _summary(db: ResultsDB, run_id: int) -> dict[str, object] | None:
     samples = db.samples(run_id)
     return run_summary(samples) if samples else None
 

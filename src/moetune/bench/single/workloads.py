@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from moetune.bench.analysis.jsonread import mapping
 from moetune.errors import InputError
 
 CHAT, DEPTH = "chat", "depth"
@@ -51,7 +52,7 @@ class Workload:
     depth: int = 0  # depth workloads: tokens already in the context
     pp_tokens: int = 0  # depth workloads: new prompt tokens processed at that depth
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         d = asdict(self)
         d["messages"] = list(self.messages)
         return d
@@ -188,11 +189,11 @@ def expand(
     return out
 
 
-def chat_body(w: Workload, *, cache_prompt: bool, model: str | None = None) -> dict[str, Any]:
+def chat_body(w: Workload, *, cache_prompt: bool, model: str | None = None) -> dict[str, object]:
     """The /v1/chat/completions request for a chat workload (streamed, usage included: the token
     counts of servers without llama.cpp's ``timings``). ``model``: the name the server lists
     (OpenAI servers other than llama-server refuse a request without it, or with another)."""
-    body: dict[str, Any] = {
+    body: dict[str, object] = {
         "messages": list(w.messages),
         "max_tokens": w.max_tokens,
         **w.sampling,
@@ -207,7 +208,7 @@ def chat_body(w: Workload, *, cache_prompt: bool, model: str | None = None) -> d
         body["ignore_eos"] = True
         body["n_predict"] = w.max_tokens
     if w.thinking is not None:
-        kwargs = dict(body.get("chat_template_kwargs") or {})
+        kwargs = dict(mapping(body.get("chat_template_kwargs")))
         kwargs["enable_thinking"] = w.thinking
         body["chat_template_kwargs"] = kwargs
     return body
@@ -231,7 +232,7 @@ def depth_prompts(filler: list[int], depth: int, pp_tokens: int, count: int) -> 
     return fill, [cycle(filler, depth + 1 + 7 * r, pp_tokens) for r in range(count)]
 
 
-def completion_body(prompt: list[int], n_predict: int, *, cache_prompt: bool = True) -> dict[str, Any]:
+def completion_body(prompt: list[int], n_predict: int, *, cache_prompt: bool = True) -> dict[str, object]:
     """A raw /completion request (token ids in, no template), pinned to slot 0 so its cache is ours."""
     return {
         "prompt": prompt,
