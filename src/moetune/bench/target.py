@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.errors import InputError
@@ -35,7 +34,7 @@ class Target:
     url: str | None = None
     plan_path: Path | None = None
     spec: LaunchSpec | None = None
-    doc: dict[str, Any] | None = None
+    doc: dict[str, object] | None = None
     server: str | None = None
     transport: str = Transport.TCP  # how a plan's server talks to its RPC workers (launch --transport)
     rdma_dev: str | None = None  # GGML_RDMA_DEV for --transport rdma

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from moetune import __version__
+from moetune.bench.analysis.jsonread import mapping
 from moetune.bench.analysis.serve import request_metrics, summarize_level
 from moetune.bench.analysis.warnings import Code, Warning, run_warnings
 from moetune.bench.http.client import StreamingHttp, connect
@@ -120,7 +121,7 @@ def _watches(src: ServerSource) -> Callable[[], list[Watch]]:
 
 def _workload(
     spec: ReplaySpec, session: Session, reqs: list[ReplayRequest], *, skipped: int, concurrency: int, model: str | None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     return {
         "replay": {
             "file": str(session.path.resolve()),
@@ -142,7 +143,7 @@ def _workload(
     }  # the session's requests may meet the cache they fill: no warning for it
 
 
-def _token_advice(reqs: list[ReplayRequest], samples: list[dict[str, Any]]) -> list[Warning]:
+def _token_advice(reqs: list[ReplayRequest], samples: list[dict[str, object]]) -> list[Warning]:
     by_index = {s["index"]: request_metrics(s) for s in samples}
     counts = [m.output_tokens if (m := by_index.get(i)) is not None and m.ok else None for i in range(len(reqs))]
     differ = token_differences(reqs, counts)
@@ -171,7 +172,7 @@ async def _replay(
     log: Callable[[str], None],
     monitor: RunMonitor,
     meter: LoadMeter,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     reqs, skipped = replay_requests(session.exchanges)
     offsets = due_offsets(reqs, parse_speed(spec.speed))
     c = spec.concurrency or replay_concurrency(session.exchanges)
@@ -180,7 +181,7 @@ async def _replay(
     http = connect(url, timeout_s=spec.timeout_s)
     run_id: int | None = None
     writer: SampleWriter | None = None
-    levels: list[dict[str, Any]] = []
+    levels: list[dict[str, object]] = []
     advice: list[Warning] = []
     slots: int | None = None
     status, error = RunStatus.FAILED, None
@@ -254,8 +255,8 @@ async def _replay(
         monitor.attach(db, run_id)
         writer = sink = SampleWriter(db, run_id)
         load = LoadSpec(concurrency=c, requests=len(reqs), offsets=offsets)
-        samples: list[dict[str, Any]] = []
-        first: list[dict[str, Any]] = []
+        samples: list[dict[str, object]] = []
+        first: list[dict[str, object]] = []
         for p in range(spec.passes):
             k = p - spec.warmup  # the measured pass's number; negative: a warmup pass
             phase = "warmup" if k < 0 else "measure"
@@ -264,9 +265,11 @@ async def _replay(
                 if k < 0
                 else f"replay c={c}" + (f" pass {k + 1}/{spec.repeats}" if spec.repeats > 1 else "")
             )
-            mark = {"replay": {"sha256": session.sha256[:16], "repeat": k}} if spec.passes > 1 else {}
+            mark: dict[str, object] = (
+                {"replay": {"sha256": session.sha256[:16], "repeat": k}} if spec.passes > 1 else {}
+            )
 
-            def store(r: Any, mark: dict[str, Any] = mark, phase: str = phase, k: int = k) -> None:
+            def store(r: Any, mark: dict[str, object] = mark, phase: str = phase, k: int = k) -> None:
                 sink.add({**r.to_sample(), **_at(mark, r.index - k * len(reqs))}, phase)
 
             try:
@@ -288,7 +291,7 @@ async def _replay(
             if k >= 0:
                 done = [{**r.to_sample(), **_at(mark, r.index - k * len(reqs))} for r in records]
                 samples += done
-                first = first or [{**d, "index": d["index"] - k * len(reqs)} for d in done]
+                first = first or [{**d, "index": r.index - k * len(reqs)} for d, r in zip(done, records, strict=True)]
         level = summarize_level(samples, spec.slo)
         level["server"] = {**info.to_json(), **source.level_info(c)}
         levels.append(level)
@@ -315,9 +318,9 @@ async def _replay(
     return report_doc(db.run(run_id), levels, advice, samples=writer.count, slo=spec.slo)
 
 
-def _at(mark: dict[str, Any], position: int) -> dict[str, Any]:
+def _at(mark: dict[str, object], position: int) -> dict[str, object]:
     """A pass's mark with the request's position in the session."""
-    return {"replay": {**mark["replay"], "request": position}} if mark else {}
+    return {"replay": {**mapping(mark.get("replay")), "request": position}} if mark else {}
 
 
 def replay_bench(

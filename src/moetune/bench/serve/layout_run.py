@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moetune import __version__
-from moetune.bench.analysis.jsonread import mapping
+from moetune.bench.analysis.jsonread import integer, mapping
 from moetune.bench.analysis.layout import SHARED_PHASE, alone_phase, busy, contention
 from moetune.bench.analysis.level_summary import LevelSummary
 from moetune.bench.analysis.serve import ALONE, LOAD, SERVICE, SHARED, level_summaries
@@ -110,7 +110,7 @@ class _Service:
             self.http, warm, LoadSpec(concurrency=1, requests=n), options=self.options, on_sample=sink, first_index=-n
         )
 
-    async def run_pass(self, n: int, sink: Callable[[dict[str, Any]], None], meter: LoadMeter | None) -> None:
+    async def run_pass(self, n: int, sink: Callable[[dict[str, object]], None], meter: LoadMeter | None) -> None:
         """The service's workload once (pass ``n`` of the run); each request to ``sink`` as it ends."""
         from moetune.bench.serve.session_run import run_sessions
 
@@ -163,7 +163,7 @@ class _Service:
 
 def _sink(
     writer: SampleWriter, svc: _Service, load: str | None, *, rnd: int, phase: str = "measure"
-) -> Callable[[dict[str, Any]], None]:
+) -> Callable[[dict[str, object]], None]:
     tags = {SERVICE: svc.name, **({LOAD: load} if load else {}), "round": rnd}
     return lambda s: writer.add({**s, **tags}, phase)
 
@@ -341,11 +341,11 @@ def _gone(svc: _Service, gone: ServerGone, load: str) -> RuntimeFailure:
 
 def _levels(
     db: ResultsDB, run_id: int, services: list[_Service] | list[ServiceRecord], slo: dict[str, float] | None
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """The run's levels, per service (in the services' order) shared then alone, each annotated by
     its own server's slots."""
     levels = level_summaries(db.iter_samples(run_id), slo)
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for s in services:
         name = s.name
         info = s.info if isinstance(s, _Service) else s.server
@@ -361,7 +361,7 @@ def _levels(
     return out
 
 
-def layout_figures(db: ResultsDB, run_id: int, names: list[str], levels: list[dict[str, Any]]) -> dict[str, Any]:
+def layout_figures(db: ResultsDB, run_id: int, names: list[str], levels: list[dict[str, object]]) -> dict[str, object]:
     """The ``layout`` section of a layout run's summary and document: its services, the contention
     (each service's slowdown under the shared load) and what was busy phase by phase."""
     rows = contention(db.iter_samples(run_id))
@@ -375,12 +375,12 @@ def layout_figures(db: ResultsDB, run_id: int, names: list[str], levels: list[di
     }
 
 
-def _throughput(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _throughput(levels: list[dict[str, object]]) -> list[dict[str, object]]:
     """Per service, output tokens/s and requests/s alone and shared (one figure a level: no interval)."""
     by: dict[str | None, dict[str | None, LevelSummary]] = {}
     for lv in map(LevelSummary.from_json, levels):
         by.setdefault(lv.service, {})[lv.load] = lv
-    out = []
+    out: list[dict[str, object]] = []
     for name, d in by.items():
         a, s = d.get(ALONE), d.get(SHARED)
         ta, ts = (None if a is None else a.output_tok_s), (None if s is None else s.output_tok_s)
@@ -411,7 +411,7 @@ async def _bench(
     run_id: int | None = None
     writer: SampleWriter | None = None
     status, error = RunStatus.FAILED, None
-    levels: list[dict[str, Any]] = []
+    levels: list[dict[str, object]] = []
     names = [ld.service for ld in spec.loads]
     passes = 2 * spec.rounds
     try:
@@ -519,14 +519,14 @@ async def _bench(
 
 def layout_doc(
     run: Run,
-    levels: list[dict[str, Any]],
-    layout: dict[str, Any],
+    levels: list[dict[str, object]],
+    layout: dict[str, object],
     *,
     advice: list[Warning],
     services: list[ServiceRecord],
     samples: int,
     slo: dict[str, float] | None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """serve-bench's document (:func:`moetune.bench.serve.run.report_doc`) with the ``layout``
     section: each service (its record), its contention and what was busy."""
     doc = report_doc(run, levels, advice, samples=samples, slo=slo)
@@ -547,7 +547,13 @@ def stored_layout_report(db: ResultsDB, run: Run, slo: dict[str, float] | None =
     lay = layout_figures(db, run.id, [s.name for s in services], levels)
     advice = [Warning.from_json(w) for w in (run.summary or {}).get("warnings") or []]
     return layout_doc(
-        run, levels, lay, advice=advice, services=services, samples=sum(lv["requests"] for lv in levels), slo=slo
+        run,
+        levels,
+        lay,
+        advice=advice,
+        services=services,
+        samples=sum(integer(lv.get("requests")) for lv in levels),
+        slo=slo,
     )
 
 

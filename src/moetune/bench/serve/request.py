@@ -58,8 +58,8 @@ class RequestRecord:
     retries: list[list[Any]] = field(default_factory=list)  # [t, kind] per failed attempt
     response_id: str | None = None
     finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None  # the server's last timings object
+    usage: dict[str, object] | None = None
+    timings: dict[str, object] | None = None  # the server's last timings object
     prompt_source: str | None = None  # "tokenizer": prompt_tokens was predicted by serve-bench --tokenizer
 
     def events(self) -> list[TokenEvent]:

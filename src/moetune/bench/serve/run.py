@@ -91,7 +91,7 @@ class SampleWriter:
 
     def __init__(self, db: ResultsDB, run_id: int) -> None:
         self.db, self.run_id = db, run_id
-        self.q: queue.Queue[tuple[dict[str, Any], str] | None] = queue.Queue()
+        self.q: queue.Queue[tuple[dict[str, object], str] | None] = queue.Queue()
         self.error: BaseException | None = None
         self.count = 0
         self.stored: dict[str, int] = {}  # samples stored, by phase
@@ -109,7 +109,7 @@ class SampleWriter:
             finally:
                 self.q.task_done()
 
-    def add(self, data: dict[str, Any], phase: str = "measure") -> None:
+    def add(self, data: dict[str, object], phase: str = "measure") -> None:
         self.q.put((data, phase))
 
     def flush(self) -> None:
@@ -341,10 +341,10 @@ async def _bench(
     monitor: RunMonitor,
     meter: LoadMeter,
     sweep_id: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     http: StreamingHttp | None = None
     run: _Run | None = None
-    levels: list[dict[str, Any]] = []
+    levels: list[dict[str, object]] = []
     status = RunStatus.FAILED
     error: str | None = None
     try:
@@ -433,12 +433,12 @@ def finish_levels(
     writer: SampleWriter,
     *,
     status: RunStatus,
-    levels: list[dict[str, Any]],
+    levels: list[dict[str, object]],
     advice: list[Warning],
     slots: int | None,
     prefix_cache: bool,
     error: str | None,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> None:
     """The end of a serve-bench run, whatever ended it: its samples drained into the history, its
     levels annotated with their warnings, its status and summary stored (``extra`` beside the levels)."""
@@ -463,8 +463,8 @@ def stored_report(
     run: Run,
     slo: dict[str, float] | None = None,
     *,
-    tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
-) -> dict[str, Any]:
+    tap: Callable[[dict[str, object], RequestMetrics], None] | None = None,
+) -> dict[str, object]:
     """:func:`report_doc` of a stored serve-bench run, its figures and warnings derived again from
     its samples (what each level ran on, a plan relaunched per level, is read from its summary).
     Goodput is judged by ``slo`` when given, else by the targets the run was measured with. The
@@ -477,9 +477,9 @@ def stored_report(
     server = None if m.server is None else m.server.to_json()
     slo = slo or m.details.get("slo") or None
     ss = m.details.get("sessions")
-    turns: list[dict[str, Any]] = []  # an agent-sessions run's turns, for their figures
+    turns: list[dict[str, object]] = []  # an agent-sessions run's turns, for their figures
 
-    def stream() -> Iterator[dict[str, Any]]:
+    def stream() -> Iterator[dict[str, object]]:
         for s in db.iter_samples(run.id):
             if ss and is_session_sample(s):
                 turns.append(s)
@@ -504,12 +504,12 @@ def stored_report(
 
 def report_doc(
     run: Run,
-    levels: list[dict[str, Any]],
+    levels: list[dict[str, object]],
     advice: list[Warning],
     *,
     samples: int,
     slo: dict[str, float] | None = None,
-    sessions: dict[str, Any] | None = None,
+    sessions: dict[str, object] | None = None,
 ) -> dict[str, Any]:
     """The document `serve-bench --json` and `serve-report --json` print: the run (as every
     command names it), what it measured with, its warnings, the latency targets its goodput is

@@ -139,15 +139,15 @@ async def run_sessions(
     spec: SessionSpec,
     *,
     options: RequestOptions,
-    on_sample: Callable[[dict[str, Any]], None],
+    on_sample: Callable[[dict[str, object]], None],
     meter: LoadMeter | None = None,
     on_turn: Callable[[int], None] | None = None,
     max_retries: int = 2,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """Run every session to its last turn, or to its first failed one (a conversation does not go
     on without its reply); return the samples (each also given to ``on_sample`` as it ended).
     Raises :class:`ServerGone` when every session ended on a request the server never answered."""
-    samples: list[dict[str, Any]] = []
+    samples: list[dict[str, object]] = []
     records: list[RequestRecord] = []
     last: dict[int, RequestRecord] = {}
     index = itertools.count()
@@ -255,7 +255,7 @@ async def bench_sessions(
     monitor: RunMonitor,
     meter: LoadMeter,
     sweep_id: str | None = None,
-    details: dict[str, Any] | None = None,
+    details: dict[str, object] | None = None,
 ) -> dict[str, Any]:
     """The sessions workload (``spec.sessions``) as one serve-bench run: its requests are one load
     level (concurrency = sessions), and the ``sessions`` section gives them per turn and session;
@@ -265,8 +265,8 @@ async def bench_sessions(
     http: StreamingHttp | None = None
     run_id: int | None = None
     writer: SampleWriter | None = None
-    levels: list[dict[str, Any]] = []
-    sessions_doc: dict[str, Any] | None = None
+    levels: list[dict[str, object]] = []
+    sessions_doc: dict[str, object] | None = None
     advice: list[Warning] = []
     status = RunStatus.FAILED
     error: str | None = None

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from moetune.bench.analysis.rounds import (
     BATCHES,
@@ -53,6 +53,9 @@ from moetune.bench.single.workloads import Workload
 from moetune.errors import InputError, MoetuneError
 from moetune.monitor.snapshot import Snapshot
 from moetune.store.db import ResultsDB
+
+if TYPE_CHECKING:
+    from moetune.bench.servers import Launched
 
 Status = Callable[[str], None]
 
@@ -240,7 +243,7 @@ class _Up:
     """The servers a batches sweep keeps up for all its rounds (none in launches mode)."""
 
     def __init__(self) -> None:
-        self.servers: dict[str, Any] = {}  # label -> moetune.bench.servers.Launched
+        self.servers: dict[str, Launched] = {}  # by label
         self.launch_s = 0.0
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from moetune import __version__
+from moetune.bench.analysis.jsonread import mapping, number
 from moetune.bench.analysis.summary import run_summary
 from moetune.bench.http.client import StreamingHttp, connect
 from moetune.bench.http.clock import run as run_loop
@@ -51,7 +52,7 @@ class BenchOptions:
 class Launch:
     """What moetune knows of a server it launched for the benchmark (none for a bare URL)."""
 
-    plan: dict[str, Any]
+    plan: dict[str, object]
     engine_build: str | None
     model_path: str | None
     launch_run: str
@@ -62,14 +63,19 @@ class Launch:
         """The stated band of the plan's prediction, in percent (its calibration's, else the built-in one)."""
         from moetune.plan.calibrate import UNCALIBRATED_PCT
 
-        said = (self.plan.get("speed_calibration") or {}).get("uncertainty") or {}
-        return {"tg_pct": said.get("tg_pct") or UNCALIBRATED_PCT, "pp_pct": said.get("pp_pct") or UNCALIBRATED_PCT}
+        said = mapping(mapping(self.plan.get("speed_calibration")).get("uncertainty"))
+        return {
+            "tg_pct": number(said.get("tg_pct")) or UNCALIBRATED_PCT,
+            "pp_pct": number(said.get("pp_pct")) or UNCALIBRATED_PCT,
+        }
 
-    def predicted(self) -> dict[str, Any] | None:
+    def predicted(self) -> dict[str, object] | None:
         """The plan's speed prediction for the measured service (``Prediction.to_json()``)."""
-        services = self.plan.get("services") or []
+        listed = self.plan.get("services")
+        services = [mapping(s) for s in listed] if isinstance(listed, list) else []
         sj = next((s for s in services if s.get("name") == self.service), services[0] if services else None)
-        return sj.get("predicted") if sj and (sj.get("predicted") or {}).get("work") else None
+        predicted = sj.get("predicted") if sj else None
+        return dict(predicted) if isinstance(predicted, Mapping) and predicted.get("work") else None
 
 
 def run_meta(
@@ -184,7 +190,7 @@ class _Session:
             "max_tokens": w.max_tokens,
         }
 
-    async def _stream(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _stream(self, path: str, body: dict[str, object]) -> dict[str, object]:
         return await stream(self.http, self.url, path, body, timeout_s=self.opt.timeout_s)
 
     async def chat(self, w: Workload) -> None:

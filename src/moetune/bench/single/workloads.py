@@ -12,11 +12,11 @@ Pure: building request bodies reads no files; :func:`load_prompt_file` is the on
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
-from moetune.bench.analysis.jsonread import mapping
+from moetune.bench.analysis.jsonread import flag, integer, mapping
 from moetune.errors import InputError
 
 CHAT, DEPTH = "chat", "depth"
@@ -30,7 +30,7 @@ LONG_OPENAPI_PROMPT = (
     "endpoints for CRUD operations on projects and tasks, with request/response schemas, error "
     "responses, and authentication via Bearer token."
 )
-REFERENCE_SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "top_k": 45, "min_p": 0.01}
+REFERENCE_SAMPLING: dict[str, object] = {"temperature": 0.7, "top_p": 0.95, "top_k": 45, "min_p": 0.01}
 
 # Text whose tokens fill contexts for depth workloads (any valid, non-special tokens will do).
 FILLER_TEXT = (
@@ -47,8 +47,8 @@ class Workload:
     messages: tuple[dict[str, str], ...] = ()
     ignore_eos: bool = False  # exact output length: generate max_tokens whatever the model says
     thinking: bool | None = False  # chat_template_kwargs.enable_thinking; None leaves it to the template
-    sampling: dict[str, Any] = field(default_factory=lambda: dict(REFERENCE_SAMPLING))
-    extra: dict[str, Any] = field(default_factory=dict)  # further request fields (from a prompt file)
+    sampling: dict[str, object] = field(default_factory=lambda: dict(REFERENCE_SAMPLING))
+    extra: dict[str, object] = field(default_factory=dict)  # further request fields (from a prompt file)
     depth: int = 0  # depth workloads: tokens already in the context
     pp_tokens: int = 0  # depth workloads: new prompt tokens processed at that depth
 
@@ -58,8 +58,23 @@ class Workload:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Workload:
-        return cls(**{**d, "messages": tuple(d.get("messages", ()))})
+    def from_json(cls, d: Mapping[str, object]) -> Workload:
+        """The one reader of a stored workload (:meth:`to_json`)."""
+        messages = d.get("messages")
+        return cls(
+            name=str(d["name"]),
+            kind=str(d["kind"]),
+            max_tokens=integer(d["max_tokens"]),
+            messages=tuple({str(k): str(v) for k, v in mapping(m).items()} for m in messages)
+            if isinstance(messages, list | tuple)
+            else (),
+            ignore_eos=bool(d.get("ignore_eos", False)),
+            thinking=flag(d["thinking"]) if "thinking" in d else False,
+            sampling=dict(mapping(d["sampling"])) if "sampling" in d else dict(REFERENCE_SAMPLING),
+            extra=dict(mapping(d.get("extra"))),
+            depth=integer(d.get("depth")),
+            pp_tokens=integer(d.get("pp_tokens")),
+        )
 
 
 def builtin(name: str) -> Workload:
