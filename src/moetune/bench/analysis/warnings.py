@@ -330,6 +330,18 @@ def level_warnings(
 def _level_warnings(
     level: LevelSummary, *, slots: int | None, base: LevelSummary | None, prefix_cache: bool
 ) -> list[Warning]:
+    """A level's warnings in the order they are told: queueing, the client's own queue and latency
+    outliers, failed and retried requests, then what its tokens say."""
+    out = _queueing_warnings(level, slots=slots, base=base)
+    out += [w for w in (_client_queue(level), _latency_outlier(level)) if w is not None]
+    out += _failure_warnings(level)
+    out += _token_warnings(level, prefix_cache=prefix_cache)
+    return [replace(w, subject=f"c={level.concurrency}") for w in out]
+
+
+def _queueing_warnings(level: LevelSummary, *, slots: int | None, base: LevelSummary | None) -> list[Warning]:
+    """Requests waiting for a slot: more streams than slots, the queueing signature against the
+    lowest level (``base``), or a long wait before the prompt where the slots are unknown."""
     out: list[Warning] = []
     c = level.concurrency
     signature = _queueing(level, base) if base is not None else None
@@ -362,12 +374,13 @@ def _level_warnings(
                 remedy=remedy,
             )
         )
-    client_queue = _client_queue(level)
-    if client_queue is not None:
-        out.append(client_queue)
-    slow = _latency_outlier(level)
-    if slow is not None:
-        out.append(slow)
+    return out
+
+
+def _failure_warnings(level: LevelSummary) -> list[Warning]:
+    """Failed requests (kept as samples, out of the latency figures) and requests sent again."""
+    out: list[Warning] = []
+    c = level.concurrency
     errors = dict(level.errors)
     if errors:
         n = sum(errors.values())
@@ -390,6 +403,14 @@ def _level_warnings(
                 "idle ones after 5 s); TTFT counts from the attempt that was answered",
             )
         )
+    return out
+
+
+def _token_warnings(level: LevelSummary, *, prefix_cache: bool) -> list[Warning]:
+    """What the level's tokens say: cache hits, reasoning, short outputs, unknown ITL or usage, prompt
+    lengths counted otherwise than the server counts them."""
+    out: list[Warning] = []
+    c = level.concurrency
     if level.cached_tokens and not prefix_cache:
         out.append(
             Warning(
@@ -468,7 +489,7 @@ def _level_warnings(
                 remedy="the chat template may depend on request fields; input lengths are approximate",
             )
         )
-    return [replace(w, subject=f"c={c}") for w in out]
+    return out
 
 
 def over_capacity(level: LevelSummary) -> str | None:
