@@ -48,7 +48,7 @@ from moetune.kinds import RunKind, RunStatus
 from moetune.monitor.sampler import RunMonitor, Watch, watches_for_url, watches_of_launch
 from moetune.monitor.snapshot import Snapshot
 from moetune.store.db import ResultsDB
-from moetune.store.record import HostRef, RunMeta
+from moetune.store.record import HostRef, RunMeta, ServerInfo
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,6 +163,52 @@ def _token_advice(reqs: list[ReplayRequest], samples: list[dict[str, object]]) -
     ]
 
 
+def _run_meta(
+    spec: ReplaySpec,
+    session: Session,
+    source: ServerSource,
+    *,
+    info: ServerInfo,
+    served: list[str],
+    reqs: list[ReplayRequest],
+    skipped: int,
+    c: int,
+) -> RunMeta:
+    """What the replay's run records: the server, the model, the launch and the workload replayed."""
+    ln = source.current
+    return RunMeta(
+        kind=RunKind.SERVE_BENCH,
+        moetune_version=__version__,
+        argv=tuple(sys.argv),
+        started_unix=time.time(),
+        server=info,
+        model=model_ref(info.model_path, name=spec.model or (served[0] if served else None)),
+        host=HostRef.here(),
+        engine_build=(ln.engine_build if ln else None) or info.build,
+        plan=source.plan.doc if isinstance(source, PlanServers) else None,
+        launch_run=ln.launch_run if ln else None,
+        launch=ln.facts if ln else None,
+        details={
+            "workload": _workload(spec, session, reqs, skipped=skipped, concurrency=c, model=spec.model),
+            "client": {"library": "asyncio", "moetune": __version__},
+            "run_tag": None,
+            "skipped_overlong": 0,
+            "slo": dict(spec.slo) if spec.slo else None,
+            **(
+                {
+                    "objective": {
+                        "name": spec.objective,
+                        "file": str(session.path.resolve()),
+                        "sha256": session.sha256,
+                    }
+                }
+                if spec.objective
+                else {}
+            ),
+        },
+    )
+
+
 async def _replay(
     spec: ReplaySpec,
     session: Session,
@@ -214,38 +260,7 @@ async def _replay(
         if session.torn_tail:
             log(f"{session.path}: its last line was cut off (the recorder was killed while writing it); left out")
         advice = [w for w in run_warnings(info, [c], 0) if w.code != Code.NO_TOKENIZER]
-        ln = source.current
-        meta = RunMeta(
-            kind=RunKind.SERVE_BENCH,
-            moetune_version=__version__,
-            argv=tuple(sys.argv),
-            started_unix=time.time(),
-            server=info,
-            model=model_ref(info.model_path, name=spec.model or (served[0] if served else None)),
-            host=HostRef.here(),
-            engine_build=(ln.engine_build if ln else None) or info.build,
-            plan=source.plan.doc if isinstance(source, PlanServers) else None,
-            launch_run=ln.launch_run if ln else None,
-            launch=ln.facts if ln else None,
-            details={
-                "workload": _workload(spec, session, reqs, skipped=skipped, concurrency=c, model=spec.model),
-                "client": {"library": "asyncio", "moetune": __version__},
-                "run_tag": None,
-                "skipped_overlong": 0,
-                "slo": dict(spec.slo) if spec.slo else None,
-                **(
-                    {
-                        "objective": {
-                            "name": spec.objective,
-                            "file": str(session.path.resolve()),
-                            "sha256": session.sha256,
-                        }
-                    }
-                    if spec.objective
-                    else {}
-                ),
-            },
-        )
+        meta = _run_meta(spec, session, source, info=info, served=served, reqs=reqs, skipped=skipped, c=c)
         run_id = db.create_run(
             meta,
             label=spec.label or f"replay {session.path.name} {spec.speed}",
