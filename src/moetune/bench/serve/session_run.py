@@ -63,7 +63,7 @@ from moetune.kinds import RunKind, RunStatus
 from moetune.monitor.sampler import RunMonitor
 from moetune.monitor.snapshot import Snapshot
 from moetune.store.db import ResultsDB
-from moetune.store.record import HostRef, RunMeta
+from moetune.store.record import HostRef, RunMeta, ServerInfo
 
 PROBE_CHARS = 2000  # characters of the probe that fits characters to tokens on a server without /tokenize
 
@@ -246,6 +246,48 @@ def _turn_line(doc: Mapping[str, object]) -> str:
     )
 
 
+def _run_meta(
+    spec: ServeBenchSpec,
+    source: ServerSource,
+    info: ServerInfo,
+    *,
+    model: str,
+    run_tag: str,
+    local: dict[str, object] | None,
+    details: dict[str, object] | None,
+) -> RunMeta:
+    """What a sessions run records: the server, the model, the launch and the sessions workload."""
+    ss = spec.sessions
+    assert ss is not None
+    workload = {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items() if k not in ("url", "label", "slo")
+    }
+    ln = source.current
+    return RunMeta(
+        kind=RunKind.SERVE_BENCH,
+        moetune_version=__version__,
+        argv=tuple(sys.argv),
+        started_unix=time.time(),
+        server=info,
+        model=model_ref(info.model_path, name=model),
+        host=HostRef.here(),
+        engine_build=(ln.engine_build if ln else None) or info.build,
+        plan=source.plan.doc if isinstance(source, PlanServers) else None,
+        launch_run=ln.launch_run if ln else None,
+        launch=ln.facts if ln else None,
+        details={
+            "workload": workload,
+            "client": {"library": "asyncio", "moetune": __version__},
+            "run_tag": run_tag,
+            "skipped_overlong": 0,
+            "sessions": ss.to_json(),
+            "slo": dict(spec.slo) if spec.slo else None,
+            **({"tokenizer": local} if local else {}),
+            **(details or {}),
+        },
+    )
+
+
 async def bench_sessions(
     spec: ServeBenchSpec,
     source: ServerSource,
@@ -304,35 +346,7 @@ async def bench_sessions(
             f"{time.monotonic() - t:.1f} s)"
         )
         advice = run_warnings(info, [ss.streams], 0, tokenizer=local)
-        workload = {
-            k: (str(v) if isinstance(v, Path) else v)
-            for k, v in asdict(spec).items()
-            if k not in ("url", "label", "slo")
-        }
-        ln = source.current
-        meta = RunMeta(
-            kind=RunKind.SERVE_BENCH,
-            moetune_version=__version__,
-            argv=tuple(sys.argv),
-            started_unix=time.time(),
-            server=info,
-            model=model_ref(info.model_path, name=model),
-            host=HostRef.here(),
-            engine_build=(ln.engine_build if ln else None) or info.build,
-            plan=source.plan.doc if isinstance(source, PlanServers) else None,
-            launch_run=ln.launch_run if ln else None,
-            launch=ln.facts if ln else None,
-            details={
-                "workload": workload,
-                "client": {"library": "asyncio", "moetune": __version__},
-                "run_tag": run_tag,
-                "skipped_overlong": 0,
-                "sessions": ss.to_json(),
-                "slo": dict(spec.slo) if spec.slo else None,
-                **({"tokenizer": local} if local else {}),
-                **(details or {}),
-            },
-        )
+        meta = _run_meta(spec, source, info, model=model, run_tag=run_tag, local=local, details=details)
         label = spec.label or f"sessions {ss.sessions}x{ss.turns}" + (" stripped" if ss.strip_thinking else "")
         run_id = db.create_run(meta, label=label, target=source.target, sweep_id=sweep_id)
         monitor.attach(db, run_id)
