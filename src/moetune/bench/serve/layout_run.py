@@ -397,6 +397,63 @@ def _throughput(levels: list[dict[str, object]]) -> list[dict[str, object]]:
     return out
 
 
+def _run_meta(spec: LayoutSpec, target: Target, services: list[_Service]) -> RunMeta:
+    """What a layout run records: its services, rounds and loads, and the layout's first server."""
+    names = [ld.service for ld in spec.loads]
+    first = services[0]
+    details = {
+        "layout": {
+            "services": names,
+            "rounds": spec.rounds,
+            "idle": [s.name for s in (target.spec.servers() if target.spec else ()) if s.name not in names],
+        },
+        "workload": {"layout": [s.load.to_json() for s in services]},
+        "client": {"library": "asyncio", "moetune": __version__},
+        "run_tag": None,
+        "slo": dict(spec.slo) if spec.slo else None,
+    }
+    return RunMeta(
+        kind=RunKind.SERVE_BENCH,
+        moetune_version=__version__,
+        argv=tuple(sys.argv),
+        started_unix=time.time(),
+        server=None,
+        model=ModelRef(name=", ".join(f"{s.name}: {s.model}" for s in services)),
+        host=HostRef.here(),
+        engine_build=first.launched.engine_build or first.info.build,
+        plan=target.doc,
+        launch_run=first.launched.launch_run,
+        launch=None,
+        details=details,
+    )
+
+
+async def _rounds(
+    spec: LayoutSpec,
+    services: list[_Service],
+    *,
+    writer: SampleWriter,
+    meter: LoadMeter,
+    monitor: RunMonitor,
+    log: Log,
+) -> None:
+    """The measured rounds: each service alone, then all at once, the order swapped every round."""
+    names = [ld.service for ld in spec.loads]
+    n = 0
+    for rnd in range(spec.rounds):
+        for load in (ALONE, SHARED) if rnd % 2 == 0 else (SHARED, ALONE):
+            if load == ALONE:
+                for s in services:
+                    monitor.phase(alone_phase(s.name))
+                    log(f"round {rnd + 1}: {s.name} alone ({s.load.describe()})")
+                    await _alone(s, n, rnd, writer=writer, meter=meter)
+            else:
+                monitor.phase(SHARED_PHASE)
+                log(f"round {rnd + 1}: {', '.join(names)} at once")
+                await _shared(services, n, rnd, writer=writer, meter=meter)
+            n += 1
+
+
 async def _bench(
     spec: LayoutSpec,
     target: Target,
@@ -418,32 +475,7 @@ async def _bench(
         monitor.phase("prepare")
         for ld in spec.loads:
             services.append(await _prepare(ld, servers[ld.service], passes, log))
-        first = services[0]
-        details = {
-            "layout": {
-                "services": names,
-                "rounds": spec.rounds,
-                "idle": [s.name for s in (target.spec.servers() if target.spec else ()) if s.name not in names],
-            },
-            "workload": {"layout": [s.load.to_json() for s in services]},
-            "client": {"library": "asyncio", "moetune": __version__},
-            "run_tag": None,
-            "slo": dict(spec.slo) if spec.slo else None,
-        }
-        meta = RunMeta(
-            kind=RunKind.SERVE_BENCH,
-            moetune_version=__version__,
-            argv=tuple(sys.argv),
-            started_unix=time.time(),
-            server=None,
-            model=ModelRef(name=", ".join(f"{s.name}: {s.model}" for s in services)),
-            host=HostRef.here(),
-            engine_build=first.launched.engine_build or first.info.build,
-            plan=target.doc,
-            launch_run=first.launched.launch_run,
-            launch=None,
-            details=details,
-        )
+        meta = _run_meta(spec, target, services)
         label = spec.label or "layout " + " ".join(f"{s.name}={s.load.kind}:{s.concurrency or 'rec'}" for s in services)
         run_id = db.create_run(meta, label=label, target=target.name, sweep_id=spec.sweep_id)
         monitor.attach(db, run_id)
@@ -464,19 +496,7 @@ async def _bench(
         for s in services:
             monitor.phase(f"warmup {s.name}")
             await s.warmup(lambda r, s=s: w.add({**r.to_sample(), SERVICE: s.name}, "warmup"))  # type: ignore[misc]
-        n = 0
-        for rnd in range(spec.rounds):
-            for load in (ALONE, SHARED) if rnd % 2 == 0 else (SHARED, ALONE):
-                if load == ALONE:
-                    for s in services:
-                        monitor.phase(alone_phase(s.name))
-                        log(f"round {rnd + 1}: {s.name} alone ({s.load.describe()})")
-                        await _alone(s, n, rnd, writer=w, meter=meter)
-                else:
-                    monitor.phase(SHARED_PHASE)
-                    log(f"round {rnd + 1}: {', '.join(names)} at once")
-                    await _shared(services, n, rnd, writer=w, meter=meter)
-                n += 1
+        await _rounds(spec, services, writer=w, meter=meter, monitor=monitor, log=log)
         status = RunStatus.DONE
     except RuntimeFailure as e:
         error = str(e)
