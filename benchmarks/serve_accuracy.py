@@ -117,7 +117,13 @@ async def _collect(
     http = make_client(url, library=library)
     try:
         prompts = [Prompt("hello", 0, output_tokens)]
-        records = await run_level(http, prompts, LoadSpec(streams, requests=requests), RequestOptions(), lambda r: None)
+        records = await run_level(
+            http,
+            prompts,
+            LoadSpec(concurrency=streams, requests=requests),
+            options=RequestOptions(),
+            on_sample=lambda r: None,
+        )
         _, log = await http.get_json("/mock/log")
     finally:
         await http.aclose()

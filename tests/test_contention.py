@@ -269,14 +269,14 @@ def test_compare_marks_a_flagged_run_and_says_why() -> None:
     from moetune.report.compare import RunMetrics, compare
     from moetune.report.compare_view import comparison_markdown
 
-    ms = {"tg:d0": MetricSamples((100.0, 101.0, 99.0), True)}
+    ms = {"tg:d0": MetricSamples(values=(100.0, 101.0, 99.0), higher_is_better=True)}
     base = RunMetrics(run=1, label="quiet", kind="bench", status="done", metrics=ms)
     busy = RunMetrics(
         run=2,
         label="busy",
         kind="bench",
         status="done",
-        metrics={"tg:d0": MetricSamples((50.0, 60.0, 40.0), True)},
+        metrics={"tg:d0": MetricSamples(values=(50.0, 60.0, 40.0), higher_is_better=True)},
         flags=("contended",),
         flag_notes=("run 2 (busy): contended: foreign load 1.80 cores ...",),
     )

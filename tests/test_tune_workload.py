@@ -254,7 +254,15 @@ def test_a_pass_sends_its_salt_and_the_recorded_counts() -> None:
     assert salted(parts, "s")["messages"][0]["content"][1]["text"] == "s hi"
     assert salted({"prompt": "p"}, "s") == {"prompt": "s p"}
     assert pinned(body, 7) == {"messages": body["messages"], "max_tokens": 7, "ignore_eos": True}
-    r = ReplayRequest(0, "/v1/chat/completions", body, 0.0, 99, 7, 20)
+    r = ReplayRequest(
+        seq=0,
+        target="/v1/chat/completions",
+        body=body,
+        offset_s=0.0,
+        max_tokens=99,
+        recorded_completion_tokens=7,
+        recorded_prompt_tokens=20,
+    )
     sent = json.loads(replay_body(r, None, salt="t.r0", pin=True))
     assert sent["max_tokens"] == 7 and sent["ignore_eos"] and sent["messages"][0]["content"] == "t.r0 sys"
     assert json.loads(replay_body(r, None))["messages"] == body["messages"]  # a plain replay: as recorded

@@ -202,7 +202,7 @@ def test_round_order_alternates() -> None:
 
 
 def tr(run: int, label: str, rnd: int, attempt: str, done: bool = True) -> TaggedRun:
-    return TaggedRun(run, label, rnd, attempt, done)
+    return TaggedRun(run=run, label=label, round=rnd, attempt=attempt, done=done)
 
 
 @pytest.mark.parametrize(
@@ -246,7 +246,7 @@ def test_rounds_by_order_pairs_the_kth_runs() -> None:
 
 
 def test_round_tags_round_trip_through_details() -> None:
-    tag = RoundTag("sw-1", 3, "ab12", "launches", 1)
+    tag = RoundTag(sweep="sw-1", round=3, attempt="ab12", mode="launches", position=1)
     assert RoundTag.from_details({"sweep": tag.to_json(), "workloads": []}) == tag
     assert RoundTag.from_details({"workloads": []}) is None
 

@@ -173,7 +173,9 @@ def test_a_line_survives_json() -> None:
         completion_tokens=8,
         tokens_from="usage",
         usage={"completion_tokens": 8},
-        proxy=ProxyDelays(0.3, None, 0.05, 0.02, 0.2, 9),
+        proxy=ProxyDelays(
+            forward_ms=0.3, connect_ms=None, first_byte_ms=0.05, piece_p50_ms=0.02, piece_max_ms=0.2, pieces=9
+        ),
     )
     back = Exchange.from_json(json.loads(json.dumps(e.to_json())))
     assert back == e and back.target == "/v1/chat/completions?a=1"

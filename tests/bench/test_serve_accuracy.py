@@ -69,7 +69,13 @@ def test_a_stalled_client_still_reports_the_right_itl() -> None:
     async def go(url: str) -> tuple[list[object], dict[str, object]]:
         http = make_client(url)
         asyncio.get_running_loop().call_later(0.5, time.sleep, 0.3)  # the stall
-        recs = await run_level(http, [Prompt("hi", 0, 31)], LoadSpec(16, requests=16), RequestOptions(), lambda r: None)
+        recs = await run_level(
+            http,
+            [Prompt("hi", 0, 31)],
+            LoadSpec(concurrency=16, requests=16),
+            options=RequestOptions(),
+            on_sample=lambda r: None,
+        )
         _, log = await http.get_json("/mock/log")
         await http.aclose()
         return list(recs), log

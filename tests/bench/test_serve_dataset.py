@@ -69,9 +69,9 @@ def test_a_multibyte_character_is_never_split() -> None:
     # and a one-byte ASCII tail makes up the count
     counter = ByteCounter()
     prefix_tokens = run(counter.chat_tokens("x"))
-    text, n = run(fit_content(counter, "x", "日本語日本語", prefix_tokens + 4, 1))
+    text, n = run(fit_content(counter, "x", "日本語日本語", target=prefix_tokens + 4, start=1))
     assert (text, n) == ("x日.", prefix_tokens + 4)
-    text, n = run(fit_content(counter, "x", "日本語日本語", prefix_tokens + 8, 1))
+    text, n = run(fit_content(counter, "x", "日本語日本語", target=prefix_tokens + 8, start=1))
     assert (text, n) == ("x日本 a", prefix_tokens + 8)
     assert "日本語" in WORDS
 

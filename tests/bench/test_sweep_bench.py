@@ -26,7 +26,10 @@ JSONL = (
 
 def test_rows_from_either_output_format() -> None:
     md = parse_rows(MARKDOWN)
-    assert md == [SweepRow(512, 128, 0, 1.1, 2.311), SweepRow(512, 128, 512, 1.183, 1.895)]
+    assert md == [
+        SweepRow(pp=512, tg=128, n_kv=0, t_pp_s=1.1, t_tg_s=2.311),
+        SweepRow(pp=512, tg=128, n_kv=512, t_pp_s=1.183, t_tg_s=1.895),
+    ]
     assert md[0].pp_tok_s == pytest.approx(465.45, abs=0.1) and md[0].tg_tok_s == pytest.approx(55.39, abs=0.01)
     j = parse_row(JSONL)
     assert j is not None and (j.n_kv, j.pp, j.tg) == (0, 512, 128)

@@ -78,11 +78,13 @@ MAIN = ProcessSpec(
 def test_launch_facts(
     server: ProcessSpec, workers: dict[str, str | None], asked: str, transport: str, confirmed: str
 ) -> None:
-    f = launch_facts(server, asked, workers, 100.0, 103.25)
+    f = launch_facts(server, asked, workers, started_at=100.0, ready_at=103.25)
     assert (f.transport, f.confirmed, f.load_s) == (transport, confirmed, pytest.approx(3.25))
     assert set(f.workers) <= set(server.after)
     assert LaunchRef.from_json(json.loads(json.dumps(f.to_json()))) == f
-    assert launch_facts(server, asked, workers, 100.0, None).load_s is None  # never healthy: no load time
+    assert (
+        launch_facts(server, asked, workers, started_at=100.0, ready_at=None).load_s is None
+    )  # never healthy: no load time
 
 
 def test_launch_ref_in_the_run_record() -> None:
@@ -225,7 +227,7 @@ def test_compare_has_load_s_and_the_transport(tmp_path: Path) -> None:
         b = _run(db, "rdma", 20.0, LaunchRef("rdma", {"rpc0": "RDMA"}, 80.0))
         c = _run(db, "url", 20.0, None)
         ra, rb, rc = (extract(db.run(x), db.iter_samples(x)) for x in (a, b, c))
-    assert ra.metrics[LOAD_METRIC] == MetricSamples((64.0,), higher_is_better=False, unit="s", family="load")
+    assert ra.metrics[LOAD_METRIC] == MetricSamples(values=(64.0,), higher_is_better=False, unit="s", family="load")
     assert (ra.transport, rb.transport, rc.transport) == ("TCP", "RDMA", None) and LOAD_METRIC not in rc.metrics
     comp = compare(ra, [rb, rc])
     row = next(r for r in comp.rows if r.metric == LOAD_METRIC and r.run == b)
@@ -252,8 +254,10 @@ def test_paired_load_s_over_rounds_gives_a_verdict() -> None:
             kind="bench",
             status="done",
             metrics={
-                "tg:short-json": MetricSamples((20.0, 20.1, 19.9), True, "tokens/s", "tg"),
-                LOAD_METRIC: MetricSamples((load_s,), False, "s", "load"),
+                "tg:short-json": MetricSamples(
+                    values=(20.0, 20.1, 19.9), higher_is_better=True, unit="tokens/s", family="tg"
+                ),
+                LOAD_METRIC: MetricSamples(values=(load_s,), higher_is_better=False, unit="s", family="load"),
             },
             transport=transport,
         )

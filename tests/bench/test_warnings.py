@@ -290,7 +290,12 @@ def test_grouped_lists_subjects_of_a_single_stream_code_together() -> None:
     ws = [
         Warning.of(Code.NOISY, "tg:a", "CV 12%"),
         Warning.of(Code.NOISY, "pp:a", "CV 30%"),
-        Warning(Code.QUEUEING, "c=2 exceeds the server's 1 slot", "start with --parallel 2", "c=2"),
+        Warning(
+            code=Code.QUEUEING,
+            message="c=2 exceeds the server's 1 slot",
+            remedy="start with --parallel 2",
+            subject="c=2",
+        ),
     ]
     (noisy, noisy_remedy), (queue, _) = grouped(ws)
     assert noisy == "the runs vary a lot: tg:a (CV 12%), pp:a (CV 30%)" and "repeats" in noisy_remedy

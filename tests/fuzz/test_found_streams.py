@@ -25,7 +25,7 @@ from tests.fuzz.test_sse import OneReply, single_outcome
 def test_a_misshapen_chat_chunk_is_a_bad_event(event: bytes) -> None:
     # AttributeError / TypeError out of the parser: the request became `client_exception` and its
     # stream was dropped
-    rec = RequestRecord(0, 1, None, None, 8, 0.0)
+    rec = RequestRecord(index=0, concurrency=1, rate=None, prompt_tokens=None, max_tokens=8, t_sched=0.0)
     p = SseParser(rec)
     p.feed(1.0, b"data: " + event + b"\n\ndata: " + b'{"choices": [{"delta": {"content": "x"}}]}\n\n')
     assert rec.error == "bad_event" and len(rec.chunks) == 1

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.fuzz
 
 
 def serve_record(pieces: list[bytes]) -> str:
-    rec = RequestRecord(0, 1, None, None, 64, 0.0)
+    rec = RequestRecord(index=0, concurrency=1, rate=None, prompt_tokens=None, max_tokens=64, t_sched=0.0)
     parser = SseParser(rec)
     with bounded():
         for piece in pieces:
@@ -52,7 +52,7 @@ def serve_record(pieces: list[bytes]) -> str:
 def test_any_cut_of_a_stream_gives_the_serve_record_of_the_whole(cut: Cut) -> None:
     whole = serve_record([cut.data])
     assert serve_record(cut.pieces) == whole
-    rec = RequestRecord(0, 1, None, None, 64, 0.0)
+    rec = RequestRecord(index=0, concurrency=1, rate=None, prompt_tokens=None, max_tokens=64, t_sched=0.0)
     SseParser(rec).feed(1.0, cut.data)
     assert rec.error is None or rec.error == "bad_event" or rec.error.startswith("stream_error"), rec.error
     assert all(isinstance(c[1], int) and c[1] >= 0 for c in rec.chunks), rec.chunks

@@ -23,9 +23,9 @@ BASE = [18.80, 18.84, 18.86, 18.83, 18.85]
 
 
 def rm(run: int, label: str, tgs: list[float], pps: list[float] | None = None) -> RunMetrics:
-    ms = {"tg:short-json": MetricSamples(tuple(tgs), True, "tokens/s", "tg")}
+    ms = {"tg:short-json": MetricSamples(values=tuple(tgs), higher_is_better=True, unit="tokens/s", family="tg")}
     if pps:
-        ms["pp:short-json"] = MetricSamples(tuple(pps), True, "tokens/s", "pp")
+        ms["pp:short-json"] = MetricSamples(values=tuple(pps), higher_is_better=True, unit="tokens/s", family="pp")
     return RunMetrics(run=run, label=label, kind="bench", status="done", metrics=ms)
 
 
@@ -75,7 +75,11 @@ def latency_kind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A kind of run whose figure is a latency (lower is better), registered as other kinds are."""
 
     def latency_metrics(samples: list[dict[str, Any]]) -> dict[str, MetricSamples]:
-        return {"ttft_s": MetricSamples(tuple(s["ttft_s"] for s in samples), False, "s", "ttft")}
+        return {
+            "ttft_s": MetricSamples(
+                values=tuple(s["ttft_s"] for s in samples), higher_is_better=False, unit="s", family="ttft"
+            )
+        }
 
     monkeypatch.setitem(METRIC_EXTRACTORS, "link-test", latency_metrics)
     yield
@@ -132,7 +136,9 @@ def serve_rm(run: int, label: str, ttft_by_c: dict[int, list[float]]) -> RunMetr
         kind="serve-bench",
         status="done",
         metrics={
-            f"ttft:c={c}": MetricSamples(tuple(v), False, "ms", "ttft", float(c), "concurrency")
+            f"ttft:c={c}": MetricSamples(
+                values=tuple(v), higher_is_better=False, unit="ms", family="ttft", x=float(c), x_label="concurrency"
+            )
             for c, v in ttft_by_c.items()
         },
     )
@@ -144,7 +150,11 @@ def test_a_run_sharing_nothing_is_named_and_the_rest_compared() -> None:
         label="other workload",
         kind="bench",
         status="done",
-        metrics={"tg:long-openapi": MetricSamples((10.0, 10.1, 10.2), True, "tokens/s", "tg")},
+        metrics={
+            "tg:long-openapi": MetricSamples(
+                values=(10.0, 10.1, 10.2), higher_is_better=True, unit="tokens/s", family="tg"
+            )
+        },
     )
     c = compare(rm(1, "a", BASE), [rm(2, "b", [18.81, 18.86, 18.84, 18.82, 18.85]), other])
     assert [o.run for o in c.others] == [2] and [o.run for o in c.not_compared] == [4]
@@ -176,10 +186,18 @@ def test_a_column_two_runs_share_stays_when_a_third_lacks_it() -> None:
         (
             [
                 RunMetrics(
-                    run=2, label="x", kind="bench", status="done", metrics={"tg:other": MetricSamples((1.0,), True)}
+                    run=2,
+                    label="x",
+                    kind="bench",
+                    status="done",
+                    metrics={"tg:other": MetricSamples(values=(1.0,), higher_is_better=True)},
                 ),
                 RunMetrics(
-                    run=3, label="y", kind="bench", status="done", metrics={"tg:else": MetricSamples((1.0,), True)}
+                    run=3,
+                    label="y",
+                    kind="bench",
+                    status="done",
+                    metrics={"tg:else": MetricSamples(values=(1.0,), higher_is_better=True)},
                 ),
             ],
             "nothing to compare: runs 2, 3 share no metric with the baseline run 1 (a)",
@@ -215,7 +233,12 @@ def test_plot_panels_are_titled_by_their_axis_with_a_tick_at_each_level() -> Non
         label="d",
         kind="bench",
         status="done",
-        metrics={f"tg:d{d}": MetricSamples((20.0,), True, "tokens/s", "tg", float(d), DEPTH_AXIS) for d in (0, 4096)},
+        metrics={
+            f"tg:d{d}": MetricSamples(
+                values=(20.0,), higher_is_better=True, unit="tokens/s", family="tg", x=float(d), x_label=DEPTH_AXIS
+            )
+            for d in (0, 4096)
+        },
     )
     (dp,) = panels([depth])
     assert dp.title == "TG vs context depth" and dp.xticks == (0.0, 4096.0) and not dp.log_x

@@ -28,9 +28,9 @@ FACTORS = (1.0, 0.75, 1.1, 0.8)
 
 
 def rm(run: int, label: str, tgs: list[float], pps: list[float] | None = None) -> RunMetrics:
-    ms = {"tg:short-json": MetricSamples(tuple(tgs), True, "tokens/s", "tg")}
+    ms = {"tg:short-json": MetricSamples(values=tuple(tgs), higher_is_better=True, unit="tokens/s", family="tg")}
     if pps is not None:
-        ms["pp:short-json"] = MetricSamples(tuple(pps), True, "tokens/s", "pp")
+        ms["pp:short-json"] = MetricSamples(values=tuple(pps), higher_is_better=True, unit="tokens/s", family="pp")
     return RunMetrics(run=run, label=label, kind="bench", status="done", metrics=ms)
 
 
@@ -118,7 +118,11 @@ def fill(db: ResultsDB, sid: str | None, rounds: list[tuple[float, float]], *, i
         )
     for k, (a, b) in enumerate(rounds, 1):
         for pos, (lab, tg) in enumerate((("A", a), ("B", b))):
-            details = {"sweep": RoundTag(sid, k, f"t{k}", "launches", pos).to_json()} if sid else {}
+            details = (
+                {"sweep": RoundTag(sweep=sid, round=k, attempt=f"t{k}", mode="launches", position=pos).to_json()}
+                if sid
+                else {}
+            )
             rid = db.create_run(RunMeta(kind=RunKind.BENCH, details=details), label=lab, target="t", sweep_id=sid)
             for s in run_samples([tg * 0.998, tg, tg * 1.002]):
                 db.add_sample(rid, s)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from moetune.bench.target import CTX, PARALLEL, Target, flag_value, match_slots
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
@@ -19,7 +19,7 @@ from moetune.store.record import NO_RPC, LaunchRef
 Status = Callable[[str], None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Launched:
     url: str
     server: ProcessSpec
@@ -41,6 +41,7 @@ def launch_facts(
     server: ProcessSpec,
     transport: str,
     workers: dict[str, str | None],
+    *,
     started_at: float | None,
     ready_at: float | None,
 ) -> LaunchRef:
@@ -135,7 +136,7 @@ def launched_servers(
         logs = {p.name: ln.log(p.name) for p in spec.processes}
         for c in chosen:
             rec = ln.run.proc(c.name)
-            facts = launch_facts(c, target.transport, ln.transports, rec.started_at, rec.ready_at)
+            facts = launch_facts(c, target.transport, ln.transports, started_at=rec.started_at, ready_at=rec.ready_at)
             if status:
                 status(
                     f"{c.name}: "
@@ -146,7 +147,13 @@ def launched_servers(
                     )
                 )
             out[c.name] = Launched(
-                ln.urls[c.name], c, ln.run.run_id, logs, registry.get(c.engine).version(), model_arg(c.argv), facts
+                url=ln.urls[c.name],
+                server=c,
+                launch_run=ln.run.run_id,
+                logs=logs,
+                engine_build=registry.get(c.engine).version(),
+                model_path=model_arg(c.argv),
+                facts=facts,
             )
         yield out
     if status:
@@ -184,7 +191,7 @@ class ServerSource(Protocol):
         """The URL for a level, and whether the server behind it is new (just launched)."""
         ...
 
-    def level_info(self, concurrency: int) -> dict[str, Any]:
+    def level_info(self, concurrency: int) -> dict[str, object]:
         """What the level ran on beyond the server's own answers (the launched argv)."""
         ...
 
@@ -205,7 +212,7 @@ class RunningServer:
     def url_for(self, concurrency: int) -> tuple[str, bool]:
         return self.target, False
 
-    def level_info(self, concurrency: int) -> dict[str, Any]:
+    def level_info(self, concurrency: int) -> dict[str, object]:
         return {}
 
     def close(self) -> None:
@@ -256,7 +263,7 @@ class PlanServers:
         self.facts[concurrency] = self.current.facts
         return self.current.url, True
 
-    def level_info(self, concurrency: int) -> dict[str, Any]:
+    def level_info(self, concurrency: int) -> dict[str, object]:
         if concurrency not in self.argv:
             return {}
         return {"argv": self.argv[concurrency], "launch": self.facts[concurrency].to_json()}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.errors import InputError
@@ -27,7 +26,7 @@ CTX = ("--ctx-size", "-c")
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d+/?$")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
     """A running server (``url``) or a plan moetune launches (``plan_path``, its launch spec and
     document, and the name of the server to measure)."""
@@ -35,7 +34,7 @@ class Target:
     url: str | None = None
     plan_path: Path | None = None
     spec: LaunchSpec | None = None
-    doc: dict[str, Any] | None = None
+    doc: dict[str, object] | None = None
     server: str | None = None
     transport: str = Transport.TCP  # how a plan's server talks to its RPC workers (launch --transport)
     rdma_dev: str | None = None  # GGML_RDMA_DEV for --transport rdma

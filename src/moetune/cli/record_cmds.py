@@ -77,7 +77,9 @@ def record_cmd(listen: str, upstream: str, output: Path | None, force: bool, red
             f"{url}/v1 ; Ctrl-C to stop"
         )
 
-    summary = record(RecordConfig(host, port, up, path, redact=redact), log=_line, ready=ready)
+    summary = record(
+        RecordConfig(host=host, port=port, upstream=up, output=path, redact=redact), log=_line, ready=ready
+    )
     _line(f"stopped; {path}: " + "\n".join(summary_lines(summary)))
     if as_json:
         print_json({"file": str(path), "upstream": up.url, "redacted": redact, **summary})

@@ -602,7 +602,7 @@ def _replay(
     if len(levels) > 1:
         raise InputError("--replay runs one level: give one --concurrency value")
     spec = ReplaySpec(
-        replay,
+        file=replay,
         speed=speed,
         concurrency=levels[0] if _given("concurrency") else None,
         model=model,

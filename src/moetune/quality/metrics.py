@@ -18,7 +18,7 @@ def quality_metrics(samples: Iterable[dict[str, object]]) -> dict[str, MetricSam
             if isinstance(v, int | float):
                 values[name].append(float(v))
     return {
-        name: MetricSamples(tuple(values[name]), hib, unit, family="quality")
+        name: MetricSamples(values=tuple(values[name]), higher_is_better=hib, unit=unit, family="quality")
         for name, hib, unit in _METRICS
         if values[name]
     }
@@ -28,4 +28,6 @@ def qa_metrics(samples: Iterable[dict[str, object]]) -> dict[str, MetricSamples]
     """A soak's per-question latency (seconds). Its accuracy is not a median's business: two soaks
     are judged question by question, paired (`moetune quality --qa`, McNemar's exact test)."""
     lat = [float(v) for s in samples if isinstance(v := s.get("latency_s"), int | float)]
-    return {"qa_latency": MetricSamples(tuple(lat), False, "s", family="qa")} if lat else {}
+    return (
+        {"qa_latency": MetricSamples(values=tuple(lat), higher_is_better=False, unit="s", family="qa")} if lat else {}
+    )

@@ -158,7 +158,7 @@ def load_metric(launch: LaunchRef | None) -> dict[str, MetricSamples]:
     """``load_s`` of a launched run: the server's start to healthy, in seconds (lower is better)."""
     if launch is None or launch.load_s is None:
         return {}
-    return {LOAD_METRIC: MetricSamples((launch.load_s,), higher_is_better=False, unit="s", family="load")}
+    return {LOAD_METRIC: MetricSamples(values=(launch.load_s,), higher_is_better=False, unit="s", family="load")}
 
 
 def extract(run: Run, samples: Iterable[dict[str, object]]) -> RunMetrics:

@@ -328,7 +328,7 @@ def run_candidate(
         from moetune.bench.record.replay import ReplaySpec, replay_bench
 
         spec = ReplaySpec(
-            w.file,
+            file=w.file,
             speed=w.speed,
             concurrency=w.concurrency,
             timeout_s=request_timeout_s,
@@ -359,7 +359,7 @@ def run_candidate(
         run = functools.partial(
             bench_sessions, sweep_id=sweep_id, details={"objective": {"name": w.name, "session": ss.to_json()}}
         )
-        doc = serve_bench(sspec, db, status, source=source, on_snapshot=on_snapshot, workload=run)
+        doc = serve_bench(sspec, db, log=status, source=source, on_snapshot=on_snapshot, workload=run)
     return int(doc["run"]["id"])
 
 

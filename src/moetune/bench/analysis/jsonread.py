@@ -19,3 +19,18 @@ def integer(x: object) -> int:
 def mapping(x: object) -> Mapping[str, object]:
     """A mapping, else an empty one."""
     return x if isinstance(x, Mapping) else {}
+
+
+def optional_integer(x: object) -> int | None:
+    """An int (not a bool), else None."""
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def text(x: object) -> str | None:
+    """A str, else None."""
+    return x if isinstance(x, str) else None
+
+
+def flag(x: object) -> bool | None:
+    """A bool, else None."""
+    return x if isinstance(x, bool) else None

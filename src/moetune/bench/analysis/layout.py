@@ -64,7 +64,7 @@ class Slowdown:
     ci_high: float
     verdict: str  # slower | faster | same (the shared level against the alone one)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "service": self.service,
             "metric": self.metric,
@@ -161,7 +161,7 @@ class Busy:
     gpu_util_pct: Mapping[str, float]  # "GPU0 NAME" -> percent
     host_cpu_pct: float | None  # the machine's, all cores, 0-100
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "phase": self.phase,
             "snapshots": self.snapshots,

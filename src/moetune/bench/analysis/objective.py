@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from moetune.bench.analysis.serve import RequestMetrics, level_span, request_metrics
-from moetune.bench.analysis.sessions import ServeRunSeries, is_session_sample, prompt_cache
+from moetune.bench.analysis.jsonread import mapping
+from moetune.bench.analysis.serve import RequestMetrics, Sample, level_span, request_metrics
+from moetune.bench.analysis.sessions import ServeRunSeries, prompt_cache, session_turn
 from moetune.bench.analysis.stats import MetricSamples
 
 REPLAY_METRIC = "replay_s"
@@ -52,37 +52,41 @@ class Cache:
         return self.reused / (self.processed + self.reused)
 
 
-def replay_key(s: Mapping[str, Any]) -> tuple[str, int] | None:
+def replay_key(s: Sample) -> tuple[str, int] | None:
     r = s.get("replay")
-    if not isinstance(r, Mapping) or not isinstance(r.get("sha256"), str) or not isinstance(r.get("repeat"), int):
+    if (
+        not isinstance(r, Mapping)
+        or not isinstance(sha := r.get("sha256"), str)
+        or not isinstance(n := r.get("repeat"), int)
+    ):
         return None
-    return r["sha256"], int(r["repeat"])
+    return sha, n
 
 
-def replay_totals(samples: Iterable[Mapping[str, Any]], excused: Collection[int] = ()) -> dict[str, Totals]:
+def replay_totals(samples: Iterable[Sample], excused: Collection[int] = ()) -> dict[str, Totals]:
     """Per replayed file (its sha256's first 16 digits), each measured pass's total time (s), in
     pass order; a request at a position in ``excused`` may fail without failing its pass."""
-    passes: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    passes: dict[tuple[str, int], list[Sample]] = {}
     for s in samples:
         if (key := replay_key(s)) is not None and key[1] >= 0:
-            passes.setdefault(key, []).append(dict(s))
+            passes.setdefault(key, []).append(s)
     out: dict[str, tuple[list[float], int]] = {}
     for (sha, _), ss in sorted(passes.items()):
         seconds, failed = out.setdefault(sha, ([], 0))
         span = level_span(ss)
-        if span is None or any(s.get("error") and s["replay"].get("request") not in excused for s in ss):
+        if span is None or any(s.get("error") and mapping(s.get("replay")).get("request") not in excused for s in ss):
             out[sha] = (seconds, failed + 1)
         else:
             seconds.append(span)
     return {sha: Totals(tuple(v), f) for sha, (v, f) in out.items()}
 
 
-def turn_times(samples: Iterable[Mapping[str, Any]]) -> Totals:
+def turn_times(samples: Iterable[Sample]) -> Totals:
     """Each session's mean turn time (s), in session order."""
-    by: dict[int, list[dict[str, Any]]] = {}
+    by: dict[int, list[Sample]] = {}
     for s in samples:
-        if is_session_sample(s):
-            by.setdefault(int(s["session"]), []).append(dict(s))
+        if (st := session_turn(s)) is not None:
+            by.setdefault(st[0], []).append(s)
     seconds, failed = [], 0
     for _, ss in sorted(by.items()):
         ms = [request_metrics(s) for s in ss]
@@ -94,7 +98,7 @@ def turn_times(samples: Iterable[Mapping[str, Any]]) -> Totals:
     return Totals(tuple(seconds), failed)
 
 
-def cache_of(samples: Iterable[Mapping[str, Any]]) -> Cache:
+def cache_of(samples: Iterable[Sample]) -> Cache:
     """The prompt tokens processed and reused over every successful request, as the server reported
     them (None where it reported neither: :func:`moetune.bench.analysis.sessions.prompt_cache`)."""
     processed: int | None = 0
@@ -108,17 +112,19 @@ def cache_of(samples: Iterable[Mapping[str, Any]]) -> Cache:
     return Cache(processed, reused)
 
 
-def objective_metrics(samples: Iterable[Mapping[str, Any]]) -> dict[str, MetricSamples]:
+def objective_metrics(samples: Iterable[Sample]) -> dict[str, MetricSamples]:
     """``replay_s:SHA`` per replayed file (s per pass) and ``turn_s`` (s per session), for `compare`."""
     held = list(samples)
     out = {
-        f"{REPLAY_METRIC}:{sha}": MetricSamples(t.seconds, False, "s", "replay total")
+        f"{REPLAY_METRIC}:{sha}": MetricSamples(
+            values=t.seconds, higher_is_better=False, unit="s", family="replay total"
+        )
         for sha, t in replay_totals(held).items()
         if t.seconds
     }
     turns = turn_times(held)
     if turns.seconds and len(turns.seconds) > 1:
-        out[TURN_METRIC] = MetricSamples(turns.seconds, False, "s", "turn time")
+        out[TURN_METRIC] = MetricSamples(values=turns.seconds, higher_is_better=False, unit="s", family="turn time")
     return out
 
 
@@ -129,9 +135,9 @@ class WorkloadRunSeries(ServeRunSeries):
 
     def __init__(self) -> None:
         super().__init__()
-        self.passes: list[dict[str, Any]] = []
+        self.passes: list[dict[str, object]] = []
 
-    def add(self, s: dict[str, Any], m: RequestMetrics | None = None) -> None:
+    def add(self, s: Sample, m: RequestMetrics | None = None) -> None:
         super().add(s, m)
         if "replay" in s:
             self.passes.append({k: s.get(k) for k in ("replay", "t_sched", "t_end", "error")})
@@ -140,7 +146,7 @@ class WorkloadRunSeries(ServeRunSeries):
         return {**super().metrics(), **objective_metrics([*self.turns, *self.passes])}
 
 
-def serve_bench_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:
+def serve_bench_metrics(samples: Iterable[Sample]) -> dict[str, MetricSamples]:
     """A serve-bench run's metrics for `moetune compare`, its workload figures included, the samples read once."""
     series = WorkloadRunSeries()
     for s in samples:

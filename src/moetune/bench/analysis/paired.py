@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from moetune.bench.analysis.stats import DEFAULT_CONF, DEFAULT_MIN_CHANGE, SAME, RatioChange, median, verdict
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PairedDifference(RatioChange):
     ratios: tuple[float, ...]  # per round: median(other) / median(baseline)
     ratio: float  # exp(mean log ratio)
@@ -127,7 +127,11 @@ def paired_from_ratios(
         half = t_quantile(conf, n - 1) * sd / math.sqrt(n)
         ci = (math.exp(mean - half), math.exp(mean + half))
     return PairedDifference(
-        tuple(ratios), ratio, ci[0], ci[1], verdict(ratio, ci, higher_is_better=higher_is_better, min_change=min_change)
+        ratios=tuple(ratios),
+        ratio=ratio,
+        ratio_ci_low=ci[0],
+        ratio_ci_high=ci[1],
+        verdict=verdict(ratio, ci, higher_is_better=higher_is_better, min_change=min_change),
     )
 
 

@@ -36,7 +36,7 @@ def schedule(labels: Sequence[str], rounds: int) -> list[tuple[int, str]]:
     return [(r, label) for r in range(1, rounds + 1) for label in round_order(labels, r)]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RoundTag:
     """What a run of an interleaved sweep records in its details (under ``"sweep"``)."""
 
@@ -46,7 +46,7 @@ class RoundTag:
     mode: str  # launches | batches
     position: int  # 0-based place in the round's order
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "id": self.sweep,
             "round": self.round,
@@ -61,15 +61,15 @@ class RoundTag:
         if not isinstance(d, Mapping) or not isinstance(d.get("round"), int):
             return None
         return cls(
-            str(d.get("id") or ""),
-            int(d["round"]),
-            str(d.get("attempt") or ""),
-            str(d.get("mode") or ""),
-            int(d.get("position") or 0),
+            sweep=str(d.get("id") or ""),
+            round=int(d["round"]),
+            attempt=str(d.get("attempt") or ""),
+            mode=str(d.get("mode") or ""),
+            position=int(d.get("position") or 0),
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TaggedRun:
     """A run as pairing sees it."""
 
@@ -86,7 +86,11 @@ def tagged_runs(runs: Iterable[Run]) -> list[TaggedRun]:
     for r in runs:
         tag = RoundTag.from_details(r.meta.details)
         if tag is not None:
-            out.append(TaggedRun(r.id, r.label, tag.round, tag.attempt, r.status == RunStatus.DONE))
+            out.append(
+                TaggedRun(
+                    run=r.id, label=r.label, round=tag.round, attempt=tag.attempt, done=r.status == RunStatus.DONE
+                )
+            )
     return out
 
 

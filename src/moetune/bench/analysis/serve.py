@@ -31,10 +31,11 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
+from moetune.bench.analysis.jsonread import mapping, number, optional_integer, text
 from moetune.bench.analysis.level_summary import LevelSummary, Percentiles, PromptTokenError, Slowest
 from moetune.bench.analysis.slo import goodput
 from moetune.bench.analysis.stats import MetricSamples
@@ -44,8 +45,11 @@ PERCENTILES = (50, 90, 99)
 SLOW_FACTOR = 5.0
 SLOW_MIN_MS = 500.0
 
+Sample = Mapping[str, object]  # one stored sample of a serving run (the JSON edge)
+S = TypeVar("S", bound=Mapping[str, object])
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestMetrics:
     error: str | None
     ttft_s: float | None
@@ -122,11 +126,10 @@ def request_figures(m: RequestMetrics) -> RequestFigures | None:
     )
 
 
-def _num(x: Any) -> float | None:
-    t = type(x)
-    if t is float:  # the common case first: a long run calls this tens of millions of times
+def _num(x: object) -> float | None:
+    if type(x) is float:  # the common case first: a long run calls this tens of millions of times
         return x if math.isfinite(x) else None
-    if t is int:
+    if type(x) is int:
         return float(x)
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
 
@@ -186,12 +189,14 @@ def event_times(tok: Sequence[TokenEvent], server: Sequence[float | None] | None
     return out
 
 
-def request_metrics(s: dict[str, Any]) -> RequestMetrics:
+def request_metrics(s: Sample) -> RequestMetrics:
     t_send = _num(s.get("t_send"))
     t_end = _num(s.get("t_end"))
     t_sched = _num(s.get("t_sched"))
     t_slot = _num(s.get("t_slot"))
-    chunks = [e for e in map(token_event, s.get("chunks") or []) if e.tokens > 0 or e.content > 0 or e.reasoning > 0]
+    raw = s.get("chunks")
+    events = raw if isinstance(raw, list) else []
+    chunks = [e for e in map(token_event, events) if e.tokens > 0 or e.content > 0 or e.reasoning > 0]
     tok = [e for e in chunks if e.tokens > 0]  # events that brought new tokens
     server_ms = [e.server_ms for e in tok]
     times = event_times(tok, server_ms)
@@ -199,7 +204,7 @@ def request_metrics(s: dict[str, Any]) -> RequestMetrics:
     ttft = first - t_send if first is not None and t_send is not None else None
     ttfc = next((e.t - t_send for e in chunks if e.content > 0), None) if t_send is not None else None
     counted = sum(int(e.tokens) for e in tok)
-    usage = s.get("usage") or {}
+    usage = mapping(s.get("usage"))
     reported = usage.get("completion_tokens")
     itl_known = s.get("count_source") in ("timings", "usage") or not isinstance(reported, int) or reported == counted
     itl: list[float] = []
@@ -214,14 +219,14 @@ def request_metrics(s: dict[str, Any]) -> RequestMetrics:
     reasoning = sum(int(e.tokens) for e in tok if e.reasoning > 0 and e.content == 0)
     out_tokens: int = reported if isinstance(reported, int) else counted
     tpot = (times[-1] - times[0]) / (out_tokens - 1) if len(times) > 1 and out_tokens > 1 else None
-    timings = s.get("timings") or {}
+    timings = mapping(s.get("timings"))
     details = usage.get("prompt_tokens_details")
-    cached_any = details.get("cached_tokens") if isinstance(details, dict) else timings.get("cache_n")
+    cached_any = details.get("cached_tokens") if isinstance(details, Mapping) else timings.get("cache_n")
     cached: int = cached_any if isinstance(cached_any, int) else 0
     prompt_ms = _num(timings.get("prompt_ms"))
     server_wait = ttft - prompt_ms / 1000 if ttft is not None and prompt_ms is not None else None
     return RequestMetrics(
-        error=s.get("error"),
+        error=text(s.get("error")),
         ttft_s=ttft,
         ttfc_s=ttfc,
         e2e_s=t_end - t_send if t_end is not None and t_send is not None else None,
@@ -232,12 +237,12 @@ def request_metrics(s: dict[str, Any]) -> RequestMetrics:
         tpot_s=tpot,
         output_tokens=out_tokens,
         reasoning_tokens=reasoning,
-        prompt_tokens=s["prompt_tokens"] if isinstance(s.get("prompt_tokens"), int) else None,
-        server_prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
+        prompt_tokens=pt if isinstance(pt := s.get("prompt_tokens"), int) else None,
+        server_prompt_tokens=spt if isinstance(spt := usage.get("prompt_tokens"), int) else None,
         cached_tokens=cached,
         server_wait_s=server_wait,
-        retries=len(s.get("retries") or []),
-        max_tokens=int(s.get("max_tokens") or 0),
+        retries=len(r) if isinstance(r := s.get("retries"), list) else 0,
+        max_tokens=int(number(s.get("max_tokens")) or 0),
         itl_known=itl_known,
         usage=isinstance(reported, int),
         prompt_predicted=s.get("prompt_source") == "tokenizer",
@@ -260,7 +265,7 @@ def _rate(times: Iterable[float | None]) -> float | None:
     return round((len(ts) - 1) / (ts[-1] - ts[0]), 4) if len(ts) > 2 and ts[-1] > ts[0] else None
 
 
-def slowest(samples: Sequence[Mapping[str, Any]], ms: Sequence[RequestMetrics]) -> Slowest | None:
+def slowest(samples: Sequence[Sample], ms: Sequence[RequestMetrics]) -> Slowest | None:
     """The successful request that took longest end to end, with what tells a stall from a long answer,
     and how many requests took :data:`SLOW_FACTOR` times the median or more (``outliers``)."""
     done = [(m.e2e_s, i) for i, m in enumerate(ms) if m.ok and m.e2e_s is not None]
@@ -271,7 +276,7 @@ def slowest(samples: Sequence[Mapping[str, Any]], ms: Sequence[RequestMetrics]) 
     p50 = float(np.median([e for e, _ in done]))
     outliers = sum(1 for e, _ in done if e >= SLOW_FACTOR * p50 and (e - p50) * 1000 >= SLOW_MIN_MS)
     return Slowest(
-        index=samples[i].get("index"),
+        index=optional_integer(samples[i].get("index")),
         e2e_ms=round(e2e * 1000, 3),
         outliers=outliers,
         ttft_ms=None if m.ttft_s is None else round(m.ttft_s * 1000, 3),
@@ -302,7 +307,7 @@ def prompt_token_error(ms: Sequence[RequestMetrics]) -> PromptTokenError | None:
     )
 
 
-def level_span(samples: Sequence[dict[str, Any]]) -> float | None:
+def level_span(samples: Iterable[Sample]) -> float | None:
     """A level's wall time (s): from the first request due to the last one ended."""
     t0 = min((t for s in samples if (t := _num(s.get("t_sched"))) is not None), default=None)
     t1 = max((t for s in samples if (t := _num(s.get("t_end"))) is not None), default=None)
@@ -316,7 +321,7 @@ _HEAD = ("index", "concurrency", "rate", "t_sched", "t_end", "service", "load")
 # sent to and whether the others were loaded at the time: part of their level, beside concurrency and rate
 SERVICE, LOAD = "service", "load"
 ALONE, SHARED = "alone", "shared"
-LevelKey = tuple[str | None, str | None, int, Any]  # (service, load, concurrency, rate)
+LevelKey = tuple[str | None, str | None, int, float | None]  # (service, load, concurrency, rate)
 
 
 def _gaps_taken(m: RequestMetrics, itl: array[float], server_itl: array[float]) -> RequestMetrics:
@@ -335,20 +340,20 @@ class LevelFigures:
 
     def __init__(self) -> None:
         self.ms: list[RequestMetrics] = []
-        self.heads: list[dict[str, Any]] = []
+        self.heads: list[dict[str, object]] = []
         self.itl, self.server_itl = array("d"), array("d")  # every successful request's gaps, in order
 
-    def add(self, s: dict[str, Any], m: RequestMetrics | None = None) -> None:
+    def add(self, s: Sample, m: RequestMetrics | None = None) -> None:
         """One sample (``m``: its metrics, when the caller has them)."""
         self.ms.append(_gaps_taken(m or request_metrics(s), self.itl, self.server_itl))
         self.heads.append({k: s.get(k) for k in _HEAD})
 
     def summary(self, slo: Mapping[str, float] | None = None) -> LevelSummary:
         """The figures (:func:`level_summary`)."""
-        return _summary(self.ms, self.heads, self.itl, self.server_itl, slo)
+        return _summary(self.ms, self.heads, self.itl, server_itl=self.server_itl, slo=slo)
 
 
-def level_summary(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> LevelSummary:
+def level_summary(samples: Iterable[Sample], slo: Mapping[str, float] | None = None) -> LevelSummary:
     """One load level's figures from its raw samples (all of one concurrency and rate), read once.
 
     Open-loop levels add ``offered_request_s`` (the rate requests came due at) and
@@ -362,15 +367,15 @@ def level_summary(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | 
     return f.summary(slo)
 
 
-def summarize_level(samples: Iterable[dict[str, Any]], slo: Mapping[str, float] | None = None) -> dict[str, Any]:
+def summarize_level(samples: Iterable[Sample], slo: Mapping[str, float] | None = None) -> dict[str, object]:
     """:func:`level_summary` as the document ``serve-bench --json`` prints (:meth:`LevelSummary.to_json`)."""
     return level_summary(samples, slo).to_json()
 
 
 def level_figures(
-    samples: Iterable[dict[str, Any]],
+    samples: Iterable[S],
     *,
-    tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
+    tap: Callable[[S, RequestMetrics], None] | None = None,
 ) -> dict[LevelKey, LevelFigures]:
     """Every level of a run by (service, load, concurrency, rate) (:func:`level_key`), in the order
     the levels first ran (a level that came back later is merged into its first), its samples read
@@ -386,21 +391,21 @@ def level_figures(
 
 
 def level_summaries(
-    samples: Iterable[dict[str, Any]],
+    samples: Iterable[S],
     slo: Mapping[str, float] | None = None,
     *,
-    tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
+    tap: Callable[[S, RequestMetrics], None] | None = None,
 ) -> list[LevelSummary]:
     """Every level's figures (:func:`level_figures`, :func:`level_summary`)."""
     return [f.summary(slo) for f in level_figures(samples, tap=tap).values()]
 
 
 def summarize_levels(
-    samples: Iterable[dict[str, Any]],
+    samples: Iterable[S],
     slo: Mapping[str, float] | None = None,
     *,
-    tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
-) -> list[dict[str, Any]]:
+    tap: Callable[[S, RequestMetrics], None] | None = None,
+) -> list[dict[str, object]]:
     """:func:`level_summaries` as documents (:meth:`LevelSummary.to_json`)."""
     return [lv.to_json() for lv in level_summaries(samples, slo, tap=tap)]
 
@@ -411,8 +416,9 @@ def _percentiles(values_s: Iterable[float | None]) -> Percentiles:
 
 def _summary(
     ms: list[RequestMetrics],
-    heads: list[dict[str, Any]],
+    heads: list[dict[str, object]],
     itl: array[float],
+    *,
     server_itl: array[float],
     slo: Mapping[str, float] | None,
 ) -> LevelSummary:
@@ -425,10 +431,10 @@ def _summary(
     open_loop = bool(first.get("rate"))
     inputs = [n for m in ms if (n := m.input_tokens) is not None]
     return LevelSummary(
-        service=first[SERVICE] if first.get(SERVICE) else None,
-        load=first.get(LOAD) if first.get(SERVICE) else None,
-        concurrency=int(first.get("concurrency") or 0),
-        rate=first.get("rate"),
+        service=text(first.get(SERVICE)) or None,
+        load=text(first.get(LOAD)) if first.get(SERVICE) else None,
+        concurrency=int(number(first.get("concurrency")) or 0),
+        rate=number(first.get("rate")),
         requests=len(ms),
         ok=len(ok),
         errors=dict(sorted(Counter(m.error for m in ms if m.error is not None).items())),
@@ -463,18 +469,18 @@ def _summary(
     )
 
 
-def level_of(s: Mapping[str, Any]) -> tuple[int, Any]:
+def level_of(s: Sample) -> tuple[int, float | None]:
     """The load level a raw sample was measured at: (concurrency, rate)."""
-    return int(s.get("concurrency") or 0), s.get("rate")
+    return int(number(s.get("concurrency")) or 0), number(s.get("rate"))
 
 
-def level_key(s: Mapping[str, Any]) -> LevelKey:
+def level_key(s: Sample) -> LevelKey:
     """The level a raw sample was measured at, with its service and load in a layout run (None, None
     in a run of one server)."""
-    return s.get(SERVICE), s.get(LOAD), *level_of(s)
+    return text(s.get(SERVICE)), text(s.get(LOAD)), *level_of(s)
 
 
-def level_name(concurrency: int, rate: Any) -> str:
+def level_name(concurrency: int, rate: float | None) -> str:
     """A level as metric names and tables say it: ``c=4``, ``c=8@2.0/s``."""
     return f"c={concurrency}" + (f"@{rate}/s" if rate else "")
 
@@ -496,7 +502,7 @@ class LevelSeries:
     def __init__(self) -> None:
         self.levels: dict[LevelKey, dict[str, list[float]]] = {}
 
-    def add(self, s: dict[str, Any], m: RequestMetrics | None = None) -> None:
+    def add(self, s: Sample, m: RequestMetrics | None = None) -> None:
         """One sample (``m``: its metrics, when the caller has them)."""
         if "chunks" not in s:
             return
@@ -516,12 +522,17 @@ class LevelSeries:
                 if values:
                     higher = fam == "decode"
                     out[f"{fam}:{key_name(key)}"] = MetricSamples(
-                        tuple(values), higher, "tokens/s" if higher else "ms", fam, float(c), "concurrency"
+                        values=tuple(values),
+                        higher_is_better=higher,
+                        unit="tokens/s" if higher else "ms",
+                        family=fam,
+                        x=float(c),
+                        x_label="concurrency",
                     )
         return out
 
 
-def serve_metric_samples(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:
+def serve_metric_samples(samples: Iterable[Sample]) -> dict[str, MetricSamples]:
     """The "serve-bench" kind's extractor for `moetune compare`: per-request values by metric and
     level, named ``FAMILY:c=N`` (``ttft:c=4``) and placed on the concurrency axis; the samples read
     once (a run of any length, streamed from the history).

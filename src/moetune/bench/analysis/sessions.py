@@ -24,14 +24,15 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from moetune.bench.analysis.jsonread import mapping, number
 from moetune.bench.analysis.serve import (
     PERCENTILES,
     LevelSeries,
     RequestMetrics,
+    Sample,
     percentiles_ms,
     request_metrics,
 )
@@ -48,14 +49,14 @@ class PromptCache:
     source: str | None  # timings | usage | None (the server reports neither)
 
 
-def _int(x: Any) -> int | None:
+def _int(x: object) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) else None
 
 
-def prompt_cache(s: Mapping[str, Any]) -> PromptCache:
+def prompt_cache(s: Sample) -> PromptCache:
     """Processed and reused prompt tokens of one request, from what the server reported."""
-    timings = s.get("timings") or {}
-    usage = s.get("usage") or {}
+    timings = mapping(s.get("timings"))
+    usage = mapping(s.get("usage"))
     prompt_tokens = _int(usage.get("prompt_tokens"))
     n, cached = _int(timings.get("prompt_n")), _int(timings.get("cache_n"))
     if n is not None and cached is not None:
@@ -63,13 +64,13 @@ def prompt_cache(s: Mapping[str, Any]) -> PromptCache:
     if n is not None and prompt_tokens is not None and prompt_tokens >= n:  # ik_llama.cpp: no cache_n
         return PromptCache(prompt_tokens, n, prompt_tokens - n, "timings")
     details = usage.get("prompt_tokens_details")
-    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+    cached = _int(details.get("cached_tokens")) if isinstance(details, Mapping) else None
     if cached is not None and prompt_tokens is not None:
         return PromptCache(prompt_tokens, prompt_tokens - cached, cached, "usage")
     return PromptCache(prompt_tokens, None, None, None)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TurnSample:
     """One turn of one session: what the figures are made of."""
 
@@ -89,21 +90,27 @@ class TurnSample:
         return 1 / t if t else None
 
 
-def is_session_sample(s: Mapping[str, Any]) -> bool:
-    return isinstance(s.get("session"), int) and isinstance(s.get("turn"), int)
+def session_turn(s: Sample) -> tuple[int, int] | None:
+    """The (session, turn) of an agent-sessions sample, else None."""
+    session, turn = s.get("session"), s.get("turn")
+    return (session, turn) if isinstance(session, int) and isinstance(turn, int) else None
 
 
-def turn_samples(samples: Iterable[Mapping[str, Any]]) -> list[TurnSample]:
+def is_session_sample(s: Sample) -> bool:
+    return session_turn(s) is not None
+
+
+def turn_samples(samples: Iterable[Sample]) -> list[TurnSample]:
     return [
         TurnSample(
-            int(s["session"]),
-            int(s["turn"]),
-            request_metrics(dict(s)),
-            prompt_cache(s),
-            int(s.get("stripped_chars") or 0),
+            session=st[0],
+            turn=st[1],
+            metrics=request_metrics(s),
+            cache=prompt_cache(s),
+            stripped_chars=int(number(s.get("stripped_chars")) or 0),
         )
         for s in samples
-        if is_session_sample(s)
+        if (st := session_turn(s)) is not None
     ]
 
 
@@ -129,7 +136,7 @@ def _sum(xs: Iterable[int | None]) -> int | None:
     return None if not vals or any(v is None for v in vals) else sum(v for v in vals if v is not None)
 
 
-def _figures(ts: Sequence[TurnSample]) -> dict[str, Any]:
+def _figures(ts: Sequence[TurnSample]) -> dict[str, object]:
     ok = [t for t in ts if t.ok]
     return {
         "requests": len(ts),
@@ -146,7 +153,7 @@ def _figures(ts: Sequence[TurnSample]) -> dict[str, Any]:
     }
 
 
-def per_turn(ts: Sequence[TurnSample]) -> list[dict[str, Any]]:
+def per_turn(ts: Sequence[TurnSample]) -> list[dict[str, object]]:
     """One entry per turn: each figure over the sessions that reached it."""
     by: dict[int, list[TurnSample]] = {}
     for t in ts:
@@ -154,7 +161,7 @@ def per_turn(ts: Sequence[TurnSample]) -> list[dict[str, Any]]:
     return [{"turn": n, **_figures(by[n])} for n in sorted(by)]
 
 
-def per_session(ts: Sequence[TurnSample]) -> list[dict[str, Any]]:
+def per_session(ts: Sequence[TurnSample]) -> list[dict[str, object]]:
     """One entry per session: its turns, its last context, the tokens it had processed and reused
     over all its turns (and the share reused), its TTFT and TG over its turns."""
     by: dict[int, list[TurnSample]] = {}
@@ -191,7 +198,7 @@ def theil_sen(points: Sequence[tuple[float, float]]) -> float | None:
     return float(np.median(slopes)) if slopes else None
 
 
-def tg_vs_context(ts: Sequence[TurnSample]) -> dict[str, Any] | None:
+def tg_vs_context(ts: Sequence[TurnSample]) -> dict[str, object] | None:
     """TG as a function of the context a turn ran at: TG p50 and context p50 of the first and the
     last turn, the change between them, and the slope over every turn's (context, TG) in tok/s per
     1000 tokens of context (Theil–Sen). None with fewer than three points or no spread in context."""
@@ -252,8 +259,8 @@ def session_warnings(
 
 
 def summarize_sessions(
-    samples: Iterable[Mapping[str, Any]], spec: Mapping[str, Any], *, slots: int | None = None
-) -> dict[str, Any]:
+    samples: Iterable[Sample], spec: Mapping[str, object], *, slots: int | None = None
+) -> dict[str, object]:
     """The ``sessions`` section of the serve-bench document: the workload (``spec``, as
     :meth:`moetune.bench.serve.sessions.SessionSpec.to_json` gives it), per turn, per session,
     TG against context, the totals and the warnings."""
@@ -277,13 +284,13 @@ def summarize_sessions(
             ts,
             strip=bool(spec.get("strip_thinking")),
             slots=slots,
-            sessions=int(spec.get("sessions") or 0),
+            sessions=int(number(spec.get("sessions")) or 0),
             sequential=bool(spec.get("sequential")),
         ),
     }
 
 
-def session_metric_samples(samples: Iterable[Mapping[str, Any]]) -> dict[str, MetricSamples]:
+def session_metric_samples(samples: Iterable[Sample]) -> dict[str, MetricSamples]:
     """Per-turn metrics for `moetune compare`, one value per session: ``ttft:turn=N`` (ms),
     ``decode:turn=N`` (tokens/s), ``processed:turn=N`` and ``reused:turn=N`` (prompt tokens; not
     for turn 1, cold by construction: each session's prompt is its own from its first tokens),
@@ -303,7 +310,14 @@ def session_metric_samples(samples: Iterable[Mapping[str, Any]]) -> dict[str, Me
         }
         for fam, (values, higher, unit) in series.items():
             if values:
-                out[f"{fam}:turn={n}"] = MetricSamples(tuple(values), higher, unit, f"{fam} by turn", float(n), "turn")
+                out[f"{fam}:turn={n}"] = MetricSamples(
+                    values=tuple(values),
+                    higher_is_better=higher,
+                    unit=unit,
+                    family=f"{fam} by turn",
+                    x=float(n),
+                    x_label="turn",
+                )
     return out
 
 
@@ -313,9 +327,9 @@ class ServeRunSeries:
 
     def __init__(self) -> None:
         self.levels = LevelSeries()
-        self.turns: list[dict[str, Any]] = []
+        self.turns: list[Sample] = []
 
-    def add(self, s: dict[str, Any], m: RequestMetrics | None = None) -> None:
+    def add(self, s: Sample, m: RequestMetrics | None = None) -> None:
         self.levels.add(s, m)
         if is_session_sample(s):
             self.turns.append(s)
@@ -324,7 +338,7 @@ class ServeRunSeries:
         return {**self.levels.metrics(), **session_metric_samples(self.turns)}
 
 
-def serve_run_metrics(samples: Iterable[dict[str, Any]]) -> dict[str, MetricSamples]:
+def serve_run_metrics(samples: Iterable[Sample]) -> dict[str, MetricSamples]:
     """A serve-bench run's metrics for `moetune compare` (:class:`ServeRunSeries`), the samples read once."""
     series = ServeRunSeries()
     for s in samples:

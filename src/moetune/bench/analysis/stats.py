@@ -37,7 +37,7 @@ DEFAULT_MIN_CHANGE = 0.03
 DEFAULT_N_BOOT = 2000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MetricSamples:
     """One metric's per-sample values, as an extractor derives them from raw samples.
 
@@ -53,7 +53,7 @@ class MetricSamples:
     x_label: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Summary:
     n: int
     median: float

@@ -5,7 +5,7 @@ samples always give the same summary (seeded bootstrap).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from moetune.bench.analysis import single as m
 from moetune.bench.analysis.bench_summary import (
@@ -15,6 +15,7 @@ from moetune.bench.analysis.bench_summary import (
     Stat,
     WorkloadSummary,
 )
+from moetune.bench.analysis.jsonread import flag, number, optional_integer, text
 from moetune.bench.analysis.stats import DEFAULT_CONF, median, summarize
 from moetune.bench.analysis.warnings import bench_warnings
 
@@ -38,7 +39,7 @@ def _count(x: int | None) -> float | None:
 
 
 def workload_figures(
-    name: str, ss: list[dict[str, Any]], *, conf: float = DEFAULT_CONF, seed: int = 0
+    name: str, ss: Sequence[m.Sample], *, conf: float = DEFAULT_CONF, seed: int = 0
 ) -> WorkloadSummary:
     """One workload's figures from its samples (all of workload ``name``)."""
     ms = m.bench_metrics(ss)
@@ -47,9 +48,9 @@ def workload_figures(
     first = ss[0]
     src = m.source(ss)
     return WorkloadSummary(
-        kind=first.get("kind"),
-        depth=first.get("depth"),
-        thinking=first.get("thinking"),
+        kind=text(first.get("kind")),
+        depth=optional_integer(first.get("depth")),
+        thinking=flag(first.get("thinking")),
         tg=_stat(tg.values if tg else None, conf, seed, src),
         pp=_stat(pp.values if pp else None, conf, seed, src),
         overhead_ms=_med([m.overhead_ms(s) for s in ss]),
@@ -60,7 +61,7 @@ def workload_figures(
             ttft_ms=_med([m.client_ttft_ms(s) for s in ss]),
         ),
         prompt_tokens=_med([_count(m.prompt_tokens(s)) for s in ss]),
-        prompt_n=_med([m.timings(s).get("prompt_n") for s in ss]),
+        prompt_n=_med([number(m.timings(s).get("prompt_n")) for s in ss]),
         predicted_n=_med([_count(m.output_tokens(s)) for s in ss]),
         cached_n=_med([_count(m.cached_tokens(s)) for s in ss]),
         cache_confirmed=None
@@ -72,13 +73,13 @@ def workload_figures(
 
 
 def workload_summary(
-    name: str, ss: list[dict[str, Any]], *, conf: float = DEFAULT_CONF, seed: int = 0
-) -> dict[str, Any]:
+    name: str, ss: Sequence[m.Sample], *, conf: float = DEFAULT_CONF, seed: int = 0
+) -> dict[str, object]:
     """:func:`workload_figures` as the document (:meth:`WorkloadSummary.to_json`)."""
     return workload_figures(name, ss, conf=conf, seed=seed).to_json()
 
 
-def bench_summary(samples: list[dict[str, Any]], *, conf: float = DEFAULT_CONF, seed: int = 0) -> BenchSummary:
+def bench_summary(samples: Sequence[m.Sample], *, conf: float = DEFAULT_CONF, seed: int = 0) -> BenchSummary:
     """Per-workload figures (the first workload's also at the top level) and warnings."""
     return BenchSummary(
         workloads={w: workload_figures(w, ss, conf=conf, seed=seed) for w, ss in m.by_workload(samples).items()},
@@ -87,6 +88,6 @@ def bench_summary(samples: list[dict[str, Any]], *, conf: float = DEFAULT_CONF, 
     )
 
 
-def run_summary(samples: list[dict[str, Any]], *, conf: float = DEFAULT_CONF, seed: int = 0) -> dict[str, Any]:
+def run_summary(samples: Sequence[m.Sample], *, conf: float = DEFAULT_CONF, seed: int = 0) -> dict[str, object]:
     """:func:`bench_summary` as the document ``bench --json`` prints (:meth:`BenchSummary.to_json`)."""
     return bench_summary(samples, conf=conf, seed=seed).to_json()

@@ -13,12 +13,13 @@ known, and from the numbers (the signature against the lowest level) when it is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from moetune.bench.analysis import single as m
+from moetune.bench.analysis.jsonread import mapping, number, optional_integer
 from moetune.bench.analysis.level_summary import LevelSummary
 from moetune.bench.analysis.serve import SLOW_FACTOR
 from moetune.bench.analysis.stats import MetricSamples, cv, first_run_slower, median, outliers
@@ -133,7 +134,7 @@ NOISE = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Warning:
     """One finding: its code, what it is about (a metric, a workload, a load level), the evidence,
     the sentence a person reads, and what to do."""
@@ -148,7 +149,7 @@ class Warning:
     def of(cls, code: Code, subject: str, detail: str) -> Warning:
         """A single-stream finding, worded from :data:`TEXT`."""
         text, remedy = TEXT[code]
-        return cls(code, f"{subject}: {text} ({detail})", remedy, subject, detail)
+        return cls(code=code, message=f"{subject}: {text} ({detail})", remedy=remedy, subject=subject, detail=detail)
 
     @property
     def is_note(self) -> bool:
@@ -164,14 +165,14 @@ class Warning:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Warning:
+    def from_json(cls, d: Mapping[str, object]) -> Warning:
         """A stored warning (``kind`` was the serving runs' name for ``code`` before schema 2)."""
         return cls(
-            Code(str(d.get("code") or d.get("kind"))),
-            str(d.get("message") or ""),
-            str(d.get("remedy") or ""),
-            str(d.get("subject") or ""),
-            str(d.get("detail") or ""),
+            code=Code(str(d.get("code") or d.get("kind"))),
+            message=str(d.get("message") or ""),
+            remedy=str(d.get("remedy") or ""),
+            subject=str(d.get("subject") or ""),
+            detail=str(d.get("detail") or ""),
         )
 
 
@@ -210,7 +211,7 @@ def _metric_warnings(name: str, ms: MetricSamples) -> list[Warning]:
     return out
 
 
-def _workload_warnings(w: str, ss: list[dict[str, Any]]) -> list[Warning]:
+def _workload_warnings(w: str, ss: Sequence[m.Sample]) -> list[Warning]:
     out: list[Warning] = []
     expected = [s for s in ss if s.get("expect_cached") is not None]
     if expected:
@@ -218,7 +219,7 @@ def _workload_warnings(w: str, ss: list[dict[str, Any]]) -> list[Warning]:
         if all(c is None for _, c in conf):
             out.append(Warning.of(Code.CACHE_UNKNOWN, w, f"{len(expected)} requests"))
         bad = [s for s, c in conf if c is False]
-        hits = [s for s in bad if (m.cached_tokens(s) or 0) > int(s["expect_cached"])]
+        hits = [s for s in bad if (m.cached_tokens(s) or 0) > (number(s["expect_cached"]) or 0)]
         misses = [s for s in bad if s not in hits]
         if hits:
             out.append(
@@ -275,7 +276,7 @@ def _workload_warnings(w: str, ss: list[dict[str, Any]]) -> list[Warning]:
     return out
 
 
-def bench_warnings(samples: list[dict[str, Any]]) -> list[Warning]:
+def bench_warnings(samples: Sequence[m.Sample]) -> list[Warning]:
     """Every warning a bench run's measured samples call for."""
     out: list[Warning] = []
     for w, ss in m.by_workload(samples).items():
@@ -329,6 +330,18 @@ def level_warnings(
 def _level_warnings(
     level: LevelSummary, *, slots: int | None, base: LevelSummary | None, prefix_cache: bool
 ) -> list[Warning]:
+    """A level's warnings in the order they are told: queueing, the client's own queue and latency
+    outliers, failed and retried requests, then what its tokens say."""
+    out = _queueing_warnings(level, slots=slots, base=base)
+    out += [w for w in (_client_queue(level), _latency_outlier(level)) if w is not None]
+    out += _failure_warnings(level)
+    out += _token_warnings(level, prefix_cache=prefix_cache)
+    return [replace(w, subject=f"c={level.concurrency}") for w in out]
+
+
+def _queueing_warnings(level: LevelSummary, *, slots: int | None, base: LevelSummary | None) -> list[Warning]:
+    """Requests waiting for a slot: more streams than slots, the queueing signature against the
+    lowest level (``base``), or a long wait before the prompt where the slots are unknown."""
     out: list[Warning] = []
     c = level.concurrency
     signature = _queueing(level, base) if base is not None else None
@@ -348,53 +361,64 @@ def _level_warnings(
             f"time wait in the server's queue, so TTFT includes queueing"
         )
         msg += f" (measured: {evidence}" + (f"; {signature})" if signature else ")") if evidence else ""
-        out.append(Warning(Code.QUEUEING, msg, remedy))
+        out.append(Warning(code=Code.QUEUEING, message=msg, remedy=remedy))
     elif signature is not None:
-        out.append(Warning(Code.QUEUEING, f"c={c} shows the queueing signature {signature}", remedy))
+        out.append(
+            Warning(code=Code.QUEUEING, message=f"c={c} shows the queueing signature {signature}", remedy=remedy)
+        )
     elif slots is None and wait is not None and ttft and wait > max(50.0, 0.5 * ttft):
         out.append(
             Warning(
-                Code.QUEUEING,
-                f"c={c}: requests queue in the server before their prompt is processed ({evidence})",
-                remedy,
+                code=Code.QUEUEING,
+                message=f"c={c}: requests queue in the server before their prompt is processed ({evidence})",
+                remedy=remedy,
             )
         )
-    client_queue = _client_queue(level)
-    if client_queue is not None:
-        out.append(client_queue)
-    slow = _latency_outlier(level)
-    if slow is not None:
-        out.append(slow)
+    return out
+
+
+def _failure_warnings(level: LevelSummary) -> list[Warning]:
+    """Failed requests (kept as samples, out of the latency figures) and requests sent again."""
+    out: list[Warning] = []
+    c = level.concurrency
     errors = dict(level.errors)
     if errors:
         n = sum(errors.values())
         kinds = ", ".join(f"{k} x{v}" for k, v in errors.items())
         out.append(
             Warning(
-                Code.ERRORS,
-                f"c={c}: {n} of {level.requests} requests failed ({kinds}); they are kept "
+                code=Code.ERRORS,
+                message=f"c={c}: {n} of {level.requests} requests failed ({kinds}); they are kept "
                 "as samples and left out of the latency figures",
-                _error_remedy(errors),
+                remedy=_error_remedy(errors),
             )
         )
     if level.retries:
         out.append(
             Warning(
-                Code.RETRIES,
-                f"c={c}: {level.retries} request(s) were sent again on a new connection: "
+                code=Code.RETRIES,
+                message=f"c={c}: {level.retries} request(s) were sent again on a new connection: "
                 "the server closed a kept-alive connection as it was reused; none was lost",
-                "nothing to do (llama-server closes a connection after each streamed response, and "
+                remedy="nothing to do (llama-server closes a connection after each streamed response, and "
                 "idle ones after 5 s); TTFT counts from the attempt that was answered",
             )
         )
+    return out
+
+
+def _token_warnings(level: LevelSummary, *, prefix_cache: bool) -> list[Warning]:
+    """What the level's tokens say: cache hits, reasoning, short outputs, unknown ITL or usage, prompt
+    lengths counted otherwise than the server counts them."""
+    out: list[Warning] = []
+    c = level.concurrency
     if level.cached_tokens and not prefix_cache:
         out.append(
             Warning(
-                Code.CACHE_HIT,
-                f"c={c}: {level.cached_tokens} prompt tokens came from the server's prefix "
+                code=Code.CACHE_HIT,
+                message=f"c={c}: {level.cached_tokens} prompt tokens came from the server's prefix "
                 "cache although every prompt was unique, so TTFT is lower than for a "
                 "cold prompt",
-                "check the server honours cache_prompt=false",
+                remedy="check the server honours cache_prompt=false",
             )
         )
     out_tok, reason = level.output_tokens, level.reasoning_tokens
@@ -402,20 +426,20 @@ def _level_warnings(
         ttfc = level.ttfc_ms.p50
         out.append(
             Warning(
-                Code.THINKING,
-                f"c={c}: {100 * reason / out_tok:.0f}% of output tokens were reasoning; TTFT "
+                code=Code.THINKING,
+                message=f"c={c}: {100 * reason / out_tok:.0f}% of output tokens were reasoning; TTFT "
                 "counts the first reasoning token"
                 + (f", the first answer token came at {ttfc:.0f} ms (p50)" if ttfc else ""),
-                "pass --thinking off to measure answers only, or read ttfc_ms",
+                remedy="pass --thinking off to measure answers only, or read ttfc_ms",
             )
         )
     if level.short_outputs:
         out.append(
             Warning(
-                Code.SHORT_OUTPUT,
-                f"c={c}: {level.short_outputs} request(s) produced fewer tokens than "
+                code=Code.SHORT_OUTPUT,
+                message=f"c={c}: {level.short_outputs} request(s) produced fewer tokens than "
                 "asked (a full slot context or a stop)",
-                "check prompt + output fits the per-slot context",
+                remedy="check prompt + output fits the per-slot context",
             )
         )
     ok = level.ok
@@ -423,13 +447,13 @@ def _level_warnings(
         n = level.itl_unknown
         out.append(
             Warning(
-                Code.ITL_UNKNOWN,
-                f"c={c}: ITL is unknown for {n} of {ok} requests: the server streamed "
+                code=Code.ITL_UNKNOWN,
+                message=f"c={c}: ITL is unknown for {n} of {ok} requests: the server streamed "
                 "more tokens than chunks without saying how many each chunk carried, so "
                 "itl_ms leaves them out"
                 + (" and is null" if n == ok else "")
                 + "; tpot_ms (from usage.completion_tokens) is their per-token figure",
-                "use a server that counts tokens per chunk: vLLM and SGLang honour "
+                remedy="use a server that counts tokens per chunk: vLLM and SGLang honour "
                 "stream_options.continuous_usage_stats (serve-bench asks for it), llama-server sends "
                 "timings per token",
             )
@@ -437,10 +461,10 @@ def _level_warnings(
     if level.no_usage:
         out.append(
             Warning(
-                Code.NO_USAGE,
-                f"c={c}: {level.no_usage} of {ok} responses carried no usage, so their "
+                code=Code.NO_USAGE,
+                message=f"c={c}: {level.no_usage} of {ok} responses carried no usage, so their "
                 "output tokens are counted as one per streamed chunk (an assumption)",
-                "use a server that honours stream_options.include_usage, or check the output lengths",
+                remedy="use a server that honours stream_options.include_usage, or check the output lengths",
             )
         )
     predicted = level.prompt_token_error
@@ -448,24 +472,24 @@ def _level_warnings(
         if predicted.mean_pct > PREDICTED_ERROR_PCT:
             out.append(
                 Warning(
-                    Code.PROMPT_MISMATCH,
-                    f"c={c}: the prompt lengths --tokenizer predicted were off by "
+                    code=Code.PROMPT_MISMATCH,
+                    message=f"c={c}: the prompt lengths --tokenizer predicted were off by "
                     f"{predicted.mean_pct:.1f}% on average (at most {predicted.max_pct:.1f}%, "
                     f"{predicted.mismatched} of {predicted.requests} requests) from the server's "
                     "usage.prompt_tokens; prompt_tokens_mean is the server's count",
-                    "give the served model's own tokenizer.json, or drop --tokenizer to fit prompts by probe requests",
+                    remedy="give the served model's own tokenizer.json, or drop --tokenizer to fit prompts by probe requests",
                 )
             )
     elif level.prompt_token_mismatches:
         out.append(
             Warning(
-                Code.PROMPT_MISMATCH,
-                f"c={c}: for {level.prompt_token_mismatches} request(s) the server "
+                code=Code.PROMPT_MISMATCH,
+                message=f"c={c}: for {level.prompt_token_mismatches} request(s) the server "
                 "counted a different prompt length than /tokenize gave",
-                "the chat template may depend on request fields; input lengths are approximate",
+                remedy="the chat template may depend on request fields; input lengths are approximate",
             )
         )
-    return [replace(w, subject=f"c={c}") for w in out]
+    return out
 
 
 def over_capacity(level: LevelSummary) -> str | None:
@@ -492,19 +516,19 @@ def _client_queue(level: LevelSummary) -> Warning | None:
     evidence, e2e = over_capacity(level), level.e2e_ms.p50
     if evidence is not None:
         return Warning(
-            Code.CLIENT_QUEUE,
-            f"c={c}: the offered rate {level.rate}/s is more than {_streams(c)} "
+            code=Code.CLIENT_QUEUE,
+            message=f"c={c}: the offered rate {level.rate}/s is more than {_streams(c)} "
             f"complete ({evidence}): requests waited for a client slot (p90 {sw:.0f} ms), and "
             "latency_ms includes this queue",
-            "lower --rate or raise --concurrency",
+            remedy="lower --rate or raise --concurrency",
         )
     if e2e is not None and sw > max(BURST_WAIT_FACTOR * e2e, BURST_WAIT_MS):  # enough streams, arrivals bunch up
         return Warning(
-            Code.CLIENT_QUEUE,
-            f"c={c}: requests waited for a client slot in bursts (p90 {sw:.0f} ms, "
+            code=Code.CLIENT_QUEUE,
+            message=f"c={c}: requests waited for a client slot in bursts (p90 {sw:.0f} ms, "
             f"{sw / e2e:.1f}x what a request takes, E2E p50 {e2e:.0f} ms), although {_streams(c)} keep up with "
             f"{level.rate}/s on average; latency_ms includes this queue",
-            "raise --concurrency to absorb bursts, or use --arrivals constant",
+            remedy="raise --concurrency to absorb bursts, or use --arrivals constant",
         )
     return None
 
@@ -536,7 +560,7 @@ def _latency_outlier(level: LevelSummary) -> Warning | None:
             "it stalled while generating: read the server's log at that time (swapping, another client, a "
             "GPU or network fault) and run the level again"
         )
-    return Warning(Code.LATENCY_OUTLIER, msg, remedy)
+    return Warning(code=Code.LATENCY_OUTLIER, message=msg, remedy=remedy)
 
 
 def _streams(c: int) -> str:
@@ -561,7 +585,7 @@ def _error_remedy(errors: dict[str, int]) -> str:
 
 
 def run_warnings(
-    server: ServerInfo, concurrency: list[int], skipped_overlong: int, *, tokenizer: dict[str, Any] | None = None
+    server: ServerInfo, concurrency: list[int], skipped_overlong: int, *, tokenizer: Mapping[str, object] | None = None
 ) -> list[Warning]:
     """The warnings about the server as the run found it; ``tokenizer`` is what serve-bench
     ``--tokenizer`` measured (:meth:`moetune.bench.serve.tokenizer.TokenizerCounter.describe`)."""
@@ -569,45 +593,45 @@ def run_warnings(
     if server.slots is None:
         out.append(
             Warning(
-                Code.NO_SLOT_INFO,
-                "the server does not report its slots (/props): queueing can only be recognised from the numbers",
-                "run against llama-server, or compare levels with the same slot count",
+                code=Code.NO_SLOT_INFO,
+                message="the server does not report its slots (/props): queueing can only be recognised from the numbers",
+                remedy="run against llama-server, or compare levels with the same slot count",
             )
         )
     if not server.caps.timings:
         out.append(
             Warning(
-                Code.NO_SERVER_TIMINGS,
-                "the server sends no llama.cpp timings: server_itl_ms and "
+                code=Code.NO_SERVER_TIMINGS,
+                message="the server sends no llama.cpp timings: server_itl_ms and "
                 "server_wait_ms are null (queueing in the server cannot be told "
                 "from its prompt processing), and TTFT, ITL and TPOT are the "
                 "client's clock only",
-                "compare these runs with runs against the same kind of server; llama-server gives the "
+                remedy="compare these runs with runs against the same kind of server; llama-server gives the "
                 "server's side too",
             )
         )
     tk = tokenizer or {}
-    check = tk.get("check_error_pct")
+    check = number(tk.get("check_error_pct"))
     if check is not None and check > PREDICTED_ERROR_PCT:
         out.append(
             Warning(
-                Code.PROMPT_MISMATCH,
-                f"--tokenizer predicted a probe prompt of {tk['check_tokens']} "
+                code=Code.PROMPT_MISMATCH,
+                message=f"--tokenizer predicted a probe prompt of {tk['check_tokens']} "
                 f"tokens (by the server's usage.prompt_tokens) as {tk['check_predicted']}, "
                 f"{check:.1f}% off: it is likely not the served model's tokenizer",
-                "give the served model's own tokenizer.json, or drop --tokenizer to fit prompts by probe requests",
+                remedy="give the served model's own tokenizer.json, or drop --tokenizer to fit prompts by probe requests",
             )
         )
     if not server.caps.exact_prompts and tokenizer is None:
         out.append(
             Warning(
-                Code.NO_TOKENIZER,
-                "the server has no /tokenize and /apply-template: prompts are not "
+                code=Code.NO_TOKENIZER,
+                message="the server has no /tokenize and /apply-template: prompts are not "
                 "counted before sending (synthetic ones are fitted to --input-len on "
                 "one probe prompt, by the usage.prompt_tokens of requests for one "
                 "token), and each request's length is the server's usage.prompt_tokens "
                 "(prompt_tokens_mean)",
-                "read prompt_tokens_mean for the lengths sent; for lengths counted before sending, "
+                remedy="read prompt_tokens_mean for the lengths sent; for lengths counted before sending, "
                 "give the served model's tokenizer.json with --tokenizer, or benchmark llama-server",
             )
         )
@@ -615,30 +639,33 @@ def run_warnings(
     if busy:
         out.append(
             Warning(
-                Code.SERVER_BUSY,
-                f"{busy} server slot(s) were busy when the benchmark started: another client shares the server",
-                "stop other clients for clean numbers",
+                code=Code.SERVER_BUSY,
+                message=f"{busy} server slot(s) were busy when the benchmark started: another client shares the server",
+                remedy="stop other clients for clean numbers",
             )
         )
     if skipped_overlong:
         out.append(
             Warning(
-                Code.SKIPPED,
-                f"{skipped_overlong} dataset prompt(s) were skipped: prompt + output is longer "
+                code=Code.SKIPPED,
+                message=f"{skipped_overlong} dataset prompt(s) were skipped: prompt + output is longer "
                 f"than the per-slot context ({server.n_ctx_slot} tokens)",
-                "raise the server's context per slot to include them",
+                remedy="raise the server's context per slot to include them",
             )
         )
     return [replace(w, subject="server") for w in out]
 
 
-def annotate(levels: list[dict[str, Any]], *, slots: int | None, prefix_cache: bool) -> list[list[Warning]]:
+def annotate(
+    levels: Sequence[MutableMapping[str, object]], *, slots: int | None, prefix_cache: bool
+) -> list[list[Warning]]:
     """Fill each level's ``warnings`` (message strings), ``notes`` and ``advice``; return the advice."""
     figures = [LevelSummary.from_json(lv) for lv in levels]
     base = min(range(len(levels)), key=lambda i: figures[i].concurrency, default=None)
     out = []
     for i, (lv, f) in enumerate(zip(levels, figures, strict=True)):
-        lv_slots = (lv.get("server") or {}).get("slots", slots)  # a plan relaunched per level: its own
+        server = mapping(lv.get("server"))  # a plan relaunched per level: its own slots
+        lv_slots = optional_integer(server["slots"]) if "slots" in server else slots
         low = figures[base] if base is not None and base != i else None
         adv = _level_warnings(f, slots=lv_slots, base=low, prefix_cache=prefix_cache)
         lv["warnings"] = [a.message for a in adv if not a.is_note]

@@ -284,7 +284,7 @@ class RawClient:
 
     async def _connect(self) -> _Conn:
         c = _Conn()
-        c.io = await open_timestamped(c, self.host, self.port, self.ssl, self.addrs)
+        c.io = await open_timestamped(c, self.host, self.port, ssl_ctx=self.ssl, addrs=self.addrs)
         return c
 
     def _release(self, c: _Conn, ok: bool) -> None:

@@ -205,7 +205,7 @@ class ProtocolReader(asyncio.Protocol):
 
 
 async def open_timestamped(
-    sink: Sink, host: str, port: int, ssl_ctx: Any, addrs: dict[tuple[str, int], tuple[Any, ...]]
+    sink: Sink, host: str, port: int, *, ssl_ctx: Any, addrs: dict[tuple[str, int], tuple[Any, ...]]
 ) -> SockReader | ProtocolReader:
     """A connection to ``host:port`` whose reads go to ``sink`` with their arrival times: the
     kernel's receive timestamps on plain TCP (``SO_TIMESTAMPNS``, read by :class:`SockReader`), the

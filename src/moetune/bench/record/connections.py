@@ -58,7 +58,7 @@ class BadRequest(Exception):
         self.status = status
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Request:
     method: str
     target: str  # path and query, as the client sent them
@@ -103,7 +103,9 @@ async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
         body = await _read_chunked(reader)
     else:
         body = await reader.readexactly(length) if length else b""
-    return Request(method, target, head, body, t_head, time.monotonic(), t_unix)
+    return Request(
+        method=method, target=target, head=head, body=body, t_head=t_head, t_in=time.monotonic(), t_unix=t_unix
+    )
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
@@ -164,5 +166,5 @@ async def open_upstream(up: Upstream, addrs: dict[tuple[str, int], tuple[Any, ..
     ``addrs`` keeps the upstream's address once resolved (a resolver call runs on a thread)."""
     c = UpstreamConn()
     ctx = ssl.create_default_context() if up.scheme == "https" else None
-    c.io = await open_timestamped(c, up.host, up.port, ctx, addrs)
+    c.io = await open_timestamped(c, up.host, up.port, ssl_ctx=ctx, addrs=addrs)
     return c

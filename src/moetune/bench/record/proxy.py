@@ -50,7 +50,7 @@ GRACE_S = 5.0  # requests in flight at a stop get this long to end
 CLIENT_CHECK_S = 0.1  # how often a request in flight checks that its client is still there
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RecordConfig:
     host: str
     port: int
@@ -60,7 +60,7 @@ class RecordConfig:
     grace_s: float = GRACE_S
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Recorder:
     """The proxy's state: its configuration, the session so far, the log file, what is in flight."""
 
@@ -328,7 +328,7 @@ async def _serve(cfg: RecordConfig, rec: Recorder, ready: Callable[[str], None],
 
 def record(
     cfg: RecordConfig, log: Callable[[str], None] = lambda s: None, ready: Callable[[str], None] = lambda url: None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Run the proxy until SIGINT or SIGTERM; return the session's :func:`summarize`. ``ready`` gets
     the proxy's URL once it listens; ``log`` a line per request. The output file is started empty."""
     try:
@@ -337,7 +337,7 @@ def record(
         raise InputError(
             f"-o {cfg.output}: cannot write it ({e.strerror or e})", hint="choose a writable path"
         ) from None
-    rec = Recorder(cfg, log, out)
+    rec = Recorder(cfg=cfg, log=log, out=out)
     signals = Signals()
     signals.install()
     try:

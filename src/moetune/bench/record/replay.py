@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from moetune import __version__
+from moetune.bench.analysis.jsonread import mapping
 from moetune.bench.analysis.serve import request_metrics, summarize_level
 from moetune.bench.analysis.warnings import Code, Warning, run_warnings
 from moetune.bench.http.client import StreamingHttp, connect
@@ -47,10 +48,10 @@ from moetune.kinds import RunKind, RunStatus
 from moetune.monitor.sampler import RunMonitor, Watch, watches_for_url, watches_of_launch
 from moetune.monitor.snapshot import Snapshot
 from moetune.store.db import ResultsDB
-from moetune.store.record import HostRef, RunMeta
+from moetune.store.record import HostRef, RunMeta, ServerInfo
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReplaySpec:
     file: Path
     speed: str = "1x"  # 1x, Nx or max
@@ -119,8 +120,8 @@ def _watches(src: ServerSource) -> Callable[[], list[Watch]]:
 
 
 def _workload(
-    spec: ReplaySpec, session: Session, reqs: list[ReplayRequest], skipped: int, concurrency: int, model: str | None
-) -> dict[str, Any]:
+    spec: ReplaySpec, session: Session, reqs: list[ReplayRequest], *, skipped: int, concurrency: int, model: str | None
+) -> dict[str, object]:
     return {
         "replay": {
             "file": str(session.path.resolve()),
@@ -142,7 +143,7 @@ def _workload(
     }  # the session's requests may meet the cache they fill: no warning for it
 
 
-def _token_advice(reqs: list[ReplayRequest], samples: list[dict[str, Any]]) -> list[Warning]:
+def _token_advice(reqs: list[ReplayRequest], samples: list[dict[str, object]]) -> list[Warning]:
     by_index = {s["index"]: request_metrics(s) for s in samples}
     counts = [m.output_tokens if (m := by_index.get(i)) is not None and m.ok else None for i in range(len(reqs))]
     differ = token_differences(reqs, counts)
@@ -151,26 +152,73 @@ def _token_advice(reqs: list[ReplayRequest], samples: list[dict[str, Any]]) -> l
     i = differ[0]
     return [
         Warning(
-            Code.REPLAY_TOKENS,
-            f"{len(differ)} of {len(reqs)} replayed requests generated another number "
+            code=Code.REPLAY_TOKENS,
+            message=f"{len(differ)} of {len(reqs)} replayed requests generated another number "
             f"of tokens than recorded (request {i}, recorded #{reqs[i].seq}: "
             f"{reqs[i].recorded_completion_tokens} recorded, {counts[i]} now)",
-            "the same counts need the same model and deterministic lengths: record requests with max_tokens "
+            remedy="the same counts need the same model and deterministic lengths: record requests with max_tokens "
             "and ignore_eos (or temperature 0 and a seed), and replay against the same model",
             subject="replay",
         )
     ]
 
 
+def _run_meta(
+    spec: ReplaySpec,
+    session: Session,
+    source: ServerSource,
+    *,
+    info: ServerInfo,
+    served: list[str],
+    reqs: list[ReplayRequest],
+    skipped: int,
+    c: int,
+) -> RunMeta:
+    """What the replay's run records: the server, the model, the launch and the workload replayed."""
+    ln = source.current
+    return RunMeta(
+        kind=RunKind.SERVE_BENCH,
+        moetune_version=__version__,
+        argv=tuple(sys.argv),
+        started_unix=time.time(),
+        server=info,
+        model=model_ref(info.model_path, name=spec.model or (served[0] if served else None)),
+        host=HostRef.here(),
+        engine_build=(ln.engine_build if ln else None) or info.build,
+        plan=source.plan.doc if isinstance(source, PlanServers) else None,
+        launch_run=ln.launch_run if ln else None,
+        launch=ln.facts if ln else None,
+        details={
+            "workload": _workload(spec, session, reqs, skipped=skipped, concurrency=c, model=spec.model),
+            "client": {"library": "asyncio", "moetune": __version__},
+            "run_tag": None,
+            "skipped_overlong": 0,
+            "slo": dict(spec.slo) if spec.slo else None,
+            **(
+                {
+                    "objective": {
+                        "name": spec.objective,
+                        "file": str(session.path.resolve()),
+                        "sha256": session.sha256,
+                    }
+                }
+                if spec.objective
+                else {}
+            ),
+        },
+    )
+
+
 async def _replay(
     spec: ReplaySpec,
     session: Session,
     source: ServerSource,
+    *,
     db: ResultsDB,
     log: Callable[[str], None],
     monitor: RunMonitor,
     meter: LoadMeter,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     reqs, skipped = replay_requests(session.exchanges)
     offsets = due_offsets(reqs, parse_speed(spec.speed))
     c = spec.concurrency or replay_concurrency(session.exchanges)
@@ -179,7 +227,7 @@ async def _replay(
     http = connect(url, timeout_s=spec.timeout_s)
     run_id: int | None = None
     writer: SampleWriter | None = None
-    levels: list[dict[str, Any]] = []
+    levels: list[dict[str, object]] = []
     advice: list[Warning] = []
     slots: int | None = None
     status, error = RunStatus.FAILED, None
@@ -212,38 +260,7 @@ async def _replay(
         if session.torn_tail:
             log(f"{session.path}: its last line was cut off (the recorder was killed while writing it); left out")
         advice = [w for w in run_warnings(info, [c], 0) if w.code != Code.NO_TOKENIZER]
-        ln = source.current
-        meta = RunMeta(
-            kind=RunKind.SERVE_BENCH,
-            moetune_version=__version__,
-            argv=tuple(sys.argv),
-            started_unix=time.time(),
-            server=info,
-            model=model_ref(info.model_path, name=spec.model or (served[0] if served else None)),
-            host=HostRef.here(),
-            engine_build=(ln.engine_build if ln else None) or info.build,
-            plan=source.plan.doc if isinstance(source, PlanServers) else None,
-            launch_run=ln.launch_run if ln else None,
-            launch=ln.facts if ln else None,
-            details={
-                "workload": _workload(spec, session, reqs, skipped, c, spec.model),
-                "client": {"library": "asyncio", "moetune": __version__},
-                "run_tag": None,
-                "skipped_overlong": 0,
-                "slo": dict(spec.slo) if spec.slo else None,
-                **(
-                    {
-                        "objective": {
-                            "name": spec.objective,
-                            "file": str(session.path.resolve()),
-                            "sha256": session.sha256,
-                        }
-                    }
-                    if spec.objective
-                    else {}
-                ),
-            },
-        )
+        meta = _run_meta(spec, session, source, info=info, served=served, reqs=reqs, skipped=skipped, c=c)
         run_id = db.create_run(
             meta,
             label=spec.label or f"replay {session.path.name} {spec.speed}",
@@ -252,9 +269,9 @@ async def _replay(
         )
         monitor.attach(db, run_id)
         writer = sink = SampleWriter(db, run_id)
-        load = LoadSpec(c, requests=len(reqs), offsets=offsets)
-        samples: list[dict[str, Any]] = []
-        first: list[dict[str, Any]] = []
+        load = LoadSpec(concurrency=c, requests=len(reqs), offsets=offsets)
+        samples: list[dict[str, object]] = []
+        first: list[dict[str, object]] = []
         for p in range(spec.passes):
             k = p - spec.warmup  # the measured pass's number; negative: a warmup pass
             phase = "warmup" if k < 0 else "measure"
@@ -263,9 +280,11 @@ async def _replay(
                 if k < 0
                 else f"replay c={c}" + (f" pass {k + 1}/{spec.repeats}" if spec.repeats > 1 else "")
             )
-            mark = {"replay": {"sha256": session.sha256[:16], "repeat": k}} if spec.passes > 1 else {}
+            mark: dict[str, object] = (
+                {"replay": {"sha256": session.sha256[:16], "repeat": k}} if spec.passes > 1 else {}
+            )
 
-            def store(r: Any, mark: dict[str, Any] = mark, phase: str = phase, k: int = k) -> None:
+            def store(r: Any, mark: dict[str, object] = mark, phase: str = phase, k: int = k) -> None:
                 sink.add({**r.to_sample(), **_at(mark, r.index - k * len(reqs))}, phase)
 
             try:
@@ -273,8 +292,8 @@ async def _replay(
                     http,
                     prepared(p),
                     load,
-                    RequestOptions(timeout_s=spec.timeout_s),
-                    store,
+                    options=RequestOptions(timeout_s=spec.timeout_s),
+                    on_sample=store,
                     meter=meter,
                     first_index=k * len(reqs),
                 )
@@ -287,7 +306,7 @@ async def _replay(
             if k >= 0:
                 done = [{**r.to_sample(), **_at(mark, r.index - k * len(reqs))} for r in records]
                 samples += done
-                first = first or [{**d, "index": d["index"] - k * len(reqs)} for d in done]
+                first = first or [{**d, "index": r.index - k * len(reqs)} for d, r in zip(done, records, strict=True)]
         level = summarize_level(samples, spec.slo)
         level["server"] = {**info.to_json(), **source.level_info(c)}
         levels.append(level)
@@ -299,20 +318,31 @@ async def _replay(
     finally:
         await http.aclose()
         if run_id is not None and writer is not None:
-            finish_levels(db, run_id, writer, status, levels, advice, slots=slots, prefix_cache=True, error=error)
+            finish_levels(
+                db,
+                run_id,
+                writer,
+                status=status,
+                levels=levels,
+                advice=advice,
+                slots=slots,
+                prefix_cache=True,
+                error=error,
+            )
     assert run_id is not None and writer is not None
     return report_doc(db.run(run_id), levels, advice, samples=writer.count, slo=spec.slo)
 
 
-def _at(mark: dict[str, Any], position: int) -> dict[str, Any]:
+def _at(mark: dict[str, object], position: int) -> dict[str, object]:
     """A pass's mark with the request's position in the session."""
-    return {"replay": {**mark["replay"], "request": position}} if mark else {}
+    return {"replay": {**mapping(mark.get("replay")), "request": position}} if mark else {}
 
 
 def replay_bench(
     spec: ReplaySpec,
     db: ResultsDB,
     source: ServerSource,
+    *,
     log: Callable[[str], None] = lambda s: None,
     on_snapshot: Callable[[Snapshot], None] | None = None,
 ) -> dict[str, Any]:
@@ -329,6 +359,6 @@ def replay_bench(
     meter = LoadMeter()
     try:
         with RunMonitor(_watches(source), load=meter.figures, on_snapshot=on_snapshot) as monitor:
-            return run_loop(_replay(spec, session, source, db, log, monitor, meter))
+            return run_loop(_replay(spec, session, source, db=db, log=log, monitor=monitor, meter=meter))
     finally:
         source.close()

@@ -27,7 +27,7 @@ REPLAYED_PATHS = ("/chat/completions", "/completions")
 _SPEED = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)x$")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReplayRequest:
     seq: int  # the recorded request's
     target: str  # its path and query
@@ -72,14 +72,14 @@ def replay_requests(exchanges: Sequence[Exchange]) -> tuple[list[ReplayRequest],
     t0 = keep[0].t_start_s if keep else 0.0
     reqs = [
         ReplayRequest(
-            e.seq,
-            e.target,
-            e.body,
-            e.t_start_s - t0,
-            _max_tokens(e.body),
-            e.completion_tokens if e.tokens_from in ("usage", "timings") else None,
-            e.prompt_tokens,
-            e.status is not None and 200 <= e.status < 300 and e.error is None,
+            seq=e.seq,
+            target=e.target,
+            body=e.body,
+            offset_s=e.t_start_s - t0,
+            max_tokens=_max_tokens(e.body),
+            recorded_completion_tokens=e.completion_tokens if e.tokens_from in ("usage", "timings") else None,
+            recorded_prompt_tokens=e.prompt_tokens,
+            recorded_ok=e.status is not None and 200 <= e.status < 300 and e.error is None,
         )
         for e in keep
     ]
@@ -107,7 +107,7 @@ def choose_model(recorded: Any, served: Sequence[str], override: str | None) -> 
     return served[0]
 
 
-def salted(body: Mapping[str, Any], salt: str) -> dict[str, Any]:
+def salted(body: Mapping[str, Any], salt: str) -> dict[str, object]:
     """The body with ``salt`` and a space before its first text: the first message's content (a
     string, or its first text part) or a completion's prompt. Every request of one pass of a replay
     gets the same salt, so the prefixes they share stay shared, while a pass shares none with
@@ -133,7 +133,7 @@ def salted(body: Mapping[str, Any], salt: str) -> dict[str, Any]:
     return doc
 
 
-def pinned(body: Mapping[str, Any], tokens: int) -> dict[str, Any]:
+def pinned(body: Mapping[str, Any], tokens: int) -> dict[str, object]:
     """The body asking for exactly ``tokens`` tokens (``max_tokens`` and ``ignore_eos``), so that a
     replay does the recorded work whatever the model now says."""
     doc = {k: v for k, v in body.items() if k not in ("max_completion_tokens", "n_predict")}

@@ -23,7 +23,7 @@ SCHEMA = 1
 FILLER = "loremipsumdolorsitametconsecteturadipiscingelitseddoeiusmodtempor"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProxyDelays:
     """What the proxy added to one request, in ms on this machine's clock."""
 
@@ -37,7 +37,7 @@ class ProxyDelays:
     piece_max_ms: float | None = None
     pieces: int = 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {f.name: round(v, 4) if isinstance(v := getattr(self, f.name), float) else v for f in fields(self)}
 
     @classmethod
@@ -45,7 +45,7 @@ class ProxyDelays:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Exchange:
     """One request through the proxy and its answer: a line of the session file."""
 
@@ -74,8 +74,8 @@ class Exchange:
     proxy: ProxyDelays = field(default_factory=ProxyDelays)
     redacted: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"schema": SCHEMA}
+    def to_json(self) -> dict[str, object]:
+        d: dict[str, object] = {"schema": SCHEMA}
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, float):
@@ -233,7 +233,7 @@ def percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
     return {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "max": round(float(a.max()), 3), "n": len(values)}
 
 
-def summarize(exchanges: Sequence[Exchange], piece_ms: Sequence[float] = ()) -> dict[str, Any]:
+def summarize(exchanges: Sequence[Exchange], piece_ms: Sequence[float] = ()) -> dict[str, object]:
     """The session in figures: requests by path and status, errors, tokens, the most in flight at
     once, and the proxy's added latency (forwarding a request, the first byte of an answer, and
     each relayed piece when ``piece_ms`` gives them all; else the per-request medians)."""

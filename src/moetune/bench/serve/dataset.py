@@ -105,7 +105,7 @@ class ServerTokenCounter:
         self.thinking = thinking
         self.calls = 0
 
-    async def _post(self, path: str, doc: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, path: str, doc: dict[str, object]) -> dict[str, object]:
         self.calls += 1
         status, body = await self.http.post_json(path, doc)
         if status != 200 or not isinstance(body, dict):
@@ -117,7 +117,7 @@ class ServerTokenCounter:
         return body
 
     async def chat_tokens(self, content: str) -> int:
-        req: dict[str, Any] = {"messages": [{"role": "user", "content": content}]}
+        req: dict[str, object] = {"messages": [{"role": "user", "content": content}]}
         if self.thinking is not None:
             req["chat_template_kwargs"] = {"enable_thinking": self.thinking}
         prompt = (await self._post("/apply-template", req)).get("prompt")
@@ -146,7 +146,7 @@ class UsageTokenCounter:
         self.calls = 0
 
     async def chat_tokens(self, content: str) -> int:
-        req: dict[str, Any] = {
+        req: dict[str, object] = {
             "model": self.model,
             "messages": [{"role": "user", "content": content}],
             "max_tokens": 1,
@@ -194,7 +194,7 @@ def request_tag(run_tag: str, i: int, width: int = 0) -> str:
 
 
 async def fit_content(
-    counter: TokenCounter, prefix: str, filler: str, target: int, start: int, per_char: float | None = None
+    counter: TokenCounter, prefix: str, filler: str, *, target: int, start: int, per_char: float | None = None
 ) -> tuple[str, int]:
     """``prefix + filler[:n]`` whose templated prompt has ``target`` tokens (or the largest count
     below it when no cut hits it exactly). ``start`` is the first guess for n; ``per_char`` (tokens
@@ -266,7 +266,7 @@ async def synthetic_prompts(
     per_char: float | None = None
     for i in range(n if unique else 1):
         prefix = request_tag(run_tag, i) if unique else ""
-        text, count = await fit_content(counter, prefix, filler, input_len, start, per_char)
+        text, count = await fit_content(counter, prefix, filler, target=input_len, start=start, per_char=per_char)
         if per_char is None:
             per_char = max(1e-3, count / max(1, len(text)))
         start = len(text) - len(prefix)
@@ -284,7 +284,7 @@ async def probed_prompts(
     filler = await _filler(counter, input_len, seed)
     width = len(str(n))
     probe_tag = request_tag(run_tag, n, width) if unique else ""
-    text, count = await fit_content(counter, probe_tag, filler, input_len, len(filler) // 2)
+    text, count = await fit_content(counter, probe_tag, filler, target=input_len, start=len(filler) // 2)
     body = text[len(probe_tag) :]
     if not unique:  # the same prompt for every request: the one counted
         return [Prompt(body, count, output_len)] * n

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moetune import __version__
+from moetune.bench.analysis.jsonread import integer, mapping
 from moetune.bench.analysis.layout import SHARED_PHASE, alone_phase, busy, contention
 from moetune.bench.analysis.level_summary import LevelSummary
 from moetune.bench.analysis.serve import ALONE, LOAD, SERVICE, SHARED, level_summaries
@@ -71,7 +72,7 @@ class LayoutSpec:
     sweep_id: str | None = None  # the search the run belongs to (tune --with-load)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Service:
     """One loaded service, once prepared: its connection and what each pass sends."""
 
@@ -105,9 +106,11 @@ class _Service:
                 for i in range(n)
             ]
         )
-        await run_level(self.http, warm, LoadSpec(1, requests=n), self.options, sink, first_index=-n)
+        await run_level(
+            self.http, warm, LoadSpec(concurrency=1, requests=n), options=self.options, on_sample=sink, first_index=-n
+        )
 
-    async def run_pass(self, n: int, sink: Callable[[dict[str, Any]], None], meter: LoadMeter | None) -> None:
+    async def run_pass(self, n: int, sink: Callable[[dict[str, object]], None], meter: LoadMeter | None) -> None:
         """The service's workload once (pass ``n`` of the run); each request to ``sink`` as it ends."""
         from moetune.bench.serve.session_run import run_sessions
 
@@ -116,17 +119,22 @@ class _Service:
         if self.load.kind == SESSIONS:
             assert spec.sessions is not None
             await run_sessions(
-                self.http, self.texts[min(n, len(self.texts) - 1)], spec.sessions, self.options, sink, meter=meter
+                self.http,
+                self.texts[min(n, len(self.texts) - 1)],
+                spec.sessions,
+                options=self.options,
+                on_sample=sink,
+                meter=meter,
             )
             return
         if self.load.kind == REPLAY:
-            load = LoadSpec(self.concurrency, requests=len(self.prepared), offsets=self.offsets)
+            load = LoadSpec(concurrency=self.concurrency, requests=len(self.prepared), offsets=self.offsets)
             await run_level(
                 self.http,
                 self.prepared,
                 load,
-                self.options,
-                lambda r: sink(r.to_sample()),
+                options=self.options,
+                on_sample=lambda r: sink(r.to_sample()),
                 first_index=first,
                 meter=meter,
                 keep=False,
@@ -134,7 +142,7 @@ class _Service:
             return
         c = self.concurrency
         load = LoadSpec(
-            c,
+            concurrency=c,
             requests=spec.level_requests(c),
             duration_s=spec.duration_s,
             rate=spec.rate,
@@ -145,8 +153,8 @@ class _Service:
             self.http,
             self.prompts[spec.warmup :] or self.prompts,
             load,
-            self.options,
-            lambda r: sink(r.to_sample()),
+            options=self.options,
+            on_sample=lambda r: sink(r.to_sample()),
             first_index=first,
             meter=meter,
             keep=False,
@@ -154,8 +162,8 @@ class _Service:
 
 
 def _sink(
-    writer: SampleWriter, svc: _Service, load: str | None, rnd: int, phase: str = "measure"
-) -> Callable[[dict[str, Any]], None]:
+    writer: SampleWriter, svc: _Service, load: str | None, *, rnd: int, phase: str = "measure"
+) -> Callable[[dict[str, object]], None]:
     tags = {SERVICE: svc.name, **({LOAD: load} if load else {}), "round": rnd}
     return lambda s: writer.add({**s, **tags}, phase)
 
@@ -166,7 +174,7 @@ async def _prepare(ld: ServiceLoad, ln: Launched, passes: int, log: Log) -> _Ser
     try:
         info = await probe(http, ln.url)
         if ld.kind == REPLAY:  # the recorded requests, as they are
-            return await _prepare_replay(ld, ln, http, info, log)
+            return await _prepare_replay(ld, ln, http, info=info, log=log)
         check_context(spec, info)
         from moetune.bench.serve.tokenizer import TokenizerCounter, token_counter
 
@@ -194,15 +202,36 @@ async def _prepare(ld: ServiceLoad, ln: Launched, passes: int, log: Log) -> _Ser
                 for p in range(passes)
             ]
             options = RequestOptions(model=model, cache_prompt=True, thinking=spec.thinking, timeout_s=spec.timeout_s)
-            svc = _Service(ld, ln, http, info, model, options, spec.sessions.sessions, texts=texts)
+            svc = _Service(
+                load=ld,
+                launched=ln,
+                http=http,
+                info=info,
+                model=model,
+                options=options,
+                concurrency=spec.sessions.sessions,
+                texts=texts,
+            )
             log(f"{ld.service}: prepared {passes} x {spec.sessions.sessions} sessions ({time.monotonic() - t:.1f} s)")
         else:
             c = spec.concurrency[0]
-            prompts, skipped = await level_prompts(spec, counter, info, spec.warmup + spec.prompt_pool(c), run_tag)
+            prompts, skipped = await level_prompts(
+                spec, counter, info, n=spec.warmup + spec.prompt_pool(c), run_tag=run_tag
+            )
             options = RequestOptions(
                 model=model, cache_prompt=spec.prefix_cache, thinking=spec.thinking, timeout_s=spec.timeout_s
             )
-            svc = _Service(ld, ln, http, info, model, options, c, prompts=prompts, skipped=skipped)
+            svc = _Service(
+                load=ld,
+                launched=ln,
+                http=http,
+                info=info,
+                model=model,
+                options=options,
+                concurrency=c,
+                prompts=prompts,
+                skipped=skipped,
+            )
             log(f"{ld.service}: prepared {len(prompts)} prompts ({time.monotonic() - t:.1f} s)")
         svc.advice = run_warnings(info, [svc.concurrency], svc.skipped, tokenizer=local)
         return svc
@@ -214,7 +243,9 @@ async def _prepare(ld: ServiceLoad, ln: Launched, passes: int, log: Log) -> _Ser
         raise
 
 
-async def _prepare_replay(ld: ServiceLoad, ln: Launched, http: StreamingHttp, info: ServerInfo, log: Log) -> _Service:
+async def _prepare_replay(
+    ld: ServiceLoad, ln: Launched, http: StreamingHttp, *, info: ServerInfo, log: Log
+) -> _Service:
     from moetune.bench.record.replay import load_session, served_models
     from moetune.bench.record.schedule import (
         choose_model,
@@ -243,13 +274,13 @@ async def _prepare_replay(ld: ServiceLoad, ln: Launched, http: StreamingHttp, in
         + (f" ({skipped} other recorded requests skipped)" if skipped else "")
     )
     svc = _Service(
-        ld,
-        ln,
-        http,
-        info,
-        ld.spec.model or (served[0] if served else "moetune"),
-        RequestOptions(timeout_s=ld.spec.timeout_s),
-        c,
+        load=ld,
+        launched=ln,
+        http=http,
+        info=info,
+        model=ld.spec.model or (served[0] if served else "moetune"),
+        options=RequestOptions(timeout_s=ld.spec.timeout_s),
+        concurrency=c,
         prepared=prepared,
         offsets=None if offsets is None else tuple(offsets),
     )
@@ -257,14 +288,14 @@ async def _prepare_replay(ld: ServiceLoad, ln: Launched, http: StreamingHttp, in
     return svc
 
 
-async def _alone(svc: _Service, n: int, rnd: int, writer: SampleWriter, meter: LoadMeter) -> None:
+async def _alone(svc: _Service, n: int, rnd: int, *, writer: SampleWriter, meter: LoadMeter) -> None:
     try:
-        await svc.run_pass(n, _sink(writer, svc, ALONE, rnd), meter)
+        await svc.run_pass(n, _sink(writer, svc, ALONE, rnd=rnd), meter)
     except ServerGone as gone:
         raise _gone(svc, gone, "alone") from None
 
 
-async def _shared(services: list[_Service], n: int, rnd: int, writer: SampleWriter, meter: LoadMeter) -> None:
+async def _shared(services: list[_Service], n: int, rnd: int, *, writer: SampleWriter, meter: LoadMeter) -> None:
     """Every service's pass at once; one that finishes first keeps its load on (phase ``fill``)
     until the last is done."""
     remaining = {s.name for s in services}
@@ -272,11 +303,11 @@ async def _shared(services: list[_Service], n: int, rnd: int, writer: SampleWrit
 
     async def keep_busy(svc: _Service) -> None:
         while True:
-            await svc.run_pass(n, _sink(writer, svc, SHARED, rnd, "fill"), None)
+            await svc.run_pass(n, _sink(writer, svc, SHARED, rnd=rnd, phase="fill"), None)
 
     async def one(svc: _Service) -> None:
         try:
-            await svc.run_pass(n, _sink(writer, svc, SHARED, rnd), meter)
+            await svc.run_pass(n, _sink(writer, svc, SHARED, rnd=rnd), meter)
         except ServerGone as gone:
             raise _gone(svc, gone, "shared") from None
         remaining.discard(svc.name)
@@ -310,11 +341,11 @@ def _gone(svc: _Service, gone: ServerGone, load: str) -> RuntimeFailure:
 
 def _levels(
     db: ResultsDB, run_id: int, services: list[_Service] | list[ServiceRecord], slo: dict[str, float] | None
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """The run's levels, per service (in the services' order) shared then alone, each annotated by
     its own server's slots."""
     levels = level_summaries(db.iter_samples(run_id), slo)
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for s in services:
         name = s.name
         info = s.info if isinstance(s, _Service) else s.server
@@ -324,13 +355,13 @@ def _levels(
         annotate(
             mine,
             slots=info.slots,
-            prefix_cache=wl.get("kind") in (SESSIONS, REPLAY) or bool((wl.get("workload") or {}).get("prefix_cache")),
+            prefix_cache=wl.get("kind") in (SESSIONS, REPLAY) or bool(mapping(wl.get("workload")).get("prefix_cache")),
         )
         out += mine
     return out
 
 
-def layout_figures(db: ResultsDB, run_id: int, names: list[str], levels: list[dict[str, Any]]) -> dict[str, Any]:
+def layout_figures(db: ResultsDB, run_id: int, names: list[str], levels: list[dict[str, object]]) -> dict[str, object]:
     """The ``layout`` section of a layout run's summary and document: its services, the contention
     (each service's slowdown under the shared load) and what was busy phase by phase."""
     rows = contention(db.iter_samples(run_id))
@@ -344,12 +375,12 @@ def layout_figures(db: ResultsDB, run_id: int, names: list[str], levels: list[di
     }
 
 
-def _throughput(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _throughput(levels: list[dict[str, object]]) -> list[dict[str, object]]:
     """Per service, output tokens/s and requests/s alone and shared (one figure a level: no interval)."""
     by: dict[str | None, dict[str | None, LevelSummary]] = {}
     for lv in map(LevelSummary.from_json, levels):
         by.setdefault(lv.service, {})[lv.load] = lv
-    out = []
+    out: list[dict[str, object]] = []
     for name, d in by.items():
         a, s = d.get(ALONE), d.get(SHARED)
         ta, ts = (None if a is None else a.output_tok_s), (None if s is None else s.output_tok_s)
@@ -366,10 +397,68 @@ def _throughput(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _run_meta(spec: LayoutSpec, target: Target, services: list[_Service]) -> RunMeta:
+    """What a layout run records: its services, rounds and loads, and the layout's first server."""
+    names = [ld.service for ld in spec.loads]
+    first = services[0]
+    details = {
+        "layout": {
+            "services": names,
+            "rounds": spec.rounds,
+            "idle": [s.name for s in (target.spec.servers() if target.spec else ()) if s.name not in names],
+        },
+        "workload": {"layout": [s.load.to_json() for s in services]},
+        "client": {"library": "asyncio", "moetune": __version__},
+        "run_tag": None,
+        "slo": dict(spec.slo) if spec.slo else None,
+    }
+    return RunMeta(
+        kind=RunKind.SERVE_BENCH,
+        moetune_version=__version__,
+        argv=tuple(sys.argv),
+        started_unix=time.time(),
+        server=None,
+        model=ModelRef(name=", ".join(f"{s.name}: {s.model}" for s in services)),
+        host=HostRef.here(),
+        engine_build=first.launched.engine_build or first.info.build,
+        plan=target.doc,
+        launch_run=first.launched.launch_run,
+        launch=None,
+        details=details,
+    )
+
+
+async def _rounds(
+    spec: LayoutSpec,
+    services: list[_Service],
+    *,
+    writer: SampleWriter,
+    meter: LoadMeter,
+    monitor: RunMonitor,
+    log: Log,
+) -> None:
+    """The measured rounds: each service alone, then all at once, the order swapped every round."""
+    names = [ld.service for ld in spec.loads]
+    n = 0
+    for rnd in range(spec.rounds):
+        for load in (ALONE, SHARED) if rnd % 2 == 0 else (SHARED, ALONE):
+            if load == ALONE:
+                for s in services:
+                    monitor.phase(alone_phase(s.name))
+                    log(f"round {rnd + 1}: {s.name} alone ({s.load.describe()})")
+                    await _alone(s, n, rnd, writer=writer, meter=meter)
+            else:
+                monitor.phase(SHARED_PHASE)
+                log(f"round {rnd + 1}: {', '.join(names)} at once")
+                await _shared(services, n, rnd, writer=writer, meter=meter)
+            n += 1
+
+
 async def _bench(
     spec: LayoutSpec,
     target: Target,
     servers: dict[str, Launched],
+    *,
     db: ResultsDB,
     log: Log,
     monitor: RunMonitor,
@@ -379,39 +468,14 @@ async def _bench(
     run_id: int | None = None
     writer: SampleWriter | None = None
     status, error = RunStatus.FAILED, None
-    levels: list[dict[str, Any]] = []
+    levels: list[dict[str, object]] = []
     names = [ld.service for ld in spec.loads]
     passes = 2 * spec.rounds
     try:
         monitor.phase("prepare")
         for ld in spec.loads:
             services.append(await _prepare(ld, servers[ld.service], passes, log))
-        first = services[0]
-        details = {
-            "layout": {
-                "services": names,
-                "rounds": spec.rounds,
-                "idle": [s.name for s in (target.spec.servers() if target.spec else ()) if s.name not in names],
-            },
-            "workload": {"layout": [s.load.to_json() for s in services]},
-            "client": {"library": "asyncio", "moetune": __version__},
-            "run_tag": None,
-            "slo": dict(spec.slo) if spec.slo else None,
-        }
-        meta = RunMeta(
-            kind=RunKind.SERVE_BENCH,
-            moetune_version=__version__,
-            argv=tuple(sys.argv),
-            started_unix=time.time(),
-            server=None,
-            model=ModelRef(name=", ".join(f"{s.name}: {s.model}" for s in services)),
-            host=HostRef.here(),
-            engine_build=first.launched.engine_build or first.info.build,
-            plan=target.doc,
-            launch_run=first.launched.launch_run,
-            launch=None,
-            details=details,
-        )
+        meta = _run_meta(spec, target, services)
         label = spec.label or "layout " + " ".join(f"{s.name}={s.load.kind}:{s.concurrency or 'rec'}" for s in services)
         run_id = db.create_run(meta, label=label, target=target.name, sweep_id=spec.sweep_id)
         monitor.attach(db, run_id)
@@ -432,19 +496,7 @@ async def _bench(
         for s in services:
             monitor.phase(f"warmup {s.name}")
             await s.warmup(lambda r, s=s: w.add({**r.to_sample(), SERVICE: s.name}, "warmup"))  # type: ignore[misc]
-        n = 0
-        for rnd in range(spec.rounds):
-            for load in (ALONE, SHARED) if rnd % 2 == 0 else (SHARED, ALONE):
-                if load == ALONE:
-                    for s in services:
-                        monitor.phase(alone_phase(s.name))
-                        log(f"round {rnd + 1}: {s.name} alone ({s.load.describe()})")
-                        await _alone(s, n, rnd, w, meter)
-                else:
-                    monitor.phase(SHARED_PHASE)
-                    log(f"round {rnd + 1}: {', '.join(names)} at once")
-                    await _shared(services, n, rnd, w, meter)
-                n += 1
+        await _rounds(spec, services, writer=w, meter=meter, monitor=monitor, log=log)
         status = RunStatus.DONE
     except RuntimeFailure as e:
         error = str(e)
@@ -478,8 +530,8 @@ async def _bench(
         db.run(run_id),
         levels,
         lay,
-        [a for s in services for a in s.advice],
-        db.services(run_id),
+        advice=[a for s in services for a in s.advice],
+        services=db.services(run_id),
         samples=writer.count if writer else 0,
         slo=spec.slo,
     )
@@ -487,14 +539,14 @@ async def _bench(
 
 def layout_doc(
     run: Run,
-    levels: list[dict[str, Any]],
-    layout: dict[str, Any],
+    levels: list[dict[str, object]],
+    layout: dict[str, object],
+    *,
     advice: list[Warning],
     services: list[ServiceRecord],
-    *,
     samples: int,
     slo: dict[str, float] | None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """serve-bench's document (:func:`moetune.bench.serve.run.report_doc`) with the ``layout``
     section: each service (its record), its contention and what was busy."""
     doc = report_doc(run, levels, advice, samples=samples, slo=slo)
@@ -514,7 +566,15 @@ def stored_layout_report(db: ResultsDB, run: Run, slo: dict[str, float] | None =
     levels = _levels(db, run.id, services, slo)
     lay = layout_figures(db, run.id, [s.name for s in services], levels)
     advice = [Warning.from_json(w) for w in (run.summary or {}).get("warnings") or []]
-    return layout_doc(run, levels, lay, advice, services, samples=sum(lv["requests"] for lv in levels), slo=slo)
+    return layout_doc(
+        run,
+        levels,
+        lay,
+        advice=advice,
+        services=services,
+        samples=sum(integer(lv.get("requests")) for lv in levels),
+        slo=slo,
+    )
 
 
 def is_layout_run(run: Run) -> bool:
@@ -543,6 +603,7 @@ def layout_bench(
     target: Target,
     spec: LayoutSpec,
     db: ResultsDB,
+    *,
     log: Log = lambda s: None,
     on_snapshot: Callable[[Snapshot], None] | None = None,
 ) -> dict[str, Any]:
@@ -560,7 +621,7 @@ def layout_bench(
         ) as monitor,
         launched_servers(target, names, timeout_s=spec.launch_timeout_s, status=log, launch_id=launch_id) as servers,
     ):
-        doc = run_loop(_bench(spec, target, servers, db, log, monitor, meter))
+        doc = run_loop(_bench(spec, target, servers, db=db, log=log, monitor=monitor, meter=meter))
     run = db.run(doc["run"]["id"])
     flags = run.flags()
     doc["run"].update(contended=flags.contended, noisy=bool(flags.noisy), flags=flags.to_json())

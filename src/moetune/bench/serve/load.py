@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from moetune.bench.http.client import StreamingHttp
 from moetune.bench.serve.request import CHAT_PATH, RequestRecord, stream_chat
@@ -138,7 +138,7 @@ class Prepared:
     prompt_tokens: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LoadSpec:
     concurrency: int
     requests: int | None = None  # stop after this many
@@ -149,7 +149,7 @@ class LoadSpec:
     offsets: tuple[float, ...] | None = None  # open loop on these due times (s from the start), not a rate
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestOptions:
     model: str = "moetune"
     cache_prompt: bool = False  # llama-server's prefix cache; off unless asked
@@ -159,7 +159,7 @@ class RequestOptions:
 
 
 def request_body(p: ChatPrompt, o: RequestOptions) -> bytes:
-    doc: dict[str, Any] = {
+    doc: dict[str, object] = {
         "model": o.model,
         "messages": p.messages(),
         "stream": True,
@@ -199,9 +199,9 @@ async def run_level(
     http: StreamingHttp,
     prompts: Sequence[Prompt | Prepared],
     spec: LoadSpec,
+    *,
     options: RequestOptions,
     on_sample: Callable[[RequestRecord], None],
-    *,
     first_index: int = 0,
     progress: Callable[[int], None] | None = None,
     max_retries: int = 2,

@@ -190,7 +190,7 @@ class ServiceLoad:
         rate = f" at {s.rate:g}/s" if s.rate else ""
         return f"c={s.concurrency[0]}{rate}, {how} of {size} -> {out}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         from dataclasses import asdict
 
         w = {
@@ -220,9 +220,9 @@ def split_load(text: str) -> tuple[str, str]:
     return name, spec.strip()
 
 
-def parse_spec(service: str, text: str) -> dict[str, Any]:
+def parse_spec(service: str, text: str) -> dict[str, object]:
     """A SPEC's pairs, each value read and checked: {option key: value}."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     where = f"--load {service}="
     if not text:
         raise InputError(f"{where}: the SPEC is empty", hint="e.g. concurrency:1,requests:8,input-len:128")

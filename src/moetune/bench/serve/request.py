@@ -31,7 +31,7 @@ CHAT_PATH = "/v1/chat/completions"
 SAMPLE_SCHEMA = 1
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RequestRecord:
     """Raw facts about one request; times are ``time.monotonic()`` seconds."""
 
@@ -58,15 +58,15 @@ class RequestRecord:
     retries: list[list[Any]] = field(default_factory=list)  # [t, kind] per failed attempt
     response_id: str | None = None
     finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None  # the server's last timings object
+    usage: dict[str, object] | None = None
+    timings: dict[str, object] | None = None  # the server's last timings object
     prompt_source: str | None = None  # "tokenizer": prompt_tokens was predicted by serve-bench --tokenizer
 
     def events(self) -> list[TokenEvent]:
         """Its stream events by name (``chunks`` read by :func:`token_event`)."""
         return [token_event(c) for c in self.chunks]
 
-    def to_sample(self) -> dict[str, Any]:
+    def to_sample(self) -> dict[str, object]:
         d = asdict(self)
         d["schema"] = SAMPLE_SCHEMA
         for k, v in d.items():  # JSON has no NaN
@@ -192,7 +192,7 @@ async def stream_chat(
     reasoning) of the answered attempt."""
     try:
         async with asyncio.timeout(timeout_s):
-            await _attempts(http, body, rec, max_retries, path, on_text)
+            await _attempts(http, body, rec, max_retries=max_retries, path=path, on_text=on_text)
     except TimeoutError:
         rec.error, rec.detail = "timeout", f"no complete answer within {timeout_s} s"
     rec.t_end = time.monotonic()
@@ -202,6 +202,7 @@ async def _attempts(
     http: StreamingHttp,
     body: bytes,
     rec: RequestRecord,
+    *,
     max_retries: int,
     path: str,
     on_text: Callable[[str, str], None] | None = None,

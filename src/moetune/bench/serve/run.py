@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from moetune import __version__
 from moetune.bench.analysis.level_summary import LevelGoodput, LevelSummary, PromptTokenError
@@ -54,7 +54,7 @@ from moetune.store.db import ResultsDB, Run
 from moetune.store.record import HostRef, RunMeta, ServerInfo
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServeBenchSpec:
     url: str
     concurrency: tuple[int, ...] = (1,)
@@ -91,7 +91,7 @@ class SampleWriter:
 
     def __init__(self, db: ResultsDB, run_id: int) -> None:
         self.db, self.run_id = db, run_id
-        self.q: queue.Queue[tuple[dict[str, Any], str] | None] = queue.Queue()
+        self.q: queue.Queue[tuple[dict[str, object], str] | None] = queue.Queue()
         self.error: BaseException | None = None
         self.count = 0
         self.stored: dict[str, int] = {}  # samples stored, by phase
@@ -109,7 +109,7 @@ class SampleWriter:
             finally:
                 self.q.task_done()
 
-    def add(self, data: dict[str, Any], phase: str = "measure") -> None:
+    def add(self, data: dict[str, object], phase: str = "measure") -> None:
         self.q.put((data, phase))
 
     def flush(self) -> None:
@@ -162,7 +162,7 @@ def check_context(spec: ServeBenchSpec, info: ServerInfo) -> None:
 
 
 async def level_prompts(
-    spec: ServeBenchSpec, counter: TokenCounter, info: ServerInfo, n: int, run_tag: str
+    spec: ServeBenchSpec, counter: TokenCounter, info: ServerInfo, *, n: int, run_tag: str
 ) -> tuple[list[Prompt], int]:
     """``n`` prompts of the spec's workload (synthetic, or from its dataset), counted exactly where
     the server or a tokenizer can; and how many dataset entries were too long for a slot."""
@@ -220,7 +220,7 @@ def _goodput_part(g: LevelGoodput | None) -> str:
     return f", goodput {g.met}/{g.of} met the targets, {rate} req/s"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Run:
     """What the first level sets up and the others reuse."""
 
@@ -238,6 +238,7 @@ async def _setup(
     spec: ServeBenchSpec,
     http: StreamingHttp,
     info: ServerInfo,
+    *,
     source: ServerSource,
     db: ResultsDB,
     log: Callable[[str], None],
@@ -258,7 +259,7 @@ async def _setup(
     )
     pools = [spec.prompt_pool(c) for c in spec.concurrency]
     t = time.monotonic()
-    prompts, skipped = await level_prompts(spec, counter, info, spec.warmup + sum(pools), run_tag)
+    prompts, skipped = await level_prompts(spec, counter, info, n=spec.warmup + sum(pools), run_tag=run_tag)
     if isinstance(counter, TokenizerCounter):
         await counter.calibrate()  # done by the first count already
     log(prepared_line(f"{len(prompts)} prompts", counter, time.monotonic() - t))
@@ -295,7 +296,16 @@ async def _setup(
     options = RequestOptions(
         model=model, cache_prompt=spec.prefix_cache, thinking=spec.thinking, timeout_s=spec.timeout_s
     )
-    return _Run(run_id, SampleWriter(db, run_id), prompts, pools, options, meta, advice, label)
+    return _Run(
+        run_id=run_id,
+        writer=SampleWriter(db, run_id),
+        prompts=prompts,
+        pools=pools,
+        options=options,
+        meta=meta,
+        advice=advice,
+        label=label,
+    )
 
 
 def _gone_message(gone: ServerGone, concurrency: int, source: ServerSource) -> str:
@@ -326,14 +336,15 @@ async def _bench(
     spec: ServeBenchSpec,
     source: ServerSource,
     db: ResultsDB,
+    *,
     log: Callable[[str], None],
     monitor: RunMonitor,
     meter: LoadMeter,
     sweep_id: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     http: StreamingHttp | None = None
     run: _Run | None = None
-    levels: list[dict[str, Any]] = []
+    levels: list[dict[str, object]] = []
     status = RunStatus.FAILED
     error: str | None = None
     try:
@@ -347,15 +358,15 @@ async def _bench(
                 http, info = await _connect(spec, url)
             if run is None:
                 monitor.phase("prepare")
-                run = await _setup(spec, http, info, source, db, log, monitor, sweep_id)
+                run = await _setup(spec, http, info, source=source, db=db, log=log, monitor=monitor, sweep_id=sweep_id)
             if spec.warmup and (i == 0 or fresh):
                 monitor.phase(f"warmup c={c}")
                 await run_level(
                     http,
                     run.prompts[: spec.warmup],
-                    LoadSpec(1, requests=spec.warmup),
-                    run.options,
-                    _sink(run.writer, "warmup"),
+                    LoadSpec(concurrency=1, requests=spec.warmup),
+                    options=run.options,
+                    on_sample=_sink(run.writer, "warmup"),
                     first_index=-spec.warmup,
                 )
             monitor.phase(f"c={c}")
@@ -363,7 +374,7 @@ async def _bench(
             pass_prompts = run.prompts[offset : offset + pool] or run.prompts
             offset += pool
             load = LoadSpec(
-                c,
+                concurrency=c,
                 requests=spec.level_requests(c),
                 duration_s=spec.duration_s,
                 rate=spec.rate,
@@ -378,8 +389,8 @@ async def _bench(
                     http,
                     pass_prompts,
                     load,
-                    run.options,
-                    _sink(run.writer, "measure"),
+                    options=run.options,
+                    on_sample=_sink(run.writer, "measure"),
                     first_index=offset,
                     meter=meter,
                     keep=False,
@@ -405,9 +416,9 @@ async def _bench(
                 db,
                 run.run_id,
                 run.writer,
-                status,
-                levels,
-                run.advice,
+                status=status,
+                levels=levels,
+                advice=run.advice,
                 error=error,
                 slots=run.meta.server.slots if run.meta.server else None,
                 prefix_cache=spec.prefix_cache,
@@ -420,14 +431,14 @@ def finish_levels(
     db: ResultsDB,
     run_id: int,
     writer: SampleWriter,
-    status: RunStatus,
-    levels: list[dict[str, Any]],
-    advice: list[Warning],
     *,
+    status: RunStatus,
+    levels: list[dict[str, object]],
+    advice: list[Warning],
     slots: int | None,
     prefix_cache: bool,
     error: str | None,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> None:
     """The end of a serve-bench run, whatever ended it: its samples drained into the history, its
     levels annotated with their warnings, its status and summary stored (``extra`` beside the levels)."""
@@ -452,8 +463,8 @@ def stored_report(
     run: Run,
     slo: dict[str, float] | None = None,
     *,
-    tap: Callable[[dict[str, Any], RequestMetrics], None] | None = None,
-) -> dict[str, Any]:
+    tap: Callable[[dict[str, object], RequestMetrics], None] | None = None,
+) -> dict[str, object]:
     """:func:`report_doc` of a stored serve-bench run, its figures and warnings derived again from
     its samples (what each level ran on, a plan relaunched per level, is read from its summary).
     Goodput is judged by ``slo`` when given, else by the targets the run was measured with. The
@@ -466,9 +477,9 @@ def stored_report(
     server = None if m.server is None else m.server.to_json()
     slo = slo or m.details.get("slo") or None
     ss = m.details.get("sessions")
-    turns: list[dict[str, Any]] = []  # an agent-sessions run's turns, for their figures
+    turns: list[dict[str, object]] = []  # an agent-sessions run's turns, for their figures
 
-    def stream() -> Iterator[dict[str, Any]]:
+    def stream() -> Iterator[dict[str, object]]:
         for s in db.iter_samples(run.id):
             if ss and is_session_sample(s):
                 turns.append(s)
@@ -493,12 +504,12 @@ def stored_report(
 
 def report_doc(
     run: Run,
-    levels: list[dict[str, Any]],
+    levels: list[dict[str, object]],
     advice: list[Warning],
     *,
     samples: int,
     slo: dict[str, float] | None = None,
-    sessions: dict[str, Any] | None = None,
+    sessions: dict[str, object] | None = None,
 ) -> dict[str, Any]:
     """The document `serve-bench --json` and `serve-report --json` print: the run (as every
     command names it), what it measured with, its warnings, the latency targets its goodput is
@@ -558,15 +569,25 @@ def _watches(src: ServerSource) -> Callable[[], list[Watch]]:
     return watches_for_url(src.target)
 
 
-Workload = Callable[
-    [ServeBenchSpec, ServerSource, ResultsDB, Callable[[str], None], RunMonitor, LoadMeter],
-    Coroutine[Any, Any, dict[str, Any]],
-]
+class Workload(Protocol):
+    """A workload that replaces the load levels (:func:`moetune.bench.serve.session_run.bench_sessions`)."""
+
+    def __call__(
+        self,
+        spec: ServeBenchSpec,
+        source: ServerSource,
+        db: ResultsDB,
+        *,
+        log: Callable[[str], None],
+        monitor: RunMonitor,
+        meter: LoadMeter,
+    ) -> Coroutine[Any, Any, dict[str, Any]]: ...
 
 
 def serve_bench(
     spec: ServeBenchSpec,
     db: ResultsDB,
+    *,
     log: Callable[[str], None] = lambda s: None,
     source: ServerSource | None = None,
     on_snapshot: Callable[[Snapshot], None] | None = None,
@@ -588,9 +609,9 @@ def serve_bench(
     try:
         with RunMonitor(_watches(src), load=meter.figures, on_snapshot=on_snapshot) as monitor:
             if workload is not None:
-                doc = run_loop(workload(spec, src, db, log, monitor, meter))
+                doc = run_loop(workload(spec, src, db, log=log, monitor=monitor, meter=meter))
             else:
-                doc = run_loop(_bench(spec, src, db, log, monitor, meter, sweep_id))
+                doc = run_loop(_bench(spec, src, db, log=log, monitor=monitor, meter=meter, sweep_id=sweep_id))
     finally:
         src.close()
     run = db.run(doc["run"]["id"])  # its CPU accounting, stored as the monitor closed

@@ -22,12 +22,13 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from moetune import __version__
+from moetune.bench.analysis.jsonread import mapping, number
 from moetune.bench.analysis.serve import summarize_level
 from moetune.bench.analysis.sessions import summarize_sessions
 from moetune.bench.analysis.warnings import Warning, run_warnings
@@ -62,7 +63,7 @@ from moetune.kinds import RunKind, RunStatus
 from moetune.monitor.sampler import RunMonitor
 from moetune.monitor.snapshot import Snapshot
 from moetune.store.db import ResultsDB
-from moetune.store.record import HostRef, RunMeta
+from moetune.store.record import HostRef, RunMeta, ServerInfo
 
 PROBE_CHARS = 2000  # characters of the probe that fits characters to tokens on a server without /tokenize
 
@@ -81,7 +82,7 @@ class _TextTokens:
 
 
 async def _exact_text(
-    counter: _TextTokens, prefix: str, target: int, seed: int, per_char: float | None
+    counter: _TextTokens, prefix: str, target: int, *, seed: int, per_char: float | None
 ) -> tuple[str, float]:
     """``prefix`` and filler of exactly ``target`` tokens (or the nearest count below), and the
     tokens per character measured on the way."""
@@ -89,7 +90,7 @@ async def _exact_text(
     while await counter.chat_tokens(prefix + filler) < target:
         filler += " " + filler_text(seed + len(filler), max(64, target))
     start = round(target / per_char) if per_char else len(filler) // 2
-    text, count = await fit_content(counter, prefix, filler, target, start, per_char)
+    text, count = await fit_content(counter, prefix, filler, target=target, start=start, per_char=per_char)
     return text, max(1e-3, count / max(1, len(text)))
 
 
@@ -111,11 +112,13 @@ async def session_texts(
         per_char: float | None = None
         turns: list[str] = []
         for t in range(spec.turns):
-            text, per_char = await _exact_text(tc, "", spec.turn_tokens, seed + 1 + t, per_char)
+            text, per_char = await _exact_text(tc, "", spec.turn_tokens, seed=seed + 1 + t, per_char=per_char)
             turns.append(text)
         systems = []
         for s in range(spec.sessions):
-            text, per_char = await _exact_text(tc, session_tag(run_tag, s), spec.system_tokens, seed, per_char)
+            text, per_char = await _exact_text(
+                tc, session_tag(run_tag, s), spec.system_tokens, seed=seed, per_char=per_char
+            )
             systems.append(text)
     else:
         rate = await _calibrated(counter, seed)
@@ -134,17 +137,17 @@ async def run_sessions(
     http: StreamingHttp,
     texts: list[SessionTexts],
     spec: SessionSpec,
-    options: RequestOptions,
-    on_sample: Callable[[dict[str, Any]], None],
     *,
+    options: RequestOptions,
+    on_sample: Callable[[dict[str, object]], None],
     meter: LoadMeter | None = None,
     on_turn: Callable[[int], None] | None = None,
     max_retries: int = 2,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """Run every session to its last turn, or to its first failed one (a conversation does not go
     on without its reply); return the samples (each also given to ``on_sample`` as it ended).
     Raises :class:`ServerGone` when every session ended on a request the server never answered."""
-    samples: list[dict[str, Any]] = []
+    samples: list[dict[str, object]] = []
     records: list[RequestRecord] = []
     last: dict[int, RequestRecord] = {}
     index = itertools.count()
@@ -164,7 +167,9 @@ async def run_sessions(
                 reached = turn.turn
                 if on_turn:
                     on_turn(reached)
-            rec, reply = await _send(http, turn, spec, options, next(index), due, meter, max_retries)
+            rec, reply = await _send(
+                http, turn, spec, options=options, index=next(index), due=due, meter=meter, max_retries=max_retries
+            )
             sample = {
                 **rec.to_sample(),
                 "session": s,
@@ -198,6 +203,7 @@ async def _send(
     http: StreamingHttp,
     turn: Turn,
     spec: SessionSpec,
+    *,
     options: RequestOptions,
     index: int,
     due: float,
@@ -225,15 +231,60 @@ async def _send(
     return rec, Reply("".join(content), "".join(reasoning))
 
 
-def _turn_line(doc: dict[str, Any]) -> str:
-    def f(x: Any, fmt: str = ".0f") -> str:
+def _turn_line(doc: Mapping[str, object]) -> str:
+    """One entry of :func:`moetune.bench.analysis.sessions.per_turn` as a progress line."""
+
+    def f(key: str, fmt: str = ".0f") -> str:
+        x = number(mapping(doc.get(key)).get("p50"))
         return "-" if x is None else format(x, fmt)
 
     return (
-        f"turn {doc['turn']}: {doc['ok']}/{doc['requests']} ok, context p50 {f(doc['context_tokens']['p50'])}, "
-        f"processed p50 {f(doc['prompt_tokens_processed']['p50'])}, reused p50 "
-        f"{f(doc['prompt_tokens_reused']['p50'])} tokens, TTFT p50 {f(doc['ttft_ms']['p50'], '.1f')} ms, "
-        f"TG p50 {f(doc['tg_tok_s']['p50'], '.1f')} tok/s"
+        f"turn {doc['turn']}: {doc['ok']}/{doc['requests']} ok, context p50 {f('context_tokens')}, "
+        f"processed p50 {f('prompt_tokens_processed')}, reused p50 "
+        f"{f('prompt_tokens_reused')} tokens, TTFT p50 {f('ttft_ms', '.1f')} ms, "
+        f"TG p50 {f('tg_tok_s', '.1f')} tok/s"
+    )
+
+
+def _run_meta(
+    spec: ServeBenchSpec,
+    source: ServerSource,
+    info: ServerInfo,
+    *,
+    model: str,
+    run_tag: str,
+    local: dict[str, object] | None,
+    details: dict[str, object] | None,
+) -> RunMeta:
+    """What a sessions run records: the server, the model, the launch and the sessions workload."""
+    ss = spec.sessions
+    assert ss is not None
+    workload = {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items() if k not in ("url", "label", "slo")
+    }
+    ln = source.current
+    return RunMeta(
+        kind=RunKind.SERVE_BENCH,
+        moetune_version=__version__,
+        argv=tuple(sys.argv),
+        started_unix=time.time(),
+        server=info,
+        model=model_ref(info.model_path, name=model),
+        host=HostRef.here(),
+        engine_build=(ln.engine_build if ln else None) or info.build,
+        plan=source.plan.doc if isinstance(source, PlanServers) else None,
+        launch_run=ln.launch_run if ln else None,
+        launch=ln.facts if ln else None,
+        details={
+            "workload": workload,
+            "client": {"library": "asyncio", "moetune": __version__},
+            "run_tag": run_tag,
+            "skipped_overlong": 0,
+            "sessions": ss.to_json(),
+            "slo": dict(spec.slo) if spec.slo else None,
+            **({"tokenizer": local} if local else {}),
+            **(details or {}),
+        },
     )
 
 
@@ -241,12 +292,12 @@ async def bench_sessions(
     spec: ServeBenchSpec,
     source: ServerSource,
     db: ResultsDB,
+    *,
     log: Callable[[str], None],
     monitor: RunMonitor,
     meter: LoadMeter,
-    *,
     sweep_id: str | None = None,
-    details: dict[str, Any] | None = None,
+    details: dict[str, object] | None = None,
 ) -> dict[str, Any]:
     """The sessions workload (``spec.sessions``) as one serve-bench run: its requests are one load
     level (concurrency = sessions), and the ``sessions`` section gives them per turn and session;
@@ -256,8 +307,8 @@ async def bench_sessions(
     http: StreamingHttp | None = None
     run_id: int | None = None
     writer: SampleWriter | None = None
-    levels: list[dict[str, Any]] = []
-    sessions_doc: dict[str, Any] | None = None
+    levels: list[dict[str, object]] = []
+    sessions_doc: dict[str, object] | None = None
     advice: list[Warning] = []
     status = RunStatus.FAILED
     error: str | None = None
@@ -295,35 +346,7 @@ async def bench_sessions(
             f"{time.monotonic() - t:.1f} s)"
         )
         advice = run_warnings(info, [ss.streams], 0, tokenizer=local)
-        workload = {
-            k: (str(v) if isinstance(v, Path) else v)
-            for k, v in asdict(spec).items()
-            if k not in ("url", "label", "slo")
-        }
-        ln = source.current
-        meta = RunMeta(
-            kind=RunKind.SERVE_BENCH,
-            moetune_version=__version__,
-            argv=tuple(sys.argv),
-            started_unix=time.time(),
-            server=info,
-            model=model_ref(info.model_path, name=model),
-            host=HostRef.here(),
-            engine_build=(ln.engine_build if ln else None) or info.build,
-            plan=source.plan.doc if isinstance(source, PlanServers) else None,
-            launch_run=ln.launch_run if ln else None,
-            launch=ln.facts if ln else None,
-            details={
-                "workload": workload,
-                "client": {"library": "asyncio", "moetune": __version__},
-                "run_tag": run_tag,
-                "skipped_overlong": 0,
-                "sessions": ss.to_json(),
-                "slo": dict(spec.slo) if spec.slo else None,
-                **({"tokenizer": local} if local else {}),
-                **(details or {}),
-            },
-        )
+        meta = _run_meta(spec, source, info, model=model, run_tag=run_tag, local=local, details=details)
         label = spec.label or f"sessions {ss.sessions}x{ss.turns}" + (" stripped" if ss.strip_thinking else "")
         run_id = db.create_run(meta, label=label, target=source.target, sweep_id=sweep_id)
         monitor.attach(db, run_id)
@@ -335,9 +358,9 @@ async def bench_sessions(
             await run_level(
                 http,
                 warm,
-                LoadSpec(1, requests=spec.warmup),
-                options,
-                lambda r: w.add(r.to_sample(), "warmup"),
+                LoadSpec(concurrency=1, requests=spec.warmup),
+                options=options,
+                on_sample=lambda r: w.add(r.to_sample(), "warmup"),
                 first_index=-spec.warmup,
             )
         try:
@@ -345,8 +368,8 @@ async def bench_sessions(
                 http,
                 texts,
                 ss,
-                options,
-                lambda s: w.add(s, "measure"),
+                options=options,
+                on_sample=lambda s: w.add(s, "measure"),
                 meter=meter,
                 on_turn=lambda n: monitor.phase(f"turn {n}"),
             )
@@ -361,7 +384,8 @@ async def bench_sessions(
         level["server"] = {**info.to_json(), **source.level_info(ss.streams)}
         levels.append(level)
         sessions_doc = summarize_sessions(samples, ss.to_json(), slots=slots)
-        for turn in sessions_doc["turns"]:
+        turns = sessions_doc["turns"]
+        for turn in turns if isinstance(turns, list) else []:
             log(_turn_line(turn))
         status = RunStatus.DONE
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -375,9 +399,9 @@ async def bench_sessions(
                 db,
                 run_id,
                 writer,
-                status,
-                levels,
-                advice,
+                status=status,
+                levels=levels,
+                advice=advice,
                 slots=slots,
                 prefix_cache=True,
                 error=error,
@@ -390,6 +414,7 @@ async def bench_sessions(
 def serve_sessions(
     spec: ServeBenchSpec,
     db: ResultsDB,
+    *,
     log: Callable[[str], None] = lambda s: None,
     source: ServerSource | None = None,
     on_snapshot: Callable[[Snapshot], None] | None = None,
@@ -397,4 +422,4 @@ def serve_sessions(
     """:func:`moetune.bench.serve.run.serve_bench` with the sessions workload (``spec.sessions``)."""
     if spec.sessions is None:
         raise ValueError("spec.sessions is not set")
-    return serve_bench(spec, db, log, source, on_snapshot, workload=bench_sessions)
+    return serve_bench(spec, db, log=log, source=source, on_snapshot=on_snapshot, workload=bench_sessions)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SessionSpec:
     """The workload: ``sessions`` concurrent conversations of ``turns`` turns each."""
 
@@ -93,7 +93,7 @@ class SessionTexts:
     turns: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Turn:
     """One request of a session: the whole history, then the new message."""
 
@@ -138,7 +138,9 @@ def turn_request(session: int, texts: SessionTexts, replies: Sequence[Reply], sp
         history += [{"role": "user", "content": msg}, kept]
         stripped += n
     history.append({"role": "user", "content": texts.turns[t]})
-    return Turn(session, t + 1, tuple(history), spec.output_len, stripped)
+    return Turn(
+        session=session, turn=t + 1, history=tuple(history), max_tokens=spec.output_len, stripped_chars=stripped
+    )
 
 
 def session_tag(run_tag: str, session: int) -> str:

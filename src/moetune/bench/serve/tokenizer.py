@@ -110,7 +110,7 @@ class Calibration:
     def check_error_pct(self) -> float:
         return 100 * abs(self.check_predicted - self.check_tokens) / max(1, self.check_tokens)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "template_tokens": self.overhead_tokens,
             "check_tokens": self.check_tokens,
@@ -153,7 +153,7 @@ class TokenizerCounter:
     async def text_tokens(self, text: str) -> int:
         return self.tokenizer.count(text)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """What the run stores about its prompt counting."""
         return {
             "path": str(self.tokenizer.path),

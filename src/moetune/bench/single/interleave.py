@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from moetune.bench.analysis.rounds import (
     BATCHES,
@@ -54,10 +54,13 @@ from moetune.errors import InputError, MoetuneError
 from moetune.monitor.snapshot import Snapshot
 from moetune.store.db import ResultsDB
 
+if TYPE_CHECKING:
+    from moetune.bench.servers import Launched
+
 Status = Callable[[str], None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RoundOutcome:
     round: int
     label: str
@@ -66,7 +69,7 @@ class RoundOutcome:
     error: str | None = None
     launch_s: float | None = None  # launches mode: seconds from the launch's start to the server ready
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "round": self.round,
             "label": self.label,
@@ -77,7 +80,7 @@ class RoundOutcome:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InterleaveResult:
     sweep: str
     mode: str
@@ -161,7 +164,7 @@ def run_interleaved(
     check_transports(spec)
     sid = sid or sweep_id(spec, workloads, options, interleave=mode)
 
-    def record(n: int) -> dict[str, Any]:
+    def record(n: int) -> dict[str, object]:
         return {
             "name": spec.name,
             "baseline": spec.baseline,
@@ -183,7 +186,12 @@ def run_interleaved(
     labels = [e.label for e in spec.entries]
     done = complete_rounds(tagged_runs(db.runs(sweep_id=sid)), labels)
     todo = [r for r in range(1, rounds + 1) if r not in done]
-    outcomes = [RoundOutcome(r, lab, done[r][lab], RESUMED) for r in sorted(done) if r <= rounds for lab in labels]
+    outcomes = [
+        RoundOutcome(round=r, label=lab, run=done[r][lab], status=RESUMED)
+        for r in sorted(done)
+        if r <= rounds
+        for lab in labels
+    ]
     for r in sorted(done):
         if r <= rounds:
             say(f"round {r}: complete in runs {', '.join(str(done[r][lab]) for lab in labels)}, skipped")
@@ -198,14 +206,14 @@ def run_interleaved(
                 failed = False
                 for pos, lab in enumerate(round_order(labels, r)):
                     say(f"round {r}/{rounds}: {lab}")
-                    tag = RoundTag(sid, r, attempt, mode, pos)
+                    tag = RoundTag(sweep=sid, round=r, attempt=attempt, mode=mode, position=pos)
                     o = _measure(
                         db,
                         entries[lab],
                         up,
-                        workloads,
-                        options,
-                        tag,
+                        workloads=workloads,
+                        options=options,
+                        tag=tag,
                         launch_timeout_s=launch_timeout_s,
                         status=say,
                         progress_for=progress_for,
@@ -220,14 +228,22 @@ def run_interleaved(
                         break
                 if failed:
                     break
-    return InterleaveResult(sid, mode, rounds, outcomes, launches, launch_s, time.monotonic() - t0)
+    return InterleaveResult(
+        sweep=sid,
+        mode=mode,
+        rounds=rounds,
+        outcomes=outcomes,
+        launches=launches,
+        launch_s=launch_s,
+        wall_s=time.monotonic() - t0,
+    )
 
 
 class _Up:
     """The servers a batches sweep keeps up for all its rounds (none in launches mode)."""
 
     def __init__(self) -> None:
-        self.servers: dict[str, Any] = {}  # label -> moetune.bench.servers.Launched
+        self.servers: dict[str, Launched] = {}  # by label
         self.launch_s = 0.0
 
 
@@ -263,10 +279,10 @@ def _measure(
     db: ResultsDB,
     e: SweepEntry,
     up: _Up,
+    *,
     workloads: list[Workload],
     options: BenchOptions,
     tag: RoundTag,
-    *,
     launch_timeout_s: float,
     status: Status,
     progress_for: Callable[[str], Progress | None] | None,
@@ -295,7 +311,9 @@ def _measure(
                 on_snapshot=on_snapshot,
                 details=details,
             )
-            return RoundOutcome(tag.round, e.label, run_id, MEASURED, launch_s=ready[0] if ready else None)
+            return RoundOutcome(
+                round=tag.round, label=e.label, run=run_id, status=MEASURED, launch_s=ready[0] if ready else None
+            )
         assert e.target.doc is not None
         facts = replace(srv.facts, load_s=None)  # one launch for every round: its load time is no round's
         run_id = bench(
@@ -306,11 +324,18 @@ def _measure(
             label=e.label,
             target=e.target.name,
             sweep_id=tag.sweep,
-            launch=Launch(e.target.doc, srv.engine_build, srv.model_path, srv.launch_run, e.target.server, facts),
+            launch=Launch(
+                plan=e.target.doc,
+                engine_build=srv.engine_build,
+                model_path=srv.model_path,
+                launch_run=srv.launch_run,
+                service=e.target.server,
+                facts=facts,
+            ),
             progress=progress,
             on_snapshot=on_snapshot,
             details=details,
         )
-        return RoundOutcome(tag.round, e.label, run_id, MEASURED)
+        return RoundOutcome(round=tag.round, label=e.label, run=run_id, status=MEASURED)
     except MoetuneError as err:
-        return RoundOutcome(tag.round, e.label, None, FAILED, str(err))
+        return RoundOutcome(round=tag.round, label=e.label, run=None, status=FAILED, error=str(err))

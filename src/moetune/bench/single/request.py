@@ -26,7 +26,7 @@ class _Collect:
         self.content_s: list[float] = []
         self.reasoning_s: list[float] = []
         self.content_chars = self.reasoning_chars = 0
-        self.final: dict[str, Any] = {}
+        self.final: dict[str, object] = {}
         self.finish_reason: str | None = None
         self.done = False
 
@@ -83,15 +83,15 @@ def unreadable(where: str, payload: bytes, why: str) -> RuntimeFailure:
 
 
 async def stream(
-    http: StreamingHttp, url: str, path: str, body: dict[str, Any], *, timeout_s: float, attempts: int = 2
-) -> dict[str, Any]:
+    http: StreamingHttp, url: str, path: str, body: dict[str, object], *, timeout_s: float, attempts: int = 2
+) -> dict[str, object]:
     """POST a streaming request; return the raw observations (see the module docstring). A request
     whose connection the server had closed before answering is sent again (``retried``)."""
     for attempt in range(attempts):
         answered: list[bool] = []
         try:
             async with asyncio.timeout(timeout_s):
-                raw = await _stream(http, url, path, body, answered)
+                raw = await _stream(http, url, path, body=body, answered=answered)
         except RuntimeFailure:
             raise
         except Exception as e:
@@ -110,8 +110,8 @@ async def stream(
 
 
 async def _stream(
-    http: StreamingHttp, url: str, path: str, body: dict[str, Any], answered: list[bool]
-) -> dict[str, Any]:
+    http: StreamingHttp, url: str, path: str, *, body: dict[str, object], answered: list[bool]
+) -> dict[str, object]:
     c = _Collect()
     t_unix = time.time()
     t0 = time.monotonic()

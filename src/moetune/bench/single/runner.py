@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from moetune import __version__
+from moetune.bench.analysis.jsonread import mapping, number
 from moetune.bench.analysis.summary import run_summary
 from moetune.bench.http.client import StreamingHttp, connect
 from moetune.bench.http.clock import run as run_loop
@@ -38,7 +39,7 @@ from moetune.store.record import HostRef, LaunchRef, RunMeta, ServerInfo
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BenchOptions:
     repeats: int = 5
     warmup: int = 1
@@ -47,11 +48,11 @@ class BenchOptions:
     seed: int = 0  # bootstrap seed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Launch:
     """What moetune knows of a server it launched for the benchmark (none for a bare URL)."""
 
-    plan: dict[str, Any]
+    plan: dict[str, object]
     engine_build: str | None
     model_path: str | None
     launch_run: str
@@ -62,14 +63,19 @@ class Launch:
         """The stated band of the plan's prediction, in percent (its calibration's, else the built-in one)."""
         from moetune.plan.calibrate import UNCALIBRATED_PCT
 
-        said = (self.plan.get("speed_calibration") or {}).get("uncertainty") or {}
-        return {"tg_pct": said.get("tg_pct") or UNCALIBRATED_PCT, "pp_pct": said.get("pp_pct") or UNCALIBRATED_PCT}
+        said = mapping(mapping(self.plan.get("speed_calibration")).get("uncertainty"))
+        return {
+            "tg_pct": number(said.get("tg_pct")) or UNCALIBRATED_PCT,
+            "pp_pct": number(said.get("pp_pct")) or UNCALIBRATED_PCT,
+        }
 
-    def predicted(self) -> dict[str, Any] | None:
+    def predicted(self) -> dict[str, object] | None:
         """The plan's speed prediction for the measured service (``Prediction.to_json()``)."""
-        services = self.plan.get("services") or []
+        listed = self.plan.get("services")
+        services = [mapping(s) for s in listed] if isinstance(listed, list) else []
         sj = next((s for s in services if s.get("name") == self.service), services[0] if services else None)
-        return sj.get("predicted") if sj and (sj.get("predicted") or {}).get("work") else None
+        predicted = sj.get("predicted") if sj else None
+        return dict(predicted) if isinstance(predicted, Mapping) and predicted.get("work") else None
 
 
 def run_meta(
@@ -102,7 +108,7 @@ def run_meta(
     )
 
 
-def _expected(launch: Launch | None, workloads: list[Workload]) -> dict[str, Any]:
+def _expected(launch: Launch | None, workloads: list[Workload]) -> dict[str, object]:
     """``{"predicted": {workload: the plan's prediction for it}}`` when a plan was launched."""
     predicted = launch.predicted() if launch else None
     if predicted is None:
@@ -154,6 +160,7 @@ class _Session:
         db: ResultsDB,
         run_id: int,
         url: str,
+        *,
         http: StreamingHttp,
         options: BenchOptions,
         progress: Progress | None,
@@ -172,7 +179,7 @@ class _Session:
         if self.progress:
             self.progress(what, self.done, self.total)
 
-    def _base(self, w: Workload, i: int) -> dict[str, Any]:
+    def _base(self, w: Workload, i: int) -> dict[str, object]:
         return {
             "workload": w.name,
             "kind": w.kind,
@@ -183,7 +190,7 @@ class _Session:
             "max_tokens": w.max_tokens,
         }
 
-    async def _stream(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _stream(self, path: str, body: dict[str, object]) -> dict[str, object]:
         return await stream(self.http, self.url, path, body, timeout_s=self.opt.timeout_s)
 
     async def chat(self, w: Workload) -> None:
@@ -306,12 +313,12 @@ async def _bench(
             db,
             run_id,
             url,
-            http,
-            options,
-            progress,
-            len(workloads) * (options.warmup + options.repeats),
-            info.model_alias,
-            monitor,
+            http=http,
+            options=options,
+            progress=progress,
+            total=len(workloads) * (options.warmup + options.repeats),
+            model=info.model_alias,
+            monitor=monitor,
         )
         if progress:
             progress("starting", 0, s.total)
@@ -324,11 +331,11 @@ async def _bench(
         except (MoetuneError, ValueError) as e:
             note = explain() if explain else None  # a launched server that died says why
             summary = _safe_summary(db, run_id, options) or {}
-            summary["error"] = f"{e}; {note}" if note else str(e)
+            summary["error"] = message = f"{e}; {note}" if note else str(e)
             db.finish_run(run_id, RunStatus.FAILED, summary)
             if note:
                 raise RuntimeFailure(
-                    summary["error"],
+                    message,
                     hint=f"`moetune doctor` reads the launch's logs; the "
                     f"{len(db.samples(run_id))} samples measured before are kept in run {run_id}",
                 ) from None
@@ -391,7 +398,14 @@ def bench_target(
                 label=lab,
                 target=t.name,
                 sweep_id=sweep_id,
-                launch=Launch(t.doc, srv.engine_build, srv.model_path, srv.launch_run, t.server, srv.facts),
+                launch=Launch(
+                    plan=t.doc,
+                    engine_build=srv.engine_build,
+                    model_path=srv.model_path,
+                    launch_run=srv.launch_run,
+                    service=t.server,
+                    facts=srv.facts,
+                ),
                 progress=progress_for(lab) if progress_for else None,
                 on_start=on_start,
                 monitor=monitor,
@@ -402,6 +416,6 @@ def bench_target(
             monitor.close()  # its last sample while the processes still run
 
 
-def _safe_summary(db: ResultsDB, run_id: int, options: BenchOptions) -> dict[str, Any] | None:
+def _safe_summary(db: ResultsDB, run_id: int, options: BenchOptions) -> dict[str, object] | None:
     samples = db.samples(run_id)
     return run_summary(samples, seed=options.seed) if samples else None

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
 
 from moetune import __version__
 from moetune.bench.analysis.summary import run_summary
@@ -41,7 +40,7 @@ _SWEEP_SETS = {"-c", "--ctx-size", "-n", "--n-predict", "--output-format", "--pa
 Progress = Callable[[str, int, int], None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SweepRow:
     pp: int  # prompt tokens timed at this depth (a ubatch)
     tg: int  # tokens generated at this depth
@@ -68,12 +67,14 @@ def parse_row(line: str) -> SweepRow | None:
     if s.startswith("{") and '"n_kv"' in s:
         try:
             d = json.loads(s)
-            return SweepRow(int(d["pp"]), int(d["tg"]), int(d["n_kv"]), float(d["t_pp"]), float(d["t_tg"]))
+            return SweepRow(
+                pp=int(d["pp"]), tg=int(d["tg"]), n_kv=int(d["n_kv"]), t_pp_s=float(d["t_pp"]), t_tg_s=float(d["t_tg"])
+            )
         except (ValueError, KeyError):
             return None
     m = _MD_ROW.match(s)
     if m:
-        return SweepRow(int(m[1]), int(m[2]), int(m[3]), float(m[4]), float(m[5]))
+        return SweepRow(pp=int(m[1]), tg=int(m[2]), n_kv=int(m[3]), t_pp_s=float(m[4]), t_tg_s=float(m[5]))
     return None
 
 
@@ -81,7 +82,7 @@ def parse_rows(text: str) -> list[SweepRow]:
     return [r for r in map(parse_row, text.splitlines()) if r is not None]
 
 
-def row_sample(row: SweepRow, repeat: int) -> dict[str, Any]:
+def row_sample(row: SweepRow, repeat: int) -> dict[str, object]:
     """A row as a depth sample: the server's ``timings`` shape, so every analysis reads it as it
     reads ``bench --depth`` (PP = prompt_n / prompt_ms, TG = predicted_n / predicted_ms)."""
     return {
@@ -232,13 +233,13 @@ def bench_sweep(
     return run_id
 
 
-def _expected(t: Target, service: str, ctx: int, ub: int) -> dict[str, Any]:
+def _expected(t: Target, service: str, ctx: int, ub: int) -> dict[str, object]:
     """The plan's prediction at every depth the sweep measures (as bench's runs store it)."""
     from moetune.bench.analysis.predicted import expected
     from moetune.bench.single.runner import Launch
 
     assert t.doc is not None
-    launch = Launch(t.doc, None, None, "", service)
+    launch = Launch(plan=t.doc, engine_build=None, model_path=None, launch_run="", service=service)
     predicted = launch.predicted()
     if predicted is None:
         return {}
@@ -248,7 +249,7 @@ def _expected(t: Target, service: str, ctx: int, ub: int) -> dict[str, Any]:
     }
 
 
-def _summary(db: ResultsDB, run_id: int) -> dict[str, Any] | None:
+def _summary(db: ResultsDB, run_id: int) -> dict[str, object] | None:
     samples = db.samples(run_id)
     return run_summary(samples) if samples else None
 

@@ -12,10 +12,11 @@ Pure: building request bodies reads no files; :func:`load_prompt_file` is the on
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
+from moetune.bench.analysis.jsonread import flag, integer, mapping
 from moetune.errors import InputError
 
 CHAT, DEPTH = "chat", "depth"
@@ -29,7 +30,7 @@ LONG_OPENAPI_PROMPT = (
     "endpoints for CRUD operations on projects and tasks, with request/response schemas, error "
     "responses, and authentication via Bearer token."
 )
-REFERENCE_SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "top_k": 45, "min_p": 0.01}
+REFERENCE_SAMPLING: dict[str, object] = {"temperature": 0.7, "top_p": 0.95, "top_k": 45, "min_p": 0.01}
 
 # Text whose tokens fill contexts for depth workloads (any valid, non-special tokens will do).
 FILLER_TEXT = (
@@ -38,7 +39,7 @@ FILLER_TEXT = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
     name: str  # unique within a run: short-json, short-json+think, d512, my-prompt
     kind: str  # chat | depth
@@ -46,26 +47,48 @@ class Workload:
     messages: tuple[dict[str, str], ...] = ()
     ignore_eos: bool = False  # exact output length: generate max_tokens whatever the model says
     thinking: bool | None = False  # chat_template_kwargs.enable_thinking; None leaves it to the template
-    sampling: dict[str, Any] = field(default_factory=lambda: dict(REFERENCE_SAMPLING))
-    extra: dict[str, Any] = field(default_factory=dict)  # further request fields (from a prompt file)
+    sampling: dict[str, object] = field(default_factory=lambda: dict(REFERENCE_SAMPLING))
+    extra: dict[str, object] = field(default_factory=dict)  # further request fields (from a prompt file)
     depth: int = 0  # depth workloads: tokens already in the context
     pp_tokens: int = 0  # depth workloads: new prompt tokens processed at that depth
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         d = asdict(self)
         d["messages"] = list(self.messages)
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Workload:
-        return cls(**{**d, "messages": tuple(d.get("messages", ()))})
+    def from_json(cls, d: Mapping[str, object]) -> Workload:
+        """The one reader of a stored workload (:meth:`to_json`)."""
+        messages = d.get("messages")
+        return cls(
+            name=str(d["name"]),
+            kind=str(d["kind"]),
+            max_tokens=integer(d["max_tokens"]),
+            messages=tuple({str(k): str(v) for k, v in mapping(m).items()} for m in messages)
+            if isinstance(messages, list | tuple)
+            else (),
+            ignore_eos=bool(d.get("ignore_eos", False)),
+            thinking=flag(d["thinking"]) if "thinking" in d else False,
+            sampling=dict(mapping(d["sampling"])) if "sampling" in d else dict(REFERENCE_SAMPLING),
+            extra=dict(mapping(d.get("extra"))),
+            depth=integer(d.get("depth")),
+            pp_tokens=integer(d.get("pp_tokens")),
+        )
 
 
 def builtin(name: str) -> Workload:
     if name == "short-json":
-        return Workload("short-json", CHAT, 256, ({"role": "user", "content": SHORT_JSON_PROMPT},))
+        return Workload(
+            name="short-json", kind=CHAT, max_tokens=256, messages=({"role": "user", "content": SHORT_JSON_PROMPT},)
+        )
     if name == "long-openapi":
-        return Workload("long-openapi", CHAT, 2048, ({"role": "user", "content": LONG_OPENAPI_PROMPT},))
+        return Workload(
+            name="long-openapi",
+            kind=CHAT,
+            max_tokens=2048,
+            messages=({"role": "user", "content": LONG_OPENAPI_PROMPT},),
+        )
     raise InputError(
         f"unknown workload {name!r}", hint=f"choose from {', '.join(BUILTIN_NAMES)}, or give --prompt-file"
     )
@@ -87,7 +110,7 @@ def load_prompt_file(path: Path) -> Workload:
     if path.suffix.lower() != ".json":
         if not text.strip():
             raise InputError(f"--prompt-file {path} is empty")
-        return Workload(name, CHAT, 256, ({"role": "user", "content": text},))
+        return Workload(name=name, kind=CHAT, max_tokens=256, messages=({"role": "user", "content": text},))
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -111,7 +134,14 @@ def load_prompt_file(path: Path) -> Workload:
         body.pop(k, None)
     sampling = {k: body.pop(k) for k in list(body) if k in ("temperature", "top_p", "top_k", "min_p", "seed")}
     return Workload(
-        name, CHAT, max_tokens, messages, ignore_eos, None if thinking is None else bool(thinking), sampling, body
+        name=name,
+        kind=CHAT,
+        max_tokens=max_tokens,
+        messages=messages,
+        ignore_eos=ignore_eos,
+        thinking=None if thinking is None else bool(thinking),
+        sampling=sampling,
+        extra=body,
     )
 
 
@@ -155,7 +185,14 @@ def expand(
             raise InputError(f"--depth {d}: depths are token counts, 0 or more")
         out.append(
             Workload(
-                f"d{d}", DEPTH, tg_tokens, ignore_eos=True, thinking=None, sampling={}, depth=d, pp_tokens=pp_tokens
+                name=f"d{d}",
+                kind=DEPTH,
+                max_tokens=tg_tokens,
+                ignore_eos=True,
+                thinking=None,
+                sampling={},
+                depth=d,
+                pp_tokens=pp_tokens,
             )
         )
     names_seen = [w.name for w in out]
@@ -167,11 +204,11 @@ def expand(
     return out
 
 
-def chat_body(w: Workload, *, cache_prompt: bool, model: str | None = None) -> dict[str, Any]:
+def chat_body(w: Workload, *, cache_prompt: bool, model: str | None = None) -> dict[str, object]:
     """The /v1/chat/completions request for a chat workload (streamed, usage included: the token
     counts of servers without llama.cpp's ``timings``). ``model``: the name the server lists
     (OpenAI servers other than llama-server refuse a request without it, or with another)."""
-    body: dict[str, Any] = {
+    body: dict[str, object] = {
         "messages": list(w.messages),
         "max_tokens": w.max_tokens,
         **w.sampling,
@@ -186,7 +223,7 @@ def chat_body(w: Workload, *, cache_prompt: bool, model: str | None = None) -> d
         body["ignore_eos"] = True
         body["n_predict"] = w.max_tokens
     if w.thinking is not None:
-        kwargs = dict(body.get("chat_template_kwargs") or {})
+        kwargs = dict(mapping(body.get("chat_template_kwargs")))
         kwargs["enable_thinking"] = w.thinking
         body["chat_template_kwargs"] = kwargs
     return body
@@ -210,7 +247,7 @@ def depth_prompts(filler: list[int], depth: int, pp_tokens: int, count: int) -> 
     return fill, [cycle(filler, depth + 1 + 7 * r, pp_tokens) for r in range(count)]
 
 
-def completion_body(prompt: list[int], n_predict: int, *, cache_prompt: bool = True) -> dict[str, Any]:
+def completion_body(prompt: list[int], n_predict: int, *, cache_prompt: bool = True) -> dict[str, object]:
     """A raw /completion request (token ids in, no template), pinned to slot 0 so its cache is ours."""
     return {
         "prompt": prompt,
