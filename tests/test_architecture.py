@@ -1,5 +1,6 @@
 """The package's layering, checked from the source: dependencies point one way (model, hardware →
-plan → engine → run → the rest), there are no import cycles, and the planning core stays pure."""
+plan → engine → run → the rest; the command line → the use cases → the core), there are no import
+cycles, and the planning core stays pure."""
 
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-# every package but the command line, which sits above them all
+# every package but the command line and the use cases (app), which sit above them all
 CORE_PACKAGES = (
     "kinds",
     "errors",
@@ -194,6 +195,48 @@ def test_core_imports_no_presentation_or_network_libraries(package: str) -> None
         if name == f"moetune.{package}" or name.startswith(f"moetune.{package}."):
             bad += [f"{name} imports {i}" for i in _imports(name, path, set()) & banned]
     assert not bad, "\n".join(bad)
+
+
+# the layers above the core: the command line calls the use cases, which call the core
+SHELL = ("moetune.cli", "moetune.app")
+ENTRY = {"moetune", "moetune.__main__"}  # `python -m moetune` and the package start the command line
+
+
+def _in(mod: str, package: str) -> bool:
+    return mod == package or mod.startswith(package + ".")
+
+
+def test_the_core_imports_neither_the_use_cases_nor_the_command_line() -> None:
+    bad = {
+        f"{m} imports {d}"
+        for m, deps in GRAPH.items()
+        if m not in ENTRY and not any(_in(m, s) for s in SHELL)
+        for d in deps
+        if any(_in(d, s) for s in SHELL)
+    }
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_use_cases_do_not_import_the_command_line() -> None:
+    bad = {
+        f"{m} imports {d}" for m, deps in _under(GRAPH, "moetune.app").items() for d in deps if _in(d, "moetune.cli")
+    }
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_use_cases_print_nothing() -> None:
+    """No click or rich in app/: it returns results (and reports progress through callbacks); the
+    command line renders them."""
+    bad = []
+    for name, path in _modules().items():
+        if _in(name, "moetune.app"):
+            bad += [f"{name} imports {i}" for i in _imports(name, path, set()) & {"click", "rich"}]
+            bad += [f"{name}: print()" for n in ast.walk(ast.parse(path.read_text())) if _is_print(n)]
+    assert not bad, "\n".join(bad)
+
+
+def _is_print(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
 
 
 IMPURE = {

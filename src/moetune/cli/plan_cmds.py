@@ -92,35 +92,32 @@ def plan(
     allocates the plan itself, without loading weights (the plan's RPC workers must be listening),
     and any device where it disagrees with the plan is named.
     """
+    from moetune.app.plan import PlanRequest, plan
+    from moetune.app.plan import verify as verify_plan
     from moetune.engine.command import render_text
-    from moetune.planfiles import PlanRequest, plan_files
 
     require_hw(hw_path)
     assert hw_path is not None
-    if verify and recipe is not None:
-        raise InputError(
-            "--verify runs the engine on the model's file, and a --recipe's output is not written yet",
-            hint="quantize it first (`moetune quantize`), then plan the written file with --verify",
-        )
     routing = settings_kw.pop("routing")
     port = plan_port(settings_kw, port)
     settings = replace(plan_settings(settings_kw), swa_full=swa_full)
-    planned = plan_files(
+    planned = plan(
         PlanRequest(
-            hw_path,
-            model,
-            layout,
-            strategy,
-            settings,
-            engine_name,
-            port,
-            speed,
-            output,
+            hw=hw_path,
+            model=model,
+            layout=layout,
+            strategy=strategy,
+            settings=settings,
+            engine=engine_name,
+            port=port,
+            speed=speed,
+            output=output,
             hf=hf,
             http_timeout_s=http_timeout_s,
             routing=routing,
             recipe=recipe,
             choose=attention_left_open(settings_kw),
+            verify=verify,
         )
     )
     for message, remedy in planned.notices:
@@ -128,15 +125,8 @@ def plan(
     for sp in planned.plan.services:
         remote_notes(sp.spec.model, fetched=True)
     if verify:
-        from moetune.run.verify import verify_json, verify_plan
-
         with common.err.status("the engine's dry run", spinner="dots"):
-            vs = verify_plan(planned.plan.services, [sj["argv"] for sj in planned.doc["services"]])
-        planned.doc["verify"] = verify_json(vs)
-        if output:
-            import json
-
-            output.write_text(json.dumps(planned.doc, indent=2))
+            planned = verify_plan(planned, output)
     if as_json:
         print_json(planned.doc)
         return
@@ -151,10 +141,10 @@ def plan(
         common.print_text(render_text(planned.plan, planned.doc, fmt, image, images))
     for w in planned.doc["warnings"]:
         warn(w["message"], w["remedy"])
-    if verify:
+    if planned.verified is not None:
         from moetune.report.plan_view import print_verify
 
-        print_verify(vs, common.out)
+        print_verify(planned.verified, common.out)
 
 
 @click.group()

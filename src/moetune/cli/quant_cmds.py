@@ -47,9 +47,9 @@ def prediction_json(qp: Any, source_bytes: int, argv: list[str], source: str, ou
 
 def _plan_on(hw: str, source: Path, recipe: Path, out: Path, engine: str) -> dict[str, Any]:
     """The output planned on the hardware with the default settings (`moetune plan --recipe`)."""
-    from moetune.planfiles import PlanRequest, plan_files
+    from moetune.app.plan import PlanRequest, plan
 
-    doc = plan_files(PlanRequest(hw, source, engine=engine, recipe=recipe, recipe_output=out)).doc
+    doc = plan(PlanRequest(hw=hw, model=source, engine=engine, recipe=recipe, recipe_output=out)).doc
     return {
         "fits": doc["fits"],
         "predicted": doc["predicted"],
