@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,16 +21,14 @@ from moetune.cli.common import (
     transport_options,
     warn,
 )
+from moetune.cli.progress import callbacks, progress_bar
 
 if TYPE_CHECKING:
     from moetune.app.bench import BenchResult
-    from moetune.app.progress import Callbacks
     from moetune.app.sweep import InterleavedResult, SweepResult
     from moetune.bench.single.runner import BenchOptions
-    from moetune.bench.single.runner import Progress as ProgressFn
     from moetune.bench.single.sweep_bench import SweepOptions
     from moetune.bench.single.workloads import Workload
-    from moetune.monitor.snapshot import Snapshot
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -147,63 +144,6 @@ def build_workloads(kw: dict[str, Any]) -> tuple[list[Workload], BenchOptions]:
     )
 
 
-class Bars:
-    """Progress on stderr: one bar per run (``bars(label)`` makes its callback) and, under them, the
-    live line of the machine and the load (``bars.machine``, fed the sampler's snapshots)."""
-
-    def __init__(self, progress: Any) -> None:
-        self.progress = progress
-
-    def __call__(self, label: str) -> ProgressFn:
-        bar = self.progress
-        task: Any = None
-
-        def cb(what: str, done: int, total: int) -> None:
-            nonlocal task
-            if task is None:
-                task = bar.add_task(label, total=total, what="")
-            bar.update(task, completed=done, what=what)
-
-        return cb
-
-    def machine(self, snap: Snapshot) -> None:
-        from moetune.report.live_view import live_line
-
-        self.progress.machine_line = live_line(snap)
-        self.progress.refresh()
-
-
-@contextmanager
-def progress_bar(enabled: bool = True, bars: bool = True) -> Iterator[Bars]:
-    """:class:`Bars` on stderr (nothing shown unless ``enabled``; without ``bars``, the live line alone)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.text import Text
-
-    class WithMachine(Progress):
-        machine_line = ""
-
-        def get_renderables(self) -> Iterator[Any]:
-            if self.tasks:
-                yield self.make_tasks_table(self.tasks)
-            if self.machine_line:
-                yield Text(self.machine_line, style="dim", overflow="ellipsis", no_wrap=True)
-
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        TextColumn("[dim]{task.fields[what]}"),
-    )
-    with WithMachine(
-        *columns, console=err, disable=not enabled or (not err.is_terminal and not bars), transient=not bars
-    ) as bar:
-        try:
-            yield Bars(bar)
-        finally:
-            bar.machine_line = ""  # the live line goes; the bars stay
-
-
 def _print_run(result: BenchResult, as_json: bool) -> None:
     from moetune.report.results_view import prediction_lines, workloads_table
 
@@ -286,7 +226,7 @@ def bench_cmd(
         sweep=swept,
     )
     with progress_bar(not as_json) as bars:
-        result = bench(req, _callbacks(bars), interrupted=err.print)
+        result = bench(req, callbacks(bars), interrupted=err.print)
     _print_run(result, as_json)
 
 
@@ -397,22 +337,16 @@ def sweep_cmd(
     )
     if interleave is not None:
         with progress_bar(not as_json) as bars:
-            paired = sweep_interleaved(req, _callbacks(bars))
+            paired = sweep_interleaved(req, callbacks(bars))
         _print_interleaved(paired, as_json)
         failure = paired.failure()
     else:
         with progress_bar(not as_json) as bars:
-            result = sweep(req, _callbacks(bars))
+            result = sweep(req, callbacks(bars))
         _print_sweep(result, as_json)
         failure = result.failure()
     if failure is not None:
         raise failure
-
-
-def _callbacks(bars: Bars) -> Callbacks:
-    from moetune.app.progress import Callbacks
-
-    return Callbacks(status=lambda s: err.print(f"[dim]{s}[/]"), progress_for=bars, on_snapshot=bars.machine)
 
 
 def _print_sweep(result: SweepResult, as_json: bool) -> None:

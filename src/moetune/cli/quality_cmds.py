@@ -16,7 +16,7 @@ from moetune.cli.common import db_option, err, json_option, out, print_json, pri
 
 
 def _progress(as_json: bool) -> Any:
-    from moetune.cli.bench_cmds import progress_bar
+    from moetune.cli.progress import progress_bar
 
     return progress_bar(not as_json)
 

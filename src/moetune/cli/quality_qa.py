@@ -28,7 +28,7 @@ def run_qa(
     as_json: bool,
 ) -> None:
     from moetune.bench.target import resolve
-    from moetune.cli.bench_cmds import progress_bar
+    from moetune.cli.progress import progress_bar
     from moetune.quality.qa import read_questions
     from moetune.quality.soak import SoakOptions, SoakRun, report, soak
     from moetune.report.quality_view import soak_table

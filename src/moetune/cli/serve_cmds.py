@@ -399,7 +399,7 @@ def serve_bench_cmd(
         sessions=session_spec(session_args, output_len=output_len, thinking=thinking),
         tokenizer=tokenizer,
     )
-    from moetune.cli.bench_cmds import progress_bar
+    from moetune.cli.progress import progress_bar
 
     source = server_source(
         spec, target, match_slots=match_slots, server=server, status=_log, transport=transport, rdma_dev=rdma_dev
@@ -502,7 +502,7 @@ def _layout(
     parsed = with_slo(parse_loads(loads, _load_defaults()), slo)
     t = with_transport(layout_target(target), transport, rdma_dev)
     from moetune.bench.servers import check_transport
-    from moetune.cli.bench_cmds import progress_bar
+    from moetune.cli.progress import progress_bar
 
     check_transport(t)
     spec = LayoutSpec(loads=tuple(parsed), rounds=rounds, label=label, slo=slo)
@@ -619,7 +619,7 @@ def _replay(
         transport=transport,
         rdma_dev=rdma_dev,
     )
-    from moetune.cli.bench_cmds import progress_bar
+    from moetune.cli.progress import progress_bar
 
     with ResultsDB.open(db_path) as db, progress_bar(not as_json, bars=False) as live:
         doc = replay_bench(spec, db, source, log=_log, on_snapshot=live.machine)

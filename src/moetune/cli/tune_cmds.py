@@ -339,7 +339,7 @@ def tune_cmd(
     """
     from moetune.bench.single.runner import BenchOptions
     from moetune.bench.single.workloads import expand
-    from moetune.cli.bench_cmds import progress_bar
+    from moetune.cli.progress import progress_bar
     from moetune.plan.tune import split_strategies
     from moetune.store.db import ResultsDB
     from moetune.tune.loop import TuneRequest, tune
