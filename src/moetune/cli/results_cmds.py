@@ -14,6 +14,8 @@ from moetune.kinds import RunKind
 from moetune.report.results_view import FORMATS
 
 if TYPE_CHECKING:
+    from moetune.app.compare import Compared
+    from moetune.report.paired import PairedComparison
     from moetune.store.db import ResultsDB, Run
 
 
@@ -189,144 +191,67 @@ def compare_cmd(
 
     --paired (and --sweep of a sweep run with --interleave) judges by the differences within rounds:
     per round the ratio of medians, and the t interval of their mean log across rounds."""
-    if paired or (sweep_id is not None and _interleaved(sweep_id, db_path)):
+    from moetune.app import compare as app
+
+    req = app.CompareRequest(
+        refs=run_refs,
+        baseline=baseline_ref,
+        sweep=sweep_id,
+        plot=plot_path,
+        min_change=min_change / 100,
+        conf=confidence,
+        seed=seed,
+        slo=slo_text,
+        db_path=db_path,
+    )
+    if paired or (sweep_id is not None and app.interleaved(sweep_id, db_path)):
         if metric == "goodput" or slo_text is not None:
             raise click.UsageError("--metric goodput ranks runs; a paired comparison judges metrics round by round")
-        _compare_paired(
-            run_refs, baseline_ref, sweep_id, plot_path, min_change, confidence, fmt, seed, db_path, as_json
-        )
-        return
-    if metric == "goodput" or slo_text is not None:
-        _compare_goodput(run_refs, baseline_ref, sweep_id, plot_path, fmt, slo_text, db_path, as_json)
-        return
-    from moetune.bench.analysis.predicted import report
-    from moetune.bench.analysis.summary import bench_summary
-    from moetune.bench.analysis.warnings import grouped
-    from moetune.kinds import RunStatus
-    from moetune.report.compare import compare_runs, require_rows, runs_to_compare
-    from moetune.report.plot import plot_runs
-    from moetune.report.results_view import prediction_lines
-    from moetune.store.db import ResultsDB
+        if sweep_id is not None and run_refs:
+            raise click.UsageError("--sweep compares the sweep's rounds; give no runs with it")
+        _print_paired(app.compare_paired(req), plot_path, fmt, as_json)
+    elif metric == "goodput" or slo_text is not None:
+        from moetune.report.goodput import ranking_csv, ranking_markdown, ranking_table
 
-    with ResultsDB.open(db_path) as db:
-        runs = runs_to_compare(db, list(run_refs), baseline=baseline_ref, sweep_id=sweep_id)
-        for r in runs:
-            if r.status != RunStatus.DONE:
-                warn(f"run {r.id} ({r.label}) is {r.status}: comparing the samples it has")
-        compared = compare_runs(db, runs, conf=confidence, min_change=min_change / 100, seed=seed)
-        preds = {
-            r.id: rep
-            for r in runs
-            if r.kind == RunKind.BENCH
-            and r.meta.details.get("predicted")
-            and (rep := report(bench_summary(db.samples(r.id)), dict(r.meta.details)))
-        }
-    comp, noise = compared.comparison, compared.noise
-    require_rows(comp)
-    if plot_path:
-        plot_runs([comp.baseline, *comp.others], plot_path, conf=confidence, seed=seed)
+        ranking = app.compare_goodput(req, notice=warn)
+        if as_json:
+            print_json(ranking.to_json())
+        else:
+            comparison_output(ranking, fmt, (ranking_markdown, ranking_csv, ranking_table))
+    else:
+        _print_compared(app.compare(req, notice=warn), fmt, as_json)
+
+
+def _print_compared(compared: Compared, fmt: str, as_json: bool) -> None:
+    from moetune.bench.analysis.warnings import grouped
+    from moetune.report.results_view import prediction_lines
+
     if as_json:
-        print_json(
-            {
-                **comp.to_json(),
-                "plot": str(plot_path) if plot_path else None,
-                "run_warnings": {str(k): [w.to_json() for w in v] for k, v in noise.items() if v},
-                "prediction_error": {str(k): v["prediction_error"] for k, v in preds.items()},
-            }
-        )
+        print_json(compared.to_json())
         return
-    comparison_output(comp, fmt)
-    for r in runs:
-        lines = prediction_lines(preds.get(r.id))
+    comparison_output(compared.comparison, fmt)
+    for r in compared.runs:
+        lines = prediction_lines(compared.predictions.get(r.id))
         if lines and fmt == "table":
             out.print(f"run {r.id} ({r.label}): " + lines[0], markup=False, highlight=False)
             for line in lines[1:]:
                 out.print(line, markup=False, highlight=False)
-    for rid, ws in noise.items():
+    for rid, ws in compared.noise.items():
         for message, remedy in grouped(ws):
             warn(f"run {rid}: {message}", remedy)
-    if plot_path:
-        out.print(f"plot: {plot_path}")
+    if compared.plot:
+        out.print(f"plot: {compared.plot}")
 
 
-def _interleaved(sweep_id: str, db_path: Path | None) -> bool:
-    from moetune.store.db import ResultsDB
-
-    with ResultsDB.open(db_path) as db:
-        return bool((db.sweep(sweep_id) or {}).get("interleave"))
-
-
-def _compare_paired(
-    run_refs: tuple[str, ...],
-    baseline_ref: str | None,
-    sweep_id: str | None,
-    plot_path: Path | None,
-    min_change: float,
-    confidence: float,
-    fmt: str,
-    seed: int,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
-    from moetune.report.paired import load_refs, load_sweep
+def _print_paired(comp: PairedComparison, plot_path: Path | None, fmt: str, as_json: bool) -> None:
     from moetune.report.paired_view import VIEWS
-    from moetune.report.plot import plot_runs
-    from moetune.store.db import ResultsDB
 
-    if sweep_id is not None and run_refs:
-        raise click.UsageError("--sweep compares the sweep's rounds; give no runs with it")
-    with ResultsDB.open(db_path) as db:
-        if sweep_id is not None:
-            comp = load_sweep(
-                db, sweep_id, baseline=baseline_ref, conf=confidence, min_change=min_change / 100, seed=seed
-            )
-        else:
-            comp = load_refs(
-                db, list(run_refs), baseline=baseline_ref, conf=confidence, min_change=min_change / 100, seed=seed
-            )
-    if plot_path:
-        plot_runs([comp.baseline, *comp.others], plot_path, conf=confidence, seed=seed)
     if as_json:
         print_json({**comp.to_json(), "plot": str(plot_path) if plot_path else None})
         return
     comparison_output(comp, fmt, VIEWS)
     if plot_path:
         out.print(f"plot: {plot_path} (every round's samples pooled)")
-
-
-def _compare_goodput(
-    run_refs: tuple[str, ...],
-    baseline_ref: str | None,
-    sweep_id: str | None,
-    plot_path: Path | None,
-    fmt: str,
-    slo_text: str | None,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
-    from moetune.bench.analysis.slo import parse_slo
-    from moetune.errors import InputError
-    from moetune.kinds import RunStatus
-    from moetune.report.compare import runs_to_compare
-    from moetune.report.goodput import rank_goodput, ranking_csv, ranking_markdown, ranking_table
-    from moetune.store.db import ResultsDB
-
-    slo = None if slo_text is None else parse_slo(slo_text)
-    if plot_path is not None:
-        raise InputError(
-            "--plot draws the per-metric comparison; --metric goodput prints a ranking only",
-            hint="drop --plot, or compare without --metric goodput to plot",
-        )
-    with ResultsDB.open(db_path) as db:
-        runs = runs_to_compare(db, list(run_refs), baseline=baseline_ref, sweep_id=sweep_id)
-        for r in runs:
-            if r.status != RunStatus.DONE:
-                warn(f"run {r.id} ({r.label}) is {r.status}: judging the samples it has")
-        ranking = rank_goodput(db, runs, slo)
-    if as_json:
-        print_json(ranking.to_json())
-    else:
-        comparison_output(ranking, fmt, (ranking_markdown, ranking_csv, ranking_table))
 
 
 def register(cli: click.Group) -> None:
