@@ -280,8 +280,20 @@ def _top_level_imports(path: Path, known: set[str]) -> set[str]:
     return _imports(_module_name(path), path, known, ast.Module(body=imports, type_ignores=[]))
 
 
-# the command modules this layer owns; bench/serve/results/cluster/model commands are reorganised elsewhere
-THIN_COMMANDS = ("plan_cmds", "run_cmds", "engine_cmds", "doctor_cmds", "metrics_cmds", "record_cmds")
+# the command modules that import little at module level (their options' defaults from light modules);
+# bench/sweep, results/compare, tune and serve-bench still take option defaults from heavy core modules
+THIN_COMMANDS = (
+    "plan_cmds",
+    "run_cmds",
+    "engine_cmds",
+    "doctor_cmds",
+    "metrics_cmds",
+    "record_cmds",
+    "calibrate_cmds",
+    "quant_cmds",
+    "report_cmds",
+    "quality_cmds",
+)
 LIGHT = {"moetune.cli.common", "moetune.cli.progress", "moetune.errors", "moetune.kinds", "moetune.engine.install"}
 
 
@@ -301,3 +313,10 @@ def test_command_modules_do_not_import_each_other(name: str) -> None:
     """What commands share lives in a shared module (common, progress, session_opts), not in a command."""
     others = {d for d in GRAPH[f"moetune.cli.{name}"] if re.fullmatch(r"moetune\.cli\.\w+_cmds", d)}
     assert not others, f"moetune.cli.{name} imports {sorted(others)}"
+
+
+def test_every_use_case_is_called_by_a_command() -> None:
+    """app/ is the command line's: each use case module is imported by a cli module."""
+    cli = {d for m, deps in _under(GRAPH, "moetune.cli").items() for d in deps}
+    cases = {m for m in _under(GRAPH, "moetune.app") if m not in ("moetune.app", "moetune.app.progress")}
+    assert cases and not cases - cli, f"use cases no command calls: {sorted(cases - cli)}"
