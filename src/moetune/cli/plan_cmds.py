@@ -10,11 +10,8 @@ import click
 
 from moetune.cli import common
 from moetune.cli.common import (
-    attention_left_open,
     json_option,
     plan_options,
-    plan_port,
-    plan_settings,
     print_json,
     remote_notes,
     remote_options,
@@ -94,13 +91,14 @@ def plan(
     """
     from moetune.app.plan import PlanRequest, plan
     from moetune.app.plan import verify as verify_plan
+    from moetune.app.plan_options import PlanOptions
     from moetune.engine.command import render_text
 
     require_hw(hw_path)
     assert hw_path is not None
     routing = settings_kw.pop("routing")
-    port = plan_port(settings_kw, port)
-    settings = replace(plan_settings(settings_kw), swa_full=swa_full)
+    opts = PlanOptions(**settings_kw)
+    settings = replace(opts.settings(), swa_full=swa_full)
     planned = plan(
         PlanRequest(
             hw=hw_path,
@@ -109,14 +107,14 @@ def plan(
             strategy=strategy,
             settings=settings,
             engine=engine_name,
-            port=port,
+            port=opts.port(port),
             speed=speed,
             output=output,
             hf=hf,
             http_timeout_s=http_timeout_s,
             routing=routing,
             recipe=recipe,
-            choose=attention_left_open(settings_kw),
+            choose=opts.choose(),
             verify=verify,
         )
     )

@@ -12,8 +12,6 @@ from moetune.cli.common import (
     json_option,
     out,
     plan_options,
-    plan_port,
-    plan_settings,
     print_json,
     require_hw,
     transport_options,
@@ -334,6 +332,7 @@ def tune_cmd(
     for 2 s before a launch, or during a measurement) stops the search with exit code 3, naming
     the programs; --wait-quiet waits for it instead (a contended candidate is measured again).
     """
+    from moetune.app.plan_options import PlanOptions
     from moetune.app.tune import Axes, TuneRequest, tune
     from moetune.cli.progress import callbacks, progress_bar
 
@@ -344,18 +343,18 @@ def tune_cmd(
     if (layout is None) != (service is None):
         raise click.UsageError("--service names the layout's service to tune: give --layout and --service together")
     routing = settings_kw.pop("routing")
-    port = plan_port(settings_kw, port)
+    opts = PlanOptions(**settings_kw)
     req = TuneRequest(
         hw=hw_path,
         model=model,
         layout=layout,
         service=service,
         with_load=with_load,
-        settings=plan_settings(settings_kw),
+        settings=opts.settings(),
         routing=routing,
         strategy=strategy,
         engine=engine_name,
-        port=port,
+        port=opts.port(port),
         budget=budget,
         objective=objective,
         replay_speed=replay_speed,
