@@ -44,7 +44,7 @@ class BenchResult:
     prediction: dict[str, Any] | None  # bench.analysis.predicted.report
     db_path: Path
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "run": {**self.run.header(), "db": str(self.db_path)},
             **self.summary.to_json(),

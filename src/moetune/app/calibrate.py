@@ -41,8 +41,8 @@ class Calibrated:
     fits: list[Fit]
     left_out: list[Run] = field(default_factory=list)  # contended runs not fitted
 
-    def to_json(self) -> dict[str, Any] | list[dict[str, Any]]:
-        docs = [{**f.entry, "left_out_runs": [r.id for r in self.left_out]} for f in self.fits]
+    def to_json(self) -> dict[str, object] | list[dict[str, object]]:
+        docs: list[dict[str, object]] = [{**f.entry, "left_out_runs": [r.id for r in self.left_out]} for f in self.fits]
         return docs[0] if len(docs) == 1 else docs
 
     @property

@@ -46,7 +46,7 @@ class Compared:
     predictions: dict[int, dict[str, Any]] = field(default_factory=dict)  # run -> predicted.report
     plot: Path | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             **self.comparison.to_json(),
             "plot": str(self.plot) if self.plot else None,

@@ -119,7 +119,7 @@ def start(
         sampler.stop()  # its last sample (up to a second): a Ctrl-C meanwhile stops the run
 
 
-def launched_json(launched: Launched, verified: list[Verification]) -> dict[str, Any]:
+def launched_json(launched: Launched, verified: list[Verification]) -> dict[str, object]:
     doc = launched.to_json()
     if verified:
         from moetune.run.verify import verify_json

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from moetune.app.progress import Callbacks
 from moetune.errors import InputError
@@ -51,7 +51,7 @@ class KldResult:
     confidence: float
     db: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         from moetune.quality.stats import CLOSE_KLD, SAME_KLD
 
         return {
@@ -74,7 +74,7 @@ class QaResult:
     report: SoakReport
     db: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {**self.report.to_json(), "db": self.db}
 
 

@@ -58,7 +58,7 @@ class Quantized:
     mismatches: list[Mismatch] = field(default_factory=list)
 
     @property
-    def doc(self) -> dict[str, Any]:
+    def doc(self) -> dict[str, object]:
         return {
             **self.prediction.doc,
             "written": {
@@ -162,7 +162,9 @@ def quantize(
     return Quantized(prediction=pred, log=log, mismatches=check_written(qp, out))
 
 
-def prediction_json(qp: QuantPlan, source_bytes: int, argv: list[str], *, source: str, output: str) -> dict[str, Any]:
+def prediction_json(
+    qp: QuantPlan, source_bytes: int, argv: list[str], *, source: str, output: str
+) -> dict[str, object]:
     return {
         "source": source,
         "output": output,
@@ -191,7 +193,7 @@ def prediction_json(qp: QuantPlan, source_bytes: int, argv: list[str], *, source
     }
 
 
-def _plan_on(hw: str, source: Path, recipe: Path, out: Path, engine: str) -> dict[str, Any]:
+def _plan_on(hw: str, source: Path, recipe: Path, out: Path, engine: str) -> dict[str, object]:
     """The output planned on the hardware with the default settings (`moetune plan --recipe`)."""
     from moetune.app.plan import PlanRequest, plan
 

@@ -149,13 +149,11 @@ def serve_bench(req: ServeBenchRequest, cb: Callbacks | None = None) -> ServeBen
     log = cb.status or _quiet
     slo = slo_targets(req.slo)
     if req.loads or "rounds" in req.given:
-        return ServeBenched(doc=_layout(req, slo, log, cb.on_snapshot), layout=True)
+        return _layout(req, slo, log, cb.on_snapshot)
     lv = levels(req.concurrency)
     if req.replay is not None or "speed" in req.given:
-        doc = _replay(req, slo, lv, log, cb.on_snapshot)
-    else:
-        doc = _levels_or_sessions(req, slo, lv, log, cb.on_snapshot)
-    return ServeBenched(doc=doc, plots=_plots(doc, req.plot_dir))
+        return _replay(req, slo, lv, log, cb.on_snapshot)
+    return _levels_or_sessions(req, slo, lv, log, cb.on_snapshot)
 
 
 def stored(
@@ -202,7 +200,7 @@ def _open(db_path: Path | None) -> ResultsDB:
 
 def _levels_or_sessions(
     req: ServeBenchRequest, slo: dict[str, float] | None, lv: tuple[int, ...], log: Callable[[str], None], snap: Snap
-) -> dict[str, Any]:
+) -> ServeBenched:
     from moetune.bench.serve.run import ServeBenchSpec, server_source
     from moetune.bench.serve.run import serve_bench as run_levels
 
@@ -244,8 +242,10 @@ def _levels_or_sessions(
         if spec.sessions is not None:
             from moetune.bench.serve.session_run import serve_sessions
 
-            return serve_sessions(spec, db, log=log, source=source, on_snapshot=snap)
-        return run_levels(spec, db, log=log, source=source, on_snapshot=snap)
+            doc = serve_sessions(spec, db, log=log, source=source, on_snapshot=snap)
+        else:
+            doc = run_levels(spec, db, log=log, source=source, on_snapshot=snap)
+    return ServeBenched(doc=doc, plots=_plots(doc, req.plot_dir))
 
 
 def session_spec(req: ServeBenchRequest) -> SessionSpec | None:
@@ -287,7 +287,7 @@ def _flag(name: str) -> str:
 
 def _replay(
     req: ServeBenchRequest, slo: dict[str, float] | None, lv: tuple[int, ...], log: Callable[[str], None], snap: Snap
-) -> dict[str, Any]:
+) -> ServeBenched:
     from moetune.bench.record.replay import ReplaySpec, replay_bench
     from moetune.bench.serve.run import ServeBenchSpec, server_source
 
@@ -325,14 +325,15 @@ def _replay(
         rdma_dev=req.rdma_dev,
     )
     with _open(req.db_path) as db:
-        return replay_bench(spec, db, source, log=log, on_snapshot=snap)
+        doc = replay_bench(spec, db, source, log=log, on_snapshot=snap)
+    return ServeBenched(doc=doc, plots=_plots(doc, req.plot_dir))
 
 
-def load_defaults(req: ServeBenchRequest) -> dict[str, Any]:
+def load_defaults(req: ServeBenchRequest) -> dict[str, object]:
     """The options given on the command line, as --load SPEC keys with their values read."""
     from moetune.bench.serve.loadspec import KEYS
 
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for name, key in LOAD_DEFAULTS.items():
         if name not in req.given:
             continue
@@ -353,7 +354,7 @@ def load_defaults(req: ServeBenchRequest) -> dict[str, Any]:
 
 def _layout(
     req: ServeBenchRequest, slo: dict[str, float] | None, log: Callable[[str], None], snap: Snap
-) -> dict[str, Any]:
+) -> ServeBenched:
     from moetune.bench.serve.layout_run import LayoutSpec, layout_bench
     from moetune.bench.serve.loadspec import parse_loads, with_slo
     from moetune.bench.servers import check_transport
@@ -373,4 +374,4 @@ def _layout(
     check_transport(t)
     spec = LayoutSpec(loads=tuple(parsed), rounds=req.rounds, label=req.label, slo=slo)
     with _open(req.db_path) as db:
-        return layout_bench(t, spec, db, log=log, on_snapshot=snap)
+        return ServeBenched(doc=layout_bench(t, spec, db, log=log, on_snapshot=snap), layout=True)

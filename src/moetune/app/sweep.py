@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from moetune.app.progress import Callbacks
 from moetune.errors import RuntimeFailure
@@ -52,7 +52,7 @@ class SweepResult:
     def measured(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.run is not None]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "sweep": self.sweep,
             "plans": [{"label": o.label, "run": o.run, "status": o.status, "error": o.error} for o in self.outcomes],
@@ -88,7 +88,7 @@ class InterleavedResult:
     def complete(self) -> int:
         return len(self.comparison.rounds) if self.comparison else 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         res = self.run
         return {
             "sweep": res.sweep,

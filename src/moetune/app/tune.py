@@ -178,18 +178,19 @@ def tune(req: TuneRequest, cb: Callbacks | None = None) -> Tuned:
             on_snapshot=cb.on_snapshot,
             quiet=QuietGate(status, req.wait_quiet_s),
         )
-        checked: dict[int, dict[str, Any]] = {}
+        kld: dict[int, float] | None = None
+        guarded: dict[str, object] | None = None
         if req.max_kld is not None:
             from moetune.tune.quality_guard import guard
 
             result, checked = guard(db, result, req.max_kld, status=status)
-        kld = None if req.max_kld is None else {i: float(q["kld"]["mean"]) for i, q in checked.items()}
+            kld = {i: float(q["kld"]["mean"]) for i, q in checked.items()}
+            guarded = {
+                "max_kld": req.max_kld,
+                "checked": {result.entries[i].candidate.label: q for i, q in checked.items()},
+            }
         doc = result_json(result, kld)
-        doc["quality_guard"] = (
-            None
-            if req.max_kld is None
-            else {"max_kld": req.max_kld, "checked": {result.entries[i].candidate.label: q for i, q in checked.items()}}
-        )
+        doc["quality_guard"] = guarded
     if result.best is None:
         doc["plan"] = None
     else:
