@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moetune.bench.analysis.stats import DEFAULT_CONF
+from moetune.bench.analysis.stats import DEFAULT_CONF, DEFAULT_MIN_CHANGE
 
 if TYPE_CHECKING:
     from moetune.bench.analysis.warnings import Warning
@@ -29,7 +29,7 @@ class CompareRequest:
     baseline: str | None = None  # the run the others are compared with (default: the first)
     sweep: str | None = None
     plot: Path | None = None  # also draw the comparison to this PNG
-    min_change: float = 0.0  # a fraction: changes below it are "same"
+    min_change: float = DEFAULT_MIN_CHANGE  # a fraction: changes below it are "same"
     conf: float = DEFAULT_CONF
     seed: int = 0
     slo: str | None = None  # goodput's latency targets (KEY=MS,...; None: the runs' own)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from moetune.app.progress import Callbacks
+from moetune.bench.analysis.stats import DEFAULT_MIN_CHANGE
 from moetune.errors import RuntimeFailure
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class SweepRequest:
     sid: str | None = None  # the sweep's id (default: derived from the plans and options)
     launch_timeout_s: float = 600.0
     plot: Path | None = None  # also draw the comparison to this PNG
-    min_change: float = 0.0  # a fraction: changes below it are "no significant difference"
+    min_change: float = DEFAULT_MIN_CHANGE  # a fraction: changes below it are "no significant difference"
     interleave: str | None = None
     rounds: int = 4
 
