@@ -159,7 +159,7 @@ def plan(req: PlanRequest) -> Planned:
     ]
     base = replace(req.settings, engine=kind)
     if req.layout is not None:
-        services, given = layout_services(req.layout, base, req.port, engine, kind)
+        services, given = layout_services(req.layout, base, base_port=req.port, engine=engine, kind=kind)
         for s in services:
             try:
                 check_process_name(s.name)
@@ -187,7 +187,7 @@ def plan(req: PlanRequest) -> Planned:
     p = make_plan(services, hw, inputs.constants.with_overrides(speed_overrides(req.speed)))
     facts = plan_facts(p)
     notices += unchecked_notices(p, facts)
-    doc = document(p, engine, inputs.calib, given, facts)
+    doc = document(p, engine, calib=inputs.calib, given=given, facts=facts)
     if req.output:
         req.output.write_text(json.dumps(doc, indent=2))
     return Planned(plan=p, doc=doc, notices=notices)

@@ -129,7 +129,7 @@ def predict(req: QuantizeRequest) -> Prediction:
     )
     doc = prediction_json(qp, profile.total_bytes, argv, source=str(req.source), output=str(out))
     if req.hw is not None:
-        doc["plan"] = _plan_on(req.hw, req.source, req.recipe, out, engine.name)
+        doc["plan"] = _plan_on(req.hw, req.source, recipe=req.recipe, out=out, engine=engine.name)
     return Prediction(profile=profile, plan=qp, engine=engine, output=out, argv=argv, doc=doc)
 
 
@@ -193,7 +193,7 @@ def prediction_json(
     }
 
 
-def _plan_on(hw: str, source: Path, recipe: Path, out: Path, engine: str) -> dict[str, object]:
+def _plan_on(hw: str, source: Path, *, recipe: Path, out: Path, engine: str) -> dict[str, object]:
     """The output planned on the hardware with the default settings (`moetune plan --recipe`)."""
     from moetune.app.plan import PlanRequest, plan
 

@@ -152,8 +152,8 @@ def serve_bench(req: ServeBenchRequest, cb: Callbacks | None = None) -> ServeBen
         return _layout(req, slo, log, cb.on_snapshot)
     lv = levels(req.concurrency)
     if req.replay is not None or "speed" in req.given:
-        return _replay(req, slo, lv, log, cb.on_snapshot)
-    return _levels_or_sessions(req, slo, lv, log, cb.on_snapshot)
+        return _replay(req, slo, lv, log=log, snap=cb.on_snapshot)
+    return _levels_or_sessions(req, slo, lv, log=log, snap=cb.on_snapshot)
 
 
 def stored(
@@ -199,7 +199,7 @@ def _open(db_path: Path | None) -> ResultsDB:
 
 
 def _levels_or_sessions(
-    req: ServeBenchRequest, slo: dict[str, float] | None, lv: tuple[int, ...], log: Callable[[str], None], snap: Snap
+    req: ServeBenchRequest, slo: dict[str, float] | None, lv: tuple[int, ...], *, log: Callable[[str], None], snap: Snap
 ) -> ServeBenched:
     from moetune.bench.serve.run import ServeBenchSpec, server_source
     from moetune.bench.serve.run import serve_bench as run_levels
@@ -286,7 +286,7 @@ def _flag(name: str) -> str:
 
 
 def _replay(
-    req: ServeBenchRequest, slo: dict[str, float] | None, lv: tuple[int, ...], log: Callable[[str], None], snap: Snap
+    req: ServeBenchRequest, slo: dict[str, float] | None, lv: tuple[int, ...], *, log: Callable[[str], None], snap: Snap
 ) -> ServeBenched:
     from moetune.bench.record.replay import ReplaySpec, replay_bench
     from moetune.bench.serve.run import ServeBenchSpec, server_source

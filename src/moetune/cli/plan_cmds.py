@@ -136,7 +136,7 @@ def plan(
         from moetune.engine import registry
 
         images = {e.name: e.image for e in registry.load_user() if e.image}
-        common.print_text(render_text(planned.plan, planned.doc, fmt, image, images))
+        common.print_text(render_text(planned.plan, planned.doc, fmt, image=image, images=images))
     for w in planned.doc["warnings"]:
         warn(w["message"], w["remedy"])
     if planned.verified is not None:
