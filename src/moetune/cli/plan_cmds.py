@@ -19,7 +19,6 @@ from moetune.cli.common import (
     warn,
 )
 from moetune.errors import InputError
-from moetune.kinds import EngineKind
 
 
 @click.command()
@@ -221,49 +220,23 @@ def hw_attention(
     (over a stored calibration's values: they were measured alone); run it on the machine itself,
     quiet: it measures whatever else runs too.
     """
-    import tempfile
+    from moetune.app.hw_attention import AttentionRequest, measure
 
-    import yaml
-
-    from moetune.engine import registry
-    from moetune.hardware import inventory
-    from moetune.model.profile import load_profile
-    from moetune.tune import cpu_attention as attention
-
-    inv = inventory.load(path)
-    node = next((n for n in inv.nodes if n.name == node_name), None) if node_name else inv.local
-    if node is None:
-        raise InputError(
-            f"--node {node_name}: no such node in {path}", hint="nodes: " + ", ".join(n.name for n in inv.nodes)
-        )
-    name, kind = registry.resolve(engine)
-    if kind != EngineKind.MAINLINE:
-        raise InputError(
-            f"--engine {name}: ik_llama.cpp's llama-bench has no --n-depth",
-            hint="measure with a mainline build (the built-in one); the constants are the CPU's",
-        )
-    binary = registry.get(name).binary("bench")
-    t = min(threads or node.cores, node.cores)
-    from moetune.tune.quiet import foreign_load
-
-    busy = foreign_load()
-    if busy is not None and busy.contended:
-        warn(
-            f"the machine is busy: {busy.message()}; the constants will measure that load too",
-            "stop the programs named and run it again (MOETUNE_MAX_FOREIGN_CORES sets the threshold)",
-        )
-    with tempfile.TemporaryDirectory(prefix="moetune-attention-") as tmp:
-        gguf = model or attention.probe_model(Path(tmp))
-        with common.err.status("llama-bench", spinner="dots") as st:
-            rows = attention.measure(binary, gguf, threads=t, depth=depth, repeats=repeats, progress=st.update)
-        fitted = attention.fit_attention(load_profile(gguf), node, t, rows)
-    if write:
-        nodes = tuple(
-            replace(n, cpu_speed=tuple(sorted(fitted.constants.items()))) if n is node else n for n in inv.nodes
-        )
-        path.write_text(yaml.safe_dump(inventory.to_dict(replace(inv, nodes=nodes)), sort_keys=False))
+    req = AttentionRequest(
+        path=path,
+        node=node_name,
+        engine=engine,
+        threads=threads,
+        model=model,
+        depth=depth,
+        repeats=repeats,
+        write=write,
+    )
+    with common.err.status("llama-bench", spinner="dots") as st:
+        done = measure(req, warn=warn, progress=st.update)
+    fitted, node, t = done.fitted, done.node, done.threads
     if as_json:
-        print_json({**fitted.to_json(), "node": node.name, "written": write})
+        print_json(done.to_json())
         return
     common.out.print(f"{node.name}: {t} threads, llama-bench (best of {repeats}), fitted:", markup=False)
     for r, (ptg, ppp) in zip(fitted.rows, fitted.predicted, strict=True):
