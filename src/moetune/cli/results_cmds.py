@@ -16,7 +16,6 @@ from moetune.report.results_view import FORMATS
 if TYPE_CHECKING:
     from moetune.app.compare import Compared
     from moetune.report.paired import PairedComparison
-    from moetune.store.db import ResultsDB, Run
 
 
 @click.group()
@@ -53,24 +52,18 @@ def show_cmd(run_ref: str, db_path: Path | None, as_json: bool) -> None:
     """One run: its context (plan, command, engine, model, hardware), figures and warnings.
 
     RUN is an id, a label (its newest run) or `latest`."""
+    from moetune.app.results import show as shown_run
     from moetune.bench.analysis.warnings import Warning, grouped
-    from moetune.report.results_view import derived, show
-    from moetune.store.db import ResultsDB
+    from moetune.report.results_view import show
 
-    with ResultsDB.open(db_path) as db:
-        r = db.resolve(run_ref)
-        d = derived(r, db.iter_samples(r.id))
-        from moetune.bench.serve.layout_run import is_layout_run, stored_layout_report
-
-        if is_layout_run(r):  # its services' levels, their contention, what was busy
-            lay = stored_layout_report(db, r)
-            d["layout"] = {**lay["layout"], "levels": lay["levels"]}
-        if as_json:
-            print_json({"run": r.header(), **r.to_json(), "derived": d, "samples": db.sample_counts(r.id)})
-            return
-        print_wide(show(r, d, db.sample_counts(r.id)))
-        for message, remedy in grouped([Warning.from_json(w) for w in d.get("warnings", [])]) + r.flags().warnings():
-            warn(message, remedy)
+    shown = shown_run(run_ref, db_path)
+    if as_json:
+        print_json(shown.to_json())
+        return
+    r, d = shown.run, shown.derived
+    print_wide(show(r, d, shown.samples))
+    for message, remedy in grouped([Warning.from_json(w) for w in d.get("warnings", [])]) + r.flags().warnings():
+        warn(message, remedy)
 
 
 @results.command("export")
@@ -81,43 +74,9 @@ def show_cmd(run_ref: str, db_path: Path | None, as_json: bool) -> None:
 @db_option
 def export_cmd(run_refs: tuple[str, ...], fmt: str, all_runs: bool, output: Path | None, db_path: Path | None) -> None:
     """Runs with every raw sample: md (summary tables), csv (one row per sample, SI units), json (as stored)."""
-    from moetune.errors import InputError
-    from moetune.report.results_view import export_csv, export_json, export_md
-    from moetune.store.db import ResultsDB
+    from moetune.app.results import ExportRequest, export
 
-    write = {"json": export_json, "csv": export_csv, "md": export_md}[fmt]
-    with ResultsDB.open(db_path) as db:
-        runs = _runs(db, run_refs, all_runs)
-        if not output:
-            write(db, runs, sys.stdout)
-            return
-        # written as the samples are read, into a file beside the output renamed over it at the end:
-        # an export that fails half-way leaves no half file under the name asked for
-        part = output.with_name(output.name + ".part")
-        try:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            with open(part, "w", newline="") as f:
-                write(db, runs, f)
-            part.replace(output)
-        except OSError as e:
-            part.unlink(missing_ok=True)
-            raise InputError(
-                f"cannot write the export to {output}: {e.strerror or e}",
-                hint="choose a writable path with -o, or leave -o out for stdout",
-            ) from None
-        except BaseException:
-            part.unlink(missing_ok=True)
-            raise
-
-
-def _runs(db: ResultsDB, refs: tuple[str, ...], all_runs: bool) -> list[Run]:
-    if all_runs:
-        return list(reversed(db.runs()))
-    if not refs:
-        from moetune.errors import InputError
-
-        raise InputError("name the runs to export (ids, labels or `latest`), or give --all")
-    return [db.resolve(r) for r in refs]
+    export(ExportRequest(refs=run_refs, all_runs=all_runs, fmt=fmt, output=output, db_path=db_path), sys.stdout)
 
 
 @click.command("compare")
