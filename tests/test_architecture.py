@@ -1,5 +1,6 @@
 """The package's layering, checked from the source: dependencies point one way (model, hardware →
-plan → engine → run → the rest), there are no import cycles, and the planning core stays pure."""
+plan → engine → run → the rest; the command line → the use cases → the core), there are no import
+cycles, and the planning core stays pure."""
 
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-# every package but the command line, which sits above them all
+# every package but the command line and the use cases (app), which sit above them all
 CORE_PACKAGES = (
     "kinds",
     "errors",
@@ -196,6 +197,48 @@ def test_core_imports_no_presentation_or_network_libraries(package: str) -> None
     assert not bad, "\n".join(bad)
 
 
+# the layers above the core: the command line calls the use cases, which call the core
+SHELL = ("moetune.cli", "moetune.app")
+ENTRY = {"moetune", "moetune.__main__"}  # `python -m moetune` and the package start the command line
+
+
+def _in(mod: str, package: str) -> bool:
+    return mod == package or mod.startswith(package + ".")
+
+
+def test_the_core_imports_neither_the_use_cases_nor_the_command_line() -> None:
+    bad = {
+        f"{m} imports {d}"
+        for m, deps in GRAPH.items()
+        if m not in ENTRY and not any(_in(m, s) for s in SHELL)
+        for d in deps
+        if any(_in(d, s) for s in SHELL)
+    }
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_use_cases_do_not_import_the_command_line() -> None:
+    bad = {
+        f"{m} imports {d}" for m, deps in _under(GRAPH, "moetune.app").items() for d in deps if _in(d, "moetune.cli")
+    }
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_use_cases_print_nothing() -> None:
+    """No click or rich in app/: it returns results (and reports progress through callbacks); the
+    command line renders them."""
+    bad = []
+    for name, path in _modules().items():
+        if _in(name, "moetune.app"):
+            bad += [f"{name} imports {i}" for i in _imports(name, path, set()) & {"click", "rich"}]
+            bad += [f"{name}: print()" for n in ast.walk(ast.parse(path.read_text())) if _is_print(n)]
+    assert not bad, "\n".join(bad)
+
+
+def _is_print(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+
+
 IMPURE = {
     "file I/O": r"\bopen\(|\.read_text\(|\.write_text\(|\.read_bytes\(|\.write_bytes\(",
     "processes": r"\bsubprocess\b",
@@ -237,9 +280,21 @@ def _top_level_imports(path: Path, known: set[str]) -> set[str]:
     return _imports(_module_name(path), path, known, ast.Module(body=imports, type_ignores=[]))
 
 
-# the command modules this layer owns; bench/serve/results/cluster/model commands are reorganised elsewhere
-THIN_COMMANDS = ("plan_cmds", "run_cmds", "engine_cmds", "doctor_cmds", "metrics_cmds", "record_cmds")
-LIGHT = {"moetune.cli.common", "moetune.errors", "moetune.kinds", "moetune.engine.install"}
+# the command modules that import little at module level (their options' defaults from light modules);
+# bench/sweep, results/compare, tune and serve-bench still take option defaults from heavy core modules
+THIN_COMMANDS = (
+    "plan_cmds",
+    "run_cmds",
+    "engine_cmds",
+    "doctor_cmds",
+    "metrics_cmds",
+    "record_cmds",
+    "calibrate_cmds",
+    "quant_cmds",
+    "report_cmds",
+    "quality_cmds",
+)
+LIGHT = {"moetune.cli.common", "moetune.cli.progress", "moetune.errors", "moetune.kinds", "moetune.engine.install"}
 
 
 @pytest.mark.parametrize("name", THIN_COMMANDS)
@@ -255,5 +310,13 @@ def test_command_modules_import_the_core_where_they_use_it(name: str) -> None:
 
 @pytest.mark.parametrize("name", THIN_COMMANDS)
 def test_command_modules_do_not_import_each_other(name: str) -> None:
-    others = {d for d in GRAPH[f"moetune.cli.{name}"] if d.startswith("moetune.cli.") and d != "moetune.cli.common"}
+    """What commands share lives in a shared module (common, progress, session_opts), not in a command."""
+    others = {d for d in GRAPH[f"moetune.cli.{name}"] if re.fullmatch(r"moetune\.cli\.\w+_cmds", d)}
     assert not others, f"moetune.cli.{name} imports {sorted(others)}"
+
+
+def test_every_use_case_is_called_by_a_command() -> None:
+    """app/ is the command line's: each use case module is imported by a cli module."""
+    cli = {d for m, deps in _under(GRAPH, "moetune.cli").items() for d in deps}
+    cases = {m for m in _under(GRAPH, "moetune.app") if m not in ("moetune.app", "moetune.app.progress")}
+    assert cases and not cases - cli, f"use cases no command calls: {sorted(cases - cli)}"

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from moetune.app.plan import PlanRequest
+from moetune.app.plan import plan as plan_files
 from moetune.bench.analysis.stats import SLOWER, difference
 from moetune.plan.settings import Settings
-from moetune.planfiles import PlanRequest, plan_files
 from moetune.run.prepare import read_plan
 from moetune.store.db import ResultsDB
 from tests.engine_harness import free_port
@@ -123,7 +124,9 @@ def test_tune_skips_what_does_not_fit_records_a_failed_launch_and_resumes(bin_di
     model, hw = make_testbed(tmp_path, rpc_mem_mib=200000, cpu_ram_mib=100000)
     s = Settings(ctx=65536, batch=65536, ubatch=65536, flash_attn=False, threads=1, cache_ram_mib=0)
     auto_cpu = next(
-        led for led in plan_files(PlanRequest(str(hw), str(model), None, "auto", s)).plan.ledgers if led.device == "CPU"
+        led
+        for led in plan_files(PlanRequest(hw=str(hw), model=str(model), strategy="auto", settings=s)).plan.ledgers
+        if led.device == "CPU"
     )
     doc = yaml.safe_load(hw.read_text())
     doc["nodes"][0]["cpu"]["ram_mib"] = auto_cpu.used_mib - auto_cpu.capacity_mib + 100000 + 25

@@ -1,6 +1,7 @@
-"""The planner's edge: what `moetune plan` reads (the hardware file, the model or a layout file, the
-engine registry) and writes (the plan JSON). Planning itself (``moetune.plan``) stays pure; the
-commands and the document come from ``moetune.engine.command``.
+"""The planner's files: what a plan is made from (the hardware file, the model or a layout file, the
+engine registry, the stored calibration) and the plan's JSON document, shared by `moetune plan`
+(``moetune.app.plan``, the use case) and `moetune tune`. Planning itself (``moetune.plan``) stays
+pure; the commands and the document come from ``moetune.engine.command``.
 
 Layout files describe several services sharing the hardware (an orchestrator MoE model and workers):
 
@@ -26,25 +27,22 @@ services:
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from moetune.engine import registry
 from moetune.engine.command import plan_json
 from moetune.engine.facts import EngineFacts
-from moetune.engine.launchspec import check_process_name
 from moetune.engine.server_args import lift_extra, own_flags
 from moetune.errors import InputError
 from moetune.hardware import inventory
 from moetune.kinds import EngineKind
-from moetune.model.profile import ModelProfile, is_url, load_profile, open_model
+from moetune.model.profile import ModelProfile, is_url, load_profile
 from moetune.model.routing import Routing, read_routing
 from moetune.plan import priors
-from moetune.plan.attention import Choose
-from moetune.plan.plan import Plan, ServiceSpec, make_plan
+from moetune.plan.plan import Plan, ServiceSpec
 from moetune.plan.settings import Settings
 from moetune.plan.speed import SpeedConstants, base_constants
 from moetune.store import calibrations
@@ -101,44 +99,6 @@ def load_layout(path: str | Path, base: Settings, base_port: int = 8080) -> list
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class PlanRequest:
-    """What `moetune plan` was asked: a model or a layout file, on a hardware file."""
-
-    hw: str  # a hardware file, or a built-in example's name
-    model: str | Path | None = None  # a GGUF file (any shard) or an http(s) URL of one
-    layout: Path | None = None
-    strategy: str = "auto"
-    settings: Settings = field(default_factory=Settings)  # its engine kind is resolved from ``engine``
-    engine: str | None = None  # engine name or kind (default: the default engine)
-    port: int = 8080
-    speed: tuple[str, ...] = ()  # NAME=VALUE overrides of the speed model's constants
-    output: Path | None = None  # also write the plan's JSON here
-    hf: str | None = None  # OWNER/REPO[:QUANT] instead of ``model``
-    http_timeout_s: float = 30.0  # for a remote model
-    routing: Path | None = None  # an imatrix GGUF: the model's measured expert routing
-    recipe: Path | None = None  # plan the model this quant recipe makes of MODEL (`moetune quantize`)
-    recipe_output: Path | None = None  # where that model will be written (default: recipe.default_output)
-    choose: Choose = field(default_factory=Choose)  # flash attention / cache type left to the speed model
-
-
-@dataclass(frozen=True, slots=True)
-class Planned:
-    plan: Plan
-    doc: dict[str, Any]  # the plan's JSON document (engine.command.plan_json)
-    notices: list[tuple[str, str]]  # (message, remedy) to tell before the plan: what the hardware file allows
-
-
-def speed_overrides(values: tuple[str, ...]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for v in values:
-        k, sep, val = v.partition("=")
-        if not sep:
-            raise InputError(f"--speed {v!r}: expected NAME=VALUE")
-        out[k.strip()] = val.strip()
-    return out
-
-
 def _with_engine(s: ServiceSpec, engine: str, kind: EngineKind) -> ServiceSpec:
     """A layout service on its own engine (else the plan's): its name for launching, its kind for the flags."""
     if s.engine:
@@ -160,7 +120,7 @@ def calibration_for(hw: inventory.Inventory, kind: EngineKind) -> dict[str, Any]
     return calibrations.find(hw.name or hw.source, str(kind))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Inputs:
     """What every plan is made with, read once: the hardware, the engine (its name for launching,
     its kind for the flags) and the speed constants of the calibration stored for the two, if any."""
@@ -179,7 +139,7 @@ def read_inputs(hw_path: str | Path, engine: str | None) -> Inputs:
     # the CPU's measured attention terms (cpu.speed) over a calibration's: measured alone, not
     # confounded with the rest of a run
     k = base_constants(hw, SpeedConstants.from_json(calib["constants"]) if calib else None)
-    return Inputs(hw, name, kind, calib, k)
+    return Inputs(hw=hw, engine=name, kind=kind, calib=calib, constants=k)
 
 
 def model_path(model: str | Path) -> str | Path:
@@ -204,22 +164,6 @@ def plan_facts(p: Plan) -> dict[str, EngineFacts]:
     engines = {s.spec.engine for s in p.services if s.spec.engine}
     tried = {n: [w for s in p.services if s.spec.engine == n for w in own_flags(s.spec.settings)] for n in engines}
     return registry.facts_for(engines, tried)
-
-
-def unchecked_notices(p: Plan, facts: dict[str, EngineFacts]) -> list[tuple[str, str]]:
-    """(message, remedy) for each service whose extra flags no build's help could check."""
-    out = []
-    for sp in p.services:
-        extra, f = sp.spec.settings.server.extra_args, facts.get(sp.spec.engine or "")
-        if extra and (f is None or not f.help_flags):
-            out.append(
-                (
-                    f"service {sp.spec.name}: extra engine arguments {' '.join(extra)} not checked: engine "
-                    f"{sp.spec.engine or sp.spec.settings.engine} is not a build here, its --help is unknown",
-                    "install or register the build (`moetune engine install | add`) and plan again",
-                )
-            )
-    return out
 
 
 def document(
@@ -262,112 +206,6 @@ def document(
         sj["model_given"] = g  # what the user wrote; "model" and the commands hold the absolute path
         sj["routing"] = None if sp.spec.routing is None else sp.spec.routing.to_json()
     return doc
-
-
-def listen_notices(services: list[ServiceSpec]) -> list[tuple[str, str]]:
-    """(message, remedy) for each server that will listen beyond this machine."""
-    out = []
-    for s in services:
-        o = s.settings.server
-        if not o.public:
-            continue
-        auth = (
-            "clients must send a key from " + o.api_key_file
-            if o.api_key_file
-            else "llama-server has no authentication without an API key: anyone who reaches it can use it"
-        )
-        out.append(
-            (
-                f"service {s.name} will listen on {o.host}:{s.port}, reachable from the network; {auth}",
-                "keep a firewall in front of it"
-                if o.api_key_file
-                else "add --api-key-file FILE (one key per line), or --listen 127.0.0.1 to keep it local",
-            )
-        )
-    return out
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.2f} MiB"
-
-
-def recipe_profile(
-    profile: ModelProfile, recipe_path: Path, kind: EngineKind, output: Path | None = None
-) -> tuple[ModelProfile, tuple[str, str]]:
-    """The model a quant recipe makes of ``profile`` (not written yet), and the notice that says so."""
-    from moetune.engine.quantize import output_profile, plan_quantize
-    from moetune.model.recipe import default_output, load_recipe
-
-    if profile.remote is not None or len(profile.files) > 1:
-        raise InputError(
-            "--recipe plans the quantized copy of one local GGUF file", hint="download (and merge) the model first"
-        )
-    qp = plan_quantize(profile, load_recipe(recipe_path), kind, imatrix=True, allow_requantize=True)
-    out = absolute(output or default_output(profile.files[0], recipe_path))
-    return output_profile(profile, qp, out), (
-        f"planned as {out}, the output of recipe {recipe_path} ({_size(qp.nbytes)} of tensors, from "
-        f"{_size(profile.total_bytes)}); it is not written yet",
-        f"moetune quantize {profile.files[0]} --recipe {recipe_path}"
-        + ("" if kind == EngineKind.MAINLINE else f" --engine {kind}"),
-    )
-
-
-def plan_files(req: PlanRequest) -> Planned:
-    """Read the files, plan, render the document (and write it to ``req.output``)."""
-    if (req.model is None and req.hf is None) == (req.layout is None):
-        raise InputError("give a MODEL (or --hf) or a --layout file (not both)")
-    if req.recipe is not None and req.layout is not None:
-        raise InputError(
-            "--recipe is one model's quant recipe; a --layout plans several", hint="plan the model alone with --recipe"
-        )
-    if req.routing is not None and req.layout is not None:
-        raise InputError(
-            "--routing is one model's routing; a --layout plans several",
-            hint="plan the MoE model alone with --routing, or leave it out",
-        )
-    inputs = read_inputs(req.hw, req.engine)
-    hw, engine, kind = inputs.hw, inputs.engine, inputs.kind
-    notices = [
-        (
-            f"node {node.name}: its RPC worker will listen on {why} (allow_public_bind); {inventory.RPC_NO_AUTH}",
-            inventory.RPC_PUBLIC_BIND_REMEDY,
-        )
-        for node, why in inventory.public_binds(hw)
-    ]
-    base = replace(req.settings, engine=kind)
-    if req.layout is not None:
-        services, given = layout_services(req.layout, base, req.port, engine, kind)
-        for s in services:
-            try:
-                check_process_name(s.name)
-            except InputError as e:
-                notices.append((f"{e} (`moetune launch` refuses it; the other formats carry it)", e.hint or ""))
-    else:
-        profile = open_model(None if req.model is None else model_path(req.model), req.hf, timeout_s=req.http_timeout_s)
-        if req.recipe is not None:
-            profile, note = recipe_profile(profile, req.recipe, kind, req.recipe_output)
-            notices.append(note)
-        services = [
-            ServiceSpec(
-                name="main",
-                model=profile,
-                settings=base,
-                strategy=req.strategy,
-                port=req.port,
-                engine=engine,
-                routing=routing_for(req.routing, profile),
-                choose=req.choose,
-            )
-        ]
-        given = [str(req.model) if req.hf is None else f"--hf {req.hf}"]
-    notices += listen_notices(services)
-    p = make_plan(services, hw, inputs.constants.with_overrides(speed_overrides(req.speed)))
-    facts = plan_facts(p)
-    notices += unchecked_notices(p, facts)
-    doc = document(p, engine, inputs.calib, given, facts)
-    if req.output:
-        req.output.write_text(json.dumps(doc, indent=2))
-    return Planned(p, doc, notices)
 
 
 def published_priors(path: str | Path | None = None) -> priors.Table:

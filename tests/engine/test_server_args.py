@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from moetune.cli.common import parse_listen
+from moetune.app.plan_options import parse_listen
 from moetune.engine.dialect import dialect
 from moetune.engine.facts import KNOWN
 from moetune.engine.server_args import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from moetune.planfiles import PlanRequest
+from moetune.app.plan import PlanRequest
 from tests.fuzz.gguf_cases import corpus_files, read_corpus_gguf, tiny_model
 from tests.fuzz.test_gguf import plan_or_clean_error
 from tests.fuzz.test_logs import read_server_log

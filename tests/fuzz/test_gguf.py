@@ -20,11 +20,12 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from moetune.app.plan import PlanRequest
+from moetune.app.plan import plan as plan_files
 from moetune.errors import MoetuneError, RuntimeFailure
 from moetune.model import remote
 from moetune.model.gguf_read import GGUFFile, parse
 from moetune.model.profile import load_profile
-from moetune.planfiles import PlanRequest, plan_files
 from moetune.report.inspect_view import inspect_json
 from tests.fuzz.budget import fuzz, note_event
 from tests.fuzz.gguf_cases import (

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from moetune.app.plan import PlanRequest
+from moetune.app.plan import plan as plan_files
 from moetune.errors import InputError, MoetuneError
 from moetune.hardware import inventory
-from moetune.planfiles import PlanRequest, plan_files
 from tests.fuzz.budget import fuzz, note_event
 from tests.fuzz.gguf_cases import tiny_model
 from tests.fuzz.guard import bounded

@@ -79,14 +79,15 @@ def test_a_plan_for_hardware_this_machine_lacks_is_not_verified(bin_dir: Path, t
 
 
 def test_a_plan_document_gives_the_same_subjects_as_the_plan(tmp_path: Path) -> None:
+    from moetune.app.plan import PlanRequest
+    from moetune.app.plan import plan as plan_files
     from moetune.plan.settings import Settings
-    from moetune.planfiles import PlanRequest, plan_files
     from moetune.run.verify import doc_subjects, subject
 
     model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "f16").files[0]
     hw = tmp_path / "hw.yaml"
     hw.write_text(yaml.safe_dump(loopback_hw(["127.0.0.1:50990", "127.0.0.1:50991"])))
-    planned = plan_files(PlanRequest(str(hw), model, None, "cpu-moe", Settings(ctx=8192)))
+    planned = plan_files(PlanRequest(hw=str(hw), model=model, strategy="cpu-moe", settings=Settings(ctx=8192)))
     (from_doc,) = doc_subjects(json.loads(json.dumps(planned.doc)))
     direct = subject(planned.plan.main, planned.doc["services"][0]["argv"])
     assert from_doc.names == direct.names == {"RPC0": "RPC0[127.0.0.1:50990]", "RPC1": "RPC0[127.0.0.1:50991]"}

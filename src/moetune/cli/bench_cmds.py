@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,14 +21,14 @@ from moetune.cli.common import (
     transport_options,
     warn,
 )
+from moetune.cli.progress import callbacks, progress_bar
 
 if TYPE_CHECKING:
+    from moetune.app.bench import BenchResult
+    from moetune.app.sweep import InterleavedResult, SweepResult
     from moetune.bench.single.runner import BenchOptions
-    from moetune.bench.single.runner import Progress as ProgressFn
-    from moetune.bench.single.sweep import SweepSpec
+    from moetune.bench.single.sweep_bench import SweepOptions
     from moetune.bench.single.workloads import Workload
-    from moetune.monitor.snapshot import Snapshot
-    from moetune.store.db import ResultsDB
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -145,82 +144,19 @@ def build_workloads(kw: dict[str, Any]) -> tuple[list[Workload], BenchOptions]:
     )
 
 
-class Bars:
-    """Progress on stderr: one bar per run (``bars(label)`` makes its callback) and, under them, the
-    live line of the machine and the load (``bars.machine``, fed the sampler's snapshots)."""
-
-    def __init__(self, progress: Any) -> None:
-        self.progress = progress
-
-    def __call__(self, label: str) -> ProgressFn:
-        bar = self.progress
-        task: Any = None
-
-        def cb(what: str, done: int, total: int) -> None:
-            nonlocal task
-            if task is None:
-                task = bar.add_task(label, total=total, what="")
-            bar.update(task, completed=done, what=what)
-
-        return cb
-
-    def machine(self, snap: Snapshot) -> None:
-        from moetune.report.live_view import live_line
-
-        self.progress.machine_line = live_line(snap)
-        self.progress.refresh()
-
-
-@contextmanager
-def progress_bar(enabled: bool = True, bars: bool = True) -> Iterator[Bars]:
-    """:class:`Bars` on stderr (nothing shown unless ``enabled``; without ``bars``, the live line alone)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.text import Text
-
-    class WithMachine(Progress):
-        machine_line = ""
-
-        def get_renderables(self) -> Iterator[Any]:
-            if self.tasks:
-                yield self.make_tasks_table(self.tasks)
-            if self.machine_line:
-                yield Text(self.machine_line, style="dim", overflow="ellipsis", no_wrap=True)
-
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        TextColumn("[dim]{task.fields[what]}"),
-    )
-    with WithMachine(
-        *columns, console=err, disable=not enabled or (not err.is_terminal and not bars), transient=not bars
-    ) as bar:
-        try:
-            yield Bars(bar)
-        finally:
-            bar.machine_line = ""  # the live line goes; the bars stay
-
-
-def _print_run(db: ResultsDB, run_id: int, as_json: bool) -> None:
-    from moetune.bench.analysis.predicted import report
-    from moetune.bench.analysis.summary import bench_summary
-    from moetune.bench.analysis.warnings import grouped
+def _print_run(result: BenchResult, as_json: bool) -> None:
     from moetune.report.results_view import prediction_lines, workloads_table
 
-    r = db.run(run_id)
-    typed = bench_summary(db.samples(run_id))
-    summary = typed.to_json()
-    rep = report(typed, dict(r.meta.details))
     if as_json:
-        print_json({"run": {**r.header(), "db": str(db.path)}, **summary, **(rep or {}), "flags": r.flags().to_json()})
+        print_json(result.to_json())
         return
-    print_wide(workloads_table(typed))
-    for line in prediction_lines(rep):
+    print_wide(workloads_table(result.summary))
+    for line in prediction_lines(result.prediction):
         out.print(line, markup=False, highlight=False)
-    for message, remedy in grouped(list(typed.warnings)) + r.flags().warnings():
+    for message, remedy in result.warnings():
         warn(message, remedy)
-    out.print(f"run {run_id} ({r.label}) stored in {db.path}; `moetune results show {run_id}` for details")
+    r = result.run
+    out.print(f"run {r.id} ({r.label}) stored in {result.db_path}; `moetune results show {r.id}` for details")
 
 
 @click.command("bench")
@@ -268,80 +204,43 @@ def bench_cmd(
     Every sample is stored as it arrives. With --sweep, a plan
     is measured by llama-sweep-bench (one sweep unless --repeats is given; --tg-tokens sets its TG).
     """
-    from moetune.bench.single.runner import bench_target
-    from moetune.bench.target import resolve, with_transport
-    from moetune.store.db import ResultsDB
+    from moetune.app.bench import BenchRequest, bench
 
-    if sweep:
-        if transport is not None or rdma_dev is not None:
-            from moetune.errors import InputError
+    swept = _sweep_options(sweep_ctx, kw) if sweep else None
+    if swept is None:
+        workloads, options = build_workloads(kw)
+    else:  # llama-sweep-bench has its own workload
+        from moetune.bench.single.runner import BenchOptions
 
-            raise InputError(
-                "--transport with --sweep: llama-sweep-bench runs outside the launcher, whose "
-                "transport it does not take",
-                hint="drop --transport (the workers use tcp), or bench the plan through its server (without --sweep)",
-            )
-        _sweep_bench(target, server_name, label, launch_timeout_s, sweep_ctx, db_path, as_json, kw)
-        return
-    workloads, options = build_workloads(kw)
-    t = with_transport(resolve(target, server_name), transport, rdma_dev)
-    with ResultsDB.open(db_path) as db:
-        started: list[int] = []
-        try:
-            with progress_bar(not as_json) as bars:
-                run_id = bench_target(
-                    db,
-                    t,
-                    workloads,
-                    options,
-                    label=label,
-                    launch_timeout_s=launch_timeout_s,
-                    status=lambda s: err.print(f"[dim]{s}[/]"),
-                    progress_for=bars,
-                    on_start=started.append,
-                    on_snapshot=bars.machine,
-                )
-        except KeyboardInterrupt:
-            if started:
-                n = db.sample_counts(started[0]).get("measure", 0)
-                err.print(f"run {started[0]} interrupted: {n} measured samples kept in {db.path}")
-            raise
-        _print_run(db, run_id, as_json)
+        workloads, options = [], BenchOptions()
+    req = BenchRequest(
+        target=target,
+        workloads=workloads,
+        options=options,
+        server=server_name,
+        label=label,
+        launch_timeout_s=launch_timeout_s,
+        transport=transport,
+        rdma_dev=rdma_dev,
+        db_path=db_path,
+        sweep=swept,
+    )
+    with progress_bar(not as_json) as bars:
+        result = bench(req, callbacks(bars), interrupted=err.print)
+    _print_run(result, as_json)
 
 
-def _sweep_bench(
-    target: str,
-    server_name: str | None,
-    label: str | None,
-    launch_timeout_s: float,
-    sweep_ctx: int | None,
-    db_path: Path | None,
-    as_json: bool,
-    kw: dict[str, Any],
-) -> None:
+def _sweep_options(sweep_ctx: int | None, kw: dict[str, Any]) -> SweepOptions:
+    """--sweep's options: one sweep unless --repeats is given, llama-sweep-bench's own TG unless --tg-tokens is."""
     from click.core import ParameterSource
 
-    from moetune.bench.single.sweep_bench import SweepOptions, bench_sweep
-    from moetune.bench.target import resolve
-    from moetune.store.db import ResultsDB
+    from moetune.bench.single.sweep_bench import SweepOptions
 
     ctx = click.get_current_context()
     given = {k for k in kw if ctx.get_parameter_source(k) not in (ParameterSource.DEFAULT, None)}
     repeats = kw["repeats"] if "repeats" in given else 1
     tg = kw["tg_tokens"] if "tg_tokens" in given else None
-    t = resolve(target, server_name)
-    with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
-        run_id = bench_sweep(
-            db,
-            t,
-            SweepOptions(ctx=sweep_ctx, tg=tg, repeats=repeats, timeout_s=kw["timeout_s"] * 6),
-            label=label,
-            launch_timeout_s=launch_timeout_s,
-            status=lambda s: err.print(f"[dim]{s}[/]"),
-            progress=bars(label or str(t.label)),
-        )
-    with ResultsDB.open(db_path) as db:
-        _print_run(db, run_id, as_json)
+    return SweepOptions(ctx=sweep_ctx, tg=tg, repeats=repeats, timeout_s=kw["timeout_s"] * 6)
 
 
 class _ModeChoice(click.Choice[str]):
@@ -414,155 +313,71 @@ def sweep_cmd(
     PLANS are plan JSON files, or one sweep YAML file listing them with labels. With --interleave,
     rounds instead of plans: a round complete in every plan is skipped.
     """
+    from click.core import ParameterSource
+
+    from moetune.app.sweep import SweepRequest, sweep, sweep_interleaved
     from moetune.bench.single.sweep import load_sweep
 
     spec = load_sweep(list(plans), server_name, transport, rdma_dev)
-    if interleave is not None:
-        _sweep_interleaved(
-            spec, baseline, sid, launch_timeout_s, plot_path, min_change, interleave, rounds, db_path, as_json, kw
-        )
-        return
-    from click.core import ParameterSource
-
-    if click.get_current_context().get_parameter_source("rounds") != ParameterSource.DEFAULT:
+    if interleave is None and click.get_current_context().get_parameter_source("rounds") != ParameterSource.DEFAULT:
         raise click.UsageError("--rounds counts the rounds of --interleave; add --interleave")
-    from moetune.bench.analysis.warnings import grouped
-    from moetune.bench.single.sweep import FAILED, baseline_of, run_sweep
-    from moetune.errors import RuntimeFailure
-    from moetune.report.compare import compare_runs
-    from moetune.report.plot import plot_runs
-    from moetune.store.db import ResultsDB
-
     workloads, options = build_workloads(kw)
-    with ResultsDB.open(db_path) as db:
+    req = SweepRequest(
+        spec=spec,
+        workloads=workloads,
+        options=options,
+        db_path=db_path,
+        baseline=baseline,
+        sid=sid,
+        launch_timeout_s=launch_timeout_s,
+        plot=plot_path,
+        min_change=min_change / 100,
+        interleave=interleave,
+        rounds=rounds,
+    )
+    if interleave is not None:
         with progress_bar(not as_json) as bars:
-            sid, outcomes = run_sweep(
-                db,
-                spec,
-                workloads,
-                options,
-                sid=sid,
-                launch_timeout_s=launch_timeout_s,
-                status=lambda s: err.print(f"[dim]{s}[/]"),
-                progress_for=bars,
-                on_snapshot=bars.machine,
-            )
-        ok = [o for o in outcomes if o.run is not None]
-        base = baseline_of(spec, outcomes, baseline)
-        runs = [db.run(o.run) for o in [base, *[o for o in ok if o is not base]] if o.run is not None]
-        compared = compare_runs(db, runs, min_change=min_change / 100, seed=options.seed)
-        comp = compared.comparison
-        if plot_path:
-            plot_runs(list(compared.metrics), plot_path, seed=options.seed, title=f"sweep {sid}")
-        if as_json:
-            print_json(
-                {
-                    "sweep": sid,
-                    "plans": [{"label": o.label, "run": o.run, "status": o.status, "error": o.error} for o in outcomes],
-                    "plot": str(plot_path) if plot_path else None,
-                    "comparison": comp.to_json(),
-                }
-            )
-        else:
-            comparison_output(comp, "table")
-            for o in ok:
-                assert o.run is not None
-                run = db.run(o.run)
-                for message, remedy in grouped(compared.noise[o.run]) + run.flags().warnings():
-                    warn(f"{o.label} (run {o.run}): {message}", remedy)
-            out.print(
-                f"sweep {sid}: {len(ok)} of {len(outcomes)} plans measured; re-run the same command to resume"
-                + (f"; plot: {plot_path}" if plot_path else "")
-            )
-        failed = [o for o in outcomes if o.status == FAILED]
-        if failed:
-            raise RuntimeFailure(
-                f"sweep {sid}: {len(failed)} plan(s) failed: "
-                + "; ".join(f"{o.label}: {(o.error or '').splitlines()[0]}" for o in failed),
-                hint="fix them and run the same command again: completed plans are skipped",
-            )
-
-
-def _sweep_interleaved(
-    spec: SweepSpec,
-    baseline: str | None,
-    sid: str | None,
-    launch_timeout_s: float,
-    plot_path: Path | None,
-    min_change: float,
-    mode: str,
-    rounds: int,
-    db_path: Path | None,
-    as_json: bool,
-    kw: dict[str, Any],
-) -> None:
-    from moetune.bench.single.interleave import run_interleaved
-    from moetune.errors import MoetuneError, RuntimeFailure
-    from moetune.report.paired import load_sweep as load_paired
-    from moetune.report.paired_view import VIEWS
-    from moetune.report.plot import plot_runs
-    from moetune.store.db import ResultsDB
-
-    workloads, options = build_workloads(kw)
-    with ResultsDB.open(db_path) as db:
-        with progress_bar(not as_json) as bars:
-            res = run_interleaved(
-                db,
-                spec,
-                workloads,
-                options,
-                mode=mode,
-                rounds=rounds,
-                sid=sid,
-                launch_timeout_s=launch_timeout_s,
-                status=lambda s: err.print(f"[dim]{s}[/]"),
-                progress_for=bars,
-                on_snapshot=bars.machine,
-            )
-        why = ""
-        try:
-            comp = load_paired(db, res.sweep, baseline=baseline, min_change=min_change / 100, seed=options.seed)
-        except MoetuneError as e:
-            if not res.failed:
-                raise
-            comp, why = None, str(e)
-    if comp is not None and plot_path:
-        plot_runs([comp.baseline, *comp.others], plot_path, seed=options.seed, title=f"sweep {res.sweep} (pooled)")
-    done = len(comp.rounds) if comp else 0
-    cost = f"{res.launches} launches took {res.launch_s:.1f} s of {res.wall_s:.1f} s" if res.launches else ""
-    if as_json:
-        print_json(
-            {
-                "sweep": res.sweep,
-                "interleave": {
-                    "mode": res.mode,
-                    "rounds": res.rounds,
-                    "complete": done,
-                    "launches": res.launches,
-                    "launch_s": res.launch_s,
-                    "wall_s": res.wall_s,
-                },
-                "plans": [o.to_json() for o in res.outcomes],
-                "plot": str(plot_path) if plot_path else None,
-                "comparison": comp.to_json() if comp else None,
-            }
-        )
+            paired = sweep_interleaved(req, callbacks(bars))
+        _print_interleaved(paired, as_json)
+        failure = paired.failure()
     else:
-        if comp is not None:
-            comparison_output(comp, "table", VIEWS)
-        out.print(
-            f"sweep {res.sweep}: {done} of {res.rounds} rounds complete ({res.mode})"
-            + (f"; {cost}" if cost else "")
-            + "; re-run the same command to resume, or with more --rounds "
-            "to extend" + (f"; plot: {plot_path}" if plot_path and comp else "")
-        )
-    if res.failed:
-        o = res.failed[0]
-        raise RuntimeFailure(
-            f"sweep {res.sweep}: {o.label} failed in round {o.round}: "
-            f"{(o.error or '').splitlines()[0]}" + ("" if comp else f" ({why})"),
-            hint="fix it and run the same command again: complete rounds are skipped",
-        )
+        with progress_bar(not as_json) as bars:
+            result = sweep(req, callbacks(bars))
+        _print_sweep(result, as_json)
+        failure = result.failure()
+    if failure is not None:
+        raise failure
+
+
+def _print_sweep(result: SweepResult, as_json: bool) -> None:
+    if as_json:
+        print_json(result.to_json())
+        return
+    comparison_output(result.comparison, "table")
+    for message, remedy in result.warnings:
+        warn(message, remedy)
+    out.print(
+        f"sweep {result.sweep}: {len(result.measured)} of {len(result.outcomes)} plans measured; "
+        "re-run the same command to resume" + (f"; plot: {result.plot}" if result.plot else "")
+    )
+
+
+def _print_interleaved(paired: InterleavedResult, as_json: bool) -> None:
+    from moetune.report.paired_view import VIEWS
+
+    if as_json:
+        print_json(paired.to_json())
+        return
+    res, comp = paired.run, paired.comparison
+    if comp is not None:
+        comparison_output(comp, "table", VIEWS)
+    cost = f"{res.launches} launches took {res.launch_s:.1f} s of {res.wall_s:.1f} s" if res.launches else ""
+    out.print(
+        f"sweep {res.sweep}: {paired.complete} of {res.rounds} rounds complete ({res.mode})"
+        + (f"; {cost}" if cost else "")
+        + "; re-run the same command to resume, or with more --rounds "
+        "to extend" + (f"; plot: {paired.plot}" if paired.plot and comp else "")
+    )
 
 
 def register(cli: click.Group) -> None:

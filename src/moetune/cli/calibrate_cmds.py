@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from moetune.cli.common import db_option, json_option, out, print_json, warn
-from moetune.errors import InputError
 
 
 @click.command("calibrate")
@@ -39,83 +38,50 @@ def calibrate_cmd(
     (--include-contended keeps them), and a calibration whose stated uncertainty is worse than the
     built-in constants' is not stored (--force stores it).
     """
+    from moetune.app.calibrate import CalibrateRequest, calibrate
     from moetune.plan.calibrate import FITTED
-    from moetune.store.db import ResultsDB, Run
-    from moetune.tune.history import calibrate_and_save, gather, placements, plan_prior
 
-    left: list[Run] = []
-    with ResultsDB.open(db_path) as db:
-        groups = gather(
-            db,
-            [db.resolve(r) for r in run_refs] if run_refs else None,
-            include_contended=include_contended,
-            left_out=left,
+    done = calibrate(
+        CalibrateRequest(refs=run_refs, include_contended=include_contended, force=force, db_path=db_path), warn=warn
+    )
+    if as_json:
+        print_json(done.to_json())
+        return
+    left = done.left_out
+    for f in done.fits:
+        cal = f.calibration
+        out.print(
+            f"{f.hardware} / {f.engine}: {len(cal.runs)} runs over {f.placements} placements, "
+            f"{cal.observations} measured workloads" + (f" ({len(left)} contended runs left out)" if left else ""),
+            markup=False,
+            highlight=False,
         )
-        if left:
-            warn(
-                f"left out {len(left)} contended run{'s' if len(left) > 1 else ''}: "
-                + "; ".join(
-                    f"run {r.id} ({r.label}): " + (r.contention.message() if r.contention else "") for r in left[:3]
-                )
-                + ("; ..." if len(left) > 3 else ""),
-                "benchmark them again on a quiet machine, or give --include-contended",
-            )
-        if not groups:
-            raise InputError(
-                "no benchmark of a plan to calibrate on"
-                + (" among those runs" if run_refs else "")
-                + (f" ({len(left)} contended left out)" if left else ""),
-                hint="benchmark a plan first (`moetune bench plan.json`): runs of a bare URL carry no "
-                "prediction to compare with" + ("; --include-contended fits contended runs" if left else ""),
-            )
-        places = {k: placements(db, tuple(sorted({o.run for o in obs}))) for k, obs in groups.items()}
-        priors = {k: plan_prior(db, obs) for k, obs in groups.items()}
-    results = []
-    for (hardware, engine), obs in groups.items():
-        cal, entry = calibrate_and_save(
-            (hardware, engine),
-            obs,
-            priors[(hardware, engine)],
-            placements=places[(hardware, engine)],
-            left_out=len(left),
-            force=force,
-        )
-        results.append({**entry, "left_out_runs": [r.id for r in left]})
-        if not as_json:
+        for fam, before, after, band in (
+            ("TG", cal.before_tg_median_abs_pct, cal.loo_tg_median_abs_pct, cal.uncertainty_tg_pct),
+            ("PP", cal.before_pp_median_abs_pct, cal.loo_pp_median_abs_pct, cal.uncertainty_pp_pct),
+        ):
+            if before is None:
+                continue
             out.print(
-                f"{hardware} / {engine}: {len(cal.runs)} runs over {places[(hardware, engine)]} placements, "
-                f"{cal.observations} measured workloads" + (f" ({len(left)} contended runs left out)" if left else ""),
+                f"  {fam}: median error {before}% with the constants before; "
+                + (
+                    f"{after}% leave-one-run-out after (stated uncertainty +/-{band}%)"
+                    if after is not None
+                    else "one run: no held-out error"
+                ),
                 markup=False,
                 highlight=False,
             )
-            for fam, before, after, band in (
-                ("TG", cal.before_tg_median_abs_pct, cal.loo_tg_median_abs_pct, cal.uncertainty_tg_pct),
-                ("PP", cal.before_pp_median_abs_pct, cal.loo_pp_median_abs_pct, cal.uncertainty_pp_pct),
-            ):
-                if before is None:
-                    continue
-                out.print(
-                    f"  {fam}: median error {before}% with the constants before; "
-                    + (
-                        f"{after}% leave-one-run-out after (stated uncertainty +/-{band}%)"
-                        if after is not None
-                        else "one run: no held-out error"
-                    ),
-                    markup=False,
-                    highlight=False,
-                )
-            out.print(
-                "  " + " ".join(f"{n}={getattr(cal.constants, n):.4g}" for n in FITTED), markup=False, highlight=False
+        out.print(
+            "  " + " ".join(f"{n}={getattr(cal.constants, n):.4g}" for n in FITTED), markup=False, highlight=False
+        )
+        if not f.entry["applied"]:
+            warn(
+                f"{f.hardware} / {f.engine}: not stored: {f.entry['not_applied']}; `moetune plan` keeps the "
+                "constants it had",
+                "benchmark more placements on a quiet machine, or give --force",
             )
-            if not entry["applied"]:
-                warn(
-                    f"{hardware} / {engine}: not stored: {entry['not_applied']}; `moetune plan` keeps the "
-                    "constants it had",
-                    "benchmark more placements on a quiet machine, or give --force",
-                )
-    if as_json:
-        print_json(results[0] if len(results) == 1 else results)
-    elif any(e["applied"] for e in results):
+    if done.applied:
         out.print("`moetune plan` uses these for that hardware from now on (`--speed NAME=VALUE` overrides)")
 
 

@@ -7,7 +7,6 @@ so `moetune --help` and `--json` output never load it.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -87,7 +86,7 @@ def remote_notes(p: Any, *, fetched: bool = False) -> None:
 
 def plan_options(f: F) -> F:
     """The options of a plan (`plan`, `tune`): the hardware, the strategy, the engine, the port, and
-    the settings that :func:`plan_settings` turns into :class:`~moetune.plan.settings.Settings`."""
+    the settings that :class:`moetune.app.plan_options.PlanOptions` reads (``PlanOptions(**kw)``)."""
     opts = [
         click.option(
             "--hw", "hw_path", help="Hardware YAML, or a built-in example name (moetune hw example).  [required]"
@@ -220,107 +219,6 @@ def plan_options(f: F) -> F:
     for o in reversed(opts):
         f = o(f)
     return f
-
-
-def flash_attn_given(kw: dict[str, Any]) -> bool | None:
-    """--flash-attn / --no-flash-attn as the user gave them: on, off, or None (left to the plan)."""
-    from moetune.errors import InputError
-
-    if kw["no_flash_attn"]:
-        if kw["flash_attn"] == "on":
-            raise InputError("--flash-attn on and --no-flash-attn contradict", hint="give one of them")
-        return False
-    return None if kw["flash_attn"] == "auto" else kw["flash_attn"] == "on"
-
-
-def attention_left_open(kw: dict[str, Any]) -> Any:
-    """What of flash attention and the cache type the user left to the plan
-    (:class:`~moetune.plan.attention.Choose`)."""
-    from moetune.plan.attention import Choose
-
-    return Choose(flash_attn=flash_attn_given(kw) is None, cache=kw["ctk"] is None and kw["ctv"] is None)
-
-
-def plan_settings(kw: dict[str, Any]) -> Any:
-    """The :class:`~moetune.plan.settings.Settings` that :func:`plan_options`' values say."""
-    from moetune.engine.server_args import lift_extra, parse_sampling
-    from moetune.plan.settings import REPACK_CHOICES, ServerOptions, Settings
-
-    host, _ = parse_listen(kw["listen"])
-    key = kw["api_key_file"]
-    if key is not None:
-        from moetune.paths import readable_file
-
-        key = str(readable_file(key, "API key file").resolve())
-    server = ServerOptions(
-        host=host,
-        api_key_file=key,
-        alias=kw["alias"],
-        thinking=None if kw["thinking"] is None else kw["thinking"] == "on",
-        sampling=parse_sampling(kw["sampling"] or ""),
-        warmup_batch=kw["warmup_batch"],
-        extra_args=tuple(kw["engine_args"]),
-        rope_scaling=kw["rope_scaling"],
-    )
-    fa = flash_attn_given(kw)
-    settings = Settings(
-        ctx=kw["ctx"],
-        slots=kw["parallel"],
-        batch=kw["batch"],
-        ubatch=kw["ubatch"],
-        ctk=kw["ctk"] or "f16",
-        ctv=kw["ctv"] or "f16",
-        flash_attn=True if fa is None else fa,
-        mmap=not kw["no_mmap"],
-        repack=REPACK_CHOICES[kw["repack"]],
-        amb_mib=kw["amb"],
-        threads=kw["threads"],
-        threads_batch=kw["threads_batch"],
-        merge_qkv=kw["merge_qkv"],
-        merge_up_gate=kw["muge"],
-        grouped_experts=kw["ger"],
-        ctx_checkpoints=kw["ctx_checkpoints"],
-        split_mode=kw["split_mode"],
-        cache_ram_mib=kw["cache_ram"],
-        server=server,
-    )
-    return lift_extra(settings)  # --engine-arg=--alias X: the same as --alias X
-
-
-def parse_listen(listen: str | None) -> tuple[str, int | None]:
-    """``--listen ADDR[:PORT]`` as (address, port or None); no --listen is loopback."""
-    from moetune.errors import InputError
-    from moetune.plan.settings import LOOPBACK
-
-    if listen is None:
-        return LOOPBACK, None
-    text = listen.strip()
-    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?|([^:\[\]]+)(?::(\d+))?|([0-9A-Fa-f:]+)", text)
-    if m is None:
-        raise InputError(
-            f"--listen {listen!r}: expected ADDR or ADDR:PORT ([ADDR]:PORT for IPv6)",
-            hint="--listen 0.0.0.0:8000, --listen 127.0.0.1",
-        )
-    host = m[1] or m[3] or m[5]
-    port = m[2] or m[4]
-    if ":" in host:
-        import ipaddress
-
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise InputError(
-                f"--listen {listen!r}: {host} is not an IPv6 address",
-                hint="write an IPv6 address with a port as [ADDR]:PORT",
-            ) from None
-    if port is not None and not 0 < int(port) < 65536:
-        raise InputError(f"--listen {listen!r}: port {port} is not between 1 and 65535")
-    return host, None if port is None else int(port)
-
-
-def plan_port(kw: dict[str, Any], port: int) -> int:
-    """The server's port: --listen's when it names one, else --port."""
-    return parse_listen(kw["listen"])[1] or port
 
 
 def require_hw(hw_path: str | None) -> None:

@@ -10,11 +10,8 @@ import click
 
 from moetune.cli import common
 from moetune.cli.common import (
-    attention_left_open,
     json_option,
     plan_options,
-    plan_port,
-    plan_settings,
     print_json,
     remote_notes,
     remote_options,
@@ -22,7 +19,6 @@ from moetune.cli.common import (
     warn,
 )
 from moetune.errors import InputError
-from moetune.kinds import EngineKind
 
 
 @click.command()
@@ -92,35 +88,33 @@ def plan(
     allocates the plan itself, without loading weights (the plan's RPC workers must be listening),
     and any device where it disagrees with the plan is named.
     """
+    from moetune.app.plan import PlanRequest, plan
+    from moetune.app.plan import verify as verify_plan
+    from moetune.app.plan_options import PlanOptions
     from moetune.engine.command import render_text
-    from moetune.planfiles import PlanRequest, plan_files
 
     require_hw(hw_path)
     assert hw_path is not None
-    if verify and recipe is not None:
-        raise InputError(
-            "--verify runs the engine on the model's file, and a --recipe's output is not written yet",
-            hint="quantize it first (`moetune quantize`), then plan the written file with --verify",
-        )
     routing = settings_kw.pop("routing")
-    port = plan_port(settings_kw, port)
-    settings = replace(plan_settings(settings_kw), swa_full=swa_full)
-    planned = plan_files(
+    opts = PlanOptions(**settings_kw)
+    settings = replace(opts.settings(), swa_full=swa_full)
+    planned = plan(
         PlanRequest(
-            hw_path,
-            model,
-            layout,
-            strategy,
-            settings,
-            engine_name,
-            port,
-            speed,
-            output,
+            hw=hw_path,
+            model=model,
+            layout=layout,
+            strategy=strategy,
+            settings=settings,
+            engine=engine_name,
+            port=opts.port(port),
+            speed=speed,
+            output=output,
             hf=hf,
             http_timeout_s=http_timeout_s,
             routing=routing,
             recipe=recipe,
-            choose=attention_left_open(settings_kw),
+            choose=opts.choose(),
+            verify=verify,
         )
     )
     for message, remedy in planned.notices:
@@ -128,15 +122,8 @@ def plan(
     for sp in planned.plan.services:
         remote_notes(sp.spec.model, fetched=True)
     if verify:
-        from moetune.run.verify import verify_json, verify_plan
-
         with common.err.status("the engine's dry run", spinner="dots"):
-            vs = verify_plan(planned.plan.services, [sj["argv"] for sj in planned.doc["services"]])
-        planned.doc["verify"] = verify_json(vs)
-        if output:
-            import json
-
-            output.write_text(json.dumps(planned.doc, indent=2))
+            planned = verify_plan(planned, output)
     if as_json:
         print_json(planned.doc)
         return
@@ -148,13 +135,13 @@ def plan(
         from moetune.engine import registry
 
         images = {e.name: e.image for e in registry.load_user() if e.image}
-        common.print_text(render_text(planned.plan, planned.doc, fmt, image, images=images))
+        common.print_text(render_text(planned.plan, planned.doc, fmt, image=image, images=images))
     for w in planned.doc["warnings"]:
         warn(w["message"], w["remedy"])
-    if verify:
+    if planned.verified is not None:
         from moetune.report.plan_view import print_verify
 
-        print_verify(vs, common.out)
+        print_verify(planned.verified, common.out)
 
 
 @click.group()
@@ -233,49 +220,23 @@ def hw_attention(
     (over a stored calibration's values: they were measured alone); run it on the machine itself,
     quiet: it measures whatever else runs too.
     """
-    import tempfile
+    from moetune.app.hw_attention import AttentionRequest, measure
 
-    import yaml
-
-    from moetune.engine import registry
-    from moetune.hardware import inventory
-    from moetune.model.profile import load_profile
-    from moetune.tune import cpu_attention as attention
-
-    inv = inventory.load(path)
-    node = next((n for n in inv.nodes if n.name == node_name), None) if node_name else inv.local
-    if node is None:
-        raise InputError(
-            f"--node {node_name}: no such node in {path}", hint="nodes: " + ", ".join(n.name for n in inv.nodes)
-        )
-    name, kind = registry.resolve(engine)
-    if kind != EngineKind.MAINLINE:
-        raise InputError(
-            f"--engine {name}: ik_llama.cpp's llama-bench has no --n-depth",
-            hint="measure with a mainline build (the built-in one); the constants are the CPU's",
-        )
-    binary = registry.get(name).binary("bench")
-    t = min(threads or node.cores, node.cores)
-    from moetune.tune.quiet import foreign_load
-
-    busy = foreign_load()
-    if busy is not None and busy.contended:
-        warn(
-            f"the machine is busy: {busy.message()}; the constants will measure that load too",
-            "stop the programs named and run it again (MOETUNE_MAX_FOREIGN_CORES sets the threshold)",
-        )
-    with tempfile.TemporaryDirectory(prefix="moetune-attention-") as tmp:
-        gguf = model or attention.probe_model(Path(tmp))
-        with common.err.status("llama-bench", spinner="dots") as st:
-            rows = attention.measure(binary, gguf, threads=t, depth=depth, repeats=repeats, progress=st.update)
-        fitted = attention.fit_attention(load_profile(gguf), node, t, rows)
-    if write:
-        nodes = tuple(
-            replace(n, cpu_speed=tuple(sorted(fitted.constants.items()))) if n is node else n for n in inv.nodes
-        )
-        path.write_text(yaml.safe_dump(inventory.to_dict(replace(inv, nodes=nodes)), sort_keys=False))
+    req = AttentionRequest(
+        path=path,
+        node=node_name,
+        engine=engine,
+        threads=threads,
+        model=model,
+        depth=depth,
+        repeats=repeats,
+        write=write,
+    )
+    with common.err.status("llama-bench", spinner="dots") as st:
+        done = measure(req, warn=warn, progress=st.update)
+    fitted, node, t = done.fitted, done.node, done.threads
     if as_json:
-        print_json({**fitted.to_json(), "node": node.name, "written": write})
+        print_json(done.to_json())
         return
     common.out.print(f"{node.name}: {t} threads, llama-bench (best of {repeats}), fitted:", markup=False)
     for r, (ptg, ppp) in zip(fitted.rows, fitted.predicted, strict=True):

@@ -8,17 +8,10 @@ servers (``--url``, or the plans launched one after another), paired with the fi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
-from moetune.cli.common import db_option, err, json_option, out, print_json, print_wide
-
-
-def _progress(as_json: bool) -> Any:
-    from moetune.cli.bench_cmds import progress_bar
-
-    return progress_bar(not as_json)
+from moetune.cli.common import db_option, json_option, out, print_json, print_wide
 
 
 @click.command("quality")
@@ -123,130 +116,53 @@ def quality_cmd(
     greedy, thinking off; accuracy with its Wilson interval, and each against the first, paired:
     McNemar's exact test, verdict same | better | worse, and how often the two answers agree.
     """
-    if qa_path is not None:
-        from moetune.cli.quality_qa import run_qa
+    from moetune.app.quality import QualityRequest, kld, qa
+    from moetune.cli.progress import callbacks, progress_bar
 
-        run_qa(
-            qa_path,
-            qa_format,
-            plans,
-            urls,
-            labels,
-            limit=limit,
-            thinking=thinking,
-            max_tokens=max_tokens,
-            model=model_name,
-            server=server_name,
-            launch_timeout_s=launch_timeout_s,
-            timeout_s=timeout_s,
-            confidence=confidence,
-            db_path=db_path,
-            as_json=as_json,
-        )
-        return
-    if urls:
+    if qa_path is None and urls:
         raise click.UsageError("--url is for --qa; teacher-forced quality runs the plans' own llama-perplexity")
-    if len(plans) < 2:
+    if qa_path is None and len(plans) < 2:
         raise click.UsageError("give a REFERENCE plan and at least one CANDIDATE plan")
-    _kld(
-        plans,
-        text_path,
-        ctx,
-        chunks,
-        labels,
-        server_name,
-        launch_timeout_s,
-        timeout_s,
-        confidence,
-        seed,
-        db_path,
-        as_json,
-    )
-
-
-def _kld(
-    plans: tuple[Path, ...],
-    text_path: Path | None,
-    ctx: int,
-    chunks: int | None,
-    labels: tuple[str, ...],
-    server_name: str | None,
-    launch_timeout_s: float,
-    timeout_s: float,
-    confidence: float,
-    seed: int,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
-    from dataclasses import replace
-
-    from moetune.bench.target import plan_target
-    from moetune.errors import InputError
-    from moetune.quality.kld import EvalOptions, eval_text, evaluate
-    from moetune.store.db import ResultsDB
-
-    for p in plans:
-        if not p.is_file():
-            raise InputError(f"{p}: no such plan file", hint="write one with `moetune plan MODEL --hw HW -o FILE`")
-    targets = [plan_target(p, server_name) for p in plans]
-    if labels:
-        if len(labels) != len(targets):
-            raise InputError(f"{len(labels)} --label for {len(targets)} plans", hint="give one --label per plan")
-        targets = [replace(t, doc={**(t.doc or {}), "label": lab}) for t, lab in zip(targets, labels, strict=True)]
-    opt = EvalOptions(
-        text=text_path or eval_text(),
+    req = QualityRequest(
+        plans=plans,
+        text=text_path,
         ctx=ctx,
         chunks=chunks,
-        conf=confidence,
-        seed=seed,
-        timeout_s=timeout_s,
+        labels=labels,
+        server=server_name,
         launch_timeout_s=launch_timeout_s,
+        timeout_s=timeout_s,
+        confidence=confidence,
+        seed=seed,
+        db_path=db_path,
+        qa=qa_path,
+        qa_format=qa_format,
+        urls=urls,
+        limit=limit,
+        thinking=thinking,
+        max_tokens=max_tokens,
+        model=model_name,
     )
-    with ResultsDB.open(db_path) as db, _progress(as_json) as bars:
-        cbs: dict[str, Any] = {}
+    if qa_path is not None:
+        from moetune.report.quality_view import soak_table
 
-        def progress(label: str, done: int, total: int) -> None:
-            if label not in cbs:
-                cbs[label] = bars(label)
-            cbs[label]("chunks", done, total or done)
-
-        ref, cands = evaluate(
-            db, targets[0], targets[1:], opt, status=lambda s: err.print(f"[dim]{s}[/]"), progress=progress
-        )
-        db_name = str(db.path)
-    if as_json:
-        print_json(
-            {
-                "reference": ref.to_json(),
-                "candidates": [c.to_json() for c in cands],
-                "text": str(opt.text),
-                "ctx": ctx,
-                "confidence": confidence,
-                "rule": {
-                    "same_kld_below": _same(),
-                    "close_kld_below": _close(),
-                    "interval": "bootstrap over chunks (>= 5), else the engine's ±",
-                },
-                "db": db_name,
-            }
-        )
+        with progress_bar(not as_json) as bars:
+            soaked = qa(req, callbacks(bars))
+        if as_json:
+            print_json(soaked.to_json())
+            return
+        print_wide(soak_table(soaked.report))
+        out.print(f"runs stored in {soaked.db}")
         return
     from moetune.report.quality_view import kld_table
 
-    print_wide(kld_table(ref, cands, confidence))
-    out.print(f"runs stored in {db_name}; `moetune compare` lines them up (metrics kld, top1_agree, ppl)")
-
-
-def _same() -> float:
-    from moetune.quality.stats import SAME_KLD
-
-    return SAME_KLD
-
-
-def _close() -> float:
-    from moetune.quality.stats import CLOSE_KLD
-
-    return CLOSE_KLD
+    with progress_bar(not as_json) as bars:
+        result = kld(req, callbacks(bars))
+    if as_json:
+        print_json(result.to_json())
+        return
+    print_wide(kld_table(result.reference, result.candidates, confidence))
+    out.print(f"runs stored in {result.db}; `moetune compare` lines them up (metrics kld, top1_agree, ppl)")
 
 
 def register(cli: click.Group) -> None:

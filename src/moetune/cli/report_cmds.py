@@ -37,34 +37,14 @@ def report_cmd(refs: tuple[str, ...], output: str, sweep_id: str | None, paired:
     load level, and with two or more runs the comparison against the first; runs made in
     alternation (--paired, or the --sweep of `sweep --interleave`) are judged round by round, with
     the unpaired verdict beside. It loads nothing from the network: styles and SVG charts are inline."""
-    from datetime import UTC, datetime
+    from moetune.app.report import ReportRequest, report, write
 
-    from moetune import __version__
-    from moetune.errors import InputError
-    from moetune.report.html.gather import gather
-    from moetune.report.html.page import render_page
-
-    data = gather(
-        refs,
-        db_path,
-        generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        version=__version__,
-        sweep=sweep_id,
-        paired=paired,
-    )
-    page = render_page(data)
+    rep = report(ReportRequest(refs=refs, sweep=sweep_id, paired=paired, db_path=db_path))
     if output == "-":
-        sys.stdout.write(page)
+        sys.stdout.write(rep.page)
         return
-    path = Path(output)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(page)
-    except OSError as e:
-        raise InputError(
-            f"cannot write the report to {path}: {e.strerror or e}", hint="choose a writable FILE.html with -o"
-        ) from None
-    out.print(f"report: {path} ({len(page.encode()) / 1024:,.0f} KiB)", markup=False, highlight=False)
+    path = write(rep, Path(output))
+    out.print(f"report: {path} ({rep.size_kib:,.0f} KiB)", markup=False, highlight=False)
 
 
 def register(cli: click.Group) -> None:

@@ -14,7 +14,8 @@ from moetune.kinds import RunKind
 from moetune.report.results_view import FORMATS
 
 if TYPE_CHECKING:
-    from moetune.store.db import ResultsDB, Run
+    from moetune.app.compare import Compared
+    from moetune.report.paired import PairedComparison
 
 
 @click.group()
@@ -51,24 +52,18 @@ def show_cmd(run_ref: str, db_path: Path | None, as_json: bool) -> None:
     """One run: its context (plan, command, engine, model, hardware), figures and warnings.
 
     RUN is an id, a label (its newest run) or `latest`."""
+    from moetune.app.results import show as shown_run
     from moetune.bench.analysis.warnings import Warning, grouped
-    from moetune.report.results_view import derived, show
-    from moetune.store.db import ResultsDB
+    from moetune.report.results_view import show
 
-    with ResultsDB.open(db_path) as db:
-        r = db.resolve(run_ref)
-        d = derived(r, db.iter_samples(r.id))
-        from moetune.bench.serve.layout_run import is_layout_run, stored_layout_report
-
-        if is_layout_run(r):  # its services' levels, their contention, what was busy
-            lay = stored_layout_report(db, r)
-            d["layout"] = {**lay["layout"], "levels": lay["levels"]}
-        if as_json:
-            print_json({"run": r.header(), **r.to_json(), "derived": d, "samples": db.sample_counts(r.id)})
-            return
-        print_wide(show(r, d, db.sample_counts(r.id)))
-        for message, remedy in grouped([Warning.from_json(w) for w in d.get("warnings", [])]) + r.flags().warnings():
-            warn(message, remedy)
+    shown = shown_run(run_ref, db_path)
+    if as_json:
+        print_json(shown.to_json())
+        return
+    r, d = shown.run, shown.derived
+    print_wide(show(r, d, shown.samples))
+    for message, remedy in grouped([Warning.from_json(w) for w in d.get("warnings", [])]) + r.flags().warnings():
+        warn(message, remedy)
 
 
 @results.command("export")
@@ -79,43 +74,9 @@ def show_cmd(run_ref: str, db_path: Path | None, as_json: bool) -> None:
 @db_option
 def export_cmd(run_refs: tuple[str, ...], fmt: str, all_runs: bool, output: Path | None, db_path: Path | None) -> None:
     """Runs with every raw sample: md (summary tables), csv (one row per sample, SI units), json (as stored)."""
-    from moetune.errors import InputError
-    from moetune.report.results_view import export_csv, export_json, export_md
-    from moetune.store.db import ResultsDB
+    from moetune.app.results import ExportRequest, export
 
-    write = {"json": export_json, "csv": export_csv, "md": export_md}[fmt]
-    with ResultsDB.open(db_path) as db:
-        runs = _runs(db, run_refs, all_runs)
-        if not output:
-            write(db, runs, sys.stdout)
-            return
-        # written as the samples are read, into a file beside the output renamed over it at the end:
-        # an export that fails half-way leaves no half file under the name asked for
-        part = output.with_name(output.name + ".part")
-        try:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            with open(part, "w", newline="") as f:
-                write(db, runs, f)
-            part.replace(output)
-        except OSError as e:
-            part.unlink(missing_ok=True)
-            raise InputError(
-                f"cannot write the export to {output}: {e.strerror or e}",
-                hint="choose a writable path with -o, or leave -o out for stdout",
-            ) from None
-        except BaseException:
-            part.unlink(missing_ok=True)
-            raise
-
-
-def _runs(db: ResultsDB, refs: tuple[str, ...], all_runs: bool) -> list[Run]:
-    if all_runs:
-        return list(reversed(db.runs()))
-    if not refs:
-        from moetune.errors import InputError
-
-        raise InputError("name the runs to export (ids, labels or `latest`), or give --all")
-    return [db.resolve(r) for r in refs]
+    export(ExportRequest(refs=run_refs, all_runs=all_runs, fmt=fmt, output=output, db_path=db_path), sys.stdout)
 
 
 @click.command("compare")
@@ -189,144 +150,67 @@ def compare_cmd(
 
     --paired (and --sweep of a sweep run with --interleave) judges by the differences within rounds:
     per round the ratio of medians, and the t interval of their mean log across rounds."""
-    if paired or (sweep_id is not None and _interleaved(sweep_id, db_path)):
+    from moetune.app import compare as app
+
+    req = app.CompareRequest(
+        refs=run_refs,
+        baseline=baseline_ref,
+        sweep=sweep_id,
+        plot=plot_path,
+        min_change=min_change / 100,
+        conf=confidence,
+        seed=seed,
+        slo=slo_text,
+        db_path=db_path,
+    )
+    if paired or (sweep_id is not None and app.interleaved(sweep_id, db_path)):
         if metric == "goodput" or slo_text is not None:
             raise click.UsageError("--metric goodput ranks runs; a paired comparison judges metrics round by round")
-        _compare_paired(
-            run_refs, baseline_ref, sweep_id, plot_path, min_change, confidence, fmt, seed, db_path, as_json
-        )
-        return
-    if metric == "goodput" or slo_text is not None:
-        _compare_goodput(run_refs, baseline_ref, sweep_id, plot_path, fmt, slo_text, db_path, as_json)
-        return
-    from moetune.bench.analysis.predicted import report
-    from moetune.bench.analysis.summary import bench_summary
-    from moetune.bench.analysis.warnings import grouped
-    from moetune.kinds import RunStatus
-    from moetune.report.compare import compare_runs, require_rows, runs_to_compare
-    from moetune.report.plot import plot_runs
-    from moetune.report.results_view import prediction_lines
-    from moetune.store.db import ResultsDB
+        if sweep_id is not None and run_refs:
+            raise click.UsageError("--sweep compares the sweep's rounds; give no runs with it")
+        _print_paired(app.compare_paired(req), plot_path, fmt, as_json)
+    elif metric == "goodput" or slo_text is not None:
+        from moetune.report.goodput import ranking_csv, ranking_markdown, ranking_table
 
-    with ResultsDB.open(db_path) as db:
-        runs = runs_to_compare(db, list(run_refs), baseline=baseline_ref, sweep_id=sweep_id)
-        for r in runs:
-            if r.status != RunStatus.DONE:
-                warn(f"run {r.id} ({r.label}) is {r.status}: comparing the samples it has")
-        compared = compare_runs(db, runs, conf=confidence, min_change=min_change / 100, seed=seed)
-        preds = {
-            r.id: rep
-            for r in runs
-            if r.kind == RunKind.BENCH
-            and r.meta.details.get("predicted")
-            and (rep := report(bench_summary(db.samples(r.id)), dict(r.meta.details)))
-        }
-    comp, noise = compared.comparison, compared.noise
-    require_rows(comp)
-    if plot_path:
-        plot_runs([comp.baseline, *comp.others], plot_path, conf=confidence, seed=seed)
+        ranking = app.compare_goodput(req, notice=warn)
+        if as_json:
+            print_json(ranking.to_json())
+        else:
+            comparison_output(ranking, fmt, (ranking_markdown, ranking_csv, ranking_table))
+    else:
+        _print_compared(app.compare(req, notice=warn), fmt, as_json)
+
+
+def _print_compared(compared: Compared, fmt: str, as_json: bool) -> None:
+    from moetune.bench.analysis.warnings import grouped
+    from moetune.report.results_view import prediction_lines
+
     if as_json:
-        print_json(
-            {
-                **comp.to_json(),
-                "plot": str(plot_path) if plot_path else None,
-                "run_warnings": {str(k): [w.to_json() for w in v] for k, v in noise.items() if v},
-                "prediction_error": {str(k): v["prediction_error"] for k, v in preds.items()},
-            }
-        )
+        print_json(compared.to_json())
         return
-    comparison_output(comp, fmt)
-    for r in runs:
-        lines = prediction_lines(preds.get(r.id))
+    comparison_output(compared.comparison, fmt)
+    for r in compared.runs:
+        lines = prediction_lines(compared.predictions.get(r.id))
         if lines and fmt == "table":
             out.print(f"run {r.id} ({r.label}): " + lines[0], markup=False, highlight=False)
             for line in lines[1:]:
                 out.print(line, markup=False, highlight=False)
-    for rid, ws in noise.items():
+    for rid, ws in compared.noise.items():
         for message, remedy in grouped(ws):
             warn(f"run {rid}: {message}", remedy)
-    if plot_path:
-        out.print(f"plot: {plot_path}")
+    if compared.plot:
+        out.print(f"plot: {compared.plot}")
 
 
-def _interleaved(sweep_id: str, db_path: Path | None) -> bool:
-    from moetune.store.db import ResultsDB
-
-    with ResultsDB.open(db_path) as db:
-        return bool((db.sweep(sweep_id) or {}).get("interleave"))
-
-
-def _compare_paired(
-    run_refs: tuple[str, ...],
-    baseline_ref: str | None,
-    sweep_id: str | None,
-    plot_path: Path | None,
-    min_change: float,
-    confidence: float,
-    fmt: str,
-    seed: int,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
-    from moetune.report.paired import load_refs, load_sweep
+def _print_paired(comp: PairedComparison, plot_path: Path | None, fmt: str, as_json: bool) -> None:
     from moetune.report.paired_view import VIEWS
-    from moetune.report.plot import plot_runs
-    from moetune.store.db import ResultsDB
 
-    if sweep_id is not None and run_refs:
-        raise click.UsageError("--sweep compares the sweep's rounds; give no runs with it")
-    with ResultsDB.open(db_path) as db:
-        if sweep_id is not None:
-            comp = load_sweep(
-                db, sweep_id, baseline=baseline_ref, conf=confidence, min_change=min_change / 100, seed=seed
-            )
-        else:
-            comp = load_refs(
-                db, list(run_refs), baseline=baseline_ref, conf=confidence, min_change=min_change / 100, seed=seed
-            )
-    if plot_path:
-        plot_runs([comp.baseline, *comp.others], plot_path, conf=confidence, seed=seed)
     if as_json:
         print_json({**comp.to_json(), "plot": str(plot_path) if plot_path else None})
         return
     comparison_output(comp, fmt, VIEWS)
     if plot_path:
         out.print(f"plot: {plot_path} (every round's samples pooled)")
-
-
-def _compare_goodput(
-    run_refs: tuple[str, ...],
-    baseline_ref: str | None,
-    sweep_id: str | None,
-    plot_path: Path | None,
-    fmt: str,
-    slo_text: str | None,
-    db_path: Path | None,
-    as_json: bool,
-) -> None:
-    from moetune.bench.analysis.slo import parse_slo
-    from moetune.errors import InputError
-    from moetune.kinds import RunStatus
-    from moetune.report.compare import runs_to_compare
-    from moetune.report.goodput import rank_goodput, ranking_csv, ranking_markdown, ranking_table
-    from moetune.store.db import ResultsDB
-
-    slo = None if slo_text is None else parse_slo(slo_text)
-    if plot_path is not None:
-        raise InputError(
-            "--plot draws the per-metric comparison; --metric goodput prints a ranking only",
-            hint="drop --plot, or compare without --metric goodput to plot",
-        )
-    with ResultsDB.open(db_path) as db:
-        runs = runs_to_compare(db, list(run_refs), baseline=baseline_ref, sweep_id=sweep_id)
-        for r in runs:
-            if r.status != RunStatus.DONE:
-                warn(f"run {r.id} ({r.label}) is {r.status}: judging the samples it has")
-        ranking = rank_goodput(db, runs, slo)
-    if as_json:
-        print_json(ranking.to_json())
-    else:
-        comparison_output(ranking, fmt, (ranking_markdown, ranking_csv, ranking_table))
 
 
 def register(cli: click.Group) -> None:

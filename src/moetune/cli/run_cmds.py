@@ -8,18 +8,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from moetune.cli.common import err, json_option, out, print_json, transport_options, warn
-from moetune.kinds import Transport
 
 if TYPE_CHECKING:
     from rich.status import Status
 
     from moetune.run.launch import Event, Launched
     from moetune.run.prepare import LaunchFailed
+    from moetune.run.verify import Verification
 
 
 class Display:
@@ -137,72 +137,47 @@ def launch_cmd(
     processes are gone, then stops the workers. Logs, exact commands and times are kept in the
     run directory (`moetune ps` shows it).
     """
-    from moetune.run.launch import launch
-    from moetune.run.prepare import LaunchFailed, check_fits, public_bind_warnings, read_plan
+    from moetune.app import launch as app
+    from moetune.run.prepare import LaunchFailed
 
-    spec, doc = read_plan(plan)
-    if metrics_port is not None:
-        from moetune.monitor.serve import bind
-
-        bind("127.0.0.1", metrics_port, list).server_close()  # a port in use is said now, before loading
-    for shortfall in check_fits(doc, plan, force):
-        warn(
-            f"launching a plan that does not fit (--force): {shortfall}",
-            "expect the server to fail while loading; `moetune doctor RUN` reads why",
-        )
-    for message, remedy in public_bind_warnings(spec):
+    req = app.LaunchRequest(
+        plan=plan,
+        detach=detach,
+        timeout_s=timeout_s,
+        transport=transport,
+        rdma_dev=rdma_dev,
+        force=force,
+        verify=verify,
+        metrics_port=metrics_port,
+    )
+    prepared = app.prepare(req)
+    for message, remedy in prepared.warnings:
         warn(message, remedy)
     display = Display(quiet=as_json)
-    verified: list[Any] = []
+    verified: list[Verification] = []
 
     def preflight() -> None:
         from moetune.report.plan_view import print_verify
-        from moetune.run.verify import doc_subjects, verify_subjects
 
         display.close()
         with err.status("the engine's dry run", spinner="dots"):
-            verified.extend(verify_subjects(doc_subjects(doc)))
+            verified.extend(app.verify(prepared))
         if not as_json:
             print_verify(verified, err)
-        for v in verified:
-            if v.disagreements:
-                warn(
-                    f"{v.service}: the engine's dry run disagrees with the plan: {'; '.join(v.disagreements)}",
-                    "the engine's figures are the truth: re-plan with more margin (or --force past a shortfall)",
-                )
-
-    from moetune.bench.servers import new_launch_id
-    from moetune.monitor.sampler import LaunchSink, Sampler, interval_from_env, watches_of_launch
-
-    run_id = new_launch_id()
-    # the machine while the model loads, one line a second in the run directory's metrics.jsonl
-    sampler = Sampler(LaunchSink(run_id), watches=lambda: watches_of_launch(run_id), interval_s=interval_from_env())
-
-    def on_event(e: Event) -> None:
-        if e.kind == "phase":
-            sampler.phase = e.detail
-        display(e)
+        for message, remedy in app.disagreements(verified):
+            warn(message, remedy)
 
     with _signals_interrupt():
-        sampler.start()
         launched: Launched | None = None
         try:
-            launched = launch(
-                spec,
-                doc,
-                plan_file=str(plan.resolve()),
-                detached=detach,
-                timeout_s=timeout_s,
-                on_event=on_event,
-                transport=transport or Transport.TCP,
-                rdma_dev=rdma_dev,
-                preflight=preflight if verify else None,
-                run_id=run_id,
-            )
-            sampler.stop()  # its last sample (up to a second): a Ctrl-C meanwhile stops the run below
+            launched = app.start(req, prepared, on_event=display, preflight=preflight)
             display.close()
             if metrics_port is not None:
-                _serve_metrics(launched, metrics_port, as_json)
+                log = app.serve_metrics(launched, metrics_port)
+                if log is not None:
+                    warn(f"the metrics endpoint on 127.0.0.1:{metrics_port} did not come up", f"see {log}")
+                elif not as_json:
+                    err.print(f"metrics: http://127.0.0.1:{metrics_port}/metrics (ends with the launch)")
             _print_launched(launched, as_json, verified)
             if not detach:
                 _foreground(launched, display)
@@ -211,58 +186,17 @@ def launch_cmd(
             _show_failure(e, as_json)
             raise
         except KeyboardInterrupt:
-            from moetune.kinds import LaunchState
-
-            if launched is not None and launched.run.info().state == LaunchState.HEALTHY:  # not yet watched
-                from moetune.run.stop import stop_run
-
-                stop_run(launched.run, notify=display.notify)
+            app.stop_unwatched(launched, display.notify)  # not yet watched
             raise
         finally:
-            sampler.stop()
             display.close()
 
 
-def _serve_metrics(launched: Launched, port: int, as_json: bool) -> None:
-    """`moetune metrics serve --launch RUN` in the background, on its own: it ends with the launch."""
-    import subprocess
-    import sys
-
-    from moetune.monitor.serve import wait_listening
-
-    log = launched.run.path / "metrics-serve.log"
-    with open(log, "ab") as f:
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "moetune",
-                "metrics",
-                "serve",
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--launch",
-                launched.run.run_id,
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=f,
-            stderr=f,
-            start_new_session=True,
-        )
-    if not wait_listening("127.0.0.1", port, timeout_s=10.0):
-        warn(f"the metrics endpoint on 127.0.0.1:{port} did not come up", f"see {log}")
-    elif not as_json:
-        err.print(f"metrics: http://127.0.0.1:{port}/metrics (ends with the launch)")
-
-
-def _print_launched(launched: Launched, as_json: bool, verified: list[Any]) -> None:
+def _print_launched(launched: Launched, as_json: bool, verified: list[Verification]) -> None:
     if as_json:
-        doc = launched.to_json()
-        if verified:
-            from moetune.run.verify import verify_json
+        from moetune.app.launch import launched_json
 
-            doc["verify"] = verify_json(verified)
-        print_json(doc)
+        print_json(launched_json(launched, verified))
         return
     for name, url in launched.urls.items():
         out.print(f"{name}: {url}")
@@ -278,20 +212,16 @@ def _print_launched(launched: Launched, as_json: bool, verified: list[Any]) -> N
 def _foreground(launched: Launched, display: Display) -> None:
     from rich.text import Text
 
-    from moetune.errors import RuntimeFailure
-    from moetune.run.launch import watch
+    from moetune.app.launch import watch
 
     err.print(Text("serving; Ctrl-C stops the servers, then the workers", style="dim"))
-    why = watch(
-        launched.run,
+    watch(
+        launched,
         on_event=display,
         notify=display.notify,
         on_interrupt=lambda: err.print(f"stopping run {launched.run.run_id}"),
     )
-    if why is None:
-        err.print(f"run {launched.run.run_id} was stopped")
-        return
-    raise RuntimeFailure(why.message, hint=why.hint)
+    err.print(f"run {launched.run.run_id} was stopped")
 
 
 @click.command("ps")

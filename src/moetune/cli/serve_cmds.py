@@ -10,31 +10,16 @@ import click
 
 from moetune.bench.serve.load import ARRIVALS
 from moetune.cli.common import db_option, err, json_option, out, print_json, transport_options, warn
-from moetune.cli.session_opts import session_options, session_spec
-from moetune.errors import InputError
+from moetune.cli.session_opts import session_options
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-
-def _levels(text: str) -> tuple[int, ...]:
-    try:
-        cs = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        cs = ()
-    if not cs or min(cs) < 1:
-        raise InputError(f"--concurrency {text!r}: give positive integers separated by commas, e.g. 1,2,4")
-    return cs
+    from moetune.app.serve_bench import ServeBenched
 
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
-
-
-def _slo_option(text: str | None) -> dict[str, float] | None:
-    from moetune.bench.analysis.slo import parse_slo
-
-    return None if text is None else parse_slo(text)
 
 
 SLO_HELP = (
@@ -111,14 +96,14 @@ def levels_table(levels: Sequence[Mapping[str, Any]], slo: dict[str, float] | No
     return t
 
 
-def _render(doc: dict[str, Any], plot_dir: Path | None, as_json: bool) -> None:
+def _render(result: ServeBenched, as_json: bool) -> None:
+    if result.layout:
+        _render_layout(result.doc, as_json)
+        return
+    doc = result.doc
     run = doc["run"]
-    if plot_dir is not None and doc["levels"]:
-        from moetune.report.plot import plot_sweep
-
-        paths = plot_sweep(doc["levels"], plot_dir, title=f"run {run['id']}: {run['label']}")
-        doc["run"]["plots"] = [str(p) for p in paths]
-        err.print("plots: " + ", ".join(str(p) for p in paths))
+    if result.plots:
+        err.print("plots: " + ", ".join(str(p) for p in result.plots))
     for a in [*run.get("advice", []), *(run.get("flags") or {}).get("warnings", [])]:
         warn(a["message"], a["remedy"])
     for lv in doc["levels"]:
@@ -331,189 +316,50 @@ def serve_bench_cmd(
     every service's figures under the shared load beside its figures alone (the slowdown, with its
     interval) and which process and device was busy, as one run.
     """
-    from moetune.bench.serve.run import ServeBenchSpec, serve_bench, server_source
-    from moetune.store.db import ResultsDB
+    from moetune.app.progress import Callbacks
+    from moetune.app.serve_bench import ServeBenchRequest, serve_bench
+    from moetune.cli.progress import progress_bar
 
-    slo = _slo_option(slo_text)
-    if loads or _given("rounds"):
-        _layout(
-            target,
-            loads,
-            rounds,
-            label=label,
-            slo=slo,
-            plot_dir=plot_dir,
-            db_path=db_path,
-            as_json=as_json,
-            transport=transport,
-            rdma_dev=rdma_dev,
-            match_slots=match_slots,
-            server=server,
-        )
-        return
-    levels = _levels(concurrency)
-    if replay is not None or _given("speed"):
-        if any(v not in (None, False) for v in session_args.values()):
-            raise InputError(
-                "--replay sends the recorded requests; --sessions makes its own conversations", hint="drop one of them"
-            )
-        _replay(
-            target,
-            replay,
-            speed,
-            levels,
-            model=model,
-            label=label,
-            timeout_s=timeout_s,
-            slo=slo,
-            server=server,
-            plot_dir=plot_dir,
-            db_path=db_path,
-            as_json=as_json,
-            transport=transport,
-            rdma_dev=rdma_dev,
-        )
-        return
-    if dataset is not None and input_len is not None:
-        raise InputError("--input-len sets synthetic prompts; a --dataset brings its own", hint="drop one of them")
-    if requests is not None and duration is not None:
-        raise InputError("give --requests or --duration, not both")
-    spec = ServeBenchSpec(
-        url=target,
-        concurrency=levels,
+    req = ServeBenchRequest(
+        target=target,
+        concurrency=concurrency,
         rate=rate,
         arrivals=arrivals,
         dataset=dataset,
-        input_len=input_len or 128,
+        input_len=input_len,
         output_len=output_len,
+        tokenizer=tokenizer,
         requests=requests,
-        duration_s=duration,
+        duration=duration,
         warmup=warmup,
         seed=seed,
         prefix_cache=prefix_cache,
-        thinking={"on": True, "off": False}.get(thinking),
+        thinking=thinking,
         timeout_s=timeout_s,
         model=model,
         label=label,
-        slo=slo,
-        sessions=session_spec(session_args, output_len=output_len, thinking=thinking),
-        tokenizer=tokenizer,
+        match_slots=match_slots,
+        server=server,
+        plot_dir=plot_dir,
+        slo=slo_text,
+        replay=replay,
+        speed=speed,
+        loads=loads,
+        rounds=rounds,
+        transport=transport,
+        rdma_dev=rdma_dev,
+        db_path=db_path,
+        given=frozenset(_given(*click.get_current_context().params)),
+        **session_args,
     )
-    from moetune.cli.bench_cmds import progress_bar
-
-    source = server_source(
-        spec, target, match_slots=match_slots, server=server, status=_log, transport=transport, rdma_dev=rdma_dev
-    )
-    with ResultsDB.open(db_path) as db, progress_bar(not as_json, bars=False) as live:
-        if spec.sessions is not None:
-            from moetune.bench.serve.session_run import serve_sessions
-
-            doc = serve_sessions(spec, db, log=_log, source=source, on_snapshot=live.machine)
-        else:
-            doc = serve_bench(spec, db, log=_log, source=source, on_snapshot=live.machine)
-    _render(doc, plot_dir, as_json)
+    with progress_bar(not as_json, bars=False) as live:
+        result = serve_bench(req, Callbacks(status=_log, on_snapshot=live.machine))
+    _render(result, as_json)
     if not as_json:
+        rid = result.run_id
+        also = f"`moetune results show {rid}`, " if result.layout else ""
         err.print(
-            f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
-            f"`moetune compare {doc['run']['id']} OTHER`",
-            style="dim",
-        )
-
-
-# serve-bench's options that are every --load's defaults, by their SPEC key
-LOAD_DEFAULTS = {
-    "concurrency": "concurrency",
-    "rate": "rate",
-    "arrivals": "arrivals",
-    "dataset": "dataset",
-    "input_len": "input-len",
-    "output_len": "output-len",
-    "tokenizer": "tokenizer",
-    "requests": "requests",
-    "duration": "duration",
-    "warmup": "warmup",
-    "seed": "seed",
-    "prefix_cache": "prefix-cache",
-    "thinking": "thinking",
-    "timeout_s": "timeout",
-    "model": "model",
-    "replay": "replay",
-    "speed": "speed",
-    "sessions": "sessions",
-    "turns": "turns",
-    "system_tokens": "system-tokens",
-    "turn_tokens": "turn-tokens",
-    "think_time": "think-time",
-    "strip_thinking": "strip-thinking",
-}
-
-
-def _load_defaults() -> dict[str, Any]:
-    """The options given on the command line, as --load SPEC keys with their values read."""
-    from moetune.bench.serve.loadspec import KEYS
-
-    ctx = click.get_current_context()
-    out: dict[str, Any] = {}
-    for name in _given(*LOAD_DEFAULTS):
-        key, v = LOAD_DEFAULTS[name], ctx.params[name]
-        if key == "concurrency":
-            v = _levels(str(v))
-            if len(v) > 1:
-                raise InputError(
-                    f"--concurrency {ctx.params[name]}: with --load each service runs one level",
-                    hint="give one value, or each service its own: --load NAME=concurrency:N",
-                )
-            v = v[0]
-        elif key == "thinking" or isinstance(v, Path):
-            v = KEYS[key](str(v))
-        out[key] = v
-    return out
-
-
-def _layout(
-    target: str,
-    loads: tuple[str, ...],
-    rounds: int,
-    *,
-    label: str | None,
-    slo: dict[str, float] | None,
-    plot_dir: Path | None,
-    db_path: Path | None,
-    as_json: bool,
-    transport: str | None,
-    rdma_dev: str | None,
-    match_slots: bool,
-    server: str | None,
-) -> None:
-    from moetune.bench.serve.layout_run import LayoutSpec, layout_bench
-    from moetune.bench.serve.loadspec import parse_loads, with_slo
-    from moetune.bench.target import layout_target, with_transport
-    from moetune.store.db import ResultsDB
-
-    if not loads:
-        raise InputError("--rounds counts the rounds of a layout's --load", hint="add --load SERVICE=SPEC")
-    for flag, given in (
-        ("--match-slots", match_slots),
-        ("--server", server is not None),
-        ("--plot", plot_dir is not None),
-    ):
-        if given:
-            raise InputError(f"{flag} does not apply with --load", hint=f"drop {flag}: --load names the services")
-    parsed = with_slo(parse_loads(loads, _load_defaults()), slo)
-    t = with_transport(layout_target(target), transport, rdma_dev)
-    from moetune.bench.servers import check_transport
-    from moetune.cli.bench_cmds import progress_bar
-
-    check_transport(t)
-    spec = LayoutSpec(loads=tuple(parsed), rounds=rounds, label=label, slo=slo)
-    with ResultsDB.open(db_path) as db, progress_bar(not as_json, bars=False) as live:
-        doc = layout_bench(t, spec, db, log=_log, on_snapshot=live.machine)
-    _render_layout(doc, as_json)
-    if not as_json:
-        err.print(
-            f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
-            f"`moetune results show {doc['run']['id']}`, `moetune compare {doc['run']['id']} OTHER`",
-            style="dim",
+            f"stored as run {rid}: `moetune serve-report {rid}`, {also}`moetune compare {rid} OTHER`", style="dim"
         )
 
 
@@ -551,87 +397,6 @@ def _given(*names: str) -> list[str]:
     return [n for n in names if ctx.get_parameter_source(n) not in (None, ParameterSource.DEFAULT)]
 
 
-# options that make prompts or shape the load; a replay sends the recorded requests as they came
-NOT_WITH_REPLAY = (
-    "rate",
-    "arrivals",
-    "dataset",
-    "input_len",
-    "output_len",
-    "requests",
-    "duration",
-    "warmup",
-    "seed",
-    "prefix_cache",
-    "thinking",
-    "match_slots",
-    "tokenizer",
-)
-
-
-def _replay(
-    target: str,
-    replay: Path | None,
-    speed: str,
-    levels: tuple[int, ...],
-    *,
-    model: str | None,
-    label: str | None,
-    timeout_s: float,
-    slo: dict[str, float] | None,
-    server: str | None,
-    plot_dir: Path | None,
-    db_path: Path | None,
-    as_json: bool,
-    transport: str | None = None,
-    rdma_dev: str | None = None,
-) -> None:
-    from moetune.bench.record.replay import ReplaySpec, replay_bench
-    from moetune.bench.serve.run import ServeBenchSpec, server_source
-    from moetune.store.db import ResultsDB
-
-    if replay is None:
-        raise InputError("--speed paces a replay", hint="add --replay FILE, or drop --speed")
-    clash = _given(*NOT_WITH_REPLAY)
-    if clash:
-        names = ", ".join("--" + n.replace("_", "-") for n in clash)
-        raise InputError(
-            f"--replay sends the recorded requests as they are: drop {names}",
-            hint="--speed paces the replay, --concurrency bounds the requests in flight",
-        )
-    if len(levels) > 1:
-        raise InputError("--replay runs one level: give one --concurrency value")
-    spec = ReplaySpec(
-        file=replay,
-        speed=speed,
-        concurrency=levels[0] if _given("concurrency") else None,
-        model=model,
-        timeout_s=timeout_s,
-        label=label,
-        slo=slo,
-    )
-    source = server_source(
-        ServeBenchSpec(url=target),
-        target,
-        match_slots=False,
-        server=server,
-        status=_log,
-        transport=transport,
-        rdma_dev=rdma_dev,
-    )
-    from moetune.cli.bench_cmds import progress_bar
-
-    with ResultsDB.open(db_path) as db, progress_bar(not as_json, bars=False) as live:
-        doc = replay_bench(spec, db, source, log=_log, on_snapshot=live.machine)
-    _render(doc, plot_dir, as_json)
-    if not as_json:
-        err.print(
-            f"stored as run {doc['run']['id']}: `moetune serve-report {doc['run']['id']}`, "
-            f"`moetune compare {doc['run']['id']} OTHER`",
-            style="dim",
-        )
-
-
 @click.command("serve-report")
 @click.argument("run_ref", metavar="RUN")
 @click.option(
@@ -654,19 +419,9 @@ def serve_report_cmd(
 ) -> None:
     """Figures of a stored serve-bench run (id, label or `latest`), derived again from its samples;
     goodput by the run's own latency targets, or by --slo."""
-    from moetune.bench.serve.run import stored_report
-    from moetune.store.db import ResultsDB
+    from moetune.app.serve_bench import stored
 
-    slo = _slo_option(slo_text)
-    with ResultsDB.open(db_path) as db:
-        run = db.resolve(run_ref)
-        from moetune.bench.serve.layout_run import is_layout_run, stored_layout_report
-
-        if is_layout_run(run):
-            _render_layout(stored_layout_report(db, run, slo), as_json)
-            return
-        doc = stored_report(db, run, slo)
-    _render(doc, plot_dir, as_json)
+    _render(stored(run_ref, slo_text=slo_text, plot_dir=plot_dir, db_path=db_path), as_json)
 
 
 def register(cli: click.Group) -> None:

@@ -1,4 +1,5 @@
-"""`moetune serve-bench --sessions`: the agent-sessions options, their checks, and their tables."""
+"""`moetune serve-bench --sessions`: the agent-sessions options and their tables (their checks:
+``moetune.app.serve_bench.session_spec``)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from moetune.errors import InputError
-
 if TYPE_CHECKING:
     from rich.console import Group
 
-    from moetune.bench.serve.sessions import SessionSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-# options that shape load levels, which a sessions run does not have
-LEVEL_OPTIONS = ("concurrency", "rate", "dataset", "input_len", "requests", "duration", "prefix_cache")
-SESSION_OPTIONS = ("turns", "system_tokens", "turn_tokens", "think_time", "strip_thinking")
 
 
 def session_options(f: F) -> F:
@@ -55,44 +49,6 @@ def session_options(f: F) -> F:
     for opt in reversed(opts):
         f = opt(f)
     return f
-
-
-def session_spec(args: dict[str, Any], *, output_len: int | None, thinking: str) -> SessionSpec | None:
-    """The sessions workload from serve-bench's options, or None without --sessions; combinations
-    that make no sense are input errors (exit 2)."""
-    ctx = click.get_current_context()
-    given = [o for o in SESSION_OPTIONS if args.get(o) not in (None, False)]
-    if args.get("sessions") is None:
-        if given:
-            raise InputError(f"{', '.join(_flag(o) for o in given)} shape agent sessions", hint="add --sessions N")
-        return None
-    levels = [o for o in LEVEL_OPTIONS if ctx.get_parameter_source(o) not in (None, click.core.ParameterSource.DEFAULT)]
-    if levels:
-        raise InputError(
-            f"--sessions runs conversations, not load levels: {', '.join(_flag(o) for o in levels)} do not apply",
-            hint="the sessions are the concurrency (--sessions N); the sizes are "
-            "--system-tokens, --turn-tokens and --output-len; the prefix cache is always on",
-        )
-    if args.get("strip_thinking") and thinking == "off":
-        raise InputError(
-            "--strip-thinking removes the reasoning from the history, and with --thinking off the replies have none",
-            hint="use --thinking on (or the server's default) with --strip-thinking",
-        )
-    from moetune.bench.serve.sessions import SessionSpec
-
-    return SessionSpec(
-        sessions=args["sessions"],
-        turns=args.get("turns") or 4,
-        system_tokens=args.get("system_tokens") or 512,
-        turn_tokens=args.get("turn_tokens") or 128,
-        output_len=output_len or 64,
-        think_time_s=args.get("think_time") or 0.0,
-        strip_thinking=bool(args.get("strip_thinking")),
-    )
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def describe(s: dict[str, Any]) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,21 +9,17 @@ import click
 
 from moetune.cli.common import (
     db_option,
-    err,
     json_option,
     out,
     plan_options,
-    plan_port,
-    plan_settings,
     print_json,
     require_hw,
     transport_options,
 )
-from moetune.errors import RuntimeFailure
 from moetune.tune.workload import DEFAULT_SYSTEM_TOKENS, DEFAULT_TURNS
 
 if TYPE_CHECKING:
-    from moetune.tune.loop import TuneResult
+    from moetune.app.tune import Tuned
 
 
 def _list(kind: str) -> Any:
@@ -337,14 +332,9 @@ def tune_cmd(
     for 2 s before a launch, or during a measurement) stops the search with exit code 3, naming
     the programs; --wait-quiet waits for it instead (a contended candidate is measured again).
     """
-    from moetune.bench.single.runner import BenchOptions
-    from moetune.bench.single.workloads import expand
-    from moetune.cli.bench_cmds import progress_bar
-    from moetune.plan.tune import split_strategies
-    from moetune.store.db import ResultsDB
-    from moetune.tune.loop import TuneRequest, tune
-    from moetune.tune.quiet import QuietGate
-    from moetune.tune.report import result_json
+    from moetune.app.plan_options import PlanOptions
+    from moetune.app.tune import Axes, TuneRequest, tune
+    from moetune.cli.progress import callbacks, progress_bar
 
     require_hw(hw_path)
     assert hw_path is not None
@@ -352,212 +342,84 @@ def tune_cmd(
         raise click.UsageError("give a MODEL, or --layout FILE --service NAME (not both)")
     if (layout is None) != (service is None):
         raise click.UsageError("--service names the layout's service to tune: give --layout and --service together")
-    try_strategy = split_strategies(try_strategy_s) if try_strategy_s else None
-    weighted = _weighted(objective, slo)
-    objective, work = _work(objective, replay_speed, turns, depth, pp_tokens, tg_tokens, repeats)
-    serve = _serve_load(objective, slo, concurrency, requests, depth or 0, pp_tokens, tg_tokens)
-    (workload,) = expand([], [], depths=[0 if work else depth or 0], pp_tokens=pp_tokens, tg_tokens=tg_tokens)
-    axes = {
-        name: v
-        for name, v in (
-            ("strategies", try_strategy),
-            ("threads", try_threads),
-            ("ubatches", try_ubatch),
-            ("flash_attn", try_fa),
-            ("cache_types", try_cache),
-            ("repack", try_repack),
-            ("amb_mib", try_amb),
-            ("mla", try_mla),
-            ("fused_moe", try_fmoe),
-            ("merge_up_gate", try_muge),
-            ("transports", try_transport),
-        )
-        if v is not None
-    }
     routing = settings_kw.pop("routing")
-    port = plan_port(settings_kw, port)
-    from moetune.tune.under_load import check as check_loads
-
-    loads = check_loads(with_load, layout, service, objective)
+    opts = PlanOptions(**settings_kw)
     req = TuneRequest(
         hw=hw_path,
-        model=model or "",
-        base=plan_settings(settings_kw),
-        workload=workload,
-        options=BenchOptions(repeats=repeats, warmup=warmup, timeout_s=timeout_s),
-        strategy=strategy,
-        engine=engine_name,
-        port=port,
-        objective=objective,
-        budget=budget,
-        axes=axes,
-        launch_timeout_s=launch_timeout_s,
-        serve=serve,
-        routing=routing,
-        transport=transport or "tcp",
-        rdma_dev=rdma_dev,
-        max_pp_loss=max_pp_loss / 100,
+        model=model,
         layout=layout,
         service=service,
-        work=work,
-        with_load=tuple(loads),
-        weighted=weighted,
+        with_load=with_load,
+        settings=opts.settings(),
+        routing=routing,
+        strategy=strategy,
+        engine=engine_name,
+        port=opts.port(port),
+        budget=budget,
+        objective=objective,
+        replay_speed=replay_speed,
+        turns=turns,
+        slo=slo,
+        concurrency=concurrency,
+        requests=requests,
+        depth=depth,
+        pp_tokens=pp_tokens,
+        tg_tokens=tg_tokens,
+        repeats=repeats,
+        warmup=warmup,
+        axes=Axes(
+            strategies=try_strategy_s or None,
+            threads=try_threads,
+            ubatches=try_ubatch,
+            flash_attn=try_fa,
+            cache_types=try_cache,
+            repack=try_repack,
+            amb_mib=try_amb,
+            mla=try_mla,
+            fused_moe=try_fmoe,
+            merge_up_gate=try_muge,
+            transports=try_transport,
+        ),
+        transport=transport,
+        rdma_dev=rdma_dev,
+        max_pp_loss=max_pp_loss / 100,
+        launch_timeout_s=launch_timeout_s,
+        timeout_s=timeout_s,
+        wait_quiet_s=wait_quiet_s,
+        max_kld=max_kld,
+        output=output,
+        db_path=db_path,
     )
-    with ResultsDB.open(db_path) as db, progress_bar(not as_json) as bars:
-
-        def status(s: str) -> None:
-            err.print(f"[dim]{s}[/]")
-
-        result = tune(
-            db, req, status=status, progress_for=bars, on_snapshot=bars.machine, quiet=QuietGate(status, wait_quiet_s)
-        )
-        checked: dict[int, dict[str, Any]] = {}
-        if max_kld is not None:
-            from moetune.tune.quality_guard import guard
-
-            result, checked = guard(db, result, max_kld, status=status)
-        kld = None if max_kld is None else {i: float(q["kld"]["mean"]) for i, q in checked.items()}
-        doc = result_json(result, kld)
-        doc["quality_guard"] = (
-            None
-            if max_kld is None
-            else {"max_kld": max_kld, "checked": {result.entries[i].candidate.label: q for i, q in checked.items()}}
-        )
-    if result.best is None:
-        doc["plan"] = None
-    else:
-        best_plan = result.plan_path(result.best)
-        if output:
-            output.write_text(best_plan.read_text())
-        doc["plan"] = str(output or best_plan)
+    with progress_bar(not as_json) as bars:
+        tuned = tune(req, callbacks(bars))
     if as_json:
-        print_json(doc)
+        print_json(tuned.doc)
     else:
-        _print_result(result, doc, kld)
-    if result.best is None:
-        raise RuntimeFailure(
-            f"no configuration was measured: every launch of tune {result.tune_id} failed"
-            + (f" (-o {output} not written)" if output else ""),
-            hint="the table's verdicts say why; give options that launch (a smaller -ub or --ctx, "
-            "--strategy cpu-moe) and run it again",
-        )
+        _print_result(tuned)
+    failure = tuned.failure(output)
+    if failure is not None:
+        raise failure
 
 
-def _print_result(result: TuneResult, doc: dict[str, Any], kld: dict[int, float] | None) -> None:
+def _print_result(tuned: Tuned) -> None:
     from moetune.cli.common import print_text, print_wide
-    from moetune.tune.report import result_table
+    from moetune.tune.report import defaults_lines, result_table, work_lines
 
-    print_wide(result_table(result, kld))
+    result, doc = tuned.result, tuned.doc
+    print_wide(result_table(result, tuned.kld))
     out.print(f"stopped: {result.stopped}; {result.launches} launches; tune {result.tune_id}", markup=False)
-    if result.best is None:
+    shell = tuned.best_shell()
+    if shell is None:
         out.print("best: none (no configuration was measured)", markup=False)
         return
     out.print(
         f"best: {doc['best']['label']}" + ("" if result.best else " (the baseline: nothing beat it)"), markup=False
     )
     out.print("command:", markup=False)
-    print_text(json.loads(result.plan_path(result.best).read_text())["shell"])
+    print_text(shell)
     out.print(f"plan: {doc['plan']} (`moetune launch` or `moetune bench` it)", markup=False)
-    from moetune.tune.report import defaults_lines, work_lines
-
     for line in [*work_lines(doc), *defaults_lines(doc)]:
         out.print(line, markup=False)
-
-
-def _work(
-    objective: str,
-    replay_speed: str | None,
-    turns: int | None,
-    depth: int | None,
-    pp_tokens: int,
-    tg_tokens: int,
-    repeats: int,
-) -> tuple[str, Any]:
-    """--objective's name, and the workload of replay:FILE and turn (None for the others)."""
-    from moetune.errors import InputError
-    from moetune.tune import workload as wl
-
-    name, path = wl.parse(objective)
-    if replay_speed is not None and name != "replay":
-        raise InputError("--replay-speed paces --objective replay:FILE", hint="drop --replay-speed")
-    if turns is not None and name != "turn":
-        raise InputError("--turns: only with --objective turn", hint="drop --turns")
-    if name == "replay":
-        assert path is not None
-        if depth:
-            raise InputError("--depth: the replay sends the recorded requests as they are", hint="drop --depth")
-        return name, wl.replay_objective(path, replay_speed or "max")
-    if name == "turn":
-        if depth is not None and depth < wl.MIN_SYSTEM_TOKENS:
-            raise InputError(
-                f"--depth {depth}: with --objective turn the system prompt each session starts with, "
-                f"at least {wl.MIN_SYSTEM_TOKENS} tokens (it begins with the session's own tag, so no "
-                "session reuses another's cache)",
-                hint=f"--depth {DEFAULT_SYSTEM_TOKENS}, or drop it",
-            )
-        return name, wl.turn_objective(
-            system_tokens=DEFAULT_SYSTEM_TOKENS if depth is None else depth,
-            turns=turns or DEFAULT_TURNS,
-            turn_tokens=pp_tokens,
-            output_len=tg_tokens,
-            repeats=repeats,
-        )
-    return name, None
-
-
-def _weighted(objective: str, slo: str | None) -> Any:
-    """The terms of --objective weighted:... (None for the other objectives), with --slo's targets."""
-    from dataclasses import replace
-
-    from moetune.bench.analysis.slo import parse_slo
-    from moetune.tune import weighted as wt
-
-    if not objective.strip().startswith("weighted"):
-        return None
-    w = wt.parse(objective)
-    return replace(w, slo=tuple(parse_slo(slo).items())) if slo else w
-
-
-def _serve_load(
-    objective: str,
-    slo: str | None,
-    concurrency: int | None,
-    requests: int | None,
-    depth: int,
-    pp_tokens: int,
-    tg_tokens: int,
-) -> Any:
-    """The serving load of --objective goodput (None for the single-stream objectives)."""
-    from moetune.bench.analysis.slo import parse_slo
-    from moetune.errors import InputError
-    from moetune.plan.serving import ServeLoad
-
-    if objective != "goodput":
-        given = [
-            n
-            for n, v in (("--slo", slo), ("--concurrency", concurrency), ("--requests", requests))
-            if v is not None and not (n == "--slo" and objective == "weighted")
-        ]
-        if given:
-            raise InputError(f"{', '.join(given)}: only with --objective goodput")
-        return None
-    if slo is None:
-        raise InputError("--objective goodput needs latency targets", hint="--slo ttft_ms=500,itl_ms=100")
-    if depth:
-        raise InputError(
-            "--depth: a single-stream workload; --objective goodput sends fresh prompts of --pp-tokens",
-            hint="drop --depth",
-        )
-    c = concurrency or 4
-    n = requests if requests is not None else max(16, 8 * c)
-    if n < 2 * c:
-        raise InputError(
-            f"--requests {n}: at least 2 x --concurrency ({2 * c}), two rounds of the streams, "
-            "for the goodput's interval"
-        )
-    return ServeLoad(
-        concurrency=c, requests=n, input_len=pp_tokens, output_len=tg_tokens, slo=tuple(parse_slo(slo).items())
-    )
 
 
 def register(cli: click.Group) -> None:
