@@ -38,11 +38,11 @@ from moetune.hardware.inventory import Device, Inventory
 from moetune.jsonread import mapping, number
 from moetune.kinds import DeviceKind, EngineKind
 from moetune.model.kv import CACHE_TYPES, KVShape, kv_shape
-from moetune.model.profile import ModelProfile
+from moetune.model.profile import ModelProfile, Tensor
 from moetune.model.routing import Routing, touched_by
-from moetune.plan.ledger import loaded
+from moetune.plan.ledger import loaded, repack_buffers
 from moetune.plan.placement import CPU, Placement, tensor_device
-from moetune.plan.repack import repacks_cpu_weights
+from moetune.plan.repack import in_place
 from moetune.plan.settings import Settings
 
 GB = 1e9
@@ -107,6 +107,9 @@ class SpeedConstants:
     # interleaved layout the GEMV/GEMM kernels read several rows per block of quantized activations
     # from (ggml-cpu repack.cpp): decode and prefill matmuls on the CPU are this much faster;
     # measured with llama-bench on the testbed's F16 model, tg 591 tok/s with --repack 0, 681 with 1
+    # (an AMX Xeon: its AMX buffer takes F16). It applies to the share of a device's bytes the engine
+    # repacks (DeviceWork.repacked_share): on the EPYC's engine-axes grid, where mainline repacks no
+    # q8_0 weight, TG with and without --repack differed by -2% median (noise)
     cpu_repack_gain: float = 1.15
     gpu_ctx_tflops: float = 20.0
     # effective matmul throughput of a GPU without a declared figure (prefill; published: the
@@ -175,7 +178,20 @@ class DeviceWork:
     window: int = 0
     flash_attn: bool = True  # attention by the engine's flash-attention kernel (stored works before: on)
     ctx_quant_share: float = 0.0  # the share of its attention FLOPs over quantized cache rows (K, V)
-    repacked: bool = False  # its CPU-resident weights are repacked (the host's CPU backend, Settings.repacks)
+    # the share of the weight bytes it reads a token that run repacked (the host's CPU backend, where
+    # the plan repacks: mainline's repack buffers take only the types with an interleaved kernel on
+    # this CPU, plan.repack; ik's -rtr repacks in place)
+    repacked_share: float = 0.0
+
+    @property
+    def repacked(self) -> bool:
+        return self.repacked_share > 0
+
+    def repack_scale(self, k: SpeedConstants) -> float:
+        """What repacking leaves of the time its weights' matmuls take: the repacked share runs
+        ``cpu_repack_gain`` times faster, the rest as it was."""
+        s = min(1.0, max(0.0, self.repacked_share))
+        return 1.0 - s + s / k.cpu_repack_gain
 
     @property
     def prefill_threads(self) -> int:
@@ -221,10 +237,13 @@ class Work:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Work:
         names = {f.name for f in fields(DeviceWork)}
-        devs = tuple(
-            replace(dw, touched=tuple(dw.touched))
-            for dw in (DeviceWork(**{k: v for k, v in d.items() if k in names}) for d in doc["devices"])
-        )
+
+        def device(d: dict[str, Any]) -> DeviceWork:
+            if "repacked" in d and "repacked_share" not in d:  # stored before the share: all or nothing
+                d = {**d, "repacked_share": 1.0 if d["repacked"] else 0.0}
+            return DeviceWork(**{k: v for k, v in d.items() if k in names})
+
+        devs = tuple(replace(dw, touched=tuple(dw.touched)) for dw in map(device, doc["devices"]))
         return cls(**{**{k: v for k, v in doc.items() if k in {f.name for f in fields(cls)}}, "devices": devs})
 
 
@@ -257,7 +276,7 @@ def device_decode_seconds(d: DeviceWork, depth: int, k: SpeedConstants) -> float
         threads = max(1, d.threads)
         # repacked weights stream as if they were that much fewer bytes (both limits: measured on a
         # model that fits neither; the engine's interleaved blocks feed its SIMD rows without gathers)
-        read = d.read_bytes / (k.cpu_repack_gain if d.repacked else 1.0) + kv
+        read = d.read_bytes * d.repack_scale(k) + kv
         t = _soft_max(read / (d.bw_gbs * GB * k.cpu_bw_eff), read / (threads * k.cpu_core_gbs * GB))
         return t + flop / (threads * cpu_ctx_gflops(d, k))
     return read / (d.bw_gbs * GB * k.gpu_bw_eff) + flop / (k.gpu_ctx_tflops * 1e12)
@@ -321,8 +340,7 @@ def ubatch_seconds(w: Work, tokens: int, k: SpeedConstants, depth: int = 0) -> f
             t += d.held_expert_bytes * held_touched(d, w.expert_share, tokens) / (w.offload_link_gbs * GB)
             t += flop / ((w.offload_tflops or k.gpu_tflops) * 1e12)
         elif d.cpu:
-            gain = k.cpu_repack_gain if d.repacked else 1.0
-            t += flop / (d.prefill_threads * cpu_gflops(w, k) * gain * 1e9)
+            t += flop * d.repack_scale(k) / (d.prefill_threads * cpu_gflops(w, k) * 1e9)
             # each ubatch reads the weights it multiplies once more from RAM (the experts its tokens
             # touch): a smaller -ub reads them more often per prompt token
             if d.bw_gbs > 0:
@@ -432,6 +450,14 @@ def _touched_table(by_layer: dict[int, float], routing: Routing, expert_share: f
     return tuple(round(x, 6) for x in out)
 
 
+def _repacked_names(cpu: list[Tensor], hw: Inventory, s: Settings) -> frozenset[str] | None:
+    """The host CPU's tensors that run repacked: those mainline moves into its repack buffers (the
+    ledger's own choice, for this CPU's extensions), every one with ik's in-place ``-rtr`` (None)."""
+    if in_place(s.engine, s.repacks):
+        return None
+    return repack_buffers(cpu, hw, s).names
+
+
 def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, *, routing: Routing | None = None) -> Work:
     """What the placement asks of each device (no constants involved); with measured ``routing``,
     the share of each device's experts a batch touches."""
@@ -441,12 +467,16 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, *, routing:
     held: dict[str, float] = {}
     held_by_layer: dict[str, dict[int, float]] = {}
     active: dict[str, float] = {}
-    for t in loaded(p, s):
-        d = tensor_device(t, pl, experts)
+    repacked_read: dict[str, float] = {}
+    tensors = [(t, tensor_device(t, pl, experts)) for t in loaded(p, s)]
+    packed = _repacked_names([t for t, d in tensors if d == CPU], hw, s)
+    for t, d in tensors:
         if t.kind == "token_embd":
             continue  # one row per token
         f = frac if t.is_expert else 1.0
         read[d] = read.get(d, 0.0) + t.nbytes * f
+        if d == CPU and (packed is None or t.name in packed):
+            repacked_read[d] = repacked_read.get(d, 0.0) + t.nbytes * f
         held[d] = held.get(d, 0.0) + (t.nbytes if t.is_expert else 0.0)
         if t.is_expert and t.layer is not None:
             layers = held_by_layer.setdefault(d, {})
@@ -482,7 +512,6 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, *, routing:
     devs = {d.name: d for d in hw.devices()}
     local_threads = min(s.threads or hw.local.cores, hw.local.cores)
     local_batch_threads = min(s.threads_batch, hw.local.cores) if s.threads_batch else 0
-    local_gpu = any(d.kind == DeviceKind.GPU for d in hw.local.devices)
     out = []
     for name in sorted(set(read) | set(ctx_flop) | set(flop_win)):
         dev = devs.get(name) or hw.cpu()
@@ -510,7 +539,9 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, *, routing:
                 window=kv.n_swa if name in flop_win else 0,
                 flash_attn=s.flash_attn,
                 ctx_quant_share=_share(quant_flop.get(name, 0.0), ctx_flop.get(name, 0.0) + flop_win.get(name, 0.0)),
-                repacked=dev.kind == DeviceKind.CPU and repacks_cpu_weights(s.engine, s.repacks, local_gpu),
+                repacked_share=_share(repacked_read.get(name, 0.0), read.get(name, 0.0))
+                if dev.kind == DeviceKind.CPU
+                else 0.0,
             )
         )
     n_splits, hops = graph_splits(p, pl, experts)
