@@ -1,7 +1,6 @@
 """Reading fields of JSON documents in the core packages (a plan file, a run record, a tool's
 output): a value of the expected type, else the empty value, so that an older or hand-edited
-document still reads. The same helpers as ``moetune.bench.analysis.jsonread``, which the packages
-below bench cannot import (it would make a cycle)."""
+document still reads. One module for every package (the typed summaries' ``from_json`` too)."""
 
 from __future__ import annotations
 
@@ -39,3 +38,18 @@ def real(x: object) -> float:
     if isinstance(x, bool) or not isinstance(x, int | float | str):
         raise TypeError(f"expected a number, got {x!r}")
     return float(x)
+
+
+def optional_integer(x: object) -> int | None:
+    """An int (not a bool), else None."""
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def text(x: object) -> str | None:
+    """A str, else None."""
+    return x if isinstance(x, str) else None
+
+
+def flag(x: object) -> bool | None:
+    """A bool, else None."""
+    return x if isinstance(x, bool) else None

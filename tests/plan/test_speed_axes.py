@@ -66,7 +66,10 @@ def test_a_mixed_cpu_share_repacks_in_proportion(testbed: tuple[ModelProfile, In
     p, hw = testbed
     (d,) = predict(p, hw, cpu_moe(p, hw), Settings(threads=2)).work.devices
     k = SpeedConstants()
-    t = {s: decode_seconds(Work(devices=(replace(d, repacked_share=s),), graph_splits=1, rpc_hops=0), 0, k) for s in (0.0, 0.5, 1.0)}
+    t = {
+        s: decode_seconds(Work(devices=(replace(d, repacked_share=s),), graph_splits=1, rpc_hops=0), 0, k)
+        for s in (0.0, 0.5, 1.0)
+    }
     assert t[1.0] < t[0.5] < t[0.0]
     assert t[0.0] - t[0.5] == pytest.approx((t[0.0] - t[1.0]) / 2, rel=0.05)
 

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from moetune.bench.analysis.bench_summary import Stat
-from moetune.bench.analysis.jsonread import integer, mapping, number
 from moetune.bench.analysis.stats import summarize
+from moetune.jsonread import integer, mapping, number
 from moetune.plan.serving import ServePrediction, predict_serving
 from moetune.tune import defaults as dflt
 from moetune.tune import weighted as wt

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from moetune.bench.analysis.jsonread import integer as _i
-from moetune.bench.analysis.jsonread import mapping as _m
-from moetune.bench.analysis.jsonread import number as _f
 from moetune.bench.analysis.stats import Summary
 from moetune.bench.analysis.warnings import Warning
+from moetune.jsonread import integer as _i
+from moetune.jsonread import mapping as _m
+from moetune.jsonread import number as _f
 
 SUMMARY_SCHEMA_VERSION = 1
 

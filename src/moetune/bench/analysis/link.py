@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from moetune.bench.analysis.jsonread import number
 from moetune.bench.analysis.stats import MetricSamples
+from moetune.jsonread import number
 
 
 def link_metric_samples(samples: Iterable[Mapping[str, object]]) -> dict[str, MetricSamples]:

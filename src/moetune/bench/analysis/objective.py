@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from moetune.bench.analysis.jsonread import mapping
 from moetune.bench.analysis.serve import RequestMetrics, Sample, level_span, request_metrics
 from moetune.bench.analysis.sessions import ServeRunSeries, prompt_cache, session_turn
 from moetune.bench.analysis.stats import MetricSamples
+from moetune.jsonread import mapping
 
 REPLAY_METRIC = "replay_s"
 TURN_METRIC = "turn_s"

@@ -35,10 +35,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from moetune.bench.analysis.jsonread import mapping, number, optional_integer, text
 from moetune.bench.analysis.level_summary import LevelSummary, Percentiles, PromptTokenError, Slowest
 from moetune.bench.analysis.slo import goodput
 from moetune.bench.analysis.stats import MetricSamples
+from moetune.jsonread import mapping, number, optional_integer, text
 
 PERCENTILES = (50, 90, 99)
 # a request this many times the level's E2E p50, and this much longer, is a latency outlier

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moetune.bench.analysis.jsonread import mapping, number
 from moetune.bench.analysis.serve import (
     PERCENTILES,
     LevelSeries,
@@ -37,6 +36,7 @@ from moetune.bench.analysis.serve import (
     request_metrics,
 )
 from moetune.bench.analysis.stats import MetricSamples
+from moetune.jsonread import mapping, number
 
 CACHE_SOURCES = ("timings", "usage")
 

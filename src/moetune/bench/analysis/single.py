@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
-from moetune.bench.analysis.jsonread import mapping, number
 from moetune.bench.analysis.stats import MetricSamples
+from moetune.jsonread import mapping, number
 
 TG, PP = "tg", "pp"
 DEPTH_AXIS = "context depth (tokens)"

@@ -15,9 +15,9 @@ from moetune.bench.analysis.bench_summary import (
     Stat,
     WorkloadSummary,
 )
-from moetune.bench.analysis.jsonread import flag, number, optional_integer, text
 from moetune.bench.analysis.stats import DEFAULT_CONF, median, summarize
 from moetune.bench.analysis.warnings import bench_warnings
+from moetune.jsonread import flag, number, optional_integer, text
 
 __all__ = ["SUMMARY_SCHEMA_VERSION", "bench_summary", "run_summary", "workload_figures", "workload_summary"]
 

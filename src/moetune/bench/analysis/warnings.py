@@ -19,10 +19,10 @@ from enum import StrEnum
 from typing import Any
 
 from moetune.bench.analysis import single as m
-from moetune.bench.analysis.jsonread import mapping, number, optional_integer
 from moetune.bench.analysis.level_summary import LevelSummary
 from moetune.bench.analysis.serve import SLOW_FACTOR
 from moetune.bench.analysis.stats import MetricSamples, cv, first_run_slower, median, outliers
+from moetune.jsonread import mapping, number, optional_integer
 from moetune.store.record import ServerInfo
 
 NOISY_CV = 0.10

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from moetune import __version__
-from moetune.bench.analysis.jsonread import mapping
 from moetune.bench.analysis.serve import request_metrics, summarize_level
 from moetune.bench.analysis.warnings import Code, Warning, run_warnings
 from moetune.bench.http.client import StreamingHttp, connect
@@ -44,6 +43,7 @@ from moetune.bench.serve.run import SampleWriter, finish_levels, report_doc
 from moetune.bench.server import model_ref, probe
 from moetune.bench.servers import PlanServers, ServerSource
 from moetune.errors import InputError, RuntimeFailure
+from moetune.jsonread import mapping
 from moetune.kinds import RunKind, RunStatus
 from moetune.monitor.sampler import RunMonitor, Watch, watches_for_url, watches_of_launch
 from moetune.monitor.snapshot import Snapshot

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moetune import __version__
-from moetune.bench.analysis.jsonread import integer, mapping
 from moetune.bench.analysis.layout import SHARED_PHASE, alone_phase, busy, contention
 from moetune.bench.analysis.level_summary import LevelSummary
 from moetune.bench.analysis.serve import ALONE, LOAD, SERVICE, SHARED, level_summaries
@@ -52,6 +51,7 @@ from moetune.bench.server import model_ref, probe
 from moetune.bench.servers import Launched, launched_servers, new_launch_id
 from moetune.bench.target import Target
 from moetune.errors import InputError, RuntimeFailure
+from moetune.jsonread import integer, mapping
 from moetune.kinds import RunKind, RunStatus
 from moetune.monitor.sampler import RunMonitor, watches_of_launch
 from moetune.monitor.snapshot import Snapshot

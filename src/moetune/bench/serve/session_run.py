@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from moetune import __version__
-from moetune.bench.analysis.jsonread import mapping, number
 from moetune.bench.analysis.serve import summarize_level
 from moetune.bench.analysis.sessions import summarize_sessions
 from moetune.bench.analysis.warnings import Warning, run_warnings
@@ -59,6 +58,7 @@ from moetune.bench.serve.tokenizer import TokenizerCounter, token_counter
 from moetune.bench.server import model_ref
 from moetune.bench.servers import PlanServers, ServerSource
 from moetune.errors import RuntimeFailure
+from moetune.jsonread import mapping, number
 from moetune.kinds import RunKind, RunStatus
 from moetune.monitor.sampler import RunMonitor
 from moetune.monitor.snapshot import Snapshot

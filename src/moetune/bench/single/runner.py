@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from moetune import __version__
-from moetune.bench.analysis.jsonread import mapping, number
 from moetune.bench.analysis.summary import run_summary
 from moetune.bench.http.client import StreamingHttp, connect
 from moetune.bench.http.clock import run as run_loop
@@ -30,6 +29,7 @@ from moetune.bench.single.workloads import (
 )
 from moetune.bench.target import Target
 from moetune.errors import InputError, MoetuneError, RuntimeFailure
+from moetune.jsonread import mapping, number
 from moetune.kinds import RunKind, RunStatus
 from moetune.monitor.sampler import RunMonitor, watches_for_url, watches_of_launch
 from moetune.monitor.snapshot import Snapshot

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from moetune.bench.analysis.jsonread import flag, integer, mapping
 from moetune.errors import InputError
+from moetune.jsonread import flag, integer, mapping
 
 CHAT, DEPTH = "chat", "depth"
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from moetune.bench.analysis.jsonread import number
+from moetune.jsonread import number
 from moetune.monitor.snapshot import Snapshot
 from moetune.report.compare import Comparison
 from moetune.report.paired import PairedComparison
