@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from moetune.app.progress import Callbacks
 from moetune.errors import InputError, RuntimeFailure
+from moetune.option_defaults import DEFAULT_SYSTEM_TOKENS, DEFAULT_TURNS
 from moetune.plan.settings import Settings
-from moetune.tune.workload import DEFAULT_SYSTEM_TOKENS, DEFAULT_TURNS
 
 if TYPE_CHECKING:
     from moetune.plan.serving import ServeLoad

@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from moetune.bench.analysis.stats import DEFAULT_MIN_CHANGE
-from moetune.bench.single.workloads import BUILTIN_NAMES
 from moetune.cli.common import (
     comparison_output,
     db_option,
@@ -22,6 +20,8 @@ from moetune.cli.common import (
     warn,
 )
 from moetune.cli.progress import callbacks, progress_bar
+from moetune.option_defaults import BUILTIN_WORKLOADS as BUILTIN_NAMES
+from moetune.option_defaults import DEFAULT_MIN_CHANGE
 
 if TYPE_CHECKING:
     from moetune.app.bench import BenchResult

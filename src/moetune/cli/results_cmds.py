@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from moetune.bench.analysis.stats import DEFAULT_MIN_CHANGE
 from moetune.cli.common import comparison_output, db_option, json_option, out, print_json, print_wide, warn
 from moetune.kinds import RunKind
-from moetune.report.results_view import FORMATS
+from moetune.option_defaults import DEFAULT_MIN_CHANGE
+from moetune.option_defaults import RESULT_FORMATS as FORMATS
 
 if TYPE_CHECKING:
     from moetune.app.compare import Compared

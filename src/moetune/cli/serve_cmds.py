@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from moetune.bench.serve.load import ARRIVALS
 from moetune.cli.common import db_option, err, json_option, out, print_json, transport_options, warn
 from moetune.cli.session_opts import session_options
+from moetune.option_defaults import ARRIVALS
 
 if TYPE_CHECKING:
     from rich.table import Table

@@ -16,7 +16,7 @@ from moetune.cli.common import (
     require_hw,
     transport_options,
 )
-from moetune.tune.workload import DEFAULT_SYSTEM_TOKENS, DEFAULT_TURNS
+from moetune.option_defaults import DEFAULT_SYSTEM_TOKENS, DEFAULT_TURNS
 
 if TYPE_CHECKING:
     from moetune.app.tune import Tuned

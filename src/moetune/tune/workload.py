@@ -45,8 +45,6 @@ Status = Callable[[str], None]
 SINGLE = ("tg", "pp", "ttft")
 NAMES = (*SINGLE, "goodput", "turn", "replay:FILE", "weighted:SERVICE=METRIC:WEIGHT,...")
 TEMPLATE_TOKENS = 64  # a slot's room for the chat template's tokens beyond what the texts count
-DEFAULT_TURNS = 4
-DEFAULT_SYSTEM_TOKENS = 512  # --objective turn without --depth
 MIN_SYSTEM_TOKENS = 16  # a session's system prompt: its tag and some text
 
 

@@ -30,10 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moetune.option_defaults import DEFAULT_MIN_CHANGE as DEFAULT_MIN_CHANGE
+
 FASTER, SLOWER, SAME = "faster", "slower", "same"
 OUTLIER_Z = 3.5
 DEFAULT_CONF = 0.95
-DEFAULT_MIN_CHANGE = 0.03
+
 DEFAULT_N_BOOT = 2000
 
 

@@ -30,8 +30,8 @@ from typing import Protocol
 from moetune.bench.http.client import StreamingHttp
 from moetune.bench.serve.request import CHAT_PATH, RequestRecord, stream_chat
 from moetune.errors import RuntimeFailure
+from moetune.option_defaults import ARRIVALS
 
-ARRIVALS = ("poisson", "constant")
 GONE_AFTER = 3  # requests in a row without an answer, at least
 # what a request that never reached a live server ends with (any retries spent), or that a hung
 # server (stopped, deadlocked) never answered in full within the client's timeout

@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from moetune.bench.serve.load import ARRIVALS
 from moetune.bench.serve.run import ServeBenchSpec
 from moetune.bench.serve.sessions import SessionSpec
 from moetune.errors import InputError
+from moetune.option_defaults import ARRIVALS
 
 SYNTHETIC, DATASET, SESSIONS, REPLAY = "synthetic", "dataset", "sessions", "replay"
 ON_OFF = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from moetune.errors import InputError
 from moetune.jsonread import flag, integer, mapping
+from moetune.option_defaults import BUILTIN_WORKLOADS
 
 CHAT, DEPTH = "chat", "depth"
 
@@ -94,7 +95,7 @@ def builtin(name: str) -> Workload:
     )
 
 
-BUILTIN_NAMES = ("short-json", "long-openapi", "reference")  # reference = both, as the field report runs them
+BUILTIN_NAMES = BUILTIN_WORKLOADS
 
 
 def load_prompt_file(path: Path) -> Workload:
