@@ -49,7 +49,7 @@ from moetune.store.db import ResultsDB  # noqa: E402
 from moetune.tune.history import gather  # noqa: E402
 
 DEPTH = 512
-WORKLOAD = ["--depth", str(DEPTH), "--pp-tokens", "256", "--tg-tokens", "64", "-r", "2", "--warmup", "1"]
+WORKLOAD = ["--depth", str(DEPTH), "--pp-tokens", "256", "--tg-tokens", "128", "-r", "3", "--warmup", "1"]
 ATTENTION = ((True, "f16"), (False, "f16"), (True, "q8_0"))  # flash attention, cache type of K and V
 MAX_PAIRS = 60  # calibrations on pairs of runs (a seeded sample of them, each a fit)
 QUIET_LOAD = 1.5
