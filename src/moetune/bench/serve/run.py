@@ -14,7 +14,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -234,6 +234,49 @@ class _Run:
     label: str
 
 
+def serve_run_meta(
+    spec: ServeBenchSpec,
+    source: ServerSource,
+    info: ServerInfo,
+    *,
+    model: str,
+    run_tag: str,
+    skipped: int = 0,
+    sessions: Mapping[str, object] | None = None,
+    tokenizer: Mapping[str, object] | None = None,
+    details: Mapping[str, object] | None = None,
+) -> RunMeta:
+    """What a serve-bench run records: the server, the model, the launch behind it, and the
+    workload (``sessions``: a sessions run's; ``tokenizer``: how prompts were counted)."""
+    workload = {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items() if k not in ("url", "label", "slo")
+    }
+    ln = source.current
+    return RunMeta(
+        kind=RunKind.SERVE_BENCH,
+        moetune_version=__version__,
+        argv=tuple(sys.argv),
+        started_unix=time.time(),
+        server=info,
+        model=model_ref(info.model_path, name=model),
+        host=HostRef.here(),
+        engine_build=(ln.engine_build if ln else None) or info.build,
+        plan=source.plan.doc if isinstance(source, PlanServers) else None,
+        launch_run=ln.launch_run if ln else None,
+        launch=ln.facts if ln else None,
+        details={
+            "workload": workload,
+            "client": {"library": "asyncio", "moetune": __version__},
+            "run_tag": run_tag,
+            "skipped_overlong": skipped,
+            **({"sessions": dict(sessions)} if sessions is not None else {}),
+            "slo": dict(spec.slo) if spec.slo else None,
+            **({"tokenizer": dict(tokenizer)} if tokenizer is not None else {}),
+            **(details or {}),
+        },
+    )
+
+
 async def _setup(
     spec: ServeBenchSpec,
     http: StreamingHttp,
@@ -265,31 +308,7 @@ async def _setup(
     log(prepared_line(f"{len(prompts)} prompts", counter, time.monotonic() - t))
     tokenizer = counter.describe() if isinstance(counter, TokenizerCounter) else None
     advice = run_warnings(info, list(spec.concurrency), skipped, tokenizer=tokenizer)
-    workload = {
-        k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items() if k not in ("url", "label", "slo")
-    }
-    ln = source.current
-    meta = RunMeta(
-        kind=RunKind.SERVE_BENCH,
-        moetune_version=__version__,
-        argv=tuple(sys.argv),
-        started_unix=time.time(),
-        server=info,
-        model=model_ref(info.model_path, name=model),
-        host=HostRef.here(),
-        engine_build=(ln.engine_build if ln else None) or info.build,
-        plan=source.plan.doc if isinstance(source, PlanServers) else None,
-        launch_run=ln.launch_run if ln else None,
-        launch=ln.facts if ln else None,
-        details={
-            "workload": workload,
-            "client": {"library": "asyncio", "moetune": __version__},
-            "run_tag": run_tag,
-            "skipped_overlong": skipped,
-            "slo": dict(spec.slo) if spec.slo else None,
-            **({"tokenizer": tokenizer} if tokenizer is not None else {}),
-        },
-    )
+    meta = serve_run_meta(spec, source, info, model=model, run_tag=run_tag, skipped=skipped, tokenizer=tokenizer)
     label = spec.label or f"serve c={','.join(map(str, spec.concurrency))}"
     run_id = db.create_run(meta, label=label, target=source.target, sweep_id=sweep_id)
     monitor.attach(db, run_id)

@@ -20,14 +20,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from moetune import __version__
 from moetune.bench.analysis.serve import summarize_level
 from moetune.bench.analysis.sessions import summarize_sessions
 from moetune.bench.analysis.warnings import Warning, run_warnings
@@ -52,18 +48,17 @@ from moetune.bench.serve.run import (
     finish_levels,
     report_doc,
     serve_bench,
+    serve_run_meta,
 )
 from moetune.bench.serve.sessions import Reply, SessionSpec, SessionTexts, Turn, session_tag, turn_request
 from moetune.bench.serve.tokenizer import TokenizerCounter, token_counter
-from moetune.bench.server import model_ref
 from moetune.bench.servers import PlanServers, ServerSource
 from moetune.errors import RuntimeFailure
 from moetune.jsonread import mapping, number
-from moetune.kinds import RunKind, RunStatus
+from moetune.kinds import RunStatus
 from moetune.monitor.sampler import RunMonitor
 from moetune.monitor.snapshot import Snapshot
 from moetune.store.db import ResultsDB
-from moetune.store.record import HostRef, RunMeta, ServerInfo
 
 PROBE_CHARS = 2000  # characters of the probe that fits characters to tokens on a server without /tokenize
 
@@ -246,48 +241,6 @@ def _turn_line(doc: Mapping[str, object]) -> str:
     )
 
 
-def _run_meta(
-    spec: ServeBenchSpec,
-    source: ServerSource,
-    info: ServerInfo,
-    *,
-    model: str,
-    run_tag: str,
-    local: dict[str, object] | None,
-    details: dict[str, object] | None,
-) -> RunMeta:
-    """What a sessions run records: the server, the model, the launch and the sessions workload."""
-    ss = spec.sessions
-    assert ss is not None
-    workload = {
-        k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items() if k not in ("url", "label", "slo")
-    }
-    ln = source.current
-    return RunMeta(
-        kind=RunKind.SERVE_BENCH,
-        moetune_version=__version__,
-        argv=tuple(sys.argv),
-        started_unix=time.time(),
-        server=info,
-        model=model_ref(info.model_path, name=model),
-        host=HostRef.here(),
-        engine_build=(ln.engine_build if ln else None) or info.build,
-        plan=source.plan.doc if isinstance(source, PlanServers) else None,
-        launch_run=ln.launch_run if ln else None,
-        launch=ln.facts if ln else None,
-        details={
-            "workload": workload,
-            "client": {"library": "asyncio", "moetune": __version__},
-            "run_tag": run_tag,
-            "skipped_overlong": 0,
-            "sessions": ss.to_json(),
-            "slo": dict(spec.slo) if spec.slo else None,
-            **({"tokenizer": local} if local else {}),
-            **(details or {}),
-        },
-    )
-
-
 async def bench_sessions(
     spec: ServeBenchSpec,
     source: ServerSource,
@@ -346,7 +299,17 @@ async def bench_sessions(
             f"{time.monotonic() - t:.1f} s)"
         )
         advice = run_warnings(info, [ss.streams], 0, tokenizer=local)
-        meta = _run_meta(spec, source, info, model=model, run_tag=run_tag, local=local, details=details)
+        assert spec.sessions is not None
+        meta = serve_run_meta(
+            spec,
+            source,
+            info,
+            model=model,
+            run_tag=run_tag,
+            sessions=spec.sessions.to_json(),
+            tokenizer=local,
+            details=details,
+        )
         label = spec.label or f"sessions {ss.sessions}x{ss.turns}" + (" stripped" if ss.strip_thinking else "")
         run_id = db.create_run(meta, label=label, target=source.target, sweep_id=sweep_id)
         monitor.attach(db, run_id)
