@@ -18,7 +18,7 @@ def _profile() -> ModelProfile:
         f"{arch}.attention.value_length": 64,
         f"{arch}.attention.sliding_window": 1024,
     }
-    return ModelProfile(arch, ("m.gguf",), meta, ())
+    return ModelProfile(arch=arch, files=("m.gguf",), metadata=meta, tensors=())
 
 
 def test_kv_at_keeps_its_json_shape() -> None:

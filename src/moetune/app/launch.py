@@ -85,9 +85,12 @@ def start(
     *,
     on_event: Callable[[Event], None],
     preflight: Callable[[], None] | None = None,
+    on_launched: Callable[[Launched], None] | None = None,
 ) -> Launched:
     """Launch, the machine sampled into the run directory (one line a second) while the model
-    loads; ``preflight`` (with ``req.verify``) runs once the workers listen."""
+    loads; ``preflight`` (with ``req.verify``) runs once the workers listen. ``on_launched`` hears
+    of the launch as soon as it serves, before the sampler's last sample (up to a second): a
+    Ctrl-C meanwhile finds the launch there to stop."""
     from moetune.bench.servers import new_launch_id
     from moetune.kinds import Transport
     from moetune.monitor.sampler import LaunchSink, Sampler, interval_from_env, watches_of_launch
@@ -103,7 +106,7 @@ def start(
 
     sampler.start()
     try:
-        return launch(
+        launched = launch(
             prepared.spec,
             prepared.doc,
             plan_file=str(req.plan.resolve()),
@@ -115,8 +118,11 @@ def start(
             preflight=preflight if req.verify else None,
             run_id=run_id,
         )
+        if on_launched is not None:
+            on_launched(launched)
+        return launched
     finally:
-        sampler.stop()  # its last sample (up to a second): a Ctrl-C meanwhile stops the run
+        sampler.stop()
 
 
 def launched_json(launched: Launched, verified: list[Verification]) -> dict[str, object]:

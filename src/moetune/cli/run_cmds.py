@@ -169,8 +169,13 @@ def launch_cmd(
 
     with _signals_interrupt():
         launched: Launched | None = None
+
+        def serving(la: Launched) -> None:
+            nonlocal launched
+            launched = la  # before the sampler's last sample: a Ctrl-C then stops it below
+
         try:
-            launched = app.start(req, prepared, on_event=display, preflight=preflight)
+            launched = app.start(req, prepared, on_event=display, preflight=preflight, on_launched=serving)
             display.close()
             if metrics_port is not None:
                 log = app.serve_metrics(launched, metrics_port)
