@@ -45,7 +45,7 @@ def show(run_ref: str, db_path: Path | None = None) -> Shown:
 class ExportRequest:
     refs: tuple[str, ...] = ()  # ids, labels, `latest`
     all_runs: bool = False  # every run in the database
-    fmt: str = "json"  # md | csv | json (report.results_view.FORMATS)
+    fmt: str = "json"  # md | csv | json (option_defaults.RESULT_FORMATS)
     output: Path | None = None  # None: the stream given
     db_path: Path | None = None
 

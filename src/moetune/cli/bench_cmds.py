@@ -20,8 +20,7 @@ from moetune.cli.common import (
     warn,
 )
 from moetune.cli.progress import callbacks, progress_bar
-from moetune.option_defaults import BUILTIN_WORKLOADS as BUILTIN_NAMES
-from moetune.option_defaults import DEFAULT_MIN_CHANGE
+from moetune.option_defaults import BUILTIN_WORKLOADS, DEFAULT_MIN_CHANGE
 
 if TYPE_CHECKING:
     from moetune.app.bench import BenchResult
@@ -47,7 +46,7 @@ def workload_options(f: F) -> F:
             "--workload",
             "workload_names",
             multiple=True,
-            type=click.Choice(BUILTIN_NAMES),
+            type=click.Choice(BUILTIN_WORKLOADS),
             help="Built-in workload (repeatable): short-json (max_tokens 256), long-openapi (2048), "
             "reference (both). Default short-json unless --prompt-file or --depth is given.",
         ),

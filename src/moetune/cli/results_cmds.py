@@ -10,8 +10,7 @@ import click
 
 from moetune.cli.common import comparison_output, db_option, json_option, out, print_json, print_wide, warn
 from moetune.kinds import RunKind
-from moetune.option_defaults import DEFAULT_MIN_CHANGE
-from moetune.option_defaults import RESULT_FORMATS as FORMATS
+from moetune.option_defaults import DEFAULT_MIN_CHANGE, RESULT_FORMATS
 
 if TYPE_CHECKING:
     from moetune.app.compare import Compared
@@ -68,7 +67,7 @@ def show_cmd(run_ref: str, db_path: Path | None, as_json: bool) -> None:
 
 @results.command("export")
 @click.argument("run_refs", metavar="[RUN]...", nargs=-1)
-@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True)
+@click.option("--format", "fmt", type=click.Choice(RESULT_FORMATS), required=True)
 @click.option("--all", "all_runs", is_flag=True, help="Every run in the database.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write to FILE, not stdout.")
 @db_option

@@ -25,13 +25,11 @@ from moetune.bench.analysis.stats import DEFAULT_CONF, MetricSamples, median, su
 from moetune.bench.analysis.summary import run_summary
 from moetune.bench.analysis.warnings import grouped
 from moetune.kinds import RunKind
-from moetune.option_defaults import RESULT_FORMATS
 from moetune.report.compare import METRIC_EXTRACTORS
 from moetune.report.compare_view import fmt
 from moetune.store.db import ResultsDB, Run
 
 EXPORT_SCHEMA_VERSION = 1
-FORMATS = RESULT_FORMATS
 
 
 def derived(run: Run, samples: Iterable[dict[str, object]], *, seed: int = 0) -> dict[str, Any]:

@@ -91,11 +91,8 @@ def builtin(name: str) -> Workload:
             messages=({"role": "user", "content": LONG_OPENAPI_PROMPT},),
         )
     raise InputError(
-        f"unknown workload {name!r}", hint=f"choose from {', '.join(BUILTIN_NAMES)}, or give --prompt-file"
+        f"unknown workload {name!r}", hint=f"choose from {', '.join(BUILTIN_WORKLOADS)}, or give --prompt-file"
     )
-
-
-BUILTIN_NAMES = BUILTIN_WORKLOADS
 
 
 def load_prompt_file(path: Path) -> Workload:
