@@ -40,7 +40,7 @@ def test_versus_and_efficiency(tmp_path: Path) -> None:
     stored = make_plan(
         [ServiceSpec(name="t", model=p, settings=Settings(ctx=8192), strategy="cpu-moe")], load("rtx-pro-6000")
     ).main.prediction.to_json()
-    exp = expected(stored, [("short", 0, None), ("d4096", 4096, 300)])
+    exp = expected(stored, [("short", 0, None, None), ("d4096", 4096, 300, None)])
     assert exp["d4096"]["tg_tok_s"] < exp["short"]["tg_tok_s"]
     pred_tg, pred_pp = exp["short"]["tg_tok_s"], exp["short"]["pp_tok_s"]
     summary = {
@@ -69,7 +69,7 @@ def test_versus_and_efficiency(tmp_path: Path) -> None:
     lines = prediction_lines(tight)
     assert any(ln.startswith("  ! short TG: off by +25%, beyond the model's stated +/-10%") for ln in lines)
     assert "(+25% !)" in lines[1] and "(-25%)" in lines[1]
-    assert expected({"tg_tok_s": 1.0, "ms_per_token": 1000.0}, [("short", 0, None)]) == {}  # stored without its work
+    assert expected({"tg_tok_s": 1.0, "ms_per_token": 1000.0}, [("short", 0, None, None)]) == {}  # stored without its work
 
 
 @pytest.mark.server

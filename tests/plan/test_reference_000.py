@@ -71,7 +71,7 @@ def _plan_doc(p: ModelProfile, row: str) -> dict[str, Any]:
 def _store(db: ResultsDB, p: ModelProfile, row: str) -> int:
     doc = _plan_doc(p, row)
     pred = doc["services"][0]["predicted"]
-    meta = RunMeta(kind=RunKind.BENCH, plan=doc, details={"predicted": expected(pred, [("short-json", 0, 30)])})
+    meta = RunMeta(kind=RunKind.BENCH, plan=doc, details={"predicted": expected(pred, [("short-json", 0, 30, None)])})
     rid = db.create_run(meta, label=row, target="reference 000")
     tg = 1000.0 / ROWS[row][2]
     for s in run_samples([tg * 0.999, tg, tg * 1.001], [26.98] * 3):

@@ -13,10 +13,19 @@ import pytest
 from moetune.hardware.inventory import Inventory, from_dict, load
 from moetune.kinds import EngineKind
 from moetune.model.profile import ModelProfile, load_profile
-from moetune.plan.calibrate import FITTED, Observation, fit
+from moetune.plan.calibrate import FITTED, Observation, fit, predict_tg
 from moetune.plan.placement import cpu_moe
 from moetune.plan.settings import Settings
-from moetune.plan.speed import SpeedConstants, Work, decode_seconds, predict, prefill_tok_s
+from moetune.plan.speed import (
+    SpeedConstants,
+    Work,
+    at_depth,
+    decode_context,
+    decode_seconds,
+    from_work,
+    predict,
+    prefill_tok_s,
+)
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +173,26 @@ def test_calibration_fits_the_attention_factors_from_runs_that_vary_them(
 def test_an_old_calibration_without_the_new_constants_reads() -> None:
     k = SpeedConstants.from_json({"cpu_bw_eff": 0.3, "cpu_ctx_gflops_per_core": 2.0})
     assert k.cpu_bw_eff == 0.3 and k.cpu_noflash_ctx_factor == SpeedConstants().cpu_noflash_ctx_factor
+
+
+def test_tg_is_predicted_at_the_mean_context_of_its_generated_tokens(testbed: tuple[ModelProfile, Inventory]) -> None:
+    # a bench at depth 512 with a 256-token prompt and 128 generated tokens decodes its tokens at
+    # contexts 768..895: the measured TG is the one at their mean, 831.5, not at 512
+    assert decode_context(512, 256, 128) == 831.5
+    assert decode_context(512) == 512 and decode_context(0, 0, 0) == 0
+    p, hw = testbed
+    s, pl = Settings(threads=2, flash_attn=True), cpu_moe(p, hw)
+    w, k = predict(p, hw, pl, s).work, SpeedConstants()
+    bench = from_work(w, k, 512, 256, tg_depth=decode_context(512, 256, 128))
+    assert bench.tg_tok_s == pytest.approx(from_work(w, k, 832).tg_tok_s, rel=1e-3)
+    assert bench.tg_tok_s < from_work(w, k, 512).tg_tok_s
+    assert bench.pp_tok_s == from_work(w, k, 512, 256).pp_tok_s  # the prompt still starts at the depth
+    again = at_depth(bench.to_json(), 512, 256, tg_depth=831.5)
+    assert (
+        again is not None
+        and again["tg_tok_s"] == pytest.approx(bench.tg_tok_s, abs=1e-3)
+        and again["tg_depth"] == 831.5
+    )
+    o = Observation(run=1, work=bench.work, depth=512, measured_tg=1.0, prompt_tokens=256, tg_depth=831.5)
+    assert predict_tg(o, SpeedConstants()) == pytest.approx(bench.tg_tok_s)
+    assert replace(o, tg_depth=None).decode_depth == 512  # stored by an earlier moetune: TG at the depth

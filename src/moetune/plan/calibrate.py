@@ -53,14 +53,20 @@ AT_MOST = {"cpu_bw_eff": 1.0, "gpu_bw_eff": 1.0}  # a share of the bandwidth
 class Observation:
     run: int  # the run it came from (leave-one-out leaves runs out, not single workloads)
     work: Work  # what the plan asked of the hardware
-    depth: int  # context depth of the TG measurement
+    depth: int  # context depth the PP measurement starts from
     measured_tg: float | None  # tokens/s
     measured_pp: float | None = None
     prompt_tokens: int | None = None  # of the PP measurement (None: one full ubatch)
+    # the mean context of the TG measurement's tokens (speed.decode_context; None: ``depth``)
+    tg_depth: float | None = None
+
+    @property
+    def decode_depth(self) -> float:
+        return self.depth if self.tg_depth is None else self.tg_depth
 
 
 def predict_tg(o: Observation, k: SpeedConstants) -> float:
-    return 1.0 / decode_seconds(o.work, o.depth, k)
+    return 1.0 / decode_seconds(o.work, o.decode_depth, k)
 
 
 def predict_pp(o: Observation, k: SpeedConstants) -> float:

@@ -39,6 +39,7 @@ from moetune.plan.settings import Settings
 from moetune.plan.speed import (
     SpeedConstants,
     Work,
+    decode_context,
     decode_seconds,
     device_decode_seconds,
     held_touched,
@@ -88,7 +89,7 @@ def slotted(s: Settings, load: ServeLoad) -> Settings:
     return replace(s, slots=load.concurrency, ctx=per_slot * load.concurrency)
 
 
-def step_seconds(w: Work, depth: int, k: SpeedConstants, streams: int) -> float:
+def step_seconds(w: Work, depth: float, k: SpeedConstants, streams: int) -> float:
     """Seconds for one decode step of ``streams`` sequences at context depth ``depth`` each."""
     if streams <= 1:
         return decode_seconds(w, depth, k)
@@ -148,7 +149,7 @@ class ServePrediction:
 def predict_serving(w: Work, k: SpeedConstants, load: ServeLoad) -> ServePrediction:
     c = max(1, load.concurrency)
     ttft = _prefill_seconds(w, k, c * load.input_len)
-    step = step_seconds(w, load.input_len + load.output_len // 2, k, c)
+    step = step_seconds(w, decode_context(0, load.input_len, load.output_len), k, c)
     e2e = ttft + max(0, load.output_len - 1) * step
     rate = c / e2e if e2e > 0 else 0.0
     values = {"ttft_ms": ttft * 1e3, "itl_ms": step * 1e3, "tpot_ms": step * 1e3, "e2e_ms": e2e * 1e3}

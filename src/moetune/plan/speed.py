@@ -197,7 +197,7 @@ class DeviceWork:
     def prefill_threads(self) -> int:
         return max(1, self.batch_threads or self.threads)
 
-    def kv_read(self, depth: int) -> tuple[float, float]:
+    def kv_read(self, depth: float) -> tuple[float, float]:
         """KV bytes read and attention FLOPs per token at context depth ``depth``: every cached token
         of the full-attention layers, at most a window of the sliding-window ones."""
         w = min(depth, self.window)
@@ -269,7 +269,7 @@ def cpu_pp_ctx_gflops(d: DeviceWork, k: SpeedConstants) -> float:
     return rate / ((1.0 - q) + q / k.cpu_pp_ctx_quant_factor)
 
 
-def device_decode_seconds(d: DeviceWork, depth: int, k: SpeedConstants) -> float:
+def device_decode_seconds(d: DeviceWork, depth: float, k: SpeedConstants) -> float:
     kv, flop = d.kv_read(depth)
     read = d.read_bytes + kv
     if d.cpu:
@@ -280,6 +280,15 @@ def device_decode_seconds(d: DeviceWork, depth: int, k: SpeedConstants) -> float
         t = _soft_max(read / (d.bw_gbs * GB * k.cpu_bw_eff), read / (threads * k.cpu_core_gbs * GB))
         return t + flop / (threads * cpu_ctx_gflops(d, k))
     return read / (d.bw_gbs * GB * k.gpu_bw_eff) + flop / (k.gpu_ctx_tflops * 1e12)
+
+
+def decode_context(depth: int, prompt_tokens: int = 0, generated: int = 1) -> float:
+    """The context the tokens of a measured TG see on average: ``depth`` cached tokens, the prompt
+    processed on top of them, and before each generated token the ones generated before it. A
+    token's decode time grows linearly with its context, so TG over ``generated`` tokens is the TG
+    at this mean (a bench at depth 512 with a 256-token prompt and 128 generated tokens decodes at
+    831.5 on average, not at 512; llama-bench's tg128 @ d512 at 575.5)."""
+    return depth + max(0, prompt_tokens) + (max(1, generated) - 1) / 2
 
 
 def hop_us(w: Work, k: SpeedConstants) -> float:
@@ -293,8 +302,8 @@ def switch_seconds(w: Work, k: SpeedConstants) -> float:
     return (w.graph_splits * k.split_us + w.rpc_hops * hop_us(w, k)) * 1e-6
 
 
-def decode_seconds(w: Work, depth: int, k: SpeedConstants) -> float:
-    """Seconds per generated token at context depth ``depth``."""
+def decode_seconds(w: Work, depth: float, k: SpeedConstants) -> float:
+    """Seconds per generated token at context depth ``depth`` (a mean over tokens: :func:`decode_context`)."""
     t = k.token_overhead_us * 1e-6 + switch_seconds(w, k) + w.rpc_activation_s
     return t + sum(device_decode_seconds(d, depth, k) for d in w.devices)
 
@@ -379,7 +388,8 @@ class Prediction:
     pp_tok_s: float
     work: Work
     constants: SpeedConstants
-    depth: int = 0
+    depth: int = 0  # the context the prompt (PP) is processed on top of
+    tg_depth: float | None = None  # the mean context of the TG (None: ``depth``)
     per_device: tuple[DeviceLoad, ...] = field(default=())
 
     @property
@@ -398,6 +408,7 @@ class Prediction:
             "graph_splits": self.graph_splits,
             "rpc_hops": self.rpc_hops,
             "depth": self.depth,
+            "tg_depth": self.depth if self.tg_depth is None else round(self.tg_depth, 2),
             "per_device": [asdict(d) for d in self.per_device],
             "constants": asdict(self.constants),
             "work": self.work.to_json(),
@@ -584,28 +595,43 @@ def predict(
     return from_work(w, k, depth)
 
 
-def from_work(w: Work, k: SpeedConstants, depth: int = 0, prompt_tokens: int | None = None) -> Prediction:
+def from_work(
+    w: Work, k: SpeedConstants, depth: int = 0, prompt_tokens: int | None = None, *, tg_depth: float | None = None
+) -> Prediction:
+    """TG at ``tg_depth`` (the mean context of the generated tokens; default ``depth``), PP of
+    ``prompt_tokens`` on top of ``depth`` cached tokens."""
+    at = depth if tg_depth is None else tg_depth
     loads = tuple(
         DeviceLoad(
             d.device,
-            round((d.read_bytes + d.kv_read(depth)[0]) / MIB, 3),
-            round(device_decode_seconds(d, depth, k) * 1e3, 4),
+            round((d.read_bytes + d.kv_read(at)[0]) / MIB, 3),
+            round(device_decode_seconds(d, at, k) * 1e3, 4),
             d.bw_gbs,
         )
         for d in w.devices
     )
     pp = prefill_tok_s(w, k, prompt_tokens, depth)
     return Prediction(
-        tg_tok_s=1.0 / decode_seconds(w, depth, k), pp_tok_s=pp, work=w, constants=k, depth=depth, per_device=loads
+        tg_tok_s=1.0 / decode_seconds(w, at, k),
+        pp_tok_s=pp,
+        work=w,
+        constants=k,
+        depth=depth,
+        tg_depth=tg_depth,
+        per_device=loads,
     )
 
 
-def at_depth(predicted: Mapping[str, object], depth: int, prompt_tokens: int | None = None) -> dict[str, Any] | None:
-    """A stored prediction (``Prediction.to_json()``) for one workload: TG at context depth
-    ``depth``, PP for a prompt of ``prompt_tokens`` (the plan's ubatch when not known), with the
-    constants it was made with. None for a prediction stored without its work (by an earlier moetune)."""
+def at_depth(
+    predicted: Mapping[str, object], depth: int, prompt_tokens: int | None = None, tg_depth: float | None = None
+) -> dict[str, Any] | None:
+    """A stored prediction (``Prediction.to_json()``) for one workload: PP for a prompt of
+    ``prompt_tokens`` (the plan's ubatch when not known) on top of ``depth`` cached tokens, TG at
+    the mean context ``tg_depth`` of its generated tokens (:func:`decode_context`; None: at
+    ``depth``), with the constants it was made with. None for a prediction stored without its work
+    (by an earlier moetune)."""
     work = predicted.get("work")
     if not isinstance(work, dict):
         return None
-    w = Work.from_json(work)
-    return from_work(w, SpeedConstants.from_json(mapping(predicted.get("constants"))), depth, prompt_tokens).to_json()
+    k = SpeedConstants.from_json(mapping(predicted.get("constants")))
+    return from_work(Work.from_json(work), k, depth, prompt_tokens, tg_depth=tg_depth).to_json()

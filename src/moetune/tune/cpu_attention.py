@@ -30,7 +30,7 @@ from moetune.model.profile import ModelProfile
 from moetune.plan.calibrate import Observation, fit, predict_pp, predict_tg
 from moetune.plan.placement import cpu_moe
 from moetune.plan.settings import Settings
-from moetune.plan.speed import SpeedConstants, Work, work
+from moetune.plan.speed import SpeedConstants, Work, decode_context, work
 
 # (flash attention, cache type of K and V): the engine's default, the one without flash attention,
 # the quantized one (a quantized V needs flash attention)
@@ -123,6 +123,7 @@ def observations(profile: ModelProfile, node: Node, threads: int, rows: list[Row
                 measured_tg=r.tg_tok_s,
                 measured_pp=r.pp_tok_s,
                 prompt_tokens=PP_TOKENS,
+                tg_depth=decode_context(r.depth, 0, TG_TOKENS),  # llama-bench's tg N @ dD
             )
         )
     return out

@@ -182,7 +182,8 @@ def objective_value(objective: str, tg: float | None, pp: float | None, prompt_t
 
 
 def predicted_rates(e: Entry, k: SpeedConstants, w: Workload) -> tuple[float, float]:
-    return 1.0 / decode_seconds(e.work, w.depth, k), prefill_tok_s(e.work, k, w.pp_tokens, w.depth)
+    tg_at = w.depth if w.tg_depth is None else w.tg_depth
+    return 1.0 / decode_seconds(e.work, tg_at, k), prefill_tok_s(e.work, k, w.pp_tokens, w.depth)
 
 
 def _tune_id(req: TuneRequest, plan: Plan, labels: list[str]) -> str:

@@ -192,10 +192,10 @@ def slotted(s: Settings, w: WorkObjective) -> Settings:
 
 
 def _request_s(work: Work, k: SpeedConstants, *, prompt: int, context: int, reply: int) -> float:
-    from moetune.plan.speed import decode_seconds, prefill_tok_s
+    from moetune.plan.speed import decode_context, decode_seconds, prefill_tok_s
 
     pp = prefill_tok_s(work, k, max(1, prompt), max(0, context - prompt)) if prompt else 0.0
-    return (prompt / pp if pp > 0 else 0.0) + reply * decode_seconds(work, context, k)
+    return (prompt / pp if pp > 0 else 0.0) + reply * decode_seconds(work, decode_context(context, 0, reply), k)
 
 
 def predicted_seconds(w: WorkObjective, work: Work, k: SpeedConstants) -> float:

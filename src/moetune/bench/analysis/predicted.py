@@ -19,11 +19,13 @@ from moetune.plan.speed import Work, at_depth
 MIB = 1 << 20
 
 
-def expected(predicted: dict[str, Any], workloads: list[tuple[str, int, int | None]]) -> dict[str, Any]:
-    """What the plan predicts for each (workload name, context depth, prompt tokens or None)."""
+def expected(predicted: dict[str, Any], workloads: list[tuple[str, int, int | None, float | None]]) -> dict[str, Any]:
+    """What the plan predicts for each (workload name, context depth, prompt tokens or None, the
+    mean context of its generated tokens or None): PP of the prompt on top of the depth, TG at that
+    context (speed.decode_context)."""
     out = {}
-    for name, depth, prompt in workloads:
-        e = at_depth(predicted, depth, prompt)
+    for name, depth, prompt, tg_depth in workloads:
+        e = at_depth(predicted, depth, prompt, tg_depth)
         if e is not None:
             out[name] = e
     return out
@@ -139,14 +141,16 @@ def observations(
         tg, pp = s.median(name, "tg"), s.median(name, "pp")
         if tg or pp:
             prompt = w.prompt_n
+            depth = int(e.get("depth") or 0)
             out.append(
                 Observation(
                     run=run_id,
                     work=Work.from_json(e["work"]),
-                    depth=int(e.get("depth") or 0),
+                    depth=depth,
                     measured_tg=tg,
                     measured_pp=pp,
                     prompt_tokens=int(prompt) if prompt else None,
+                    tg_depth=float(e["tg_depth"]) if isinstance(e.get("tg_depth"), int | float) else None,
                 )
             )
     return out

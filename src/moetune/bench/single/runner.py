@@ -117,7 +117,11 @@ def _expected(launch: Launch | None, workloads: list[Workload]) -> dict[str, obj
 
     return {
         "predicted": expected(
-            predicted, [(w.name, 0, None) if w.kind == CHAT else (w.name, w.depth, w.pp_tokens) for w in workloads]
+            predicted,
+            [
+                (w.name, 0, None, w.tg_depth) if w.kind == CHAT else (w.name, w.depth, w.pp_tokens, w.tg_depth)
+                for w in workloads
+            ],
         ),
         "prediction_uncertainty": launch.uncertainty() if launch else None,
     }

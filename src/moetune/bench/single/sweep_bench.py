@@ -184,7 +184,7 @@ def bench_sweep(
             "ctx": ctx,
             "ubatch": ub,
             "repeats": opt.repeats,
-            **_expected(t, chosen.name, ctx, ub),
+            **_expected(t, chosen.name, ctx, ub, opt.tg or ub // 4),
         },
     )
     run_id = db.create_run(meta, label=label or f"{t.label} (sweep-bench)", target=t.name)
@@ -233,10 +233,11 @@ def bench_sweep(
     return run_id
 
 
-def _expected(t: Target, service: str, ctx: int, ub: int) -> dict[str, object]:
+def _expected(t: Target, service: str, ctx: int, ub: int, tg: int) -> dict[str, object]:
     """The plan's prediction at every depth the sweep measures (as bench's runs store it)."""
     from moetune.bench.analysis.predicted import expected
     from moetune.bench.single.runner import Launch
+    from moetune.plan.speed import decode_context
 
     assert t.doc is not None
     launch = Launch(plan=t.doc, engine_build=None, model_path=None, launch_run="", service=service)
@@ -244,7 +245,8 @@ def _expected(t: Target, service: str, ctx: int, ub: int) -> dict[str, object]:
     if predicted is None:
         return {}
     return {
-        "predicted": expected(predicted, [(f"d{d}", d, ub) for d in range(0, ctx, ub)]),
+        # each row generates its tokens at the depth, before its prompt (llama-sweep-bench's order)
+        "predicted": expected(predicted, [(f"d{d}", d, ub, decode_context(d, 0, tg)) for d in range(0, ctx, ub)]),
         "prediction_uncertainty": launch.uncertainty(),
     }
 

@@ -53,6 +53,17 @@ class Workload:
     depth: int = 0  # depth workloads: tokens already in the context
     pp_tokens: int = 0  # depth workloads: new prompt tokens processed at that depth
 
+    @property
+    def tg_depth(self) -> float | None:
+        """The mean context of the tokens it generates (speed.decode_context). A chat prompt's length
+        is the template's, unknown here: its reply counts (all of it with ignore_eos, else None: the
+        reply may stop early, TG is predicted at depth 0)."""
+        from moetune.plan.speed import decode_context
+
+        if self.kind == CHAT:
+            return decode_context(0, 0, self.max_tokens) if self.ignore_eos else None
+        return decode_context(self.depth, self.pp_tokens, self.max_tokens)
+
     def to_json(self) -> dict[str, object]:
         d = asdict(self)
         d["messages"] = list(self.messages)
