@@ -1,13 +1,15 @@
-"""tune's winner against the engine run with no flags, judged by an independent referee (issue #25's
-acceptance): `moetune tune --budget 3` on the tuning testbed (tests/tune_testbed.py, this
-machine's 2 cores, no RPC device; the search spans threads, -ub, flash attention, the cache type
-and repacking, at depth 512 with a 256-token prompt), after `moetune hw attention --write` has
-measured this CPU's attention kernels; then llama-bench, not moetune, measures the winner's flags
-and no flags at all in interleaved rounds (each round runs both, so drifting load falls on both
-alike), at depth 0 and at the workload's depth, TG and PP.
+"""tune's winner against the engine run with no flags and against what four other tuners
+recommend (llama-optimus, llama-dyno, llama-parameter-scout and clanker, from PyPI), judged by an
+independent referee (issue #25's acceptance): `moetune tune --budget 3` on the tuning testbed
+(tests/tune_testbed.py, this machine's 2 cores, no RPC device; the search spans threads, -ub, flash
+attention, the cache type and repacking, at depth 512 with a 256-token prompt), after `moetune hw
+attention --write` has measured this CPU's attention kernels; then llama-bench, not moetune,
+measures the winner's flags, no flags at all and each peer's recommended flags in interleaved
+rounds (each round runs all of them, so drifting load falls on all alike), at depth 0 and at the
+workload's depth, TG and PP.
 
-Reports each configuration's median over the rounds and the winner/defaults ratios with the
-rounds' spread. Targets: TG at least the defaults' at both depths; PP within tune's
+Reports each configuration's median over the rounds and the winner's ratios to each with the
+rounds' spread. Targets: TG at least every other configuration's at both depths; PP within tune's
 --max-pp-loss (10%). Writes results/referee.json and results/referee.md.
 """
 
@@ -30,12 +32,12 @@ from tests.engine_harness import free_port  # noqa: E402
 from tests.helpers import run_cli  # noqa: E402
 from tests.tune_testbed import TRY_EVERY_AXIS, make_testbed  # noqa: E402
 
-from moetune.bench.analysis.stats import bootstrap_ci  # noqa: E402
+from moetune.bench.analysis.stats import order_ci  # noqa: E402
 from moetune.engine import registry  # noqa: E402
 
 DEPTH = 512
 WORKLOAD = ["--depth", str(DEPTH), "--pp-tokens", "256", "--tg-tokens", "64", "-r", "2", "--warmup", "1"]
-ROUNDS = 9
+ROUNDS = 24  # a multiple of the six configurations: each goes first in a round as often
 MAX_PP_LOSS = 0.10
 
 
@@ -69,11 +71,34 @@ def one_round(binary: Path, model: Path, flags: list[str]) -> dict[str, float]:
 
 
 def _verdict(ratios: list[float], tolerance: float) -> str:
-    """The winner against the defaults from the per-round ratios: "faster" or "slower" where the
-    rounds' 95% bootstrap interval of the median ratio lies above 1 or below 1 - ``tolerance``,
-    else "same" (within noise, or within the tolerated loss)."""
-    lo, hi = bootstrap_ci(ratios, conf=0.95)
+    """The winner against another configuration from the per-round ratios: "faster" or "slower"
+    where the rounds' 95% interval of the median ratio (the sign test's, distribution-free: the
+    bootstrap's called two identical configurations 0.91x "slower" in nine rounds) lies above 1 or
+    below 1 - ``tolerance``, else "same" (within noise, or within the tolerated loss)."""
+    lo, hi = order_ci(ratios, conf=0.95)
     return "faster" if lo > 1 else "slower" if hi < 1 - tolerance else "same"
+
+
+PEERS = HERE / "peer_configs.json"  # what the four PyPI tuners recommended on this testbed, recorded
+
+
+# llama-bench with no flags (its --help): every core, -ub 512, flash attention auto (on for the CPU,
+# which has the kernel), repacking on
+ENGINE_DEFAULTS = {"-t": str(os.cpu_count()), "-ub": "512", "-fa": "on", "--repack": "1"}
+
+
+def is_defaults(flags: list[str]) -> bool:
+    return {**ENGINE_DEFAULTS, **dict(zip(flags[::2], flags[1::2], strict=True))} == ENGINE_DEFAULTS
+
+
+def peer_configs() -> dict[str, list[str]]:
+    doc = json.loads(PEERS.read_text())
+    return {name: list(t["llama_bench_args"]) for name, t in doc["tools"].items()}
+
+
+def _row(out: dict[str, Any], name: str, k: str) -> str:
+    lo, hi = out["ratio_range"][name][k]
+    return f"{out['ratio_median'][name][k]} ({lo}-{hi})"
 
 
 def main(results: Path) -> None:
@@ -107,52 +132,79 @@ def main(results: Path) -> None:
         doc = json.loads(tr.stdout)
         winner = doc["best"]["label"]
         binary = registry.get(None).binary("bench")
-        configs = {"no flags (the engine's defaults)": [], f"tune's winner ({winner})": bench_flags(winner)}
+        # the winner first; then the engine with no flags and each peer's recommendation
+        configs = {"tune's winner": bench_flags(winner), "no flags": [], **peer_configs()}
         rounds: dict[str, list[dict[str, float]]] = {k: [] for k in configs}
-        for _ in range(ROUNDS):
-            for name, flags in configs.items():
-                rounds[name].append(one_round(binary, model, flags))
-    keys = sorted(rounds[next(iter(rounds))][0])
+        for i in range(ROUNDS):
+            order = list(configs)[i % len(configs) :] + list(configs)[: i % len(configs)]  # rotate who goes first
+            for name in order:
+                rounds[name].append(one_round(binary, model, configs[name]))
+    names = list(configs)
+    keys = sorted(rounds[names[0]][0])
     med = {n: {k: statistics.median(r[k] for r in rs) for k in keys} for n, rs in rounds.items()}
-    base, win = (med[n] for n in configs)
-    # per-round ratios (a round measures both back to back): their median and range
-    ratios = {k: sorted(w[k] / b[k] for b, w in zip(*(rounds[n] for n in configs), strict=True)) for k in keys}
-    verdict = {k: _verdict(ratios[k], tolerance=MAX_PP_LOSS if k.startswith("pp") else 0.0) for k in keys}
+    # per-round ratios of the winner to each other configuration (a round measures all of them)
+    ratios = {
+        n: {k: sorted(w[k] / o[k] for w, o in zip(rounds[names[0]], rounds[n], strict=True)) for k in keys}
+        for n in names[1:]
+    }
+    verdict = {
+        n: {k: _verdict(r[k], tolerance=MAX_PP_LOSS if k.startswith("pp") else 0.0) for k in keys}
+        for n, r in ratios.items()
+    }
     out: dict[str, Any] = {
         "workload": " ".join(WORKLOAD),
         "tune_s": round(tune_s, 1),
         "tune_launches": doc["launches"],
         "winner": winner,
+        "flags": configs,
         "attention_probe": json.loads(pr.stdout)["constants"],
         "rounds": ROUNDS,
         "median_tok_s": {n: {k: round(v, 1) for k, v in m.items()} for n, m in med.items()},
-        "ratio_median": {k: round(statistics.median(v), 3) for k, v in ratios.items()},
-        "ratio_range": {k: [round(v[0], 3), round(v[-1], 3)] for k, v in ratios.items()},
+        "ratio_median": {n: {k: round(statistics.median(v), 3) for k, v in r.items()} for n, r in ratios.items()},
+        "ratio_range": {n: {k: [round(v[0], 3), round(v[-1], 3)] for k, v in r.items()} for n, r in ratios.items()},
         "verdict": verdict,
+        "per_round_tok_s": rounds,
         "load_average_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
     }
     (results / "referee.json").write_text(json.dumps(out, indent=2))
-    names = list(configs)
+    slower = [f"{n} {k}" for n, v in verdict.items() for k, x in v.items() if x == "slower"]
+    aa = (
+        " The winner's flags are the engine's defaults: its row against no flags is an A/A test of the "
+        "referee (two names for one configuration)."
+        if is_defaults(configs[names[0]])
+        else ""
+    )
     lines = [
-        "# tune's winner against the engine's defaults, by llama-bench",
+        "# tune's winner against the engine's defaults and the peers' recommendations, by llama-bench",
         "",
         f"`python benchmarks/run.py referee`: `moetune tune --budget 3` {' '.join(WORKLOAD)} on the tuning testbed "
-        f"({out['tune_s']} s, {out['tune_launches']} launches) after `moetune hw attention --write`; then "
-        f"llama-bench -p 256 -n 64 -d 0,{DEPTH}, {ROUNDS} interleaved rounds of both. Load average "
-        f"{out['load_average_before_after'][0]} before, {out['load_average_before_after'][1]} after.",
+        f"({out['tune_s']} s, {out['tune_launches']} launches) after `moetune hw attention --write`; its winner "
+        f"`{winner}`. Then llama-bench -p 256 -n 64 -d 0,{DEPTH} -r 1, {ROUNDS} interleaved rounds (each round "
+        "runs every configuration, the first one rotating), against the engine run with no flags and the "
+        "configuration each PyPI tuner recommended on this testbed (`benchmarks/peer_configs.json`: how each "
+        f"was run, what it printed). Load average {out['load_average_before_after'][0]} before, "
+        f"{out['load_average_before_after'][1]} after.{aa}",
         "",
-        f"| test | {names[0]} | {names[1]} | winner / defaults (median, range over rounds) | verdict |",
-        "|---|---:|---:|---:|---|",
+        "| configuration | llama-bench flags | " + " | ".join(keys) + " |",
+        "|---|---|" + "---:|" * len(keys),
     ]
-    for k in keys:
-        lo, hi = out["ratio_range"][k]
-        lines.append(f"| {k} | {base[k]:.1f} | {win[k]:.1f} | {out['ratio_median'][k]} ({lo}-{hi}) | {verdict[k]} |")
+    for n in names:
+        flags = " ".join(configs[n]) or "(none)"
+        lines.append(f"| {n} | `{flags}` | " + " | ".join(f"{med[n][k]:.1f}" for k in keys) + " |")
     lines += [
         "",
-        "Verdict per test (95% bootstrap interval of the median per-round ratio; PP may lose up to "
-        f"{MAX_PP_LOSS:.0%}, tune's --max-pp-loss): "
-        + ", ".join(f"{k} **{v}**" for k, v in verdict.items())
-        + ". The target: no TG test slower, no PP test slower than the tolerated loss.",
+        "Winner / each configuration: median per-round ratio (range over rounds) and verdict (the sign test's 95% "
+        f"interval of the median ratio; PP may lose up to {MAX_PP_LOSS:.0%}, tune's --max-pp-loss):",
+        "",
+        "| against | " + " | ".join(keys) + " |",
+        "|---|" + "---|" * len(keys),
+    ]
+    for n in names[1:]:
+        lines.append(f"| {n} | " + " | ".join(f"{_row(out, n, k)} **{verdict[n][k]}**" for k in keys) + " |")
+    lines += [
+        "",
+        "The target: the winner slower on no TG test, and on no PP test by more than the tolerated loss. "
+        + ("Met." if not slower else "Not met: " + ", ".join(slower) + "."),
     ]
     (results / "referee.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

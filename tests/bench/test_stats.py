@@ -160,3 +160,15 @@ def test_a_large_sample_is_resampled_in_blocks_with_the_same_draws(monkeypatch: 
     monkeypatch.setattr(st, "BOOT_CELLS", 999 * 3)  # three resamples a block, and a last one of two
     assert st.bootstrap_ci(xs, seed=5) == whole
     assert st.difference(xs, [x * 1.1 for x in xs], higher_is_better=True).ratio_ci_low > 1.0
+
+
+def test_order_ci_is_the_sign_tests_interval() -> None:
+    xs = [float(x) for x in range(1, 10)]  # nine samples: x(2)..x(8) covers the median at 96.1%
+    assert stats.order_ci(list(reversed(xs))) == (2.0, 8.0)
+    assert stats.order_ci(xs, conf=0.5) == (3.0, 7.0)  # x(4)..x(6) covers only 49%
+    assert stats.order_ci([1.0, 2.0, 3.0]) == (1.0, 3.0)  # too few for 95%: the range
+    assert stats.order_ci([5.0]) == (5.0, 5.0)
+    # wider than the bootstrap's on a small sample
+    lo, hi = stats.order_ci(NOISY)
+    blo, bhi = stats.bootstrap_ci(NOISY)
+    assert lo <= blo and hi >= bhi

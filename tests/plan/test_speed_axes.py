@@ -41,8 +41,14 @@ def tg(tb: tuple[ModelProfile, Inventory], depth: int = 512, **kw: object) -> fl
 
 def test_flash_attention_on_the_cpu_decodes_slower_at_depth(testbed: tuple[ModelProfile, Inventory]) -> None:
     on, off = tg(testbed, flash_attn=True), tg(testbed, flash_attn=False)
-    assert 1.1 < off / on < 1.8  # the engine: 455 / 354 = 1.29
-    assert tg(testbed, 0, flash_attn=False) == pytest.approx(tg(testbed, 0, flash_attn=True))  # no context: alike
+    assert 1.03 < off / on < 1.8  # the engine: 455 / 354 = 1.29 (the AMX Xeon), 610 / 550 = 1.11 (the EPYC)
+    # with no context the non-FA path's extra graph nodes cost a fixed time a layer: slower
+    # (the EPYC: 700 / 900; the built-in constants' slower level, 320 tok/s here, dilutes the cost)
+    assert 0.7 < tg(testbed, 0, flash_attn=False) / tg(testbed, 0, flash_attn=True) < 0.98
+    k = replace(SpeedConstants(), cpu_noflash_layer_us=0.0)
+    p, hw = testbed
+    alike = [predict(p, hw, cpu_moe(p, hw), Settings(threads=2, flash_attn=fa), k=k).tg_tok_s for fa in (True, False)]
+    assert alike[0] == pytest.approx(alike[1])  # without that cost, no context: alike
 
 
 def test_a_quantized_cache_decodes_faster_at_depth(testbed: tuple[ModelProfile, Inventory]) -> None:
@@ -52,6 +58,8 @@ def test_a_quantized_cache_decodes_faster_at_depth(testbed: tuple[ModelProfile, 
     assert 1.2 < q8 / f16 < 2.0  # the engine: 510 / 354 = 1.44
     assert q4 >= q8  # fewer bytes a cached token, the same int8 dots
     assert f16 < tg(testbed, ctk="q8_0") < q8  # a quantized K alone: half the attention at the fast rate
+    # with no context only the quantized cache's fixed cost a layer shows: slower (the EPYC: 910 / 1184)
+    assert tg(testbed, 0, ctk="q8_0", ctv="q8_0") < tg(testbed, 0)
 
 
 def test_only_the_weights_the_engine_repacks_multiply_faster(testbed: tuple[ModelProfile, Inventory]) -> None:

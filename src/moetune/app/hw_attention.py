@@ -1,5 +1,5 @@
 """`moetune hw attention FILE`: measure this CPU's attention kernels with llama-bench and fit the
-speed model's six attention constants (stored in the hardware file's ``cpu.speed`` where asked)."""
+speed model's eight attention constants (stored in the hardware file's ``cpu.speed`` where asked)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ class AttentionRequest:
     threads: int | None = None  # default: the node's cores
     model: Path | None = None  # a GGUF to measure on (default: a generated MoE model)
     depth: int = 2048
-    repeats: int = 5
+    repeats: int = 2  # samples a launch
+    rounds: int = 3  # launches of each variant, interleaved
     write: bool = False  # store the constants in the file's cpu.speed
 
 
@@ -78,7 +79,9 @@ def measure(
         )
     with tempfile.TemporaryDirectory(prefix="moetune-attention-") as tmp:
         gguf = req.model or attention.probe_model(Path(tmp))
-        rows = attention.measure(binary, gguf, threads=t, depth=req.depth, repeats=req.repeats, progress=progress)
+        rows = attention.measure(
+            binary, gguf, threads=t, depth=req.depth, repeats=req.repeats, rounds=req.rounds, progress=progress
+        )
         fitted = attention.fit_attention(load_profile(gguf), node, t, rows)
     if req.write:
         req.path.write_text(yaml.safe_dump(inventory.to_dict(_with_speed(inv, node, fitted)), sort_keys=False))

@@ -196,7 +196,16 @@ def hw_probe(output: Path | None, measure: bool, as_json: bool) -> None:
 @click.option(
     "--depth", type=click.IntRange(64), default=2048, show_default=True, help="Context depth of the deep tests."
 )
-@click.option("-r", "--repeats", type=click.IntRange(1), default=5, show_default=True, help="Samples per test.")
+@click.option(
+    "-r", "--repeats", type=click.IntRange(1), default=2, show_default=True, help="Samples per test in one launch."
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Launches of each variant, interleaved; each test keeps its best.",
+)
 @click.option("--write", is_flag=True, help="Store the constants in the file's cpu.speed (the file is rewritten).")
 @json_option
 def hw_attention(
@@ -207,13 +216,15 @@ def hw_attention(
     model: Path | None,
     depth: int,
     repeats: int,
+    rounds: int,
     write: bool,
     as_json: bool,
 ) -> None:
-    """Measure this CPU's attention kernels and fit the speed model's six attention constants.
+    """Measure this CPU's attention kernels and fit the speed model's eight attention constants.
 
     llama-bench runs flash attention on and off with an f16 cache, and on with a q8_0 cache, at
-    depth 0 and --depth, TG and PP (about a minute on 2 cores); the speed model's own equations
+    depth 0, --depth/2 and --depth, TG and PP, each variant launched --rounds times interleaved
+    (about a minute on 2 cores); the speed model's own equations
     are fitted to the rows. These differ by CPU (on an AMX Xeon a q8_0 cache decodes faster than
     f16, on an AMD EPYC slower), and two calibration runs of one cache type cannot see them. With
     --write they go into the hardware file's cpu.speed, and every plan on it starts from them
@@ -230,6 +241,7 @@ def hw_attention(
         model=model,
         depth=depth,
         repeats=repeats,
+        rounds=rounds,
         write=write,
     )
     with common.err.status("llama-bench", spinner="dots") as st:
@@ -238,7 +250,9 @@ def hw_attention(
     if as_json:
         print_json(done.to_json())
         return
-    common.out.print(f"{node.name}: {t} threads, llama-bench (best of {repeats}), fitted:", markup=False)
+    common.out.print(
+        f"{node.name}: {t} threads, llama-bench (best of {rounds} launches x {repeats}), fitted:", markup=False
+    )
     for r, (ptg, ppp) in zip(fitted.rows, fitted.predicted, strict=True):
         common.out.print(
             f"  {r.label:<12} depth {r.depth:>5}  TG {r.tg_tok_s:8.1f} (model {ptg:8.1f})  "

@@ -8,7 +8,9 @@ DEFAULT_RPC_PORT = 50052  # ggml-rpc-server's own default
 CPU_SPEED_KEYS = (
     "cpu_ctx_gflops_per_core",
     "cpu_noflash_ctx_factor",
+    "cpu_noflash_layer_us",
     "cpu_ctx_quant_factor",
+    "cpu_ctx_quant_layer_us",
     "cpu_pp_ctx_gflops_per_core",
     "cpu_pp_noflash_ctx_factor",
     "cpu_pp_ctx_quant_factor",

@@ -86,16 +86,29 @@ class SpeedConstants:
     # without flash attention the CPU runs attention as two matmuls (K.q, then V.softmax) that share each
     # cached row across the query heads of a GQA group and take the softmax in one pass; its FA kernel
     # (ggml-cpu ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk) walks the cache once per
-    # query head, with an expf and an F16 accumulate (ggml_vec_mad_f16) per cached token: measured on
-    # the testbed at depth 512, FA off decodes 455 tok/s, FA on 354 (issue #25): less the cache's
-    # bytes, attention 3.2x faster
-    cpu_noflash_ctx_factor: float = 3.0
+    # query head, with an expf and an F16 accumulate (ggml_vec_mad_f16) per cached token. It pays for
+    # it a fixed cost a layer a token, whatever the context (cpu_noflash_layer_us): the matmuls, the
+    # mask and softmax and the copies between them are more graph nodes than the one FA node, each a
+    # barrier of the thread pool. Measured on this project's EPYC (2 threads, 8 layers): llama-bench
+    # -p 0 -n 256 -r 5 -d 0,512, four interleaved rounds: at depth 0 FA on decodes about 900 tok/s,
+    # off 700, at depth 512 off is the faster (610 against 550); `moetune hw attention` (three
+    # launches a variant, depths 0-2048) fitted 21 us a layer and a 1.28x faster context term, where
+    # a fit through one intercept for both had said 1.01x. The built-in pair keeps the AMX Xeon's
+    # depth-512 figures of issue #25 (FA off 455 tok/s, on 354, 654 at depth 0) with that fixed
+    # cost: 4.8x
+    cpu_noflash_ctx_factor: float = 4.8
+    cpu_noflash_layer_us: float = 20.0
     # attention over quantized cache rows (q8_0, q4_0): the engine quantizes q once to the K type's
     # vec_dot type and dots int8 blocks (ggml_vec_dot_q8_0_q8_0), and dequantizes V rows to F32
     # (v_to_float + ggml_vec_mad_f32) instead of the F16 accumulate: measured on the testbed at depth
     # 512 with flash attention, a q8_0/q8_0 cache decodes 510 tok/s against f16's 354: less the
-    # cache's bytes (17/32 of f16's), attention 4x faster
-    cpu_ctx_quant_factor: float = 4.0
+    # cache's bytes (17/32 of f16's) and the fixed cost below, attention 8x faster
+    cpu_ctx_quant_factor: float = 8.0
+    # ...and a fixed cost a layer a token with both K and V quantized, whatever the context: the new
+    # token's K and V rows quantized into the cache, q converted to the K type's dot type. Measured
+    # on this project's EPYC (`moetune hw attention`, 2 threads, three launches a variant): at depth 0
+    # an f16 cache decodes 1184 tok/s, a q8_0 one 910, 34 us a layer of the probe's 8
+    cpu_ctx_quant_layer_us: float = 30.0
     # the same three while prefilling: a ubatch's queries against the cache before it and themselves
     # (batched, each cached row read once a ubatch). Guesses: no machine's figure is built in, as
     # they differ by CPU (this project's EPYC, `moetune hw attention`: 32 GFLOP/s a core with flash
@@ -177,6 +190,7 @@ class DeviceWork:
     ctx_flop_windowed: float = 0.0
     window: int = 0
     flash_attn: bool = True  # attention by the engine's flash-attention kernel (stored works before: on)
+    attn_layers: int = 0  # layers whose attention it computes (stored works before: 0, no per-layer cost)
     ctx_quant_share: float = 0.0  # the share of its attention FLOPs over quantized cache rows (K, V)
     # the share of the weight bytes it reads a token that run repacked (the host's CPU backend, where
     # the plan repacks: mainline's repack buffers take only the types with an interleaved kernel on
@@ -260,6 +274,14 @@ def cpu_ctx_gflops(d: DeviceWork, k: SpeedConstants) -> float:
     return rate / ((1.0 - q) + q / k.cpu_ctx_quant_factor)
 
 
+def cpu_layer_us(d: DeviceWork, k: SpeedConstants) -> float:
+    """The attention's fixed cost a layer a decoded token on the CPU, beyond the FA kernel's with an
+    f16 cache: the path without flash attention's extra graph nodes, the quantized cache's
+    conversions (on the share of the attention over quantized rows)."""
+    q = min(1.0, max(0.0, d.ctx_quant_share))
+    return (0.0 if d.flash_attn else k.cpu_noflash_layer_us) + q * k.cpu_ctx_quant_layer_us
+
+
 def cpu_pp_ctx_gflops(d: DeviceWork, k: SpeedConstants) -> float:
     """Attention FLOP/s per CPU thread while prefilling: a ubatch's queries against the cache (and
     themselves), the same three variants as decode with their own rates (batched, the cache's rows
@@ -278,7 +300,8 @@ def device_decode_seconds(d: DeviceWork, depth: float, k: SpeedConstants) -> flo
         # model that fits neither; the engine's interleaved blocks feed its SIMD rows without gathers)
         read = d.read_bytes * d.repack_scale(k) + kv
         t = _soft_max(read / (d.bw_gbs * GB * k.cpu_bw_eff), read / (threads * k.cpu_core_gbs * GB))
-        return t + flop / (threads * cpu_ctx_gflops(d, k))
+        fixed = d.attn_layers * cpu_layer_us(d, k) * 1e-6
+        return t + fixed + flop / (threads * cpu_ctx_gflops(d, k))
     return read / (d.bw_gbs * GB * k.gpu_bw_eff) + flop / (k.gpu_ctx_tflops * 1e12)
 
 
@@ -504,8 +527,10 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, *, routing:
     kv_win: dict[str, float] = {}
     flop_win: dict[str, float] = {}
     quant_flop: dict[str, float] = {}
+    attn_layers: dict[str, int] = {}
     for lk in kv.layers:
         d = pl.layer_device[lk.layer]
+        attn_layers[d] = attn_layers.get(d, 0) + 1
         # a sliding-window layer reads at most a window of its cache (with --swa-full the attention
         # runs over a cache of the whole context, the masked cells included)
         windowed = lk.swa and not s.swa_full
@@ -549,6 +574,7 @@ def work(p: ModelProfile, hw: Inventory, pl: Placement, s: Settings, *, routing:
                 ctx_flop_windowed=flop_win.get(name, 0.0),
                 window=kv.n_swa if name in flop_win else 0,
                 flash_attn=s.flash_attn,
+                attn_layers=attn_layers.get(name, 0),
                 ctx_quant_share=_share(quant_flop.get(name, 0.0), ctx_flop.get(name, 0.0) + flop_win.get(name, 0.0)),
                 repacked_share=_share(repacked_read.get(name, 0.0), read.get(name, 0.0))
                 if dev.kind == DeviceKind.CPU

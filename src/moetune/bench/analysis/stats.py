@@ -155,6 +155,25 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
+def order_ci(xs: Sequence[float], *, conf: float = DEFAULT_CONF) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median: the order statistics the sign test
+    puts around it (at least ``conf`` coverage for any continuous distribution). Wider than the
+    bootstrap's on small samples, where the bootstrap's is too narrow (nine rounds of two identical
+    configurations measured a 0.72-1.01 interval around 0.91); with too few samples for ``conf``,
+    the whole sample's range."""
+    a = np.sort(_arr(xs))
+    n = a.size
+    # the largest k with P(Binomial(n, 1/2) < k) <= (1 - conf) / 2: the interval is x(k)..x(n+1-k)
+    k, tail = 0, 0.0
+    while k < (n + 1) // 2:
+        tail += math.comb(n, k) / 2.0**n
+        if tail > (1.0 - conf) / 2.0:
+            break
+        k += 1
+    i = max(0, k - 1)
+    return float(a[i]), float(a[n - 1 - i])
+
+
 def modified_z(xs: Sequence[float]) -> list[float]:
     """Modified z-scores; with a zero MAD, the mean absolute deviation stands in (Iglewicz–Hoaglin)."""
     a = _arr(xs)
