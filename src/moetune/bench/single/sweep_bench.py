@@ -184,7 +184,7 @@ def bench_sweep(
             "ctx": ctx,
             "ubatch": ub,
             "repeats": opt.repeats,
-            **_expected(t, chosen.name, ctx, ub, opt.tg or ub // 4),
+            **_expected(t, chosen.name, ctx=ctx, ub=ub, tg=opt.tg or ub // 4),
         },
     )
     run_id = db.create_run(meta, label=label or f"{t.label} (sweep-bench)", target=t.name)
@@ -233,7 +233,7 @@ def bench_sweep(
     return run_id
 
 
-def _expected(t: Target, service: str, ctx: int, ub: int, tg: int) -> dict[str, object]:
+def _expected(t: Target, service: str, *, ctx: int, ub: int, tg: int) -> dict[str, object]:
     """The plan's prediction at every depth the sweep measures (as bench's runs store it)."""
     from moetune.bench.analysis.predicted import expected
     from moetune.bench.single.runner import Launch
