@@ -129,3 +129,11 @@ def test_default_thinking_is_each_workloads_own(tmp_path: Path) -> None:
     (tmp_path / "think.json").write_text(json.dumps(body))
     ws = expand(["short-json"], [tmp_path / "think.json"])
     assert [(w.name, w.thinking) for w in ws] == [("short-json", False), ("think+think", True)]
+
+
+def test_tg_is_predicted_at_the_mean_context_of_the_generated_tokens() -> None:
+    from moetune.bench.single.workloads import CHAT, DEPTH, Workload
+
+    assert Workload(name="d512", kind=DEPTH, max_tokens=128, depth=512, pp_tokens=256).tg_depth == 831.5
+    assert Workload(name="exact", kind=CHAT, max_tokens=101, ignore_eos=True).tg_depth == 50.0  # the reply's own tokens
+    assert Workload(name="short", kind=CHAT, max_tokens=101).tg_depth is None  # the reply may stop early: at depth 0
