@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from moetune.bench.analysis.bench_summary import BenchSummary
+from moetune.jsonread import number
 from moetune.plan.calibrate import UNCALIBRATED_PCT, Observation
 from moetune.plan.speed import Work, at_depth
 
@@ -141,16 +142,15 @@ def observations(
         tg, pp = s.median(name, "tg"), s.median(name, "pp")
         if tg or pp:
             prompt = w.prompt_n
-            depth = int(e.get("depth") or 0)
             out.append(
                 Observation(
                     run=run_id,
                     work=Work.from_json(e["work"]),
-                    depth=depth,
+                    depth=int(e.get("depth") or 0),
                     measured_tg=tg,
                     measured_pp=pp,
                     prompt_tokens=int(prompt) if prompt else None,
-                    tg_depth=float(e["tg_depth"]) if isinstance(e.get("tg_depth"), int | float) else None,
+                    tg_depth=number(e.get("tg_depth")),
                 )
             )
     return out
