@@ -193,7 +193,8 @@ def test_tune_one_service_while_the_others_serve_their_load(
 ) -> None:
     """--with-load: each candidate of the CPU-only main service is measured alone and while the
     worker (its model on a loopback rpc-server device) serves four streams on the same two cores;
-    the objective is main's TG under the load, slower than alone, and stored in the tune's runs."""
+    the objective is main's TG under the load (slower than alone where main takes both cores),
+    stored in the tune's runs."""
     import json
 
     import moetune.tune.loop as loop
@@ -233,8 +234,10 @@ def test_tune_one_service_while_the_others_serve_their_load(
     assert doc["with_load"][0]["service"] == "worker" and doc["engine_defaults"] is None
     launched = [c for c in doc["candidates"] if c["launched"]]
     assert len(launched) == 2
-    base = doc["candidates"][0]["measured"]
-    assert base["tg_tok_s"]["median"] < base["alone"]["tg_tok_s"]["median"]  # the worker's load slows main
+    # the worker's load slows main where both want every core: main at -t 2 beside the worker's four
+    # streams (main at -t 1 leaves the worker a core of its own, and measures within noise of alone)
+    both = next(c["measured"] for c in launched if " t2 " in c["label"])
+    assert both["tg_tok_s"]["median"] < 0.8 * both["alone"]["tg_tok_s"]["median"]
     with ResultsDB.open(db) as h:
         runs = [h.run(c["measured"]["run"]) for c in launched]
     assert all(run.kind == "serve-bench" and run.sweep_id == doc["tune"] for run in runs)
