@@ -130,10 +130,11 @@ def main(results: Path) -> None:
             raise RuntimeError(tr.stderr)
         tune_s = time.monotonic() - t0
         doc = json.loads(tr.stdout)
-        winner = doc["best"]["label"]
+        winner = doc["best"]["label"]  # "engine defaults" where they beat every candidate: no flags
         binary = registry.get(None).binary("bench")
         # the winner first; then the engine with no flags and each peer's recommendation
-        configs = {"tune's winner": bench_flags(winner), "no flags": [], **peer_configs()}
+        flags = [] if doc["defaults_win"] else bench_flags(winner)
+        configs = {"tune's winner": flags, "no flags": [], **peer_configs()}
         rounds: dict[str, list[dict[str, float]]] = {k: [] for k in configs}
         for i in range(ROUNDS):
             order = list(configs)[i % len(configs) :] + list(configs)[: i % len(configs)]  # rotate who goes first

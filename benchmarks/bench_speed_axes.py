@@ -231,7 +231,7 @@ def main(results: Path) -> None:
         }
         if tr.exit_code == 0:
             doc = json.loads(tr.stdout)
-            found = doc["best"]["label"]
+            found = doc["best_candidate"]["label"]  # the search's reach (the engine defaults are not in the grid)
             tune.update(
                 launches=doc["launches"],
                 best=found,

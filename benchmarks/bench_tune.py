@@ -153,16 +153,18 @@ def tune_run(
         raise RuntimeError(r.stderr)
     doc = json.loads(r.stdout)
     best_label = max(grid, key=lambda k: statistics.median(grid[k]))
-    reached = grid[doc["best"]["label"]]  # as the grid measured it
+    found = doc["best_candidate"]["label"]  # the search's reach (the engine defaults are not in the grid)
+    reached = grid[found]  # as the grid measured it
     d = difference(grid[best_label], reached, higher_is_better=True)
     return {
         "budget": budget,
         "launches": doc["launches"],
         "stopped": doc["stopped"],
         "wall_s": round(time.monotonic() - t0, 1),
-        "best": doc["best"]["label"],
+        "best": found,
+        "defaults_win": doc["defaults_win"],
         "best_tg": round(statistics.median(reached), 1),
-        "best_tg_in_search": round(statistics.median(tg_values(db)[doc["best"]["label"]]), 1),
+        "best_tg_in_search": round(statistics.median(tg_values(db)[found]), 1),
         "grid_best": best_label,
         "grid_best_tg": round(statistics.median(grid[best_label]), 1),
         "ratio_to_grid_best": round(statistics.median(reached) / statistics.median(grid[best_label]), 3),

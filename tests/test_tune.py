@@ -86,7 +86,7 @@ def test_tune_reaches_the_grid_best_in_five_launches_cold_and_three_calibrated(b
     assert 1 < doc["launches"] <= 5 and doc["baseline"]["label"] == "cpu-moe t1 ub512 fa"
     # the configuration reached, as the grid measured it (two launches; its own launch in the search
     # is one more draw of the same noise)
-    reached = doc["best"]["label"]
+    reached = doc["best_candidate"]["label"]
     assert close_to(grid[best], grid[reached], sigma), (
         reached,
         best,
@@ -108,7 +108,7 @@ def test_tune_reaches_the_grid_best_in_five_launches_cold_and_three_calibrated(b
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["launches"] <= 3
-    reached = doc["best"]["label"]
+    reached = doc["best_candidate"]["label"]
     assert close_to(grid[best], grid[reached], sigma), (
         reached,
         best,
@@ -179,8 +179,8 @@ def test_tune_skips_what_does_not_fit_records_a_failed_launch_and_resumes(bin_di
     base = by["auto t1 ub65536 no-fa"]
     assert base["launched"] and base["measured"] is None
     assert base["verdict"].startswith("failed: ") and "out of memory" in base["verdict"]
-    assert out["best"]["label"] in ("auto t1 ub256 no-fa", "cpu-moe t1 ub256 no-fa")
-    assert out["best"]["tg_tok_s"]["median"] > 0
+    assert out["best_candidate"]["label"] in ("auto t1 ub256 no-fa", "cpu-moe t1 ub256 no-fa")
+    assert out["best_candidate"]["tg_tok_s"]["median"] > 0
     n = len(run_ids(tmp_path / "t.db"))
     again = run_cli(*args)  # resumed: nothing measured or failed is launched again
     assert again.exit_code == 0, again.stderr

@@ -58,6 +58,8 @@ def test_tune_measures_the_engine_defaults_and_names_its_workload(bin_dir: Path,
         str(db),
         "--max-pp-loss",
         "0",
+        "-o",
+        str(tmp_path / "best.json"),
         "--json",
     )
     assert r.exit_code == 0, r.stderr
@@ -90,4 +92,10 @@ def test_tune_measures_the_engine_defaults_and_names_its_workload(bin_dir: Path,
     lost = pp < max(refs)
     assert cand["verdict"].startswith("rejected: PP ") == lost, (cand["verdict"], pp, refs)
     if lost:
-        assert "--max-pp-loss 0%" in cand["verdict"] and doc["best"]["label"] == doc["baseline"]["label"]
+        assert "--max-pp-loss 0%" in cand["verdict"] and doc["best_candidate"]["label"] == doc["baseline"]["label"]
+    # the plan written is the defaults' exactly where they beat the best candidate (TG, by compare's rule)
+    won = doc["defaults_win"] is not None
+    assert won == (vs["tg"]["verdict"] == "slower" and d["pp_tok_s"]["median"] >= refs[0])
+    assert doc["best"]["label"] == ("engine defaults" if won else doc["best_candidate"]["label"])
+    written = json.loads((tmp_path / "best.json").read_text())
+    assert written.get("engine_defaults", False) == won and doc["plan"] == str(tmp_path / "best.json")

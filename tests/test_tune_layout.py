@@ -185,6 +185,7 @@ def test_tune_one_service_of_a_running_layout(bin_dir: Path, tmp_path: Path, mon
     assert [sj["name"] for sj in best["services"]] == ["main", "worker"] and best["fits"]
     assert not [w for w in best["warnings"] if "RPC worker" in (w["message"] or "")]
     assert doc["engine_defaults"]["run"] is not None  # the engine's own choices, the main model alone
+    assert doc["defaults_win"] is None  # never the recommendation of a layout: their plan is the main model alone
 
 
 @pytest.mark.server

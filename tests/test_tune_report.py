@@ -169,6 +169,8 @@ def test_the_document_of_a_search(tmp_path: Path) -> None:
         "serve",
         "baseline",
         "best",
+        "best_candidate",
+        "defaults_win",
         "candidates",
         "engine_defaults",
         "max_pp_loss",
@@ -176,9 +178,11 @@ def test_the_document_of_a_search(tmp_path: Path) -> None:
         "with_load",
         "weighted",
     ]
+    assert doc["defaults_win"] is None  # they failed
     assert (
         doc["baseline"]
         == doc["best"]
+        == doc["best_candidate"]
         == {
             "label": entries[0].candidate.label,
             "tg_tok_s": None,
@@ -207,3 +211,77 @@ def test_the_document_of_a_search(tmp_path: Path) -> None:
     console.print(result_table(r, {0: 0.5}))
     text = console.export_text()
     assert "KLD" in text and "0.500000" in text and "failed: out of memory" in text and "more" not in text
+
+
+def _won(tmp_path: Path, *, defaults_tg: list[float], defaults_pp: list[float], objective: str = "tg") -> TuneResult:
+    """A search whose best candidate (index 1) measured TG 100 and PP 1000, the baseline 80 / 1000,
+    beside engine defaults that measured ``defaults_tg`` / ``defaults_pp``."""
+    tmp_path.mkdir(exist_ok=True)
+    model, hw = make_testbed(tmp_path, rpc_devices=2, rpc_mem_mib=70)
+    (w,) = expand([], [], depths=[0], pp_tokens=64, tg_tokens=16)
+    small = {"threads": (1, 2), "ubatches": (512,), "flash_attn": (True,), "cache_types": (("f16", "f16"),)}
+    req = TuneRequest(
+        hw=str(hw), model=str(model), base=Settings(threads=1), workload=w, options=BenchOptions(), axes=small
+    )
+    entries, k = candidates(req, lambda s: None)
+    entries[0].run, entries[1].run = 1, 2
+    rates = {0: dflt.Rates((80.0, 81.0, 79.0), (1000.0,) * 3), 1: dflt.Rates((100.0, 101.0, 99.0), (1000.0,) * 3)}
+    d_rates = dflt.Rates(tuple(defaults_tg), tuple(defaults_pp))
+    return TuneResult(
+        tune_id="tu-x",
+        objective=objective,
+        entries=entries,
+        baseline=0,
+        best=1,
+        launches=2,
+        stopped="budget spent",
+        constants=k,
+        values={i: list(r.tg if objective == "tg" else r.pp) for i, r in rates.items()},
+        summaries={},
+        verdicts={0: "baseline", 1: "best, faster (+25.0% vs baseline)"},
+        plan_dir=tmp_path,
+        workload=w,
+        defaults=dflt.Defaults({"argv": ["llama-server", "-m", "m"]}, run=3),
+        rates=rates,
+        defaults_rates=d_rates,
+        defaults_values=d_rates.tg if objective == "tg" else d_rates.pp,
+    )
+
+
+def test_the_engine_defaults_are_the_best_where_they_beat_every_candidate(tmp_path: Path) -> None:
+    """Defaults that measured faster than the best candidate (by the rule of `compare`) are the
+    recommendation: the plan to run is theirs, the document's best is theirs, the candidate is the
+    best candidate only; within the noise, or losing more than --max-pp-loss of the baseline's PP,
+    the best candidate stands."""
+    r = _won(tmp_path, defaults_tg=[130.0, 131.0, 129.0, 130.5], defaults_pp=[1000.0] * 4)
+    assert r.defaults_win is not None and r.defaults_win.startswith("faster (+30")
+    assert "the best candidate" in r.defaults_win
+    assert r.recommended_path() == tmp_path / dflt.PLAN_FILE
+    doc = result_json(r)
+    assert doc["defaults_win"] == r.defaults_win
+    assert doc["best"] == {
+        "label": dflt.LABEL,
+        "tg_tok_s": doc["engine_defaults"]["tg_tok_s"],  # type: ignore[index]
+        "pp_tok_s": doc["engine_defaults"]["pp_tok_s"],  # type: ignore[index]
+        "goodput_req_s": None,
+        "run": 3,
+    }
+    assert doc["best_candidate"]["label"] == r.entries[1].candidate.label  # type: ignore[index]
+    assert doc["candidates"][1]["verdict"] == "best candidate, faster (+25.0% vs baseline)"  # type: ignore[index]
+    assert doc["engine_defaults"]["best_vs_defaults"]["tg"]["verdict"] == "slower"  # type: ignore[index]
+    assert defaults_lines(doc)[1].startswith("  best candidate vs engine defaults, TG: slower")
+    from rich.console import Console
+
+    console = Console(width=300, record=True)
+    console.print(result_table(r))
+    assert "best, faster (+30" in console.export_text()  # the defaults' row
+    # within the noise of the best: the best candidate stands
+    same = _won(tmp_path / "same", defaults_tg=[60.0, 140.0, 100.0, 101.0], defaults_pp=[1000.0] * 4)
+    assert same.defaults_win is None and same.recommended_path() == same.plan_path(1)
+    assert result_json(same)["best"]["label"] == same.entries[1].candidate.label  # type: ignore[index]
+    # faster TG for 20% less PP than the baseline: --max-pp-loss (10%) keeps the best candidate
+    lossy = _won(tmp_path / "lossy", defaults_tg=[130.0, 131.0, 129.0, 130.5], defaults_pp=[800.0] * 4)
+    assert lossy.defaults_win is None and lossy.recommended_path() == lossy.plan_path(1)
+    # --objective pp judges PP, and no PP guard applies
+    pp = _won(tmp_path / "pp", defaults_tg=[10.0] * 4, defaults_pp=[1300.0, 1310.0, 1290.0, 1305.0], objective="pp")
+    assert pp.defaults_win is not None and pp.recommended_path() == tmp_path / "pp" / dflt.PLAN_FILE

@@ -133,7 +133,7 @@ def test_tune_replays_a_recorded_session(bin_dir: Path, tmp_path: Path) -> None:
     )
     assert human.exit_code == 0 and "resuming tune" in human.stderr  # nothing launched again
     assert "replay total" in human.stdout and "engine defaults:" in human.stdout
-    assert "time vs baseline" in human.stdout or doc["best"]["label"] == doc["baseline"]["label"]
+    assert "time vs baseline" in human.stdout or doc["best_candidate"]["label"] == doc["baseline"]["label"]
 
 
 @pytest.mark.timeout(240)

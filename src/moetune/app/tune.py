@@ -102,10 +102,9 @@ class Tuned:
     kld: dict[int, float] | None
 
     def best_shell(self) -> str | None:
-        """The winning plan's command, as a shell line (None: nothing was measured)."""
-        if self.result.best is None:
-            return None
-        return str(json.loads(self.result.plan_path(self.result.best).read_text())["shell"])
+        """The recommended plan's command, as a shell line (None: nothing was measured)."""
+        path = self.result.recommended_path()
+        return None if path is None else str(json.loads(path.read_text())["shell"])
 
     def failure(self, output: Path | None = None) -> RuntimeFailure | None:
         """The error to exit with once the result is shown: no launch was measured."""
@@ -192,10 +191,10 @@ def tune(req: TuneRequest, cb: Callbacks | None = None) -> Tuned:
             }
         doc = result_json(result, kld)
         doc["quality_guard"] = guarded
-    if result.best is None:
+    best_plan = result.recommended_path()
+    if best_plan is None:
         doc["plan"] = None
     else:
-        best_plan = result.plan_path(result.best)
         if req.output:
             req.output.write_text(best_plan.read_text())
         doc["plan"] = str(req.output or best_plan)

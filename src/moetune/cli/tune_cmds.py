@@ -231,7 +231,12 @@ def _list(kind: str) -> Any:
     "types, engine, model) is measured against the baseline by `moetune quality` and rejected when its "
     "mean KL divergence is above this (e.g. 0.001).",
 )
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the winning plan here.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Write the winning plan here (the engine defaults' where they beat every candidate).",
+)
 @db_option
 @json_option
 def tune_cmd(
@@ -412,9 +417,11 @@ def _print_result(tuned: Tuned) -> None:
     if shell is None:
         out.print("best: none (no configuration was measured)", markup=False)
         return
-    out.print(
-        f"best: {doc['best']['label']}" + ("" if result.best else " (the baseline: nothing beat it)"), markup=False
-    )
+    if won := doc.get("defaults_win"):
+        best = f"best: {doc['best']['label']}, {won}: {doc['best_candidate']['label']} measured slower than no flags"
+    else:
+        best = f"best: {doc['best']['label']}" + ("" if result.best else " (the baseline: nothing beat it)")
+    out.print(best, markup=False)
     out.print("command:", markup=False)
     print_text(shell)
     out.print(f"plan: {doc['plan']} (`moetune launch` or `moetune bench` it)", markup=False)

@@ -5,16 +5,22 @@ baselines' prefill speed cannot win.
 
 The engine-defaults run is stored under the tune's id like a candidate, but its plan document
 carries no prediction (its placement is the engine's, not the plan's), so no calibration reads it.
+Where the defaults beat the search's best on the objective by the rule of `compare` (and keep the
+baseline's PP within ``--max-pp-loss`` under ``--objective tg``), they are the recommendation: the
+plan tune writes and prints is theirs, so a tune never recommends flags that measured slower than
+none.
 """
 
 from __future__ import annotations
 
 import copy
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from moetune.bench.analysis.single import bench_metrics
+from moetune.bench.analysis.stats import SLOWER
 from moetune.bench.single.workloads import Workload
 from moetune.engine.command import defaults_service_argv
 from moetune.plan.plan import Plan
@@ -23,6 +29,7 @@ from moetune.store.db import ResultsDB
 from moetune.tune.verdict import compare
 
 LABEL = "engine defaults"
+PLAN_FILE = "engine_defaults.json"  # the defaults' plan document, in the tune's plan folder
 MAX_PP_LOSS = 0.10  # --max-pp-loss's default: the share of the baselines' PP a TG winner may give up
 
 
@@ -94,12 +101,24 @@ def pp_rejections(pp_medians: dict[int, float], references: dict[str, float], ma
     for i, pp in pp_medians.items():
         for name, ref in references.items():
             if ref > 0 and pp < (1 - max_loss) * ref:
+                whose = name + ("'" if name.endswith("s") else "'s")
                 out[i] = (
-                    f"rejected: PP {pp:.4g} tok/s is {(1 - pp / ref) * 100:.0f}% below the {name}'s "
+                    f"rejected: PP {pp:.4g} tok/s is {(1 - pp / ref) * 100:.0f}% below the {whose} "
                     f"{ref:.4g} (--max-pp-loss {max_loss * 100:g}%)"
                 )
                 break
     return out
+
+
+def beat_best(best: Sequence[float], theirs: Sequence[float], *, as_time: bool = False) -> str | None:
+    """How the engine defaults beat the search's best on the objective (``best``, ``theirs``: the
+    objective's samples, higher is better); None where they do not. Judged as the report judges the
+    best against them (`compare`, the defaults as its baseline), so the two never disagree."""
+    if len(best) < 2 or len(theirs) < 2 or compare(list(theirs), list(best), as_time=as_time)[0] != SLOWER:
+        return None
+    ratio = statistics.median(theirs) / statistics.median(best)
+    change = f"{(1 / ratio - 1) * 100:+.1f}% time" if as_time else f"{(ratio - 1) * 100:+.1f}%"
+    return f"faster ({change} vs the best candidate)"
 
 
 def workload_text(w: Workload) -> str:

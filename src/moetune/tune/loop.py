@@ -156,6 +156,7 @@ class TuneResult:
     work: wl.WorkObjective | None = None  # --objective replay:FILE or turn
     works: dict[int, wl.Measured] = field(default_factory=dict)  # measured, with a workload objective
     defaults_work: wl.Measured | None = None  # the engine defaults' measurement of the workload
+    defaults_values: tuple[float, ...] = ()  # the engine defaults' objective samples (higher is better)
     loaded: dict[int, ul.Measured] = field(default_factory=dict)  # measured under --with-load, per entry
     with_load: tuple[ServiceLoad, ...] = ()  # the other services' loads they were measured under
     weighted: wt.Weighted | None = None
@@ -163,6 +164,28 @@ class TuneResult:
 
     def plan_path(self, i: int) -> Path:
         return self.plan_dir / f"{_slug(self.entries[i].candidate.label)}.json"
+
+    @property
+    def defaults_win(self) -> str | None:
+        """How the engine defaults beat the search's best, where they do (:func:`dflt.beat_best`);
+        under ``--objective tg`` only within ``--max-pp-loss`` of the baseline's PP. None: the best
+        stands, as it always does for a layout's service (the defaults' plan is its model alone)."""
+        if self.defaults is None or self.defaults.run is None or self.best is None:
+            return None
+        if len(self.entries[0].plan.services) > 1:
+            return None
+        won = dflt.beat_best(self.values.get(self.best, []), self.defaults_values, as_time=self.work is not None)
+        base_pp, pp = self.rates[0].median("pp") if 0 in self.rates else None, self.defaults_rates.median("pp")
+        if won and self.objective == "tg" and base_pp and pp:
+            return None if dflt.pp_rejections({0: pp}, {"baseline": base_pp}, self.max_pp_loss) else won
+        return won
+
+    def recommended_path(self) -> Path | None:
+        """The plan to run: the engine defaults' where they beat the best, else the best's (None:
+        nothing was measured)."""
+        if self.best is None:
+            return None
+        return self.plan_dir / dflt.PLAN_FILE if self.defaults_win else self.plan_path(self.best)
 
 
 def _slug(label: str) -> str:
@@ -415,6 +438,8 @@ def tune(
     result = s.result(defaults)
     if result.best is not None and not result.plan_path(result.best).exists():
         result.plan_path(result.best).write_text(json.dumps(entries[result.best].doc, indent=2))
+    if defaults is not None and defaults.run is not None and not (s.plan_dir / dflt.PLAN_FILE).exists():
+        (s.plan_dir / dflt.PLAN_FILE).write_text(json.dumps(defaults.doc, indent=2))
     _save_calibration(db, calibrations.plan_key(entries[0].doc))
     return result
 
@@ -675,7 +700,7 @@ class _Search:
         """Measure the engine with the model and no tuning flags, as every candidate is measured; not
         a launch of the budget."""
         req, db, status = self.req, self.db, self.status
-        path = self.plan_dir / "engine_defaults.json"
+        path = self.plan_dir / dflt.PLAN_FILE
         path.write_text(json.dumps(d.doc, indent=2))
         status(f"engine defaults: {' '.join(d.argv)}")
         try:
@@ -724,11 +749,12 @@ class _Search:
         judged, best = verdicts(
             entries, self.values, None if view is None else view.expect, rejected, as_time=req.work is not None
         )
-        d_work = (
-            wl.measured(db.samples(defaults.run), req.work)
-            if req.work is not None and defaults is not None and defaults.run is not None
-            else None
-        )
+        d_samples = db.samples(defaults.run) if defaults is not None and defaults.run is not None else None
+        d_work = wl.measured(d_samples, req.work) if req.work is not None and d_samples is not None else None
+        if d_work is not None:
+            d_values: tuple[float, ...] = tuple(d_work.values)
+        else:
+            d_values = tuple(_bench_values(d_samples, req)) if d_samples is not None and req.work is None else ()
         return TuneResult(
             tune_id=self.tid,
             objective=req.objective,
@@ -752,6 +778,7 @@ class _Search:
             work=req.work,
             works=self.works,
             defaults_work=d_work,
+            defaults_values=d_values,
             loaded=self.loaded,
             with_load=req.with_load,
             weighted=req.weighted,

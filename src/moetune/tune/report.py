@@ -406,6 +406,14 @@ class CandidateRow:
 
 
 def candidate_rows(r: TuneResult, kld: dict[int, float] | None = None) -> list[CandidateRow]:
+    won = r.defaults_win is not None  # the engine defaults beat the best: it is the best candidate only
+
+    def verdict(i: int) -> str:
+        v = r.verdicts.get(i, "")
+        if won and i == r.best:
+            return v.replace("best", "best candidate", 1)
+        return v
+
     return [
         CandidateRow(
             index=i,
@@ -414,7 +422,7 @@ def candidate_rows(r: TuneResult, kld: dict[int, float] | None = None) -> list[C
             fits=e.fits,
             predicted=_predicted(r, i),
             measured=_measured(r, i),
-            verdict=r.verdicts.get(i, ""),
+            verdict=verdict(i),
             kld=(kld or {}).get(i),
         )
         for i, e in enumerate(r.entries)
@@ -498,13 +506,29 @@ def result_json(r: TuneResult, kld: dict[int, float] | None = None) -> dict[str,
         },
         "serve": r.serve.to_json() if r.serve else None,
         "baseline": _head(r, r.baseline).to_json(),
-        "best": None if r.best is None else _head(r, r.best).to_json(),
+        "best": _best(r, defaults),
+        "best_candidate": None if r.best is None else _head(r, r.best).to_json(),
+        "defaults_win": r.defaults_win,
         "candidates": [c.to_json() for c in candidate_rows(r, kld)],
         "engine_defaults": None if defaults is None else defaults.to_json(),
         "max_pp_loss": r.max_pp_loss if r.objective == "tg" else None,
         "constants": asdict(r.constants),
         "with_load": [ld.to_json() for ld in r.with_load] or None,
         "weighted": None if r.weighted is None else r.weighted.to_json(),
+    }
+
+
+def _best(r: TuneResult, defaults: DefaultsRow | None) -> dict[str, object] | None:
+    """The recommendation: the engine defaults where they beat the best candidate, else it."""
+    if r.best is None:
+        return None
+    if r.defaults_win is None or defaults is None:
+        return _head(r, r.best).to_json()
+    d = defaults.to_json()
+    return {
+        **{k: d[k] for k in ("label", "tg_tok_s", "pp_tok_s", *([r.objective] if r.work else []))},
+        "goodput_req_s": None,
+        "run": d["run"],
     }
 
 
@@ -545,8 +569,10 @@ def _kld_cell(r: TuneResult, c: CandidateRow) -> str:
     return "not checked" if changes_numerics(r.entries[r.baseline], r.entries[c.index]) else "same numerics"
 
 
-def _failed_text(d: DefaultsRow) -> str:
-    return "failed: " + d.failed.splitlines()[0] if d.failed else "the engine with no tuning flags"
+def _failed_text(d: DefaultsRow, won: str | None = None) -> str:
+    if d.failed:
+        return "failed: " + d.failed.splitlines()[0]
+    return f"best, {won}" if won else "the engine with no tuning flags"
 
 
 def result_table(r: TuneResult, kld: dict[int, float] | None = None) -> Any:
@@ -652,7 +678,7 @@ def _single_table(t: Any, r: TuneResult, rows: list[CandidateRow], d: DefaultsRo
             _cell(d.tg_tok_s),
             _cell(d.pp_tok_s),
             *([""] if quality else []),
-            _failed_text(d),
+            _failed_text(d, r.defaults_win),
         )
     return t
 
@@ -711,7 +737,7 @@ def _work_table(t: Any, r: TuneResult, d: DefaultsRow | None, rows: list[Candida
         )
     if d is not None:
         m = d.work_figures
-        t.add_row(dflt.LABEL, "", _seconds(m), _cache_cell(m), _failed_text(d))
+        t.add_row(dflt.LABEL, "", _seconds(m), _cache_cell(m), _failed_text(d, r.defaults_win))
     return t
 
 
@@ -722,11 +748,12 @@ def defaults_lines(doc: Mapping[str, object]) -> list[str]:
     if not vs:
         return []
     argv = d.get("argv")
+    who = "best candidate" if doc.get("defaults_win") else "best"
     out = [f"engine defaults: {' '.join(str(a) for a in argv) if isinstance(argv, list) else ''}"]
     for what, v in vs.items():
         if v:
             said = str(mapping(v).get("text") or "")
-            out.append(f"  best vs engine defaults, {what.upper()}: {said.replace('baseline', 'engine defaults')}")
+            out.append(f"  {who} vs engine defaults, {what.upper()}: {said.replace('baseline', 'engine defaults')}")
     return out
 
 
