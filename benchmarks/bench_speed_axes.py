@@ -2,14 +2,17 @@
 the tuning testbed's model (tests/tune_testbed.py, this machine's 2 cores and no RPC device) of
 placement (auto | cpu-moe) x threads (1 | 2) x -ub (128 | 512) x attention (flash attention on
 with an f16 cache, off, on with a q8_0 cache) x CPU weight repacking (off | on), measured at depth
-512 by `moetune sweep`.
+512 by `moetune sweep`, twice: the second pass in the reverse order, each configuration's truth the
+geometric mean of its two launches (on this VM a whole launch runs fast or slow: one pass alone
+scattered configurations identical in TG by 1.5x), and the passes' own scatter reported beside.
 
 First `moetune hw attention --write` measures this CPU's attention kernels into the testbed's
 hardware file (llama-bench on a generated model of the testbed's shapes, half a minute): every
 plan of the grid starts from them. Reports the Spearman rank correlation (ties ranked alike) of
 predicted and measured TG and PP with the built-in constants, with the measured attention terms,
 and after calibrating on pairs of grid runs of two placements (predicting the rest: median
-absolute errors and rank correlation, median over the pairs); and `moetune tune --budget 3`
+absolute errors and rank correlation, median over the pairs; a calibration reads two single
+launches, the rest is judged against both passes); and `moetune tune --budget 3`
 after calibrating on two runs, against the grid's best. Targets from the issue: TG median error
 <= 10%, PP <= 15%, TG rank correlation >= 0.8 after calibrating on 2 runs; tune within 3% of the
 grid's best.
@@ -21,8 +24,10 @@ so, not the model.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import math
 import os
 import random
 import statistics
@@ -51,6 +56,7 @@ from moetune.tune.history import gather  # noqa: E402
 DEPTH = 512
 WORKLOAD = ["--depth", str(DEPTH), "--pp-tokens", "256", "--tg-tokens", "128", "-r", "3", "--warmup", "1"]
 ATTENTION = ((True, "f16"), (False, "f16"), (True, "q8_0"))  # flash attention, cache type of K and V
+PASSES = 2  # the grid measured this many times, every other pass in the reverse order
 MAX_PAIRS = 60  # calibrations on pairs of runs (a seeded sample of them, each a fit)
 QUIET_LOAD = 1.5
 # the two grid runs a calibration is made from: two placements, two thread counts
@@ -135,6 +141,43 @@ def plan_grid(d: Path, model: Path, hw: Path, port: int) -> Path:
     return sweep
 
 
+def reversed_grid(sweep: Path) -> Path:
+    doc = yaml.safe_load(sweep.read_text())
+    out = sweep.with_name("grid-reversed.yaml")
+    out.write_text(yaml.safe_dump({**doc, "plans": doc["plans"][::-1]}))
+    return out
+
+
+def gmean(xs: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+
+def pooled(obs: list[Observation], labels: dict[int, str]) -> dict[str, Observation]:
+    """One observation per configuration: its first run's, measuring the geometric mean of its runs."""
+    by: dict[str, list[Observation]] = {}
+    for o in obs:
+        by.setdefault(labels[o.run], []).append(o)
+    out = {}
+    for name, os_ in by.items():
+        tg = [o.measured_tg for o in os_ if o.measured_tg]
+        pp = [o.measured_pp for o in os_ if o.measured_pp]
+        out[name] = dataclasses.replace(
+            os_[0], measured_tg=gmean(tg) if tg else None, measured_pp=gmean(pp) if pp else None
+        )
+    return out
+
+
+def launch_scatter(obs: list[Observation], labels: dict[int, str], what: str) -> float | None:
+    """The median over configurations of |ln(pass 1 / pass 2)|, as a percent: how far two launches of
+    one configuration lie apart on this machine."""
+    by: dict[str, list[float]] = {}
+    for o in sorted(obs, key=lambda o: o.run):
+        if (v := getattr(o, what)) is not None:
+            by.setdefault(labels[o.run], []).append(v)
+    logs = [abs(math.log(v[0] / v[1])) for v in by.values() if len(v) >= 2]
+    return round((math.exp(statistics.median(logs)) - 1) * 100, 1) if logs else None
+
+
 def scores(obs: list[Observation], k: SpeedConstants) -> dict[str, float]:
     tg = [(predict_tg(o, k), o.measured_tg) for o in obs if o.measured_tg]
     pp = [(predict_pp(o, k), o.measured_pp) for o in obs if o.measured_pp]
@@ -161,19 +204,27 @@ def main(results: Path) -> None:
         port = free_port()
         db = d / "grid.db"
         t0 = time.monotonic()
-        r = run_cli("sweep", str(plan_grid(d, model, hw, port)), *WORKLOAD, "--db", str(db), "--json")
-        if r.exit_code != 0:
-            raise RuntimeError(r.stderr)
+        sweep = plan_grid(d, model, hw, port)
+        for i in range(PASSES):
+            order = sweep if i % 2 == 0 else reversed_grid(sweep)
+            r = run_cli("sweep", str(order), *WORKLOAD, "--sweep-id", f"speed-axes-{i + 1}", "--db", str(db), "--json")
+            if r.exit_code != 0:
+                raise RuntimeError(r.stderr)
         grid_s = time.monotonic() - t0
         with ResultsDB.open(db) as h:
             ((_, obs),) = gather(h).items()
             labels = {run.id: run.label for run in h.runs()}
         obs = [o for o in obs if o.depth == DEPTH] or obs
         by_run = {o.run: o for o in obs}
+        truth = pooled(obs, labels)  # per configuration, over the passes
+        scatter = {
+            "tg_pct": launch_scatter(obs, labels, "measured_tg"),
+            "pp_pct": launch_scatter(obs, labels, "measured_pp"),
+        }
         k0 = SpeedConstants()
         kb = base_constants(load(hw))
-        before = scores(obs, k0)
-        probed = scores(obs, kb)
+        before = scores(list(truth.values()), k0)
+        probed = scores(list(truth.values()), kb)
         two = [
             (a, b)
             for a, b in itertools.combinations(sorted(by_run), 2)
@@ -182,13 +233,12 @@ def main(results: Path) -> None:
         pairs = []
         for a, b in random.Random(0).sample(two, min(MAX_PAIRS, len(two))):
             k = fit([by_run[a], by_run[b]], kb)
-            pairs.append(
-                {"pair": [labels[a], labels[b]], **scores([o for r_, o in by_run.items() if r_ not in (a, b)], k)}
-            )
+            rest = [o for name, o in truth.items() if name not in (labels[a], labels[b])]
+            pairs.append({"pair": [labels[a], labels[b]], **scores(rest, k)})
         after = {key: round(statistics.median(p[key] for p in pairs), 3) for key in pairs[0] if key != "pair"}
-        measured = {labels[o.run]: round(o.measured_tg or 0.0, 1) for o in obs}
+        measured = {name: round(o.measured_tg or 0.0, 1) for name, o in truth.items()}
         per_config = {
-            labels[o.run]: {
+            name: {
                 "measured_tg": round(o.measured_tg or 0.0, 1),
                 "predicted_tg": round(predict_tg(o, k0), 1),
                 "probed_tg": round(predict_tg(o, kb), 1),
@@ -196,11 +246,11 @@ def main(results: Path) -> None:
                 "predicted_pp": round(predict_pp(o, k0), 1),
                 "probed_pp": round(predict_pp(o, kb), 1),
             }
-            for o in obs
+            for name, o in truth.items()
         }
         best = max(measured, key=lambda x: measured[x])
         # tune after calibrating on two runs of two placements (the tests' pair)
-        ids = {v: k for k, v in labels.items()}
+        ids = {v: k for k, v in sorted(labels.items(), reverse=True)}  # a label's first run (the first pass)
         cal = run_cli("calibrate", *(str(ids[x]) for x in CALIBRATE_ON), "--db", str(db), "--json", "--force")
         t1 = time.monotonic()
         tr = run_cli(
@@ -244,6 +294,8 @@ def main(results: Path) -> None:
         "probe_s": round(probe_s, 1),
         "probe": probe,
         "grid_wall_s": round(grid_s, 1),
+        "passes": PASSES,
+        "launch_scatter": scatter,
         "load_average_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
         "measured_tg": measured,
         "per_configuration": per_config,
@@ -259,8 +311,9 @@ def main(results: Path) -> None:
         "# speed model over the engine axes (flash attention, cache type, repacking, threads, ubatch)",
         "",
         "`python benchmarks/run.py speed_axes`: " + str(len(measured)) + " configurations of the tuning "
-        f"testbed's model on this machine's {os.cpu_count()} cores, `moetune sweep` {' '.join(WORKLOAD)} "
-        f"({out['grid_wall_s']} s); load average {out['load_average_before_after'][0]} before, "
+        f"testbed's model on this machine's {os.cpu_count()} cores, `moetune sweep` {' '.join(WORKLOAD)}, "
+        f"{PASSES} passes (every other one in the reverse order; a configuration's figure is the geometric mean "
+        f"of its launches) ({out['grid_wall_s']} s); load average {out['load_average_before_after'][0]} before, "
         f"{out['load_average_before_after'][1]} after. `moetune hw attention --write` first ({out['probe_s']} s): "
         + ", ".join(f"{k}={v}" for k, v in probe["constants"].items())
         + ".",
@@ -283,6 +336,10 @@ def main(results: Path) -> None:
         ),
         "",
         "Targets (issue #25): TG <= 10%, PP <= 15%, TG rank correlation >= 0.8 after calibration.",
+        "",
+        f"Two launches of one configuration lie apart by a median of {scatter['tg_pct']}% in TG and "
+        f"{scatter['pp_pct']}% in PP on this machine (|ln(pass 1 / pass 2)| over the configurations): a "
+        "calibration reads two single launches, so its error cannot fall far below that.",
         "",
         f"tune (budget 3, from cpu-moe t1, after calibrating on {' and '.join(CALIBRATE_ON)}): {json.dumps(tune)}",
         "",

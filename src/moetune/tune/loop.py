@@ -68,7 +68,7 @@ from moetune.plan.placement import Placement, accelerator_expert_layers
 from moetune.plan.plan import Plan, ServiceSpec, make_plan
 from moetune.plan.serving import ServeLoad, expected_goodput, predict_serving, slotted
 from moetune.plan.settings import Settings
-from moetune.plan.speed import SpeedConstants, Work, decode_seconds, prefill_tok_s
+from moetune.plan.speed import SpeedConstants, Work, from_work
 from moetune.planfiles import document, layout_services, model_path, read_inputs, routing_for
 from moetune.store import calibrations
 from moetune.store.db import ResultsDB
@@ -205,8 +205,8 @@ def objective_value(objective: str, tg: float | None, pp: float | None, prompt_t
 
 
 def predicted_rates(e: Entry, k: SpeedConstants, w: Workload) -> tuple[float, float]:
-    tg_at = w.depth if w.tg_depth is None else w.tg_depth
-    return 1.0 / decode_seconds(e.work, tg_at, k), prefill_tok_s(e.work, k, w.pp_tokens, w.depth)
+    p = from_work(e.work, k, w.depth, w.pp_tokens, tg_depth=w.tg_depth)
+    return p.tg_tok_s, p.pp_tok_s
 
 
 def _tune_id(req: TuneRequest, plan: Plan, labels: list[str]) -> str:
