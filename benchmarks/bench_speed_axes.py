@@ -167,15 +167,27 @@ def pooled(obs: list[Observation], labels: dict[int, str]) -> dict[str, Observat
     return out
 
 
-def launch_scatter(obs: list[Observation], labels: dict[int, str], what: str) -> float | None:
-    """The median over configurations of |ln(pass 1 / pass 2)|, as a percent: how far two launches of
-    one configuration lie apart on this machine."""
+def passes(obs: list[Observation], labels: dict[int, str], what: str) -> dict[str, list[float]]:
+    """Each configuration's measurements of ``what`` (``measured_tg``, ``measured_pp``), pass by pass."""
     by: dict[str, list[float]] = {}
     for o in sorted(obs, key=lambda o: o.run):
         if (v := getattr(o, what)) is not None:
             by.setdefault(labels[o.run], []).append(v)
-    logs = [abs(math.log(v[0] / v[1])) for v in by.values() if len(v) >= 2]
-    return round((math.exp(statistics.median(logs)) - 1) * 100, 1) if logs else None
+    return by
+
+
+def launch_scatter(by: dict[str, list[float]]) -> dict[str, float | None]:
+    """How far two launches of one configuration lie apart on this machine: the median over
+    configurations of |ln(pass 1 / pass 2)| as a percent, and the rank correlation of pass 1 with
+    pass 2 (what a perfect model would score against one pass)."""
+    two = [v for v in by.values() if len(v) >= 2]
+    if not two:
+        return {"median_pct": None, "spearman": None}
+    logs = [abs(math.log(v[0] / v[1])) for v in two]
+    return {
+        "median_pct": round((math.exp(statistics.median(logs)) - 1) * 100, 1),
+        "spearman": round(spearman([v[0] for v in two], [v[1] for v in two]), 3),
+    }
 
 
 def scores(obs: list[Observation], k: SpeedConstants) -> dict[str, float]:
@@ -217,9 +229,10 @@ def main(results: Path) -> None:
         obs = [o for o in obs if o.depth == DEPTH] or obs
         by_run = {o.run: o for o in obs}
         truth = pooled(obs, labels)  # per configuration, over the passes
+        by_pass = {what: passes(obs, labels, f"measured_{what}") for what in ("tg", "pp")}
         scatter = {
-            "tg_pct": launch_scatter(obs, labels, "measured_tg"),
-            "pp_pct": launch_scatter(obs, labels, "measured_pp"),
+            "tg": launch_scatter(by_pass["tg"]),
+            "pp": launch_scatter(by_pass["pp"]),
         }
         k0 = SpeedConstants()
         kb = base_constants(load(hw))
@@ -245,6 +258,8 @@ def main(results: Path) -> None:
                 "measured_pp": round(o.measured_pp or 0.0, 1),
                 "predicted_pp": round(predict_pp(o, k0), 1),
                 "probed_pp": round(predict_pp(o, kb), 1),
+                "tg_by_pass": [round(v, 1) for v in by_pass["tg"].get(name, [])],
+                "pp_by_pass": [round(v, 1) for v in by_pass["pp"].get(name, [])],
             }
             for name, o in truth.items()
         }
@@ -337,8 +352,10 @@ def main(results: Path) -> None:
         "",
         "Targets (issue #25): TG <= 10%, PP <= 15%, TG rank correlation >= 0.8 after calibration.",
         "",
-        f"Two launches of one configuration lie apart by a median of {scatter['tg_pct']}% in TG and "
-        f"{scatter['pp_pct']}% in PP on this machine (|ln(pass 1 / pass 2)| over the configurations): a "
+        f"Two launches of one configuration lie apart by a median of {scatter['tg']['median_pct']}% in TG and "
+        f"{scatter['pp']['median_pct']}% in PP on this machine (|ln(pass 1 / pass 2)| over the configurations), "
+        f"and pass 1 ranks like pass 2 at {scatter['tg']['spearman']} in TG, {scatter['pp']['spearman']} in PP "
+        "(what a perfect model would score against one pass): a "
         "calibration reads two single launches, so its error cannot fall far below that.",
         "",
         f"tune (budget 3, from cpu-moe t1, after calibrating on {' and '.join(CALIBRATE_ON)}): {json.dumps(tune)}",
