@@ -275,6 +275,10 @@ def test_the_engine_defaults_are_the_best_where_they_beat_every_candidate(tmp_pa
     console = Console(width=300, record=True)
     console.print(result_table(r))
     assert "best, faster (+30" in console.export_text()  # the defaults' row
+    # --max-kld checks nothing: the recommendation is the defaults' (the guard reads no store for it)
+    from moetune.tune.quality_guard import guard
+
+    assert guard(None, r, 0.0, status=print) == (r, {})  # type: ignore[arg-type]
     # within the noise of the best: the best candidate stands
     same = _won(tmp_path / "same", defaults_tg=[60.0, 140.0, 100.0, 101.0], defaults_pp=[1000.0] * 4)
     assert same.defaults_win is None and same.recommended_path() == same.plan_path(1)

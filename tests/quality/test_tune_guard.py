@@ -38,6 +38,9 @@ def test_max_kld_never_returns_a_candidate_above_the_limit(
     monkeypatch.setattr(report, "result_json", keep)
     monkeypatch.setattr(loop, "verdicts", q8_wins)
     monkeypatch.setattr(loop.core, "choose", lambda belief, best, open_, noise, gains: (open_[0], 1.0))
+    # the guard is the question: the engine defaults (both cores) would beat these one-thread
+    # candidates and be the recommendation, with nothing to check
+    monkeypatch.setattr(loop.TuneResult, "defaults_win", property(lambda self: None))
     model, hw = make_testbed(tmp_path)
     r = run_cli(
         "tune",

@@ -7,7 +7,8 @@ baseline on moetune's evaluation text (at most 16 chunks of 256 tokens; the base
 once); a mean KLD above ``X``
 rejects it, and the best is chosen again from the rest by the same rule (its verdict says why it
 lost), until the best is the baseline, changes nothing, or passed. So a candidate above the limit
-is never returned.
+is never returned. Where the engine defaults beat the best (``TuneResult.defaults_win``) nothing is
+checked: they are the recommendation, the model's own numerics with the engine's f16 cache.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def guard(
     checked: dict[int, dict[str, object]] = {}
     kld_mean: dict[int, float] = {}
     rejected: set[int] = set()
-    while result.best not in (None, 0):
+    while result.best not in (None, 0) and result.defaults_win is None:
         best = result.best
         assert best is not None
         if not changes_numerics(result.entries[0], result.entries[best]) or best in checked:
