@@ -59,7 +59,7 @@ def test_a_bench_beside_a_hog_is_contended_names_it_and_calibrate_leaves_it_out(
     rid = str(doc["run"]["id"])
     c = doc["flags"]["contention"]
     assert doc["run"]["contended"] and doc["flags"]["contended"] and c["foreign_cores"] > 0.5
-    assert c["engine_cores"] > 0.1 and c["seconds"] > 1.0
+    assert c["engine_cores"] > 0.1 and c["seconds"] > 0
     named = {t["comm"]: t for t in c["top"]}
     assert "cpu-hog" in named and set(named["cpu-hog"]["pids"]) <= {h.pid for h in hog}, c["top"]
 
