@@ -37,6 +37,7 @@ the tuned service's terms (the others' as the baseline's), and there is no engin
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import re
@@ -165,11 +166,13 @@ class TuneResult:
     def plan_path(self, i: int) -> Path:
         return self.plan_dir / f"{_slug(self.entries[i].candidate.label)}.json"
 
-    @property
+    @functools.cached_property
     def defaults_win(self) -> str | None:
         """How the engine defaults beat the search's best, where they do (:func:`dflt.beat_best`);
         under ``--objective tg`` only within ``--max-pp-loss`` of the baseline's PP. None: the best
-        stands, as it always does for a layout's service (the defaults' plan is its model alone)."""
+        stands, as it always does for a layout's service (the defaults' plan is its model alone).
+        Computed once (a bootstrap; the report reads it many times): a new best is a new result
+        (``dataclasses.replace``, as the quality guard makes it)."""
         if self.defaults is None or self.defaults.run is None or self.best is None:
             return None
         if len(self.entries[0].plan.services) > 1:
