@@ -152,19 +152,23 @@ def gmean(xs: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(x) for x in xs))
 
 
-def pooled(obs: list[Observation], labels: dict[int, str]) -> dict[str, Observation]:
-    """One observation per configuration: its first run's, measuring the geometric mean of its runs."""
-    by: dict[str, list[Observation]] = {}
-    for o in obs:
-        by.setdefault(labels[o.run], []).append(o)
-    out = {}
-    for name, os_ in by.items():
-        tg = [o.measured_tg for o in os_ if o.measured_tg]
-        pp = [o.measured_pp for o in os_ if o.measured_pp]
-        out[name] = dataclasses.replace(
-            os_[0], measured_tg=gmean(tg) if tg else None, measured_pp=gmean(pp) if pp else None
-        )
-    return out
+def pooled(
+    obs: list[Observation], labels: dict[int, str], by_pass: dict[str, dict[str, list[float]]]
+) -> dict[str, Observation]:
+    """One observation per configuration: its first run's, measuring the geometric mean of its runs
+    (``by_pass``: :func:`passes` of TG and PP)."""
+    first: dict[str, Observation] = {}
+    for o in sorted(obs, key=lambda o: o.run):
+        first.setdefault(labels[o.run], o)
+
+    def mean(what: str, name: str) -> float | None:
+        v = by_pass[what].get(name)
+        return gmean(v) if v else None
+
+    return {
+        name: dataclasses.replace(o, measured_tg=mean("tg", name), measured_pp=mean("pp", name))
+        for name, o in first.items()
+    }
 
 
 def passes(obs: list[Observation], labels: dict[int, str], what: str) -> dict[str, list[float]]:
@@ -228,8 +232,8 @@ def main(results: Path) -> None:
             labels = {run.id: run.label for run in h.runs()}
         obs = [o for o in obs if o.depth == DEPTH] or obs
         by_run = {o.run: o for o in obs}
-        truth = pooled(obs, labels)  # per configuration, over the passes
         by_pass = {what: passes(obs, labels, f"measured_{what}") for what in ("tg", "pp")}
+        truth = pooled(obs, labels, by_pass)  # per configuration, over the passes
         scatter = {
             "tg": launch_scatter(by_pass["tg"]),
             "pp": launch_scatter(by_pass["pp"]),

@@ -154,6 +154,94 @@ def test_a_run_whose_engine_is_not_on_this_machine_is_not_judged() -> None:
     assert t.result(0.5, engine=False).contended  # type: ignore[union-attr]  # no engine expected: the gate's
 
 
+def test_a_short_run_is_judged_from_the_reading_seconds_before_its_end() -> None:
+    rs = [census(float(t), 0, {}) for t in (0, 1, 2, 3)]  # the last: the run's first reading
+    assert c.lead(rs, 2.5) is rs[0] and c.lead(rs, 1.5) is rs[1] and c.lead(rs, 1.0) is rs[2]
+    assert c.lead(rs, 9.0) is rs[0]  # the oldest there is
+    assert c.lead(rs, 0.0) is None and c.lead(rs[-1:], 2.0) is None  # long enough; nothing before
+
+
+def test_a_run_of_a_fraction_of_a_second_beside_a_hog_is_contended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over the 0.3 s the run measured, the woken engine took both cores and the hog got 0.2 (CI
+    measured 0.44 cores for two hogs over 0.5 s once): judged with the seconds before, it is contended."""
+    from moetune.monitor.sampler import RunMonitor, Watch
+
+    tck = procfs.CLK_TCK
+    # (time, hog's ticks, engine's ticks): the hog on both cores until the run, then 0.2 cores
+    script = iter(
+        [
+            (0.0, 0, 0),
+            (1.0, 2 * tck, 0),
+            (2.0, 4 * tck, 0),
+            (3.0, 6 * tck, 0),
+            (3.3, 6 * tck + tck // 50 * 3, 6 * tck // 10),
+        ]
+    )
+
+    def reading() -> c.Census:
+        t, hog, engine = next(script)
+        return census(t, hog + engine, {9: ("cpu-hog", 1, hog), 20: ("llama-server", 1, engine)})
+
+    monkeypatch.setattr(c, "census", reading)
+    monkeypatch.setenv("MOETUNE_MAX_FOREIGN_CORES", "0.5")
+    mon = RunMonitor(lambda: [Watch(name="main", role="server", pid=20)], interval_s=0)
+    for _ in range(3):
+        mon.sampler.count_cpu()  # the sampler's ticks while the server loaded
+    mon.sink.attach = lambda *a: None  # type: ignore[method-assign]  # no database here
+    mon.attach(None, 1)
+    r = mon.cpu_contention()
+    assert r is not None and r.contended and r.seconds == pytest.approx(3.3)
+    assert r.foreign_cores == pytest.approx((6 + 0.06) / 3.3, abs=0.01) and r.top[0].comm == "cpu-hog"
+    run_only = mon.sampler.tally
+    assert run_only is not None and run_only.seconds == pytest.approx(0.3)  # the run's own tally unchanged
+    assert not run_only.result(0.5).contended  # type: ignore[union-attr]  # alone, it would pass
+
+
+@pytest.mark.parametrize("limit", ["0.5", "off"])
+def test_a_short_run_after_a_fast_launch_is_judged_with_the_seconds_after_it(
+    monkeypatch: pytest.MonkeyPatch, limit: str
+) -> None:
+    """A server up in 0.5 s and a 0.3 s run: the readings before reach back 0.5 s, so the rest of
+    the 3 s is waited for after the run (the engine idle, the hog on both cores); not with the
+    threshold off (nothing is judged, nobody waits)."""
+    from moetune.monitor import sampler as sm
+
+    tck = procfs.CLK_TCK
+    clock = {"t": 0.0}
+    hog_at = {0.0: 0, 0.5: tck, 0.8: tck + tck // 50 * 3, 3.0: tck + tck // 50 * 3 + 2 * tck * 22 // 10}
+
+    engine_at = {0.0: 0, 0.5: 0, 0.8: 6 * tck // 10, 3.0: 6 * tck // 10}  # both cores while it ran
+
+    def reading() -> c.Census:
+        t = round(clock["t"], 3)
+        return census(
+            t, hog_at[t] + engine_at[t], {9: ("cpu-hog", 1, hog_at[t]), 20: ("llama-server", 1, engine_at[t])}
+        )
+
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        clock["t"] += s
+
+    monkeypatch.setattr(c, "census", reading)
+    monkeypatch.setattr(sm.time, "sleep", sleep)
+    monkeypatch.setenv("MOETUNE_MAX_FOREIGN_CORES", limit)
+    mon = sm.RunMonitor(lambda: [sm.Watch(name="main", role="server", pid=20)], interval_s=0)
+    mon.sampler.count_cpu()  # the sampler's first tick, as the launch began
+    clock["t"] = 0.5
+    mon.sink.attach = lambda *a: None  # type: ignore[method-assign]
+    mon.attach(None, 1)
+    clock["t"] = 0.8
+    r = mon.cpu_contention()
+    assert r is not None
+    if limit == "off":
+        assert slept == [] and r.seconds == pytest.approx(0.8) and not r.contended
+    else:
+        assert slept == [pytest.approx(2.2)] and r.seconds == pytest.approx(3.0)
+        assert r.contended and r.foreign_cores > 1.5 and r.top[0].comm == "cpu-hog"
+
+
 @pytest.mark.parametrize(
     ("raw", "cores", "limit"), [("", 2, 0.5), ("1.5", 2, 1.5), ("25%", 16, 4.0), ("off", 2, None), ("OFF", 8, None)]
 )

@@ -21,10 +21,9 @@ from tests.helpers import free_port, run_cli
 from tests.test_contention import hogs, kill, threshold_above_the_background
 
 pytestmark = pytest.mark.server
+# measures about 0.07 s: judged over the 3 s ending at its end (contention.MIN_JUDGED_S), the hogs'
+# seconds before it included (over the run alone, the woken engine takes the cores from them)
 FAST = ("--depth", "0", "--pp-tokens", "64", "--tg-tokens", "16", "-r", "2", "--warmup", "0")
-# a measurement of seconds: over a short window the engine's threads, woken, take the cores from the
-# hogs (FAST measures 0.07 s; at 0.5 s the hogs got 0.44 cores, below the 0.5 limit, and CI failed once)
-MEASURED = ("--depth", "0", "--pp-tokens", "64", "--tg-tokens", "512", "-r", "2", "--warmup", "0")
 
 
 @pytest.fixture
@@ -51,15 +50,15 @@ def test_a_bench_beside_a_hog_is_contended_names_it_and_calibrate_leaves_it_out(
     )
     hog = hogs(2)
     try:
-        r = run_cli("bench", str(plan), *MEASURED, "--json")
+        r = run_cli("bench", str(plan), *FAST, "--json")
     finally:
         kill(hog)
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     rid = str(doc["run"]["id"])
     c = doc["flags"]["contention"]
-    assert doc["run"]["contended"] and doc["flags"]["contended"] and c["foreign_cores"] > 0.5
-    assert c["engine_cores"] > 0.1 and c["seconds"] > 0
+    assert doc["run"]["contended"] and doc["flags"]["contended"] and c["foreign_cores"] > 0.5, c
+    assert c["engine_cores"] > 0 and c["seconds"] > 0.5  # the run's 0.07 s and the seconds before it
     named = {t["comm"]: t for t in c["top"]}
     assert "cpu-hog" in named and set(named["cpu-hog"]["pids"]) <= {h.pid for h in hog}, c["top"]
 

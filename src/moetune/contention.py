@@ -25,14 +25,18 @@ total but is not named.
 A run is *noisy* when a workload's 95% interval of TG or PP is wider than +/- :func:`noisy_limit_pct`
 (10% by default, ``MOETUNE_NOISY_PCT``) of its median: a quiet machine repeats within a few percent.
 
-The split is pure (:func:`split`, :class:`Tally`); :func:`census` is the one reader.
+A run that measured for less than :data:`MIN_JUDGED_S` is judged over that span: the readings
+before it (:func:`lead`), and where those are too few the seconds after it
+(:meth:`moetune.monitor.sampler.RunMonitor.cpu_contention` waits for them).
+
+The split is pure (:func:`split`, :class:`Tally`, :func:`lead`); :func:`census` is the one reader.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +44,11 @@ from moetune import procfs
 from moetune.errors import InputError
 
 DEFAULT_MAX_FOREIGN_CORES = 0.5
+# a run measured for less is judged over this many seconds, the seconds before it (its server
+# loading) included, else after it (the engine idle): over a fraction of a second the engine's
+# threads, woken, take the cores from whatever else runs (two hogs on both cores measured 0.44
+# cores over a 0.5 s run, 0.93-0.97 over seconds): the verdict would describe the scheduler
+MIN_JUDGED_S = 3.0
 DEFAULT_NOISY_PCT = 10.0
 TOP = 5  # foreign commands named
 PIDS_NAMED = 6  # pids listed per command
@@ -174,6 +183,19 @@ def split(
     )
 
 
+def lead(before: Sequence[Census], need: float) -> Census | None:
+    """The reading to judge a short run from: of ``before`` (readings in time order, the last the
+    run's first), the newest at least ``need`` seconds before the last, else the oldest; None when
+    nothing is needed or nothing precedes the run."""
+    if need <= 0 or len(before) < 2:
+        return None
+    start = before[-1]
+    for c in reversed(before[:-1]):
+        if start.t - c.t >= need:
+            return c
+    return before[0]
+
+
 # -- a run's verdict ---------------------------------------------------------------------------
 
 
@@ -287,6 +309,20 @@ class Tally:
         self.engine_seen = False
         self.by_comm: dict[str, float] = {}
         self.pids: dict[str, dict[int, float]] = {}
+
+    def copy(self) -> Tally:
+        out = Tally()
+        out.seconds, out.cores, out.engine, out.client, out.foreign = (
+            self.seconds,
+            self.cores,
+            self.engine,
+            self.client,
+            self.foreign,
+        )
+        out.peak, out.engine_seen = self.peak, self.engine_seen
+        out.by_comm = dict(self.by_comm)
+        out.pids = {k: dict(v) for k, v in self.pids.items()}
+        return out
 
     def add(self, s: Split) -> None:
         if s.seconds <= 0:

@@ -16,6 +16,7 @@ for being watched, recorded by ``make bench`` (benchmarks/bench_sampler.py).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import subprocess
@@ -236,6 +237,8 @@ class Sampler:
         self._census = census
         self._census_lock = threading.Lock()
         self._last_census: contention.Census | None = None
+        # the last few readings (about a second apart), to judge a short run over seconds
+        self.recent_censuses: collections.deque[contention.Census] = collections.deque(maxlen=8)
         self.tally: contention.Tally | None = None
 
     # -- life ------------------------------------------------------------------------------
@@ -313,12 +316,19 @@ class Sampler:
         with self._census_lock:
             now = contention.census()
             prev, self._last_census = self._last_census, now
+            self.recent_censuses.append(now)
             if prev is None or self.tally is None:
                 return
-            ws = self.watches() if watches is None else watches
-            engine = {p for w in ws for p in w.engine_roots}
-            client = {os.getpid(), *(s.proc.pid for s in self._streams.values())}
-            self.tally.add(contention.split(prev, now, engine, client))
+            self.tally.add(self.split(prev, now, watches))
+
+    def split(
+        self, before: contention.Census, after: contention.Census, watches: list[Watch] | None = None
+    ) -> contention.Split:
+        """Where the CPU went between two readings: the engine's (``watches``), moetune's, the rest."""
+        ws = self.watches() if watches is None else watches
+        engine = {p for w in ws for p in w.engine_roots}
+        client = {os.getpid(), *(s.proc.pid for s in self._streams.values())}
+        return contention.split(before, after, engine, client)
 
     def _host(self) -> HostSample:
         cpu = procfs.read_cpu_times()
@@ -473,6 +483,7 @@ class RunMonitor:
         contention.max_foreign_cores(1)  # a bad MOETUNE_MAX_FOREIGN_CORES is told before anything starts
         self._run: tuple[Any, int] | None = None  # (db, run id) once attached, until close stores its contention
         self.counted: contention.Contention | None = None  # what close stored
+        self._before: tuple[contention.Census, ...] = ()  # the readings up to attach
         self.sink = RunSink()
         self.on_snapshot = on_snapshot
         self.sampler = Sampler(
@@ -516,17 +527,31 @@ class RunMonitor:
         by :meth:`close`)."""
         self.sink.attach(db, run_id)
         self.sampler.count_cpu()  # the reading the run's first interval starts from
+        self._before = tuple(self.sampler.recent_censuses)  # the readings before it, the last that one
         self.sampler.tally = contention.Tally()
         self._run = (db, run_id)
 
     def cpu_contention(self) -> contention.Contention | None:
-        """Where the CPU went since :meth:`attach` (a last reading now), judged by the threshold;
-        None before attach."""
+        """Where the CPU went since :meth:`attach` (a last reading now), judged by the threshold.
+        A run shorter than :data:`contention.MIN_JUDGED_S` is judged over that span: the readings
+        before attach (:func:`contention.lead`), and where those do not reach back far enough (a
+        server up in under a second) the seconds after the run, waited for here, the engine idle
+        (not where nothing would be judged: the threshold off, no engine seen). None before attach."""
         tally = self.sampler.tally
         if tally is None:
             return None
         self.sampler.count_cpu()
-        return tally.result(contention.max_foreign_cores(tally.cores))
+        need = contention.MIN_JUDGED_S - tally.seconds
+        lead = contention.lead(self._before, need)
+        short = need - (self._before[-1].t - lead.t if lead is not None else 0.0)
+        if short > 0 and tally.engine_seen and contention.max_foreign_cores(tally.cores) is not None:
+            time.sleep(short)
+            self.sampler.count_cpu()
+        judged = tally
+        if lead is not None:
+            judged = tally.copy()
+            judged.add(self.sampler.split(lead, self._before[-1]))
+        return judged.result(contention.max_foreign_cores(judged.cores))
 
     def phase(self, name: str | None) -> None:
         self.sampler.phase = name

@@ -26,7 +26,7 @@ from moetune.engine.command import defaults_service_argv
 from moetune.plan.plan import Plan
 from moetune.planfiles import document
 from moetune.store.db import ResultsDB
-from moetune.tune.verdict import compare
+from moetune.tune.verdict import change_text, compare
 
 LABEL = "engine defaults"
 PLAN_FILE = "engine_defaults.json"  # the defaults' plan document, in the tune's plan folder
@@ -117,8 +117,7 @@ def beat_best(best: Sequence[float], theirs: Sequence[float], *, as_time: bool =
     if len(best) < 2 or len(theirs) < 2 or compare(list(theirs), list(best), as_time=as_time)[0] != SLOWER:
         return None
     ratio = statistics.median(theirs) / statistics.median(best)
-    change = f"{(1 / ratio - 1) * 100:+.1f}% time" if as_time else f"{(ratio - 1) * 100:+.1f}%"
-    return f"faster ({change} vs the best candidate)"
+    return f"faster ({change_text(ratio, as_time=as_time)} vs the best candidate)"
 
 
 def workload_text(w: Workload) -> str:

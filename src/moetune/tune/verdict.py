@@ -39,6 +39,11 @@ def measurements(values: dict[int, list[float]]) -> list[core.Measured]:
     return out
 
 
+def change_text(ratio: float, *, as_time: bool = False) -> str:
+    """A ratio of medians as a change: ``+12.5%``, or of a time (``as_time``: 1 / the ratio) ``-11.1% time``."""
+    return f"{(1 / ratio - 1) * 100:+.1f}% time" if as_time else f"{(ratio - 1) * 100:+.1f}%"
+
+
 def compare(base: list[float], other: list[float], *, as_time: bool = False) -> tuple[str, str]:
     """The rule of `compare` (verdict, and how it reads). Goodput windows may be zero (no request of
     the window met the targets), and so may a resampled median: a baseline whose median is zero is
@@ -53,9 +58,7 @@ def compare(base: list[float], other: list[float], *, as_time: bool = False) -> 
         else:
             ratio, ci = statistics.median(other) / statistics.median(base), _ratio_ci(base, other)
         v = verdict(ratio, ci, higher_is_better=True)
-        if as_time:
-            return v, f"{v} ({(1 / ratio - 1) * 100:+.1f}% time vs baseline)"
-        return v, f"{v} ({(ratio - 1) * 100:+.1f}% vs baseline)"
+        return v, f"{v} ({change_text(ratio, as_time=as_time)} vs baseline)"
     if statistics.median(other) > 0 and bootstrap_ci(other)[0] > 0:
         return FASTER, f"{FASTER} (the baseline met no target)"
     return SAME, f"{SAME} (neither met the targets)" if statistics.median(other) <= 0 else f"{SAME} (vs baseline)"

@@ -123,10 +123,15 @@ def _flag(argv: Sequence[str], *names: str) -> str | None:
     return None
 
 
+def tokens_per_depth(ub: int, tg: int | None) -> int:
+    """What llama-sweep-bench generates at each depth: ``-n``, else its default of a quarter ubatch."""
+    return tg or ub // 4
+
+
 @dataclass(frozen=True, slots=True)
 class SweepOptions:
     ctx: int | None = None  # the depth swept to (default: the plan's context)
-    tg: int | None = None  # tokens generated per depth (default: ubatch / 4)
+    tg: int | None = None  # tokens generated per depth (default: the engine's, tokens_per_depth)
     repeats: int = 1  # runs of the whole sweep
     timeout_s: float = 3600.0
 
@@ -184,7 +189,7 @@ def bench_sweep(
             "ctx": ctx,
             "ubatch": ub,
             "repeats": opt.repeats,
-            **_expected(t, chosen.name, ctx=ctx, ub=ub, tg=opt.tg or ub // 4),
+            **_expected(t, chosen.name, ctx=ctx, ub=ub, tg=tokens_per_depth(ub, opt.tg)),
         },
     )
     run_id = db.create_run(meta, label=label or f"{t.label} (sweep-bench)", target=t.name)
