@@ -39,9 +39,9 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "moetune"
 # one when the code gets better, never raise it
 CEILINGS: dict[str, float] = {
     "dict_str_any": 76,
-    "any_signature_pct": 7.16,
+    "any_signature_pct": 7.15,
     "positional_calls": 0,
-    "longest_function": 165,
+    "longest_function": 145,
 }
 MAX_POSITIONAL = 4  # more positional arguments than this in one call is counted
 TOP = 10

@@ -99,3 +99,62 @@ def test_tune_measures_the_engine_defaults_and_names_its_workload(bin_dir: Path,
     assert doc["best"]["label"] == ("engine defaults" if won else doc["best_candidate"]["label"])
     written = json.loads((tmp_path / "best.json").read_text())
     assert written.get("engine_defaults", False) == won and doc["plan"] == str(tmp_path / "best.json")
+
+
+def test_confirm_launches_the_best_again_and_judges_them_on_both_launches(bin_dir: Path, tmp_path: Path) -> None:
+    """--confirm 2: the two best of the baseline, the candidate and the engine defaults are launched
+    once more each (not counted in --budget), judged on both launches pooled; run again, the finished
+    round is not launched twice."""
+    import statistics
+
+    from moetune.bench.analysis.single import bench_metrics
+
+    model, hw = make_testbed(tmp_path)
+    db = tmp_path / "t.db"
+    tune = [
+        "tune",
+        str(model),
+        "--hw",
+        str(hw),
+        "--strategy",
+        "cpu-moe",
+        "-t",
+        "1",
+        *TRY,
+        *WORKLOAD,
+        "--port",
+        str(free_port()),
+        "--budget",
+        "2",
+        "--db",
+        str(db),
+        "--confirm",
+        "2",
+    ]
+    r = run_cli(*tune, "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["launches"] == 2 and "confirm 1/2:" in r.stderr and "confirm 2/2:" in r.stderr
+    confirmed = {c["label"]: c["medians"] for c in doc["confirmed"]}
+    assert len(confirmed) == 2 and all(len(m) == 2 for m in confirmed.values()), confirmed
+    labels = {c["label"] for c in doc["candidates"]} | {"engine defaults"}
+    assert set(confirmed) <= labels
+    with ResultsDB.open(db) as store:
+        runs = [x for x in store.runs(sweep_id=doc["tune"]) if x.status.value == "done"]
+        assert len(runs) == 2 + 1 + 2  # the budget's, the engine defaults', the confirmation's
+        by = {label: [x.id for x in runs if x.label == label] for label in confirmed}
+        assert all(len(v) == 2 for v in by.values())
+        rows = {c["label"]: c for c in doc["candidates"]}
+        for label, ids in by.items():
+            tg = bench_metrics([s for i in ids for s in store.samples(i)])["tg:d0"].values
+            assert len(tg) == 6  # three repeats a launch
+            measured = rows[label]["measured"] if label in rows else doc["engine_defaults"]
+            got = measured["tg_tok_s"]["median"]
+            assert got == pytest.approx(statistics.median(tg), rel=1e-3), (label, got, tg)
+    # the same command again: the search and its round are done, nothing is launched
+    again = run_cli(*tune)
+    assert again.exit_code == 0, again.stderr
+    assert "confirm 1/2" not in again.stderr and "launch " not in again.stderr
+    assert "confirmed: the 2 best launched again, judged on both launches pooled" in again.stdout
+    with ResultsDB.open(db) as store:
+        assert len(store.runs(sweep_id=doc["tune"])) == len(runs)

@@ -18,6 +18,7 @@ from moetune.tune.report import (
     Measured,
     ServeFigures,
     WorkFigures,
+    confirm_lines,
     defaults_lines,
     result_json,
     result_table,
@@ -171,6 +172,7 @@ def test_the_document_of_a_search(tmp_path: Path) -> None:
         "best",
         "best_candidate",
         "defaults_win",
+        "confirmed",
         "candidates",
         "engine_defaults",
         "max_pp_loss",
@@ -289,3 +291,19 @@ def test_the_engine_defaults_are_the_best_where_they_beat_every_candidate(tmp_pa
     # --objective pp judges PP, and no PP guard applies
     pp = _won(tmp_path / "pp", defaults_tg=[10.0] * 4, defaults_pp=[1300.0, 1310.0, 1290.0, 1305.0], objective="pp")
     assert pp.defaults_win is not None and pp.recommended_path() == tmp_path / "pp" / dflt.PLAN_FILE
+
+
+def test_the_confirmation_round_reads_each_launch_in_order() -> None:
+    doc = {
+        "objective": "tg",
+        "confirmed": [
+            {"label": "auto t2", "medians": [512.4, 478.0]},
+            {"label": "engine defaults", "medians": [500, 520]},
+        ],
+    }
+    assert confirm_lines(doc) == [
+        "confirmed: the 2 best launched again, judged on both launches pooled",
+        "  auto t2: 512.4 then 478 tok/s TG",
+        "  engine defaults: 500 then 520 tok/s TG",
+    ]
+    assert confirm_lines({"objective": "tg", "confirmed": []}) == [] and confirm_lines({}) == []

@@ -121,6 +121,7 @@ def test_what_tune_refuses_of_the_workload_objectives(tmp_path: Path) -> None:
         (["--objective", f"replay:{good}", "--replay-speed", "0x"], "--replay-speed '0x'"),
         (["--objective", "turn", "--depth", "0"], "--depth 0: with --objective turn the system prompt"),
         (["--objective", "turn", "--slo", "ttft_ms=100"], "--slo: only with --objective goodput"),
+        (["--objective", "turn", "--confirm", "2"], "--confirm launches single-stream benchmarks again"),
     ]:
         r = run_cli("tune", str(tmp_path / "m.gguf"), "--hw", str(hw), *args, "--db", str(tmp_path / "t.db"))
         assert r.exit_code == 2 and says in r.stderr, (args, r.stderr)

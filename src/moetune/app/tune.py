@@ -69,6 +69,7 @@ class TuneRequest:
     engine: str | None = None
     port: int = 8080
     budget: int = 5
+    confirm: int = 0  # after the search, launch the best this many once more each
     objective: str = "tg"  # tg|pp|ttft|goodput|turn|replay:FILE|weighted:...
     replay_speed: str | None = None
     turns: int | None = None
@@ -143,6 +144,7 @@ def search_request(req: TuneRequest) -> loop.TuneRequest:
         port=req.port,
         objective=objective,
         budget=req.budget,
+        confirm=req.confirm,
         axes=axes,
         launch_timeout_s=req.launch_timeout_s,
         serve=serve,

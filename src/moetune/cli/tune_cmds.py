@@ -48,6 +48,22 @@ def _list(kind: str) -> Any:
     return parse
 
 
+# each --try-* option's parameter and the search axis it gives (moetune.app.tune.Axes)
+TRY_AXES = {
+    "try_strategy_s": "strategies",
+    "try_threads": "threads",
+    "try_ubatch": "ubatches",
+    "try_fa": "flash_attn",
+    "try_cache": "cache_types",
+    "try_repack": "repack",
+    "try_amb": "amb_mib",
+    "try_mla": "mla",
+    "try_fmoe": "fused_moe",
+    "try_muge": "merge_up_gate",
+    "try_transport": "transports",
+}
+
+
 @click.command("tune")
 @click.argument("model", required=False)
 @click.option(
@@ -73,6 +89,17 @@ def _list(kind: str) -> Any:
     default=5,
     show_default=True,
     help="Launches at most (the baseline's included; the engine-defaults run is not counted).",
+)
+@click.option(
+    "--confirm",
+    type=click.IntRange(0, 10),
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="After the search, launch the N best measured (the engine defaults among them where they rank "
+    "there) once more each and judge them on both launches pooled: on a shared machine a whole launch "
+    "runs fast or slow, and one lucky launch would otherwise win. Not counted in --budget; single-stream "
+    "objectives (tg, pp, ttft). Running a finished search again with --confirm adds the round.",
 )
 @click.option(
     "--objective",
@@ -249,6 +276,7 @@ def tune_cmd(
     engine_name: str | None,
     port: int,
     budget: int,
+    confirm: int,
     objective: str,
     replay_speed: str | None,
     turns: int | None,
@@ -260,17 +288,6 @@ def tune_cmd(
     tg_tokens: int,
     repeats: int,
     warmup: int,
-    try_strategy_s: tuple[str, ...],
-    try_threads: tuple[int, ...] | None,
-    try_ubatch: tuple[int, ...] | None,
-    try_fa: tuple[bool, ...] | None,
-    try_cache: tuple[tuple[str, str], ...] | None,
-    try_repack: tuple[bool, ...] | None,
-    try_amb: tuple[int, ...] | None,
-    try_mla: tuple[int, ...] | None,
-    try_fmoe: tuple[bool, ...] | None,
-    try_muge: tuple[bool, ...] | None,
-    try_transport: tuple[str, ...] | None,
     transport: str | None,
     rdma_dev: str | None,
     max_pp_loss: float,
@@ -347,6 +364,7 @@ def tune_cmd(
         raise click.UsageError("give a MODEL, or --layout FILE --service NAME (not both)")
     if (layout is None) != (service is None):
         raise click.UsageError("--service names the layout's service to tune: give --layout and --service together")
+    axes = Axes(**{axis: settings_kw.pop(opt) or None for opt, axis in TRY_AXES.items()})  # --try-*
     routing = settings_kw.pop("routing")
     opts = PlanOptions(**settings_kw)
     req = TuneRequest(
@@ -361,6 +379,7 @@ def tune_cmd(
         engine=engine_name,
         port=opts.port(port),
         budget=budget,
+        confirm=confirm,
         objective=objective,
         replay_speed=replay_speed,
         turns=turns,
@@ -372,19 +391,7 @@ def tune_cmd(
         tg_tokens=tg_tokens,
         repeats=repeats,
         warmup=warmup,
-        axes=Axes(
-            strategies=try_strategy_s or None,
-            threads=try_threads,
-            ubatches=try_ubatch,
-            flash_attn=try_fa,
-            cache_types=try_cache,
-            repack=try_repack,
-            amb_mib=try_amb,
-            mla=try_mla,
-            fused_moe=try_fmoe,
-            merge_up_gate=try_muge,
-            transports=try_transport,
-        ),
+        axes=axes,
         transport=transport,
         rdma_dev=rdma_dev,
         max_pp_loss=max_pp_loss / 100,
@@ -408,11 +415,13 @@ def tune_cmd(
 
 def _print_result(tuned: Tuned) -> None:
     from moetune.cli.common import print_text, print_wide
-    from moetune.tune.report import defaults_lines, result_table, work_lines
+    from moetune.tune.report import confirm_lines, defaults_lines, result_table, work_lines
 
     result, doc = tuned.result, tuned.doc
     print_wide(result_table(result, tuned.kld))
     out.print(f"stopped: {result.stopped}; {result.launches} launches; tune {result.tune_id}", markup=False)
+    for line in confirm_lines(doc):
+        out.print(line, markup=False)
     shell = tuned.best_shell()
     if shell is None:
         out.print("best: none (no configuration was measured)", markup=False)

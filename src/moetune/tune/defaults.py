@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from moetune.bench.analysis.single import bench_metrics
@@ -40,6 +40,11 @@ class Defaults:
     doc: dict[str, Any]  # the plan document
     run: int | None = None
     failed: str | None = None
+    confirmed: list[int] = field(default_factory=list)  # its runs of tune's --confirm round
+
+    @property
+    def runs(self) -> tuple[int, ...]:
+        return () if self.run is None else (self.run, *self.confirmed)
 
     @property
     def pending(self) -> bool:
@@ -73,10 +78,11 @@ class Rates:
         return statistics.median(v) if v else None
 
 
-def rates(db: ResultsDB, run: int | None, w: Workload) -> Rates:
-    if run is None:
+def rates(db: ResultsDB, runs: Sequence[int], w: Workload) -> Rates:
+    """The TG and PP samples of ``runs`` (one configuration's launches), pooled."""
+    if not runs:
         return Rates()
-    ms = bench_metrics(db.samples(run))
+    ms = bench_metrics([s for r in runs for s in db.samples(r)])
     tg, pp = ms.get(f"tg:{w.name}"), ms.get(f"pp:{w.name}")
     return Rates(tuple(tg.values) if tg else (), tuple(pp.values) if pp else ())
 

@@ -114,6 +114,7 @@ class TuneRequest:
     work: wl.WorkObjective | None = None  # the workload of --objective replay:FILE and turn
     with_load: tuple[ServiceLoad, ...] = ()  # the layout's other services' loads, on while a candidate is measured
     weighted: wt.Weighted | None = None  # --objective weighted:...: several services' figures in one score
+    confirm: int = 0  # after the search, the best this many measured launched once more each (--confirm)
 
 
 @dataclass(kw_only=True)
@@ -127,10 +128,16 @@ class Entry:
     cpu_expert_share: float
     run: int | None = None
     failed: str | None = None
+    confirmed: list[int] = field(default_factory=list)  # its runs of the --confirm round
 
     @property
     def fits(self) -> bool:
         return self.plan.fits
+
+    @property
+    def runs(self) -> tuple[int, ...]:
+        """Its launches' runs: the search's, then the confirmation's."""
+        return () if self.run is None else (self.run, *self.confirmed)
 
 
 @dataclass(kw_only=True)
@@ -162,6 +169,8 @@ class TuneResult:
     with_load: tuple[ServiceLoad, ...] = ()  # the other services' loads they were measured under
     weighted: wt.Weighted | None = None
     scores: dict[int, wt.Score] = field(default_factory=dict)  # each measured candidate's weighted score
+    # --confirm: the objective's median of each launch (the search's first) of those launched again
+    confirmed: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def plan_path(self, i: int) -> Path:
         return self.plan_dir / f"{_slug(self.entries[i].candidate.label)}.json"
@@ -391,6 +400,12 @@ def _check_request(req: TuneRequest) -> None:
         )
     if (req.objective == "weighted") != (req.weighted is not None):
         raise InputError(f"--objective {req.objective}: the weighted terms come with --objective weighted:... only")
+    if req.confirm and (req.serve is not None or req.work is not None or req.with_load or req.weighted is not None):
+        raise InputError(
+            f"--confirm launches single-stream benchmarks again: not with --objective {req.objective}"
+            + (" --with-load" if req.with_load else ""),
+            hint="drop --confirm, or tune --objective tg, pp or ttft",
+        )
 
 
 def _resume(db: ResultsDB, tid: str, entries: list[Entry], failed: dict[str, str]) -> None:
@@ -398,13 +413,12 @@ def _resume(db: ResultsDB, tid: str, entries: list[Entry], failed: dict[str, str
     or saw fail."""
     by_label = {e.candidate.label: i for i, e in enumerate(entries)}
     for r in db.runs(sweep_id=tid):
-        if (
-            r.status == RunStatus.DONE
-            and r.label in by_label
-            and entries[by_label[r.label]].run is None
-            and not (r.contention and r.contention.contended)
-        ):
-            entries[by_label[r.label]].run = r.id
+        if r.status == RunStatus.DONE and r.label in by_label and not (r.contention and r.contention.contended):
+            e = entries[by_label[r.label]]
+            if e.run is None:
+                e.run = r.id
+            else:  # launched again by --confirm
+                e.confirmed.append(r.id)
     for label, why in failed.items():
         if label in by_label:
             entries[by_label[label]].failed = why
@@ -438,6 +452,7 @@ def tune(
         if nxt is None:
             break
         s.launch(nxt, gate)
+    s.confirm(req.confirm, defaults, gate)
     result = s.result(defaults)
     if result.best is not None and not result.plan_path(result.best).exists():
         result.plan_path(result.best).write_text(json.dumps(entries[result.best].doc, indent=2))
@@ -569,7 +584,8 @@ class _Search:
         elif req.serve is not None:
             self.goodputs[i] = gp.measured(samples, req.serve)
             self.values[i] = list(self.goodputs[i].values)
-        else:
+        else:  # every launch of it pooled (--confirm launches the best again)
+            samples = [x for r in entries[i].runs for x in self.db.samples(r)]
             self.summaries[i] = bench_summary(samples)
             self.values[i] = _bench_values(samples, req)
 
@@ -702,62 +718,124 @@ class _Search:
     def launch_defaults(self, d: dflt.Defaults) -> None:
         """Measure the engine with the model and no tuning flags, as every candidate is measured; not
         a launch of the budget."""
+        try:
+            d.run = self._run_defaults(d)
+        except MoetuneError as err:
+            d.failed = self.failed[dflt.LABEL] = str(err)
+            self.db.update_sweep(self.tid, replace(self.record, failed=dict(self.failed)).to_json())
+            self.status(f"{dflt.LABEL}: failed: {str(err).splitlines()[0]}")
+
+    def _run_defaults(self, d: dflt.Defaults) -> int:
         req, db, status = self.req, self.db, self.status
         path = self.plan_dir / dflt.PLAN_FILE
         path.write_text(json.dumps(d.doc, indent=2))
         status(f"engine defaults: {' '.join(d.argv)}")
-        try:
-            if req.work is not None:
-                d.run = wl.run_candidate(
-                    db,
-                    path,
-                    req.work,
-                    label=dflt.LABEL,
-                    sweep_id=self.tid,
-                    repeats=req.options.repeats,
-                    warmup=req.options.warmup,
-                    transport=req.transport,
-                    rdma_dev=req.rdma_dev,
-                    launch_timeout_s=req.launch_timeout_s,
-                    request_timeout_s=req.options.timeout_s,
-                    status=status,
-                    on_snapshot=self.on_snapshot,
-                )
-            else:
-                d.run = bench_target(
-                    db,
-                    plan_target(path),
-                    [req.workload],
-                    req.options,
-                    label=dflt.LABEL,
-                    sweep_id=self.tid,
-                    launch_timeout_s=req.launch_timeout_s,
-                    status=status,
-                    progress_for=self.progress_for,
-                    on_snapshot=self.on_snapshot,
-                )
-        except MoetuneError as err:
-            d.failed = self.failed[dflt.LABEL] = str(err)
-            db.update_sweep(self.tid, replace(self.record, failed=dict(self.failed)).to_json())
-            status(f"{dflt.LABEL}: failed: {str(err).splitlines()[0]}")
+        if req.work is not None:
+            return wl.run_candidate(
+                db,
+                path,
+                req.work,
+                label=dflt.LABEL,
+                sweep_id=self.tid,
+                repeats=req.options.repeats,
+                warmup=req.options.warmup,
+                transport=req.transport,
+                rdma_dev=req.rdma_dev,
+                launch_timeout_s=req.launch_timeout_s,
+                request_timeout_s=req.options.timeout_s,
+                status=status,
+                on_snapshot=self.on_snapshot,
+            )
+        return bench_target(
+            db,
+            plan_target(path),
+            [req.workload],
+            req.options,
+            label=dflt.LABEL,
+            sweep_id=self.tid,
+            launch_timeout_s=req.launch_timeout_s,
+            status=status,
+            progress_for=self.progress_for,
+            on_snapshot=self.on_snapshot,
+        )
+
+    def confirm(self, n: int, defaults: dflt.Defaults | None, gate: QuietGate) -> None:
+        """--confirm N: launch the N best measured on the objective once more each (the engine
+        defaults among them where they rank there), so that each is judged on two launches: on a
+        shared machine a whole launch runs fast or slow, and one lucky launch would otherwise win.
+        The PP guard is judged after, on both launches (a candidate it rejects by one launch of the
+        defaults' PP may pass by two). Not counted in --budget; one already launched again (a
+        resumed search) is not."""
+        if n <= 0:
+            return
+        ranked: list[tuple[float, int | None]] = [
+            (statistics.median(v), i)
+            for i, v in self.values.items()
+            if v and self.entries[i].run is not None and self.entries[i].failed is None
+        ]
+        d_values = self._defaults_values(defaults)
+        if defaults is not None and d_values:
+            ranked.append((statistics.median(d_values), None))
+        top = sorted(ranked, key=lambda t: -t[0])[:n]
+        for k, (_, i) in enumerate(top, 1):
+            e = None if i is None else self.entries[i]
+            done = defaults.confirmed if e is None and defaults is not None else e.confirmed if e else []
+            if done:
+                continue
+            label = dflt.LABEL if e is None else e.candidate.label
+            gate.before_launch()
+            self.status(f"confirm {k}/{len(top)}: {label}, launched again")
+            try:
+                if e is None:
+                    assert defaults is not None
+                    run = self._run_defaults(defaults)
+                else:
+                    run = self._run_candidate(e, self.plan_dir / f"{_slug(label)}.json")
+            except MoetuneError as err:  # the first launch's figures stand
+                self.status(f"{label}: its second launch failed: {str(err).splitlines()[0]}")
+                continue
+            if gate.accept(self.db, run):  # else contended, waited for: the first launch's figures stand
+                done.append(run)
+                if i is not None:
+                    self.measured(i)
+        self.k = self.refit()
+
+    def _defaults_values(self, defaults: dflt.Defaults | None) -> tuple[float, ...]:
+        """The engine defaults' objective samples, every launch of them pooled (a workload
+        objective's: :meth:`result` reads them)."""
+        if defaults is None or not defaults.runs or self.req.work is not None:
+            return ()
+        return tuple(_bench_values([x for r in defaults.runs for x in self.db.samples(r)], self.req))
+
+    def _judging(self, defaults: dflt.Defaults | None) -> tuple[dict[int, dflt.Rates], dflt.Rates, dict[int, str]]:
+        """Each measured candidate's TG and PP, the engine defaults', and the PP guard's rejections."""
+        req, db = self.req, self.db
+        rates = {i: dflt.rates(db, e.runs, req.workload) for i, e in enumerate(self.entries) if e.run is not None}
+        rates.update({i: dflt.Rates(m.shared.tg, m.shared.pp) for i, m in self.loaded.items()})  # under the load
+        d_rates = dflt.rates(db, defaults.runs if defaults else (), req.workload)
+        return rates, d_rates, pp_rejections(req.objective, req.max_pp_loss, rates, d_rates)
 
     def result(self, defaults: dflt.Defaults | None) -> TuneResult:
         """The search's outcome: each candidate's verdict and the best (the winner, else the baseline)."""
         db, req, entries = self.db, self.req, self.entries
         view = self.view()
-        rates = {i: dflt.rates(db, e.run, req.workload) for i, e in enumerate(entries) if e.run is not None}
-        rates.update({i: dflt.Rates(m.shared.tg, m.shared.pp) for i, m in self.loaded.items()})  # under the load
-        d_rates = dflt.rates(db, defaults.run if defaults else None, req.workload)
-        rejected = pp_rejections(req.objective, req.max_pp_loss, rates, d_rates)
+        rates, d_rates, rejected = self._judging(defaults)
         judged, best = verdicts(
             entries, self.values, None if view is None else view.expect, rejected, as_time=req.work is not None
         )
-        d_samples = db.samples(defaults.run) if defaults is not None and defaults.run is not None else None
-        d_work = wl.measured(d_samples, req.work) if req.work is not None and d_samples is not None else None
-        if d_work is not None:
-            d_values: tuple[float, ...] = tuple(d_work.values)
-        else:
-            d_values = tuple(_bench_values(d_samples, req)) if d_samples is not None and req.work is None else ()
+        d_work = None
+        if req.work is not None and defaults is not None and defaults.run is not None:
+            d_work = wl.measured(db.samples(defaults.run), req.work)
+        d_values = tuple(d_work.values) if d_work is not None else self._defaults_values(defaults)
+        confirmed = {
+            dflt.LABEL if e is None else e.candidate.label: tuple(
+                statistics.median(v) for r in runs if (v := _bench_values(db.samples(r), req))
+            )
+            for e, runs in [
+                *((e, e.runs) for e in entries if e.confirmed),
+                *([(None, defaults.runs)] if defaults is not None and defaults.confirmed else []),
+            ]
+        }
         return TuneResult(
             tune_id=self.tid,
             objective=req.objective,
@@ -786,6 +864,7 @@ class _Search:
             with_load=req.with_load,
             weighted=req.weighted,
             scores=self.scores,
+            confirmed=confirmed,
         )
 
 
@@ -801,7 +880,8 @@ def _defaults(
         plan = make_plan([plan.main.spec], plan.hw, plan.constants)
     model = baseline.doc["services"][0].get("model_given") or req.model
     d = dflt.Defaults(dflt.defaults_doc(plan, plan.main.spec.engine or req.engine or "", str(model)))
-    d.run = next((r.id for r in db.runs(sweep_id=tid) if r.label == dflt.LABEL and r.status == RunStatus.DONE), None)
+    done = [r.id for r in db.runs(sweep_id=tid) if r.label == dflt.LABEL and r.status == RunStatus.DONE]
+    d.run, d.confirmed = (done[0], done[1:]) if done else (None, [])
     d.failed = failed.get(dflt.LABEL) if d.run is None else None
     return d
 

@@ -509,6 +509,7 @@ def result_json(r: TuneResult, kld: dict[int, float] | None = None) -> dict[str,
         "best": _best(r, defaults),
         "best_candidate": None if r.best is None else _head(r, r.best).to_json(),
         "defaults_win": r.defaults_win,
+        "confirmed": [{"label": k, "medians": [round(v, 3) for v in vs]} for k, vs in r.confirmed.items()],
         "candidates": [c.to_json() for c in candidate_rows(r, kld)],
         "engine_defaults": None if defaults is None else defaults.to_json(),
         "max_pp_loss": r.max_pp_loss if r.objective == "tg" else None,
@@ -754,6 +755,21 @@ def defaults_lines(doc: Mapping[str, object]) -> list[str]:
         if v:
             said = str(mapping(v).get("text") or "")
             out.append(f"  {who} vs engine defaults, {what.upper()}: {said.replace('baseline', 'engine defaults')}")
+    return out
+
+
+def confirm_lines(doc: Mapping[str, object]) -> list[str]:
+    """--confirm's round, as lines: each configuration launched again, its launches' medians."""
+    given = doc.get("confirmed")
+    rows = [mapping(c) for c in given if isinstance(c, Mapping)] if isinstance(given, list) else []
+    if not rows:
+        return []
+    unit = {"tg": " tok/s TG", "pp": " tok/s PP", "ttft": " first tokens/s"}.get(str(doc.get("objective")), "")
+    out = [f"confirmed: the {len(rows)} best launched again, judged on both launches pooled"]
+    for c in rows:
+        medians = c.get("medians")
+        ms = " then ".join(f"{float(v):.4g}" for v in medians) if isinstance(medians, list) else ""
+        out.append(f"  {c.get('label')}: {ms}{unit}")
     return out
 
 
