@@ -78,8 +78,8 @@ def test_tune_reaches_the_grid_best_in_five_launches_cold_and_three_calibrated(b
         "100",
         "--confirm",
         "2",
-    ]  # the question is TG alone; the two best launched twice (one lucky launch of a candidate 0.69x
-    # the grid's best once won: a whole launch runs fast or slow on this machine)
+    ]  # the question is TG alone; the two best launched twice (a whole launch runs fast or slow on
+    # this machine; without the round, one CI run ended at a candidate 0.69x the grid's best)
 
     # from nothing: the baseline is the slowest corner (every expert on the CPU, one thread)
     cold_db, out = tmp_path / "cold.db", tmp_path / "best.json"

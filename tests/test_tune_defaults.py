@@ -36,10 +36,9 @@ TRY = [
 ]
 
 
-def test_tune_measures_the_engine_defaults_and_names_its_workload(bin_dir: Path, tmp_path: Path) -> None:
-    model, hw = make_testbed(tmp_path)
-    db = tmp_path / "t.db"
-    r = run_cli(
+def tune_args(model: Path, hw: Path, db: Path) -> list[str]:
+    """A tune of the baseline and the one candidate, from one thread, in a budget of two."""
+    return [
         "tune",
         str(model),
         "--hw",
@@ -56,6 +55,14 @@ def test_tune_measures_the_engine_defaults_and_names_its_workload(bin_dir: Path,
         "2",
         "--db",
         str(db),
+    ]
+
+
+def test_tune_measures_the_engine_defaults_and_names_its_workload(bin_dir: Path, tmp_path: Path) -> None:
+    model, hw = make_testbed(tmp_path)
+    db = tmp_path / "t.db"
+    r = run_cli(
+        *tune_args(model, hw, db),
         "--max-pp-loss",
         "0",
         "-o",
@@ -112,22 +119,7 @@ def test_confirm_launches_the_best_again_and_judges_them_on_both_launches(bin_di
     model, hw = make_testbed(tmp_path)
     db = tmp_path / "t.db"
     tune = [
-        "tune",
-        str(model),
-        "--hw",
-        str(hw),
-        "--strategy",
-        "cpu-moe",
-        "-t",
-        "1",
-        *TRY,
-        *WORKLOAD,
-        "--port",
-        str(free_port()),
-        "--budget",
-        "2",
-        "--db",
-        str(db),
+        *tune_args(model, hw, db),
         "--confirm",
         "2",
     ]

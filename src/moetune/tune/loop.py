@@ -670,23 +670,6 @@ class _Search:
                 rdma_dev=req.rdma_dev,
                 slo=dict(req.weighted.slo) if req.weighted and req.weighted.slo else None,
             )
-        if req.work is not None:
-            return wl.run_candidate(
-                db,
-                path,
-                req.work,
-                label=e.candidate.label,
-                sweep_id=self.tid,
-                repeats=req.options.repeats,
-                warmup=req.options.warmup,
-                transport=e.candidate.transport,
-                rdma_dev=req.rdma_dev,
-                server=e.plan.main.spec.name,
-                launch_timeout_s=req.launch_timeout_s,
-                request_timeout_s=req.options.timeout_s,
-                status=status,
-                on_snapshot=on_snapshot,
-            )
         if req.serve is not None:
             return gp.serve_candidate(
                 db,
@@ -701,19 +684,7 @@ class _Search:
                 status=status,
                 on_snapshot=on_snapshot,
             )
-        target = with_transport(plan_target(path, e.plan.main.spec.name), e.candidate.transport, req.rdma_dev)
-        return bench_target(
-            db,
-            target,
-            [req.workload],
-            req.options,
-            label=e.candidate.label,
-            sweep_id=self.tid,
-            launch_timeout_s=req.launch_timeout_s,
-            status=status,
-            progress_for=self.progress_for,
-            on_snapshot=on_snapshot,
-        )
+        return self._measure(path, e.candidate.label, transport=e.candidate.transport, server=e.plan.main.spec.name)
 
     def launch_defaults(self, d: dflt.Defaults) -> None:
         """Measure the engine with the model and no tuning flags, as every candidate is measured; not
@@ -726,37 +697,42 @@ class _Search:
             self.status(f"{dflt.LABEL}: failed: {str(err).splitlines()[0]}")
 
     def _run_defaults(self, d: dflt.Defaults) -> int:
-        req, db, status = self.req, self.db, self.status
         path = self.plan_dir / dflt.PLAN_FILE
         path.write_text(json.dumps(d.doc, indent=2))
-        status(f"engine defaults: {' '.join(d.argv)}")
+        self.status(f"engine defaults: {' '.join(d.argv)}")
+        return self._measure(path, dflt.LABEL, transport=self.req.transport)
+
+    def _measure(self, path: Path, label: str, *, transport: str, server: str | None = None) -> int:
+        """A plan's single-stream benchmark or workload objective, as the search measures them."""
+        req, db, status, on_snapshot = self.req, self.db, self.status, self.on_snapshot
         if req.work is not None:
             return wl.run_candidate(
                 db,
                 path,
                 req.work,
-                label=dflt.LABEL,
+                label=label,
                 sweep_id=self.tid,
                 repeats=req.options.repeats,
                 warmup=req.options.warmup,
-                transport=req.transport,
+                transport=transport,
                 rdma_dev=req.rdma_dev,
+                server=server,
                 launch_timeout_s=req.launch_timeout_s,
                 request_timeout_s=req.options.timeout_s,
                 status=status,
-                on_snapshot=self.on_snapshot,
+                on_snapshot=on_snapshot,
             )
         return bench_target(
             db,
-            plan_target(path),
+            with_transport(plan_target(path, server), transport, req.rdma_dev),
             [req.workload],
             req.options,
-            label=dflt.LABEL,
+            label=label,
             sweep_id=self.tid,
             launch_timeout_s=req.launch_timeout_s,
             status=status,
             progress_for=self.progress_for,
-            on_snapshot=self.on_snapshot,
+            on_snapshot=on_snapshot,
         )
 
     def confirm(self, n: int, defaults: dflt.Defaults | None, gate: QuietGate) -> None:
