@@ -160,7 +160,9 @@ def test_ik_runs_with_every_option_and_the_ledger_follows_mla_and_amb(
         sp = plan.main
         argv = service_argv(sp, facts)
         ok, log = reserve_log(ik_bin_dir / "llama-server", strip_endpoint(argv), timeout=120, marker=IK_RESERVED)
-        assert ok, log[-3000:]
+        if not ok and not log.strip():  # not a word from the engine (once in CI, 2026-12-03; not reproduced)
+            ok, log = reserve_log(ik_bin_dir / "llama-server", strip_endpoint(argv), timeout=120, marker=IK_RESERVED)
+        assert ok, log[-3000:] or "the engine printed nothing, twice"
         assert re.search(r"mla_attn += 2\b", log) and re.search(r"fused_moe += 0\b", log), log[-3000:]
         assert re.search(rf"attn_max_b += {amb}\b", log) and "merging up/gate in layer" in log, log[-3000:]
         # the layer sizes ik prints (what -ts is computed from) are moetune's for mode 2
