@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -139,30 +138,26 @@ def deepseek2(tmp_path_factory: pytest.TempPathFactory) -> ModelProfile:
     return load_profile(generate(d / "deepseek2.gguf", "deepseek2", small_dims("deepseek2", True), "f16").files[0])
 
 
-@pytest.fixture
-def worker(ik_bin_dir: Path) -> Iterator[list[str]]:
-    with rpc_workers(ik_bin_dir, 1, binary="rpc-server") as ends:
-        yield ends
-
-
 _LAYER_SIZE = re.compile(r"^Layer +(\d+): +[\d.]+, +[\d.]+, +([\d.]+)(?: +([\d.]+))?", re.M)
 
 
 @pytest.mark.server
 def test_ik_runs_with_every_option_and_the_ledger_follows_mla_and_amb(
-    ik_bin_dir: Path, deepseek2: ModelProfile, facts: dict[str, EngineFacts], worker: list[str]
+    ik_bin_dir: Path, deepseek2: ModelProfile, facts: dict[str, EngineFacts]
 ) -> None:
     """Started with all four options, without and with -amb (1 MiB: the generated model's latent
     cache, dequantized for prefill, then goes one head at a time); the layers on the RPC device."""
     reserved, counted = {}, {}
     for amb in (0, 1):
-        plan = plan_of(deepseek2, EngineKind.IK, loopback_hw(worker), **{**ALL, "amb_mib": amb})
-        sp = plan.main
-        argv = service_argv(sp, facts)
-        ok, log = reserve_log(ik_bin_dir / "llama-server", strip_endpoint(argv), timeout=120, marker=IK_RESERVED)
-        if not ok and not log.strip():  # not a word from the engine (once in CI, 2026-12-03; not reproduced)
+        # a worker of its own per launch: ik's rpc-server, its last client killed at the reserve,
+        # now and then breaks the next one's connect (an abort in add_rpc_devices, then a silent
+        # SIGSEGV for every client after: 1 launch in about 10 on one worker, none in 30 on fresh ones)
+        with rpc_workers(ik_bin_dir, 1, binary="rpc-server") as worker:
+            plan = plan_of(deepseek2, EngineKind.IK, loopback_hw(worker), **{**ALL, "amb_mib": amb})
+            sp = plan.main
+            argv = service_argv(sp, facts)
             ok, log = reserve_log(ik_bin_dir / "llama-server", strip_endpoint(argv), timeout=120, marker=IK_RESERVED)
-        assert ok, log[-3000:] or "the engine printed nothing, twice"
+        assert ok, log[-3000:] or "the engine printed nothing"
         assert re.search(r"mla_attn += 2\b", log) and re.search(r"fused_moe += 0\b", log), log[-3000:]
         assert re.search(rf"attn_max_b += {amb}\b", log) and "merging up/gate in layer" in log, log[-3000:]
         # the layer sizes ik prints (what -ts is computed from) are moetune's for mode 2
