@@ -34,6 +34,7 @@ The split is pure (:func:`split`, :class:`Tally`, :func:`lead`); :func:`census` 
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -311,18 +312,7 @@ class Tally:
         self.pids: dict[str, dict[int, float]] = {}
 
     def copy(self) -> Tally:
-        out = Tally()
-        out.seconds, out.cores, out.engine, out.client, out.foreign = (
-            self.seconds,
-            self.cores,
-            self.engine,
-            self.client,
-            self.foreign,
-        )
-        out.peak, out.engine_seen = self.peak, self.engine_seen
-        out.by_comm = dict(self.by_comm)
-        out.pids = {k: dict(v) for k, v in self.pids.items()}
-        return out
+        return copy.deepcopy(self)
 
     def add(self, s: Split) -> None:
         if s.seconds <= 0:

@@ -18,7 +18,7 @@ from moetune.paths import data_dir, runs_dir
 from moetune.run.record import ProcRecord, RunDir, RunInfo
 from moetune.store.db import ResultsDB
 from moetune.store.record import RunMeta
-from moetune.tune.loop import _slug
+from moetune.tune.loop import plan_file
 from tests.helpers import run_cli
 
 REFUSED = ["../escape", "a/b", "/abs", "..", ".", "", "x\ny", "x\0y", "x\ry", "run", "plan"]
@@ -119,7 +119,7 @@ def test_a_label(tmp_path: Path, label: str) -> None:
     """A label is the history's column (any text) and a tune's plan file name (made one)."""
     plan_dir = tmp_path / "plans"
     plan_dir.mkdir()
-    path = plan_dir / f"{_slug(label)}.json"
+    path = plan_file(plan_dir, label)
     assert path.parent == plan_dir and path.resolve().parent == plan_dir and "\0" not in str(path)
     path.write_text("{}")
     with ResultsDB.open(tmp_path / "r.sqlite") as db:

@@ -173,7 +173,7 @@ class TuneResult:
     confirmed: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def plan_path(self, i: int) -> Path:
-        return self.plan_dir / f"{_slug(self.entries[i].candidate.label)}.json"
+        return plan_file(self.plan_dir, self.entries[i].candidate.label)
 
     @functools.cached_property
     def defaults_win(self) -> str | None:
@@ -200,8 +200,9 @@ class TuneResult:
         return self.plan_dir / dflt.PLAN_FILE if self.defaults_win else self.plan_path(self.best)
 
 
-def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", label)
+def plan_file(plan_dir: Path, label: str) -> Path:
+    """Where a search keeps a candidate's plan document."""
+    return plan_dir / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', label)}.json"
 
 
 def objective_value(objective: str, tg: float | None, pp: float | None, prompt_tokens: int) -> float | None:
@@ -631,7 +632,7 @@ class _Search:
         """Launch and measure candidate ``nxt``: a launch that fails is recorded and skipped, a
         contended measurement is dropped (to be measured again)."""
         e = self.entries[nxt]
-        path = self.plan_dir / f"{_slug(e.candidate.label)}.json"
+        path = plan_file(self.plan_dir, e.candidate.label)
         path.write_text(json.dumps(e.doc, indent=2))
         self.launches += 1
         gate.before_launch()  # a busy machine: MachineBusy, or a wait with --wait-quiet
@@ -744,36 +745,31 @@ class _Search:
         resumed search) is not."""
         if n <= 0:
             return
-        ranked: list[tuple[float, int | None]] = [
-            (statistics.median(v), i)
-            for i, v in self.values.items()
-            if v and self.entries[i].run is not None and self.entries[i].failed is None
-        ]
-        d_values = self._defaults_values(defaults)
-        if defaults is not None and d_values:
-            ranked.append((statistics.median(d_values), None))
+        # (median, label, its confirmation runs, how to launch it, its entry: None for the defaults)
+        ranked: list[tuple[float, str, list[int], Callable[[], int], int | None]] = []
+        for i, v in self.values.items():
+            e = self.entries[i]
+            if v and e.run is not None and e.failed is None:
+                run_it = functools.partial(self._run_candidate, e, plan_file(self.plan_dir, e.candidate.label))
+                ranked.append((statistics.median(v), e.candidate.label, e.confirmed, run_it, i))
+        if defaults is not None and (d_values := self._defaults_values(defaults)):
+            run_d = functools.partial(self._run_defaults, defaults)
+            ranked.append((statistics.median(d_values), dflt.LABEL, defaults.confirmed, run_d, None))
         top = sorted(ranked, key=lambda t: -t[0])[:n]
-        for k, (_, i) in enumerate(top, 1):
-            e = None if i is None else self.entries[i]
-            done = defaults.confirmed if e is None and defaults is not None else e.confirmed if e else []
+        for k, (_, label, done, again, j) in enumerate(top, 1):
             if done:
                 continue
-            label = dflt.LABEL if e is None else e.candidate.label
             gate.before_launch()
             self.status(f"confirm {k}/{len(top)}: {label}, launched again")
             try:
-                if e is None:
-                    assert defaults is not None
-                    run = self._run_defaults(defaults)
-                else:
-                    run = self._run_candidate(e, self.plan_dir / f"{_slug(label)}.json")
+                run = again()
             except MoetuneError as err:  # the first launch's figures stand
                 self.status(f"{label}: its second launch failed: {str(err).splitlines()[0]}")
                 continue
             if gate.accept(self.db, run):  # else contended, waited for: the first launch's figures stand
                 done.append(run)
-                if i is not None:
-                    self.measured(i)
+                if j is not None:
+                    self.measured(j)
         self.k = self.refit()
 
     def _defaults_values(self, defaults: dflt.Defaults | None) -> tuple[float, ...]:
@@ -783,19 +779,14 @@ class _Search:
             return ()
         return tuple(_bench_values([x for r in defaults.runs for x in self.db.samples(r)], self.req))
 
-    def _judging(self, defaults: dflt.Defaults | None) -> tuple[dict[int, dflt.Rates], dflt.Rates, dict[int, str]]:
-        """Each measured candidate's TG and PP, the engine defaults', and the PP guard's rejections."""
-        req, db = self.req, self.db
-        rates = {i: dflt.rates(db, e.runs, req.workload) for i, e in enumerate(self.entries) if e.run is not None}
-        rates.update({i: dflt.Rates(m.shared.tg, m.shared.pp) for i, m in self.loaded.items()})  # under the load
-        d_rates = dflt.rates(db, defaults.runs if defaults else (), req.workload)
-        return rates, d_rates, pp_rejections(req.objective, req.max_pp_loss, rates, d_rates)
-
     def result(self, defaults: dflt.Defaults | None) -> TuneResult:
         """The search's outcome: each candidate's verdict and the best (the winner, else the baseline)."""
         db, req, entries = self.db, self.req, self.entries
         view = self.view()
-        rates, d_rates, rejected = self._judging(defaults)
+        rates = {i: dflt.rates(db, e.runs, req.workload) for i, e in enumerate(entries) if e.run is not None}
+        rates.update({i: dflt.Rates(m.shared.tg, m.shared.pp) for i, m in self.loaded.items()})  # under the load
+        d_rates = dflt.rates(db, defaults.runs if defaults else (), req.workload)
+        rejected = pp_rejections(req.objective, req.max_pp_loss, rates, d_rates)
         judged, best = verdicts(
             entries, self.values, None if view is None else view.expect, rejected, as_time=req.work is not None
         )
@@ -803,14 +794,12 @@ class _Search:
         if req.work is not None and defaults is not None and defaults.run is not None:
             d_work = wl.measured(db.samples(defaults.run), req.work)
         d_values = tuple(d_work.values) if d_work is not None else self._defaults_values(defaults)
+        launched_again = [(e.candidate.label, e.runs) for e in entries if e.confirmed]
+        if defaults is not None and defaults.confirmed:
+            launched_again.append((dflt.LABEL, defaults.runs))
         confirmed = {
-            dflt.LABEL if e is None else e.candidate.label: tuple(
-                statistics.median(v) for r in runs if (v := _bench_values(db.samples(r), req))
-            )
-            for e, runs in [
-                *((e, e.runs) for e in entries if e.confirmed),
-                *([(None, defaults.runs)] if defaults is not None and defaults.confirmed else []),
-            ]
+            label: tuple(statistics.median(v) for r in runs if (v := _bench_values(db.samples(r), req)))
+            for label, runs in launched_again
         }
         return TuneResult(
             tune_id=self.tid,
