@@ -22,9 +22,11 @@ from moetune.engine.logs.types import (
     MODEL_OPEN_FAILED,
     RPC_CONNECT_FAILED,
     RPC_CRASHED,
+    RPC_PROTOCOL,
     SPLIT_DEVICES,
     AllocFailure,
 )
+from moetune.kinds import LogPhase
 
 OUT_OF_MEMORY = "out_of_memory"
 PORT_IN_USE = "port_in_use"
@@ -39,8 +41,12 @@ EXITED = "exited"
 NOT_HEALTHY = "not_healthy"
 SSH_FAILED = "ssh_failed"
 REPACK_CRASH = "repack_crash"
+RPC_STALE = "rpc_worker_stale"
+RPC_HANDSHAKE = "rpc_handshake"
 REPACK_BUFFERS = ("CPU_REPACK", "AMX")  # mainline's extra CPU buffers of repacked weights
 CRASH_CODES = (139, -11)  # SIGSEGV: a shell's 128 + 11, a Popen's -11
+ABORT_CODES = (134, -6)  # SIGABRT
+RPC_CONNECT_FRAME = "add_rpc_devices"  # ik_llama.cpp connects its --rpc workers while parsing its arguments
 SCHED_ASSERT = "cur_backend_id != -1"  # the scheduler's assert with repacked F16 weights (DESIGN.md section 5)
 
 HOST_DEVICES = ("CPU", "Host")  # memory moetune cannot move experts off (only to)
@@ -225,6 +231,66 @@ def repack_crash(name: str, log: ServerLog, exit_code: int | None) -> Diagnosis:
     )
 
 
+def crashed_connecting(log: ServerLog, exit_code: int | None, *, loading: bool, outside: Sequence[str]) -> bool:
+    """The server crashed (a segmentation fault or an abort) before its log said anything, or in
+    the RPC connect of an abort's backtrace, and it uses RPC workers this run did not start
+    (``outside``). ``exit_code`` None (a log file alone): not told."""
+    if not loading or not outside or exit_code not in (*CRASH_CODES, *ABORT_CODES) or log.alloc_failures:
+        return False
+    if any(f.kind != ABORTED for f in log.failures):
+        return False
+    return not any(x.strip() for x in log.lines) or any(RPC_CONNECT_FRAME in x for x in log.lines)
+
+
+def stale_worker(name: str, log: ServerLog, exit_code: int | None, outside: Sequence[str]) -> Diagnosis:
+    signal = "a segmentation fault" if exit_code in CRASH_CODES else "an abort"
+    where = ", ".join(outside)
+    said = [i + 1 for i, x in enumerate(log.lines) if RPC_CONNECT_FRAME in x]
+    return Diagnosis(
+        cause=RPC_STALE,
+        process=name,
+        message=f"{name}: crashed connecting to its RPC worker{'s' if len(outside) > 1 else ''} {where} (exit "
+        f"{exit_code}, {signal}{', before printing a line' if not said else ''}): a worker this run did not "
+        "start, whose earlier client was killed while loading, can break every client after it (seen with "
+        "ik_llama.cpp's rpc-server, after about 10 such clients)",
+        hint=f"restart the rpc-server at {where}, then launch again; the worker of a node with `ssh` in the "
+        "hardware file is started by `launch`, a fresh one at every launch",
+        evidence=_ev(log, said),
+    )
+
+
+def rpc_handshake(
+    name: str,
+    log: ServerLog,
+    line: int,
+    exit_code: int | None,
+    endpoints: Sequence[str],
+    workers: Mapping[str, WorkerLog],
+) -> Diagnosis:
+    """The client lost its workers' connection before the model loaded: at the handshake.
+    ``workers``: the logs of those this run started, by endpoint (a refusal names its protocol)."""
+    refusals = [(ep, w, f) for ep, w in workers.items() for f in w.failures if f.kind == RPC_PROTOCOL]
+    where = ", ".join(endpoints) or "?"
+    code = "" if exit_code is None else f" (exit {exit_code})"
+    if refusals:
+        ep, w, f = refusals[0]
+        which = "the worker" if len(endpoints) == 1 else f"the worker at {ep}"
+        said = f": {which}{f' (rpc-server v{w.version})' if w.version else ''} said {f.subject!r}"
+    else:
+        said = ": it speaks another RPC protocol than this server's build, or is not an rpc-server"
+    return Diagnosis(
+        cause=RPC_HANDSHAKE,
+        process=name,
+        message=f"{name}: its RPC worker{'s' if len(endpoints) > 1 else ''} {where} dropped the connection at "
+        f"the handshake, before the model loaded{code}{said}",
+        hint="start each worker from the same build as the server: mainline's ggml-rpc-server and ik_llama.cpp's "
+        "rpc-server do not speak each other's protocol, and mainline's changes between versions (a worker's "
+        "banner names its version: Starting RPC server vX); a node's worker that moetune starts runs the node's "
+        "engine build",
+        evidence=_ev(log, [line]),
+    )
+
+
 def server_exit(
     name: str,
     log: ServerLog,
@@ -234,8 +300,12 @@ def server_exit(
     layers: Sequence[LayerExperts] = (),
     uniform: tuple[float, int] | None = None,
     n_ubatch: int | None = None,
+    rpc_outside: Sequence[str] = (),
+    workers: Mapping[str, WorkerLog] | None = None,
 ) -> Diagnosis:
-    """A server that exited: during load (``loading``) or while serving."""
+    """A server that exited: during load (``loading``) or while serving. ``rpc_outside``: the RPC
+    workers it uses that this run did not start; ``workers``: the logs of those it started, by
+    endpoint."""
     code = "" if exit_code is None else f" (exit {exit_code})"
     kinds = {f.kind: f for f in log.failures}
     if log.alloc_failures:
@@ -255,6 +325,9 @@ def server_exit(
         return rpc_unreachable(name, f.subject or "?", "the server could not connect", _ev(log, [f.line]))
     if RPC_CRASHED in kinds:
         f = kinds[RPC_CRASHED]
+        if loading and log.phase == LogPhase.STARTING:
+            own = workers or {}
+            return rpc_handshake(name, log, f.line, exit_code, endpoints=[*own, *rpc_outside], workers=own)
         return Diagnosis(
             cause=RPC_LOST,
             process=name,
@@ -289,6 +362,8 @@ def server_exit(
         )
     if crashed_repacking(log, exit_code, loading=loading):
         return repack_crash(name, log, exit_code)
+    if crashed_connecting(log, exit_code, loading=loading, outside=rpc_outside):
+        return stale_worker(name, log, exit_code, rpc_outside)
     last = [e.line for e in log.errors][-4:]
     if ABORTED in kinds:
         last = [kinds[ABORTED].line, *last]

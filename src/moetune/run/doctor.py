@@ -15,6 +15,8 @@ Each finding has a one-line title with the numbers, a remedy, and the log lines 
 - pinned_near_ram     pinned host memory close to the machine's RAM
 - load_failed         the log ends in a failed load (the launch diagnosis)
 - repack_crash        the engine crashed at load with repacked CPU weights (remedy: --repack off)
+- rpc_worker_stale    a server crashed connecting to an RPC worker its run did not start (remedy:
+                      restart the worker)
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Source:
     env: Mapping[str, str] | None = None  # the process's environment, when read from a run
     ram_mib: float | None = None  # the machine's RAM, when the run recorded it
     exit_code: int | None = None  # how the process ended, when the run recorded it
+    rpc_outside: tuple[str, ...] = ()  # the RPC workers a server used that its run did not start
+    rpc_workers: Mapping[str, WorkerLog] | None = None  # the logs of those it started, by endpoint
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,29 +108,30 @@ def examine(sources: Sequence[Source], *, ram_mib: float | None = None) -> list[
 
 def _server(s: Source, log: ServerLog, ram_mib: float | None) -> list[Finding]:
     out = []
+    name = s.name.rsplit("/", 1)[-1]
     loading = log.phase != "ready"
+    failed: tuple[str, diagnose.Diagnosis] | None = None
     if diagnose.crashed_repacking(log, s.exit_code, loading=loading):
-        d = diagnose.repack_crash(s.name.rsplit("/", 1)[-1], log, s.exit_code)
+        failed = diagnose.REPACK_CRASH, diagnose.repack_crash(name, log, s.exit_code)
+    elif diagnose.crashed_connecting(log, s.exit_code, loading=loading, outside=s.rpc_outside):
+        failed = diagnose.RPC_STALE, diagnose.stale_worker(name, log, s.exit_code, s.rpc_outside)
+    elif log.failed:
+        failed = (
+            "load_failed",
+            diagnose.server_exit(
+                name, log, s.exit_code, loading=loading, rpc_outside=s.rpc_outside, workers=s.rpc_workers
+            ),
+        )
+    if failed is not None:
+        code, d = failed
         out.append(
             Finding(
-                code=diagnose.REPACK_CRASH,
+                code=code,
                 source=s.name,
                 title=d.message,
                 remedy=d.hint,
                 evidence=d.evidence[:MAX_EVIDENCE],
                 data={"cause": d.cause, "exit_code": s.exit_code},
-            )
-        )
-    elif log.failed:
-        d = diagnose.server_exit(s.name.rsplit("/", 1)[-1], log, s.exit_code, loading=loading)
-        out.append(
-            Finding(
-                code="load_failed",
-                source=s.name,
-                title=d.message,
-                remedy=d.hint,
-                evidence=d.evidence[:MAX_EVIDENCE],
-                data={"cause": d.cause},
             )
         )
     for f in log.failures:

@@ -36,6 +36,7 @@ from moetune.run.prepare import (
     Prepared,
     api_key_files,
     model_paths,
+    outside_workers,
     prepare,
     rpc_endpoints,
     ubatch,
@@ -387,9 +388,19 @@ def _wait_server(
             rd.update_proc(p.name, exited_at=time.time(), exit_code=proc.returncode)
             log = parse_log(_read(rd.log_path(p.name)), LogEra.LEGACY if p.engine.kind == EngineKind.IK else None)
             layers, uniform = _expert_sizes(plan_doc, p) if log.alloc_failures else ([], None)
+            own = rd.workers()
+            workers = {ep: parse_worker_log(_read(rd.log_path(own[ep]))) for ep in rpc_endpoints(p.argv) if ep in own}
             raise LaunchFailed(
                 diagnose.server_exit(
-                    p.name, log, proc.returncode, loading=True, layers=layers, uniform=uniform, n_ubatch=ubatch(p.argv)
+                    p.name,
+                    log,
+                    proc.returncode,
+                    loading=True,
+                    layers=layers,
+                    uniform=uniform,
+                    n_ubatch=ubatch(p.argv),
+                    rpc_outside=outside_workers(p.argv, own),
+                    workers=workers,
                 )
             )
         for name, other in procs.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
@@ -138,6 +138,11 @@ def _flag_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
 
 def rpc_endpoints(argv: Sequence[str]) -> list[str]:
     return [ep.strip() for v in _flag_values(argv, ("--rpc",)) for ep in v.split(",") if ep.strip()]
+
+
+def outside_workers(argv: Sequence[str], own: Collection[str]) -> list[str]:
+    """The RPC workers (host:port) a server's ``argv`` uses that its run does not start (``own``)."""
+    return [ep for ep in rpc_endpoints(argv) if ep not in own]
 
 
 def model_paths(argv: Sequence[str]) -> list[str]:
@@ -361,9 +366,7 @@ def preflight(prepared: Sequence[Prepared]) -> None:
                 raise LaunchFailed(diagnose.port_in_use(x.name, f"{x.endpoint} (node {x.spec.node})", None))
         elif not port_free(x.spec.host, x.spec.port) and not _lingering_frees(x.spec.host, x.spec.port):
             raise LaunchFailed(diagnose.port_in_use(x.name, x.endpoint, listener_of(x.spec.port)))
-        for ep in rpc_endpoints(x.argv):
-            if ep in own:
-                continue
+        for ep in outside_workers(x.argv, own):
             host, _, port = ep.rpartition(":")
             if not port.isdigit() or not port_open(host, int(port), timeout_s=2):
                 raise LaunchFailed(diagnose.rpc_unreachable(x.name, ep, "nothing accepts connections there"))

@@ -247,6 +247,10 @@ class RunDir:
     def alive(self) -> list[ProcRecord]:
         return [r for r in self.procs() if r.alive()]
 
+    def workers(self) -> dict[str, str]:
+        """The RPC workers this run started: host:port -> process name."""
+        return {f"{r.host}:{r.port}": r.name for r in self.procs() if r.role == ProcessRole.RPC}
+
 
 def recorded_env(environ: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(environ.items()) if RECORDED_ENV.match(k) and k != auth.KEY_ENV}

@@ -17,8 +17,10 @@ from typing import Any
 
 from moetune.engine.logs import is_worker_log, parse_log, parse_worker_log, split_lines
 from moetune.errors import InputError
+from moetune.kinds import ProcessRole
 from moetune.paths import default_db
 from moetune.run.doctor import Finding, Response, Source, examine
+from moetune.run.prepare import outside_workers, rpc_endpoints
 from moetune.run.record import RunDir
 from moetune.store.db import ResultsDB
 
@@ -78,12 +80,24 @@ def launch_of(ref: str, db_path: Path | None = None) -> RunDir:
 def run_sources(rd: RunDir) -> list[Source]:
     ram_kib = rd.info().machine.get("ram_kib", "")
     ram = int(ram_kib) / 1024 if ram_kib.isdigit() else None
-    out = []
+    found = {}
     for r in rd.procs():
         path = rd.log_path(r.name)
         if path.exists():
             src = file_source(path, env={**r.env_inherited, **r.env}, ram_mib=ram)
-            out.append(replace(src, name=f"{rd.run_id}/{r.name}", exit_code=r.exit_code))
+            found[r.name] = r, replace(src, name=f"{rd.run_id}/{r.name}", exit_code=r.exit_code)
+    own = rd.workers()
+    logs = {ep: w for ep, n in own.items() if n in found and (w := found[n][1].worker) is not None}
+    out = []
+    for r, src in found.values():
+        if r.role != ProcessRole.RPC:
+            eps = rpc_endpoints(r.argv)
+            src = replace(
+                src,
+                rpc_outside=tuple(outside_workers(r.argv, own)),
+                rpc_workers={ep: logs[ep] for ep in eps if ep in logs},
+            )
+        out.append(src)
     return out
 
 

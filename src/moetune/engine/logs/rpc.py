@@ -3,7 +3,9 @@
 The worker prints a banner on stdout (``Starting RPC server v7.0.0``, ``endpoint``, its devices,
 ``transport : TCP`` or ``TCP (RDMA auto-negotiate enabled)``), then a line per client connection.
 Builds with RDMA say ``RDMA probed: dev=...`` and ``RDMA activated: qpn=...`` (with
-``GGML_RPC_DEBUG=1`` for the probe) when a connection switched transport.
+``GGML_RPC_DEBUG=1`` for the probe) when a connection switched transport. A mainline worker says
+why it refused a client of another protocol (``HELLO request size mismatch (0 vs 24) — client
+needs upgrade to protocol v7.x``, the client then aborts); ik_llama.cpp's says nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 from collections.abc import Sequence
 
 from moetune.engine.logs.common import ERROR_WORDS
-from moetune.engine.logs.types import ABORTED, BIND_FAILED, Device, Evidence, Failure, WorkerLog
+from moetune.engine.logs.types import ABORTED, BIND_FAILED, RPC_PROTOCOL, Device, Evidence, Failure, WorkerLog
 
 VERSION = re.compile(r"Starting RPC server v(\S+)")
 ENDPOINT = re.compile(r"^\s*endpoint\s*: (\S+)")
@@ -25,6 +27,7 @@ RDMA_ERROR = re.compile(r"RDMA.*(?:failed|error)", re.I)
 ACCEPTED = re.compile(r"Accepted client connection")
 BIND = re.compile(r"Failed to create server socket")
 ABORT = re.compile(r"^\S+\.(?:c|cc|cpp|cu|h):\d+: (.+)$")
+REFUSED = re.compile(r"(HELLO request size mismatch.*|Expected HELLO command.*)$")
 
 
 def parse_worker_log(text: str) -> WorkerLog:
@@ -60,6 +63,8 @@ def parse_worker_log(text: str) -> WorkerLog:
             failures.append(Failure(BIND_FAILED, endpoint, n))
         if m := ABORT.search(line):
             failures.append(Failure(ABORTED, m[1].strip(), n))
+        if m := REFUSED.search(line):
+            failures.append(Failure(RPC_PROTOCOL, m[1].strip(), n))
         if ERROR_WORDS.search(line):
             errors.append(Evidence(n, line))
     # the bind failure is printed (stderr) before the banner (stdout, flushed at exit): name the endpoint

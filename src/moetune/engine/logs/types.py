@@ -22,6 +22,7 @@ MODEL_LOAD_FAILED = "model_load_failed"  # the loader gave up (after a more spec
 BIND_FAILED = "bind_failed"  # subject: host:port
 RPC_CONNECT_FAILED = "rpc_connect_failed"  # subject: host:port
 RPC_CRASHED = "rpc_crashed"  # the client lost its RPC server mid-call
+RPC_PROTOCOL = "rpc_protocol"  # a worker refused a client's handshake (another protocol); subject: its words
 BAD_ARGUMENT = "bad_argument"  # subject: the argument
 ABORTED = "aborted"  # GGML_ABORT / GGML_ASSERT; subject: the message
 SPLIT_DEVICES = "split_devices"  # ik_llama.cpp: -sm graph/attn with one device; subject: the mode
