@@ -307,3 +307,5 @@ def test_the_confirmation_round_reads_each_launch_in_order() -> None:
         "  engine defaults: 500 then 520 tok/s TG",
     ]
     assert confirm_lines({"objective": "tg", "confirmed": []}) == [] and confirm_lines({}) == []
+    turns = {"objective": "turn", "confirmed": [{"label": "auto t2", "medians": [0.148, 0.1284]}]}
+    assert confirm_lines(turns)[1] == "  auto t2: 0.148 then 0.1284 s a turn"

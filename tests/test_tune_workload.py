@@ -121,7 +121,7 @@ def test_what_tune_refuses_of_the_workload_objectives(tmp_path: Path) -> None:
         (["--objective", f"replay:{good}", "--replay-speed", "0x"], "--replay-speed '0x'"),
         (["--objective", "turn", "--depth", "0"], "--depth 0: with --objective turn the system prompt"),
         (["--objective", "turn", "--slo", "ttft_ms=100"], "--slo: only with --objective goodput"),
-        (["--objective", "turn", "--confirm", "2"], "--confirm launches single-stream benchmarks again"),
+        (["--objective", "goodput", "--slo", "ttft_ms=500", "--confirm", "2"], "--confirm launches single-stream"),
     ]:
         r = run_cli("tune", str(tmp_path / "m.gguf"), "--hw", str(hw), *args, "--db", str(tmp_path / "t.db"))
         assert r.exit_code == 2 and says in r.stderr, (args, r.stderr)
@@ -288,3 +288,17 @@ def test_a_workload_whose_every_pass_failed_says_why() -> None:
         "http_400 x1); `moetune serve-report RUN` shows them"
     )
     assert wl.measured([pass_sample(0, 0.0, 1.0)], w).problem() is None
+
+
+def test_launches_pooled_keep_each_launchs_passes_apart() -> None:
+    w = wl.ReplayObjective(
+        file=Path("s.jsonl"), sha256=SHA, speed="max", concurrency=1, per_slot=0, calls=(), counted=False
+    )
+    first = [pass_sample(0, 0.0, 1.0), pass_sample(1, 2.0, 4.0)]
+    second = [pass_sample(0, 100.0, 103.0), pass_sample(1, 110.0, 114.0, error="timeout")]
+    m = wl.pooled([first, second], w)
+    assert m.seconds == pytest.approx((1.0, 2.0, 3.0)) and m.totals.failed == 1
+    assert (m.requests, m.ok, m.errors) == (4, 3, (("timeout", 1),))
+    # one list of both launches' samples would merge each pass index across them
+    assert wl.measured(first + second, w).seconds == pytest.approx((103.0,))
+    assert wl.measured(first, w) == wl.pooled([first], w)

@@ -136,32 +136,13 @@ def test_tune_replays_a_recorded_session(bin_dir: Path, tmp_path: Path) -> None:
     assert "time vs baseline" in human.stdout or doc["best_candidate"]["label"] == doc["baseline"]["label"]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_tune_times_an_agent_turn(bin_dir: Path, tmp_path: Path) -> None:
     model, hw = make_testbed(tmp_path)
     db = tmp_path / "t.db"
-    r = run_cli(
-        "tune",
-        str(model),
-        "--hw",
-        str(hw),
-        *SEARCH,
-        "--objective",
-        "turn",
-        "--turns",
-        "3",
-        "--depth",
-        "128",
-        "--pp-tokens",
-        "32",
-        "--tg-tokens",
-        "8",
-        "--port",
-        str(free_port()),
-        "--db",
-        str(db),
-        "--json",
-    )
+    args = [str(model), "--hw", str(hw), *SEARCH, "--objective", "turn", "--turns", "3", "--depth", "128"]
+    args += ["--pp-tokens", "32", "--tg-tokens", "8", "--port", str(free_port()), "--db", str(db), "--json"]
+    r = run_cli("tune", *args)
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     check_doc(doc, "turn")
@@ -172,3 +153,13 @@ def test_tune_times_an_agent_turn(bin_dir: Path, tmp_path: Path) -> None:
         run = h.run(doc["baseline"]["run"])
         assert run.meta.details["objective"]["name"] == "turn" and run.sweep_id == doc["tune"]
         assert run.summary["levels"][0]["concurrency"] == 1  # the sessions one after another
+    # the same search again with --confirm 1: the best measured launched once more, its sessions pooled
+    again = run_cli("tune", *args, "--confirm", "1")
+    assert again.exit_code == 0, again.stderr
+    doc2 = json.loads(again.stdout)
+    (c,) = doc2["confirmed"]
+    assert len(c["medians"]) == 2 and all(m > 0 for m in c["medians"])
+    who = next(w for w in (doc2["baseline"], doc2["engine_defaults"], doc2["best"]) if w["label"] == c["label"])
+    assert who["turn"]["n"] == 6 and who["turn"]["requests"] == 18  # 3 sessions a launch, from both launches
+    with ResultsDB.open(db) as h:
+        assert len(h.runs(sweep_id=doc["tune"])) == doc["launches"] + 2  # the defaults, and the one again

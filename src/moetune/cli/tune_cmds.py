@@ -98,8 +98,9 @@ TRY_AXES = {
     metavar="N",
     help="After the search, launch the N best measured (the engine defaults among them where they rank "
     "there) once more each and judge them on both launches pooled: on a shared machine a whole launch "
-    "runs fast or slow, and one lucky launch would otherwise win. Not counted in --budget; single-stream "
-    "objectives (tg, pp, ttft). Running a finished search again with --confirm adds the round.",
+    "runs fast or slow, and one lucky launch would otherwise win. Not counted in --budget; the single-stream "
+    "and workload objectives (tg, pp, ttft, replay:FILE, turn). Running a finished search again with --confirm "
+    "adds the round.",
 )
 @click.option(
     "--objective",

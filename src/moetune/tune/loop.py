@@ -169,7 +169,7 @@ class TuneResult:
     with_load: tuple[ServiceLoad, ...] = ()  # the other services' loads they were measured under
     weighted: wt.Weighted | None = None
     scores: dict[int, wt.Score] = field(default_factory=dict)  # each measured candidate's weighted score
-    # --confirm: the objective's median of each launch (the search's first) of those launched again
+    # --confirm: each launch's median (the search's first) of those launched again: tok/s, or a workload's seconds
     confirmed: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def plan_path(self, i: int) -> Path:
@@ -401,11 +401,11 @@ def _check_request(req: TuneRequest) -> None:
         )
     if (req.objective == "weighted") != (req.weighted is not None):
         raise InputError(f"--objective {req.objective}: the weighted terms come with --objective weighted:... only")
-    if req.confirm and (req.serve is not None or req.work is not None or req.with_load or req.weighted is not None):
+    if req.confirm and (req.serve is not None or req.with_load or req.weighted is not None):
         raise InputError(
-            f"--confirm launches single-stream benchmarks again: not with --objective {req.objective}"
+            f"--confirm launches single-stream benchmarks and workloads again: not with --objective {req.objective}"
             + (" --with-load" if req.with_load else ""),
-            hint="drop --confirm, or tune --objective tg, pp or ttft",
+            hint="drop --confirm, or tune --objective tg, pp, ttft, replay:FILE or turn",
         )
 
 
@@ -577,8 +577,8 @@ class _Search:
         elif req.with_load:
             self.loaded[i] = ul.measured(samples, entries[i].plan.main.spec.name)
             self.values[i] = list(self.loaded[i].shared.of(req.objective))
-        elif req.work is not None:
-            self.works[i] = wl.measured(samples, req.work)
+        elif req.work is not None:  # every launch of it pooled, as below
+            self.works[i] = wl.pooled([self.db.samples(r) for r in entries[i].runs], req.work)
             self.values[i] = self.works[i].values
             if (why := self.works[i].problem()) is not None:
                 entries[i].failed = why
@@ -773,11 +773,24 @@ class _Search:
         self.k = self.refit()
 
     def _defaults_values(self, defaults: dflt.Defaults | None) -> tuple[float, ...]:
-        """The engine defaults' objective samples, every launch of them pooled (a workload
-        objective's: :meth:`result` reads them)."""
-        if defaults is None or not defaults.runs or self.req.work is not None:
+        """The engine defaults' objective samples, every launch of them pooled."""
+        if defaults is None or not defaults.runs:
             return ()
+        if self.req.work is not None:
+            return tuple(self._defaults_work(defaults).values)
         return tuple(_bench_values([x for r in defaults.runs for x in self.db.samples(r)], self.req))
+
+    def _defaults_work(self, defaults: dflt.Defaults) -> wl.Measured:
+        assert self.req.work is not None
+        return wl.pooled([self.db.samples(r) for r in defaults.runs], self.req.work)
+
+    def _launch_figure(self, run: int) -> float | None:
+        """One launch's median of the objective as a user reads it: tok/s (single-stream), or
+        seconds a pass or a turn (a workload)."""
+        if self.req.work is not None:
+            return wl.measured(self.db.samples(run), self.req.work).median_s()
+        v = _bench_values(self.db.samples(run), self.req)
+        return statistics.median(v) if v else None
 
     def result(self, defaults: dflt.Defaults | None) -> TuneResult:
         """The search's outcome: each candidate's verdict and the best (the winner, else the baseline)."""
@@ -792,14 +805,13 @@ class _Search:
         )
         d_work = None
         if req.work is not None and defaults is not None and defaults.run is not None:
-            d_work = wl.measured(db.samples(defaults.run), req.work)
+            d_work = self._defaults_work(defaults)
         d_values = tuple(d_work.values) if d_work is not None else self._defaults_values(defaults)
         launched_again = [(e.candidate.label, e.runs) for e in entries if e.confirmed]
         if defaults is not None and defaults.confirmed:
             launched_again.append((dflt.LABEL, defaults.runs))
         confirmed = {
-            label: tuple(statistics.median(v) for r in runs if (v := _bench_values(db.samples(r), req)))
-            for label, runs in launched_again
+            label: tuple(v for r in runs if (v := self._launch_figure(r)) is not None) for label, runs in launched_again
         }
         return TuneResult(
             tune_id=self.tid,

@@ -764,7 +764,14 @@ def confirm_lines(doc: Mapping[str, object]) -> list[str]:
     rows = [mapping(c) for c in given if isinstance(c, Mapping)] if isinstance(given, list) else []
     if not rows:
         return []
-    unit = {"tg": " tok/s TG", "pp": " tok/s PP", "ttft": " first tokens/s"}.get(str(doc.get("objective")), "")
+    units = {
+        "tg": " tok/s TG",
+        "pp": " tok/s PP",
+        "ttft": " first tokens/s",
+        "replay": " s a pass",
+        "turn": " s a turn",
+    }
+    unit = units.get(str(doc.get("objective")), "")
     out = [f"confirmed: the {len(rows)} best launched again, judged on both launches pooled"]
     for c in rows:
         medians = c.get("medians")

@@ -276,15 +276,23 @@ class Measured:
 
 
 def measured(samples: Sequence[dict[str, object]], w: WorkObjective) -> Measured:
+    """One launch's measurement of the workload."""
+    return pooled([samples], w)
+
+
+def pooled(launches: Sequence[Sequence[dict[str, object]]], w: WorkObjective) -> Measured:
+    """Every launch's measurement of the workload, pooled (tune --confirm): each launch's passes,
+    or sessions, read from its own samples (their indices start again at each launch)."""
     from moetune.bench.analysis.objective import Totals, cache_of, replay_totals, turn_times
 
-    if isinstance(w, ReplayObjective):
-        totals = replay_totals(samples, w.excused).get(w.sha256[:16], Totals())
-    else:
-        totals = turn_times(samples)
+    each = [
+        replay_totals(ss, w.excused).get(w.sha256[:16], Totals()) if isinstance(w, ReplayObjective) else turn_times(ss)
+        for ss in launches
+    ]
+    samples = [x for ss in launches for x in ss]
     errors = Counter(str(s["error"]) for s in samples if s.get("error"))
     return Measured(
-        totals=totals,
+        totals=Totals(tuple(x for t in each for x in t.seconds), sum(t.failed for t in each)),
         cache=cache_of(samples),
         requests=len(samples),
         ok=sum(1 for s in samples if not s.get("error")),
