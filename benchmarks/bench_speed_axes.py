@@ -57,7 +57,8 @@ from moetune.tune.history import gather  # noqa: E402
 DEPTH = 512
 WORKLOAD = ["--depth", str(DEPTH), "--pp-tokens", "256", "--tg-tokens", "128", "-r", "3", "--warmup", "1"]
 ATTENTION = ((True, "f16"), (False, "f16"), (True, "q8_0"))  # flash attention, cache type of K and V
-PASSES = 2  # the grid measured this many times, every other pass in the reverse order
+# the grid measured this many times, every other pass in the reverse order
+PASSES = int(os.environ.get("MOETUNE_AXES_PASSES", "3"))
 MAX_PAIRS = 60  # calibrations on pairs of runs (a seeded sample of them, each a fit)
 QUIET_LOAD = 1.5
 # the two grid runs a calibration is made from: two placements, two thread counts
@@ -183,15 +184,23 @@ def passes(obs: list[Observation], labels: dict[int, str], what: str) -> dict[st
 
 def launch_scatter(by: dict[str, list[float]]) -> dict[str, float | None]:
     """How far two launches of one configuration lie apart on this machine: the median over
-    configurations of |ln(pass 1 / pass 2)| as a percent, and the rank correlation of pass 1 with
-    pass 2 (what a perfect model would score against one pass)."""
-    two = [v for v in by.values() if len(v) >= 2]
-    if not two:
-        return {"median_pct": None, "spearman": None}
-    logs = [abs(math.log(v[0] / v[1])) for v in two]
+    configurations of |ln(pass 1 / pass 2)| as a percent; the rank correlation of one pass with
+    another (the mean over pairs of passes: what a perfect model would score against one pass);
+    and the most a perfect model can score against the mean of the passes (``ceiling``: the square
+    root of that mean's reliability, Spearman-Brown from the one-pass correlation)."""
+    n = min((len(v) for v in by.values()), default=0)
+    full = [v[:n] for v in by.values()]
+    if n < 2:
+        return {"median_pct": None, "spearman": None, "ceiling": None}
+    logs = [abs(math.log(v[0] / v[1])) for v in full]
+    r = statistics.fmean(
+        spearman([v[i] for v in full], [v[j] for v in full]) for i, j in itertools.combinations(range(n), 2)
+    )
+    reliability = n * r / (1 + (n - 1) * r) if r > 0 else 0.0
     return {
         "median_pct": round((math.exp(statistics.median(logs)) - 1) * 100, 1),
-        "spearman": round(spearman([v[0] for v in two], [v[1] for v in two]), 3),
+        "spearman": round(r, 3),
+        "ceiling": round(math.sqrt(reliability), 3),
     }
 
 
@@ -371,7 +380,8 @@ def main(results: Path) -> None:
         f"Two launches of one configuration lie apart by a median of {scatter['tg']['median_pct']}% in TG and "
         f"{scatter['pp']['median_pct']}% in PP on this machine (|ln(pass 1 / pass 2)| over the configurations), "
         f"and pass 1 ranks like pass 2 at {scatter['tg']['spearman']} in TG, {scatter['pp']['spearman']} in PP "
-        "(what a perfect model would score against one pass): a "
+        f"(what a perfect model would score against one pass; against the mean of the {PASSES} passes, at most "
+        f"{scatter['tg']['ceiling']} in TG and {scatter['pp']['ceiling']} in PP): a "
         "calibration reads two single launches, so its error cannot fall far below that.",
         "",
         f"tune (budget 3, from cpu-moe t1, after calibrating on {' and '.join(CALIBRATE_ON)}): {json.dumps(tune)}",
