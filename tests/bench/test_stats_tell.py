@@ -67,7 +67,10 @@ def test_twice_the_model_is_slower_and_the_same_is_same(servers: tuple[Server, S
         )
     assert (slower, faster) == ("slower", "faster")
     same = verdicts(db, a, a2)["tg:short-json"]
-    for k in range(2):  # more pairs: a hiccup of the machine (it drifts by a few % now and then) is not a verdict
+    # more pairs: a hiccup of the machine is not a verdict. On this VM two back-to-back runs of one
+    # server lie -18% to +24% apart, and 2 pairs in 12 were called apart with no foreign load at all
+    # (its host's other tenants, which no counter here shows); three pairs all apart failed one CI run
+    for k in range(4):
         if same == "same":
             break
         with ForeignLoad(small.proc.pid, large.proc.pid) as load:
