@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from moetune.run.doctor import Finding, Source, examine
@@ -157,8 +158,16 @@ def test_doctor_cli(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "no such file" in missing.stderr
 
 
-def launched(run_id: str, created_at: float, log_fixture: str) -> str:
-    """A launch's run directory as `moetune launch` leaves it: run.json, and a server with its log."""
+def launched(
+    run_id: str,
+    created_at: float,
+    log_fixture: str | None,
+    *,
+    argv: Sequence[str] = ("llama-server",),
+    exit_code: int | None = None,
+) -> str:
+    """A launch's run directory as `moetune launch` leaves it: run.json, and a server with its log
+    (a fixture's, or empty)."""
     import shutil
 
     from moetune.kinds import LaunchState, ProcessRole
@@ -185,13 +194,17 @@ def launched(run_id: str, created_at: float, log_fixture: str) -> str:
             node="local",
             host="127.0.0.1",
             port=8080,
-            argv=["llama-server"],
+            argv=list(argv),
             env={},
             env_inherited={},
             log="main.log",
+            exit_code=exit_code,
         )
     )
-    shutil.copy(FIX / log_fixture, rd.log_path("main"))
+    if log_fixture is None:
+        rd.log_path("main").write_text("")
+    else:
+        shutil.copy(FIX / log_fixture, rd.log_path("main"))
     return run_id
 
 

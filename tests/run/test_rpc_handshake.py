@@ -22,14 +22,15 @@ import pytest
 from moetune.engine import registry
 from moetune.engine.launchspec import LaunchSpec, ProcessSpec
 from moetune.engine.logs import parse_log, parse_worker_log
-from moetune.kinds import EngineKind, LaunchState, ProcessRole
+from moetune.kinds import EngineKind
 from moetune.run import diagnose
 from moetune.run.doctor import examine
-from moetune.run.record import ProcRecord, RunDir, RunInfo
+from moetune.run.record import RunDir
 from moetune.run.sources import run_sources
 from tests.bench.servers import model
 from tests.engine_harness import rpc_workers
 from tests.helpers import free_port, run_cli
+from tests.run.test_doctor import launched
 
 MISMATCH = "HELLO request size mismatch (0 vs 24) — client needs upgrade to protocol v7.x"
 
@@ -124,35 +125,9 @@ def test_a_silent_crash_is_not_blamed_on_a_worker_without_cause() -> None:
     assert diagnose.server_exit("main", loaded, -11, loading=True, rpc_outside=["h:1"]).cause != diagnose.RPC_STALE
 
 
-def test_doctor_on_a_run_whose_server_crashed_silently(tmp_path: Path) -> None:
-    info = RunInfo(
-        run="20261203-140000-cafe",
-        created_at=1_796_306_400.0,
-        state=LaunchState.FAILED,
-        launch={},
-        engines={},
-        fingerprint="fp",
-        machine={},
-        launcher_pid=1,
-        detached=False,
-    )
-    rd = RunDir.create(info, {})
+def test_doctor_on_a_run_whose_server_crashed_silently() -> None:
     argv = ["llama-server", "-m", "m.gguf", "--rpc", "127.0.0.1:50052"]
-    rd.add_proc(
-        ProcRecord(
-            name="main",
-            role=ProcessRole.SERVER,
-            node="local",
-            host="127.0.0.1",
-            port=8080,
-            argv=argv,
-            env={},
-            env_inherited={},
-            log="main.log",
-            exit_code=-11,
-        )
-    )
-    rd.log_path("main").write_text("")
-    (f,) = examine(run_sources(rd))
+    run_id = launched("20261203-140000-cafe", 1_796_306_400.0, None, argv=argv, exit_code=-11)
+    (f,) = examine(run_sources(RunDir.open(run_id)))
     assert f.code == diagnose.RPC_STALE and f.data["exit_code"] == -11
     assert "restart the rpc-server at 127.0.0.1:50052" in f.remedy
