@@ -2,9 +2,10 @@
 the tuning testbed's model (tests/tune_testbed.py, this machine's 2 cores and no RPC device) of
 placement (auto | cpu-moe) x threads (1 | 2) x -ub (128 | 512) x attention (flash attention on
 with an f16 cache, off, on with a q8_0 cache) x CPU weight repacking (off | on), measured at depth
-512 by `moetune sweep`, twice: the second pass in the reverse order, each configuration's truth the
-geometric mean of its two launches (on this VM a whole launch runs fast or slow: one pass alone
-scattered configurations identical in TG by 1.5x), and the passes' own scatter reported beside.
+512 by `moetune sweep`, three times (``MOETUNE_AXES_PASSES``): every other pass in the reverse
+order, each configuration's truth the geometric mean of its launches (on this VM a whole launch
+runs fast or slow: one pass alone scattered configurations identical in TG by 1.5x), and the
+passes' own scatter reported beside, with the most a perfect model could score against their mean.
 
 First `moetune hw attention --write` measures this CPU's attention kernels into the testbed's
 hardware file (llama-bench on a generated model of the testbed's shapes, half a minute): every
@@ -14,9 +15,9 @@ and after calibrating on pairs of grid runs of two placements (predicting the re
 absolute errors and rank correlation, median over the pairs; a calibration reads two single
 launches, the rest is judged against both passes); and `moetune tune --budget 3`
 after calibrating on two runs, against the grid's best, alone and with `--confirm 2` (its two
-best launched again). Targets from the issue: TG median error
-<= 10%, PP <= 15%, TG rank correlation >= 0.8 after calibrating on 2 runs; tune within 3% of the
-grid's best.
+best launched again), by the ratio of the geometric means and by `compare`'s verdict on the two
+configurations' launches. Targets from the issue: TG median error <= 10%, PP <= 15%, TG rank
+correlation >= 0.8 after calibrating on 2 runs; tune within 3% (or "same") of the grid's best.
 
 Writes results/speed_axes.json and results/speed_axes.md. The machine is shared: the benchmark
 reports the load average it started and ended with, and a grid measured beside other work says
@@ -48,6 +49,7 @@ from tests.engine_harness import free_port  # noqa: E402
 from tests.helpers import run_cli  # noqa: E402
 from tests.tune_testbed import TRY_EVERY_AXIS, make_testbed  # noqa: E402
 
+from moetune.bench.analysis.stats import difference  # noqa: E402
 from moetune.hardware.inventory import load  # noqa: E402
 from moetune.plan.calibrate import Observation, fit, predict_pp, predict_tg  # noqa: E402
 from moetune.plan.speed import SpeedConstants, base_constants  # noqa: E402
@@ -204,6 +206,15 @@ def launch_scatter(by: dict[str, list[float]]) -> dict[str, float | None]:
     }
 
 
+def launch_verdict(by: dict[str, list[float]], name: str, best: str) -> str | None:
+    """``name`` against the grid's ``best`` by `compare`'s rule, on their launches' TG (one figure
+    a pass): "same" where the passes cannot tell them apart."""
+    if len(by.get(name, [])) < 2 or len(by.get(best, [])) < 2:
+        return None
+    d = difference(by[best], by[name], higher_is_better=True)
+    return f"{d.verdict} (x{d.ratio:.3f} of the medians, 95% CI x{d.ratio_ci_low:.3f}-x{d.ratio_ci_high:.3f})"
+
+
 def scores(obs: list[Observation], k: SpeedConstants) -> dict[str, float]:
     tg = [(predict_tg(o, k), o.measured_tg) for o in obs if o.measured_tg]
     pp = [(predict_pp(o, k), o.measured_pp) for o in obs if o.measured_pp]
@@ -321,6 +332,7 @@ def main(results: Path) -> None:
                     best=found,
                     grid_best=best,
                     ratio_to_grid_best=round(measured.get(_grid_label(found), 0.0) / measured[best], 3),
+                    verdict_vs_grid_best=launch_verdict(by_pass["tg"], _grid_label(found), best),
                 )
             return got
 
