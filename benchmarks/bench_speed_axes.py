@@ -50,8 +50,9 @@ from tests.helpers import run_cli  # noqa: E402
 from tests.tune_testbed import TRY_EVERY_AXIS, make_testbed  # noqa: E402
 
 from moetune.bench.analysis.stats import difference  # noqa: E402
+from moetune.hardware import CPU_SPEED_KEYS  # noqa: E402
 from moetune.hardware.inventory import load  # noqa: E402
-from moetune.plan.calibrate import Observation, fit, predict_pp, predict_tg  # noqa: E402
+from moetune.plan.calibrate import FITTED, Observation, fit, predict_pp, predict_tg  # noqa: E402
 from moetune.plan.speed import SpeedConstants, base_constants  # noqa: E402
 from moetune.store.db import ResultsDB  # noqa: E402
 from moetune.tune.history import gather  # noqa: E402
@@ -268,12 +269,21 @@ def main(results: Path) -> None:
             for a, b in itertools.combinations(sorted(by_run), 2)
             if labels[a].split()[0] != labels[b].split()[0]  # two placements
         ]
-        pairs = []
+        pairs, held_pairs, plan_pairs = [], [], []
+        held = tuple(n for n in FITTED if n not in CPU_SPEED_KEYS)
         for a, b in random.Random(0).sample(two, min(MAX_PAIRS, len(two))):
             k = fit([by_run[a], by_run[b]], kb)
             rest = [o for name, o in truth.items() if name not in (labels[a], labels[b])]
             pairs.append({"pair": [labels[a], labels[b]], **scores(rest, k)})
-        after = {key: round(statistics.median(p[key] for p in pairs), 3) for key in pairs[0] if key != "pair"}
+            # what a plan on the file uses: the fit, its attention terms replaced by the file's
+            plan_pairs.append(scores(rest, base_constants(load(hw), k)))
+            # the fit with the file's attention terms held where they are
+            held_pairs.append(scores(rest, fit([by_run[a], by_run[b]], kb, names=held)))
+
+        def median_of(ps: list[dict[str, Any]]) -> dict[str, float]:
+            return {key: round(statistics.median(p[key] for p in ps), 3) for key in ps[0] if key != "pair"}
+
+        after, after_plan, after_held = median_of(pairs), median_of(plan_pairs), median_of(held_pairs)
         measured = {name: round(o.measured_tg or 0.0, 1) for name, o in truth.items()}
         per_config = {
             name: {
@@ -353,6 +363,8 @@ def main(results: Path) -> None:
         "before": before,
         "with_measured_attention": probed,
         "after_two_placements": after,
+        "after_two_placements_as_planned": after_plan,
+        "after_two_placements_attention_held": after_held,
         "pairs": pairs,
         "tune": tune,
         "tune_confirmed": tune_confirmed,
@@ -386,6 +398,8 @@ def main(results: Path) -> None:
         row.format(
             f"calibrated on 2 runs of two placements (median of {len(pairs)} pairs, the rest predicted)", **after
         ),
+        row.format("the same, as a plan on the file uses it (its attention terms the file's)", **after_plan),
+        row.format("calibrated with the file's attention terms held", **after_held),
         "",
         "Targets (issue #25): TG <= 10%, PP <= 15%, TG rank correlation >= 0.8 after calibration.",
         "",
