@@ -8,9 +8,9 @@ ik's says nothing. Both pairs are run here with the real builds, the worker star
 (its log in the run) and by the test (a worker the run did not start).
 
 An ik worker whose earlier clients were killed while loading can make every later client die of a
-segmentation fault before it prints a line (issue #25: 1 launch in about 10 to 25 on one worker,
-seen and reproduced by hand, too slow and too rare to run here): that diagnosis is checked on the
-log such a client leaves, which is empty."""
+segmentation fault before it prints a line (issue #25: the first failure after 10 to 32 launches on
+one worker, seen and reproduced by hand, too slow and too rare to run here): that diagnosis is
+checked on the log such a client leaves, which is empty."""
 
 from __future__ import annotations
 

@@ -252,7 +252,7 @@ def stale_worker(name: str, log: ServerLog, exit_code: int | None, outside: Sequ
         message=f"{name}: crashed connecting to its RPC worker{'s' if len(outside) > 1 else ''} {where} (exit "
         f"{exit_code}, {signal}{', before printing a line' if not said else ''}): a worker this run did not "
         "start, whose earlier client was killed while loading, can break every client after it (seen with "
-        "ik_llama.cpp's rpc-server, after 10 to 25 such clients)",
+        "ik_llama.cpp's rpc-server, after 10 to 32 such clients)",
         hint=f"restart the rpc-server at {where}, then launch again; the worker of a node with `ssh` in the "
         "hardware file is started by `launch`, a fresh one at every launch",
         evidence=_ev(log, said),
