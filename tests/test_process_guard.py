@@ -6,6 +6,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,8 +26,14 @@ def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def sleeper(procs: list[subprocess.Popen[bytes]], **env: str) -> subprocess.Popen[bytes]:
+    """A ``sleep 300`` with ``env``, returned once it runs: until its exec, /proc shows the forked
+    test's command and environment (a guard reading it then found nothing, once in CI)."""
     p = subprocess.Popen(["sleep", "300"], env={**os.environ, **env})
     procs.append(p)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{p.pid}/cmdline").read_bytes() != b"sleep\x00300\x00":
+        assert time.monotonic() < deadline, "the sleeper did not start"
+        time.sleep(0.01)
     return p
 
 
