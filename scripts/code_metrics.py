@@ -39,7 +39,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "moetune"
 # one when the code gets better, never raise it
 CEILINGS: dict[str, float] = {
     "dict_str_any": 76,
-    "any_signature_pct": 7.12,
+    "any_signature_pct": 7.11,
     "positional_calls": 0,
     "longest_function": 145,
 }

@@ -147,12 +147,29 @@ def test_one_run_states_the_uncalibrated_uncertainty() -> None:
     assert cal.loo_tg_median_abs_pct is None and cal.uncertainty_tg_pct == UNCALIBRATED_PCT
 
 
+def test_held_constants_stay_at_the_prior_and_the_rest_still_move() -> None:
+    """A plan puts the hardware file's measured CPU terms over any calibration, so a calibration
+    holds them: fitted, it would store values no plan uses (issue #25)."""
+    obs = observations(4)
+    prior = SpeedConstants(cpu_ctx_gflops_per_core=7.0, cpu_bw_eff=0.5)
+    free = calibrate(obs, prior)
+    held = calibrate(obs, prior, held=("cpu_ctx_gflops_per_core", "not_a_constant"))
+    assert free.constants.cpu_ctx_gflops_per_core != pytest.approx(7.0, rel=0.01)  # the data pull it
+    assert held.constants.cpu_ctx_gflops_per_core == 7.0
+    assert held.constants.cpu_bw_eff != pytest.approx(0.5, rel=0.01)  # what is not held still moves
+    assert held.held == ("cpu_ctx_gflops_per_core",) and held.to_json()["held"] == ["cpu_ctx_gflops_per_core"]
+    assert free.held == () and free.to_json()["held"] == []
+
+
 @pytest.mark.server
 def test_calibrate_then_plan_uses_it(bin_dir: Path, tmp_path: Path) -> None:
     model = generate(tmp_path / "m.gguf", "qwen3moe", small_dims("qwen3moe", True), "f16").files[0]
     hw = tmp_path / "hw.yaml"
+    measured = {"cpu_ctx_gflops_per_core": 6.5, "cpu_pp_ctx_gflops_per_core": 30.0}  # as `hw attention` writes
     hw.write_text(
-        yaml.safe_dump({"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20}}]})
+        yaml.safe_dump(
+            {"nodes": [{"name": "local", "cpu": {"cores": 2, "ram_mib": 16000, "ram_bw_gbs": 20, "speed": measured}}]}
+        )
     )
 
     def plan(ctx: int) -> Path:
@@ -188,6 +205,8 @@ def test_calibrate_then_plan_uses_it(bin_dir: Path, tmp_path: Path) -> None:
     cal = json.loads(r.stdout)
     assert cal["runs"] == 2 and cal["observations"] == 4 and cal["error"]["tg_median_abs_pct"] is not None
     assert cal["hardware"] == str(hw) and cal["engine"] == "llama.cpp"
+    # the hardware file's measured terms are held: the stored fit is what a plan uses
+    assert cal["held"] == sorted(measured) and {n: cal["constants"][n] for n in measured} == measured
     doc = json.loads(run_cli("plan", str(model), "--hw", str(hw), "--ctx", "8192", "--json").stdout)
     assert doc["speed_calibration"]["runs"] == 2
     assert doc["speed_constants"]["cpu_bw_eff"] == pytest.approx(cal["constants"]["cpu_bw_eff"])

@@ -73,8 +73,16 @@ def calibrate_cmd(
                 highlight=False,
             )
         out.print(
-            "  " + " ".join(f"{n}={getattr(cal.constants, n):.4g}" for n in FITTED), markup=False, highlight=False
+            "  " + " ".join(f"{n}={getattr(cal.constants, n):.4g}" for n in FITTED if n not in cal.held),
+            markup=False,
+            highlight=False,
         )
+        if cal.held:
+            out.print(
+                f"  held at the hardware file's measured values (`moetune hw attention`): {', '.join(cal.held)}",
+                markup=False,
+                highlight=False,
+            )
         if not f.entry["applied"]:
             warn(
                 f"{f.hardware} / {f.engine}: not stored: {f.entry['not_applied']}; `moetune plan` keeps the "

@@ -17,6 +17,7 @@ floor) is what a measurement is checked against. Pure: observations in, constant
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -185,6 +186,7 @@ class Calibration:
     before_pp_median_abs_pct: float | None
     uncertainty_tg_pct: float  # the stated ~95% band of a prediction
     uncertainty_pp_pct: float
+    held: tuple[str, ...] = ()  # constants kept at the prior's values (what `moetune hw attention` measured)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -192,6 +194,7 @@ class Calibration:
             "runs": len(self.runs),
             "run_ids": list(self.runs),
             "observations": self.observations,
+            "held": list(self.held),
             "error": {
                 "tg_median_abs_pct": self.loo_tg_median_abs_pct,
                 "pp_median_abs_pct": self.loo_pp_median_abs_pct,
@@ -202,15 +205,21 @@ class Calibration:
         }
 
 
-def calibrate(obs: list[Observation], prior: SpeedConstants | None = None) -> Calibration:
+def calibrate(
+    obs: list[Observation], prior: SpeedConstants | None = None, *, held: Collection[str] = ()
+) -> Calibration:
+    """Fit :data:`FITTED` but ``held`` (kept at the prior's values: a plan puts the hardware file's
+    measured CPU terms over any calibration, so fitting them would store values no plan uses), and
+    score the fit leaving each run out."""
     prior = prior or SpeedConstants()
+    names = tuple(n for n in FITTED if n not in held)
     runs = tuple(sorted({o.run for o in obs}))
-    k = fit(obs, prior)
+    k = fit(obs, prior, names=names)
     loo_tg: list[float] = []
     loo_pp: list[float] = []
     if len(runs) > 1:
         for r in runs:
-            kr = fit([o for o in obs if o.run != r], prior)
+            kr = fit([o for o in obs if o.run != r], prior, names=names)
             tg, pp = _errors([o for o in obs if o.run == r], kr)
             loo_tg += tg
             loo_pp += pp
@@ -225,6 +234,7 @@ def calibrate(obs: list[Observation], prior: SpeedConstants | None = None) -> Ca
         before_pp_median_abs_pct=_median(before_pp),
         uncertainty_tg_pct=_band(loo_tg) or UNCALIBRATED_PCT,
         uncertainty_pp_pct=_band(loo_pp) or UNCALIBRATED_PCT,
+        held=tuple(n for n in FITTED if n in held),
     )
 
 

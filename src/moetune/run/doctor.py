@@ -106,24 +106,16 @@ def examine(sources: Sequence[Source], *, ram_mib: float | None = None) -> list[
     return out
 
 
+_CRASHES = (diagnose.REPACK_CRASH, diagnose.RPC_STALE)
+
+
 def _server(s: Source, log: ServerLog, ram_mib: float | None) -> list[Finding]:
     out = []
     name = s.name.rsplit("/", 1)[-1]
     loading = log.phase != "ready"
-    failed: tuple[str, diagnose.Diagnosis] | None = None
-    if diagnose.crashed_repacking(log, s.exit_code, loading=loading):
-        failed = diagnose.REPACK_CRASH, diagnose.repack_crash(name, log, s.exit_code)
-    elif diagnose.crashed_connecting(log, s.exit_code, loading=loading, outside=s.rpc_outside):
-        failed = diagnose.RPC_STALE, diagnose.stale_worker(name, log, s.exit_code, s.rpc_outside)
-    elif log.failed:
-        failed = (
-            "load_failed",
-            diagnose.server_exit(
-                name, log, s.exit_code, loading=loading, rpc_outside=s.rpc_outside, workers=s.rpc_workers
-            ),
-        )
-    if failed is not None:
-        code, d = failed
+    d = diagnose.server_exit(name, log, s.exit_code, loading=loading, rpc_outside=s.rpc_outside, workers=s.rpc_workers)
+    if log.failed or d.cause in _CRASHES:  # a crash's log may have no failure line
+        code = d.cause if d.cause in _CRASHES else "load_failed"
         out.append(
             Finding(
                 code=code,

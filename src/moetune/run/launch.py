@@ -36,9 +36,9 @@ from moetune.run.prepare import (
     Prepared,
     api_key_files,
     model_paths,
-    outside_workers,
     prepare,
     rpc_endpoints,
+    split_workers,
     ubatch,
 )
 from moetune.run.process import NAME_ENV, RUN_ENV, LocalProcess, Process
@@ -388,8 +388,8 @@ def _wait_server(
             rd.update_proc(p.name, exited_at=time.time(), exit_code=proc.returncode)
             log = parse_log(_read(rd.log_path(p.name)), LogEra.LEGACY if p.engine.kind == EngineKind.IK else None)
             layers, uniform = _expert_sizes(plan_doc, p) if log.alloc_failures else ([], None)
-            own = rd.workers()
-            workers = {ep: parse_worker_log(_read(rd.log_path(own[ep]))) for ep in rpc_endpoints(p.argv) if ep in own}
+            mine, outside = split_workers(p.argv, rd.workers())
+            workers = {ep: parse_worker_log(_read(rd.log_path(name))) for ep, name in mine.items()}
             raise LaunchFailed(
                 diagnose.server_exit(
                     p.name,
@@ -399,7 +399,7 @@ def _wait_server(
                     layers=layers,
                     uniform=uniform,
                     n_ubatch=ubatch(p.argv),
-                    rpc_outside=outside_workers(p.argv, own),
+                    rpc_outside=outside,
                     workers=workers,
                 )
             )

@@ -142,7 +142,14 @@ def rpc_endpoints(argv: Sequence[str]) -> list[str]:
 
 def outside_workers(argv: Sequence[str], own: Collection[str]) -> list[str]:
     """The RPC workers (host:port) a server's ``argv`` uses that its run does not start (``own``)."""
-    return [ep for ep in rpc_endpoints(argv) if ep not in own]
+    return split_workers(argv, {ep: ep for ep in own})[1]
+
+
+def split_workers(argv: Sequence[str], own: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """A server's RPC workers in two parts: those its run starts (endpoint to the worker's process
+    name in ``own``), and the endpoints it does not start."""
+    eps = rpc_endpoints(argv)
+    return {ep: own[ep] for ep in eps if ep in own}, [ep for ep in eps if ep not in own]
 
 
 def model_paths(argv: Sequence[str]) -> list[str]:

@@ -20,7 +20,7 @@ from moetune.errors import InputError
 from moetune.kinds import ProcessRole
 from moetune.paths import default_db
 from moetune.run.doctor import Finding, Response, Source, examine
-from moetune.run.prepare import outside_workers, rpc_endpoints
+from moetune.run.prepare import split_workers
 from moetune.run.record import RunDir
 from moetune.store.db import ResultsDB
 
@@ -86,16 +86,15 @@ def run_sources(rd: RunDir) -> list[Source]:
         if path.exists():
             src = file_source(path, env={**r.env_inherited, **r.env}, ram_mib=ram)
             found[r.name] = r, replace(src, name=f"{rd.run_id}/{r.name}", exit_code=r.exit_code)
-    own = rd.workers()
-    logs = {ep: w for ep, n in own.items() if n in found and (w := found[n][1].worker) is not None}
+    logs = {n: w for n, (_, src) in found.items() if (w := src.worker) is not None}
     out = []
     for r, src in found.values():
         if r.role != ProcessRole.RPC:
-            eps = rpc_endpoints(r.argv)
+            mine, outside = split_workers(r.argv, rd.workers())
             src = replace(
                 src,
-                rpc_outside=tuple(outside_workers(r.argv, own)),
-                rpc_workers={ep: logs[ep] for ep in eps if ep in logs},
+                rpc_outside=tuple(outside),
+                rpc_workers={ep: logs[n] for ep, n in mine.items() if n in logs},
             )
         out.append(src)
     return out

@@ -7,6 +7,7 @@ built-in constants' is not stored (:func:`moetune.plan.calibrate.not_applicable`
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from moetune.bench.analysis.predicted import observations
 from moetune.bench.analysis.summary import bench_summary
@@ -47,21 +48,32 @@ def placements(db: ResultsDB, run_ids: tuple[int, ...]) -> int:
     return len(seen)
 
 
-def plan_prior(db: ResultsDB, obs: list[Observation]) -> SpeedConstants:
-    """The constants the newest of the runs' plans was predicted with (the hardware's measured CPU
-    terms and the calibration it had, if any): what a calibration is pulled toward; the built-in
-    ones for runs stored without them."""
+@dataclass(frozen=True, slots=True)
+class PlanPrior:
+    """What a calibration starts from: the constants the newest of the runs' plans was predicted
+    with (the hardware's measured CPU terms and the calibration it had, if any), and the names of
+    those measured terms (``cpu.speed``, `moetune hw attention`), which a plan puts over any
+    calibration and which are therefore held."""
+
+    constants: SpeedConstants
+    measured: tuple[str, ...] = ()
+
+
+def plan_prior(db: ResultsDB, obs: list[Observation]) -> PlanPrior:
+    """The :class:`PlanPrior` of the runs; the built-in constants for runs stored without them."""
     for rid in sorted({o.run for o in obs}, reverse=True):
-        for e in (db.run(rid).meta.details.get("predicted") or {}).values():
+        run = db.run(rid)
+        for e in (run.meta.details.get("predicted") or {}).values():
             if isinstance(e, dict) and isinstance(e.get("constants"), dict):
-                return SpeedConstants.from_json(e["constants"])
-    return SpeedConstants()
+                measured = (run.meta.plan or {}).get("speed_cpu_measured") or {}
+                return PlanPrior(SpeedConstants.from_json(e["constants"]), tuple(sorted(measured)))
+    return PlanPrior(SpeedConstants())
 
 
 def calibrate_and_save(
     key: Key,
     obs: list[Observation],
-    prior: SpeedConstants | None = None,
+    prior: PlanPrior | None = None,
     *,
     placements: int | None = None,
     left_out: int = 0,
@@ -70,7 +82,7 @@ def calibrate_and_save(
     """Fit, and store as the calibration for ``key`` unless its stated uncertainty is worse than
     the built-in one (``force`` stores it anyway); the calibration and its entry (``applied``, and
     ``not_applied``: why not)."""
-    cal = calibrate(obs, prior)
+    cal = calibrate(obs, prior.constants, held=prior.measured) if prior else calibrate(obs)
     doc = {**cal.to_json(), "placements": placements, "left_out_contended": left_out}
     why = None if force else not_applicable(cal)
     if why is not None:

@@ -558,9 +558,9 @@ class _Search:
     def measured(self, i: int) -> None:
         """Read entry ``i``'s run: its objective's samples (and the weighted scores, all again)."""
         req, entries = self.req, self.entries
-        run = entries[i].run
-        assert run is not None
-        samples = self.db.samples(run)
+        assert entries[i].run is not None
+        by_run = [self.db.samples(r) for r in entries[i].runs]  # one run but for --confirm's
+        samples = by_run[0]
         if req.weighted is not None:  # every score again: they are relative to the baseline's figures
             self.loaded[i] = ul.measured(samples, entries[i].plan.main.spec.name)
             streams = {ld.service: max(1, ld.concurrency) for ld in req.with_load}
@@ -578,7 +578,7 @@ class _Search:
             self.loaded[i] = ul.measured(samples, entries[i].plan.main.spec.name)
             self.values[i] = list(self.loaded[i].shared.of(req.objective))
         elif req.work is not None:  # every launch of it pooled, as below
-            self.works[i] = wl.pooled([self.db.samples(r) for r in entries[i].runs], req.work)
+            self.works[i] = wl.pooled(by_run, req.work)
             self.values[i] = self.works[i].values
             if (why := self.works[i].problem()) is not None:
                 entries[i].failed = why
@@ -586,9 +586,9 @@ class _Search:
             self.goodputs[i] = gp.measured(samples, req.serve)
             self.values[i] = list(self.goodputs[i].values)
         else:  # every launch of it pooled (--confirm launches the best again)
-            samples = [x for r in entries[i].runs for x in self.db.samples(r)]
-            self.summaries[i] = bench_summary(samples)
-            self.values[i] = _bench_values(samples, req)
+            pooled = [x for xs in by_run for x in xs]
+            self.summaries[i] = bench_summary(pooled)
+            self.values[i] = _bench_values(pooled, req)
 
     def refit(self) -> SpeedConstants:
         """The constants fitted to single-stream benchmarks only (serve-bench runs: the GP alone)."""
