@@ -62,6 +62,7 @@ WORKLOAD = ["--depth", str(DEPTH), "--pp-tokens", "256", "--tg-tokens", "128", "
 ATTENTION = ((True, "f16"), (False, "f16"), (True, "q8_0"))  # flash attention, cache type of K and V
 # the grid measured this many times, every other pass in the reverse order
 PASSES = int(os.environ.get("MOETUNE_AXES_PASSES", "3"))
+GRIDS = "speed_axes_grids"  # under results/: every run's grid, for speed_axes_rescore
 MAX_PAIRS = 60  # calibrations on pairs of runs (a seeded sample of them, each a fit)
 QUIET_LOAD = 1.5
 # the two grid runs a calibration is made from: two placements, two thread counts
@@ -227,6 +228,26 @@ def scores(obs: list[Observation], k: SpeedConstants) -> dict[str, float]:
     }
 
 
+def store_grid(d: Path, out: dict[str, Any]) -> Path:
+    """The grid's measurements kept beside the earlier runs' under the next letter (A, B, ...), for
+    `speed_axes_rescore` to score every later version of the model against."""
+    d.mkdir(parents=True, exist_ok=True)
+    letters = sorted(f.stem for f in d.glob("*.json"))
+    run = chr(ord(letters[-1]) + 1) if letters else "A"
+    keep = ("measured_tg", "measured_pp", "tg_by_pass", "pp_by_pass")
+    doc = {
+        "run": run,
+        "workload": out["workload"],
+        "passes": out["passes"],
+        "load_average_before_after": out["load_average_before_after"],
+        "probe_constants": out["probe"]["constants"],
+        "per_configuration": {n: {k: v[k] for k in keep} for n, v in out["per_configuration"].items()},
+    }
+    f = d / f"{run}.json"
+    f.write_text(json.dumps(doc, indent=1) + "\n")
+    return f
+
+
 def main(results: Path) -> None:
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -370,6 +391,7 @@ def main(results: Path) -> None:
         "tune_confirmed": tune_confirmed,
     }
     (results / "speed_axes.json").write_text(json.dumps(out, indent=2))
+    store_grid(results / GRIDS, out)
     row = "| {} | {tg_median_abs_pct}% | {pp_median_abs_pct}% | {tg_spearman} | {pp_spearman} |"
     lines = [
         "# speed model over the engine axes (flash attention, cache type, repacking, threads, ubatch)",
