@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,25 @@ def test_the_reference_table_with_verdicts() -> None:
     assert doc["baseline"]["run"] == 1
     assert {"run", "metric", "change_pct", "verdict"} <= set(doc["rows"][0])
     assert doc["rule"]["min_change_pct"] == 3.0
+
+
+def test_a_verdict_between_separate_launches_says_the_interval_cannot_see_them() -> None:
+    """Two runs of separate launches: the bootstrap interval is over each launch's requests, and on
+    this VM back-to-back pairs of launches of one server measured -18% to +24% apart, so a verdict
+    says so (issue #25: 2 of 12 such A/A pairs got a verdict other than "same")."""
+
+    def launched(run: int, tgs: list[float], launch: str | None) -> RunMetrics:
+        return replace(rm(run, f"r{run}", tgs), launch_run=launch)
+
+    faster = [19.92, 19.94, 19.96, 19.93, 19.95]
+    c = compare(launched(1, BASE, "L1"), [launched(2, faster, "L2"), launched(3, BASE, "L3")])
+    assert [r.verdict for r in c.rows] == ["faster", "same"]
+    (note,) = [n for n in c.notes if "launch of its own" in n]
+    assert note.startswith("run 1 and run 2 were each measured in a launch of its own")  # not run 3: "same"
+    assert "--interleave launches" in note
+    for base, other in (("L1", "L1"), (None, "L2"), ("L1", None)):  # one launch, or a server moetune did not start
+        c = compare(launched(1, BASE, base), [launched(2, faster, other)])
+        assert c.rows[0].verdict == "faster" and not any("launch of its own" in n for n in c.notes)
 
 
 def test_metrics_only_on_one_side_are_noted_not_compared() -> None:

@@ -64,6 +64,7 @@ class RunMetrics:
     flags: tuple[str, ...] = ()  # contended, noisy (moetune.contention.RunFlags)
     flag_notes: tuple[str, ...] = ()  # what they say
     quality: QualityBeside | None = None  # `moetune quality`'s newest run of the same plan
+    launch_run: str | None = None  # the launch its server came from (`moetune launch`'s run id); None: not launched
 
     @property
     def marked(self) -> str:
@@ -182,6 +183,7 @@ def extract(run: Run, samples: Iterable[dict[str, object]]) -> RunMetrics:
         transport=launch.confirmed if launch is not None else None,
         flags=f.markers,
         flag_notes=tuple(f"run {run.id} ({run.label}): {m}" for m, _ in f.warnings()),
+        launch_run=run.meta.launch_run,
     )
 
 
@@ -296,6 +298,10 @@ def compare(
                     family=ms.family,
                 )
             )
+    told = sorted({r.run for r in rows if r.verdict != SAME and r.metric != LOAD_METRIC})
+    apart = [o.run for o in compared if o.run in told and o.launch_run not in (None, baseline.launch_run)]
+    if baseline.launch_run is not None and apart:
+        notes.append(single_launches_note(baseline.run, apart))
     return Comparison(
         baseline=baseline,
         baseline_stats=base_stats,
@@ -305,6 +311,20 @@ def compare(
         min_change=min_change,
         notes=notes,
         not_compared=skipped,
+    )
+
+
+def single_launches_note(baseline: int, others: list[int]) -> str:
+    """Why a verdict between runs of separate launches may be a launch's luck: their intervals
+    cover the requests within each launch, not what differs from one launch to the next."""
+    runs = ", ".join(str(r) for r in others)
+    return (
+        f"run {baseline} and run{'s' if len(others) > 1 else ''} {runs} were each measured in a launch "
+        "of its own: a verdict's interval covers the requests within a launch, not what differs from one "
+        "launch to the next (on a shared machine a whole launch runs fast or slow: on this project's "
+        "2-core test VM, 12 back-to-back pairs of launches of one server measured TG from -18% to +24% "
+        "apart), so a difference under that may be a launch's luck; to judge by "
+        "launches, `moetune sweep A.json B.json --interleave launches --rounds 4`"
     )
 
 
