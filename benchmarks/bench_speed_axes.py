@@ -63,6 +63,8 @@ ATTENTION = ((True, "f16"), (False, "f16"), (True, "q8_0"))  # flash attention, 
 # the grid measured this many times, every other pass in the reverse order
 PASSES = int(os.environ.get("MOETUNE_AXES_PASSES", "3"))
 GRIDS = "speed_axes_grids"  # under results/: every run's grid, for speed_axes_rescore
+# what a calibration fits on a hardware file with measured attention terms (`calibrate` holds them)
+ATTENTION_HELD = tuple(n for n in FITTED if n not in CPU_SPEED_KEYS)
 MAX_PAIRS = 60  # calibrations on pairs of runs (a seeded sample of them, each a fit)
 QUIET_LOAD = 1.5
 # the two grid runs a calibration is made from: two placements, two thread counts
@@ -228,6 +230,11 @@ def scores(obs: list[Observation], k: SpeedConstants) -> dict[str, float]:
     }
 
 
+def median_of(ps: list[dict[str, Any]]) -> dict[str, float]:
+    """Each score's median over calibrations (their ``pair`` left out)."""
+    return {key: round(statistics.median(p[key] for p in ps), 3) for key in ps[0] if key != "pair"}
+
+
 def store_grid(d: Path, out: dict[str, Any]) -> Path:
     """The grid's measurements kept beside the earlier runs' under the next letter (A, B, ...), for
     `speed_axes_rescore` to score every later version of the model against."""
@@ -291,7 +298,6 @@ def main(results: Path) -> None:
             if labels[a].split()[0] != labels[b].split()[0]  # two placements
         ]
         pairs, held_pairs, plan_pairs = [], [], []
-        held = tuple(n for n in FITTED if n not in CPU_SPEED_KEYS)
         for a, b in random.Random(0).sample(two, min(MAX_PAIRS, len(two))):
             k = fit([by_run[a], by_run[b]], kb)
             rest = [o for name, o in truth.items() if name not in (labels[a], labels[b])]
@@ -299,10 +305,7 @@ def main(results: Path) -> None:
             # what a plan on the file uses: the fit, its attention terms replaced by the file's
             plan_pairs.append(scores(rest, base_constants(load(hw), k)))
             # the fit with the file's attention terms held where they are
-            held_pairs.append(scores(rest, fit([by_run[a], by_run[b]], kb, names=held)))
-
-        def median_of(ps: list[dict[str, Any]]) -> dict[str, float]:
-            return {key: round(statistics.median(p[key] for p in ps), 3) for key in ps[0] if key != "pair"}
+            held_pairs.append(scores(rest, fit([by_run[a], by_run[b]], kb, names=ATTENTION_HELD)))
 
         after, after_plan, after_held = median_of(pairs), median_of(plan_pairs), median_of(held_pairs)
         measured = {name: round(o.measured_tg or 0.0, 1) for name, o in truth.items()}

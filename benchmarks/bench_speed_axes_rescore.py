@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import statistics
 import sys
 import tempfile
 from dataclasses import asdict
@@ -28,12 +27,21 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.bench_speed_axes import DEPTH, GRIDS, gmean, grid, label, plan_grid, scores  # noqa: E402
+from benchmarks.bench_speed_axes import (  # noqa: E402
+    ATTENTION_HELD,
+    DEPTH,
+    GRIDS,
+    gmean,
+    grid,
+    label,
+    median_of,
+    plan_grid,
+    scores,
+)
 from tests.engine_harness import free_port  # noqa: E402
 from tests.tune_testbed import make_testbed  # noqa: E402
 
-from moetune.hardware import CPU_SPEED_KEYS  # noqa: E402
-from moetune.plan.calibrate import FITTED, Observation, fit, predict_tg  # noqa: E402
+from moetune.plan.calibrate import Observation, fit, predict_tg  # noqa: E402
 from moetune.plan.speed import SpeedConstants, Work, decode_context  # noqa: E402
 
 PROMPT, GENERATED = 256, 128  # the grids' workload: --pp-tokens 256 --tg-tokens 128 at DEPTH
@@ -109,7 +117,6 @@ def rescore(doc: dict[str, Any], w: dict[str, Work]) -> dict[str, Any]:
         return out
     launches = [(j, p) for j in range(len(names)) for p in range(n_pass)]
     two = [(a, b) for a, b in itertools.combinations(launches, 2) if fields(names[a[0]])[0] != fields(names[b[0]])[0]]
-    held = tuple(n for n in FITTED if n not in CPU_SPEED_KEYS)
     free_scores, held_scores = [], []
     for a, b in random.Random(0).sample(two, min(PAIRS, len(two))):
         pair = [
@@ -118,10 +125,7 @@ def rescore(doc: dict[str, Any], w: dict[str, Work]) -> dict[str, Any]:
         ]
         rest = [o for j, o in enumerate(truth) if j not in (a[0], b[0])]
         free_scores.append(scores(rest, fit(pair, k)))
-        held_scores.append(scores(rest, fit(pair, k, names=held)))
-
-    def median_of(ps: list[dict[str, float]]) -> dict[str, float]:
-        return {key: round(statistics.median(p[key] for p in ps), 3) for key in ps[0]}
+        held_scores.append(scores(rest, fit(pair, k, names=ATTENTION_HELD)))
 
     out["calibrated_free"] = median_of(free_scores)
     out["calibrated_held"] = median_of(held_scores)
